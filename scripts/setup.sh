@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every dependency (Debian 12) and builds Release into build/. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(build-essential cmake ninja-build pkg-config git
+      libgtest-dev libgmock-dev libbenchmark-dev
+      nlohmann-json3-dev libpcre2-dev libcli11-dev libspdlog-dev libfmt-dev
+      libboost-dev libboost-system-dev
+      flatbuffers-compiler libflatbuffers-dev
+      libopenblas-dev libomp-dev)
+# Node.js/npm (for the server's tests with the official `openai` client): use the machine's own
+# when there is one (Debian's npm conflicts with NodeSource's nodejs).
+command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_TYPE=${BUILD_TYPE:-Release}
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE"
+cmake --build build -j"$(nproc)"

@@ -1,0 +1,178 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ft {
+
+void validate(const SamplingParams& p) {
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+    fail("sampling: temperature must be finite and >= 0, got ", p.temperature);
+  }
+  if (p.top_k < 0) fail("sampling: top_k must be >= 0 (0 = off), got ", p.top_k);
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    fail("sampling: top_p must be in (0, 1] (1 = off), got ", p.top_p);
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    fail("sampling: min_p must be in [0, 1] (0 = off), got ", p.min_p);
+  }
+  if (!std::isfinite(p.repetition_penalty) || !(p.repetition_penalty > 0.0f)) {
+    fail("sampling: repetition_penalty must be finite and > 0 (1 = off), got ",
+         p.repetition_penalty);
+  }
+  if (!std::isfinite(p.presence_penalty)) {
+    fail("sampling: presence_penalty must be finite, got ", p.presence_penalty);
+  }
+  if (!std::isfinite(p.frequency_penalty)) {
+    fail("sampling: frequency_penalty must be finite, got ", p.frequency_penalty);
+  }
+  if (p.penalty_last_n < -1) {
+    fail("sampling: penalty_last_n must be >= -1 (-1 = all, 0 = off), got ", p.penalty_last_n);
+  }
+}
+
+Sampler::Sampler(const SamplingParams& p, int n_vocab)
+    : params_(p), n_vocab_(n_vocab), rng_(p.seed) {
+  validate(p);
+  if (n_vocab <= 0) fail("sampler: n_vocab must be > 0, got ", n_vocab);
+  const size_t n = size_t(n_vocab);
+  counts_.assign(n, 0);
+  work_.resize(n);
+  seen_.assign(n, 0);
+  cand_.resize(n);
+  prob_.resize(n);
+}
+
+void Sampler::check_token(int32_t token) const {
+  if (token < 0 || token >= n_vocab_) {
+    fail("sampler: token id ", token, " out of range [0, ", n_vocab_, ")");
+  }
+}
+
+void Sampler::add_prompt(std::span<const int32_t> prompt) {
+  for (int32_t t : prompt) check_token(t);
+  history_.insert(history_.end(), prompt.begin(), prompt.end());
+}
+
+void Sampler::accept(int32_t token) {
+  check_token(token);
+  history_.push_back(token);
+  if (counts_[size_t(token)]++ == 0) generated_.push_back(token);
+}
+
+int32_t Sampler::sample(const float* logits) {
+  const SamplingParams& p = params_;
+  std::copy(logits, logits + n_vocab_, work_.begin());
+
+  // 1. Penalties.
+  if (p.repetition_penalty != 1.0f && p.penalty_last_n != 0) {
+    const size_t window = p.penalty_last_n < 0
+                              ? history_.size()
+                              : std::min(history_.size(), size_t(p.penalty_last_n));
+    const auto first = history_.end() - std::ptrdiff_t(window);
+    for (auto it = first; it != history_.end(); ++it) {
+      const size_t t = size_t(*it);
+      if (seen_[t]) continue;
+      seen_[t] = 1;
+      float& l = work_[t];
+      l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+    for (auto it = first; it != history_.end(); ++it) seen_[size_t(*it)] = 0;
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    for (int32_t t : generated_) {
+      const int32_t c = counts_[size_t(t)];
+      work_[size_t(t)] -= float(c) * p.frequency_penalty + p.presence_penalty;
+    }
+  }
+
+  // Candidates: tokens with a finite logit (NaN and -inf are never drawn).
+  size_t n = 0;
+  for (int32_t t = 0; t < n_vocab_; ++t) {
+    if (std::isfinite(work_[size_t(t)])) cand_[n++] = t;
+  }
+  if (n == 0) fail("sampler: no finite logits (all NaN or -inf)");
+  // Higher logit first; equal logits by lower id, so every ordering is a total order.
+  const auto by_logit = [this](int32_t a, int32_t b) {
+    const float la = work_[size_t(a)], lb = work_[size_t(b)];
+    return la > lb || (la == lb && a < b);
+  };
+
+  // 2. Greedy.
+  if (p.temperature <= 0.0f) {
+    return *std::min_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
+  }
+
+  // 3. top_k: the k best candidates, sorted.
+  bool sorted = false;
+  if (p.top_k > 0 && size_t(p.top_k) < n) {
+    std::partial_sort(cand_.begin(), cand_.begin() + p.top_k, cand_.begin() + std::ptrdiff_t(n),
+                      by_logit);
+    n = size_t(p.top_k);
+    sorted = true;
+  }
+
+  // 4. Softmax at the temperature (unnormalised; the sum is kept in double).
+  float max_logit = -INFINITY;
+  for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, work_[size_t(cand_[i])]);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    prob_[i] = std::exp((work_[size_t(cand_[i])] - max_logit) / p.temperature);
+    sum += prob_[i];
+  }
+
+  // 5. top_p over the probability-sorted candidates (probabilities are monotone in the logits,
+  // so sorting by logit is sorting by probability).
+  if (p.top_p < 1.0f && n > 1) {
+    if (!sorted) {
+      std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
+      for (size_t i = 0; i < n; ++i) {
+        prob_[i] = std::exp((work_[size_t(cand_[i])] - max_logit) / p.temperature);
+      }
+      sorted = true;
+    }
+    const double target = double(p.top_p) * sum;
+    double cum = 0.0;
+    size_t keep = n;
+    for (size_t i = 0; i < n; ++i) {
+      cum += prob_[i];
+      if (cum >= target) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+    sum = cum;  // mass of the kept prefix
+  }
+
+  // 6. min_p relative to the most likely token (whose unnormalised probability is exp(0) = 1).
+  if (p.min_p > 0.0f) {
+    size_t kept = 0;
+    double kept_sum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      if (prob_[i] >= p.min_p) {  // p_i / p_max >= min_p
+        cand_[kept] = cand_[i];
+        prob_[kept] = prob_[i];
+        kept_sum += prob_[i];
+        ++kept;
+      }
+    }
+    n = kept;  // >= 1: the maximum has prob_ 1 >= min_p
+    sum = kept_sum;
+  }
+
+  // 7. Draw: u in [0,1) from the top 53 bits, then the first candidate whose cumulative mass
+  // exceeds u * sum.
+  const double u = double(rng_() >> 11) * 0x1.0p-53;
+  const double target = u * sum;
+  double cum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    cum += prob_[i];
+    if (cum > target) return cand_[i];
+  }
+  return cand_[n - 1];  // rounding left target at the very end of the mass
+}
+
+}  // namespace ft

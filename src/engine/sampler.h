@@ -1,0 +1,72 @@
+// Token sampling from a logits row.
+//
+// Pipeline of Sampler::sample (logits are never modified; the work happens in scratch buffers
+// allocated once by the constructor):
+//   1. penalties: repetition (llama.cpp/CTRL style, over the last penalty_last_n tokens of
+//      prompt + generated, each distinct token once: logit > 0 ? logit/rp : logit*rp), then
+//      presence/frequency (OpenAI: logit -= count*frequency + (count > 0)*presence, counts over
+//      all generated tokens);
+//   2. temperature <= 0: greedy argmax (ties -> lowest id), no randomness consumed;
+//   3. top_k; 4. softmax at the temperature; 5. top_p (smallest prefix of the probability-sorted
+//      candidates whose mass reaches top_p); 6. min_p (keep p >= min_p * p_max);
+//   7. one draw from the kept candidates with a std::mt19937_64 seeded from `seed`. The draw
+//      u in [0,1) is built from the top 53 bits of one 64-bit output, and all orderings break
+//      ties by token id, so the same seed + logits give the same tokens on every standard library.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace ft {
+
+struct SamplingParams {
+  float temperature = 0.8f;         // <= 0 means greedy (argmax; ties -> lowest id)
+  int top_k = 0;                    // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off (keep tokens with p >= min_p * p_max)
+  float repetition_penalty = 1.0f;  // 1 = off; over prompt+generated, last penalty_last_n tokens
+  float presence_penalty = 0.0f;    // OpenAI semantics, over generated tokens only
+  float frequency_penalty = 0.0f;   // OpenAI semantics, over generated tokens only
+  int penalty_last_n = 64;          // window of the repetition penalty; 0 = off, -1 = all history
+  uint64_t seed = 0xF1257;          // same seed + same logits -> same choices
+};
+
+// Validates ranges (temperature >= 0 and finite, top_p in (0,1], min_p in [0,1], top_k >= 0,
+// penalties finite, repetition_penalty > 0, penalty_last_n >= -1); throws ft::Error naming the
+// field and the value otherwise.
+void validate(const SamplingParams& p);
+
+class Sampler {
+ public:
+  // Validates p; n_vocab > 0.
+  Sampler(const SamplingParams& p, int n_vocab);
+
+  // Appends prompt tokens to the history seen by the repetition penalty.
+  void add_prompt(std::span<const int32_t> prompt);
+  // Picks the next token from logits[0..n_vocab). Does not record it: call accept().
+  // Throws ft::Error when no logit is finite (NaN/-inf everywhere).
+  int32_t sample(const float* logits);
+  // Records a generated token (repetition history and presence/frequency counts).
+  void accept(int32_t token);
+
+  const SamplingParams& params() const { return params_; }
+  int n_vocab() const { return n_vocab_; }
+
+ private:
+  void check_token(int32_t token) const;
+
+  SamplingParams params_;
+  int n_vocab_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> history_;    // prompt + generated, for the repetition penalty
+  std::vector<int32_t> counts_;     // per token: times generated
+  std::vector<int32_t> generated_;  // distinct generated tokens, in first-seen order
+  // Scratch, n_vocab each, allocated once.
+  std::vector<float> work_;       // penalised logits
+  std::vector<uint8_t> seen_;     // marks tokens already penalised in the repetition window
+  std::vector<int32_t> cand_;     // candidate token ids
+  std::vector<float> prob_;       // unnormalised probabilities, indexed like cand_
+};
+
+}  // namespace ft

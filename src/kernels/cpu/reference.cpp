@@ -1,0 +1,167 @@
+// Plain, correct CPU kernels (scalar loops, OpenMP across rows). They define the semantics the
+// fast kernels must reproduce.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+namespace ft {
+
+namespace {
+
+class CpuReferenceBackend final : public Backend {
+ public:
+  explicit CpuReferenceBackend(int threads) : threads_(std::max(1, threads)) {}
+  std::string_view name() const override { return "cpu"; }
+  int threads() const override { return threads_; }
+
+  void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
+    const int64_t K = W.n_cols, N = W.n_rows;
+    const uint64_t rb = *row_bytes(W.type, uint64_t(K));
+    const auto* base = static_cast<const uint8_t*>(W.data);
+    // Dequantize a tile of weight rows once, then dot it with every activation row.
+    constexpr int64_t kTile = 16;
+#pragma omp parallel num_threads(threads_)
+    {
+      std::vector<float> w(size_t(kTile * K));
+#pragma omp for schedule(static)
+      for (int64_t n0 = 0; n0 < N; n0 += kTile) {
+        const int64_t nt = std::min(kTile, N - n0);
+        for (int64_t j = 0; j < nt; ++j)
+          dequantize_row(W.type, base + uint64_t(n0 + j) * rb, w.data() + j * K, K);
+        for (int64_t m = 0; m < M; ++m) {
+          const float* x = X + m * K;
+          for (int64_t j = 0; j < nt; ++j) {
+            const float* wr = w.data() + j * K;
+            float acc = 0;
+            for (int64_t k = 0; k < K; ++k) acc += x[k] * wr[k];
+            Y[m * N + n0 + j] = acc;
+          }
+        }
+      }
+    }
+  }
+
+  void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) Y[m * N + n] += bias[n];
+  }
+
+  void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) override {
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * n;
+      float* yr = y + m * n;
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+      const float scale = float(1.0 / std::sqrt(ss / double(n) + eps));
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+    }
+  }
+
+  void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
+    const uint64_t rb = *row_bytes(E.type, uint64_t(E.n_cols));
+    for (int64_t m = 0; m < M; ++m)
+      dequantize_row(E.type, static_cast<const uint8_t*>(E.data) + uint64_t(tokens[m]) * rb,
+                     out + m * E.n_cols, E.n_cols);
+  }
+
+  void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
+            const RopeParams& p) override {
+    // theta_i = pos * freq_scale * base^(-2i/n_rot), accumulated multiplicatively as ggml does.
+    const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
+    std::vector<float> cs(size_t(p.n_rot));
+    for (int64_t m = 0; m < M; ++m) {
+      float theta = float(pos[m]) * p.freq_scale;
+      for (int32_t i = 0; i < p.n_rot / 2; ++i) {
+        const float t = p.freq_factors ? theta / p.freq_factors[i] : theta;
+        cs[2 * i] = std::cos(t);
+        cs[2 * i + 1] = std::sin(t);
+        theta *= theta_scale;
+      }
+      for (int32_t h = 0; h < n_heads; ++h) {
+        float* v = x + (m * n_heads + h) * head_dim;
+        for (int32_t i = 0; i < p.n_rot / 2; ++i) {
+          const int32_t a = p.style == RopeStyle::Interleaved ? 2 * i : i;
+          const int32_t b = p.style == RopeStyle::Interleaved ? 2 * i + 1 : i + p.n_rot / 2;
+          const float c = cs[2 * i], s = cs[2 * i + 1];
+          const float x0 = v[a], x1 = v[b];
+          v[a] = x0 * c - x1 * s;
+          v[b] = x0 * s + x1 * c;
+        }
+      }
+    }
+  }
+
+  void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
+                 const AttentionShape& s, float* out) override {
+    const int32_t group = s.n_heads / s.n_kv_heads;
+    const int64_t qdim = int64_t(s.n_heads) * s.head_dim;
+#pragma omp parallel num_threads(threads_)
+    {
+      std::vector<float> scores;
+#pragma omp for collapse(2) schedule(dynamic)
+      for (int64_t m = 0; m < M; ++m) {
+        for (int32_t h = 0; h < s.n_heads; ++h) {
+          const KVLayerView& kv = views[m];
+          const int32_t n = n_ctx[m];
+          const float* qh = q + m * qdim + int64_t(h) * s.head_dim;
+          const int64_t kv_off = int64_t(h / group) * s.head_dim;
+          scores.resize(size_t(n));
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int32_t j = 0; j < n; ++j) {
+            const float* k = kv.k_pool +
+                             (int64_t(kv.block_table[j / kv.block_size]) * kv.block_size +
+                              j % kv.block_size) * kv.kv_dim + kv_off;
+            float dot = 0;
+            for (int32_t d = 0; d < s.head_dim; ++d) dot += qh[d] * k[d];
+            scores[size_t(j)] = dot * s.scale;
+            mx = std::max(mx, scores[size_t(j)]);
+          }
+          float sum = 0;
+          for (int32_t j = 0; j < n; ++j) {
+            scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
+            sum += scores[size_t(j)];
+          }
+          float* o = out + m * qdim + int64_t(h) * s.head_dim;
+          std::fill(o, o + s.head_dim, 0.0f);
+          for (int32_t j = 0; j < n; ++j) {
+            const float* v = kv.v_pool +
+                             (int64_t(kv.block_table[j / kv.block_size]) * kv.block_size +
+                              j % kv.block_size) * kv.kv_dim + kv_off;
+            const float p = scores[size_t(j)] / sum;
+            for (int32_t d = 0; d < s.head_dim; ++d) o[d] += p * v[d];
+          }
+        }
+      }
+    }
+  }
+
+  void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) override {
+    for (int64_t i = 0; i < M * n; ++i) {
+      const float g = gate[i];
+      a[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+
+  void add(float* y, const float* x, int64_t M, int64_t n) override {
+    for (int64_t i = 0; i < M * n; ++i) y[i] += x[i];
+  }
+
+ private:
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(std::string_view name, int threads) {
+  if (name == "cpu") return std::make_unique<CpuReferenceBackend>(threads);
+  fail("unknown backend '", name, "' (available: cpu)");
+}
+
+}  // namespace ft

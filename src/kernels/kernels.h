@@ -1,0 +1,81 @@
+// The compute interface the model is written against. Kernels take raw pointers and shapes and
+// know nothing of models. One Backend is chosen at start-up (make_backend); the model code never
+// names a device. Row-major throughout; "(a,b)" = a rows of b contiguous elements.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "gguf/ggml_types.h"
+
+namespace ft {
+
+// A weight matrix W (n_rows, n_cols) in its storage type: n_rows outputs, n_cols inputs, each
+// row row_bytes(type, n_cols) bytes, rows contiguous.
+struct WeightView {
+  GGMLType type = GGMLType::F32;
+  const void* data = nullptr;
+  int64_t n_rows = 0;
+  int64_t n_cols = 0;
+};
+
+// Where attention finds one sequence's K/V in one layer of the paged KV cache.
+// Position j lives in physical block block_table[j / block_size] at row j % block_size;
+// k_pool/v_pool are (n_blocks, block_size, kv_dim).
+struct KVLayerView {
+  const float* k_pool = nullptr;
+  const float* v_pool = nullptr;
+  const int32_t* block_table = nullptr;
+  int32_t block_size = 0;
+  int32_t kv_dim = 0;  // n_kv_heads * head_dim
+};
+
+struct AttentionShape {
+  int32_t n_heads = 0;
+  int32_t n_kv_heads = 0;  // GQA: query head h reads KV head h / (n_heads / n_kv_heads)
+  int32_t head_dim = 0;
+  float scale = 0;  // usually 1/sqrt(head_dim)
+};
+
+enum class RopeStyle { Interleaved /* llama: pairs (2i, 2i+1) */, Halves /* neox/qwen2: (i, i+d/2) */ };
+
+struct RopeParams {
+  RopeStyle style = RopeStyle::Interleaved;
+  int32_t n_rot = 0;           // rotated dims per head (<= head_dim)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;     // linear scaling: position * freq_scale
+  const float* freq_factors = nullptr;  // optional (n_rot/2,): theta_i /= factor_i (Llama 3.1)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual int threads() const = 0;
+
+  // X (M, K) @ W(N, K)^T -> Y (M, N). K == W.n_cols.
+  virtual void matmul(const float* X, int64_t M, const WeightView& W, float* Y) = 0;
+  // Y (M, N) += bias (N,) per row.
+  virtual void add_bias(float* Y, int64_t M, int64_t N, const float* bias) = 0;
+  // y (M, n) = x (M, n) / rms(x) * w (n,)
+  virtual void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) = 0;
+  // out (M, dim) = rows `tokens[i]` of the embedding table E (n_vocab, dim), dequantized.
+  virtual void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) = 0;
+  // In place on x (M, n_heads, head_dim) at positions pos (M,).
+  virtual void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
+                    const RopeParams& p) = 0;
+  // For each of M queries: q (M, n_heads*head_dim) attends to positions [0, n_ctx[i]) of its
+  // sequence's KV (views[i]) -> out (M, n_heads*head_dim). Causality is n_ctx = pos + 1.
+  virtual void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
+                         const AttentionShape& s, float* out) = 0;
+  // a (M, n) = silu(gate) * up, with gate/up (M, n).
+  virtual void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) = 0;
+  // y (M, n) += x (M, n)
+  virtual void add(float* y, const float* x, int64_t M, int64_t n) = 0;
+};
+
+// "cpu" (the plain reference kernels). Throws ft::Error for an unknown name.
+std::unique_ptr<Backend> make_backend(std::string_view name, int threads);
+
+}  // namespace ft

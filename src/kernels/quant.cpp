@@ -1,0 +1,453 @@
+// Scalar reference (de)quantization of the ggml block formats (see quant.h for the layouts).
+//
+// Dequantization performs the same float operations in the same order as ggml's
+// dequantize_row_* so results are bit-identical; quantization follows ggml's reference
+// quantizers (quantize_row_*_ref), so files we write decode identically in ggml/llama.cpp.
+#include "kernels/quant.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "kernels/quant_blocks.h"
+
+// Bit-exactness with ggml: every product in the dequantizers is exact in float (Q4_K: f16 d
+// (11 significant bits) * 6-bit scale * 4-bit q <= 21 bits; Q6_K: d * int8 scale is exact and
+// the product with the 6-bit q is one rounding of the same exact value in any order; Q8_0/Q4_0
+// products are single roundings), so only the final add/sub rounds and FMA contraction or
+// reassociation of the products cannot change a result.
+//
+// The quantizers' least-squares sums are sensitive to FMA contraction (g++ contracts by default,
+// even in ISO mode, once -march allows FMA), which would make the bytes make-model writes depend
+// on the build machine. Contraction is off here, so the output equals ggml's *_ref quantizers
+// evaluated without contraction on every machine.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace ft {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "GGUF block data is little-endian");
+
+using blocks::QK4_0;
+using blocks::QK8_0;
+using blocks::QK_K;
+using BlockQ8_0 = blocks::Q8_0;
+using BlockQ4_0 = blocks::Q4_0;
+using BlockQ4_K = blocks::Q4_K;
+using BlockQ6_K = blocks::Q6_K;
+using blocks::load_f16;
+
+void store_f16(uint8_t* p, float f) {
+  const uint16_t h = f32_to_f16(f);
+  std::memcpy(p, &h, 2);
+}
+
+// Round half to even for |x| < 2^22 (ggml's nearest_int): adding 1.5*2^23 leaves the rounded
+// integer in the low mantissa bits. Defined for any input (no float->int conversion UB).
+int nearest_int(float x) {
+  const float v = x + 12582912.0f;
+  return (std::bit_cast<int32_t>(v) & 0x007fffff) - 0x00400000;
+}
+
+// Inverse of blocks::scale_min_k4 (ggml's get_scale_min_k4) for all 8 sub-blocks (ls, lm <= 63).
+void pack_scale_min_k4(const uint8_t* ls, const uint8_t* lm, uint8_t* q) {
+  std::memset(q, 0, 12);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      q[j] = ls[j];
+      q[j + 4] = lm[j];
+    } else {
+      q[j + 4] = uint8_t((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+      q[j - 4] |= uint8_t((ls[j] >> 4) << 6);
+      q[j] |= uint8_t((lm[j] >> 4) << 6);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization
+
+void dequant_q8_0(const BlockQ8_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < QK8_0; ++j) y[i * QK8_0 + j] = float(b[i].qs[j]) * d;
+  }
+}
+
+void dequant_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < QK4_0 / 2; ++j) {
+      const int x0 = (b[i].qs[j] & 0x0F) - 8;
+      const int x1 = (b[i].qs[j] >> 4) - 8;
+      y[i * QK4_0 + j] = float(x0) * d;
+      y[i * QK4_0 + j + QK4_0 / 2] = float(x1) * d;
+    }
+  }
+}
+
+void dequant_q4_k(const BlockQ4_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    const float dmin = load_f16(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    for (int c = 0; c < 4; ++c) {  // 64 elements = sub-blocks 2c (low nibbles), 2c+1 (high)
+      uint8_t sc, m;
+      blocks::scale_min_k4(2 * c, b[i].scales, sc, m);
+      const float d1 = d * float(sc), m1 = dmin * float(m);
+      blocks::scale_min_k4(2 * c + 1, b[i].scales, sc, m);
+      const float d2 = d * float(sc), m2 = dmin * float(m);
+      for (int l = 0; l < 32; ++l) *y++ = d1 * float(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * float(q[l] >> 4) - m2;
+      q += 32;
+    }
+  }
+}
+
+void dequant_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    const uint8_t* ql = b[i].ql;
+    const uint8_t* qh = b[i].qh;
+    const int8_t* sc = b[i].scales;
+    for (int half = 0; half < 2; ++half) {  // 128 elements: 4 rows of 32 sharing ql/qh bytes
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = d * float(sc[is + 0]) * float(q1);
+        y[l + 32] = d * float(sc[is + 2]) * float(q2);
+        y[l + 64] = d * float(sc[is + 4]) * float(q3);
+        y[l + 96] = d * float(sc[is + 6]) * float(q4);
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization
+
+// ggml quantize_row_q8_0_ref: d = amax/127, q = round-half-away(x/d).
+void quant_q8_0(const float* x, BlockQ8_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK8_0) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_f16(b[i].d, d);
+    for (int j = 0; j < QK8_0; ++j) b[i].qs[j] = int8_t(std::round(x[j] * id));
+  }
+}
+
+// ggml quantize_row_q4_0_ref: d = (signed value of largest magnitude) / -8, so that element maps
+// exactly to q = 0; the others are truncated after +8.5 and clamped to 15.
+void quant_q4_0(const float* x, BlockQ4_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK4_0) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK4_0; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_f16(b[i].d, d);
+    for (int j = 0; j < QK4_0 / 2; ++j) {
+      const int q0 = std::min(15, int(int8_t(x[j] * id + 8.5f)));
+      const int q1 = std::min(15, int(int8_t(x[j + QK4_0 / 2] * id + 8.5f)));
+      b[i].qs[j] = uint8_t(q0 | (q1 << 4));
+    }
+  }
+}
+
+// Fits x ~= scale*L - the_min with L in [0, nmax] and the_min >= 0 minimising the weighted
+// squared error: start from the min/max grid, then try nstep+1 perturbed grids
+// (nmax + rmin + rdelta*k levels over the range), solving the 2x2 least-squares problem for
+// (scale, min) on each. This is ggml's make_qkx2_quants (use_mad = false).
+float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float& the_min,
+                    uint8_t* Laux, float rmin, float rdelta, int nstep) {
+  float min = x[0], max = x[0];
+  float sum_w = w[0], sum_x = sum_w * x[0];
+  for (int i = 1; i < n; ++i) {
+    min = std::min(min, x[i]);
+    max = std::max(max, x[i]);
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (min > 0) min = 0;
+  if (max == min) {
+    std::fill(L, L + n, uint8_t(0));
+    the_min = -min;
+    return 0.0f;
+  }
+  float iscale = float(nmax) / (max - min);
+  float scale = 1 / iscale;
+  float best_error = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = nearest_int(iscale * (x[i] - min));
+    L[i] = uint8_t(std::clamp(l, 0, nmax));
+    const float diff = scale * float(L[i]) + min - x[i];
+    best_error += w[i] * (diff * diff);
+  }
+  if (nstep < 1) {
+    the_min = -min;
+    return scale;
+  }
+  for (int is = 0; is <= nstep; ++is) {
+    iscale = (rmin + rdelta * float(is) + float(nmax)) / (max - min);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::clamp(nearest_int(iscale * (x[i] - min)), 0, nmax);
+      Laux[i] = uint8_t(l);
+      sum_l += w[i] * float(l);
+      sum_l2 += w[i] * float(l) * float(l);
+      sum_xl += w[i] * float(l) * x[i];
+    }
+    const float D = sum_w * sum_l2 - sum_l * sum_l;
+    if (D <= 0) continue;
+    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+    if (this_min > 0) {
+      this_min = 0;
+      this_scale = sum_xl / sum_l2;
+    }
+    float cur_error = 0;
+    for (int i = 0; i < n; ++i) {
+      const float diff = this_scale * float(Laux[i]) + this_min - x[i];
+      cur_error += w[i] * (diff * diff);
+    }
+    if (cur_error < best_error) {
+      std::copy(Laux, Laux + n, L);
+      best_error = cur_error;
+      scale = this_scale;
+      min = this_min;
+    }
+  }
+  the_min = -min;
+  return scale;
+}
+
+// ggml quantize_row_q4_K_ref: per 32-element sub-block a (scale, min) fit with 4-bit levels,
+// then scales and mins quantized to 6 bits against the block maxima (d = max_scale/63,
+// dmin = max_min/63), then levels recomputed against the stored (rounded) scales.
+void quant_q4_k(const float* x, BlockQ4_K* b, int64_t nb) {
+  uint8_t L[QK_K], Laux[32];
+  float weights[32], mins[8], scales[8];
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+      const float* xs = x + 32 * j;
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+      const float av_x = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
+      scales[j] = fit_scale_min(32, 15, xs, weights, L + 32 * j, mins[j], Laux, -1.0f, 0.1f, 20);
+      max_scale = std::max(max_scale, scales[j]);
+      max_min = std::max(max_min, mins[j]);
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; ++j) {
+      // Narrow before clamping, as ggml does (a negative fit would wrap, then clamp to 63).
+      ls[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
+      lm[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
+    }
+    pack_scale_min_k4(ls, lm, b[i].scales);
+    store_f16(b[i].d, max_scale / 63.0f);
+    store_f16(b[i].dmin, max_min / 63.0f);
+
+    const float d_all = load_f16(b[i].d), dmin_all = load_f16(b[i].dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      blocks::scale_min_k4(j, b[i].scales, sc, m);
+      const float d = d_all * float(sc);
+      if (d == 0.0f) continue;  // keep the fitted levels, as ggml does
+      const float dm = dmin_all * float(m);
+      for (int l = 0; l < 32; ++l) {
+        L[32 * j + l] = uint8_t(std::clamp(nearest_int((x[32 * j + l] + dm) / d), 0, 15));
+      }
+    }
+    uint8_t* q = b[i].qs;
+    for (int c = 0; c < QK_K; c += 64, q += 32) {
+      for (int l = 0; l < 32; ++l) q[l] = uint8_t(L[c + l] | (L[c + l + 32] << 4));
+    }
+  }
+}
+
+// Symmetric fit x ~= scale*(L - nmax), L in [0, 2*nmax-1], weights x^2: the abs-max grid and
+// 18 perturbed grids, keeping the one with the best weighted least-squares scale. ggml's
+// make_qx_quants with rmse_type 1 and no importance weights.
+float fit_scale_symmetric(int n, int nmax, const float* x, int8_t* L) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  if (amax < 1e-15f) {
+    std::fill(L, L + n, int8_t(0));
+    return 0.0f;
+  }
+  auto level = [nmax](float v) { return std::clamp(nearest_int(v), -nmax, nmax - 1); };
+  float iscale = -float(nmax) / max;
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = level(iscale * x[i]);
+    L[i] = int8_t(l + nmax);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * float(l);
+    suml2 += w * float(l) * float(l);
+  }
+  float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    iscale = -(float(nmax) + 0.1f * float(is)) / max;
+    sumlx = suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = level(iscale * x[i]);
+      const float w = x[i] * x[i];
+      sumlx += w * x[i] * float(l);
+      suml2 += w * float(l) * float(l);
+    }
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; ++i) L[i] = int8_t(nmax + level(iscale * x[i]));
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+// ggml quantize_row_q6_K_ref: per 16-element sub-block a signed scale fit with 6-bit levels,
+// scales quantized to int8 against the largest-magnitude one (d = max_scale / -128).
+void quant_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
+  int8_t L[QK_K];
+  float scales[16];
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < 16; ++ib) {
+      scales[ib] = fit_scale_symmetric(16, 32, x + 16 * ib, L + 16 * ib);
+      if (std::fabs(scales[ib]) > max_abs_scale) {
+        max_abs_scale = std::fabs(scales[ib]);
+        max_scale = scales[ib];
+      }
+    }
+    if (max_abs_scale < 1e-15f) {
+      std::memset(&b[i], 0, sizeof(BlockQ6_K));
+      continue;
+    }
+    const float iscale = -128.0f / max_scale;
+    store_f16(b[i].d, 1 / iscale);
+    for (int ib = 0; ib < 16; ++ib) {
+      b[i].scales[ib] = int8_t(std::min(127, nearest_int(iscale * scales[ib])));
+    }
+    const float d_all = load_f16(b[i].d);
+    for (int j = 0; j < 16; ++j) {
+      const float d = d_all * float(b[i].scales[j]);
+      if (d == 0.0f) continue;
+      for (int l = 0; l < 16; ++l) {
+        L[16 * j + l] = int8_t(std::clamp(nearest_int(x[16 * j + l] / d), -32, 31) + 32);
+      }
+    }
+    uint8_t* ql = b[i].ql;
+    uint8_t* qh = b[i].qh;
+    for (int c = 0; c < QK_K; c += 128, ql += 64, qh += 32) {
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t* Lc = reinterpret_cast<const uint8_t*>(L + c + l);
+        ql[l] = uint8_t((Lc[0] & 0xF) | ((Lc[64] & 0xF) << 4));
+        ql[l + 32] = uint8_t((Lc[32] & 0xF) | ((Lc[96] & 0xF) << 4));
+        qh[l] = uint8_t((Lc[0] >> 4) | ((Lc[32] >> 4) << 2) | ((Lc[64] >> 4) << 4) |
+                        ((Lc[96] >> 4) << 6));
+      }
+    }
+  }
+}
+
+// Blocks in a row of n elements of a supported type; fails on unsupported types and on n not a
+// multiple of the block size.
+int64_t block_count(GGMLType type, int64_t n, const char* what) {
+  int64_t bs = 0;
+  switch (type) {
+    case GGMLType::F32:
+    case GGMLType::F16:
+    case GGMLType::BF16: bs = 1; break;
+    case GGMLType::Q8_0: bs = QK8_0; break;
+    case GGMLType::Q4_0: bs = QK4_0; break;
+    case GGMLType::Q4_K:
+    case GGMLType::Q6_K: bs = QK_K; break;
+    default:
+      fail(what, ": unsupported tensor type ", type_traits(type).name, " (id ", uint32_t(type),
+           ")");
+  }
+  if (n < 0 || n % bs != 0) {
+    fail(what, ": ", n, " elements is not a multiple of the block size ", bs, " of type ",
+         type_traits(type).name);
+  }
+  return n / bs;
+}
+
+}  // namespace
+
+void dequantize_row(GGMLType type, const void* src, float* dst, int64_t n) {
+  const int64_t nb = block_count(type, n, "dequantize");
+  const auto* p = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case GGMLType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
+    case GGMLType::F16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = load_f16(p + 2 * i);
+      break;
+    case GGMLType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+      break;
+    case GGMLType::Q8_0: dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb); break;
+    case GGMLType::Q4_0: dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb); break;
+    case GGMLType::Q4_K: dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb); break;
+    case GGMLType::Q6_K: dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); break;
+    default: break;  // rejected by block_count
+  }
+}
+
+void quantize_row(GGMLType type, const float* src, void* dst, int64_t n) {
+  const int64_t nb = block_count(type, n, "quantize");
+  auto* p = static_cast<uint8_t*>(dst);
+  switch (type) {
+    case GGMLType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
+    case GGMLType::F16:
+      for (int64_t i = 0; i < n; ++i) store_f16(p + 2 * i, src[i]);
+      break;
+    case GGMLType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16(src[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+    case GGMLType::Q8_0: quant_q8_0(src, static_cast<BlockQ8_0*>(dst), nb); break;
+    case GGMLType::Q4_0: quant_q4_0(src, static_cast<BlockQ4_0*>(dst), nb); break;
+    case GGMLType::Q4_K: quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); break;
+    case GGMLType::Q6_K: quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); break;
+    default: break;
+  }
+}
+
+}  // namespace ft

@@ -1,0 +1,115 @@
+// The transformer forward pass, one function per block, an explicit loop over layers.
+//   x = embed(tokens)
+//   for each layer:  x += attention(rmsnorm(x))   x += ffn(rmsnorm(x))
+//   logits = output(rmsnorm(x))   (only for entries that want logits)
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace ft {
+
+Forward::Forward(const Model& model, Backend& backend, int64_t max_batch)
+    : model_(model), be_(backend), max_batch_(max_batch) {
+  if (max_batch <= 0) fail("forward: max batch must be positive");
+  const HParams& hp = model.hparams();
+  const size_t M = size_t(max_batch);
+  x_.resize(M * size_t(hp.dim));
+  h_.resize(M * size_t(hp.dim));
+  q_.resize(M * size_t(hp.q_dim()));
+  k_.resize(M * size_t(hp.kv_dim()));
+  v_.resize(M * size_t(hp.kv_dim()));
+  attn_.resize(M * size_t(hp.q_dim()));
+  gate_.resize(M * size_t(hp.ffn_dim));
+  up_.resize(M * size_t(hp.ffn_dim));
+  views_.resize(M);
+  n_ctx_.resize(M);
+  logit_rows_.reserve(M);
+}
+
+void Forward::validate(const Batch& b, const KVCache& kv) const {
+  const HParams& hp = model_.hparams();
+  const int64_t M = b.size();
+  if (M == 0) fail("forward: empty batch");
+  if (M > max_batch_) fail("forward: batch of ", M, " tokens exceeds the maximum ", max_batch_);
+  if (b.pos.size() != size_t(M) || b.seq.size() != size_t(M) || b.want_logits.size() != size_t(M))
+    fail("forward: batch fields have different lengths");
+  for (int64_t i = 0; i < M; ++i) {
+    if (b.tokens[i] < 0 || b.tokens[i] >= hp.n_vocab)
+      fail("forward: token id ", b.tokens[i], " out of range [0, ", hp.n_vocab, ")");
+    if (b.pos[i] < 0 || b.pos[i] >= kv.capacity(b.seq[i]))
+      fail("forward: position ", b.pos[i], " of sequence ", b.seq[i],
+           " is outside its KV capacity ", kv.capacity(b.seq[i]));
+  }
+}
+
+// x += Wo · softmax(q kᵀ / √d) v, with q, k, v = rmsnorm(x) · W{q,k,v} (+ bias), RoPE on q and k.
+void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M) {
+  const HParams& hp = model_.hparams();
+  const LayerWeights& L = model_.weights().layers[size_t(il)];
+  be_.rmsnorm(x_.data(), L.attn_norm, h_.data(), M, hp.dim, hp.rms_eps);
+  be_.matmul(h_.data(), M, L.wq, q_.data());
+  be_.matmul(h_.data(), M, L.wk, k_.data());
+  be_.matmul(h_.data(), M, L.wv, v_.data());
+  if (L.bq) {
+    be_.add_bias(q_.data(), M, hp.q_dim(), L.bq);
+    be_.add_bias(k_.data(), M, hp.kv_dim(), L.bk);
+    be_.add_bias(v_.data(), M, hp.kv_dim(), L.bv);
+  }
+  be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), hp.rope);
+  be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), hp.rope);
+  // Every entry's K/V goes into the cache first, so entries of one sequence in this batch see
+  // each other (causally, through n_ctx = pos + 1).
+  const size_t kv_bytes = size_t(hp.kv_dim()) * sizeof(float);
+  for (int64_t i = 0; i < M; ++i) {
+    std::memcpy(kv.k_row(il, b.seq[i], b.pos[i]), k_.data() + i * hp.kv_dim(), kv_bytes);
+    std::memcpy(kv.v_row(il, b.seq[i], b.pos[i]), v_.data() + i * hp.kv_dim(), kv_bytes);
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    views_[size_t(i)] = kv.view(il, b.seq[i]);
+    n_ctx_[size_t(i)] = b.pos[i] + 1;
+  }
+  const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim,
+                             1.0f / std::sqrt(float(hp.head_dim))};
+  be_.attention(q_.data(), M, views_.data(), n_ctx_.data(), shape, attn_.data());
+  be_.matmul(attn_.data(), M, L.wo, h_.data());
+  be_.add(x_.data(), h_.data(), M, hp.dim);
+}
+
+// x += W_down · (silu(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x))
+void Forward::ffn_block(int32_t il, int64_t M) {
+  const HParams& hp = model_.hparams();
+  const LayerWeights& L = model_.weights().layers[size_t(il)];
+  be_.rmsnorm(x_.data(), L.ffn_norm, h_.data(), M, hp.dim, hp.rms_eps);
+  be_.matmul(h_.data(), M, L.w_gate, gate_.data());
+  be_.matmul(h_.data(), M, L.w_up, up_.data());
+  be_.swiglu(gate_.data(), up_.data(), gate_.data(), M, hp.ffn_dim);
+  be_.matmul(gate_.data(), M, L.w_down, h_.data());
+  be_.add(x_.data(), h_.data(), M, hp.dim);
+}
+
+void Forward::run(const Batch& b, KVCache& kv, float* logits) {
+  validate(b, kv);
+  const HParams& hp = model_.hparams();
+  const ModelWeights& w = model_.weights();
+  const int64_t M = b.size();
+  be_.embed(w.token_embd, b.tokens.data(), M, x_.data());
+  for (int32_t il = 0; il < hp.n_layers; ++il) {
+    attention_block(il, b, kv, M);
+    ffn_block(il, M);
+  }
+  // Gather the rows that want logits, then norm and project only those.
+  int64_t n_out = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    if (!b.want_logits[size_t(i)]) continue;
+    if (n_out != i)
+      std::memcpy(x_.data() + n_out * hp.dim, x_.data() + i * hp.dim, size_t(hp.dim) * sizeof(float));
+    ++n_out;
+  }
+  if (n_out == 0) return;
+  be_.rmsnorm(x_.data(), w.output_norm, h_.data(), n_out, hp.dim, hp.rms_eps);
+  be_.matmul(h_.data(), n_out, w.output, logits);
+}
+
+}  // namespace ft

@@ -1,0 +1,116 @@
+// A loaded model: immutable hyperparameters (from GGUF) and weights bound by name, plus the
+// forward pass over a batch of (token, position, sequence) entries.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "kv/kv_cache.h"
+
+namespace ft {
+
+enum class Arch { Llama, Qwen2 };
+
+// Immutable, from GGUF metadata (see model_spec.cpp for keys and defaults).
+struct HParams {
+  Arch arch = Arch::Llama;
+  std::string arch_name;
+  int32_t n_vocab = 0;
+  int32_t dim = 0;
+  int32_t n_layers = 0;
+  int32_t n_heads = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t ffn_dim = 0;
+  int32_t ctx_len = 0;  // trained context
+  float rms_eps = 1e-5f;
+  RopeParams rope;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;
+  std::string name;  // general.name
+  int32_t q_dim() const { return n_heads * head_dim; }
+  int32_t kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // (dim,)
+  WeightView wq, wk, wv;             // (q_dim, dim), (kv_dim, dim), (kv_dim, dim)
+  const float* bq = nullptr;         // qwen2 only: (q_dim,), (kv_dim,), (kv_dim,)
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  WeightView wo;                     // (dim, q_dim)
+  const float* ffn_norm = nullptr;   // (dim,)
+  WeightView w_gate, w_up;           // (ffn, dim)
+  WeightView w_down;                 // (dim, ffn)
+};
+
+struct ModelWeights {
+  WeightView token_embd;             // (n_vocab, dim)
+  std::vector<LayerWeights> layers;
+  const float* output_norm = nullptr;  // (dim,)
+  WeightView output;                   // (n_vocab, dim); = token_embd when tied
+  const float* rope_freqs = nullptr;   // optional (n_rot/2,)
+};
+
+// One forward pass's input: entry i is token tokens[i] at position pos[i] of sequence seq[i].
+// Entries of one sequence appear in increasing position order; their KV cache must hold
+// positions [0, pos] (KVCache::reserve) before the call.
+struct Batch {
+  std::vector<int32_t> tokens, pos, seq;
+  std::vector<uint8_t> want_logits;  // 1 where logits are wanted
+  void clear() { tokens.clear(); pos.clear(); seq.clear(); want_logits.clear(); }
+  void add(int32_t token, int32_t position, int32_t sequence, bool logits) {
+    tokens.push_back(token);
+    pos.push_back(position);
+    seq.push_back(sequence);
+    want_logits.push_back(logits ? 1 : 0);
+  }
+  int64_t size() const { return int64_t(tokens.size()); }
+};
+
+class Model {
+ public:
+  // Maps, validates and binds the file. Throws ft::Error naming file, key or tensor.
+  static std::unique_ptr<Model> load(const std::string& path);
+  const HParams& hparams() const { return hp_; }
+  const ModelWeights& weights() const { return w_; }
+  const GGUFFile& file() const { return *file_; }
+  // Bytes of all weights (for bandwidth accounting).
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  Model() = default;
+  std::unique_ptr<GGUFFile> file_;
+  HParams hp_;
+  ModelWeights w_;
+  uint64_t weight_bytes_ = 0;
+};
+
+// Runs the transformer over batches with a given backend. Owns the activation scratch, sized for
+// up to max_batch tokens at construction (the forward pass itself does not allocate).
+class Forward {
+ public:
+  Forward(const Model& model, Backend& backend, int64_t max_batch);
+  // Writes the batch's K/V into kv and the logits of entries with want_logits (in batch order,
+  // n_vocab floats each) into logits. Throws ft::Error on an invalid batch.
+  void run(const Batch& batch, KVCache& kv, float* logits);
+  int64_t max_batch() const { return max_batch_; }
+
+ private:
+  void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
+  void ffn_block(int32_t layer, int64_t M);
+  void validate(const Batch& batch, const KVCache& kv) const;
+
+  const Model& model_;
+  Backend& be_;
+  int64_t max_batch_;
+  // (max_batch, width) scratch
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<KVLayerView> views_;
+  std::vector<int32_t> n_ctx_, logit_rows_;
+};
+
+}  // namespace ft

@@ -1,0 +1,201 @@
+// The one table that maps GGUF metadata keys and tensor names to the model. Every weight is
+// bound by name with its expected type class and shape; a mismatch fails with expected vs actual.
+//
+// Metadata ({arch} = general.architecture):            default when absent
+//   {arch}.embedding_length            dim                required
+//   {arch}.block_count                 n_layers           required
+//   {arch}.feed_forward_length         ffn_dim            required
+//   {arch}.attention.head_count        n_heads            required
+//   {arch}.attention.head_count_kv     n_kv_heads         n_heads
+//   {arch}.attention.key_length        head_dim           dim / n_heads
+//   {arch}.context_length              ctx_len            2048
+//   {arch}.attention.layer_norm_rms_epsilon  rms_eps      1e-5 (llama), 1e-6 (qwen2)
+//   {arch}.rope.freq_base              rope base          10000 (llama), 1000000 (qwen2)
+//   {arch}.rope.dimension_count        rotated dims       head_dim
+//   {arch}.rope.scaling.type/.factor   "linear": positions / factor; "none"/absent: 1
+//   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
+// Tensors (ne listed innermost first, as GGUF stores them):
+//   token_embd.weight   [dim, n_vocab]      any weight type
+//   output_norm.weight  [dim]               F32
+//   output.weight       [dim, n_vocab]      any weight type; absent -> tied to token_embd
+//   rope_freqs.weight   [n_rot/2]           F32, optional (Llama 3.1 frequency factors)
+//   blk.{i}.attn_norm.weight [dim]          F32
+//   blk.{i}.attn_q.weight    [dim, q_dim]   blk.{i}.attn_q.bias [q_dim] (qwen2, F32)
+//   blk.{i}.attn_k.weight    [dim, kv_dim]  blk.{i}.attn_k.bias [kv_dim]
+//   blk.{i}.attn_v.weight    [dim, kv_dim]  blk.{i}.attn_v.bias [kv_dim]
+//   blk.{i}.attn_output.weight [q_dim, dim]
+//   blk.{i}.ffn_norm.weight  [dim]          F32
+//   blk.{i}.ffn_gate.weight  [dim, ffn]     blk.{i}.ffn_up.weight [dim, ffn]
+//   blk.{i}.ffn_down.weight  [ffn, dim]
+#include <cmath>
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace ft {
+
+namespace {
+
+std::string shape_str(const std::vector<uint64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += cat(i ? ", " : "", ne[i]);
+  return s + "]";
+}
+
+enum class TypeClass { Weight /* any supported weight type */, F32 };
+
+class Binder {
+ public:
+  explicit Binder(const GGUFFile& f) : f_(f) {}
+
+  const GGUFTensorInfo* find(const std::string& name, TypeClass tc,
+                             const std::vector<uint64_t>& shape, bool required) {
+    const GGUFTensorInfo* t = f_.find_tensor(name);
+    if (!t) {
+      if (required) fail(f_.path(), ": missing tensor '", name, "' (expected shape ", shape_str(shape), ")");
+      return nullptr;
+    }
+    if (t->ne != shape)
+      fail(f_.path(), ": tensor '", name, "': expected shape ", shape_str(shape), ", got ",
+           shape_str(t->ne));
+    const bool ok = tc == TypeClass::F32 ? t->type == GGMLType::F32 : is_supported_weight_type(t->type);
+    if (!ok)
+      fail(f_.path(), ": tensor '", name, "': type ", type_traits(t->type).name,
+           tc == TypeClass::F32 ? " is not supported here (expected f32)"
+                                : " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+    bytes_ += t->n_bytes;
+    return t;
+  }
+
+  WeightView matrix(const std::string& name, int64_t n_rows, int64_t n_cols, bool required = true) {
+    const GGUFTensorInfo* t = find(name, TypeClass::Weight, {uint64_t(n_cols), uint64_t(n_rows)}, required);
+    if (!t) return {};
+    return WeightView{t->type, t->data, n_rows, n_cols};
+  }
+
+  const float* vector(const std::string& name, int64_t n, bool required = true) {
+    const GGUFTensorInfo* t = find(name, TypeClass::F32, {uint64_t(n)}, required);
+    return t ? reinterpret_cast<const float*>(t->data) : nullptr;
+  }
+
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const GGUFFile& f_;
+  uint64_t bytes_ = 0;
+};
+
+int32_t positive_i32(const GGUFFile& f, const std::string& key, uint64_t v) {
+  if (v == 0 || v > (1u << 24)) fail(f.path(), ": key '", key, "': value ", v, " out of range");
+  return int32_t(v);
+}
+
+HParams read_hparams(const GGUFFile& f) {
+  HParams hp;
+  hp.arch_name = f.require_str("general.architecture");
+  if (hp.arch_name == "llama") {
+    hp.arch = Arch::Llama;
+  } else if (hp.arch_name == "qwen2") {
+    hp.arch = Arch::Qwen2;
+  } else {
+    fail(f.path(), ": key 'general.architecture': architecture '", hp.arch_name,
+         "' is not supported (supported: llama, qwen2)");
+  }
+  const std::string a = hp.arch_name + ".";
+  auto req = [&](const std::string& k) { return positive_i32(f, a + k, f.require_u64(a + k)); };
+  auto opt = [&](const std::string& k, uint64_t d) { return positive_i32(f, a + k, f.get_u64(a + k, d)); };
+  hp.name = f.get_str("general.name", "");
+  hp.dim = req("embedding_length");
+  hp.n_layers = req("block_count");
+  hp.ffn_dim = req("feed_forward_length");
+  hp.n_heads = req("attention.head_count");
+  hp.n_kv_heads = opt("attention.head_count_kv", uint64_t(hp.n_heads));
+  if (hp.n_heads % hp.n_kv_heads != 0)
+    fail(f.path(), ": key '", a, "attention.head_count_kv': ", hp.n_kv_heads,
+         " does not divide head_count ", hp.n_heads);
+  if (hp.dim % hp.n_heads != 0 && !f.has(a + "attention.key_length"))
+    fail(f.path(), ": key '", a, "attention.head_count': ", hp.n_heads,
+         " does not divide embedding_length ", hp.dim);
+  hp.head_dim = opt("attention.key_length", uint64_t(hp.dim / hp.n_heads));
+  if (f.has(a + "attention.value_length") && opt("attention.value_length", 1) != hp.head_dim)
+    fail(f.path(), ": key '", a, "attention.value_length' differs from key_length (not supported)");
+  hp.ctx_len = opt("context_length", 2048);
+  const bool qwen = hp.arch == Arch::Qwen2;
+  hp.rms_eps = float(f.get_f64(a + "attention.layer_norm_rms_epsilon", qwen ? 1e-6 : 1e-5));
+  if (!(hp.rms_eps > 0) || !std::isfinite(hp.rms_eps))
+    fail(f.path(), ": key '", a, "attention.layer_norm_rms_epsilon' must be > 0");
+  hp.rope.style = qwen ? RopeStyle::Halves : RopeStyle::Interleaved;
+  hp.rope.freq_base = float(f.get_f64(a + "rope.freq_base", qwen ? 1e6 : 1e4));
+  if (!(hp.rope.freq_base > 1) || !std::isfinite(hp.rope.freq_base))
+    fail(f.path(), ": key '", a, "rope.freq_base': ", hp.rope.freq_base, " must be > 1");
+  hp.rope.n_rot = opt("rope.dimension_count", uint64_t(hp.head_dim));
+  if (hp.rope.n_rot > hp.head_dim || hp.rope.n_rot % 2 != 0)
+    fail(f.path(), ": key '", a, "rope.dimension_count': ", hp.rope.n_rot, " must be even and <= head dim ",
+         hp.head_dim);
+  const std::string scaling = f.get_str(a + "rope.scaling.type", "none");
+  if (scaling == "linear") {
+    const double factor = f.get_f64(a + "rope.scaling.factor", 1.0);
+    if (!(factor > 0)) fail(f.path(), ": key '", a, "rope.scaling.factor' must be > 0");
+    hp.rope.freq_scale = float(1.0 / factor);
+  } else if (scaling != "none") {
+    fail(f.path(), ": key '", a, "rope.scaling.type': '", scaling, "' is not supported (none, linear)");
+  }
+  hp.qkv_bias = qwen;
+  return hp;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  m->file_ = GGUFFile::open(path);
+  const GGUFFile& f = *m->file_;
+  HParams& hp = m->hp_;
+  hp = read_hparams(f);
+
+  const GGUFTensorInfo* emb = f.find_tensor("token_embd.weight");
+  if (!emb) fail(f.path(), ": missing tensor 'token_embd.weight'");
+  if (emb->ne.size() != 2 || emb->ne[0] != uint64_t(hp.dim))
+    fail(f.path(), ": tensor 'token_embd.weight': expected shape [", hp.dim, ", n_vocab], got ",
+         shape_str(emb->ne));
+  const uint64_t vocab = f.get_u64(hp.arch_name + ".vocab_size", emb->ne[1]);
+  hp.n_vocab = positive_i32(f, hp.arch_name + ".vocab_size", vocab);
+  if (const GGUFValue* toks = f.find("tokenizer.ggml.tokens");
+      toks && toks->type == GGUFValueType::ARRAY && toks->array.size() > uint64_t(hp.n_vocab))
+    fail(f.path(), ": tokenizer has ", toks->array.size(), " tokens but the model's vocabulary is ",
+         hp.n_vocab);
+
+  Binder b(f);
+  ModelWeights& w = m->w_;
+  const int64_t dim = hp.dim, q = hp.q_dim(), kvd = hp.kv_dim(), ffn = hp.ffn_dim, V = hp.n_vocab;
+  w.token_embd = b.matrix("token_embd.weight", V, dim);
+  w.output_norm = b.vector("output_norm.weight", dim);
+  w.output = b.matrix("output.weight", V, dim, /*required=*/false);
+  hp.tied_embeddings = w.output.data == nullptr;
+  if (hp.tied_embeddings) w.output = w.token_embd;
+  w.rope_freqs = b.vector("rope_freqs.weight", hp.rope.n_rot / 2, /*required=*/false);
+  hp.rope.freq_factors = w.rope_freqs;
+  w.layers.resize(size_t(hp.n_layers));
+  for (int32_t i = 0; i < hp.n_layers; ++i) {
+    const std::string p = cat("blk.", i, ".");
+    LayerWeights& L = w.layers[size_t(i)];
+    L.attn_norm = b.vector(p + "attn_norm.weight", dim);
+    L.wq = b.matrix(p + "attn_q.weight", q, dim);
+    L.wk = b.matrix(p + "attn_k.weight", kvd, dim);
+    L.wv = b.matrix(p + "attn_v.weight", kvd, dim);
+    if (hp.qkv_bias) {
+      L.bq = b.vector(p + "attn_q.bias", q);
+      L.bk = b.vector(p + "attn_k.bias", kvd);
+      L.bv = b.vector(p + "attn_v.bias", kvd);
+    }
+    L.wo = b.matrix(p + "attn_output.weight", dim, q);
+    L.ffn_norm = b.vector(p + "ffn_norm.weight", dim);
+    L.w_gate = b.matrix(p + "ffn_gate.weight", ffn, dim);
+    L.w_up = b.matrix(p + "ffn_up.weight", ffn, dim);
+    L.w_down = b.matrix(p + "ffn_down.weight", dim, ffn);
+  }
+  m->weight_bytes_ = b.bytes();
+  return m;
+}
+
+}  // namespace ft

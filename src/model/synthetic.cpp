@@ -1,0 +1,229 @@
+#include "model/synthetic.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <thread>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+#include "kernels/quant.h"
+
+namespace ft {
+
+const std::vector<SyntheticShape>& synthetic_shapes() {
+  static const std::vector<SyntheticShape> shapes = {
+      // name            dim  layers heads kv  ffn   vocab  ctx
+      {"tiny", 64, 2, 4, 2, 192, 0, 2048},
+      {"tiny-256", 256, 2, 4, 2, 768, 0, 2048},
+      {"110m", 768, 12, 12, 4, 2048, 0, 4096},
+      {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048},
+  };
+  return shapes;
+}
+
+namespace {
+
+// splitmix64: a fast generator whose every output is a well-mixed function of its state, so a
+// stream can start anywhere (one per row) and stay deterministic under any threading.
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // ~N(0, 1): Irwin-Hall sum of four 16-bit uniforms (mean 2, variance 1/3), rescaled.
+  // Bounded to +-3.46; plenty for random weights and ~10x cheaper than Box-Muller.
+  float normal() {
+    const uint64_t r = next();
+    const uint32_t sum = uint32_t(r & 0xFFFF) + uint32_t((r >> 16) & 0xFFFF) +
+                         uint32_t((r >> 32) & 0xFFFF) + uint32_t(r >> 48);
+    return (float(sum) * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+  }
+};
+
+uint64_t mix(uint64_t a, uint64_t b) { return SplitMix{a ^ (b * 0xD1B54A32D192ED03ull)}.next(); }
+
+struct TensorPlan {
+  std::string name;
+  std::vector<uint64_t> ne;  // ne[0] = row length
+  GGMLType type;
+  float mean, std;           // elements ~ mean + std * N(0, 1)
+  uint64_t rows() const {
+    uint64_t r = 1;
+    for (size_t d = 1; d < ne.size(); ++d) r *= ne[d];
+    return r;
+  }
+};
+
+// Row r of tensor t is a function of (seed, t, r) only.
+std::vector<uint8_t> generate(const TensorPlan& t, uint64_t seed, uint64_t tensor_index) {
+  const uint64_t ne0 = t.ne[0], rows = t.rows();
+  const uint64_t rb = *row_bytes(t.type, ne0);
+  std::vector<uint8_t> out(rb * rows);
+  const uint64_t tensor_seed = mix(seed, tensor_index + 1);
+  std::atomic<uint64_t> next_row{0};
+  constexpr uint64_t kChunk = 16;
+  auto work = [&] {
+    std::vector<float> buf(ne0);
+    for (;;) {
+      const uint64_t r0 = next_row.fetch_add(kChunk);
+      if (r0 >= rows) break;
+      for (uint64_t r = r0; r < std::min(rows, r0 + kChunk); ++r) {
+        SplitMix rng{mix(tensor_seed, r)};
+        for (auto& x : buf) x = t.mean + t.std * rng.normal();
+        quantize_row(t.type, buf.data(), out.data() + r * rb, int64_t(ne0));
+      }
+    }
+  };
+  const uint64_t elems = ne0 * rows;
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned n_threads = elems < (1u << 16) ? 1u : unsigned(std::min<uint64_t>(hw, rows));
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < n_threads; ++k) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+const SyntheticShape& find_shape(const std::string& name) {
+  std::string known;
+  for (const auto& s : synthetic_shapes()) {
+    if (s.name == name) return s;
+    known += (known.empty() ? "" : ", ") + s.name;
+  }
+  fail("synthetic model: unknown shape '", name, "' (known: ", known, ")");
+}
+
+// tokenizer.* keys: copied from a vocabulary GGUF, or the built-in byte-level vocabulary.
+// Returns the number of tokens.
+uint64_t add_vocab(GGUFWriter& w, const std::string& vocab_path, int shape_vocab) {
+  if (!vocab_path.empty()) {
+    const auto f = GGUFFile::open(vocab_path);
+    const GGUFValue* tokens = f->find("tokenizer.ggml.tokens");
+    if (!tokens || tokens->type != GGUFValueType::ARRAY || tokens->array.empty())
+      fail(vocab_path, ": no tokenizer.ggml.tokens array to take the vocabulary from");
+    for (const auto& [k, v] : f->metadata())
+      if (k.starts_with("tokenizer.")) w.set(k, v);
+    return tokens->array.size();
+  }
+  // SentencePiece-style ids: <unk>=0 <s>=1 </s>=2, then byte tokens, then unused padding.
+  constexpr int32_t kUnknown = 2, kControl = 3, kUnused = 5, kByte = 6;
+  std::vector<std::string> text = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> type = {kUnknown, kControl, kControl};
+  static const char* hex = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) {
+    text.push_back(cat("<0x", hex[b >> 4], hex[b & 15], ">"));
+    type.push_back(kByte);
+  }
+  for (int k = 0; int(text.size()) < shape_vocab; ++k) {
+    text.push_back(cat("<unused_", k, ">"));
+    type.push_back(kUnused);
+  }
+  const uint64_t n = text.size();
+  w.set("tokenizer.ggml.model", GGUFValue::of_str("llama"));
+  w.set("tokenizer.ggml.tokens", GGUFValue::of_str_array(text));
+  w.set("tokenizer.ggml.scores", GGUFValue::of_f32_array(std::vector<float>(n, 0.0f)));
+  w.set("tokenizer.ggml.token_type", GGUFValue::of_i32_array(type));
+  w.set("tokenizer.ggml.bos_token_id", GGUFValue::of_u32(1));
+  w.set("tokenizer.ggml.eos_token_id", GGUFValue::of_u32(2));
+  w.set("tokenizer.ggml.unknown_token_id", GGUFValue::of_u32(0));
+  w.set("tokenizer.ggml.add_bos_token", GGUFValue::of_bool(true));
+  // No "\u2581" piece exists to carry SentencePiece's space prefix; text maps to bytes as is.
+  w.set("tokenizer.ggml.add_space_prefix", GGUFValue::of_bool(false));
+  return n;
+}
+
+}  // namespace
+
+void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
+                           std::function<void(float)> progress) {
+  const SyntheticShape& s = find_shape(opt.shape);
+  if (opt.arch != "llama" && opt.arch != "qwen2")
+    fail("synthetic model: unknown architecture '", opt.arch, "' (known: llama, qwen2)");
+  if (!is_supported_weight_type(opt.type))
+    fail("synthetic model: weight type ", type_traits(opt.type).name,
+         " is not supported (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+  if (s.dim % s.n_heads != 0 || s.n_heads % s.n_kv_heads != 0)
+    fail("synthetic model: shape '", s.name, "' has inconsistent head counts");
+  const bool qwen = opt.arch == "qwen2";
+  const std::string type_name(type_traits(opt.type).name);
+
+  GGUFWriter w;
+  const std::string a = opt.arch + ".";
+  w.set("general.architecture", GGUFValue::of_str(opt.arch));
+  w.set("general.name", GGUFValue::of_str(cat("synthetic-", s.name, "-", type_name, " (random weights)")));
+  w.set("general.alignment", GGUFValue::of_u32(32));
+  const uint32_t head_dim = uint32_t(s.dim / s.n_heads);
+  w.set(a + "context_length", GGUFValue::of_u32(uint32_t(s.ctx_len)));
+  w.set(a + "embedding_length", GGUFValue::of_u32(uint32_t(s.dim)));
+  w.set(a + "block_count", GGUFValue::of_u32(uint32_t(s.n_layers)));
+  w.set(a + "feed_forward_length", GGUFValue::of_u32(uint32_t(s.ffn_dim)));
+  w.set(a + "attention.head_count", GGUFValue::of_u32(uint32_t(s.n_heads)));
+  w.set(a + "attention.head_count_kv", GGUFValue::of_u32(uint32_t(s.n_kv_heads)));
+  w.set(a + "attention.layer_norm_rms_epsilon", GGUFValue::of_f32(qwen ? 1e-6f : 1e-5f));
+  w.set(a + "rope.freq_base", GGUFValue::of_f32(qwen ? 1e6f : 1e4f));
+  w.set(a + "rope.dimension_count", GGUFValue::of_u32(head_dim));
+  const uint64_t n_vocab = add_vocab(w, opt.vocab_path, s.n_vocab);
+
+  // Tensors in llama.cpp's order. ne = [row length (fan-in), rows].
+  const uint64_t dim = uint64_t(s.dim), q_dim = uint64_t(s.n_heads) * head_dim,
+                 kv_dim = uint64_t(s.n_kv_heads) * head_dim, ffn = uint64_t(s.ffn_dim);
+  std::vector<TensorPlan> plan;
+  auto matrix = [&](std::string name, uint64_t fan_in, uint64_t rows) {
+    plan.push_back({std::move(name), {fan_in, rows}, opt.type, 0.0f, 1.0f / std::sqrt(float(fan_in))});
+  };
+  auto norm = [&](std::string name, uint64_t n) {
+    plan.push_back({std::move(name), {n}, GGMLType::F32, 1.0f, 0.05f});
+  };
+  auto bias = [&](std::string name, uint64_t n) {
+    plan.push_back({std::move(name), {n}, GGMLType::F32, 0.0f, 0.05f});
+  };
+  matrix("token_embd.weight", dim, n_vocab);
+  for (int i = 0; i < s.n_layers; ++i) {
+    const std::string p = cat("blk.", i, ".");
+    norm(p + "attn_norm.weight", dim);
+    matrix(p + "attn_q.weight", dim, q_dim);
+    matrix(p + "attn_k.weight", dim, kv_dim);
+    matrix(p + "attn_v.weight", dim, kv_dim);
+    if (qwen) {
+      bias(p + "attn_q.bias", q_dim);
+      bias(p + "attn_k.bias", kv_dim);
+      bias(p + "attn_v.bias", kv_dim);
+    }
+    matrix(p + "attn_output.weight", q_dim, dim);
+    norm(p + "ffn_norm.weight", dim);
+    matrix(p + "ffn_gate.weight", dim, ffn);
+    matrix(p + "ffn_up.weight", dim, ffn);
+    matrix(p + "ffn_down.weight", ffn, dim);
+  }
+  norm("output_norm.weight", dim);
+  matrix("output.weight", dim, n_vocab);
+
+  // Validate every tensor before generating anything.
+  uint64_t total = 0;
+  for (const auto& t : plan) {
+    const auto rb = row_bytes(t.type, t.ne[0]);
+    if (!rb)
+      fail("synthetic model: tensor '", t.name, "': row length ", t.ne[0], " is not a multiple of the ",
+           type_traits(t.type).name, " block size ", type_traits(t.type).block_size, " (shape '", s.name,
+           "')");
+    total += *rb * t.rows();
+  }
+
+  // Each tensor is generated and quantized straight into the writer (no f32 copy of the model).
+  uint64_t done = 0;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    std::vector<uint8_t> data = generate(plan[k], opt.seed, k);
+    done += data.size();
+    w.add_tensor(plan[k].name, plan[k].type, plan[k].ne, std::move(data));
+    if (progress) progress(0.9f * float(double(done) / double(total)));
+  }
+  w.write(path);
+  if (progress) progress(1.0f);
+}
+
+}  // namespace ft

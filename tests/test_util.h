@@ -1,0 +1,22 @@
+// Shared helpers for tests: locating ../shared test data with a clean skip when absent.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+namespace ft::test {
+
+// Directory of the shared test data; FT_SHARED_DIR env overrides the compiled-in default.
+std::string shared_dir();
+// Full path of a file under shared/, or "" when it does not exist.
+std::string shared_file(const std::string& rel);
+std::string read_file(const std::string& path);
+
+}  // namespace ft::test
+
+// Skips the current test (with the reason) when a shared file is missing.
+#define FT_REQUIRE_SHARED(var, rel)                                              \
+  const std::string var = ::ft::test::shared_file(rel);                         \
+  if (var.empty()) GTEST_SKIP() << "shared test data absent: " << (rel)         \
+                                << " (looked in " << ::ft::test::shared_dir() << ")"

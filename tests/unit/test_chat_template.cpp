@@ -1,0 +1,166 @@
+// Chat templates: each format renders a fixed conversation to the exact string its Hugging Face
+// reference template produces; detection from real Jinja sources; names; errors.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tokenizer/chat_template.h"
+
+namespace ft {
+namespace {
+
+const std::vector<ChatMessage> kConversation = {
+    {"system", "You are a helpful assistant"},
+    {"user", "Hello"},
+    {"assistant", "Hi there"},
+    {"user", "Who are you"},
+};
+
+// Whitespace around contents: Llama 2 strip()s and Llama 3 |trim()s, the others keep it.
+const std::vector<ChatMessage> kPadded = {
+    {"user", " Hello\n"},
+    {"assistant", "   I am an assistant   "},
+    {"user", "Again "},
+};
+
+TEST(ChatTemplate, Llama2) {
+  const std::string expected =
+      "<s>[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST] Hi there </s>"
+      "<s>[INST] Who are you [/INST]";
+  EXPECT_EQ(render_chat(ChatFormat::Llama2, kConversation, true, "<s>", "</s>"), expected);
+  // The user turn already ends where the reply starts: no generation prompt to add.
+  EXPECT_EQ(render_chat(ChatFormat::Llama2, kConversation, false, "<s>", "</s>"), expected);
+  EXPECT_EQ(render_chat(ChatFormat::Llama2, kPadded, true, "<s>", "</s>"),
+            "<s>[INST] Hello [/INST] I am an assistant </s><s>[INST] Again [/INST]");
+}
+
+TEST(ChatTemplate, Llama3) {
+  const std::string body =
+      "<|begin_of_text|>"
+      "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|>";
+  EXPECT_EQ(render_chat(ChatFormat::Llama3, kConversation, true, "<|begin_of_text|>", "<|eot_id|>"),
+            body + "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(render_chat(ChatFormat::Llama3, kConversation, false, "<|begin_of_text|>", "<|eot_id|>"),
+            body);
+  EXPECT_EQ(render_chat(ChatFormat::Llama3, kPadded, false, "<|begin_of_text|>", "<|eot_id|>"),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nAgain<|eot_id|>");
+}
+
+TEST(ChatTemplate, ChatML) {
+  const std::string body =
+      "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
+      "<|im_start|>user\nHello<|im_end|>\n"
+      "<|im_start|>assistant\nHi there<|im_end|>\n"
+      "<|im_start|>user\nWho are you<|im_end|>\n";
+  // No BOS in ChatML even when the vocabulary has one.
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, kConversation, true, "<s>", "</s>"),
+            body + "<|im_start|>assistant\n");
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, kConversation, false, "<s>", "</s>"), body);
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, kPadded, false, "", ""),
+            "<|im_start|>user\n Hello\n<|im_end|>\n"
+            "<|im_start|>assistant\n   I am an assistant   <|im_end|>\n"
+            "<|im_start|>user\nAgain <|im_end|>\n");
+}
+
+TEST(ChatTemplate, Mistral) {
+  const std::string expected =
+      "<s>[INST] You are a helpful assistant\n\nHello [/INST]Hi there</s>[INST] Who are you [/INST]";
+  EXPECT_EQ(render_chat(ChatFormat::Mistral, kConversation, true, "<s>", "</s>"), expected);
+  EXPECT_EQ(render_chat(ChatFormat::Mistral, kConversation, false, "<s>", "</s>"), expected);
+  EXPECT_EQ(render_chat(ChatFormat::Mistral, kPadded, true, "<s>", "</s>"),
+            "<s>[INST]  Hello\n [/INST]   I am an assistant   </s>[INST] Again  [/INST]");
+}
+
+TEST(ChatTemplate, Zephyr) {
+  const std::string body =
+      "<|system|>\nYou are a helpful assistant</s>\n"
+      "<|user|>\nHello</s>\n"
+      "<|assistant|>\nHi there</s>\n"
+      "<|user|>\nWho are you</s>\n";
+  EXPECT_EQ(render_chat(ChatFormat::Zephyr, kConversation, true, "<s>", "</s>"),
+            body + "<|assistant|>\n");
+  EXPECT_EQ(render_chat(ChatFormat::Zephyr, kConversation, false, "<s>", "</s>"), body);
+  // The EOS text is the vocabulary's, not a fixed "</s>".
+  EXPECT_EQ(render_chat(ChatFormat::Zephyr, {{"user", "Hi"}}, true, "", "<|endoftext|>"),
+            "<|user|>\nHi<|endoftext|>\n<|assistant|>\n");
+}
+
+TEST(ChatTemplate, UserOnlyConversations) {
+  const std::vector<ChatMessage> one = {{"user", "Hi"}};
+  EXPECT_EQ(render_chat(ChatFormat::Llama2, one, true, "<s>", "</s>"), "<s>[INST] Hi [/INST]");
+  EXPECT_EQ(render_chat(ChatFormat::Mistral, one, true, "<s>", "</s>"), "<s>[INST] Hi [/INST]");
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, one, true, "", ""),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, UnknownRoleThrows) {
+  const std::vector<ChatMessage> bad = {{"user", "Hi"}, {"tool", "42"}};
+  for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML,
+                       ChatFormat::Mistral, ChatFormat::Zephyr}) {
+    try {
+      render_chat(f, bad, true, "<s>", "</s>");
+      ADD_FAILURE() << chat_format_name(f) << " accepted role 'tool'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tool"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ChatTemplate, Names) {
+  for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML,
+                       ChatFormat::Mistral, ChatFormat::Zephyr}) {
+    EXPECT_EQ(parse_chat_format(chat_format_name(f)), f);
+  }
+  EXPECT_EQ(chat_format_name(ChatFormat::Llama3), "llama3");
+  EXPECT_EQ(parse_chat_format("ChatML"), ChatFormat::ChatML);
+  EXPECT_EQ(parse_chat_format("llama"), std::nullopt);
+  EXPECT_EQ(parse_chat_format(""), std::nullopt);
+}
+
+// Jinja sources as stored in GGUF tokenizer.chat_template (escapes are literal backslashes).
+const char* kLlama3Jinja =
+    R"({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})";
+const char* kChatMLJinja =
+    R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
+const char* kLlama2Jinja =
+    R"({% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %})";
+const char* kMistralJinja =
+    R"({{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %})";
+const char* kZephyrJinja =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\\n' + "
+    "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\\n' "
+    "+ message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ "
+    "'<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and "
+    "add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+const char* kPhi3Jinja =
+    R"({% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %})";
+const char* kGemmaJinja =
+    R"({{ bos_token }}{% for message in messages %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %})";
+
+TEST(ChatTemplate, DetectsFormats) {
+  EXPECT_EQ(detect_chat_format(kLlama3Jinja), ChatFormat::Llama3);
+  EXPECT_EQ(detect_chat_format(kChatMLJinja), ChatFormat::ChatML);
+  EXPECT_EQ(detect_chat_format(kLlama2Jinja), ChatFormat::Llama2);
+  EXPECT_EQ(detect_chat_format(kMistralJinja), ChatFormat::Mistral);
+  EXPECT_EQ(detect_chat_format(kZephyrJinja), ChatFormat::Zephyr);
+  // A template given as a format name.
+  EXPECT_EQ(detect_chat_format("zephyr"), ChatFormat::Zephyr);
+  EXPECT_EQ(detect_chat_format("llama2"), ChatFormat::Llama2);
+}
+
+TEST(ChatTemplate, FallbackIsChatML) {
+  EXPECT_EQ(detect_chat_format(""), ChatFormat::ChatML);
+  EXPECT_EQ(detect_chat_format("{{ messages[0]['content'] }}"), ChatFormat::ChatML);
+  EXPECT_EQ(detect_chat_format(kGemmaJinja), ChatFormat::ChatML);
+  EXPECT_EQ(detect_chat_format(kPhi3Jinja), ChatFormat::ChatML);  // not Zephyr despite <|user|>
+}
+
+}  // namespace
+}  // namespace ft

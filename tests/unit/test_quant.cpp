@@ -1,0 +1,542 @@
+// Block formats: hand-built blocks decode to independently computed values (bit-exact, with the
+// same rounding steps as ggml), quantize->dequantize errors stay within per-format bounds, and
+// the f16/bf16 scalar conversions round correctly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "gguf/ggml_types.h"
+#include "kernels/quant.h"
+
+namespace ft {
+namespace {
+
+// Each step rounded to float separately, the way ggml's scalar code evaluates it.
+float mul(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+float sub(float a, float b) {
+  volatile float r = a - b;
+  return r;
+}
+
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+
+void put_f16(uint8_t* p, uint16_t h) {
+  p[0] = uint8_t(h & 0xFF);
+  p[1] = uint8_t(h >> 8);
+}
+
+std::vector<float> random_row(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    // Portable uniform in [lo, hi) from the raw 32-bit output.
+    x = lo + (hi - lo) * float(double(rng()) / 4294967296.0);
+  }
+  return v;
+}
+
+std::vector<uint8_t> quantize(GGMLType t, const std::vector<float>& x) {
+  const auto bytes = row_bytes(t, x.size());
+  EXPECT_TRUE(bytes.has_value());
+  std::vector<uint8_t> q(bytes.value_or(0), 0xCD);
+  quantize_row(t, x.data(), q.data(), int64_t(x.size()));
+  return q;
+}
+
+std::vector<float> dequantize(GGMLType t, const std::vector<uint8_t>& q, int64_t n) {
+  std::vector<float> y(size_t(n), std::nanf(""));
+  dequantize_row(t, q.data(), y.data(), n);
+  return y;
+}
+
+// ------------------------------------------------------------------------------------------
+// f16 / bf16 scalar conversions
+
+TEST(Fp16, KnownValues) {
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3C00);
+  EXPECT_EQ(f32_to_f16(-2.0f), 0xC000);
+  EXPECT_EQ(f32_to_f16(0.5f), 0x3800);
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);
+  EXPECT_EQ(f32_to_f16(0.0f), 0x0000);
+  EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x3555), 0.333251953125f);
+  EXPECT_EQ(bits(f16_to_f32(0x8000)), 0x80000000u);
+}
+
+TEST(Fp16, Subnormals) {
+  const float tiny = std::ldexp(1.0f, -24);  // smallest half subnormal
+  EXPECT_EQ(f16_to_f32(0x0001), tiny);
+  EXPECT_EQ(f16_to_f32(0x03FF), 1023.0f * tiny);
+  EXPECT_EQ(f16_to_f32(0x0400), std::ldexp(1.0f, -14));  // smallest normal
+  EXPECT_EQ(f16_to_f32(0x8001), -tiny);
+  EXPECT_EQ(f32_to_f16(tiny), 0x0001);
+  EXPECT_EQ(f32_to_f16(1023.0f * tiny), 0x03FF);
+  EXPECT_EQ(f32_to_f16(-5.0f * tiny), 0x8005);
+  // Ties to even in the subnormal range, and underflow to (signed) zero.
+  EXPECT_EQ(f32_to_f16(0.5f * tiny), 0x0000);
+  EXPECT_EQ(f32_to_f16(1.5f * tiny), 0x0002);
+  EXPECT_EQ(f32_to_f16(2.5f * tiny), 0x0002);
+  EXPECT_EQ(f32_to_f16(0.5000001f * tiny), 0x0001);
+  EXPECT_EQ(f32_to_f16(-0.25f * tiny), 0x8000);
+  EXPECT_EQ(f32_to_f16(1e-30f), 0x0000);
+  // The largest subnormal plus half a unit rounds up into the normal range.
+  EXPECT_EQ(f32_to_f16(1023.5f * tiny), 0x0400);
+}
+
+TEST(Fp16, InfNanOverflow) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(f32_to_f16(inf), 0x7C00);
+  EXPECT_EQ(f32_to_f16(-inf), 0xFC00);
+  EXPECT_EQ(f16_to_f32(0x7C00), inf);
+  EXPECT_EQ(f16_to_f32(0xFC00), -inf);
+  EXPECT_TRUE(std::isnan(f16_to_f32(0x7E00)));
+  EXPECT_TRUE(std::isnan(f16_to_f32(0x7C01)));
+  const uint16_t hn = f32_to_f16(std::nanf(""));
+  EXPECT_EQ(hn & 0x7C00, 0x7C00);
+  EXPECT_NE(hn & 0x03FF, 0);
+  // A NaN whose payload lives only in the low float bits must stay NaN (not become inf).
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::bit_cast<float>(0x7F800001u)))));
+  // 65520 is the midpoint between 65504 (odd mantissa) and 65536: rounds to inf.
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7BFF);
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);
+  EXPECT_EQ(f32_to_f16(-1e10f), 0xFC00);
+}
+
+TEST(Fp16, RoundingTies) {
+  const float u = std::ldexp(1.0f, -10);  // half ulp at 1.0 is u/2
+  EXPECT_EQ(f32_to_f16(1.0f + u / 2), 0x3C00);        // tie -> even (down)
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * u / 2), 0x3C02);    // tie -> even (up)
+  EXPECT_EQ(f32_to_f16(1.0f + u / 2 + u / 1024), 0x3C01);  // just above the tie
+  EXPECT_EQ(f32_to_f16(1.0f + u / 2 - u / 1024), 0x3C00);  // just below
+  EXPECT_EQ(f32_to_f16(2047.0f / 1024.0f + u / 2), 0x4000);  // mantissa carry into exponent
+}
+
+TEST(Fp16, EveryHalfRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_f32(uint16_t(h));
+    if (std::isnan(f)) {
+      EXPECT_EQ(h & 0x7C00, 0x7C00u);
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+    } else {
+      ASSERT_EQ(f32_to_f16(f), h) << "half 0x" << std::hex << h;
+    }
+  }
+}
+
+TEST(Fp16, RandomFloatsRoundToNearest) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 100000; ++i) {
+    // Uniform over bit patterns in [2^-14, 65504): both neighbours are exact halves.
+    const float f = std::bit_cast<float>(uint32_t(0x38800000u + rng() % (0x477FE000u - 0x38800000u)));
+    const uint16_t h = f32_to_f16(f);
+    const float r = f16_to_f32(h);
+    const float other = f16_to_f32(uint16_t(r <= f ? h + 1 : h - 1));
+    ASSERT_LE(std::fabs(r - f), std::fabs(other - f)) << f;
+  }
+}
+
+TEST(Bf16, Conversions) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(f32_to_bf16(-2.5f), 0xC020);
+  EXPECT_EQ(bf16_to_f32(0x3F80), 1.0f);
+  EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
+  const float u = std::ldexp(1.0f, -7);  // bf16 ulp at 1.0
+  EXPECT_EQ(f32_to_bf16(1.0f + u / 2), 0x3F80);      // tie -> even (down)
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * u / 2), 0x3F82);  // tie -> even (up)
+  EXPECT_EQ(f32_to_bf16(1.0f + u / 2 + u / 256), 0x3F81);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // overflow rounds to inf
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::bit_cast<float>(0x7F800001u)))));
+  EXPECT_EQ(f32_to_bf16(std::ldexp(1.0f, -133)), 0x0001);  // bf16 subnormal
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = bf16_to_f32(uint16_t(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(f))));
+    } else {
+      ASSERT_EQ(f32_to_bf16(f), h);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Hand-built blocks
+
+TEST(Quant, Q8_0HandBuilt) {
+  uint8_t b[34];
+  put_f16(b, 0xB800);  // d = -0.5
+  for (int j = 0; j < 32; ++j) b[2 + j] = uint8_t(int8_t(j * 8 - 127));
+  std::vector<float> y(32);
+  dequantize_row(GGMLType::Q8_0, b, y.data(), 32);
+  EXPECT_EQ(y[0], 63.5f);    // -127 * -0.5
+  EXPECT_EQ(y[16], -0.5f);   // 1 * -0.5
+  EXPECT_EQ(y[31], -60.5f);  // 121 * -0.5
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(y[j], float(j * 8 - 127) * -0.5f);
+}
+
+TEST(Quant, Q4_0HandBuilt) {
+  uint8_t b[18];
+  put_f16(b, 0x4000);  // d = 2
+  for (int j = 0; j < 16; ++j) b[2 + j] = uint8_t(j | ((15 - j) << 4));
+  std::vector<float> y(32);
+  dequantize_row(GGMLType::Q4_0, b, y.data(), 32);
+  EXPECT_EQ(y[0], -16.0f);  // (0-8)*2
+  EXPECT_EQ(y[15], 14.0f);  // (15-8)*2
+  EXPECT_EQ(y[16], 14.0f);  // high nibble of byte 0 = 15
+  EXPECT_EQ(y[31], -16.0f);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], float(j - 8) * 2.0f);
+    EXPECT_EQ(y[j + 16], float(7 - j) * 2.0f);
+  }
+}
+
+// Expected Q4_K values straight from the layout description: element e lies in 64-element chunk
+// c = e/64; its first 32 elements are the low nibbles of qs[32c..32c+31] (sub-block 2c), the
+// next 32 the high nibbles (sub-block 2c+1); x = (d*sc)*q - (dmin*m).
+std::vector<float> decode_q4k_by_hand(const uint8_t* blk, const int* sc, const int* mn) {
+  const float d = f16_to_f32(uint16_t(blk[0] | (blk[1] << 8)));
+  const float dmin = f16_to_f32(uint16_t(blk[2] | (blk[3] << 8)));
+  const uint8_t* qs = blk + 16;
+  std::vector<float> y(256);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, r = e % 64, s = 2 * c + (r >= 32);
+    const uint8_t byte = qs[32 * c + r % 32];
+    const int q = r < 32 ? (byte & 0xF) : (byte >> 4);
+    y[size_t(e)] = sub(mul(mul(d, float(sc[s])), float(q)), mul(dmin, float(mn[s])));
+  }
+  return y;
+}
+
+// Packs 6-bit scales/mins as ggml's get_scale_min_k4 unpacks them: bytes 0-3 hold scales 0-3 in
+// their low 6 bits and the top 2 bits of scales 4-7; bytes 4-7 the same for mins; bytes 8-11
+// hold the low 4 bits of scale j+4 (low nibble) and min j+4 (high nibble).
+void pack_k4_by_hand(const int* sc, const int* mn, uint8_t* out12) {
+  for (int j = 0; j < 4; ++j) {
+    out12[j] = uint8_t((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    out12[j + 4] = uint8_t((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+    out12[j + 8] = uint8_t((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+}
+
+TEST(Quant, Q4_KHandBuilt) {
+  const int sc[8] = {1, 5, 17, 33, 47, 63, 2, 40};
+  const int mn[8] = {3, 0, 63, 20, 9, 31, 50, 16};
+  uint8_t blk[144];
+  put_f16(blk, 0x3800);      // d = 0.5
+  put_f16(blk + 2, 0x3400);  // dmin = 0.25
+  pack_k4_by_hand(sc, mn, blk + 4);
+  for (int k = 0; k < 128; ++k) blk[16 + k] = uint8_t(k * 37 + 11);
+
+  std::vector<float> y(256);
+  dequantize_row(GGMLType::Q4_K, blk, y.data(), 256);
+  // A few values by hand. qs[0] = 11 = 0x0B -> elem 0 q=11 (sub 0), elem 32 q=0 (sub 1).
+  EXPECT_EQ(y[0], 4.75f);  // 0.5*1*11 - 0.25*3
+  EXPECT_EQ(y[32], 0.0f);  // 0.5*5*0 - 0.25*0
+  // qs[32*2 + 5] = (69*37+11) & 255 = 0x04 -> elem 133 q=4 (sub 4), elem 165 q=0 (sub 5).
+  EXPECT_EQ(y[133], 91.75f);  // 0.5*47*4 - 0.25*9
+  EXPECT_EQ(y[165], -7.75f);  // 0.5*63*0 - 0.25*31
+  // qs[96+31] = (127*37+11) & 255 = 0x66 -> elem 223 q=6 (sub 6), elem 255 q=6 (sub 7).
+  EXPECT_EQ(y[223], -6.5f);  // 0.5*2*6 - 0.25*50
+  EXPECT_EQ(y[255], 116.0f);  // 0.5*40*6 - 0.25*16
+  const auto ref = decode_q4k_by_hand(blk, sc, mn);
+  for (int e = 0; e < 256; ++e) ASSERT_EQ(bits(y[size_t(e)]), bits(ref[size_t(e)])) << e;
+}
+
+TEST(Quant, Q4_KFullMantissaScales) {
+  // d and dmin with full 11-bit mantissas and large scales/levels use every bit of the float
+  // products; the subtraction must round exactly once, as in ggml.
+  const int sc[8] = {63, 61, 59, 57, 55, 53, 51, 49};
+  const int mn[8] = {62, 60, 58, 56, 54, 52, 50, 48};
+  uint8_t blk[144];
+  put_f16(blk, 0x2E67);      // d ~= 0.1
+  put_f16(blk + 2, 0x2A67);  // dmin ~= 0.05
+  pack_k4_by_hand(sc, mn, blk + 4);
+  for (int k = 0; k < 128; ++k) blk[16 + k] = uint8_t(k * 73 + 5);
+  std::vector<float> y(256);
+  dequantize_row(GGMLType::Q4_K, blk, y.data(), 256);
+  const auto ref = decode_q4k_by_hand(blk, sc, mn);
+  for (int e = 0; e < 256; ++e) ASSERT_EQ(bits(y[size_t(e)]), bits(ref[size_t(e)])) << e;
+}
+
+// Expected Q6_K values from the layout description: element e in half h = e/128, row = (e%128)/32,
+// l = e%32; low 4 bits from ql[64h + l + 32*(row&1)] (low nibble for rows 0,1, high for 2,3),
+// high 2 bits from qh[32h + l] >> 2*row; scale scales[8h + 2*row + l/16]; x = (d*sc)*(q-32).
+std::vector<float> decode_q6k_by_hand(const uint8_t* blk) {
+  const uint8_t* ql = blk;
+  const uint8_t* qh = blk + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+  const float d = f16_to_f32(uint16_t(blk[208] | (blk[209] << 8)));
+  std::vector<float> y(256);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, row = (e % 128) / 32, l = e % 32;
+    const uint8_t lo_byte = ql[64 * h + l + 32 * (row & 1)];
+    const int lo = row < 2 ? (lo_byte & 0xF) : (lo_byte >> 4);
+    const int hi = (qh[32 * h + l] >> (2 * row)) & 3;
+    const int q = (lo | (hi << 4)) - 32;
+    y[size_t(e)] = mul(mul(d, float(scales[8 * h + 2 * row + l / 16])), float(q));
+  }
+  return y;
+}
+
+TEST(Quant, Q6_KHandBuilt) {
+  uint8_t blk[210];
+  for (int k = 0; k < 128; ++k) blk[k] = uint8_t(k * 29 + 7);         // ql
+  for (int k = 0; k < 64; ++k) blk[128 + k] = uint8_t(k * 53 + 100);  // qh
+  const int8_t scales[16] = {-128, 127, 1, -1, 64, -64, 3, 100, -7, 9, 33, -33, 0, 12, -90, 77};
+  std::memcpy(blk + 192, scales, 16);
+  put_f16(blk + 208, 0x3400);  // d = 0.25
+  std::vector<float> y(256);
+  dequantize_row(GGMLType::Q6_K, blk, y.data(), 256);
+  // elem 0: ql[0]=7 low=7, qh[0]=100=0b01100100 bits0-1=0 -> q=7-32=-25, scale -128.
+  EXPECT_EQ(y[0], 800.0f);  // 0.25 * -128 * -25
+  // elem 17: ql[17]=(17*29+7)&255=0xF4 low=4, qh[17]=(17*53+100)&255=0xE9 bits0-1=1
+  //          -> q=(4|16)-32=-12, scale[1]=127.
+  EXPECT_EQ(y[17], -381.0f);  // 0.25 * 127 * -12
+  // elem 64+5 (row 2): ql[5]=152=0x98 high=9, qh[5]=109=0b01101101 bits4-5=2 -> q=41-32=9,
+  //                    scale[4]=64.
+  EXPECT_EQ(y[69], 144.0f);  // 0.25 * 64 * 9
+  // elem 128+96+31 (h=1,row 3,l=31): ql[64+32+31]=ql[127]=(127*29+7)&255=0x6A high=6,
+  //   qh[32+31]=(63*53+100)&255=0x6F bits6-7=1 -> q=(6|16)-32=-10, scale[8+6+1]=77.
+  EXPECT_EQ(y[255], -192.5f);  // 0.25 * 77 * -10
+  const auto ref = decode_q6k_by_hand(blk);
+  for (int e = 0; e < 256; ++e) ASSERT_EQ(bits(y[size_t(e)]), bits(ref[size_t(e)])) << e;
+}
+
+// ------------------------------------------------------------------------------------------
+// Quantize -> dequantize
+
+TEST(Quant, F32IsExact) {
+  const auto x = random_row(96, 1);
+  const auto y = dequantize(GGMLType::F32, quantize(GGMLType::F32, x), 96);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(bits(x[i]), bits(y[i]));
+}
+
+TEST(Quant, F16AndBF16RoundTrip) {
+  std::mt19937 rng(3);
+  std::vector<float> xh(1000), xb(1000);
+  for (size_t i = 0; i < xh.size(); ++i) {
+    uint16_t h;
+    do h = uint16_t(rng()); while ((h & 0x7C00) == 0x7C00);  // finite halves
+    xh[i] = f16_to_f32(h);
+    uint16_t b;
+    do b = uint16_t(rng()); while ((b & 0x7F80) == 0x7F80);  // finite bf16
+    xb[i] = bf16_to_f32(b);
+  }
+  const auto yh = dequantize(GGMLType::F16, quantize(GGMLType::F16, xh), 1000);
+  const auto yb = dequantize(GGMLType::BF16, quantize(GGMLType::BF16, xb), 1000);
+  for (size_t i = 0; i < xh.size(); ++i) {
+    ASSERT_EQ(bits(xh[i]), bits(yh[i]));
+    ASSERT_EQ(bits(xb[i]), bits(yb[i]));
+  }
+  // Non-representable values: within half an ulp (relative 2^-11 for f16, 2^-8 for bf16).
+  const auto x = random_row(256, 4, -100.0f, 100.0f);
+  const auto h = dequantize(GGMLType::F16, quantize(GGMLType::F16, x), 256);
+  const auto b = dequantize(GGMLType::BF16, quantize(GGMLType::BF16, x), 256);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::fabs(x[i]) < 1e-3f) continue;
+    EXPECT_LE(std::fabs(h[i] - x[i]), std::fabs(x[i]) * 0x1p-11f);
+    EXPECT_LE(std::fabs(b[i] - x[i]), std::fabs(x[i]) * 0x1p-8f);
+  }
+}
+
+TEST(Quant, Q8_0RoundTrip) {
+  for (int64_t n : {32, 96, 1024}) {
+    const auto x = random_row(n, uint32_t(n), -3.0f, 2.0f);
+    const auto q = quantize(GGMLType::Q8_0, x);
+    const auto y = dequantize(GGMLType::Q8_0, q, n);
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(b * 32 + j)]));
+      const float d = amax / 127;
+      const float d16 = f16_to_f32(uint16_t(q[size_t(b * 34)] | (q[size_t(b * 34 + 1)] << 8)));
+      // Rounding to the grid of the exact d is within d/2; storing d as f16 moves a level q by
+      // at most 127*|d - d16|.
+      const float bound = d / 2 + 127 * std::fabs(d - d16) + 1e-6f * amax;
+      for (int j = 0; j < 32; ++j) {
+        const size_t i = size_t(b * 32 + j);
+        ASSERT_LE(std::fabs(y[i] - x[i]), bound) << "n=" << n << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(Quant, Q4_0RoundTrip) {
+  for (int64_t n : {32, 96, 1024}) {
+    const auto x = random_row(n, uint32_t(n) + 1, -2.0f, 3.0f);
+    const auto q = quantize(GGMLType::Q4_0, x);
+    const auto y = dequantize(GGMLType::Q4_0, q, n);
+    double sq = 0, step2 = 0;
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(b * 32 + j)]));
+      const float d = amax / 8;  // |max / -8|
+      const float d16 = std::fabs(f16_to_f32(uint16_t(q[size_t(b * 18)] | (q[size_t(b * 18 + 1)] << 8))));
+      // Levels -8..7 times d: values above 7.5*d clip to 7*d (error up to d), others within d/2.
+      const float bound = d + 8 * std::fabs(d - d16) + 1e-6f * amax;
+      for (int j = 0; j < 32; ++j) {
+        const size_t i = size_t(b * 32 + j);
+        const float err = std::fabs(y[i] - x[i]);
+        ASSERT_LE(err, bound) << "n=" << n << " i=" << i;
+        if (x[i] * (-d16) < 7.4f * d * d) {  // not in the clipped range
+          ASSERT_LE(err, d / 2 + 8 * std::fabs(d - d16) + 1e-6f * amax) << i;
+        }
+        sq += double(err) * err;
+        step2 += double(d) * d;
+      }
+      // The element of largest magnitude is exact (up to the f16 rounding of d).
+    }
+    EXPECT_LT(std::sqrt(sq / step2), 0.4);  // uniform rounding noise is step/sqrt(12) = 0.29
+  }
+}
+
+// Independent Q4_K decoder over a whole row (scales unpacked from the bytes by the layout rule).
+std::vector<float> decode_q4k_row(const std::vector<uint8_t>& q, int64_t n) {
+  std::vector<float> y;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const uint8_t* blk = q.data() + b * 144;
+    int sc[8], mn[8];
+    for (int j = 0; j < 4; ++j) {
+      sc[j] = blk[4 + j] & 63;
+      mn[j] = blk[8 + j] & 63;
+      sc[j + 4] = (blk[12 + j] & 15) | ((blk[4 + j] >> 6) << 4);
+      mn[j + 4] = (blk[12 + j] >> 4) | ((blk[8 + j] >> 6) << 4);
+    }
+    const auto yb = decode_q4k_by_hand(blk, sc, mn);
+    y.insert(y.end(), yb.begin(), yb.end());
+  }
+  return y;
+}
+
+TEST(Quant, Q4_KRoundTrip) {
+  for (int64_t n : {256, 512, 1280}) {
+    // Mixed offsets per sub-block so the min term matters (some sub-blocks all positive).
+    auto x = random_row(n, uint32_t(n) + 2, -1.0f, 1.0f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += 0.3f * float((i / 32) % 5) - 0.2f;
+    const auto q = quantize(GGMLType::Q4_K, x);
+    const auto y = dequantize(GGMLType::Q4_K, q, n);
+    const auto ref = decode_q4k_row(q, n);
+    double sq = 0, var = 0;
+    for (int64_t s = 0; s < n / 32; ++s) {  // per sub-block of 32
+      float lo = 0, hi = x[size_t(s * 32)];
+      for (int j = 0; j < 32; ++j) {
+        lo = std::min(lo, x[size_t(s * 32 + j)]);
+        hi = std::max(hi, x[size_t(s * 32 + j)]);
+      }
+      // 15 steps span [min(x,0), max(x)]; with 6-bit scale/min rounding and clipping the
+      // worst element may be off by up to one step, never more.
+      const float step = (hi - lo) / 15;
+      for (int j = 0; j < 32; ++j) {
+        const size_t i = size_t(s * 32 + j);
+        ASSERT_EQ(bits(y[i]), bits(ref[i])) << "layout mismatch at " << i;
+        const float err = std::fabs(y[i] - x[i]);
+        ASSERT_LE(err, step) << "n=" << n << " i=" << i;
+        sq += double(err) * err;
+        var += double(step) * step;
+      }
+    }
+    EXPECT_LT(std::sqrt(sq / var), 0.4) << n;  // about step/sqrt(12) expected
+  }
+}
+
+TEST(Quant, Q6_KRoundTrip) {
+  for (int64_t n : {256, 768}) {
+    auto x = random_row(n, uint32_t(n) + 3, -1.0f, 1.0f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] *= 0.5f + float((i / 16) % 7) * 0.25f;
+    const auto q = quantize(GGMLType::Q6_K, x);
+    const auto y = dequantize(GGMLType::Q6_K, q, n);
+    double sq = 0, var = 0;
+    for (int64_t b = 0; b < n / 256; ++b) {
+      const auto ref = decode_q6k_by_hand(q.data() + b * 210);
+      for (int s = 0; s < 16; ++s) {
+        float amax = 0;
+        for (int j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(x[size_t(b * 256 + s * 16 + j)]));
+        // 6-bit signed levels: step ~ amax/32; scales are int8 relative to the block maximum.
+        const float step = amax / 32;
+        for (int j = 0; j < 16; ++j) {
+          const size_t i = size_t(b * 256 + s * 16 + j);
+          ASSERT_EQ(bits(y[i]), bits(ref[size_t(s * 16 + j)])) << "layout mismatch at " << i;
+          const float err = std::fabs(y[i] - x[i]);
+          ASSERT_LE(err, step) << "n=" << n << " i=" << i;
+          sq += double(err) * err;
+          var += double(step) * step;
+        }
+      }
+    }
+    EXPECT_LT(std::sqrt(sq / var), 0.4) << n;
+  }
+}
+
+uint64_t fnv1a(const std::vector<uint8_t>& v) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : v) {
+    h ^= b;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// The quantizers reproduce ggml's quantize_row_*_ref byte for byte. The hashes were produced by
+// ggml's reference code (ggml-quants.c, evaluated without FMA contraction) on this input, which
+// needs no libm so it is identical everywhere.
+TEST(Quant, MatchesGgmlReferenceBytes) {
+  const int64_t n = 1024;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    x[size_t(i)] = float((i * 7919) % 1000 - 500) / 250.0f * float((i / 32) % 3 + 1) +
+                   float((i / 64) % 4) * 0.5f;
+  }
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q4_0, x)), 0xcb99f2990831de49ull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q8_0, x)), 0xac84915a9241b0fdull);
+  const auto q4k = quantize(GGMLType::Q4_K, x);
+  EXPECT_EQ(fnv1a(q4k), 0xf65332c8908fc267ull);
+  const std::vector<uint8_t> head = {0x2e, 0x22, 0x72, 0x2d, 0x95, 0xea, 0x7d, 0x95, 0x97, 0xee};
+  EXPECT_EQ(std::vector<uint8_t>(q4k.begin(), q4k.begin() + 10), head);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q6_K, x)), 0xd0f13cf7d061e4c3ull);
+}
+
+TEST(Quant, ZeroBlocksStayZero) {
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+    std::vector<float> x(512, 0.0f);
+    x[300] = 0.75f;  // one non-zero element in the second super-block
+    const auto y = dequantize(t, quantize(t, x), 512);
+    for (size_t i = 0; i < 256; ++i) ASSERT_EQ(y[i], 0.0f) << type_traits(t).name << " " << i;
+    EXPECT_NEAR(y[300], 0.75f, 0.01f) << type_traits(t).name;
+  }
+}
+
+TEST(Quant, UnsupportedTypeThrows) {
+  std::vector<float> x(256, 1.0f);
+  std::vector<uint8_t> buf(4096);
+  for (GGMLType t : {GGMLType::Q4_1, GGMLType::Q5_K, GGMLType::IQ2_XXS, GGMLType::I32}) {
+    const std::string name(type_traits(t).name);
+    try {
+      dequantize_row(t, buf.data(), x.data(), 256);
+      ADD_FAILURE() << "dequantize " << name << " did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(quantize_row(t, x.data(), buf.data(), 256), Error) << name;
+  }
+  EXPECT_THROW(dequantize_row(GGMLType(99), buf.data(), x.data(), 256), Error);
+}
+
+TEST(Quant, PartialBlockThrows) {
+  std::vector<float> x(256, 1.0f);
+  std::vector<uint8_t> buf(4096);
+  EXPECT_THROW(quantize_row(GGMLType::Q4_K, x.data(), buf.data(), 128), Error);
+  EXPECT_THROW(dequantize_row(GGMLType::Q8_0, buf.data(), x.data(), 33), Error);
+}
+
+}  // namespace
+}  // namespace ft

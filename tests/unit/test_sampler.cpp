@@ -1,0 +1,348 @@
+// Sampler: greedy/top-k equivalence, determinism per seed, empirical frequencies against the
+// softmax, filters that must exclude tokens, penalties on hand-built logits, validation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+
+namespace ft {
+namespace {
+
+std::vector<float> random_logits(int n, uint32_t seed, float scale = 3.0f) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = scale * (float(double(rng()) / 4294967296.0) * 2.0f - 1.0f);
+  return v;
+}
+
+int argmax(const std::vector<float>& v) {
+  int best = 0;
+  for (int i = 1; i < int(v.size()); ++i)
+    if (v[size_t(i)] > v[size_t(best)]) best = i;
+  return best;
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
+
+TEST(Sampler, GreedyIsArgmax) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    const auto logits = random_logits(1000, seed);
+    Sampler s(greedy(), 1000);
+    EXPECT_EQ(s.sample(logits.data()), argmax(logits));
+  }
+}
+
+TEST(Sampler, GreedyTiesPickLowestId) {
+  std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 2.0f};
+  Sampler s(greedy(), 5);
+  EXPECT_EQ(s.sample(logits.data()), 1);
+  logits[1] = 1.9f;
+  EXPECT_EQ(s.sample(logits.data()), 3);
+}
+
+TEST(Sampler, DoesNotModifyLogits) {
+  auto logits = random_logits(100, 3);
+  const auto copy = logits;
+  SamplingParams p;
+  p.repetition_penalty = 1.3f;
+  p.presence_penalty = 0.5f;
+  p.top_k = 10;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  Sampler s(p, 100);
+  const int32_t prompt[] = {1, 2, 3, argmax(logits)};
+  s.add_prompt(prompt);
+  for (int i = 0; i < 10; ++i) s.accept(s.sample(logits.data()));
+  EXPECT_EQ(logits, copy);
+}
+
+TEST(Sampler, TopK1IsGreedyAtAnyTemperature) {
+  for (float t : {0.1f, 1.0f, 5.0f, 100.0f}) {
+    SamplingParams p;
+    p.temperature = t;
+    p.top_k = 1;
+    for (uint32_t seed = 1; seed <= 10; ++seed) {
+      p.seed = seed;
+      const auto logits = random_logits(500, seed + 100);
+      Sampler s(p, 500);
+      for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(logits.data()), argmax(logits)) << t;
+    }
+  }
+}
+
+std::vector<int32_t> draw_sequence(const SamplingParams& p, const std::vector<float>& logits,
+                                   int count) {
+  Sampler s(p, int(logits.size()));
+  std::vector<int32_t> out;
+  for (int i = 0; i < count; ++i) out.push_back(s.sample(logits.data()));
+  return out;
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedDifferent) {
+  const std::vector<float> flat(1000, 0.25f);  // uniform over 1000 tokens
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 1234;
+  const auto a = draw_sequence(p, flat, 50);
+  const auto b = draw_sequence(p, flat, 50);
+  EXPECT_EQ(a, b);
+  p.seed = 1235;
+  const auto c = draw_sequence(p, flat, 50);
+  EXPECT_NE(a, c);
+  // A flat distribution really is sampled broadly: 50 draws from 1000 tokens repeat rarely.
+  std::vector<int32_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_GT(std::unique(sorted.begin(), sorted.end()) - sorted.begin(), 40);
+}
+
+TEST(Sampler, FrequenciesMatchSoftmax) {
+  const std::vector<float> logits = {1.0f, 0.0f, 2.0f, -1.0f, 0.5f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 99;
+  Sampler s(p, 5);
+  const int draws = 20000;
+  std::vector<int> hits(5, 0);
+  for (int i = 0; i < draws; ++i) ++hits[size_t(s.sample(logits.data()))];
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l));
+  for (size_t i = 0; i < 5; ++i) {
+    const double expected = std::exp(double(logits[i])) / z;
+    // Binomial standard deviation is at most sqrt(0.25/20000) = 0.0035; allow ~4.3 sigma.
+    EXPECT_NEAR(double(hits[i]) / draws, expected, 0.015) << "token " << i;
+  }
+}
+
+TEST(Sampler, TemperatureSharpensAndFlattens) {
+  const std::vector<float> logits = {1.0f, 0.0f};
+  for (float t : {0.5f, 2.0f}) {
+    SamplingParams p;
+    p.temperature = t;
+    p.seed = 7;
+    Sampler s(p, 2);
+    int zeros = 0;
+    for (int i = 0; i < 20000; ++i) zeros += s.sample(logits.data()) == 0;
+    const double expected = 1.0 / (1.0 + std::exp(-1.0 / t));  // 0.881 at t=0.5, 0.622 at t=2
+    EXPECT_NEAR(zeros / 20000.0, expected, 0.015) << t;
+  }
+}
+
+TEST(Sampler, TopKExcludesTheRest) {
+  const auto logits = random_logits(50, 5, 1.0f);
+  std::vector<int> order(50);
+  for (int i = 0; i < 50; ++i) order[size_t(i)] = i;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  SamplingParams p;
+  p.temperature = 3.0f;  // flat enough that everything would otherwise be drawn
+  p.top_k = 5;
+  Sampler s(p, 50);
+  std::vector<int> hits(50, 0);
+  for (int i = 0; i < 5000; ++i) ++hits[size_t(s.sample(logits.data()))];
+  for (int r = 0; r < 50; ++r) {
+    if (r < 5) {
+      EXPECT_GT(hits[size_t(order[size_t(r)])], 0) << "rank " << r;
+    } else {
+      EXPECT_EQ(hits[size_t(order[size_t(r)])], 0) << "rank " << r;
+    }
+  }
+}
+
+TEST(Sampler, TopPExcludesTail) {
+  // Probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 (logits are their logs).
+  const std::vector<float> logits = {std::log(0.0625f), std::log(0.25f), std::log(0.5f),
+                                     std::log(0.125f), std::log(0.0625f)};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.7f;  // 0.5 + 0.25 = 0.75 >= 0.7: keeps tokens 2 and 1 only
+  Sampler s(p, 5);
+  std::vector<int> hits(5, 0);
+  for (int i = 0; i < 10000; ++i) ++hits[size_t(s.sample(logits.data()))];
+  EXPECT_EQ(hits[0], 0);
+  EXPECT_EQ(hits[3], 0);
+  EXPECT_EQ(hits[4], 0);
+  EXPECT_NEAR(hits[2] / 10000.0, 2.0 / 3.0, 0.03);  // renormalised 0.5/0.75
+  EXPECT_NEAR(hits[1] / 10000.0, 1.0 / 3.0, 0.03);
+
+  p.top_p = 0.8f;  // needs the 0.125 token too
+  Sampler s2(p, 5);
+  std::vector<int> hits2(5, 0);
+  for (int i = 0; i < 10000; ++i) ++hits2[size_t(s2.sample(logits.data()))];
+  EXPECT_GT(hits2[3], 0);
+  EXPECT_EQ(hits2[0], 0);
+  EXPECT_EQ(hits2[4], 0);
+}
+
+TEST(Sampler, MinPExcludesUnlikely) {
+  // p relative to the max: 1, 0.5, 0.2, 0.09, 0.01.
+  const std::vector<float> logits = {0.0f, std::log(0.5f), std::log(0.2f), std::log(0.09f),
+                                     std::log(0.01f)};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.min_p = 0.1f;
+  Sampler s(p, 5);
+  std::vector<int> hits(5, 0);
+  for (int i = 0; i < 20000; ++i) ++hits[size_t(s.sample(logits.data()))];
+  EXPECT_GT(hits[0], 0);
+  EXPECT_GT(hits[1], 0);
+  EXPECT_GT(hits[2], 0);
+  EXPECT_EQ(hits[3], 0);
+  EXPECT_EQ(hits[4], 0);
+  EXPECT_NEAR(hits[2] / 20000.0, 0.2 / 1.7, 0.015);
+}
+
+TEST(Sampler, NonFiniteLogitsAreNeverDrawn) {
+  std::vector<float> logits(10, -INFINITY);
+  logits[3] = 0.0f;
+  logits[7] = std::nanf("");
+  logits[8] = 0.0f;
+  SamplingParams p;
+  p.temperature = 1.0f;
+  Sampler s(p, 10);
+  for (int i = 0; i < 1000; ++i) {
+    const int32_t t = s.sample(logits.data());
+    ASSERT_TRUE(t == 3 || t == 8) << t;
+  }
+  std::vector<float> none(10, -INFINITY);
+  EXPECT_THROW(s.sample(none.data()), Error);
+}
+
+TEST(Sampler, RepetitionPenaltyChangesArgmax) {
+  // Token 0 leads with a positive logit, token 2 with a negative one.
+  const std::vector<float> logits = {2.0f, 1.8f, -0.5f, -0.6f};
+  SamplingParams p = greedy();
+  p.repetition_penalty = 1.5f;
+  {
+    Sampler s(p, 4);
+    const int32_t prompt[] = {0, 0, 0};  // repeated: penalised once, 2.0/1.5 = 1.33 < 1.8
+    s.add_prompt(prompt);
+    EXPECT_EQ(s.sample(logits.data()), 1);
+  }
+  {
+    Sampler s(p, 4);
+    const int32_t prompt[] = {0, 1};  // both penalised: 1.33 vs 1.2 -> 0 again
+    s.add_prompt(prompt);
+    EXPECT_EQ(s.sample(logits.data()), 0);
+  }
+  {
+    // Negative logits are multiplied: only -0.5 and -0.6 left; penalising 2 gives -0.75.
+    const std::vector<float> neg = {-0.5f, -0.6f};
+    Sampler s(p, 2);
+    const int32_t prompt[] = {0};
+    s.add_prompt(prompt);
+    EXPECT_EQ(s.sample(neg.data()), 1);
+  }
+  {
+    // Outside the window: no penalty.
+    SamplingParams w = p;
+    w.penalty_last_n = 2;
+    Sampler s(w, 4);
+    const int32_t prompt[] = {0, 3, 3};
+    s.add_prompt(prompt);
+    EXPECT_EQ(s.sample(logits.data()), 0);
+    s.accept(0);  // now inside the window
+    EXPECT_EQ(s.sample(logits.data()), 1);
+  }
+  {
+    SamplingParams off = p;
+    off.penalty_last_n = 0;
+    Sampler s(off, 4);
+    const int32_t prompt[] = {0};
+    s.add_prompt(prompt);
+    EXPECT_EQ(s.sample(logits.data()), 0);
+  }
+}
+
+TEST(Sampler, PresenceAndFrequencyPenalties) {
+  const std::vector<float> logits = {1.0f, 0.7f, 0.0f};
+  {
+    SamplingParams p = greedy();
+    p.presence_penalty = 0.5f;  // 1.0 - 0.5 = 0.5 < 0.7 after one generation
+    Sampler s(p, 3);
+    const int32_t prompt[] = {0, 0};  // prompt tokens do not count
+    s.add_prompt(prompt);
+    EXPECT_EQ(s.sample(logits.data()), 0);
+    s.accept(0);
+    EXPECT_EQ(s.sample(logits.data()), 1);
+  }
+  {
+    SamplingParams p = greedy();
+    p.frequency_penalty = 0.2f;  // 1.0 - 0.2*count: 0.8 after one, 0.6 after two
+    Sampler s(p, 3);
+    s.accept(0);
+    EXPECT_EQ(s.sample(logits.data()), 0);
+    s.accept(0);
+    EXPECT_EQ(s.sample(logits.data()), 1);
+  }
+  {
+    SamplingParams p = greedy();
+    p.presence_penalty = -1.5f;  // negative values encourage repetition: 0 + 1.5 > 1.0
+    Sampler s(p, 3);
+    s.accept(2);
+    EXPECT_EQ(s.sample(logits.data()), 2);
+  }
+}
+
+TEST(Sampler, RejectsOutOfRangeTokens) {
+  Sampler s(greedy(), 10);
+  EXPECT_THROW(s.accept(10), Error);
+  EXPECT_THROW(s.accept(-1), Error);
+  const int32_t bad[] = {1, 11};
+  EXPECT_THROW(s.add_prompt(bad), Error);
+  EXPECT_THROW(Sampler(greedy(), 0), Error);
+}
+
+void expect_invalid(const SamplingParams& p, const std::string& field) {
+  try {
+    validate(p);
+    ADD_FAILURE() << field << " accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Sampler(p, 10), Error) << field;
+}
+
+TEST(Sampler, ValidateRejectsBadValues) {
+  EXPECT_NO_THROW(validate(SamplingParams{}));
+  EXPECT_NO_THROW(validate(greedy()));
+  auto with = [](auto set) {
+    SamplingParams p;
+    set(p);
+    return p;
+  };
+  expect_invalid(with([](SamplingParams& p) { p.temperature = -0.1f; }), "temperature");
+  expect_invalid(with([](SamplingParams& p) { p.temperature = NAN; }), "temperature");
+  expect_invalid(with([](SamplingParams& p) { p.temperature = INFINITY; }), "temperature");
+  expect_invalid(with([](SamplingParams& p) { p.top_k = -1; }), "top_k");
+  expect_invalid(with([](SamplingParams& p) { p.top_p = 0.0f; }), "top_p");
+  expect_invalid(with([](SamplingParams& p) { p.top_p = 1.01f; }), "top_p");
+  expect_invalid(with([](SamplingParams& p) { p.top_p = NAN; }), "top_p");
+  expect_invalid(with([](SamplingParams& p) { p.min_p = -0.01f; }), "min_p");
+  expect_invalid(with([](SamplingParams& p) { p.min_p = 1.5f; }), "min_p");
+  expect_invalid(with([](SamplingParams& p) { p.repetition_penalty = 0.0f; }),
+                 "repetition_penalty");
+  expect_invalid(with([](SamplingParams& p) { p.repetition_penalty = INFINITY; }),
+                 "repetition_penalty");
+  expect_invalid(with([](SamplingParams& p) { p.presence_penalty = NAN; }), "presence_penalty");
+  expect_invalid(with([](SamplingParams& p) { p.frequency_penalty = -INFINITY; }),
+                 "frequency_penalty");
+  expect_invalid(with([](SamplingParams& p) { p.penalty_last_n = -2; }), "penalty_last_n");
+  // Boundaries that are valid.
+  EXPECT_NO_THROW(validate(with([](SamplingParams& p) {
+    p.top_p = 1.0f;
+    p.min_p = 1.0f;
+    p.penalty_last_n = -1;
+    p.presence_penalty = -2.0f;
+  })));
+}
+
+}  // namespace
+}  // namespace ft

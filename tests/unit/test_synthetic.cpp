@@ -1,0 +1,294 @@
+// Synthetic models: every weight type and both architectures load with the expected
+// hyperparameters, run a forward pass with finite logits, tokenize, and are byte-reproducible
+// from the seed. Only the small shapes are generated here (110m / 1.1b take too long).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempFile {
+ public:
+  explicit TempFile(const std::string& name) {
+    const fs::path dir = fs::temp_directory_path() / cat("ft_test_synthetic_", ::getpid());
+    fs::create_directories(dir);
+    path_ = (dir / name).string();
+  }
+  ~TempFile() {
+    std::error_code ec;
+    fs::remove(path_, ec);
+    fs::remove(fs::path(path_).parent_path(), ec);  // only once empty
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Logits (n_prompt, n_vocab) of the prompt run as one batch.
+std::vector<float> run_prompt(const Model& m, const std::vector<int32_t>& tokens) {
+  auto be = make_backend("cpu", 2);
+  const int64_t n = int64_t(tokens.size());
+  Forward fwd(m, *be, n);
+  KVCache kv(KVCacheConfig{m.hparams().n_layers, m.hparams().kv_dim(), 16, 8});
+  EXPECT_TRUE(kv.reserve(0, n));
+  Batch b;
+  for (int64_t i = 0; i < n; ++i) b.add(tokens[size_t(i)], int32_t(i), 0, true);
+  std::vector<float> logits(size_t(n * m.hparams().n_vocab));
+  fwd.run(b, kv, logits.data());
+  return logits;
+}
+
+// Finite, not constant, and of moderate size (weights ~ N(0, 1/fan_in) keep activations O(1)).
+void expect_sane_logits(const std::vector<float>& l) {
+  ASSERT_FALSE(l.empty());
+  double sum = 0, sq = 0;
+  for (float x : l) {
+    ASSERT_TRUE(std::isfinite(x));
+    sum += x;
+    sq += double(x) * x;
+  }
+  const double mean = sum / double(l.size());
+  const double sd = std::sqrt(std::max(0.0, sq / double(l.size()) - mean * mean));
+  EXPECT_GT(sd, 0.05) << "logits nearly constant";
+  EXPECT_LT(sd, 50.0) << "logits blew up";
+}
+
+struct Case {
+  std::string shape;
+  GGMLType type;
+  std::string arch;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& p) {
+  std::string s = cat(p.param.arch, "_", type_traits(p.param.type).name, "_", p.param.shape);
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> out;
+  for (const char* arch : {"llama", "qwen2"}) {
+    for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
+      out.push_back({"tiny", t, arch});
+    // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
+    for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) out.push_back({"tiny-256", t, arch});
+  }
+  return out;
+}
+
+class SyntheticModel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
+  const Case& c = GetParam();
+  SyntheticOptions opt;
+  opt.shape = c.shape;
+  opt.type = c.type;
+  opt.arch = c.arch;
+  TempFile tmp(case_name({c, 0}) + ".gguf");
+  write_synthetic_model(opt, tmp.path());
+  const auto m = Model::load(tmp.path());
+  const HParams& hp = m->hparams();
+  const SyntheticShape* s = nullptr;
+  for (const auto& x : synthetic_shapes())
+    if (x.name == c.shape) s = &x;
+  ASSERT_NE(s, nullptr);
+  const bool qwen = c.arch == "qwen2";
+  EXPECT_EQ(hp.arch, qwen ? Arch::Qwen2 : Arch::Llama);
+  EXPECT_EQ(hp.dim, s->dim);
+  EXPECT_EQ(hp.n_layers, s->n_layers);
+  EXPECT_EQ(hp.n_heads, s->n_heads);
+  EXPECT_EQ(hp.n_kv_heads, s->n_kv_heads);
+  EXPECT_EQ(hp.head_dim, s->dim / s->n_heads);
+  EXPECT_EQ(hp.ffn_dim, s->ffn_dim);
+  EXPECT_EQ(hp.ctx_len, s->ctx_len);
+  EXPECT_EQ(hp.n_vocab, 259);
+  EXPECT_EQ(hp.rope.n_rot, hp.head_dim);
+  EXPECT_FLOAT_EQ(hp.rope.freq_base, qwen ? 1e6f : 1e4f);
+  EXPECT_FLOAT_EQ(hp.rms_eps, qwen ? 1e-6f : 1e-5f);
+  EXPECT_EQ(hp.qkv_bias, qwen);
+  EXPECT_FALSE(hp.tied_embeddings);
+  EXPECT_EQ(hp.name, cat("synthetic-", c.shape, "-", type_traits(c.type).name, " (random weights)"));
+  EXPECT_EQ(m->file().alignment(), 32u);
+  if (qwen) {
+    EXPECT_NE(m->weights().layers[0].bq, nullptr);
+  }
+
+  // Matrices in the requested type, vectors in F32.
+  for (const auto& t : m->file().tensors()) {
+    SCOPED_TRACE(t.name);
+    EXPECT_EQ(t.type, t.ne.size() == 2 ? c.type : GGMLType::F32);
+  }
+  // Weight statistics: matrix rows ~ N(0, 1/fan_in), norms ~ 1.
+  const WeightView& wq = m->weights().layers[1].wq;
+  std::vector<float> row(size_t(wq.n_cols));
+  double sq = 0;
+  const uint64_t rb = *row_bytes(wq.type, uint64_t(wq.n_cols));
+  for (int64_t r = 0; r < wq.n_rows; ++r) {
+    dequantize_row(wq.type, static_cast<const uint8_t*>(wq.data) + r * rb, row.data(), wq.n_cols);
+    for (float x : row) sq += double(x) * x;
+  }
+  const double sd = std::sqrt(sq / double(wq.n_rows * wq.n_cols));
+  EXPECT_NEAR(sd * std::sqrt(double(wq.n_cols)), 1.0, 0.15);
+  const float* norm = m->weights().layers[0].attn_norm;
+  double nsum = 0;
+  for (int k = 0; k < hp.dim; ++k) nsum += norm[k];
+  EXPECT_NEAR(nsum / hp.dim, 1.0, 0.05);
+  EXPECT_NE(norm[0], norm[1]);
+
+  expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111, 35}));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases()), case_name);
+
+TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
+  TempFile a("seed_a.gguf"), b("seed_b.gguf"), c("seed_c.gguf");
+  SyntheticOptions opt;
+  opt.type = GGMLType::Q8_0;
+  opt.seed = 7;
+  write_synthetic_model(opt, a.path());
+  write_synthetic_model(opt, b.path());
+  opt.seed = 8;
+  write_synthetic_model(opt, c.path());
+  const std::string ba = test::read_file(a.path()), bb = test::read_file(b.path()),
+                    bc = test::read_file(c.path());
+  ASSERT_GT(ba.size(), 100000u);
+  EXPECT_TRUE(ba == bb);
+  ASSERT_EQ(ba.size(), bc.size());
+  // Different weights throughout, not just somewhere: every tensor differs.
+  const auto fa = GGUFFile::parse(reinterpret_cast<const uint8_t*>(ba.data()), ba.size(), "a");
+  const auto fc = GGUFFile::parse(reinterpret_cast<const uint8_t*>(bc.data()), bc.size(), "c");
+  for (size_t k = 0; k < fa->tensors().size(); ++k) {
+    const auto& ta = fa->tensors()[k];
+    EXPECT_NE(std::memcmp(ta.data, fc->tensors()[k].data, ta.n_bytes), 0) << ta.name;
+  }
+  // Tensors of one file are not copies of each other (per-tensor streams).
+  const auto* q0 = fa->find_tensor("blk.0.attn_q.weight");
+  const auto* q1 = fa->find_tensor("blk.1.attn_q.weight");
+  EXPECT_NE(std::memcmp(q0->data, q1->data, q0->n_bytes), 0);
+}
+
+TEST(Synthetic, BuiltInByteVocabTokenizes) {
+  TempFile tmp("vocab.gguf");
+  write_synthetic_model({}, tmp.path());
+  const auto f = GGUFFile::open(tmp.path());
+  const auto toks = f->get_str_array("tokenizer.ggml.tokens");
+  ASSERT_EQ(toks.size(), 259u);
+  EXPECT_EQ(toks[0], "<unk>");
+  EXPECT_EQ(toks[2], "</s>");
+  EXPECT_EQ(toks[3], "<0x00>");
+  EXPECT_EQ(toks[3 + 0xAB], "<0xAB>");
+  const auto types = f->get_i32_array("tokenizer.ggml.token_type");
+  EXPECT_EQ(types[0], 2);
+  EXPECT_EQ(types[1], 3);
+  EXPECT_EQ(types[258], 6);
+  const Tokenizer tok = Tokenizer::from_gguf(*f);
+  EXPECT_EQ(tok.n_vocab(), 259);
+  EXPECT_EQ(tok.bos(), 1);
+  EXPECT_EQ(tok.eos(), 2);
+  EXPECT_TRUE(tok.add_bos_default());
+  // One byte token per byte (id = 3 + byte), BOS first. (A space would become the three bytes
+  // of U+2581: SentencePiece's space marker, with no piece of its own in this vocabulary.)
+  const std::string text = "Hi\xC3\xA9!";
+  const auto ids = tok.encode(text, true, false);
+  EXPECT_EQ(ids, (std::vector<TokenId>{1, 3 + 'H', 3 + 'i', 3 + 0xC3, 3 + 0xA9, 3 + '!'}));
+  EXPECT_EQ(tok.decode(ids), text);
+}
+
+TEST(Synthetic, CopiedVocabulary) {
+  FT_REQUIRE_SHARED(vocab, "tokenizer/ggml-vocab-llama-spm.gguf");
+  TempFile tmp("spm.gguf");
+  SyntheticOptions opt;
+  opt.vocab_path = vocab;
+  opt.type = GGMLType::Q4_0;
+  write_synthetic_model(opt, tmp.path());
+  const auto m = Model::load(tmp.path());
+  EXPECT_EQ(m->hparams().n_vocab, 32000);
+  const auto src = GGUFFile::open(vocab);
+  EXPECT_EQ(m->file().get_str_array("tokenizer.ggml.tokens"), src->get_str_array("tokenizer.ggml.tokens"));
+  EXPECT_EQ(m->file().get_f32_array("tokenizer.ggml.scores"), src->get_f32_array("tokenizer.ggml.scores"));
+  const Tokenizer tok = Tokenizer::from_gguf(m->file());
+  const auto ids = tok.encode("Hello world", true, false);
+  ASSERT_GE(ids.size(), 3u);
+  const auto logits = run_prompt(*m, ids);
+  ASSERT_EQ(logits.size(), ids.size() * 32000);
+  expect_sane_logits(logits);
+}
+
+TEST(Synthetic, Progress) {
+  TempFile tmp("progress.gguf");
+  std::vector<float> seen;
+  write_synthetic_model({}, tmp.path(), [&](float f) { seen.push_back(f); });
+  ASSERT_GT(seen.size(), 3u);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_GT(seen.front(), 0.0f);
+  EXPECT_EQ(seen.back(), 1.0f);
+}
+
+std::string error_of(const SyntheticOptions& opt, const std::string& path) {
+  try {
+    write_synthetic_model(opt, path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(Synthetic, BadOptions) {
+  TempFile tmp("bad.gguf");
+  SyntheticOptions opt;
+  opt.shape = "huge";
+  std::string m = error_of(opt, tmp.path());
+  EXPECT_NE(m.find("unknown shape 'huge'"), std::string::npos) << m;
+  for (const auto& s : synthetic_shapes()) EXPECT_NE(m.find(s.name), std::string::npos) << m;
+  opt = {};
+  opt.arch = "gpt2";
+  m = error_of(opt, tmp.path());
+  EXPECT_NE(m.find("architecture 'gpt2'"), std::string::npos) << m;
+  opt = {};
+  opt.type = GGMLType::Q4_1;
+  m = error_of(opt, tmp.path());
+  EXPECT_NE(m.find("q4_1"), std::string::npos) << m;
+  opt = {};
+  opt.vocab_path = "/nonexistent/vocab.gguf";
+  m = error_of(opt, tmp.path());
+  EXPECT_NE(m.find("/nonexistent/vocab.gguf"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(tmp.path()));
+}
+
+TEST(Synthetic, UnfitType) {
+  // tiny's rows are 64 elements: not whole 256-element k-quant blocks.
+  TempFile tmp("unfit.gguf");
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
+    SyntheticOptions opt;
+    opt.type = t;
+    const std::string m = error_of(opt, tmp.path());
+    EXPECT_NE(m.find("tensor 'token_embd.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("row length 64"), std::string::npos) << m;
+    EXPECT_NE(m.find("block size 256"), std::string::npos) << m;
+    EXPECT_FALSE(fs::exists(tmp.path()));
+  }
+}
+
+}  // namespace
+}  // namespace ft

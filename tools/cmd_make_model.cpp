@@ -1,0 +1,43 @@
+// `firsttoken make-model`: synthetic random-weight GGUF models of named shapes.
+#include <cstdio>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "model/synthetic.h"
+#include "tools/commands.h"
+
+namespace ft::tools {
+
+void add_make_model(CLI::App& app, MakeModelArgs& a) {
+  CLI::App* c = app.add_subcommand(
+      "make-model", "Write a synthetic GGUF model (random weights, fixed seed) of a named shape");
+  std::string shapes;
+  for (const auto& s : synthetic_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
+  c->add_option("--shape", a.shape, "Shape: " + shapes)->capture_default_str();
+  c->add_option("--type", a.type, "Weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k")->capture_default_str();
+  c->add_option("--vocab", a.vocab, "GGUF to take the tokenizer from (default: built-in byte-level vocab)");
+  c->add_option("--arch", a.arch, "Architecture: llama or qwen2")->capture_default_str();
+  c->add_option("--seed", a.seed, "Random seed")->capture_default_str();
+  c->add_option("-o,--out", a.out, "Output file")->required();
+}
+
+int cmd_make_model(const MakeModelArgs& a) {
+  SyntheticOptions opt;
+  opt.shape = a.shape;
+  const auto type = parse_type_name(a.type);
+  if (!type || !is_supported_weight_type(*type))
+    fail("unsupported weight type '", a.type, "' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+  opt.type = *type;
+  opt.seed = a.seed;
+  opt.vocab_path = a.vocab;
+  opt.arch = a.arch;
+  const bool tty = isatty(STDERR_FILENO);
+  write_synthetic_model(opt, a.out, [tty](float frac) {
+    if (tty) std::fprintf(stderr, "\rwriting... %3.0f%%", double(frac) * 100);
+  });
+  if (tty) std::fprintf(stderr, "\n");
+  std::fprintf(stderr, "wrote %s (%s, %s, random weights)\n", a.out.c_str(), a.shape.c_str(), a.type.c_str());
+  return 0;
+}
+
+}  // namespace ft::tools

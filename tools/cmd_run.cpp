@@ -1,0 +1,108 @@
+// `firsttoken run`: one prompt, streamed continuation on stdout, timings on stderr.
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/commands.h"
+
+namespace ft::tools {
+
+void add_run(CLI::App& app, RunArgs& a) {
+  CLI::App* c = app.add_subcommand("run", "Generate a continuation of a prompt (streams to stdout)");
+  c->add_option("-m,--model", a.model, "GGUF model file")->required();
+  c->add_option("-p,--prompt", a.prompt, "Prompt text (with --chat: the user message)")->required();
+  c->add_option("-n,--n-predict", a.n_predict, "Maximum tokens to generate")->capture_default_str();
+  c->add_option("--temp", a.temperature, "Temperature; 0 = greedy")->capture_default_str();
+  c->add_option("--top-k", a.top_k, "Top-k (0 = off)")->capture_default_str();
+  c->add_option("--top-p", a.top_p, "Top-p (1 = off)")->capture_default_str();
+  c->add_option("--min-p", a.min_p, "Min-p (0 = off)")->capture_default_str();
+  c->add_option("--repeat-penalty", a.repeat_penalty, "Repetition penalty (1 = off)")->capture_default_str();
+  c->add_option("--presence-penalty", a.presence_penalty, "Presence penalty")->capture_default_str();
+  c->add_option("--frequency-penalty", a.frequency_penalty, "Frequency penalty")->capture_default_str();
+  c->add_option("--seed", a.seed, "Random seed (default: random)")->each([&a](const std::string&) { a.seed_set = true; });
+  c->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
+  c->add_option("-c,--ctx", a.ctx, "Context length (0 = the model's)")->capture_default_str();
+  c->add_option("-b,--batch", a.batch, "Prompt tokens per forward pass")->capture_default_str();
+  c->add_flag("--chat", a.chat, "Wrap the prompt in the model's chat template");
+  c->add_option("--system", a.system, "System message (with --chat)");
+  c->add_option("--chat-format", a.chat_format,
+                "Override the chat format: llama2, llama3, chatml, mistral, zephyr");
+  c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating past end-of-generation tokens");
+}
+
+int cmd_run(const RunArgs& a) {
+  using clock = std::chrono::steady_clock;
+  const auto t_load = clock::now();
+  const auto model = Model::load(a.model);
+  const Tokenizer tok = Tokenizer::from_gguf(model->file());
+  const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
+
+  const auto t_tok = clock::now();
+  std::vector<int32_t> prompt;
+  if (a.chat) {
+    ChatFormat fmt;
+    if (!a.chat_format.empty()) {
+      const auto f = parse_chat_format(a.chat_format);
+      if (!f) fail("unknown chat format '", a.chat_format, "' (llama2, llama3, chatml, mistral, zephyr)");
+      fmt = *f;
+    } else {
+      fmt = detect_chat_format(model->file().get_str("tokenizer.chat_template", ""));
+    }
+    std::vector<ChatMessage> msgs;
+    if (!a.system.empty()) msgs.push_back({"system", a.system});
+    msgs.push_back({"user", a.prompt});
+    const std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
+    const std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+    prompt = tok.encode(render_chat(fmt, msgs, true, bos, eos), /*add_bos=*/false, /*parse_special=*/true);
+  } else {
+    prompt = tok.encode(a.prompt, tok.add_bos_default(), /*parse_special=*/true);
+  }
+  const double tokenize_ms = std::chrono::duration<double, std::milli>(clock::now() - t_tok).count();
+
+  RuntimeConfig cfg;
+  cfg.threads = a.threads;
+  cfg.n_ctx = a.ctx;
+  cfg.max_batch = a.batch;
+  GenerateOptions opt;
+  opt.max_tokens = a.n_predict;
+  opt.ignore_eos = a.ignore_eos;
+  opt.sampling.temperature = a.temperature;
+  opt.sampling.top_k = a.top_k;
+  opt.sampling.top_p = a.top_p;
+  opt.sampling.min_p = a.min_p;
+  opt.sampling.repetition_penalty = a.repeat_penalty;
+  opt.sampling.presence_penalty = a.presence_penalty;
+  opt.sampling.frequency_penalty = a.frequency_penalty;
+  opt.sampling.seed = a.seed_set ? a.seed : std::random_device{}();
+  validate(opt.sampling);
+
+  Generator gen(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
+  StreamDecoder out(tok);
+  const GenerateResult r = gen.generate(prompt, opt, [&](int32_t t) {
+    if (!tok.is_eog(t) || a.ignore_eos) {
+      const std::string piece = out.push(t);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  const std::string rest = out.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fflush(stdout);
+
+  const double n_gen = double(r.tokens.size());
+  std::fprintf(stderr,
+               "\n[firsttoken] load %.1f ms | prompt %lld tokens, tokenize %.2f ms | TTFT %.2f ms | "
+               "prefill %.1f tokens/s | decode %lld tokens, %.1f tokens/s | finish: %s\n",
+               load_ms, (long long)r.n_prompt, tokenize_ms, r.ttft_ms,
+               r.prefill_ms > 0 ? double(r.n_prompt) / r.prefill_ms * 1e3 : 0.0, (long long)r.tokens.size(),
+               n_gen > 1 && r.decode_ms > 0 ? (n_gen - 1) / r.decode_ms * 1e3 : 0.0,
+               finish_reason_name(r.finish));
+  return 0;
+}
+
+}  // namespace ft::tools

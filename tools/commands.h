@@ -1,0 +1,38 @@
+// Subcommands of the firsttoken CLI: each declares its options on the CLI11 app and runs.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace ft::tools {
+
+struct RunArgs {
+  std::string model, prompt, system, chat_format;
+  int64_t n_predict = 128;
+  float temperature = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f, presence_penalty = 0, frequency_penalty = 0;
+  uint64_t seed = 0;
+  bool seed_set = false;
+  int threads = 0;
+  int64_t ctx = 0, batch = 512;
+  bool chat = false, ignore_eos = false;
+};
+void add_run(CLI::App& app, RunArgs& a);
+int cmd_run(const RunArgs& a);
+
+struct MakeModelArgs {
+  std::string shape = "tiny", type = "f32", vocab, arch = "llama", out;
+  uint64_t seed = 1234;
+};
+void add_make_model(CLI::App& app, MakeModelArgs& a);
+int cmd_make_model(const MakeModelArgs& a);
+
+struct InspectArgs {
+  std::string model;
+  bool tensors = false;
+};
+void add_inspect(CLI::App& app, InspectArgs& a);
+int cmd_inspect(const InspectArgs& a);
+
+}  // namespace ft::tools

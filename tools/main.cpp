@@ -1,0 +1,38 @@
+// firsttoken: command-line entry point. Subcommands: run, make-model, inspect.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"firsttoken: LLM inference engine with the fastest first token"};
+  app.require_subcommand(1);
+  ft::tools::RunArgs run;
+  ft::tools::MakeModelArgs make;
+  ft::tools::InspectArgs inspect;
+  ft::tools::add_run(app, run);
+  ft::tools::add_make_model(app, make);
+  ft::tools::add_inspect(app, inspect);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (app.got_subcommand("run")) return ft::tools::cmd_run(run);
+    if (app.got_subcommand("make-model")) return ft::tools::cmd_make_model(make);
+    if (app.got_subcommand("inspect")) return ft::tools::cmd_inspect(inspect);
+  } catch (const ft::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "firsttoken: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "firsttoken: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 1;
+}
