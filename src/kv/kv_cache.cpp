@@ -1,8 +1,22 @@
 #include "kv/kv_cache.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ft {
+
+uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens) {
+  // splitmix64-style mixing of each token into the parent hash; never 0 (0 = unpublished).
+  uint64_t h = parent ^ 0x9E3779B97F4A7C15ull;
+  for (int32_t t : block_tokens) {
+    h ^= uint64_t(uint32_t(t)) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+  }
+  return h ? h : 1;
+}
 
 KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg) {
   if (cfg.n_layers <= 0 || cfg.kv_dim <= 0 || cfg.block_size <= 0 || cfg.n_blocks <= 0)
@@ -12,47 +26,149 @@ KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg) {
                    size_t(cfg.kv_dim);
   k_.assign(n, 0.0f);
   v_.assign(n, 0.0f);
+  blocks_.resize(size_t(cfg.n_blocks));
   free_.reserve(size_t(cfg.n_blocks));
   for (int32_t b = cfg.n_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
 
 int32_t KVCache::blocks_for(int64_t n_positions, int32_t block_size) {
-  return int32_t((n_positions + block_size - 1) / block_size);
+  return int32_t((std::max<int64_t>(n_positions, 0) + block_size - 1) / block_size);
 }
 
 uint64_t KVCache::block_bytes(int32_t n_layers, int32_t kv_dim, int32_t block_size) {
   return 2ull * uint64_t(n_layers) * uint64_t(kv_dim) * uint64_t(block_size) * sizeof(float);
 }
 
-bool KVCache::reserve(int32_t seq, int64_t n_positions) {
-  auto& table = seqs_[seq];
-  const int32_t need = blocks_for(n_positions, cfg_.block_size) - int32_t(table.size());
-  if (need <= 0) return true;
-  if (need > free_blocks()) {
-    if (table.empty()) seqs_.erase(seq);
-    return false;
-  }
-  for (int32_t i = 0; i < need; ++i) {
-    table.push_back(free_.back());
+int32_t KVCache::take_block() {
+  int32_t b;
+  if (!free_.empty()) {
+    b = free_.back();
     free_.pop_back();
+  } else {
+    b = lru_.front();  // evict the least recently used cached prefix block
+    lru_.pop_front();
+    by_hash_.erase(blocks_[size_t(b)].hash);
+    ++stats_.evictions;
   }
+  Block& blk = blocks_[size_t(b)];
+  blk.hash = 0;
+  blk.parent = 0;
+  blk.tokens.clear();
+  blk.refs = 1;
+  return b;
+}
+
+void KVCache::unref(int32_t b) {
+  Block& blk = blocks_[size_t(b)];
+  if (--blk.refs > 0) return;
+  if (blk.hash != 0) {
+    blk.lru_pos = lru_.insert(lru_.end(), b);
+  } else {
+    free_.push_back(b);
+  }
+}
+
+bool KVCache::reserve(int32_t seq, int64_t n_positions) {
+  auto it = seqs_.find(seq);
+  const int32_t have = it == seqs_.end() ? 0 : int32_t(it->second.table.size());
+  const int32_t need = blocks_for(n_positions, cfg_.block_size) - have;
+  if (need <= 0) {
+    if (it == seqs_.end()) seqs_.emplace(seq, Seq{});
+    return true;
+  }
+  if (need > free_blocks()) return false;
+  auto& table = seqs_[seq].table;
+  for (int32_t i = 0; i < need; ++i) table.push_back(take_block());
   return true;
 }
 
 void KVCache::release(int32_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  for (int32_t b : it->second) free_.push_back(b);
+  // Last blocks first, so a shared prefix's head stays cached longest under LRU.
+  for (auto b = it->second.table.rbegin(); b != it->second.table.rend(); ++b) unref(*b);
   seqs_.erase(it);
 }
 
 int64_t KVCache::capacity(int32_t seq) const {
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? 0 : int64_t(it->second.size()) * cfg_.block_size;
+  return it == seqs_.end() ? 0 : int64_t(it->second.table.size()) * cfg_.block_size;
+}
+
+int32_t KVCache::find_cached(uint64_t parent, std::span<const int32_t> block_tokens) const {
+  const auto it = by_hash_.find(block_hash(parent, block_tokens));
+  if (it == by_hash_.end()) return -1;
+  const Block& blk = blocks_[size_t(it->second)];
+  if (blk.parent != parent || !std::equal(block_tokens.begin(), block_tokens.end(), blk.tokens.begin(),
+                                          blk.tokens.end()))
+    return -1;
+  return it->second;
+}
+
+int64_t KVCache::cached_prefix(std::span<const int32_t> tokens, int64_t max_tokens) const {
+  if (!cfg_.prefix_caching) return 0;
+  const int64_t B = cfg_.block_size;
+  const int64_t limit = std::min<int64_t>(max_tokens, int64_t(tokens.size()));
+  uint64_t parent = 0;
+  int64_t n = 0;
+  while (n + B <= limit) {
+    const auto blk = tokens.subspan(size_t(n), size_t(B));
+    if (find_cached(parent, blk) < 0) break;
+    parent = block_hash(parent, blk);
+    n += B;
+  }
+  return n;
+}
+
+int64_t KVCache::attach_prefix(int32_t seq, std::span<const int32_t> tokens, int64_t max_tokens) {
+  if (capacity(seq) != 0) fail("KV cache: attach_prefix on sequence ", seq, " that already holds blocks");
+  ++stats_.prefix_queries;
+  stats_.prefix_query_tokens += uint64_t(std::max<int64_t>(0, std::min<int64_t>(max_tokens, int64_t(tokens.size()))));
+  Seq& s = seqs_[seq];
+  if (!cfg_.prefix_caching) return 0;
+  const int64_t B = cfg_.block_size;
+  const int64_t limit = std::min<int64_t>(max_tokens, int64_t(tokens.size()));
+  int64_t n = 0;
+  while (n + B <= limit) {
+    const auto blk_tokens = tokens.subspan(size_t(n), size_t(B));
+    const int32_t b = find_cached(s.last_hash, blk_tokens);
+    if (b < 0) break;
+    Block& blk = blocks_[size_t(b)];
+    if (blk.refs++ == 0) lru_.erase(blk.lru_pos);
+    s.table.push_back(b);
+    s.last_hash = blk.hash;
+    ++s.n_published;
+    n += B;
+  }
+  stats_.prefix_hit_tokens += uint64_t(n);
+  return n;
+}
+
+void KVCache::publish(int32_t seq, std::span<const int32_t> tokens, int64_t n_computed) {
+  if (!cfg_.prefix_caching) return;
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  Seq& s = it->second;
+  const int64_t B = cfg_.block_size;
+  const int64_t full = std::min<int64_t>(std::min<int64_t>(n_computed, int64_t(tokens.size())) / B,
+                                         int64_t(s.table.size()));
+  for (int64_t i = s.n_published; i < full; ++i) {
+    const auto blk_tokens = tokens.subspan(size_t(i * B), size_t(B));
+    const uint64_t h = block_hash(s.last_hash, blk_tokens);
+    Block& blk = blocks_[size_t(s.table[size_t(i)])];
+    if (by_hash_.count(h) == 0 && blk.hash == 0) {
+      blk.hash = h;
+      blk.parent = s.last_hash;
+      blk.tokens.assign(blk_tokens.begin(), blk_tokens.end());
+      by_hash_.emplace(h, s.table[size_t(i)]);
+    }
+    s.last_hash = h;
+    s.n_published = int32_t(i + 1);
+  }
 }
 
 float* KVCache::row(std::vector<float>& pool, int32_t layer, int32_t seq, int64_t pos) {
-  const auto& table = seqs_.at(seq);
+  const auto& table = seqs_.at(seq).table;
   const int64_t blk = pos / cfg_.block_size;
   if (pos < 0 || blk >= int64_t(table.size()))
     fail("KV cache: position ", pos, " of sequence ", seq, " is outside its reserved capacity ",
@@ -71,7 +187,7 @@ KVLayerView KVCache::view(int32_t layer, int32_t seq) const {
   KVLayerView v;
   v.k_pool = k_.data() + layer_off;
   v.v_pool = v_.data() + layer_off;
-  v.block_table = seqs_.at(seq).data();
+  v.block_table = seqs_.at(seq).table.data();
   v.block_size = cfg_.block_size;
   v.kv_dim = cfg_.kv_dim;
   return v;

@@ -1,9 +1,20 @@
-// Paged KV cache: fixed-size blocks of positions, a block table per sequence.
-// Storage per layer: K and V pools of (n_blocks, block_size, kv_dim) floats. A forward pass
-// writes each new token's K/V in place at (sequence, position); attention reads through the
-// sequence's block table (KVLayerView), so chunked prefill needs no copies.
+// Paged KV cache with prefix caching.
+//
+// Storage per layer: K and V pools of (n_blocks, block_size, kv_dim) floats. A sequence owns a
+// block table (logical block -> physical block); position j lives in block table[j / block_size]
+// at row j % block_size. A forward pass writes each new token's K/V in place, and attention reads
+// through the block table (KVLayerView), so chunked prefill needs no copies.
+//
+// Prefix caching: a FULL block whose K/V has been computed can be published under a chained hash
+// of its tokens (hash of the previous block's hash and this block's tokens), so the hash names the
+// whole prefix up to and including the block. A new sequence attaches the cached blocks of its
+// longest cached prefix instead of recomputing them (blocks are shared, reference counted, and
+// never written again: a sequence only writes positions past its attached prefix). Blocks nobody
+// references stay cached and are evicted least-recently-used when a new block is needed.
 #pragma once
 #include <cstdint>
+#include <list>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -16,40 +27,88 @@ struct KVCacheConfig {
   int32_t kv_dim = 0;       // n_kv_heads * head_dim
   int32_t block_size = 16;  // positions per block
   int32_t n_blocks = 0;
+  bool prefix_caching = true;
+};
+
+struct KVCacheStats {
+  uint64_t prefix_queries = 0;      // attach_prefix calls
+  uint64_t prefix_hit_tokens = 0;   // tokens attached from the cache
+  uint64_t prefix_query_tokens = 0; // tokens asked for
+  uint64_t evictions = 0;           // cached blocks reused for new data
 };
 
 class KVCache {
  public:
   explicit KVCache(const KVCacheConfig& cfg);
 
-  // Blocks needed to hold a capacity of n positions.
+  // Blocks needed to hold n positions.
   static int32_t blocks_for(int64_t n_positions, int32_t block_size);
   // Bytes one block takes over all layers (K and V).
   static uint64_t block_bytes(int32_t n_layers, int32_t kv_dim, int32_t block_size);
 
   const KVCacheConfig& config() const { return cfg_; }
-  int32_t free_blocks() const { return int32_t(free_.size()); }
+  int32_t total_blocks() const { return cfg_.n_blocks; }
+  // Blocks a reserve() can take: never used, released, or cached but unreferenced (evictable).
+  int32_t free_blocks() const { return int32_t(free_.size() + lru_.size()); }
+  // Blocks referenced by at least one sequence.
   int32_t used_blocks() const { return cfg_.n_blocks - free_blocks(); }
+  // Unreferenced blocks that still hold a reusable prefix.
+  int32_t cached_blocks() const { return int32_t(lru_.size()); }
+  const KVCacheStats& stats() const { return stats_; }
 
   // Makes room for positions [0, n_positions) of seq (creating it if new). Returns false, and
   // changes nothing, when there are not enough free blocks.
   bool reserve(int32_t seq, int64_t n_positions);
-  // Releases all of seq's blocks. Unknown seq: no-op.
+  // Drops seq's references to its blocks (published ones stay cached). Unknown seq: no-op.
   void release(int32_t seq);
   bool has(int32_t seq) const { return seqs_.count(seq) != 0; }
   // Positions [0, capacity) that seq can hold without another reserve().
   int64_t capacity(int32_t seq) const;
+  int32_t n_sequences() const { return int32_t(seqs_.size()); }
+
+  // Tokens of the longest cached prefix of `tokens`, in whole blocks, at most max_tokens.
+  int64_t cached_prefix(std::span<const int32_t> tokens, int64_t max_tokens) const;
+  // For a sequence that holds no blocks yet: attaches the cached blocks of the longest cached
+  // prefix (at most max_tokens tokens) and returns how many tokens they cover.
+  int64_t attach_prefix(int32_t seq, std::span<const int32_t> tokens, int64_t max_tokens);
+  // Publishes seq's full blocks within positions [0, n_computed), whose K/V are computed from
+  // tokens[0..n_computed), for reuse by later sequences.
+  void publish(int32_t seq, std::span<const int32_t> tokens, int64_t n_computed);
 
   float* k_row(int32_t layer, int32_t seq, int64_t pos);
   float* v_row(int32_t layer, int32_t seq, int64_t pos);
   KVLayerView view(int32_t layer, int32_t seq) const;
 
  private:
+  struct Block {
+    int32_t refs = 0;
+    uint64_t hash = 0;  // 0: not published
+    uint64_t parent = 0;
+    std::vector<int32_t> tokens;  // contents of a published block (to rule out hash collisions)
+    std::list<int32_t>::iterator lru_pos;
+  };
+  struct Seq {
+    std::vector<int32_t> table;
+    int32_t n_published = 0;  // leading blocks already published or attached from the cache
+    uint64_t last_hash = 0;   // chained hash after n_published blocks
+  };
+
+  int32_t take_block();
+  void unref(int32_t b);
+  int32_t find_cached(uint64_t parent, std::span<const int32_t> block_tokens) const;
   float* row(std::vector<float>& pool, int32_t layer, int32_t seq, int64_t pos);
+
   KVCacheConfig cfg_;
   std::vector<float> k_, v_;  // (n_layers, n_blocks, block_size, kv_dim)
-  std::vector<int32_t> free_;
-  std::unordered_map<int32_t, std::vector<int32_t>> seqs_;  // seq -> block table
+  std::vector<Block> blocks_;
+  std::vector<int32_t> free_;             // unreferenced, unpublished
+  std::list<int32_t> lru_;                // unreferenced, published; front = least recently used
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::unordered_map<int32_t, Seq> seqs_;
+  KVCacheStats stats_;
 };
+
+// Chained hash of one block: names the prefix ending with this block.
+uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens);
 
 }  // namespace ft

@@ -110,8 +110,9 @@ uint64_t add_vocab(GGUFWriter& w, const std::string& vocab_path, int shape_vocab
       if (k.starts_with("tokenizer.")) w.set(k, v);
     return tokens->array.size();
   }
-  // SentencePiece-style ids: <unk>=0 <s>=1 </s>=2, then byte tokens, then unused padding.
-  constexpr int32_t kUnknown = 2, kControl = 3, kUnused = 5, kByte = 6;
+  // SentencePiece-style ids: <unk>=0 <s>=1 </s>=2, the 256 byte tokens, "\u2581" (the escaped
+  // space, so spaces decode back to spaces), then unused padding.
+  constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUnused = 5, kByte = 6;
   std::vector<std::string> text = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> type = {kUnknown, kControl, kControl};
   static const char* hex = "0123456789ABCDEF";
@@ -119,6 +120,8 @@ uint64_t add_vocab(GGUFWriter& w, const std::string& vocab_path, int shape_vocab
     text.push_back(cat("<0x", hex[b >> 4], hex[b & 15], ">"));
     type.push_back(kByte);
   }
+  text.push_back("\u2581");
+  type.push_back(kNormal);
   for (int k = 0; int(text.size()) < shape_vocab; ++k) {
     text.push_back(cat("<unused_", k, ">"));
     type.push_back(kUnused);
@@ -132,7 +135,7 @@ uint64_t add_vocab(GGUFWriter& w, const std::string& vocab_path, int shape_vocab
   w.set("tokenizer.ggml.eos_token_id", GGUFValue::of_u32(2));
   w.set("tokenizer.ggml.unknown_token_id", GGUFValue::of_u32(0));
   w.set("tokenizer.ggml.add_bos_token", GGUFValue::of_bool(true));
-  // No "\u2581" piece exists to carry SentencePiece's space prefix; text maps to bytes as is.
+  // Text maps to tokens as is (no space prefix), so decode(encode(x)) == x.
   w.set("tokenizer.ggml.add_space_prefix", GGUFValue::of_bool(false));
   return n;
 }

@@ -121,7 +121,7 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   EXPECT_EQ(hp.head_dim, s->dim / s->n_heads);
   EXPECT_EQ(hp.ffn_dim, s->ffn_dim);
   EXPECT_EQ(hp.ctx_len, s->ctx_len);
-  EXPECT_EQ(hp.n_vocab, 259);
+  EXPECT_EQ(hp.n_vocab, 260);
   EXPECT_EQ(hp.rope.n_rot, hp.head_dim);
   EXPECT_FLOAT_EQ(hp.rope.freq_base, qwen ? 1e6f : 1e4f);
   EXPECT_FLOAT_EQ(hp.rms_eps, qwen ? 1e-6f : 1e-5f);
@@ -192,7 +192,8 @@ TEST(Synthetic, BuiltInByteVocabTokenizes) {
   write_synthetic_model({}, tmp.path());
   const auto f = GGUFFile::open(tmp.path());
   const auto toks = f->get_str_array("tokenizer.ggml.tokens");
-  ASSERT_EQ(toks.size(), 259u);
+  ASSERT_EQ(toks.size(), 260u);
+  EXPECT_EQ(toks[259], "\u2581");
   EXPECT_EQ(toks[0], "<unk>");
   EXPECT_EQ(toks[2], "</s>");
   EXPECT_EQ(toks[3], "<0x00>");
@@ -202,15 +203,14 @@ TEST(Synthetic, BuiltInByteVocabTokenizes) {
   EXPECT_EQ(types[1], 3);
   EXPECT_EQ(types[258], 6);
   const Tokenizer tok = Tokenizer::from_gguf(*f);
-  EXPECT_EQ(tok.n_vocab(), 259);
+  EXPECT_EQ(tok.n_vocab(), 260);
   EXPECT_EQ(tok.bos(), 1);
   EXPECT_EQ(tok.eos(), 2);
   EXPECT_TRUE(tok.add_bos_default());
-  // One byte token per byte (id = 3 + byte), BOS first. (A space would become the three bytes
-  // of U+2581: SentencePiece's space marker, with no piece of its own in this vocabulary.)
-  const std::string text = "Hi\xC3\xA9!";
+  // One byte token per byte (id = 3 + byte), BOS first; a space is the U+2581 piece (259).
+  const std::string text = "Hi \xC3\xA9!";
   const auto ids = tok.encode(text, true, false);
-  EXPECT_EQ(ids, (std::vector<TokenId>{1, 3 + 'H', 3 + 'i', 3 + 0xC3, 3 + 0xA9, 3 + '!'}));
+  EXPECT_EQ(ids, (std::vector<TokenId>{1, 3 + 'H', 3 + 'i', 259, 3 + 0xC3, 3 + 0xA9, 3 + '!'}));
   EXPECT_EQ(tok.decode(ids), text);
 }
 

@@ -1,0 +1,140 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "kv/kv_cache.h"
+
+namespace ft {
+
+int64_t StepPlan::n_tokens() const {
+  int64_t n = int64_t(decode.size());
+  for (const auto& c : prefill) n += c.n_tokens;
+  return n;
+}
+
+namespace {
+
+int32_t blocks(int64_t positions, int32_t block_size) { return KVCache::blocks_for(positions, block_size); }
+
+// Attention work of a chunk: query i (0-based in the chunk) sees n_computed + i + 1 positions.
+double attn_pairs(int64_t n_computed, int64_t chunk) {
+  return double(chunk) * double(n_computed) + double(chunk) * double(chunk + 1) / 2;
+}
+
+}  // namespace
+
+StepPlan plan_step(const SchedulerInput& in) {
+  const SchedulerConfig& cfg = in.cfg;
+  StepPlan plan;
+  std::vector<const SchedRequest*> running, waiting;
+  for (const auto& r : in.requests) (r.admitted ? running : waiting).push_back(&r);
+
+  // 1-2. Decodes, preempting the most recently admitted requests while the cache is short.
+  std::sort(running.begin(), running.end(),
+            [](const SchedRequest* a, const SchedRequest* b) { return a->admit_order < b->admit_order; });
+  int64_t free_blocks = in.free_blocks;
+  auto decode_need = [&](const SchedRequest& r) {
+    return std::max(0, blocks(r.n_computed + 1, cfg.block_size) - r.blocks_held);
+  };
+  for (;;) {
+    int64_t need = 0;
+    for (const auto* r : running)
+      if (r->decoding()) need += decode_need(*r);
+    if (need <= free_blocks || running.empty()) break;
+    const SchedRequest* victim = running.back();  // most recently admitted
+    running.pop_back();
+    plan.preempt.push_back(victim->id);
+    free_blocks += victim->blocks_held;
+  }
+  double attn = 0;
+  for (const auto* r : running) {
+    if (!r->decoding()) continue;
+    if (int64_t(plan.decode.size()) >= cfg.max_batch_tokens) break;
+    plan.decode.push_back(r->id);
+    free_blocks -= decode_need(*r);
+    attn += double(r->n_computed + 1);
+  }
+  const int64_t n_decode = int64_t(plan.decode.size());
+
+  // 3. Prefill candidates: running requests with pending prefill, then waiting ones.
+  std::vector<const SchedRequest*> cands;
+  for (const auto* r : running)
+    if (!r->decoding() && r->pending() > 0) cands.push_back(r);
+  for (const auto* r : waiting) cands.push_back(r);
+  // Preempted requests go back to waiting this very step: they must not be re-admitted now.
+  std::erase_if(cands, [&](const SchedRequest* r) {
+    return std::find(plan.preempt.begin(), plan.preempt.end(), r->id) != plan.preempt.end();
+  });
+  std::sort(cands.begin(), cands.end(), [](const SchedRequest* a, const SchedRequest* b) {
+    if (a->pending() != b->pending()) return a->pending() < b->pending();  // shortest first
+    return a->arrival_ms < b->arrival_ms;
+  });
+  // The oldest request waiting longer than aging_ms is guaranteed half of every step's budget.
+  const SchedRequest* aged = nullptr;
+  for (const auto* r : cands)
+    if (in.now_ms - r->arrival_ms > cfg.aging_ms && (!aged || r->arrival_ms < aged->arrival_ms)) aged = r;
+
+  // The prefill budget.
+  const int64_t cap = std::max<int64_t>(0, cfg.max_batch_tokens - n_decode);
+  int64_t budget;
+  if (cfg.chunk_size == 0) {
+    budget = cap;
+  } else if (cfg.chunk_size > 0) {
+    budget = std::min(cfg.chunk_size, cap);
+  } else {
+    const bool alone = n_decode == 0 && cands.size() <= 1;
+    if (alone) {
+      budget = std::min(cfg.max_auto_chunk, cap);
+    } else {
+      // Largest budget whose predicted step time stays within the target, assuming the chunk
+      // goes to the first candidate (its context determines the attention cost).
+      const int64_t ctx = cands.empty() ? 0 : cands.front()->n_computed;
+      int64_t lo = 0, hi = std::min(cfg.max_auto_chunk, cap);
+      while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        const double t = in.cost.predict(n_decode + mid, attn + attn_pairs(ctx, mid));
+        if (t <= cfg.step_latency_target_ms) lo = mid; else hi = mid - 1;
+      }
+      budget = std::max(lo, std::min(cfg.min_chunk, cap));
+    }
+  }
+  plan.prefill_budget = budget;
+
+  // Fill the budget: the aged request's share first is set aside, the rest goes shortest first,
+  // and the aged request takes its share plus whatever is left.
+  int64_t n_running = int64_t(running.size());
+  auto schedule = [&](const SchedRequest* r, int64_t allowance) -> int64_t {
+    const int64_t chunk = std::min(allowance, r->pending());
+    if (chunk <= 0) return 0;
+    if (!r->admitted) {
+      if (n_running >= cfg.max_num_seqs) return 0;
+      // Admission reserves the whole pending sequence plus the first generated token.
+      const int64_t need = blocks(r->n_tokens + 1, cfg.block_size);
+      if (need > free_blocks) return 0;
+      free_blocks -= need;
+      plan.admit.push_back(r->id);
+      ++n_running;
+    } else {
+      const int64_t need = std::max(0, blocks(r->n_computed + chunk, cfg.block_size) - r->blocks_held);
+      if (need > free_blocks) return 0;
+      free_blocks -= need;
+    }
+    plan.prefill.push_back({r->id, chunk});
+    attn += attn_pairs(r->n_computed, chunk);
+    return chunk;
+  };
+  const bool aged_competes = aged && cands.front() != aged;
+  const int64_t aged_share = aged_competes ? std::min(aged->pending(), std::max<int64_t>(1, budget / 2)) : 0;
+  int64_t left = budget - aged_share;
+  for (const SchedRequest* r : cands) {
+    if (left <= 0) break;
+    if (aged_competes && r == aged) continue;
+    left -= schedule(r, left);
+  }
+  if (aged_competes) schedule(aged, aged_share + left);
+  plan.predicted_ms = plan.empty() ? 0 : in.cost.predict(plan.n_tokens(), attn);
+  return plan;
+}
+
+}  // namespace ft
