@@ -4,7 +4,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
@@ -63,45 +63,71 @@ int cmd_run(const RunArgs& a) {
   }
   const double tokenize_ms = std::chrono::duration<double, std::milli>(clock::now() - t_tok).count();
 
-  RuntimeConfig cfg;
-  cfg.threads = a.threads;
-  cfg.n_ctx = a.ctx;
-  cfg.max_batch = a.batch;
-  GenerateOptions opt;
-  opt.max_tokens = a.n_predict;
-  opt.ignore_eos = a.ignore_eos;
-  opt.sampling.temperature = a.temperature;
-  opt.sampling.top_k = a.top_k;
-  opt.sampling.top_p = a.top_p;
-  opt.sampling.min_p = a.min_p;
-  opt.sampling.repetition_penalty = a.repeat_penalty;
-  opt.sampling.presence_penalty = a.presence_penalty;
-  opt.sampling.frequency_penalty = a.frequency_penalty;
-  opt.sampling.seed = a.seed_set ? a.seed : std::random_device{}();
-  validate(opt.sampling);
+  // One request through the serving engine: prompt chunks of --batch tokens, then decode.
+  const int64_t n_ctx = a.ctx > 0 ? a.ctx : model->hparams().ctx_len;
+  const int64_t n_prompt = int64_t(prompt.size());
+  if (n_prompt >= n_ctx)
+    fail("the prompt has ", n_prompt, " tokens but the context holds ", n_ctx,
+         " (the prompt and at least one generated token must fit; see --ctx)");
+  if (a.batch < 1) fail("--batch must be at least 1");
+  EngineConfig cfg;
+  cfg.runtime.threads = a.threads;
+  cfg.runtime.n_ctx = n_ctx;
+  cfg.scheduler.chunk_size = a.batch;
+  cfg.scheduler.max_num_seqs = 1;
+  cfg.scheduler.max_batch_tokens = a.batch + 1;
+  cfg.kv_memory_bytes = uint64_t(KVCache::blocks_for(n_ctx, cfg.runtime.kv_block_size)) *
+                        KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(),
+                                             cfg.runtime.kv_block_size);
+  cfg.prefix_caching = false;
+  cfg.calibrate = false;
 
-  Generator gen(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
+  EngineRequest req;
+  req.prompt = prompt;
+  req.max_tokens = std::min<int64_t>(a.n_predict, n_ctx - n_prompt);  // stop at a full context
+  req.ignore_eos = a.ignore_eos;
+  req.tokenize_ms = tokenize_ms;
+  req.sampling.temperature = a.temperature;
+  req.sampling.top_k = a.top_k;
+  req.sampling.top_p = a.top_p;
+  req.sampling.min_p = a.min_p;
+  req.sampling.repetition_penalty = a.repeat_penalty;
+  req.sampling.presence_penalty = a.presence_penalty;
+  req.sampling.frequency_penalty = a.frequency_penalty;
+  req.sampling.seed = a.seed_set ? a.seed : std::random_device{}();
+  if (req.max_tokens < 1) fail("-n must be at least 1");
+
+  Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
+  EventStream events;
+  engine.submit(std::move(req), events.callback());
   StreamDecoder out(tok);
-  const GenerateResult r = gen.generate(prompt, opt, [&](int32_t t) {
-    if (!tok.is_eog(t) || a.ignore_eos) {
-      const std::string piece = out.push(t);
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
+  EngineEvent ev;
+  RequestTimings t;
+  int64_t n_gen = 0;
+  FinishReason why = FinishReason::Length;
+  while (events.next(ev, &t)) {
+    if (ev.kind == EngineEvent::Kind::Token) {
+      if (!tok.is_eog(ev.token) || a.ignore_eos) {
+        const std::string piece = out.push(ev.token);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    } else {
+      n_gen = ev.n_generated;
+      why = ev.reason;
     }
-    return true;
-  });
+  }
   const std::string rest = out.flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fflush(stdout);
 
-  const double n_gen = double(r.tokens.size());
   std::fprintf(stderr,
                "\n[firsttoken] load %.1f ms | prompt %lld tokens, tokenize %.2f ms | TTFT %.2f ms | "
                "prefill %.1f tokens/s | decode %lld tokens, %.1f tokens/s | finish: %s\n",
-               load_ms, (long long)r.n_prompt, tokenize_ms, r.ttft_ms,
-               r.prefill_ms > 0 ? double(r.n_prompt) / r.prefill_ms * 1e3 : 0.0, (long long)r.tokens.size(),
-               n_gen > 1 && r.decode_ms > 0 ? (n_gen - 1) / r.decode_ms * 1e3 : 0.0,
-               finish_reason_name(r.finish));
+               load_ms, (long long)n_prompt, tokenize_ms, t.ttft_ms(),
+               t.prefill_ms() > 0 ? double(n_prompt) / t.prefill_ms() * 1e3 : 0.0, (long long)n_gen,
+               n_gen > 1 && t.decode_ms() > 0 ? double(n_gen - 1) / t.decode_ms() * 1e3 : 0.0,
+               finish_reason_name(why));
   return 0;
 }
 

@@ -78,6 +78,7 @@ StepPlan plan_step(const SchedulerInput& in) {
   // The prefill budget.
   const int64_t cap = std::max<int64_t>(0, cfg.max_batch_tokens - n_decode);
   int64_t budget;
+  bool time_limited = false;  // auto mode under contention: each chunk is sized by predicted time
   if (cfg.chunk_size == 0) {
     budget = cap;
   } else if (cfg.chunk_size > 0) {
@@ -97,15 +98,29 @@ StepPlan plan_step(const SchedulerInput& in) {
         if (t <= cfg.step_latency_target_ms) lo = mid; else hi = mid - 1;
       }
       budget = std::max(lo, std::min(cfg.min_chunk, cap));
+      time_limited = true;
     }
   }
   plan.prefill_budget = budget;
 
-  // Fill the budget: the aged request's share first is set aside, the rest goes shortest first,
-  // and the aged request takes its share plus whatever is left.
+  // Fill the budget, shortest remaining prefill first.
   int64_t n_running = int64_t(running.size());
+  int64_t planned = n_decode;
+  // Largest chunk of r that keeps the step's predicted time within the target (at least
+  // min_chunk when the step would otherwise carry no prefill at all, so prefill progresses).
+  auto time_cap = [&](const SchedRequest* r, int64_t want) {
+    int64_t lo = 0, hi = want;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      const double t = in.cost.predict(planned + mid, attn + attn_pairs(r->n_computed, mid));
+      if (t <= cfg.step_latency_target_ms) lo = mid; else hi = mid - 1;
+    }
+    if (plan.prefill.empty()) lo = std::max(lo, std::min(want, cfg.min_chunk));
+    return lo;
+  };
   auto schedule = [&](const SchedRequest* r, int64_t allowance) -> int64_t {
-    const int64_t chunk = std::min(allowance, r->pending());
+    int64_t chunk = std::min(allowance, r->pending());
+    if (time_limited) chunk = time_cap(r, chunk);
     if (chunk <= 0) return 0;
     if (!r->admitted) {
       if (n_running >= cfg.max_num_seqs) return 0;
@@ -122,17 +137,18 @@ StepPlan plan_step(const SchedulerInput& in) {
     }
     plan.prefill.push_back({r->id, chunk});
     attn += attn_pairs(r->n_computed, chunk);
+    planned += chunk;
     return chunk;
   };
+  // An aged request that would not come first anyway takes half the budget before the others.
   const bool aged_competes = aged && cands.front() != aged;
-  const int64_t aged_share = aged_competes ? std::min(aged->pending(), std::max<int64_t>(1, budget / 2)) : 0;
-  int64_t left = budget - aged_share;
+  int64_t left = budget;
+  if (aged_competes) left -= schedule(aged, std::max<int64_t>(1, budget / 2));
   for (const SchedRequest* r : cands) {
     if (left <= 0) break;
     if (aged_competes && r == aged) continue;
     left -= schedule(r, left);
   }
-  if (aged_competes) schedule(aged, aged_share + left);
   plan.predicted_ms = plan.empty() ? 0 : in.cost.predict(plan.n_tokens(), attn);
   return plan;
 }

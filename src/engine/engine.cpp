@@ -1,0 +1,227 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace ft {
+
+class Engine::ModelExecutor final : public StepExecutor {
+ public:
+  ModelExecutor(const Model& m, Backend& be, int64_t max_batch) : model_(m), fwd_(m, be, max_batch) {}
+  void forward(const Batch& batch, KVCache& kv, float* logits) override { fwd_.run(batch, kv, logits); }
+  int32_t n_vocab() const override { return model_.hparams().n_vocab; }
+  Forward& fwd() { return fwd_; }
+
+ private:
+  const Model& model_;
+  Forward fwd_;
+};
+
+Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(int32_t)> is_eog)
+    : model_(model), t0_(std::chrono::steady_clock::now()) {
+  const HParams& hp = model.hparams();
+  n_ctx_ = cfg.runtime.n_ctx > 0 ? cfg.runtime.n_ctx : hp.ctx_len;
+  sched_cfg_ = cfg.scheduler;
+  if (sched_cfg_.max_num_seqs < 1) fail("max_num_seqs must be at least 1");
+  if (sched_cfg_.chunk_size == 0)  // no chunking: a whole prompt in one step
+    sched_cfg_.max_batch_tokens = std::max<int64_t>(sched_cfg_.max_batch_tokens, n_ctx_ + sched_cfg_.max_num_seqs);
+  if (sched_cfg_.max_batch_tokens < sched_cfg_.max_num_seqs + 1)
+    fail("max_batch_tokens (", sched_cfg_.max_batch_tokens, ") must exceed max_num_seqs (",
+         sched_cfg_.max_num_seqs, ")");
+  const int32_t B = cfg.runtime.kv_block_size;
+  if (B < 1) fail("KV block size must be positive");
+  sched_cfg_.block_size = B;
+
+  const uint64_t block_bytes = KVCache::block_bytes(hp.n_layers, hp.kv_dim(), B);
+  uint64_t kv_bytes = cfg.kv_memory_bytes;
+  if (kv_bytes == 0) kv_bytes = std::min<uint64_t>(4ull * uint64_t(n_ctx_) / uint64_t(B) * block_bytes, 2ull << 30);
+  KVCacheConfig kc;
+  kc.n_layers = hp.n_layers;
+  kc.kv_dim = hp.kv_dim();
+  kc.block_size = B;
+  kc.n_blocks = int32_t(std::min<uint64_t>(kv_bytes / block_bytes, 1u << 30));
+  kc.prefix_caching = cfg.prefix_caching;
+  if (kc.n_blocks < 2)
+    fail("KV cache memory of ", kv_bytes, " bytes holds fewer than 2 blocks of ", block_bytes, " bytes");
+  kv_ = std::make_unique<KVCache>(kc);
+
+  backend_ = make_backend(cfg.runtime.backend, resolve_threads(cfg.runtime.threads));
+  exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens);
+  const CostModel cost = cfg.calibrate ? calibrate() : CostModel{};
+  core_ = std::make_unique<EngineCore>(*kv_, *exec_, sched_cfg_, cost, n_ctx_, std::move(is_eog),
+                                       [this] { return now_ms(); });
+  snapshot_.kv_total_blocks = kv_->total_blocks();
+  snapshot_.cost = cost;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+double Engine::now_ms() const {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+// Times a few forward passes on a scratch sequence and fits the scheduler's cost model:
+// base + per_token * tokens from chunks of 1, 32 and 128 tokens at an empty context, and the
+// attention term from a 32-token chunk after a longer context.
+CostModel Engine::calibrate() {
+  constexpr int32_t kSeq = -1;
+  Forward& fwd = exec_->fwd();
+  std::vector<float> logits(size_t(model_.hparams().n_vocab));
+  auto time_chunk = [&](int64_t start, int64_t n) {
+    Batch b;
+    for (int64_t i = 0; i < n; ++i) b.add(int32_t(1 + (i % 7)), int32_t(start + i), kSeq, i == n - 1);
+    const double t = now_ms();
+    fwd.run(b, *kv_, logits.data());
+    return now_ms() - t;
+  };
+  CostModel c;
+  const int64_t max_n = std::min<int64_t>({128, sched_cfg_.max_batch_tokens, n_ctx_ / 2});
+  const int64_t ctx = std::min<int64_t>(256, n_ctx_ / 2);
+  if (max_n < 8 || !kv_->reserve(kSeq, std::max(max_n, ctx + 32))) return c;
+  time_chunk(0, 8);  // warm-up
+  const std::vector<int64_t> sizes = {1, std::min<int64_t>(32, max_n), max_n};
+  std::vector<double> ts;
+  for (int64_t n : sizes) ts.push_back(std::min(time_chunk(0, n), time_chunk(0, n)));
+  // Least squares fit of t = a + b n.
+  double sn = 0, st = 0, snn = 0, snt = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sn += double(sizes[i]);
+    st += ts[i];
+    snn += double(sizes[i]) * double(sizes[i]);
+    snt += double(sizes[i]) * ts[i];
+  }
+  const double k = double(sizes.size());
+  const double den = k * snn - sn * sn;
+  c.per_token_ms = std::max(1e-6, den != 0 ? (k * snt - sn * st) / den : ts.back() / double(sizes.back()));
+  c.base_ms = std::max(0.0, (st - c.per_token_ms * sn) / k);
+  if (ctx >= 64) {
+    for (int64_t s = 0; s < ctx; s += max_n) time_chunk(s, std::min(max_n, ctx - s));
+    const double t = time_chunk(ctx, 32);
+    const double pairs = 32.0 * double(ctx) + 32.0 * 33.0 / 2;
+    c.per_attn_ms = std::max(0.0, (t - c.predict(32, 0)) / pairs);
+  }
+  kv_->release(kSeq);
+  return c;
+}
+
+uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
+  core_->validate(req);  // reads only immutable configuration: safe off the engine thread
+  if (req.arrival_ms < 0) req.arrival_ms = now_ms();  // queueing starts now, not when the loop sees it
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stop_) fail("the engine is shutting down");
+  const uint64_t id = next_id_++;
+  incoming_.push_back({id, std::move(req), std::move(cb)});
+  cv_.notify_one();
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  cancels_.push_back(id);
+  cv_.notify_one();
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::loop() {
+  std::deque<Pending> adds;
+  std::vector<uint64_t> cancels;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !core_->idle(); });
+      adds.swap(incoming_);
+      cancels.swap(cancels_);
+      if (stop_) break;
+    }
+    for (auto& p : adds) {
+      try {
+        core_->add(p.id, std::move(p.req), std::move(p.cb));
+      } catch (const Error& e) {  // validated at submit; kept for safety
+        std::fprintf(stderr, "firsttoken: request %llu rejected: %s\n", (unsigned long long)p.id, e.what());
+      }
+    }
+    adds.clear();
+    for (uint64_t id : cancels) core_->cancel(id);
+    cancels.clear();
+    try {
+      core_->step();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "firsttoken: engine step failed, cancelling all requests: %s\n", e.what());
+      core_->cancel_all();
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    snapshot_.counters = core_->counters();
+    snapshot_.running = core_->n_running();
+    snapshot_.waiting = core_->n_waiting() + int32_t(incoming_.size());
+    snapshot_.kv_used_blocks = kv_->used_blocks();
+    snapshot_.kv_cached_blocks = kv_->cached_blocks();
+    snapshot_.kv = kv_->stats();
+    if (!core_->steps().empty() && (steps_snapshot_.empty() || steps_snapshot_.back().start_ms != core_->steps().back().start_ms)) {
+      steps_snapshot_.push_back(core_->steps().back());
+      if (steps_snapshot_.size() > 4096) steps_snapshot_.pop_front();
+    }
+  }
+  // Shutdown: whatever never reached the core, then everything in it, finishes as cancelled.
+  for (auto& p : adds) {
+    try {
+      core_->add(p.id, std::move(p.req), std::move(p.cb));
+    } catch (const Error&) {
+    }
+  }
+  core_->cancel_all();
+  std::lock_guard<std::mutex> lk(mu_);
+  snapshot_.counters = core_->counters();
+  snapshot_.running = snapshot_.waiting = 0;
+  snapshot_.kv_used_blocks = kv_->used_blocks();
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return snapshot_;
+}
+
+std::vector<StepRecord> Engine::recent_steps(size_t max) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const size_t n = std::min(max, steps_snapshot_.size());
+  return std::vector<StepRecord>(steps_snapshot_.end() - std::ptrdiff_t(n), steps_snapshot_.end());
+}
+
+EventCallback EventStream::callback() {
+  std::shared_ptr<State> st = st_;
+  return [st](const EngineEvent& ev) {
+    std::lock_guard<std::mutex> lk(st->mu);
+    st->events.push_back(ev);
+    if (ev.kind == EngineEvent::Kind::Finished) {
+      st->timings = *ev.timings;
+      st->events.back().timings = nullptr;
+      st->done = true;
+    }
+    st->cv.notify_one();
+  };
+}
+
+bool EventStream::next(EngineEvent& ev, RequestTimings* timings) {
+  if (finished_) return false;
+  std::unique_lock<std::mutex> lk(st_->mu);
+  st_->cv.wait(lk, [&] { return !st_->events.empty(); });
+  ev = st_->events.front();
+  st_->events.pop_front();
+  if (ev.kind == EngineEvent::Kind::Finished) {
+    finished_ = true;
+    if (timings) *timings = st_->timings;
+  }
+  return true;
+}
+
+}  // namespace ft

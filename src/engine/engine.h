@@ -1,0 +1,110 @@
+// The serving engine: one thread owns the model, the KV cache and the scheduler (EngineCore);
+// any thread submits requests and receives their events through a callback or an EventStream.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_core.h"
+#include "engine/runtime_config.h"
+
+namespace ft {
+
+struct EngineConfig {
+  RuntimeConfig runtime;
+  SchedulerConfig scheduler;
+  uint64_t kv_memory_bytes = 0;  // 0 = room for 4 full contexts (at most 2 GiB)
+  bool prefix_caching = true;
+  bool calibrate = true;  // measure the cost model at start-up (auto chunking needs it)
+};
+
+// A snapshot for metrics.
+struct EngineMetrics {
+  EngineCounters counters;
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t kv_total_blocks = 0;
+  int32_t kv_used_blocks = 0;
+  int32_t kv_cached_blocks = 0;
+  KVCacheStats kv;
+  CostModel cost;
+};
+
+class Engine {
+ public:
+  // is_eog: end-of-generation tokens (from the tokenizer). Starts the engine thread.
+  Engine(const Model& model, const EngineConfig& cfg, std::function<bool(int32_t)> is_eog);
+  ~Engine();  // cancels what is outstanding and joins the thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request (throws ft::Error if invalid or if it can never fit).
+  // cb runs on the engine thread for each token and once at the finish; it must not block.
+  uint64_t submit(EngineRequest req, EventCallback cb);
+  // Cancels a request at any time (its Finished event says Cancelled). Unknown ids are ignored.
+  void cancel(uint64_t id);
+  // Stops accepting work, cancels what is outstanding, joins the engine thread.
+  void shutdown();
+
+  EngineMetrics metrics() const;
+  std::vector<StepRecord> recent_steps(size_t max) const;
+  int64_t n_ctx() const { return n_ctx_; }
+  const SchedulerConfig& scheduler_config() const { return sched_cfg_; }
+  double now_ms() const;  // the engine clock
+
+ private:
+  class ModelExecutor;
+  void loop();
+  CostModel calibrate();
+
+  const Model& model_;
+  int64_t n_ctx_ = 0;
+  SchedulerConfig sched_cfg_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<ModelExecutor> exec_;
+  std::unique_ptr<KVCache> kv_;
+  std::unique_ptr<EngineCore> core_;
+  std::chrono::steady_clock::time_point t0_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  struct Pending {
+    uint64_t id;
+    EngineRequest req;
+    EventCallback cb;
+  };
+  std::deque<Pending> incoming_;
+  std::vector<uint64_t> cancels_;
+  bool stop_ = false;
+  uint64_t next_id_ = 1;
+  EngineMetrics snapshot_;  // refreshed by the engine thread after each step
+  std::deque<StepRecord> steps_snapshot_;
+  std::thread thread_;
+};
+
+// Blocking consumer of one request's events (for CLIs and tests): pass callback() to submit().
+class EventStream {
+ public:
+  EventCallback callback();
+  // Blocks until the next event; false after the Finished event has been returned.
+  bool next(EngineEvent& ev, RequestTimings* timings = nullptr);
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<EngineEvent> events;
+    RequestTimings timings;
+    bool done = false;
+  };
+  std::shared_ptr<State> st_ = std::make_shared<State>();
+  bool finished_ = false;
+};
+
+}  // namespace ft

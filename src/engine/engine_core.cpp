@@ -1,0 +1,238 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace ft {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+namespace {
+constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/metrics
+}
+
+EngineCore::EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& cfg, const CostModel& cost,
+                       int64_t n_ctx, std::function<bool(int32_t)> is_eog, std::function<double()> now)
+    : kv_(kv), exec_(exec), cfg_(cfg), cost_(cost), n_ctx_(n_ctx), is_eog_(std::move(is_eog)), now_(std::move(now)) {
+  cfg_.block_size = kv.config().block_size;
+  // Each request contributes at most one logits row per step.
+  logits_.resize(size_t(cfg_.max_num_seqs) * size_t(exec.n_vocab()));
+  row_owner_.reserve(size_t(cfg_.max_num_seqs));
+}
+
+void EngineCore::validate(const EngineRequest& r) const {
+  const int64_t n = int64_t(r.prompt.size());
+  if (n == 0) fail("the prompt is empty");
+  const int32_t V = exec_.n_vocab();
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= V) fail("prompt token id ", t, " is out of range [0, ", V, ")");
+  if (r.max_tokens < 1) fail("max_tokens must be at least 1, got ", r.max_tokens);
+  ft::validate(r.sampling);
+  if (n + r.max_tokens > n_ctx_)
+    fail("the prompt (", n, " tokens) plus max_tokens (", r.max_tokens, ") exceeds the context length of ",
+         n_ctx_, " tokens");
+  const int32_t need = KVCache::blocks_for(n + r.max_tokens, kv_.config().block_size);
+  if (need > kv_.total_blocks())
+    fail("the request needs ", need, " KV cache blocks (", n + r.max_tokens, " tokens) but the cache has only ",
+         kv_.total_blocks(), "; it can never fit");
+}
+
+void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
+  validate(in);
+  if (reqs_.count(id)) fail("duplicate request id ", id);
+  Req& r = reqs_[id];
+  r.id = id;
+  r.seq = int32_t(id & 0x7fffffff);
+  r.n_prompt = int64_t(in.prompt.size());
+  r.tokens = std::move(in.prompt);
+  r.tokens.reserve(size_t(r.n_prompt + in.max_tokens));
+  r.max_tokens = in.max_tokens;
+  r.ignore_eos = in.ignore_eos;
+  r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_vocab());
+  r.sampler->add_prompt(r.tokens);
+  r.cb = std::move(cb);
+  r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
+  r.t.tokenize_ms = in.tokenize_ms;
+}
+
+void EngineCore::finish(Req& r, FinishReason why) {
+  kv_.release(r.seq);
+  r.t.finish_ms = now_();
+  ++counters_.finished;
+  if (why == FinishReason::Cancelled) ++counters_.cancelled;
+  counters_.prompt_tokens += uint64_t(r.n_prompt);
+  EngineEvent ev;
+  ev.kind = EngineEvent::Kind::Finished;
+  ev.id = r.id;
+  ev.reason = why;
+  ev.n_prompt = r.n_prompt;
+  ev.n_generated = r.n_generated;
+  ev.timings = &r.t;
+  if (r.cb) r.cb(ev);
+  reqs_.erase(r.id);
+}
+
+void EngineCore::cancel(uint64_t id) {
+  auto it = reqs_.find(id);
+  if (it != reqs_.end()) finish(it->second, FinishReason::Cancelled);
+}
+
+void EngineCore::cancel_all() {
+  while (!reqs_.empty()) finish(reqs_.begin()->second, FinishReason::Cancelled);
+}
+
+void EngineCore::preempt(Req& r) {
+  kv_.release(r.seq);
+  r.admitted = false;
+  r.n_computed = 0;
+  ++r.t.preemptions;
+  ++counters_.preemptions;
+}
+
+int32_t EngineCore::n_running() const {
+  int32_t n = 0;
+  for (const auto& [id, r] : reqs_) n += r.admitted;
+  return n;
+}
+
+int32_t EngineCore::n_waiting() const { return int32_t(reqs_.size()) - n_running(); }
+
+bool EngineCore::step() {
+  if (reqs_.empty()) return false;
+  const double t0 = now_();
+
+  SchedulerInput in;
+  in.now_ms = t0;
+  in.free_blocks = kv_.free_blocks();
+  in.cost = cost_;
+  in.cfg = cfg_;
+  in.requests.reserve(reqs_.size());
+  for (const auto& [id, r] : reqs_) {
+    SchedRequest s;
+    s.id = id;
+    s.n_tokens = int64_t(r.tokens.size());
+    s.n_computed = r.n_computed;
+    s.n_generated = r.n_generated;
+    s.admitted = r.admitted;
+    s.blocks_held = KVCache::blocks_for(kv_.capacity(r.seq), cfg_.block_size);
+    s.arrival_ms = r.t.arrival_ms;
+    s.admit_order = r.admit_order;
+    in.requests.push_back(s);
+  }
+  const StepPlan plan = plan_step(in);
+
+  StepRecord rec;
+  rec.start_ms = t0;
+  rec.predicted_ms = plan.predicted_ms;
+  rec.prefill_budget = plan.prefill_budget;
+  rec.n_preempted = int32_t(plan.preempt.size());
+  for (uint64_t id : plan.preempt) preempt(reqs_.at(id));
+  for (uint64_t id : plan.admit) {
+    Req& r = reqs_.at(id);
+    // Reuse the longest cached prefix; at least the last token is always computed (its logits
+    // are needed), and it lands in a block of its own sequence.
+    const int64_t n = int64_t(r.tokens.size());
+    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, n - 1);
+    if (r.t.preemptions == 0) r.t.cached_tokens = r.n_computed;
+    if (!kv_.reserve(r.seq, n + 1)) {  // the plan accounted for it; a cache hit only needs less
+      kv_.release(r.seq);
+      r.n_computed = 0;
+      continue;
+    }
+    r.admitted = true;
+    r.admit_order = ++admit_counter_;
+  }
+
+  // The flattened batch: decodes first, then prefill chunks.
+  batch_.clear();
+  row_owner_.clear();
+  std::vector<Req*> decodes;
+  for (uint64_t id : plan.decode) {
+    Req& r = reqs_.at(id);
+    if (!kv_.reserve(r.seq, r.n_computed + 1)) {  // the plan accounted for it; never expected
+      preempt(r);
+      continue;
+    }
+    batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true);
+    row_owner_.push_back(&r);
+    decodes.push_back(&r);
+  }
+  rec.n_decode = int32_t(decodes.size());
+  std::vector<std::pair<Req*, int64_t>> chunks;
+  for (const PrefillChunk& c : plan.prefill) {
+    Req& r = reqs_.at(c.id);
+    if (!r.admitted) continue;  // its admission failed above
+    const int64_t n = int64_t(r.tokens.size());
+    const int64_t len = std::min(c.n_tokens, n - r.n_computed);
+    if (len <= 0) continue;
+    if (!kv_.reserve(r.seq, r.n_computed + len)) continue;
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t pos = r.n_computed + i;
+      const bool last = pos == n - 1;
+      batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last);
+      if (last) row_owner_.push_back(&r);
+    }
+    if (r.t.first_scheduled_ms < 0) r.t.first_scheduled_ms = t0;
+    ++r.t.prefill_steps;
+    chunks.emplace_back(&r, len);
+    rec.chunks.push_back(len);
+  }
+  if (batch_.size() == 0) return false;
+
+  const double tf = now_();
+  exec_.forward(batch_, kv_, logits_.data());
+  const double t1 = now_();
+  rec.forward_ms = t1 - tf;
+  ++counters_.steps;
+
+  // Advance what was computed and publish newly full blocks for prefix reuse.
+  for (Req* r : decodes) {
+    ++r->n_computed;
+    kv_.publish(r->seq, r->tokens, r->n_computed);
+  }
+  for (auto& [r, len] : chunks) {
+    r->n_computed += len;
+    kv_.publish(r->seq, r->tokens, r->n_computed);
+  }
+
+  // Sample one token for every row, emit it, finish what is done.
+  std::vector<std::pair<uint64_t, FinishReason>> done;
+  for (size_t row = 0; row < row_owner_.size(); ++row) {
+    Req& r = *row_owner_[row];
+    const int32_t tok = r.sampler->sample(logits_.data() + row * size_t(exec_.n_vocab()));
+    r.sampler->accept(tok);
+    r.tokens.push_back(tok);
+    ++r.n_generated;
+    ++counters_.generated_tokens;
+    if (r.t.first_token_ms < 0) r.t.first_token_ms = t1;
+    r.t.token_ms.push_back(t1);
+    EngineEvent ev;
+    ev.kind = EngineEvent::Kind::Token;
+    ev.id = r.id;
+    ev.token = tok;
+    if (r.cb) r.cb(ev);
+    if (!r.ignore_eos && is_eog_ && is_eog_(tok)) {
+      done.emplace_back(r.id, FinishReason::Stop);
+    } else if (r.n_generated >= r.max_tokens || int64_t(r.tokens.size()) >= n_ctx_) {
+      done.emplace_back(r.id, FinishReason::Length);
+    }
+  }
+  for (auto& [id, why] : done) finish(reqs_.at(id), why);
+
+  rec.n_running = n_running();
+  rec.n_waiting = n_waiting();
+  rec.kv_used_blocks = kv_.used_blocks();
+  steps_.push_back(std::move(rec));
+  if (steps_.size() > kStepHistory) steps_.pop_front();
+  return true;
+}
+
+}  // namespace ft

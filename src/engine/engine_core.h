@@ -1,0 +1,151 @@
+// The serving engine's single-threaded core: request states, the KV cache, and one step at a
+// time (plan -> KV bookkeeping -> one forward over the flattened batch -> sampling -> events).
+// Deterministic given its inputs, so it is tested by simulation with a fake executor and a
+// virtual clock; Engine (engine.h) runs it on its own thread with the real model.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace ft {
+
+enum class FinishReason { Stop /* end-of-generation token */, Length /* max_tokens or context */, Cancelled };
+const char* finish_reason_name(FinishReason r);
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 128;
+  bool ignore_eos = false;
+  double tokenize_ms = 0;  // measured by the caller, reported in the timings
+  double arrival_ms = -1;  // on the engine clock; < 0: when the core receives it
+};
+
+// Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
+struct RequestTimings {
+  double arrival_ms = 0;
+  double tokenize_ms = 0;
+  double first_scheduled_ms = -1;  // start of the first step that computed any of its tokens
+  double first_token_ms = -1;
+  double finish_ms = -1;
+  int32_t prefill_steps = 0;       // steps that carried a chunk of its prompt
+  int64_t cached_tokens = 0;       // prompt tokens served by the prefix cache
+  int32_t preemptions = 0;
+  std::vector<double> token_ms;    // time each generated token was sampled
+  double queue_ms() const { return first_scheduled_ms < 0 ? 0 : first_scheduled_ms - arrival_ms; }
+  double ttft_ms() const { return first_token_ms < 0 ? 0 : first_token_ms - arrival_ms; }
+  double prefill_ms() const { return first_token_ms < 0 ? 0 : first_token_ms - first_scheduled_ms; }
+  double decode_ms() const { return finish_ms < 0 || first_token_ms < 0 ? 0 : finish_ms - first_token_ms; }
+};
+
+struct EngineEvent {
+  enum class Kind { Token, Finished };
+  Kind kind = Kind::Token;
+  uint64_t id = 0;
+  int32_t token = -1;                        // Token
+  FinishReason reason = FinishReason::Stop;  // Finished
+  int64_t n_prompt = 0;                      // Finished
+  int64_t n_generated = 0;                   // Finished
+  const RequestTimings* timings = nullptr;   // valid during the callback
+};
+// Called on the engine thread; must not block.
+using EventCallback = std::function<void(const EngineEvent&)>;
+
+struct StepRecord {
+  double start_ms = 0;
+  double forward_ms = 0;
+  double predicted_ms = 0;
+  int32_t n_decode = 0;
+  std::vector<int64_t> chunks;  // prefill chunk sizes, batch order
+  int64_t prefill_budget = 0;
+  int32_t n_running = 0;
+  int32_t n_waiting = 0;
+  int32_t kv_used_blocks = 0;
+  int32_t n_preempted = 0;
+};
+
+// Runs one forward over a batch; the real one wraps Forward, the simulation a fake model.
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  // logits: one row of n_vocab() per batch entry with want_logits, in batch order.
+  virtual void forward(const Batch& batch, KVCache& kv, float* logits) = 0;
+  virtual int32_t n_vocab() const = 0;
+};
+
+struct EngineCounters {
+  uint64_t prompt_tokens = 0;     // prompt tokens of finished requests
+  uint64_t generated_tokens = 0;
+  uint64_t finished = 0;
+  uint64_t cancelled = 0;
+  uint64_t preemptions = 0;
+  uint64_t steps = 0;
+};
+
+class EngineCore {
+ public:
+  // now(): the engine clock in ms. n_ctx: positions per sequence.
+  EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& cfg, const CostModel& cost,
+             int64_t n_ctx, std::function<bool(int32_t)> is_eog, std::function<double()> now);
+
+  // Throws ft::Error when the request is invalid or can never fit (context or whole cache).
+  void validate(const EngineRequest& r) const;
+  void add(uint64_t id, EngineRequest r, EventCallback cb);  // validates first
+  void cancel(uint64_t id);  // emits Finished(Cancelled) and frees its KV; unknown id: no-op
+  void cancel_all();
+  bool idle() const { return reqs_.empty(); }
+  // One scheduling step; false if there was nothing to run.
+  bool step();
+
+  int32_t n_running() const;
+  int32_t n_waiting() const;
+  const EngineCounters& counters() const { return counters_; }
+  const std::deque<StepRecord>& steps() const { return steps_; }
+  void set_cost_model(const CostModel& c) { cost_ = c; }
+  const SchedulerConfig& config() const { return cfg_; }
+
+ private:
+  struct Req {
+    uint64_t id = 0;
+    int32_t seq = 0;
+    std::vector<int32_t> tokens;  // prompt + generated
+    int64_t n_prompt = 0;
+    int64_t n_computed = 0;
+    int64_t n_generated = 0;
+    int64_t max_tokens = 0;
+    bool ignore_eos = false;
+    bool admitted = false;
+    uint64_t admit_order = 0;
+    std::unique_ptr<Sampler> sampler;
+    EventCallback cb;
+    RequestTimings t;
+  };
+  void finish(Req& r, FinishReason why);
+  void preempt(Req& r);
+
+  KVCache& kv_;
+  StepExecutor& exec_;
+  SchedulerConfig cfg_;
+  CostModel cost_;
+  int64_t n_ctx_;
+  std::function<bool(int32_t)> is_eog_;
+  std::function<double()> now_;
+  std::map<uint64_t, Req> reqs_;  // ordered by id = arrival order
+  uint64_t admit_counter_ = 0;
+  EngineCounters counters_;
+  std::deque<StepRecord> steps_;  // the most recent steps
+  Batch batch_;
+  std::vector<float> logits_;
+  std::vector<Req*> row_owner_;   // logits row -> request
+};
+
+}  // namespace ft

@@ -1,0 +1,228 @@
+// The serving engine on real models: concurrent requests give exactly what each gives alone,
+// whatever the chunking; cancel frees KV; prefix-cache hits change nothing; running out of KV
+// preempts and still finishes everything.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+
+namespace ft {
+namespace {
+
+struct Job {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens;
+};
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::Stop;
+  RequestTimings timings;
+};
+
+EngineConfig config(int64_t chunk, bool prefix_caching = true, uint64_t kv_bytes = 0) {
+  EngineConfig c;
+  c.runtime.threads = 2;
+  c.scheduler.chunk_size = chunk;
+  c.scheduler.step_latency_target_ms = 5;  // small, so auto mode really chunks on these models
+  c.prefix_caching = prefix_caching;
+  c.kv_memory_bytes = kv_bytes;
+  c.calibrate = chunk < 0;
+  return c;
+}
+
+// Submits every job at once (concurrent) or one after another (alone), greedy.
+std::vector<Outcome> run_jobs(Engine& engine, const std::vector<Job>& jobs, bool concurrent) {
+  std::vector<Outcome> out(jobs.size());
+  std::vector<EventStream> streams(jobs.size());
+  auto submit = [&](size_t i) {
+    EngineRequest r;
+    r.prompt = jobs[i].prompt;
+    r.max_tokens = jobs[i].max_tokens;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    engine.submit(std::move(r), streams[i].callback());
+  };
+  auto drain = [&](size_t i) {
+    EngineEvent ev;
+    while (streams[i].next(ev, &out[i].timings)) {
+      if (ev.kind == EngineEvent::Kind::Token) out[i].tokens.push_back(ev.token);
+      else out[i].reason = ev.reason;
+    }
+  };
+  if (concurrent) {
+    for (size_t i = 0; i < jobs.size(); ++i) submit(i);
+    for (size_t i = 0; i < jobs.size(); ++i) drain(i);
+  } else {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      submit(i);
+      drain(i);
+    }
+  }
+  return out;
+}
+
+std::vector<Job> mixed_jobs(int32_t n_vocab, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Job> jobs;
+  for (int k = 0; k < n; ++k) {
+    const int64_t len = k == 0 ? 1 : k == 1 ? 500 : 1 + int64_t(rng() % 500);
+    Job j;
+    j.prompt.push_back(1);  // BOS
+    for (int64_t i = 1; i < len; ++i) j.prompt.push_back(int32_t(3 + rng() % uint32_t(n_vocab - 3)));
+    j.max_tokens = 4 + int64_t(rng() % 12);
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+// Metrics once the engine has refreshed its snapshot after the last finish (events are delivered
+// during a step, the snapshot is taken after it).
+EngineMetrics settled_metrics(const Engine& engine, uint64_t finished) {
+  EngineMetrics m = engine.metrics();
+  for (int i = 0; i < 400 && (m.counters.finished < finished || m.running + m.waiting > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = engine.metrics();
+  }
+  return m;
+}
+
+void expect_same_tokens(const std::vector<Outcome>& got, const std::vector<Outcome>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].reason, FinishReason::Length) << "request " << i;
+  }
+}
+
+class ConcurrentEqualsAlone : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ConcurrentEqualsAlone, Stories260K) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const auto jobs = mixed_jobs(model->hparams().n_vocab, 16, 7);
+  Engine alone_engine(*model, config(256), {});
+  const auto alone = run_jobs(alone_engine, jobs, false);
+  Engine engine(*model, config(GetParam()), {});
+  expect_same_tokens(run_jobs(engine, jobs, true), alone);
+  const EngineMetrics m = settled_metrics(engine, jobs.size());
+  EXPECT_EQ(m.kv_used_blocks, 0);
+  EXPECT_EQ(m.counters.finished, jobs.size());
+}
+
+TEST_P(ConcurrentEqualsAlone, SyntheticQwen2Q8) {
+  const std::string path = testing::TempDir() + "ft_engine_qwen2_q8.gguf";
+  SyntheticOptions opt;
+  opt.arch = "qwen2";
+  opt.type = GGMLType::Q8_0;
+  opt.seed = 11;
+  write_synthetic_model(opt, path);
+  const auto model = Model::load(path);
+  const auto jobs = mixed_jobs(model->hparams().n_vocab, 16, 9);
+  Engine alone_engine(*model, config(256), {});
+  const auto alone = run_jobs(alone_engine, jobs, false);
+  Engine engine(*model, config(GetParam()), {});
+  expect_same_tokens(run_jobs(engine, jobs, true), alone);
+  std::filesystem::remove(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(ChunkSizes, ConcurrentEqualsAlone, ::testing::Values(-1, 0, 7, 64, 256),
+                         [](const auto& info) {
+                           return info.param < 0 ? std::string("auto") : "chunk" + std::to_string(info.param);
+                         });
+
+TEST(Engine, CancelFreesAllBlocks) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  Engine engine(*model, config(64), {});
+  EventStream s;
+  EngineRequest r;
+  r.prompt = mixed_jobs(model->hparams().n_vocab, 2, 3)[1].prompt;  // 500 tokens
+  r.max_tokens = 1000;
+  r.ignore_eos = true;
+  const uint64_t id = engine.submit(r, s.callback());
+  EngineEvent ev;
+  int tokens = 0;
+  while (s.next(ev)) {
+    if (ev.kind == EngineEvent::Kind::Token && ++tokens == 3) {
+      EXPECT_GT(engine.metrics().kv_used_blocks, 0);
+      engine.cancel(id);
+    }
+    if (ev.kind == EngineEvent::Kind::Finished) {
+      EXPECT_EQ(ev.reason, FinishReason::Cancelled);
+    }
+  }
+  EXPECT_GE(tokens, 3);
+  EXPECT_LT(tokens, 1000);
+  const EngineMetrics m = settled_metrics(engine, 1);
+  EXPECT_EQ(m.kv_used_blocks, 0);
+  EXPECT_EQ(m.counters.cancelled, 1u);
+}
+
+TEST(Engine, PrefixCacheHitGivesTheSameOutput) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const auto base = mixed_jobs(model->hparams().n_vocab, 2, 5)[1].prompt;  // 500 tokens
+  std::vector<Job> jobs;
+  for (int k = 0; k < 3; ++k) {
+    Job j{std::vector<int32_t>(base.begin(), base.begin() + 300), 12};
+    j.prompt.insert(j.prompt.end(), base.begin() + 300 + 20 * k, base.begin() + 320 + 20 * k);
+    jobs.push_back(j);
+  }
+  Engine cached(*model, config(64, true), {});
+  Engine plain(*model, config(64, false), {});
+  const auto a = run_jobs(cached, jobs, false);
+  const auto b = run_jobs(plain, jobs, false);
+  expect_same_tokens(a, b);
+  EXPECT_EQ(a[0].timings.cached_tokens, 0);
+  EXPECT_EQ(a[1].timings.cached_tokens, 288);  // 18 full blocks of the shared 300 tokens
+  EXPECT_EQ(a[2].timings.cached_tokens, 288);
+  EXPECT_EQ(b[1].timings.cached_tokens, 0);
+  EXPECT_GT(cached.metrics().kv.prefix_hit_tokens, 0u);
+}
+
+TEST(Engine, RunningOutOfKVPreemptsAndFinishesEverything) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  std::vector<Job> jobs = mixed_jobs(model->hparams().n_vocab, 8, 13);
+  for (auto& j : jobs) {
+    j.prompt.resize(std::min<size_t>(j.prompt.size(), 60));
+    j.max_tokens = 80;
+  }
+  const HParams& hp = model->hparams();
+  const uint64_t block = KVCache::block_bytes(hp.n_layers, hp.kv_dim(), 16);
+  Engine big(*model, config(64), {});
+  const auto alone = run_jobs(big, jobs, false);
+  Engine small(*model, config(64, true, 24 * block), {});  // 8 requests x up to 9 blocks > 24
+  expect_same_tokens(run_jobs(small, jobs, true), alone);
+  const EngineMetrics m = settled_metrics(small, jobs.size());
+  EXPECT_GT(m.counters.preemptions, 0u);
+  EXPECT_EQ(m.kv_used_blocks, 0);
+}
+
+TEST(Engine, RejectsWhatCanNeverFit) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  EngineConfig c = config(64);
+  c.runtime.n_ctx = 256;
+  Engine engine(*model, c, {});
+  EngineRequest r;
+  r.prompt = std::vector<int32_t>(200, 5);
+  r.max_tokens = 100;
+  EXPECT_THROW(engine.submit(r, {}), Error);
+  r.max_tokens = 10;
+  r.prompt[3] = 100000;
+  EXPECT_THROW(engine.submit(r, {}), Error);
+  r.prompt[3] = 5;
+  r.sampling.top_p = 0;
+  EXPECT_THROW(engine.submit(r, {}), Error);
+}
+
+}  // namespace
+}  // namespace ft
