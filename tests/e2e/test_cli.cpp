@@ -2,6 +2,7 @@
 // input gives one clear error line and exit code 1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -21,7 +22,10 @@ struct Result {
 };
 
 Result run_cli(const std::string& args) {
-  const std::string err_file = testing::TempDir() + "ft_cli_stderr.txt";
+  // ctest runs tests in parallel processes: one stderr file per process and call.
+  static int calls = 0;
+  const std::string err_file =
+      testing::TempDir() + "ft_cli_stderr_" + std::to_string(getpid()) + "_" + std::to_string(++calls) + ".txt";
   const std::string cmd = std::string(FT_BINARY) + " " + args + " 2>" + err_file;
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
@@ -32,6 +36,7 @@ Result run_cli(const std::string& args) {
   const int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.err = test::read_file(err_file);
+  std::filesystem::remove(err_file);
   return r;
 }
 
@@ -79,7 +84,7 @@ TEST(Cli, ChatModeRuns) {
 }
 
 TEST(Cli, CorruptModelIsAClearError) {
-  const std::string path = testing::TempDir() + "ft_corrupt.gguf";
+  const std::string path = testing::TempDir() + "ft_corrupt_" + std::to_string(getpid()) + ".gguf";
   {
     std::ofstream f(path, std::ios::binary);
     f << "GGUF\x03\x00\x00\x00 definitely not a model";
@@ -101,7 +106,7 @@ TEST(Cli, PromptLongerThanContextIsAClearError) {
 }
 
 TEST(Cli, MakeModelThenRun) {
-  const std::string path = testing::TempDir() + "ft_tiny_q8.gguf";
+  const std::string path = testing::TempDir() + "ft_tiny_q8_" + std::to_string(getpid()) + ".gguf";
   const Result mk = run_cli("make-model --shape tiny --type q8_0 --seed 3 -o " + quote(path));
   ASSERT_EQ(mk.exit_code, 0) << mk.err;
   const Result r = run_cli("run -m " + quote(path) + " -p 'abc' -n 5 --temp 0 --ignore-eos");

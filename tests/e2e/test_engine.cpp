@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <random>
 #include <thread>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -117,7 +118,7 @@ TEST_P(ConcurrentEqualsAlone, Stories260K) {
 }
 
 TEST_P(ConcurrentEqualsAlone, SyntheticQwen2Q8) {
-  const std::string path = testing::TempDir() + "ft_engine_qwen2_q8.gguf";
+  const std::string path = testing::TempDir() + "ft_engine_qwen2_q8_" + std::to_string(getpid()) + ".gguf";
   SyntheticOptions opt;
   opt.arch = "qwen2";
   opt.type = GGMLType::Q8_0;
