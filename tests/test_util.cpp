@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 
 namespace ft::test {
 
@@ -21,6 +22,19 @@ std::string read_file(const std::string& path) {
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
+}
+
+TempFile::TempFile(const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ft_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  path_ = (dir / name).string();
+}
+
+TempFile::~TempFile() {
+  std::error_code ec;
+  std::filesystem::remove(path_, ec);
+  std::filesystem::remove(std::filesystem::path(path_).parent_path(), ec);  // only once empty
 }
 
 }  // namespace ft::test

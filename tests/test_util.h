@@ -13,6 +13,20 @@ std::string shared_dir();
 std::string shared_file(const std::string& rel);
 std::string read_file(const std::string& path);
 
+// A file in a per-process temp directory (ctest runs test cases as parallel processes), removed
+// at scope exit.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& name);
+  ~TempFile();
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace ft::test
 
 // Skips the current test (with the reason) when a shared file is missing.

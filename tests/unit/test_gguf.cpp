@@ -30,24 +30,7 @@ using VT = GGUFValueType;
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-// A file under a per-process temp dir, removed at scope exit.
-class TempFile {
- public:
-  explicit TempFile(const std::string& name) {
-    const fs::path dir = fs::temp_directory_path() / cat("ft_test_gguf_", ::getpid());
-    fs::create_directories(dir);
-    path_ = (dir / name).string();
-  }
-  ~TempFile() {
-    std::error_code ec;
-    fs::remove(path_, ec);
-    fs::remove(fs::path(path_).parent_path(), ec);  // only once empty
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempFile;
 
 void write_bytes(const std::string& path, const uint8_t* p, size_t n) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

@@ -25,23 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempFile {
- public:
-  explicit TempFile(const std::string& name) {
-    const fs::path dir = fs::temp_directory_path() / cat("ft_test_synthetic_", ::getpid());
-    fs::create_directories(dir);
-    path_ = (dir / name).string();
-  }
-  ~TempFile() {
-    std::error_code ec;
-    fs::remove(path_, ec);
-    fs::remove(fs::path(path_).parent_path(), ec);  // only once empty
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempFile;
 
 // Logits (n_prompt, n_vocab) of the prompt run as one batch.
 std::vector<float> run_prompt(const Model& m, const std::vector<int32_t>& tokens) {
