@@ -1,6 +1,8 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
@@ -17,7 +19,29 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/metrics
+
+// Log-probabilities of the model's distribution (the raw logits: before penalties, temperature
+// and filters), for the sampled token and the n most likely ones.
+void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, EngineEvent& ev) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int32_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int32_t i = 0; i < V; ++i) sum += std::exp(double(logits[i] - mx));
+  const float log_z = mx + float(std::log(sum));
+  ev.logprob = logits[token] - log_z;
+  ev.top_logprobs.clear();
+  if (n <= 0) return;
+  // Keep the n best in a small sorted list (n <= 20).
+  for (int32_t i = 0; i < V; ++i) {
+    const float lp = logits[i] - log_z;
+    if (int32_t(ev.top_logprobs.size()) == n && lp <= ev.top_logprobs.back().second) continue;
+    auto pos = std::find_if(ev.top_logprobs.begin(), ev.top_logprobs.end(),
+                            [&](const auto& e) { return lp > e.second; });
+    ev.top_logprobs.insert(pos, {i, lp});
+    if (int32_t(ev.top_logprobs.size()) > n) ev.top_logprobs.pop_back();
+  }
 }
+}  // namespace
 
 EngineCore::EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& cfg, const CostModel& cost,
                        int64_t n_ctx, std::function<bool(int32_t)> is_eog, std::function<double()> now)
@@ -35,6 +59,7 @@ void EngineCore::validate(const EngineRequest& r) const {
   for (int32_t t : r.prompt)
     if (t < 0 || t >= V) fail("prompt token id ", t, " is out of range [0, ", V, ")");
   if (r.max_tokens < 1) fail("max_tokens must be at least 1, got ", r.max_tokens);
+  if (r.logprobs > 20) fail("logprobs must be at most 20, got ", r.logprobs);
   ft::validate(r.sampling);
   if (n + r.max_tokens > n_ctx_)
     fail("the prompt (", n, " tokens) plus max_tokens (", r.max_tokens, ") exceeds the context length of ",
@@ -56,6 +81,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.tokens.reserve(size_t(r.n_prompt + in.max_tokens));
   r.max_tokens = in.max_tokens;
   r.ignore_eos = in.ignore_eos;
+  r.logprobs = in.logprobs;
   r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_vocab());
   r.sampler->add_prompt(r.tokens);
   r.cb = std::move(cb);
@@ -207,7 +233,8 @@ bool EngineCore::step() {
   std::vector<std::pair<uint64_t, FinishReason>> done;
   for (size_t row = 0; row < row_owner_.size(); ++row) {
     Req& r = *row_owner_[row];
-    const int32_t tok = r.sampler->sample(logits_.data() + row * size_t(exec_.n_vocab()));
+    const float* logits = logits_.data() + row * size_t(exec_.n_vocab());
+    const int32_t tok = r.sampler->sample(logits);
     r.sampler->accept(tok);
     r.tokens.push_back(tok);
     ++r.n_generated;
@@ -218,6 +245,7 @@ bool EngineCore::step() {
     ev.kind = EngineEvent::Kind::Token;
     ev.id = r.id;
     ev.token = tok;
+    if (r.logprobs >= 0) fill_logprobs(logits, exec_.n_vocab(), tok, r.logprobs, ev);
     if (r.cb) r.cb(ev);
     if (!r.ignore_eos && is_eog_ && is_eog_(tok)) {
       done.emplace_back(r.id, FinishReason::Stop);

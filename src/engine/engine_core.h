@@ -28,6 +28,7 @@ struct EngineRequest {
   bool ignore_eos = false;
   double tokenize_ms = 0;  // measured by the caller, reported in the timings
   double arrival_ms = -1;  // on the engine clock; < 0: when the core receives it
+  int32_t logprobs = -1;   // >= 0: report each sampled token's logprob and this many top ones
 };
 
 // Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
@@ -52,6 +53,8 @@ struct EngineEvent {
   Kind kind = Kind::Token;
   uint64_t id = 0;
   int32_t token = -1;                        // Token
+  float logprob = 0;                         // Token, when requested: log p(token)
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // Token, when requested: best first
   FinishReason reason = FinishReason::Stop;  // Finished
   int64_t n_prompt = 0;                      // Finished
   int64_t n_generated = 0;                   // Finished
@@ -123,6 +126,7 @@ class EngineCore {
     int64_t n_generated = 0;
     int64_t max_tokens = 0;
     bool ignore_eos = false;
+    int32_t logprobs = -1;
     bool admitted = false;
     uint64_t admit_order = 0;
     std::unique_ptr<Sampler> sampler;

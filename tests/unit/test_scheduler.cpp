@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -353,6 +354,38 @@ TEST(EngineCore, CancelFreesBlocksAndRejectsWhatCanNeverFit) {
   EXPECT_THROW(core.add(9, r, {}), Error);
   r.prompt.clear();
   EXPECT_THROW(core.add(10, r, {}), Error);
+}
+
+TEST(EngineCore, ReportsLogprobsOfTheModelDistribution) {
+  double clock = 0;
+  CostModel cost;
+  FakeExecutor exec(&clock, cost);
+  KVCache kv({1, 1, 16, 64, true});
+  EngineCore core(kv, exec, SchedulerConfig{}, cost, 1000, {}, [&] { return clock; });
+  EngineRequest r;
+  r.prompt = make_prompt(20, 3);
+  r.max_tokens = 5;
+  r.logprobs = 3;
+  r.sampling.temperature = 0;
+  std::vector<EngineEvent> events;
+  core.add(1, r, [&](const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::Token) events.push_back(ev);
+  });
+  while (core.step()) {
+  }
+  ASSERT_EQ(events.size(), 5u);
+  // The fake model's logits are 1 for its token and 0 for the other 96.
+  const double want = 1.0 - std::log(std::exp(1.0) + (kVocab - 1));
+  for (const auto& ev : events) {
+    EXPECT_NEAR(ev.logprob, want, 1e-5);
+    ASSERT_EQ(ev.top_logprobs.size(), 3u);
+    EXPECT_EQ(ev.top_logprobs[0].first, ev.token);
+    EXPECT_NEAR(ev.top_logprobs[0].second, want, 1e-5);
+    EXPECT_NEAR(ev.top_logprobs[1].second, want - 1.0, 1e-5);
+    EXPECT_LT(ev.top_logprobs[1].first, ev.top_logprobs[2].first);  // ties: lowest id first
+  }
+  r.logprobs = 21;
+  EXPECT_THROW(core.add(2, r, {}), Error);
 }
 
 }  // namespace
