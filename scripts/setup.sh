@@ -24,6 +24,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# The openai npm client for the server's end-to-end tests (tests/e2e/node), pinned by its
+# package-lock.json; re-installed only when absent or older than the lock file.
+if command -v npm >/dev/null 2>&1; then
+  NODE_DIR=tests/e2e/node
+  if [ ! -d "$NODE_DIR/node_modules/openai" ] ||
+     [ "$NODE_DIR/package-lock.json" -nt "$NODE_DIR/node_modules/.package-lock.json" ]; then
+    (cd "$NODE_DIR" && npm ci --no-audit --no-fund)
+  fi
+fi
+
 BUILD_TYPE=${BUILD_TYPE:-Release}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE"
 cmake --build build -j"$(nproc)"

@@ -35,4 +35,15 @@ struct InspectArgs {
 void add_inspect(CLI::App& app, InspectArgs& a);
 int cmd_inspect(const InspectArgs& a);
 
+struct ServeArgs {
+  std::string model, host, config, log_level, served_model_name;
+  int port = 8000, threads = 0, http_threads = 2;
+  int64_t max_queue = 256, ctx = 0;
+  uint64_t kv_memory_mib = 0;
+  double shutdown_timeout_s = 10;
+  CLI::App* cmd = nullptr;  // to tell which flags were given (they override --config)
+};
+void add_serve(CLI::App& app, ServeArgs& a);
+int cmd_serve(const ServeArgs& a);
+
 }  // namespace ft::tools

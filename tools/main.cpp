@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   ft::tools::add_run(app, run);
   ft::tools::add_make_model(app, make);
   ft::tools::add_inspect(app, inspect);
+  ft::tools::ServeArgs serve;
+  ft::tools::add_serve(app, serve);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run")) return ft::tools::cmd_run(run);
     if (app.got_subcommand("make-model")) return ft::tools::cmd_make_model(make);
     if (app.got_subcommand("inspect")) return ft::tools::cmd_inspect(inspect);
+    if (app.got_subcommand("serve")) return ft::tools::cmd_serve(serve);
   } catch (const ft::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "firsttoken: error: %s\n", e.what());

@@ -1,0 +1,55 @@
+// `firsttoken serve` settings: defaults, the JSON config file, and the mapping onto EngineConfig.
+//
+// File shape (every section and key optional; an unknown key is an error naming it):
+//   {"scheduler": {"prefill_chunk_size": "auto" | 0 (no chunking) | N, "step_latency_target_ms": N,
+//                  "max_num_seqs": N, "max_batch_tokens": N, "max_active_adapters": 0,
+//                  "enable_speculative_decoding": false},
+//    "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
+//    "server": {"host", "port", "max_queue", "threads", "http_threads", "max_body_bytes",
+//               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
+//               "log_level", "model", "served_model_name", "context_length"},
+//    "kv_cache": {"memory_mib": N, "block_size": N, "prefix_caching": true}}
+// Features not built yet (speculative decoding, tp/pp > 1, LoRA adapters, a throughput-optimised
+// mode) are refused with "... is not supported yet", never silently ignored.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+
+namespace ft::server {
+
+struct ServeConfig {
+  // server
+  std::string model;              // GGUF path; empty = built-in synthetic "tiny" model
+  std::string served_model_name;  // empty = the model file's stem
+  std::string host = "127.0.0.1";
+  int port = 8000;                // 0 = any free port (printed at start)
+  int threads = 0;                // compute threads of the engine (0 = all cores)
+  int http_threads = 2;           // I/O threads = HTTP workers (each with its own tokenizer)
+  int64_t max_queue = 256;        // requests waiting for their first token; more -> 429
+  uint64_t max_body_bytes = 4u << 20;
+  double header_timeout_s = 30, body_timeout_s = 30, write_timeout_s = 60, shutdown_timeout_s = 10;
+  std::string log_level = "info";
+  int64_t context_length = 0;     // 0 = the model's
+  // scheduler
+  int64_t prefill_chunk_size = -1;  // -1 = auto
+  double step_latency_target_ms = 50;
+  int32_t max_num_seqs = 64;
+  int64_t max_batch_tokens = 2048;
+  // kv_cache
+  uint64_t kv_memory_mib = 0;     // 0 = engine default (4 full contexts, at most 2 GiB)
+  int32_t kv_block_size = 16;
+  bool prefix_caching = true;
+};
+
+// Applies a parsed config file over cfg. Throws ft::Error naming the key ("scheduler.foo") on an
+// unknown key, a wrong type or an out-of-range value, or saying "not supported yet".
+void apply_config_json(const nlohmann::json& doc, ServeConfig& cfg);
+// Reads and applies FILE (ft::Error naming the file on I/O or JSON errors).
+void apply_config_file(const std::string& path, ServeConfig& cfg);
+EngineConfig to_engine_config(const ServeConfig& cfg);
+
+}  // namespace ft::server

@@ -1,0 +1,110 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace ft::server {
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+static std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += name + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+  }
+  cum += counts_.back();
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
+  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+}
+
+std::vector<double> latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+          2.5,   5.0,    7.5,   10.0, 20.0, 40.0, 60.0};
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_(latency_buckets()), queue_(latency_buckets()), prefill_(latency_buckets()), decode_(latency_buckets()),
+      itl_(latency_buckets()), e2e_(latency_buckets()), tokenize_(latency_buckets()) {}
+
+void ServerMetrics::observe_finished(const RequestTimings& t, const std::string& finish, int64_t, int64_t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  (finish == "stop" ? success_stop_ : finish == "length" ? success_length_ : success_abort_)++;
+  tokenize_.observe(t.tokenize_ms / 1e3);
+  if (t.first_scheduled_ms >= 0) queue_.observe(t.queue_ms() / 1e3);
+  if (t.first_token_ms >= 0) {
+    ttft_.observe(t.ttft_ms() / 1e3);
+    prefill_.observe(t.prefill_ms() / 1e3);
+    decode_.observe(t.decode_ms() / 1e3);
+  }
+  for (size_t i = 1; i < t.token_ms.size(); ++i) itl_.observe((t.token_ms[i] - t.token_ms[i - 1]) / 1e3);
+  if (t.finish_ms >= 0) e2e_.observe((t.finish_ms - t.arrival_ms) / 1e3);
+}
+
+void ServerMetrics::count_rejected() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++rejected_;
+}
+
+void ServerMetrics::count_error() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++errors_;
+}
+
+std::string ServerMetrics::render(const EngineMetrics& m) const {
+  std::string out;
+  auto gauge = [&](const std::string& name, const std::string& help, double v) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + num(v) + "\n";
+  };
+  auto counter = [&](const std::string& name, const std::string& help, double v) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + num(v) + "\n";
+  };
+  gauge("firsttoken:num_requests_running", "Requests holding KV cache and being computed.", m.running);
+  gauge("firsttoken:num_requests_waiting", "Requests waiting to be scheduled.", m.waiting);
+  gauge("firsttoken:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).",
+        m.kv_total_blocks > 0 ? double(m.kv_used_blocks) / double(m.kv_total_blocks) : 0.0);
+  gauge("firsttoken:kv_cache_used_blocks", "KV cache blocks in use by requests.", m.kv_used_blocks);
+  gauge("firsttoken:kv_cache_cached_blocks", "Freed KV cache blocks kept for prefix reuse.", m.kv_cached_blocks);
+  gauge("firsttoken:kv_cache_total_blocks", "KV cache blocks in all.", m.kv_total_blocks);
+  counter("firsttoken:prompt_tokens_total", "Prompt tokens of finished requests.", double(m.counters.prompt_tokens));
+  counter("firsttoken:generation_tokens_total", "Generated tokens.", double(m.counters.generated_tokens));
+  counter("firsttoken:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+          double(m.kv.prefix_query_tokens));
+  counter("firsttoken:prefix_cache_hits_total", "Prompt tokens served by the prefix cache.",
+          double(m.kv.prefix_hit_tokens));
+  counter("firsttoken:num_preemptions_total", "Requests preempted (KV freed, recomputed later).",
+          double(m.counters.preemptions));
+  counter("firsttoken:engine_steps_total", "Engine steps (forward passes).", double(m.counters.steps));
+  std::lock_guard<std::mutex> lk(mu_);
+  counter("firsttoken:request_rejected_total", "Requests rejected with 429 (queue full).", double(rejected_));
+  counter("firsttoken:request_errors_total", "Requests answered with an error status other than 429.", double(errors_));
+  out += "# HELP firsttoken:request_success_total Finished requests by finish reason.\n"
+         "# TYPE firsttoken:request_success_total counter\n";
+  out += "firsttoken:request_success_total{finished_reason=\"stop\"} " + std::to_string(success_stop_) + "\n";
+  out += "firsttoken:request_success_total{finished_reason=\"length\"} " + std::to_string(success_length_) + "\n";
+  out += "firsttoken:request_success_total{finished_reason=\"abort\"} " + std::to_string(success_abort_) + "\n";
+  ttft_.render(out, "firsttoken:time_to_first_token_seconds", "Time from arrival to the first generated token.");
+  queue_.render(out, "firsttoken:request_queue_time_seconds", "Time from arrival to the first scheduled step.");
+  prefill_.render(out, "firsttoken:request_prefill_time_seconds", "Time from the first scheduled step to the first token.");
+  decode_.render(out, "firsttoken:request_decode_time_seconds", "Time from the first token to the last.");
+  itl_.render(out, "firsttoken:time_per_output_token_seconds", "Inter-token latency.");
+  e2e_.render(out, "firsttoken:e2e_request_latency_seconds", "Time from arrival to finish.");
+  tokenize_.render(out, "firsttoken:request_tokenize_time_seconds", "Time spent tokenizing the prompt (HTTP worker).");
+  return out;
+}
+
+}  // namespace ft::server

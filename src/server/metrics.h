@@ -1,0 +1,49 @@
+// Prometheus metrics of the server (text exposition format 0.0.4). Names follow vLLM's with the
+// prefix "firsttoken:" (README lists them). Histograms/counters owned here are updated from the
+// per-request RequestTimings of each Finished event; gauges and engine counters come from an
+// Engine::metrics() snapshot at scrape time.
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace ft::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v);
+  // Appends "# HELP/# TYPE" and the _bucket/_sum/_count lines (buckets cumulative, le="+Inf" last).
+  void render(std::string& out, const std::string& name, const std::string& help) const;
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; last = above every bound
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+// Latency buckets in seconds, 1 ms .. 60 s.
+std::vector<double> latency_buckets();
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  // One finished request (finish: "stop" | "length" | "abort"); n_generated counts its tokens.
+  void observe_finished(const RequestTimings& t, const std::string& finish, int64_t n_prompt, int64_t n_generated);
+  void count_rejected();  // 429
+  void count_error();     // 4xx/5xx bodies other than 429
+  std::string render(const EngineMetrics& m) const;
+
+ private:
+  mutable std::mutex mu_;
+  Histogram ttft_, queue_, prefill_, decode_, itl_, e2e_, tokenize_;
+  uint64_t success_stop_ = 0, success_length_ = 0, success_abort_ = 0;
+  uint64_t rejected_ = 0, errors_ = 0;
+};
+
+}  // namespace ft::server

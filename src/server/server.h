@@ -1,0 +1,44 @@
+// The HTTP/1.1 front end of the engine (Boost.Beast/Asio), a thin route table over Engine::submit.
+//
+// Threads: `http_threads` I/O threads run one io_context; each connection is a Session on its own
+// strand. An I/O thread parses, validates and tokenizes a request (with its own Tokenizer copy),
+// then submits it to the Engine. The engine thread's callback only copies the event and posts it
+// to the session's strand (never blocks); the strand decodes text (StreamDecoder), matches stop
+// strings and queues bytes on the socket: each SSE chunk is written as soon as its token arrives,
+// with TCP_NODELAY so no Nagle delay holds it back.
+//
+// Shutdown (SIGINT/SIGTERM): stop accepting, close idle connections, answer new requests on open
+// connections with 503, let in-flight requests finish; after shutdown_timeout_s cancel the rest
+// (streams get an SSE error event, others a 503 error body); exit when no session is left.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/config.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft::server {
+
+struct ServedModel {
+  const Model* model = nullptr;
+  const Tokenizer* tokenizer = nullptr;  // immutable; copied once per I/O thread
+  std::string id;                        // what clients send as "model"
+  ChatFormat chat_format = ChatFormat::ChatML;
+};
+
+class Server {
+ public:
+  Server(Engine& engine, const ServedModel& model, const ServeConfig& cfg);
+  ~Server();
+  // Binds, serves until SIGINT/SIGTERM, drains, returns 0. Throws ft::Error when it cannot bind.
+  int run();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ft::server

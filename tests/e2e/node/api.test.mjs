@@ -1,0 +1,287 @@
+// `firsttoken serve` on stories260K driven by the official openai client: completions and chat,
+// streaming and not, golden greedy text, usage, stop strings, the utility endpoints, every
+// bad-input case (status + OpenAI error body, and the server keeps serving), a client disconnect
+// freeing its KV blocks, and 64 concurrent streams.
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import { MODEL, MODEL_ID, golden, metrics, postJson, skipReason, startServer, waitMetrics } from './helpers.mjs';
+
+const skip = skipReason();
+
+describe('serve stories260K', { skip }, () => {
+  let server, client, gold, OpenAI;
+
+  before(async () => {
+    OpenAI = (await import('openai')).default;
+    gold = golden();
+    server = await startServer(['-m', MODEL, '--threads', '1']);
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120_000 });
+  });
+  after(async () => {
+    if (!server) return;
+    const r = await server.stop();
+    assert.equal(r.code, 0, server.log());
+  });
+
+  // Any answer at all proves the server is still up and serving.
+  async function stillServing() {
+    const r = await client.completions.create({ model: MODEL_ID, prompt: 'Once upon a time', max_tokens: 5, temperature: 0 });
+    assert.equal(r.choices[0].text, gold.greedy_text.slice(0, r.choices[0].text.length));
+    assert.equal(r.usage.completion_tokens, 5);
+  }
+
+  test('completion, greedy: the golden continuation and usage', async () => {
+    const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0 });
+    assert.equal(r.object, 'text_completion');
+    assert.equal(r.model, MODEL_ID);
+    assert.equal(r.choices[0].text, gold.greedy_text);
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.deepEqual(r.usage, { prompt_tokens: gold.prompt_tokens.length, completion_tokens: 100, total_tokens: gold.prompt_tokens.length + 100 });
+  });
+
+  test('completion from token ids equals completion from text', async () => {
+    const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt_tokens, max_tokens: 100, temperature: 0 });
+    assert.equal(r.choices[0].text, gold.greedy_text);
+    assert.equal(r.usage.prompt_tokens, gold.prompt_tokens.length);
+  });
+
+  test('completion, streaming: chunks add up to the golden text; usage chunk last', async () => {
+    const stream = await client.completions.create({
+      model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = '', n = 0, finish = null, usage = null;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, 'text_completion');
+      if (chunk.usage) usage = chunk.usage;
+      if (chunk.choices.length) {
+        text += chunk.choices[0].text;
+        if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+        ++n;
+      }
+    }
+    assert.equal(text, gold.greedy_text);
+    assert.equal(finish, 'length');
+    assert.ok(n > 50, `only ${n} chunks: tokens are not streamed one by one`);
+    assert.deepEqual(usage, { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 });
+  });
+
+  test('stop strings: text before the first match, finish_reason stop (both modes)', async () => {
+    const cut = gold.greedy_text.indexOf(' little');
+    assert.ok(cut > 0);
+    const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stop: [' little', 'zzz'] });
+    assert.equal(r.choices[0].text, gold.greedy_text.slice(0, cut));
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.ok(r.usage.completion_tokens < 100 && r.usage.completion_tokens > 0, JSON.stringify(r.usage));
+    const stream = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stop: ' little', stream: true });
+    let text = '', finish = null;
+    for await (const c of stream) {
+      text += c.choices[0].text;
+      finish = c.choices[0].finish_reason ?? finish;
+    }
+    assert.equal(text, gold.greedy_text.slice(0, cut));
+    assert.equal(finish, 'stop');
+  });
+
+  test('chat, non-streaming and streaming agree; role chunk first; usage', async () => {
+    const messages = [{ role: 'user', content: 'Tell me a story' }];
+    const r = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 30, temperature: 0 });
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(r.choices[0].message.role, 'assistant');
+    assert.equal(typeof r.choices[0].message.content, 'string');
+    // The prompt is the ChatML rendering (stories260K has no template), tokenized without BOS.
+    const tk = await postJson(server.url, '/tokenize', {
+      prompt: '<|im_start|>user\nTell me a story<|im_end|>\n<|im_start|>assistant\n', add_special_tokens: false,
+    });
+    assert.equal(r.usage.prompt_tokens, tk.json.count);
+    if (r.choices[0].finish_reason === 'length') assert.equal(r.usage.completion_tokens, 30);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+
+    const stream = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 30, temperature: 0, stream: true, stream_options: { include_usage: true } });
+    let first = true, text = '', finish = null, usage = null;
+    for await (const c of stream) {
+      assert.equal(c.object, 'chat.completion.chunk');
+      if (first) {
+        assert.equal(c.choices[0].delta.role, 'assistant');
+        first = false;
+      }
+      if (c.usage) usage = c.usage;
+      if (c.choices.length) {
+        text += c.choices[0].delta.content ?? '';
+        finish = c.choices[0].finish_reason ?? finish;
+      }
+    }
+    assert.equal(text, r.choices[0].message.content);
+    assert.equal(finish, r.choices[0].finish_reason);
+    assert.deepEqual(usage, r.usage);
+  });
+
+  test('seeded sampling is reproducible', async () => {
+    const req = { model: MODEL_ID, prompt: gold.prompt, max_tokens: 40, temperature: 1, top_k: 40, top_p: 0.9, min_p: 0.01, seed: 7, presence_penalty: 0.5, frequency_penalty: 0.5 };
+    const a = await client.completions.create(req);
+    const b = await client.completions.create(req);
+    assert.equal(a.choices[0].text, b.choices[0].text);
+    assert.ok(a.choices[0].text.length > 0);
+  });
+
+  test('GET /v1/models, /health; POST /tokenize, /detokenize', async () => {
+    const models = await client.models.list();
+    assert.deepEqual(models.data.map((m) => m.id), [MODEL_ID]);
+    const h = await fetch(`${server.url}/health`);
+    assert.equal(h.status, 200);
+    const t = await postJson(server.url, '/tokenize', { prompt: gold.prompt });
+    assert.equal(t.status, 200);
+    assert.deepEqual(t.json.tokens, gold.prompt_tokens);  // with BOS, like `firsttoken run`
+    const d = await postJson(server.url, '/detokenize', { tokens: gold.prompt_tokens });
+    assert.equal(d.json.prompt, gold.prompt);
+  });
+
+  test('GET /metrics: Prometheus names and counts', async () => {
+    const m = await metrics(server.url);
+    for (const name of ['firsttoken:num_requests_running', 'firsttoken:num_requests_waiting', 'firsttoken:kv_cache_usage_perc',
+      'firsttoken:prompt_tokens_total', 'firsttoken:generation_tokens_total', 'firsttoken:prefix_cache_queries_total',
+      'firsttoken:prefix_cache_hits_total', 'firsttoken:num_preemptions_total', 'firsttoken:request_rejected_total',
+      'firsttoken:time_to_first_token_seconds_count', 'firsttoken:request_queue_time_seconds_count',
+      'firsttoken:request_prefill_time_seconds_count', 'firsttoken:time_per_output_token_seconds_count',
+      'firsttoken:e2e_request_latency_seconds_count', 'firsttoken:time_to_first_token_seconds_bucket{le="0.001"}',
+      'firsttoken:time_to_first_token_seconds_bucket{le="60"}', 'firsttoken:time_to_first_token_seconds_bucket{le="+Inf"}']) {
+      assert.ok(name in m, `missing ${name}`);
+    }
+    assert.ok(m['firsttoken:generation_tokens_total'] >= 100);
+    assert.ok(m['firsttoken:time_to_first_token_seconds_count'] >= 1);
+  });
+
+  test('one INFO log line per finished request with its timing breakdown; nothing per token', async () => {
+    const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 20, temperature: 0 });
+    const line = new RegExp(`\\[info\\] ${r.id} completion finish=length prompt=5 cached=\\d+ gen=20 tokenize=[\\d.]+ms ` +
+      'queue=[\\d.]+ms prefill=[\\d.]+ms ttft=[\\d.]+ms decode=[\\d.]+ms total=[\\d.]+ms');
+    for (let i = 0; i < 200 && !line.test(server.log()); ++i) await new Promise((res) => setTimeout(res, 10));  // async logger
+    assert.match(server.log(), line);
+    assert.equal(server.log().split('\n').filter((l) => l.includes(r.id)).length, 1);
+    assert.doesNotMatch(server.log(), / token \d+ /);
+  });
+
+  test('bad input: 400 with an OpenAI error body, and the server keeps serving', async () => {
+    const prompt = gold.prompt;
+    const cases = [
+      ['/v1/completions', '{"model": "stories260K", "prompt": ', null],
+      ['/v1/completions', { model: MODEL_ID, prompt, temperature: 'hot' }, 'temperature'],
+      ['/v1/completions', { model: MODEL_ID, prompt: 42 }, 'prompt'],
+      ['/v1/completions', { model: MODEL_ID, prompt, top_p: 2 }, 'top_p'],
+      ['/v1/completions', { model: MODEL_ID, prompt, max_tokens: -1 }, 'max_tokens'],
+      ['/v1/completions', { model: MODEL_ID, prompt, max_tokens: 2048 }, 'max_tokens'],  // prompt + max_tokens > context
+      ['/v1/completions', { model: MODEL_ID, prompt: [1, 99999] }, 'prompt'],
+      ['/v1/completions', { model: 'gpt-4', prompt }, 'model'],
+      ['/v1/completions', { model: MODEL_ID, prompt, bogus_field: 1 }, 'bogus_field'],
+      ['/v1/completions', { model: MODEL_ID, prompt, logprobs: 3 }, 'logprobs'],
+      ['/v1/completions', { model: MODEL_ID, prompt, stop: [1] }, 'stop'],
+      ['/v1/chat/completions', { model: MODEL_ID, messages: 'hi' }, 'messages'],
+      ['/v1/chat/completions', { model: MODEL_ID, messages: [{ role: 'wizard', content: 'x' }] }, 'messages[0].role'],
+      ['/tokenize', { prompt: 5 }, 'prompt'],
+      ['/detokenize', { tokens: [1, -5] }, 'tokens'],
+    ];
+    for (const [path, body, param] of cases) {
+      const r = await postJson(server.url, path, body);
+      assert.equal(r.status, 400, `${path} ${JSON.stringify(body)}: ${r.text}`);
+      assert.equal(r.json.error.type, 'invalid_request_error', r.text);
+      assert.equal(typeof r.json.error.message, 'string');
+      assert.ok('code' in r.json.error && 'param' in r.json.error, r.text);
+      if (param) assert.equal(r.json.error.param, param, r.text);
+    }
+    // Through the official client: a typed error carrying the body.
+    await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }), (e) => {
+      assert.equal(e.status, 400);
+      assert.equal(e.param, 'model');
+      assert.equal(e.code, 'model_not_found');
+      return true;
+    });
+    await stillServing();
+  });
+
+  test('413, 404, 405, malformed HTTP; the server keeps serving', async () => {
+    const big = await postJson(server.url, '/v1/completions', { model: MODEL_ID, prompt: 'x'.repeat(5 << 20) });
+    assert.equal(big.status, 413);
+    assert.equal(big.json.error.type, 'invalid_request_error');
+    const nf = await fetch(`${server.url}/v2/nothing`);
+    assert.equal(nf.status, 404);
+    assert.ok((await nf.json()).error);
+    const na = await fetch(`${server.url}/v1/completions`);
+    assert.equal(na.status, 405);
+    assert.equal(na.headers.get('allow'), 'POST');
+    const net = await import('node:net');
+    const raw = await new Promise((res, rej) => {
+      const { hostname, port } = new URL(server.url);
+      const s = net.connect(Number(port), hostname, () => s.write('GARBAGE\r\n\r\n'));
+      let data = '';
+      s.on('data', (d) => (data += d));
+      s.on('end', () => res(data));
+      s.on('error', rej);
+      setTimeout(() => { s.destroy(); res(data); }, 10_000).unref();
+    });
+    assert.match(raw, /^HTTP\/1\.1 400/);
+    // Pipelined requests (three in one write) are answered in order on the same connection.
+    const body = JSON.stringify({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 3, temperature: 0 });
+    const req = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+    const piped = await new Promise((res, rej) => {
+      const { hostname, port } = new URL(server.url);
+      const s = net.connect(Number(port), hostname, () => s.write(req + req + 'GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'));
+      let data = '';
+      s.on('data', (d) => (data += d));
+      s.on('end', () => res(data));
+      s.on('error', rej);
+      setTimeout(() => { s.destroy(); res(data); }, 10_000).unref();
+    });
+    assert.equal(piped.match(/HTTP\/1\.1 200 OK/g)?.length, 3, piped);
+    assert.equal(piped.match(/"completion_tokens":3/g)?.length, 2, piped);
+    await stillServing();
+  });
+
+  test('a client that disconnects mid-stream cancels its request and frees its KV blocks', async () => {
+    const before = await metrics(server.url);
+    const ac = new AbortController();
+    const stream = await client.completions.create(
+      { model: MODEL_ID, prompt: gold.prompt, max_tokens: 2000, temperature: 0, ignore_eos: true, stream: true },
+      { signal: ac.signal });
+    let n = 0, heldKv = 0;
+    try {
+      for await (const _ of stream) {
+        if (++n === 3) {
+          heldKv = (await metrics(server.url))['firsttoken:kv_cache_used_blocks'];
+          ac.abort();
+        }
+      }
+    } catch (e) {
+      assert.ok(ac.signal.aborted, `unexpected error: ${e}`);
+    }
+    assert.ok(heldKv > 0, 'the streaming request held no KV blocks');
+    const m = await waitMetrics(server.url, (x) =>
+      x['firsttoken:request_success_total{finished_reason="abort"}'] === before['firsttoken:request_success_total{finished_reason="abort"}'] + 1 &&
+      x['firsttoken:num_requests_running'] === 0 && x['firsttoken:kv_cache_used_blocks'] === 0);
+    // Cancelled long before its 2000 tokens.
+    assert.ok(m['firsttoken:generation_tokens_total'] - before['firsttoken:generation_tokens_total'] < 2000);
+    await stillServing();
+  });
+
+  test('64 concurrent streaming clients all get complete, correct streams', async () => {
+    const one = async () => {
+      const stream = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stream: true, stream_options: { include_usage: true } });
+      let text = '', finish = null, usage = null;
+      for await (const c of stream) {
+        if (c.usage) usage = c.usage;
+        if (c.choices.length) {
+          text += c.choices[0].text;
+          finish = c.choices[0].finish_reason ?? finish;
+        }
+      }
+      return { text, finish, usage };
+    };
+    const results = await Promise.all(Array.from({ length: 64 }, one));
+    for (const r of results) {
+      assert.equal(r.text, gold.greedy_text);
+      assert.equal(r.finish, 'length');
+      assert.equal(r.usage.completion_tokens, 100);
+    }
+    await waitMetrics(server.url, (x) => x['firsttoken:num_requests_running'] === 0 && x['firsttoken:kv_cache_used_blocks'] === 0);
+  });
+});

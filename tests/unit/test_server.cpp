@@ -1,0 +1,335 @@
+// The server's pure parts: request parsing/validation, response/SSE formatting, stop strings,
+// HTTP framing, metrics text and the config file. (The running server is tested end to end by
+// tests/e2e/node with the official openai client.)
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "server/api.h"
+#include "server/config.h"
+#include "server/metrics.h"
+
+namespace ft::server {
+namespace {
+
+using json = nlohmann::json;
+
+const ModelInfo kModel{"stories260K", 512, 512};
+
+ParsedRequest parse_c(const json& j) { return parse_request(Endpoint::Completions, j.dump(), kModel); }
+ParsedRequest parse_chat(const json& j) { return parse_request(Endpoint::Chat, j.dump(), kModel); }
+
+// Expects a 400 naming `param` (empty: any) whose message contains `needle`.
+void expect_400(Endpoint kind, const std::string& body, const std::string& param, const std::string& needle) {
+  try {
+    parse_request(kind, body, kModel);
+    ADD_FAILURE() << "accepted: " << body;
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.type, "invalid_request_error") << body;
+    if (!param.empty()) {
+      EXPECT_EQ(e.param, param) << body;
+    }
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(ServerParse, CompletionDefaultsAndFields) {
+  const auto r = parse_c({{"model", "stories260K"}, {"prompt", "Once"}});
+  EXPECT_EQ(r.prompt_text, "Once");
+  EXPECT_FALSE(r.prompt_is_tokens);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);  // OpenAI default, not the CLI's 0.8
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.seed_set);
+
+  const auto s = parse_c({{"model", "stories260K"}, {"prompt", {1, 2, 3}}, {"max_tokens", 7}, {"temperature", 0},
+                          {"top_p", 0.5}, {"top_k", 5}, {"min_p", 0.1}, {"seed", 42}, {"stop", "\n"},
+                          {"presence_penalty", 0.5}, {"frequency_penalty", -0.5}, {"ignore_eos", true},
+                          {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"n", 1}});
+  EXPECT_TRUE(s.prompt_is_tokens);
+  EXPECT_EQ(s.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(*s.max_tokens, 7);
+  EXPECT_FLOAT_EQ(s.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(s.sampling.top_p, 0.5f);
+  EXPECT_EQ(s.sampling.top_k, 5);
+  EXPECT_FLOAT_EQ(s.sampling.min_p, 0.1f);
+  EXPECT_EQ(s.sampling.seed, 42u);
+  EXPECT_TRUE(s.seed_set);
+  EXPECT_EQ(s.stop, (std::vector<std::string>{"\n"}));
+  EXPECT_FLOAT_EQ(s.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(s.sampling.frequency_penalty, -0.5f);
+  EXPECT_TRUE(s.ignore_eos);
+  EXPECT_TRUE(s.stream);
+  EXPECT_TRUE(s.include_usage);
+
+  // A one-element batch is the same as a single prompt.
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", {"x"}}}).prompt_text, "x");
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", {{5, 6}}}}).prompt_tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"stop", {"a", "b"}}}).stop.size(), 2u);
+}
+
+TEST(ServerParse, ChatMessages) {
+  const auto r = parse_chat({{"model", "stories260K"},
+                             {"messages", {{{"role", "system"}, {"content", "Be brief"}},
+                                           {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Hi"}}}}}}},
+                             {"max_completion_tokens", 9}});
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "Hi");
+  EXPECT_EQ(*r.max_tokens, 9);
+}
+
+TEST(ServerParse, BadInputIs400NamingTheParam) {
+  using E = Endpoint;
+  expect_400(E::Completions, "{not json", "", "not valid JSON");
+  expect_400(E::Completions, "[1,2]", "", "JSON object");
+  expect_400(E::Completions, R"({"prompt":"x"})", "model", "required");
+  expect_400(E::Completions, R"({"model":"gpt-4","prompt":"x"})", "model", "does not exist");
+  expect_400(E::Completions, R"({"model":"stories260K"})", "prompt", "required");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":5})", "prompt", "string or an array");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":""})", "prompt", "empty");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":[1,512]})", "prompt", "out of range");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":[1,-1]})", "prompt", "out of range");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":["a","b"]})", "prompt", "batched");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","max_tokens":"9"})", "max_tokens", "integer");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","max_tokens":0})", "max_tokens", "[1, 512]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","max_tokens":1.5})", "max_tokens", "integer");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","temperature":-1})", "temperature", "[0, 2]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","temperature":"hot"})", "temperature", "number");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","top_p":0})", "top_p", "(0, 1]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","top_p":1.5})", "top_p", "[0, 1]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","top_k":-2})", "top_k", "[-1,");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","min_p":2})", "min_p", "[0, 1]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","presence_penalty":3})", "presence_penalty", "[-2, 2]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","frequency_penalty":-3})", "frequency_penalty", "[-2, 2]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","seed":"7"})", "seed", "integer");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":5})", "stop", "string or an array");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":["a",1]})", "stop", "string or an array");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":["a","b","c","d","e"]})", "stop", "at most 4");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":""})", "stop", "empty");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream":"yes"})", "stream", "boolean");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream_options":{"include_usage":true}})",
+             "stream_options", "only allowed");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream":true,"stream_options":{"x":1}})",
+             "stream_options.x", "Unrecognized");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","ignore_eos":1})", "ignore_eos", "boolean");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":2})", "logprobs", "not supported yet");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","n":2})", "n", "[1, 1]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","echo":true})", "echo", "not supported yet");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","bogus":1})", "bogus", "Unrecognized request argument");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","messages":[]})", "messages", "Unrecognized");
+  expect_400(E::Chat, R"({"model":"stories260K"})", "messages", "required");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[]})", "messages", "non-empty");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"content":"x"}]})", "messages[0]", "role");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"tool","content":"x"}]})", "messages[0].role", "tool");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":5}]})", "messages[0].content", "string");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"prompt":"x"})", "prompt", "Unrecognized");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"top_logprobs":3})",
+             "top_logprobs", "not supported yet");
+}
+
+TEST(ServerParse, ResolveMaxTokens) {
+  auto r = parse_c({{"model", "stories260K"}, {"prompt", "x"}});
+  EXPECT_EQ(resolve_max_tokens(r, 5, 512), 16);  // OpenAI's completions default
+  r.max_tokens = 507;
+  EXPECT_EQ(resolve_max_tokens(r, 5, 512), 507);
+  r.max_tokens = 508;
+  try {
+    resolve_max_tokens(r, 5, 512);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "max_tokens");
+    EXPECT_NE(std::string(e.what()).find("maximum context length is 512"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(resolve_max_tokens(r, 512, 512), ApiError);  // no room for one token
+  auto c = parse_chat({{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  EXPECT_EQ(resolve_max_tokens(c, 12, 512), 500);  // chat: the rest of the context
+}
+
+TEST(ServerFormat, ErrorBody) {
+  const json j = json::parse(error_body(ApiError(400, "bad top_p", "top_p")));
+  EXPECT_EQ(j["error"]["message"], "bad top_p");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  const json k = json::parse(error_body(ApiError(429, "full", "", "rate_limit_error", "queue_full")));
+  EXPECT_TRUE(k["error"]["param"].is_null());
+  EXPECT_EQ(k["error"]["code"], "queue_full");
+}
+
+TEST(ServerFormat, CompletionAndChatBodies) {
+  const ResponseMeta m{Endpoint::Completions, "cmpl-1", 1700000000, "stories260K"};
+  const json c = completion_response(m, "hello", "length", {5, 3});
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["text"], "hello");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(c["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(c["usage"]["total_tokens"], 8);
+  const ResponseMeta mc{Endpoint::Chat, "chatcmpl-1", 1700000000, "stories260K"};
+  const json h = completion_response(mc, "hi", "stop", {1, 1});
+  EXPECT_EQ(h["object"], "chat.completion");
+  EXPECT_EQ(h["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(h["choices"][0]["message"]["content"], "hi");
+}
+
+TEST(ServerFormat, SseChunks) {
+  const ResponseMeta mc{Endpoint::Chat, "chatcmpl-1", 1, "m"};
+  const json first = stream_chunk(mc, "", true, "", false);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(first.contains("usage"));
+  const json mid = stream_chunk(mc, "tok", false, "", true);
+  EXPECT_FALSE(mid["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(mid["choices"][0]["delta"]["content"], "tok");
+  EXPECT_TRUE(mid.contains("usage") && mid["usage"].is_null());
+  const json last = stream_chunk(mc, "", false, "stop", false);
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  const json u = usage_chunk(mc, {4, 6});
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["total_tokens"], 10);
+
+  const ResponseMeta m{Endpoint::Completions, "cmpl-1", 1, "m"};
+  EXPECT_EQ(stream_chunk(m, "x", false, "", false)["choices"][0]["text"], "x");
+  const std::string ev = sse_event(json{{"a", 1}});
+  EXPECT_EQ(ev, "data: {\"a\":1}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+  // A partial UTF-8 byte at the end of a stream is replaced, never thrown on.
+  EXPECT_NO_THROW(sse_event(json{{"t", std::string("\xE2\x82")}}));
+}
+
+TEST(ServerFormat, HttpFraming) {
+  const std::string r = http_response(404, "application/json", "{}", true, "X-A: b\r\n");
+  EXPECT_EQ(r, "HTTP/1.1 404 Not Found\r\nServer: firsttoken\r\nContent-Type: application/json\r\n"
+               "Content-Length: 2\r\nConnection: keep-alive\r\nX-A: b\r\n\r\n{}");
+  EXPECT_NE(http_response(200, "t", "", false).find("Connection: close\r\n"), std::string::npos);
+  EXPECT_EQ(http_chunk("hello world, 26 bytes long"), "1a\r\nhello world, 26 bytes long\r\n");
+  EXPECT_EQ(http_chunk(""), "0\r\n\r\n");
+  const std::string h = sse_response_head(true);
+  EXPECT_NE(h.find("Content-Type: text/event-stream\r\n"), std::string::npos);
+  EXPECT_NE(h.find("Transfer-Encoding: chunked\r\n"), std::string::npos);
+  EXPECT_EQ(h.substr(h.size() - 4), "\r\n\r\n");
+}
+
+TEST(ServerStop, MatchesAcrossPiecesAndHoldsBackPrefixes) {
+  StopMatcher s({"END", "\n\n"});
+  EXPECT_EQ(s.push("Hello E"), "Hello ");  // "E" could start "END"
+  EXPECT_EQ(s.push("N"), "");
+  EXPECT_EQ(s.push("x"), "ENx");           // it did not
+  EXPECT_EQ(s.push(" a\n"), " a");
+  EXPECT_EQ(s.push("\nrest"), "");         // "\n\n" matched: text after it is dropped
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.push("more"), "");
+  EXPECT_EQ(s.flush(), "");
+
+  StopMatcher t({"stop"});
+  EXPECT_EQ(t.push("a sto"), "a ");
+  EXPECT_EQ(t.flush(), "sto");  // end of stream: the held tail is text after all
+  EXPECT_FALSE(t.stopped());
+
+  StopMatcher none;
+  EXPECT_EQ(none.push("abc"), "abc");
+  StopMatcher first({"b", "abc"});  // the match that starts first wins, whatever the list order
+  EXPECT_EQ(first.push("xabc"), "x");
+}
+
+TEST(ServerMetrics, PrometheusText) {
+  Histogram h({0.001, 0.01, 0.1});
+  h.observe(0.0005);
+  h.observe(0.05);
+  h.observe(5);
+  std::string out;
+  h.render(out, "x_seconds", "help");
+  EXPECT_NE(out.find("# TYPE x_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(out.find("x_seconds_bucket{le=\"0.001\"} 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_seconds_bucket{le=\"0.01\"} 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_seconds_bucket{le=\"0.1\"} 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_seconds_count 3\n"), std::string::npos) << out;
+  const auto b = latency_buckets();
+  EXPECT_DOUBLE_EQ(b.front(), 0.001);
+  EXPECT_DOUBLE_EQ(b.back(), 60.0);
+
+  ServerMetrics m;
+  RequestTimings t;
+  t.arrival_ms = 0;
+  t.first_scheduled_ms = 2;
+  t.first_token_ms = 10;
+  t.finish_ms = 30;
+  t.token_ms = {10, 20, 30};
+  m.observe_finished(t, "length", 5, 3);
+  m.count_rejected();
+  EngineMetrics em;
+  em.running = 2;
+  em.kv_total_blocks = 100;
+  em.kv_used_blocks = 25;
+  em.counters.generated_tokens = 3;
+  const std::string text = m.render(em);
+  for (const char* line : {"firsttoken:num_requests_running 2\n", "firsttoken:kv_cache_usage_perc 0.25\n",
+                           "firsttoken:generation_tokens_total 3\n", "firsttoken:request_rejected_total 1\n",
+                           "firsttoken:request_success_total{finished_reason=\"length\"} 1\n",
+                           "firsttoken:time_to_first_token_seconds_bucket{le=\"0.01\"} 1\n",
+                           "firsttoken:time_to_first_token_seconds_bucket{le=\"0.005\"} 0\n",
+                           "firsttoken:time_per_output_token_seconds_count 2\n",
+                           "firsttoken:e2e_request_latency_seconds_count 1\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+}
+
+TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
+  ServeConfig c;
+  apply_config_json(json::parse(R"({
+      "scheduler": {"prefill_chunk_size": 128, "step_latency_target_ms": 20, "max_active_adapters": 0,
+                    "enable_speculative_decoding": false},
+      "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
+      "server": {"host": "0.0.0.0", "port": 0, "max_queue": 3, "threads": 2, "http_threads": 4},
+      "kv_cache": {"memory_mib": 64, "block_size": 32, "prefix_caching": false}})"),
+                    c);
+  EXPECT_EQ(c.host, "0.0.0.0");
+  EXPECT_EQ(c.port, 0);
+  EXPECT_EQ(c.max_queue, 3);
+  EXPECT_EQ(c.http_threads, 4);
+  const EngineConfig e = to_engine_config(c);
+  EXPECT_EQ(e.scheduler.chunk_size, 128);
+  EXPECT_DOUBLE_EQ(e.scheduler.step_latency_target_ms, 20);
+  EXPECT_EQ(e.runtime.threads, 2);
+  EXPECT_EQ(e.runtime.kv_block_size, 32);
+  EXPECT_EQ(e.kv_memory_bytes, 64ull << 20);
+  EXPECT_FALSE(e.prefix_caching);
+  apply_config_json(json::parse(R"({"scheduler": {"prefill_chunk_size": "auto"}})"), c);
+  EXPECT_EQ(to_engine_config(c).scheduler.chunk_size, -1);
+}
+
+TEST(ServerConfig, UnknownKeysAndUnbuiltFeaturesAreErrors) {
+  auto err = [](const char* text) {
+    ServeConfig c;
+    try {
+      apply_config_json(json::parse(text), c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(err(R"({"schedular": {}})").find("unknown key 'schedular'"), std::string::npos);
+  EXPECT_NE(err(R"({"scheduler": {"chunk": 1}})").find("unknown key 'scheduler.chunk'"), std::string::npos);
+  EXPECT_NE(err(R"({"kv_cache": {"memory": 1}})").find("unknown key 'kv_cache.memory'"), std::string::npos);
+  EXPECT_NE(err(R"({"scheduler": {"enable_speculative_decoding": true}})").find("not supported yet"), std::string::npos);
+  EXPECT_NE(err(R"({"parallel_config": {"tp_size": 2}})").find("not supported yet"), std::string::npos);
+  EXPECT_NE(err(R"({"parallel_config": {"pp_size": 4}})").find("not supported yet"), std::string::npos);
+  EXPECT_NE(err(R"({"scheduler": {"max_active_adapters": 4}})").find("not supported yet"), std::string::npos);
+  EXPECT_NE(err(R"({"parallel_config": {"optimize_for_latency": false}})").find("not supported yet"), std::string::npos);
+  EXPECT_NE(err(R"({"scheduler": {"prefill_chunk_size": "big"}})").find("scheduler.prefill_chunk_size"), std::string::npos);
+  EXPECT_NE(err(R"({"server": {"port": 70000}})").find("server.port"), std::string::npos);
+  EXPECT_NE(err(R"({"server": {"port": "80"}})").find("must be an integer"), std::string::npos);
+  EXPECT_NE(err(R"([1])").find("object"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ft::server
