@@ -35,6 +35,14 @@ struct InspectArgs {
 void add_inspect(CLI::App& app, InspectArgs& a);
 int cmd_inspect(const InspectArgs& a);
 
+struct BenchArgs {
+  std::string mode, model, backend = "cpu";
+  int64_t n_prompt = 512, n_gen = 64;
+  int threads = 0, reps = 1;
+};
+void add_bench(CLI::App& app, BenchArgs& a);
+int cmd_bench(const BenchArgs& a);
+
 struct ServeArgs {
   std::string model, host, config, log_level, served_model_name;
   int port = 8000, threads = 0, http_threads = 2;

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   ft::tools::add_run(app, run);
   ft::tools::add_make_model(app, make);
   ft::tools::add_inspect(app, inspect);
+  ft::tools::BenchArgs bench;
+  ft::tools::add_bench(app, bench);
   ft::tools::ServeArgs serve;
   ft::tools::add_serve(app, serve);
   try {
@@ -27,6 +29,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run")) return ft::tools::cmd_run(run);
     if (app.got_subcommand("make-model")) return ft::tools::cmd_make_model(make);
     if (app.got_subcommand("inspect")) return ft::tools::cmd_inspect(inspect);
+    if (app.got_subcommand("bench")) return ft::tools::cmd_bench(bench);
     if (app.got_subcommand("serve")) return ft::tools::cmd_serve(serve);
   } catch (const ft::Error& e) {
     std::fflush(stdout);

@@ -54,8 +54,28 @@ class Backend {
   virtual std::string_view name() const = 0;
   virtual int threads() const = 0;
 
+  // Sizes per-thread scratch for up to max_rows activation rows, so the forward pass does not
+  // allocate (Forward calls it at construction). Optional: kernels grow scratch on demand.
+  virtual void reserve(int64_t max_rows) { (void)max_rows; }
+
   // X (M, K) @ W(N, K)^T -> Y (M, N). K == W.n_cols.
   virtual void matmul(const float* X, int64_t M, const WeightView& W, float* Y) = 0;
+  // Several weights over the same X in ONE pass (Q, K, V): for each target i,
+  // Y_i (M, ld_i) [:, 0:N_i] = X (M, K) @ W_i(N_i, K)^T (+ bias_i (N_i,) when non-null).
+  // All W_i have the same K (types may differ, e.g. Q4_K_M's Q6_K attn_v).
+  struct MatmulTarget {
+    WeightView W;
+    float* Y = nullptr;
+    int64_t ldy = 0;
+    const float* bias = nullptr;
+  };
+  virtual void matmul_multi(const float* X, int64_t M, const MatmulTarget* targets, int n) = 0;
+  // Y (M, N) += X (M, K) @ W(N, K)^T: the residual add fused into the projection's epilogue.
+  virtual void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) = 0;
+  // A (M, F) = silu(X @ Wg(F, K)^T) * (X @ Wu(F, K)^T): gate and up computed tile by tile, the
+  // intermediate never written out. Wg and Wu have the same shape.
+  virtual void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu,
+                          float* A) = 0;
   // Y (M, N) += bias (N,) per row.
   virtual void add_bias(float* Y, int64_t M, int64_t N, const float* bias) = 0;
   // y (M, n) = x (M, n) / rms(x) * w (n,)
@@ -75,7 +95,14 @@ class Backend {
   virtual void add(float* y, const float* x, int64_t M, int64_t n) = 0;
 };
 
-// "cpu" (the plain reference kernels). Throws ft::Error for an unknown name.
+// "cpu": the fast kernels (AVX2/FMA when the CPU has them, else the portable scalar path; set
+// FT_FORCE_SCALAR=1 or set_force_scalar(true) to force the scalar path). "reference": the plain
+// scalar kernels that define the semantics. Throws ft::Error for an unknown name.
 std::unique_ptr<Backend> make_backend(std::string_view name, int threads);
+
+// Instruction set the "cpu" backend uses: "avx2" or "scalar". Chosen when a backend is made.
+std::string_view cpu_isa();
+// Forces the scalar path for backends made afterwards (tests run every kernel both ways).
+void set_force_scalar(bool on);
 
 }  // namespace ft

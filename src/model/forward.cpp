@@ -22,10 +22,10 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch)
   v_.resize(M * size_t(hp.kv_dim()));
   attn_.resize(M * size_t(hp.q_dim()));
   gate_.resize(M * size_t(hp.ffn_dim));
-  up_.resize(M * size_t(hp.ffn_dim));
   views_.resize(M);
   n_ctx_.resize(M);
   logit_rows_.reserve(M);
+  be_.reserve(max_batch);  // kernels' per-thread scratch, so run() does not allocate
 }
 
 void Forward::validate(const Batch& b, const KVCache& kv) const {
@@ -49,14 +49,11 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
   const HParams& hp = model_.hparams();
   const LayerWeights& L = model_.weights().layers[size_t(il)];
   be_.rmsnorm(x_.data(), L.attn_norm, h_.data(), M, hp.dim, hp.rms_eps);
-  be_.matmul(h_.data(), M, L.wq, q_.data());
-  be_.matmul(h_.data(), M, L.wk, k_.data());
-  be_.matmul(h_.data(), M, L.wv, v_.data());
-  if (L.bq) {
-    be_.add_bias(q_.data(), M, hp.q_dim(), L.bq);
-    be_.add_bias(k_.data(), M, hp.kv_dim(), L.bk);
-    be_.add_bias(v_.data(), M, hp.kv_dim(), L.bv);
-  }
+  // Q, K, V in one GEMM pass over the three weights (biases, if any, in its epilogue).
+  const Backend::MatmulTarget qkv[3] = {{L.wq, q_.data(), hp.q_dim(), L.bq},
+                                        {L.wk, k_.data(), hp.kv_dim(), L.bk},
+                                        {L.wv, v_.data(), hp.kv_dim(), L.bv}};
+  be_.matmul_multi(h_.data(), M, qkv, 3);
   be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), hp.rope);
   be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), hp.rope);
   // Every entry's K/V goes into the cache first, so entries of one sequence in this batch see
@@ -73,8 +70,7 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
   const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim,
                              1.0f / std::sqrt(float(hp.head_dim))};
   be_.attention(q_.data(), M, views_.data(), n_ctx_.data(), shape, attn_.data());
-  be_.matmul(attn_.data(), M, L.wo, h_.data());
-  be_.add(x_.data(), h_.data(), M, hp.dim);
+  be_.matmul_add(attn_.data(), M, L.wo, x_.data());  // x += attn · Woᵀ
 }
 
 // x += W_down · (silu(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x))
@@ -82,11 +78,8 @@ void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = model_.weights().layers[size_t(il)];
   be_.rmsnorm(x_.data(), L.ffn_norm, h_.data(), M, hp.dim, hp.rms_eps);
-  be_.matmul(h_.data(), M, L.w_gate, gate_.data());
-  be_.matmul(h_.data(), M, L.w_up, up_.data());
-  be_.swiglu(gate_.data(), up_.data(), gate_.data(), M, hp.ffn_dim);
-  be_.matmul(gate_.data(), M, L.w_down, h_.data());
-  be_.add(x_.data(), h_.data(), M, hp.dim);
+  be_.ffn_swiglu(h_.data(), M, L.w_gate, L.w_up, gate_.data());  // silu(h·W_gateᵀ) ⊙ h·W_upᵀ
+  be_.matmul_add(gate_.data(), M, L.w_down, x_.data());          // x += that · W_downᵀ
 }
 
 void Forward::run(const Batch& b, KVCache& kv, float* logits) {

@@ -108,7 +108,7 @@ class Forward {
   Backend& be_;
   int64_t max_batch_;
   // (max_batch, width) scratch
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_;
   std::vector<KVLayerView> views_;
   std::vector<int32_t> n_ctx_, logit_rows_;
 };

@@ -18,7 +18,7 @@ namespace {
 class CpuReferenceBackend final : public Backend {
  public:
   explicit CpuReferenceBackend(int threads) : threads_(std::max(1, threads)) {}
-  std::string_view name() const override { return "cpu"; }
+  std::string_view name() const override { return "reference"; }
   int threads() const override { return threads_; }
 
   void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
@@ -46,6 +46,31 @@ class CpuReferenceBackend final : public Backend {
         }
       }
     }
+  }
+
+  void matmul_multi(const float* X, int64_t M, const MatmulTarget* t, int n) override {
+    for (int i = 0; i < n; ++i) {
+      const int64_t N = t[i].W.n_rows;
+      tmp_.resize(size_t(M * N));
+      matmul(X, M, t[i].W, tmp_.data());
+      if (t[i].bias) add_bias(tmp_.data(), M, N, t[i].bias);
+      for (int64_t m = 0; m < M; ++m)
+        std::copy(tmp_.data() + m * N, tmp_.data() + (m + 1) * N, t[i].Y + m * t[i].ldy);
+    }
+  }
+
+  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) override {
+    tmp_.resize(size_t(M * W.n_rows));
+    matmul(X, M, W, tmp_.data());
+    add(Y, tmp_.data(), M, W.n_rows);
+  }
+
+  void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu,
+                  float* A) override {
+    tmp_.resize(size_t(M * Wu.n_rows));
+    matmul(X, M, Wg, A);
+    matmul(X, M, Wu, tmp_.data());
+    swiglu(A, tmp_.data(), A, M, Wg.n_rows);
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override {
@@ -155,13 +180,13 @@ class CpuReferenceBackend final : public Backend {
 
  private:
   int threads_;
+  std::vector<float> tmp_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(std::string_view name, int threads) {
-  if (name == "cpu") return std::make_unique<CpuReferenceBackend>(threads);
-  fail("unknown backend '", name, "' (available: cpu)");
+std::unique_ptr<Backend> make_reference_backend(int threads) {
+  return std::make_unique<CpuReferenceBackend>(threads);
 }
 
 }  // namespace ft

@@ -1,0 +1,163 @@
+// Google Benchmark for the CPU kernels. Every GEMM reports GFLOP/s and its % of this machine's
+// fp32 FMA peak, measured at start-up in the same run (counter "pct_peak"); GEMVs report GB/s of
+// weights read and % of the measured read bandwidth ("pct_bw"); F32 GEMM runs next to OpenBLAS
+// sgemm on the same shapes (BM_OpenBLAS_sgemm) when OpenBLAS is available.
+//   build/bench_kernels [--benchmark_filter=Gemm] [FT_BENCH_THREADS=2]
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/peak.h"
+#include "kernels/quant.h"
+
+#ifdef FT_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace {
+
+using namespace ft;
+
+int threads() {
+  const char* e = std::getenv("FT_BENCH_THREADS");
+  return e ? std::atoi(e) : 2;
+}
+double peak_gflops() {
+  static const double p = measure_fma_peak_gflops(threads());
+  return p;
+}
+double peak_bw() {
+  static const double b = measure_read_bandwidth_gbs(threads());
+  return b;
+}
+
+struct Weight {
+  std::vector<uint8_t> bytes;
+  WeightView view;
+};
+Weight make_weight(GGMLType t, int64_t N, int64_t K) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> row(static_cast<size_t>(K));
+  const uint64_t rb = *row_bytes(t, uint64_t(K));
+  Weight w;
+  w.bytes.resize(rb * uint64_t(N));
+  for (int64_t n = 0; n < N; ++n) {
+    for (auto& x : row) x = u(rng);
+    quantize_row(t, row.data(), w.bytes.data() + uint64_t(n) * rb, K);
+  }
+  w.view = {t, w.bytes.data(), N, K};
+  return w;
+}
+
+void BM_GemmPct(benchmark::State& st, GGMLType t) {
+  const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const Weight w = make_weight(t, N, K);
+  std::vector<float> X(size_t(M * K), 0.5f), Y(size_t(M * N));
+  auto be = make_backend("cpu", threads());
+  be->reserve(M);
+  double secs = 0;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be->matmul(X.data(), M, w.view, Y.data());
+    benchmark::DoNotOptimize(Y.data());
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double it = double(st.iterations());
+  const double gflops = 2.0 * double(M) * double(N) * double(K) * it / secs / 1e9;
+  const double gbs = double(w.bytes.size()) * it / secs / 1e9;
+  st.counters["GFLOPs"] = gflops;
+  st.counters["pct_peak"] = 100 * gflops / peak_gflops();
+  st.counters["W_GBs"] = gbs;
+  st.counters["pct_bw"] = 100 * gbs / peak_bw();
+}
+
+#ifdef FT_HAVE_OPENBLAS
+void BM_OpenBLAS_sgemm(benchmark::State& st) {
+  const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
+  std::vector<float> X(size_t(M * K), 0.5f), W(size_t(N * K), 0.25f), Y(size_t(M * N));
+  openblas_set_num_threads(threads());
+  double secs = 0;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // Y (M, N) = X (M, K) @ W (N, K)^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, X.data(), int(K),
+                W.data(), int(K), 0.0f, Y.data(), int(N));
+    benchmark::DoNotOptimize(Y.data());
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double gflops = 2.0 * double(M) * double(N) * double(K) * double(st.iterations()) / secs / 1e9;
+  st.counters["GFLOPs"] = gflops;
+  st.counters["pct_peak"] = 100 * gflops / peak_gflops();
+}
+#endif
+
+// Flash attention: a 512-query prefill chunk at the end of a 4096-token context (TinyLlama heads:
+// 32 query heads, 4 KV heads, head_dim 64). Useful FLOPs: 4 * head_dim per (query head, key).
+void BM_FlashAttention(benchmark::State& st) {
+  const int32_t ctx = int32_t(st.range(0)), M = int32_t(st.range(1));
+  const int32_t H = 32, KVH = 4, D = 64, BS = 16;
+  const int32_t nb = (ctx + BS - 1) / BS;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> k(size_t(nb) * BS * KVH * D), v(k.size()), q(size_t(M) * H * D), out(q.size());
+  for (auto& x : k) x = u(rng);
+  for (auto& x : v) x = u(rng);
+  for (auto& x : q) x = u(rng);
+  std::vector<int32_t> table(static_cast<size_t>(nb));
+  for (int32_t i = 0; i < nb; ++i) table[size_t(i)] = i;
+  const KVLayerView view{k.data(), v.data(), table.data(), BS, KVH * D};
+  std::vector<KVLayerView> views(size_t(M), view);
+  std::vector<int32_t> n_ctx(static_cast<size_t>(M));
+  double flops = 0;
+  for (int32_t i = 0; i < M; ++i) {
+    n_ctx[size_t(i)] = ctx - M + i + 1;
+    flops += 4.0 * D * H * n_ctx[size_t(i)];
+  }
+  const AttentionShape s{H, KVH, D, 1.0f / std::sqrt(float(D))};
+  auto be = make_backend("cpu", threads());
+  double secs = 0;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be->attention(q.data(), M, views.data(), n_ctx.data(), s, out.data());
+    benchmark::DoNotOptimize(out.data());
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double gflops = flops * double(st.iterations()) / secs / 1e9;
+  st.counters["GFLOPs"] = gflops;
+  st.counters["pct_peak"] = 100 * gflops / peak_gflops();
+}
+
+// Prefill shapes of TinyLlama (QKV-sized 2048x2048, FFN 5632x2048, down 2048x5632) and decode.
+void GemmArgs(benchmark::internal::Benchmark* b) {
+  b->Args({512, 2048, 2048})->Args({512, 5632, 2048})->Args({512, 2048, 5632})->Args({64, 2048, 2048})
+      ->Args({17, 2048, 2048});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+void GemvArgs(benchmark::internal::Benchmark* b) {
+  b->Args({1, 5632, 2048})->Args({1, 2048, 5632})->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+}  // namespace
+
+#define FT_TYPE_BENCH(name, T)                                                       \
+  BENCHMARK_CAPTURE(BM_GemmPct, name, ft::GGMLType::T)->Apply(GemmArgs);              \
+  BENCHMARK_CAPTURE(BM_GemmPct, name##_gemv, ft::GGMLType::T)->Apply(GemvArgs);
+FT_TYPE_BENCH(f32, F32)
+FT_TYPE_BENCH(f16, F16)
+FT_TYPE_BENCH(bf16, BF16)
+FT_TYPE_BENCH(q8_0, Q8_0)
+FT_TYPE_BENCH(q4_0, Q4_0)
+FT_TYPE_BENCH(q4_k, Q4_K)
+FT_TYPE_BENCH(q6_k, Q6_K)
+#ifdef FT_HAVE_OPENBLAS
+BENCHMARK(BM_OpenBLAS_sgemm)->Apply(GemmArgs);
+#endif
+BENCHMARK(BM_FlashAttention)->Args({4096, 512})->Args({4096, 1})->Args({1024, 512})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK_MAIN();

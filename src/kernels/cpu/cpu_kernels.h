@@ -1,0 +1,50 @@
+// Internal interface of the fast CPU kernels: one table of entry points per instruction set
+// (avx2.cpp, scalar.cpp), both instantiated from the same drivers (kernels_impl.h), chosen at
+// run time by fast_backend.cpp.
+#pragma once
+#include <cstdint>
+
+#include "gguf/ggml_types.h"
+#include "kernels/kernels.h"
+
+namespace ft::cpu {
+
+// One weight matrix of a GEMM and where its result goes: Y (M, ldy)[:, 0:n_rows].
+struct GemmSeg {
+  GGMLType type = GGMLType::F32;
+  const uint8_t* data = nullptr;
+  uint64_t row_bytes = 0;
+  int64_t n_rows = 0;
+  float* Y = nullptr;
+  int64_t ldy = 0;
+  const float* bias = nullptr;  // (n_rows,) or null
+};
+
+enum class Epilogue {
+  Store,   // Y = X W^T (+ bias)
+  Add,     // Y += X W^T
+  SwiGLU,  // two segments gate, up: Y_gate = silu(X Wg^T) * (X Wu^T)
+};
+
+struct IsaKernels {
+  const char* name;
+  // X (M, K) row-major @ each segment's W (n_rows, K)^T. All segments share K (types may differ).
+  void (*gemm)(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs, Epilogue e,
+               int threads);
+  // Flash attention; same contract as Backend::attention.
+  void (*attention)(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
+                    const AttentionShape& s, float* out, int threads);
+  // Sizes each worker thread's scratch for up to max_rows activation rows.
+  void (*reserve)(int64_t max_rows, int threads);
+};
+
+const IsaKernels& scalar_kernels();
+const IsaKernels& avx2_kernels();
+bool cpu_has_avx2_fma();
+
+// Block geometry shared by the drivers: K is processed in chunks of kKC (a multiple of every
+// block size); a panel is kNR weight rows dequantized to f32 for one K chunk.
+constexpr int64_t kKC = 256;
+constexpr int kNR = 24;
+
+}  // namespace ft::cpu

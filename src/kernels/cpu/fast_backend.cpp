@@ -1,0 +1,161 @@
+// The "cpu" backend: GEMM/GEMV and flash attention from the per-ISA drivers (kernels_impl.h),
+// chosen at construction (AVX2+FMA when the CPU has them, else scalar); the cheap row-wise ops
+// are plain loops. make_backend() lives here.
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+namespace ft {
+
+std::unique_ptr<Backend> make_reference_backend(int threads);  // reference.cpp
+
+namespace {
+
+std::atomic<bool> g_force_scalar{false};
+
+const cpu::IsaKernels& select_isa() {
+  const char* env = std::getenv("FT_FORCE_SCALAR");
+  const bool force = g_force_scalar.load() || (env && *env && std::string_view(env) != "0");
+  if (!force && cpu::cpu_has_avx2_fma()) return cpu::avx2_kernels();
+  return cpu::scalar_kernels();
+}
+
+cpu::GemmSeg seg_of(const WeightView& W, float* Y, int64_t ldy, const float* bias) {
+  cpu::GemmSeg g;
+  g.type = W.type;
+  g.data = static_cast<const uint8_t*>(W.data);
+  g.row_bytes = *row_bytes(W.type, uint64_t(W.n_cols));
+  g.n_rows = W.n_rows;
+  g.Y = Y;
+  g.ldy = ldy;
+  g.bias = bias;
+  return g;
+}
+
+class CpuFastBackend final : public Backend {
+ public:
+  explicit CpuFastBackend(int threads) : threads_(std::max(1, threads)), k_(select_isa()) {}
+  std::string_view name() const override { return "cpu"; }
+  int threads() const override { return threads_; }
+  std::string_view isa() const { return k_.name; }
+
+  void reserve(int64_t max_rows) override { k_.reserve(max_rows, threads_); }
+
+  void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
+    const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
+    k_.gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Store, threads_);
+  }
+  void matmul_multi(const float* X, int64_t M, const MatmulTarget* t, int n) override {
+    if (n < 1 || n > 4) fail("matmul_multi: 1 to 4 targets, got ", n);
+    cpu::GemmSeg g[4];
+    for (int i = 0; i < n; ++i) {
+      if (t[i].W.n_cols != t[0].W.n_cols) fail("matmul_multi: targets differ in K");
+      g[i] = seg_of(t[i].W, t[i].Y, t[i].ldy, t[i].bias);
+    }
+    k_.gemm(X, M, t[0].W.n_cols, g, n, cpu::Epilogue::Store, threads_);
+  }
+  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) override {
+    const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
+    k_.gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Add, threads_);
+  }
+  void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu,
+                  float* A) override {
+    if (Wg.n_rows != Wu.n_rows || Wg.n_cols != Wu.n_cols)
+      fail("ffn_swiglu: gate and up weights differ in shape");
+    const cpu::GemmSeg g[2] = {seg_of(Wg, A, Wg.n_rows, nullptr), seg_of(Wu, nullptr, 0, nullptr)};
+    k_.gemm(X, M, Wg.n_cols, g, 2, cpu::Epilogue::SwiGLU, threads_);
+  }
+
+  void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) Y[m * N + n] += bias[n];
+  }
+
+  void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) override {
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * n;
+      float* yr = y + m * n;
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+      const float scale = float(1.0 / std::sqrt(ss / double(n) + eps));
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+    }
+  }
+
+  void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
+    const uint64_t rb = *row_bytes(E.type, uint64_t(E.n_cols));
+    for (int64_t m = 0; m < M; ++m)
+      dequantize_row(E.type, static_cast<const uint8_t*>(E.data) + uint64_t(tokens[m]) * rb,
+                     out + m * E.n_cols, E.n_cols);
+  }
+
+  void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
+            const RopeParams& p) override {
+    // Same arithmetic as the reference (theta accumulated multiplicatively, as ggml does); the
+    // cos/sin table of one row lives on the stack (n_rot <= 512).
+    if (p.n_rot > 512) fail("rope: n_rot ", p.n_rot, " exceeds 512");
+    const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
+#pragma omp parallel for schedule(static) num_threads(threads_) if (M * n_heads * head_dim > 65536)
+    for (int64_t m = 0; m < M; ++m) {
+      float cs[512];
+      float theta = float(pos[m]) * p.freq_scale;
+      for (int32_t i = 0; i < p.n_rot / 2; ++i) {
+        const float t = p.freq_factors ? theta / p.freq_factors[i] : theta;
+        cs[2 * i] = std::cos(t);
+        cs[2 * i + 1] = std::sin(t);
+        theta *= theta_scale;
+      }
+      for (int32_t h = 0; h < n_heads; ++h) {
+        float* v = x + (m * n_heads + h) * head_dim;
+        for (int32_t i = 0; i < p.n_rot / 2; ++i) {
+          const int32_t a = p.style == RopeStyle::Interleaved ? 2 * i : i;
+          const int32_t b = p.style == RopeStyle::Interleaved ? 2 * i + 1 : i + p.n_rot / 2;
+          const float c = cs[2 * i], s = cs[2 * i + 1];
+          const float x0 = v[a], x1 = v[b];
+          v[a] = x0 * c - x1 * s;
+          v[b] = x0 * s + x1 * c;
+        }
+      }
+    }
+  }
+
+  void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
+                 const AttentionShape& s, float* out) override {
+    k_.attention(q, M, views, n_ctx, s, out, threads_);
+  }
+
+  void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) override {
+    for (int64_t i = 0; i < M * n; ++i) {
+      const float g = gate[i];
+      a[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+
+  void add(float* y, const float* x, int64_t M, int64_t n) override {
+    for (int64_t i = 0; i < M * n; ++i) y[i] += x[i];
+  }
+
+ private:
+  int threads_;
+  const cpu::IsaKernels& k_;
+};
+
+}  // namespace
+
+std::string_view cpu_isa() { return select_isa().name; }
+
+void set_force_scalar(bool on) { g_force_scalar.store(on); }
+
+std::unique_ptr<Backend> make_backend(std::string_view name, int threads) {
+  if (name == "cpu") return std::make_unique<CpuFastBackend>(threads);
+  if (name == "reference") return make_reference_backend(threads);
+  fail("unknown backend '", name, "' (available: cpu, reference)");
+}
+
+}  // namespace ft

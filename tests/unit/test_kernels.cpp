@@ -1,0 +1,301 @@
+// The fast CPU kernels against scalar double-precision references written here, on random data
+// of odd shapes, on both instruction-set paths (AVX2 when the CPU has it, and the forced scalar
+// fallback).
+//
+// Tolerances. GEMM: each output sums K products in f32 in chunks of 256 with 8 lane partial
+// sums, so its rounding error is bounded by about (K/8 + 12) * 2^-24 * sum_k |x_k w_k|; we allow
+// 1e-5 * sum |x w| + 1e-6 (the bound is <= 5e-6 * sum|xw| for the K used here). Weights are
+// dequantized bit-identically to dequantize_row, so the reference uses dequantize_row's values.
+// Attention: softmax in f32 with a polynomial exp (~2 ulp), online rescaling and f32 sums over
+// <= 300 positions; we allow 2e-5 * max|v| absolute on outputs that are convex combinations of v.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gguf/ggml_types.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+namespace ft {
+namespace {
+
+struct Isa {
+  bool scalar;
+};
+
+std::unique_ptr<Backend> backend_for(bool scalar, int threads = 2) {
+  set_force_scalar(scalar);
+  auto be = make_backend("cpu", threads);
+  set_force_scalar(false);
+  return be;
+}
+
+std::vector<float> randv(std::mt19937& rng, size_t n, float scale = 1.0f) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// A quantized weight: its bytes and its dequantized values (what the kernels must multiply).
+struct QWeight {
+  GGMLType type;
+  int64_t N, K;
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // (N, K)
+  WeightView view() const { return {type, bytes.data(), N, K}; }
+};
+
+QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
+  QWeight w{t, N, K, {}, {}};
+  const uint64_t rb = *row_bytes(t, uint64_t(K));
+  w.bytes.resize(rb * uint64_t(N));
+  w.deq.resize(size_t(N * K));
+  const auto src = randv(rng, size_t(N * K));
+  for (int64_t n = 0; n < N; ++n) {
+    quantize_row(t, src.data() + n * K, w.bytes.data() + uint64_t(n) * rb, K);
+    dequantize_row(t, w.bytes.data() + uint64_t(n) * rb, w.deq.data() + n * K, K);
+  }
+  return w;
+}
+
+// y[m][n] = sum_k x[m][k] w[n][k] in double, and the magnitude sum_k |x w| for the tolerance.
+void ref_gemm(const float* X, int64_t M, const QWeight& W, std::vector<double>& y, std::vector<double>& mag) {
+  y.assign(size_t(M * W.N), 0);
+  mag.assign(size_t(M * W.N), 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < W.N; ++n) {
+      double s = 0, a = 0;
+      for (int64_t k = 0; k < W.K; ++k) {
+        const double p = double(X[m * W.K + k]) * double(W.deq[size_t(n * W.K + k)]);
+        s += p;
+        a += std::fabs(p);
+      }
+      y[size_t(m * W.N + n)] = s;
+      mag[size_t(m * W.N + n)] = a;
+    }
+}
+
+struct TypeCase {
+  GGMLType type;
+  std::vector<int64_t> Ks;
+};
+
+std::vector<TypeCase> type_cases() {
+  return {{GGMLType::F32, {1, 13, 64, 520}},  {GGMLType::F16, {7, 64, 300}},
+          {GGMLType::BF16, {9, 256, 264}},    {GGMLType::Q8_0, {32, 96, 544}},
+          {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
+          {GGMLType::Q6_K, {256, 768}}};
+}
+
+class KernelTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KernelTest, GemmAllTypesOddShapes) {
+  auto be = backend_for(GetParam());
+  std::mt19937 rng(42);
+  for (const auto& tc : type_cases()) {
+    for (int64_t K : tc.Ks) {
+      for (int64_t N : {1, 5, 31}) {
+        const QWeight W = make_weight(rng, tc.type, N, K);
+        for (int64_t M : {1, 3, 17, 64, 257}) {
+          const auto X = randv(rng, size_t(M * K));
+          std::vector<float> Y(size_t(M * N), -1.0f);
+          be->matmul(X.data(), M, W.view(), Y.data());
+          std::vector<double> ref, mag;
+          ref_gemm(X.data(), M, W, ref, mag);
+          for (size_t i = 0; i < Y.size(); ++i)
+            ASSERT_NEAR(Y[i], ref[i], 1e-5 * mag[i] + 1e-6)
+                << type_traits(tc.type).name << " M=" << M << " N=" << N << " K=" << K << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+// A row's result must not depend on how many rows are in the batch (chunked prefill == one
+// batch, decode GEMV == prefill GEMM): bit-identical.
+TEST_P(KernelTest, GemmRowsIndependentOfM) {
+  auto be = backend_for(GetParam());
+  std::mt19937 rng(7);
+  for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
+                     GGMLType::Q4_K, GGMLType::Q6_K}) {
+    const int64_t K = 768, N = 37, M = 67;
+    const QWeight W = make_weight(rng, t, N, K);
+    const auto X = randv(rng, size_t(M * K));
+    std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+    be->matmul(X.data(), M, W.view(), all.data());
+    for (int64_t m : {0, 1, 2, 3, 65, 66}) {
+      be->matmul(X.data() + m * K, 1, W.view(), one.data());
+      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(one[size_t(n)], all[size_t(m * N + n)]) << m << "," << n;
+    }
+  }
+}
+
+TEST_P(KernelTest, FusedQkvResidualSwiglu) {
+  auto be = backend_for(GetParam());
+  std::mt19937 rng(3);
+  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K}) {
+    const int64_t K = 512, Nq = 40, Nk = 13;
+    // V in another type, as Q4_K_M files mix Q4_K and Q6_K within one layer.
+    const GGMLType tv = t == GGMLType::F32 ? GGMLType::F16 : t == GGMLType::Q6_K ? GGMLType::Q4_K : GGMLType::Q8_0;
+    const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wv = make_weight(rng, tv, Nk, K);
+    const auto bq = randv(rng, size_t(Nq)), bk = randv(rng, size_t(Nk));
+    for (int64_t M : {1, 3, 17, 64}) {
+      const auto X = randv(rng, size_t(M * K));
+      // Q, K, V written into one (M, Nq + 2 Nk) buffer through row strides; V without bias.
+      const int64_t ld = Nq + 2 * Nk;
+      std::vector<float> Y(size_t(M * ld), 0);
+      const Backend::MatmulTarget tg[3] = {{Wq.view(), Y.data(), ld, bq.data()},
+                                           {Wk.view(), Y.data() + Nq, ld, bk.data()},
+                                           {Wv.view(), Y.data() + Nq + Nk, ld, nullptr}};
+      be->matmul_multi(X.data(), M, tg, 3);
+      const QWeight* ws[3] = {&Wq, &Wk, &Wv};
+      const float* bs[3] = {bq.data(), bk.data(), nullptr};
+      const int64_t off[3] = {0, Nq, Nq + Nk};
+      for (int s = 0; s < 3; ++s) {
+        std::vector<double> ref, mag;
+        ref_gemm(X.data(), M, *ws[s], ref, mag);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < ws[s]->N; ++n) {
+            const size_t i = size_t(m * ws[s]->N + n);
+            ASSERT_NEAR(Y[size_t(m * ld + off[s] + n)], ref[i] + (bs[s] ? bs[s][n] : 0.0), 1e-5 * mag[i] + 1e-5);
+          }
+      }
+      // Residual: R += X Wq^T.
+      auto R = randv(rng, size_t(M * Nq));
+      const auto R0 = R;
+      be->matmul_add(X.data(), M, Wq.view(), R.data());
+      std::vector<double> ref, mag;
+      ref_gemm(X.data(), M, Wq, ref, mag);
+      for (size_t i = 0; i < R.size(); ++i) ASSERT_NEAR(R[i], R0[i] + ref[i], 1e-5 * mag[i] + 1e-5);
+      // SwiGLU: A = silu(X Wg^T) * (X Wu^T) with Wg = Wq, Wu = a second (Nq, K) weight.
+      const QWeight Wu = make_weight(rng, t, Nq, K);
+      std::vector<float> A(size_t(M * Nq));
+      be->ffn_swiglu(X.data(), M, Wq.view(), Wu.view(), A.data());
+      std::vector<double> refu, magu;
+      ref_gemm(X.data(), M, Wu, refu, magu);
+      for (size_t i = 0; i < A.size(); ++i) {
+        const double g = ref[i], u = refu[i];
+        const double want = g / (1 + std::exp(-g)) * u;
+        // d(silu(g) u) = silu'(g) u dg + silu(g) du, |silu'| <= 1.1, |silu(g)| <= |g| + 0.3
+        const double tol = 1.1 * std::fabs(u) * (1e-5 * mag[i] + 1e-6) +
+                           (std::fabs(g) + 0.3) * (1e-5 * magu[i] + 1e-6) + 1e-6 * std::fabs(want);
+        ASSERT_NEAR(A[i], want, tol) << type_traits(t).name << " M=" << M << " i=" << i;
+      }
+    }
+  }
+}
+
+// Paged KV for one layer: n_seqs sequences of capacity cap, blocks handed out in shuffled order.
+struct PagedKV {
+  int32_t block_size, kv_dim, n_blocks;
+  std::vector<float> k, v;
+  std::vector<std::vector<int32_t>> tables;
+  PagedKV(std::mt19937& rng, int n_seqs, int cap, int32_t bs, int32_t kvd) : block_size(bs), kv_dim(kvd) {
+    const int per = (cap + bs - 1) / bs;
+    n_blocks = per * n_seqs + 3;
+    k = randv(rng, size_t(n_blocks) * bs * kvd);
+    v = randv(rng, size_t(n_blocks) * bs * kvd);
+    std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
+    for (int i = 0; i < n_blocks; ++i) ids[size_t(i)] = i;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int s = 0; s < n_seqs; ++s) tables.emplace_back(ids.begin() + s * per, ids.begin() + (s + 1) * per);
+  }
+  KVLayerView view(int s) const { return {k.data(), v.data(), tables[size_t(s)].data(), block_size, kv_dim}; }
+  const float* krow(int s, int pos) const {
+    return k.data() + (int64_t(tables[size_t(s)][size_t(pos / block_size)]) * block_size + pos % block_size) * kv_dim;
+  }
+  const float* vrow(int s, int pos) const {
+    return v.data() + (int64_t(tables[size_t(s)][size_t(pos / block_size)]) * block_size + pos % block_size) * kv_dim;
+  }
+};
+
+// Naive softmax attention in double.
+void ref_attention(const float* q, int64_t M, const PagedKV& kv, const int* seq, const int32_t* n_ctx,
+                   const AttentionShape& s, std::vector<double>& out) {
+  const int group = s.n_heads / s.n_kv_heads;
+  const int64_t qdim = int64_t(s.n_heads) * s.head_dim;
+  out.assign(size_t(M * qdim), 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int h = 0; h < s.n_heads; ++h) {
+      const int64_t off = int64_t(h / group) * s.head_dim;
+      std::vector<double> sc(size_t(n_ctx[m]));
+      double mx = -1e300;
+      for (int j = 0; j < n_ctx[m]; ++j) {
+        double d = 0;
+        for (int i = 0; i < s.head_dim; ++i) d += double(q[m * qdim + h * s.head_dim + i]) * kv.krow(seq[m], j)[off + i];
+        sc[size_t(j)] = d * s.scale;
+        mx = std::max(mx, sc[size_t(j)]);
+      }
+      double sum = 0;
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      for (int j = 0; j < n_ctx[m]; ++j)
+        for (int i = 0; i < s.head_dim; ++i)
+          out[size_t(m * qdim + h * s.head_dim + i)] += sc[size_t(j)] / sum * kv.vrow(seq[m], j)[off + i];
+    }
+}
+
+TEST_P(KernelTest, FlashAttentionCausalGqaChunks) {
+  auto be = backend_for(GetParam());
+  std::mt19937 rng(11);
+  struct Shape { int heads, kv_heads, hd; };
+  for (Shape sh : {Shape{8, 2, 64}, Shape{4, 4, 8}, Shape{6, 1, 40}, Shape{16, 2, 64}}) {
+    const AttentionShape s{sh.heads, sh.kv_heads, sh.hd, 1.0f / std::sqrt(float(sh.hd))};
+    const int cap = 300;
+    PagedKV kv(rng, 2, cap, 16, sh.kv_heads * sh.hd);
+    const int64_t qdim = int64_t(sh.heads) * sh.hd;
+    // (a) a prefill chunk of sequence 0 at offset p0 (attending to earlier chunks' KV) followed by
+    // (b) decode entries of sequence 1 at various positions, all in one batch.
+    for (int p0 : {0, 33, 250}) {
+      for (int chunk : {1, 40}) {
+        std::vector<int> seq;
+        std::vector<int32_t> n_ctx;
+        std::vector<KVLayerView> views;
+        for (int i = 0; i < chunk && p0 + i < cap; ++i) {
+          seq.push_back(0);
+          n_ctx.push_back(p0 + i + 1);
+        }
+        for (int p : {0, 31, 299}) {
+          seq.push_back(1);
+          n_ctx.push_back(p + 1);
+        }
+        const int64_t M = int64_t(seq.size());
+        for (int64_t i = 0; i < M; ++i) views.push_back(kv.view(seq[size_t(i)]));
+        const auto q = randv(rng, size_t(M * qdim), 2.0f);
+        std::vector<float> out(size_t(M * qdim), -7.0f);
+        be->attention(q.data(), M, views.data(), n_ctx.data(), s, out.data());
+        std::vector<double> ref;
+        ref_attention(q.data(), M, kv, seq.data(), n_ctx.data(), s, ref);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], ref[i], 2e-5) << "heads " << sh.heads << "/" << sh.kv_heads << " hd " << sh.hd
+                                            << " p0 " << p0 << " chunk " << chunk << " at " << i;
+        // Each entry alone (decode-style) gives bit-identical results.
+        std::vector<float> one(static_cast<size_t>(qdim));
+        for (int64_t i : {int64_t(0), M - 1}) {
+          be->attention(q.data() + i * qdim, 1, views.data() + i, n_ctx.data() + i, s, one.data());
+          for (int64_t d = 0; d < qdim; ++d) ASSERT_EQ(one[size_t(d)], out[size_t(i * qdim + d)]);
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "Scalar" : "Native");
+                         });
+
+TEST(KernelSelection, ReportsIsa) {
+  set_force_scalar(true);
+  EXPECT_EQ(cpu_isa(), "scalar");
+  set_force_scalar(false);
+  EXPECT_TRUE(cpu_isa() == "avx2" || cpu_isa() == "scalar");
+  EXPECT_EQ(make_backend("reference", 1)->name(), "reference");
+  EXPECT_THROW(make_backend("gpu", 1), std::exception);
+}
+
+}  // namespace
+}  // namespace ft

@@ -1,0 +1,135 @@
+// `firsttoken bench peak`: this machine's fp32 FMA peak and memory read bandwidth, 1..N threads.
+// `firsttoken bench model`: prefill (pp) and decode (tg) speed of a model, with the useful FLOP
+// and byte counts of the run, as % of the peak and bandwidth measured in the same run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "kernels/peak.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "tools/commands.h"
+
+namespace ft::tools {
+
+namespace {
+
+int default_threads(int t) {
+  if (t > 0) return t;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw ? int(hw) : 1;
+}
+
+uint64_t weight_bytes(const WeightView& w) { return *row_bytes(w.type, uint64_t(w.n_cols)) * uint64_t(w.n_rows); }
+double matmul_flops(const WeightView& w, int64_t M) { return 2.0 * double(M) * double(w.n_rows) * double(w.n_cols); }
+
+}  // namespace
+
+void add_bench(CLI::App& app, BenchArgs& a) {
+  CLI::App* c = app.add_subcommand("bench", "Measure machine peaks (peak) or model speed (model)");
+  c->require_subcommand(1);
+  CLI::App* peak = c->add_subcommand("peak", "fp32 FMA peak (GFLOP/s) and memory read bandwidth (GB/s), 1..N threads");
+  peak->add_option("-t,--threads", a.threads, "Max threads (0 = all cores)")->capture_default_str();
+  peak->callback([&a] { a.mode = "peak"; });
+  CLI::App* model = c->add_subcommand("model", "Prefill and decode speed of a model vs the measured peaks");
+  model->add_option("-m,--model", a.model, "GGUF model file")->required();
+  model->add_option("-p,--n-prompt", a.n_prompt, "Prompt tokens (one prefill batch)")->capture_default_str();
+  model->add_option("-n,--n-gen", a.n_gen, "Generated tokens (decode, one at a time)")->capture_default_str();
+  model->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
+  model->add_option("-r,--reps", a.reps, "Repetitions after a warm-up token (best is reported)")->capture_default_str();
+  model->add_option("--backend", a.backend, "Backend: cpu or reference")->capture_default_str();
+  model->callback([&a] { a.mode = "model"; });
+}
+
+int cmd_bench(const BenchArgs& a) {
+  const int T = default_threads(a.threads);
+  if (a.mode == "peak") {
+    std::printf("%-8s %16s %16s\n", "threads", "fma GFLOP/s", "read GB/s");
+    for (int t = 1; t <= T; ++t)
+      std::printf("%-8d %16.1f %16.1f\n", t, measure_fma_peak_gflops(t), measure_read_bandwidth_gbs(t));
+    std::printf("isa: %s\n", std::string(cpu_isa()).c_str());
+    return 0;
+  }
+  using clock = std::chrono::steady_clock;
+  const auto model = Model::load(a.model);
+  const HParams& hp = model->hparams();
+  const ModelWeights& w = model->weights();
+  if (a.n_prompt < 1 || a.n_gen < 0) fail("bench: -p must be >= 1 and -n >= 0");
+  const int64_t n_ctx = a.n_prompt + a.n_gen;
+  auto be = make_backend(a.backend, T);
+  Forward fwd(*model, *be, a.n_prompt);
+  KVCacheConfig kc{hp.n_layers, hp.kv_dim(), 16, KVCache::blocks_for(n_ctx, 16)};
+  KVCache kv(kc);
+  std::vector<float> logits(size_t(hp.n_vocab));
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
+
+  // Exact useful work. Per token through all layers: the matmul FLOPs (2 per weight) and
+  // attention (QK^T and PV: 4 * n_ctx * head_dim per query head); the output projection for
+  // the logit rows. Decode bytes: every weight read once per token, K/V rows read (and the
+  // new row written), the embedding row.
+  double layer_flops_per_tok = 0;
+  uint64_t layer_bytes = 0;
+  for (const LayerWeights& L : w.layers) {
+    for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      layer_flops_per_tok += matmul_flops(*v, 1);
+      layer_bytes += weight_bytes(*v);
+    }
+  }
+  const double attn_flops_per_ctx = 4.0 * hp.head_dim * hp.n_heads * hp.n_layers;  // per (query, key)
+  const double out_flops = matmul_flops(w.output, 1);
+  const uint64_t out_bytes = weight_bytes(w.output);
+  const uint64_t embd_row = *row_bytes(w.token_embd.type, uint64_t(hp.dim));
+  const double kv_row_bytes = 2.0 * hp.kv_dim() * sizeof(float) * hp.n_layers;
+
+  const double peak = measure_fma_peak_gflops(T);
+  const double bw = measure_read_bandwidth_gbs(T);
+
+  double best_pp = 1e30, best_tg = 1e30;
+  Batch b;
+  // Warm-up: one token touches every weight once (maps the file's pages, fills the TLB).
+  if (!kv.reserve(0, n_ctx)) fail("bench: KV cache too small");
+  b.add(tok(rng), 0, 0, true);
+  fwd.run(b, kv, logits.data());
+  for (int rep = 0; rep < std::max(1, a.reps); ++rep) {
+    kv.release(0);
+    if (!kv.reserve(0, n_ctx)) fail("bench: KV cache too small");
+    b.clear();
+    for (int64_t i = 0; i < a.n_prompt; ++i) b.add(tok(rng), int32_t(i), 0, i + 1 == a.n_prompt);
+    const auto t0 = clock::now();
+    fwd.run(b, kv, logits.data());
+    best_pp = std::min(best_pp, std::chrono::duration<double>(clock::now() - t0).count());
+    const auto t1 = clock::now();
+    for (int64_t i = 0; i < a.n_gen; ++i) {
+      b.clear();
+      b.add(tok(rng), int32_t(a.n_prompt + i), 0, true);
+      fwd.run(b, kv, logits.data());
+    }
+    best_tg = std::min(best_tg, std::chrono::duration<double>(clock::now() - t1).count());
+  }
+  const double P = double(a.n_prompt);
+  const double pp_flops = layer_flops_per_tok * P + attn_flops_per_ctx * P * (P + 1) / 2 + out_flops;
+  double tg_bytes = 0;
+  for (int64_t i = 0; i < a.n_gen; ++i)
+    tg_bytes += double(layer_bytes + out_bytes + embd_row) + kv_row_bytes * double(a.n_prompt + i + 1);
+  const double pp_gflops = pp_flops / best_pp / 1e9;
+  const double tg_gbs = a.n_gen > 0 ? tg_bytes / best_tg / 1e9 : 0;
+  std::printf("model: %s (%s), %d threads, backend %s (%s)\n", a.model.c_str(), hp.name.c_str(), T,
+              a.backend.c_str(), std::string(cpu_isa()).c_str());
+  std::printf("machine: fp32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s\n", peak, bw);
+  std::printf("prefill pp%lld: %.2f tokens/s, %.1f GFLOP/s = %.1f%% of peak (%.3f s)\n",
+              (long long)a.n_prompt, P / best_pp, pp_gflops, 100 * pp_gflops / peak, best_pp);
+  if (a.n_gen > 0)
+    std::printf("decode tg%lld: %.2f tokens/s, %.2f GB/s = %.1f%% of bandwidth (%.3f s)\n",
+                (long long)a.n_gen, double(a.n_gen) / best_tg, tg_gbs, 100 * tg_gbs / bw, best_tg);
+  std::printf("| %s | %.1f | %.1f%% | %.2f | %.1f%% |\n", hp.name.c_str(), P / best_pp,
+              100 * pp_gflops / peak, a.n_gen > 0 ? double(a.n_gen) / best_tg : 0.0,
+              100 * tg_gbs / bw);
+  return 0;
+}
+
+}  // namespace ft::tools
