@@ -33,6 +33,8 @@ void add_serve(CLI::App& app, ServeArgs& a) {
   c->add_option("-c,--ctx", a.ctx, "Context length (default: the model's)");
   c->add_option("--shutdown-timeout", a.shutdown_timeout_s, "Seconds in-flight requests get on SIGINT/SIGTERM (default 10)");
   c->add_option("--served-model-name", a.served_model_name, "Model id clients send (default: the file's stem)");
+  c->add_option("--binary-port", a.binary_port, "Port of the binary protocol (FlatBuffers frames; default 0 = off)");
+  c->add_flag("--binary-port-any", a.binary_port_any, "Serve the binary protocol on any free port (printed at start)");
 }
 
 int cmd_serve(const ServeArgs& a) {
@@ -50,7 +52,10 @@ int cmd_serve(const ServeArgs& a) {
   if (given("--ctx")) cfg.context_length = a.ctx;
   if (given("--shutdown-timeout")) cfg.shutdown_timeout_s = a.shutdown_timeout_s;
   if (given("--served-model-name")) cfg.served_model_name = a.served_model_name;
+  if (given("--binary-port")) cfg.binary_port = a.binary_port;
+  if (given("--binary-port-any")) cfg.binary_port_any = a.binary_port_any;
   if (cfg.port < 0 || cfg.port > 65535) fail("--port must be in [0, 65535], got ", cfg.port);
+  if (cfg.binary_port < 0 || cfg.binary_port > 65535) fail("--binary-port must be in [0, 65535], got ", cfg.binary_port);
   if (cfg.http_threads < 1) fail("--http-threads must be at least 1");
   if (cfg.max_queue < 0) fail("--max-queue must be >= 0");
   if (cfg.shutdown_timeout_s < 0) fail("--shutdown-timeout must be >= 0");

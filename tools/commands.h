@@ -49,9 +49,24 @@ struct ServeArgs {
   int64_t max_queue = 256, ctx = 0;
   uint64_t kv_memory_mib = 0;
   double shutdown_timeout_s = 10;
+  int binary_port = 0;
+  bool binary_port_any = false;
   CLI::App* cmd = nullptr;  // to tell which flags were given (they override --config)
 };
 void add_serve(CLI::App& app, ServeArgs& a);
 int cmd_serve(const ServeArgs& a);
+
+struct ClientArgs {
+  std::string host = "127.0.0.1", prompt, tokens;
+  int port = 0;
+  int64_t n_predict = 128;
+  float temperature = 0;
+  uint64_t seed = 0;
+  bool seed_set = false, ignore_eos = false, stats = false;
+  bool bench = false;  // --bench: JSON vs FlatBuffers codec costs, and TTFT when ports are given
+  int http_port = 0, reps = 50;
+};
+void add_client(CLI::App& app, ClientArgs& a);
+int cmd_client(const ClientArgs& a);
 
 }  // namespace ft::tools

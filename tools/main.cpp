@@ -13,13 +13,15 @@ int main(int argc, char** argv) {
   ft::tools::RunArgs run;
   ft::tools::MakeModelArgs make;
   ft::tools::InspectArgs inspect;
+  ft::tools::BenchArgs bench;
   ft::tools::add_run(app, run);
   ft::tools::add_make_model(app, make);
   ft::tools::add_inspect(app, inspect);
-  ft::tools::BenchArgs bench;
   ft::tools::add_bench(app, bench);
   ft::tools::ServeArgs serve;
   ft::tools::add_serve(app, serve);
+  ft::tools::ClientArgs client;
+  ft::tools::add_client(app, client);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("inspect")) return ft::tools::cmd_inspect(inspect);
     if (app.got_subcommand("bench")) return ft::tools::cmd_bench(bench);
     if (app.got_subcommand("serve")) return ft::tools::cmd_serve(serve);
+    if (app.got_subcommand("client")) return ft::tools::cmd_client(client);
   } catch (const ft::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "firsttoken: error: %s\n", e.what());

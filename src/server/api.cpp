@@ -203,11 +203,22 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     for (const auto& x : r.stop)
       if (x.empty()) bad("stop", "stop strings must not be empty");
   }
-  // Accepted only at the value that means "off".
-  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false)
-    bad("logprobs", "'logprobs' is not supported yet");
-  if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && j["top_logprobs"] != 0)
-    bad("top_logprobs", "'top_logprobs' is not supported yet");
+  // Completions: logprobs = N (null/false = off). Chat: logprobs = bool, top_logprobs = N only
+  // with logprobs true (OpenAI's rule).
+  const bool has_lp = j.contains("logprobs") && !j["logprobs"].is_null();
+  if (kind == Endpoint::Completions) {
+    if (has_lp && !(j["logprobs"].is_boolean() && !j["logprobs"].get<bool>()))
+      r.logprobs = int32_t(get_int(j, "logprobs", 0, kMaxLogprobs));
+  } else {
+    const bool lp = has_lp && get_bool(j, "logprobs");
+    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
+      const int64_t n = get_int(j, "top_logprobs", 0, kMaxLogprobs);
+      if (!lp) bad("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+      r.logprobs = int32_t(n);
+    } else if (lp) {
+      r.logprobs = 0;
+    }
+  }
   if (j.contains("n") && !j["n"].is_null() && get_int(j, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
   if (j.contains("best_of") && !j["best_of"].is_null() && get_int(j, "best_of", 1, 1) != 1)
     bad("best_of", "only best_of = 1 is supported");
@@ -248,16 +259,50 @@ json usage_json(const Usage& u) {
 
 static json reason_json(const std::string& r) { return r.empty() ? json(nullptr) : json(r); }
 
+// A piece's raw bytes as a JSON string: invalid UTF-8 (a lone byte token) becomes U+FFFD when
+// dumped; "bytes" carries the exact bytes.
+static json bytes_json(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t text_offset0) {
+  if (kind == Endpoint::Chat) {
+    json content = json::array();
+    for (const auto& t : toks) {
+      json top = json::array();
+      for (const auto& [text, lp] : t.top)
+        top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_json(text)}});
+      content.push_back({{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes_json(t.text)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  int64_t off = text_offset0;
+  for (const auto& t : toks) {
+    tokens.push_back(t.text);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [text, lp] : t.top)
+      if (!top.contains(text)) top[text] = lp;  // two ids with one piece: the better one (best first)
+    tops.push_back(top);
+    offsets.push_back(off);
+    off += int64_t(t.text.size());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason,
-                         const Usage& u) {
+                         const Usage& u, const json& logprobs) {
   json choice;
   if (m.kind == Endpoint::Chat) {
     choice = {{"index", 0},
               {"message", {{"role", "assistant"}, {"content", text}}},
-              {"logprobs", nullptr},
+              {"logprobs", logprobs},
               {"finish_reason", reason_json(finish_reason)}};
   } else {
-    choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", reason_json(finish_reason)}};
+    choice = {{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   }
   return {{"id", m.id},
           {"object", m.kind == Endpoint::Chat ? "chat.completion" : "text_completion"},
@@ -268,15 +313,15 @@ json completion_response(const ResponseMeta& m, const std::string& text, const s
 }
 
 json stream_chunk(const ResponseMeta& m, const std::string& text, bool first, const std::string& finish_reason,
-                  bool with_usage_null) {
+                  bool with_usage_null, const json& logprobs) {
   json choice;
   if (m.kind == Endpoint::Chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (first || !text.empty()) delta["content"] = text;
-    choice = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", reason_json(finish_reason)}};
+    choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   } else {
-    choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", reason_json(finish_reason)}};
+    choice = {{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   }
   json j = {{"id", m.id},
             {"object", m.kind == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},

@@ -52,12 +52,16 @@ struct ParsedRequest {
   std::vector<std::string> stop;       // at most 4, non-empty
   bool stream = false;
   bool include_usage = false;          // stream_options.include_usage
+  // -1: off. >= 0: report each token's logprob and this many top alternatives (completions
+  // `logprobs: N`; chat `logprobs: true` + `top_logprobs: N`), N <= kMaxLogprobs.
+  int32_t logprobs = -1;
 };
+inline constexpr int32_t kMaxLogprobs = 20;
 
 // Parses and validates a request body; throws ApiError (400) naming the offending param.
 // Unknown fields are rejected like OpenAI does ("Unrecognized request argument supplied"),
 // except a few OpenAI fields accepted at their only supported value (n=1, echo=false, best_of=1,
-// user, logit_bias={}); logprobs/top_logprobs are "not supported yet".
+// user, logit_bias={}). Chat's top_logprobs needs logprobs: true.
 ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model);
 
 // The effective max_tokens for a prompt of n_prompt tokens; throws ApiError when the prompt plus
@@ -81,14 +85,31 @@ struct ResponseMeta {
   std::string model;
 };
 
-// Non-streaming body. finish_reason: "stop" | "length".
+// One generated token's log-probability and its best alternatives (best first); text is the
+// tokenizer's token_to_piece (raw bytes, maybe a partial UTF-8 sequence).
+struct TokenLogprob {
+  std::string text;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;
+};
+// The choice's "logprobs" object for these tokens.
+//   completions: {"tokens": [text], "token_logprobs": [lp], "top_logprobs": [{text: lp}],
+//                 "text_offset": [byte offset of each token in the completion, from text_offset0]}
+//   chat:        {"content": [{"token", "logprob", "bytes": [u8], "top_logprobs": [{"token",
+//                 "logprob", "bytes"}]}]}
+nlohmann::json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t text_offset0 = 0);
+
+// Non-streaming body. finish_reason: "stop" | "length". logprobs: the choice's "logprobs"
+// (null when not requested).
 nlohmann::json completion_response(const ResponseMeta& m, const std::string& text,
-                                   const std::string& finish_reason, const Usage& u);
+                                   const std::string& finish_reason, const Usage& u,
+                                   const nlohmann::json& logprobs = nullptr);
 // One streamed chunk's JSON: text (completions) or delta.content (chat). first: chat's delta
 // carries role "assistant". finish_reason empty -> null. with_usage_null: include "usage": null
 // (OpenAI does so on every chunk when stream_options.include_usage is set).
 nlohmann::json stream_chunk(const ResponseMeta& m, const std::string& text, bool first,
-                            const std::string& finish_reason, bool with_usage_null);
+                            const std::string& finish_reason, bool with_usage_null,
+                            const nlohmann::json& logprobs = nullptr);
 // The final usage-only chunk (choices []).
 nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
 // "data: {json}\n\n" and "data: [DONE]\n\n".

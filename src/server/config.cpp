@@ -78,6 +78,7 @@ void apply_config_json(const json& doc, ServeConfig& c) {
       } else if (section == "server") {
         if (k == "host") c.host = as_str(v, key);
         else if (k == "port") c.port = int(as_int(v, key, 0, 65535));
+        else if (k == "binary_port") c.binary_port = int(as_int(v, key, 0, 65535));
         else if (k == "max_queue") c.max_queue = as_int(v, key, 0, 1 << 30);
         else if (k == "threads") c.threads = int(as_int(v, key, 0, 1024));
         else if (k == "http_threads") c.http_threads = int(as_int(v, key, 1, 256));

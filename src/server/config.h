@@ -5,7 +5,7 @@
 //                  "max_num_seqs": N, "max_batch_tokens": N, "max_active_adapters": 0,
 //                  "enable_speculative_decoding": false},
 //    "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
-//    "server": {"host", "port", "max_queue", "threads", "http_threads", "max_body_bytes",
+//    "server": {"host", "port", "binary_port", "max_queue", "threads", "http_threads", "max_body_bytes",
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "log_level", "model", "served_model_name", "context_length"},
 //    "kv_cache": {"memory_mib": N, "block_size": N, "prefix_caching": true}}
@@ -27,6 +27,8 @@ struct ServeConfig {
   std::string served_model_name;  // empty = the model file's stem
   std::string host = "127.0.0.1";
   int port = 8000;                // 0 = any free port (printed at start)
+  int binary_port = 0;            // the binary protocol's port; 0 = off
+  bool binary_port_any = false;   // the binary protocol on any free port (printed at start)
   int threads = 0;                // compute threads of the engine (0 = all cores)
   int http_threads = 2;           // I/O threads = HTTP workers (each with its own tokenizer)
   int64_t max_queue = 256;        // requests waiting for their first token; more -> 429

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "client/binary_proto.h"
 #include "server/api.h"
 #include "server/metrics.h"
 
@@ -51,6 +52,8 @@ struct EventCopy {
   FinishReason reason;
   int64_t n_prompt, n_generated;
   std::shared_ptr<RequestTimings> timings;  // Finished only
+  float logprob = 0;                                  // Token, when logprobs were requested
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // Token: best first
 };
 
 // One generation request's state; lives on its session's strand.
@@ -59,6 +62,9 @@ struct Gen {
   uint64_t engine_id = 0;
   bool stream = false, include_usage = false, ignore_eos = false;
   int64_t n_prompt = 0, max_tokens = 0, n_tokens = 0;
+  int32_t logprobs = -1;             // ParsedRequest::logprobs
+  std::vector<TokenLogprob> lp;      // not yet sent (streaming) / all of them (not streaming)
+  int64_t lp_offset = 0;             // completions' text_offset of lp[0]
   StreamDecoder dec;
   StopMatcher stop;
   std::string text;            // non-streaming: the whole completion
@@ -72,6 +78,7 @@ struct Gen {
 }  // namespace
 
 class Session;
+class BinSession;
 
 struct Server::Impl {
   Engine& engine;
@@ -91,6 +98,9 @@ struct Server::Impl {
   ServerMetrics metrics;
   std::mutex sess_mu;
   std::vector<std::weak_ptr<Session>> sessions;
+  std::vector<std::weak_ptr<BinSession>> bin_sessions;  // under sess_mu
+  tcp::acceptor bin_acceptor{ctl};                       // the binary protocol (--binary-port)
+  std::atomic<int> bound_port{0}, bound_binary_port{0};
 
   Impl(Engine& e, const ServedModel& m, const ServeConfig& c) : engine(e), model(m), cfg(c) {
     info.id = m.id;
@@ -101,6 +111,7 @@ struct Server::Impl {
     eos_text = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
   }
   void do_accept();
+  void do_accept_binary();
   void begin_shutdown();
   void poll_drained();
   template <class F>
@@ -442,6 +453,7 @@ class Session : public std::enable_shared_from_this<Session> {
     gen->ignore_eos = pr.ignore_eos;
     gen->n_prompt = int64_t(prompt.size());
     gen->max_tokens = max_tokens;
+    gen->logprobs = pr.logprobs;
 
     // Admission: at most max_queue requests waiting for their first token.
     if (srv_.waiting.fetch_add(1) >= srv_.cfg.max_queue) {
@@ -455,9 +467,10 @@ class Session : public std::enable_shared_from_this<Session> {
     er.max_tokens = max_tokens;
     er.ignore_eos = pr.ignore_eos;
     er.tokenize_ms = tokenize_ms;
+    er.logprobs = pr.logprobs;
     // Runs on the engine thread: copy the event and hand it to this connection's strand.
     auto cb = [self = shared_from_this(), gen](const EngineEvent& ev) {
-      EventCopy e{ev.kind, ev.token, ev.reason, ev.n_prompt, ev.n_generated, nullptr};
+      EventCopy e{ev.kind, ev.token, ev.reason, ev.n_prompt, ev.n_generated, nullptr, ev.logprob, ev.top_logprobs};
       if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
       net::post(self->executor(), [self, gen, e = std::move(e)] { self->on_event(*gen, e); });
     };
@@ -480,12 +493,21 @@ class Session : public std::enable_shared_from_this<Session> {
     start_watch();
   }
 
-  void emit(Gen& g, const std::string& text) {
-    if (text.empty()) return;
-    if (g.stream)
-      enqueue(http_chunk(sse_event(stream_chunk(g.meta, text, false, "", g.include_usage))), false);
-    else
+  // Sends (streaming) or appends text. A streamed chunk carries the logprobs of the tokens
+  // since the previous chunk; final: send them even without text (held-back bytes, a stop).
+  void emit(Gen& g, const std::string& text, bool final = false) {
+    if (!g.stream) {
       g.text += text;
+      return;
+    }
+    if (text.empty() && !(final && !g.lp.empty())) return;
+    json lp = nullptr;
+    if (g.logprobs >= 0) {
+      lp = logprobs_json(g.meta.kind, g.lp, g.lp_offset);
+      for (const auto& t : g.lp) g.lp_offset += int64_t(t.text.size());
+      g.lp.clear();
+    }
+    enqueue(http_chunk(sse_event(stream_chunk(g.meta, text, false, "", g.include_usage, lp))), false);
   }
 
   void finish_response(Gen& g) {
@@ -498,7 +520,9 @@ class Session : public std::enable_shared_from_this<Session> {
       enqueue(http_chunk(s) + http_chunk(""), true);
     } else {
       send_response(200, "application/json",
-                    completion_response(g.meta, g.text, g.finish, u).dump(-1, ' ', false, json::error_handler_t::replace));
+                    completion_response(g.meta, g.text, g.finish, u,
+                                        g.logprobs >= 0 ? logprobs_json(g.meta.kind, g.lp) : json(nullptr))
+                        .dump(-1, ' ', false, json::error_handler_t::replace));
     }
   }
 
@@ -525,11 +549,18 @@ class Session : public std::enable_shared_from_this<Session> {
       if (spdlog::should_log(spdlog::level::trace))
         spdlog::trace("{} token {} {}", g.meta.id, e.token, json(tok.token_to_piece(e.token)).dump(-1, ' ', false, json::error_handler_t::replace));
       std::string text;
-      if (!tok.is_eog(e.token) || g.ignore_eos) text = g.stop.push(g.dec.push(e.token));
+      if (!tok.is_eog(e.token) || g.ignore_eos) {
+        text = g.stop.push(g.dec.push(e.token));
+        if (g.logprobs >= 0) {  // the end-of-generation token is not reported (OpenAI)
+          TokenLogprob t{tok.token_to_piece(e.token), e.logprob, {}};
+          for (const auto& [id, lp] : e.top_logprobs) t.top.emplace_back(tok.token_to_piece(id), lp);
+          g.lp.push_back(std::move(t));
+        }
+      }
       if (g.stop.stopped()) {
         srv_.engine.cancel(g.engine_id);
         g.finish = "stop";
-        emit(g, text);
+        emit(g, text, true);
         finish_response(g);
         return;
       }
@@ -550,7 +581,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (!g.stop.stopped()) text += g.stop.flush();
         g.finish = g.stop.stopped() ? "stop" : finish;
         finish = g.finish;
-        emit(g, text);
+        emit(g, text, true);
         finish_response(g);
       }
     }
@@ -579,11 +610,295 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<Gen> gen_;  // the request being generated on this connection
 };
 
+// --- the binary protocol ---------------------------------------------------------------------
+// One connection of the binary protocol (client/binary_proto.h, proto/firsttoken.fbs): frames
+// are read one after another on the session's strand; a request is validated and tokenized here
+// (this I/O thread's tokenizer), submitted to the same engine as HTTP, and answered with a frame
+// per token (stream) and a last frame with finish reason, usage and timings. A bad length, a
+// frame that fails the FlatBuffers Verifier, or a second request while one is generating closes
+// this connection (cancelling its request); nothing else is touched.
+class BinSession : public std::enable_shared_from_this<BinSession> {
+ public:
+  BinSession(tcp::socket&& s, Server::Impl& srv) : sock_(std::move(s)), srv_(srv) { ++srv_.n_sessions; }
+  ~BinSession() { --srv_.n_sessions; }
+  net::any_io_executor executor() { return sock_.get_executor(); }
+  void start() { read_header(); }
+  void on_shutdown() {
+    draining_ = true;
+    if (!gen_ && outq_.empty()) close();
+  }
+  void on_deadline() {
+    if (gen_ && !gen_->responded && !gen_->shutdown_cancel) {
+      gen_->shutdown_cancel = true;
+      srv_.engine.cancel(gen_->engine_id);
+    }
+  }
+
+ private:
+  struct BGen {
+    uint64_t engine_id = 0;
+    bool stream = true, ignore_eos = false, responded = false, left_queue = false, shutdown_cancel = false;
+    int64_t n_prompt = 0, n_tokens = 0;
+    std::vector<int32_t> tokens;  // not yet sent (stream) / all (no stream)
+    std::string text;
+    std::string finish;
+    StreamDecoder dec;
+    StopMatcher stop;
+    BGen(const Tokenizer& tok, std::vector<std::string> stops) : dec(tok), stop(std::move(stops)) {}
+  };
+
+  void read_header() {
+    if (closed_) return;
+    net::async_read(sock_, net::buffer(hdr_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_header(ec);
+    });
+  }
+  void on_header(beast::error_code ec) {
+    if (ec) return gone();
+    const uint32_t n = proto::frame_length(hdr_);
+    if (n == 0 || n > srv_.cfg.max_body_bytes) {
+      spdlog::warn("binary protocol: bad frame length {} (1 .. {}); closing the connection", n, srv_.cfg.max_body_bytes);
+      return gone();
+    }
+    body_.resize(n);
+    net::async_read(sock_, net::buffer(body_), [self = shared_from_this()](beast::error_code e, size_t) {
+      self->on_body(e);
+    });
+  }
+  void on_body(beast::error_code ec) {
+    if (ec) return gone();
+    if (gen_) {
+      spdlog::warn("binary protocol: a request arrived while one is generating; closing the connection");
+      return gone();
+    }
+    proto::Request req;
+    if (!proto::decode_request(body_.data(), body_.size(), req)) {
+      spdlog::warn("binary protocol: malformed request frame ({} bytes); closing the connection", body_.size());
+      return gone();
+    }
+    try {
+      if (srv_.draining) throw ApiError(503, "the server is shutting down");
+      generate(std::move(req));
+    } catch (const ApiError& e) {
+      send_error(e.what());
+    } catch (const std::exception& e) {
+      send_error(e.what());
+    }
+    read_header();  // the next request, or the client leaving (which cancels this one)
+  }
+
+  void send_error(const std::string& msg) {
+    proto::Response r;
+    r.last = true;
+    r.finish = "error";
+    r.error = msg;
+    enqueue(proto::encode_response(r));
+  }
+
+  void generate(proto::Request req) {
+    const auto t0 = Clock::now();
+    const Tokenizer& tok = *t_tok;
+    std::vector<int32_t> prompt;
+    if (!req.tokens.empty()) {
+      for (const int32_t t : req.tokens)
+        if (t < 0 || t >= srv_.info.n_vocab) throw ApiError(400, cat("token id ", t, " is out of range [0, ", srv_.info.n_vocab, ")"));
+      prompt = std::move(req.tokens);
+    } else {
+      if (req.text.empty()) throw ApiError(400, "the request has neither tokens nor text");
+      prompt = tok.encode(req.text, req.add_bos && tok.add_bos_default(), /*parse_special=*/true);
+    }
+    const double tokenize_ms = ms_since(t0);
+    const int64_t n_prompt = int64_t(prompt.size()), n_ctx = srv_.info.n_ctx;
+    if (n_prompt >= n_ctx) throw ApiError(400, cat("the prompt has ", n_prompt, " tokens; the context holds ", n_ctx));
+    if (req.max_tokens < 1) throw ApiError(400, "max_tokens must be >= 1");
+    if (n_prompt + req.max_tokens > n_ctx)
+      throw ApiError(400, cat("prompt (", n_prompt, ") + max_tokens (", req.max_tokens, ") exceeds the context (", n_ctx, ")"));
+    if (req.stop.size() > 4) throw ApiError(400, "at most 4 stop strings");
+    for (const auto& x : req.stop)
+      if (x.empty()) throw ApiError(400, "stop strings must not be empty");
+    validate(req.sampling);  // ft::Error naming the field
+    if (!req.seed_set) {
+      thread_local std::mt19937_64 rng{std::random_device{}()};
+      req.sampling.seed = rng();
+    }
+    if (srv_.waiting.fetch_add(1) >= srv_.cfg.max_queue) {
+      srv_.waiting.fetch_sub(1);
+      throw ApiError(429, cat("too many requests are waiting (limit ", srv_.cfg.max_queue, "); retry later"));
+    }
+    auto gen = std::make_shared<BGen>(*srv_.model.tokenizer, req.stop);
+    gen->stream = req.stream;
+    gen->ignore_eos = req.ignore_eos;
+    gen->n_prompt = n_prompt;
+    EngineRequest er;
+    er.prompt = std::move(prompt);
+    er.sampling = req.sampling;
+    er.max_tokens = req.max_tokens;
+    er.ignore_eos = req.ignore_eos;
+    er.tokenize_ms = tokenize_ms;
+    auto cb = [self = shared_from_this(), gen](const EngineEvent& ev) {
+      EventCopy e{ev.kind, ev.token, ev.reason, ev.n_prompt, ev.n_generated, nullptr, 0, {}};
+      if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
+      net::post(self->executor(), [self, gen, e = std::move(e)] { self->on_event(*gen, e); });
+    };
+    try {
+      gen->engine_id = srv_.engine.submit(std::move(er), std::move(cb));
+    } catch (const Error& e) {
+      srv_.waiting.fetch_sub(1);
+      throw ApiError(400, e.what());
+    }
+    gen_ = gen;
+  }
+
+  void on_event(BGen& g, const EventCopy& e) {
+    if (!g.left_queue) {
+      g.left_queue = true;
+      srv_.waiting.fetch_sub(1);
+    }
+    const Tokenizer& tok = *srv_.model.tokenizer;
+    if (e.kind == EngineEvent::Kind::Token) {
+      if (g.responded) return;
+      ++g.n_tokens;
+      std::string text;
+      if (!tok.is_eog(e.token) || g.ignore_eos) {
+        g.tokens.push_back(e.token);
+        text = g.stop.push(g.dec.push(e.token));
+      }
+      g.text += text;
+      if (g.stop.stopped()) {
+        srv_.engine.cancel(g.engine_id);
+        g.finish = "stop";
+        respond(g, nullptr);
+        return;
+      }
+      if (g.stream && !g.tokens.empty()) {
+        proto::Response r;
+        r.tokens = std::exchange(g.tokens, {});
+        r.text = std::exchange(g.text, {});
+        enqueue(proto::encode_response(r));
+      }
+      return;
+    }
+    if (!g.responded) {
+      if (e.reason == FinishReason::Cancelled) {
+        g.responded = true;
+        proto::Response r;
+        r.last = true;
+        r.finish = "cancelled";
+        r.error = g.shutdown_cancel ? "the server is shutting down; the request was cancelled" : "the request was cancelled";
+        r.prompt_tokens = g.n_prompt;
+        r.completion_tokens = g.n_tokens;
+        enqueue(proto::encode_response(r));
+      } else {
+        std::string text = g.stop.push(g.dec.flush());
+        if (!g.stop.stopped()) text += g.stop.flush();
+        g.text += text;
+        g.finish = g.stop.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
+        respond(g, e.timings.get());
+      }
+    }
+    if (e.timings) {
+      srv_.metrics.observe_finished(*e.timings, g.finish.empty() ? "abort" : g.finish, e.n_prompt, g.n_tokens);
+      const RequestTimings& t = *e.timings;
+      spdlog::info("binary request finish={} prompt={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "
+                   "ttft={:.2f}ms decode={:.2f}ms",
+                   g.finish.empty() ? "cancelled" : g.finish, g.n_prompt, g.n_tokens, t.tokenize_ms, t.queue_ms(),
+                   t.prefill_ms(), t.ttft_ms(), t.decode_ms());
+    }
+    gen_.reset();
+    if (draining_ && outq_.empty() && !writing_) close();
+  }
+
+  // The last frame: what is left of tokens/text, finish, usage, timings (when known).
+  void respond(BGen& g, const RequestTimings* t) {
+    g.responded = true;
+    proto::Response r;
+    r.last = true;
+    r.tokens = std::exchange(g.tokens, {});
+    r.text = std::exchange(g.text, {});
+    r.finish = g.finish;
+    r.prompt_tokens = g.n_prompt;
+    r.completion_tokens = g.n_tokens;
+    if (t) {
+      r.timings = {t->tokenize_ms, t->queue_ms(), t->prefill_ms(), t->ttft_ms(), t->decode_ms(),
+                   t->finish_ms >= 0 ? t->finish_ms - t->arrival_ms + t->tokenize_ms : 0.0};
+    }
+    enqueue(proto::encode_response(r));
+  }
+
+  void enqueue(std::string frame) {
+    if (closed_) return;
+    outq_.push_back(std::move(frame));
+    if (!writing_) write_next();
+  }
+  void write_next() {
+    if (outq_.empty() || closed_) {
+      writing_ = false;
+      if (draining_ && !gen_) close();
+      return;
+    }
+    writing_ = true;
+    wbuf_ = std::move(outq_.front());
+    outq_.pop_front();
+    net::async_write(sock_, net::buffer(wbuf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->gone();
+      self->write_next();
+    });
+  }
+
+  // The client left or broke the protocol: cancel its request (its Finished event still comes
+  // here and is accounted) and close.
+  void gone() {
+    if (gen_ && !gen_->responded) {
+      gen_->responded = true;
+      srv_.engine.cancel(gen_->engine_id);
+    }
+    close();
+  }
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    outq_.clear();
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+  }
+
+  tcp::socket sock_;
+  Server::Impl& srv_;
+  uint8_t hdr_[proto::kFrameHeader] = {};
+  std::vector<uint8_t> body_;
+  std::deque<std::string> outq_;
+  std::string wbuf_;
+  bool writing_ = false, closed_ = false, draining_ = false;
+  std::shared_ptr<BGen> gen_;
+};
+
 template <class F>
 void Server::Impl::for_each_session(F f) {
   std::lock_guard<std::mutex> lk(sess_mu);
   for (auto& w : sessions)
     if (auto s = w.lock()) net::post(s->executor(), [s, f] { f(*s); });
+  for (auto& w : bin_sessions)
+    if (auto s = w.lock()) net::post(s->executor(), [s, f] { f(*s); });
+}
+
+void Server::Impl::do_accept_binary() {
+  bin_acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (!ec) {
+      beast::error_code opt_ec;
+      socket.set_option(tcp::no_delay(true), opt_ec);  // each token frame leaves at once
+      auto s = std::make_shared<BinSession>(std::move(socket), *this);
+      {
+        std::lock_guard<std::mutex> lk(sess_mu);
+        std::erase_if(bin_sessions, [](const std::weak_ptr<BinSession>& w) { return w.expired(); });
+        bin_sessions.push_back(s);
+      }
+      net::post(s->executor(), [s] { s->start(); });
+    } else if (ec != net::error::operation_aborted) {
+      spdlog::warn("binary protocol: accept failed: {}", ec.message());
+    }
+    if (bin_acceptor.is_open()) do_accept_binary();
+  });
 }
 
 void Server::Impl::do_accept() {
@@ -615,12 +930,13 @@ void Server::Impl::begin_shutdown() {
                n_sessions.load(), cfg.shutdown_timeout_s);
   beast::error_code ec;
   acceptor.close(ec);
-  for_each_session([](Session& s) { s.on_shutdown(); });
+  bin_acceptor.close(ec);
+  for_each_session([](auto& s) { s.on_shutdown(); });
   drain_timer.expires_after(secs(cfg.shutdown_timeout_s));
   drain_timer.async_wait([this](beast::error_code e) {
     if (e) return;
     spdlog::warn("shutdown deadline passed: cancelling the requests still running");
-    for_each_session([](Session& s) { s.on_deadline(); });
+    for_each_session([](auto& s) { s.on_deadline(); });
     hard_timer.expires_after(std::chrono::seconds(3));
     hard_timer.async_wait([this](beast::error_code e2) {
       if (!e2) {
@@ -650,6 +966,13 @@ void Server::Impl::poll_drained() {
 Server::Server(Engine& engine, const ServedModel& model, const ServeConfig& cfg)
     : impl_(std::make_unique<Impl>(engine, model, cfg)) {}
 Server::~Server() = default;
+
+void Server::stop() {
+  Impl* s = impl_.get();
+  net::post(s->ctl, [s] { s->begin_shutdown(); });
+}
+int Server::port() const { return impl_->bound_port.load(); }
+int Server::binary_port() const { return impl_->bound_binary_port.load(); }
 
 int Server::run() {
   Impl& s = *impl_;
@@ -684,6 +1007,19 @@ int Server::run() {
   spdlog::info("listening on http://{}:{}", bound.address().to_string(), bound.port());
   spdlog::default_logger()->flush();
 
+  s.bound_port = bound.port();
+  if (s.cfg.binary_port > 0 || s.cfg.binary_port_any) {
+    const tcp::endpoint bep(addr, static_cast<unsigned short>(s.cfg.binary_port_any ? 0 : s.cfg.binary_port));
+    s.bin_acceptor.open(bep.protocol(), ec);
+    if (!ec) s.bin_acceptor.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) s.bin_acceptor.bind(bep, ec);
+    if (!ec) s.bin_acceptor.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) fail("cannot listen on ", s.cfg.host, ":", bep.port(), " (--binary-port): ", ec.message());
+    const auto bb = s.bin_acceptor.local_endpoint();
+    s.bound_binary_port = bb.port();
+    spdlog::info("binary protocol listening on {}:{}", bb.address().to_string(), bb.port());
+    net::post(s.ctl, [&s] { s.do_accept_binary(); });
+  }
   net::post(s.ctl, [&s] { s.do_accept(); });
   s.signals.async_wait([&s](beast::error_code e, int sig) {
     if (!e) {

@@ -32,8 +32,15 @@ class Server {
  public:
   Server(Engine& engine, const ServedModel& model, const ServeConfig& cfg);
   ~Server();
-  // Binds, serves until SIGINT/SIGTERM, drains, returns 0. Throws ft::Error when it cannot bind.
+  // Binds, serves until SIGINT/SIGTERM (or stop()), drains, returns 0. Throws ft::Error when it
+  // cannot bind. Also serves the binary protocol (client/binary_proto.h) when cfg.binary_port > 0
+  // or cfg.binary_port_any.
   int run();
+  // From any thread: shut down as on SIGTERM (run() returns once drained).
+  void stop();
+  // The bound ports once run() is listening (0 before, or when the binary protocol is off).
+  int port() const;
+  int binary_port() const;
 
   struct Impl;
 

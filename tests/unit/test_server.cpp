@@ -117,7 +117,9 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream":true,"stream_options":{"x":1}})",
              "stream_options.x", "Unrecognized");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","ignore_eos":1})", "ignore_eos", "boolean");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":2})", "logprobs", "not supported yet");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":21})", "logprobs", "[0, 20]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":-1})", "logprobs", "[0, 20]");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":true})", "logprobs", "integer");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","n":2})", "n", "[1, 1]");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","echo":true})", "echo", "not supported yet");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","bogus":1})", "bogus", "Unrecognized request argument");
@@ -129,7 +131,27 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":5}]})", "messages[0].content", "string");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"prompt":"x"})", "prompt", "Unrecognized");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"top_logprobs":3})",
-             "top_logprobs", "not supported yet");
+             "top_logprobs", "requires 'logprobs'");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":3})",
+             "top_logprobs", "requires 'logprobs'");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})",
+             "top_logprobs", "[0, 20]");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"logprobs":3})",
+             "logprobs", "boolean");
+}
+
+TEST(ServerParse, Logprobs) {
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", "x"}}).logprobs, -1);
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"logprobs", nullptr}}).logprobs, -1);
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"logprobs", false}}).logprobs, -1);
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"logprobs", 0}}).logprobs, 0);
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"logprobs", 20}}).logprobs, 20);
+  const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+  EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", msgs}}).logprobs, -1);
+  EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"logprobs", false}}).logprobs, -1);
+  EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"logprobs", true}}).logprobs, 0);
+  EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"logprobs", true}, {"top_logprobs", 5}}).logprobs, 5);
+  EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"logprobs", false}, {"top_logprobs", nullptr}}).logprobs, -1);
 }
 
 TEST(ServerParse, ResolveMaxTokens) {
@@ -176,6 +198,47 @@ TEST(ServerFormat, CompletionAndChatBodies) {
   EXPECT_EQ(h["object"], "chat.completion");
   EXPECT_EQ(h["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(h["choices"][0]["message"]["content"], "hi");
+}
+
+TEST(ServerFormat, LogprobsCompletions) {
+  const std::vector<TokenLogprob> toks = {{" a", -0.5f, {{" a", -0.5f}, {" b", -1.5f}}},
+                                          {"bc", -2.0f, {{"x", -0.25f}, {"x", -3.0f}, {"bc", -2.0f}}}};
+  const json j = logprobs_json(Endpoint::Completions, toks, 7);
+  EXPECT_EQ(j["tokens"], json::array({" a", "bc"}));
+  EXPECT_EQ(j["token_logprobs"], json::array({-0.5, -2.0}));
+  // One dict per token; a piece shared by two ids keeps the better (first) logprob.
+  EXPECT_EQ(j["top_logprobs"], json::parse(R"([{" a": -0.5, " b": -1.5}, {"x": -0.25, "bc": -2.0}])"));
+  EXPECT_EQ(j["text_offset"], json::array({7, 9}));
+  const json empty = logprobs_json(Endpoint::Completions, {});
+  EXPECT_EQ(empty["tokens"], json::array());
+  EXPECT_EQ(empty["text_offset"], json::array());
+
+  ResponseMeta m{Endpoint::Completions, "cmpl-1", 5, "stories260K"};
+  EXPECT_EQ(completion_response(m, "x", "length", {1, 1})["choices"][0]["logprobs"], nullptr);
+  EXPECT_EQ(completion_response(m, " abc", "length", {1, 2}, j)["choices"][0]["logprobs"], j);
+  EXPECT_EQ(stream_chunk(m, " a", false, "", false, j)["choices"][0]["logprobs"], j);
+  EXPECT_EQ(stream_chunk(m, " a", false, "", false)["choices"][0]["logprobs"], nullptr);
+}
+
+TEST(ServerFormat, LogprobsChat) {
+  const std::vector<TokenLogprob> toks = {{"hi", -0.125f, {{"hi", -0.125f}, {"yo", -2.5f}}},
+                                          {"\xE2", -1.0f, {}}};
+  const json j = logprobs_json(Endpoint::Chat, toks);
+  ASSERT_EQ(j["content"].size(), 2u);
+  EXPECT_EQ(j["refusal"], nullptr);
+  const json& c0 = j["content"][0];
+  EXPECT_EQ(c0["token"], "hi");
+  EXPECT_EQ(c0["logprob"], -0.125);
+  EXPECT_EQ(c0["bytes"], json::array({104, 105}));
+  EXPECT_EQ(c0["top_logprobs"], json::parse(R"([{"token": "hi", "logprob": -0.125, "bytes": [104, 105]},
+                                                 {"token": "yo", "logprob": -2.5, "bytes": [121, 111]}])"));
+  // A partial UTF-8 piece: exact bytes in "bytes"; the dumped token text never throws.
+  EXPECT_EQ(j["content"][1]["bytes"], json::array({0xE2}));
+  EXPECT_EQ(j["content"][1]["top_logprobs"], json::array());
+  ResponseMeta m{Endpoint::Chat, "chatcmpl-1", 5, "stories260K"};
+  const std::string sse = sse_event(stream_chunk(m, "hi", false, "", false, j));
+  EXPECT_NE(sse.find(R"("bytes":[226])"), std::string::npos) << sse;
+  EXPECT_EQ(completion_response(m, "hi", "stop", {1, 2}, j)["choices"][0]["logprobs"], j);
 }
 
 TEST(ServerFormat, SseChunks) {
@@ -289,11 +352,12 @@ TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
       "scheduler": {"prefill_chunk_size": 128, "step_latency_target_ms": 20, "max_active_adapters": 0,
                     "enable_speculative_decoding": false},
       "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
-      "server": {"host": "0.0.0.0", "port": 0, "max_queue": 3, "threads": 2, "http_threads": 4},
+      "server": {"host": "0.0.0.0", "port": 0, "binary_port": 9001, "max_queue": 3, "threads": 2, "http_threads": 4},
       "kv_cache": {"memory_mib": 64, "block_size": 32, "prefix_caching": false}})"),
                     c);
   EXPECT_EQ(c.host, "0.0.0.0");
   EXPECT_EQ(c.port, 0);
+  EXPECT_EQ(c.binary_port, 9001);
   EXPECT_EQ(c.max_queue, 3);
   EXPECT_EQ(c.http_threads, 4);
   const EngineConfig e = to_engine_config(c);

@@ -117,6 +117,59 @@ describe('serve stories260K', { skip }, () => {
     assert.deepEqual(usage, r.usage);
   });
 
+  test('logprobs, completions: greedy tokens are the top-1, logprobs <= 0, text_offset, streaming agrees', async () => {
+    const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 20, temperature: 0, logprobs: 3 });
+    assert.equal(r.choices[0].text, gold.greedy_text.slice(0, r.choices[0].text.length));
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, 20);
+    assert.equal(lp.tokens.join(''), r.choices[0].text);
+    let off = 0;
+    for (let i = 0; i < lp.tokens.length; ++i) {
+      assert.ok(lp.token_logprobs[i] <= 0, `${lp.token_logprobs[i]}`);
+      assert.equal(lp.text_offset[i], off);
+      off += Buffer.byteLength(lp.tokens[i]);
+      const top = Object.entries(lp.top_logprobs[i]).sort((a, b) => b[1] - a[1]);
+      assert.ok(top.length >= 1 && top.length <= 3);
+      for (const [, v] of top) assert.ok(v <= 0);
+      assert.equal(top[0][0], lp.tokens[i]);  // greedy: the sampled token is the most likely one
+      assert.ok(top[0][1] >= lp.token_logprobs[i] - 1e-6);
+    }
+    const stream = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 20, temperature: 0, logprobs: 3, stream: true });
+    const tokens = [], lps = [], offsets = [];
+    for await (const c of stream) {
+      const l = c.choices[0]?.logprobs;
+      if (!l) continue;
+      tokens.push(...l.tokens);
+      lps.push(...l.token_logprobs);
+      offsets.push(...l.text_offset);
+    }
+    assert.deepEqual(tokens, lp.tokens);
+    assert.deepEqual(lps, lp.token_logprobs);
+    assert.deepEqual(offsets, lp.text_offset);
+  });
+
+  test('logprobs, chat: content[] with bytes and top_logprobs, streaming agrees; off by default', async () => {
+    const messages = [{ role: 'user', content: 'Tell me a story' }];
+    const plain = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 10, temperature: 0 });
+    assert.equal(plain.choices[0].logprobs, null);
+    const r = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 10, temperature: 0, logprobs: true, top_logprobs: 2 });
+    const content = r.choices[0].logprobs.content;
+    assert.equal(content.length, r.usage.completion_tokens - (r.choices[0].finish_reason === 'stop' ? 1 : 0));
+    for (const t of content) {
+      assert.ok(t.logprob <= 0);
+      assert.deepEqual(t.bytes, [...Buffer.from(t.token)]);
+      assert.equal(t.top_logprobs.length, 2);
+      assert.equal(t.top_logprobs[0].token, t.token);
+      assert.ok(t.top_logprobs[0].logprob >= t.logprob - 1e-6);
+      assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob);
+    }
+    assert.equal(content.map((t) => t.token).join(''), r.choices[0].message.content);
+    const stream = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 10, temperature: 0, logprobs: true, top_logprobs: 2, stream: true });
+    const streamed = [];
+    for await (const c of stream) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+    assert.deepEqual(streamed, content);
+  });
+
   test('seeded sampling is reproducible', async () => {
     const req = { model: MODEL_ID, prompt: gold.prompt, max_tokens: 40, temperature: 1, top_k: 40, top_p: 0.9, min_p: 0.01, seed: 7, presence_penalty: 0.5, frequency_penalty: 0.5 };
     const a = await client.completions.create(req);
@@ -174,7 +227,9 @@ describe('serve stories260K', { skip }, () => {
       ['/v1/completions', { model: MODEL_ID, prompt: [1, 99999] }, 'prompt'],
       ['/v1/completions', { model: 'gpt-4', prompt }, 'model'],
       ['/v1/completions', { model: MODEL_ID, prompt, bogus_field: 1 }, 'bogus_field'],
-      ['/v1/completions', { model: MODEL_ID, prompt, logprobs: 3 }, 'logprobs'],
+      ['/v1/completions', { model: MODEL_ID, prompt, logprobs: 21 }, 'logprobs'],
+      ['/v1/chat/completions', { model: MODEL_ID, messages: [{ role: 'user', content: 'x' }], top_logprobs: 2 }, 'top_logprobs'],
+      ['/v1/chat/completions', { model: MODEL_ID, messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 30 }, 'top_logprobs'],
       ['/v1/completions', { model: MODEL_ID, prompt, stop: [1] }, 'stop'],
       ['/v1/chat/completions', { model: MODEL_ID, messages: 'hi' }, 'messages'],
       ['/v1/chat/completions', { model: MODEL_ID, messages: [{ role: 'wizard', content: 'x' }] }, 'messages[0].role'],

@@ -1,0 +1,124 @@
+#include "client/binary_proto.h"
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <cstring>
+
+#include "proto/firsttoken_generated.h"  // flatc --cpp output in the build dir (namespace ft::fbs)
+
+namespace ft::proto {
+
+namespace fb = ::flatbuffers;
+
+namespace {
+
+// Finishes a frame: the length header, then the builder's bytes.
+std::string frame(const fb::FlatBufferBuilder& b) {
+  std::string out(kFrameHeader + b.GetSize(), '\0');
+  put_frame_length(reinterpret_cast<uint8_t*>(out.data()), uint32_t(b.GetSize()));
+  std::memcpy(out.data() + kFrameHeader, b.GetBufferPointer(), b.GetSize());
+  return out;
+}
+
+fbs::Finish finish_enum(const std::string& s) {
+  if (s == "stop") return fbs::Finish::Stop;
+  if (s == "length") return fbs::Finish::Length;
+  if (s == "cancelled") return fbs::Finish::Cancelled;
+  if (s == "error") return fbs::Finish::Error;
+  return fbs::Finish::None;
+}
+const char* finish_name(fbs::Finish f) {
+  switch (f) {
+    case fbs::Finish::Stop: return "stop";
+    case fbs::Finish::Length: return "length";
+    case fbs::Finish::Cancelled: return "cancelled";
+    case fbs::Finish::Error: return "error";
+    default: return "";
+  }
+}
+
+template <class T>
+const T* verified_root(const uint8_t* data, size_t n) {
+  if (data == nullptr || n < sizeof(fb::uoffset_t)) return nullptr;
+  fb::Verifier v(data, n, /*max_depth=*/16, /*max_tables=*/10000);
+  if (!v.VerifyBuffer<T>(nullptr)) return nullptr;
+  return fb::GetRoot<T>(data);
+}
+
+}  // namespace
+
+std::string encode_request(const Request& r) {
+  fb::FlatBufferBuilder b(256 + r.tokens.size() * 4 + r.text.size());
+  fb::Offset<fb::Vector<int32_t>> tokens;
+  fb::Offset<fb::String> text;
+  fb::Offset<fb::Vector<fb::Offset<fb::String>>> stop;
+  if (!r.tokens.empty()) tokens = b.CreateVector(r.tokens);
+  else text = b.CreateString(r.text);
+  if (!r.stop.empty()) stop = b.CreateVectorOfStrings(r.stop);
+  const SamplingParams& s = r.sampling;
+  const auto sampling = fbs::CreateSampling(b, s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty,
+                                            s.presence_penalty, s.frequency_penalty, s.seed, r.seed_set);
+  b.Finish(fbs::CreateRequest(b, tokens, text, r.add_bos, sampling, r.max_tokens, stop, r.stream, r.ignore_eos));
+  return frame(b);
+}
+
+std::string encode_response(const Response& r) {
+  fb::FlatBufferBuilder b(64 + r.tokens.size() * 4 + r.text.size() + r.error.size());
+  fb::Offset<fb::Vector<int32_t>> tokens;
+  fb::Offset<fb::String> text, error;
+  fb::Offset<fbs::Timings> timings;
+  if (!r.tokens.empty()) tokens = b.CreateVector(r.tokens);
+  if (!r.text.empty()) text = b.CreateString(r.text);
+  if (!r.error.empty()) error = b.CreateString(r.error);
+  if (r.last) {
+    const Timings& t = r.timings;
+    timings = fbs::CreateTimings(b, t.tokenize, t.queue, t.prefill, t.ttft, t.decode, t.total);
+  }
+  b.Finish(fbs::CreateResponse(b, tokens, text, r.last, finish_enum(r.finish), r.prompt_tokens, r.completion_tokens,
+                               timings, error));
+  return frame(b);
+}
+
+bool decode_request(const uint8_t* data, size_t n, Request& out) {
+  const fbs::Request* r = verified_root<fbs::Request>(data, n);
+  if (!r) return false;
+  out = Request{};
+  if (r->tokens()) out.tokens.assign(r->tokens()->begin(), r->tokens()->end());
+  if (r->text()) out.text = r->text()->str();
+  out.add_bos = r->add_bos();
+  if (const fbs::Sampling* s = r->sampling()) {
+    out.sampling.temperature = s->temperature();
+    out.sampling.top_k = s->top_k();
+    out.sampling.top_p = s->top_p();
+    out.sampling.min_p = s->min_p();
+    out.sampling.repetition_penalty = s->repetition_penalty();
+    out.sampling.presence_penalty = s->presence_penalty();
+    out.sampling.frequency_penalty = s->frequency_penalty();
+    out.sampling.seed = s->seed();
+    out.seed_set = s->seed_set();
+  }
+  out.max_tokens = r->max_tokens();
+  if (r->stop())
+    for (const fb::String* x : *r->stop()) out.stop.push_back(x->str());
+  out.stream = r->stream();
+  out.ignore_eos = r->ignore_eos();
+  return true;
+}
+
+bool decode_response(const uint8_t* data, size_t n, Response& out) {
+  const fbs::Response* r = verified_root<fbs::Response>(data, n);
+  if (!r) return false;
+  out = Response{};
+  if (r->tokens()) out.tokens.assign(r->tokens()->begin(), r->tokens()->end());
+  if (r->text()) out.text = r->text()->str();
+  out.last = r->last();
+  out.finish = finish_name(r->finish());
+  out.prompt_tokens = r->prompt_tokens();
+  out.completion_tokens = r->completion_tokens();
+  if (const fbs::Timings* t = r->timings())
+    out.timings = {t->tokenize(), t->queue(), t->prefill(), t->ttft(), t->decode(), t->total()};
+  if (r->error()) out.error = r->error()->str();
+  return true;
+}
+
+}  // namespace ft::proto

@@ -1,0 +1,338 @@
+// The binary protocol (proto/firsttoken.fbs, src/client): the frame codec on its own (round
+// trips, and the Verifier refusing malformed bytes), then a server running in this process on
+// stories260K driven by the C++ client: greedy text equals the golden continuation (streamed and
+// not, text and token-id prompts), errors as a last frame, and malformed frames closing only
+// their own connection while another stream completes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "client/binary_client.h"
+#include "client/binary_proto.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "server/server.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft {
+namespace {
+
+using json = nlohmann::json;
+
+// The bytes after a frame's length header.
+std::vector<uint8_t> body_of(const std::string& frame) {
+  EXPECT_GE(frame.size(), proto::kFrameHeader);
+  EXPECT_EQ(proto::frame_length(reinterpret_cast<const uint8_t*>(frame.data())), frame.size() - proto::kFrameHeader);
+  return {frame.begin() + proto::kFrameHeader, frame.end()};
+}
+
+TEST(BinaryProtoCodec, RequestRoundTrip) {
+  proto::Request r;
+  r.text = "Once upon a time";
+  r.add_bos = false;
+  r.sampling.temperature = 0.5f;
+  r.sampling.top_k = 40;
+  r.sampling.top_p = 0.9f;
+  r.sampling.min_p = 0.05f;
+  r.sampling.repetition_penalty = 1.1f;
+  r.sampling.presence_penalty = 0.5f;
+  r.sampling.frequency_penalty = -0.5f;
+  r.sampling.seed = 0xFFFFFFFFFFFFull;
+  r.seed_set = true;
+  r.max_tokens = 1000;
+  r.stop = {"\n", "The end"};
+  r.stream = false;
+  r.ignore_eos = true;
+  const auto b = body_of(proto::encode_request(r));
+  proto::Request d;
+  ASSERT_TRUE(proto::decode_request(b.data(), b.size(), d));
+  EXPECT_TRUE(d.tokens.empty());
+  EXPECT_EQ(d.text, r.text);
+  EXPECT_FALSE(d.add_bos);
+  EXPECT_EQ(d.sampling.temperature, 0.5f);
+  EXPECT_EQ(d.sampling.top_k, 40);
+  EXPECT_EQ(d.sampling.top_p, 0.9f);
+  EXPECT_EQ(d.sampling.min_p, 0.05f);
+  EXPECT_EQ(d.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(d.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(d.sampling.frequency_penalty, -0.5f);
+  EXPECT_EQ(d.sampling.seed, r.sampling.seed);
+  EXPECT_TRUE(d.seed_set);
+  EXPECT_EQ(d.max_tokens, 1000);
+  EXPECT_EQ(d.stop, r.stop);
+  EXPECT_FALSE(d.stream);
+  EXPECT_TRUE(d.ignore_eos);
+
+  proto::Request t;
+  t.tokens = {1, 403, 407, 261, 378};
+  const auto bt = body_of(proto::encode_request(t));
+  ASSERT_TRUE(proto::decode_request(bt.data(), bt.size(), d));
+  EXPECT_EQ(d.tokens, t.tokens);
+  EXPECT_TRUE(d.text.empty());
+  EXPECT_EQ(d.max_tokens, 16);  // the schema's defaults
+  EXPECT_TRUE(d.stream);
+  EXPECT_EQ(d.sampling.temperature, 1.0f);
+  EXPECT_FALSE(d.seed_set);
+}
+
+TEST(BinaryProtoCodec, ResponseRoundTrip) {
+  proto::Response r;
+  r.tokens = {432};
+  r.text = ", there";
+  const auto b = body_of(proto::encode_response(r));
+  proto::Response d;
+  ASSERT_TRUE(proto::decode_response(b.data(), b.size(), d));
+  EXPECT_EQ(d.tokens, r.tokens);
+  EXPECT_EQ(d.text, r.text);
+  EXPECT_FALSE(d.last);
+  EXPECT_EQ(d.finish, "");
+
+  proto::Response f;
+  f.last = true;
+  f.finish = "length";
+  f.prompt_tokens = 5;
+  f.completion_tokens = 100;
+  f.timings = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6};
+  const auto bf = body_of(proto::encode_response(f));
+  ASSERT_TRUE(proto::decode_response(bf.data(), bf.size(), d));
+  EXPECT_TRUE(d.last);
+  EXPECT_EQ(d.finish, "length");
+  EXPECT_EQ(d.prompt_tokens, 5);
+  EXPECT_EQ(d.completion_tokens, 100);
+  EXPECT_EQ(d.timings.ttft, 0.4);
+  EXPECT_EQ(d.timings.total, 0.6);
+  EXPECT_TRUE(d.error.empty());
+
+  proto::Response e;
+  e.last = true;
+  e.finish = "error";
+  e.error = "max_tokens must be >= 1";
+  const auto be = body_of(proto::encode_response(e));
+  ASSERT_TRUE(proto::decode_response(be.data(), be.size(), d));
+  EXPECT_EQ(d.finish, "error");
+  EXPECT_EQ(d.error, e.error);
+}
+
+TEST(BinaryProtoCodec, VerifierRefusesMalformedBytes) {
+  proto::Request d;
+  EXPECT_FALSE(proto::decode_request(nullptr, 0, d));
+  const uint8_t tiny[2] = {1, 2};
+  EXPECT_FALSE(proto::decode_request(tiny, sizeof tiny, d));
+  std::vector<uint8_t> garbage(64, 0xFF);
+  EXPECT_FALSE(proto::decode_request(garbage.data(), garbage.size(), d));
+  proto::Request r;
+  r.text = "hello";
+  r.stop = {"x"};
+  const auto b = body_of(proto::encode_request(r));
+  // Truncations fail (cutting only trailing padding may pass) and never read out of bounds;
+  // random byte flips never crash (ASan checks the reads).
+  for (size_t n = 0; n < b.size(); ++n) {
+    const std::vector<uint8_t> cut(b.begin(), b.begin() + ptrdiff_t(n));  // exact size for ASan
+    const bool ok = proto::decode_request(cut.data(), cut.size(), d);
+    if (n < b.size() / 2) {
+      EXPECT_FALSE(ok) << n;
+    }
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    auto m = b;
+    for (int k = 0; k < 3; ++k) m[rng() % m.size()] = uint8_t(rng());
+    (void)proto::decode_request(m.data(), m.size(), d);
+    proto::Response resp;
+    (void)proto::decode_response(m.data(), m.size(), resp);
+  }
+}
+
+// --- through a running server ----------------------------------------------------------------
+class BinaryServer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = test::shared_file("models/stories260K.gguf");
+    if (path.empty()) return;
+    model_ = Model::load(path).release();
+    tok_ = new Tokenizer(Tokenizer::from_gguf(model_->file()));
+    EngineConfig ec;
+    ec.runtime.threads = 1;
+    ec.calibrate = false;
+    engine_ = new Engine(*model_, ec, [](int32_t t) { return tok_->is_eog(t); });
+    server::ServedModel sm{model_, tok_, "stories260K", ChatFormat::ChatML};
+    server::ServeConfig cfg;
+    cfg.port = 0;
+    cfg.binary_port_any = true;
+    cfg.http_threads = 2;
+    cfg.shutdown_timeout_s = 5;
+    server_ = new server::Server(*engine_, sm, cfg);
+    thread_ = new std::thread([] { server_->run(); });
+    for (int i = 0; i < 3000 && server_->binary_port() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  static void TearDownTestSuite() {
+    if (!server_) return;
+    server_->stop();
+    thread_->join();
+    delete thread_;
+    delete server_;
+    delete engine_;
+    delete tok_;
+    delete model_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    FT_REQUIRE_SHARED(golden_path, "models/stories260K.golden.json");
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(server_->binary_port(), 0) << "the server did not start listening";
+    const json doc = json::parse(test::read_file(golden_path));
+    for (const json& c : doc["cases"])
+      if (c["prompt"] == "Once upon a time") {
+        const json toks = c["greedy_tokens"].is_string() ? json::parse(c["greedy_tokens"].get<std::string>()) : c["greedy_tokens"];
+        const json prompt = c["prompt_tokens"].is_string() ? json::parse(c["prompt_tokens"].get<std::string>()) : c["prompt_tokens"];
+        greedy_text_ = c["greedy_text"].get<std::string>();
+        greedy_tokens_ = toks.get<std::vector<int32_t>>();
+        prompt_tokens_ = prompt.get<std::vector<int32_t>>();
+      }
+    ASSERT_FALSE(greedy_text_.empty());
+  }
+  static proto::Request greedy(int64_t n) {
+    proto::Request r;
+    r.text = "Once upon a time";
+    r.max_tokens = n;
+    r.sampling.temperature = 0;
+    return r;
+  }
+  int port() const { return server_->binary_port(); }
+
+  static inline Model* model_ = nullptr;
+  static inline Tokenizer* tok_ = nullptr;
+  static inline Engine* engine_ = nullptr;
+  static inline server::Server* server_ = nullptr;
+  static inline std::thread* thread_ = nullptr;
+  std::string greedy_text_;
+  std::vector<int32_t> greedy_tokens_, prompt_tokens_;
+};
+
+TEST_F(BinaryServer, StreamedGreedyTextEqualsGolden) {
+  client::BinaryClient c("127.0.0.1", port(), 60);
+  std::string text;
+  std::vector<int32_t> tokens;
+  int frames = 0;
+  const proto::Response last = c.generate(greedy(100), [&](const proto::Response& r) {
+    ++frames;
+    text += r.text;
+    tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+  });
+  EXPECT_TRUE(last.error.empty()) << last.error;
+  EXPECT_EQ(text, greedy_text_);
+  ASSERT_GE(greedy_tokens_.size(), 100u);
+  EXPECT_EQ(tokens, std::vector<int32_t>(greedy_tokens_.begin(), greedy_tokens_.begin() + 100));
+  EXPECT_GE(frames, 100);  // a frame per token, then the last one
+  EXPECT_EQ(last.finish, "length");
+  EXPECT_EQ(last.prompt_tokens, int64_t(prompt_tokens_.size()));
+  EXPECT_EQ(last.completion_tokens, 100);
+  EXPECT_GT(last.timings.ttft, 0);
+  EXPECT_GE(last.timings.total, last.timings.ttft);
+}
+
+TEST_F(BinaryServer, NonStreamedFromTokenIdsAndSequentialRequests) {
+  client::BinaryClient c("127.0.0.1", port(), 60);
+  proto::Request r = greedy(100);
+  r.text.clear();
+  r.tokens = prompt_tokens_;
+  r.stream = false;
+  int frames = 0;
+  const proto::Response last = c.generate(r, [&](const proto::Response&) { ++frames; });
+  EXPECT_EQ(frames, 1);
+  EXPECT_EQ(last.text, greedy_text_);
+  EXPECT_EQ(last.tokens.size(), 100u);
+  // The same connection serves the next request.
+  const proto::Response again = c.generate(greedy(5));
+  EXPECT_EQ(again.completion_tokens, 5);
+  EXPECT_EQ(again.text, greedy_text_.substr(0, again.text.size()));
+}
+
+TEST_F(BinaryServer, ErrorsAreALastFrameAndTheConnectionStaysUsable) {
+  client::BinaryClient c("127.0.0.1", port(), 60);
+  proto::Request too_long = greedy(100000);
+  proto::Response r = c.generate(too_long);
+  EXPECT_TRUE(r.last);
+  EXPECT_EQ(r.finish, "error");
+  EXPECT_NE(r.error.find("max_tokens"), std::string::npos) << r.error;
+  proto::Request bad_token = greedy(5);
+  bad_token.text.clear();
+  bad_token.tokens = {1, 99999};
+  r = c.generate(bad_token);
+  EXPECT_NE(r.error.find("out of range"), std::string::npos) << r.error;
+  proto::Request bad_temp = greedy(5);
+  bad_temp.sampling.temperature = -1;
+  r = c.generate(bad_temp);
+  EXPECT_NE(r.error.find("temperature"), std::string::npos) << r.error;
+  r = c.generate(greedy(3));
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.completion_tokens, 3);
+}
+
+TEST_F(BinaryServer, MalformedFramesCloseOnlyTheirConnection) {
+  // A stream in progress on another connection...
+  client::BinaryClient streaming("127.0.0.1", port(), 60);
+  streaming.send_raw(proto::encode_request(greedy(100)));
+  proto::Response first;
+  ASSERT_TRUE(streaming.read_frame(first));
+  std::string text = first.text;
+
+  auto expect_closed = [&](const std::string& bytes, const char* what) {
+    client::BinaryClient bad("127.0.0.1", port(), 30);
+    bad.send_raw(bytes);
+    proto::Response r;
+    bool open = true;
+    try {
+      open = bad.read_frame(r);
+    } catch (const Error&) {
+      open = false;  // a reset reads as an error: closed all the same
+    }
+    EXPECT_FALSE(open) << what;
+  };
+  expect_closed(std::string("\0\0\0\0", 4), "zero length");
+  expect_closed(std::string("\xFF\xFF\xFF\x7F", 4), "length over the limit");
+  std::string garbage = std::string("\x10\0\0\0", 4) + std::string(16, '\xAB');
+  expect_closed(garbage, "not a FlatBuffer");
+  std::string req = proto::encode_request(greedy(5));
+  req[proto::kFrameHeader] = '\xFF';  // the root offset points outside the buffer
+  req[proto::kFrameHeader + 1] = '\xFF';
+  expect_closed(req, "bad root offset");
+
+  // ... completes, untouched.
+  proto::Response r;
+  while (!r.last) {
+    ASSERT_TRUE(streaming.read_frame(r));
+    text += r.text;
+  }
+  EXPECT_EQ(text, greedy_text_);
+  EXPECT_EQ(r.finish, "length");
+  // And the server still answers new connections.
+  client::BinaryClient after("127.0.0.1", port(), 60);
+  EXPECT_EQ(after.generate(greedy(4)).completion_tokens, 4);
+}
+
+TEST_F(BinaryServer, ClientLeavingMidStreamDoesNotDisturbOthers) {
+  {
+    client::BinaryClient leaving("127.0.0.1", port(), 60);
+    leaving.send_raw(proto::encode_request(greedy(400)));
+    proto::Response r;
+    ASSERT_TRUE(leaving.read_frame(r));
+  }  // closed mid-stream: its request is cancelled
+  client::BinaryClient c("127.0.0.1", port(), 60);
+  std::string text;
+  const proto::Response r = c.generate(greedy(100), [&](const proto::Response& f) { text += f.text; });
+  EXPECT_EQ(text, greedy_text_);
+  EXPECT_EQ(r.finish, "length");
+  EXPECT_EQ(r.completion_tokens, 100);
+}
+
+}  // namespace
+}  // namespace ft
