@@ -2,15 +2,16 @@
 //
 // File shape (every section and key optional; an unknown key is an error naming it):
 //   {"scheduler": {"prefill_chunk_size": "auto" | 0 (no chunking) | N, "step_latency_target_ms": N,
-//                  "max_num_seqs": N, "max_batch_tokens": N, "max_active_adapters": 0,
+//                  "max_num_seqs": N, "max_batch_tokens": N, "max_active_adapters": N,
 //                  "enable_speculative_decoding": false},
 //    "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
 //    "server": {"host", "port", "binary_port", "max_queue", "threads", "http_threads", "max_body_bytes",
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "log_level", "model", "served_model_name", "context_length"},
 //    "kv_cache": {"memory_mib": N, "block_size": N, "prefix_caching": true}}
-// Features not built yet (speculative decoding, tp/pp > 1, LoRA adapters, a throughput-optimised
-// mode) are refused with "... is not supported yet", never silently ignored.
+// Features not built yet (speculative decoding, tp/pp > 1, a throughput-optimised mode) are
+// refused with "... is not supported yet", never silently ignored. max_active_adapters is a cap
+// and is accepted: no LoRA adapter can be loaded yet, so no batch ever holds one.
 #pragma once
 #include <cstdint>
 #include <string>
