@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/rowwise.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
@@ -73,54 +74,16 @@ class CpuReferenceBackend final : public Backend {
     swiglu(A, tmp_.data(), A, M, Wg.n_rows);
   }
 
-  void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) Y[m * N + n] += bias[n];
-  }
-
+  void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
   void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) override {
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xr = x + m * n;
-      float* yr = y + m * n;
-      double ss = 0;
-      for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
-      const float scale = float(1.0 / std::sqrt(ss / double(n) + eps));
-      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
-    }
+    rowwise::rmsnorm(x, w, y, M, n, eps);
   }
-
   void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
-    const uint64_t rb = *row_bytes(E.type, uint64_t(E.n_cols));
-    for (int64_t m = 0; m < M; ++m)
-      dequantize_row(E.type, static_cast<const uint8_t*>(E.data) + uint64_t(tokens[m]) * rb,
-                     out + m * E.n_cols, E.n_cols);
+    rowwise::embed(E, tokens, M, out);
   }
-
   void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
             const RopeParams& p) override {
-    // theta_i = pos * freq_scale * base^(-2i/n_rot), accumulated multiplicatively as ggml does.
-    const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
-    std::vector<float> cs(size_t(p.n_rot));
-    for (int64_t m = 0; m < M; ++m) {
-      float theta = float(pos[m]) * p.freq_scale;
-      for (int32_t i = 0; i < p.n_rot / 2; ++i) {
-        const float t = p.freq_factors ? theta / p.freq_factors[i] : theta;
-        cs[2 * i] = std::cos(t);
-        cs[2 * i + 1] = std::sin(t);
-        theta *= theta_scale;
-      }
-      for (int32_t h = 0; h < n_heads; ++h) {
-        float* v = x + (m * n_heads + h) * head_dim;
-        for (int32_t i = 0; i < p.n_rot / 2; ++i) {
-          const int32_t a = p.style == RopeStyle::Interleaved ? 2 * i : i;
-          const int32_t b = p.style == RopeStyle::Interleaved ? 2 * i + 1 : i + p.n_rot / 2;
-          const float c = cs[2 * i], s = cs[2 * i + 1];
-          const float x0 = v[a], x1 = v[b];
-          v[a] = x0 * c - x1 * s;
-          v[b] = x0 * s + x1 * c;
-        }
-      }
-    }
+    rowwise::rope(x, M, n_heads, head_dim, pos, p, threads_);
   }
 
   void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
@@ -168,15 +131,9 @@ class CpuReferenceBackend final : public Backend {
   }
 
   void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) override {
-    for (int64_t i = 0; i < M * n; ++i) {
-      const float g = gate[i];
-      a[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
+    rowwise::swiglu(gate, up, a, M, n);
   }
-
-  void add(float* y, const float* x, int64_t M, int64_t n) override {
-    for (int64_t i = 0; i < M * n; ++i) y[i] += x[i];
-  }
+  void add(float* y, const float* x, int64_t M, int64_t n) override { rowwise::add(y, x, M, n); }
 
  private:
   int threads_;
