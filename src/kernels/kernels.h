@@ -11,13 +11,16 @@
 
 namespace ft {
 
-// A weight matrix W (n_rows, n_cols) in its storage type: n_rows outputs, n_cols inputs, each
-// row row_bytes(type, n_cols) bytes, rows contiguous.
+// A weight matrix W (n_rows, n_cols) in its storage type: n_rows outputs, n_cols inputs. Rows:
+// as in GGUF, each row row_bytes(type, n_cols) bytes, rows contiguous. Packed: repacked by a
+// backend's prepare() into that backend's own layout (only that backend can read it).
+enum class WeightLayout : uint8_t { Rows, Packed };
 struct WeightView {
   GGMLType type = GGMLType::F32;
   const void* data = nullptr;
   int64_t n_rows = 0;
   int64_t n_cols = 0;
+  WeightLayout layout = WeightLayout::Rows;
 };
 
 // Where attention finds one sequence's K/V in one layer of the paged KV cache.
@@ -57,6 +60,9 @@ class Backend {
   // Sizes per-thread scratch for up to max_rows activation rows, so the forward pass does not
   // allocate (Forward calls it at construction). Optional: kernels grow scratch on demand.
   virtual void reserve(int64_t max_rows) { (void)max_rows; }
+  // A view of W in the layout this backend's matmuls read fastest (repacked once, at load; the
+  // backend owns the copy and returns the same one for the same W). Default: W itself.
+  virtual WeightView prepare(const WeightView& W) { return W; }
 
   // X (M, K) @ W(N, K)^T -> Y (M, N). K == W.n_cols.
   virtual void matmul(const float* X, int64_t M, const WeightView& W, float* Y) = 0;

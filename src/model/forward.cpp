@@ -11,8 +11,11 @@
 namespace ft {
 
 Forward::Forward(const Model& model, Backend& backend, int64_t max_batch)
-    : model_(model), be_(backend), max_batch_(max_batch) {
+    : model_(model), be_(backend), w_(model.weights()), max_batch_(max_batch) {
   if (max_batch <= 0) fail("forward: max batch must be positive");
+  for (LayerWeights& L : w_.layers)
+    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *v = be_.prepare(*v);
+  w_.output = be_.prepare(w_.output);  // token_embd stays in rows: embed() reads single rows
   const HParams& hp = model.hparams();
   const size_t M = size_t(max_batch);
   x_.resize(M * size_t(hp.dim));
@@ -47,7 +50,7 @@ void Forward::validate(const Batch& b, const KVCache& kv) const {
 // x += Wo · softmax(q kᵀ / √d) v, with q, k, v = rmsnorm(x) · W{q,k,v} (+ bias), RoPE on q and k.
 void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M) {
   const HParams& hp = model_.hparams();
-  const LayerWeights& L = model_.weights().layers[size_t(il)];
+  const LayerWeights& L = w_.layers[size_t(il)];
   be_.rmsnorm(x_.data(), L.attn_norm, h_.data(), M, hp.dim, hp.rms_eps);
   // Q, K, V in one GEMM pass over the three weights (biases, if any, in its epilogue).
   const Backend::MatmulTarget qkv[3] = {{L.wq, q_.data(), hp.q_dim(), L.bq},
@@ -76,7 +79,7 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
 // x += W_down · (silu(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x))
 void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
-  const LayerWeights& L = model_.weights().layers[size_t(il)];
+  const LayerWeights& L = w_.layers[size_t(il)];
   be_.rmsnorm(x_.data(), L.ffn_norm, h_.data(), M, hp.dim, hp.rms_eps);
   be_.ffn_swiglu(h_.data(), M, L.w_gate, L.w_up, gate_.data());  // silu(h·W_gateᵀ) ⊙ h·W_upᵀ
   be_.matmul_add(gate_.data(), M, L.w_down, x_.data());          // x += that · W_downᵀ
@@ -85,7 +88,7 @@ void Forward::ffn_block(int32_t il, int64_t M) {
 void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   validate(b, kv);
   const HParams& hp = model_.hparams();
-  const ModelWeights& w = model_.weights();
+  const ModelWeights& w = w_;
   const int64_t M = b.size();
   be_.embed(w.token_embd, b.tokens.data(), M, x_.data());
   for (int32_t il = 0; il < hp.n_layers; ++il) {

@@ -106,6 +106,8 @@ class Forward {
 
   const Model& model_;
   Backend& be_;
+  // The model's weights with every matmul weight in the backend's preferred layout (prepare()).
+  ModelWeights w_;
   int64_t max_batch_;
   // (max_batch, width) scratch
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_;

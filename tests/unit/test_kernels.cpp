@@ -2,10 +2,10 @@
 // of odd shapes, on both instruction-set paths (AVX2 when the CPU has it, and the forced scalar
 // fallback).
 //
-// Tolerances. GEMM: each output sums K products in f32 in chunks of 256 with 8 lane partial
-// sums, so its rounding error is bounded by about (K/8 + 12) * 2^-24 * sum_k |x_k w_k|; we allow
-// 1e-5 * sum |x w| + 1e-6 (the bound is <= 5e-6 * sum|xw| for the K used here). Weights are
-// dequantized bit-identically to dequantize_row, so the reference uses dequantize_row's values.
+// Tolerances. GEMM: each output is one f32 fused multiply-add chain over k in order, so its
+// rounding error is at most about K * 2^-24 * sum_k |x_k w_k| (the classic gamma_K bound); we
+// allow (K + 8) * 2^-24 * sum|x w| + 1e-6. Weights are dequantized bit-identically to
+// dequantize_row (rows or the fast backend's packed panels), so the reference uses its values.
 // Attention: softmax in f32 with a polynomial exp (~2 ulp), online rescaling and f32 sums over
 // <= 300 positions; we allow 2e-5 * max|v| absolute on outputs that are convex combinations of v.
 #include <gtest/gtest.h>
@@ -79,6 +79,8 @@ void ref_gemm(const float* X, int64_t M, const QWeight& W, std::vector<double>& 
     }
 }
 
+double gemm_tol(int64_t K, double mag) { return double(K + 8) * 0x1p-24 * mag + 1e-6; }
+
 struct TypeCase {
   GGMLType type;
   std::vector<int64_t> Ks;
@@ -103,12 +105,17 @@ TEST_P(KernelTest, GemmAllTypesOddShapes) {
         for (int64_t M : {1, 3, 17, 64, 257}) {
           const auto X = randv(rng, size_t(M * K));
           std::vector<float> Y(size_t(M * N), -1.0f);
-          be->matmul(X.data(), M, W.view(), Y.data());
           std::vector<double> ref, mag;
           ref_gemm(X.data(), M, W, ref, mag);
-          for (size_t i = 0; i < Y.size(); ++i)
-            ASSERT_NEAR(Y[i], ref[i], 1e-5 * mag[i] + 1e-6)
-                << type_traits(tc.type).name << " M=" << M << " N=" << N << " K=" << K << " at " << i;
+          for (bool packed : {false, true}) {
+            const WeightView v = packed ? be->prepare(W.view()) : W.view();
+            std::fill(Y.begin(), Y.end(), -1.0f);
+            be->matmul(X.data(), M, v, Y.data());
+            for (size_t i = 0; i < Y.size(); ++i)
+              ASSERT_NEAR(Y[i], ref[i], gemm_tol(K, mag[i]))
+                  << type_traits(tc.type).name << (packed ? " packed" : " rows") << " M=" << M
+                  << " N=" << N << " K=" << K << " at " << i;
+          }
         }
       }
     }
@@ -125,12 +132,19 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
-    std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+    std::vector<float> all(static_cast<size_t>(M * N)), part(static_cast<size_t>(M * N));
     be->matmul(X.data(), M, W.view(), all.data());
-    for (int64_t m : {0, 1, 2, 3, 65, 66}) {
-      be->matmul(X.data() + m * K, 1, W.view(), one.data());
-      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(one[size_t(n)], all[size_t(m * N + n)]) << m << "," << n;
-    }
+    // Any sub-batch, rows or packed layout: the same bits.
+    const WeightView packed = be->prepare(W.view());
+    for (const WeightView& v : {W.view(), packed})
+      for (int64_t m0 : {0, 1, 2, 3, 7, 65, 66})
+        for (int64_t mc : {1, 2, 3, 4, 5, 6, 13, 64}) {
+          if (m0 + mc > M) continue;
+          be->matmul(X.data() + m0 * K, mc, v, part.data());
+          for (int64_t i = 0; i < mc * N; ++i)
+            ASSERT_EQ(part[size_t(i)], all[size_t(m0 * N + i)])
+                << type_traits(t).name << " m0=" << m0 << " M=" << mc << " i=" << i;
+        }
   }
 }
 
@@ -142,15 +156,18 @@ TEST_P(KernelTest, FusedQkvResidualSwiglu) {
     // V in another type, as Q4_K_M files mix Q4_K and Q6_K within one layer.
     const GGMLType tv = t == GGMLType::F32 ? GGMLType::F16 : t == GGMLType::Q6_K ? GGMLType::Q4_K : GGMLType::Q8_0;
     const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wv = make_weight(rng, tv, Nk, K);
+    const QWeight Wu = make_weight(rng, t, Nq, K);
     const auto bq = randv(rng, size_t(Nq)), bk = randv(rng, size_t(Nk));
-    for (int64_t M : {1, 3, 17, 64}) {
+    for (int64_t M : {1, 3, 17, 64})
+    for (bool packed : {false, true}) {
+      auto view = [&](const QWeight& w) { return packed ? be->prepare(w.view()) : w.view(); };
       const auto X = randv(rng, size_t(M * K));
       // Q, K, V written into one (M, Nq + 2 Nk) buffer through row strides; V without bias.
       const int64_t ld = Nq + 2 * Nk;
       std::vector<float> Y(size_t(M * ld), 0);
-      const Backend::MatmulTarget tg[3] = {{Wq.view(), Y.data(), ld, bq.data()},
-                                           {Wk.view(), Y.data() + Nq, ld, bk.data()},
-                                           {Wv.view(), Y.data() + Nq + Nk, ld, nullptr}};
+      const Backend::MatmulTarget tg[3] = {{view(Wq), Y.data(), ld, bq.data()},
+                                           {view(Wk), Y.data() + Nq, ld, bk.data()},
+                                           {view(Wv), Y.data() + Nq + Nk, ld, nullptr}};
       be->matmul_multi(X.data(), M, tg, 3);
       const QWeight* ws[3] = {&Wq, &Wk, &Wv};
       const float* bs[3] = {bq.data(), bk.data(), nullptr};
@@ -161,28 +178,27 @@ TEST_P(KernelTest, FusedQkvResidualSwiglu) {
         for (int64_t m = 0; m < M; ++m)
           for (int64_t n = 0; n < ws[s]->N; ++n) {
             const size_t i = size_t(m * ws[s]->N + n);
-            ASSERT_NEAR(Y[size_t(m * ld + off[s] + n)], ref[i] + (bs[s] ? bs[s][n] : 0.0), 1e-5 * mag[i] + 1e-5);
+            ASSERT_NEAR(Y[size_t(m * ld + off[s] + n)], ref[i] + (bs[s] ? bs[s][n] : 0.0), gemm_tol(K, mag[i]) + 1e-5);
           }
       }
       // Residual: R += X Wq^T.
       auto R = randv(rng, size_t(M * Nq));
       const auto R0 = R;
-      be->matmul_add(X.data(), M, Wq.view(), R.data());
+      be->matmul_add(X.data(), M, view(Wq), R.data());
       std::vector<double> ref, mag;
       ref_gemm(X.data(), M, Wq, ref, mag);
-      for (size_t i = 0; i < R.size(); ++i) ASSERT_NEAR(R[i], R0[i] + ref[i], 1e-5 * mag[i] + 1e-5);
+      for (size_t i = 0; i < R.size(); ++i) ASSERT_NEAR(R[i], R0[i] + ref[i], gemm_tol(K, mag[i]) + 1e-5);
       // SwiGLU: A = silu(X Wg^T) * (X Wu^T) with Wg = Wq, Wu = a second (Nq, K) weight.
-      const QWeight Wu = make_weight(rng, t, Nq, K);
       std::vector<float> A(size_t(M * Nq));
-      be->ffn_swiglu(X.data(), M, Wq.view(), Wu.view(), A.data());
+      be->ffn_swiglu(X.data(), M, view(Wq), view(Wu), A.data());
       std::vector<double> refu, magu;
       ref_gemm(X.data(), M, Wu, refu, magu);
       for (size_t i = 0; i < A.size(); ++i) {
         const double g = ref[i], u = refu[i];
         const double want = g / (1 + std::exp(-g)) * u;
         // d(silu(g) u) = silu'(g) u dg + silu(g) du, |silu'| <= 1.1, |silu(g)| <= |g| + 0.3
-        const double tol = 1.1 * std::fabs(u) * (1e-5 * mag[i] + 1e-6) +
-                           (std::fabs(g) + 0.3) * (1e-5 * magu[i] + 1e-6) + 1e-6 * std::fabs(want);
+        const double tol = 1.1 * std::fabs(u) * gemm_tol(K, mag[i]) +
+                           (std::fabs(g) + 0.3) * gemm_tol(K, magu[i]) + 1e-6 * std::fabs(want);
         ASSERT_NEAR(A[i], want, tol) << type_traits(t).name << " M=" << M << " i=" << i;
       }
     }
@@ -287,6 +303,36 @@ INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) {
                            return std::string(i.param ? "Scalar" : "Native");
                          });
+
+// Both instruction-set paths compute the same fma chains over the same weight values: their GEMM
+// results are bit-identical (so a model gives the same tokens with FT_FORCE_SCALAR=1).
+TEST(KernelIsas, GemmBitIdenticalAcrossIsas) {
+  auto native = backend_for(false), scalar = backend_for(true);
+  std::mt19937 rng(11);
+  for (const auto& tc : type_cases()) {
+    const int64_t K = tc.Ks.back(), N = 37;
+    const QWeight W = make_weight(rng, tc.type, N, K);
+    for (int64_t M : {1, 4, 9}) {
+      const auto X = randv(rng, size_t(M * K));
+      std::vector<float> a(size_t(M * N)), b(size_t(M * N));
+      native->matmul(X.data(), M, native->prepare(W.view()), a.data());
+      scalar->matmul(X.data(), M, scalar->prepare(W.view()), b.data());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << type_traits(tc.type).name << " M=" << M;
+    }
+  }
+}
+
+// A packed weight is readable only by the backend that packed it; the reference backend refuses it.
+TEST(KernelIsas, PackedLayoutIsBackendPrivate) {
+  std::mt19937 rng(12);
+  const QWeight W = make_weight(rng, GGMLType::Q8_0, 20, 64);
+  auto be = backend_for(false);
+  const WeightView p = be->prepare(W.view());
+  EXPECT_EQ(p.layout, WeightLayout::Packed);
+  EXPECT_EQ(be->prepare(W.view()).data, p.data);  // packed once
+  std::vector<float> X(64, 0.5f), Y(20);
+  EXPECT_THROW(make_backend("reference", 1)->matmul(X.data(), 1, p, Y.data()), std::exception);
+}
 
 TEST(KernelSelection, ReportsIsa) {
   set_force_scalar(true);

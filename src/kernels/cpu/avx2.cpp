@@ -19,12 +19,6 @@
 namespace ft::cpu {
 namespace {
 
-// Canonical reduction of 4 vectors: lane i = ((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7)) of vector i.
-inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
 // exp(x) for 8 floats (Cephes polynomial, ~1 ulp); x < -87.3 (and -inf) gives exactly 0.
 inline __m256 exp256(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.3f);
@@ -61,122 +55,277 @@ inline __m256 i8x8_to_ps(const void* p) {  // 8 int8 -> 8 floats
 }
 
 struct Avx2Isa {
-  template <int MR, int NR>
-  static void tile(const float* const* x, const float* const* w, int64_t len, float* out) {
-    static_assert(MR >= 1 && MR <= 3 && NR >= 1 && NR <= 3);
-    // Named registers (no arrays: GCC would keep arrays on the stack). Unused ones fold away.
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00,
-           a20 = a00, a21 = a00, a22 = a00;
+  // ---- GEMM on the panel layout (packed.h) ----
+  // C (MR, ldc)[:, 0:16] (+)= x (MR, ldx) @ w (len, 16): 12 accumulators, each one fma chain
+  // over k in order (from 0 when first, else from C).
+  // (x: MR row pointers.)
+  template <int MR>
+  static void mk_t(const float* const* x, const float* w, int64_t len, float* c, int64_t ldc,
+                   bool first) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float* x0 = x[0];
-    const float* x1 = MR > 1 ? x[1] : x[0];
-    const float* x2 = MR > 2 ? x[2] : x[0];
-    const float* w0 = w[0];
-    const float* w1 = NR > 1 ? w[1] : w[0];
-    const float* w2 = NR > 2 ? w[2] : w[0];
-    int64_t k = 0;
-    for (; k + 8 <= len; k += 8) {
-      // Weights into registers once (the asm keeps GCC from re-loading them as memory operands
-      // of every FMA, which makes the loop load-port bound), then one x row at a time.
-      __m256 v0 = _mm256_loadu_ps(w0 + k), v1, v2;
-      __asm__("" : "+x"(v0));
-      if constexpr (NR > 1) { v1 = _mm256_loadu_ps(w1 + k); __asm__("" : "+x"(v1)); }
-      if constexpr (NR > 2) { v2 = _mm256_loadu_ps(w2 + k); __asm__("" : "+x"(v2)); }
-      {
-        __m256 xv = _mm256_loadu_ps(x0 + k);
-        __asm__("" : "+x"(xv));
-        a00 = _mm256_fmadd_ps(xv, v0, a00);
-        if constexpr (NR > 1) a01 = _mm256_fmadd_ps(xv, v1, a01);
-        if constexpr (NR > 2) a02 = _mm256_fmadd_ps(xv, v2, a02);
-      }
-      if constexpr (MR > 1) {
-        __m256 xv = _mm256_loadu_ps(x1 + k);
-        __asm__("" : "+x"(xv));
-        a10 = _mm256_fmadd_ps(xv, v0, a10);
-        if constexpr (NR > 1) a11 = _mm256_fmadd_ps(xv, v1, a11);
-        if constexpr (NR > 2) a12 = _mm256_fmadd_ps(xv, v2, a12);
-      }
-      if constexpr (MR > 2) {
-        __m256 xv = _mm256_loadu_ps(x2 + k);
-        __asm__("" : "+x"(xv));
-        a20 = _mm256_fmadd_ps(xv, v0, a20);
-        if constexpr (NR > 1) a21 = _mm256_fmadd_ps(xv, v1, a21);
-        if constexpr (NR > 2) a22 = _mm256_fmadd_ps(xv, v2, a22);
-      }
+    const float* x1 = x[MR > 1 ? 1 : 0];
+    const float* x2 = x[MR > 2 ? 2 : 0];
+    const float* x3 = x[MR > 3 ? 3 : 0];
+    const float* x4 = x[MR > 4 ? 4 : 0];
+    const float* x5 = x[MR > 5 ? 5 : 0];
+#define FT_LD(i)                                                                   \
+  if constexpr (MR > i) {                                                          \
+    if (!first) {                                                                  \
+      c##i##0 = _mm256_loadu_ps(c + i * ldc);                                      \
+      c##i##1 = _mm256_loadu_ps(c + i * ldc + 8);                                  \
+    }                                                                              \
+  }
+#define FT_FM(i, xk)                                                               \
+  if constexpr (MR > i) {                                                          \
+    const __m256 a = _mm256_broadcast_ss(xk);                                      \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);                                     \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);                                     \
+  }
+#define FT_ST(i)                                                                   \
+  if constexpr (MR > i) {                                                          \
+    _mm256_storeu_ps(c + i * ldc, c##i##0);                                        \
+    _mm256_storeu_ps(c + i * ldc + 8, c##i##1);                                    \
+  }
+    FT_LD(0) FT_LD(1) FT_LD(2) FT_LD(3) FT_LD(4) FT_LD(5)
+    for (int64_t k = 0; k < len; ++k) {
+      const __m256 b0 = _mm256_loadu_ps(w + k * 16), b1 = _mm256_loadu_ps(w + k * 16 + 8);
+      FT_FM(0, x0 + k) FT_FM(1, x1 + k) FT_FM(2, x2 + k) FT_FM(3, x3 + k) FT_FM(4, x4 + k) FT_FM(5, x5 + k)
     }
-    alignas(16) float h[12];
-    const __m256 z = _mm256_setzero_ps();
-    _mm_store_ps(h + 0, hsum4(a00, a01, a02, a10));
-    if constexpr (MR > 1) _mm_store_ps(h + 4, hsum4(a11, a12, a20, a21));
-    if constexpr (MR > 2) _mm_store_ps(h + 8, hsum4(a22, z, z, z));
-    // h in (i, j) order with row stride 3.
-    const float* xr[3] = {x0, x1, x2};
-    const float* wr[3] = {w0, w1, w2};
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) {
-        float s = h[i * 3 + j];
-        for (int64_t t = k; t < len; ++t) s = std::fma(xr[i][t], wr[j][t], s);
-        out[i * NR + j] = s;
-      }
+    FT_ST(0) FT_ST(1) FT_ST(2) FT_ST(3) FT_ST(4) FT_ST(5)
+  }
+  static void mk_rows(int mr, const float* const* x, const float* w, int64_t len, float* c,
+                      int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_t<1>(x, w, len, c, ldc, first);
+      case 2: return mk_t<2>(x, w, len, c, ldc, first);
+      case 3: return mk_t<3>(x, w, len, c, ldc, first);
+      case 4: return mk_t<4>(x, w, len, c, ldc, first);
+      case 5: return mk_t<5>(x, w, len, c, ldc, first);
+      default: return mk_t<6>(x, w, len, c, ldc, first);
+    }
   }
 
-  // Decode fast path: out[j] = chunk_dot(x, row j) for j < nr, dequantizing in registers (the
-  // same f32 weight values and summation order as dequant() + tile<1, nr>, without the round
-  // trip through L1). rows[j] point at the chunk's first block. Returns false for types it does
-  // not handle (the caller then dequantizes into the panel).
-  static bool dot_rows(GGMLType t, const uint8_t* const* rows, int nr, const float* x, int64_t len,
-                       float* out) {
-    if (len % 32 != 0) return false;
+  // Calls f(k - k0, b) for k in [k0, k0 + len) with b[2g], b[2g+1] = group g's 16 f32 weights at
+  // k (rows 0-7, 8-15), g < NG (all of type t), dequantized in registers with dequantize_row's
+  // float operations. Several groups at once give the FMA chains that consume them independent
+  // work to overlap (one chain per output is the numerics contract).
+  static __m256 h8(const uint8_t* p) {  // 8 f16 -> f32
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  template <int NG, class F>
+  static void for_k(GGMLType t, const uint8_t* const* groups, int64_t k0, int64_t len, F&& f) {
+    const int64_t k1 = k0 + len;
+    __m256 b[2 * NG];
     switch (t) {
+      case GGMLType::F32:
+        for (int64_t k = k0; k < k1; ++k) {
+          for (int g = 0; g < NG; ++g) {
+            const float* w = reinterpret_cast<const float*>(groups[g]) + 16 * k;
+            b[2 * g] = _mm256_loadu_ps(w);
+            b[2 * g + 1] = _mm256_loadu_ps(w + 8);
+          }
+          f(k - k0, b);
+        }
+        return;
       case GGMLType::F16:
-        return dot_rows_t(nr, x, len, out, [&](int j, int64_t k) {
-          return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + 2 * k)));
-        });
+        for (int64_t k = k0; k < k1; ++k) {
+          for (int g = 0; g < NG; ++g) {
+            b[2 * g] = h8(groups[g] + 32 * k);
+            b[2 * g + 1] = h8(groups[g] + 32 * k + 16);
+          }
+          f(k - k0, b);
+        }
+        return;
       case GGMLType::BF16:
-        return dot_rows_t(nr, x, len, out, [&](int j, int64_t k) {
-          const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + 2 * k)));
-          return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        });
+        for (int64_t k = k0; k < k1; ++k) {
+          for (int g = 0; g < NG; ++g) {
+            const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(groups[g] + 32 * k)));
+            const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(groups[g] + 32 * k + 16)));
+            b[2 * g] = _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16));
+            b[2 * g + 1] = _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16));
+          }
+          f(k - k0, b);
+        }
+        return;
       case GGMLType::Q8_0:
-        return dot_rows_t(nr, x, len, out, [&](int j, int64_t k) {
-          const auto* b = reinterpret_cast<const blocks::Q8_0*>(rows[j]) + k / 32;
-          return _mm256_mul_ps(i8x8_to_ps(b->qs + (k % 32)), _mm256_set1_ps(f16c(b->d)));
-        });
-      case GGMLType::Q4_0:
-        return dot_rows_t(nr, x, len, out, [&](int j, int64_t k) {
-          const auto* b = reinterpret_cast<const blocks::Q4_0*>(rows[j]) + k / 32;
-          const int c = int(k % 32) / 8;  // 0,1: low nibbles of qs[0..15]; 2,3: high nibbles
-          __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + (c & 1) * 8));
-          if (c >= 2) q = _mm_srli_epi16(q, 4);
-          q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
-          return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(f16c(b->d)));
-        });
+        for (int64_t ib = k0 / 32; ib < k1 / 32; ++ib) {
+          __m256 d[2 * NG];
+          const uint8_t* q[NG];
+          for (int g = 0; g < NG; ++g) {
+            const uint8_t* blk = groups[g] + ib * (32 + 32 * 16);
+            d[2 * g] = h8(blk);
+            d[2 * g + 1] = h8(blk + 16);
+            q[g] = blk + 32;
+          }
+          for (int e = 0; e < 32; ++e) {
+            for (int g = 0; g < NG; ++g) {
+              const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q[g] + 16 * e));
+              b[2 * g] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d[2 * g]);
+              b[2 * g + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), d[2 * g + 1]);
+            }
+            f(ib * 32 + e - k0, b);
+          }
+        }
+        return;
+      case GGMLType::Q4_0: {
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        const __m256i e8 = _mm256_set1_epi32(8);
+        for (int64_t ib = k0 / 32; ib < k1 / 32; ++ib) {
+          __m256 d[2 * NG];
+          const uint8_t* q[NG];
+          for (int g = 0; g < NG; ++g) {
+            const uint8_t* blk = groups[g] + ib * (32 + 32 * 8);
+            d[2 * g] = h8(blk);
+            d[2 * g + 1] = h8(blk + 16);
+            q[g] = blk + 32;
+          }
+          for (int e = 0; e < 32; ++e) {
+            for (int g = 0; g < NG; ++g) {
+              const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q[g] + 8 * e));
+              const __m256i lo = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_and_si128(v, m4)), e8);
+              const __m256i hi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m4)), e8);
+              b[2 * g] = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d[2 * g]);
+              b[2 * g + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d[2 * g + 1]);
+            }
+            f(ib * 32 + e - k0, b);
+          }
+        }
+        return;
+      }
+      case GGMLType::Q4_K: {
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        auto u8 = [](const uint8_t* p) {
+          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+        };
+        for (int64_t ib = k0 / 256; ib < k1 / 256; ++ib) {
+          const uint8_t* blk[NG];
+          for (int g = 0; g < NG; ++g) blk[g] = groups[g] + ib * 2368;
+          for (int sb = 0; sb < 8; ++sb) {
+            // d*sc and dmin*m per row, as dequantize_row computes them; d*sc*q is exact, so
+            // the fused multiply-subtract equals its multiply then subtract.
+            __m256 D[2 * NG], N[2 * NG];
+            for (int g = 0; g < NG; ++g) {
+              D[2 * g] = _mm256_mul_ps(h8(blk[g]), u8(blk[g] + 64 + 16 * sb));
+              D[2 * g + 1] = _mm256_mul_ps(h8(blk[g] + 16), u8(blk[g] + 64 + 16 * sb + 8));
+              N[2 * g] = _mm256_mul_ps(h8(blk[g] + 32), u8(blk[g] + 192 + 16 * sb));
+              N[2 * g + 1] = _mm256_mul_ps(h8(blk[g] + 48), u8(blk[g] + 192 + 16 * sb + 8));
+            }
+            for (int e = sb * 32; e < sb * 32 + 32; ++e) {
+              for (int g = 0; g < NG; ++g) {
+                const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk[g] + 64 + 256 + 8 * e));
+                const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, m4)));
+                const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m4)));
+                b[2 * g] = _mm256_fmsub_ps(D[2 * g], lo, N[2 * g]);
+                b[2 * g + 1] = _mm256_fmsub_ps(D[2 * g + 1], hi, N[2 * g + 1]);
+              }
+              f(ib * 256 + e - k0, b);
+            }
+          }
+        }
+        return;
+      }
+      case GGMLType::Q6_K: {
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        const __m256i sh_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        const __m256i sh_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+        const __m256i m3 = _mm256_set1_epi32(3), o32 = _mm256_set1_epi32(32);
+        auto i8 = [](const uint8_t* p) {
+          return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+        };
+        for (int64_t ib = k0 / 256; ib < k1 / 256; ++ib) {
+          const uint8_t* blk[NG];
+          for (int g = 0; g < NG; ++g) blk[g] = groups[g] + ib * 3360;
+          for (int sb = 0; sb < 16; ++sb) {
+            __m256 D[2 * NG];
+            for (int g = 0; g < NG; ++g) {
+              D[2 * g] = _mm256_mul_ps(h8(blk[g]), i8(blk[g] + 32 + 16 * sb));
+              D[2 * g + 1] = _mm256_mul_ps(h8(blk[g] + 16), i8(blk[g] + 32 + 16 * sb + 8));
+            }
+            for (int e = sb * 16; e < sb * 16 + 16; ++e) {
+              for (int g = 0; g < NG; ++g) {
+                const uint8_t* ql = blk[g] + 32 + 256;
+                const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ql + 8 * e));
+                uint32_t hbits;
+                std::memcpy(&hbits, ql + 256 * 8 + 4 * e, 4);
+                const __m256i h = _mm256_set1_epi32(int(hbits));
+                const __m256i hl = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, sh_lo), m3), 4);
+                const __m256i hh = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, sh_hi), m3), 4);
+                const __m256i lo = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(_mm_and_si128(v, m4)), hl), o32);
+                const __m256i hi = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m4)), hh), o32);
+                b[2 * g] = _mm256_mul_ps(D[2 * g], _mm256_cvtepi32_ps(lo));
+                b[2 * g + 1] = _mm256_mul_ps(D[2 * g + 1], _mm256_cvtepi32_ps(hi));
+              }
+              f(ib * 256 + e - k0, b);
+            }
+          }
+        }
+        return;
+      }
       default:
-        return false;
+        fail("fast kernels: unsupported packed weight type ", int(t));
     }
   }
-  template <class Load>
-  static bool dot_rows_t(int nr, const float* x, int64_t len, float* out, Load load) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
-    if (nr == 3) {
-      for (int64_t k = 0; k < len; k += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(xv, load(0, k), a0);
-        a1 = _mm256_fmadd_ps(xv, load(1, k), a1);
-        a2 = _mm256_fmadd_ps(xv, load(2, k), a2);
+
+  static void unpack(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp) {
+    for_k<1>(t, &group, k0, len, [Wp](int64_t k, const __m256* b) {
+      _mm256_storeu_ps(Wp + 16 * k, b[0]);
+      _mm256_storeu_ps(Wp + 16 * k + 8, b[1]);
+    });
+  }
+
+  // Small M (decode): C (M, ldc)[:, 16g : 16g+16] = X (M, ldx) @ group_g^T over all of K for
+  // g < NG, weights dequantized in registers; the same chains as unpack + mk.
+  static constexpr int64_t kFusedMaxM = 4;
+  // (Named accumulators: GCC keeps an accumulator array captured by the lambda in memory.)
+  template <int MR>
+  static void gemv_t(GGMLType t, const uint8_t* group, int64_t K, const float* x, int64_t ldx,
+                     float* c, int64_t ldc) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00;
+    const float* x0 = x;
+    const float* x1 = MR > 1 ? x + ldx : x;
+    const float* x2 = MR > 2 ? x + 2 * ldx : x;
+    const float* x3 = MR > 3 ? x + 3 * ldx : x;
+    for_k<1>(t, &group, 0, K, [&](int64_t k, const __m256* b) {
+      const __m256 b0 = b[0], b1 = b[1];
+      FT_FM(0, x0 + k) FT_FM(1, x1 + k) FT_FM(2, x2 + k) FT_FM(3, x3 + k)
+    });
+    FT_ST(0) FT_ST(1) FT_ST(2) FT_ST(3)
+  }
+  // M = 1 over two groups at once: four independent chains instead of two, so the FMA latency
+  // overlaps (one row's 16 outputs alone would wait on it every k).
+  static void gemv_1x2(GGMLType t, const uint8_t* const* groups, int64_t K, const float* x, float* c) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for_k<2>(t, groups, 0, K, [&](int64_t k, const __m256* b) {
+      const __m256 xv = _mm256_broadcast_ss(x + k);
+      a0 = _mm256_fmadd_ps(xv, b[0], a0);
+      a1 = _mm256_fmadd_ps(xv, b[1], a1);
+      a2 = _mm256_fmadd_ps(xv, b[2], a2);
+      a3 = _mm256_fmadd_ps(xv, b[3], a3);
+    });
+    _mm256_storeu_ps(c, a0);
+    _mm256_storeu_ps(c + 8, a1);
+    _mm256_storeu_ps(c + 16, a2);
+    _mm256_storeu_ps(c + 24, a3);
+  }
+#undef FT_LD
+#undef FT_FM
+#undef FT_ST
+  // ng (1 or 2) groups of the same type, consecutive in C (16 columns each).
+  static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
+                   int64_t M, float* c, int64_t ldc) {
+    if (ng == 2 && M == 1) return gemv_1x2(t, groups, K, x, c);
+    for (int g = 0; g < ng; ++g) {
+      float* cg = c + 16 * g;
+      switch (M) {
+        case 1: gemv_t<1>(t, groups[g], K, x, K, cg, ldc); break;
+        case 2: gemv_t<2>(t, groups[g], K, x, K, cg, ldc); break;
+        case 3: gemv_t<3>(t, groups[g], K, x, K, cg, ldc); break;
+        default: gemv_t<4>(t, groups[g], K, x, K, cg, ldc); break;
       }
-    } else if (nr == 2) {
-      for (int64_t k = 0; k < len; k += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(xv, load(0, k), a0);
-        a1 = _mm256_fmadd_ps(xv, load(1, k), a1);
-      }
-    } else {
-      for (int64_t k = 0; k < len; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load(0, k), a0);
     }
-    alignas(16) float h[4];
-    _mm_store_ps(h, hsum4(a0, a1, a2, a2));
-    for (int j = 0; j < nr; ++j) out[j] = h[j];
-    return true;
   }
 
   // len elements of one row from a block-aligned src, bit-identical to dequantize_row.
@@ -282,23 +431,37 @@ struct Avx2Isa {
     }
   }
 
-  static float exp1(float x) { return std::exp(x); }
-  static void prefetch(const uint8_t* p, int64_t bytes) {
-    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+  static void prefetch(const float* p, int64_t n) {  // n floats from p into L1
+    for (int64_t i = 0; i < n; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
   }
 
-  static float exp_row(float* S, int n, float m) {  // n is a multiple of 8
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    for (int j = 0; j < n; j += 8) {
-      const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(S + j), vm));
-      _mm256_storeu_ps(S + j, p);
-      acc = _mm256_add_ps(acc, p);
+  // Online softmax over one KV block, vectorised across rows. St (nj, ld): column r = row r's
+  // scores (masked ones -inf). For r < rows (a multiple of 8): m_new = max(m, max_j St[j][r]);
+  // St[j][r] = exp(St[j][r] - m_new); l = l * alpha + sum_j St[j][r] (j in order), with
+  // alpha = exp(m - m_new). A row with nothing visible yet keeps m = -inf, l = 0 (its alpha is
+  // 0, and its O is 0).
+  static void softmax_cols(float* St, int ld, int nj, int rows, float* m, float* l, float* alpha) {
+    const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+      const __m256 mo = _mm256_loadu_ps(m + r0);
+      __m256 mx = ninf;
+      for (int j = 0; j < nj; ++j) mx = _mm256_max_ps(mx, _mm256_loadu_ps(St + j * ld + r0));
+      const __m256 mn = _mm256_max_ps(mo, mx);
+      const __m256 mu = _mm256_andnot_ps(_mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ), mn);  // -inf -> 0
+      const __m256 al = exp256(_mm256_sub_ps(mo, mu));
+      __m256 sum = _mm256_setzero_ps();
+      for (int j = 0; j < nj; ++j) {
+        const __m256 pj = exp256(_mm256_sub_ps(_mm256_loadu_ps(St + j * ld + r0), mu));
+        _mm256_storeu_ps(St + j * ld + r0, pj);
+        sum = _mm256_add_ps(sum, pj);
+      }
+      _mm256_storeu_ps(l + r0, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l + r0), al), sum));
+      _mm256_storeu_ps(m + r0, mn);
+      _mm256_storeu_ps(alpha + r0, al);
     }
-    const __m128 h = hsum4(acc, acc, acc, acc);
-    return _mm_cvtss_f32(h);
   }
 
+  // Rows r < nr: O_r (hd,) = O_r * alpha_r + sum_{j < len} P[j*ldp + r] * v[j] (hd,).
   template <int NR, int NV>
   static void pv_chunk(float* O, const float* alpha, const float* P, int ldp, const float* const* v,
                        int len, int hd, int d0) {
@@ -311,7 +474,7 @@ struct Avx2Isa {
       __m256 vv[NV];
       for (int c = 0; c < NV; ++c) vv[c] = _mm256_loadu_ps(v[j] + d0 + 8 * c);
       for (int r = 0; r < NR; ++r) {
-        const __m256 p = _mm256_broadcast_ss(P + r * ldp + j);
+        const __m256 p = _mm256_broadcast_ss(P + j * ldp + r);
         for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
       }
     }
@@ -327,7 +490,7 @@ struct Avx2Isa {
     for (int r = 0; r < NR; ++r)
       for (int d = d0; d < hd; ++d) {
         float o = O[r * hd + d] * alpha[r];
-        for (int j = 0; j < len; ++j) o = std::fma(P[r * ldp + j], v[j][d], o);
+        for (int j = 0; j < len; ++j) o = std::fma(P[j * ldp + r], v[j][d], o);
         O[r * hd + d] = o;
       }
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "gguf/ggml_types.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/kernels.h"
 
 namespace ft::cpu {
@@ -13,7 +14,8 @@ namespace ft::cpu {
 struct GemmSeg {
   GGMLType type = GGMLType::F32;
   const uint8_t* data = nullptr;
-  uint64_t row_bytes = 0;
+  uint64_t row_bytes = 0;  // packed: bytes per group of kGroup rows (packed.h)
+  bool packed = false;     // data in the panel layout of packed.h, else GGUF rows
   int64_t n_rows = 0;
   float* Y = nullptr;
   int64_t ldy = 0;
@@ -42,9 +44,8 @@ const IsaKernels& scalar_kernels();
 const IsaKernels& avx2_kernels();
 bool cpu_has_avx2_fma();
 
-// Block geometry shared by the drivers: K is processed in chunks of kKC (a multiple of every
-// block size); a panel is kNR weight rows dequantized to f32 for one K chunk.
+// K is processed in chunks of kKC (a multiple of every block size): one chunk of a group's
+// weights, unpacked to f32, is what the micro-kernel streams (kKC * kGroup floats).
 constexpr int64_t kKC = 256;
-constexpr int kNR = 24;
 
 }  // namespace ft::cpu

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/error.h"
@@ -31,7 +33,8 @@ cpu::GemmSeg seg_of(const WeightView& W, float* Y, int64_t ldy, const float* bia
   cpu::GemmSeg g;
   g.type = W.type;
   g.data = static_cast<const uint8_t*>(W.data);
-  g.row_bytes = *row_bytes(W.type, uint64_t(W.n_cols));
+  g.packed = W.layout == WeightLayout::Packed;
+  g.row_bytes = g.packed ? cpu::group_bytes(W.type, W.n_cols) : *row_bytes(W.type, uint64_t(W.n_cols));
   g.n_rows = W.n_rows;
   g.Y = Y;
   g.ldy = ldy;
@@ -47,6 +50,25 @@ class CpuFastBackend final : public Backend {
   std::string_view isa() const { return k_.name; }
 
   void reserve(int64_t max_rows) override { k_.reserve(max_rows, threads_); }
+
+  // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
+  // quantized. Cached by source pointer and shape, so tied or shared weights are packed once.
+  WeightView prepare(const WeightView& W) override {
+    if (W.layout == WeightLayout::Packed || !cpu::packable(W.type) ||
+        W.n_cols % cpu::block_len(W.type) != 0)
+      return W;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Packed& p : packed_)
+      if (p.src == W.data && p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
+        return {W.type, p.bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
+    const uint64_t bytes = cpu::group_bytes(W.type, W.n_cols) * uint64_t(cpu::n_groups(W.n_rows));
+    std::unique_ptr<uint8_t[], Free> buf(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    if (!buf) fail("prepare: out of memory packing a ", W.n_rows, "x", W.n_cols, " weight");
+    cpu::pack_rows(W.type, static_cast<const uint8_t*>(W.data), *row_bytes(W.type, uint64_t(W.n_cols)),
+                   W.n_rows, W.n_cols, buf.get());
+    packed_.push_back({W.data, W.type, W.n_rows, W.n_cols, std::move(buf)});
+    return {W.type, packed_.back().bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
+  }
 
   void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
     const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
@@ -78,6 +100,7 @@ class CpuFastBackend final : public Backend {
     rowwise::rmsnorm(x, w, y, M, n, eps);
   }
   void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
+    if (E.layout != WeightLayout::Rows) fail("embed: the table must be in GGUF row layout");
     rowwise::embed(E, tokens, M, out);
   }
   void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
@@ -96,8 +119,19 @@ class CpuFastBackend final : public Backend {
   void add(float* y, const float* x, int64_t M, int64_t n) override { rowwise::add(y, x, M, n); }
 
  private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  struct Packed {
+    const void* src;
+    GGMLType type;
+    int64_t n_rows, n_cols;
+    std::unique_ptr<uint8_t[], Free> bytes;
+  };
   int threads_;
   const cpu::IsaKernels& k_;
+  std::mutex mu_;
+  std::vector<Packed> packed_;
 };
 
 }  // namespace

@@ -41,10 +41,13 @@ struct Drivers {
     }
   }
 
-  // Per worker thread: the panel's accumulators C (M, kNR) and the dequantized panel.
+  // Per worker thread: the work item's accumulators C (M, kItemGroups * kGroup), the weights of
+  // one K chunk unpacked to f32 (kKC, kGroup) per group, and rows dequantized before transposing.
+  static constexpr int kItemGroups = 2;
   struct alignas(64) Scratch {
     std::vector<float> c;
-    alignas(32) float w[kNR * kKC];
+    alignas(64) float w[kItemGroups][kKC * kGroup];
+    alignas(64) float t[kGroup * kKC];
   };
   static Scratch& scratch() {
     static thread_local Scratch s;
@@ -54,177 +57,147 @@ struct Drivers {
 #pragma omp parallel num_threads(threads)
     {
       Scratch& s = scratch();
-      if (s.c.size() < size_t(max_rows) * kNR) s.c.resize(size_t(max_rows) * kNR);
+      if (s.c.size() < size_t(max_rows) * kItemGroups * kGroup) s.c.resize(size_t(max_rows) * kItemGroups * kGroup);
     }
   }
 
-  // out[i*nr + j] = chunk_dot(x[i], w[j], len) for i < mr, j < nr (mr, nr <= 3).
-  static void tile(int mr, int nr, const float* const* x, const float* const* w, int64_t len,
-                   float* out) {
-#define FT_TILE(a, b) \
-  case a * 4 + b: Isa::template tile<a, b>(x, w, len, out); return;
-    switch (mr * 4 + nr) {
-      FT_TILE(1, 1) FT_TILE(1, 2) FT_TILE(1, 3)
-      FT_TILE(2, 1) FT_TILE(2, 2) FT_TILE(2, 3)
-      FT_TILE(3, 1) FT_TILE(3, 2) FT_TILE(3, 3)
-      default: return;
+  // One group of up to kGroup output rows of one segment: packed (panel layout) or GGUF rows.
+  struct Source {
+    const GemmSeg* seg = nullptr;
+    int64_t n0 = 0;  // first row
+    int cnt = 0;     // rows (<= kGroup)
+    const uint8_t* group() const { return seg->data + uint64_t(n0 / kGroup) * seg->row_bytes; }
+  };
+
+  // Wp (len, kGroup) = the f32 weights of src at k in [k0, k0 + len).
+  static const float* weights_at(const Source& src, int64_t K, int64_t k0, int64_t len, float* Wp,
+                                 float* tmp) {
+    const GemmSeg& g = *src.seg;
+    if (g.packed) {
+      if (g.type == GGMLType::F32) return reinterpret_cast<const float*>(src.group()) + k0 * kGroup;
+      Isa::unpack(g.type, src.group(), k0, len, Wp);
+      return Wp;
     }
-#undef FT_TILE
+    int64_t be, bb;
+    block_geometry(g.type, be, bb);
+    for (int r = 0; r < src.cnt; ++r) {
+      const uint8_t* row = g.data + uint64_t(src.n0 + r) * g.row_bytes;
+      if (g.type == GGMLType::F32)
+        std::memcpy(tmp + r * kKC, reinterpret_cast<const float*>(row) + k0, sizeof(float) * size_t(len));
+      else
+        Isa::dequant(g.type, row + (k0 / be) * bb, len, tmp + r * kKC);
+    }
+    (void)K;
+    for (int64_t k = 0; k < len; ++k)
+      for (int r = 0; r < kGroup; ++r) Wp[k * kGroup + r] = r < src.cnt ? tmp[r * kKC + k] : 0.0f;
+    return Wp;
   }
 
-  static constexpr int64_t kSmallM = 2;
-  static constexpr int kMR = 3;  // activation rows per register tile (x kNR/8 weight rows: 3x3)
-  // One panel: rows[r] (r < nrows) of type types[r], all of the K range;
-  // C (M, kNR) = X @ rows^T.
-  static void panel(const float* X, int64_t M, int64_t K, const GGMLType* types,
-                    const uint8_t* const* rows, int nrows, Scratch& s) {
+  // C (M, ldc)[:, s*kGroup : (s+1)*kGroup] = X (M, K) @ W_s^T for each source s.
+  // Numerics: every output is ONE fused multiply-add chain over k = 0..K-1 in order, starting
+  // from 0 (the micro-kernel stores and reloads C between K chunks, which is exact), whatever M,
+  // the path (fused small-M or unpacked panel) or the ISA. So a row's result does not depend
+  // on the batch it is in: chunked prefill == one batch, decode GEMV == prefill GEMM, bitwise.
+  static void item(const float* X, int64_t M, int64_t K, const Source* src, int ns, Scratch& s,
+                   int64_t ldc) {
     float* C = s.c.data();
-    const float* wp[kNR];
-    if (M <= kSmallM) {
-      // Decode / tiny batches: bandwidth-bound. Walk three weight rows at a time along all of K
-      // (three sequential streams the prefetcher follows), dequantizing chunk by chunk into L1.
-      // Same per-output summation order as below.
-      for (int n0 = 0; n0 < nrows; n0 += 3) {
-        const int nr = std::min(3, nrows - n0);
-        for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-          const int64_t len = std::min(kKC, K - k0);
-          if (M == 1 && types[n0] == types[n0 + nr - 1]) {  // fused dequant + dot, if the ISA has it
-            const uint8_t* rp[3];
-            int64_t be, bb;
-            block_geometry(types[n0], be, bb);
-            const int64_t row_b = K / be * bb, ahead = (k0 + 2 * kKC) / be * bb;
-            for (int j = 0; j < nr; ++j) {
-              rp[j] = rows[n0 + j] + (k0 / be) * bb;
-              if (ahead < row_b)
-                Isa::prefetch(rows[n0 + j] + ahead, std::min<int64_t>(kKC / be * bb, row_b - ahead));
-              else if (n0 + j + 3 < nrows)
-                Isa::prefetch(rows[n0 + j + 3] + (ahead - row_b), std::min<int64_t>(kKC / be * bb, row_b));
-            }
-            float out[3];
-            if (Isa::dot_rows(types[n0], rp, nr, X + k0, len, out)) {
-              float* c = C + n0;
-              for (int j = 0; j < nr; ++j) c[j] = k0 == 0 ? out[j] : c[j] + out[j];
-              continue;
-            }
-          }
-          for (int r = n0; r < n0 + nr; ++r) {
-            const GGMLType t = types[r];
-            int64_t be, bb;
-            block_geometry(t, be, bb);
-            // Prefetch this row two chunks ahead (or the next rows' start near the end).
-            const int64_t ahead = (k0 + 2 * kKC) / be * bb, row_bytes = K / be * bb;
-            if (ahead < row_bytes)
-              Isa::prefetch(rows[r] + ahead, std::min<int64_t>(kKC / be * bb, row_bytes - ahead));
-            else if (r + 3 < nrows)
-              Isa::prefetch(rows[r + 3] + (ahead - row_bytes), std::min<int64_t>(kKC / be * bb, row_bytes));
-            if (t == GGMLType::F32) {
-              wp[r] = reinterpret_cast<const float*>(rows[r]) + k0;
-            } else {
-              Isa::dequant(t, rows[r] + (k0 / be) * bb, len, s.w + r * kKC);
-              wp[r] = s.w + r * kKC;
-            }
-          }
-          for (int64_t m = 0; m < M; ++m) {
-            const float* xp = X + m * K + k0;
-            float out[3];
-            tile(1, nr, &xp, wp + n0, len, out);
-            float* c = C + m * kNR + n0;
-            for (int j = 0; j < nr; ++j) c[j] = k0 == 0 ? out[j] : c[j] + out[j];
-          }
+    if constexpr (Isa::kFusedMaxM > 0) {
+      // Small M (decode): dequantize in registers, all of K, no unpacked copy.
+      bool fused = M <= Isa::kFusedMaxM;
+      for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
+      if (fused) {
+        const uint8_t* groups[kItemGroups];
+        for (int i = 0; i < ns; ++i) groups[i] = src[i].group();
+        if (ns == 2 && src[0].seg->type == src[1].seg->type) {
+          Isa::gemv(src[0].seg->type, groups, 2, K, X, M, C, ldc);
+        } else {
+          for (int i = 0; i < ns; ++i) Isa::gemv(src[i].seg->type, groups + i, 1, K, X, M, C + i * kGroup, ldc);
         }
+        return;
       }
-      return;
     }
-    for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-      const int64_t len = std::min(kKC, K - k0);
-      for (int r = 0; r < nrows; ++r) {
-        const GGMLType t = types[r];
-        int64_t be, bb;
-        block_geometry(t, be, bb);
-        // F32 rows are copied too: rows kNR apart at a power-of-two stride would all map to
-        // the same L1 sets. The panel is contiguous (kNR * kKC floats).
-        if (t == GGMLType::F32)
-          std::memcpy(s.w + r * kKC, reinterpret_cast<const float*>(rows[r]) + k0, sizeof(float) * size_t(len));
-        else
-          Isa::dequant(t, rows[r] + (k0 / be) * bb, len, s.w + r * kKC);
-        wp[r] = s.w + r * kKC;
-      }
-      for (int64_t m0 = 0; m0 < M; m0 += kMR) {
-        const int mr = int(std::min<int64_t>(kMR, M - m0));
-        const float* xp[3];
-        for (int i = 0; i < mr; ++i) xp[i] = X + (m0 + i) * K + k0;
-        for (int n0 = 0; n0 < nrows; n0 += 3) {
-          const int nr = std::min(3, nrows - n0);
-          float out[9];
-          tile(mr, nr, xp, wp + n0, len, out);
-          for (int i = 0; i < mr; ++i) {
-            float* c = C + (m0 + i) * kNR + n0;
-            if (k0 == 0)
-              for (int j = 0; j < nr; ++j) c[j] = out[i * nr + j];
-            else
-              for (int j = 0; j < nr; ++j) c[j] += out[i * nr + j];
-          }
+    // Rows in blocks of kMC, so a block's X chunk (kMC, kKC) stays in L2 while every K chunk's
+    // weights are unpacked again per block (cheap next to kMC / kMR micro-kernel calls).
+    for (int64_t mb = 0; mb < M; mb += kMC) {
+      const int64_t me = std::min(M, mb + kMC);
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t len = std::min(kKC, K - k0);
+        const float* wp[kItemGroups];
+        for (int i = 0; i < ns; ++i) wp[i] = weights_at(src[i], K, k0, len, s.w[i], s.t);
+        for (int64_t m0 = mb; m0 < me; m0 += kMR) {
+          const int mr = int(std::min<int64_t>(kMR, me - m0));
+          const float* xr[kMR];
+          for (int i = 0; i < mr; ++i) xr[i] = X + (m0 + i) * K + k0;
+          for (int i = 0; i < ns; ++i)
+            Isa::mk_rows(mr, xr, wp[i], len, C + m0 * ldc + i * kGroup, ldc, k0 == 0);
         }
       }
     }
   }
+
+  static constexpr int kMR = 6;  // activation rows per register tile (x kGroup weight rows)
+  static constexpr int64_t kMC = 120;  // activation rows per L2 block
 
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
                    Epilogue e, int threads) {
-    // Panels: SwiGLU pairs kNR/2 gate rows with the same kNR/2 up rows; otherwise each
-    // segment is cut into panels of kNR rows.
-    const int per = e == Epilogue::SwiGLU ? kNR / 2 : kNR;
-    int64_t n_panels = 0;
+    // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
+    // groups of one segment (the X rows loaded once serve both).
+    const bool swiglu = e == Epilogue::SwiGLU;
+    const int ns = swiglu ? 1 : n_segs;
+    int64_t n_items = 0;
     int64_t first[4] = {0, 0, 0, 0};
-    const int ns = e == Epilogue::SwiGLU ? 1 : n_segs;
     for (int i = 0; i < ns; ++i) {
-      first[i] = n_panels;
-      n_panels += (segs[i].n_rows + per - 1) / per;
+      first[i] = n_items;
+      const int64_t G = n_groups(segs[i].n_rows);
+      n_items += swiglu ? G : (G + kItemGroups - 1) / kItemGroups;
     }
+    const int64_t ldc = kItemGroups * kGroup;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t p = 0; p < n_panels; ++p) {
+    for (int64_t p = 0; p < n_items; ++p) {
       Scratch& s = scratch();
-      if (s.c.size() < size_t(M) * kNR) s.c.resize(size_t(M) * kNR);  // only if reserve() was short
+      if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
       int si = 0;
       while (si + 1 < ns && p >= first[si + 1]) ++si;
-      const GemmSeg& g = segs[si];
-      const int64_t n0 = (p - first[si]) * per;
-      const int cnt = int(std::min<int64_t>(per, g.n_rows - n0));
-      const uint8_t* rows[kNR];
-      GGMLType types[kNR];
-      for (int r = 0; r < cnt; ++r) {
-        rows[r] = g.data + uint64_t(n0 + r) * g.row_bytes;
-        types[r] = g.type;
-      }
-      int nrows = cnt;
-      if (e == Epilogue::SwiGLU) {
-        for (int r = 0; r < cnt; ++r) {
-          rows[cnt + r] = segs[1].data + uint64_t(n0 + r) * segs[1].row_bytes;
-          types[cnt + r] = segs[1].type;
+      Source src[kItemGroups];
+      int nsrc = 0;
+      if (swiglu) {
+        const int64_t n0 = (p - first[0]) * kGroup;
+        const int cnt = int(std::min<int64_t>(kGroup, segs[0].n_rows - n0));
+        src[0] = {&segs[0], n0, cnt};
+        src[1] = {&segs[1], n0, cnt};
+        nsrc = 2;
+      } else {
+        const GemmSeg& g = segs[si];
+        for (int j = 0; j < kItemGroups; ++j) {
+          const int64_t n0 = ((p - first[si]) * kItemGroups + j) * kGroup;
+          if (n0 >= g.n_rows) break;
+          src[nsrc++] = {&g, n0, int(std::min<int64_t>(kGroup, g.n_rows - n0))};
         }
-        nrows = 2 * cnt;
       }
-      panel(X, M, K, types, rows, nrows, s);
+      item(X, M, K, src, nsrc, s, ldc);
       const float* C = s.c.data();
       for (int64_t m = 0; m < M; ++m) {
-        const float* c = C + m * kNR;
-        float* y = g.Y + m * g.ldy + n0;
-        switch (e) {
-          case Epilogue::Store:
-            if (g.bias)
-              for (int j = 0; j < cnt; ++j) y[j] = c[j] + g.bias[n0 + j];
-            else
-              for (int j = 0; j < cnt; ++j) y[j] = c[j];
-            break;
-          case Epilogue::Add:
-            for (int j = 0; j < cnt; ++j) y[j] += c[j];
-            break;
-          case Epilogue::SwiGLU:
-            for (int j = 0; j < cnt; ++j) {
-              const float gt = c[j];
-              y[j] = gt / (1.0f + std::exp(-gt)) * c[cnt + j];
-            }
-            break;
+        const float* c = C + m * ldc;
+        if (swiglu) {
+          float* y = segs[0].Y + m * segs[0].ldy + src[0].n0;
+          for (int j = 0; j < src[0].cnt; ++j) {
+            const float gt = c[j];
+            y[j] = gt / (1.0f + std::exp(-gt)) * c[kGroup + j];
+          }
+          continue;
+        }
+        for (int i = 0; i < nsrc; ++i) {
+          const GemmSeg& g = *src[i].seg;
+          const float* ci = c + i * kGroup;
+          float* y = g.Y + m * g.ldy + src[i].n0;
+          const int cnt = src[i].cnt;
+          if (e == Epilogue::Add) {
+            for (int j = 0; j < cnt; ++j) y[j] += ci[j];
+          } else if (g.bias) {
+            for (int j = 0; j < cnt; ++j) y[j] = ci[j] + g.bias[src[i].n0 + j];
+          } else {
+            for (int j = 0; j < cnt; ++j) y[j] = ci[j];
+          }
         }
       }
     }
@@ -233,20 +206,24 @@ struct Drivers {
   // ---------------------------------------------------------------------------------------
   // Flash attention. Work item = (query block, KV head): a run of up to QB consecutive batch
   // entries of the same sequence (same block table) x the `group` query heads sharing that KV
-  // head, i.e. rows = QB * group query vectors. KV is walked in blocks of kKB positions through
-  // the block table (no copy); scores of one block (rows x kKB) live in per-thread scratch,
-  // softmax is online (running max m, sum l, output O rescaled by exp(m_old - m_new)), scale
-  // and the causal mask (position < n_ctx of the row's query) are applied as scores are made.
-  // Memory per thread: O(rows * (kKB + head_dim)), independent of context length. A row's
-  // result depends only on its query and its n_ctx (blocks are at fixed absolute positions;
-  // fully masked blocks leave m, l and O unchanged exactly), not on which rows share its block.
-  static constexpr int kKB = 32;
+  // head, i.e. rows = QB * group query vectors. The rows' queries (pre-scaled) are transposed
+  // once into panels Qt (head_dim, 16); KV is walked in blocks of kKB positions through the block
+  // table (no copy), and each block's scores come out transposed, St (kKB, rows) = K_blk Qt,
+  // from the GEMM micro-kernel (K rows broadcast, 16 query rows per vector pair). Online softmax
+  // runs across rows in vectors (running max m, sum l, rescale alpha), the causal mask
+  // (position < n_ctx of the row's query) is applied to St, and O (rows, head_dim) = O * alpha
+  // + P V is an outer-product update. Memory per thread: O(rows * (kKB + head_dim)), independent
+  // of context length. A row's result depends only on its query and its n_ctx (blocks are at
+  // fixed absolute positions; fully masked blocks leave m, l and O unchanged exactly), not on
+  // which rows share its work item.
+  static constexpr int kKB = 48;  // a multiple of the micro-kernel's 6 rows
   static constexpr int kMaxRows = 64;
   static constexpr int kMaxHead = 256;
   struct alignas(64) AttnScratch {
-    alignas(32) float S[kMaxRows * kKB];
-    alignas(32) float O[kMaxRows * kMaxHead];
-    float m[kMaxRows], l[kMaxRows], alpha[kMaxRows];
+    alignas(64) float Qt[kMaxRows / kGroup][kMaxHead * kGroup];
+    alignas(64) float St[kKB * kMaxRows];
+    alignas(64) float O[kMaxRows * kMaxHead];
+    alignas(32) float m[kMaxRows], l[kMaxRows], alpha[kMaxRows];
   };
   static AttnScratch& attn_scratch() {
     static thread_local AttnScratch s;
@@ -303,18 +280,27 @@ struct Drivers {
     const int hd = sh.head_dim;
     const int nq = int(i1 - i0);
     const int rows = nq * group;
-    const float* qp[kMaxRows];
+    const int rows8 = (rows + 7) / 8 * 8;  // softmax runs on whole vectors of 8 rows
+    const int n_panels = (rows + kGroup - 1) / kGroup;
     int32_t row_ctx[kMaxRows];
     int32_t n_end = 0;
-    for (int qi = 0; qi < nq; ++qi)
-      for (int hh = 0; hh < group; ++hh) {
-        const int r = qi * group + hh;
-        qp[r] = q + (i0 + qi) * qdim + int64_t(g * group + hh) * hd;
-        row_ctx[r] = n_ctx[i0 + qi];
-        n_end = std::max(n_end, row_ctx[r]);
+    for (int r = 0; r < rows8; ++r) {
+      row_ctx[r] = r < rows ? n_ctx[i0 + r / group] : 0;  // padding rows see nothing
+      n_end = std::max(n_end, row_ctx[r]);
+    }
+    for (int p = 0; p < n_panels; ++p)
+      for (int c = 0; c < kGroup; ++c) {
+        const int r = p * kGroup + c;
+        float* qt = s.Qt[p] + c;
+        if (r < rows) {
+          const float* qr = q + (i0 + r / group) * qdim + int64_t(g * group + r % group) * hd;
+          for (int d = 0; d < hd; ++d) qt[d * kGroup] = qr[d] * sh.scale;
+        } else {
+          for (int d = 0; d < hd; ++d) qt[d * kGroup] = 0.0f;
+        }
       }
     const float ninf = -std::numeric_limits<float>::infinity();
-    for (int r = 0; r < rows; ++r) {
+    for (int r = 0; r < rows8; ++r) {
       s.m[r] = ninf;
       s.l[r] = 0;
       std::memset(s.O + r * hd, 0, sizeof(float) * size_t(hd));
@@ -330,50 +316,33 @@ struct Drivers {
         kp[j] = kv.k_pool + row * kv.kv_dim + kv_off;
         vp[j] = kv.v_pool + row * kv.kv_dim + kv_off;
       }
-      // S = scale * Q K^T, masked.
-      for (int r0 = 0; r0 < rows; r0 += 3) {
-        const int mr = std::min(3, rows - r0);
-        for (int c0 = 0; c0 < len; c0 += 3) {
-          const int nr = std::min(3, len - c0);
-          float o[9];
-          tile(mr, nr, qp + r0, kp + c0, hd, o);
-          for (int i = 0; i < mr; ++i)
-            for (int j = 0; j < nr; ++j)
-              s.S[(r0 + i) * kKB + c0 + j] =
-                  j0 + c0 + j < row_ctx[r0 + i] ? o[i * nr + j] * sh.scale : ninf;
-        }
+      // The next block's K and V rows, while this one computes (they come from L3 or memory).
+      for (int32_t pos = j0 + kKB; pos < std::min(n_end, j0 + 2 * kKB); ++pos) {
+        const int64_t row = int64_t(kv.block_table[pos / kv.block_size]) * kv.block_size + pos % kv.block_size;
+        Isa::prefetch(kv.k_pool + row * kv.kv_dim + kv_off, hd);
+        Isa::prefetch(kv.v_pool + row * kv.kv_dim + kv_off, hd);
       }
-      // Online softmax per row, always over kKB columns (the ones past len masked) so the
-      // summation order of l does not depend on which rows share the block.
-      for (int r = 0; r < rows; ++r) {
-        float* S = s.S + r * kKB;
-        for (int j = len; j < kKB; ++j) S[j] = ninf;
-        float mx = ninf;
-        for (int j = 0; j < len; ++j) mx = std::max(mx, S[j]);
-        const float m_new = std::max(s.m[r], mx);
-        if (m_new == ninf) {  // nothing visible yet: leave the row as it is
-          s.alpha[r] = 1.0f;
-          for (int j = 0; j < kKB; ++j) S[j] = 0;
-          continue;
-        }
-        s.alpha[r] = s.m[r] == ninf ? 0.0f : Isa::exp1(s.m[r] - m_new);
-        const float sum = Isa::exp_row(S, kKB, m_new);
-        s.l[r] = s.l[r] * s.alpha[r] + sum;
-        s.m[r] = m_new;
-      }
+      // St (kKB, kMaxRows): scores of positions j0.. (rows) for every row; then the mask.
+      for (int p = 0; p < n_panels; ++p)
+        for (int jj = 0; jj < len; jj += kMR)
+          Isa::mk_rows(std::min(kMR, len - jj), kp + jj, s.Qt[p], hd, s.St + jj * kMaxRows + p * kGroup,
+                       kMaxRows, true);
+      for (int j = len; j < kKB; ++j)
+        for (int r = 0; r < rows8; ++r) s.St[j * kMaxRows + r] = ninf;
+      for (int r = 0; r < rows8; ++r)
+        for (int j = std::max(0, row_ctx[r] - j0); j < len; ++j) s.St[j * kMaxRows + r] = ninf;
+      Isa::softmax_cols(s.St, kMaxRows, kKB, rows8, s.m, s.l, s.alpha);
       // O = O * alpha + P V.
       for (int r0 = 0; r0 < rows; r0 += 3) {
         const int nr = std::min(3, rows - r0);
-        Isa::pv(nr, s.O + r0 * hd, s.alpha + r0, s.S + r0 * kKB, kKB, vp, len, hd);
+        Isa::pv(nr, s.O + r0 * hd, s.alpha + r0, s.St + r0, kMaxRows, vp, len, hd);
       }
     }
-    for (int qi = 0; qi < nq; ++qi)
-      for (int hh = 0; hh < group; ++hh) {
-        const int r = qi * group + hh;
-        float* o = out + (i0 + qi) * qdim + int64_t(g * group + hh) * hd;
-        const float inv = 1.0f / s.l[r];
-        for (int d = 0; d < hd; ++d) o[d] = s.O[r * hd + d] * inv;
-      }
+    for (int r = 0; r < rows; ++r) {
+      float* o = out + (i0 + r / group) * qdim + int64_t(g * group + r % group) * hd;
+      const float inv = 1.0f / s.l[r];
+      for (int d = 0; d < hd; ++d) o[d] = s.O[r * hd + d] * inv;
+    }
   }
 };
 

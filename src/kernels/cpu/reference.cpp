@@ -23,6 +23,7 @@ class CpuReferenceBackend final : public Backend {
   int threads() const override { return threads_; }
 
   void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
+    if (W.layout != WeightLayout::Rows) fail("reference backend: weights must be in GGUF row layout");
     const int64_t K = W.n_cols, N = W.n_rows;
     const uint64_t rb = *row_bytes(W.type, uint64_t(K));
     const auto* base = static_cast<const uint8_t*>(W.data);
