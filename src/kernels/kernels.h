@@ -69,11 +69,16 @@ class Backend {
   // Several weights over the same X in ONE pass (Q, K, V): for each target i,
   // Y_i (M, ld_i) [:, 0:N_i] = X (M, K) @ W_i(N_i, K)^T (+ bias_i (N_i,) when non-null).
   // All W_i have the same K (types may differ, e.g. Q4_K_M's Q6_K attn_v).
+  // With rope_cs (a table from rope_table for the same M rows), Y_i's rows are then rotated
+  // (interleaved-pair RoPE, heads of rope_head_dim) in the epilogue, never re-read.
   struct MatmulTarget {
     WeightView W;
     float* Y = nullptr;
     int64_t ldy = 0;
     const float* bias = nullptr;
+    const float* rope_cs = nullptr;
+    int32_t rope_head_dim = 0;
+    int32_t rope_n_rot = 0;
   };
   virtual void matmul_multi(const float* X, int64_t M, const MatmulTarget* targets, int n) = 0;
   // Y (M, N) += X (M, K) @ W(N, K)^T: the residual add fused into the projection's epilogue.
@@ -88,6 +93,9 @@ class Backend {
   virtual void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) = 0;
   // out (M, dim) = rows `tokens[i]` of the embedding table E (n_vocab, dim), dequantized.
   virtual void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) = 0;
+  // cs (M, p.n_rot): cos and sin of each rotated pair at positions pos (M,), for matmul_multi's
+  // fused RoPE (computed once per batch, shared by every layer).
+  virtual void rope_table(const int32_t* pos, int64_t M, const RopeParams& p, float* cs) = 0;
   // In place on x (M, n_heads, head_dim) at positions pos (M,).
   virtual void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
                     const RopeParams& p) = 0;

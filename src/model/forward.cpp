@@ -26,6 +26,10 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch)
   attn_.resize(M * size_t(hp.q_dim()));
   gate_.resize(M * size_t(hp.ffn_dim));
   views_.resize(M);
+  // Interleaved (llama) pairs stay inside the GEMM epilogue's 16-column groups; neox-style
+  // halves pairs do not, so Qwen2 keeps the separate RoPE pass.
+  fused_rope_ = hp.rope.style == RopeStyle::Interleaved && hp.head_dim % 16 == 0 && hp.rope.n_rot % 2 == 0;
+  if (fused_rope_) rope_cs_.resize(M * size_t(hp.rope.n_rot));
   n_ctx_.resize(M);
   logit_rows_.reserve(M);
   be_.reserve(max_batch);  // kernels' per-thread scratch, so run() does not allocate
@@ -56,9 +60,19 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
   const Backend::MatmulTarget qkv[3] = {{L.wq, q_.data(), hp.q_dim(), L.bq},
                                         {L.wk, k_.data(), hp.kv_dim(), L.bk},
                                         {L.wv, v_.data(), hp.kv_dim(), L.bv}};
-  be_.matmul_multi(h_.data(), M, qkv, 3);
-  be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), hp.rope);
-  be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), hp.rope);
+  if (fused_rope_) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
+    Backend::MatmulTarget t[3] = {qkv[0], qkv[1], qkv[2]};
+    for (int i = 0; i < 2; ++i) {
+      t[i].rope_cs = rope_cs_.data();
+      t[i].rope_head_dim = hp.head_dim;
+      t[i].rope_n_rot = hp.rope.n_rot;
+    }
+    be_.matmul_multi(h_.data(), M, t, 3);
+  } else {
+    be_.matmul_multi(h_.data(), M, qkv, 3);
+    be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), hp.rope);
+    be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), hp.rope);
+  }
   // Every entry's K/V goes into the cache first, so entries of one sequence in this batch see
   // each other (causally, through n_ctx = pos + 1).
   const size_t kv_bytes = size_t(hp.kv_dim()) * sizeof(float);
@@ -91,6 +105,7 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   const ModelWeights& w = w_;
   const int64_t M = b.size();
   be_.embed(w.token_embd, b.tokens.data(), M, x_.data());
+  if (fused_rope_) be_.rope_table(b.pos.data(), M, hp.rope, rope_cs_.data());
   for (int32_t il = 0; il < hp.n_layers; ++il) {
     attention_block(il, b, kv, M);
     ffn_block(il, M);

@@ -111,6 +111,8 @@ class Forward {
   int64_t max_batch_;
   // (max_batch, width) scratch
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_;
+  std::vector<float> rope_cs_;  // (max_batch, n_rot): the batch's RoPE cos/sin, all layers
+  bool fused_rope_ = false;
   std::vector<KVLayerView> views_;
   std::vector<int32_t> n_ctx_, logit_rows_;
 };

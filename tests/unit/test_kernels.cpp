@@ -205,6 +205,55 @@ TEST_P(KernelTest, FusedQkvResidualSwiglu) {
   }
 }
 
+// RoPE fused into the QKV epilogue (interleaved pairs, from the batch's cos/sin table) gives
+// exactly what the GEMM followed by the separate RoPE pass gives; n_rot < head_dim leaves the
+// tail dims alone; positions are arbitrary per row.
+TEST_P(KernelTest, FusedRopeEqualsSeparate) {
+  auto be = backend_for(GetParam());
+  std::mt19937 rng(5);
+  const int64_t K = 96, hd = 32, Nq = 3 * hd, Nk = hd;
+  for (int32_t n_rot : {32, 16}) {
+    RopeParams rp;
+    rp.style = RopeStyle::Interleaved;
+    rp.n_rot = n_rot;
+    rp.freq_base = 10000.0f;
+    const QWeight Wq = make_weight(rng, GGMLType::Q8_0, Nq, K), Wk = make_weight(rng, GGMLType::F16, Nk, K);
+    const auto bq = randv(rng, size_t(Nq));
+    for (int64_t M : {1, 5, 19}) {
+      const auto X = randv(rng, size_t(M * K));
+      std::vector<int32_t> pos(static_cast<size_t>(M));
+      for (auto& p : pos) p = int32_t(rng() % 5000);
+      std::vector<float> cs(size_t(M * n_rot));
+      be->rope_table(pos.data(), M, rp, cs.data());
+      std::vector<float> q1(size_t(M * Nq)), k1(size_t(M * Nk)), q2 = q1, k2 = k1;
+      Backend::MatmulTarget plain[2] = {{be->prepare(Wq.view()), q1.data(), Nq, bq.data()},
+                                        {be->prepare(Wk.view()), k1.data(), Nk, nullptr}};
+      be->matmul_multi(X.data(), M, plain, 2);
+      be->rope(q1.data(), M, int32_t(Nq / hd), int32_t(hd), pos.data(), rp);
+      be->rope(k1.data(), M, int32_t(Nk / hd), int32_t(hd), pos.data(), rp);
+      Backend::MatmulTarget fused[2] = {plain[0], plain[1]};
+      fused[0].Y = q2.data();
+      fused[1].Y = k2.data();
+      for (auto& t : fused) {
+        t.rope_cs = cs.data();
+        t.rope_head_dim = int32_t(hd);
+        t.rope_n_rot = n_rot;
+      }
+      be->matmul_multi(X.data(), M, fused, 2);
+      for (size_t i = 0; i < q1.size(); ++i) ASSERT_EQ(q1[i], q2[i]) << "q n_rot=" << n_rot << " M=" << M << " i=" << i;
+      for (size_t i = 0; i < k1.size(); ++i) ASSERT_EQ(k1[i], k2[i]) << "k n_rot=" << n_rot << " M=" << M << " i=" << i;
+      // And the rotation really happened (unrotated output differs where pos != 0).
+      std::vector<float> q0(size_t(M * Nq));
+      Backend::MatmulTarget none = plain[0];
+      none.Y = q0.data();
+      be->matmul_multi(X.data(), M, &none, 1);
+      bool differs = false;
+      for (size_t i = 0; i < q0.size(); ++i) differs = differs || q0[i] != q2[i];
+      EXPECT_TRUE(differs);
+    }
+  }
+}
+
 // Paged KV for one layer: n_seqs sequences of capacity cap, blocks handed out in shuffled order.
 struct PagedKV {
   int32_t block_size, kv_dim, n_blocks;

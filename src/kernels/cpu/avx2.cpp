@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/cpu/rowwise.h"
 
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>

@@ -20,6 +20,8 @@ struct GemmSeg {
   float* Y = nullptr;
   int64_t ldy = 0;
   const float* bias = nullptr;  // (n_rows,) or null
+  const float* rope_cs = nullptr;  // Store: RoPE rows after the bias (Backend::MatmulTarget)
+  int32_t rope_head_dim = 0, rope_n_rot = 0;
 };
 
 enum class Epilogue {

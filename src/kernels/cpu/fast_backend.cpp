@@ -80,6 +80,11 @@ class CpuFastBackend final : public Backend {
     for (int i = 0; i < n; ++i) {
       if (t[i].W.n_cols != t[0].W.n_cols) fail("matmul_multi: targets differ in K");
       g[i] = seg_of(t[i].W, t[i].Y, t[i].ldy, t[i].bias);
+      g[i].rope_cs = t[i].rope_cs;
+      g[i].rope_head_dim = t[i].rope_head_dim;
+      g[i].rope_n_rot = t[i].rope_n_rot;
+      if (t[i].rope_cs && (t[i].rope_head_dim % 16 != 0 || t[i].rope_n_rot % 2 != 0))
+        fail("matmul_multi: fused RoPE needs head_dim a multiple of 16 and an even n_rot");
     }
     k_.gemm(X, M, t[0].W.n_cols, g, n, cpu::Epilogue::Store, threads_);
   }
@@ -102,6 +107,9 @@ class CpuFastBackend final : public Backend {
   void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
     if (E.layout != WeightLayout::Rows) fail("embed: the table must be in GGUF row layout");
     rowwise::embed(E, tokens, M, out);
+  }
+  void rope_table(const int32_t* pos, int64_t M, const RopeParams& p, float* cs) override {
+    rowwise::rope_table(pos, M, p, cs);
   }
   void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
             const RopeParams& p) override {

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/rowwise.h"
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 
@@ -198,6 +199,9 @@ struct Drivers {
           } else {
             for (int j = 0; j < cnt; ++j) y[j] = ci[j];
           }
+          if (e == Epilogue::Store && g.rope_cs)
+            rowwise::rope_rotate(g.Y + m * g.ldy, src[i].n0, cnt, g.rope_head_dim, g.rope_n_rot,
+                                 g.rope_cs + m * g.rope_n_rot);
         }
       }
     }

@@ -56,6 +56,10 @@ class CpuReferenceBackend final : public Backend {
       tmp_.resize(size_t(M * N));
       matmul(X, M, t[i].W, tmp_.data());
       if (t[i].bias) add_bias(tmp_.data(), M, N, t[i].bias);
+      if (t[i].rope_cs)
+        for (int64_t m = 0; m < M; ++m)
+          rowwise::rope_rotate(tmp_.data() + m * N, 0, N, t[i].rope_head_dim, t[i].rope_n_rot,
+                               t[i].rope_cs + m * t[i].rope_n_rot);
       for (int64_t m = 0; m < M; ++m)
         std::copy(tmp_.data() + m * N, tmp_.data() + (m + 1) * N, t[i].Y + m * t[i].ldy);
     }
@@ -81,6 +85,9 @@ class CpuReferenceBackend final : public Backend {
   }
   void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
     rowwise::embed(E, tokens, M, out);
+  }
+  void rope_table(const int32_t* pos, int64_t M, const RopeParams& p, float* cs) override {
+    rowwise::rope_table(pos, M, p, cs);
   }
   void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
             const RopeParams& p) override {

@@ -5,6 +5,14 @@
 #include "core/error.h"
 #include "kernels/quant.h"
 
+// No FMA contraction here: RoPE's rotation must round the same way wherever it is inlined (the
+// separate pass and the GEMM epilogue give bit-identical results).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 namespace ft::rowwise {
 
 void add_bias(float* Y, int64_t M, int64_t N, const float* bias) {
@@ -30,6 +38,38 @@ void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) {
                    out + m * E.n_cols, E.n_cols);
 }
 
+namespace {
+void rope_row_table(int32_t pos, const RopeParams& p, float theta_scale, float* cs) {
+  float theta = float(pos) * p.freq_scale;
+  for (int32_t i = 0; i < p.n_rot / 2; ++i) {
+    const float t = p.freq_factors ? theta / p.freq_factors[i] : theta;
+    cs[2 * i] = std::cos(t);
+    cs[2 * i + 1] = std::sin(t);
+    theta *= theta_scale;
+  }
+}
+inline void rotate(float& x0r, float& x1r, float c, float s) {
+  const float x0 = x0r, x1 = x1r;
+  x0r = x0 * c - x1 * s;
+  x1r = x0 * s + x1 * c;
+}
+}  // namespace
+
+void rope_table(const int32_t* pos, int64_t M, const RopeParams& p, float* cs) {
+  const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
+  for (int64_t m = 0; m < M; ++m) rope_row_table(pos[m], p, theta_scale, cs + m * p.n_rot);
+}
+
+// Not inlined: OpenMP-outlined callers ignore the contraction pragma, and the fused epilogue
+// and the separate pass must run this same code.
+__attribute__((noinline)) void rope_rotate(float* y, int64_t col0, int64_t n, int32_t head_dim,
+                                           int32_t n_rot, const float* cs) {
+  for (int64_t c = col0; c < col0 + n; c += 2) {
+    const int32_t d = int32_t(c % head_dim);
+    if (d < n_rot) rotate(y[c], y[c + 1], cs[d], cs[d + 1]);
+  }
+}
+
 void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
           const RopeParams& p, int threads) {
   // Same arithmetic as the reference (theta accumulated multiplicatively, as ggml does); the
@@ -39,22 +79,17 @@ void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t*
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * n_heads * head_dim > 65536)
   for (int64_t m = 0; m < M; ++m) {
     float cs[512];
-    float theta = float(pos[m]) * p.freq_scale;
-    for (int32_t i = 0; i < p.n_rot / 2; ++i) {
-      const float t = p.freq_factors ? theta / p.freq_factors[i] : theta;
-      cs[2 * i] = std::cos(t);
-      cs[2 * i + 1] = std::sin(t);
-      theta *= theta_scale;
+    rope_row_table(pos[m], p, theta_scale, cs);
+    if (p.style == RopeStyle::Interleaved) {
+      rope_rotate(x + m * n_heads * head_dim, 0, int64_t(n_heads) * head_dim, head_dim, p.n_rot, cs);
+      continue;
     }
     for (int32_t h = 0; h < n_heads; ++h) {
       float* v = x + (m * n_heads + h) * head_dim;
       for (int32_t i = 0; i < p.n_rot / 2; ++i) {
         const int32_t a = p.style == RopeStyle::Interleaved ? 2 * i : i;
         const int32_t b = p.style == RopeStyle::Interleaved ? 2 * i + 1 : i + p.n_rot / 2;
-        const float c = cs[2 * i], s = cs[2 * i + 1];
-        const float x0 = v[a], x1 = v[b];
-        v[a] = x0 * c - x1 * s;
-        v[b] = x0 * s + x1 * c;
+        rotate(v[a], v[b], cs[2 * i], cs[2 * i + 1]);
       }
     }
   }
