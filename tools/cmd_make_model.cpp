@@ -14,7 +14,7 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   std::string shapes;
   for (const auto& s : synthetic_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
   c->add_option("--shape", a.shape, "Shape: " + shapes)->capture_default_str();
-  c->add_option("--type", a.type, "Weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k")->capture_default_str();
+  c->add_option("--type", a.type, "Weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q4_k_m (llama.cpp's mix with q6_k), q6_k")->capture_default_str();
   c->add_option("--vocab", a.vocab, "GGUF to take the tokenizer from (default: built-in byte-level vocab)");
   c->add_option("--arch", a.arch, "Architecture: llama or qwen2")->capture_default_str();
   c->add_option("--seed", a.seed, "Random seed")->capture_default_str();
@@ -24,9 +24,10 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
 int cmd_make_model(const MakeModelArgs& a) {
   SyntheticOptions opt;
   opt.shape = a.shape;
-  const auto type = parse_type_name(a.type);
+  opt.q4_k_m = a.type == "q4_k_m";
+  const auto type = parse_type_name(opt.q4_k_m ? "q4_k" : a.type);
   if (!type || !is_supported_weight_type(*type))
-    fail("unsupported weight type '", a.type, "' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+    fail("unsupported weight type '", a.type, "' (f32, f16, bf16, q8_0, q4_0, q4_k, q4_k_m, q6_k)");
   opt.type = *type;
   opt.seed = a.seed;
   opt.vocab_path = a.vocab;

@@ -158,7 +158,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   GGUFWriter w;
   const std::string a = opt.arch + ".";
   w.set("general.architecture", GGUFValue::of_str(opt.arch));
-  w.set("general.name", GGUFValue::of_str(cat("synthetic-", s.name, "-", type_name, " (random weights)")));
+  w.set("general.name", GGUFValue::of_str(cat("synthetic-", s.name, "-", opt.q4_k_m ? std::string("q4_k_m") : type_name, " (random weights)")));
   w.set("general.alignment", GGUFValue::of_u32(32));
   const uint32_t head_dim = uint32_t(s.dim / s.n_heads);
   w.set(a + "context_length", GGUFValue::of_u32(uint32_t(s.ctx_len)));
@@ -176,8 +176,14 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   const uint64_t dim = uint64_t(s.dim), q_dim = uint64_t(s.n_heads) * head_dim,
                  kv_dim = uint64_t(s.n_kv_heads) * head_dim, ffn = uint64_t(s.ffn_dim);
   std::vector<TensorPlan> plan;
-  auto matrix = [&](std::string name, uint64_t fan_in, uint64_t rows) {
-    plan.push_back({std::move(name), {fan_in, rows}, opt.type, 0.0f, 1.0f / std::sqrt(float(fan_in))});
+  auto matrix = [&](std::string name, uint64_t fan_in, uint64_t rows, bool more_bits = false) {
+    const GGMLType t = opt.q4_k_m && more_bits ? GGMLType::Q6_K : opt.type;
+    plan.push_back({std::move(name), {fan_in, rows}, t, 0.0f, 1.0f / std::sqrt(float(fan_in))});
+  };
+  if (opt.q4_k_m && opt.type != GGMLType::Q4_K) fail("synthetic model: the Q4_K_M mix needs type q4_k");
+  const int n_layers = s.n_layers;
+  auto use_more_bits = [n_layers](int i) {  // llama.cpp's choice of Q6_K layers in Q4_K_M
+    return i < n_layers / 8 || i >= 7 * n_layers / 8 || (i - n_layers / 8) % 3 == 2;
   };
   auto norm = [&](std::string name, uint64_t n) {
     plan.push_back({std::move(name), {n}, GGMLType::F32, 1.0f, 0.05f});
@@ -191,7 +197,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     norm(p + "attn_norm.weight", dim);
     matrix(p + "attn_q.weight", dim, q_dim);
     matrix(p + "attn_k.weight", dim, kv_dim);
-    matrix(p + "attn_v.weight", dim, kv_dim);
+    matrix(p + "attn_v.weight", dim, kv_dim, use_more_bits(i));
     if (qwen) {
       bias(p + "attn_q.bias", q_dim);
       bias(p + "attn_k.bias", kv_dim);
@@ -201,10 +207,10 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     norm(p + "ffn_norm.weight", dim);
     matrix(p + "ffn_gate.weight", dim, ffn);
     matrix(p + "ffn_up.weight", dim, ffn);
-    matrix(p + "ffn_down.weight", ffn, dim);
+    matrix(p + "ffn_down.weight", ffn, dim, use_more_bits(i));
   }
   norm("output_norm.weight", dim);
-  matrix("output.weight", dim, n_vocab);
+  matrix("output.weight", dim, n_vocab, true);
 
   // Validate every tensor before generating anything.
   uint64_t total = 0;

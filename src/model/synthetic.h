@@ -18,6 +18,9 @@ struct SyntheticOptions {
   // empty -> a built-in byte-level "llama" vocabulary.
   std::string vocab_path;
   std::string arch = "llama";     // "llama" or "qwen2" (adds Q/K/V biases)
+  // With type Q4_K: llama.cpp's Q4_K_M mix (attn_v and ffn_down in Q6_K for the layers its
+  // use_more_bits picks, output in Q6_K).
+  bool q4_k_m = false;
 };
 
 struct SyntheticShape {

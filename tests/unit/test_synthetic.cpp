@@ -276,3 +276,37 @@ TEST(Synthetic, UnfitType) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+using test::TempFile;
+
+// The Q4_K_M mix: attn_v / ffn_down in Q6_K exactly for llama.cpp's use_more_bits layers
+// (8 layers: 0, 3, 6, 7), output in Q6_K, everything else Q4_K.
+TEST(Synthetic, Q4KMMix) {
+  SyntheticOptions opt;
+  opt.shape = "tiny-256";
+  opt.type = GGMLType::Q4_K;
+  opt.q4_k_m = true;
+  TempFile tmp("q4km.gguf");
+  write_synthetic_model(opt, tmp.path());
+  const auto m = Model::load(tmp.path());
+  const int n = m->hparams().n_layers;
+  ASSERT_GE(n, 2);
+  for (int i = 0; i < n; ++i) {
+    const bool more = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+    const LayerWeights& L = m->weights().layers[size_t(i)];
+    EXPECT_EQ(L.wv.type, more ? GGMLType::Q6_K : GGMLType::Q4_K) << i;
+    EXPECT_EQ(L.w_down.type, more ? GGMLType::Q6_K : GGMLType::Q4_K) << i;
+    EXPECT_EQ(L.wq.type, GGMLType::Q4_K);
+    EXPECT_EQ(L.w_gate.type, GGMLType::Q4_K);
+  }
+  EXPECT_EQ(m->weights().output.type, GGMLType::Q6_K);
+  EXPECT_EQ(m->weights().token_embd.type, GGMLType::Q4_K);
+  opt.type = GGMLType::Q8_0;
+  EXPECT_THROW(write_synthetic_model(opt, tmp.path()), std::exception);
+}
+
+}  // namespace
+}  // namespace ft
