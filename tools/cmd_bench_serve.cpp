@@ -208,6 +208,8 @@ std::string fmt(double v, const char* f = "%.1f") {
   std::snprintf(b, sizeof b, f, v);
   return b;
 }
+// "-" where nothing was measured (e.g. every request of the class failed).
+std::string fmt(const bench::Summary& s, double v) { return s.n ? fmt(v) : "-"; }
 
 }  // namespace
 
@@ -292,22 +294,22 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
   for (const Row& r : rows) {
     std::vector<std::string> t = {r.config};
     for (size_t ci = 0; ci < names.size(); ++ci) {
-      t.push_back(fmt(r.stats[ci].ttft_ms.p50));
-      t.push_back(fmt(r.stats[ci].ttft_ms.p99));
+      t.push_back(fmt(r.stats[ci].ttft_ms, r.stats[ci].ttft_ms.p50));
+      t.push_back(fmt(r.stats[ci].ttft_ms, r.stats[ci].ttft_ms.p99));
     }
     const bench::ClassStats& all = r.stats.back();
     size_t n_err = 0;
     for (const auto& [k, n] : all.errors) n_err += n;
-    t.push_back(fmt(all.ttft_ms.max));
-    t.push_back(fmt(all.itl_ms.p99));
-    t.push_back(fmt(all.tpot_ms.p99));
+    t.push_back(fmt(all.ttft_ms, all.ttft_ms.max));
+    t.push_back(fmt(all.itl_ms, all.itl_ms.p99));
+    t.push_back(fmt(all.tpot_ms, all.tpot_ms.p99));
     t.push_back(fmt(all.output_tokens_per_s));
     t.push_back(fmt(all.requests_per_s, "%.3f"));
     t.push_back(std::to_string(n_err));
     if (main_run.slo.any()) t.push_back(fmt(all.goodput_rps, "%.3f"));
     if (a.isolated) {
-      t.push_back(fmt(r.short_only->ttft_ms.p99));
-      t.push_back(fmt(r.long_only->ttft_ms.mean));
+      t.push_back(fmt(r.short_only->ttft_ms, r.short_only->ttft_ms.p99));
+      t.push_back(fmt(r.long_only->ttft_ms, r.long_only->ttft_ms.mean));
     }
     table.push_back(t);
   }
