@@ -172,8 +172,11 @@ std::string format_report(const std::vector<ClassStats>& stats, double wall_s, c
                   "max", "n");
     s += line;
     auto row = [&](const char* name, const Summary& m) {
-      std::snprintf(line, sizeof line, "  %-10s %10.2f %10.2f %10.2f %10.2f %10.2f %8zu\n", name, m.mean, m.p50,
-                    m.p90, m.p99, m.max, m.n);
+      if (m.n == 0)
+        std::snprintf(line, sizeof line, "  %-10s %10s %10s %10s %10s %10s %8zu\n", name, "-", "-", "-", "-", "-", m.n);
+      else
+        std::snprintf(line, sizeof line, "  %-10s %10.2f %10.2f %10.2f %10.2f %10.2f %8zu\n", name, m.mean, m.p50,
+                      m.p90, m.p99, m.max, m.n);
       s += line;
     };
     row("TTFT", c.ttft_ms);

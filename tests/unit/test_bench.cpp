@@ -1,9 +1,19 @@
-// Load-generator workloads, SSE parsing, statistics, SLOs and SVG output (pure functions).
+// Load-generator workloads, SSE parsing, statistics, SLOs, SVG output, and the load generator
+// itself against a fake server in this process.
 #include <gtest/gtest.h>
 
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "bench/loadgen.h"
 #include "bench/report.h"
@@ -275,6 +285,165 @@ TEST(Svg, FiguresAreSelfContainedAndEscaped) {
   for (size_t at = bars.find("<rect x="); at != std::string::npos; at = bars.find("<rect x=", at + 1)) ++rects;
   EXPECT_EQ(rects, 1u /* frame */ + 3u /* bars: the 0 is dropped on a log axis */ + 2u /* legend */);
   EXPECT_EQ(xml_escape("a<b>\"c\"&'"), "a&lt;b&gt;&quot;c&quot;&amp;&apos;");
+}
+
+}  // namespace
+}  // namespace ft::bench
+
+// --- the load generator against a fake OpenAI-compatible server (in process; runs under ASan) ---
+
+namespace ft::bench {
+namespace {
+
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+// One thread per connection, blocking I/O. POST .../completions: a prompt of more than 1000 ids
+// gets 400; max_tokens 99 never answers (a hang); otherwise max_tokens SSE chunks, each event
+// split over two TCP writes, then the finish chunk, a usage chunk and [DONE].
+class FakeServer {
+ public:
+  FakeServer() : acceptor_(io_, tcp::endpoint(asio::ip::address_v4::loopback(), 0)) {
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+  ~FakeServer() {
+    stop_ = true;
+    boost::system::error_code ec;
+    tcp::socket wake(io_);
+    wake.connect(tcp::endpoint(asio::ip::address_v4::loopback(), port_), ec);
+    accept_thread_.join();
+    for (auto& t : conns_) t.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      auto s = std::make_shared<tcp::socket>(io_);
+      boost::system::error_code ec;
+      acceptor_.accept(*s, ec);
+      if (ec || stop_) break;
+      conns_.emplace_back([this, s] { handle(*s); });
+    }
+  }
+  void handle(tcp::socket& s) {
+    boost::system::error_code ec;
+    boost::beast::flat_buffer buf;
+    http::request<http::string_body> req;
+    http::read(s, buf, req, ec);
+    if (ec) return;
+    auto send = [&](const std::string& bytes) { asio::write(s, asio::buffer(bytes), ec); };
+    if (req.target().ends_with("/models")) {
+      const std::string body = R"({"object":"list","data":[{"id":"fake"}]})";
+      send("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\nConnection: close\r\n\r\n" + body);
+      return;
+    }
+    const auto j = nlohmann::json::parse(req.body());
+    const int64_t n = j.value("max_tokens", 16);
+    const bool chat = j.contains("messages");
+    if (j.contains("prompt") && j["prompt"].is_array() && j["prompt"].size() > 1000) {
+      const std::string body = R"({"error":{"message":"prompt too long for the context","type":"invalid_request_error"}})";
+      send("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+      return;
+    }
+    if (n == 99) {
+      for (int i = 0; i < 300 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    send("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    auto chunk = [&](const std::string& data) {  // one HTTP chunk per half event
+      std::ostringstream hex;
+      hex << std::hex << data.size();
+      send(hex.str() + "\r\n" + data + "\r\n");
+    };
+    for (int64_t i = 0; i < n && !ec; ++i) {
+      const std::string ev = chat ? R"(data: {"choices":[{"delta":{"content":"tok"}}]})" "\n\n"
+                                  : R"(data: {"choices":[{"text":"tok","finish_reason":null}]})" "\n\n";
+      chunk(ev.substr(0, 10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      chunk(ev.substr(10));
+    }
+    chunk(R"(data: {"choices":[{"text":"","finish_reason":"length"}]})" "\n\n"
+          "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":" + std::to_string(n) + "}}\n\n"
+          "data: [DONE]\n\n");
+    send("0\r\n\r\n");
+  }
+
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread accept_thread_;
+  std::vector<std::thread> conns_;  // only the accept thread adds; joined after it ends
+};
+
+TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
+  FakeServer fake;
+  LoadgenOptions o;
+  o.url = parse_url(fake.url());
+  o.progress = false;
+  o.timeout_s = 1;
+  o.workload = workload_from_json(nlohmann::json::parse(R"({"name": "f", "duration_s": 1, "classes": [
+    {"name": "ok", "arrival": {"type": "periodic", "rate": 4}, "prompt_tokens": 12, "output_tokens": 5},
+    {"name": "big", "arrival": {"type": "periodic", "rate": 2}, "prompt_tokens": 2000, "output_tokens": 5},
+    {"name": "hang", "arrival": {"type": "periodic", "rate": 1}, "prompt_tokens": 3, "output_tokens": 99}]})"));
+  const LoadgenResult r = run_loadgen(o);
+  EXPECT_EQ(r.model, "fake");
+  ASSERT_EQ(r.records.size(), 7u);  // 4 + 2 + 1
+  for (const RequestRecord& q : r.records) {
+    if (q.class_index == 0) {
+      EXPECT_TRUE(q.ok()) << q.error << ": " << q.error_message;
+      EXPECT_EQ(q.chunks, 5);
+      EXPECT_EQ(q.output_tokens, 5);
+      EXPECT_EQ(q.itl_s.size(), 4u);
+      EXPECT_GT(q.ttft_s, 0);
+      EXPECT_LE(q.ttft_s, q.e2e_s);
+    } else if (q.class_index == 1) {
+      EXPECT_EQ(q.error, "http_400");
+      EXPECT_EQ(q.error_message, "prompt too long for the context");
+    } else {
+      EXPECT_EQ(q.error, "timeout") << q.error_message;
+    }
+  }
+  const auto st = class_stats(r.records, {"ok", "big", "hang"}, r.wall_s, Slo{});
+  EXPECT_EQ(st[3].completed, 4u);
+  EXPECT_EQ(st[3].errors.at("http_400"), 2u);
+  EXPECT_EQ(st[3].errors.at("timeout"), 1u);
+
+  // Closed loop over the chat endpoint: exactly max_requests, at most `concurrency` at once.
+  o.chat = true;
+  o.concurrency = 2;
+  o.max_requests = 5;
+  o.workload.classes.resize(1);
+  o.workload.duration_s = 30;
+  const LoadgenResult c = run_loadgen(o);
+  ASSERT_EQ(c.records.size(), 5u);
+  for (const auto& q : c.records) {
+    EXPECT_TRUE(q.ok()) << q.error_message;
+    EXPECT_EQ(q.chunks, 5);
+  }
+}
+
+TEST(Loadgen, UnreachableServerIsAnError) {
+  int port = 0;
+  {
+    FakeServer gone;
+    port = std::stoi(parse_url(gone.url()).port);
+  }
+  LoadgenOptions o;
+  o.url = parse_url("http://127.0.0.1:" + std::to_string(port));
+  o.progress = false;
+  o.workload = *builtin_workload("short");
+  try {
+    run_loadgen(o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reach"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
