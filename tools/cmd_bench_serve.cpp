@@ -260,6 +260,8 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
     o.doc["config"]["server_config"] = ablation_configs().at(cfg);
     o.doc["config"]["name"] = cfg;
     write_file(base + ".json", o.doc.dump(1));
+    write_file(base + ".svg", bench::svg_ttft_figure("TTFT: " + main_run.opt.workload.name + ", config " + cfg,
+                                                     o.res.records, names));
     row.stats = o.stats;
     json entry = {{"config", cfg}, {"classes", o.doc["classes"]}};
     if (a.isolated) {
@@ -353,7 +355,7 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
                   {"model", a.model},
                   {"configs", summary}}
                  .dump(1));
-  std::printf("wrote %s/{CONFIG.json, summary.json, ablate.svg}\n", a.out_dir.c_str());
+  std::printf("wrote %s/{CONFIG.json, CONFIG.svg, summary.json, ablate.svg}\n", a.out_dir.c_str());
   return 0;
 }
 

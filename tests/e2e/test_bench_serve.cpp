@@ -215,6 +215,7 @@ TEST(BenchAblate, TwoConfigsOneTable) {
   EXPECT_NE(r.out.find("| nochunk |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| chunk256 |"), std::string::npos) << r.out;
   EXPECT_TRUE(svg_ok(dir + "/ablate.svg"));
+  EXPECT_TRUE(svg_ok(dir + "/chunk256.svg"));
   for (const char* cfg : {"nochunk", "chunk256"}) {
     const json j = json::parse(test::read_file(dir + "/" + cfg + ".json"));
     EXPECT_EQ(j["config"]["name"], cfg);
