@@ -40,10 +40,13 @@ struct Axis {
   std::vector<double> ticks() const {
     std::vector<double> out;
     if (log) {
-      for (double e = std::floor(std::log10(lo)); e <= std::ceil(std::log10(hi)); e += 1) {
-        const double v = std::pow(10.0, e);
-        if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) out.push_back(v);
-      }
+      // Decades; also 2 and 5 times them when the axis spans at most two decades.
+      const bool fine = std::log10(hi / lo) <= 2.01;
+      for (double e = std::floor(std::log10(lo)); e <= std::ceil(std::log10(hi)); e += 1)
+        for (double m : {1.0, 2.0, 5.0}) {
+          const double v = m * std::pow(10.0, e);
+          if ((m == 1.0 || fine) && v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) out.push_back(v);
+        }
       return out;
     }
     const double span = hi - lo;
@@ -167,7 +170,7 @@ std::string svg_panels(const std::string& title, const std::vector<Panel>& panel
         xs.push_back(x);
         ys.push_back(y);
       }
-    const Axis ax = make_axis(xs, p.log_x, x0, x0 + w, false);
+    const Axis ax = make_axis(xs, p.log_x, x0, x0 + w, true);
     const Axis ay = make_axis(ys, p.log_y, y0 + h, y0, true);
     s += axes(ax, ay, x0, y0, w, h, p.title, p.x_label, p.y_label);
     std::vector<std::string> names;
