@@ -97,6 +97,13 @@ RunOutput run_one(const Prepared& p, const std::string& url, const BenchServeArg
   o.res = bench::run_loadgen(opt);
   const auto names = class_names(opt.workload);
   o.stats = bench::class_stats(o.res.records, names, o.res.wall_s, p.slo);
+  if (o.stats.back().sent > 0 && o.stats.back().completed == 0)
+    for (const auto& r : o.res.records)
+      if (!r.ok()) {
+        std::fprintf(stderr, "warning: every request failed; the first: %s: %s\n", r.error.c_str(),
+                     r.error_message.c_str());
+        break;
+      }
   json classes = json::array(), requests = json::array();
   for (const auto& c : o.stats) classes.push_back(bench::class_stats_json(c));
   for (const auto& r : o.res.records) requests.push_back(bench::record_json(r, names));
@@ -125,6 +132,7 @@ RunOutput run_one(const Prepared& p, const std::string& url, const BenchServeArg
              {"text_prompts", opt.text_prompts || opt.chat},
              {"workload", {{"name", opt.workload.name}, {"duration_s", opt.workload.duration_s}, {"classes", wl_classes}}},
              {"seed", opt.seed},
+             {"prompt_salt", o.res.prompt_salt},
              {"concurrency", opt.concurrency},
              {"max_requests", opt.max_requests},
              {"timeout_s", opt.timeout_s},
@@ -143,7 +151,7 @@ void add_bench_serve(CLI::App& bench, BenchServeArgs& a, std::string& mode) {
     c->add_option("--workload", a.workload, "Built-in workload (short, long, mixed, shared-prefix) or a JSON file")
         ->capture_default_str();
     c->add_option("--duration", a.duration_s, "Seconds of arrivals (default: the workload's)");
-    c->add_option("--seed", a.seed, "Seed of arrivals, lengths and prompts")->capture_default_str();
+    c->add_option("--seed", a.seed, "Seed of arrivals and lengths (prompt contents are fresh every run: no cache hits across runs)")->capture_default_str();
     c->add_option("--slo", a.slo, "SLOs in ms for goodput, e.g. ttft:500,tpot:100 (keys ttft, tpot, itl, e2e)");
     c->add_option("--max-requests", a.max_requests, "Send at most N requests (closed loop: exactly N)");
     c->add_option("--timeout", a.timeout_s, "Per-request timeout in seconds")->capture_default_str();
@@ -214,7 +222,9 @@ std::string fmt(const bench::Summary& s, double v) { return s.n ? fmt(v) : "-"; 
 }  // namespace
 
 int cmd_bench_ablate(const BenchServeArgs& a) {
-  const Prepared main_run = prepare(a, a.workload);
+  // -m is the server's GGUF file; the requests name the model the server reports (/v1/models).
+  Prepared main_run = prepare(a, a.workload);
+  main_run.opt.model.clear();
   std::vector<std::string> configs;
   for (size_t pos = 0; pos <= a.configs.size();) {
     const size_t comma = std::min(a.configs.find(',', pos), a.configs.size());
@@ -236,6 +246,8 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
   if (a.isolated) {
     short_run = prepare(a, "short");
     long_run = prepare(a, "long");
+    short_run->opt.model.clear();
+    long_run->opt.model.clear();
   }
   const auto names = class_names(main_run.opt.workload);
 

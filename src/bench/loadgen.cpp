@@ -37,15 +37,18 @@ std::string error_kind(const beast::error_code& ec) {
 
 }  // namespace
 
-std::vector<int32_t> prompt_token_ids(const PlannedRequest& p, const RequestClass& c, uint64_t seed,
+std::vector<int32_t> prompt_token_ids(const PlannedRequest& p, const RequestClass& c, uint64_t salt,
                                       uint64_t request_index, int32_t lo, int32_t hi) {
   std::vector<int32_t> ids;
   ids.reserve(size_t(p.prompt_tokens));
   const uint64_t span = uint64_t(hi - lo + 1);
-  std::mt19937_64 shared(seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(p.class_index) + 1) * 0xC2B2AE3D27D4EB4Full);
+  const uint64_t cls = uint64_t(p.class_index) + 1;
+  std::seed_seq shared_seed{salt, salt >> 32, cls, uint64_t(0)};
+  std::mt19937_64 shared(shared_seed);
   const int64_t n_shared = std::min(c.shared_prefix_tokens, p.prompt_tokens);
   for (int64_t i = 0; i < n_shared; ++i) ids.push_back(lo + int32_t(shared() % span));
-  std::mt19937_64 own(seed * 0xD6E8FEB86659FD93ull + request_index * 0x9E3779B97F4A7C15ull + 7);
+  std::seed_seq own_seed{salt, salt >> 32, cls, request_index + 1, request_index >> 32};
+  std::mt19937_64 own(own_seed);
   while (int64_t(ids.size()) < p.prompt_tokens) ids.push_back(lo + int32_t(own() % span));
   return ids;
 }
@@ -135,6 +138,7 @@ struct Loadgen {
   asio::io_context io;
   tcp::resolver::results_type endpoints;
   std::string model, route;
+  uint64_t salt = 0;
   std::vector<PlannedRequest> plan;
   std::vector<RequestRecord> records;  // one per started request, index = Call::index
   std::vector<std::string> bodies;     // built before the run (no JSON work on the timing path)
@@ -156,14 +160,17 @@ struct Loadgen {
                         {"stream_options", {{"include_usage", true}}}};
     if (opt.chat || opt.text_prompts) {
       // The shared part first, then a per-request tag so only the shared part can be cached.
+      // The run's salt and the class lead, so prompts of other runs and classes share no prefix.
       const int64_t n_shared = std::min(c.shared_prefix_tokens, p.prompt_tokens);
-      std::string text = prompt_text(n_shared);
-      text += (text.empty() ? "r" : " r") + std::to_string(i);
-      if (p.prompt_tokens - n_shared > 1) text += " " + prompt_text(p.prompt_tokens - n_shared - 1);
+      std::string text = "s" + std::to_string(salt % 1000000) + "c" + std::to_string(p.class_index);
+      if (n_shared > 1) text += " " + prompt_text(n_shared - 1);
+      text += " r" + std::to_string(i);
+      if (p.prompt_tokens - std::max<int64_t>(n_shared, 1) > 1)
+        text += " " + prompt_text(p.prompt_tokens - std::max<int64_t>(n_shared, 1) - 1);
       if (opt.chat) j["messages"] = {{{"role", "user"}, {"content", text}}};
       else j["prompt"] = text;
     } else {
-      j["prompt"] = prompt_token_ids(p, c, opt.seed, i, opt.token_lo, opt.token_hi);
+      j["prompt"] = prompt_token_ids(p, c, salt, i, opt.token_lo, opt.token_hi);
     }
     return j.dump();
   }
@@ -352,6 +359,11 @@ LoadgenResult run_loadgen(const LoadgenOptions& opt) {
   tcp::resolver resolver(lg.io);
   lg.endpoints = resolver.resolve(opt.url.host, opt.url.port);
 
+  lg.salt = opt.prompt_salt;
+  if (lg.salt == 0) {
+    std::random_device rd;
+    lg.salt = (uint64_t(rd()) << 32 | rd()) | 1;
+  }
   lg.plan = plan_arrivals(opt.workload, opt.seed);
   if (lg.plan.empty()) fail("bench: the workload plans no request in ", opt.workload.duration_s, " s");
   lg.total = lg.plan.size();
@@ -375,6 +387,7 @@ LoadgenResult run_loadgen(const LoadgenOptions& opt) {
 
   LoadgenResult res;
   res.model = lg.model;
+  res.prompt_salt = lg.salt;
   res.wall_s = since(lg.t0, Clock::now());
   res.records = std::move(lg.records);
   return res;

@@ -8,8 +8,10 @@
 // plan's count) or the duration.
 //
 // Prompts: token-id arrays of exact lengths for /v1/completions (ids drawn in token_lo..token_hi;
-// a class's shared_prefix_tokens leading ids are the same for all its requests); for chat or
-// text_prompts, a repeated word, so lengths are approximate. Outputs have exact lengths:
+// a class's shared_prefix_tokens leading ids are the same for all its requests of the run); for
+// chat or text_prompts, a repeated word, so lengths are approximate. Every run draws a fresh salt
+// for the prompt contents, so no two runs (nor two classes) share a prefix in the server's prefix
+// cache; arrivals and lengths depend on the seed alone. Outputs have exact lengths:
 // max_tokens + ignore_eos; usage.completion_tokens (stream_options.include_usage) is preferred to
 // the count of chunks with text.
 #pragma once
@@ -37,10 +39,12 @@ struct LoadgenOptions {
   double connect_timeout_s = 10;
   int32_t token_lo = 100, token_hi = 255;  // prompt token ids, inclusive
   bool progress = true;                 // the one-line progress bar on stderr
+  uint64_t prompt_salt = 0;             // 0 = a random one per run
 };
 
 struct LoadgenResult {
   std::string model;
+  uint64_t prompt_salt = 0;
   std::vector<RequestRecord> records;  // in start order
   double wall_s = 0;                   // first start to last finish
 };
@@ -57,8 +61,9 @@ struct HttpReply {
 HttpReply http_request(const ServerUrl& url, const std::string& method, const std::string& path,
                        const std::string& body, double timeout_s);
 
-// The prompt of a planned request: token ids (exact length; the class's shared prefix first).
-std::vector<int32_t> prompt_token_ids(const PlannedRequest& p, const RequestClass& c, uint64_t seed,
+// The prompt of a planned request: token ids (exact length; the class's shared prefix first), a
+// function of (salt, class, request index).
+std::vector<int32_t> prompt_token_ids(const PlannedRequest& p, const RequestClass& c, uint64_t salt,
                                       uint64_t request_index, int32_t lo, int32_t hi);
 // A text of about n tokens (a repeated word).
 std::string prompt_text(int64_t n);

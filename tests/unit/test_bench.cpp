@@ -248,6 +248,12 @@ TEST(Prompts, ExactLengthsAndSharedPrefix) {
   EXPECT_FALSE(std::equal(a.begin() + 8, a.end(), b.begin() + 8));
   for (int32_t t : a) EXPECT_TRUE(t >= 100 && t <= 255) << t;
   EXPECT_EQ(a, prompt_token_ids(p, c, 1, 0, 100, 255));  // deterministic
+  const auto other_run = prompt_token_ids(p, c, 2, 0, 100, 255);
+  EXPECT_NE(std::vector<int32_t>(a.begin(), a.begin() + 4), std::vector<int32_t>(other_run.begin(), other_run.begin() + 4));
+  PlannedRequest q = p;
+  q.class_index = 1;  // another class: another shared prefix
+  const auto other_class = prompt_token_ids(q, c, 1, 0, 100, 255);
+  EXPECT_NE(std::vector<int32_t>(a.begin(), a.begin() + 4), std::vector<int32_t>(other_class.begin(), other_class.begin() + 4));
   c.shared_prefix_tokens = 0;
   const auto x = prompt_token_ids(p, c, 1, 0, 100, 255), y = prompt_token_ids(p, c, 1, 1, 100, 255);
   EXPECT_NE(std::vector<int32_t>(x.begin(), x.begin() + 4), std::vector<int32_t>(y.begin(), y.begin() + 4));
