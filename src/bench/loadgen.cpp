@@ -270,6 +270,11 @@ void Call::on_write(beast::error_code ec) {
 
 void Call::on_header(beast::error_code ec) {
   if (ec) return finish(error_kind(ec), "reading the response head: " + ec.message());
+  if (parser.is_done()) {  // no body at all
+    const int status = int(parser.get().result_int());
+    if (status != 200) return finish("http_" + std::to_string(status), "(no body)");
+    return finish("stream", "an empty response");
+  }
   read_body();
 }
 

@@ -356,6 +356,10 @@ class FakeServer {
            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
       return;
     }
+    if (n == 98) {  // a refusal without a body
+      send("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+      return;
+    }
     if (n == 99) {
       for (int i = 0; i < 300 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       return;
@@ -396,10 +400,11 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
   o.workload = workload_from_json(nlohmann::json::parse(R"({"name": "f", "duration_s": 1, "classes": [
     {"name": "ok", "arrival": {"type": "periodic", "rate": 4}, "prompt_tokens": 12, "output_tokens": 5},
     {"name": "big", "arrival": {"type": "periodic", "rate": 2}, "prompt_tokens": 2000, "output_tokens": 5},
-    {"name": "hang", "arrival": {"type": "periodic", "rate": 1}, "prompt_tokens": 3, "output_tokens": 99}]})"));
+    {"name": "hang", "arrival": {"type": "periodic", "rate": 1}, "prompt_tokens": 3, "output_tokens": 99},
+    {"name": "503", "arrival": {"type": "periodic", "rate": 1}, "prompt_tokens": 3, "output_tokens": 98}]})"));
   const LoadgenResult r = run_loadgen(o);
   EXPECT_EQ(r.model, "fake");
-  ASSERT_EQ(r.records.size(), 7u);  // 4 + 2 + 1
+  ASSERT_EQ(r.records.size(), 8u);  // 4 + 2 + 1 + 1
   for (const RequestRecord& q : r.records) {
     if (q.class_index == 0) {
       EXPECT_TRUE(q.ok()) << q.error << ": " << q.error_message;
@@ -411,14 +416,17 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
     } else if (q.class_index == 1) {
       EXPECT_EQ(q.error, "http_400");
       EXPECT_EQ(q.error_message, "prompt too long for the context");
-    } else {
+    } else if (q.class_index == 2) {
       EXPECT_EQ(q.error, "timeout") << q.error_message;
+    } else {
+      EXPECT_EQ(q.error, "http_503") << q.error_message;
     }
   }
-  const auto st = class_stats(r.records, {"ok", "big", "hang"}, r.wall_s, Slo{});
-  EXPECT_EQ(st[3].completed, 4u);
-  EXPECT_EQ(st[3].errors.at("http_400"), 2u);
-  EXPECT_EQ(st[3].errors.at("timeout"), 1u);
+  const auto st = class_stats(r.records, {"ok", "big", "hang", "503"}, r.wall_s, Slo{});
+  EXPECT_EQ(st[4].completed, 4u);
+  EXPECT_EQ(st[4].errors.at("http_400"), 2u);
+  EXPECT_EQ(st[4].errors.at("timeout"), 1u);
+  EXPECT_EQ(st[4].errors.at("http_503"), 1u);
 
   // Closed loop over the chat endpoint: exactly max_requests, at most `concurrency` at once.
   o.chat = true;
