@@ -145,22 +145,22 @@ TEST(BenchServe, RejectionsAreCountedByKindNotAsCompleted) {
   // A prompt beyond the 2048-token context: 400 for every request of that class.
   const std::string wl = tmp("err.json"), out = tmp("err_out.json");
   write(wl, R"({"name": "err", "duration_s": 2, "classes": [
-    {"name": "ok", "arrival": {"type": "periodic", "rate": 2}, "prompt_tokens": 10, "output_tokens": 4},
-    {"name": "toolong", "arrival": {"type": "periodic", "rate": 2, "start_s": 0.25}, "prompt_tokens": 3000,
-     "output_tokens": 4}]})");
+    {"name": "ok", "arrival": {"type": "periodic", "rate": 1}, "prompt_tokens": 10, "output_tokens": 4},
+    {"name": "toolong", "arrival": {"type": "periodic", "rate": 1, "start_s": 0.5}, "prompt_tokens": 3000,
+     "output_tokens": 4}]})");  // apart in time: the queue of 1 never refuses these
   Result r = run_cli("bench serve --url " + srv.url() + " --workload " + wl + " --out " + out + " --quiet");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json j = json::parse(test::read_file(out));
-  EXPECT_EQ(j["classes"][0]["completed"], 4) << j["classes"][0].dump();
-  EXPECT_EQ(j["classes"][1]["sent"], 4);
+  EXPECT_EQ(j["classes"][0]["completed"], 2) << j["classes"][0].dump();
+  EXPECT_EQ(j["classes"][1]["sent"], 2);
   EXPECT_EQ(j["classes"][1]["completed"], 0);
-  EXPECT_EQ(j["classes"][1]["errors"]["http_400"], 4) << j["classes"][1].dump();
+  EXPECT_EQ(j["classes"][1]["errors"]["http_400"], 2) << j["classes"][1].dump();
   EXPECT_EQ(j["classes"][1]["ttft_ms"]["n"], 0);
   for (const json& q : j["requests"])
     if (q["class"] == "toolong") {
       EXPECT_NE(q["error_message"].get<std::string>().find("context"), std::string::npos);
     }
-  EXPECT_NE(r.out.find("http_400 4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("errors 2 (http_400 2)"), std::string::npos) << r.out;
 
   // 24 at once against a queue of 1: some are refused with 429, the rest complete.
   write(wl, R"({"name": "burst", "duration_s": 1, "classes": [
