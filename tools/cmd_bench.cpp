@@ -1,6 +1,7 @@
 // `firsttoken bench peak`: this machine's fp32 FMA peak and memory read bandwidth, 1..N threads.
 // `firsttoken bench model`: prefill (pp) and decode (tg) speed of a model, with the useful FLOP
 // and byte counts of the run, as % of the peak and bandwidth measured in the same run.
+// `bench serve` / `bench ablate`: tools/cmd_bench_serve.cpp.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,7 +31,7 @@ double matmul_flops(const WeightView& w, int64_t M) { return 2.0 * double(M) * d
 }  // namespace
 
 void add_bench(CLI::App& app, BenchArgs& a) {
-  CLI::App* c = app.add_subcommand("bench", "Measure machine peaks (peak) or model speed (model)");
+  CLI::App* c = app.add_subcommand("bench", "Machine peaks (peak), model speed (model), serving load (serve, ablate)");
   c->require_subcommand(1);
   CLI::App* peak = c->add_subcommand("peak", "fp32 FMA peak (GFLOP/s) and memory read bandwidth (GB/s), 1..N threads");
   peak->add_option("-t,--threads", a.threads, "Max threads (0 = all cores)")->capture_default_str();
@@ -43,9 +44,12 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   model->add_option("-r,--reps", a.reps, "Repetitions after a warm-up token (best is reported)")->capture_default_str();
   model->add_option("--backend", a.backend, "Backend: cpu or reference")->capture_default_str();
   model->callback([&a] { a.mode = "model"; });
+  add_bench_serve(*c, a.serve, a.mode);
 }
 
 int cmd_bench(const BenchArgs& a) {
+  if (a.mode == "serve") return cmd_bench_serve(a.serve);
+  if (a.mode == "ablate") return cmd_bench_ablate(a.serve);
   const int T = default_threads(a.threads);
   if (a.mode == "peak") {
     std::printf("%-8s %16s %16s\n", "threads", "fma GFLOP/s", "read GB/s");

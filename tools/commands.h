@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 namespace ft::tools {
 
@@ -35,10 +36,29 @@ struct InspectArgs {
 void add_inspect(CLI::App& app, InspectArgs& a);
 int cmd_inspect(const InspectArgs& a);
 
+// `bench serve` (load generator against any OpenAI-compatible URL) and `bench ablate` (our
+// server in several configurations, the same workload against each).
+struct BenchServeArgs {
+  std::string url, model, workload = "mixed", endpoint = "completions", slo, out, plot, token_range = "100:255";
+  double duration_s = 0, timeout_s = 120;
+  uint64_t seed = 0;
+  int concurrency = 0;
+  int64_t max_requests = 0;
+  bool text_prompts = false, quiet = false;
+  // ablate
+  std::string configs = "nochunk,chunk1024,chunk256,auto,auto-nocache", out_dir = "bench-ablate";
+  std::vector<std::string> server_args;
+  bool isolated = false;
+};
+int cmd_bench_serve(const BenchServeArgs& a);
+int cmd_bench_ablate(const BenchServeArgs& a);
+void add_bench_serve(CLI::App& bench, BenchServeArgs& a, std::string& mode);
+
 struct BenchArgs {
   std::string mode, model, backend = "cpu";
   int64_t n_prompt = 512, n_gen = 64;
   int threads = 0, reps = 1;
+  BenchServeArgs serve;
 };
 void add_bench(CLI::App& app, BenchArgs& a);
 int cmd_bench(const BenchArgs& a);
