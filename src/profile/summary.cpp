@@ -126,7 +126,10 @@ Summary summarize(const json& trace) {
 
   std::vector<const Span*> steps, forwards, inner;  // inner: ops and engine phases on the engine thread
   for (const Span& sp : spans) {
-    if (sp.tid != s.engine_tid) continue;
+    if (sp.tid != s.engine_tid) {
+      if (sp.cat == "op") s.outside_steps_ms += sp.dur / 1e3;  // e.g. calibration in the engine's constructor
+      continue;
+    }
     if (sp.cat == "engine" && sp.name == "step")
       steps.push_back(&sp);
     else if (sp.cat == "engine" && sp.name == "forward")
