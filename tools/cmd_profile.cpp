@@ -30,6 +30,8 @@ int cmd_profile(const ProfileArgs& a) {
     s = profile::summarize(j);
   } catch (const Error& e) {
     fail(a.file, ": ", e.what());
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    fail(a.file, ": not a firsttoken trace: ", e.what());
   }
   std::printf("profile %s\n%s", a.file.c_str(), profile::format_summary(s, a.top).c_str());
   return 0;

@@ -2,6 +2,7 @@
 // summary on a hand-made trace, and profiles of real mixed runs (the engine in process, the HTTP
 // server in process with concurrent requests, `firsttoken run --profile` + `firsttoken profile`).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <csignal>
 #include <set>
 #include <thread>
 
@@ -500,6 +502,49 @@ TEST(ProfileCli, RunThenSummary) {
   const Cli bad = run_cli("profile " + file.path() + ".missing");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.out.find("cannot open"), std::string::npos) << bad.out;
+}
+
+// `serve --profile`: SIGTERM shuts the server down gracefully and the trace file is complete.
+TEST(ProfileCli, ServeWritesTheTraceOnSigterm) {
+  FT_REQUIRE_SHARED(model, "models/stories260K.gguf");
+  test::TempFile file("serve.json");
+  test::TempFile log("serve.log");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(log.path().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(FT_BINARY, FT_BINARY, "serve", "-m", model.c_str(), "--port", "0", "-t", "1", "-c", "256", "--profile",
+            file.path().c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int port = 0;
+  std::smatch m;
+  for (int i = 0; i < 3000 && port == 0; ++i) {  // up to 30 s (calibration under sanitizers)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const std::string text = test::read_file(log.path());
+    if (std::regex_search(text, m, std::regex(R"(listening on http://[0-9.]+:([0-9]+))"))) port = std::stoi(m[1]);
+  }
+  if (port == 0) ::kill(pid, SIGKILL);
+  ASSERT_GT(port, 0) << test::read_file(log.path());
+  const std::string r = http_post(port, "/v1/completions",
+                                  json{{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 8},
+                                       {"temperature", 0}, {"stream", true}}.dump());
+  EXPECT_NE(r.find("data: [DONE]"), std::string::npos) << r;
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << test::read_file(log.path());
+  EXPECT_EQ(WEXITSTATUS(status), 0) << test::read_file(log.path());
+  EXPECT_NE(test::read_file(log.path()).find("profile: "), std::string::npos);
+  const json doc = json::parse(test::read_file(file.path()));
+  expect_well_formed(doc);
+  expect_nested(doc);
+  expect_engine_content(doc, 5, 1);
+  std::set<std::string> names;
+  for (const json& e : events_with(doc, "X")) names.insert(e["name"]);
+  for (const char* n : {"http.parse", "tokenize", "http.emit", "http.write", "calibrate"}) EXPECT_TRUE(names.count(n)) << n;
 }
 
 }  // namespace
