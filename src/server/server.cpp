@@ -689,6 +689,8 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       spdlog::warn("binary protocol: a request arrived while one is generating; closing the connection");
       return gone();
     }
+    profile::Scope sc("bin.parse", "http");  // decode, validate, tokenize, submit
+    if (sc.on()) sc.args().i("body_bytes", int64_t(body_.size()));
     proto::Request req;
     if (!proto::decode_request(body_.data(), body_.size(), req)) {
       spdlog::warn("binary protocol: malformed request frame ({} bytes); closing the connection", body_.size());
@@ -715,6 +717,7 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
 
   void generate(proto::Request req) {
     const auto t0 = Clock::now();
+    const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
     const Tokenizer& tok = *t_tok;
     std::vector<int32_t> prompt;
     if (!req.tokens.empty()) {
@@ -726,6 +729,7 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       prompt = tok.encode(req.text, req.add_bos && tok.add_bos_default(), /*parse_special=*/true);
     }
     const double tokenize_ms = ms_since(t0);
+    const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
     const int64_t n_prompt = int64_t(prompt.size()), n_ctx = srv_.info.n_ctx;
     if (n_prompt >= n_ctx) throw ApiError(400, cat("the prompt has ", n_prompt, " tokens; the context holds ", n_ctx));
     if (req.max_tokens < 1) throw ApiError(400, "max_tokens must be >= 1");
@@ -764,6 +768,9 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       srv_.waiting.fetch_sub(1);
       throw ApiError(400, e.what());
     }
+    if (p_tok0 > 0)
+      profile::complete("tokenize", "request", p_tok0, p_tok1,
+                        profile::Args().i("req", int64_t(gen->engine_id)).i("tokens", n_prompt));
     gen_ = gen;
   }
 
@@ -854,9 +861,11 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       if (draining_ && !gen_) close();
       return;
     }
+    profile::Scope sc("bin.write", "http");
     writing_ = true;
     wbuf_ = std::move(outq_.front());
     outq_.pop_front();
+    if (sc.on()) sc.args().i("bytes", int64_t(wbuf_.size()));
     net::async_write(sock_, net::buffer(wbuf_), [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec) return self->gone();
       self->write_next();

@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "client/binary_client.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "profile/summary.h"
@@ -363,6 +364,7 @@ TEST(ProfileRun, ServerConcurrentRequests) {
   cfg.prefill_chunk_size = 8;
   cfg.max_num_seqs = 4;
   cfg.log_level = "warn";
+  cfg.binary_port_any = true;
   server::ServedModel served;
   served.model = model.get();
   served.tokenizer = &tok;
@@ -372,8 +374,10 @@ TEST(ProfileRun, ServerConcurrentRequests) {
   Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
   server::Server srv(engine, served, cfg);
   std::thread run([&] { srv.run(); });
-  for (int i = 0; i < 500 && srv.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && (srv.port() == 0 || srv.binary_port() == 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_GT(srv.port(), 0);
+  ASSERT_GT(srv.binary_port(), 0);
   const std::string long_prompt =
       "Once upon a time there was a little girl named Lily who loved to play in the park with her friends every day";
   std::string r1, r2;
@@ -387,19 +391,30 @@ TEST(ProfileRun, ServerConcurrentRequests) {
                    json{{"model", "stories260K"}, {"prompt", "Tom"}, {"max_tokens", 120}, {"temperature", 0},
                         {"ignore_eos", true}}.dump());
   });
+  std::string r3;
+  std::thread c3([&] {  // the binary protocol, a third request
+    proto::Request req;
+    req.text = "Lily and Tom";
+    req.max_tokens = 6;
+    req.sampling.temperature = 0;
+    client::BinaryClient bc("127.0.0.1", srv.binary_port(), 60);
+    r3 = bc.generate(req).finish;
+  });
   c1.join();
   c2.join();
+  c3.join();
   srv.stop();
   run.join();
   profile::stop();
   profile::write();
   EXPECT_NE(r1.find("data: [DONE]"), std::string::npos) << r1;
   EXPECT_NE(r2.find("\"finish_reason\":\"length\""), std::string::npos) << r2;
+  EXPECT_EQ(r3, "length");
 
   const json doc = json::parse(test::read_file(file.path()));
   expect_well_formed(doc);
   expect_nested(doc);
-  expect_engine_content(doc, model->hparams().n_layers, 2);
+  expect_engine_content(doc, model->hparams().n_layers, 3);
   const auto names = thread_names(doc);
   std::map<std::string, int> http;  // span name -> count on http-* threads
   std::set<int64_t> tokenized;
@@ -412,10 +427,12 @@ TEST(ProfileRun, ServerConcurrentRequests) {
     }
   }
   EXPECT_EQ(http["http.parse"], 2);
-  EXPECT_EQ(http["tokenize"], 2);
+  EXPECT_EQ(http["bin.parse"], 1);
+  EXPECT_GE(http["bin.write"], 1);
+  EXPECT_EQ(http["tokenize"], 3);
   EXPECT_GE(http["http.write"], 2);
   EXPECT_GE(http["http.emit"], 16 + 120);
-  EXPECT_EQ(tokenized.size(), 2u);
+  EXPECT_EQ(tokenized.size(), 3u);
   // Requests' queue spans exist for the ids the tokenize spans name.
   std::set<int64_t> queued;
   for (const json& e : events_with(doc, "b"))
@@ -425,8 +442,8 @@ TEST(ProfileRun, ServerConcurrentRequests) {
   const profile::Summary s = profile::summarize(doc);
   EXPECT_GT(s.outside_steps_ms, 0) << "calibration ops should be reported apart";
   EXPECT_EQ(s.http_parse.count, 2);
-  EXPECT_EQ(s.tokenize.count, 2);
-  EXPECT_EQ(s.queue.count, 2);
+  EXPECT_EQ(s.tokenize.count, 3);
+  EXPECT_EQ(s.queue.count, 3);
   EXPECT_EQ(int(s.layers.size()), model->hparams().n_layers);
   profile::reset();
 }
