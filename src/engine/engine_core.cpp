@@ -253,6 +253,7 @@ bool EngineCore::step() {
   }
 
   // Sample one token for every row, then emit them and finish what is done.
+  const int64_t ps0 = prof ? profile::now_ns() : 0;
   row_token_.clear();
   for (size_t row = 0; row < row_owner_.size(); ++row) {
     Req& r = *row_owner_[row];
@@ -292,7 +293,8 @@ bool EngineCore::step() {
   rec.n_waiting = n_waiting();
   rec.kv_used_blocks = kv_.used_blocks();
   if (prof) {
-    // step = schedule (plan, KV bookkeeping) + forward + sampling + emit (callbacks, finishes).
+    // step = schedule (plan, KV reservations) + forward + kv_publish (full blocks for prefix
+    // reuse) + sampling + emit (callbacks, finishes).
     const int64_t p1 = profile::now_ns();
     int64_t prefill_tokens = 0;
     std::string chunks = "[";
@@ -304,7 +306,8 @@ bool EngineCore::step() {
     chunks += ']';
     profile::complete("schedule", "engine", p0, pf0);
     profile::complete("forward", "engine", pf0, pf1, profile::Args().i("tokens", batch_.size()));
-    profile::complete("sampling", "engine", pf1, ps1, profile::Args().i("rows", int64_t(row_owner_.size())));
+    profile::complete("kv_publish", "engine", pf1, ps0);
+    profile::complete("sampling", "engine", ps0, ps1, profile::Args().i("rows", int64_t(row_owner_.size())));
     profile::complete("emit", "engine", ps1, p1);
     profile::Args a;
     a.i("tokens", batch_.size()).i("n_decode", rec.n_decode).i("prefill_tokens", prefill_tokens);
