@@ -22,6 +22,7 @@
 #include "client/binary_client.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "profile/profiling_backend.h"
 #include "profile/summary.h"
 #include "profile/trace.h"
 #include "server/server.h"
@@ -218,6 +219,53 @@ TEST(ProfileSummary, OpsGapsAndSteps) {
   EXPECT_NE(text.find("between steps: sum 0.050 ms"), std::string::npos) << text;
   EXPECT_NE(text.find("weights 1.00 MiB"), std::string::npos) << text;
   EXPECT_THROW(profile::summarize(json::array()), Error);
+}
+
+// The decorator forwards every call unchanged: the same logits, bit for bit, with one op span per
+// kernel call, named by weight, each per-layer op carrying its layer.
+TEST(ProfilingBackend, SameLogitsAndOneSpanPerCall) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const HParams& hp = model->hparams();
+  Batch b;
+  for (int32_t i = 0; i < 7; ++i) b.add(1 + i * 11, i, 0, i == 6);
+  auto logits_with = [&](Backend& be) {
+    Forward fwd(*model, be, 8);
+    KVCache kv(KVCacheConfig{hp.n_layers, hp.kv_dim(), 16, 4});
+    EXPECT_TRUE(kv.reserve(0, 8));
+    std::vector<float> logits(size_t(hp.n_vocab));
+    fwd.run(b, kv, logits.data());
+    return logits;
+  };
+  profile::reset();
+  profile::start("");
+  auto plain = make_backend("cpu", 1);
+  const std::vector<float> want = logits_with(*plain);
+  auto wrapped = profile::wrap_backend(make_backend("cpu", 1), model->weights());
+  EXPECT_EQ(wrapped->name(), plain->name());
+  const std::vector<float> got = logits_with(*wrapped);
+  profile::stop();
+  EXPECT_EQ(got, want);
+  const json doc = json::parse(profile::to_json());
+  std::map<std::string, std::set<int>> layers;
+  std::map<std::string, int> calls;
+  for (const json& e : events_with(doc, "X")) {
+    ASSERT_EQ(e["cat"], "op") << e;
+    ++calls[e["name"]];
+    if (e["args"].contains("layer")) layers[e["name"]].insert(e["args"]["layer"].get<int>());
+    const bool last_row_only = e["name"] == "gemm.output" || e["args"].value("weight", "") == "output_norm";
+    EXPECT_EQ(e["args"]["M"], last_row_only ? 1 : 7) << e;
+  }
+  const int L = hp.n_layers;
+  EXPECT_EQ(calls["embed"], 1);
+  EXPECT_EQ(calls["rmsnorm"], 2 * L + 1);
+  EXPECT_EQ(calls["rope"], 2 * L);
+  EXPECT_EQ(calls["gemm.output"], 1);
+  for (const char* op : {"gemm.wq+wk+wv", "attention", "gemm.wo", "gemm.w_gate+w_up", "gemm.w_down"}) {
+    EXPECT_EQ(calls[op], L) << op;
+    EXPECT_EQ(int(layers[op].size()), L) << op;
+  }
+  profile::reset();
 }
 
 // --- real runs ----------------------------------------------------------------------------------
