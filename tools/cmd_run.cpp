@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "profile/trace.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
@@ -32,16 +33,19 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("--chat-format", a.chat_format,
                 "Override the chat format: llama2, llama3, chatml, mistral, zephyr");
   c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating past end-of-generation tokens");
+  c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE (see `firsttoken profile FILE`)");
 }
 
 int cmd_run(const RunArgs& a) {
   using clock = std::chrono::steady_clock;
+  if (!a.profile.empty()) profile::start(a.profile);
   const auto t_load = clock::now();
   const auto model = Model::load(a.model);
   const Tokenizer tok = Tokenizer::from_gguf(model->file());
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
   const auto t_tok = clock::now();
+  const int64_t p_tok = profile::enabled() ? profile::now_ns() : 0;
   std::vector<int32_t> prompt;
   if (a.chat) {
     ChatFormat fmt;
@@ -62,6 +66,7 @@ int cmd_run(const RunArgs& a) {
     prompt = tok.encode(a.prompt, tok.add_bos_default(), /*parse_special=*/true);
   }
   const double tokenize_ms = std::chrono::duration<double, std::milli>(clock::now() - t_tok).count();
+  const int64_t p_tok_end = profile::enabled() ? profile::now_ns() : 0;
 
   // One request through the serving engine: prompt chunks of --batch tokens, then decode.
   const int64_t n_ctx = a.ctx > 0 ? a.ctx : model->hparams().ctx_len;
@@ -99,7 +104,9 @@ int cmd_run(const RunArgs& a) {
 
   Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
   EventStream events;
-  engine.submit(std::move(req), events.callback());
+  const uint64_t id = engine.submit(std::move(req), events.callback());
+  profile::complete("tokenize", "request", p_tok, p_tok_end,
+                    profile::Args().i("req", int64_t(id)).i("tokens", n_prompt).i("chars", int64_t(a.prompt.size())));
   StreamDecoder out(tok);
   EngineEvent ev;
   RequestTimings t;
@@ -128,6 +135,13 @@ int cmd_run(const RunArgs& a) {
                t.prefill_ms() > 0 ? double(n_prompt) / t.prefill_ms() * 1e3 : 0.0, (long long)n_gen,
                n_gen > 1 && t.decode_ms() > 0 ? double(n_gen - 1) / t.decode_ms() * 1e3 : 0.0,
                finish_reason_name(why));
+  if (profile::enabled()) {
+    engine.shutdown();  // its thread's last spans are published before the file is written
+    profile::stop();
+    const size_t n = profile::write();
+    std::fprintf(stderr, "[firsttoken] profile: %zu events written to %s (summary: firsttoken profile %s)\n", n,
+                 a.profile.c_str(), a.profile.c_str());
+  }
   return 0;
 }
 

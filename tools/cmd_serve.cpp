@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/synthetic.h"
+#include "profile/trace.h"
 #include "server/config.h"
 #include "server/server.h"
 #include "tokenizer/chat_template.h"
@@ -35,6 +36,7 @@ void add_serve(CLI::App& app, ServeArgs& a) {
   c->add_option("--served-model-name", a.served_model_name, "Model id clients send (default: the file's stem)");
   c->add_option("--binary-port", a.binary_port, "Port of the binary protocol (FlatBuffers frames; default 0 = off)");
   c->add_flag("--binary-port-any", a.binary_port_any, "Serve the binary protocol on any free port (printed at start)");
+  c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE at shutdown (see `firsttoken profile FILE`)");
 }
 
 int cmd_serve(const ServeArgs& a) {
@@ -105,11 +107,18 @@ int cmd_serve(const ServeArgs& a) {
   served.id = id;
   served.chat_format = detect_chat_format(model->file().get_str("tokenizer.chat_template", ""));
 
+  if (!a.profile.empty()) profile::start(a.profile);  // before the engine: its backend gets wrapped
   EngineConfig ecfg = server::to_engine_config(cfg);
   if (tty) std::fprintf(stderr, "starting the engine (calibrating the cost model)...\n");
   Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
   server::Server srv(engine, served, cfg);
-  return srv.run();
+  const int rc = srv.run();  // returns after the engine has shut down
+  if (profile::enabled()) {
+    profile::stop();
+    const size_t n = profile::write();
+    spdlog::info("profile: {} events written to {} (summary: firsttoken profile {})", n, a.profile, a.profile);
+  }
+  return rc;
 }
 
 }  // namespace ft::tools

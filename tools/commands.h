@@ -18,6 +18,7 @@ struct RunArgs {
   int threads = 0;
   int64_t ctx = 0, batch = 512;
   bool chat = false, ignore_eos = false;
+  std::string profile;  // --profile FILE: write a Chrome/Perfetto trace
 };
 void add_run(CLI::App& app, RunArgs& a);
 int cmd_run(const RunArgs& a);
@@ -71,6 +72,7 @@ struct ServeArgs {
   double shutdown_timeout_s = 10;
   int binary_port = 0;
   bool binary_port_any = false;
+  std::string profile;  // --profile FILE: write a Chrome/Perfetto trace at shutdown
   CLI::App* cmd = nullptr;  // to tell which flags were given (they override --config)
 };
 void add_serve(CLI::App& app, ServeArgs& a);
@@ -88,5 +90,12 @@ struct ClientArgs {
 };
 void add_client(CLI::App& app, ClientArgs& a);
 int cmd_client(const ClientArgs& a);
+
+struct ProfileArgs {
+  std::string file;
+  int top = 3;
+};
+void add_profile(CLI::App& app, ProfileArgs& a);
+int cmd_profile(const ProfileArgs& a);
 
 }  // namespace ft::tools

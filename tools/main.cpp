@@ -1,4 +1,4 @@
-// firsttoken: command-line entry point. Subcommands: run, make-model, inspect.
+// firsttoken: command-line entry point. Subcommands: run, make-model, inspect, bench, serve, client, profile.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   ft::tools::add_serve(app, serve);
   ft::tools::ClientArgs client;
   ft::tools::add_client(app, client);
+  ft::tools::ProfileArgs profile;
+  ft::tools::add_profile(app, profile);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) return ft::tools::cmd_bench(bench);
     if (app.got_subcommand("serve")) return ft::tools::cmd_serve(serve);
     if (app.got_subcommand("client")) return ft::tools::cmd_client(client);
+    if (app.got_subcommand("profile")) return ft::tools::cmd_profile(profile);
   } catch (const ft::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "firsttoken: error: %s\n", e.what());

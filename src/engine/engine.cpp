@@ -4,6 +4,8 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "profile/profiling_backend.h"
+#include "profile/trace.h"
 
 namespace ft {
 
@@ -48,8 +50,31 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   kv_ = std::make_unique<KVCache>(kc);
 
   backend_ = make_backend(cfg.runtime.backend, resolve_threads(cfg.runtime.threads));
+  if (profile::enabled()) {  // every kernel call becomes a span; chosen once, free when off
+    backend_ = profile::wrap_backend(std::move(backend_), model.weights());
+    const int64_t T = sched_cfg_.max_batch_tokens;
+    profile::set_meta("model", std::string_view(hp.name.empty() ? hp.arch_name : hp.name));
+    profile::set_meta("n_layers", int64_t(hp.n_layers));
+    profile::set_meta("dim", int64_t(hp.dim));
+    profile::set_meta("backend", backend_->name());
+    profile::set_meta("threads", int64_t(backend_->threads()));
+    profile::set_meta("weights_bytes", int64_t(model.weight_bytes()));
+    // Forward's activation scratch: x, h (dim), q, attn (q_dim), k, v (kv_dim), gate (ffn) per token.
+    profile::set_meta("activation_bytes",
+                      int64_t(4 * T * (2 * int64_t(hp.dim) + 2 * hp.q_dim() + 2 * hp.kv_dim() + hp.ffn_dim)));
+    profile::set_meta("logits_bytes", int64_t(4 * int64_t(sched_cfg_.max_num_seqs) * hp.n_vocab));
+    profile::set_meta("max_batch_tokens", T);
+    profile::set_meta("kv_total_blocks", int64_t(kc.n_blocks));
+    profile::set_meta("kv_block_bytes", int64_t(block_bytes));
+    profile::set_meta("kv_block_size", int64_t(B));
+    profile::set_meta("cost_model_calibrated", int64_t(cfg.calibrate));
+  }
   exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens);
-  const CostModel cost = cfg.calibrate ? calibrate() : CostModel{};
+  CostModel cost;
+  if (cfg.calibrate) {
+    profile::Scope sc("calibrate", "engine");
+    cost = calibrate();
+  }
   core_ = std::make_unique<EngineCore>(*kv_, *exec_, sched_cfg_, cost, n_ctx_, std::move(is_eog),
                                        [this] { return now_ms(); });
   snapshot_.kv_total_blocks = kv_->total_blocks();
@@ -110,6 +135,7 @@ CostModel Engine::calibrate() {
 uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
   core_->validate(req);  // reads only immutable configuration: safe off the engine thread
   if (req.arrival_ms < 0) req.arrival_ms = now_ms();  // queueing starts now, not when the loop sees it
+  if (profile::enabled() && req.trace_arrival_ns == 0) req.trace_arrival_ns = profile::now_ns();
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_) fail("the engine is shutting down");
   const uint64_t id = next_id_++;
@@ -134,6 +160,7 @@ void Engine::shutdown() {
 }
 
 void Engine::loop() {
+  profile::set_thread_name("engine");
   std::deque<Pending> adds;
   std::vector<uint64_t> cancels;
   for (;;) {
@@ -180,6 +207,13 @@ void Engine::loop() {
     }
   }
   core_->cancel_all();
+  if (profile::enabled()) {
+    const KVCacheStats st = kv_->stats();
+    profile::set_meta("prefix_queries", int64_t(st.prefix_queries));
+    profile::set_meta("prefix_query_tokens", int64_t(st.prefix_query_tokens));
+    profile::set_meta("prefix_hit_tokens", int64_t(st.prefix_hit_tokens));
+    profile::set_meta("kv_evictions", int64_t(st.evictions));
+  }
   std::lock_guard<std::mutex> lk(mu_);
   snapshot_.counters = core_->counters();
   snapshot_.running = snapshot_.waiting = 0;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "profile/trace.h"
 
 namespace ft {
 
@@ -50,6 +51,7 @@ EngineCore::EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& c
   // Each request contributes at most one logits row per step.
   logits_.resize(size_t(cfg_.max_num_seqs) * size_t(exec.n_vocab()));
   row_owner_.reserve(size_t(cfg_.max_num_seqs));
+  row_token_.reserve(size_t(cfg_.max_num_seqs));
 }
 
 void EngineCore::validate(const EngineRequest& r) const {
@@ -87,6 +89,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.cb = std::move(cb);
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
   r.t.tokenize_ms = in.tokenize_ms;
+  if (profile::enabled()) r.trace_arrival_ns = in.trace_arrival_ns > 0 ? in.trace_arrival_ns : profile::now_ns();
 }
 
 void EngineCore::finish(Req& r, FinishReason why) {
@@ -103,6 +106,19 @@ void EngineCore::finish(Req& r, FinishReason why) {
   ev.n_generated = r.n_generated;
   ev.timings = &r.t;
   if (r.cb) r.cb(ev);
+  if (profile::enabled() && r.trace_arrival_ns > 0) {
+    // The request's track: arrival -> first scheduled (queue) -> first token (prefill) -> finish.
+    const int64_t t_end = profile::now_ns();
+    const int64_t t_sched = r.trace_scheduled_ns > 0 ? r.trace_scheduled_ns : t_end;
+    const int64_t t_first = r.trace_first_token_ns > 0 ? r.trace_first_token_ns : t_end;
+    profile::Args a;
+    a.i("req", int64_t(r.id)).i("prompt", r.n_prompt).i("cached", r.t.cached_tokens).i("generated", r.n_generated);
+    a.i("prefill_steps", r.t.prefill_steps).i("preemptions", r.t.preemptions).s("finish", finish_reason_name(why));
+    profile::async_span("request", "request", r.id, r.trace_arrival_ns, t_end, a);
+    profile::async_span("queue", "request", r.id, r.trace_arrival_ns, t_sched);
+    if (r.trace_scheduled_ns > 0) profile::async_span("prefill", "request", r.id, t_sched, t_first);
+    if (r.trace_first_token_ns > 0) profile::async_span("decode", "request", r.id, t_first, t_end);
+  }
   reqs_.erase(r.id);
 }
 
@@ -134,6 +150,8 @@ int32_t EngineCore::n_waiting() const { return int32_t(reqs_.size()) - n_running
 bool EngineCore::step() {
   if (reqs_.empty()) return false;
   const double t0 = now_();
+  const bool prof = profile::enabled();
+  const int64_t p0 = prof ? profile::now_ns() : 0;
 
   SchedulerInput in;
   in.now_ms = t0;
@@ -206,7 +224,10 @@ bool EngineCore::step() {
       batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last);
       if (last) row_owner_.push_back(&r);
     }
-    if (r.t.first_scheduled_ms < 0) r.t.first_scheduled_ms = t0;
+    if (r.t.first_scheduled_ms < 0) {
+      r.t.first_scheduled_ms = t0;
+      r.trace_scheduled_ns = p0;
+    }
     ++r.t.prefill_steps;
     chunks.emplace_back(&r, len);
     rec.chunks.push_back(len);
@@ -214,7 +235,9 @@ bool EngineCore::step() {
   if (batch_.size() == 0) return false;
 
   const double tf = now_();
+  const int64_t pf0 = prof ? profile::now_ns() : 0;
   exec_.forward(batch_, kv_, logits_.data());
+  const int64_t pf1 = prof ? profile::now_ns() : 0;
   const double t1 = now_();
   rec.forward_ms = t1 - tf;
   ++counters_.steps;
@@ -229,17 +252,28 @@ bool EngineCore::step() {
     kv_.publish(r->seq, r->tokens, r->n_computed);
   }
 
-  // Sample one token for every row, emit it, finish what is done.
+  // Sample one token for every row, then emit them and finish what is done.
+  const int64_t ps0 = prof ? profile::now_ns() : 0;
+  row_token_.clear();
+  for (size_t row = 0; row < row_owner_.size(); ++row) {
+    Req& r = *row_owner_[row];
+    const int32_t tok = r.sampler->sample(logits_.data() + row * size_t(exec_.n_vocab()));
+    r.sampler->accept(tok);
+    row_token_.push_back(tok);
+  }
+  const int64_t ps1 = prof ? profile::now_ns() : 0;
   std::vector<std::pair<uint64_t, FinishReason>> done;
   for (size_t row = 0; row < row_owner_.size(); ++row) {
     Req& r = *row_owner_[row];
     const float* logits = logits_.data() + row * size_t(exec_.n_vocab());
-    const int32_t tok = r.sampler->sample(logits);
-    r.sampler->accept(tok);
+    const int32_t tok = row_token_[row];
     r.tokens.push_back(tok);
     ++r.n_generated;
     ++counters_.generated_tokens;
-    if (r.t.first_token_ms < 0) r.t.first_token_ms = t1;
+    if (r.t.first_token_ms < 0) {
+      r.t.first_token_ms = t1;
+      r.trace_first_token_ns = pf1;
+    }
     r.t.token_ms.push_back(t1);
     EngineEvent ev;
     ev.kind = EngineEvent::Kind::Token;
@@ -258,6 +292,33 @@ bool EngineCore::step() {
   rec.n_running = n_running();
   rec.n_waiting = n_waiting();
   rec.kv_used_blocks = kv_.used_blocks();
+  if (prof) {
+    // step = schedule (plan, KV reservations) + forward + kv_publish (full blocks for prefix
+    // reuse) + sampling + emit (callbacks, finishes).
+    const int64_t p1 = profile::now_ns();
+    int64_t prefill_tokens = 0;
+    std::string chunks = "[";
+    for (size_t i = 0; i < rec.chunks.size(); ++i) {
+      prefill_tokens += rec.chunks[i];
+      if (i) chunks += ',';
+      chunks.append(std::to_string(rec.chunks[i]));
+    }
+    chunks += ']';
+    profile::complete("schedule", "engine", p0, pf0);
+    profile::complete("forward", "engine", pf0, pf1, profile::Args().i("tokens", batch_.size()));
+    profile::complete("kv_publish", "engine", pf1, ps0);
+    profile::complete("sampling", "engine", ps0, ps1, profile::Args().i("rows", int64_t(row_owner_.size())));
+    profile::complete("emit", "engine", ps1, p1);
+    profile::Args a;
+    a.i("tokens", batch_.size()).i("n_decode", rec.n_decode).i("prefill_tokens", prefill_tokens);
+    a.d("predicted_ms", rec.predicted_ms).d("forward_ms", rec.forward_ms);
+    a.i("running", rec.n_running).i("waiting", rec.n_waiting).i("preempted", rec.n_preempted);
+    profile::complete("step", "engine", p0, p1, a, "chunks", chunks);
+    profile::counter("kv_blocks", p1,
+                     profile::Args().i("used", kv_.used_blocks()).i("prefix_cached", kv_.cached_blocks())
+                         .i("free", kv_.free_blocks() - kv_.cached_blocks()));
+    profile::counter("requests", p1, profile::Args().i("running", rec.n_running).i("waiting", rec.n_waiting));
+  }
   steps_.push_back(std::move(rec));
   if (steps_.size() > kStepHistory) steps_.pop_front();
   return true;

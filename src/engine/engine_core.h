@@ -29,6 +29,7 @@ struct EngineRequest {
   double tokenize_ms = 0;  // measured by the caller, reported in the timings
   double arrival_ms = -1;  // on the engine clock; < 0: when the core receives it
   int32_t logprobs = -1;   // >= 0: report each sampled token's logprob and this many top ones
+  int64_t trace_arrival_ns = 0;  // profiler clock (profile::now_ns) at arrival; 0 = when the core receives it
 };
 
 // Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
@@ -132,6 +133,7 @@ class EngineCore {
     std::unique_ptr<Sampler> sampler;
     EventCallback cb;
     RequestTimings t;
+    int64_t trace_arrival_ns = 0, trace_scheduled_ns = 0, trace_first_token_ns = 0;  // while profiling
   };
   void finish(Req& r, FinishReason why);
   void preempt(Req& r);
@@ -150,6 +152,7 @@ class EngineCore {
   Batch batch_;
   std::vector<float> logits_;
   std::vector<Req*> row_owner_;   // logits row -> request
+  std::vector<int32_t> row_token_;  // logits row -> sampled token
 };
 
 }  // namespace ft

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "client/binary_proto.h"
+#include "profile/trace.h"
 #include "server/api.h"
 #include "server/metrics.h"
 
@@ -158,6 +159,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_header(beast::error_code ec) {
     if (ec) return on_read_error(ec);
+    if (profile::enabled()) header_ns_ = profile::now_ns();
     const auto& h = parser_->get();
     if (auto it = h.find(http::field::content_length); it != h.end()) {
       uint64_t n = 0;
@@ -243,6 +245,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void write_next() {
+    profile::Scope sc("http.write", "http");  // coalescing, and the send the initiation attempts at once
     // Coalesce what is queued up to the end of the response into one write.
     wbuf_.clear();
     wend_ = false;
@@ -252,6 +255,7 @@ class Session : public std::enable_shared_from_this<Session> {
       outq_.pop_front();
     }
     writing_ = true;
+    if (sc.on()) sc.args().i("bytes", int64_t(wbuf_.size())).i("end", wend_);
     stream_.expires_after(secs(srv_.cfg.write_timeout_s));
     net::async_write(stream_, net::buffer(wbuf_),
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
@@ -333,6 +337,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // --- routing ----------------------------------------------------------------------------
   void handle(const http::request<http::string_body>& req) {
+    // The request's read (header to body, as an arg), routing, parsing, validation, tokenization
+    // and submission.
+    profile::Scope sc("http.parse", "http");
+    if (sc.on())
+      sc.args().i("body_bytes", int64_t(req.body().size())).i("read_us", header_ns_ > 0 ? (profile::now_ns() - header_ns_) / 1000 : -1);
+    header_ns_ = 0;
     std::string_view target(req.target().data(), req.target().size());
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
@@ -350,6 +360,7 @@ class Session : public std::enable_shared_from_this<Session> {
       for (const Route& r : kRoutes)
         if (r.path == target) route = &r;
       if (!route) throw ApiError(404, cat("no route for ", target), "", "invalid_request_error", "not_found");
+      if (sc.on()) sc.args().s("route", route->path.data());  // a literal: NUL-terminated
       if (req.method() != route->method) {
         srv_.metrics.count_error();
         const ApiError e(405, cat("method ", std::string(req.method_string()), " is not allowed on ", target), "",
@@ -426,6 +437,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ParsedRequest pr = parse_request(kind, body, srv_.info);
     const Tokenizer& tok = *t_tok;
     std::vector<int32_t> prompt;
+    const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
     try {
       if (kind == Endpoint::Chat)
         prompt = tok.encode(render_chat(srv_.model.chat_format, pr.messages, true, srv_.bos_text, srv_.eos_text),
@@ -438,6 +450,7 @@ class Session : public std::enable_shared_from_this<Session> {
       throw ApiError(400, e.what(), kind == Endpoint::Chat ? "messages" : "prompt");
     }
     const double tokenize_ms = ms_since(t0);
+    const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
     const int64_t max_tokens = resolve_max_tokens(pr, int64_t(prompt.size()), srv_.info.n_ctx);
     if (!pr.seed_set) {
       thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -483,6 +496,9 @@ class Session : public std::enable_shared_from_this<Session> {
         throw ApiError(503, msg, "", "server_error", "server_shutdown");
       throw ApiError(400, msg);
     }
+    if (p_tok0 > 0)  // recorded once the engine's id is known, to tie it to the request's track
+      profile::complete("tokenize", "request", p_tok0, p_tok1,
+                        profile::Args().i("req", int64_t(gen->engine_id)).i("tokens", gen->n_prompt));
     gen_ = gen;
     if (gen->stream) {
       std::string head = sse_response_head(keep_alive_ && !srv_.draining);
@@ -538,6 +554,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_event(Gen& g, const EventCopy& e) {
+    profile::Scope sc("http.emit", "http");  // decode, stop strings, format, queue the bytes
     if (!g.left_queue) {
       g.left_queue = true;
       srv_.waiting.fetch_sub(1);
@@ -605,6 +622,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string wbuf_;
   bool wend_ = false;
   bool linger_ = false;
+  int64_t header_ns_ = 0;  // profiler clock when the request's header was read
   std::string discard_;
   bool writing_ = false, watching_ = false, resume_after_watch_ = false, closed_ = false, keep_alive_ = true;
   std::shared_ptr<Gen> gen_;  // the request being generated on this connection
@@ -671,6 +689,8 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       spdlog::warn("binary protocol: a request arrived while one is generating; closing the connection");
       return gone();
     }
+    profile::Scope sc("bin.parse", "http");  // decode, validate, tokenize, submit
+    if (sc.on()) sc.args().i("body_bytes", int64_t(body_.size()));
     proto::Request req;
     if (!proto::decode_request(body_.data(), body_.size(), req)) {
       spdlog::warn("binary protocol: malformed request frame ({} bytes); closing the connection", body_.size());
@@ -697,6 +717,7 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
 
   void generate(proto::Request req) {
     const auto t0 = Clock::now();
+    const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
     const Tokenizer& tok = *t_tok;
     std::vector<int32_t> prompt;
     if (!req.tokens.empty()) {
@@ -708,6 +729,7 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       prompt = tok.encode(req.text, req.add_bos && tok.add_bos_default(), /*parse_special=*/true);
     }
     const double tokenize_ms = ms_since(t0);
+    const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
     const int64_t n_prompt = int64_t(prompt.size()), n_ctx = srv_.info.n_ctx;
     if (n_prompt >= n_ctx) throw ApiError(400, cat("the prompt has ", n_prompt, " tokens; the context holds ", n_ctx));
     if (req.max_tokens < 1) throw ApiError(400, "max_tokens must be >= 1");
@@ -746,6 +768,9 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       srv_.waiting.fetch_sub(1);
       throw ApiError(400, e.what());
     }
+    if (p_tok0 > 0)
+      profile::complete("tokenize", "request", p_tok0, p_tok1,
+                        profile::Args().i("req", int64_t(gen->engine_id)).i("tokens", n_prompt));
     gen_ = gen;
   }
 
@@ -836,9 +861,11 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       if (draining_ && !gen_) close();
       return;
     }
+    profile::Scope sc("bin.write", "http");
     writing_ = true;
     wbuf_ = std::move(outq_.front());
     outq_.pop_front();
+    if (sc.on()) sc.args().i("bytes", int64_t(wbuf_.size()));
     net::async_write(sock_, net::buffer(wbuf_), [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec) return self->gone();
       self->write_next();
@@ -1029,7 +1056,8 @@ int Server::run() {
   });
   std::vector<std::thread> threads;
   for (int i = 0; i < std::max(1, s.cfg.http_threads); ++i)
-    threads.emplace_back([&s] {
+    threads.emplace_back([&s, i] {
+      profile::set_thread_name("http-" + std::to_string(i));
       const Tokenizer local = *s.model.tokenizer;  // this worker's own tokenizer
       t_tok = &local;
       s.ioc.run();
