@@ -84,43 +84,40 @@ StepPlan plan_step(const SchedulerInput& in) {
   } else if (cfg.chunk_size > 0) {
     budget = std::min(cfg.chunk_size, cap);
   } else {
-    const bool alone = n_decode == 0 && cands.size() <= 1;
-    if (alone) {
-      budget = std::min(cfg.max_auto_chunk, cap);
-    } else {
-      // Largest budget whose predicted step time stays within the target, assuming the chunk
-      // goes to the first candidate (its context determines the attention cost).
-      const int64_t ctx = cands.empty() ? 0 : cands.front()->n_computed;
-      int64_t lo = 0, hi = std::min(cfg.max_auto_chunk, cap);
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        const double t = in.cost.predict(n_decode + mid, attn + attn_pairs(ctx, mid));
-        if (t <= cfg.step_latency_target_ms) lo = mid; else hi = mid - 1;
-      }
-      budget = std::max(lo, std::min(cfg.min_chunk, cap));
-      time_limited = true;
+    // Largest budget whose predicted step time stays within the target, assuming the chunk goes
+    // to the first candidate (its context determines the attention cost). Also when a prefill
+    // runs alone: a request arriving mid-step waits for the whole step, so no step may be longer
+    // than the target; on a fast machine the target holds max_auto_chunk tokens anyway.
+    const int64_t ctx = cands.empty() ? 0 : cands.front()->n_computed;
+    int64_t lo = 0, hi = std::min(cfg.max_auto_chunk, cap);
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      const double t = in.cost.predict(n_decode + mid, attn + attn_pairs(ctx, mid));
+      if (t <= cfg.step_latency_target_ms) lo = mid; else hi = mid - 1;
     }
+    budget = std::max(lo, std::min(cfg.min_chunk, cap));
+    time_limited = true;
   }
   plan.prefill_budget = budget;
 
   // Fill the budget, shortest remaining prefill first.
   int64_t n_running = int64_t(running.size());
   int64_t planned = n_decode;
-  // Largest chunk of r that keeps the step's predicted time within the target (at least
-  // min_chunk when the step would otherwise carry no prefill at all, so prefill progresses).
-  auto time_cap = [&](const SchedRequest* r, int64_t want) {
+  // Largest chunk of r that keeps the step's predicted time within target_ms (at least
+  // min_chunk when `progress`, so the step's first prefill always moves).
+  auto time_cap = [&](const SchedRequest* r, int64_t want, double target_ms, bool progress) {
     int64_t lo = 0, hi = want;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
       const double t = in.cost.predict(planned + mid, attn + attn_pairs(r->n_computed, mid));
-      if (t <= cfg.step_latency_target_ms) lo = mid; else hi = mid - 1;
+      if (t <= target_ms) lo = mid; else hi = mid - 1;
     }
-    if (plan.prefill.empty()) lo = std::max(lo, std::min(want, cfg.min_chunk));
+    if (progress) lo = std::max(lo, std::min(want, cfg.min_chunk));
     return lo;
   };
-  auto schedule = [&](const SchedRequest* r, int64_t allowance) -> int64_t {
+  auto schedule = [&](const SchedRequest* r, int64_t allowance, double target_ms, bool progress) -> int64_t {
     int64_t chunk = std::min(allowance, r->pending());
-    if (time_limited) chunk = time_cap(r, chunk);
+    if (time_limited) chunk = time_cap(r, chunk, target_ms, progress);
     if (chunk <= 0) return 0;
     if (!r->admitted) {
       if (n_running >= cfg.max_num_seqs) return 0;
@@ -140,14 +137,20 @@ StepPlan plan_step(const SchedulerInput& in) {
     planned += chunk;
     return chunk;
   };
-  // An aged request that would not come first anyway takes half the budget before the others.
+  // An aged request that would not come first anyway takes half the budget (in auto mode half
+  // the step's time) before the others; the shortest one still progresses by min_chunk, so
+  // aging cannot turn into starving the short requests behind a long one.
   const bool aged_competes = aged && cands.front() != aged;
+  const double target = cfg.step_latency_target_ms;
   int64_t left = budget;
-  if (aged_competes) left -= schedule(aged, std::max<int64_t>(1, budget / 2));
+  if (aged_competes) left -= schedule(aged, std::max<int64_t>(1, budget / 2), target / 2, true);
+  bool first = true;
   for (const SchedRequest* r : cands) {
-    if (left <= 0) break;
+    if (left <= 0 && !(time_limited && first)) break;
     if (aged_competes && r == aged) continue;
-    left -= schedule(r, left);
+    left -= schedule(r, std::max<int64_t>(left, first && time_limited ? cfg.min_chunk : 0), target,
+                     plan.prefill.empty() || first);
+    first = false;
   }
   plan.predicted_ms = plan.empty() ? 0 : in.cost.predict(plan.n_tokens(), attn);
   return plan;

@@ -11,13 +11,16 @@
 //     (their blocks freed; they recompute later) until it can;
 //  3. prefill chunks fill the step's prefill budget, shortest remaining prefill first, so short
 //     prompts jump ahead of long ones between chunks; but the oldest request that has waited
-//     longer than aging_ms since arrival is guaranteed half of every step's budget, so a long
-//     prompt is never starved. A new request is admitted only when the cache can hold its whole
-//     pending sequence (plus the first generated token).
+//     longer than aging_ms since arrival is guaranteed half of every step's budget (auto mode:
+//     half the step's time), so a long prompt is never starved, while the shortest one still
+//     progresses by at least min_chunk. A new request is admitted only when the cache can hold
+//     its whole pending sequence (plus the first generated token).
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
-// mode, up to max_auto_chunk tokens when the step would serve one prefill alone, else the largest
-// budget whose predicted step time (CostModel) stays within step_latency_target_ms, so a newly
-// arrived short prompt starts within about one step.
+// mode, the largest budget (at most max_auto_chunk) whose predicted step time (CostModel) stays
+// within step_latency_target_ms, alone or not: a request arriving mid-step waits for the whole
+// step, so no step may be longer than the target. Chunks are therefore large when the machine
+// is fast and the context short, small on a slow CPU; a newly arrived short prompt starts within
+// about one step.
 #pragma once
 #include <cstdint>
 #include <vector>
