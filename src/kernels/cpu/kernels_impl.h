@@ -125,12 +125,16 @@ struct Drivers {
         const int64_t len = std::min(kKC, K - k0);
         const float* wp[kItemGroups];
         for (int i = 0; i < ns; ++i) wp[i] = weights_at(src[i], K, k0, len, s.w[i], s.t);
-        for (int64_t m0 = mb; m0 < me; m0 += kMR) {
-          const int mr = int(std::min<int64_t>(kMR, me - m0));
+        // Rows split evenly into tiles of at most kMR (13 -> 5+4+4, not 6+6+1): a tile of
+        // fewer than 4 rows has too few independent FMA chains to hide their latency.
+        const int64_t rows = me - mb, n_tiles = (rows + kMR - 1) / kMR;
+        for (int64_t t = 0, m0 = mb; t < n_tiles; ++t) {
+          const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));
           const float* xr[kMR];
           for (int i = 0; i < mr; ++i) xr[i] = X + (m0 + i) * K + k0;
           for (int i = 0; i < ns; ++i)
             Isa::mk_rows(mr, xr, wp[i], len, C + m0 * ldc + i * kGroup, ldc, k0 == 0);
+          m0 += mr;
         }
       }
     }
