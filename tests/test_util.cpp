@@ -1,9 +1,14 @@
 #include "test_util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 namespace ft::test {
 
@@ -35,6 +40,24 @@ TempFile::~TempFile() {
   std::error_code ec;
   std::filesystem::remove(path_, ec);
   std::filesystem::remove(std::filesystem::path(path_).parent_path(), ec);  // only once empty
+}
+
+CliResult run_cli(const std::string& binary, const std::string& args) {
+  static int calls = 0;
+  const std::string err_file = testing::TempDir() + "ft_cli_stderr_" + std::to_string(getpid()) + "_" +
+                               std::to_string(++calls) + ".txt";
+  const std::string cmd = binary + " " + args + " 2>" + err_file;
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_file(err_file);
+  std::filesystem::remove(err_file);
+  return r;
 }
 
 }  // namespace ft::test

@@ -13,6 +13,14 @@ std::string shared_dir();
 std::string shared_file(const std::string& rel);
 std::string read_file(const std::string& path);
 
+// Runs `binary args`, stdout and stderr captured apart (stderr through a per-process, per-call
+// file: ctest runs test cases as parallel processes).
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+CliResult run_cli(const std::string& binary, const std::string& args);
+
 // A file in a per-process temp directory (ctest runs test cases as parallel processes), removed
 // at scope exit.
 class TempFile {

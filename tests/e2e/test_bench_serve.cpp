@@ -21,31 +21,12 @@ namespace {
 
 using nlohmann::json;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
 std::string tmp(const std::string& name) {
   return testing::TempDir() + "ft_bench_" + std::to_string(getpid()) + "_" + name;
 }
 
-Result run_cli(const std::string& args) {
-  static int calls = 0;
-  const std::string err_file = tmp("stderr_" + std::to_string(++calls) + ".txt");
-  const std::string cmd = std::string(FT_BINARY) + " " + args + " 2>" + err_file;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = test::read_file(err_file);
-  std::filesystem::remove(err_file);
-  return r;
-}
+using Result = test::CliResult;
+Result run_cli(const std::string& args) { return test::run_cli(FT_BINARY, args); }
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 

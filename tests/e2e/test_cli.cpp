@@ -15,30 +15,8 @@
 namespace ft {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout (stderr goes to err_file)
-  std::string err;
-};
-
-Result run_cli(const std::string& args) {
-  // ctest runs tests in parallel processes: one stderr file per process and call.
-  static int calls = 0;
-  const std::string err_file =
-      testing::TempDir() + "ft_cli_stderr_" + std::to_string(getpid()) + "_" + std::to_string(++calls) + ".txt";
-  const std::string cmd = std::string(FT_BINARY) + " " + args + " 2>" + err_file;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = test::read_file(err_file);
-  std::filesystem::remove(err_file);
-  return r;
-}
+using Result = test::CliResult;
+Result run_cli(const std::string& args) { return test::run_cli(FT_BINARY, args); }
 
 std::string quote(const std::string& s) {
   std::string q = "'";

@@ -496,21 +496,14 @@ TEST(ProfileRun, ServerConcurrentRequests) {
   profile::reset();
 }
 
+
 struct Cli {
   int exit_code = -1;
-  std::string out;
+  std::string out;  // stdout then stderr
 };
-
 Cli run_cli(const std::string& args) {
-  Cli r;
-  FILE* p = popen((std::string(FT_BINARY) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const test::CliResult r = test::run_cli(FT_BINARY, args);
+  return {r.exit_code, r.out + r.err};
 }
 
 // `run --profile` then `profile`: the summary names as top op the one whose share of step time is

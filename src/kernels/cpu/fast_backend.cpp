@@ -54,7 +54,7 @@ class CpuFastBackend final : public Backend {
   // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
   // quantized. Cached by source pointer and shape, so tied or shared weights are packed once.
   WeightView prepare(const WeightView& W) override {
-    if (W.layout == WeightLayout::Packed || !cpu::packable(W.type) ||
+    if (W.layout == WeightLayout::Packed || !is_supported_weight_type(W.type) ||
         W.n_cols % cpu::block_len(W.type) != 0)
       return W;
     std::lock_guard<std::mutex> lock(mu_);
@@ -105,7 +105,6 @@ class CpuFastBackend final : public Backend {
     rowwise::rmsnorm(x, w, y, M, n, eps);
   }
   void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
-    if (E.layout != WeightLayout::Rows) fail("embed: the table must be in GGUF row layout");
     rowwise::embed(E, tokens, M, out);
   }
   void rope_table(const int32_t* pos, int64_t M, const RopeParams& p, float* cs) override {

@@ -71,7 +71,7 @@ struct Drivers {
   };
 
   // Wp (len, kGroup) = the f32 weights of src at k in [k0, k0 + len).
-  static const float* weights_at(const Source& src, int64_t K, int64_t k0, int64_t len, float* Wp,
+  static const float* weights_at(const Source& src, int64_t k0, int64_t len, float* Wp,
                                  float* tmp) {
     const GemmSeg& g = *src.seg;
     if (g.packed) {
@@ -88,7 +88,6 @@ struct Drivers {
       else
         Isa::dequant(g.type, row + (k0 / be) * bb, len, tmp + r * kKC);
     }
-    (void)K;
     for (int64_t k = 0; k < len; ++k)
       for (int r = 0; r < kGroup; ++r) Wp[k * kGroup + r] = r < src.cnt ? tmp[r * kKC + k] : 0.0f;
     return Wp;
@@ -124,7 +123,7 @@ struct Drivers {
       for (int64_t k0 = 0; k0 < K; k0 += kKC) {
         const int64_t len = std::min(kKC, K - k0);
         const float* wp[kItemGroups];
-        for (int i = 0; i < ns; ++i) wp[i] = weights_at(src[i], K, k0, len, s.w[i], s.t);
+        for (int i = 0; i < ns; ++i) wp[i] = weights_at(src[i], k0, len, s.w[i], s.t);
         // Rows split evenly into tiles of at most kMR (13 -> 5+4+4, not 6+6+1): a tile of
         // fewer than 4 rows has too few independent FMA chains to hide their latency.
         const int64_t rows = me - mb, n_tiles = (rows + kMR - 1) / kMR;

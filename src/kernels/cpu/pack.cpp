@@ -33,23 +33,9 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 }  // namespace
 
-bool packable(GGMLType t) {
-  switch (t) {
-    case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16: case GGMLType::Q8_0:
-    case GGMLType::Q4_0: case GGMLType::Q4_K: case GGMLType::Q6_K:
-      return true;
-    default:
-      return false;
-  }
-}
-
 int64_t block_len(GGMLType t) {
-  switch (t) {
-    case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16: return 1;
-    case GGMLType::Q8_0: case GGMLType::Q4_0: return 32;
-    case GGMLType::Q4_K: case GGMLType::Q6_K: return 256;
-    default: fail("panel layout: unsupported weight type ", int(t));
-  }
+  if (!is_supported_weight_type(t)) fail("panel layout: unsupported weight type ", int(t));
+  return int64_t(type_traits(t).block_size);
 }
 
 uint64_t packed_block_bytes(GGMLType t) {

@@ -25,11 +25,10 @@ namespace ft::cpu {
 
 constexpr int kGroup = 16;
 
-int64_t block_len(GGMLType t);           // elements per block along K
+int64_t block_len(GGMLType t);           // elements per block along K (type_traits)
 uint64_t packed_block_bytes(GGMLType t);  // bytes of one block of a group (16 rows)
 inline uint64_t group_bytes(GGMLType t, int64_t K) { return uint64_t(K / block_len(t)) * packed_block_bytes(t); }
 inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup; }
-bool packable(GGMLType t);
 
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,

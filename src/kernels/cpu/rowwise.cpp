@@ -32,6 +32,7 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, flo
 }
 
 void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) {
+  if (E.layout != WeightLayout::Rows) fail("embed: the table must be in GGUF row layout");
   const uint64_t rb = *row_bytes(E.type, uint64_t(E.n_cols));
   for (int64_t m = 0; m < M; ++m)
     dequantize_row(E.type, static_cast<const uint8_t*>(E.data) + uint64_t(tokens[m]) * rb,

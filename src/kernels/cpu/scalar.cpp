@@ -23,7 +23,6 @@ struct ScalarIsa {
       }
   }
   static constexpr int64_t kFusedMaxM = 0;  // no in-register dequantizing GEMV here
-  static void gemv(GGMLType, const uint8_t* const*, int, int64_t, const float*, int64_t, float*, int64_t) {}
   static void unpack(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp) {
     unpack_group(t, group, k0, len, Wp);
   }
