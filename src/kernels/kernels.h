@@ -114,6 +114,13 @@ class Backend {
 // scalar kernels that define the semantics. Throws ft::Error for an unknown name.
 std::unique_ptr<Backend> make_backend(std::string_view name, int threads);
 
+// The activation side of the cpu backend's integer path (quantized weights, packed.h): x (K,),
+// K a multiple of 32, in blocks of 32: dx = max|x| / 127, xq = x / dx rounded to nearest (ties
+// to even) in [-127, 127], xsum = sum of the block's xq; so x ~= dx * xq within dx / 2. A block
+// holding a NaN or infinity gets dx = NaN (and xq = 0), so the outputs it feeds are NaN too.
+// xq (K,), dx (K/32,), xsum (K/32,).
+void quantize_activations(const float* x, int64_t K, int16_t* xq, float* dx, int32_t* xsum);
+
 // Instruction set the "cpu" backend uses: "avx2" or "scalar". Chosen when a backend is made.
 std::string_view cpu_isa();
 // Forces the scalar path for backends made afterwards (tests run every kernel both ways).

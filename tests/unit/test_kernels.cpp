@@ -6,21 +6,35 @@
 // rounding error is at most about K * 2^-24 * sum_k |x_k w_k| (the classic gamma_K bound); we
 // allow (K + 8) * 2^-24 * sum|x w| + 1e-6. Weights are dequantized bit-identically to
 // dequantize_row (rows or the fast backend's packed panels), so the reference uses its values.
+// Quantized weights take the integer path: x is quantized to int8 per 32-block first (its own
+// test checks that, and how far it moves the product); the reference multiplies that x in
+// double; the kernel's f32 rounding is then one fma per block plus the scale products, well
+// inside the same bound (with Q4_K's separate min term counted in the magnitude).
 // Attention: softmax in f32 with a polynomial exp (~2 ulp), online rescaling and f32 sums over
 // <= 300 positions; we allow 2e-5 * max|v| absolute on outputs that are convex combinations of v.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "gguf/ggml_types.h"
 #include "kernels/kernels.h"
+#include "core/fp16.h"
 #include "kernels/quant.h"
+#include "kernels/quant_blocks.h"
 
 namespace ft {
 namespace {
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h;
+}
 
 struct Isa {
   bool scalar;
@@ -62,17 +76,52 @@ QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
   return w;
 }
 
-// y[m][n] = sum_k x[m][k] w[n][k] in double, and the magnitude sum_k |x w| for the tolerance.
+// Weight types the cpu backend multiplies on its integer path (int8 activations, packed.h).
+bool int_path(GGMLType t) {
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K;
+}
+
+// The activations as the kernels multiply them: x itself, or on the integer path dx * xq.
+std::vector<double> kernel_x(const float* X, int64_t M, int64_t K, GGMLType t) {
+  std::vector<double> x(size_t(M * K));
+  if (!int_path(t)) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] = X[i];
+    return x;
+  }
+  std::vector<int16_t> xq(static_cast<size_t>(K));
+  std::vector<float> dx(static_cast<size_t>(K / 32));
+  std::vector<int32_t> xs(static_cast<size_t>(K / 32));
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_activations(X + m * K, K, xq.data(), dx.data(), xs.data());
+    for (int64_t k = 0; k < K; ++k) x[size_t(m * K + k)] = double(dx[size_t(k / 32)]) * xq[size_t(k)];
+  }
+  return x;
+}
+
+// Q4_K's min term dmin * m of row n at k: the integer path adds it as its own product (w = d1 q
+// - m1), so its magnitude counts in the rounding bound even where it cancels against d1 q.
+double q4k_min(const QWeight& W, int64_t n, int64_t k) {
+  if (W.type != GGMLType::Q4_K) return 0;
+  const auto* b = reinterpret_cast<const blocks::Q4_K*>(W.bytes.data() + uint64_t(n) * *row_bytes(W.type, uint64_t(W.K))) + k / 256;
+  uint8_t sc, m;
+  blocks::scale_min_k4(int(k % 256) / 32, b->scales, sc, m);
+  return std::fabs(double(f16_to_f32(load_u16(b->dmin))) * m);
+}
+
+// y[m][n] = sum_k x[m][k] w[n][k] in double with x as the kernels see it (kernel_x), and the
+// magnitude sum_k |x w| for the tolerance.
 void ref_gemm(const float* X, int64_t M, const QWeight& W, std::vector<double>& y, std::vector<double>& mag) {
+  const std::vector<double> x = kernel_x(X, M, W.K, W.type);
   y.assign(size_t(M * W.N), 0);
   mag.assign(size_t(M * W.N), 0);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < W.N; ++n) {
       double s = 0, a = 0;
       for (int64_t k = 0; k < W.K; ++k) {
-        const double p = double(X[m * W.K + k]) * double(W.deq[size_t(n * W.K + k)]);
+        const double xk = x[size_t(m * W.K + k)];
+        const double p = xk * double(W.deq[size_t(n * W.K + k)]);
         s += p;
-        a += std::fabs(p);
+        a += std::fabs(p) + 2 * std::fabs(xk) * q4k_min(W, n, k);
       }
       y[size_t(m * W.N + n)] = s;
       mag[size_t(m * W.N + n)] = a;
@@ -119,6 +168,85 @@ TEST_P(KernelTest, GemmAllTypesOddShapes) {
         }
       }
     }
+  }
+}
+
+// The integer path's activation quantization against its definition (kernels.h).
+TEST(QuantizeActivations, MatchesItsDefinition) {
+  std::mt19937 rng(5);
+  const int64_t K = 32 * 9;
+  auto x = randv(rng, size_t(K), 3.0f);
+  for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;                                   // block 1: zeros
+  x[size_t(64 + 5)] = std::numeric_limits<float>::quiet_NaN();                            // block 2: NaN
+  x[size_t(96 + 7)] = std::numeric_limits<float>::infinity();                             // block 3: inf
+  for (int i = 0; i < 32; ++i) x[size_t(128 + i)] = 1e-30f * float(i - 16);                // block 4: tiny
+  for (int i = 0; i < 32; ++i) x[size_t(160 + i)] = float(i % 2 ? 1 : -1) * 127.0f / 2;    // block 5: ties
+  std::vector<int16_t> xq(size_t(K), 99);
+  std::vector<float> dx(size_t(K / 32));
+  std::vector<int32_t> xs(size_t(K / 32));
+  quantize_activations(x.data(), K, xq.data(), dx.data(), xs.data());
+  for (int64_t b = 0; b < K / 32; ++b) {
+    double amax = 0;
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(double(x[size_t(32 * b + i)])));
+    for (int i = 0; i < 32; ++i) sum += xq[size_t(32 * b + i)];
+    EXPECT_EQ(xs[size_t(b)], sum) << "block " << b;
+    if (b == 2 || b == 3) {
+      EXPECT_TRUE(std::isnan(dx[size_t(b)])) << "block " << b;
+      continue;
+    }
+    if (b == 1) {
+      EXPECT_EQ(dx[size_t(b)], 0.0f);
+      EXPECT_EQ(sum, 0);
+      continue;
+    }
+    EXPECT_NEAR(dx[size_t(b)], amax / 127, 1e-6 * amax / 127) << "block " << b;
+    int max_q = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = xq[size_t(32 * b + i)];
+      const double xi = x[size_t(32 * b + i)];
+      EXPECT_LE(std::abs(q), 127);
+      max_q = std::max(max_q, std::abs(q));
+      // Nearest: within half a step (plus the f32 rounding of x * 127 / amax).
+      EXPECT_LE(std::fabs(xi - double(dx[size_t(b)]) * q), 0.5 * dx[size_t(b)] * (1 + 1e-5)) << "block " << b << " i " << i;
+    }
+    EXPECT_EQ(max_q, 127) << "block " << b;
+  }
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(std::abs(xq[size_t(160 + i)]), 127);
+}
+
+// How far the integer path moves a product from the exact one with f32 activations: each x is
+// off by at most dx / 2 of its block, so |y - x.w| <= sum_k |w_k| dx_k / 2 (+ rounding).
+TEST_P(KernelTest, IntPathWithinActivationQuantization) {
+  auto be = backend_for(GetParam());
+  std::mt19937 rng(21);
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+    const int64_t K = 512, N = 21, M = 5;
+    const QWeight W = make_weight(rng, t, N, K);
+    const auto X = randv(rng, size_t(M * K), 2.0f);
+    std::vector<float> Y(size_t(M * N));
+    be->matmul(X.data(), M, be->prepare(W.view()), Y.data());
+    std::vector<double> ref, mag;
+    ref_gemm(X.data(), M, W, ref, mag);
+    double worst = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double exact = 0, bound = 0;
+        for (int64_t b = 0; b < K / 32; ++b) {
+          double amax = 0;
+          for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(double(X[size_t(m * K + 32 * b + i)])));
+          for (int i = 0; i < 32; ++i) {
+            const int64_t k = 32 * b + i;
+            const double w = W.deq[size_t(n * K + k)];
+            exact += double(X[size_t(m * K + k)]) * w;
+            bound += std::fabs(w) * amax / 127 / 2 * (1 + 1e-5);
+          }
+        }
+        const size_t i = size_t(m * N + n);
+        ASSERT_NEAR(Y[i], exact, bound + gemm_tol(K, mag[i])) << type_traits(t).name << " m=" << m << " n=" << n;
+        worst = std::max(worst, std::fabs(Y[i] - exact) / bound);
+      }
+    EXPECT_GT(worst, 0.0) << "the integer path should differ from f32 somewhere";
   }
 }
 

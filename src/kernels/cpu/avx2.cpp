@@ -109,8 +109,8 @@ struct Avx2Isa {
   }
 
   // Calls f(k - k0, b) for k in [k0, k0 + len) with b[2g], b[2g+1] = group g's 16 f32 weights at
-  // k (rows 0-7, 8-15), g < NG (all of type t), dequantized in registers with dequantize_row's
-  // float operations. Several groups at once give the FMA chains that consume them independent
+  // k (rows 0-7, 8-15), g < NG (all of float type t), converted in registers exactly as
+  // dequantize_row does. Several groups at once give the FMA chains that consume them independent
   // work to overlap (one chain per output is the numerics contract).
   static __m256 h8(const uint8_t* p) {  // 8 f16 -> f32
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -150,120 +150,6 @@ struct Avx2Isa {
           f(k - k0, b);
         }
         return;
-      case GGMLType::Q8_0:
-        for (int64_t ib = k0 / 32; ib < k1 / 32; ++ib) {
-          __m256 d[2 * NG];
-          const uint8_t* q[NG];
-          for (int g = 0; g < NG; ++g) {
-            const uint8_t* blk = groups[g] + ib * (32 + 32 * 16);
-            d[2 * g] = h8(blk);
-            d[2 * g + 1] = h8(blk + 16);
-            q[g] = blk + 32;
-          }
-          for (int e = 0; e < 32; ++e) {
-            for (int g = 0; g < NG; ++g) {
-              const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q[g] + 16 * e));
-              b[2 * g] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d[2 * g]);
-              b[2 * g + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), d[2 * g + 1]);
-            }
-            f(ib * 32 + e - k0, b);
-          }
-        }
-        return;
-      case GGMLType::Q4_0: {
-        const __m128i m4 = _mm_set1_epi8(0x0F);
-        const __m256i e8 = _mm256_set1_epi32(8);
-        for (int64_t ib = k0 / 32; ib < k1 / 32; ++ib) {
-          __m256 d[2 * NG];
-          const uint8_t* q[NG];
-          for (int g = 0; g < NG; ++g) {
-            const uint8_t* blk = groups[g] + ib * (32 + 32 * 8);
-            d[2 * g] = h8(blk);
-            d[2 * g + 1] = h8(blk + 16);
-            q[g] = blk + 32;
-          }
-          for (int e = 0; e < 32; ++e) {
-            for (int g = 0; g < NG; ++g) {
-              const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q[g] + 8 * e));
-              const __m256i lo = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_and_si128(v, m4)), e8);
-              const __m256i hi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m4)), e8);
-              b[2 * g] = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d[2 * g]);
-              b[2 * g + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d[2 * g + 1]);
-            }
-            f(ib * 32 + e - k0, b);
-          }
-        }
-        return;
-      }
-      case GGMLType::Q4_K: {
-        const __m128i m4 = _mm_set1_epi8(0x0F);
-        auto u8 = [](const uint8_t* p) {
-          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-        };
-        for (int64_t ib = k0 / 256; ib < k1 / 256; ++ib) {
-          const uint8_t* blk[NG];
-          for (int g = 0; g < NG; ++g) blk[g] = groups[g] + ib * 2368;
-          for (int sb = 0; sb < 8; ++sb) {
-            // d*sc and dmin*m per row, as dequantize_row computes them; d*sc*q is exact, so
-            // the fused multiply-subtract equals its multiply then subtract.
-            __m256 D[2 * NG], N[2 * NG];
-            for (int g = 0; g < NG; ++g) {
-              D[2 * g] = _mm256_mul_ps(h8(blk[g]), u8(blk[g] + 64 + 16 * sb));
-              D[2 * g + 1] = _mm256_mul_ps(h8(blk[g] + 16), u8(blk[g] + 64 + 16 * sb + 8));
-              N[2 * g] = _mm256_mul_ps(h8(blk[g] + 32), u8(blk[g] + 192 + 16 * sb));
-              N[2 * g + 1] = _mm256_mul_ps(h8(blk[g] + 48), u8(blk[g] + 192 + 16 * sb + 8));
-            }
-            for (int e = sb * 32; e < sb * 32 + 32; ++e) {
-              for (int g = 0; g < NG; ++g) {
-                const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk[g] + 64 + 256 + 8 * e));
-                const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, m4)));
-                const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m4)));
-                b[2 * g] = _mm256_fmsub_ps(D[2 * g], lo, N[2 * g]);
-                b[2 * g + 1] = _mm256_fmsub_ps(D[2 * g + 1], hi, N[2 * g + 1]);
-              }
-              f(ib * 256 + e - k0, b);
-            }
-          }
-        }
-        return;
-      }
-      case GGMLType::Q6_K: {
-        const __m128i m4 = _mm_set1_epi8(0x0F);
-        const __m256i sh_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-        const __m256i sh_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
-        const __m256i m3 = _mm256_set1_epi32(3), o32 = _mm256_set1_epi32(32);
-        auto i8 = [](const uint8_t* p) {
-          return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-        };
-        for (int64_t ib = k0 / 256; ib < k1 / 256; ++ib) {
-          const uint8_t* blk[NG];
-          for (int g = 0; g < NG; ++g) blk[g] = groups[g] + ib * 3360;
-          for (int sb = 0; sb < 16; ++sb) {
-            __m256 D[2 * NG];
-            for (int g = 0; g < NG; ++g) {
-              D[2 * g] = _mm256_mul_ps(h8(blk[g]), i8(blk[g] + 32 + 16 * sb));
-              D[2 * g + 1] = _mm256_mul_ps(h8(blk[g] + 16), i8(blk[g] + 32 + 16 * sb + 8));
-            }
-            for (int e = sb * 16; e < sb * 16 + 16; ++e) {
-              for (int g = 0; g < NG; ++g) {
-                const uint8_t* ql = blk[g] + 32 + 256;
-                const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ql + 8 * e));
-                uint32_t hbits;
-                std::memcpy(&hbits, ql + 256 * 8 + 4 * e, 4);
-                const __m256i h = _mm256_set1_epi32(int(hbits));
-                const __m256i hl = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, sh_lo), m3), 4);
-                const __m256i hh = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, sh_hi), m3), 4);
-                const __m256i lo = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(_mm_and_si128(v, m4)), hl), o32);
-                const __m256i hi = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m4)), hh), o32);
-                b[2 * g] = _mm256_mul_ps(D[2 * g], _mm256_cvtepi32_ps(lo));
-                b[2 * g + 1] = _mm256_mul_ps(D[2 * g + 1], _mm256_cvtepi32_ps(hi));
-              }
-              f(ib * 256 + e - k0, b);
-            }
-          }
-        }
-        return;
-      }
       default:
         fail("fast kernels: unsupported packed weight type ", int(t));
     }
@@ -327,6 +213,269 @@ struct Avx2Isa {
         default: gemv_t<4>(t, groups[g], K, x, K, cg, ldc); break;
       }
     }
+  }
+
+
+  // ---- Integer path (quantized weights, packed.h) ----
+  // Decoders of one group's packed bytes: block(kb) gives 32-block kb's scales s1 (and s2) for
+  // rows 0-7 / 8-15, pair(p) the int16 weights v of pair p (k = 2p, 2p + 1) of that block as
+  // vpmaddwd operands, rows 0-7 (w0) and 8-15 (w1), lanes (row, k) = (j, e) -> 2j + e.
+  static __m256 u8f(const uint8_t* p) {  // 8 uint8 -> f32
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m256i zx16(const uint8_t* p) {  // 16 uint8 -> int16
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  struct DecQ8_0 {
+    static constexpr bool kS2 = false;
+    const uint8_t* g;
+    const uint8_t* q = nullptr;
+    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256&, __m256&) {
+      const uint8_t* blk = g + kb * 544;
+      s1lo = h8(blk);
+      s1hi = h8(blk + 16);
+      q = blk + 32;
+    }
+    void pair(int p, __m256i& w0, __m256i& w1) const {
+      w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p)));
+      w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p + 16)));
+    }
+  };
+  struct DecQ4_0 {
+    static constexpr bool kS2 = false;
+    const uint8_t* g;
+    const uint8_t* q = nullptr;
+    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256&, __m256&) {
+      const uint8_t* blk = g + kb * 288;
+      s1lo = h8(blk);
+      s1hi = h8(blk + 16);
+      q = blk + 32;
+    }
+    void pair(int p, __m256i& w0, __m256i& w1) const {
+      const __m256i t = zx16(q + 16 * p), m4 = _mm256_set1_epi16(0xF), e8 = _mm256_set1_epi16(8);
+      w0 = _mm256_sub_epi16(_mm256_and_si256(t, m4), e8);
+      w1 = _mm256_sub_epi16(_mm256_srli_epi16(t, 4), e8);
+    }
+  };
+  struct DecQ4_K {
+    static constexpr bool kS2 = true;
+    const uint8_t* g;
+    const uint8_t* q = nullptr;
+    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) {
+      const uint8_t* blk = g + (kb / 8) * 2368;
+      const int sb = int(kb % 8);
+      const __m256 sign = _mm256_set1_ps(-0.0f);
+      s1lo = _mm256_mul_ps(h8(blk), u8f(blk + 64 + 16 * sb));
+      s1hi = _mm256_mul_ps(h8(blk + 16), u8f(blk + 64 + 16 * sb + 8));
+      s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 32), u8f(blk + 192 + 16 * sb)));
+      s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 48), u8f(blk + 192 + 16 * sb + 8)));
+      q = blk + 64 + 256 + 256 * sb;
+    }
+    void pair(int p, __m256i& w0, __m256i& w1) const {
+      const __m256i t = zx16(q + 16 * p);
+      w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
+      w1 = _mm256_srli_epi16(t, 4);
+    }
+  };
+  struct DecQ6_K {
+    static constexpr bool kS2 = false;
+    const uint8_t* g;
+    const uint8_t* ql = nullptr;
+    const uint8_t* qh = nullptr;
+    __m256i sc[2][2] = {};  // [sub-block of 16][rows 0-7, 8-15], each row's scale in both its lanes
+    static __m256i sc16(const uint8_t* p) {  // 8 int8 scales -> lanes 2j, 2j + 1 = scale j
+      const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+      return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
+    }
+    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256&, __m256&) {
+      const uint8_t* blk = g + (kb / 8) * 3360;
+      const int j = int(kb % 8);
+      s1lo = h8(blk);
+      s1hi = h8(blk + 16);
+      for (int h = 0; h < 2; ++h) {
+        sc[h][0] = sc16(blk + 32 + (2 * j + h) * 16);
+        sc[h][1] = sc16(blk + 32 + (2 * j + h) * 16 + 8);
+      }
+      ql = blk + 32 + 256 + 256 * j;
+      qh = blk + 32 + 256 + 2048 + 128 * j;
+    }
+    void pair(int p, __m256i& w0, __m256i& w1) const {
+      const __m256i t = zx16(ql + 16 * p);
+      const __m128i hx = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + 8 * p)));
+      const __m256i n = _mm256_set_m128i(_mm_srli_epi16(hx, 4), _mm_and_si128(hx, _mm_set1_epi16(0xF)));
+      const __m256i m4 = _mm256_set1_epi16(0xF), o32 = _mm256_set1_epi16(32);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(t, m4), _mm256_slli_epi16(_mm256_and_si256(n, _mm256_set1_epi16(3)), 4));
+      const __m256i hi = _mm256_or_si256(_mm256_srli_epi16(t, 4), _mm256_slli_epi16(_mm256_and_si256(n, _mm256_set1_epi16(0xC)), 2));
+      const int h = p / 8;
+      w0 = _mm256_mullo_epi16(_mm256_sub_epi16(lo, o32), sc[h][0]);
+      w1 = _mm256_mullo_epi16(_mm256_sub_epi16(hi, o32), sc[h][1]);
+    }
+  };
+  template <class F>
+  static void with_decoder(GGMLType t, const uint8_t* group, F&& f) {
+    switch (t) {
+      case GGMLType::Q8_0: return f(DecQ8_0{group});
+      case GGMLType::Q4_0: return f(DecQ4_0{group});
+      case GGMLType::Q4_K: return f(DecQ4_K{group});
+      case GGMLType::Q6_K: return f(DecQ6_K{group});
+      default: fail("fast kernels: ", int(t), " is not an integer-path type");
+    }
+  }
+
+  // unpack_group_int (packed.h) for [k0, k0 + len), k0 a multiple of 32.
+  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                         float* S1, float* S2) {
+    with_decoder(t, group, [&](auto dec) {
+      for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+        __m256 a, b, c = _mm256_setzero_ps(), d = c;
+        dec.block(k0 / kQBlock + kb, a, b, c, d);
+        _mm256_storeu_ps(S1 + 16 * kb, a);
+        _mm256_storeu_ps(S1 + 16 * kb + 8, b);
+        _mm256_storeu_ps(S2 + 16 * kb, c);
+        _mm256_storeu_ps(S2 + 16 * kb + 8, d);
+        int16_t* v = V + kb * kQBlock * kGroup;
+        for (int p = 0; p < 16; ++p) {
+          __m256i w0, w1;
+          dec.pair(p, w0, w1);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p), w0);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p + 16), w1);
+        }
+      }
+    });
+  }
+
+  static __m256i bcast_pair(const int16_t* x) {  // x[0], x[1] into every 32-bit lane
+    int32_t v;
+    std::memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+  }
+
+  // C (MR, ldc)[:, 0:16] (+)= the integer path over one K chunk (len / 32 blocks) of unpacked
+  // weights V, S1, S2 (S2 null: none): per block, exact int32 sums, then y = fma(I, s1 * dx, y)
+  // (and fma(X, s2 * dx, y)); y starts at 0 when first, else from C.
+  template <int MR>
+  static void mk_int_t(const IntRows& x, const int16_t* V, const float* S1, const float* S2,
+                       int64_t len, float* c, int64_t ldc, bool first) {
+    const int16_t* x0 = x.xq[0];
+    const int16_t* x1 = x.xq[MR > 1 ? 1 : 0];
+    const int16_t* x2 = x.xq[MR > 2 ? 2 : 0];
+    const int16_t* x3 = x.xq[MR > 3 ? 3 : 0];
+    const int16_t* x4 = x.xq[MR > 4 ? 4 : 0];
+    const int16_t* x5 = x.xq[MR > 5 ? 5 : 0];
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+              a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+      const int16_t* v = V + kb * kQBlock * kGroup;
+      const int64_t xo = kb * kQBlock;
+#define FT_MI(i)                                                                   \
+  if constexpr (MR > i) {                                                          \
+    const __m256i xb = bcast_pair(x##i + xo + 2 * p);                              \
+    a##i##0 = _mm256_add_epi32(a##i##0, _mm256_madd_epi16(w0, xb));                \
+    a##i##1 = _mm256_add_epi32(a##i##1, _mm256_madd_epi16(w1, xb));                \
+  }
+      for (int p = 0; p < 16; ++p) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * p));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * p + 16));
+        FT_MI(0) FT_MI(1) FT_MI(2) FT_MI(3) FT_MI(4) FT_MI(5)
+      }
+#undef FT_MI
+      const __m256 s1lo = _mm256_loadu_ps(S1 + 16 * kb), s1hi = _mm256_loadu_ps(S1 + 16 * kb + 8);
+      const bool zero = first && kb == 0;
+#define FT_EP(i)                                                                           \
+  if constexpr (MR > i) {                                                                  \
+    const __m256 d = _mm256_set1_ps(x.dx[i][kb]);                                          \
+    float* ci = c + i * ldc;                                                               \
+    __m256 y0 = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);                          \
+    __m256 y1 = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8);                      \
+    y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a##i##0), _mm256_mul_ps(s1lo, d), y0);         \
+    y1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a##i##1), _mm256_mul_ps(s1hi, d), y1);         \
+    if (S2) {                                                                              \
+      const __m256 X = _mm256_set1_ps(float(x.xs[i][kb]));                                 \
+      y0 = _mm256_fmadd_ps(X, _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb), d), y0);        \
+      y1 = _mm256_fmadd_ps(X, _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8), d), y1);    \
+    }                                                                                      \
+    _mm256_storeu_ps(ci, y0);                                                              \
+    _mm256_storeu_ps(ci + 8, y1);                                                          \
+  }
+      FT_EP(0) FT_EP(1) FT_EP(2) FT_EP(3) FT_EP(4) FT_EP(5)
+#undef FT_EP
+    }
+  }
+  static void mk_int(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
+                     int64_t len, float* c, int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_int_t<1>(x, V, S1, S2, len, c, ldc, first);
+      case 2: return mk_int_t<2>(x, V, S1, S2, len, c, ldc, first);
+      case 3: return mk_int_t<3>(x, V, S1, S2, len, c, ldc, first);
+      case 4: return mk_int_t<4>(x, V, S1, S2, len, c, ldc, first);
+      case 5: return mk_int_t<5>(x, V, S1, S2, len, c, ldc, first);
+      default: return mk_int_t<6>(x, V, S1, S2, len, c, ldc, first);
+    }
+  }
+
+  // Small M (decode) on the integer path: C (M, ldc)[:, 0:16] = the group's 16 rows over all of
+  // K, decoded straight from the packed bytes (no unpacked copy); the same sums as mk_int.
+  template <int MR, class D>
+  static void gemv_int_t(D dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
+                         const int32_t* xs, float* c, int64_t ldc) {
+    __m256 y00 = _mm256_setzero_ps(), y01 = y00, y10 = y00, y11 = y00;
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      __m256 s1lo, s1hi, s2lo = _mm256_setzero_ps(), s2hi = s2lo;
+      dec.block(kb, s1lo, s1hi, s2lo, s2hi);
+      __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
+      const int16_t* x0 = xq + kb * kQBlock;
+      const int16_t* x1 = xq + (MR > 1 ? ldx : 0) + kb * kQBlock;
+#pragma GCC unroll 4
+      for (int p = 0; p < 16; ++p) {
+        __m256i w0, w1;
+        dec.pair(p, w0, w1);
+        const __m256i xb0 = bcast_pair(x0 + 2 * p);
+        a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(w0, xb0));
+        a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(w1, xb0));
+        if constexpr (MR > 1) {
+          const __m256i xb1 = bcast_pair(x1 + 2 * p);
+          a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(w0, xb1));
+          a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(w1, xb1));
+        }
+      }
+      const __m256 d0 = _mm256_set1_ps(dx[kb]);
+      y00 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a00), _mm256_mul_ps(s1lo, d0), y00);
+      y01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a01), _mm256_mul_ps(s1hi, d0), y01);
+      if constexpr (D::kS2) {
+        const __m256 X = _mm256_set1_ps(float(xs[kb]));
+        y00 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2lo, d0), y00);
+        y01 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2hi, d0), y01);
+      }
+      if constexpr (MR > 1) {
+        const __m256 d1 = _mm256_set1_ps(dx[nkb + kb]);
+        y10 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a10), _mm256_mul_ps(s1lo, d1), y10);
+        y11 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a11), _mm256_mul_ps(s1hi, d1), y11);
+        if constexpr (D::kS2) {
+          const __m256 X = _mm256_set1_ps(float(xs[nkb + kb]));
+          y10 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2lo, d1), y10);
+          y11 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2hi, d1), y11);
+        }
+      }
+    }
+    _mm256_storeu_ps(c, y00);
+    _mm256_storeu_ps(c + 8, y01);
+    if constexpr (MR > 1) {
+      _mm256_storeu_ps(c + ldc, y10);
+      _mm256_storeu_ps(c + ldc + 8, y11);
+    }
+  }
+  // xq (M, K), dx and xs (M, K / 32): rows taken two at a time.
+  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const int16_t* xq,
+                       const float* dx, const int32_t* xs, int64_t M, float* c, int64_t ldc) {
+    const int64_t nkb = K / kQBlock;
+    with_decoder(t, group, [&](auto dec) {
+      for (int64_t m = 0; m < M; m += 2) {
+        if (M - m >= 2)
+          gemv_int_t<2>(dec, nkb, xq + m * K, K, dx + m * nkb, xs + m * nkb, c + m * ldc, ldc);
+        else
+          gemv_int_t<1>(dec, nkb, xq + m * K, K, dx + m * nkb, xs + m * nkb, c + m * ldc, ldc);
+      }
+    });
   }
 
   // len elements of one row from a block-aligned src, bit-identical to dequantize_row.

@@ -2,12 +2,12 @@
 // Isa class supplies the inner kernels (tile dot products, dequantization, exp, P·V update).
 // Included only by avx2.cpp (compiled for AVX2+FMA) and scalar.cpp.
 //
-// Summation order (the numerics contract, the same for every M, so a row's result does not
-// depend on how many rows are in the batch; chunked prefill == one batch, GEMV == GEMM):
-//   y[m][n] = sum over K chunks of kKC, in order, of chunk_dot, where chunk_dot keeps 8 lane
-//   partial sums (lane l takes k = l mod 8, fused multiply-adds in k order), reduces them as
-//   ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then adds the len % 8 tail elements in order.
-// Weights are dequantized to f32 exactly as dequantize_row does (bit-identical values).
+// Numerics contract (the same for every M, so a row's result does not depend on how many rows
+// are in the batch: chunked prefill == one batch, decode GEMV == prefill GEMM, bitwise):
+//   F32/F16/BF16 weights: every output is ONE fused multiply-add chain over k in order, weights
+//   dequantized to f32 exactly as dequantize_row does;
+//   quantized weights: the integer path of packed.h (int8 activations, exact integer block sums,
+//   one fma chain over 32-blocks in order).
 #pragma once
 #include <omp.h>
 
@@ -24,6 +24,14 @@
 #include "kernels/quant_blocks.h"
 
 namespace ft::cpu {
+
+// The integer path's activation rows of one register tile (up to 6): row j's quantized values
+// xq[j] (from the chunk's k0), and its blocks' dx[j] and xs[j] (sum of xq) from block k0 / 32.
+struct IntRows {
+  const int16_t* xq[6];
+  const float* dx[6];
+  const int32_t* xs[6];
+};
 
 template <class Isa>
 struct Drivers {
@@ -45,15 +53,42 @@ struct Drivers {
   // Per worker thread: the work item's accumulators C (M, kItemGroups * kGroup), the weights of
   // one K chunk unpacked to f32 (kKC, kGroup) per group, and rows dequantized before transposing.
   static constexpr int kItemGroups = 2;
+  static constexpr int64_t kQPerKC = kKC / kQBlock;
   struct alignas(64) Scratch {
     std::vector<float> c;
     alignas(64) float w[kItemGroups][kKC * kGroup];
     alignas(64) float t[kGroup * kKC];
+    // Integer path: one K chunk of a group as unpack_group_int gives it, and (GGUF rows only)
+    // the chunk packed first (Q8_0 is the largest per element: 34 bytes per 32).
+    alignas(64) int16_t v[kItemGroups][kKC * kGroup];
+    alignas(64) float s1[kItemGroups][kQPerKC * kGroup];
+    alignas(64) float s2[kItemGroups][kQPerKC * kGroup];
+    alignas(64) uint8_t raw[kQPerKC * (32 + 32 * kGroup)];
   };
   static Scratch& scratch() {
     static thread_local Scratch s;
     return s;
   }
+  // The quantized activations of one GEMM call (quantize_activations), per calling thread.
+  struct QAct {
+    std::vector<int16_t> xq;  // (M, K)
+    std::vector<float> dx;    // (M, K / 32)
+    std::vector<int32_t> xs;  // (M, K / 32)
+  };
+  static QAct& qact() {
+    static thread_local QAct q;
+    return q;
+  }
+  static void quantize(const float* X, int64_t M, int64_t K, QAct& q, int threads) {
+    const size_t n = size_t(M * K), nb = n / kQBlock;
+    if (q.xq.size() < n) q.xq.resize(n);  // grows to the largest call once, then reused
+    if (q.dx.size() < nb) { q.dx.resize(nb); q.xs.resize(nb); }
+    const int64_t kb = K / kQBlock;
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
+    for (int64_t m = 0; m < M; ++m)
+      quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
+  }
+
   static void reserve(int64_t max_rows, int threads) {
 #pragma omp parallel num_threads(threads)
     {
@@ -98,9 +133,8 @@ struct Drivers {
   // from 0 (the micro-kernel stores and reloads C between K chunks, which is exact), whatever M,
   // the path (fused small-M or unpacked panel) or the ISA. So a row's result does not depend
   // on the batch it is in: chunked prefill == one batch, decode GEMV == prefill GEMM, bitwise.
-  static void item(const float* X, int64_t M, int64_t K, const Source* src, int ns, Scratch& s,
-                   int64_t ldc) {
-    float* C = s.c.data();
+  static void float_item(const float* X, int64_t M, int64_t K, const Source* src, int ns,
+                         Scratch& s, float* C, int64_t ldc) {
     if constexpr (Isa::kFusedMaxM > 0) {
       // Small M (decode): dequantize in registers, all of K, no unpacked copy.
       bool fused = M <= Isa::kFusedMaxM;
@@ -139,7 +173,83 @@ struct Drivers {
     }
   }
 
+  // The integer path's view of one K chunk of src (packed.h): V, S1, S2 for [k0, k0 + len).
+  static void int_weights_at(const Source& src, int64_t k0, int64_t len, int16_t* V, float* S1,
+                             float* S2, uint8_t* raw) {
+    const GemmSeg& g = *src.seg;
+    if (g.packed) {
+      const int64_t bl = block_len(g.type);
+      Isa::unpack_int(g.type, src.group() + uint64_t(k0 / bl) * packed_block_bytes(g.type), k0 % bl,
+                      len, V, S1, S2);
+      return;
+    }
+    // GGUF rows (a weight not prepared): pack this chunk of the group's rows first.
+    const int64_t bl = block_len(g.type);
+    const uint64_t bb = *row_bytes(g.type, uint64_t(bl));
+    pack_rows(g.type, g.data + uint64_t(src.n0) * g.row_bytes + uint64_t(k0 / bl) * bb, g.row_bytes,
+              src.cnt, len, raw);
+    Isa::unpack_int(g.type, raw, 0, len, V, S1, S2);
+  }
+
+  // Integer path (quantized weights; qa = X quantized): C as float_item.
+  static void int_item(const QAct& qa, int64_t M, int64_t K, const Source* src, int ns,
+                       Scratch& s, float* C, int64_t ldc) {
+    const int64_t nkb = K / kQBlock;
+    if constexpr (Isa::kFusedMaxM > 0) {
+      // Small M (decode): straight from the packed bytes, all of K, no unpacked copy.
+      bool fused = M <= Isa::kFusedMaxM;
+      for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
+      if (fused) {
+        for (int i = 0; i < ns; ++i)
+          Isa::gemv_int(src[i].seg->type, src[i].group(), K, qa.xq.data(), qa.dx.data(),
+                        qa.xs.data(), M, C + i * kGroup, ldc);
+        return;
+      }
+    }
+    for (int64_t mb = 0; mb < M; mb += kMC) {
+      const int64_t me = std::min(M, mb + kMC);
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t len = std::min(kKC, K - k0);
+        for (int i = 0; i < ns; ++i) int_weights_at(src[i], k0, len, s.v[i], s.s1[i], s.s2[i], s.raw);
+        const int64_t rows = me - mb, n_tiles = (rows + kMRInt - 1) / kMRInt;
+        for (int64_t t = 0, m0 = mb; t < n_tiles; ++t) {
+          const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));
+          IntRows xr;
+          for (int j = 0; j < mr; ++j) {
+            xr.xq[j] = qa.xq.data() + (m0 + j) * K + k0;
+            xr.dx[j] = qa.dx.data() + (m0 + j) * nkb + k0 / kQBlock;
+            xr.xs[j] = qa.xs.data() + (m0 + j) * nkb + k0 / kQBlock;
+          }
+          for (int i = 0; i < ns; ++i)
+            Isa::mk_int(mr, xr, s.v[i], s.s1[i], src[i].seg->type == GGMLType::Q4_K ? s.s2[i] : nullptr,
+                        len, C + m0 * ldc + i * kGroup, ldc, k0 == 0);
+          m0 += mr;
+        }
+      }
+    }
+  }
+
+  static void item(const float* X, const QAct& qa, int64_t M, int64_t K, const Source* src,
+                   int ns, Scratch& s, int64_t ldc) {
+    float* C = s.c.data();
+    const bool int0 = is_int_type(src[0].seg->type);
+    bool same = true;
+    for (int i = 1; i < ns; ++i) same = same && is_int_type(src[i].seg->type) == int0;
+    if (!same) {  // (SwiGLU's gate and up on different paths: one at a time)
+      for (int i = 0; i < ns; ++i) {
+        if (is_int_type(src[i].seg->type)) int_item(qa, M, K, src + i, 1, s, C + i * kGroup, ldc);
+        else float_item(X, M, K, src + i, 1, s, C + i * kGroup, ldc);
+      }
+      return;
+    }
+    if (int0) return int_item(qa, M, K, src, ns, s, C, ldc);
+    float_item(X, M, K, src, ns, s, C, ldc);
+  }
+
   static constexpr int kMR = 6;  // activation rows per register tile (x kGroup weight rows)
+  // The integer tile: 2 int32 accumulators per row plus the broadcasts GCC hoists must fit in
+  // the 16 vector registers (6 rows spill).
+  static constexpr int kMRInt = 4;
   static constexpr int64_t kMC = 120;  // activation rows per L2 block
 
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
@@ -156,6 +266,10 @@ struct Drivers {
       n_items += swiglu ? G : (G + kItemGroups - 1) / kItemGroups;
     }
     const int64_t ldc = kItemGroups * kGroup;
+    bool any_int = false;
+    for (int i = 0; i < n_segs; ++i) any_int = any_int || is_int_type(segs[i].type);
+    QAct& qa = qact();
+    if (any_int) quantize(X, M, K, qa, threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t p = 0; p < n_items; ++p) {
       Scratch& s = scratch();
@@ -178,7 +292,7 @@ struct Drivers {
           src[nsrc++] = {&g, n0, int(std::min<int64_t>(kGroup, g.n_rows - n0))};
         }
       }
-      item(X, M, K, src, nsrc, s, ldc);
+      item(X, qa, M, K, src, nsrc, s, ldc);
       const float* C = s.c.data();
       for (int64_t m = 0; m < M; ++m) {
         const float* c = C + m * ldc;

@@ -50,6 +50,19 @@ uint64_t packed_block_bytes(GGMLType t) {
   }
 }
 
+// Byte offsets inside a quantized block of a group (packed.h): element e (< block_len) of row r.
+namespace {
+// Q8_0 q: pairs of k side by side per row.
+inline int q8_at(int e, int r) { return (e / 2) * 32 + r * 2 + e % 2; }
+// 4-bit q (Q4_0, Q4_K, Q6_K low bits): byte of the pair-interleaved nibbles, and the shift.
+inline int nib_at(int e, int r) { return (e / 2) * 16 + (r % 8) * 2 + e % 2; }
+inline int nib_shift(int r) { return r < 8 ? 0 : 4; }
+// Q6_K high 2 bits: 8 bytes per pair of k; lane L = (r % 8) * 2 + e % 2 holds a nibble
+// (row r % 8 in bits 0-1, row r % 8 + 8 in bits 2-3); byte L % 8, high nibble when L >= 8.
+inline int qh_at(int e, int r) { return (e / 2) * 8 + ((r % 8) * 2 + e % 2) % 8; }
+inline int qh_shift(int e, int r) { return (((r % 8) * 2 + e % 2) >= 8 ? 4 : 0) + (r < 8 ? 0 : 2); }
+}  // namespace
+
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out) {
   const int64_t bl = block_len(t);
@@ -64,8 +77,6 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
       const uint8_t* row = rows + uint64_t(n) * row_bytes;
       for (int64_t ib = 0; ib < nb; ++ib) {
         uint8_t* blk = out + uint64_t(g) * gb + uint64_t(ib) * bb;
-        const int nib_shift = r < 8 ? 0 : 4;
-        const int byte_j = r % 8;
         switch (t) {
           case GGMLType::F32:
             std::memcpy(blk + 4 * r, row + 4 * ib, 4);
@@ -76,15 +87,15 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
           case GGMLType::Q8_0: {
             const auto& b = reinterpret_cast<const blocks::Q8_0*>(row)[ib];
             std::memcpy(blk + 2 * r, b.d, 2);
-            for (int k = 0; k < 32; ++k) blk[32 + k * 16 + r] = uint8_t(b.qs[k]);
+            for (int e = 0; e < 32; ++e) blk[32 + q8_at(e, r)] = uint8_t(b.qs[e]);
             break;
           }
           case GGMLType::Q4_0: {
             const auto& b = reinterpret_cast<const blocks::Q4_0*>(row)[ib];
             std::memcpy(blk + 2 * r, b.d, 2);
-            for (int k = 0; k < 32; ++k) {
-              const int q = k < 16 ? (b.qs[k] & 0xF) : (b.qs[k - 16] >> 4);
-              blk[32 + k * 8 + byte_j] |= uint8_t(q << nib_shift);
+            for (int e = 0; e < 32; ++e) {
+              const int q = e < 16 ? (b.qs[e] & 0xF) : (b.qs[e - 16] >> 4);
+              blk[32 + nib_at(e, r)] |= uint8_t(q << nib_shift(r));
             }
             break;
           }
@@ -99,7 +110,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
               blk[64 + 128 + s * 16 + r] = m;
             }
             uint8_t* q = blk + 64 + 256;
-            for (int k = 0; k < 256; ++k) q[k * 8 + byte_j] |= uint8_t(q4k_q(b, k) << nib_shift);
+            for (int e = 0; e < 256; ++e) q[nib_at(e, r)] |= uint8_t(q4k_q(b, e) << nib_shift(r));
             break;
           }
           case GGMLType::Q6_K: {
@@ -108,13 +119,10 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             for (int s = 0; s < 16; ++s) blk[32 + s * 16 + r] = uint8_t(b.scales[s]);
             uint8_t* ql = blk + 32 + 256;
             uint8_t* qh = ql + 256 * 8;
-            for (int k = 0; k < 256; ++k) {
-              const int q = q6k_q(b, k);
-              ql[k * 8 + byte_j] |= uint8_t((q & 0xF) << nib_shift);
-              uint32_t h;
-              std::memcpy(&h, qh + 4 * k, 4);
-              h |= uint32_t(q >> 4) << (2 * r);
-              std::memcpy(qh + 4 * k, &h, 4);
+            for (int e = 0; e < 256; ++e) {
+              const int q = q6k_q(b, e);
+              ql[nib_at(e, r)] |= uint8_t((q & 0xF) << nib_shift(r));
+              qh[qh_at(e, r)] |= uint8_t((q >> 4) << qh_shift(e, r));
             }
             break;
           }
@@ -126,6 +134,34 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
   }
 }
 
+namespace {
+// Row r, element e of a quantized block: the integer weight v and the float scales of the
+// integer path (packed.h): w = v * s1 (+ s2 for Q4_K, whose min term multiplies sum x).
+struct IntWeight {
+  int v;
+  float s1, s2;
+};
+IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
+  const auto nib = [&](const uint8_t* q) { return (q[nib_at(e, r)] >> nib_shift(r)) & 0xF; };
+  switch (t) {
+    case GGMLType::Q8_0: return {int(int8_t(blk[32 + q8_at(e, r)])), f16(blk + 2 * r), 0.0f};
+    case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
+    case GGMLType::Q4_K: {
+      const int s = e / 32;
+      return {nib(blk + 64 + 256), f16(blk + 2 * r) * float(blk[64 + s * 16 + r]),
+              -(f16(blk + 32 + 2 * r) * float(blk[64 + 128 + s * 16 + r]))};
+    }
+    case GGMLType::Q6_K: {
+      const uint8_t* ql = blk + 32 + 256;
+      const int hi = (ql[256 * 8 + qh_at(e, r)] >> qh_shift(e, r)) & 3;
+      const int q = nib(ql) | (hi << 4);
+      return {(q - 32) * int(int8_t(blk[32 + (e / 16) * 16 + r])), f16(blk + 2 * r), 0.0f};
+    }
+    default: fail("panel layout: ", int(t), " is not an integer-path type");
+  }
+}
+}  // namespace
+
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp) {
   const int64_t bl = block_len(t);
   const uint64_t bb = packed_block_bytes(t);
@@ -134,35 +170,46 @@ void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, flo
     const int e = int(k % bl);
     float* w = Wp + (k - k0) * kGroup;
     for (int r = 0; r < kGroup; ++r) {
-      const int nib_shift = r < 8 ? 0 : 4, byte_j = r % 8;
       switch (t) {
         case GGMLType::F32: std::memcpy(&w[r], blk + 4 * r, 4); break;
         case GGMLType::F16: w[r] = f16(blk + 2 * r); break;
         case GGMLType::BF16: w[r] = bf16_to_f32(load_u16(blk + 2 * r)); break;
-        case GGMLType::Q8_0: w[r] = float(int8_t(blk[32 + e * 16 + r])) * f16(blk + 2 * r); break;
-        case GGMLType::Q4_0: {
-          const int q = (blk[32 + e * 8 + byte_j] >> nib_shift) & 0xF;
-          w[r] = float(q - 8) * f16(blk + 2 * r);
+        case GGMLType::Q4_K: {  // dequantize_row's d1 * q - m1
+          const IntWeight iw = int_weight(t, blk, e, r);
+          w[r] = iw.s1 * float(iw.v) + iw.s2;
           break;
         }
-        case GGMLType::Q4_K: {
-          const int s = e / 32;
-          const float d1 = f16(blk + 2 * r) * float(blk[64 + s * 16 + r]);
-          const float m1 = f16(blk + 32 + 2 * r) * float(blk[64 + 128 + s * 16 + r]);
-          const int q = (blk[64 + 256 + e * 8 + byte_j] >> nib_shift) & 0xF;
-          w[r] = d1 * float(q) - m1;
-          break;
-        }
-        case GGMLType::Q6_K: {
+        case GGMLType::Q6_K: {  // dequantize_row's (d * sc) * (q - 32)
           const uint8_t* ql = blk + 32 + 256;
-          uint32_t h;
-          std::memcpy(&h, ql + 256 * 8 + 4 * e, 4);
-          const int q = ((ql[e * 8 + byte_j] >> nib_shift) & 0xF) | int(((h >> (2 * r)) & 3) << 4);
+          const int hi = (ql[256 * 8 + qh_at(e, r)] >> qh_shift(e, r)) & 3;
+          const int q = ((ql[nib_at(e, r)] >> nib_shift(r)) & 0xF) | (hi << 4);
           w[r] = f16(blk + 2 * r) * float(int8_t(blk[32 + (e / 16) * 16 + r])) * float(q - 32);
           break;
         }
-        default:
-          fail("panel layout: unsupported weight type ", int(t));
+        default: {
+          const IntWeight iw = int_weight(t, blk, e, r);
+          w[r] = float(iw.v) * iw.s1;
+          break;
+        }
+      }
+    }
+  }
+}
+
+void unpack_group_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                      float* S1, float* S2) {
+  const int64_t bl = block_len(t);
+  const uint64_t bb = packed_block_bytes(t);
+  for (int64_t k = k0; k < k0 + len; ++k) {
+    const uint8_t* blk = group + uint64_t(k / bl) * bb;
+    const int e = int(k % bl);
+    const int64_t kb = (k - k0) / kQBlock, kk = (k - k0) % kQBlock;
+    for (int r = 0; r < kGroup; ++r) {
+      const IntWeight iw = int_weight(t, blk, e, r);
+      V[kb * kQBlock * kGroup + (kk / 2) * 2 * kGroup + r * 2 + kk % 2] = int16_t(iw.v);
+      if (kk == 0) {
+        S1[kb * kGroup + r] = iw.s1;
+        S2[kb * kGroup + r] = iw.s2;
       }
     }
   }

@@ -1,5 +1,5 @@
 // The "panel" layout the fast CPU kernels repack weights into at load (Backend::prepare), so that
-// the GEMM micro-kernel reads 16 output rows' weights at one k as two contiguous vectors, and
+// a micro-kernel reads 16 output rows' weights at one k (or one pair of k) as whole vectors, and
 // decode streams each group of rows front to back. Quantized types stay quantized (same bytes per
 // weight, give or take the unpacked 6-bit Q4_K scales), so decode reads as many bytes as before.
 //
@@ -8,14 +8,28 @@
 // elements (F32/F16/BF16: one element, so K is arbitrary), each block laid out as:
 //   F32        float  w[16]                          (row r at k)
 //   F16, BF16  uint16 w[16]
-//   Q8_0 (32)  f16 d[16]; int8 q[32][16]             w = q * d
-//   Q4_0 (32)  f16 d[16]; uint8 q[32][8]             byte j: row j in the low nibble, row j+8 in
-//                                                    the high one (ggml's 0..15); w = (q-8) * d
-//   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; uint8 q[256][8] (nibbles as Q4_0)
+//   Q8_0 (32)  f16 d[16]; int8 q[16 pairs][16 rows][2]      w = q * d
+//   Q4_0 (32)  f16 d[16]; uint8 q[16 pairs][8][2]: byte (p, j, e) holds k = 2p + e of row j in
+//              the low nibble and of row j + 8 in the high one (ggml's 0..15); w = (q - 8) * d
+//   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
-//   Q6_K (256) f16 d[16]; int8 sc[16][16]; uint8 ql[256][8] (nibbles as Q4_0);
-//              uint32 qh[256] (row r's 2 high bits at bits 2r..2r+1)   w = (d*sc) * (q-32), sub = k/16
-// Every w is computed with the same float operations as dequantize_row, so it is bit-identical.
+//   Q6_K (256) f16 d[16]; int8 sc[16][16]; low 4 bits [128 pairs][8][2] as Q4_0; high 2 bits
+//              [128 pairs][8 bytes]: lane L = 2j + e (of 16) has a nibble, bits 0-1 for row j
+//              and 2-3 for row j + 8, in byte L % 8 (high nibble when L >= 8)
+//                                                    w = (d*sc) * (q - 32), sub-block = k/16
+// Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
+//
+// Quantized weights multiply int8-quantized activations (the integer path, as llama.cpp does):
+// x is cut into blocks of kQBlock = 32 along K, each x ~= dx * xq with dx = max|x| / 127 and xq
+// in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
+// part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for Q4_K's min term):
+//   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);
+//   Q6_K v = (q - 32) * sc, s1 = d
+// so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
+// integers. Every output is y = 0, then for each 32-block in k order
+//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K]
+// whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
+// decode GEMV and prefill GEMM of any batch.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +38,12 @@
 namespace ft::cpu {
 
 constexpr int kGroup = 16;
+constexpr int kQBlock = 32;  // activation quantization block along K (integer path)
+
+// Weight types multiplied on the integer path.
+inline bool is_int_type(GGMLType t) {
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K;
+}
 
 int64_t block_len(GGMLType t);           // elements per block along K (type_traits)
 uint64_t packed_block_bytes(GGMLType t);  // bytes of one block of a group (16 rows)
@@ -36,5 +56,9 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
 // Wp (len, 16) = the f32 weights of one group at k in [k0, k0 + len) (k0 and len block-aligned,
 // or k0 + len == K). Portable; the reference for the AVX2 version.
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp);
+// The integer path's view of one group of a quantized type at k in [k0, k0 + len) (k0, len
+// multiples of kQBlock): V (len / 32, 16 pairs, 16 rows, 2) int16, S1 and S2 (len / 32, 16).
+void unpack_group_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                      float* S1, float* S2);
 
 }  // namespace ft::cpu

@@ -1,6 +1,8 @@
 #include "kernels/cpu/rowwise.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "kernels/quant.h"
@@ -108,3 +110,35 @@ void add(float* y, const float* x, int64_t M, int64_t n) {
 }
 
 }  // namespace ft::rowwise
+
+namespace ft {
+
+void quantize_activations(const float* x, int64_t K, int16_t* xq, float* dx, int32_t* xsum) {
+  if (K % 32 != 0) fail("quantize_activations: K = ", K, " is not a multiple of 32");
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + 32 * b;
+    int16_t* qb = xq + 32 * b;
+    float amax = 0;
+    bool finite = true;
+    for (int i = 0; i < 32; ++i) {
+      finite = finite && std::isfinite(xb[i]);
+      amax = std::max(amax, std::fabs(xb[i]));
+    }
+    int32_t sum = 0;
+    if (!finite || amax == 0) {
+      for (int i = 0; i < 32; ++i) qb[i] = 0;
+      dx[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    } else {
+      const float id = 127.0f / amax;
+      for (int i = 0; i < 32; ++i) {
+        const float v = std::nearbyint(xb[i] * id);
+        qb[i] = int16_t(std::clamp(v, -127.0f, 127.0f));
+        sum += qb[i];
+      }
+      dx[b] = amax / 127.0f;
+    }
+    xsum[b] = sum;
+  }
+}
+
+}  // namespace ft

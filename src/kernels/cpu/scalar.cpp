@@ -26,6 +26,28 @@ struct ScalarIsa {
   static void unpack(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp) {
     unpack_group(t, group, k0, len, Wp);
   }
+  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                         float* S1, float* S2) {
+    unpack_group_int(t, group, k0, len, V, S1, S2);
+  }
+  // See Avx2Isa::mk_int_t.
+  static void mk_int(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
+                     int64_t len, float* c, int64_t ldc, bool first) {
+    for (int i = 0; i < mr; ++i)
+      for (int r = 0; r < kGroup; ++r) {
+        float y = first ? 0.0f : c[i * ldc + r];
+        for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+          const int16_t* v = V + kb * kQBlock * kGroup;
+          const int16_t* xq = x.xq[i] + kb * kQBlock;
+          int32_t I = 0;
+          for (int k = 0; k < kQBlock; ++k) I += int32_t(v[(k / 2) * 2 * kGroup + r * 2 + k % 2]) * xq[k];
+          const float dx = x.dx[i][kb];
+          y = std::fma(float(I), S1[kb * kGroup + r] * dx, y);
+          if (S2) y = std::fma(float(x.xs[i][kb]), S2[kb * kGroup + r] * dx, y);
+        }
+        c[i * ldc + r] = y;
+      }
+  }
   static void dequant(GGMLType t, const uint8_t* src, int64_t len, float* dst) {
     dequantize_row(t, src, dst, len);
   }
