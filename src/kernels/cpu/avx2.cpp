@@ -3,8 +3,11 @@
 // Standard headers come first so their inline functions are not compiled for AVX2 here.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -217,9 +220,10 @@ struct Avx2Isa {
 
 
   // ---- Integer path (quantized weights, packed.h) ----
-  // Decoders of one group's packed bytes: block(kb) gives 32-block kb's scales s1 (and s2) for
-  // rows 0-7 / 8-15, pair(p) the int16 weights v of pair p (k = 2p, 2p + 1) of that block as
-  // vpmaddwd operands, rows 0-7 (w0) and 8-15 (w1), lanes (row, k) = (j, e) -> 2j + e.
+  // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
+  // (and s2) for rows 0-7 / 8-15, pair(p) the int16 weights v + kBias of pair p (k = 2p, 2p + 1) of that
+  // block as vpmaddwd operands, rows 0-7 (w0) and 8-15 (w1), lanes (row, k) = (j, e) -> 2j + e.
+  // (A constant kBias comes off the block's integer sum as kBias * sum xq, exactly.)
   static __m256 u8f(const uint8_t* p) {  // 8 uint8 -> f32
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
@@ -227,50 +231,61 @@ struct Avx2Isa {
     return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   struct DecQ8_0 {
+    static constexpr int kBias = 0;
+    static constexpr int kBytesPer32 = 544;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = false;
     const uint8_t* g;
     const uint8_t* q = nullptr;
-    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256&, __m256&) {
-      const uint8_t* blk = g + kb * 544;
-      s1lo = h8(blk);
-      s1hi = h8(blk + 16);
-      q = blk + 32;
+    void begin(int64_t kb) { q = g + kb * 544 + 32; }
+    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+      s1lo = h8(q - 32);
+      s1hi = h8(q - 16);
     }
+    template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const {
       w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p)));
       w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p + 16)));
     }
   };
   struct DecQ4_0 {
+    static constexpr int kBias = 8;  // pair() gives q; v = q - 8
+    static constexpr int kBytesPer32 = 288;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = false;
     const uint8_t* g;
     const uint8_t* q = nullptr;
-    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256&, __m256&) {
-      const uint8_t* blk = g + kb * 288;
-      s1lo = h8(blk);
-      s1hi = h8(blk + 16);
-      q = blk + 32;
+    void begin(int64_t kb) { q = g + kb * 288 + 32; }
+    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+      s1lo = h8(q - 32);
+      s1hi = h8(q - 16);
     }
+    template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const {
-      const __m256i t = zx16(q + 16 * p), m4 = _mm256_set1_epi16(0xF), e8 = _mm256_set1_epi16(8);
-      w0 = _mm256_sub_epi16(_mm256_and_si256(t, m4), e8);
-      w1 = _mm256_sub_epi16(_mm256_srli_epi16(t, 4), e8);
+      const __m256i t = zx16(q + 16 * p);
+      w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
+      w1 = _mm256_srli_epi16(t, 4);
     }
   };
   struct DecQ4_K {
+    static constexpr int kBias = 0;
+    static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
     const uint8_t* g;
     const uint8_t* q = nullptr;
-    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) {
-      const uint8_t* blk = g + (kb / 8) * 2368;
-      const int sb = int(kb % 8);
+    const uint8_t* blk = nullptr;
+    int sb = 0;
+    void begin(int64_t kb) {
+      blk = g + (kb / 8) * 2368;
+      sb = int(kb % 8);
+      q = blk + 64 + 256 + 256 * sb;
+    }
+    void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
       const __m256 sign = _mm256_set1_ps(-0.0f);
       s1lo = _mm256_mul_ps(h8(blk), u8f(blk + 64 + 16 * sb));
       s1hi = _mm256_mul_ps(h8(blk + 16), u8f(blk + 64 + 16 * sb + 8));
       s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 32), u8f(blk + 192 + 16 * sb)));
       s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 48), u8f(blk + 192 + 16 * sb + 8)));
-      q = blk + 64 + 256 + 256 * sb;
     }
+    template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const {
       const __m256i t = zx16(q + 16 * p);
       w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
@@ -278,39 +293,61 @@ struct Avx2Isa {
     }
   };
   struct DecQ6_K {
+    static constexpr int kBias = 0;
+    static constexpr int kBytesPer32 = 420;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = false;
     const uint8_t* g;
     const uint8_t* ql = nullptr;
     const uint8_t* qh = nullptr;
-    __m256i sc[2][2] = {};  // [sub-block of 16][rows 0-7, 8-15], each row's scale in both its lanes
+    const uint8_t* blk = nullptr;
+    // [sub-block of 16][rows 0-7, 8-15]: each row's scale in both its lanes (in memory: the
+    // pair loop has no registers to spare; vpmullw reads them as operands).
+    alignas(32) int16_t sc[2][2][16] = {};
     static __m256i sc16(const uint8_t* p) {  // 8 int8 scales -> lanes 2j, 2j + 1 = scale j
       const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
       return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
     }
-    void block(int64_t kb, __m256& s1lo, __m256& s1hi, __m256&, __m256&) {
-      const uint8_t* blk = g + (kb / 8) * 3360;
+    void begin(int64_t kb) {
+      blk = g + (kb / 8) * 3360;
       const int j = int(kb % 8);
+      for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < 2; ++r)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(sc[h][r]), sc16(blk + 32 + (2 * j + h) * 16 + 8 * r));
+      ql = blk + 32 + 256 + 256 * j;
+      qh = blk + 32 + 256 + 2048 + 128 * j;  // 4 quads of pairs per 32-block
+    }
+    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(blk);
       s1hi = h8(blk + 16);
-      for (int h = 0; h < 2; ++h) {
-        sc[h][0] = sc16(blk + 32 + (2 * j + h) * 16);
-        sc[h][1] = sc16(blk + 32 + (2 * j + h) * 16 + 8);
-      }
-      ql = blk + 32 + 256 + 256 * j;
-      qh = blk + 32 + 256 + 2048 + 128 * j;
     }
+    template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const {
       const __m256i t = zx16(ql + 16 * p);
-      const __m128i hx = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + 8 * p)));
-      const __m256i n = _mm256_set_m128i(_mm_srli_epi16(hx, 4), _mm_and_si128(hx, _mm_set1_epi16(0xF)));
-      const __m256i m4 = _mm256_set1_epi16(0xF), o32 = _mm256_set1_epi16(32);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(t, m4), _mm256_slli_epi16(_mm256_and_si256(n, _mm256_set1_epi16(3)), 4));
-      const __m256i hi = _mm256_or_si256(_mm256_srli_epi16(t, 4), _mm256_slli_epi16(_mm256_and_si256(n, _mm256_set1_epi16(0xC)), 2));
+      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * (p / 4)));
+      constexpr int sh = 4 * pp;
+      // 16 (h - 2), sign-extended from the 2-bit field: to the top of the lane, then back down.
+      const __m256i h0 = _mm256_slli_epi16(_mm256_srai_epi16(_mm256_slli_epi16(H, 14 - sh), 14), 4);
+      const __m256i h1 = _mm256_slli_epi16(_mm256_srai_epi16(_mm256_slli_epi16(H, 12 - sh), 14), 4);
       const int h = p / 8;
-      w0 = _mm256_mullo_epi16(_mm256_sub_epi16(lo, o32), sc[h][0]);
-      w1 = _mm256_mullo_epi16(_mm256_sub_epi16(hi, o32), sc[h][1]);
+      const __m256i sc0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc[h][0]));
+      const __m256i sc1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc[h][1]));
+      w0 = _mm256_mullo_epi16(_mm256_add_epi16(_mm256_and_si256(t, _mm256_set1_epi16(0xF)), h0), sc0);
+      w1 = _mm256_mullo_epi16(_mm256_add_epi16(_mm256_srli_epi16(t, 4), h1), sc1);
     }
   };
+  // f(p, integral_constant<int, p % 4>) for the 16 pairs of a 32-block: quads unrolled (the
+  // shifts of Q6_K's high bits are constants), the quad loop not (fully unrolled, GCC hoists
+  // the loads and spills the accumulators).
+  template <class F>
+  static void for_pairs(F&& f) {
+#pragma GCC unroll 1
+    for (int q = 0; q < 16; q += 4) {
+      f(q, std::integral_constant<int, 0>{});
+      f(q + 1, std::integral_constant<int, 1>{});
+      f(q + 2, std::integral_constant<int, 2>{});
+      f(q + 3, std::integral_constant<int, 3>{});
+    }
+  }
   template <class F>
   static void with_decoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
@@ -328,18 +365,23 @@ struct Avx2Isa {
     with_decoder(t, group, [&](auto dec) {
       for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
         __m256 a, b, c = _mm256_setzero_ps(), d = c;
-        dec.block(k0 / kQBlock + kb, a, b, c, d);
+        dec.begin(k0 / kQBlock + kb);
+        dec.scales(a, b, c, d);
         _mm256_storeu_ps(S1 + 16 * kb, a);
         _mm256_storeu_ps(S1 + 16 * kb + 8, b);
         _mm256_storeu_ps(S2 + 16 * kb, c);
         _mm256_storeu_ps(S2 + 16 * kb + 8, d);
         int16_t* v = V + kb * kQBlock * kGroup;
-        for (int p = 0; p < 16; ++p) {
+        for_pairs([&](int p, auto pc) {
           __m256i w0, w1;
-          dec.pair(p, w0, w1);
+          dec.template pair<decltype(pc)::value>(p, w0, w1);
+          if constexpr (decltype(dec)::kBias != 0) {
+            w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(decltype(dec)::kBias));
+            w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(decltype(dec)::kBias));
+          }
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p), w0);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p + 16), w1);
-        }
+        });
       }
     });
   }
@@ -415,20 +457,23 @@ struct Avx2Isa {
 
   // Small M (decode) on the integer path: C (M, ldc)[:, 0:16] = the group's 16 rows over all of
   // K, decoded straight from the packed bytes (no unpacked copy); the same sums as mk_int.
+  static constexpr int kPrefetch = 2048;
   template <int MR, class D>
   static void gemv_int_t(D dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
                          const int32_t* xs, float* c, int64_t ldc) {
     __m256 y00 = _mm256_setzero_ps(), y01 = y00, y10 = y00, y11 = y00;
     for (int64_t kb = 0; kb < nkb; ++kb) {
-      __m256 s1lo, s1hi, s2lo = _mm256_setzero_ps(), s2hi = s2lo;
-      dec.block(kb, s1lo, s1hi, s2lo, s2hi);
+      // The group is one contiguous stream: ask for the bytes kPrefetch ahead, as the hardware
+      // prefetcher alone falls behind this loop's demand (DRAM latency x too few misses in flight).
+      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
+      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      dec.begin(kb);
       __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
       const int16_t* x0 = xq + kb * kQBlock;
       const int16_t* x1 = xq + (MR > 1 ? ldx : 0) + kb * kQBlock;
-#pragma GCC unroll 4
-      for (int p = 0; p < 16; ++p) {
+      for_pairs([&](int p, auto pc) {
         __m256i w0, w1;
-        dec.pair(p, w0, w1);
+        dec.template pair<decltype(pc)::value>(p, w0, w1);
         const __m256i xb0 = bcast_pair(x0 + 2 * p);
         a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(w0, xb0));
         a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(w1, xb0));
@@ -437,7 +482,19 @@ struct Avx2Isa {
           a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(w0, xb1));
           a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(w1, xb1));
         }
+      });
+      if constexpr (D::kBias != 0) {
+        const __m256i b0 = _mm256_set1_epi32(D::kBias * xs[kb]);
+        a00 = _mm256_sub_epi32(a00, b0);
+        a01 = _mm256_sub_epi32(a01, b0);
+        if constexpr (MR > 1) {
+          const __m256i b1 = _mm256_set1_epi32(D::kBias * xs[nkb + kb]);
+          a10 = _mm256_sub_epi32(a10, b1);
+          a11 = _mm256_sub_epi32(a11, b1);
+        }
       }
+      __m256 s1lo, s1hi, s2lo = _mm256_setzero_ps(), s2hi = s2lo;
+      dec.scales(s1lo, s1hi, s2lo, s2hi);
       const __m256 d0 = _mm256_set1_ps(dx[kb]);
       y00 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a00), _mm256_mul_ps(s1lo, d0), y00);
       y01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a01), _mm256_mul_ps(s1hi, d0), y01);

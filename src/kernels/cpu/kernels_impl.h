@@ -206,8 +206,8 @@ struct Drivers {
         return;
       }
     }
-    for (int64_t mb = 0; mb < M; mb += kMC) {
-      const int64_t me = std::min(M, mb + kMC);
+    for (int64_t mb = 0; mb < M; mb += kMCInt) {
+      const int64_t me = std::min(M, mb + kMCInt);
       for (int64_t k0 = 0; k0 < K; k0 += kKC) {
         const int64_t len = std::min(kKC, K - k0);
         for (int i = 0; i < ns; ++i) int_weights_at(src[i], k0, len, s.v[i], s.s1[i], s.s2[i], s.raw);
@@ -251,6 +251,8 @@ struct Drivers {
   // the 16 vector registers (6 rows spill).
   static constexpr int kMRInt = 4;
   static constexpr int64_t kMC = 120;  // activation rows per L2 block
+  // (int16 activations take half the bytes of f32 ones: twice the rows per block, half the unpacks)
+  static constexpr int64_t kMCInt = 240;
 
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
                    Epilogue e, int threads) {

@@ -57,10 +57,17 @@ inline int q8_at(int e, int r) { return (e / 2) * 32 + r * 2 + e % 2; }
 // 4-bit q (Q4_0, Q4_K, Q6_K low bits): byte of the pair-interleaved nibbles, and the shift.
 inline int nib_at(int e, int r) { return (e / 2) * 16 + (r % 8) * 2 + e % 2; }
 inline int nib_shift(int r) { return r < 8 ? 0 : 4; }
-// Q6_K high 2 bits: 8 bytes per pair of k; lane L = (r % 8) * 2 + e % 2 holds a nibble
-// (row r % 8 in bits 0-1, row r % 8 + 8 in bits 2-3); byte L % 8, high nibble when L >= 8.
-inline int qh_at(int e, int r) { return (e / 2) * 8 + ((r % 8) * 2 + e % 2) % 8; }
-inline int qh_shift(int e, int r) { return (((r % 8) * 2 + e % 2) >= 8 ? 4 : 0) + (r < 8 ? 0 : 2); }
+// Q6_K high 2 bits, as h - 2 in 2-bit two's complement: one uint16 lane L = (r % 8) * 2 + e % 2
+// per 4 pairs of k (32 bytes), pair p % 4 at bits 4 (p % 4) (row r % 8) and 4 (p % 4) + 2
+// (row r % 8 + 8).
+inline int qh_lane(int e, int r) { return (e / 8) * 16 + (r % 8) * 2 + e % 2; }
+inline int qh_shift(int e, int r) { return 4 * ((e / 2) % 4) + (r < 8 ? 0 : 2); }
+inline int q6k_high(const uint8_t* qh, int e, int r) {
+  uint16_t lane;
+  std::memcpy(&lane, qh + 2 * qh_lane(e, r), 2);
+  const int s = (lane >> qh_shift(e, r)) & 3;
+  return (s >= 2 ? s - 4 : s) + 2;
+}
 }  // namespace
 
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
@@ -122,7 +129,10 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             for (int e = 0; e < 256; ++e) {
               const int q = q6k_q(b, e);
               ql[nib_at(e, r)] |= uint8_t((q & 0xF) << nib_shift(r));
-              qh[qh_at(e, r)] |= uint8_t((q >> 4) << qh_shift(e, r));
+              uint16_t lane;
+              std::memcpy(&lane, qh + 2 * qh_lane(e, r), 2);
+              lane = uint16_t(lane | (((q >> 4) - 2) & 3) << qh_shift(e, r));
+              std::memcpy(qh + 2 * qh_lane(e, r), &lane, 2);
             }
             break;
           }
@@ -153,8 +163,7 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     }
     case GGMLType::Q6_K: {
       const uint8_t* ql = blk + 32 + 256;
-      const int hi = (ql[256 * 8 + qh_at(e, r)] >> qh_shift(e, r)) & 3;
-      const int q = nib(ql) | (hi << 4);
+      const int q = nib(ql) | (q6k_high(ql + 256 * 8, e, r) << 4);
       return {(q - 32) * int(int8_t(blk[32 + (e / 16) * 16 + r])), f16(blk + 2 * r), 0.0f};
     }
     default: fail("panel layout: ", int(t), " is not an integer-path type");
@@ -181,8 +190,7 @@ void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, flo
         }
         case GGMLType::Q6_K: {  // dequantize_row's (d * sc) * (q - 32)
           const uint8_t* ql = blk + 32 + 256;
-          const int hi = (ql[256 * 8 + qh_at(e, r)] >> qh_shift(e, r)) & 3;
-          const int q = ((ql[nib_at(e, r)] >> nib_shift(r)) & 0xF) | (hi << 4);
+          const int q = ((ql[nib_at(e, r)] >> nib_shift(r)) & 0xF) | (q6k_high(ql + 256 * 8, e, r) << 4);
           w[r] = f16(blk + 2 * r) * float(int8_t(blk[32 + (e / 16) * 16 + r])) * float(q - 32);
           break;
         }
