@@ -272,7 +272,11 @@ struct Drivers {
     for (int i = 0; i < n_segs; ++i) any_int = any_int || is_int_type(segs[i].type);
     QAct& qa = qact();
     if (any_int) quantize(X, M, K, qa, threads);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    // Small M (decode) streams weights from memory: runs of consecutive items per thread keep
+    // each thread's reads one ascending stream (what the prefetchers follow), while still
+    // dynamic enough to even out a thread that was preempted. Large M: one item at a time.
+    const int64_t run = M <= 4 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
+#pragma omp parallel for schedule(dynamic, run) num_threads(threads)
     for (int64_t p = 0; p < n_items; ++p) {
       Scratch& s = scratch();
       if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
