@@ -691,8 +691,10 @@ struct Avx2Isa {
   template <int NR>
   static void pv_rows(float* O, const float* alpha, const float* P, int ldp, const float* const* v,
                       int len, int hd) {
+    // NR x 16 columns: 2 NR accumulators + 2 V vectors + a broadcast fit the 16 registers
+    // (NR = 6 is the widest; a spilled accumulator puts a store-reload in every chain).
     int d0 = 0;
-    for (; d0 + 32 <= hd; d0 += 32) pv_chunk<NR, 4>(O, alpha, P, ldp, v, len, hd, d0);
+    for (; d0 + 16 <= hd; d0 += 16) pv_chunk<NR, 2>(O, alpha, P, ldp, v, len, hd, d0);
     for (; d0 + 8 <= hd; d0 += 8) pv_chunk<NR, 1>(O, alpha, P, ldp, v, len, hd, d0);
     for (int r = 0; r < NR; ++r)
       for (int d = d0; d < hd; ++d) {
@@ -703,9 +705,14 @@ struct Avx2Isa {
   }
   static void pv(int nr, float* O, const float* alpha, const float* P, int ldp,
                  const float* const* v, int len, int hd) {
-    if (nr == 3) pv_rows<3>(O, alpha, P, ldp, v, len, hd);
-    else if (nr == 2) pv_rows<2>(O, alpha, P, ldp, v, len, hd);
-    else pv_rows<1>(O, alpha, P, ldp, v, len, hd);
+    switch (nr) {
+      case 1: return pv_rows<1>(O, alpha, P, ldp, v, len, hd);
+      case 2: return pv_rows<2>(O, alpha, P, ldp, v, len, hd);
+      case 3: return pv_rows<3>(O, alpha, P, ldp, v, len, hd);
+      case 4: return pv_rows<4>(O, alpha, P, ldp, v, len, hd);
+      case 5: return pv_rows<5>(O, alpha, P, ldp, v, len, hd);
+      default: return pv_rows<6>(O, alpha, P, ldp, v, len, hd);
+    }
   }
 };
 

@@ -344,6 +344,7 @@ struct Drivers {
   // fixed absolute positions; fully masked blocks leave m, l and O unchanged exactly), not on
   // which rows share its work item.
   static constexpr int kKB = 48;  // a multiple of the micro-kernel's 6 rows
+  static constexpr int kPvRows = 6;  // rows per P.V update tile
   static constexpr int kMaxRows = 64;
   static constexpr int kMaxHead = 256;
   struct alignas(64) AttnScratch {
@@ -460,8 +461,8 @@ struct Drivers {
         for (int j = std::max(0, row_ctx[r] - j0); j < len; ++j) s.St[j * kMaxRows + r] = ninf;
       Isa::softmax_cols(s.St, kMaxRows, kKB, rows8, s.m, s.l, s.alpha);
       // O = O * alpha + P V.
-      for (int r0 = 0; r0 < rows; r0 += 3) {
-        const int nr = std::min(3, rows - r0);
+      for (int r0 = 0; r0 < rows; r0 += kPvRows) {
+        const int nr = std::min(kPvRows, rows - r0);
         Isa::pv(nr, s.O + r0 * hd, s.alpha + r0, s.St + r0, kMaxRows, vp, len, hd);
       }
     }
