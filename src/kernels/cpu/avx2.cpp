@@ -462,6 +462,8 @@ struct Avx2Isa {
   static void gemv_int_t(D dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
                          const int32_t* xs, float* c, int64_t ldc) {
     __m256 y00 = _mm256_setzero_ps(), y01 = y00, y10 = y00, y11 = y00;
+    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
+      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
     for (int64_t kb = 0; kb < nkb; ++kb) {
       // The group is one contiguous stream: ask for the bytes kPrefetch ahead, as the hardware
       // prefetcher alone falls behind this loop's demand (DRAM latency x too few misses in flight).

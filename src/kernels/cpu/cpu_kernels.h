@@ -3,6 +3,7 @@
 // run time by fast_backend.cpp.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "gguf/ggml_types.h"
 #include "kernels/cpu/packed.h"
@@ -30,11 +31,25 @@ enum class Epilogue {
   SwiGLU,  // two segments gate, up: Y_gate = silu(X Wg^T) * (X Wu^T)
 };
 
+// The int8-quantized activations of one GEMM call (integer path, quantize_activations),
+// owned by the backend (sized by Backend::reserve, grown on demand if a call is larger).
+struct QAct {
+  std::vector<int16_t> xq;  // (M, K)
+  std::vector<float> dx;    // (M, K / 32)
+  std::vector<int32_t> xs;  // (M, K / 32)
+  void reserve(int64_t max_rows, int64_t max_k) {
+    const size_t n = size_t(max_rows * max_k), nb = n / 32;
+    if (xq.size() < n) xq.resize(n);
+    if (dx.size() < nb) { dx.resize(nb); xs.resize(nb); }
+  }
+};
+
 struct IsaKernels {
   const char* name;
   // X (M, K) row-major @ each segment's W (n_rows, K)^T. All segments share K (types may differ).
+  // qa: scratch for the integer path's quantized X.
   void (*gemm)(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs, Epilogue e,
-               int threads);
+               QAct& qa, int threads);
   // Flash attention; same contract as Backend::attention.
   void (*attention)(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
                     const AttentionShape& s, float* out, int threads);

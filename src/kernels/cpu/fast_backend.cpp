@@ -1,6 +1,7 @@
 // The "cpu" backend: GEMM/GEMV and flash attention from the per-ISA drivers (kernels_impl.h),
 // chosen at construction (AVX2+FMA when the CPU has them, else scalar); the cheap row-wise ops
 // are plain loops. make_backend() lives here.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -49,7 +50,16 @@ class CpuFastBackend final : public Backend {
   int threads() const override { return threads_; }
   std::string_view isa() const { return k_.name; }
 
-  void reserve(int64_t max_rows) override { k_.reserve(max_rows, threads_); }
+  void reserve(int64_t max_rows) override {
+    k_.reserve(max_rows, threads_);
+    int64_t max_k;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      max_k = max_k_;
+    }
+    std::lock_guard<std::mutex> lock(qa_mu_);
+    qa_.reserve(max_rows, max_k);
+  }
 
   // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
   // quantized. Cached by source pointer and shape, so tied or shared weights are packed once.
@@ -67,12 +77,13 @@ class CpuFastBackend final : public Backend {
     cpu::pack_rows(W.type, static_cast<const uint8_t*>(W.data), *row_bytes(W.type, uint64_t(W.n_cols)),
                    W.n_rows, W.n_cols, buf.get());
     packed_.push_back({W.data, W.type, W.n_rows, W.n_cols, std::move(buf)});
+    if (cpu::is_int_type(W.type)) max_k_ = std::max(max_k_, W.n_cols);
     return {W.type, packed_.back().bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
   }
 
   void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
     const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
-    k_.gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Store, threads_);
+    gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Store);
   }
   void matmul_multi(const float* X, int64_t M, const MatmulTarget* t, int n) override {
     if (n < 1 || n > 4) fail("matmul_multi: 1 to 4 targets, got ", n);
@@ -86,18 +97,18 @@ class CpuFastBackend final : public Backend {
       if (t[i].rope_cs && (t[i].rope_head_dim % 16 != 0 || t[i].rope_n_rot % 2 != 0))
         fail("matmul_multi: fused RoPE needs head_dim a multiple of 16 and an even n_rot");
     }
-    k_.gemm(X, M, t[0].W.n_cols, g, n, cpu::Epilogue::Store, threads_);
+    gemm(X, M, t[0].W.n_cols, g, n, cpu::Epilogue::Store);
   }
   void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) override {
     const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
-    k_.gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Add, threads_);
+    gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Add);
   }
   void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu,
                   float* A) override {
     if (Wg.n_rows != Wu.n_rows || Wg.n_cols != Wu.n_cols)
       fail("ffn_swiglu: gate and up weights differ in shape");
     const cpu::GemmSeg g[2] = {seg_of(Wg, A, Wg.n_rows, nullptr), seg_of(Wu, nullptr, 0, nullptr)};
-    k_.gemm(X, M, Wg.n_cols, g, 2, cpu::Epilogue::SwiGLU, threads_);
+    gemm(X, M, Wg.n_cols, g, 2, cpu::Epilogue::SwiGLU);
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
@@ -126,6 +137,12 @@ class CpuFastBackend final : public Backend {
   void add(float* y, const float* x, int64_t M, int64_t n) override { rowwise::add(y, x, M, n); }
 
  private:
+  // One GEMM at a time per backend owns the quantized-activation scratch (a backend is driven
+  // by one engine thread; the lock only keeps concurrent callers correct).
+  void gemm(const float* X, int64_t M, int64_t K, const cpu::GemmSeg* g, int n, cpu::Epilogue e) {
+    std::lock_guard<std::mutex> lock(qa_mu_);
+    k_.gemm(X, M, K, g, n, e, qa_, threads_);
+  }
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
   };
@@ -139,6 +156,9 @@ class CpuFastBackend final : public Backend {
   const cpu::IsaKernels& k_;
   std::mutex mu_;
   std::vector<Packed> packed_;
+  int64_t max_k_ = 0;  // largest K of a prepared integer-path weight
+  std::mutex qa_mu_;
+  cpu::QAct qa_;
 };
 
 }  // namespace

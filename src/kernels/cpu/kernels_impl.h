@@ -69,20 +69,8 @@ struct Drivers {
     static thread_local Scratch s;
     return s;
   }
-  // The quantized activations of one GEMM call (quantize_activations), per calling thread.
-  struct QAct {
-    std::vector<int16_t> xq;  // (M, K)
-    std::vector<float> dx;    // (M, K / 32)
-    std::vector<int32_t> xs;  // (M, K / 32)
-  };
-  static QAct& qact() {
-    static thread_local QAct q;
-    return q;
-  }
   static void quantize(const float* X, int64_t M, int64_t K, QAct& q, int threads) {
-    const size_t n = size_t(M * K), nb = n / kQBlock;
-    if (q.xq.size() < n) q.xq.resize(n);  // grows to the largest call once, then reused
-    if (q.dx.size() < nb) { q.dx.resize(nb); q.xs.resize(nb); }
+    q.reserve(M, K);  // (no-op after Backend::reserve)
     const int64_t kb = K / kQBlock;
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
     for (int64_t m = 0; m < M; ++m)
@@ -255,7 +243,7 @@ struct Drivers {
   static constexpr int64_t kMCInt = 240;
 
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
-                   Epilogue e, int threads) {
+                   Epilogue e, QAct& qa, int threads) {
     // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
     // groups of one segment (the X rows loaded once serve both).
     const bool swiglu = e == Epilogue::SwiGLU;
@@ -270,7 +258,6 @@ struct Drivers {
     const int64_t ldc = kItemGroups * kGroup;
     bool any_int = false;
     for (int i = 0; i < n_segs; ++i) any_int = any_int || is_int_type(segs[i].type);
-    QAct& qa = qact();
     if (any_int) quantize(X, M, K, qa, threads);
     // Small M (decode) streams weights from memory: runs of consecutive items per thread keep
     // each thread's reads one ascending stream (what the prefetchers follow), while still
