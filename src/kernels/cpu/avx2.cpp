@@ -292,27 +292,22 @@ struct Avx2Isa {
       w1 = _mm256_srli_epi16(t, 4);
     }
   };
+  // Q6_K: pair() gives the unsigned 6-bit q; v = (q - 32) * sc with sc per 16 k, so kSub16:
+  // the GEMV takes each half block's sum S apart and adds sc * (S - 32 * sum xq) (exact), the
+  // unpacker multiplies per element (sub16()).
   struct DecQ6_K {
     static constexpr int kBias = 0;
     static constexpr int kBytesPer32 = 420;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = false;
+    static constexpr bool kSub16 = true;
     const uint8_t* g;
     const uint8_t* ql = nullptr;
     const uint8_t* qh = nullptr;
     const uint8_t* blk = nullptr;
-    // [sub-block of 16][rows 0-7, 8-15]: each row's scale in both its lanes (in memory: the
-    // pair loop has no registers to spare; vpmullw reads them as operands).
-    alignas(32) int16_t sc[2][2][16] = {};
-    static __m256i sc16(const uint8_t* p) {  // 8 int8 scales -> lanes 2j, 2j + 1 = scale j
-      const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-      return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
-    }
+    int j = 0;
     void begin(int64_t kb) {
       blk = g + (kb / 8) * 3360;
-      const int j = int(kb % 8);
-      for (int h = 0; h < 2; ++h)
-        for (int r = 0; r < 2; ++r)
-          _mm256_store_si256(reinterpret_cast<__m256i*>(sc[h][r]), sc16(blk + 32 + (2 * j + h) * 16 + 8 * r));
+      j = int(kb % 8);
       ql = blk + 32 + 256 + 256 * j;
       qh = blk + 32 + 256 + 2048 + 128 * j;  // 4 quads of pairs per 32-block
     }
@@ -320,28 +315,44 @@ struct Avx2Isa {
       s1lo = h8(blk);
       s1hi = h8(blk + 16);
     }
+    // Half h's scales: rows 0-7 (r = 0) or 8-15 as int32 lanes, or as int16 lanes 2j, 2j + 1.
+    __m256i sc32(int h, int r) const {
+      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + (2 * j + h) * 16 + 8 * r)));
+    }
+    __m256i sc16(int h, int r) const {
+      const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + (2 * j + h) * 16 + 8 * r)));
+      return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
+    }
     template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const {
       const __m256i t = zx16(ql + 16 * p);
       const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * (p / 4)));
-      constexpr int sh = 4 * pp;
-      // 16 (h - 2), sign-extended from the 2-bit field: to the top of the lane, then back down.
-      const __m256i h0 = _mm256_slli_epi16(_mm256_srai_epi16(_mm256_slli_epi16(H, 14 - sh), 14), 4);
-      const __m256i h1 = _mm256_slli_epi16(_mm256_srai_epi16(_mm256_slli_epi16(H, 12 - sh), 14), 4);
-      const int h = p / 8;
-      const __m256i sc0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc[h][0]));
-      const __m256i sc1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(sc[h][1]));
-      w0 = _mm256_mullo_epi16(_mm256_add_epi16(_mm256_and_si256(t, _mm256_set1_epi16(0xF)), h0), sc0);
-      w1 = _mm256_mullo_epi16(_mm256_add_epi16(_mm256_srli_epi16(t, 4), h1), sc1);
+      const __m256i m = _mm256_set1_epi16(0x30);
+      // h of pair pp sits at bits 4 pp (rows 0-7) and 4 pp + 2 (rows 8-15): move it to bits 4-5.
+      const __m256i h0 = _mm256_and_si256(pp == 0 ? _mm256_slli_epi16(H, 4) : pp == 1 ? H : _mm256_srli_epi16(H, pp == 2 ? 4 : 8), m);
+      const __m256i h1 = _mm256_and_si256(pp == 0 ? _mm256_slli_epi16(H, 2) : _mm256_srli_epi16(H, pp == 1 ? 2 : pp == 2 ? 6 : 10), m);
+      w0 = _mm256_or_si256(_mm256_and_si256(t, _mm256_set1_epi16(0xF)), h0);
+      w1 = _mm256_or_si256(_mm256_srli_epi16(t, 4), h1);
+    }
+    // The unpacker's v for pair p: (q - 32) * sc.
+    void sub16(int p, __m256i& w0, __m256i& w1) const {
+      const __m256i o32 = _mm256_set1_epi16(32);
+      w0 = _mm256_mullo_epi16(_mm256_sub_epi16(w0, o32), sc16(p / 8, 0));
+      w1 = _mm256_mullo_epi16(_mm256_sub_epi16(w1, o32), sc16(p / 8, 1));
     }
   };
-  // f(p, integral_constant<int, p % 4>) for the 16 pairs of a 32-block: quads unrolled (the
-  // shifts of Q6_K's high bits are constants), the quad loop not (fully unrolled, GCC hoists
+  template <class D>
+  static constexpr bool sub16_of() {
+    if constexpr (requires { D::kSub16; }) return D::kSub16;
+    else return false;
+  }
+  // f(p, integral_constant<int, p % 4>) for pairs [p0, p1) of a 32-block (multiples of 4):
+  // quads unrolled (Q6_K's shifts are constants), the quad loop not (fully unrolled, GCC hoists
   // the loads and spills the accumulators).
   template <class F>
-  static void for_pairs(F&& f) {
+  static void for_pairs(int p0, int p1, F&& f) {
 #pragma GCC unroll 1
-    for (int q = 0; q < 16; q += 4) {
+    for (int q = p0; q < p1; q += 4) {
       f(q, std::integral_constant<int, 0>{});
       f(q + 1, std::integral_constant<int, 1>{});
       f(q + 2, std::integral_constant<int, 2>{});
@@ -372,9 +383,10 @@ struct Avx2Isa {
         _mm256_storeu_ps(S2 + 16 * kb, c);
         _mm256_storeu_ps(S2 + 16 * kb + 8, d);
         int16_t* v = V + kb * kQBlock * kGroup;
-        for_pairs([&](int p, auto pc) {
+        for_pairs(0, 16, [&](int p, auto pc) {
           __m256i w0, w1;
           dec.template pair<decltype(pc)::value>(p, w0, w1);
+          if constexpr (sub16_of<decltype(dec)>()) dec.sub16(p, w0, w1);
           if constexpr (decltype(dec)::kBias != 0) {
             w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(decltype(dec)::kBias));
             w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(decltype(dec)::kBias));
@@ -386,6 +398,13 @@ struct Avx2Isa {
     });
   }
 
+  static int32_t sum16(const int16_t* x) {  // x[0] + ... + x[15]
+    const __m256i v = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), _mm256_set1_epi16(1));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    return _mm_cvtsi128_si32(t);
+  }
   static __m256i bcast_pair(const int16_t* x) {  // x[0], x[1] into every 32-bit lane
     int32_t v;
     std::memcpy(&v, x, 4);
@@ -473,18 +492,41 @@ struct Avx2Isa {
       __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
       const int16_t* x0 = xq + kb * kQBlock;
       const int16_t* x1 = xq + (MR > 1 ? ldx : 0) + kb * kQBlock;
-      for_pairs([&](int p, auto pc) {
-        __m256i w0, w1;
-        dec.template pair<decltype(pc)::value>(p, w0, w1);
-        const __m256i xb0 = bcast_pair(x0 + 2 * p);
-        a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(w0, xb0));
-        a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(w1, xb0));
-        if constexpr (MR > 1) {
-          const __m256i xb1 = bcast_pair(x1 + 2 * p);
-          a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(w0, xb1));
-          a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(w1, xb1));
+      auto accumulate = [&](int p0, int p1) {
+        for_pairs(p0, p1, [&](int p, auto pc) {
+          __m256i w0, w1;
+          dec.template pair<decltype(pc)::value>(p, w0, w1);
+          const __m256i xb0 = bcast_pair(x0 + 2 * p);
+          a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(w0, xb0));
+          a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(w1, xb0));
+          if constexpr (MR > 1) {
+            const __m256i xb1 = bcast_pair(x1 + 2 * p);
+            a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(w0, xb1));
+            a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(w1, xb1));
+          }
+        });
+      };
+      if constexpr (sub16_of<D>()) {
+        // Per half block h (16 k): I += sc_h * (sum q xq - 32 * sum xq), exact in int32.
+        __m256i i00 = _mm256_setzero_si256(), i01 = i00, i10 = i00, i11 = i00;
+        const int32_t xa0 = sum16(x0), xa1 = MR > 1 ? sum16(x1) : 0;
+        for (int h = 0; h < 2; ++h) {
+          a00 = a01 = a10 = a11 = _mm256_setzero_si256();
+          accumulate(8 * h, 8 * h + 8);
+          const __m256i sl = dec.sc32(h, 0), sh = dec.sc32(h, 1);
+          const __m256i c0 = _mm256_set1_epi32(32 * (h == 0 ? xa0 : xs[kb] - xa0));
+          i00 = _mm256_add_epi32(i00, _mm256_mullo_epi32(_mm256_sub_epi32(a00, c0), sl));
+          i01 = _mm256_add_epi32(i01, _mm256_mullo_epi32(_mm256_sub_epi32(a01, c0), sh));
+          if constexpr (MR > 1) {
+            const __m256i c1 = _mm256_set1_epi32(32 * (h == 0 ? xa1 : xs[nkb + kb] - xa1));
+            i10 = _mm256_add_epi32(i10, _mm256_mullo_epi32(_mm256_sub_epi32(a10, c1), sl));
+            i11 = _mm256_add_epi32(i11, _mm256_mullo_epi32(_mm256_sub_epi32(a11, c1), sh));
+          }
         }
-      });
+        a00 = i00, a01 = i01, a10 = i10, a11 = i11;
+      } else {
+        accumulate(0, 16);
+      }
       if constexpr (D::kBias != 0) {
         const __m256i b0 = _mm256_set1_epi32(D::kBias * xs[kb]);
         a00 = _mm256_sub_epi32(a00, b0);

@@ -57,16 +57,14 @@ inline int q8_at(int e, int r) { return (e / 2) * 32 + r * 2 + e % 2; }
 // 4-bit q (Q4_0, Q4_K, Q6_K low bits): byte of the pair-interleaved nibbles, and the shift.
 inline int nib_at(int e, int r) { return (e / 2) * 16 + (r % 8) * 2 + e % 2; }
 inline int nib_shift(int r) { return r < 8 ? 0 : 4; }
-// Q6_K high 2 bits, as h - 2 in 2-bit two's complement: one uint16 lane L = (r % 8) * 2 + e % 2
-// per 4 pairs of k (32 bytes), pair p % 4 at bits 4 (p % 4) (row r % 8) and 4 (p % 4) + 2
-// (row r % 8 + 8).
+// Q6_K high 2 bits h: one uint16 lane L = (r % 8) * 2 + e % 2 per 4 pairs of k (32 bytes),
+// pair p % 4 at bits 4 (p % 4) (row r % 8) and 4 (p % 4) + 2 (row r % 8 + 8).
 inline int qh_lane(int e, int r) { return (e / 8) * 16 + (r % 8) * 2 + e % 2; }
 inline int qh_shift(int e, int r) { return 4 * ((e / 2) % 4) + (r < 8 ? 0 : 2); }
 inline int q6k_high(const uint8_t* qh, int e, int r) {
   uint16_t lane;
   std::memcpy(&lane, qh + 2 * qh_lane(e, r), 2);
-  const int s = (lane >> qh_shift(e, r)) & 3;
-  return (s >= 2 ? s - 4 : s) + 2;
+  return (lane >> qh_shift(e, r)) & 3;
 }
 }  // namespace
 
@@ -131,7 +129,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
               ql[nib_at(e, r)] |= uint8_t((q & 0xF) << nib_shift(r));
               uint16_t lane;
               std::memcpy(&lane, qh + 2 * qh_lane(e, r), 2);
-              lane = uint16_t(lane | (((q >> 4) - 2) & 3) << qh_shift(e, r));
+              lane = uint16_t(lane | (q >> 4) << qh_shift(e, r));
               std::memcpy(qh + 2 * qh_lane(e, r), &lane, 2);
             }
             break;

@@ -14,9 +14,8 @@
 //   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
 //   Q6_K (256) f16 d[16]; int8 sc[16][16]; low 4 bits [128 pairs][8][2] as Q4_0; high 2 bits
-//              h as h - 2 in 2-bit two's complement, uint16 [32 quads of pairs][16 lanes]:
-//              lane 2j + e, pair p of the quad at bits 4p (row j) and 4p + 2 (row j + 8), so
-//              a shift left and an arithmetic shift right give 16 (h - 2) = q - 32 - (q & 15)
+//              uint16 [32 quads of pairs][16 lanes]: lane 2j + e, pair p of the quad at bits
+//              4p (row j) and 4p + 2 (row j + 8), so a shift and an and put them at bits 4-5
 //                                                    w = (d*sc) * (q - 32), sub-block = k/16
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
