@@ -230,40 +230,37 @@ struct Avx2Isa {
   static __m256i zx16(const uint8_t* p) {  // 16 uint8 -> int16
     return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  struct DecQ8_0 {
-    static constexpr int kBias = 0;
-    static constexpr int kBytesPer32 = 544;  // packed bytes per 32-block of k (on average)
+  // 16 pair-interleaved nibble bytes (packed.h) -> rows 0-7 (low nibbles), 8-15 (high ones).
+  static void nibbles(const uint8_t* p, __m256i& w0, __m256i& w1) {
+    const __m256i t = zx16(p);
+    w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
+    w1 = _mm256_srli_epi16(t, 4);
+  }
+  // Q8_0 and Q4_0: one f16 scale per row and 32-block, then the block's q bytes.
+  template <int kBlockBytes>
+  struct DecBlock32 {
+    static constexpr int kBytesPer32 = kBlockBytes;  // packed bytes per 32-block of k
     static constexpr bool kS2 = false;
     const uint8_t* g;
     const uint8_t* q = nullptr;
-    void begin(int64_t kb) { q = g + kb * 544 + 32; }
+    void begin(int64_t kb) { q = g + kb * kBlockBytes + 32; }
     void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(q - 32);
       s1hi = h8(q - 16);
     }
+  };
+  struct DecQ8_0 : DecBlock32<544> {
+    static constexpr int kBias = 0;
     template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const {
       w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p)));
       w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p + 16)));
     }
   };
-  struct DecQ4_0 {
+  struct DecQ4_0 : DecBlock32<288> {
     static constexpr int kBias = 8;  // pair() gives q; v = q - 8
-    static constexpr int kBytesPer32 = 288;  // packed bytes per 32-block of k (on average)
-    static constexpr bool kS2 = false;
-    const uint8_t* g;
-    const uint8_t* q = nullptr;
-    void begin(int64_t kb) { q = g + kb * 288 + 32; }
-    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
-      s1lo = h8(q - 32);
-      s1hi = h8(q - 16);
-    }
     template <int pp>  // = p % 4
-    void pair(int p, __m256i& w0, __m256i& w1) const {
-      const __m256i t = zx16(q + 16 * p);
-      w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
-      w1 = _mm256_srli_epi16(t, 4);
-    }
+    void pair(int p, __m256i& w0, __m256i& w1) const { nibbles(q + 16 * p, w0, w1); }
   };
   struct DecQ4_K {
     static constexpr int kBias = 0;
@@ -286,11 +283,7 @@ struct Avx2Isa {
       s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 48), u8f(blk + 192 + 16 * sb + 8)));
     }
     template <int pp>  // = p % 4
-    void pair(int p, __m256i& w0, __m256i& w1) const {
-      const __m256i t = zx16(q + 16 * p);
-      w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
-      w1 = _mm256_srli_epi16(t, 4);
-    }
+    void pair(int p, __m256i& w0, __m256i& w1) const { nibbles(q + 16 * p, w0, w1); }
   };
   // Q6_K: pair() gives the unsigned 6-bit q; v = (q - 32) * sc with sc per 16 k, so kSub16:
   // the GEMV takes each half block's sum S apart and adds sc * (S - 32 * sum xq) (exact), the
@@ -362,8 +355,8 @@ struct Avx2Isa {
   template <class F>
   static void with_decoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
-      case GGMLType::Q8_0: return f(DecQ8_0{group});
-      case GGMLType::Q4_0: return f(DecQ4_0{group});
+      case GGMLType::Q8_0: return f(DecQ8_0{{group}});
+      case GGMLType::Q4_0: return f(DecQ4_0{{group}});
       case GGMLType::Q4_K: return f(DecQ4_K{group});
       case GGMLType::Q6_K: return f(DecQ6_K{group});
       default: fail("fast kernels: ", int(t), " is not an integer-path type");
