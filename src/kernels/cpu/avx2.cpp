@@ -12,7 +12,6 @@
 
 #include "core/error.h"
 #include "kernels/quant.h"
-#include "kernels/quant_blocks.h"
 #include "kernels/cpu/rowwise.h"
 
 #pragma GCC target("avx2,fma,f16c")
@@ -47,16 +46,7 @@ inline __m256 exp256(__m256 x) {
   return _mm256_andnot_ps(underflow, y);
 }
 
-// f16 -> f32 with F16C (exact, like blocks::load_f16).
-inline float f16c(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
-inline __m256 i8x8_to_ps(const void* p) {  // 8 int8 -> 8 floats
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))));
-}
 
 struct Avx2Isa {
   // ---- GEMM on the panel layout (packed.h) ----
@@ -589,84 +579,6 @@ struct Avx2Isa {
           _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
         }
         if (i < len) dequantize_row(t, src + 2 * i, dst + i, len - i);
-        return;
-      }
-      case GGMLType::Q8_0: {
-        const auto* b = reinterpret_cast<const blocks::Q8_0*>(src);
-        for (int64_t i = 0; i < len / 32; ++i, dst += 32) {
-          const __m256 d = _mm256_set1_ps(f16c(b[i].d));
-          for (int c = 0; c < 4; ++c) _mm256_storeu_ps(dst + 8 * c, _mm256_mul_ps(i8x8_to_ps(b[i].qs + 8 * c), d));
-        }
-        return;
-      }
-      case GGMLType::Q4_0: {
-        const auto* b = reinterpret_cast<const blocks::Q4_0*>(src);
-        const __m128i m4 = _mm_set1_epi8(0x0F), e8 = _mm_set1_epi8(8);
-        for (int64_t i = 0; i < len / 32; ++i, dst += 32) {
-          const __m256 d = _mm256_set1_ps(f16c(b[i].d));
-          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
-          const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), e8);
-          const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), e8);
-          _mm256_storeu_ps(dst + 0, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
-          _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
-          _mm256_storeu_ps(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
-          _mm256_storeu_ps(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
-        }
-        return;
-      }
-      case GGMLType::Q4_K: {
-        const auto* b = reinterpret_cast<const blocks::Q4_K*>(src);
-        const __m256i m4 = _mm256_set1_epi32(0xF);
-        for (int64_t i = 0; i < len / 256; ++i) {
-          const float d = f16c(b[i].d), dmin = f16c(b[i].dmin);
-          const uint8_t* q = b[i].qs;
-          for (int c = 0; c < 4; ++c, q += 32) {
-            uint8_t sc, m;
-            blocks::scale_min_k4(2 * c, b[i].scales, sc, m);
-            const __m256 d1 = _mm256_set1_ps(d * float(sc)), m1 = _mm256_set1_ps(dmin * float(m));
-            blocks::scale_min_k4(2 * c + 1, b[i].scales, sc, m);
-            const __m256 d2 = _mm256_set1_ps(d * float(sc)), m2 = _mm256_set1_ps(dmin * float(m));
-            for (int l = 0; l < 32; l += 8) {
-              const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + l)));
-              // d*q is exact (<= 21 significant bits), so the fused form equals the reference's.
-              _mm256_storeu_ps(dst + l, _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(_mm256_and_si256(v, m4)), m1));
-              _mm256_storeu_ps(dst + 32 + l, _mm256_fmsub_ps(d2, _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), m2));
-            }
-            dst += 64;
-          }
-        }
-        return;
-      }
-      case GGMLType::Q6_K: {
-        const auto* b = reinterpret_cast<const blocks::Q6_K*>(src);
-        const __m256i m4 = _mm256_set1_epi32(0xF), m3 = _mm256_set1_epi32(3), o32 = _mm256_set1_epi32(32);
-        for (int64_t i = 0; i < len / 256; ++i) {
-          const float d = f16c(b[i].d);
-          const uint8_t* ql = b[i].ql;
-          const uint8_t* qh = b[i].qh;
-          const int8_t* sc = b[i].scales;
-          for (int half = 0; half < 2; ++half) {
-            for (int l = 0; l < 32; l += 8) {
-              const int is = l / 16;
-              auto ld = [](const uint8_t* p) {
-                return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-              };
-              const __m256i a = ld(ql + l), bq = ld(ql + l + 32), h = ld(qh + l);
-              const __m256i q1 = _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi32(_mm256_and_si256(h, m3), 4)), o32);
-              const __m256i q2 = _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(bq, m4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2), m3), 4)), o32);
-              const __m256i q3 = _mm256_sub_epi32(_mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 4), m3), 4)), o32);
-              const __m256i q4 = _mm256_sub_epi32(_mm256_or_si256(_mm256_srli_epi32(bq, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 6), m3), 4)), o32);
-              _mm256_storeu_ps(dst + l + 0, _mm256_mul_ps(_mm256_set1_ps(d * float(sc[is + 0])), _mm256_cvtepi32_ps(q1)));
-              _mm256_storeu_ps(dst + l + 32, _mm256_mul_ps(_mm256_set1_ps(d * float(sc[is + 2])), _mm256_cvtepi32_ps(q2)));
-              _mm256_storeu_ps(dst + l + 64, _mm256_mul_ps(_mm256_set1_ps(d * float(sc[is + 4])), _mm256_cvtepi32_ps(q3)));
-              _mm256_storeu_ps(dst + l + 96, _mm256_mul_ps(_mm256_set1_ps(d * float(sc[is + 6])), _mm256_cvtepi32_ps(q4)));
-            }
-            dst += 128;
-            ql += 64;
-            qh += 32;
-            sc += 8;
-          }
-        }
         return;
       }
       default:

@@ -21,7 +21,6 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/rowwise.h"
 #include "kernels/quant.h"
-#include "kernels/quant_blocks.h"
 
 namespace ft::cpu {
 
@@ -36,20 +35,6 @@ struct IntRows {
 template <class Isa>
 struct Drivers {
   // (Everything here is a member so each ISA gets its own copy; no shared inline symbols.)
-  // Elements per block and bytes per block of a weight type (F32/F16/BF16: one element).
-  static void block_geometry(GGMLType t, int64_t& elems, int64_t& bytes) {
-    switch (t) {
-      case GGMLType::F32: elems = 1; bytes = 4; return;
-      case GGMLType::F16: elems = 1; bytes = 2; return;
-      case GGMLType::BF16: elems = 1; bytes = 2; return;
-      case GGMLType::Q8_0: elems = 32; bytes = 34; return;
-      case GGMLType::Q4_0: elems = 32; bytes = 18; return;
-      case GGMLType::Q4_K: elems = 256; bytes = 144; return;
-      case GGMLType::Q6_K: elems = 256; bytes = 210; return;
-      default: fail("fast kernels: unsupported weight type ", int(t));
-    }
-  }
-
   // Per worker thread: the work item's accumulators C (M, kItemGroups * kGroup), the weights of
   // one K chunk unpacked to f32 (kKC, kGroup) per group, and rows dequantized before transposing.
   static constexpr int kItemGroups = 2;
@@ -102,14 +87,14 @@ struct Drivers {
       Isa::unpack(g.type, src.group(), k0, len, Wp);
       return Wp;
     }
-    int64_t be, bb;
-    block_geometry(g.type, be, bb);
+    // (Float types only: quantized ones take the integer path.)
+    const uint64_t skip = *row_bytes(g.type, uint64_t(k0));
     for (int r = 0; r < src.cnt; ++r) {
-      const uint8_t* row = g.data + uint64_t(src.n0 + r) * g.row_bytes;
+      const uint8_t* row = g.data + uint64_t(src.n0 + r) * g.row_bytes + skip;
       if (g.type == GGMLType::F32)
-        std::memcpy(tmp + r * kKC, reinterpret_cast<const float*>(row) + k0, sizeof(float) * size_t(len));
+        std::memcpy(tmp + r * kKC, row, sizeof(float) * size_t(len));
       else
-        Isa::dequant(g.type, row + (k0 / be) * bb, len, tmp + r * kKC);
+        Isa::dequant(g.type, row, len, tmp + r * kKC);
     }
     for (int64_t k = 0; k < len; ++k)
       for (int r = 0; r < kGroup; ++r) Wp[k * kGroup + r] = r < src.cnt ? tmp[r * kKC + k] : 0.0f;

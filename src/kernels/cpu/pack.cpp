@@ -170,33 +170,14 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
 }  // namespace
 
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp) {
-  const int64_t bl = block_len(t);
-  const uint64_t bb = packed_block_bytes(t);
   for (int64_t k = k0; k < k0 + len; ++k) {
-    const uint8_t* blk = group + uint64_t(k / bl) * bb;
-    const int e = int(k % bl);
     float* w = Wp + (k - k0) * kGroup;
     for (int r = 0; r < kGroup; ++r) {
       switch (t) {
-        case GGMLType::F32: std::memcpy(&w[r], blk + 4 * r, 4); break;
-        case GGMLType::F16: w[r] = f16(blk + 2 * r); break;
-        case GGMLType::BF16: w[r] = bf16_to_f32(load_u16(blk + 2 * r)); break;
-        case GGMLType::Q4_K: {  // dequantize_row's d1 * q - m1
-          const IntWeight iw = int_weight(t, blk, e, r);
-          w[r] = iw.s1 * float(iw.v) + iw.s2;
-          break;
-        }
-        case GGMLType::Q6_K: {  // dequantize_row's (d * sc) * (q - 32)
-          const uint8_t* ql = blk + 32 + 256;
-          const int q = ((ql[nib_at(e, r)] >> nib_shift(r)) & 0xF) | (q6k_high(ql + 256 * 8, e, r) << 4);
-          w[r] = f16(blk + 2 * r) * float(int8_t(blk[32 + (e / 16) * 16 + r])) * float(q - 32);
-          break;
-        }
-        default: {
-          const IntWeight iw = int_weight(t, blk, e, r);
-          w[r] = float(iw.v) * iw.s1;
-          break;
-        }
+        case GGMLType::F32: std::memcpy(&w[r], group + 64 * k + 4 * r, 4); break;
+        case GGMLType::F16: w[r] = f16(group + 32 * k + 2 * r); break;
+        case GGMLType::BF16: w[r] = bf16_to_f32(load_u16(group + 32 * k + 2 * r)); break;
+        default: fail("panel layout: ", int(t), " is not a float type (quantized types: unpack_group_int)");
       }
     }
   }

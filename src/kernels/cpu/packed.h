@@ -53,8 +53,8 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
-// Wp (len, 16) = the f32 weights of one group at k in [k0, k0 + len) (k0 and len block-aligned,
-// or k0 + len == K). Portable; the reference for the AVX2 version.
+// Wp (len, 16) = the f32 weights of one group of a float type (F32/F16/BF16) at k in
+// [k0, k0 + len). Portable; the reference for the AVX2 version.
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp);
 // The integer path's view of one group of a quantized type at k in [k0, k0 + len) (k0, len
 // multiples of kQBlock): V (len / 32, 16 pairs, 16 rows, 2) int16, S1 and S2 (len / 32, 16).
