@@ -52,10 +52,16 @@ int cmd_bench(const BenchArgs& a) {
   if (a.mode == "ablate") return cmd_bench_ablate(a.serve);
   const int T = default_threads(a.threads);
   if (a.mode == "peak") {
-    std::printf("%-8s %16s %16s\n", "threads", "fma GFLOP/s", "read GB/s");
-    for (int t = 1; t <= T; ++t)
-      std::printf("%-8d %16.1f %16.1f\n", t, measure_fma_peak_gflops(t), measure_read_bandwidth_gbs(t));
-    std::printf("isa: %s\n", std::string(cpu_isa()).c_str());
+    // Every ceiling of every instruction set this CPU has, 1..T threads.
+    std::printf("%-8s %-8s %16s %16s %16s\n", "threads", "isa", "fp32 GFLOP/s", "int8 GOP/s", "read GB/s");
+    for (int t = 1; t <= T; ++t) {
+      const double bw = measure_read_bandwidth_gbs(t);
+      for (std::string_view isa : cpu_isas())
+        std::printf("%-8d %-8s %16.1f %16.1f %16.1f\n", t, std::string(isa).c_str(),
+                    measure_fma_peak_gflops(t, 0.3, isa), measure_int8_peak_gops(t, 0.3, isa), bw);
+    }
+    std::printf("isa: %s (kernels in use; FT_ISA=%s forces a lower one)\n", std::string(cpu_isa()).c_str(),
+                "scalar|avx2|avx512");
     return 0;
   }
   using clock = std::chrono::steady_clock;
@@ -76,14 +82,18 @@ int cmd_bench(const BenchArgs& a) {
   // attention (QK^T and PV: 4 * n_ctx * head_dim per query head); the output projection for
   // the logit rows. Decode bytes: every weight read once per token, K/V rows read (and the
   // new row written), the embedding row.
-  double layer_flops_per_tok = 0;
+  double layer_flops_per_tok = 0, int_flops_per_tok = 0;
   uint64_t layer_bytes = 0;
   for (const LayerWeights& L : w.layers) {
     for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
       layer_flops_per_tok += matmul_flops(*v, 1);
+      if (is_int8_weight_type(v->type)) int_flops_per_tok += matmul_flops(*v, 1);
       layer_bytes += weight_bytes(*v);
     }
   }
+  // Prefill of a model whose matmuls are mostly quantized runs on int8 dot products: its
+  // ceiling is the int8 peak, else the fp32 FMA peak (of the instruction set in use).
+  const bool int8_prefill = a.backend == "cpu" && int_flops_per_tok * 2 > layer_flops_per_tok;
   const double attn_flops_per_ctx = 4.0 * hp.head_dim * hp.n_heads * hp.n_layers;  // per (query, key)
   const double out_flops = matmul_flops(w.output, 1);
   const uint64_t out_bytes = weight_bytes(w.output);
@@ -92,9 +102,11 @@ int cmd_bench(const BenchArgs& a) {
 
   // The ceilings are measured again around every repetition and the best kept: on a shared
   // machine one unlucky measurement would understate the ceiling and overstate our share of it.
+  const std::string isa(a.backend == "cpu" ? cpu_isa() : "scalar");
   double peak = 0, bw = 0;
   auto measure_ceilings = [&] {
-    peak = std::max(peak, measure_fma_peak_gflops(T));
+    const double p = int8_prefill ? measure_int8_peak_gops(T, 0.3, isa) : measure_fma_peak_gflops(T, 0.3, isa);
+    peak = std::max(peak, p);
     bw = std::max(bw, measure_read_bandwidth_gbs(T));
   };
   measure_ceilings();
@@ -130,8 +142,10 @@ int cmd_bench(const BenchArgs& a) {
   const double pp_gflops = pp_flops / best_pp / 1e9;
   const double tg_gbs = a.n_gen > 0 ? tg_bytes / best_tg / 1e9 : 0;
   std::printf("model: %s (%s), %d threads, backend %s (%s)\n", a.model.c_str(), hp.name.c_str(), T,
-              a.backend.c_str(), std::string(cpu_isa()).c_str());
-  std::printf("machine: fp32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s\n", peak, bw);
+              a.backend.c_str(), isa.c_str());
+  std::printf("machine: %s peak %.1f G%s/s (%s), read bandwidth %.1f GB/s\n",
+              int8_prefill ? "int8 dot-product" : "fp32 FMA", peak, int8_prefill ? "OP" : "FLOP",
+              isa.c_str(), bw);
   std::printf("prefill pp%lld: %.2f tokens/s, %.1f GFLOP/s = %.1f%% of peak (%.3f s)\n",
               (long long)a.n_prompt, P / best_pp, pp_gflops, 100 * pp_gflops / peak, best_pp);
   if (a.n_gen > 0)

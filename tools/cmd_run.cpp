@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "profile/trace.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -130,11 +131,11 @@ int cmd_run(const RunArgs& a) {
 
   std::fprintf(stderr,
                "\n[firsttoken] load %.1f ms | prompt %lld tokens, tokenize %.2f ms | TTFT %.2f ms | "
-               "prefill %.1f tokens/s | decode %lld tokens, %.1f tokens/s | finish: %s\n",
+               "prefill %.1f tokens/s | decode %lld tokens, %.1f tokens/s | kernels %s | finish: %s\n",
                load_ms, (long long)n_prompt, tokenize_ms, t.ttft_ms(),
                t.prefill_ms() > 0 ? double(n_prompt) / t.prefill_ms() * 1e3 : 0.0, (long long)n_gen,
                n_gen > 1 && t.decode_ms() > 0 ? double(n_gen - 1) / t.decode_ms() * 1e3 : 0.0,
-               finish_reason_name(why));
+               std::string(cpu_isa()).c_str(), finish_reason_name(why));
   if (profile::enabled()) {
     engine.shutdown();  // its thread's last spans are published before the file is written
     profile::stop();

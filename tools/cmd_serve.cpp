@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "model/synthetic.h"
 #include "profile/trace.h"
 #include "server/config.h"
@@ -111,6 +112,8 @@ int cmd_serve(const ServeArgs& a) {
   EngineConfig ecfg = server::to_engine_config(cfg);
   if (tty) std::fprintf(stderr, "starting the engine (calibrating the cost model)...\n");
   Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
+  spdlog::info("kernels: {} (this CPU runs {}; FT_ISA forces a lower one)", cpu_isa(),
+               cpu_isas().back());
   server::Server srv(engine, served, cfg);
   const int rc = srv.run();  // returns after the engine has shut down
   if (profile::enabled()) {

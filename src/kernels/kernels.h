@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gguf/ggml_types.h"
 
@@ -109,9 +110,9 @@ class Backend {
   virtual void add(float* y, const float* x, int64_t M, int64_t n) = 0;
 };
 
-// "cpu": the fast kernels (AVX2/FMA when the CPU has them, else the portable scalar path; set
-// FT_FORCE_SCALAR=1 or set_force_scalar(true) to force the scalar path). "reference": the plain
-// scalar kernels that define the semantics. Throws ft::Error for an unknown name.
+// "cpu": the fast kernels for the best instruction set this CPU has (cpu_isa; FT_ISA or
+// set_cpu_isa force a lower one). "reference": the plain scalar kernels that define the
+// semantics. Throws ft::Error for an unknown name.
 std::unique_ptr<Backend> make_backend(std::string_view name, int threads);
 
 // The activation side of the cpu backend's integer path (quantized weights, packed.h): x (K,),
@@ -121,9 +122,15 @@ std::unique_ptr<Backend> make_backend(std::string_view name, int threads);
 // xq (K,), dx (K/32,), xsum (K/32,).
 void quantize_activations(const float* x, int64_t K, int16_t* xq, float* dx, int32_t* xsum);
 
-// Instruction set the "cpu" backend uses: "avx2" or "scalar". Chosen when a backend is made.
+// Instruction set a "cpu" backend made now uses: "avx512" (AVX-512 F/BW/VL/DQ + VNNI), "avx2"
+// (AVX2 + FMA + F16C) or "scalar": the CPU's best, or the one the environment variable FT_ISA
+// names (a lower one; a name the CPU cannot run is an error), or set_cpu_isa's.
 std::string_view cpu_isa();
-// Forces the scalar path for backends made afterwards (tests run every kernel both ways).
-void set_force_scalar(bool on);
+// The instruction sets this CPU can run, lowest first (tests run every kernel on each).
+std::vector<std::string_view> cpu_isas();
+// Forces `name` (one of cpu_isas()) for backends made afterwards; "" = back to FT_ISA / the best.
+void set_cpu_isa(std::string_view name);
+// Weight types the "cpu" backend multiplies with int8 dot products (its integer path).
+bool is_int8_weight_type(GGMLType t);
 
 }  // namespace ft

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -36,14 +37,18 @@ uint16_t load_u16(const uint8_t* p) {
   return h;
 }
 
-struct Isa {
-  bool scalar;
-};
+// Every instruction set the kernels have; a test on one this CPU lacks is skipped, saying so.
+const char* const kIsas[] = {"scalar", "avx2", "avx512"};
 
-std::unique_ptr<Backend> backend_for(bool scalar, int threads = 2) {
-  set_force_scalar(scalar);
+bool cpu_has(std::string_view isa) {
+  const auto v = cpu_isas();
+  return std::find(v.begin(), v.end(), isa) != v.end();
+}
+
+std::unique_ptr<Backend> backend_for(std::string_view isa, int threads = 2) {
+  set_cpu_isa(isa);
   auto be = make_backend("cpu", threads);
-  set_force_scalar(false);
+  set_cpu_isa("");
   return be;
 }
 
@@ -142,7 +147,12 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::Q6_K, {256, 768}}};
 }
 
-class KernelTest : public ::testing::TestWithParam<bool> {};
+class KernelTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!cpu_has(GetParam())) GTEST_SKIP() << "this CPU cannot run " << GetParam();
+  }
+};
 
 TEST_P(KernelTest, GemmAllTypesOddShapes) {
   auto be = backend_for(GetParam());
@@ -476,26 +486,29 @@ TEST_P(KernelTest, FlashAttentionCausalGqaChunks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) {
-                           return std::string(i.param ? "Scalar" : "Native");
-                         });
+INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::ValuesIn(kIsas),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
-// Both instruction-set paths compute the same fma chains over the same weight values: their GEMM
-// results are bit-identical (so a model gives the same tokens with FT_FORCE_SCALAR=1).
-TEST(KernelIsas, GemmBitIdenticalAcrossIsas) {
-  auto native = backend_for(false), scalar = backend_for(true);
+// Every instruction set computes the same fma chains over the same weight values (and exact
+// integer block sums on the integer path, whatever instructions form them): their GEMM results
+// are bit-identical to the scalar path's (so a model gives the same tokens with any FT_ISA), for
+// packed and unprepared weights, decode (M <= 4) and every tile remainder, and across the
+// 240-row blocks of the integer GEMM.
+TEST_P(KernelTest, GemmBitIdenticalToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
   std::mt19937 rng(11);
   for (const auto& tc : type_cases()) {
     const int64_t K = tc.Ks.back(), N = 37;
     const QWeight W = make_weight(rng, tc.type, N, K);
-    for (int64_t M : {1, 4, 9}) {
-      const auto X = randv(rng, size_t(M * K));
-      std::vector<float> a(size_t(M * N)), b(size_t(M * N));
-      native->matmul(X.data(), M, native->prepare(W.view()), a.data());
-      scalar->matmul(X.data(), M, scalar->prepare(W.view()), b.data());
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << type_traits(tc.type).name << " M=" << M;
-    }
+    for (bool pack : {true, false})
+      for (int64_t M : {1, 2, 3, 4, 5, 7, 9, 13, 250}) {
+        const auto X = randv(rng, size_t(M * K));
+        std::vector<float> a(size_t(M * N)), b(size_t(M * N));
+        native->matmul(X.data(), M, pack ? native->prepare(W.view()) : W.view(), a.data());
+        scalar->matmul(X.data(), M, pack ? scalar->prepare(W.view()) : W.view(), b.data());
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_EQ(a[i], b[i]) << type_traits(tc.type).name << " M=" << M << " packed " << pack << " at " << i;
+      }
   }
 }
 
@@ -503,7 +516,7 @@ TEST(KernelIsas, GemmBitIdenticalAcrossIsas) {
 TEST(KernelIsas, PackedLayoutIsBackendPrivate) {
   std::mt19937 rng(12);
   const QWeight W = make_weight(rng, GGMLType::Q8_0, 20, 64);
-  auto be = backend_for(false);
+  auto be = backend_for(cpu_isa());
   const WeightView p = be->prepare(W.view());
   EXPECT_EQ(p.layout, WeightLayout::Packed);
   EXPECT_EQ(be->prepare(W.view()).data, p.data);  // packed once
@@ -512,10 +525,22 @@ TEST(KernelIsas, PackedLayoutIsBackendPrivate) {
 }
 
 TEST(KernelSelection, ReportsIsa) {
-  set_force_scalar(true);
-  EXPECT_EQ(cpu_isa(), "scalar");
-  set_force_scalar(false);
-  EXPECT_TRUE(cpu_isa() == "avx2" || cpu_isa() == "scalar");
+  const auto isas = cpu_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), "scalar");
+  if (!std::getenv("FT_ISA")) {
+    EXPECT_EQ(cpu_isa(), isas.back());  // the best by default
+  }
+  for (std::string_view isa : isas) {
+    set_cpu_isa(isa);
+    EXPECT_EQ(cpu_isa(), isa);
+  }
+  set_cpu_isa("");
+  EXPECT_THROW(set_cpu_isa("sse9"), std::exception);  // not an instruction set
+  for (std::string_view isa : kIsas)
+    if (!cpu_has(isa)) {
+      EXPECT_THROW(set_cpu_isa(isa), std::exception) << isa;  // above this CPU
+    }
   EXPECT_EQ(make_backend("reference", 1)->name(), "reference");
   EXPECT_THROW(make_backend("gpu", 1), std::exception);
 }

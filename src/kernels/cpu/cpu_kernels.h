@@ -35,17 +35,21 @@ enum class Epilogue {
 // owned by the backend (sized by Backend::reserve, grown on demand if a call is larger).
 struct QAct {
   std::vector<int16_t> xq;  // (M, K)
+  std::vector<int8_t> xq8;  // (M, K): the same values as int8, for ISAs with int8 dot products
   std::vector<float> dx;    // (M, K / 32)
   std::vector<int32_t> xs;  // (M, K / 32)
   void reserve(int64_t max_rows, int64_t max_k) {
     const size_t n = size_t(max_rows * max_k), nb = n / 32;
-    if (xq.size() < n) xq.resize(n);
+    if (xq.size() < n) { xq.resize(n); xq8.resize(n); }
     if (dx.size() < nb) { dx.resize(nb); xs.resize(nb); }
   }
 };
 
 struct IsaKernels {
   const char* name;
+  // W (n_rows, K) in GGUF rows -> this ISA's panel layout (packed.h; same size for every ISA).
+  void (*pack)(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
+               uint8_t* out);
   // X (M, K) row-major @ each segment's W (n_rows, K)^T. All segments share K (types may differ).
   // qa: scratch for the integer path's quantized X.
   void (*gemm)(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs, Epilogue e,
@@ -57,9 +61,19 @@ struct IsaKernels {
   void (*reserve)(int64_t max_rows, int threads);
 };
 
+// Instruction-set levels of the fast kernels, lowest first; each level's CPU features include
+// the previous level's. Scalar: portable C++. Avx2: AVX2 + FMA + F16C. Avx512: AVX-512
+// F/BW/VL/DQ + VNNI (int8 dot products, vpdpbusd), e.g. Ice Lake, Zen 4 and later.
+enum class IsaLevel : int { Scalar, Avx2, Avx512 };
+constexpr IsaLevel kIsaLevels[] = {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::Avx512};
+const char* isa_name(IsaLevel l);
+// The highest level this CPU and OS support (cpuid; the OS saves the vector state).
+IsaLevel cpu_best_isa();
+const IsaKernels& kernels_for(IsaLevel l);
+
 const IsaKernels& scalar_kernels();
 const IsaKernels& avx2_kernels();
-bool cpu_has_avx2_fma();
+const IsaKernels& avx512_kernels();
 
 // K is processed in chunks of kKC (a multiple of every block size): one chunk of a group's
 // weights, unpacked to f32, is what the micro-kernel streams (kKC * kGroup floats).

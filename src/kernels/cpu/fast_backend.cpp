@@ -1,6 +1,6 @@
 // The "cpu" backend: GEMM/GEMV and flash attention from the per-ISA drivers (kernels_impl.h),
-// chosen at construction (AVX2+FMA when the CPU has them, else scalar); the cheap row-wise ops
-// are plain loops. make_backend() lives here.
+// the instruction set chosen at construction (the CPU's best, or FT_ISA / set_cpu_isa); the
+// cheap row-wise ops are plain loops. make_backend() lives here.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -21,14 +21,31 @@ std::unique_ptr<Backend> make_reference_backend(int threads);  // reference.cpp
 
 namespace {
 
-std::atomic<bool> g_force_scalar{false};
+std::atomic<int> g_forced_isa{-1};  // set_cpu_isa: an IsaLevel, or -1 (FT_ISA, else the best)
 
-const cpu::IsaKernels& select_isa() {
-  const char* env = std::getenv("FT_FORCE_SCALAR");
-  const bool force = g_force_scalar.load() || (env && *env && std::string_view(env) != "0");
-  if (!force && cpu::cpu_has_avx2_fma()) return cpu::avx2_kernels();
-  return cpu::scalar_kernels();
+cpu::IsaLevel isa_by_name(std::string_view name, const char* what) {
+  const cpu::IsaLevel best = cpu::cpu_best_isa();
+  std::string known;
+  for (cpu::IsaLevel l : cpu::kIsaLevels) {
+    if (name == cpu::isa_name(l)) {
+      if (l > best)
+        fail(what, " = ", name, ": this CPU supports at most '", cpu::isa_name(best), "'");
+      return l;
+    }
+    known += std::string(known.empty() ? "" : ", ") + cpu::isa_name(l);
+  }
+  fail(what, " = '", name, "' is not an instruction set (", known, ")");
 }
+
+cpu::IsaLevel selected_isa() {
+  const int forced = g_forced_isa.load();
+  if (forced >= 0) return cpu::IsaLevel(forced);
+  const char* env = std::getenv("FT_ISA");
+  if (env && *env) return isa_by_name(env, "FT_ISA");
+  return cpu::cpu_best_isa();
+}
+
+const cpu::IsaKernels& select_isa() { return cpu::kernels_for(selected_isa()); }
 
 cpu::GemmSeg seg_of(const WeightView& W, float* Y, int64_t ldy, const float* bias) {
   cpu::GemmSeg g;
@@ -74,8 +91,8 @@ class CpuFastBackend final : public Backend {
     const uint64_t bytes = cpu::group_bytes(W.type, W.n_cols) * uint64_t(cpu::n_groups(W.n_rows));
     std::unique_ptr<uint8_t[], Free> buf(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
     if (!buf) fail("prepare: out of memory packing a ", W.n_rows, "x", W.n_cols, " weight");
-    cpu::pack_rows(W.type, static_cast<const uint8_t*>(W.data), *row_bytes(W.type, uint64_t(W.n_cols)),
-                   W.n_rows, W.n_cols, buf.get());
+    k_.pack(W.type, static_cast<const uint8_t*>(W.data), *row_bytes(W.type, uint64_t(W.n_cols)),
+            W.n_rows, W.n_cols, buf.get());
     packed_.push_back({W.data, W.type, W.n_rows, W.n_cols, std::move(buf)});
     if (cpu::is_int_type(W.type)) max_k_ = std::max(max_k_, W.n_cols);
     return {W.type, packed_.back().bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
@@ -165,7 +182,18 @@ class CpuFastBackend final : public Backend {
 
 std::string_view cpu_isa() { return select_isa().name; }
 
-void set_force_scalar(bool on) { g_force_scalar.store(on); }
+std::vector<std::string_view> cpu_isas() {
+  std::vector<std::string_view> out;
+  for (cpu::IsaLevel l : cpu::kIsaLevels)
+    if (l <= cpu::cpu_best_isa()) out.push_back(cpu::isa_name(l));
+  return out;
+}
+
+bool is_int8_weight_type(GGMLType t) { return cpu::is_int_type(t); }
+
+void set_cpu_isa(std::string_view name) {
+  g_forced_isa.store(name.empty() ? -1 : int(isa_by_name(name, "instruction set")));
+}
 
 std::unique_ptr<Backend> make_backend(std::string_view name, int threads) {
   if (name == "cpu") return std::make_unique<CpuFastBackend>(threads);

@@ -24,13 +24,23 @@
 
 namespace ft::cpu {
 
-// The integer path's activation rows of one register tile (up to 6): row j's quantized values
-// xq[j] (from the chunk's k0), and its blocks' dx[j] and xs[j] (sum of xq) from block k0 / 32.
+// The integer path's activation rows of one register tile (up to kMaxIntRows): row j's quantized
+// values xq[j] (int16) and xq8[j] (the same as int8; only for ISAs with kInt8Act) from the
+// chunk's k0, and its blocks' dx[j] and xs[j] (sum of xq) from block k0 / 32.
+constexpr int kMaxIntRows = 8;
 struct IntRows {
-  const int16_t* xq[6];
-  const float* dx[6];
-  const int32_t* xs[6];
+  const int16_t* xq[kMaxIntRows];
+  const int8_t* xq8[kMaxIntRows];
+  const float* dx[kMaxIntRows];
+  const int32_t* xs[kMaxIntRows];
 };
+
+// An Isa's optional properties (see Drivers): kInt8Act (activations also as int8), kMRInt.
+template <class Isa>
+constexpr bool int8_act() {
+  if constexpr (requires { Isa::kInt8Act; }) return Isa::kInt8Act;
+  else return false;
+}
 
 template <class Isa>
 struct Drivers {
@@ -58,8 +68,14 @@ struct Drivers {
     q.reserve(M, K);  // (no-op after Backend::reserve)
     const int64_t kb = K / kQBlock;
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
-    for (int64_t m = 0; m < M; ++m)
+    for (int64_t m = 0; m < M; ++m) {
       quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
+      if constexpr (int8_act<Isa>()) {
+        const int16_t* a = q.xq.data() + m * K;
+        int8_t* b = q.xq8.data() + m * K;
+        for (int64_t k = 0; k < K; ++k) b[k] = int8_t(a[k]);  // |xq| <= 127: exact
+      }
+    }
   }
 
   static void reserve(int64_t max_rows, int threads) {
@@ -138,8 +154,12 @@ struct Drivers {
           const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));
           const float* xr[kMR];
           for (int i = 0; i < mr; ++i) xr[i] = X + (m0 + i) * K + k0;
-          for (int i = 0; i < ns; ++i)
-            Isa::mk_rows(mr, xr, wp[i], len, C + m0 * ldc + i * kGroup, ldc, k0 == 0);
+          if constexpr (requires { Isa::mk_rows_n; }) {
+            Isa::mk_rows_n(mr, xr, wp, ns, len, C + m0 * ldc, ldc, k0 == 0);
+          } else {
+            for (int i = 0; i < ns; ++i)
+              Isa::mk_rows(mr, xr, wp[i], len, C + m0 * ldc + i * kGroup, ldc, k0 == 0);
+          }
           m0 += mr;
         }
       }
@@ -159,7 +179,7 @@ struct Drivers {
     // GGUF rows (a weight not prepared): pack this chunk of the group's rows first.
     const int64_t bl = block_len(g.type);
     const uint64_t bb = *row_bytes(g.type, uint64_t(bl));
-    pack_rows(g.type, g.data + uint64_t(src.n0) * g.row_bytes + uint64_t(k0 / bl) * bb, g.row_bytes,
+    Isa::pack_rows(g.type, g.data + uint64_t(src.n0) * g.row_bytes + uint64_t(k0 / bl) * bb, g.row_bytes,
               src.cnt, len, raw);
     Isa::unpack_int(g.type, raw, 0, len, V, S1, S2);
   }
@@ -167,6 +187,11 @@ struct Drivers {
   // Integer path (quantized weights; qa = X quantized): C as float_item.
   static void int_item(const QAct& qa, int64_t M, int64_t K, const Source* src, int ns,
                        Scratch& s, float* C, int64_t ldc) {
+    if (ns == 2 && src[0].seg->type != src[1].seg->type) {  // (a mixed gate/up pair: one at a time)
+      int_item(qa, M, K, src, 1, s, C, ldc);
+      return int_item(qa, M, K, src + 1, 1, s, C + kGroup, ldc);
+    }
+    const GGMLType type = src[0].seg->type;
     const int64_t nkb = K / kQBlock;
     if constexpr (Isa::kFusedMaxM > 0) {
       // Small M (decode): straight from the packed bytes, all of K, no unpacked copy.
@@ -174,8 +199,7 @@ struct Drivers {
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
         for (int i = 0; i < ns; ++i)
-          Isa::gemv_int(src[i].seg->type, src[i].group(), K, qa.xq.data(), qa.dx.data(),
-                        qa.xs.data(), M, C + i * kGroup, ldc);
+          Isa::gemv_int(type, src[i].group(), K, qa, M, C + i * kGroup, ldc);
         return;
       }
     }
@@ -190,12 +214,14 @@ struct Drivers {
           IntRows xr;
           for (int j = 0; j < mr; ++j) {
             xr.xq[j] = qa.xq.data() + (m0 + j) * K + k0;
+            xr.xq8[j] = qa.xq8.data() + (m0 + j) * K + k0;
             xr.dx[j] = qa.dx.data() + (m0 + j) * nkb + k0 / kQBlock;
             xr.xs[j] = qa.xs.data() + (m0 + j) * nkb + k0 / kQBlock;
           }
-          for (int i = 0; i < ns; ++i)
-            Isa::mk_int(mr, xr, s.v[i], s.s1[i], src[i].seg->type == GGMLType::Q4_K ? s.s2[i] : nullptr,
-                        len, C + m0 * ldc + i * kGroup, ldc, k0 == 0);
+          const int16_t* V[kItemGroups] = {s.v[0], s.v[1]};
+          const float* S1[kItemGroups] = {s.s1[0], s.s1[1]};
+          const float* S2[kItemGroups] = {s.s2[0], s.s2[1]};
+          Isa::mk_int(mr, xr, type, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
           m0 += mr;
         }
       }
@@ -219,10 +245,18 @@ struct Drivers {
     float_item(X, M, K, src, ns, s, C, ldc);
   }
 
-  static constexpr int kMR = 6;  // activation rows per register tile (x kGroup weight rows)
+  // Activation rows per register tile (x kGroup weight rows; mk_rows takes up to kMR).
+  static constexpr int kMR = [] {
+    if constexpr (requires { Isa::kMR; }) return Isa::kMR;
+    else return 6;
+  }();
   // The integer tile: 2 int32 accumulators per row plus the broadcasts GCC hoists must fit in
   // the 16 vector registers (6 rows spill).
-  static constexpr int kMRInt = 4;
+  static constexpr int kMRInt = [] {
+    if constexpr (requires { Isa::kMRInt; }) return Isa::kMRInt;
+    else return 4;
+  }();
+  static_assert(kMRInt <= kMaxIntRows);
   static constexpr int64_t kMC = 120;  // activation rows per L2 block
   // (int16 activations take half the bytes of f32 ones: twice the rows per block, half the unpacks)
   static constexpr int64_t kMCInt = 240;
@@ -315,7 +349,8 @@ struct Drivers {
   // of context length. A row's result depends only on its query and its n_ctx (blocks are at
   // fixed absolute positions; fully masked blocks leave m, l and O unchanged exactly), not on
   // which rows share its work item.
-  static constexpr int kKB = 48;  // a multiple of the micro-kernel's 6 rows
+  static constexpr int kKB = 48;  // a multiple of the micro-kernel's kMR rows
+  static_assert(kKB % kMR == 0);
   static constexpr int kPvRows = 6;  // rows per P.V update tile
   static constexpr int kMaxRows = 64;
   static constexpr int kMaxHead = 256;
@@ -448,7 +483,7 @@ struct Drivers {
 
 template <class Isa>
 const IsaKernels& make_table(const char* name) {
-  static const IsaKernels k{name, &Drivers<Isa>::gemm, &Drivers<Isa>::attention,
+  static const IsaKernels k{name, &Isa::pack_rows, &Drivers<Isa>::gemm, &Drivers<Isa>::attention,
                             &Drivers<Isa>::reserve};
   return k;
 }

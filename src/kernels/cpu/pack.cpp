@@ -1,5 +1,6 @@
 // Repacking GGUF rows into the panel layout (packed.h), and its portable unpacker.
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/fp16.h"
@@ -140,6 +141,46 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
       }
     }
   }
+}
+
+bool is_quad_type(GGMLType t) {
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K;
+}
+
+namespace {
+// The quad variant (packed.h): element e of a 32-block of row r. Q8_0: its byte; nibble types:
+// its byte and shift.
+inline int quad_at(int e, int r) { return (e / 4) * 64 + r * 4 + e % 4; }
+inline int qnib_at(int e, int r) { return (e / 8) * 64 + r * 4 + e % 4; }
+inline int qnib_shift(int e) { return e % 8 < 4 ? 0 : 4; }
+}  // namespace
+
+void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
+                    uint8_t* out) {
+  if (!is_quad_type(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
+  // The scales (and Q4_K's header) are where the pair layout has them; only q moves.
+  pack_rows(t, rows, row_bytes, n_rows, K, out);
+  const int64_t bl = block_len(t);
+  const uint64_t bb = packed_block_bytes(t), gb = group_bytes(t, K);
+  const int64_t G = n_groups(n_rows), nb = K / bl;
+  const uint64_t q_off = t == GGMLType::Q4_K ? 64 + 256 : 32;  // q bytes inside a block
+  const uint64_t q_bytes = bb - q_off;
+  std::vector<uint8_t> q(q_bytes);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t ib = 0; ib < nb; ++ib) {
+      uint8_t* blk = out + uint64_t(g) * gb + uint64_t(ib) * bb;
+      std::memset(q.data(), 0, q.size());
+      for (int r = 0; r < kGroup; ++r)
+        for (int e = 0; e < bl; ++e) {
+          const int s = e / 32, k = e % 32;  // 32-block s of the block, k inside it
+          uint8_t* qs = q.data() + s * (t == GGMLType::Q8_0 ? 512 : 256);
+          if (t == GGMLType::Q8_0)
+            qs[quad_at(k, r)] = uint8_t(blk[32 + q8_at(e, r)] ^ 0x80);  // q + 128
+          else
+            qs[qnib_at(k, r)] |= uint8_t(((blk[q_off + nib_at(e, r)] >> nib_shift(r)) & 0xF) << qnib_shift(k));
+        }
+      std::memcpy(blk + q_off, q.data(), q.size());
+    }
 }
 
 namespace {

@@ -19,6 +19,16 @@
 //                                                    w = (d*sc) * (q - 32), sub-block = k/16
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
+// The "quad" variant (pack_rows_quad; the avx512 kernels' layout for Q8_0, Q4_0 and Q4_K) puts
+// 4 consecutive k of a row side by side instead, as unsigned bytes u = v + B, for vpdpbusd
+// (u8 x s8 products, four summed per 32-bit lane: 16 rows x 4 k in one 512-bit register).
+// Scales and Q4_K's header stay as above; per 32-block of k:
+//   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
+//   Q4_0, Q4_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e of row r in
+//         the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K B = 0)
+// so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Q6_K keeps the
+// pair layout on every ISA. Both variants have the same bytes per block.
+//
 // Quantized weights multiply int8-quantized activations (the integer path, as llama.cpp does):
 // x is cut into blocks of kQBlock = 32 along K, each x ~= dx * xq with dx = max|x| / 127 and xq
 // in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
@@ -53,6 +63,10 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
+// The quad variant of pack_rows for Q8_0, Q4_0 and Q4_K (pack_rows for every other type).
+bool is_quad_type(GGMLType t);
+void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
+                    uint8_t* out);
 // Wp (len, 16) = the f32 weights of one group of a float type (F32/F16/BF16) at k in
 // [k0, k0 + len). Portable; the reference for the AVX2 version.
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp);

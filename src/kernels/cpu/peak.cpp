@@ -15,6 +15,10 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -W(maybe-)uninitialized
+// reports falsely (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 namespace ft {
@@ -56,6 +60,81 @@ __attribute__((noipa)) double read_avx2(const float* p, size_t n) {
 }
 #pragma GCC pop_options
 
+// 12 named accumulators (an array would live in memory, loaded and stored every iteration).
+#define FT_ACC12(T, init)                                                                      \
+  T a0 = init(0), a1 = init(1), a2 = init(2), a3 = init(3), a4 = init(4), a5 = init(5),       \
+    a6 = init(6), a7 = init(7), a8 = init(8), a9 = init(9), a10 = init(10), a11 = init(11)
+#define FT_EACH12(op) op(a0); op(a1); op(a2); op(a3); op(a4); op(a5); op(a6); op(a7); op(a8); op(a9); op(a10); op(a11)
+#define FT_KEEP12(c)                                                                            \
+  __asm__ volatile("" : "+" c(a0), "+" c(a1), "+" c(a2), "+" c(a3), "+" c(a4), "+" c(a5),       \
+                   "+" c(a6), "+" c(a7), "+" c(a8), "+" c(a9), "+" c(a10), "+" c(a11))
+
+// Integer dot products: 12 independent accumulators of u8 x s8 products summed into int32.
+// AVX2: vpmaddubsw (32 products -> 16 int16 pair sums) + vpmaddwd by 1 (-> int32) + add.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+__attribute__((noipa)) int int8_loop_avx2(int64_t iters) {
+#define FT_I(i) _mm256_set1_epi32(i)
+  FT_ACC12(__m256i, FT_I);
+#undef FT_I
+  const __m256i u = _mm256_set1_epi8(3), one = _mm256_set1_epi16(1);
+  for (int64_t it = 0; it < iters; ++it) {
+// (a as the s8 operand: a loop-invariant product would be hoisted out of the loop)
+#define FT_OP(a) a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), one))
+    FT_EACH12(FT_OP);
+#undef FT_OP
+    FT_KEEP12("x");
+  }
+  __m256i t = a0;
+#define FT_OP(a) t = _mm256_add_epi32(t, a)
+  FT_EACH12(FT_OP);
+#undef FT_OP
+  return _mm256_extract_epi32(t, 0);
+}
+#pragma GCC pop_options
+
+// AVX-512: 512-bit FMA and vpdpbusd (64 products per instruction).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+__attribute__((noipa)) float fma_loop_avx512(int64_t iters) {
+#define FT_I(i) _mm512_set1_ps(0.01f * float(i))
+  FT_ACC12(__m512, FT_I);
+#undef FT_I
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#define FT_OP(a) a = _mm512_fmadd_ps(a, m, c)
+    FT_EACH12(FT_OP);
+#undef FT_OP
+    FT_KEEP12("v");
+  }
+  __m512 t = a0;
+#define FT_OP(a) t = _mm512_add_ps(t, a)
+  FT_EACH12(FT_OP);
+#undef FT_OP
+  return _mm512_reduce_add_ps(t);
+}
+__attribute__((noipa)) int int8_loop_avx512(int64_t iters) {
+#define FT_I(i) _mm512_set1_epi32(i)
+  FT_ACC12(__m512i, FT_I);
+#undef FT_I
+  const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it) {
+#define FT_OP(a) a = _mm512_dpbusd_epi32(a, u, s)
+    FT_EACH12(FT_OP);
+#undef FT_OP
+    FT_KEEP12("v");
+  }
+  __m512i t = a0;
+#define FT_OP(a) t = _mm512_add_epi32(t, a)
+  FT_EACH12(FT_OP);
+#undef FT_OP
+  return _mm512_reduce_add_epi32(t);
+}
+#pragma GCC pop_options
+#undef FT_ACC12
+#undef FT_EACH12
+#undef FT_KEEP12
+
 __attribute__((noipa)) float fma_loop_scalar(int64_t iters) {
   float a[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   for (int64_t it = 0; it < iters; ++it)
@@ -71,14 +150,15 @@ __attribute__((noipa)) double read_scalar(const float* p, size_t n) {
 
 }  // namespace
 
-double measure_fma_peak_gflops(int threads, double seconds) {
-  const bool avx2 = cpu::cpu_has_avx2_fma();
-  const double flops_per_iter = avx2 ? 12 * 8 * 2 : 8 * 2;
-  // Calibrate on one thread, then run all threads together.
+namespace {
+// Ops per second (1e9) of `threads` threads each running loop(iters) (ops_per_iter each), for
+// about `seconds`: calibrated on one thread, then all threads together, best of 3.
+template <class Loop>
+double measure_loop(int threads, double seconds, double ops_per_iter, Loop loop) {
   int64_t iters = 1 << 16;
   for (;;) {
     const auto t0 = clock_type::now();
-    volatile float sink = avx2 ? fma_loop_avx2(iters) : fma_loop_scalar(iters);
+    volatile auto sink = loop(iters);
     (void)sink;
     const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
     if (s > 0.02) {
@@ -92,20 +172,46 @@ double measure_fma_peak_gflops(int threads, double seconds) {
     const auto t0 = clock_type::now();
 #pragma omp parallel num_threads(threads)
     {
-      volatile float sink = avx2 ? fma_loop_avx2(iters) : fma_loop_scalar(iters);
+      volatile auto sink = loop(iters);
       (void)sink;
     }
     const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    best = std::max(best, double(threads) * double(iters) * flops_per_iter / s / 1e9);
+    best = std::max(best, double(threads) * double(iters) * ops_per_iter / s / 1e9);
   }
   return best;
+}
+
+cpu::IsaLevel level_or_best(std::string_view isa) {
+  if (isa.empty()) return cpu::cpu_best_isa();
+  for (cpu::IsaLevel l : cpu::kIsaLevels)
+    if (isa == cpu::isa_name(l) && l <= cpu::cpu_best_isa()) return l;
+  return cpu::IsaLevel::Scalar;
+}
+}  // namespace
+
+double measure_fma_peak_gflops(int threads, double seconds, std::string_view isa) {
+  switch (level_or_best(isa)) {
+    case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 16 * 2, fma_loop_avx512);
+    case cpu::IsaLevel::Avx2: return measure_loop(threads, seconds, 12 * 8 * 2, fma_loop_avx2);
+    case cpu::IsaLevel::Scalar: break;
+  }
+  return measure_loop(threads, seconds, 8 * 2, fma_loop_scalar);
+}
+
+double measure_int8_peak_gops(int threads, double seconds, std::string_view isa) {
+  switch (level_or_best(isa)) {
+    case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 64 * 2, int8_loop_avx512);
+    case cpu::IsaLevel::Avx2: return measure_loop(threads, seconds, 12 * 32 * 2, int8_loop_avx2);
+    case cpu::IsaLevel::Scalar: break;
+  }
+  return 0;
 }
 
 double measure_read_bandwidth_gbs(int threads, size_t bytes, int reps) {
   const size_t n = bytes / sizeof(float) / 64 * 64;
   float* p = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
   if (!p) return 0;
-  const bool avx2 = cpu::cpu_has_avx2_fma();
+  const bool avx2 = cpu::cpu_best_isa() >= cpu::IsaLevel::Avx2;
   // First touch by the threads that read, so pages are where they are used.
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t i = 0; i < int64_t(n); ++i) p[i] = 1.0f;

@@ -31,8 +31,18 @@ struct ScalarIsa {
     unpack_group_int(t, group, k0, len, V, S1, S2);
   }
   // See Avx2Isa::mk_int_t.
-  static void mk_int(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
-                     int64_t len, float* c, int64_t ldc, bool first) {
+  static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
+                        int64_t K, uint8_t* out) {
+    cpu::pack_rows(t, rows, row_bytes, n_rows, K, out);
+  }
+  static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
+                     const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
+                     int64_t ldc, bool first) {
+    for (int i = 0; i < ng; ++i)
+      mk_int1(mr, x, V[i], S1[i], t == GGMLType::Q4_K ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
+  }
+  static void mk_int1(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
+                      int64_t len, float* c, int64_t ldc, bool first) {
     for (int i = 0; i < mr; ++i)
       for (int r = 0; r < kGroup; ++r) {
         float y = first ? 0.0f : c[i * ldc + r];

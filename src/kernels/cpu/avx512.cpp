@@ -1,0 +1,384 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) instantiation of the fast-kernel drivers. Compiled for those
+// extensions whatever the build flags; only called after cpu_best_isa() says the CPU has them.
+// Quantized Q8_0/Q4_0/Q4_K weights take the integer path on vpdpbusd (u8 weights x s8
+// activations, 64 products per instruction) over the quad layout of packed.h; Q6_K, the float
+// types on 512-bit FMA; attention's score tiles on the same micro-kernel, the rest of it and Q6_K
+// on the AVX2 kernels (compiled here for this target).
+// Standard headers come first so their inline functions are not compiled for AVX-512 here.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/quant.h"
+#include "kernels/cpu/rowwise.h"
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
+// reports falsely (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/cpu/kernels_impl.h"
+#include "kernels/cpu/isa_avx2.h"
+
+namespace ft::cpu {
+namespace {
+
+struct Avx512Isa : Avx2Isa {
+  static constexpr bool kInt8Act = true;  // vpdpbusd reads the activations as int8
+  static constexpr int kMRInt = 6;        // 6 rows x 2 groups: 12 int32 + 12 f32 accumulators
+
+  static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
+                        int64_t K, uint8_t* out) {
+    pack_rows_quad(t, rows, row_bytes, n_rows, K, out);
+  }
+
+  // ---- Float weights (F32/F16/BF16) on 512-bit FMA: one register = a group's 16 rows at one k.
+  // Each output is one fma chain over k in order, as on every ISA (bit-identical results).
+  static constexpr int kMR = 12;  // 12 rows x 2 groups: 24 accumulators of the 32 registers
+
+  // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x[i] (len,) @ w[g] (len, 16) for g < NG, from 0
+  // when first, else from C.
+  template <int MR, int NG>
+  static void mkf_t(const float* const* x, const float* const* w, int64_t len, float* c,
+                    int64_t ldc, bool first) {
+    __m512 acc[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g)
+        acc[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    for (int64_t k = 0; k < len; ++k) {
+      __m512 b[NG];
+      for (int g = 0; g < NG; ++g) b[g] = _mm512_loadu_ps(w[g] + 16 * k);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 a = _mm512_set1_ps(x[i][k]);
+        for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_fmadd_ps(a, b[g], acc[i][g]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, acc[i][g]);
+  }
+  template <int NG>
+  static void mkf(int mr, const float* const* x, const float* const* w, int64_t len, float* c,
+                  int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mkf_t<1, NG>(x, w, len, c, ldc, first);
+      case 2: return mkf_t<2, NG>(x, w, len, c, ldc, first);
+      case 3: return mkf_t<3, NG>(x, w, len, c, ldc, first);
+      case 4: return mkf_t<4, NG>(x, w, len, c, ldc, first);
+      case 5: return mkf_t<5, NG>(x, w, len, c, ldc, first);
+      case 6: return mkf_t<6, NG>(x, w, len, c, ldc, first);
+      case 7: return mkf_t<7, NG>(x, w, len, c, ldc, first);
+      case 8: return mkf_t<8, NG>(x, w, len, c, ldc, first);
+      case 9: return mkf_t<9, NG>(x, w, len, c, ldc, first);
+      case 10: return mkf_t<10, NG>(x, w, len, c, ldc, first);
+      case 11: return mkf_t<11, NG>(x, w, len, c, ldc, first);
+      default: return mkf_t<12, NG>(x, w, len, c, ldc, first);
+    }
+  }
+  static void mk_rows(int mr, const float* const* x, const float* w, int64_t len, float* c,
+                      int64_t ldc, bool first) {
+    mkf<1>(mr, x, &w, len, c, ldc, first);
+  }
+  static void mk_rows_n(int mr, const float* const* x, const float* const* w, int ng, int64_t len,
+                        float* c, int64_t ldc, bool first) {
+    if (ng == 2) return mkf<2>(mr, x, w, len, c, ldc, first);
+    mkf<1>(mr, x, w, len, c, ldc, first);
+  }
+
+  // A group's 16 f32 weights at k from the panel layout, converted exactly as dequantize_row.
+  template <GGMLType T>
+  static __m512 wload(const uint8_t* g, int64_t k) {
+    if constexpr (T == GGMLType::F32) return _mm512_loadu_ps(reinterpret_cast<const float*>(g) + 16 * k);
+    if constexpr (T == GGMLType::F16) return h16(g + 32 * k);
+    if constexpr (T == GGMLType::BF16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32 * k))), 16));
+  }
+  // Small M (decode): C (MR, ldc)[:, 16g : 16g + 16] = x (MR, ldx) @ group_g^T over all of K.
+  template <GGMLType T, int MR, int NG>
+  static void gemvf_t(const uint8_t* const* groups, int64_t K, const float* x, int64_t ldx,
+                      float* c, int64_t ldc) {
+    __m512 acc[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      __m512 b[NG];
+      for (int g = 0; g < NG; ++g) b[g] = wload<T>(groups[g], k);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 a = _mm512_set1_ps(x[i * ldx + k]);
+        for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_fmadd_ps(a, b[g], acc[i][g]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, acc[i][g]);
+  }
+  template <GGMLType T, int NG>
+  static void gemvf(const uint8_t* const* groups, int64_t K, const float* x, int64_t M, float* c,
+                    int64_t ldc) {
+    for (int64_t m = 0; m < M;) {
+      switch (std::min<int64_t>(M - m, 4)) {
+        case 1: gemvf_t<T, 1, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 1; break;
+        case 2: gemvf_t<T, 2, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 2; break;
+        case 3: gemvf_t<T, 3, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 3; break;
+        default: gemvf_t<T, 4, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 4; break;
+      }
+    }
+  }
+  template <GGMLType T>
+  static void gemvf_n(const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t M,
+                      float* c, int64_t ldc) {
+    if (ng == 2) return gemvf<T, 2>(groups, K, x, M, c, ldc);
+    gemvf<T, 1>(groups, K, x, M, c, ldc);
+  }
+  // ng (1 or 2) groups of the same float type, consecutive in C (16 columns each).
+  static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
+                   int64_t M, float* c, int64_t ldc) {
+    switch (t) {
+      case GGMLType::F32: return gemvf_n<GGMLType::F32>(groups, ng, K, x, M, c, ldc);
+      case GGMLType::F16: return gemvf_n<GGMLType::F16>(groups, ng, K, x, M, c, ldc);
+      case GGMLType::BF16: return gemvf_n<GGMLType::BF16>(groups, ng, K, x, M, c, ldc);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+
+  // ---- Integer path ----
+  static __m512 h16(const uint8_t* p) {  // 16 f16 -> f32
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 u8f16(const uint8_t* p) {  // 16 uint8 -> f32
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m512i ld(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static __m512i bcast4(const int8_t* x) {  // x[0..3] into every 32-bit lane
+    int32_t v;
+    std::memcpy(&v, x, 4);
+    return _mm512_set1_epi32(v);
+  }
+
+  // Decoders of the quad layout: begin(kb) moves to 32-block kb, scales() gives its s1 (and s2)
+  // for the 16 rows, quads(P, w0, w1) quads 2P and 2P + 1 (k = 8P .. 8P + 7) as u8, 16 rows x 4 k.
+  // u = v + kBias.
+  struct QDecQ8_0 {
+    static constexpr int kBias = 128, kBytesPer32 = 544;
+    static constexpr bool kS2 = false;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    void quads(int P, __m512i& w0, __m512i& w1) const {
+      w0 = ld(blk + 32 + 128 * P);
+      w1 = ld(blk + 32 + 128 * P + 64);
+    }
+  };
+  static void nibble_quads(const uint8_t* p, __m512i& w0, __m512i& w1) {
+    const __m512i b = ld(p), m = _mm512_set1_epi8(0x0F);
+    w0 = _mm512_and_si512(b, m);
+    w1 = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
+  }
+  struct QDecQ4_0 {
+    static constexpr int kBias = 8, kBytesPer32 = 288;
+    static constexpr bool kS2 = false;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
+  };
+  struct QDecQ4_K {
+    static constexpr int kBias = 0, kBytesPer32 = 296;  // (on average)
+    static constexpr bool kS2 = true;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    const uint8_t* q = nullptr;
+    int sb = 0;
+    void begin(int64_t kb) {
+      blk = g + (kb / 8) * 2368;
+      sb = int(kb % 8);
+      q = blk + 64 + 256 + 256 * sb;
+    }
+    void scales(__m512& s1, __m512& s2) const {
+      s1 = _mm512_mul_ps(h16(blk), u8f16(blk + 64 + 16 * sb));
+      s2 = _mm512_castsi512_ps(_mm512_xor_si512(
+          _mm512_set1_epi32(int32_t(0x80000000u)),
+          _mm512_castps_si512(_mm512_mul_ps(h16(blk + 32), u8f16(blk + 192 + 16 * sb)))));
+    }
+    void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
+  };
+  template <class F>
+  static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
+    switch (t) {
+      case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
+      case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
+      case GGMLType::Q4_K: f(QDecQ4_K{group}); return true;
+      default: return false;  // (Q6_K: the AVX2 kernels on the pair layout)
+    }
+  }
+
+  // Small M (decode): C (MR, ldc)[:, 0:16] = the group's 16 rows over all of K, straight from the
+  // packed bytes. Per 32-block: I = sum u xq (two dpbusd chains, even and odd quads) - B sum xq,
+  // then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)): mk_int's sums.
+  static constexpr int kPrefetch = 2048;
+  template <int MR, class D>
+  static void gemv_q_t(D dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
+                       const int32_t* xs, float* c, int64_t ldc) {
+    __m512 y[MR];
+    for (int i = 0; i < MR; ++i) y[i] = _mm512_setzero_ps();
+    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
+      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
+      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      dec.begin(kb);
+      __m512i a[MR], b[MR];
+      for (int i = 0; i < MR; ++i) a[i] = b[i] = _mm512_setzero_si512();
+      for (int P = 0; P < 4; ++P) {
+        __m512i w0, w1;
+        dec.quads(P, w0, w1);
+        for (int i = 0; i < MR; ++i) {
+          const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+          a[i] = _mm512_dpbusd_epi32(a[i], w0, bcast4(x));
+          b[i] = _mm512_dpbusd_epi32(b[i], w1, bcast4(x + 4));
+        }
+      }
+      __m512 s1, s2 = _mm512_setzero_ps();
+      dec.scales(s1, s2);
+      for (int i = 0; i < MR; ++i) {
+        __m512i I = _mm512_add_epi32(a[i], b[i]);
+        if constexpr (D::kBias != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(D::kBias * xs[i * nkb + kb]));
+        const __m512 d = _mm512_set1_ps(dx[i * nkb + kb]);
+        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, d), y[i]);
+        if constexpr (D::kS2)
+          y[i] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, d), y[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(c + i * ldc, y[i]);
+  }
+  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
+                       float* c, int64_t ldc) {
+    const int64_t nkb = K / kQBlock;
+    const bool quad = with_qdecoder(t, group, [&](auto dec) {
+      for (int64_t m = 0; m < M;) {
+        const int8_t* x = qa.xq8.data() + m * K;
+        const float* dx = qa.dx.data() + m * nkb;
+        const int32_t* xs = qa.xs.data() + m * nkb;
+        switch (std::min<int64_t>(M - m, 4)) {
+          case 1: gemv_q_t<1>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 1; break;
+          case 2: gemv_q_t<2>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 2; break;
+          case 3: gemv_q_t<3>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 3; break;
+          default: gemv_q_t<4>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 4; break;
+        }
+      }
+    });
+    if (!quad) Avx2Isa::gemv_int(t, group, K, qa, M, c, ldc);
+  }
+
+  // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
+  // int16 scratch's bytes), S1, S2 (len / 32, 16); Q6_K as unpack_group_int gives it.
+  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                         float* S1, float* S2) {
+    uint8_t* v = reinterpret_cast<uint8_t*>(V);
+    const bool quad = with_qdecoder(t, group, [&](auto dec) {
+      for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+        dec.begin(k0 / kQBlock + kb);
+        __m512 s1, s2 = _mm512_setzero_ps();
+        dec.scales(s1, s2);
+        _mm512_storeu_ps(S1 + 16 * kb, s1);
+        _mm512_storeu_ps(S2 + 16 * kb, s2);
+        for (int P = 0; P < 4; ++P) {
+          __m512i w0, w1;
+          dec.quads(P, w0, w1);
+          _mm512_storeu_si512(v + kb * 512 + 128 * P, w0);
+          _mm512_storeu_si512(v + kb * 512 + 128 * P + 64, w1);
+        }
+      }
+    });
+    if (!quad) Avx2Isa::unpack_int(t, group, k0, len, V, S1, S2);
+  }
+
+  // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR activation rows x NG groups over one K chunk of
+  // unpacked quads (unpack_int): per 32-block exact int32 sums I = sum u xq - bias * sum xq,
+  // then y = fma(float(I), s1 * dx, y) [and y = fma(float(sum xq), s2 * dx, y) when S2]; y
+  // starts at 0 when first, else from C. (mk_int1's and gemv_q_t's sums.)
+  template <int MR, int NG>
+  static void mk_q_t(const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
+                     const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+    __m512 y[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g)
+        y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      __m512i a[MR][NG];
+      for (int i = 0; i < MR; ++i)
+        for (int g = 0; g < NG; ++g) a[i][g] = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        __m512i w[NG];
+        for (int g = 0; g < NG; ++g) w[g] = ld(V[g] + kb * 512 + 64 * p);
+        for (int i = 0; i < MR; ++i) {
+          const __m512i xb = bcast4(x.xq8[i] + kb * kQBlock + 4 * p);
+          for (int g = 0; g < NG; ++g) a[i][g] = _mm512_dpbusd_epi32(a[i][g], w[g], xb);
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m512 d = _mm512_set1_ps(x.dx[i][kb]);
+        const __m512i bv = _mm512_set1_epi32(bias * x.xs[i][kb]);
+        for (int g = 0; g < NG; ++g) {
+          const __m512i I = _mm512_sub_epi32(a[i][g], bv);
+          y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
+          if (S2)
+            y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(x.xs[i][kb])),
+                                      _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
+  }
+  template <int NG>
+  static void mk_q(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
+                   const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_q_t<1, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 2: return mk_q_t<2, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 3: return mk_q_t<3, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 4: return mk_q_t<4, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 5: return mk_q_t<5, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      default: return mk_q_t<6, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+    }
+  }
+  static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
+                     const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
+                     int64_t ldc, bool first) {
+    if (!is_quad_type(t)) {  // Q6_K: int16 pairs
+      for (int m0 = 0; m0 < mr; m0 += 4) {  // (the AVX2 tile holds at most 6 rows; 4 is its best)
+        IntRows xi = x;
+        for (int j = 0; j < std::min(4, mr - m0); ++j) {
+          xi.xq[j] = x.xq[m0 + j];
+          xi.dx[j] = x.dx[m0 + j];
+          xi.xs[j] = x.xs[m0 + j];
+        }
+        Avx2Isa::mk_int(std::min(4, mr - m0), xi, t, V, S1, S2, ng, len, c + m0 * ldc, ldc, first);
+      }
+      return;
+    }
+    const int bias = t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0;
+    const uint8_t* v[2] = {reinterpret_cast<const uint8_t*>(V[0]),
+                           reinterpret_cast<const uint8_t*>(ng > 1 ? V[1] : V[0])};
+    const float* s2[2] = {S2[0], ng > 1 ? S2[1] : S2[0]};
+    const float* const* s2p = t == GGMLType::Q4_K ? s2 : nullptr;
+    if (ng == 2) return mk_q<2>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
+    mk_q<1>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
+  }
+};
+
+}  // namespace
+
+const IsaKernels& avx512_kernels() { return make_table<Avx512Isa>("avx512"); }
+
+}  // namespace ft::cpu

@@ -1,0 +1,41 @@
+// Which instruction-set level this CPU runs (cpuid through GCC's __builtin_cpu_supports, which
+// also checks that the OS saves the AVX / AVX-512 register state), and the kernel table of each.
+// Compiled for the baseline x86-64: it must run on every CPU to say what that CPU has.
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace ft::cpu {
+
+const char* isa_name(IsaLevel l) {
+  switch (l) {
+    case IsaLevel::Scalar: return "scalar";
+    case IsaLevel::Avx2: return "avx2";
+    case IsaLevel::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+IsaLevel cpu_best_isa() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  if (!avx2) return IsaLevel::Scalar;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vnni");
+  return avx512 ? IsaLevel::Avx512 : IsaLevel::Avx2;
+#else
+  return IsaLevel::Scalar;
+#endif
+}
+
+const IsaKernels& kernels_for(IsaLevel l) {
+  switch (l) {
+    case IsaLevel::Avx512: return avx512_kernels();
+    case IsaLevel::Avx2: return avx2_kernels();
+    case IsaLevel::Scalar: break;
+  }
+  return scalar_kernels();
+}
+
+}  // namespace ft::cpu

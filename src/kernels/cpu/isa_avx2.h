@@ -1,0 +1,672 @@
+// The AVX2 + FMA (+ F16C) inner kernels of the fast-kernel drivers (kernels_impl.h), as one Isa
+// class. Included only by translation units compiled for AVX2 (or a superset): avx2.cpp
+// instantiates the drivers with it, avx512.cpp derives its own Isa from it. Everything is in an
+// anonymous namespace, so each includer gets its own copy compiled for its own target: no
+// inline symbol compiled for a wider ISA can be picked by the linker for a narrower path.
+// Include after <immintrin.h> and kernels_impl.h, under the includer's `#pragma GCC target`.
+#pragma once
+
+namespace ft::cpu {
+namespace {
+
+// exp(x) for 8 floats (Cephes polynomial, ~1 ulp); x < -87.3 (and -inf) gives exactly 0.
+inline __m256 exp256(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, lo);
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, z, x);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, y);
+}
+
+
+
+struct Avx2Isa {
+  // ---- GEMM on the panel layout (packed.h) ----
+  // C (MR, ldc)[:, 0:16] (+)= x (MR, ldx) @ w (len, 16): 12 accumulators, each one fma chain
+  // over k in order (from 0 when first, else from C).
+  // (x: MR row pointers.)
+  template <int MR>
+  static void mk_t(const float* const* x, const float* w, int64_t len, float* c, int64_t ldc,
+                   bool first) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float* x0 = x[0];
+    const float* x1 = x[MR > 1 ? 1 : 0];
+    const float* x2 = x[MR > 2 ? 2 : 0];
+    const float* x3 = x[MR > 3 ? 3 : 0];
+    const float* x4 = x[MR > 4 ? 4 : 0];
+    const float* x5 = x[MR > 5 ? 5 : 0];
+#define FT_LD(i)                                                                   \
+  if constexpr (MR > i) {                                                          \
+    if (!first) {                                                                  \
+      c##i##0 = _mm256_loadu_ps(c + i * ldc);                                      \
+      c##i##1 = _mm256_loadu_ps(c + i * ldc + 8);                                  \
+    }                                                                              \
+  }
+#define FT_FM(i, xk)                                                               \
+  if constexpr (MR > i) {                                                          \
+    const __m256 a = _mm256_broadcast_ss(xk);                                      \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);                                     \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);                                     \
+  }
+#define FT_ST(i)                                                                   \
+  if constexpr (MR > i) {                                                          \
+    _mm256_storeu_ps(c + i * ldc, c##i##0);                                        \
+    _mm256_storeu_ps(c + i * ldc + 8, c##i##1);                                    \
+  }
+    FT_LD(0) FT_LD(1) FT_LD(2) FT_LD(3) FT_LD(4) FT_LD(5)
+    for (int64_t k = 0; k < len; ++k) {
+      const __m256 b0 = _mm256_loadu_ps(w + k * 16), b1 = _mm256_loadu_ps(w + k * 16 + 8);
+      FT_FM(0, x0 + k) FT_FM(1, x1 + k) FT_FM(2, x2 + k) FT_FM(3, x3 + k) FT_FM(4, x4 + k) FT_FM(5, x5 + k)
+    }
+    FT_ST(0) FT_ST(1) FT_ST(2) FT_ST(3) FT_ST(4) FT_ST(5)
+  }
+  static void mk_rows(int mr, const float* const* x, const float* w, int64_t len, float* c,
+                      int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_t<1>(x, w, len, c, ldc, first);
+      case 2: return mk_t<2>(x, w, len, c, ldc, first);
+      case 3: return mk_t<3>(x, w, len, c, ldc, first);
+      case 4: return mk_t<4>(x, w, len, c, ldc, first);
+      case 5: return mk_t<5>(x, w, len, c, ldc, first);
+      default: return mk_t<6>(x, w, len, c, ldc, first);
+    }
+  }
+
+  // Calls f(k - k0, b) for k in [k0, k0 + len) with b[2g], b[2g+1] = group g's 16 f32 weights at
+  // k (rows 0-7, 8-15), g < NG (all of float type t), converted in registers exactly as
+  // dequantize_row does. Several groups at once give the FMA chains that consume them independent
+  // work to overlap (one chain per output is the numerics contract).
+  static __m256 h8(const uint8_t* p) {  // 8 f16 -> f32
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  template <int NG, class F>
+  static void for_k(GGMLType t, const uint8_t* const* groups, int64_t k0, int64_t len, F&& f) {
+    const int64_t k1 = k0 + len;
+    __m256 b[2 * NG];
+    switch (t) {
+      case GGMLType::F32:
+        for (int64_t k = k0; k < k1; ++k) {
+          for (int g = 0; g < NG; ++g) {
+            const float* w = reinterpret_cast<const float*>(groups[g]) + 16 * k;
+            b[2 * g] = _mm256_loadu_ps(w);
+            b[2 * g + 1] = _mm256_loadu_ps(w + 8);
+          }
+          f(k - k0, b);
+        }
+        return;
+      case GGMLType::F16:
+        for (int64_t k = k0; k < k1; ++k) {
+          for (int g = 0; g < NG; ++g) {
+            b[2 * g] = h8(groups[g] + 32 * k);
+            b[2 * g + 1] = h8(groups[g] + 32 * k + 16);
+          }
+          f(k - k0, b);
+        }
+        return;
+      case GGMLType::BF16:
+        for (int64_t k = k0; k < k1; ++k) {
+          for (int g = 0; g < NG; ++g) {
+            const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(groups[g] + 32 * k)));
+            const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(groups[g] + 32 * k + 16)));
+            b[2 * g] = _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16));
+            b[2 * g + 1] = _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16));
+          }
+          f(k - k0, b);
+        }
+        return;
+      default:
+        fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+
+  static void unpack(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp) {
+    for_k<1>(t, &group, k0, len, [Wp](int64_t k, const __m256* b) {
+      _mm256_storeu_ps(Wp + 16 * k, b[0]);
+      _mm256_storeu_ps(Wp + 16 * k + 8, b[1]);
+    });
+  }
+
+  // Small M (decode): C (M, ldc)[:, 16g : 16g+16] = X (M, ldx) @ group_g^T over all of K for
+  // g < NG, weights dequantized in registers; the same chains as unpack + mk.
+  static constexpr int64_t kFusedMaxM = 4;
+  // (Named accumulators: GCC keeps an accumulator array captured by the lambda in memory.)
+  template <int MR>
+  static void gemv_t(GGMLType t, const uint8_t* group, int64_t K, const float* x, int64_t ldx,
+                     float* c, int64_t ldc) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00;
+    const float* x0 = x;
+    const float* x1 = MR > 1 ? x + ldx : x;
+    const float* x2 = MR > 2 ? x + 2 * ldx : x;
+    const float* x3 = MR > 3 ? x + 3 * ldx : x;
+    for_k<1>(t, &group, 0, K, [&](int64_t k, const __m256* b) {
+      const __m256 b0 = b[0], b1 = b[1];
+      FT_FM(0, x0 + k) FT_FM(1, x1 + k) FT_FM(2, x2 + k) FT_FM(3, x3 + k)
+    });
+    FT_ST(0) FT_ST(1) FT_ST(2) FT_ST(3)
+  }
+  // M = 1 over two groups at once: four independent chains instead of two, so the FMA latency
+  // overlaps (one row's 16 outputs alone would wait on it every k).
+  static void gemv_1x2(GGMLType t, const uint8_t* const* groups, int64_t K, const float* x, float* c) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for_k<2>(t, groups, 0, K, [&](int64_t k, const __m256* b) {
+      const __m256 xv = _mm256_broadcast_ss(x + k);
+      a0 = _mm256_fmadd_ps(xv, b[0], a0);
+      a1 = _mm256_fmadd_ps(xv, b[1], a1);
+      a2 = _mm256_fmadd_ps(xv, b[2], a2);
+      a3 = _mm256_fmadd_ps(xv, b[3], a3);
+    });
+    _mm256_storeu_ps(c, a0);
+    _mm256_storeu_ps(c + 8, a1);
+    _mm256_storeu_ps(c + 16, a2);
+    _mm256_storeu_ps(c + 24, a3);
+  }
+#undef FT_LD
+#undef FT_FM
+#undef FT_ST
+  // ng (1 or 2) groups of the same type, consecutive in C (16 columns each).
+  static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
+                   int64_t M, float* c, int64_t ldc) {
+    if (ng == 2 && M == 1) return gemv_1x2(t, groups, K, x, c);
+    for (int g = 0; g < ng; ++g) {
+      float* cg = c + 16 * g;
+      switch (M) {
+        case 1: gemv_t<1>(t, groups[g], K, x, K, cg, ldc); break;
+        case 2: gemv_t<2>(t, groups[g], K, x, K, cg, ldc); break;
+        case 3: gemv_t<3>(t, groups[g], K, x, K, cg, ldc); break;
+        default: gemv_t<4>(t, groups[g], K, x, K, cg, ldc); break;
+      }
+    }
+  }
+
+
+  // ---- Integer path (quantized weights, packed.h) ----
+  // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
+  // (and s2) for rows 0-7 / 8-15, pair(p) the int16 weights v + kBias of pair p (k = 2p, 2p + 1) of that
+  // block as vpmaddwd operands, rows 0-7 (w0) and 8-15 (w1), lanes (row, k) = (j, e) -> 2j + e.
+  // (A constant kBias comes off the block's integer sum as kBias * sum xq, exactly.)
+  static __m256 u8f(const uint8_t* p) {  // 8 uint8 -> f32
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m256i zx16(const uint8_t* p) {  // 16 uint8 -> int16
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // 16 pair-interleaved nibble bytes (packed.h) -> rows 0-7 (low nibbles), 8-15 (high ones).
+  static void nibbles(const uint8_t* p, __m256i& w0, __m256i& w1) {
+    const __m256i t = zx16(p);
+    w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
+    w1 = _mm256_srli_epi16(t, 4);
+  }
+  // Q8_0 and Q4_0: one f16 scale per row and 32-block, then the block's q bytes.
+  template <int kBlockBytes>
+  struct DecBlock32 {
+    static constexpr int kBytesPer32 = kBlockBytes;  // packed bytes per 32-block of k
+    static constexpr bool kS2 = false;
+    const uint8_t* g;
+    const uint8_t* q = nullptr;
+    void begin(int64_t kb) { q = g + kb * kBlockBytes + 32; }
+    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+      s1lo = h8(q - 32);
+      s1hi = h8(q - 16);
+    }
+  };
+  struct DecQ8_0 : DecBlock32<544> {
+    static constexpr int kBias = 0;
+    template <int pp>  // = p % 4
+    void pair(int p, __m256i& w0, __m256i& w1) const {
+      w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p)));
+      w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p + 16)));
+    }
+  };
+  struct DecQ4_0 : DecBlock32<288> {
+    static constexpr int kBias = 8;  // pair() gives q; v = q - 8
+    template <int pp>  // = p % 4
+    void pair(int p, __m256i& w0, __m256i& w1) const { nibbles(q + 16 * p, w0, w1); }
+  };
+  struct DecQ4_K {
+    static constexpr int kBias = 0;
+    static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
+    static constexpr bool kS2 = true;
+    const uint8_t* g;
+    const uint8_t* q = nullptr;
+    const uint8_t* blk = nullptr;
+    int sb = 0;
+    void begin(int64_t kb) {
+      blk = g + (kb / 8) * 2368;
+      sb = int(kb % 8);
+      q = blk + 64 + 256 + 256 * sb;
+    }
+    void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
+      const __m256 sign = _mm256_set1_ps(-0.0f);
+      s1lo = _mm256_mul_ps(h8(blk), u8f(blk + 64 + 16 * sb));
+      s1hi = _mm256_mul_ps(h8(blk + 16), u8f(blk + 64 + 16 * sb + 8));
+      s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 32), u8f(blk + 192 + 16 * sb)));
+      s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 48), u8f(blk + 192 + 16 * sb + 8)));
+    }
+    template <int pp>  // = p % 4
+    void pair(int p, __m256i& w0, __m256i& w1) const { nibbles(q + 16 * p, w0, w1); }
+  };
+  // Q6_K: pair() gives the unsigned 6-bit q; v = (q - 32) * sc with sc per 16 k, so kSub16:
+  // the GEMV takes each half block's sum S apart and adds sc * (S - 32 * sum xq) (exact), the
+  // unpacker multiplies per element (sub16()).
+  struct DecQ6_K {
+    static constexpr int kBias = 0;
+    static constexpr int kBytesPer32 = 420;  // packed bytes per 32-block of k (on average)
+    static constexpr bool kS2 = false;
+    static constexpr bool kSub16 = true;
+    const uint8_t* g;
+    const uint8_t* ql = nullptr;
+    const uint8_t* qh = nullptr;
+    const uint8_t* blk = nullptr;
+    int j = 0;
+    void begin(int64_t kb) {
+      blk = g + (kb / 8) * 3360;
+      j = int(kb % 8);
+      ql = blk + 32 + 256 + 256 * j;
+      qh = blk + 32 + 256 + 2048 + 128 * j;  // 4 quads of pairs per 32-block
+    }
+    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+      s1lo = h8(blk);
+      s1hi = h8(blk + 16);
+    }
+    // Half h's scales: rows 0-7 (r = 0) or 8-15 as int32 lanes, or as int16 lanes 2j, 2j + 1.
+    __m256i sc32(int h, int r) const {
+      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + (2 * j + h) * 16 + 8 * r)));
+    }
+    __m256i sc16(int h, int r) const {
+      const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + (2 * j + h) * 16 + 8 * r)));
+      return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
+    }
+    template <int pp>  // = p % 4
+    void pair(int p, __m256i& w0, __m256i& w1) const {
+      const __m256i t = zx16(ql + 16 * p);
+      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * (p / 4)));
+      const __m256i m = _mm256_set1_epi16(0x30);
+      // h of pair pp sits at bits 4 pp (rows 0-7) and 4 pp + 2 (rows 8-15): move it to bits 4-5.
+      const __m256i h0 = _mm256_and_si256(pp == 0 ? _mm256_slli_epi16(H, 4) : pp == 1 ? H : _mm256_srli_epi16(H, pp == 2 ? 4 : 8), m);
+      const __m256i h1 = _mm256_and_si256(pp == 0 ? _mm256_slli_epi16(H, 2) : _mm256_srli_epi16(H, pp == 1 ? 2 : pp == 2 ? 6 : 10), m);
+      w0 = _mm256_or_si256(_mm256_and_si256(t, _mm256_set1_epi16(0xF)), h0);
+      w1 = _mm256_or_si256(_mm256_srli_epi16(t, 4), h1);
+    }
+    // The unpacker's v for pair p: (q - 32) * sc.
+    void sub16(int p, __m256i& w0, __m256i& w1) const {
+      const __m256i o32 = _mm256_set1_epi16(32);
+      w0 = _mm256_mullo_epi16(_mm256_sub_epi16(w0, o32), sc16(p / 8, 0));
+      w1 = _mm256_mullo_epi16(_mm256_sub_epi16(w1, o32), sc16(p / 8, 1));
+    }
+  };
+  template <class D>
+  static constexpr bool sub16_of() {
+    if constexpr (requires { D::kSub16; }) return D::kSub16;
+    else return false;
+  }
+  // f(p, integral_constant<int, p % 4>) for pairs [p0, p1) of a 32-block (multiples of 4):
+  // quads unrolled (Q6_K's shifts are constants), the quad loop not (fully unrolled, GCC hoists
+  // the loads and spills the accumulators).
+  template <class F>
+  static void for_pairs(int p0, int p1, F&& f) {
+#pragma GCC unroll 1
+    for (int q = p0; q < p1; q += 4) {
+      f(q, std::integral_constant<int, 0>{});
+      f(q + 1, std::integral_constant<int, 1>{});
+      f(q + 2, std::integral_constant<int, 2>{});
+      f(q + 3, std::integral_constant<int, 3>{});
+    }
+  }
+  template <class F>
+  static void with_decoder(GGMLType t, const uint8_t* group, F&& f) {
+    switch (t) {
+      case GGMLType::Q8_0: return f(DecQ8_0{{group}});
+      case GGMLType::Q4_0: return f(DecQ4_0{{group}});
+      case GGMLType::Q4_K: return f(DecQ4_K{group});
+      case GGMLType::Q6_K: return f(DecQ6_K{group});
+      default: fail("fast kernels: ", int(t), " is not an integer-path type");
+    }
+  }
+
+  // unpack_group_int (packed.h) for [k0, k0 + len), k0 a multiple of 32.
+  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                         float* S1, float* S2) {
+    with_decoder(t, group, [&](auto dec) {
+      for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+        __m256 a, b, c = _mm256_setzero_ps(), d = c;
+        dec.begin(k0 / kQBlock + kb);
+        dec.scales(a, b, c, d);
+        _mm256_storeu_ps(S1 + 16 * kb, a);
+        _mm256_storeu_ps(S1 + 16 * kb + 8, b);
+        _mm256_storeu_ps(S2 + 16 * kb, c);
+        _mm256_storeu_ps(S2 + 16 * kb + 8, d);
+        int16_t* v = V + kb * kQBlock * kGroup;
+        for_pairs(0, 16, [&](int p, auto pc) {
+          __m256i w0, w1;
+          dec.template pair<decltype(pc)::value>(p, w0, w1);
+          if constexpr (sub16_of<decltype(dec)>()) dec.sub16(p, w0, w1);
+          if constexpr (decltype(dec)::kBias != 0) {
+            w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(decltype(dec)::kBias));
+            w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(decltype(dec)::kBias));
+          }
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p), w0);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p + 16), w1);
+        });
+      }
+    });
+  }
+
+  static int32_t sum16(const int16_t* x) {  // x[0] + ... + x[15]
+    const __m256i v = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), _mm256_set1_epi16(1));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    return _mm_cvtsi128_si32(t);
+  }
+  static __m256i bcast_pair(const int16_t* x) {  // x[0], x[1] into every 32-bit lane
+    int32_t v;
+    std::memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+  }
+
+  // C (MR, ldc)[:, 0:16] (+)= the integer path over one K chunk (len / 32 blocks) of unpacked
+  // weights V, S1, S2 (S2 null: none): per block, exact int32 sums, then y = fma(I, s1 * dx, y)
+  // (and fma(X, s2 * dx, y)); y starts at 0 when first, else from C.
+  template <int MR>
+  static void mk_int_t(const IntRows& x, const int16_t* V, const float* S1, const float* S2,
+                       int64_t len, float* c, int64_t ldc, bool first) {
+    const int16_t* x0 = x.xq[0];
+    const int16_t* x1 = x.xq[MR > 1 ? 1 : 0];
+    const int16_t* x2 = x.xq[MR > 2 ? 2 : 0];
+    const int16_t* x3 = x.xq[MR > 3 ? 3 : 0];
+    const int16_t* x4 = x.xq[MR > 4 ? 4 : 0];
+    const int16_t* x5 = x.xq[MR > 5 ? 5 : 0];
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+              a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+      const int16_t* v = V + kb * kQBlock * kGroup;
+      const int64_t xo = kb * kQBlock;
+#define FT_MI(i)                                                                   \
+  if constexpr (MR > i) {                                                          \
+    const __m256i xb = bcast_pair(x##i + xo + 2 * p);                              \
+    a##i##0 = _mm256_add_epi32(a##i##0, _mm256_madd_epi16(w0, xb));                \
+    a##i##1 = _mm256_add_epi32(a##i##1, _mm256_madd_epi16(w1, xb));                \
+  }
+      for (int p = 0; p < 16; ++p) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * p));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * p + 16));
+        FT_MI(0) FT_MI(1) FT_MI(2) FT_MI(3) FT_MI(4) FT_MI(5)
+      }
+#undef FT_MI
+      const __m256 s1lo = _mm256_loadu_ps(S1 + 16 * kb), s1hi = _mm256_loadu_ps(S1 + 16 * kb + 8);
+      const bool zero = first && kb == 0;
+#define FT_EP(i)                                                                           \
+  if constexpr (MR > i) {                                                                  \
+    const __m256 d = _mm256_set1_ps(x.dx[i][kb]);                                          \
+    float* ci = c + i * ldc;                                                               \
+    __m256 y0 = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);                          \
+    __m256 y1 = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8);                      \
+    y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a##i##0), _mm256_mul_ps(s1lo, d), y0);         \
+    y1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a##i##1), _mm256_mul_ps(s1hi, d), y1);         \
+    if (S2) {                                                                              \
+      const __m256 X = _mm256_set1_ps(float(x.xs[i][kb]));                                 \
+      y0 = _mm256_fmadd_ps(X, _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb), d), y0);        \
+      y1 = _mm256_fmadd_ps(X, _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8), d), y1);    \
+    }                                                                                      \
+    _mm256_storeu_ps(ci, y0);                                                              \
+    _mm256_storeu_ps(ci + 8, y1);                                                          \
+  }
+      FT_EP(0) FT_EP(1) FT_EP(2) FT_EP(3) FT_EP(4) FT_EP(5)
+#undef FT_EP
+    }
+  }
+  static void mk_int1(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
+                      int64_t len, float* c, int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_int_t<1>(x, V, S1, S2, len, c, ldc, first);
+      case 2: return mk_int_t<2>(x, V, S1, S2, len, c, ldc, first);
+      case 3: return mk_int_t<3>(x, V, S1, S2, len, c, ldc, first);
+      case 4: return mk_int_t<4>(x, V, S1, S2, len, c, ldc, first);
+      case 5: return mk_int_t<5>(x, V, S1, S2, len, c, ldc, first);
+      default: return mk_int_t<6>(x, V, S1, S2, len, c, ldc, first);
+    }
+  }
+
+  // C (mr, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i], S1[i], S2[i]
+  // (all of type t; S2 read for Q4_K only).
+  static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
+                     const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
+                     int64_t ldc, bool first) {
+    for (int i = 0; i < ng; ++i)
+      mk_int1(mr, x, V[i], S1[i], t == GGMLType::Q4_K ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
+  }
+  static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
+                        int64_t K, uint8_t* out) {
+    cpu::pack_rows(t, rows, row_bytes, n_rows, K, out);
+  }
+
+  // Small M (decode) on the integer path: C (M, ldc)[:, 0:16] = the group's 16 rows over all of
+  // K, decoded straight from the packed bytes (no unpacked copy); the same sums as mk_int.
+  static constexpr int kPrefetch = 2048;
+  template <int MR, class D>
+  static void gemv_int_t(D dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
+                         const int32_t* xs, float* c, int64_t ldc) {
+    __m256 y00 = _mm256_setzero_ps(), y01 = y00, y10 = y00, y11 = y00;
+    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
+      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      // The group is one contiguous stream: ask for the bytes kPrefetch ahead, as the hardware
+      // prefetcher alone falls behind this loop's demand (DRAM latency x too few misses in flight).
+      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
+      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      dec.begin(kb);
+      __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
+      const int16_t* x0 = xq + kb * kQBlock;
+      const int16_t* x1 = xq + (MR > 1 ? ldx : 0) + kb * kQBlock;
+      auto accumulate = [&](int p0, int p1) {
+        for_pairs(p0, p1, [&](int p, auto pc) {
+          __m256i w0, w1;
+          dec.template pair<decltype(pc)::value>(p, w0, w1);
+          const __m256i xb0 = bcast_pair(x0 + 2 * p);
+          a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(w0, xb0));
+          a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(w1, xb0));
+          if constexpr (MR > 1) {
+            const __m256i xb1 = bcast_pair(x1 + 2 * p);
+            a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(w0, xb1));
+            a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(w1, xb1));
+          }
+        });
+      };
+      if constexpr (sub16_of<D>()) {
+        // Per half block h (16 k): I += sc_h * (sum q xq - 32 * sum xq), exact in int32.
+        __m256i i00 = _mm256_setzero_si256(), i01 = i00, i10 = i00, i11 = i00;
+        const int32_t xa0 = sum16(x0), xa1 = MR > 1 ? sum16(x1) : 0;
+        for (int h = 0; h < 2; ++h) {
+          a00 = a01 = a10 = a11 = _mm256_setzero_si256();
+          accumulate(8 * h, 8 * h + 8);
+          const __m256i sl = dec.sc32(h, 0), sh = dec.sc32(h, 1);
+          const __m256i c0 = _mm256_set1_epi32(32 * (h == 0 ? xa0 : xs[kb] - xa0));
+          i00 = _mm256_add_epi32(i00, _mm256_mullo_epi32(_mm256_sub_epi32(a00, c0), sl));
+          i01 = _mm256_add_epi32(i01, _mm256_mullo_epi32(_mm256_sub_epi32(a01, c0), sh));
+          if constexpr (MR > 1) {
+            const __m256i c1 = _mm256_set1_epi32(32 * (h == 0 ? xa1 : xs[nkb + kb] - xa1));
+            i10 = _mm256_add_epi32(i10, _mm256_mullo_epi32(_mm256_sub_epi32(a10, c1), sl));
+            i11 = _mm256_add_epi32(i11, _mm256_mullo_epi32(_mm256_sub_epi32(a11, c1), sh));
+          }
+        }
+        a00 = i00, a01 = i01, a10 = i10, a11 = i11;
+      } else {
+        accumulate(0, 16);
+      }
+      if constexpr (D::kBias != 0) {
+        const __m256i b0 = _mm256_set1_epi32(D::kBias * xs[kb]);
+        a00 = _mm256_sub_epi32(a00, b0);
+        a01 = _mm256_sub_epi32(a01, b0);
+        if constexpr (MR > 1) {
+          const __m256i b1 = _mm256_set1_epi32(D::kBias * xs[nkb + kb]);
+          a10 = _mm256_sub_epi32(a10, b1);
+          a11 = _mm256_sub_epi32(a11, b1);
+        }
+      }
+      __m256 s1lo, s1hi, s2lo = _mm256_setzero_ps(), s2hi = s2lo;
+      dec.scales(s1lo, s1hi, s2lo, s2hi);
+      const __m256 d0 = _mm256_set1_ps(dx[kb]);
+      y00 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a00), _mm256_mul_ps(s1lo, d0), y00);
+      y01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a01), _mm256_mul_ps(s1hi, d0), y01);
+      if constexpr (D::kS2) {
+        const __m256 X = _mm256_set1_ps(float(xs[kb]));
+        y00 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2lo, d0), y00);
+        y01 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2hi, d0), y01);
+      }
+      if constexpr (MR > 1) {
+        const __m256 d1 = _mm256_set1_ps(dx[nkb + kb]);
+        y10 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a10), _mm256_mul_ps(s1lo, d1), y10);
+        y11 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a11), _mm256_mul_ps(s1hi, d1), y11);
+        if constexpr (D::kS2) {
+          const __m256 X = _mm256_set1_ps(float(xs[nkb + kb]));
+          y10 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2lo, d1), y10);
+          y11 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2hi, d1), y11);
+        }
+      }
+    }
+    _mm256_storeu_ps(c, y00);
+    _mm256_storeu_ps(c + 8, y01);
+    if constexpr (MR > 1) {
+      _mm256_storeu_ps(c + ldc, y10);
+      _mm256_storeu_ps(c + ldc + 8, y11);
+    }
+  }
+  // xq (M, K), dx and xs (M, K / 32): rows taken two at a time.
+  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
+                       float* c, int64_t ldc) {
+    const int64_t nkb = K / kQBlock;
+    const int16_t* xq = qa.xq.data();
+    const float* dx = qa.dx.data();
+    const int32_t* xs = qa.xs.data();
+    with_decoder(t, group, [&](auto dec) {
+      for (int64_t m = 0; m < M; m += 2) {
+        if (M - m >= 2)
+          gemv_int_t<2>(dec, nkb, xq + m * K, K, dx + m * nkb, xs + m * nkb, c + m * ldc, ldc);
+        else
+          gemv_int_t<1>(dec, nkb, xq + m * K, K, dx + m * nkb, xs + m * nkb, c + m * ldc, ldc);
+      }
+    });
+  }
+
+  // len elements of one row from a block-aligned src, bit-identical to dequantize_row.
+  static void dequant(GGMLType t, const uint8_t* src, int64_t len, float* dst) {
+    switch (t) {
+      case GGMLType::F16: {
+        int64_t i = 0;
+        for (; i + 8 <= len; i += 8)
+          _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+        if (i < len) dequantize_row(t, src + 2 * i, dst + i, len - i);
+        return;
+      }
+      case GGMLType::BF16: {
+        int64_t i = 0;
+        for (; i + 8 <= len; i += 8) {
+          const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
+          _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        }
+        if (i < len) dequantize_row(t, src + 2 * i, dst + i, len - i);
+        return;
+      }
+      default:
+        dequantize_row(t, src, dst, len);
+        return;
+    }
+  }
+
+  static void prefetch(const float* p, int64_t n) {  // n floats from p into L1
+    for (int64_t i = 0; i < n; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+  }
+
+  // Online softmax over one KV block, vectorised across rows. St (nj, ld): column r = row r's
+  // scores (masked ones -inf). For r < rows (a multiple of 8): m_new = max(m, max_j St[j][r]);
+  // St[j][r] = exp(St[j][r] - m_new); l = l * alpha + sum_j St[j][r] (j in order), with
+  // alpha = exp(m - m_new). A row with nothing visible yet keeps m = -inf, l = 0 (its alpha is
+  // 0, and its O is 0).
+  static void softmax_cols(float* St, int ld, int nj, int rows, float* m, float* l, float* alpha) {
+    const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+      const __m256 mo = _mm256_loadu_ps(m + r0);
+      __m256 mx = ninf;
+      for (int j = 0; j < nj; ++j) mx = _mm256_max_ps(mx, _mm256_loadu_ps(St + j * ld + r0));
+      const __m256 mn = _mm256_max_ps(mo, mx);
+      const __m256 mu = _mm256_andnot_ps(_mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ), mn);  // -inf -> 0
+      const __m256 al = exp256(_mm256_sub_ps(mo, mu));
+      __m256 sum = _mm256_setzero_ps();
+      for (int j = 0; j < nj; ++j) {
+        const __m256 pj = exp256(_mm256_sub_ps(_mm256_loadu_ps(St + j * ld + r0), mu));
+        _mm256_storeu_ps(St + j * ld + r0, pj);
+        sum = _mm256_add_ps(sum, pj);
+      }
+      _mm256_storeu_ps(l + r0, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l + r0), al), sum));
+      _mm256_storeu_ps(m + r0, mn);
+      _mm256_storeu_ps(alpha + r0, al);
+    }
+  }
+
+  // Rows r < nr: O_r (hd,) = O_r * alpha_r + sum_{j < len} P[j*ldp + r] * v[j] (hd,).
+  template <int NR, int NV>
+  static void pv_chunk(float* O, const float* alpha, const float* P, int ldp, const float* const* v,
+                       int len, int hd, int d0) {
+    __m256 acc[NR][NV];
+    for (int r = 0; r < NR; ++r) {
+      const __m256 a = _mm256_set1_ps(alpha[r]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_mul_ps(_mm256_loadu_ps(O + r * hd + d0 + 8 * c), a);
+    }
+    for (int j = 0; j < len; ++j) {
+      __m256 vv[NV];
+      for (int c = 0; c < NV; ++c) vv[c] = _mm256_loadu_ps(v[j] + d0 + 8 * c);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 p = _mm256_broadcast_ss(P + j * ldp + r);
+        for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NV; ++c) _mm256_storeu_ps(O + r * hd + d0 + 8 * c, acc[r][c]);
+  }
+  template <int NR>
+  static void pv_rows(float* O, const float* alpha, const float* P, int ldp, const float* const* v,
+                      int len, int hd) {
+    // NR x 16 columns: 2 NR accumulators + 2 V vectors + a broadcast fit the 16 registers
+    // (NR = 6 is the widest; a spilled accumulator puts a store-reload in every chain).
+    int d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) pv_chunk<NR, 2>(O, alpha, P, ldp, v, len, hd, d0);
+    for (; d0 + 8 <= hd; d0 += 8) pv_chunk<NR, 1>(O, alpha, P, ldp, v, len, hd, d0);
+    for (int r = 0; r < NR; ++r)
+      for (int d = d0; d < hd; ++d) {
+        float o = O[r * hd + d] * alpha[r];
+        for (int j = 0; j < len; ++j) o = std::fma(P[j * ldp + r], v[j][d], o);
+        O[r * hd + d] = o;
+      }
+  }
+  static void pv(int nr, float* O, const float* alpha, const float* P, int ldp,
+                 const float* const* v, int len, int hd) {
+    switch (nr) {
+      case 1: return pv_rows<1>(O, alpha, P, ldp, v, len, hd);
+      case 2: return pv_rows<2>(O, alpha, P, ldp, v, len, hd);
+      case 3: return pv_rows<3>(O, alpha, P, ldp, v, len, hd);
+      case 4: return pv_rows<4>(O, alpha, P, ldp, v, len, hd);
+      case 5: return pv_rows<5>(O, alpha, P, ldp, v, len, hd);
+      default: return pv_rows<6>(O, alpha, P, ldp, v, len, hd);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace ft::cpu
