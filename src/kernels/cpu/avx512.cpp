@@ -108,7 +108,11 @@ struct Avx512Isa : Avx2Isa {
     __m512 acc[MR][NG];
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_setzero_ps();
+    constexpr int64_t kBytesPerK = T == GGMLType::F32 ? 64 : 32;  // a group's 16 weights at k
     for (int64_t k = 0; k < K; ++k) {
+      if ((k * kBytesPerK) % 64 == 0)  // each stream's next lines, as the integer GEMV does
+        for (int g = 0; g < NG; ++g)
+          _mm_prefetch(reinterpret_cast<const char*>(groups[g]) + k * kBytesPerK + kPrefetch, _MM_HINT_T0);
       __m512 b[NG];
       for (int g = 0; g < NG; ++g) b[g] = wload<T>(groups[g], k);
       for (int i = 0; i < MR; ++i) {

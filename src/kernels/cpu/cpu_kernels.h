@@ -71,6 +71,13 @@ const char* isa_name(IsaLevel l);
 IsaLevel cpu_best_isa();
 const IsaKernels& kernels_for(IsaLevel l);
 
+// Memory that kernels stream front to back (packed weights, the bandwidth probe), for
+// std::free: on 4 KiB pages every page is a TLB miss and a restart of the hardware prefetcher
+// (decode measured 2.6x slower on one thread), so blocks of 2 MiB or more are 2 MiB-aligned and
+// advised to be backed by transparent huge pages (THP mode "madvise" or "always"). Null when out
+// of memory.
+uint8_t* alloc_streamed(uint64_t bytes);
+
 const IsaKernels& scalar_kernels();
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx512_kernels();

@@ -89,7 +89,7 @@ class CpuFastBackend final : public Backend {
       if (p.src == W.data && p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
         return {W.type, p.bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
     const uint64_t bytes = cpu::group_bytes(W.type, W.n_cols) * uint64_t(cpu::n_groups(W.n_rows));
-    std::unique_ptr<uint8_t[], Free> buf(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    std::unique_ptr<uint8_t[], Free> buf(cpu::alloc_streamed(bytes));
     if (!buf) fail("prepare: out of memory packing a ", W.n_rows, "x", W.n_cols, " weight");
     k_.pack(W.type, static_cast<const uint8_t*>(W.data), *row_bytes(W.type, uint64_t(W.n_cols)),
             W.n_rows, W.n_cols, buf.get());

@@ -3,6 +3,10 @@
 // Compiled for the baseline x86-64: it must run on every CPU to say what that CPU has.
 #include "kernels/cpu/cpu_kernels.h"
 
+#include <sys/mman.h>
+
+#include <cstdlib>
+
 namespace ft::cpu {
 
 const char* isa_name(IsaLevel l) {
@@ -36,6 +40,16 @@ const IsaKernels& kernels_for(IsaLevel l) {
     case IsaLevel::Scalar: break;
   }
   return scalar_kernels();
+}
+
+uint8_t* alloc_streamed(uint64_t bytes) {
+  constexpr uint64_t kHuge = uint64_t(2) << 20;
+  const uint64_t align = bytes >= kHuge ? kHuge : 64, size = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(size_t(align), size_t(size));
+#ifdef MADV_HUGEPAGE
+  if (p && align == kHuge) madvise(p, size_t(size), MADV_HUGEPAGE);  // (advice: failure is harmless)
+#endif
+  return static_cast<uint8_t*>(p);
 }
 
 }  // namespace ft::cpu

@@ -209,7 +209,7 @@ double measure_int8_peak_gops(int threads, double seconds, std::string_view isa)
 
 double measure_read_bandwidth_gbs(int threads, size_t bytes, int reps) {
   const size_t n = bytes / sizeof(float) / 64 * 64;
-  float* p = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+  float* p = reinterpret_cast<float*>(cpu::alloc_streamed(n * sizeof(float)));  // as weights are
   if (!p) return 0;
   const bool avx2 = cpu::cpu_best_isa() >= cpu::IsaLevel::Avx2;
   // First touch by the threads that read, so pages are where they are used.
