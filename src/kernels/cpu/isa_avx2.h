@@ -590,6 +590,9 @@ struct Avx2Isa {
     }
   }
 
+  static void prefetch_bytes(const uint8_t* p, int64_t n) {  // n bytes from p into L1
+    for (int64_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+  }
   static void prefetch(const float* p, int64_t n) {  // n floats from p into L1
     for (int64_t i = 0; i < n; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
   }

@@ -207,7 +207,16 @@ struct Drivers {
       const int64_t me = std::min(M, mb + kMCInt);
       for (int64_t k0 = 0; k0 < K; k0 += kKC) {
         const int64_t len = std::min(kKC, K - k0);
-        for (int i = 0; i < ns; ++i) int_weights_at(src[i], k0, len, s.v[i], s.s1[i], s.s2[i], s.raw);
+        for (int i = 0; i < ns; ++i) {
+          // The next chunk's packed bytes, while this one computes: with few rows (the
+          // scheduler's small chunks) the weights stream from memory as in decode.
+          if (src[i].seg->packed && k0 + kKC < K) {
+            const int64_t bl = block_len(type);
+            const uint64_t bb = packed_block_bytes(type);
+            Isa::prefetch_bytes(src[i].group() + uint64_t((k0 + kKC) / bl) * bb, int64_t(uint64_t(kKC / bl) * bb));
+          }
+          int_weights_at(src[i], k0, len, s.v[i], s.s1[i], s.s2[i], s.raw);
+        }
         const int64_t rows = me - mb, n_tiles = (rows + kMRInt - 1) / kMRInt;
         for (int64_t t = 0, m0 = mb; t < n_tiles; ++t) {
           const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));

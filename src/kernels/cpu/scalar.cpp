@@ -62,6 +62,7 @@ struct ScalarIsa {
     dequantize_row(t, src, dst, len);
   }
   static void prefetch(const float*, int64_t) {}
+  static void prefetch_bytes(const uint8_t*, int64_t) {}
   // See Avx2Isa::softmax_cols.
   static void softmax_cols(float* St, int ld, int nj, int rows, float* m, float* l, float* alpha) {
     const float ninf = -std::numeric_limits<float>::infinity();
