@@ -25,6 +25,7 @@ struct Request {
   std::vector<std::string> stop;
   bool stream = true;
   bool ignore_eos = false;
+  int32_t logprobs = -1;  // -1: off; N: each token's logprob and its N best alternatives
   Request() {
     sampling.temperature = 1.0f;
     sampling.seed = 0;
@@ -43,6 +44,7 @@ struct Response {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   Timings timings;
   std::string error;  // final frame of a failed request
+  std::vector<TokenLogprobs> logprobs;  // one per token, when requested
 };
 
 std::string encode_request(const Request& r);

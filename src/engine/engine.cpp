@@ -45,8 +45,8 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   kc.block_size = B;
   kc.n_blocks = int32_t(std::min<uint64_t>(kv_bytes / block_bytes, 1u << 30));
   kc.prefix_caching = cfg.prefix_caching;
-  if (kc.n_blocks < 2)
-    fail("KV cache memory of ", kv_bytes, " bytes holds fewer than 2 blocks of ", block_bytes, " bytes");
+  if (kc.n_blocks < kMinKvBlocks)
+    fail("KV cache memory of ", kv_bytes, " bytes holds fewer than ", kMinKvBlocks, " blocks of ", block_bytes, " bytes");
   kv_ = std::make_unique<KVCache>(kc);
 
   backend_ = make_backend(cfg.runtime.backend, resolve_threads(cfg.runtime.threads));

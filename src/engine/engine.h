@@ -16,6 +16,8 @@
 
 namespace ft {
 
+inline constexpr int32_t kMinKvBlocks = 2;  // the smallest KV cache an engine runs with
+
 struct EngineConfig {
   RuntimeConfig runtime;
   SchedulerConfig scheduler;

@@ -32,7 +32,7 @@ void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, Eng
   ev.logprob = logits[token] - log_z;
   ev.top_logprobs.clear();
   if (n <= 0) return;
-  // Keep the n best in a small sorted list (n <= 20).
+  // Keep the n best in a small sorted list (n <= kMaxLogprobs).
   for (int32_t i = 0; i < V; ++i) {
     const float lp = logits[i] - log_z;
     if (int32_t(ev.top_logprobs.size()) == n && lp <= ev.top_logprobs.back().second) continue;
@@ -61,9 +61,9 @@ void EngineCore::validate(const EngineRequest& r) const {
   for (int32_t t : r.prompt)
     if (t < 0 || t >= V) fail("prompt token id ", t, " is out of range [0, ", V, ")");
   if (r.max_tokens < 1) fail("max_tokens must be at least 1, got ", r.max_tokens);
-  if (r.logprobs > 20) fail("logprobs must be at most 20, got ", r.logprobs);
+  if (r.logprobs > kMaxLogprobs) fail("logprobs must be at most ", kMaxLogprobs, ", got ", r.logprobs);
   ft::validate(r.sampling);
-  if (n + r.max_tokens > n_ctx_)
+  if (n > n_ctx_ || r.max_tokens > n_ctx_ - n)  // no n + max_tokens: max_tokens may be near INT64_MAX
     fail("the prompt (", n, " tokens) plus max_tokens (", r.max_tokens, ") exceeds the context length of ",
          n_ctx_, " tokens");
   const int32_t need = KVCache::blocks_for(n + r.max_tokens, kv_.config().block_size);

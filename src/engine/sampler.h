@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace ft {
@@ -30,6 +31,13 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // OpenAI semantics, over generated tokens only
   int penalty_last_n = 64;          // window of the repetition penalty; 0 = off, -1 = all history
   uint64_t seed = 0xF1257;          // same seed + same logits -> same choices
+};
+
+// A sampled token's log-probability and its best alternatives (best first), when requested.
+struct TokenLogprobs {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 // Validates ranges (temperature >= 0 and finite, top_p in (0,1], min_p in [0,1], top_k >= 0,

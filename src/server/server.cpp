@@ -16,7 +16,6 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <spdlog/spdlog.h>
 #include <thread>
 
@@ -40,41 +39,9 @@ namespace {
 // Each I/O thread's own copy of the tokenizer (set when the thread starts; see Server::run).
 thread_local const Tokenizer* t_tok = nullptr;
 
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-
 std::chrono::steady_clock::duration secs(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
-
-// An engine event copied off the engine thread (timings are only valid during the callback).
-struct EventCopy {
-  EngineEvent::Kind kind;
-  int32_t token;
-  FinishReason reason;
-  int64_t n_prompt, n_generated;
-  std::shared_ptr<RequestTimings> timings;  // Finished only
-  float logprob = 0;                                  // Token, when logprobs were requested
-  std::vector<std::pair<int32_t, float>> top_logprobs;  // Token: best first
-};
-
-// One generation request's state; lives on its session's strand.
-struct Gen {
-  ResponseMeta meta;
-  uint64_t engine_id = 0;
-  bool stream = false, include_usage = false, ignore_eos = false;
-  int64_t n_prompt = 0, max_tokens = 0, n_tokens = 0;
-  int32_t logprobs = -1;             // ParsedRequest::logprobs
-  std::vector<TokenLogprob> lp;      // not yet sent (streaming) / all of them (not streaming)
-  int64_t lp_offset = 0;             // completions' text_offset of lp[0]
-  StreamDecoder dec;
-  StopMatcher stop;
-  std::string text;            // non-streaming: the whole completion
-  std::string finish;          // "stop" | "length" once decided
-  bool left_queue = false;     // counted out of the server's waiting count
-  bool responded = false;      // the final bytes are queued (or the client is gone)
-  bool client_gone = false, shutdown_cancel = false;
-  Gen(const Tokenizer& tok, std::vector<std::string> stops) : dec(tok), stop(std::move(stops)) {}
-};
 
 }  // namespace
 
@@ -86,30 +53,32 @@ struct Server::Impl {
   ServedModel model;
   ServeConfig cfg;
   ModelInfo info;
-  std::string bos_text, eos_text;
+  std::atomic<int64_t> waiting{0};  // submitted, no token or finish yet
+  ServerMetrics metrics;
+  GenerationContext gen;
   net::io_context ioc;
   net::strand<net::io_context::executor_type> ctl{net::make_strand(ioc)};  // acceptor + shutdown
   tcp::acceptor acceptor{ctl};
   net::signal_set signals{ctl, SIGINT, SIGTERM};
   net::steady_timer drain_timer{ctl}, hard_timer{ctl}, poll_timer{ctl};
   std::atomic<bool> draining{false};
-  std::atomic<int64_t> waiting{0};  // submitted, no token or finish yet
   std::atomic<int> n_sessions{0};
   std::atomic<uint64_t> next_id{1};
-  ServerMetrics metrics;
   std::mutex sess_mu;
   std::vector<std::weak_ptr<Session>> sessions;
   std::vector<std::weak_ptr<BinSession>> bin_sessions;  // under sess_mu
   tcp::acceptor bin_acceptor{ctl};                       // the binary protocol (--binary-port)
   std::atomic<int> bound_port{0}, bound_binary_port{0};
 
-  Impl(Engine& e, const ServedModel& m, const ServeConfig& c) : engine(e), model(m), cfg(c) {
+  Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
+      : engine(e), model(m), cfg(c), gen(e, *m.tokenizer, m.chat_format) {
     info.id = m.id;
     info.n_ctx = e.n_ctx();
     info.n_vocab = m.tokenizer->n_vocab();
-    const Tokenizer& tok = *m.tokenizer;
-    bos_text = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
-    eos_text = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+    gen.waiting = &waiting;
+    gen.max_queue = cfg.max_queue;
+    gen.metrics = &metrics;
+    gen.emit_span = "http.emit";
   }
   void do_accept();
   void do_accept_binary();
@@ -133,10 +102,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   // Posted when the shutdown deadline passes: cancel what is still generating.
   void on_deadline() {
-    if (gen_ && !gen_->responded && !gen_->shutdown_cancel) {
-      gen_->shutdown_cancel = true;
-      srv_.engine.cancel(gen_->engine_id);
-    }
+    if (gen_) gen_->cancel_for_shutdown();
   }
 
  private:
@@ -303,11 +269,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void client_gone() {
-    if (gen_ && !gen_->responded) {
-      gen_->client_gone = true;
-      gen_->responded = true;
-      srv_.engine.cancel(gen_->engine_id);
-    }
+    if (gen_) gen_->abandon();
     close();
   }
 
@@ -423,195 +385,95 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<int32_t> ids;
     for (const json& t : j["tokens"]) {
       if (!t.is_number_integer()) throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
-      const int64_t id = t.get<int64_t>();
-      if (id < 0 || id >= srv_.info.n_vocab)
-        throw ApiError(400, cat("token id ", id, " is out of range [0, ", srv_.info.n_vocab, ")"), "tokens");
-      ids.push_back(int32_t(id));
+      ids.push_back(check_token_id(t.get<int64_t>(), srv_.info.n_vocab, "tokens"));
     }
     return {{"prompt", t_tok->decode(ids)}};
   }
 
   // --- generation -------------------------------------------------------------------------
-  void generate(Endpoint kind, const std::string& body) {
-    const auto t0 = Clock::now();
-    ParsedRequest pr = parse_request(kind, body, srv_.info);
-    const Tokenizer& tok = *t_tok;
-    std::vector<int32_t> prompt;
-    const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
-    try {
-      if (kind == Endpoint::Chat)
-        prompt = tok.encode(render_chat(srv_.model.chat_format, pr.messages, true, srv_.bos_text, srv_.eos_text),
-                            /*add_bos=*/false, /*parse_special=*/true);
-      else if (pr.prompt_is_tokens)
-        prompt = std::move(pr.prompt_tokens);
-      else  // like `firsttoken run`: with BOS when the vocabulary wants it
-        prompt = tok.encode(pr.prompt_text, tok.add_bos_default(), /*parse_special=*/true);
-    } catch (const Error& e) {
-      throw ApiError(400, e.what(), kind == Endpoint::Chat ? "messages" : "prompt");
+  // The response of one generation: SSE chunks as its tokens come (stream), or one JSON body.
+  class Reply : public GenerationSink {
+   public:
+    Reply(Session& s, ResponseMeta meta, const ParsedRequest& pr)
+        : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0) {}
+    void on_output(Output&& o) override {
+      add_logprobs(o);
+      emit(o.text, false);
     }
-    const double tokenize_ms = ms_since(t0);
-    const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
-    const int64_t max_tokens = resolve_max_tokens(pr, int64_t(prompt.size()), srv_.info.n_ctx);
-    if (!pr.seed_set) {
-      thread_local std::mt19937_64 rng{std::random_device{}()};
-      pr.sampling.seed = rng();
-    }
-
-    auto gen = std::make_shared<Gen>(*srv_.model.tokenizer, pr.stop);
-    const uint64_t n = srv_.next_id.fetch_add(1);
-    gen->meta = {kind, cat(kind == Endpoint::Chat ? "chatcmpl-" : "cmpl-", std::hex, 0x10000000u + n),
-                 int64_t(std::time(nullptr)), srv_.info.id};
-    gen->stream = pr.stream;
-    gen->include_usage = pr.include_usage;
-    gen->ignore_eos = pr.ignore_eos;
-    gen->n_prompt = int64_t(prompt.size());
-    gen->max_tokens = max_tokens;
-    gen->logprobs = pr.logprobs;
-
-    // Admission: at most max_queue requests waiting for their first token.
-    if (srv_.waiting.fetch_add(1) >= srv_.cfg.max_queue) {
-      srv_.waiting.fetch_sub(1);
-      throw ApiError(429, cat("too many requests are waiting (limit ", srv_.cfg.max_queue, "); retry later"), "",
-                     "rate_limit_error", "queue_full");
-    }
-    EngineRequest er;
-    er.prompt = std::move(prompt);
-    er.sampling = pr.sampling;
-    er.max_tokens = max_tokens;
-    er.ignore_eos = pr.ignore_eos;
-    er.tokenize_ms = tokenize_ms;
-    er.logprobs = pr.logprobs;
-    // Runs on the engine thread: copy the event and hand it to this connection's strand.
-    auto cb = [self = shared_from_this(), gen](const EngineEvent& ev) {
-      EventCopy e{ev.kind, ev.token, ev.reason, ev.n_prompt, ev.n_generated, nullptr, ev.logprob, ev.top_logprobs};
-      if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
-      net::post(self->executor(), [self, gen, e = std::move(e)] { self->on_event(*gen, e); });
-    };
-    try {
-      gen->engine_id = srv_.engine.submit(std::move(er), std::move(cb));
-    } catch (const Error& e) {
-      srv_.waiting.fetch_sub(1);
-      const std::string msg = e.what();
-      if (msg.find("shutting down") != std::string::npos)
-        throw ApiError(503, msg, "", "server_error", "server_shutdown");
-      throw ApiError(400, msg);
-    }
-    if (p_tok0 > 0)  // recorded once the engine's id is known, to tie it to the request's track
-      profile::complete("tokenize", "request", p_tok0, p_tok1,
-                        profile::Args().i("req", int64_t(gen->engine_id)).i("tokens", gen->n_prompt));
-    gen_ = gen;
-    if (gen->stream) {
-      std::string head = sse_response_head(keep_alive_ && !srv_.draining);
-      if (kind == Endpoint::Chat)  // OpenAI's first chat chunk: the role, empty content
-        head += http_chunk(sse_event(stream_chunk(gen->meta, "", true, "", gen->include_usage)));
-      enqueue(std::move(head), false);
-    }
-    start_watch();
-  }
-
-  // Sends (streaming) or appends text. A streamed chunk carries the logprobs of the tokens
-  // since the previous chunk; final: send them even without text (held-back bytes, a stop).
-  void emit(Gen& g, const std::string& text, bool final = false) {
-    if (!g.stream) {
-      g.text += text;
-      return;
-    }
-    if (text.empty() && !(final && !g.lp.empty())) return;
-    json lp = nullptr;
-    if (g.logprobs >= 0) {
-      lp = logprobs_json(g.meta.kind, g.lp, g.lp_offset);
-      for (const auto& t : g.lp) g.lp_offset += int64_t(t.text.size());
-      g.lp.clear();
-    }
-    enqueue(http_chunk(sse_event(stream_chunk(g.meta, text, false, "", g.include_usage, lp))), false);
-  }
-
-  void finish_response(Gen& g) {
-    g.responded = true;
-    const Usage u{g.n_prompt, g.n_tokens};
-    if (g.stream) {
-      std::string s = sse_event(stream_chunk(g.meta, "", false, g.finish, g.include_usage));
-      if (g.include_usage) s += sse_event(usage_chunk(g.meta, u));
-      s += kSseDone;
-      enqueue(http_chunk(s) + http_chunk(""), true);
-    } else {
-      send_response(200, "application/json",
-                    completion_response(g.meta, g.text, g.finish, u,
-                                        g.logprobs >= 0 ? logprobs_json(g.meta.kind, g.lp) : json(nullptr))
-                        .dump(-1, ' ', false, json::error_handler_t::replace));
-    }
-  }
-
-  void finish_with_error(Gen& g, const ApiError& e) {
-    g.responded = true;
-    if (g.stream) {  // headers are out: an SSE error event, which OpenAI clients raise as APIError
-      std::string s = "data: " + error_body(e) + "\n\n";
-      s += kSseDone;
-      enqueue(http_chunk(s) + http_chunk(""), true);
-    } else {
-      send_error(e);
-    }
-  }
-
-  void on_event(Gen& g, const EventCopy& e) {
-    profile::Scope sc("http.emit", "http");  // decode, stop strings, format, queue the bytes
-    if (!g.left_queue) {
-      g.left_queue = true;
-      srv_.waiting.fetch_sub(1);
-    }
-    const Tokenizer& tok = *srv_.model.tokenizer;  // immutable; decoding reads only
-    if (e.kind == EngineEvent::Kind::Token) {
-      if (g.responded) return;  // stopped, or the client left: tokens until the cancel lands
-      ++g.n_tokens;
-      if (spdlog::should_log(spdlog::level::trace))
-        spdlog::trace("{} token {} {}", g.meta.id, e.token, json(tok.token_to_piece(e.token)).dump(-1, ' ', false, json::error_handler_t::replace));
-      std::string text;
-      if (!tok.is_eog(e.token) || g.ignore_eos) {
-        text = g.stop.push(g.dec.push(e.token));
-        if (g.logprobs >= 0) {  // the end-of-generation token is not reported (OpenAI)
-          TokenLogprob t{tok.token_to_piece(e.token), e.logprob, {}};
-          for (const auto& [id, lp] : e.top_logprobs) t.top.emplace_back(tok.token_to_piece(id), lp);
-          g.lp.push_back(std::move(t));
-        }
+    void on_finish(Output&& last, const Finish& f) override {
+      add_logprobs(last);
+      emit(last.text, true);
+      if (stream_) {
+        std::string sse = sse_event(stream_chunk(meta_, "", false, f.reason, include_usage_));
+        if (include_usage_) sse += sse_event(usage_chunk(meta_, f.usage));
+        sse += kSseDone;
+        s_.enqueue(http_chunk(sse) + http_chunk(""), true);
+      } else {
+        s_.send_response(200, "application/json",
+                         completion_response(meta_, text_, f.reason, f.usage,
+                                             logprobs_ ? logprobs_json(meta_.kind, lp_) : json(nullptr))
+                             .dump(-1, ' ', false, json::error_handler_t::replace));
       }
-      if (g.stop.stopped()) {
-        srv_.engine.cancel(g.engine_id);
-        g.finish = "stop";
-        emit(g, text, true);
-        finish_response(g);
+    }
+    void on_error(const ApiError& e, const Usage&) override {
+      if (!stream_) return s_.send_error(e);
+      // The headers are out: an SSE error event, which OpenAI clients raise as APIError.
+      s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n" + std::string(kSseDone)) + http_chunk(""), true);
+    }
+    // The SSE head, and chat's first chunk (the role, empty content), before any token.
+    void start() {
+      if (!stream_) return;
+      std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining);
+      if (meta_.kind == Endpoint::Chat)
+        head += http_chunk(sse_event(stream_chunk(meta_, "", true, "", include_usage_)));
+      s_.enqueue(std::move(head), false);
+    }
+
+   private:
+    void add_logprobs(const Output& o) {
+      const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
+      for (const TokenLogprobs& t : o.logprobs) {
+        TokenLogprob x{tok.token_to_piece(t.token), t.logprob, {}};
+        for (const auto& [id, lp] : t.top) x.top.emplace_back(tok.token_to_piece(id), lp);
+        lp_.push_back(std::move(x));
+      }
+    }
+    // Sends (streaming) or appends text. A streamed chunk carries the logprobs of the tokens since
+    // the previous chunk; final: send them even without text (held-back bytes, a stop).
+    void emit(const std::string& text, bool final) {
+      if (!stream_) {
+        text_ += text;
         return;
       }
-      emit(g, text);
-      return;
-    }
-    // Finished.
-    std::string finish = g.finish;
-    if (finish.empty()) finish = e.reason == FinishReason::Stop ? "stop" : e.reason == FinishReason::Length ? "length" : "abort";
-    if (!g.responded) {
-      if (e.reason == FinishReason::Cancelled) {
-        finish_with_error(g, g.shutdown_cancel
-                                 ? ApiError(503, "the server is shutting down; the request was cancelled", "",
-                                            "server_error", "server_shutdown")
-                                 : ApiError(500, "the request was cancelled", "", "server_error"));
-      } else {
-        std::string text = g.stop.push(g.dec.flush());
-        if (!g.stop.stopped()) text += g.stop.flush();
-        g.finish = g.stop.stopped() ? "stop" : finish;
-        finish = g.finish;
-        emit(g, text, true);
-        finish_response(g);
+      if (text.empty() && !(final && !lp_.empty())) return;
+      json lp = nullptr;
+      if (logprobs_) {
+        lp = logprobs_json(meta_.kind, lp_, lp_offset_);
+        for (const auto& t : lp_) lp_offset_ += int64_t(t.text.size());
+        lp_.clear();
       }
+      s_.enqueue(http_chunk(sse_event(stream_chunk(meta_, text, false, "", include_usage_, lp))), false);
     }
-    if (e.timings) {
-      const RequestTimings& t = *e.timings;
-      srv_.metrics.observe_finished(t, finish, e.n_prompt, g.n_tokens);
-      spdlog::info("{} {} finish={} prompt={} cached={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "
-                   "ttft={:.2f}ms decode={:.2f}ms total={:.2f}ms{}",
-                   g.meta.id, g.meta.kind == Endpoint::Chat ? "chat" : "completion", finish, g.n_prompt,
-                   t.cached_tokens, g.n_tokens, t.tokenize_ms, t.queue_ms(), t.prefill_ms(), t.ttft_ms(),
-                   t.decode_ms(), t.finish_ms >= 0 ? t.finish_ms - t.arrival_ms + t.tokenize_ms : 0.0,
-                   g.client_gone ? " (client disconnected)" : "");
-    }
+
+    Session& s_;  // alive while events are handled: each posted event holds the session
+    ResponseMeta meta_;
+    bool stream_, include_usage_, logprobs_;
+    std::vector<TokenLogprob> lp_;  // not yet sent (streaming) / all of them (not streaming)
+    int64_t lp_offset_ = 0;         // completions' text_offset of lp_[0]
+    std::string text_;              // not streaming: the whole completion
+  };
+
+  void generate(Endpoint kind, const std::string& body) {
+    ParsedRequest pr = parse_request(kind, body, srv_.info);
+    const uint64_t n = srv_.next_id.fetch_add(1);
+    ResponseMeta meta{kind, cat(kind == Endpoint::Chat ? "chatcmpl-" : "cmpl-", std::hex, 0x10000000u + n),
+                      int64_t(std::time(nullptr)), srv_.info.id};
+    pr.name = meta.id + (kind == Endpoint::Chat ? " chat" : " completion");
+    auto reply = std::make_shared<Reply>(*this, std::move(meta), pr);
+    gen_ = Generation::start(srv_.gen, *t_tok, std::move(pr), reply,
+                             [self = shared_from_this()](std::function<void()> f) { net::post(self->executor(), std::move(f)); });
+    reply->start();
+    start_watch();
   }
 
   beast::tcp_stream stream_;
@@ -625,7 +487,7 @@ class Session : public std::enable_shared_from_this<Session> {
   int64_t header_ns_ = 0;  // profiler clock when the request's header was read
   std::string discard_;
   bool writing_ = false, watching_ = false, resume_after_watch_ = false, closed_ = false, keep_alive_ = true;
-  std::shared_ptr<Gen> gen_;  // the request being generated on this connection
+  std::shared_ptr<Generation> gen_;  // the request being generated on this connection
 };
 
 // --- the binary protocol ---------------------------------------------------------------------
@@ -646,23 +508,52 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
     if (!gen_ && outq_.empty()) close();
   }
   void on_deadline() {
-    if (gen_ && !gen_->responded && !gen_->shutdown_cancel) {
-      gen_->shutdown_cancel = true;
-      srv_.engine.cancel(gen_->engine_id);
-    }
+    if (gen_) gen_->cancel_for_shutdown();
   }
 
  private:
-  struct BGen {
-    uint64_t engine_id = 0;
-    bool stream = true, ignore_eos = false, responded = false, left_queue = false, shutdown_cancel = false;
-    int64_t n_prompt = 0, n_tokens = 0;
-    std::vector<int32_t> tokens;  // not yet sent (stream) / all (no stream)
-    std::string text;
-    std::string finish;
-    StreamDecoder dec;
-    StopMatcher stop;
-    BGen(const Tokenizer& tok, std::vector<std::string> stops) : dec(tok), stop(std::move(stops)) {}
+  // The response of one generation: a frame per token (stream) and the last frame, or the last
+  // frame alone with everything.
+  class Reply : public GenerationSink {
+   public:
+    Reply(BinSession& s, bool stream) : s_(s), stream_(stream) {}
+    void on_output(Output&& o) override {
+      if (!stream_) return append(o);
+      proto::Response r;
+      r.tokens = std::move(o.tokens);
+      r.text = std::move(o.text);
+      r.logprobs = std::move(o.logprobs);
+      s_.enqueue(proto::encode_response(r));
+    }
+    void on_finish(Output&& last, const Finish& f) override {
+      append(last);
+      r_.last = true;
+      r_.finish = f.reason;
+      r_.prompt_tokens = f.usage.prompt_tokens;
+      r_.completion_tokens = f.usage.completion_tokens;
+      if (const RequestTimings* t = f.timings)
+        r_.timings = {t->tokenize_ms, t->queue_ms(), t->prefill_ms(), t->ttft_ms(), t->decode_ms(), t->total_ms()};
+      s_.respond(r_);
+    }
+    void on_error(const ApiError& e, const Usage& u) override {
+      proto::Response r;
+      r.last = true;
+      r.finish = "cancelled";
+      r.error = e.what();
+      r.prompt_tokens = u.prompt_tokens;
+      r.completion_tokens = u.completion_tokens;
+      s_.respond(r);
+    }
+
+   private:
+    void append(Output& o) {
+      r_.tokens.insert(r_.tokens.end(), o.tokens.begin(), o.tokens.end());
+      r_.text += o.text;
+      for (auto& lp : o.logprobs) r_.logprobs.push_back(std::move(lp));
+    }
+    BinSession& s_;  // alive while events are handled: each posted event holds the session
+    bool stream_;
+    proto::Response r_;  // the last frame: what is not yet sent
   };
 
   void read_header() {
@@ -700,7 +591,7 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
       if (srv_.draining) throw ApiError(503, "the server is shutting down");
       generate(std::move(req));
     } catch (const ApiError& e) {
-      send_error(e.what());
+      send_error(e.param.empty() ? std::string(e.what()) : cat(e.param, ": ", e.what()));  // no param field here
     } catch (const std::exception& e) {
       send_error(e.what());
     }
@@ -716,138 +607,26 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
   }
 
   void generate(proto::Request req) {
-    const auto t0 = Clock::now();
-    const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
-    const Tokenizer& tok = *t_tok;
-    std::vector<int32_t> prompt;
-    if (!req.tokens.empty()) {
-      for (const int32_t t : req.tokens)
-        if (t < 0 || t >= srv_.info.n_vocab) throw ApiError(400, cat("token id ", t, " is out of range [0, ", srv_.info.n_vocab, ")"));
-      prompt = std::move(req.tokens);
-    } else {
-      if (req.text.empty()) throw ApiError(400, "the request has neither tokens nor text");
-      prompt = tok.encode(req.text, req.add_bos && tok.add_bos_default(), /*parse_special=*/true);
-    }
-    const double tokenize_ms = ms_since(t0);
-    const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
-    const int64_t n_prompt = int64_t(prompt.size()), n_ctx = srv_.info.n_ctx;
-    if (n_prompt >= n_ctx) throw ApiError(400, cat("the prompt has ", n_prompt, " tokens; the context holds ", n_ctx));
-    if (req.max_tokens < 1) throw ApiError(400, "max_tokens must be >= 1");
-    if (n_prompt + req.max_tokens > n_ctx)
-      throw ApiError(400, cat("prompt (", n_prompt, ") + max_tokens (", req.max_tokens, ") exceeds the context (", n_ctx, ")"));
-    if (req.stop.size() > 4) throw ApiError(400, "at most 4 stop strings");
-    for (const auto& x : req.stop)
-      if (x.empty()) throw ApiError(400, "stop strings must not be empty");
-    validate(req.sampling);  // ft::Error naming the field
-    if (!req.seed_set) {
-      thread_local std::mt19937_64 rng{std::random_device{}()};
-      req.sampling.seed = rng();
-    }
-    if (srv_.waiting.fetch_add(1) >= srv_.cfg.max_queue) {
-      srv_.waiting.fetch_sub(1);
-      throw ApiError(429, cat("too many requests are waiting (limit ", srv_.cfg.max_queue, "); retry later"));
-    }
-    auto gen = std::make_shared<BGen>(*srv_.model.tokenizer, req.stop);
-    gen->stream = req.stream;
-    gen->ignore_eos = req.ignore_eos;
-    gen->n_prompt = n_prompt;
-    EngineRequest er;
-    er.prompt = std::move(prompt);
-    er.sampling = req.sampling;
-    er.max_tokens = req.max_tokens;
-    er.ignore_eos = req.ignore_eos;
-    er.tokenize_ms = tokenize_ms;
-    auto cb = [self = shared_from_this(), gen](const EngineEvent& ev) {
-      EventCopy e{ev.kind, ev.token, ev.reason, ev.n_prompt, ev.n_generated, nullptr, 0, {}};
-      if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
-      net::post(self->executor(), [self, gen, e = std::move(e)] { self->on_event(*gen, e); });
-    };
-    try {
-      gen->engine_id = srv_.engine.submit(std::move(er), std::move(cb));
-    } catch (const Error& e) {
-      srv_.waiting.fetch_sub(1);
-      throw ApiError(400, e.what());
-    }
-    if (p_tok0 > 0)
-      profile::complete("tokenize", "request", p_tok0, p_tok1,
-                        profile::Args().i("req", int64_t(gen->engine_id)).i("tokens", n_prompt));
-    gen_ = gen;
+    GenerationRequest g;
+    g.prompt_kind = req.tokens.empty() ? PromptKind::Text : PromptKind::Tokens;
+    g.prompt_text = std::move(req.text);
+    g.add_bos = req.add_bos;
+    g.prompt_tokens = std::move(req.tokens);
+    g.sampling = req.sampling;
+    g.seed_set = req.seed_set;
+    g.max_tokens = req.max_tokens;
+    g.ignore_eos = req.ignore_eos;
+    g.stop = std::move(req.stop);
+    g.logprobs = req.logprobs;
+    g.name = cat("bin-", std::hex, 0x10000000u + srv_.next_id.fetch_add(1), " binary");
+    gen_ = Generation::start(srv_.gen, *t_tok, std::move(g), std::make_shared<Reply>(*this, req.stream),
+                             [self = shared_from_this()](std::function<void()> f) { net::post(self->executor(), std::move(f)); });
   }
 
-  void on_event(BGen& g, const EventCopy& e) {
-    if (!g.left_queue) {
-      g.left_queue = true;
-      srv_.waiting.fetch_sub(1);
-    }
-    const Tokenizer& tok = *srv_.model.tokenizer;
-    if (e.kind == EngineEvent::Kind::Token) {
-      if (g.responded) return;
-      ++g.n_tokens;
-      std::string text;
-      if (!tok.is_eog(e.token) || g.ignore_eos) {
-        g.tokens.push_back(e.token);
-        text = g.stop.push(g.dec.push(e.token));
-      }
-      g.text += text;
-      if (g.stop.stopped()) {
-        srv_.engine.cancel(g.engine_id);
-        g.finish = "stop";
-        respond(g, nullptr);
-        return;
-      }
-      if (g.stream && !g.tokens.empty()) {
-        proto::Response r;
-        r.tokens = std::exchange(g.tokens, {});
-        r.text = std::exchange(g.text, {});
-        enqueue(proto::encode_response(r));
-      }
-      return;
-    }
-    if (!g.responded) {
-      if (e.reason == FinishReason::Cancelled) {
-        g.responded = true;
-        proto::Response r;
-        r.last = true;
-        r.finish = "cancelled";
-        r.error = g.shutdown_cancel ? "the server is shutting down; the request was cancelled" : "the request was cancelled";
-        r.prompt_tokens = g.n_prompt;
-        r.completion_tokens = g.n_tokens;
-        enqueue(proto::encode_response(r));
-      } else {
-        std::string text = g.stop.push(g.dec.flush());
-        if (!g.stop.stopped()) text += g.stop.flush();
-        g.text += text;
-        g.finish = g.stop.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
-        respond(g, e.timings.get());
-      }
-    }
-    if (e.timings) {
-      srv_.metrics.observe_finished(*e.timings, g.finish.empty() ? "abort" : g.finish, e.n_prompt, g.n_tokens);
-      const RequestTimings& t = *e.timings;
-      spdlog::info("binary request finish={} prompt={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "
-                   "ttft={:.2f}ms decode={:.2f}ms",
-                   g.finish.empty() ? "cancelled" : g.finish, g.n_prompt, g.n_tokens, t.tokenize_ms, t.queue_ms(),
-                   t.prefill_ms(), t.ttft_ms(), t.decode_ms());
-    }
+  // The last frame; the connection is free for the next request.
+  void respond(const proto::Response& last) {
+    enqueue(proto::encode_response(last));
     gen_.reset();
-    if (draining_ && outq_.empty() && !writing_) close();
-  }
-
-  // The last frame: what is left of tokens/text, finish, usage, timings (when known).
-  void respond(BGen& g, const RequestTimings* t) {
-    g.responded = true;
-    proto::Response r;
-    r.last = true;
-    r.tokens = std::exchange(g.tokens, {});
-    r.text = std::exchange(g.text, {});
-    r.finish = g.finish;
-    r.prompt_tokens = g.n_prompt;
-    r.completion_tokens = g.n_tokens;
-    if (t) {
-      r.timings = {t->tokenize_ms, t->queue_ms(), t->prefill_ms(), t->ttft_ms(), t->decode_ms(),
-                   t->finish_ms >= 0 ? t->finish_ms - t->arrival_ms + t->tokenize_ms : 0.0};
-    }
-    enqueue(proto::encode_response(r));
   }
 
   void enqueue(std::string frame) {
@@ -875,10 +654,7 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
   // The client left or broke the protocol: cancel its request (its Finished event still comes
   // here and is accounted) and close.
   void gone() {
-    if (gen_ && !gen_->responded) {
-      gen_->responded = true;
-      srv_.engine.cancel(gen_->engine_id);
-    }
+    if (gen_) gen_->abandon();
     close();
   }
   void close() {
@@ -897,7 +673,7 @@ class BinSession : public std::enable_shared_from_this<BinSession> {
   std::deque<std::string> outq_;
   std::string wbuf_;
   bool writing_ = false, closed_ = false, draining_ = false;
-  std::shared_ptr<BGen> gen_;
+  std::shared_ptr<Generation> gen_;
 };
 
 template <class F>
