@@ -23,14 +23,15 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("-m,--model", a.model, "GGUF model file")->required();
   c->add_option("-p,--prompt", a.prompt, "Prompt text (with --chat: the user message)")->required();
   c->add_option("-n,--n-predict", a.n_predict, "Maximum tokens to generate")->capture_default_str();
-  c->add_option("--temp", a.temperature, "Temperature; 0 = greedy")->capture_default_str();
-  c->add_option("--top-k", a.top_k, "Top-k (0 = off)")->capture_default_str();
-  c->add_option("--top-p", a.top_p, "Top-p (1 = off)")->capture_default_str();
-  c->add_option("--min-p", a.min_p, "Min-p (0 = off)")->capture_default_str();
-  c->add_option("--repeat-penalty", a.repeat_penalty, "Repetition penalty (1 = off)")->capture_default_str();
-  c->add_option("--presence-penalty", a.presence_penalty, "Presence penalty")->capture_default_str();
-  c->add_option("--frequency-penalty", a.frequency_penalty, "Frequency penalty")->capture_default_str();
-  c->add_option("--seed", a.seed, "Random seed (default: random)")->each([&a](const std::string&) { a.seed_set = true; });
+  SamplingParams& s = a.sampling;
+  c->add_option("--temp", s.temperature, "Temperature; 0 = greedy")->capture_default_str();
+  c->add_option("--top-k", s.top_k, "Top-k (0 = off)")->capture_default_str();
+  c->add_option("--top-p", s.top_p, "Top-p (1 = off)")->capture_default_str();
+  c->add_option("--min-p", s.min_p, "Min-p (0 = off)")->capture_default_str();
+  c->add_option("--repeat-penalty", s.repetition_penalty, "Repetition penalty (1 = off)")->capture_default_str();
+  c->add_option("--presence-penalty", s.presence_penalty, "Presence penalty")->capture_default_str();
+  c->add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty")->capture_default_str();
+  c->add_option("--seed", s.seed, "Random seed (default: random)")->each([&a](const std::string&) { a.seed_set = true; });
   c->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
   c->add_option("-c,--ctx", a.ctx, "Context length (0 = the model's)")->capture_default_str();
   c->add_option("-b,--batch", a.batch, "Prompt tokens per forward pass")->capture_default_str();
@@ -140,14 +141,7 @@ int cmd_run(const RunArgs& a) {
   req.max_tokens = a.n_predict;
   req.fit_max_tokens = true;  // stop at a full context
   req.ignore_eos = a.ignore_eos;
-  req.sampling.temperature = a.temperature;
-  req.sampling.top_k = a.top_k;
-  req.sampling.top_p = a.top_p;
-  req.sampling.min_p = a.min_p;
-  req.sampling.repetition_penalty = a.repeat_penalty;
-  req.sampling.presence_penalty = a.presence_penalty;
-  req.sampling.frequency_penalty = a.frequency_penalty;
-  req.sampling.seed = a.seed;
+  req.sampling = a.sampling;
   req.seed_set = a.seed_set;
 
   Inbox inbox;  // outlives the engine, whose callback posts to it

@@ -2,6 +2,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "engine/sampler.h"
+
 #include <string>
 #include <vector>
 
@@ -10,10 +12,7 @@ namespace ft::tools {
 struct RunArgs {
   std::string model, prompt, system, chat_format;
   int64_t n_predict = 128;
-  float temperature = 0.8f;
-  int top_k = 40;
-  float top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f, presence_penalty = 0, frequency_penalty = 0;
-  uint64_t seed = 0;
+  SamplingParams sampling = kCliSampling;  // the flags write into it
   bool seed_set = false;
   int threads = 0;
   int64_t ctx = 0, batch = 512;

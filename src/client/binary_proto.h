@@ -19,17 +19,13 @@ struct Request {
   std::vector<int32_t> tokens;  // non-empty: the prompt as ids; else `text`
   std::string text;
   bool add_bos = true;
-  SamplingParams sampling;  // the schema's defaults: temperature 1, filters off
+  SamplingParams sampling = kBinarySampling;
   bool seed_set = false;
   int64_t max_tokens = 16;
   std::vector<std::string> stop;
   bool stream = true;
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: off; N: each token's logprob and its N best alternatives
-  Request() {
-    sampling.temperature = 1.0f;
-    sampling.seed = 0;
-  }
 };
 
 struct Timings {  // ms

@@ -85,12 +85,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   const json j = parse_json_object(body);
   ParsedRequest r;
   r.kind = kind;
-  // OpenAI's defaults, not the CLI's.
-  r.sampling.temperature = 1.0f;
-  r.sampling.top_p = 1.0f;
-  r.sampling.top_k = 0;
-  r.sampling.min_p = 0.0f;
-  r.sampling.repetition_penalty = 1.0f;
+  r.sampling = kOpenAISampling;
 
   for (const auto& [key, v] : j.items()) {
     static const char* const kKnown[] = {

@@ -16,6 +16,7 @@
 
 #include "client/binary_client.h"
 #include "client/binary_proto.h"
+#include "proto/firsttoken_generated.h"  // flatc's output: to build frames that leave fields out
 #include "core/error.h"
 #include "engine/engine.h"
 #include "server/server.h"
@@ -84,6 +85,23 @@ TEST(BinaryProtoCodec, RequestRoundTrip) {
   EXPECT_EQ(d.sampling.temperature, 1.0f);
   EXPECT_FALSE(d.seed_set);
   EXPECT_EQ(d.logprobs, -1);  // off
+}
+
+// A request that leaves sampling fields out gets the schema's defaults: they must be the binary
+// profile the server documents (engine/sampler.h), which the schema cannot name.
+TEST(BinaryProtoCodec, SchemaDefaultsAreTheBinaryProfile) {
+  flatbuffers::FlatBufferBuilder b;
+  const auto sampling = fbs::CreateSampling(b);  // every field at its default: none is stored
+  const auto text = b.CreateString("x");
+  b.Finish(fbs::CreateRequest(b, 0, text, true, sampling));
+  proto::Request d;
+  ASSERT_TRUE(proto::decode_request(b.GetBufferPointer(), b.GetSize(), d));
+  EXPECT_TRUE(d.sampling == kBinarySampling);
+  EXPECT_FALSE(d.seed_set);
+  EXPECT_TRUE(proto::Request{}.sampling == kBinarySampling);
+  EXPECT_EQ(d.max_tokens, proto::Request{}.max_tokens);
+  EXPECT_EQ(d.logprobs, proto::Request{}.logprobs);
+  EXPECT_EQ(d.stream, proto::Request{}.stream);
 }
 
 TEST(BinaryProtoCodec, ResponseRoundTrip) {
