@@ -1,5 +1,4 @@
 // `firsttoken run`: one prompt, streamed continuation on stdout, timings on stderr.
-#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -116,19 +115,8 @@ int cmd_run(const RunArgs& a) {
   }
 
   // One request through the serving engine: prompt chunks of --batch tokens, then decode.
-  const int64_t n_ctx = a.ctx > 0 ? a.ctx : model->hparams().ctx_len;
   if (a.batch < 1) fail("--batch must be at least 1");
-  EngineConfig cfg;
-  cfg.runtime.threads = a.threads;
-  cfg.runtime.n_ctx = n_ctx;
-  cfg.scheduler.chunk_size = a.batch;
-  cfg.scheduler.max_num_seqs = 1;
-  cfg.scheduler.max_batch_tokens = a.batch + 1;
-  cfg.kv_memory_bytes = uint64_t(std::max(KVCache::blocks_for(n_ctx, cfg.runtime.kv_block_size), kMinKvBlocks)) *
-                        KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(),
-                                             cfg.runtime.kv_block_size);
-  cfg.prefix_caching = false;
-  cfg.calibrate = false;
+  const EngineConfig cfg = single_request_config(*model, a.ctx, a.batch, a.threads);
 
   server::GenerationRequest req;
   if (a.chat) {

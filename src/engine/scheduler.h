@@ -43,7 +43,9 @@ struct SchedulerConfig {
   double step_latency_target_ms = 50;
   int64_t max_auto_chunk = 1024;    // auto mode's chunk when nothing competes
   int64_t min_chunk = 16;           // auto mode never plans a smaller chunk (progress)
-  int64_t max_batch_tokens = 2048;  // hard cap on tokens in one step (the forward's capacity)
+  // Hard cap on tokens in one step (the forward's capacity). The engine raises it to hold a whole
+  // fixed chunk (unchunked: a whole context) plus a decode token per sequence.
+  int64_t max_batch_tokens = 2048;
   int32_t max_num_seqs = 64;        // running requests at most
   double aging_ms = 2000;           // a request waiting longer goes first
   int32_t block_size = 16;

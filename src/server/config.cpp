@@ -126,8 +126,6 @@ EngineConfig to_engine_config(const ServeConfig& c) {
   e.scheduler.step_latency_target_ms = c.step_latency_target_ms;
   e.scheduler.max_num_seqs = c.max_num_seqs;
   e.scheduler.max_batch_tokens = c.max_batch_tokens;
-  if (c.prefill_chunk_size > 0 && c.prefill_chunk_size + c.max_num_seqs > e.scheduler.max_batch_tokens)
-    e.scheduler.max_batch_tokens = c.prefill_chunk_size + c.max_num_seqs;
   e.kv_memory_bytes = c.kv_memory_mib << 20;
   e.prefix_caching = c.prefix_caching;
   return e;
