@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/sampler.h"
+#include "server/config.h"
 
 #include <string>
 #include <vector>
@@ -64,15 +65,10 @@ void add_bench(CLI::App& app, BenchArgs& a);
 int cmd_bench(const BenchArgs& a);
 
 struct ServeArgs {
-  std::string model, host, config, log_level, served_model_name;
-  int port = 8000, threads = 0, http_threads = 2;
-  int64_t max_queue = 256, ctx = 0;
-  uint64_t kv_memory_mib = 0;
-  double shutdown_timeout_s = 10;
-  int binary_port = 0;
-  bool binary_port_any = false;
-  std::string profile;  // --profile FILE: write a Chrome/Perfetto trace at shutdown
-  CLI::App* cmd = nullptr;  // to tell which flags were given (they override --config)
+  std::string config;
+  std::string profile;         // --profile FILE: write a Chrome/Perfetto trace at shutdown
+  server::ServeConfig flags;   // the serve settings' flags write here; those given override --config
+  std::vector<std::pair<const server::ServeSetting*, CLI::Option*>> given;
 };
 void add_serve(CLI::App& app, ServeArgs& a);
 int cmd_serve(const ServeArgs& a);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -388,6 +389,51 @@ TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
   EXPECT_FALSE(e.prefix_caching);
   apply_config_json(json::parse(R"({"scheduler": {"prefill_chunk_size": "auto"}})"), c);
   EXPECT_EQ(to_engine_config(c).scheduler.chunk_size, -1);
+}
+
+// Each serve setting is declared once: a unique key and flag, a default inside its range, the
+// engine's default where the engine has one, and one range for the file and the flag.
+TEST(ServerConfig, OneDeclarationPerSetting) {
+  std::set<std::string> keys, flags;
+  const ServeConfig d;
+  const ServeSetting* port = nullptr;
+  for (const ServeSetting& s : serve_settings()) {
+    EXPECT_TRUE(keys.insert(s.key).second) << s.key;
+    if (*s.flags) {
+      EXPECT_TRUE(flags.insert(s.flags).second) << s.flags;
+      EXPECT_TRUE(*s.help) << s.flags;
+    }
+    EXPECT_NO_THROW(check_range(s, d, s.key)) << s.key;
+    if (std::string(s.key) == "server.port") port = &s;
+  }
+  EXPECT_TRUE(keys.count("scheduler.prefill_chunk_size") && keys.count("kv_cache.prefix_caching"));
+  ASSERT_NE(port, nullptr);
+  ServeConfig c;
+  c.port = 70000;
+  try {
+    check_range(*port, c, "--port");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--port must be in [0, 65535], got 70000");
+  }
+  EXPECT_NE(std::string([] {
+              ServeConfig x;
+              try {
+                apply_config_json(json::parse(R"({"server": {"port": 70000}})"), x);
+              } catch (const Error& e) {
+                return e.what();
+              }
+              return "no error";
+            }()),
+            "no error");
+  const EngineConfig e = to_engine_config(d), base;
+  EXPECT_EQ(e.scheduler.chunk_size, base.scheduler.chunk_size);
+  EXPECT_EQ(e.scheduler.max_num_seqs, base.scheduler.max_num_seqs);
+  EXPECT_EQ(e.scheduler.max_batch_tokens, base.scheduler.max_batch_tokens);
+  EXPECT_DOUBLE_EQ(e.scheduler.step_latency_target_ms, base.scheduler.step_latency_target_ms);
+  EXPECT_EQ(e.runtime.kv_block_size, base.runtime.kv_block_size);
+  EXPECT_EQ(e.kv_memory_bytes, base.kv_memory_bytes);
+  EXPECT_EQ(e.prefix_caching, base.prefix_caching);
 }
 
 TEST(ServerConfig, UnknownKeysAndUnbuiltFeaturesAreErrors) {
