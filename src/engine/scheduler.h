@@ -58,16 +58,22 @@ struct SchedRequest {
   int64_t n_generated = 0;
   bool admitted = false;    // holds KV blocks
   int32_t blocks_held = 0;
+  int32_t blocks_shared = 0;  // of those, blocks another sequence also holds (preempting frees the rest)
+  // Waiting: its prefix in the cache now (n_computed counts those tokens): blocks admission
+  // attaches, and of those, the idle ones it takes out of the free pool.
+  int32_t hit_blocks = 0, hit_idle_blocks = 0;
   double arrival_ms = 0;
   uint64_t admit_order = 0; // larger = admitted more recently
   int64_t pending() const { return n_tokens - n_computed; }
   bool decoding() const { return admitted && n_generated > 0 && pending() == 1; }
 };
 
+// A read-only view of the real KV block pool (the engine fills it from KVCache each step), so a
+// plan fits the pool exactly and the engine applies it without fallbacks.
 struct SchedulerInput {
   double now_ms = 0;
   std::vector<SchedRequest> requests;  // every unfinished request, admitted or waiting
-  int32_t free_blocks = 0;
+  int32_t free_blocks = 0;             // KVCache::free_blocks()
   CostModel cost;
   SchedulerConfig cfg;
 };
