@@ -70,7 +70,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
 
   backend_ = make_backend(cfg.runtime.backend, resolve_threads(cfg.runtime.threads));
   if (profile::enabled()) {  // every kernel call becomes a span; chosen once, free when off
-    backend_ = profile::wrap_backend(std::move(backend_), model.weights());
+    backend_ = profile::wrap_backend(std::move(backend_), model);
     const int64_t T = sched_cfg_.max_batch_tokens;
     profile::set_meta("model", std::string_view(hp.name.empty() ? hp.arch_name : hp.name));
     profile::set_meta("n_layers", int64_t(hp.n_layers));
