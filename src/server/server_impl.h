@@ -78,10 +78,11 @@ inline std::chrono::steady_clock::duration secs(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
 
-// Runs f on c's strand, holding c until it has run: how engine events reach a session.
+// Runs f on c's strand, holding c until it has run: how engine events reach a session (the
+// engine drops its callback after the last event, so the posted work must hold c itself).
 template <class C>
 Post post_to(const std::shared_ptr<C>& c) {
-  return [c](std::function<void()> f) { net::post(c->executor(), std::move(f)); };
+  return [c](std::function<void()> f) { net::post(c->executor(), [c, f = std::move(f)] { f(); }); };
 }
 
 struct Server::Impl {
