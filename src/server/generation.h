@@ -158,6 +158,7 @@ class Generation {
   int64_t n_prompt() const { return n_prompt_; }
   bool responded() const { return responded_; }
 
+  // For start() (make_shared); ctx must outlive the generation.
   Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink);
 
  private:
