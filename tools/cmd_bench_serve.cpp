@@ -1,4 +1,4 @@
-// `firsttoken bench serve`: the load generator (src/bench/loadgen.h) against any OpenAI-compatible
+// `firsttoken bench serve`: the load generator (src/loadgen/loadgen.h) against any OpenAI-compatible
 // URL, with the per-class report, JSON results and an SVG plot.
 // `firsttoken bench ablate`: our server (this executable's `serve`) started in several scheduler
 // configurations, the same workload and seed against each, one comparison table and plot.
@@ -10,10 +10,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "bench/loadgen.h"
-#include "bench/report.h"
-#include "bench/server_process.h"
-#include "bench/svg_plot.h"
+#include "loadgen/loadgen.h"
+#include "loadgen/report.h"
+#include "loadgen/server_process.h"
+#include "loadgen/svg_plot.h"
 #include "core/error.h"
 #include "tools/commands.h"
 
@@ -23,15 +23,15 @@ namespace {
 
 using nlohmann::json;
 
-bench::Workload load_workload(const std::string& spec) {
-  if (auto w = bench::builtin_workload(spec)) return *w;
+loadgen::Workload load_workload(const std::string& spec) {
+  if (auto w = loadgen::builtin_workload(spec)) return *w;
   std::string names;
-  for (const auto& n : bench::builtin_workload_names()) names += (names.empty() ? "" : ", ") + n;
+  for (const auto& n : loadgen::builtin_workload_names()) names += (names.empty() ? "" : ", ") + n;
   std::ifstream f(spec);
   if (!f) fail("--workload '", spec, "': neither a built-in workload (", names, ") nor a readable JSON file");
   const json j = json::parse(f, nullptr, false);
   if (j.is_discarded()) fail("--workload '", spec, "': not valid JSON");
-  return bench::workload_from_json(j);
+  return loadgen::workload_from_json(j);
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -41,20 +41,20 @@ void write_file(const std::string& path, const std::string& text) {
   if (!f) fail("cannot write ", path);
 }
 
-std::vector<std::string> class_names(const bench::Workload& w) {
+std::vector<std::string> class_names(const loadgen::Workload& w) {
   std::vector<std::string> n;
   for (const auto& c : w.classes) n.push_back(c.name);
   return n;
 }
 
 struct Prepared {
-  bench::LoadgenOptions opt;
-  bench::Slo slo;
+  loadgen::LoadgenOptions opt;
+  loadgen::Slo slo;
 };
 
 Prepared prepare(const BenchServeArgs& a, const std::string& workload) {
   Prepared p;
-  if (!a.slo.empty()) p.slo = bench::parse_slo(a.slo);
+  if (!a.slo.empty()) p.slo = loadgen::parse_slo(a.slo);
   p.opt.workload = load_workload(workload);
   if (a.duration_s < 0) fail("--duration must be > 0");
   if (a.duration_s > 0) p.opt.workload.duration_s = a.duration_s;
@@ -85,18 +85,18 @@ Prepared prepare(const BenchServeArgs& a, const std::string& workload) {
 }
 
 struct RunOutput {
-  bench::LoadgenResult res;
-  std::vector<bench::ClassStats> stats;
+  loadgen::LoadgenResult res;
+  std::vector<loadgen::ClassStats> stats;
   json doc;
 };
 
 RunOutput run_one(const Prepared& p, const std::string& url, const BenchServeArgs& a) {
-  bench::LoadgenOptions opt = p.opt;
-  opt.url = bench::parse_url(url);
+  loadgen::LoadgenOptions opt = p.opt;
+  opt.url = loadgen::parse_url(url);
   RunOutput o;
-  o.res = bench::run_loadgen(opt);
+  o.res = loadgen::run_loadgen(opt);
   const auto names = class_names(opt.workload);
-  o.stats = bench::class_stats(o.res.records, names, o.res.wall_s, p.slo);
+  o.stats = loadgen::class_stats(o.res.records, names, o.res.wall_s, p.slo);
   if (o.stats.back().sent > 0 && o.stats.back().completed == 0)
     for (const auto& r : o.res.records)
       if (!r.ok()) {
@@ -105,8 +105,8 @@ RunOutput run_one(const Prepared& p, const std::string& url, const BenchServeArg
         break;
       }
   json classes = json::array(), requests = json::array();
-  for (const auto& c : o.stats) classes.push_back(bench::class_stats_json(c));
-  for (const auto& r : o.res.records) requests.push_back(bench::record_json(r, names));
+  for (const auto& c : o.stats) classes.push_back(loadgen::class_stats_json(c));
+  for (const auto& r : o.res.records) requests.push_back(loadgen::record_json(r, names));
   json slo = json::object();
   if (p.slo.ttft_ms) slo["ttft_ms"] = *p.slo.ttft_ms;
   if (p.slo.tpot_ms) slo["tpot_ms"] = *p.slo.tpot_ms;
@@ -116,8 +116,8 @@ RunOutput run_one(const Prepared& p, const std::string& url, const BenchServeArg
   for (const auto& c : opt.workload.classes)
     wl_classes.push_back({{"name", c.name},
                           {"arrival",
-                           {{"type", c.arrivals.kind == bench::Arrivals::Kind::Poisson  ? "poisson"
-                                     : c.arrivals.kind == bench::Arrivals::Kind::Gamma ? "gamma"
+                           {{"type", c.arrivals.kind == loadgen::Arrivals::Kind::Poisson  ? "poisson"
+                                     : c.arrivals.kind == loadgen::Arrivals::Kind::Gamma ? "gamma"
                                                                                        : "periodic"},
                             {"rate", c.arrivals.rate_per_s},
                             {"burstiness", c.arrivals.burstiness},
@@ -185,14 +185,14 @@ void add_bench_serve(CLI::App& bench, BenchServeArgs& a, std::string& mode) {
 
 int cmd_bench_serve(const BenchServeArgs& a) {
   const Prepared p = prepare(a, a.workload);
-  bench::parse_url(a.url);  // a bad URL fails before anything runs
+  loadgen::parse_url(a.url);  // a bad URL fails before anything runs
   const RunOutput o = run_one(p, a.url, a);
   std::printf("bench serve: %s, model %s, workload %s (seed %llu)\n", a.url.c_str(), o.res.model.c_str(),
               p.opt.workload.name.c_str(), (unsigned long long)a.seed);
-  std::fputs(bench::format_report(o.stats, o.res.wall_s, p.slo).c_str(), stdout);
+  std::fputs(loadgen::format_report(o.stats, o.res.wall_s, p.slo).c_str(), stdout);
   if (!a.out.empty()) write_file(a.out, o.doc.dump(1));
   if (!a.plot.empty())
-    write_file(a.plot, bench::svg_ttft_figure("TTFT: " + p.opt.workload.name + " against " + a.url,
+    write_file(a.plot, loadgen::svg_ttft_figure("TTFT: " + p.opt.workload.name + " against " + a.url,
                                               o.res.records, class_names(p.opt.workload)));
   return 0;
 }
@@ -217,7 +217,7 @@ std::string fmt(double v, const char* f = "%.1f") {
   return b;
 }
 // "-" where nothing was measured (e.g. every request of the class failed).
-std::string fmt(const bench::Summary& s, double v) { return s.n ? fmt(v) : "-"; }
+std::string fmt(const loadgen::Summary& s, double v) { return s.n ? fmt(v) : "-"; }
 
 }  // namespace
 
@@ -241,7 +241,7 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
   if (configs.empty()) fail("--configs: no configuration given");
   if (!a.model.empty() && !std::filesystem::exists(a.model)) fail(a.model, ": no such file");
   std::filesystem::create_directories(a.out_dir);
-  const std::string exe = bench::self_exe();
+  const std::string exe = loadgen::self_exe();
   std::optional<Prepared> short_run, long_run;
   if (a.isolated) {
     short_run = prepare(a, "short");
@@ -253,8 +253,8 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
 
   struct Row {
     std::string config;
-    std::vector<bench::ClassStats> stats;
-    std::optional<bench::ClassStats> short_only, long_only;
+    std::vector<loadgen::ClassStats> stats;
+    std::optional<loadgen::ClassStats> short_only, long_only;
   };
   std::vector<Row> rows;
   json summary = json::array();
@@ -265,14 +265,14 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
     if (!a.model.empty()) args.insert(args.end(), {"-m", a.model});
     args.insert(args.end(), a.server_args.begin(), a.server_args.end());
     if (!a.quiet) std::fprintf(stderr, "== %s: starting the server (log: %s.server.log)\n", cfg.c_str(), base.c_str());
-    bench::ServerProcess srv(exe, args, base + ".server.log");
+    loadgen::ServerProcess srv(exe, args, base + ".server.log");
     Row row;
     row.config = cfg;
     RunOutput o = run_one(main_run, srv.url(), a);
     o.doc["config"]["server_config"] = ablation_configs().at(cfg);
     o.doc["config"]["name"] = cfg;
     write_file(base + ".json", o.doc.dump(1));
-    write_file(base + ".svg", bench::svg_ttft_figure("TTFT: " + main_run.opt.workload.name + ", config " + cfg,
+    write_file(base + ".svg", loadgen::svg_ttft_figure("TTFT: " + main_run.opt.workload.name + ", config " + cfg,
                                                      o.res.records, names));
     row.stats = o.stats;
     json entry = {{"config", cfg}, {"classes", o.doc["classes"]}};
@@ -311,7 +311,7 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
       t.push_back(fmt(r.stats[ci].ttft_ms, r.stats[ci].ttft_ms.p50));
       t.push_back(fmt(r.stats[ci].ttft_ms, r.stats[ci].ttft_ms.p99));
     }
-    const bench::ClassStats& all = r.stats.back();
+    const loadgen::ClassStats& all = r.stats.back();
     size_t n_err = 0;
     for (const auto& [k, n] : all.errors) n_err += n;
     t.push_back(fmt(all.ttft_ms, all.ttft_ms.max));
@@ -358,7 +358,7 @@ int cmd_bench_ablate(const BenchServeArgs& a) {
     values.push_back(v);
   }
   const std::string plot = (std::filesystem::path(a.out_dir) / "ablate.svg").string();
-  write_file(plot, bench::svg_bar_chart("TTFT per config: workload " + main_run.opt.workload.name, "TTFT (ms, log)",
+  write_file(plot, loadgen::svg_bar_chart("TTFT per config: workload " + main_run.opt.workload.name, "TTFT (ms, log)",
                                         groups, series, values, true));
   write_file((std::filesystem::path(a.out_dir) / "summary.json").string(),
              json{{"workload", main_run.opt.workload.name},

@@ -1,12 +1,17 @@
 // `firsttoken run`: one prompt, streamed continuation on stdout, timings on stderr.
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
-#include <random>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 
 #include "core/error.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "profile/trace.h"
+#include "server/generation.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
@@ -18,14 +23,15 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("-m,--model", a.model, "GGUF model file")->required();
   c->add_option("-p,--prompt", a.prompt, "Prompt text (with --chat: the user message)")->required();
   c->add_option("-n,--n-predict", a.n_predict, "Maximum tokens to generate")->capture_default_str();
-  c->add_option("--temp", a.temperature, "Temperature; 0 = greedy")->capture_default_str();
-  c->add_option("--top-k", a.top_k, "Top-k (0 = off)")->capture_default_str();
-  c->add_option("--top-p", a.top_p, "Top-p (1 = off)")->capture_default_str();
-  c->add_option("--min-p", a.min_p, "Min-p (0 = off)")->capture_default_str();
-  c->add_option("--repeat-penalty", a.repeat_penalty, "Repetition penalty (1 = off)")->capture_default_str();
-  c->add_option("--presence-penalty", a.presence_penalty, "Presence penalty")->capture_default_str();
-  c->add_option("--frequency-penalty", a.frequency_penalty, "Frequency penalty")->capture_default_str();
-  c->add_option("--seed", a.seed, "Random seed (default: random)")->each([&a](const std::string&) { a.seed_set = true; });
+  SamplingParams& s = a.sampling;
+  c->add_option("--temp", s.temperature, "Temperature; 0 = greedy")->capture_default_str();
+  c->add_option("--top-k", s.top_k, "Top-k (0 = off)")->capture_default_str();
+  c->add_option("--top-p", s.top_p, "Top-p (1 = off)")->capture_default_str();
+  c->add_option("--min-p", s.min_p, "Min-p (0 = off)")->capture_default_str();
+  c->add_option("--repeat-penalty", s.repetition_penalty, "Repetition penalty (1 = off)")->capture_default_str();
+  c->add_option("--presence-penalty", s.presence_penalty, "Presence penalty")->capture_default_str();
+  c->add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty")->capture_default_str();
+  c->add_option("--seed", s.seed, "Random seed (default: random)")->each([&a](const std::string&) { a.seed_set = true; });
   c->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
   c->add_option("-c,--ctx", a.ctx, "Context length (0 = the model's)")->capture_default_str();
   c->add_option("-b,--batch", a.batch, "Prompt tokens per forward pass")->capture_default_str();
@@ -37,6 +43,61 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE (see `firsttoken profile FILE`)");
 }
 
+namespace {
+
+// Streams the continuation to stdout; keeps the finish for the timings line.
+class StdoutSink : public server::GenerationSink {
+ public:
+  void on_output(server::Output&& o) override { write(o.text); }
+  void on_finish(server::Output&& last, const server::Finish& f) override {
+    write(last.text);
+    finish = f;
+    if (f.timings) timings = *f.timings;
+    done = true;
+  }
+  void on_error(const server::ApiError& e, const server::Usage&) override {
+    error = e.what();
+    done = true;
+  }
+  server::Finish finish;
+  RequestTimings timings;
+  std::string error;
+  bool done = false;
+
+ private:
+  static void write(const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  }
+};
+
+// Runs what the engine's callback posts on the thread that calls run_one().
+class Inbox {
+ public:
+  server::Post poster() {
+    return [this](std::function<void()> f) {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(std::move(f));
+      cv_.notify_one();
+    };
+  }
+  void run_one() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [this] { return !q_.empty(); });
+    std::function<void()> f = std::move(q_.front());
+    q_.pop_front();
+    lk.unlock();
+    f();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+};
+
+}  // namespace
+
 int cmd_run(const RunArgs& a) {
   using clock = std::chrono::steady_clock;
   if (!a.profile.empty()) profile::start(a.profile);
@@ -45,97 +106,55 @@ int cmd_run(const RunArgs& a) {
   const Tokenizer tok = Tokenizer::from_gguf(model->file());
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
-  const auto t_tok = clock::now();
-  const int64_t p_tok = profile::enabled() ? profile::now_ns() : 0;
-  std::vector<int32_t> prompt;
-  if (a.chat) {
-    ChatFormat fmt;
-    if (!a.chat_format.empty()) {
-      const auto f = parse_chat_format(a.chat_format);
-      if (!f) fail("unknown chat format '", a.chat_format, "' (llama2, llama3, chatml, mistral, zephyr)");
-      fmt = *f;
-    } else {
-      fmt = detect_chat_format(model->file().get_str("tokenizer.chat_template", ""));
-    }
-    std::vector<ChatMessage> msgs;
-    if (!a.system.empty()) msgs.push_back({"system", a.system});
-    msgs.push_back({"user", a.prompt});
-    const std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
-    const std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
-    prompt = tok.encode(render_chat(fmt, msgs, true, bos, eos), /*add_bos=*/false, /*parse_special=*/true);
-  } else {
-    prompt = tok.encode(a.prompt, tok.add_bos_default(), /*parse_special=*/true);
+  ChatFormat fmt = ChatFormat::ChatML;  // used with --chat only
+  if (a.chat && !a.chat_format.empty()) {
+    const auto f = parse_chat_format(a.chat_format);
+    if (!f) fail("unknown chat format '", a.chat_format, "' (llama2, llama3, chatml, mistral, zephyr)");
+    fmt = *f;
+  } else if (a.chat) {
+    fmt = detect_chat_format(model->file().get_str("tokenizer.chat_template", ""));
   }
-  const double tokenize_ms = std::chrono::duration<double, std::milli>(clock::now() - t_tok).count();
-  const int64_t p_tok_end = profile::enabled() ? profile::now_ns() : 0;
 
   // One request through the serving engine: prompt chunks of --batch tokens, then decode.
-  const int64_t n_ctx = a.ctx > 0 ? a.ctx : model->hparams().ctx_len;
-  const int64_t n_prompt = int64_t(prompt.size());
-  if (n_prompt >= n_ctx)
-    fail("the prompt has ", n_prompt, " tokens but the context holds ", n_ctx,
-         " (the prompt and at least one generated token must fit; see --ctx)");
   if (a.batch < 1) fail("--batch must be at least 1");
-  EngineConfig cfg;
-  cfg.runtime.threads = a.threads;
-  cfg.runtime.n_ctx = n_ctx;
-  cfg.scheduler.chunk_size = a.batch;
-  cfg.scheduler.max_num_seqs = 1;
-  cfg.scheduler.max_batch_tokens = a.batch + 1;
-  cfg.kv_memory_bytes = uint64_t(KVCache::blocks_for(n_ctx, cfg.runtime.kv_block_size)) *
-                        KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(),
-                                             cfg.runtime.kv_block_size);
-  cfg.prefix_caching = false;
-  cfg.calibrate = false;
+  const EngineConfig cfg = single_request_config(*model, a.ctx, a.batch, a.threads);
 
-  EngineRequest req;
-  req.prompt = prompt;
-  req.max_tokens = std::min<int64_t>(a.n_predict, n_ctx - n_prompt);  // stop at a full context
-  req.ignore_eos = a.ignore_eos;
-  req.tokenize_ms = tokenize_ms;
-  req.sampling.temperature = a.temperature;
-  req.sampling.top_k = a.top_k;
-  req.sampling.top_p = a.top_p;
-  req.sampling.min_p = a.min_p;
-  req.sampling.repetition_penalty = a.repeat_penalty;
-  req.sampling.presence_penalty = a.presence_penalty;
-  req.sampling.frequency_penalty = a.frequency_penalty;
-  req.sampling.seed = a.seed_set ? a.seed : std::random_device{}();
-  if (req.max_tokens < 1) fail("-n must be at least 1");
-
-  Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
-  EventStream events;
-  const uint64_t id = engine.submit(std::move(req), events.callback());
-  profile::complete("tokenize", "request", p_tok, p_tok_end,
-                    profile::Args().i("req", int64_t(id)).i("tokens", n_prompt).i("chars", int64_t(a.prompt.size())));
-  StreamDecoder out(tok);
-  EngineEvent ev;
-  RequestTimings t;
-  int64_t n_gen = 0;
-  FinishReason why = FinishReason::Length;
-  while (events.next(ev, &t)) {
-    if (ev.kind == EngineEvent::Kind::Token) {
-      if (!tok.is_eog(ev.token) || a.ignore_eos) {
-        const std::string piece = out.push(ev.token);
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-      }
-    } else {
-      n_gen = ev.n_generated;
-      why = ev.reason;
-    }
+  server::GenerationRequest req;
+  if (a.chat) {
+    req.prompt_kind = server::PromptKind::Chat;
+    if (!a.system.empty()) req.messages.push_back({"system", a.system});
+    req.messages.push_back({"user", a.prompt});
+  } else {
+    req.prompt_text = a.prompt;
   }
-  const std::string rest = out.flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::fflush(stdout);
+  req.max_tokens = a.n_predict;
+  req.fit_max_tokens = true;  // stop at a full context
+  req.ignore_eos = a.ignore_eos;
+  req.sampling = a.sampling;
+  req.seed_set = a.seed_set;
 
+  Inbox inbox;  // outlives the engine, whose callback posts to it
+  Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
+  const server::GenerationContext ctx(engine, tok, fmt);
+  auto out = std::make_shared<StdoutSink>();
+  std::shared_ptr<server::Generation> gen;
+  try {
+    gen = server::Generation::start(ctx, tok, std::move(req), out, inbox.poster());
+  } catch (const server::ApiError& e) {
+    fail(e.what());
+  }
+  while (!out->done) inbox.run_one();
+  if (!out->error.empty()) fail(out->error);
+
+  const RequestTimings& t = out->timings;
+  const int64_t n_prompt = gen->n_prompt(), n_gen = out->finish.usage.completion_tokens;
   std::fprintf(stderr,
                "\n[firsttoken] load %.1f ms | prompt %lld tokens, tokenize %.2f ms | TTFT %.2f ms | "
                "prefill %.1f tokens/s | decode %lld tokens, %.1f tokens/s | kernels %s | finish: %s\n",
-               load_ms, (long long)n_prompt, tokenize_ms, t.ttft_ms(),
+               load_ms, (long long)n_prompt, t.tokenize_ms, t.ttft_ms(),
                t.prefill_ms() > 0 ? double(n_prompt) / t.prefill_ms() * 1e3 : 0.0, (long long)n_gen,
                n_gen > 1 && t.decode_ms() > 0 ? double(n_gen - 1) / t.decode_ms() * 1e3 : 0.0,
-               std::string(cpu_isa()).c_str(), finish_reason_name(why));
+               std::string(cpu_isa()).c_str(), out->finish.reason.c_str());
   if (profile::enabled()) {
     engine.shutdown();  // its thread's last spans are published before the file is written
     profile::stop();

@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <type_traits>
+#include <variant>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -22,46 +24,31 @@ namespace ft::tools {
 
 void add_serve(CLI::App& app, ServeArgs& a) {
   CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)");
-  a.cmd = c;
-  c->add_option("-m,--model", a.model, "GGUF model file (default: a built-in synthetic 'tiny' model, random weights)");
-  c->add_option("--host", a.host, "Address to listen on (default 127.0.0.1)");
-  c->add_option("--port", a.port, "Port (default 8000; 0 = any free port, printed at start)");
   c->add_option("--config", a.config, "JSON config file (CLI flags override it)");
-  c->add_option("-t,--threads", a.threads, "Engine compute threads (default 0 = all cores)");
-  c->add_option("--http-threads", a.http_threads, "HTTP I/O worker threads (default 2)");
-  c->add_option("--max-queue", a.max_queue, "Requests waiting for their first token before 429 (default 256)");
-  c->add_option("--log-level", a.log_level, "trace, debug, info, warn, error, critical, off (default info)");
-  c->add_option("--kv-memory", a.kv_memory_mib, "KV cache MiB (default: 4 full contexts, at most 2 GiB)");
-  c->add_option("-c,--ctx", a.ctx, "Context length (default: the model's)");
-  c->add_option("--shutdown-timeout", a.shutdown_timeout_s, "Seconds in-flight requests get on SIGINT/SIGTERM (default 10)");
-  c->add_option("--served-model-name", a.served_model_name, "Model id clients send (default: the file's stem)");
-  c->add_option("--binary-port", a.binary_port, "Port of the binary protocol (FlatBuffers frames; default 0 = off)");
-  c->add_flag("--binary-port-any", a.binary_port_any, "Serve the binary protocol on any free port (printed at start)");
+  for (const server::ServeSetting& s : server::serve_settings()) {
+    if (!*s.flags) continue;
+    CLI::Option* o = std::visit(
+        [&](auto m) {
+          auto& field = a.flags.*m;
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(field)>, bool>)
+            return c->add_flag(s.flags, field, s.help);
+          else
+            return c->add_option(s.flags, field, s.help)->capture_default_str();
+        },
+        s.field);
+    a.given.emplace_back(&s, o);
+  }
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE at shutdown (see `firsttoken profile FILE`)");
 }
 
 int cmd_serve(const ServeArgs& a) {
   server::ServeConfig cfg;
   if (!a.config.empty()) server::apply_config_file(a.config, cfg);
-  auto given = [&](const char* name) { return a.cmd && a.cmd->count(name) > 0; };
-  if (given("--model")) cfg.model = a.model;
-  if (given("--host")) cfg.host = a.host;
-  if (given("--port")) cfg.port = a.port;
-  if (given("--threads")) cfg.threads = a.threads;
-  if (given("--http-threads")) cfg.http_threads = a.http_threads;
-  if (given("--max-queue")) cfg.max_queue = a.max_queue;
-  if (given("--log-level")) cfg.log_level = a.log_level;
-  if (given("--kv-memory")) cfg.kv_memory_mib = a.kv_memory_mib;
-  if (given("--ctx")) cfg.context_length = a.ctx;
-  if (given("--shutdown-timeout")) cfg.shutdown_timeout_s = a.shutdown_timeout_s;
-  if (given("--served-model-name")) cfg.served_model_name = a.served_model_name;
-  if (given("--binary-port")) cfg.binary_port = a.binary_port;
-  if (given("--binary-port-any")) cfg.binary_port_any = a.binary_port_any;
-  if (cfg.port < 0 || cfg.port > 65535) fail("--port must be in [0, 65535], got ", cfg.port);
-  if (cfg.binary_port < 0 || cfg.binary_port > 65535) fail("--binary-port must be in [0, 65535], got ", cfg.binary_port);
-  if (cfg.http_threads < 1) fail("--http-threads must be at least 1");
-  if (cfg.max_queue < 0) fail("--max-queue must be >= 0");
-  if (cfg.shutdown_timeout_s < 0) fail("--shutdown-timeout must be >= 0");
+  for (const auto& [s, o] : a.given) {
+    if (o->count() == 0) continue;
+    std::visit([&](auto m) { cfg.*m = a.flags.*m; }, s->field);
+    server::check_range(*s, cfg, o->get_name());
+  }
   const auto level = spdlog::level::from_str(cfg.log_level);
   if (level == spdlog::level::off && cfg.log_level != "off")
     fail("unknown log level '", cfg.log_level, "' (trace, debug, info, warn, error, critical, off)");

@@ -2,6 +2,9 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "engine/sampler.h"
+#include "server/config.h"
+
 #include <string>
 #include <vector>
 
@@ -10,10 +13,7 @@ namespace ft::tools {
 struct RunArgs {
   std::string model, prompt, system, chat_format;
   int64_t n_predict = 128;
-  float temperature = 0.8f;
-  int top_k = 40;
-  float top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f, presence_penalty = 0, frequency_penalty = 0;
-  uint64_t seed = 0;
+  SamplingParams sampling = kCliSampling;  // the flags write into it
   bool seed_set = false;
   int threads = 0;
   int64_t ctx = 0, batch = 512;
@@ -65,15 +65,10 @@ void add_bench(CLI::App& app, BenchArgs& a);
 int cmd_bench(const BenchArgs& a);
 
 struct ServeArgs {
-  std::string model, host, config, log_level, served_model_name;
-  int port = 8000, threads = 0, http_threads = 2;
-  int64_t max_queue = 256, ctx = 0;
-  uint64_t kv_memory_mib = 0;
-  double shutdown_timeout_s = 10;
-  int binary_port = 0;
-  bool binary_port_any = false;
-  std::string profile;  // --profile FILE: write a Chrome/Perfetto trace at shutdown
-  CLI::App* cmd = nullptr;  // to tell which flags were given (they override --config)
+  std::string config;
+  std::string profile;         // --profile FILE: write a Chrome/Perfetto trace at shutdown
+  server::ServeConfig flags;   // the serve settings' flags write here; those given override --config
+  std::vector<std::pair<const server::ServeSetting*, CLI::Option*>> given;
 };
 void add_serve(CLI::App& app, ServeArgs& a);
 int cmd_serve(const ServeArgs& a);

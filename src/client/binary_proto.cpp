@@ -58,7 +58,8 @@ std::string encode_request(const Request& r) {
   const SamplingParams& s = r.sampling;
   const auto sampling = fbs::CreateSampling(b, s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty,
                                             s.presence_penalty, s.frequency_penalty, s.seed, r.seed_set);
-  b.Finish(fbs::CreateRequest(b, tokens, text, r.add_bos, sampling, r.max_tokens, stop, r.stream, r.ignore_eos));
+  b.Finish(fbs::CreateRequest(b, tokens, text, r.add_bos, sampling, r.max_tokens, stop, r.stream, r.ignore_eos,
+                              r.logprobs));
   return frame(b);
 }
 
@@ -70,12 +71,23 @@ std::string encode_response(const Response& r) {
   if (!r.tokens.empty()) tokens = b.CreateVector(r.tokens);
   if (!r.text.empty()) text = b.CreateString(r.text);
   if (!r.error.empty()) error = b.CreateString(r.error);
+  fb::Offset<fb::Vector<fb::Offset<fbs::TokenLogprob>>> logprobs;
+  if (!r.logprobs.empty()) {
+    std::vector<fb::Offset<fbs::TokenLogprob>> lps;
+    std::vector<fbs::Alternative> top;
+    for (const TokenLogprobs& t : r.logprobs) {
+      top.clear();
+      for (const auto& [id, lp] : t.top) top.emplace_back(id, lp);
+      lps.push_back(fbs::CreateTokenLogprob(b, t.token, t.logprob, b.CreateVectorOfStructs(top)));
+    }
+    logprobs = b.CreateVector(lps);
+  }
   if (r.last) {
     const Timings& t = r.timings;
     timings = fbs::CreateTimings(b, t.tokenize, t.queue, t.prefill, t.ttft, t.decode, t.total);
   }
   b.Finish(fbs::CreateResponse(b, tokens, text, r.last, finish_enum(r.finish), r.prompt_tokens, r.completion_tokens,
-                               timings, error));
+                               timings, error, logprobs));
   return frame(b);
 }
 
@@ -102,6 +114,7 @@ bool decode_request(const uint8_t* data, size_t n, Request& out) {
     for (const fb::String* x : *r->stop()) out.stop.push_back(x->str());
   out.stream = r->stream();
   out.ignore_eos = r->ignore_eos();
+  out.logprobs = r->logprobs();
   return true;
 }
 
@@ -118,6 +131,14 @@ bool decode_response(const uint8_t* data, size_t n, Response& out) {
   if (const fbs::Timings* t = r->timings())
     out.timings = {t->tokenize(), t->queue(), t->prefill(), t->ttft(), t->decode(), t->total()};
   if (r->error()) out.error = r->error()->str();
+  if (r->logprobs())
+    for (const fbs::TokenLogprob* t : *r->logprobs()) {
+      TokenLogprobs& x = out.logprobs.emplace_back();
+      x.token = t->token();
+      x.logprob = t->logprob();
+      if (t->top())
+        for (const fbs::Alternative* a : *t->top()) x.top.emplace_back(a->token(), a->logprob());
+    }
   return true;
 }
 

@@ -19,16 +19,13 @@ struct Request {
   std::vector<int32_t> tokens;  // non-empty: the prompt as ids; else `text`
   std::string text;
   bool add_bos = true;
-  SamplingParams sampling;  // the schema's defaults: temperature 1, filters off
+  SamplingParams sampling = kBinarySampling;
   bool seed_set = false;
   int64_t max_tokens = 16;
   std::vector<std::string> stop;
   bool stream = true;
   bool ignore_eos = false;
-  Request() {
-    sampling.temperature = 1.0f;
-    sampling.seed = 0;
-  }
+  int32_t logprobs = -1;  // -1: off; N: each token's logprob and its N best alternatives
 };
 
 struct Timings {  // ms
@@ -43,6 +40,7 @@ struct Response {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   Timings timings;
   std::string error;  // final frame of a failed request
+  std::vector<TokenLogprobs> logprobs;  // one per token, when requested
 };
 
 std::string encode_request(const Request& r);

@@ -21,14 +21,33 @@ class Engine::ModelExecutor final : public StepExecutor {
   Forward fwd_;
 };
 
+int64_t resolve_n_ctx(const RuntimeConfig& rt, const HParams& hp) { return rt.n_ctx > 0 ? rt.n_ctx : hp.ctx_len; }
+
+EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t chunk, int threads) {
+  EngineConfig c;
+  c.runtime.threads = threads;
+  c.runtime.n_ctx = n_ctx;
+  c.scheduler.chunk_size = chunk;
+  c.scheduler.max_num_seqs = 1;
+  c.scheduler.max_batch_tokens = 0;  // no more than a chunk needs (raised to it)
+  const HParams& hp = model.hparams();
+  const int32_t B = c.runtime.kv_block_size;
+  c.kv_memory_bytes = uint64_t(std::max(KVCache::blocks_for(resolve_n_ctx(c.runtime, hp), B), kMinKvBlocks)) *
+                      KVCache::block_bytes(hp.n_layers, hp.kv_dim(), B);
+  c.prefix_caching = false;
+  c.calibrate = false;
+  return c;
+}
+
 Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(int32_t)> is_eog)
     : model_(model), t0_(std::chrono::steady_clock::now()) {
   const HParams& hp = model.hparams();
-  n_ctx_ = cfg.runtime.n_ctx > 0 ? cfg.runtime.n_ctx : hp.ctx_len;
+  n_ctx_ = resolve_n_ctx(cfg.runtime, hp);
   sched_cfg_ = cfg.scheduler;
   if (sched_cfg_.max_num_seqs < 1) fail("max_num_seqs must be at least 1");
-  if (sched_cfg_.chunk_size == 0)  // no chunking: a whole prompt in one step
-    sched_cfg_.max_batch_tokens = std::max<int64_t>(sched_cfg_.max_batch_tokens, n_ctx_ + sched_cfg_.max_num_seqs);
+  // A step holds a whole prompt chunk (no chunking: a whole context) and a decode token per sequence.
+  if (const int64_t chunk = sched_cfg_.chunk_size == 0 ? n_ctx_ : sched_cfg_.chunk_size; chunk > 0)
+    sched_cfg_.max_batch_tokens = std::max<int64_t>(sched_cfg_.max_batch_tokens, chunk + sched_cfg_.max_num_seqs);
   if (sched_cfg_.max_batch_tokens < sched_cfg_.max_num_seqs + 1)
     fail("max_batch_tokens (", sched_cfg_.max_batch_tokens, ") must exceed max_num_seqs (",
          sched_cfg_.max_num_seqs, ")");
@@ -45,13 +64,13 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   kc.block_size = B;
   kc.n_blocks = int32_t(std::min<uint64_t>(kv_bytes / block_bytes, 1u << 30));
   kc.prefix_caching = cfg.prefix_caching;
-  if (kc.n_blocks < 2)
-    fail("KV cache memory of ", kv_bytes, " bytes holds fewer than 2 blocks of ", block_bytes, " bytes");
+  if (kc.n_blocks < kMinKvBlocks)
+    fail("KV cache memory of ", kv_bytes, " bytes holds fewer than ", kMinKvBlocks, " blocks of ", block_bytes, " bytes");
   kv_ = std::make_unique<KVCache>(kc);
 
   backend_ = make_backend(cfg.runtime.backend, resolve_threads(cfg.runtime.threads));
   if (profile::enabled()) {  // every kernel call becomes a span; chosen once, free when off
-    backend_ = profile::wrap_backend(std::move(backend_), model.weights());
+    backend_ = profile::wrap_backend(std::move(backend_), model);
     const int64_t T = sched_cfg_.max_batch_tokens;
     profile::set_meta("model", std::string_view(hp.name.empty() ? hp.arch_name : hp.name));
     profile::set_meta("n_layers", int64_t(hp.n_layers));

@@ -16,6 +16,8 @@
 
 namespace ft {
 
+inline constexpr int32_t kMinKvBlocks = 2;  // the smallest KV cache an engine runs with
+
 struct EngineConfig {
   RuntimeConfig runtime;
   SchedulerConfig scheduler;
@@ -23,6 +25,13 @@ struct EngineConfig {
   bool prefix_caching = true;
   bool calibrate = true;  // measure the cost model at start-up (auto chunking needs it)
 };
+
+// The context an engine runs with: rt.n_ctx, or the model's when 0.
+int64_t resolve_n_ctx(const RuntimeConfig& rt, const HParams& hp);
+// `firsttoken run`'s engine: one sequence, fixed prompt chunks of `chunk` tokens, KV for exactly
+// one context (n_ctx; 0 = the model's), no prefix cache, no calibration. Servers start from
+// EngineConfig's defaults (server/config.h maps their settings onto it).
+EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t chunk, int threads);
 
 // A snapshot for metrics.
 struct EngineMetrics {

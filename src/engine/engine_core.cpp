@@ -32,7 +32,7 @@ void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, Eng
   ev.logprob = logits[token] - log_z;
   ev.top_logprobs.clear();
   if (n <= 0) return;
-  // Keep the n best in a small sorted list (n <= 20).
+  // Keep the n best in a small sorted list (n <= kMaxLogprobs).
   for (int32_t i = 0; i < V; ++i) {
     const float lp = logits[i] - log_z;
     if (int32_t(ev.top_logprobs.size()) == n && lp <= ev.top_logprobs.back().second) continue;
@@ -61,9 +61,9 @@ void EngineCore::validate(const EngineRequest& r) const {
   for (int32_t t : r.prompt)
     if (t < 0 || t >= V) fail("prompt token id ", t, " is out of range [0, ", V, ")");
   if (r.max_tokens < 1) fail("max_tokens must be at least 1, got ", r.max_tokens);
-  if (r.logprobs > 20) fail("logprobs must be at most 20, got ", r.logprobs);
+  if (r.logprobs > kMaxLogprobs) fail("logprobs must be at most ", kMaxLogprobs, ", got ", r.logprobs);
   ft::validate(r.sampling);
-  if (n + r.max_tokens > n_ctx_)
+  if (n > n_ctx_ || r.max_tokens > n_ctx_ - n)  // no n + max_tokens: max_tokens may be near INT64_MAX
     fail("the prompt (", n, " tokens) plus max_tokens (", r.max_tokens, ") exceeds the context length of ",
          n_ctx_, " tokens");
   const int32_t need = KVCache::blocks_for(n + r.max_tokens, kv_.config().block_size);
@@ -166,7 +166,15 @@ bool EngineCore::step() {
     s.n_computed = r.n_computed;
     s.n_generated = r.n_generated;
     s.admitted = r.admitted;
-    s.blocks_held = KVCache::blocks_for(kv_.capacity(r.seq), cfg_.block_size);
+    if (r.admitted) {
+      s.blocks_held = KVCache::blocks_for(kv_.capacity(r.seq), cfg_.block_size);
+      s.blocks_shared = kv_.shared_blocks(r.seq);
+    } else {  // what admission would attach: at least the last token is computed (its logits)
+      const KVCache::PrefixHit hit = kv_.prefix_hit(r.tokens, s.n_tokens - 1);
+      s.n_computed = hit.tokens;
+      s.hit_blocks = hit.blocks;
+      s.hit_idle_blocks = hit.idle_blocks;
+    }
     s.arrival_ms = r.t.arrival_ms;
     s.admit_order = r.admit_order;
     in.requests.push_back(s);
@@ -178,19 +186,23 @@ bool EngineCore::step() {
   rec.predicted_ms = plan.predicted_ms;
   rec.prefill_budget = plan.prefill_budget;
   rec.n_preempted = int32_t(plan.preempt.size());
+  // The plan fits the pool it was made against; a reservation that fails is a bug in it.
+  auto reserve = [&](const Req& r, int64_t n_positions, const char* what) {
+    if (!kv_.reserve(r.seq, n_positions))
+      fail("engine: the step plan does not fit the KV cache (", what, " of request ", r.id, ": ", n_positions,
+           " positions, ", kv_.free_blocks(), " free blocks)");
+  };
   for (uint64_t id : plan.preempt) preempt(reqs_.at(id));
+  // Every admission attaches its cached prefix before any block is taken, so no reservation in
+  // this step evicts a block the plan counted as a hit.
   for (uint64_t id : plan.admit) {
     Req& r = reqs_.at(id);
-    // Reuse the longest cached prefix; at least the last token is always computed (its logits
-    // are needed), and it lands in a block of its own sequence.
-    const int64_t n = int64_t(r.tokens.size());
-    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, n - 1);
+    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, int64_t(r.tokens.size()) - 1);
     if (r.t.preemptions == 0) r.t.cached_tokens = r.n_computed;
-    if (!kv_.reserve(r.seq, n + 1)) {  // the plan accounted for it; a cache hit only needs less
-      kv_.release(r.seq);
-      r.n_computed = 0;
-      continue;
-    }
+  }
+  for (uint64_t id : plan.admit) {
+    Req& r = reqs_.at(id);
+    reserve(r, int64_t(r.tokens.size()) + 1, "admission");
     r.admitted = true;
     r.admit_order = ++admit_counter_;
   }
@@ -201,10 +213,7 @@ bool EngineCore::step() {
   std::vector<Req*> decodes;
   for (uint64_t id : plan.decode) {
     Req& r = reqs_.at(id);
-    if (!kv_.reserve(r.seq, r.n_computed + 1)) {  // the plan accounted for it; never expected
-      preempt(r);
-      continue;
-    }
+    reserve(r, r.n_computed + 1, "decode");
     batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true);
     row_owner_.push_back(&r);
     decodes.push_back(&r);
@@ -213,11 +222,12 @@ bool EngineCore::step() {
   std::vector<std::pair<Req*, int64_t>> chunks;
   for (const PrefillChunk& c : plan.prefill) {
     Req& r = reqs_.at(c.id);
-    if (!r.admitted) continue;  // its admission failed above
     const int64_t n = int64_t(r.tokens.size());
-    const int64_t len = std::min(c.n_tokens, n - r.n_computed);
-    if (len <= 0) continue;
-    if (!kv_.reserve(r.seq, r.n_computed + len)) continue;
+    const int64_t len = c.n_tokens;
+    if (len < 1 || len > n - r.n_computed)
+      fail("engine: the step plan's chunk of request ", r.id, " (", len, " tokens) is not within its ",
+           n - r.n_computed, " pending tokens");
+    reserve(r, r.n_computed + len, "prefill");
     for (int64_t i = 0; i < len; ++i) {
       const int64_t pos = r.n_computed + i;
       const bool last = pos == n - 1;

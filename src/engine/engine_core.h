@@ -21,6 +21,8 @@ namespace ft {
 enum class FinishReason { Stop /* end-of-generation token */, Length /* max_tokens or context */, Cancelled };
 const char* finish_reason_name(FinishReason r);
 
+inline constexpr int32_t kMaxLogprobs = 20;  // top alternatives a request may ask for
+
 struct EngineRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
@@ -28,7 +30,7 @@ struct EngineRequest {
   bool ignore_eos = false;
   double tokenize_ms = 0;  // measured by the caller, reported in the timings
   double arrival_ms = -1;  // on the engine clock; < 0: when the core receives it
-  int32_t logprobs = -1;   // >= 0: report each sampled token's logprob and this many top ones
+  int32_t logprobs = -1;   // >= 0: report each sampled token's logprob and this many top ones (<= kMaxLogprobs)
   int64_t trace_arrival_ns = 0;  // profiler clock (profile::now_ns) at arrival; 0 = when the core receives it
 };
 
@@ -47,6 +49,7 @@ struct RequestTimings {
   double ttft_ms() const { return first_token_ms < 0 ? 0 : first_token_ms - arrival_ms; }
   double prefill_ms() const { return first_token_ms < 0 ? 0 : first_token_ms - first_scheduled_ms; }
   double decode_ms() const { return finish_ms < 0 || first_token_ms < 0 ? 0 : finish_ms - first_token_ms; }
+  double total_ms() const { return finish_ms < 0 ? 0 : finish_ms - arrival_ms + tokenize_ms; }  // tokenizing included
 };
 
 struct EngineEvent {

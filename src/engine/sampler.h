@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace ft {
@@ -30,6 +31,20 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // OpenAI semantics, over generated tokens only
   int penalty_last_n = 64;          // window of the repetition penalty; 0 = off, -1 = all history
   uint64_t seed = 0xF1257;          // same seed + same logits -> same choices
+  bool operator==(const SamplingParams&) const = default;
+};
+
+// What a request gets for the sampling it does not set, per front end (one line each).
+inline constexpr SamplingParams kCliSampling{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
+inline constexpr SamplingParams kOpenAISampling{.temperature = 1.0f};
+// proto/firsttoken.fbs's Sampling defaults, which the schema must spell again (a test holds them equal).
+inline constexpr SamplingParams kBinarySampling{.temperature = 1.0f, .seed = 0};
+
+// A sampled token's log-probability and its best alternatives (best first), when requested.
+struct TokenLogprobs {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 // Validates ranges (temperature >= 0 and finite, top_p in (0,1], min_p in [0,1], top_k >= 0,

@@ -45,7 +45,7 @@ StepPlan plan_step(const SchedulerInput& in) {
     const SchedRequest* victim = running.back();  // most recently admitted
     running.pop_back();
     plan.preempt.push_back(victim->id);
-    free_blocks += victim->blocks_held;
+    free_blocks += victim->blocks_held - victim->blocks_shared;
   }
   double attn = 0;
   for (const auto* r : running) {
@@ -121,8 +121,10 @@ StepPlan plan_step(const SchedulerInput& in) {
     if (chunk <= 0) return 0;
     if (!r->admitted) {
       if (n_running >= cfg.max_num_seqs) return 0;
-      // Admission reserves the whole pending sequence plus the first generated token.
-      const int64_t need = blocks(r->n_tokens + 1, cfg.block_size);
+      // Admission attaches the cached prefix and reserves the rest of the sequence plus the first
+      // generated token. A preemption this step may have made hit blocks idle: count them all.
+      const int64_t need = blocks(r->n_tokens + 1, cfg.block_size) - r->hit_blocks +
+                           (plan.preempt.empty() ? r->hit_idle_blocks : r->hit_blocks);
       if (need > free_blocks) return 0;
       free_blocks -= need;
       plan.admit.push_back(r->id);

@@ -43,7 +43,9 @@ struct SchedulerConfig {
   double step_latency_target_ms = 50;
   int64_t max_auto_chunk = 1024;    // auto mode's chunk when nothing competes
   int64_t min_chunk = 16;           // auto mode never plans a smaller chunk (progress)
-  int64_t max_batch_tokens = 2048;  // hard cap on tokens in one step (the forward's capacity)
+  // Hard cap on tokens in one step (the forward's capacity). The engine raises it to hold a whole
+  // fixed chunk (unchunked: a whole context) plus a decode token per sequence.
+  int64_t max_batch_tokens = 2048;
   int32_t max_num_seqs = 64;        // running requests at most
   double aging_ms = 2000;           // a request waiting longer goes first
   int32_t block_size = 16;
@@ -56,16 +58,22 @@ struct SchedRequest {
   int64_t n_generated = 0;
   bool admitted = false;    // holds KV blocks
   int32_t blocks_held = 0;
+  int32_t blocks_shared = 0;  // of those, blocks another sequence also holds (preempting frees the rest)
+  // Waiting: its prefix in the cache now (n_computed counts those tokens): blocks admission
+  // attaches, and of those, the idle ones it takes out of the free pool.
+  int32_t hit_blocks = 0, hit_idle_blocks = 0;
   double arrival_ms = 0;
   uint64_t admit_order = 0; // larger = admitted more recently
   int64_t pending() const { return n_tokens - n_computed; }
   bool decoding() const { return admitted && n_generated > 0 && pending() == 1; }
 };
 
+// A read-only view of the real KV block pool (the engine fills it from KVCache each step), so a
+// plan fits the pool exactly and the engine applies it without fallbacks.
 struct SchedulerInput {
   double now_ms = 0;
   std::vector<SchedRequest> requests;  // every unfinished request, admitted or waiting
-  int32_t free_blocks = 0;
+  int32_t free_blocks = 0;             // KVCache::free_blocks()
   CostModel cost;
   SchedulerConfig cfg;
 };

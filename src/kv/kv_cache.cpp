@@ -105,18 +105,29 @@ int32_t KVCache::find_cached(uint64_t parent, std::span<const int32_t> block_tok
   return it->second;
 }
 
-int64_t KVCache::cached_prefix(std::span<const int32_t> tokens, int64_t max_tokens) const {
-  if (!cfg_.prefix_caching) return 0;
+KVCache::PrefixHit KVCache::prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens) const {
+  PrefixHit hit;
+  if (!cfg_.prefix_caching) return hit;
   const int64_t B = cfg_.block_size;
   const int64_t limit = std::min<int64_t>(max_tokens, int64_t(tokens.size()));
   uint64_t parent = 0;
-  int64_t n = 0;
-  while (n + B <= limit) {
-    const auto blk = tokens.subspan(size_t(n), size_t(B));
-    if (find_cached(parent, blk) < 0) break;
+  while (hit.tokens + B <= limit) {
+    const auto blk = tokens.subspan(size_t(hit.tokens), size_t(B));
+    const int32_t b = find_cached(parent, blk);
+    if (b < 0) break;
+    ++hit.blocks;
+    hit.idle_blocks += blocks_[size_t(b)].refs == 0;
     parent = block_hash(parent, blk);
-    n += B;
+    hit.tokens += B;
   }
+  return hit;
+}
+
+int32_t KVCache::shared_blocks(int32_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  int32_t n = 0;
+  for (const int32_t b : it->second.table) n += blocks_[size_t(b)].refs > 1;
   return n;
 }
 

@@ -66,8 +66,16 @@ class KVCache {
   int64_t capacity(int32_t seq) const;
   int32_t n_sequences() const { return int32_t(seqs_.size()); }
 
-  // Tokens of the longest cached prefix of `tokens`, in whole blocks, at most max_tokens.
-  int64_t cached_prefix(std::span<const int32_t> tokens, int64_t max_tokens) const;
+  // The longest cached prefix of `tokens` (whole blocks, at most max_tokens tokens): what
+  // attach_prefix would attach now, and how many of its blocks are idle (unreferenced: attaching
+  // them takes them out of free_blocks()).
+  struct PrefixHit {
+    int64_t tokens = 0;
+    int32_t blocks = 0, idle_blocks = 0;
+  };
+  PrefixHit prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens) const;
+  // Blocks of seq that another sequence also references (release(seq) does not free them).
+  int32_t shared_blocks(int32_t seq) const;
   // For a sequence that holds no blocks yet: attaches the cached blocks of the longest cached
   // prefix (at most max_tokens tokens) and returns how many tokens they cover.
   int64_t attach_prefix(int32_t seq, std::span<const int32_t> tokens, int64_t max_tokens);

@@ -1,5 +1,6 @@
-// The one table that maps GGUF metadata keys and tensor names to the model. Every weight is
-// bound by name with its expected type class and shape; a mismatch fails with expected vs actual.
+// GGUF metadata keys to HParams, and the architecture's tensor table (model/arch.h) to the
+// weights. Every weight is bound by name with its expected type class and shape; a mismatch fails
+// with expected vs actual.
 //
 // Metadata ({arch} = general.architecture):            default when absent
 //   {arch}.embedding_length            dim                required
@@ -9,27 +10,17 @@
 //   {arch}.attention.head_count_kv     n_kv_heads         n_heads
 //   {arch}.attention.key_length        head_dim           dim / n_heads
 //   {arch}.context_length              ctx_len            2048
-//   {arch}.attention.layer_norm_rms_epsilon  rms_eps      1e-5 (llama), 1e-6 (qwen2)
-//   {arch}.rope.freq_base              rope base          10000 (llama), 1000000 (qwen2)
+//   {arch}.attention.layer_norm_rms_epsilon  rms_eps      the architecture's (arch.cpp)
+//   {arch}.rope.freq_base              rope base          the architecture's (arch.cpp)
 //   {arch}.rope.dimension_count        rotated dims       head_dim
 //   {arch}.rope.scaling.type/.factor   "linear": positions / factor; "none"/absent: 1
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
-// Tensors (ne listed innermost first, as GGUF stores them):
-//   token_embd.weight   [dim, n_vocab]      any weight type
-//   output_norm.weight  [dim]               F32
-//   output.weight       [dim, n_vocab]      any weight type; absent -> tied to token_embd
-//   rope_freqs.weight   [n_rot/2]           F32, optional (Llama 3.1 frequency factors)
-//   blk.{i}.attn_norm.weight [dim]          F32
-//   blk.{i}.attn_q.weight    [dim, q_dim]   blk.{i}.attn_q.bias [q_dim] (qwen2, F32)
-//   blk.{i}.attn_k.weight    [dim, kv_dim]  blk.{i}.attn_k.bias [kv_dim]
-//   blk.{i}.attn_v.weight    [dim, kv_dim]  blk.{i}.attn_v.bias [kv_dim]
-//   blk.{i}.attn_output.weight [q_dim, dim]
-//   blk.{i}.ffn_norm.weight  [dim]          F32
-//   blk.{i}.ffn_gate.weight  [dim, ffn]     blk.{i}.ffn_up.weight [dim, ffn]
-//   blk.{i}.ffn_down.weight  [ffn, dim]
+// Tensors: the architecture's table in model/arch.cpp (name, shape from the hyperparameters,
+// type class, optional); a matrix (rows, cols) is GGUF ne [cols, rows].
 #include <cmath>
 
 #include "core/error.h"
+#include "model/arch.h"
 #include "model/model.h"
 
 namespace ft {
@@ -41,8 +32,6 @@ std::string shape_str(const std::vector<uint64_t>& ne) {
   for (size_t i = 0; i < ne.size(); ++i) s += cat(i ? ", " : "", ne[i]);
   return s + "]";
 }
-
-enum class TypeClass { Weight /* any supported weight type */, F32 };
 
 class Binder {
  public:
@@ -67,14 +56,14 @@ class Binder {
     return t;
   }
 
-  WeightView matrix(const std::string& name, int64_t n_rows, int64_t n_cols, bool required = true) {
-    const GGUFTensorInfo* t = find(name, TypeClass::Weight, {uint64_t(n_cols), uint64_t(n_rows)}, required);
+  WeightView matrix(const std::string& name, TypeClass tc, int64_t n_rows, int64_t n_cols, bool required) {
+    const GGUFTensorInfo* t = find(name, tc, {uint64_t(n_cols), uint64_t(n_rows)}, required);
     if (!t) return {};
     return WeightView{t->type, t->data, n_rows, n_cols};
   }
 
-  const float* vector(const std::string& name, int64_t n, bool required = true) {
-    const GGUFTensorInfo* t = find(name, TypeClass::F32, {uint64_t(n)}, required);
+  const float* vector(const std::string& name, TypeClass tc, int64_t n, bool required) {
+    const GGUFTensorInfo* t = find(name, tc, {uint64_t(n)}, required);
     return t ? reinterpret_cast<const float*>(t->data) : nullptr;
   }
 
@@ -93,14 +82,11 @@ int32_t positive_i32(const GGUFFile& f, const std::string& key, uint64_t v) {
 HParams read_hparams(const GGUFFile& f) {
   HParams hp;
   hp.arch_name = f.require_str("general.architecture");
-  if (hp.arch_name == "llama") {
-    hp.arch = Arch::Llama;
-  } else if (hp.arch_name == "qwen2") {
-    hp.arch = Arch::Qwen2;
-  } else {
-    fail(f.path(), ": key 'general.architecture': architecture '", hp.arch_name,
-         "' is not supported (supported: llama, qwen2)");
-  }
+  const ArchSpec* spec = find_arch(hp.arch_name);
+  if (!spec)
+    fail(f.path(), ": key 'general.architecture': architecture '", hp.arch_name, "' is not supported (supported: ",
+         known_archs(), ")");
+  hp.arch = spec->arch;
   const std::string a = hp.arch_name + ".";
   auto req = [&](const std::string& k) { return positive_i32(f, a + k, f.require_u64(a + k)); };
   auto opt = [&](const std::string& k, uint64_t d) { return positive_i32(f, a + k, f.get_u64(a + k, d)); };
@@ -120,12 +106,11 @@ HParams read_hparams(const GGUFFile& f) {
   if (f.has(a + "attention.value_length") && opt("attention.value_length", 1) != hp.head_dim)
     fail(f.path(), ": key '", a, "attention.value_length' differs from key_length (not supported)");
   hp.ctx_len = opt("context_length", 2048);
-  const bool qwen = hp.arch == Arch::Qwen2;
-  hp.rms_eps = float(f.get_f64(a + "attention.layer_norm_rms_epsilon", qwen ? 1e-6 : 1e-5));
+  hp.rms_eps = float(f.get_f64(a + "attention.layer_norm_rms_epsilon", spec->rms_eps));
   if (!(hp.rms_eps > 0) || !std::isfinite(hp.rms_eps))
     fail(f.path(), ": key '", a, "attention.layer_norm_rms_epsilon' must be > 0");
-  hp.rope.style = qwen ? RopeStyle::Halves : RopeStyle::Interleaved;
-  hp.rope.freq_base = float(f.get_f64(a + "rope.freq_base", qwen ? 1e6 : 1e4));
+  hp.rope.style = spec->rope_style;
+  hp.rope.freq_base = float(f.get_f64(a + "rope.freq_base", spec->rope_freq_base));
   if (!(hp.rope.freq_base > 1) || !std::isfinite(hp.rope.freq_base))
     fail(f.path(), ": key '", a, "rope.freq_base': ", hp.rope.freq_base, " must be > 1");
   hp.rope.n_rot = opt("rope.dimension_count", uint64_t(hp.head_dim));
@@ -140,7 +125,8 @@ HParams read_hparams(const GGUFFile& f) {
   } else if (scaling != "none") {
     fail(f.path(), ": key '", a, "rope.scaling.type': '", scaling, "' is not supported (none, linear)");
   }
-  hp.qkv_bias = qwen;
+  hp.qkv_bias = false;
+  for (const TensorSpec& t : spec->tensors) hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
   return hp;
 }
 
@@ -167,33 +153,18 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
 
   Binder b(f);
   ModelWeights& w = m->w_;
-  const int64_t dim = hp.dim, q = hp.q_dim(), kvd = hp.kv_dim(), ffn = hp.ffn_dim, V = hp.n_vocab;
-  w.token_embd = b.matrix("token_embd.weight", V, dim);
-  w.output_norm = b.vector("output_norm.weight", dim);
-  w.output = b.matrix("output.weight", V, dim, /*required=*/false);
+  w.layers.resize(size_t(hp.n_layers));
+  for_each_tensor(arch_spec(hp.arch), hp.n_layers, [&](const TensorSpec& t, int32_t layer) {
+    const std::string name = tensor_name(t, layer);
+    const WeightSlot slot = weight_slot(w, t.role, layer);
+    if (t.matrix)
+      *slot.matrix = b.matrix(name, t.type, extent(t.rows, hp), extent(t.cols, hp), !t.optional);
+    else
+      *slot.vector = b.vector(name, t.type, extent(t.rows, hp), !t.optional);
+  });
   hp.tied_embeddings = w.output.data == nullptr;
   if (hp.tied_embeddings) w.output = w.token_embd;
-  w.rope_freqs = b.vector("rope_freqs.weight", hp.rope.n_rot / 2, /*required=*/false);
   hp.rope.freq_factors = w.rope_freqs;
-  w.layers.resize(size_t(hp.n_layers));
-  for (int32_t i = 0; i < hp.n_layers; ++i) {
-    const std::string p = cat("blk.", i, ".");
-    LayerWeights& L = w.layers[size_t(i)];
-    L.attn_norm = b.vector(p + "attn_norm.weight", dim);
-    L.wq = b.matrix(p + "attn_q.weight", q, dim);
-    L.wk = b.matrix(p + "attn_k.weight", kvd, dim);
-    L.wv = b.matrix(p + "attn_v.weight", kvd, dim);
-    if (hp.qkv_bias) {
-      L.bq = b.vector(p + "attn_q.bias", q);
-      L.bk = b.vector(p + "attn_k.bias", kvd);
-      L.bv = b.vector(p + "attn_v.bias", kvd);
-    }
-    L.wo = b.matrix(p + "attn_output.weight", dim, q);
-    L.ffn_norm = b.vector(p + "ffn_norm.weight", dim);
-    L.w_gate = b.matrix(p + "ffn_gate.weight", ffn, dim);
-    L.w_up = b.matrix(p + "ffn_up.weight", ffn, dim);
-    L.w_down = b.matrix(p + "ffn_down.weight", dim, ffn);
-  }
   m->weight_bytes_ = b.bytes();
   return m;
 }

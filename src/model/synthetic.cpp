@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "kernels/quant.h"
+#include "model/arch.h"
 
 namespace ft {
 
@@ -145,14 +146,13 @@ uint64_t add_vocab(GGUFWriter& w, const std::string& vocab_path, int shape_vocab
 void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
                            std::function<void(float)> progress) {
   const SyntheticShape& s = find_shape(opt.shape);
-  if (opt.arch != "llama" && opt.arch != "qwen2")
-    fail("synthetic model: unknown architecture '", opt.arch, "' (known: llama, qwen2)");
+  const ArchSpec* spec = find_arch(opt.arch);
+  if (!spec) fail("synthetic model: unknown architecture '", opt.arch, "' (known: ", known_archs(), ")");
   if (!is_supported_weight_type(opt.type))
     fail("synthetic model: weight type ", type_traits(opt.type).name,
          " is not supported (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
   if (s.dim % s.n_heads != 0 || s.n_heads % s.n_kv_heads != 0)
     fail("synthetic model: shape '", s.name, "' has inconsistent head counts");
-  const bool qwen = opt.arch == "qwen2";
   const std::string type_name(type_traits(opt.type).name);
 
   GGUFWriter w;
@@ -167,50 +167,43 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   w.set(a + "feed_forward_length", GGUFValue::of_u32(uint32_t(s.ffn_dim)));
   w.set(a + "attention.head_count", GGUFValue::of_u32(uint32_t(s.n_heads)));
   w.set(a + "attention.head_count_kv", GGUFValue::of_u32(uint32_t(s.n_kv_heads)));
-  w.set(a + "attention.layer_norm_rms_epsilon", GGUFValue::of_f32(qwen ? 1e-6f : 1e-5f));
-  w.set(a + "rope.freq_base", GGUFValue::of_f32(qwen ? 1e6f : 1e4f));
+  w.set(a + "attention.layer_norm_rms_epsilon", GGUFValue::of_f32(spec->rms_eps));
+  w.set(a + "rope.freq_base", GGUFValue::of_f32(spec->rope_freq_base));
   w.set(a + "rope.dimension_count", GGUFValue::of_u32(head_dim));
   const uint64_t n_vocab = add_vocab(w, opt.vocab_path, s.n_vocab);
 
-  // Tensors in llama.cpp's order. ne = [row length (fan-in), rows].
-  const uint64_t dim = uint64_t(s.dim), q_dim = uint64_t(s.n_heads) * head_dim,
-                 kv_dim = uint64_t(s.n_kv_heads) * head_dim, ffn = uint64_t(s.ffn_dim);
-  std::vector<TensorPlan> plan;
-  auto matrix = [&](std::string name, uint64_t fan_in, uint64_t rows, bool more_bits = false) {
-    const GGMLType t = opt.q4_k_m && more_bits ? GGMLType::Q6_K : opt.type;
-    plan.push_back({std::move(name), {fan_in, rows}, t, 0.0f, 1.0f / std::sqrt(float(fan_in))});
-  };
+  // The architecture's tensors in its table's (llama.cpp's) order. ne = [row length (fan-in), rows].
+  HParams hp;
+  hp.dim = s.dim;
+  hp.n_heads = s.n_heads;
+  hp.n_kv_heads = s.n_kv_heads;
+  hp.head_dim = int32_t(head_dim);
+  hp.ffn_dim = s.ffn_dim;
+  hp.n_vocab = int32_t(n_vocab);
+  hp.rope.n_rot = int32_t(head_dim);
   if (opt.q4_k_m && opt.type != GGMLType::Q4_K) fail("synthetic model: the Q4_K_M mix needs type q4_k");
   const int n_layers = s.n_layers;
   auto use_more_bits = [n_layers](int i) {  // llama.cpp's choice of Q6_K layers in Q4_K_M
     return i < n_layers / 8 || i >= 7 * n_layers / 8 || (i - n_layers / 8) % 3 == 2;
   };
-  auto norm = [&](std::string name, uint64_t n) {
-    plan.push_back({std::move(name), {n}, GGMLType::F32, 1.0f, 0.05f});
-  };
-  auto bias = [&](std::string name, uint64_t n) {
-    plan.push_back({std::move(name), {n}, GGMLType::F32, 0.0f, 0.05f});
-  };
-  matrix("token_embd.weight", dim, n_vocab);
-  for (int i = 0; i < s.n_layers; ++i) {
-    const std::string p = cat("blk.", i, ".");
-    norm(p + "attn_norm.weight", dim);
-    matrix(p + "attn_q.weight", dim, q_dim);
-    matrix(p + "attn_k.weight", dim, kv_dim);
-    matrix(p + "attn_v.weight", dim, kv_dim, use_more_bits(i));
-    if (qwen) {
-      bias(p + "attn_q.bias", q_dim);
-      bias(p + "attn_k.bias", kv_dim);
-      bias(p + "attn_v.bias", kv_dim);
+  std::vector<TensorPlan> plan;
+  for_each_tensor(*spec, s.n_layers, [&](const TensorSpec& t, int32_t layer) {
+    if (!t.synthetic) return;
+    std::string name = tensor_name(t, layer);
+    const uint64_t rows = uint64_t(extent(t.rows, hp));
+    switch (t.init) {
+      case Init::Matrix: {
+        const uint64_t fan_in = uint64_t(extent(t.cols, hp));
+        const bool more_bits =
+            t.more_bits == MoreBits::Always || (t.more_bits == MoreBits::SomeLayers && use_more_bits(layer));
+        const GGMLType type = opt.q4_k_m && more_bits ? GGMLType::Q6_K : opt.type;
+        plan.push_back({std::move(name), {fan_in, rows}, type, 0.0f, 1.0f / std::sqrt(float(fan_in))});
+        break;
+      }
+      case Init::Norm: plan.push_back({std::move(name), {rows}, GGMLType::F32, 1.0f, 0.05f}); break;
+      case Init::Bias: plan.push_back({std::move(name), {rows}, GGMLType::F32, 0.0f, 0.05f}); break;
     }
-    matrix(p + "attn_output.weight", q_dim, dim);
-    norm(p + "ffn_norm.weight", dim);
-    matrix(p + "ffn_gate.weight", dim, ffn);
-    matrix(p + "ffn_up.weight", dim, ffn);
-    matrix(p + "ffn_down.weight", ffn, dim, use_more_bits(i));
-  }
-  norm("output_norm.weight", dim);
-  matrix("output.weight", dim, n_vocab, true);
+  });
 
   // Validate every tensor before generating anything.
   uint64_t total = 0;

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/arch.h"
 #include "model/model.h"
 #include "profile/trace.h"
 
@@ -20,26 +21,18 @@ uint64_t weight_bytes(const WeightView& W) {
 
 class ProfilingBackend final : public Backend {
  public:
-  ProfilingBackend(std::unique_ptr<Backend> inner, const ModelWeights& mw) : in_(std::move(inner)) {
-    add_weight(mw.token_embd, "token_embd", -1);
-    for (size_t l = 0; l < mw.layers.size(); ++l) {
-      const LayerWeights& L = mw.layers[l];
-      const int32_t il = int32_t(l);
-      add_weight(L.wq, "wq", il);
-      add_weight(L.wk, "wk", il);
-      add_weight(L.wv, "wv", il);
-      add_weight(L.wo, "wo", il);
-      add_weight(L.w_gate, "w_gate", il);
-      add_weight(L.w_up, "w_up", il);
-      add_weight(L.w_down, "w_down", il);
-      add_vec(L.attn_norm, "attn_norm", il);
-      add_vec(L.ffn_norm, "ffn_norm", il);
-      add_vec(L.bq, "bq", il);
-      add_vec(L.bk, "bk", il);
-      add_vec(L.bv, "bv", il);
-    }
-    add_weight(mw.output, "output", -1);  // after token_embd: a tied output is named "output"
-    add_vec(mw.output_norm, "output_norm", -1);
+  // Weights named by the architecture's table (model/arch.h), in its order: output comes after
+  // token_embd, so a tied output is named "output".
+  ProfilingBackend(std::unique_ptr<Backend> inner, const Model& model) : in_(std::move(inner)) {
+    const HParams& hp = model.hparams();
+    for_each_tensor(arch_spec(hp.arch), hp.n_layers, [&](const TensorSpec& t, int32_t layer) {
+      const ConstWeightSlot s = weight_slot(model.weights(), t.role, layer);
+      const std::string name(t.op_name);
+      if (s.matrix)
+        add_weight(*s.matrix, name.c_str(), layer);
+      else
+        add_vec(*s.vector, name.c_str(), layer);
+    });
     n_rmsnorm_ = intern("rmsnorm");
   }
 
@@ -322,8 +315,8 @@ class ProfilingBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> wrap_backend(std::unique_ptr<Backend> inner, const ModelWeights& weights) {
-  return std::make_unique<ProfilingBackend>(std::move(inner), weights);
+std::unique_ptr<Backend> wrap_backend(std::unique_ptr<Backend> inner, const Model& model) {
+  return std::make_unique<ProfilingBackend>(std::move(inner), model);
 }
 
 }  // namespace ft::profile

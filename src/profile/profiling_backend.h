@@ -9,7 +9,8 @@
 // element for row-wise ops) and bytes (weights read once + activations read and written; for
 // attention each sequence's K/V once). The summary turns these into GFLOP/s and GB/s.
 //
-// Weights are recognised by their data pointer (a table built from ModelWeights), which also gives
+// Weights are recognised by their data pointer (named by the model's architecture table,
+// model/arch.h), which also gives
 // the layer: an op without a weight (rope, attention) belongs to the layer of the last weighted op
 // before it (the forward pass runs layer by layer), so Forward needs no hook. Calls must come from
 // one thread at a time (as Forward makes them).
@@ -19,11 +20,11 @@
 #include "kernels/kernels.h"
 
 namespace ft {
-struct ModelWeights;
+class Model;
 }
 
 namespace ft::profile {
 
-std::unique_ptr<Backend> wrap_backend(std::unique_ptr<Backend> inner, const ModelWeights& weights);
+std::unique_ptr<Backend> wrap_backend(std::unique_ptr<Backend> inner, const Model& model);
 
 }  // namespace ft::profile

@@ -59,9 +59,7 @@ std::vector<int32_t> get_token_ids(const json& arr, const std::string& param, in
   ids.reserve(arr.size());
   for (const json& t : arr) {
     if (!t.is_number_integer()) bad(param, cat("'", param, "' must be a string or an array of token ids"));
-    const int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= n_vocab) bad(param, cat("token id ", id, " is out of range [0, ", n_vocab, ")"));
-    ids.push_back(int32_t(id));
+    ids.push_back(check_token_id(t.get<int64_t>(), n_vocab, param));
   }
   return ids;
 }
@@ -87,12 +85,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   const json j = parse_json_object(body);
   ParsedRequest r;
   r.kind = kind;
-  // OpenAI's defaults, not the CLI's.
-  r.sampling.temperature = 1.0f;
-  r.sampling.top_p = 1.0f;
-  r.sampling.top_k = 0;
-  r.sampling.min_p = 0.0f;
-  r.sampling.repetition_penalty = 1.0f;
+  r.sampling = kOpenAISampling;
 
   for (const auto& [key, v] : j.items()) {
     static const char* const kKnown[] = {
@@ -122,19 +115,19 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       r.prompt_text = p.get<std::string>();
     } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
       r.prompt_tokens = get_token_ids(p, "prompt", model.n_vocab);
-      r.prompt_is_tokens = true;
+      r.prompt_kind = PromptKind::Tokens;
     } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
       r.prompt_text = p[0].get<std::string>();
     } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
       r.prompt_tokens = get_token_ids(p[0], "prompt", model.n_vocab);
-      r.prompt_is_tokens = true;
+      r.prompt_kind = PromptKind::Tokens;
     } else if (p.is_array() && p.size() > 1 && (p[0].is_string() || p[0].is_array())) {
       bad("prompt", "batched prompts (more than one prompt per request) are not supported yet");
     } else {
       bad("prompt", "'prompt' must be a string or an array of token ids");
     }
-    if (r.prompt_is_tokens ? r.prompt_tokens.empty() : r.prompt_text.empty()) bad("prompt", "'prompt' is empty");
   } else {
+    r.prompt_kind = PromptKind::Chat;
     if (!j.contains("messages")) bad("messages", "'messages' is required");
     const json& m = j["messages"];
     if (!m.is_array() || m.empty()) bad("messages", "'messages' must be a non-empty array");
@@ -151,7 +144,12 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   }
 
   const char* mt = kind == Endpoint::Chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (j.contains(mt) && !j[mt].is_null()) r.max_tokens = get_int(j, mt, 1, model.n_ctx);
+  if (j.contains(mt) && !j[mt].is_null()) {
+    r.max_tokens = get_int(j, mt, 1, model.n_ctx);
+  } else if (kind == Endpoint::Completions) {
+    r.max_tokens = kCompletionsMaxTokens;
+    r.fit_max_tokens = true;
+  }
   if (j.contains("temperature") && !j["temperature"].is_null())
     r.sampling.temperature = float(get_number(j, "temperature", 0, 2));
   if (j.contains("top_p") && !j["top_p"].is_null()) {
@@ -199,9 +197,6 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     } else {
       bad("stop", "'stop' must be a string or an array of strings");
     }
-    if (r.stop.size() > 4) bad("stop", "'stop' may hold at most 4 strings");
-    for (const auto& x : r.stop)
-      if (x.empty()) bad("stop", "stop strings must not be empty");
   }
   // Completions: logprobs = N (null/false = off). Chat: logprobs = bool, top_logprobs = N only
   // with logprobs true (OpenAI's rule).
@@ -227,28 +222,8 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   if (j.contains("logit_bias") && !j["logit_bias"].is_null() &&
       !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
     bad("logit_bias", "'logit_bias' is not supported yet");
-  try {
-    validate(r.sampling);
-  } catch (const Error& e) {
-    bad("", e.what());
-  }
+  validate(r, model.n_vocab);
   return r;
-}
-
-int64_t resolve_max_tokens(const ParsedRequest& r, int64_t n_prompt, int64_t n_ctx) {
-  const std::string param = r.kind == Endpoint::Chat ? "messages" : "prompt";
-  if (n_prompt < 1) bad(param, "the prompt is empty");
-  if (n_prompt >= n_ctx)
-    bad(param, cat("This model's maximum context length is ", n_ctx, " tokens; the prompt has ", n_prompt,
-                   " tokens (room must be left for at least one generated token)"));
-  const int64_t max_tokens = r.max_tokens ? *r.max_tokens : r.kind == Endpoint::Completions
-                                                               ? std::min<int64_t>(16, n_ctx - n_prompt)
-                                                               : n_ctx - n_prompt;
-  if (n_prompt + max_tokens > n_ctx)
-    bad("max_tokens", cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ",
-                          n_prompt + max_tokens, " tokens (", n_prompt, " in the prompt, ", max_tokens,
-                          " for the completion)"));
-  return max_tokens;
 }
 
 json usage_json(const Usage& u) {
@@ -344,36 +319,6 @@ json usage_chunk(const ResponseMeta& m, const Usage& u) {
 std::string sse_event(const json& j) {
   // Invalid UTF-8 (a byte-level token at the very end) is replaced, never thrown on.
   return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-}
-
-std::string StopMatcher::push(std::string_view text) {
-  if (stopped_) return {};
-  held_.append(text);
-  if (stops_.empty()) return std::exchange(held_, {});
-  size_t best = std::string::npos;
-  for (const auto& s : stops_) best = std::min(best, held_.find(s));
-  if (best != std::string::npos) {
-    stopped_ = true;
-    std::string out = held_.substr(0, best);
-    held_.clear();
-    return out;
-  }
-  // Hold back the longest tail that is a proper prefix of some stop string.
-  size_t keep = 0;
-  for (const auto& s : stops_)
-    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n)
-      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
-        keep = n;
-        break;
-      }
-  std::string out = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
-  return out;
-}
-
-std::string StopMatcher::flush() {
-  if (stopped_) return {};
-  return std::exchange(held_, {});
 }
 
 const char* status_text(int status) {

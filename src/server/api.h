@@ -1,30 +1,18 @@
 // The OpenAI-compatible API as pure functions: request parsing/validation, response and SSE
-// formatting, stop-string matching, raw HTTP/1.1 response framing. No sockets here, so all of it
-// is unit-tested directly (tests/unit/test_server.cpp); server.cpp only routes and moves bytes.
+// formatting, raw HTTP/1.1 response framing. No sockets here, so all of it
+// is unit-tested directly (tests/unit/test_server.cpp); the sessions only route and move bytes.
 #pragma once
 #include <cstdint>
-#include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "engine/sampler.h"
-#include "tokenizer/chat_template.h"
+#include "server/generation.h"
 
 namespace ft::server {
 
-// An error the client gets as {"error": {"message", "type", "param", "code"}} with `status`.
-struct ApiError : std::runtime_error {
-  int status;
-  std::string type, param, code;
-  ApiError(int status_, std::string message, std::string param_ = "",
-           std::string type_ = "invalid_request_error", std::string code_ = "")
-      : std::runtime_error(message), status(status_), type(std::move(type_)), param(std::move(param_)),
-        code(std::move(code_)) {}
-};
 // The JSON body of an error: param/code are null when empty.
 std::string error_body(const ApiError& e);
 
@@ -37,26 +25,18 @@ struct ModelInfo {
   int32_t n_vocab = 0;
 };
 
-// A validated /v1/completions or /v1/chat/completions request.
-struct ParsedRequest {
+inline constexpr int64_t kCompletionsMaxTokens = 16;  // OpenAI's default for /v1/completions
+
+// A validated /v1/completions or /v1/chat/completions request: the generation (OpenAI's
+// sampling defaults; max_tokens absent: completions 16 cut to the context, chat the rest of the
+// context; logprobs from completions' `logprobs: N` or chat's `logprobs: true` + `top_logprobs: N`)
+// and what only HTTP has.
+struct ParsedRequest : GenerationRequest {
   Endpoint kind = Endpoint::Completions;
   std::string model;
-  std::string prompt_text;             // completions with a string prompt
-  std::vector<int32_t> prompt_tokens;  // completions with a token-id prompt (used as given: no BOS)
-  bool prompt_is_tokens = false;
-  std::vector<ChatMessage> messages;   // chat
-  SamplingParams sampling;             // OpenAI defaults: temperature 1, top_p 1, filters off
-  bool seed_set = false;
-  std::optional<int64_t> max_tokens;   // absent: completions 16 (OpenAI), chat: rest of the context
-  bool ignore_eos = false;
-  std::vector<std::string> stop;       // at most 4, non-empty
   bool stream = false;
-  bool include_usage = false;          // stream_options.include_usage
-  // -1: off. >= 0: report each token's logprob and this many top alternatives (completions
-  // `logprobs: N`; chat `logprobs: true` + `top_logprobs: N`), N <= kMaxLogprobs.
-  int32_t logprobs = -1;
+  bool include_usage = false;  // stream_options.include_usage
 };
-inline constexpr int32_t kMaxLogprobs = 20;
 
 // Parses and validates a request body; throws ApiError (400) naming the offending param.
 // Unknown fields are rejected like OpenAI does ("Unrecognized request argument supplied"),
@@ -64,17 +44,10 @@ inline constexpr int32_t kMaxLogprobs = 20;
 // user, logit_bias={}). Chat's top_logprobs needs logprobs: true.
 ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model);
 
-// The effective max_tokens for a prompt of n_prompt tokens; throws ApiError when the prompt plus
-// max_tokens does not fit the context.
-int64_t resolve_max_tokens(const ParsedRequest& r, int64_t n_prompt, int64_t n_ctx);
-
 // Parses a JSON body into an object (400 on malformed JSON or a non-object).
 nlohmann::json parse_json_object(std::string_view body);
 
 // --- responses ---------------------------------------------------------------------------
-struct Usage {
-  int64_t prompt_tokens = 0, completion_tokens = 0;
-};
 nlohmann::json usage_json(const Usage& u);
 
 // Identity of one response, shared by all its chunks.
@@ -115,23 +88,6 @@ nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
 // "data: {json}\n\n" and "data: [DONE]\n\n".
 std::string sse_event(const nlohmann::json& j);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
-
-// --- stop strings --------------------------------------------------------------------------
-// Matches stop strings on streamed text. push() returns the text that can be sent now: it holds
-// back a tail that could still become a stop string, and on a match returns the text before it
-// and drops the rest (the matched stop text is never returned).
-class StopMatcher {
- public:
-  explicit StopMatcher(std::vector<std::string> stops = {}) : stops_(std::move(stops)) {}
-  std::string push(std::string_view text);
-  std::string flush();  // end of stream: the held-back tail
-  bool stopped() const { return stopped_; }
-
- private:
-  std::vector<std::string> stops_;
-  std::string held_;
-  bool stopped_ = false;
-};
 
 // --- HTTP framing --------------------------------------------------------------------------
 // A complete HTTP/1.1 response with Content-Length. extra_headers: "Name: value\r\n" lines.

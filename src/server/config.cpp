@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -33,7 +34,97 @@ std::string as_str(const json& v, const std::string& key) {
   return v.get<std::string>();
 }
 
+const ServeSetting kSettings[] = {
+    {"server.model", "-m,--model", "GGUF model file (default: a built-in synthetic 'tiny' model, random weights)",
+     &ServeConfig::model},
+    {"server.served_model_name", "--served-model-name", "Model id clients send (default: the file's stem)",
+     &ServeConfig::served_model_name},
+    {"server.host", "--host", "Address to listen on", &ServeConfig::host},
+    {"server.port", "--port", "Port (0 = any free port, printed at start)", &ServeConfig::port, 0, 65535},
+    {"server.binary_port", "--binary-port", "Port of the binary protocol (FlatBuffers frames; 0 = off)",
+     &ServeConfig::binary_port, 0, 65535},
+    {"server.binary_port_any", "--binary-port-any", "Serve the binary protocol on any free port (printed at start)",
+     &ServeConfig::binary_port_any},
+    {"server.threads", "-t,--threads", "Engine compute threads (0 = all cores)", &ServeConfig::threads, 0, 1024},
+    {"server.http_threads", "--http-threads", "HTTP I/O worker threads", &ServeConfig::http_threads, 1, 256},
+    {"server.max_queue", "--max-queue", "Requests waiting for their first token before 429", &ServeConfig::max_queue,
+     0, 1 << 30},
+    {"server.max_body_bytes", "", "", &ServeConfig::max_body_bytes, 1024, double(int64_t(1) << 32)},
+    {"server.header_timeout_s", "", "", &ServeConfig::header_timeout_s, 0.01, 86400},
+    {"server.body_timeout_s", "", "", &ServeConfig::body_timeout_s, 0.01, 86400},
+    {"server.write_timeout_s", "", "", &ServeConfig::write_timeout_s, 0.01, 86400},
+    {"server.shutdown_timeout_s", "--shutdown-timeout", "Seconds in-flight requests get on SIGINT/SIGTERM",
+     &ServeConfig::shutdown_timeout_s, 0, 86400},
+    {"server.log_level", "--log-level", "trace, debug, info, warn, error, critical, off", &ServeConfig::log_level},
+    {"server.context_length", "-c,--ctx", "Context length (0 = the model's)", &ServeConfig::context_length, 0,
+     1 << 24},
+    {"scheduler.prefill_chunk_size", "", "", &ServeConfig::prefill_chunk_size, 0, 1 << 20, /*takes_auto=*/true},
+    {"scheduler.step_latency_target_ms", "", "", &ServeConfig::step_latency_target_ms, 0.1, 1e6},
+    {"scheduler.max_num_seqs", "", "", &ServeConfig::max_num_seqs, 1, 4096},
+    {"scheduler.max_batch_tokens", "", "", &ServeConfig::max_batch_tokens, 2, 1 << 20},
+    {"kv_cache.memory_mib", "--kv-memory", "KV cache MiB (0 = 4 full contexts, at most 2 GiB)",
+     &ServeConfig::kv_memory_mib, 0, 1 << 24},
+    {"kv_cache.block_size", "", "", &ServeConfig::kv_block_size, 1, 4096},
+    {"kv_cache.prefix_caching", "", "", &ServeConfig::prefix_caching},
+};
+
+// Keys of features not built yet: accepted at the value that means "not used", else refused.
+bool apply_unbuilt(const std::string& key, const json& v) {
+  if (key == "scheduler.max_active_adapters") {
+    // A cap on LoRA adapters per batch. No adapter can be loaded yet, so any cap holds
+    // trivially; loading one (a future key/flag) will be the "not supported yet" error.
+    as_int(v, key, 0, 1 << 20);
+  } else if (key == "scheduler.enable_speculative_decoding") {
+    if (as_bool(v, key)) fail("config: '", key, "': speculative decoding is not supported yet (set it to false)");
+  } else if (key == "parallel_config.tp_size" || key == "parallel_config.pp_size") {
+    if (as_int(v, key, 1, 1 << 16) != 1)
+      fail("config: '", key, "': ", key == "parallel_config.tp_size" ? "tensor" : "pipeline",
+           " parallelism is not supported yet (set it to 1)");
+  } else if (key == "parallel_config.optimize_for_latency") {
+    if (!as_bool(v, key)) fail("config: '", key, "': a throughput-optimised mode is not supported yet (set it to true)");
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void apply_setting(const ServeSetting& s, const json& v, ServeConfig& c) {
+  const std::string key = s.key;
+  std::visit(
+      [&](auto m) {
+        using T = std::remove_cvref_t<decltype(c.*m)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          c.*m = as_bool(v, key);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          c.*m = as_str(v, key);
+        } else if constexpr (std::is_same_v<T, double>) {
+          c.*m = as_num(v, key, s.lo, s.hi);
+        } else if (s.takes_auto && v.is_string()) {
+          if (v != "auto") fail("config: '", key, "' must be \"auto\" or an integer >= ", int64_t(s.lo));
+          c.*m = T(-1);
+        } else {
+          c.*m = T(as_int(v, key, int64_t(s.lo), int64_t(s.hi)));
+        }
+      },
+      s.field);
+}
+
 }  // namespace
+
+std::span<const ServeSetting> serve_settings() { return kSettings; }
+
+void check_range(const ServeSetting& s, const ServeConfig& c, const std::string& name) {
+  std::visit(
+      [&](auto m) {
+        using T = std::remove_cvref_t<decltype(c.*m)>;
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          const double x = double(c.*m);
+          if (s.takes_auto && x == -1) return;
+          if (!(x >= s.lo && x <= s.hi)) fail(name, " must be in [", s.lo, ", ", s.hi, "], got ", c.*m);  // as as_int/as_num say
+        }
+      },
+      s.field);
+}
 
 void apply_config_json(const json& doc, ServeConfig& c) {
   if (!doc.is_object()) fail("config: the top level must be a JSON object");
@@ -43,62 +134,12 @@ void apply_config_json(const json& doc, ServeConfig& c) {
     if (!body.is_object()) fail("config: '", section, "' must be an object");
     for (const auto& [k, v] : body.items()) {
       const std::string key = section + "." + k;
-      if (section == "scheduler") {
-        if (k == "prefill_chunk_size") {
-          if (v.is_string()) {
-            if (v != "auto") fail("config: '", key, "' must be \"auto\" or an integer >= 0");
-            c.prefill_chunk_size = -1;
-          } else {
-            c.prefill_chunk_size = as_int(v, key, 0, 1 << 20);
-          }
-        } else if (k == "step_latency_target_ms") {
-          c.step_latency_target_ms = as_num(v, key, 0.1, 1e6);
-        } else if (k == "max_num_seqs") {
-          c.max_num_seqs = int32_t(as_int(v, key, 1, 4096));
-        } else if (k == "max_batch_tokens") {
-          c.max_batch_tokens = as_int(v, key, 2, 1 << 20);
-        } else if (k == "max_active_adapters") {
-          // A cap on LoRA adapters per batch. No adapter can be loaded yet, so any cap holds
-          // trivially; loading one (a future key/flag) will be the "not supported yet" error.
-          as_int(v, key, 0, 1 << 20);
-        } else if (k == "enable_speculative_decoding") {
-          if (as_bool(v, key)) fail("config: '", key, "': speculative decoding is not supported yet (set it to false)");
-        } else {
-          fail("config: unknown key '", key, "'");
-        }
-      } else if (section == "parallel_config") {
-        if (k == "tp_size" || k == "pp_size") {
-          if (as_int(v, key, 1, 1 << 16) != 1)
-            fail("config: '", key, "': ", k == "tp_size" ? "tensor" : "pipeline", " parallelism is not supported yet (set it to 1)");
-        } else if (k == "optimize_for_latency") {
-          if (!as_bool(v, key))
-            fail("config: '", key, "': a throughput-optimised mode is not supported yet (set it to true)");
-        } else {
-          fail("config: unknown key '", key, "'");
-        }
-      } else if (section == "server") {
-        if (k == "host") c.host = as_str(v, key);
-        else if (k == "port") c.port = int(as_int(v, key, 0, 65535));
-        else if (k == "binary_port") c.binary_port = int(as_int(v, key, 0, 65535));
-        else if (k == "max_queue") c.max_queue = as_int(v, key, 0, 1 << 30);
-        else if (k == "threads") c.threads = int(as_int(v, key, 0, 1024));
-        else if (k == "http_threads") c.http_threads = int(as_int(v, key, 1, 256));
-        else if (k == "max_body_bytes") c.max_body_bytes = uint64_t(as_int(v, key, 1024, int64_t(1) << 32));
-        else if (k == "header_timeout_s") c.header_timeout_s = as_num(v, key, 0.01, 86400);
-        else if (k == "body_timeout_s") c.body_timeout_s = as_num(v, key, 0.01, 86400);
-        else if (k == "write_timeout_s") c.write_timeout_s = as_num(v, key, 0.01, 86400);
-        else if (k == "shutdown_timeout_s") c.shutdown_timeout_s = as_num(v, key, 0, 86400);
-        else if (k == "log_level") c.log_level = as_str(v, key);
-        else if (k == "model") c.model = as_str(v, key);
-        else if (k == "served_model_name") c.served_model_name = as_str(v, key);
-        else if (k == "context_length") c.context_length = as_int(v, key, 0, 1 << 24);
-        else fail("config: unknown key '", key, "'");
-      } else {  // kv_cache
-        if (k == "memory_mib") c.kv_memory_mib = uint64_t(as_int(v, key, 0, 1 << 24));
-        else if (k == "block_size") c.kv_block_size = int32_t(as_int(v, key, 1, 4096));
-        else if (k == "prefix_caching") c.prefix_caching = as_bool(v, key);
-        else fail("config: unknown key '", key, "'");
-      }
+      if (apply_unbuilt(key, v)) continue;
+      const ServeSetting* s = nullptr;
+      for (const ServeSetting& x : kSettings)
+        if (key == x.key) s = &x;
+      if (!s) fail("config: unknown key '", key, "'");
+      apply_setting(*s, v, c);
     }
   }
 }
@@ -126,8 +167,6 @@ EngineConfig to_engine_config(const ServeConfig& c) {
   e.scheduler.step_latency_target_ms = c.step_latency_target_ms;
   e.scheduler.max_num_seqs = c.max_num_seqs;
   e.scheduler.max_batch_tokens = c.max_batch_tokens;
-  if (c.prefill_chunk_size > 0 && c.prefill_chunk_size + c.max_num_seqs > e.scheduler.max_batch_tokens)
-    e.scheduler.max_batch_tokens = c.prefill_chunk_size + c.max_num_seqs;
   e.kv_memory_bytes = c.kv_memory_mib << 20;
   e.prefix_caching = c.prefix_caching;
   return e;

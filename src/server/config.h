@@ -1,4 +1,6 @@
-// `firsttoken serve` settings: defaults, the JSON config file, and the mapping onto EngineConfig.
+// `firsttoken serve` settings: one declaration each (serve_settings(): config-file key, CLI flag,
+// range), the JSON config file, and the mapping onto EngineConfig. Where a setting is the engine's,
+// its default is the engine's.
 //
 // File shape (every section and key optional; an unknown key is an error naming it):
 //   {"scheduler": {"prefill_chunk_size": "auto" | 0 (no chunking) | N, "step_latency_target_ms": N,
@@ -7,14 +9,16 @@
 //    "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
 //    "server": {"host", "port", "binary_port", "max_queue", "threads", "http_threads", "max_body_bytes",
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
-//               "log_level", "model", "served_model_name", "context_length"},
+//               "log_level", "model", "served_model_name", "context_length", "binary_port_any"},
 //    "kv_cache": {"memory_mib": N, "block_size": N, "prefix_caching": true}}
 // Features not built yet (speculative decoding, tp/pp > 1, a throughput-optimised mode) are
 // refused with "... is not supported yet", never silently ignored. max_active_adapters is a cap
 // and is accepted: no LoRA adapter can be loaded yet, so no batch ever holds one.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -30,23 +34,38 @@ struct ServeConfig {
   int port = 8000;                // 0 = any free port (printed at start)
   int binary_port = 0;            // the binary protocol's port; 0 = off
   bool binary_port_any = false;   // the binary protocol on any free port (printed at start)
-  int threads = 0;                // compute threads of the engine (0 = all cores)
+  int threads = RuntimeConfig{}.threads;  // compute threads of the engine (0 = all cores)
   int http_threads = 2;           // I/O threads = HTTP workers (each with its own tokenizer)
   int64_t max_queue = 256;        // requests waiting for their first token; more -> 429
   uint64_t max_body_bytes = 4u << 20;
   double header_timeout_s = 30, body_timeout_s = 30, write_timeout_s = 60, shutdown_timeout_s = 10;
   std::string log_level = "info";
-  int64_t context_length = 0;     // 0 = the model's
+  int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // scheduler
-  int64_t prefill_chunk_size = -1;  // -1 = auto
-  double step_latency_target_ms = 50;
-  int32_t max_num_seqs = 64;
-  int64_t max_batch_tokens = 2048;
+  int64_t prefill_chunk_size = SchedulerConfig{}.chunk_size;  // -1 = auto
+  double step_latency_target_ms = SchedulerConfig{}.step_latency_target_ms;
+  int32_t max_num_seqs = SchedulerConfig{}.max_num_seqs;
+  int64_t max_batch_tokens = SchedulerConfig{}.max_batch_tokens;
   // kv_cache
-  uint64_t kv_memory_mib = 0;     // 0 = engine default (4 full contexts, at most 2 GiB)
-  int32_t kv_block_size = 16;
-  bool prefix_caching = true;
+  uint64_t kv_memory_mib = EngineConfig{}.kv_memory_bytes >> 20;  // 0 = engine default (4 full contexts, at most 2 GiB)
+  int32_t kv_block_size = RuntimeConfig{}.kv_block_size;
+  bool prefix_caching = EngineConfig{}.prefix_caching;
 };
+
+// One serve setting: where it lives in ServeConfig, its config-file key, its CLI flag, its range.
+struct ServeSetting {
+  using Field = std::variant<int ServeConfig::*, int64_t ServeConfig::*, uint64_t ServeConfig::*,
+                             double ServeConfig::*, bool ServeConfig::*, std::string ServeConfig::*>;
+  const char* key;    // config file: "section.name"
+  const char* flags;  // CLI11 names ("-t,--threads"); "" = the config file only
+  const char* help;
+  Field field;
+  double lo = 0, hi = 0;    // numbers: the accepted range
+  bool takes_auto = false;  // the config file also takes "auto" (= -1)
+};
+std::span<const ServeSetting> serve_settings();
+// Throws ft::Error "<name> must be in [lo, hi], got x" when s's number in c is out of its range.
+void check_range(const ServeSetting& s, const ServeConfig& c, const std::string& name);
 
 // Applies a parsed config file over cfg. Throws ft::Error naming the key ("scheduler.foo") on an
 // unknown key, a wrong type or an out-of-range value, or saying "not supported yet".

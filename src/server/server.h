@@ -1,11 +1,14 @@
-// The HTTP/1.1 front end of the engine (Boost.Beast/Asio), a thin route table over Engine::submit.
+// The HTTP/1.1 front end of the engine (Boost.Beast/Asio) and the binary protocol's, both over
+// the one generation path (generation.h). Files: server.cpp (this class: threads, listeners,
+// shutdown), listener.cpp (accepting), routes.cpp (the route table and its handlers),
+// http_session.cpp and binary_session.cpp (one connection each), server_impl.h (what they share).
 //
-// Threads: `http_threads` I/O threads run one io_context; each connection is a Session on its own
+// Threads: `http_threads` I/O threads run one io_context; each connection is a session on its own
 // strand. An I/O thread parses, validates and tokenizes a request (with its own Tokenizer copy),
 // then submits it to the Engine. The engine thread's callback only copies the event and posts it
 // to the session's strand (never blocks); the strand decodes text (StreamDecoder), matches stop
-// strings and queues bytes on the socket: each SSE chunk is written as soon as its token arrives,
-// with TCP_NODELAY so no Nagle delay holds it back.
+// strings and queues bytes on the socket: each SSE chunk or frame is written as soon as its token
+// arrives, with TCP_NODELAY so no Nagle delay holds it back.
 //
 // Shutdown (SIGINT/SIGTERM): stop accepting, close idle connections, answer new requests on open
 // connections with 503, let in-flight requests finish; after shutdown_timeout_s cancel the rest
@@ -33,7 +36,7 @@ class Server {
   Server(Engine& engine, const ServedModel& model, const ServeConfig& cfg);
   ~Server();
   // Binds, serves until SIGINT/SIGTERM (or stop()), drains, returns 0. Throws ft::Error when it
-  // cannot bind. Also serves the binary protocol (client/binary_proto.h) when cfg.binary_port > 0
+  // cannot listen. Also serves the binary protocol (client/binary_proto.h) when cfg.binary_port > 0
   // or cfg.binary_port_any.
   int run();
   // From any thread: shut down as on SIGTERM (run() returns once drained).

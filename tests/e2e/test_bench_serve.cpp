@@ -12,11 +12,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "bench/server_process.h"
-#include "bench/workload.h"
+#include "loadgen/server_process.h"
+#include "loadgen/workload.h"
 #include "test_util.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 namespace {
 
 using nlohmann::json;
@@ -211,4 +211,4 @@ TEST(BenchAblate, TwoConfigsOneTable) {
 }
 
 }  // namespace
-}  // namespace ft::bench
+}  // namespace ft::loadgen

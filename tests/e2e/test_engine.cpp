@@ -225,5 +225,27 @@ TEST(Engine, RejectsWhatCanNeverFit) {
   EXPECT_THROW(engine.submit(r, {}), Error);
 }
 
+// One rule for every front end: a step holds a whole fixed chunk (unchunked: a whole context) and
+// a decode token per sequence; `run`'s single-request engine asks for no more than that, with KV
+// for exactly one context (at least the engine's minimum of blocks).
+TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  EngineConfig c = config(600);
+  c.runtime.n_ctx = 1024;
+  c.scheduler.max_batch_tokens = 512;
+  c.scheduler.max_num_seqs = 4;
+  EXPECT_EQ(Engine(*model, c, {}).scheduler_config().max_batch_tokens, 604);
+  c.scheduler.chunk_size = 0;
+  EXPECT_EQ(Engine(*model, c, {}).scheduler_config().max_batch_tokens, 1028);
+  c.scheduler.chunk_size = 8;
+  EXPECT_EQ(Engine(*model, c, {}).scheduler_config().max_batch_tokens, 512);  // room enough: kept
+
+  const EngineConfig one = single_request_config(*model, 256, 64, 2);
+  EXPECT_EQ(Engine(*model, one, {}).scheduler_config().max_batch_tokens, 65);
+  EXPECT_EQ(one.kv_memory_bytes, 256 / 16 * KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(), 16));
+  EXPECT_EQ(single_request_config(*model, 4, 64, 2).kv_memory_bytes, 2 * one.kv_memory_bytes / 16);
+}
+
 }  // namespace
 }  // namespace ft

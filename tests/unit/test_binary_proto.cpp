@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "client/binary_client.h"
 #include "client/binary_proto.h"
+#include "proto/firsttoken_generated.h"  // flatc's output: to build frames that leave fields out
 #include "core/error.h"
 #include "engine/engine.h"
 #include "server/server.h"
@@ -50,6 +52,7 @@ TEST(BinaryProtoCodec, RequestRoundTrip) {
   r.stop = {"\n", "The end"};
   r.stream = false;
   r.ignore_eos = true;
+  r.logprobs = 5;
   const auto b = body_of(proto::encode_request(r));
   proto::Request d;
   ASSERT_TRUE(proto::decode_request(b.data(), b.size(), d));
@@ -69,6 +72,7 @@ TEST(BinaryProtoCodec, RequestRoundTrip) {
   EXPECT_EQ(d.stop, r.stop);
   EXPECT_FALSE(d.stream);
   EXPECT_TRUE(d.ignore_eos);
+  EXPECT_EQ(d.logprobs, 5);
 
   proto::Request t;
   t.tokens = {1, 403, 407, 261, 378};
@@ -80,6 +84,24 @@ TEST(BinaryProtoCodec, RequestRoundTrip) {
   EXPECT_TRUE(d.stream);
   EXPECT_EQ(d.sampling.temperature, 1.0f);
   EXPECT_FALSE(d.seed_set);
+  EXPECT_EQ(d.logprobs, -1);  // off
+}
+
+// A request that leaves sampling fields out gets the schema's defaults: they must be the binary
+// profile the server documents (engine/sampler.h), which the schema cannot name.
+TEST(BinaryProtoCodec, SchemaDefaultsAreTheBinaryProfile) {
+  flatbuffers::FlatBufferBuilder b;
+  const auto sampling = fbs::CreateSampling(b);  // every field at its default: none is stored
+  const auto text = b.CreateString("x");
+  b.Finish(fbs::CreateRequest(b, 0, text, true, sampling));
+  proto::Request d;
+  ASSERT_TRUE(proto::decode_request(b.GetBufferPointer(), b.GetSize(), d));
+  EXPECT_TRUE(d.sampling == kBinarySampling);
+  EXPECT_FALSE(d.seed_set);
+  EXPECT_TRUE(proto::Request{}.sampling == kBinarySampling);
+  EXPECT_EQ(d.max_tokens, proto::Request{}.max_tokens);
+  EXPECT_EQ(d.logprobs, proto::Request{}.logprobs);
+  EXPECT_EQ(d.stream, proto::Request{}.stream);
 }
 
 TEST(BinaryProtoCodec, ResponseRoundTrip) {
@@ -93,6 +115,20 @@ TEST(BinaryProtoCodec, ResponseRoundTrip) {
   EXPECT_EQ(d.text, r.text);
   EXPECT_FALSE(d.last);
   EXPECT_EQ(d.finish, "");
+  EXPECT_TRUE(d.logprobs.empty());
+
+  proto::Response l;
+  l.tokens = {432, 7};
+  l.logprobs = {{432, -0.25f, {{432, -0.25f}, {9, -1.5f}}}, {7, -3.0f, {}}};
+  const auto bl = body_of(proto::encode_response(l));
+  ASSERT_TRUE(proto::decode_response(bl.data(), bl.size(), d));
+  ASSERT_EQ(d.logprobs.size(), 2u);
+  EXPECT_EQ(d.logprobs[0].token, 432);
+  EXPECT_EQ(d.logprobs[0].logprob, -0.25f);
+  EXPECT_EQ(d.logprobs[0].top, (std::vector<std::pair<int32_t, float>>{{432, -0.25f}, {9, -1.5f}}));
+  EXPECT_EQ(d.logprobs[1].token, 7);
+  EXPECT_EQ(d.logprobs[1].logprob, -3.0f);
+  EXPECT_TRUE(d.logprobs[1].top.empty());
 
   proto::Response f;
   f.last = true;
@@ -275,6 +311,54 @@ TEST_F(BinaryServer, ErrorsAreALastFrameAndTheConnectionStaysUsable) {
   r = c.generate(greedy(3));
   EXPECT_TRUE(r.error.empty()) << r.error;
   EXPECT_EQ(r.completion_tokens, 3);
+}
+
+// Each token's logprob and its best alternatives, on every frame (stream) or the last one: one
+// entry per token, greedy's choice is the best alternative, and the alternatives are ordered.
+TEST_F(BinaryServer, ReturnsLogprobs) {
+  client::BinaryClient c("127.0.0.1", port(), 60);
+  for (const bool stream : {true, false}) {
+    proto::Request r = greedy(20);
+    r.stream = stream;
+    r.logprobs = 3;
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> lps;
+    const proto::Response last = c.generate(r, [&](const proto::Response& f) {
+      EXPECT_EQ(f.logprobs.size(), f.tokens.size());
+      tokens.insert(tokens.end(), f.tokens.begin(), f.tokens.end());
+      lps.insert(lps.end(), f.logprobs.begin(), f.logprobs.end());
+    });
+    ASSERT_TRUE(last.error.empty()) << last.error;
+    EXPECT_EQ(tokens, std::vector<int32_t>(greedy_tokens_.begin(), greedy_tokens_.begin() + 20));
+    ASSERT_EQ(lps.size(), tokens.size());
+    for (size_t i = 0; i < lps.size(); ++i) {
+      EXPECT_EQ(lps[i].token, tokens[i]);
+      EXPECT_LE(lps[i].logprob, 0.0f);
+      ASSERT_EQ(lps[i].top.size(), 3u);
+      EXPECT_EQ(lps[i].top[0].first, tokens[i]) << "greedy takes the best";
+      EXPECT_FLOAT_EQ(lps[i].top[0].second, lps[i].logprob);
+      EXPECT_GE(lps[i].top[0].second, lps[i].top[1].second);
+      EXPECT_GE(lps[i].top[1].second, lps[i].top[2].second);
+    }
+  }
+  // Not asked: none.
+  const proto::Response plain = c.generate(greedy(3));
+  EXPECT_TRUE(plain.logprobs.empty());
+  proto::Request bad = greedy(3);
+  bad.logprobs = 21;
+  EXPECT_NE(c.generate(bad).error.find("logprobs"), std::string::npos);
+}
+
+// max_tokens is any int64 on the wire: near INT64_MAX it is refused, not overflowed.
+TEST_F(BinaryServer, HugeMaxTokensIsAnError) {
+  client::BinaryClient c("127.0.0.1", port(), 60);
+  for (const int64_t n : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 1,
+                          std::numeric_limits<int64_t>::min()}) {
+    const proto::Response r = c.generate(greedy(n));
+    EXPECT_EQ(r.finish, "error") << n;
+    EXPECT_NE(r.error.find("max_tokens"), std::string::npos) << r.error;
+  }
+  EXPECT_EQ(c.generate(greedy(2)).completion_tokens, 2);
 }
 
 TEST_F(BinaryServer, MalformedFramesCloseOnlyTheirConnection) {

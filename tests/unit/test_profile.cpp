@@ -241,7 +241,7 @@ TEST(ProfilingBackend, SameLogitsAndOneSpanPerCall) {
   profile::start("");
   auto plain = make_backend("cpu", 1);
   const std::vector<float> want = logits_with(*plain);
-  auto wrapped = profile::wrap_backend(make_backend("cpu", 1), model->weights());
+  auto wrapped = profile::wrap_backend(make_backend("cpu", 1), *model);
   EXPECT_EQ(wrapped->name(), plain->name());
   const std::vector<float> got = logits_with(*wrapped);
   profile::stop();

@@ -117,6 +117,35 @@ TEST(PlanStep, PreemptsTheMostRecentlyAdmittedWhenDecodesDoNotFit) {
   EXPECT_TRUE(p.admit.empty());  // the victim is not re-admitted in the same step
 }
 
+// The plan sees the real pool's prefix hits: a 100-token prompt (+1: 7 blocks) whose first 80
+// tokens (5 blocks) are cached in blocks other sequences hold needs only 2 free blocks, and its
+// chunk is what is left after the hit; hit blocks that sit idle in the pool are taken from it.
+TEST(PlanStep, AdmissionCountsPrefixHits) {
+  SchedRequest hit = waiting(1, 100);
+  hit.n_computed = 80;
+  hit.hit_blocks = 5;
+  StepPlan p = plan_step(input({hit}, 3));
+  EXPECT_EQ(p.admit, (std::vector<uint64_t>{1}));
+  ASSERT_EQ(p.prefill.size(), 1u);
+  EXPECT_EQ(p.prefill[0].n_tokens, 20);
+  hit.hit_idle_blocks = 5;
+  EXPECT_TRUE(plan_step(input({hit}, 3)).admit.empty());
+  EXPECT_EQ(plan_step(input({hit}, 7)).admit, (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(plan_step(input({waiting(1, 100)}, 3)).admit.empty());  // no hit: 7 blocks
+}
+
+// Preempting a request frees only the blocks no other sequence holds.
+TEST(PlanStep, PreemptionCountsOnlyUnsharedBlocks) {
+  SchedRequest shared = decoding(2, 33, 2, 2);
+  shared.blocks_shared = 2;
+  const StepPlan p = plan_step(input({decoding(1, 33, 2, 1), shared}, 1));
+  EXPECT_EQ(p.preempt, (std::vector<uint64_t>{2}));
+  EXPECT_EQ(p.decode, (std::vector<uint64_t>{1}));  // 1 free block still covers request 1
+  const StepPlan q = plan_step(input({decoding(1, 33, 2, 1), shared}, 0));
+  EXPECT_EQ(q.preempt, (std::vector<uint64_t>{2, 1}));  // freeing request 2 gained nothing
+  EXPECT_TRUE(q.decode.empty());
+}
+
 TEST(PlanStep, AgedRequestGetsHalfTheBudget) {
   auto in = input({waiting(1, 5000, 0.0), waiting(2, 30, 2900), waiting(3, 30, 2950)}, 1000, 512);
   in.now_ms = 3000;  // request 1 has waited 3 s > aging_ms (2 s)
@@ -349,6 +378,30 @@ TEST(Simulation, PrefixCacheHitsGiveTheSameOutput) {
   EXPECT_EQ(cached.timings.at(1).cached_tokens, 0);
   for (uint64_t id = 2; id <= 4; ++id) EXPECT_EQ(cached.timings.at(id).cached_tokens, 96) << id;  // 6 full blocks
   for (uint64_t id = 1; id <= 4; ++id) EXPECT_EQ(plain.timings.at(id).cached_tokens, 0);
+}
+
+// Shared prefixes on a cache too small for everyone: admissions attach hits, preemptions release
+// shared blocks, evictions recycle idle ones; every step's plan is applied exactly (a plan that
+// does not fit the pool throws from step()) and every output is complete.
+TEST(Simulation, SharedPrefixesUnderKvPressureApplyEveryPlanExactly) {
+  const std::vector<int32_t> system = make_prompt(64, 7);
+  std::vector<SimRequest> reqs;
+  for (int k = 0; k < 24; ++k) {
+    std::vector<int32_t> p = k % 3 == 2 ? make_prompt(40, 100 + k) : system;
+    const auto tail = make_prompt(5 + 7 * (k % 5), k);
+    p.insert(p.end(), tail.begin(), tail.end());
+    reqs.push_back({7.0 * k, p, 30 + 5 * (k % 4)});
+  }
+  for (const int64_t chunk : {int64_t(-1), int64_t(16), int64_t(0)}) {
+    SchedulerConfig cfg;
+    cfg.chunk_size = chunk;
+    const SimResult res = simulate(reqs, cfg, 24);
+    expect_complete_and_correct(reqs, res);
+    EXPECT_GT(res.counters.preemptions, 0u) << chunk;
+    int64_t cached = 0;
+    for (const auto& [id, t] : res.timings) cached += t.cached_tokens;
+    EXPECT_GT(cached, 0) << chunk;
+  }
 }
 
 TEST(EngineCore, CancelFreesBlocksAndRejectsWhatCanNeverFit) {

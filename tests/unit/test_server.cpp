@@ -3,6 +3,8 @@
 // tests/e2e/node with the official openai client.)
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -38,11 +40,12 @@ void expect_400(Endpoint kind, const std::string& body, const std::string& param
 TEST(ServerParse, CompletionDefaultsAndFields) {
   const auto r = parse_c({{"model", "stories260K"}, {"prompt", "Once"}});
   EXPECT_EQ(r.prompt_text, "Once");
-  EXPECT_FALSE(r.prompt_is_tokens);
+  EXPECT_EQ(r.prompt_kind, PromptKind::Text);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);  // OpenAI default, not the CLI's 0.8
   EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
   EXPECT_EQ(r.sampling.top_k, 0);
-  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_EQ(*r.max_tokens, 16);  // OpenAI's completions default, cut to the context
+  EXPECT_TRUE(r.fit_max_tokens);
   EXPECT_FALSE(r.stream);
   EXPECT_FALSE(r.seed_set);
 
@@ -50,9 +53,10 @@ TEST(ServerParse, CompletionDefaultsAndFields) {
                           {"top_p", 0.5}, {"top_k", 5}, {"min_p", 0.1}, {"seed", 42}, {"stop", "\n"},
                           {"presence_penalty", 0.5}, {"frequency_penalty", -0.5}, {"ignore_eos", true},
                           {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"n", 1}});
-  EXPECT_TRUE(s.prompt_is_tokens);
+  EXPECT_EQ(s.prompt_kind, PromptKind::Tokens);
   EXPECT_EQ(s.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(*s.max_tokens, 7);
+  EXPECT_FALSE(s.fit_max_tokens);  // given: a value past the context is an error
   EXPECT_FLOAT_EQ(s.sampling.temperature, 0.0f);
   EXPECT_FLOAT_EQ(s.sampling.top_p, 0.5f);
   EXPECT_EQ(s.sampling.top_k, 5);
@@ -77,6 +81,7 @@ TEST(ServerParse, ChatMessages) {
                              {"messages", {{{"role", "system"}, {"content", "Be brief"}},
                                            {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Hi"}}}}}}},
                              {"max_completion_tokens", 9}});
+  EXPECT_EQ(r.prompt_kind, PromptKind::Chat);
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[0].role, "system");
   EXPECT_EQ(r.messages[1].content, "Hi");
@@ -157,7 +162,8 @@ TEST(ServerParse, Logprobs) {
 TEST(ServerParse, ResolveMaxTokens) {
   auto r = parse_c({{"model", "stories260K"}, {"prompt", "x"}});
   EXPECT_EQ(resolve_max_tokens(r, 5, 512), 16);  // OpenAI's completions default
-  r.max_tokens = 507;
+  EXPECT_EQ(resolve_max_tokens(r, 500, 512), 12);  // ... cut to the context
+  r = parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"max_tokens", 507}});
   EXPECT_EQ(resolve_max_tokens(r, 5, 512), 507);
   r.max_tokens = 508;
   try {
@@ -169,6 +175,20 @@ TEST(ServerParse, ResolveMaxTokens) {
     EXPECT_NE(std::string(e.what()).find("maximum context length is 512"), std::string::npos) << e.what();
   }
   EXPECT_THROW(resolve_max_tokens(r, 512, 512), ApiError);  // no room for one token
+  // No overflow in prompt + max_tokens (the binary protocol passes any int64).
+  r.max_tokens = std::numeric_limits<int64_t>::max();
+  try {
+    resolve_max_tokens(r, 5, 512);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "max_tokens");
+    EXPECT_NE(std::string(e.what()).find(std::to_string(std::numeric_limits<int64_t>::max()) + " for the completion"),
+              std::string::npos) << e.what();
+  }
+  r.fit_max_tokens = true;  // `run -n`: cut to the context
+  EXPECT_EQ(resolve_max_tokens(r, 5, 512), 507);
+  r.max_tokens = 0;
+  EXPECT_THROW(resolve_max_tokens(r, 5, 512), ApiError);
   auto c = parse_chat({{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}});
   EXPECT_EQ(resolve_max_tokens(c, 12, 512), 500);  // chat: the rest of the context
 }
@@ -369,6 +389,51 @@ TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
   EXPECT_FALSE(e.prefix_caching);
   apply_config_json(json::parse(R"({"scheduler": {"prefill_chunk_size": "auto"}})"), c);
   EXPECT_EQ(to_engine_config(c).scheduler.chunk_size, -1);
+}
+
+// Each serve setting is declared once: a unique key and flag, a default inside its range, the
+// engine's default where the engine has one, and one range for the file and the flag.
+TEST(ServerConfig, OneDeclarationPerSetting) {
+  std::set<std::string> keys, flags;
+  const ServeConfig d;
+  const ServeSetting* port = nullptr;
+  for (const ServeSetting& s : serve_settings()) {
+    EXPECT_TRUE(keys.insert(s.key).second) << s.key;
+    if (*s.flags) {
+      EXPECT_TRUE(flags.insert(s.flags).second) << s.flags;
+      EXPECT_TRUE(*s.help) << s.flags;
+    }
+    EXPECT_NO_THROW(check_range(s, d, s.key)) << s.key;
+    if (std::string(s.key) == "server.port") port = &s;
+  }
+  EXPECT_TRUE(keys.count("scheduler.prefill_chunk_size") && keys.count("kv_cache.prefix_caching"));
+  ASSERT_NE(port, nullptr);
+  ServeConfig c;
+  c.port = 70000;
+  try {
+    check_range(*port, c, "--port");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--port must be in [0, 65535], got 70000");
+  }
+  const std::string file_error = [] {
+    ServeConfig x;
+    try {
+      apply_config_json(json::parse(R"({"server": {"port": 70000}})"), x);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  EXPECT_EQ(file_error, "config: 'server.port' must be in [0, 65535], got 70000");  // the same range
+  const EngineConfig e = to_engine_config(d), base;
+  EXPECT_EQ(e.scheduler.chunk_size, base.scheduler.chunk_size);
+  EXPECT_EQ(e.scheduler.max_num_seqs, base.scheduler.max_num_seqs);
+  EXPECT_EQ(e.scheduler.max_batch_tokens, base.scheduler.max_batch_tokens);
+  EXPECT_DOUBLE_EQ(e.scheduler.step_latency_target_ms, base.scheduler.step_latency_target_ms);
+  EXPECT_EQ(e.runtime.kv_block_size, base.runtime.kv_block_size);
+  EXPECT_EQ(e.kv_memory_bytes, base.kv_memory_bytes);
+  EXPECT_EQ(e.prefix_caching, base.prefix_caching);
 }
 
 TEST(ServerConfig, UnknownKeysAndUnbuiltFeaturesAreErrors) {

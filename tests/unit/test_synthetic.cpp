@@ -2,6 +2,8 @@
 // hyperparameters, run a forward pass with finite logits, tokenize, and are byte-reproducible
 // from the seed. Only the small shapes are generated here (110m / 1.1b take too long).
 #include <gtest/gtest.h>
+
+#include <set>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "kv/kv_cache.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "model/synthetic.h"
 #include "test_util.h"
@@ -143,6 +146,38 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases()), case_name);
+
+// One table per architecture drives the writer and the binding: the file holds exactly the
+// table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
+// are unique within an architecture.
+TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
+  for (const char* arch : {"llama", "qwen2"}) {
+    const ArchSpec* spec = find_arch(arch);
+    ASSERT_NE(spec, nullptr) << arch;
+    SyntheticOptions opt;
+    opt.arch = arch;
+    TempFile tmp(cat("table_", arch, ".gguf"));
+    write_synthetic_model(opt, tmp.path());
+    const auto m = Model::load(tmp.path());
+    std::vector<std::string> expected;
+    std::set<const void*> slots;
+    for_each_tensor(*spec, m->hparams().n_layers, [&](const TensorSpec& t, int32_t layer) {
+      const ConstWeightSlot slot = weight_slot(m->weights(), t.role, layer);
+      EXPECT_TRUE(slots.insert(slot.matrix ? static_cast<const void*>(slot.matrix) : slot.vector).second)
+          << tensor_name(t, layer);
+      if (!t.synthetic) return;
+      expected.push_back(tensor_name(t, layer));
+      EXPECT_TRUE(slot.matrix ? slot.matrix->data != nullptr : *slot.vector != nullptr) << tensor_name(t, layer);
+    });
+    std::vector<std::string> written;
+    for (const auto& t : m->file().tensors()) written.push_back(t.name);
+    EXPECT_EQ(written, expected) << arch;
+    std::set<std::string_view> ops;
+    for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
+  }
+  EXPECT_EQ(find_arch("gpt2"), nullptr);
+  EXPECT_EQ(known_archs(), "llama, qwen2");
+}
 
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
   TempFile a("seed_a.gguf"), b("seed_b.gguf"), c("seed_c.gguf");

@@ -1,11 +1,11 @@
-#include "bench/svg_plot.h"
+#include "loadgen/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 namespace {
 
@@ -252,4 +252,4 @@ std::string svg_ttft_figure(const std::string& title, const std::vector<RequestR
   return svg_panels(title, {cdf, time});
 }
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

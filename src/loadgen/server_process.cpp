@@ -1,4 +1,4 @@
-#include "bench/server_process.h"
+#include "loadgen/server_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,12 +13,12 @@
 #include <sstream>
 #include <thread>
 
-#include "bench/loadgen.h"
+#include "loadgen/loadgen.h"
 #include "core/error.h"
 
 extern char** environ;
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 using Clock = std::chrono::steady_clock;
 
@@ -115,4 +115,4 @@ int ServerProcess::stop(double grace_s) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -1,4 +1,4 @@
-#include "bench/loadgen.h"
+#include "loadgen/loadgen.h"
 
 #include <unistd.h>
 
@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -398,4 +398,4 @@ LoadgenResult run_loadgen(const LoadgenOptions& opt) {
   return res;
 }
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 class ServerProcess {
  public:
@@ -36,4 +36,4 @@ std::string self_exe();
 // The last n bytes of a file ("" when unreadable).
 std::string file_tail(const std::string& path, size_t n = 2000);
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

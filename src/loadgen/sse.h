@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 // Feed any split of the byte stream; each call returns the data of the events it completed
 // (multi-line data joined by '\n'). Lines end in \n, \r\n or \r; ':' lines are comments; fields
@@ -46,4 +46,4 @@ struct ServerUrl {
 };
 ServerUrl parse_url(const std::string& url);
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 // Integer lengths: uniform in [mean - spread, mean + spread] (spread 0 = fixed), at least 1.
 struct LengthDist {
@@ -63,4 +63,4 @@ struct Summary {
 // Percentiles by linear interpolation between order statistics (numpy's default).
 Summary summarize(std::vector<double> values);
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -5,9 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include "bench/report.h"
+#include "loadgen/report.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 struct PlotSeries {
   std::string name;
@@ -36,4 +36,4 @@ std::string svg_ttft_figure(const std::string& title, const std::vector<RequestR
 
 std::string xml_escape(const std::string& s);
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

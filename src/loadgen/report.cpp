@@ -1,4 +1,4 @@
-#include "bench/report.h"
+#include "loadgen/report.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 std::optional<double> RequestRecord::tpot_s() const {
   if (!ok() || output_tokens < 2 || ttft_s < 0 || e2e_s < 0) return std::nullopt;
@@ -195,4 +195,4 @@ std::string format_report(const std::vector<ClassStats>& stats, double wall_s, c
   return s;
 }
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "bench/report.h"
-#include "bench/sse.h"
-#include "bench/workload.h"
+#include "loadgen/report.h"
+#include "loadgen/sse.h"
+#include "loadgen/workload.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 struct LoadgenOptions {
   ServerUrl url;
@@ -68,4 +68,4 @@ std::vector<int32_t> prompt_token_ids(const PlannedRequest& p, const RequestClas
 // A text of about n tokens (a repeated word).
 std::string prompt_text(int64_t n);
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -1,4 +1,4 @@
-#include "bench/workload.h"
+#include "loadgen/workload.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 std::vector<std::string> builtin_workload_names() { return {"short", "long", "mixed", "shared-prefix"}; }
 
@@ -161,4 +161,4 @@ Summary summarize(std::vector<double> v) {
   return s;
 }
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -10,9 +10,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "bench/workload.h"
+#include "loadgen/workload.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 struct RequestRecord {
   int32_t class_index = 0;
@@ -61,4 +61,4 @@ nlohmann::json record_json(const RequestRecord& r, const std::vector<std::string
 // Fixed-width table: one block of rows per class.
 std::string format_report(const std::vector<ClassStats>& stats, double wall_s, const Slo& slo);
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

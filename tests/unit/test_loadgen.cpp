@@ -15,14 +15,14 @@
 #include <sstream>
 #include <thread>
 
-#include "bench/loadgen.h"
-#include "bench/report.h"
-#include "bench/sse.h"
-#include "bench/svg_plot.h"
-#include "bench/workload.h"
+#include "loadgen/loadgen.h"
+#include "loadgen/report.h"
+#include "loadgen/sse.h"
+#include "loadgen/svg_plot.h"
+#include "loadgen/workload.h"
 #include "core/error.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 namespace {
 
 TEST(Summary, PercentilesInterpolateLikeNumpy) {
@@ -294,11 +294,11 @@ TEST(Svg, FiguresAreSelfContainedAndEscaped) {
 }
 
 }  // namespace
-}  // namespace ft::bench
+}  // namespace ft::loadgen
 
 // --- the load generator against a fake OpenAI-compatible server (in process; runs under ASan) ---
 
-namespace ft::bench {
+namespace ft::loadgen {
 namespace {
 
 namespace asio = boost::asio;
@@ -461,4 +461,4 @@ TEST(Loadgen, UnreachableServerIsAnError) {
 }
 
 }  // namespace
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -1,10 +1,10 @@
-#include "bench/sse.h"
+#include "loadgen/sse.h"
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
-namespace ft::bench {
+namespace ft::loadgen {
 
 std::vector<std::string> SseParser::feed(std::string_view bytes) {
   std::vector<std::string> out;
@@ -111,4 +111,4 @@ ServerUrl parse_url(const std::string& url) {
   return u;
 }
 
-}  // namespace ft::bench
+}  // namespace ft::loadgen

@@ -1,0 +1,123 @@
+#include "model/arch.h"
+
+#include <vector>
+
+#include "core/error.h"
+
+namespace ft {
+
+namespace {
+
+using E = Extent;
+using T = TypeClass;
+
+// clang-format off
+const TensorSpec kLlama[] = {
+  // pattern                     role              op name        rows        cols      matrix type       layer  optional init
+  {"token_embd.weight",          Role::TokenEmbd,  "token_embd",  E::Vocab,   E::Dim,   true,  T::Weight, false, false, Init::Matrix},
+  {"blk.{i}.attn_norm.weight",   Role::AttnNorm,   "attn_norm",   E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
+  {"blk.{i}.attn_q.weight",      Role::Wq,         "wq",          E::QDim,    E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.attn_k.weight",      Role::Wk,         "wk",          E::KvDim,   E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.attn_v.weight",      Role::Wv,         "wv",          E::KvDim,   E::Dim,   true,  T::Weight, true,  false, Init::Matrix, MoreBits::SomeLayers},
+  {"blk.{i}.attn_output.weight", Role::Wo,         "wo",          E::Dim,     E::QDim,  true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.ffn_norm.weight",    Role::FfnNorm,    "ffn_norm",    E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
+  {"blk.{i}.ffn_gate.weight",    Role::WGate,      "w_gate",      E::Ffn,     E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.ffn_up.weight",      Role::WUp,        "w_up",        E::Ffn,     E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.ffn_down.weight",    Role::WDown,      "w_down",      E::Dim,     E::Ffn,   true,  T::Weight, true,  false, Init::Matrix, MoreBits::SomeLayers},
+  {"output_norm.weight",         Role::OutputNorm, "output_norm", E::Dim,     E::Dim,   false, T::F32,    false, false, Init::Norm},
+  {"output.weight",              Role::Output,     "output",      E::Vocab,   E::Dim,   true,  T::Weight, false, true,  Init::Matrix, MoreBits::Always},
+  {"rope_freqs.weight",          Role::RopeFreqs,  "rope_freqs",  E::RotHalf, E::RotHalf, false, T::F32,  false, true,  Init::Norm, MoreBits::Never, false},
+};
+// Qwen2: Llama's tensors with Q/K/V biases after attn_v.
+const TensorSpec kQkvBias[] = {
+  {"blk.{i}.attn_q.bias",        Role::Bq,         "bq",          E::QDim,    E::QDim,  false, T::F32,    true,  false, Init::Bias},
+  {"blk.{i}.attn_k.bias",        Role::Bk,         "bk",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
+  {"blk.{i}.attn_v.bias",        Role::Bv,         "bv",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
+};
+// clang-format on
+
+std::vector<TensorSpec> with_qkv_bias(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    out.push_back(t);
+    if (t.role == Role::Wv) out.insert(out.end(), std::begin(kQkvBias), std::end(kQkvBias));
+  }
+  return out;
+}
+
+std::span<const ArchSpec> archs() {
+  static const std::vector<TensorSpec> qwen2 = with_qkv_bias(kLlama);
+  static const ArchSpec a[] = {
+      {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama},
+      {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
+  };
+  return a;
+}
+
+}  // namespace
+
+const ArchSpec* find_arch(std::string_view name) {
+  for (const ArchSpec& a : archs())
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+const ArchSpec& arch_spec(Arch arch) {
+  for (const ArchSpec& a : archs())
+    if (a.arch == arch) return a;
+  fail("no table for architecture ", int(arch));
+}
+
+std::string known_archs() {
+  std::string s;
+  for (const ArchSpec& a : archs()) s += cat(s.empty() ? "" : ", ", a.name);
+  return s;
+}
+
+int64_t extent(Extent e, const HParams& hp) {
+  switch (e) {
+    case Extent::Dim: return hp.dim;
+    case Extent::QDim: return hp.q_dim();
+    case Extent::KvDim: return hp.kv_dim();
+    case Extent::Ffn: return hp.ffn_dim;
+    case Extent::Vocab: return hp.n_vocab;
+    case Extent::RotHalf: return hp.rope.n_rot / 2;
+  }
+  return 0;
+}
+
+std::string tensor_name(const TensorSpec& t, int32_t layer) {
+  std::string s(t.pattern);
+  if (const size_t at = s.find("{i}"); at != std::string::npos) s.replace(at, 3, std::to_string(layer));
+  return s;
+}
+
+WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
+  LayerWeights* L = layer >= 0 ? &w.layers.at(size_t(layer)) : nullptr;
+  switch (r) {
+    case Role::TokenEmbd: return {&w.token_embd, nullptr};
+    case Role::OutputNorm: return {nullptr, &w.output_norm};
+    case Role::Output: return {&w.output, nullptr};
+    case Role::RopeFreqs: return {nullptr, &w.rope_freqs};
+    case Role::AttnNorm: return {nullptr, &L->attn_norm};
+    case Role::Wq: return {&L->wq, nullptr};
+    case Role::Wk: return {&L->wk, nullptr};
+    case Role::Wv: return {&L->wv, nullptr};
+    case Role::Bq: return {nullptr, &L->bq};
+    case Role::Bk: return {nullptr, &L->bk};
+    case Role::Bv: return {nullptr, &L->bv};
+    case Role::Wo: return {&L->wo, nullptr};
+    case Role::FfnNorm: return {nullptr, &L->ffn_norm};
+    case Role::WGate: return {&L->w_gate, nullptr};
+    case Role::WUp: return {&L->w_up, nullptr};
+    case Role::WDown: return {&L->w_down, nullptr};
+  }
+  return {};
+}
+
+ConstWeightSlot weight_slot(const ModelWeights& w, Role r, int32_t layer) {
+  const WeightSlot s = weight_slot(const_cast<ModelWeights&>(w), r, layer);  // only read through
+  return {s.matrix, s.vector};
+}
+
+}  // namespace ft

@@ -1,0 +1,85 @@
+// Architectures as data: one table per architecture lists every tensor (name pattern, role,
+// shape from the hyperparameters, type class, optional) and its hyperparameter defaults. Weight
+// binding (model_spec.cpp), the synthetic-model writer (synthetic.cpp) and the profiler's op
+// names (profile/profiling_backend.cpp) all read it; adding an architecture means adding a table
+// here and its differences in the forward pass.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "model/model.h"
+
+namespace ft {
+
+// Where a tensor goes in ModelWeights (layer fields for per-layer rows).
+enum class Role { TokenEmbd, OutputNorm, Output, RopeFreqs, AttnNorm, Wq, Wk, Wv, Bq, Bk, Bv, Wo, FfnNorm, WGate, WUp, WDown };
+// A shape dimension, from the hyperparameters.
+enum class Extent { Dim, QDim, KvDim, Ffn, Vocab, RotHalf };
+enum class TypeClass { Weight /* any supported weight type */, F32 };
+// How the synthetic writer fills a tensor: matrices ~ N(0, 1/fan_in), norms ~ 1 + noise, biases
+// ~ small noise; in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
+// or always).
+enum class Init { Matrix, Norm, Bias };
+enum class MoreBits { Never, SomeLayers, Always };
+
+struct TensorSpec {
+  std::string_view pattern;  // GGUF name; "{i}" is the layer ("blk.{i}.attn_q.weight")
+  Role role;
+  std::string_view op_name;  // the profiler's name for it ("wq")
+  Extent rows;               // a matrix is (rows, cols) = GGUF ne [cols, rows]; a vector is (rows)
+  Extent cols;
+  bool matrix;
+  TypeClass type;
+  bool per_layer;
+  bool optional;             // absent: output -> tied to token_embd; rope_freqs -> none
+  Init init;
+  MoreBits more_bits = MoreBits::Never;
+  bool synthetic = true;     // written by the synthetic writer
+};
+
+struct ArchSpec {
+  std::string_view name;  // general.architecture
+  Arch arch;
+  float rms_eps;          // defaults when the GGUF has no key
+  float rope_freq_base;
+  RopeStyle rope_style;
+  // Order: the global tensors listed before the first per-layer row, then each layer's rows, then
+  // the remaining globals (llama.cpp's order, which the synthetic writer keeps).
+  std::span<const TensorSpec> tensors;
+};
+
+// The architecture named `name`, or null.
+const ArchSpec* find_arch(std::string_view name);
+const ArchSpec& arch_spec(Arch a);
+std::string known_archs();  // "llama, qwen2"
+
+int64_t extent(Extent e, const HParams& hp);
+// The tensor's GGUF name for layer i (per-layer rows).
+std::string tensor_name(const TensorSpec& t, int32_t layer);
+// Calls f(spec, layer) for every tensor in file order (layer -1 for globals).
+template <class F>
+void for_each_tensor(const ArchSpec& a, int32_t n_layers, F f) {
+  size_t first_layer = 0;
+  while (first_layer < a.tensors.size() && !a.tensors[first_layer].per_layer) f(a.tensors[first_layer++], -1);
+  for (int32_t i = 0; i < n_layers; ++i)
+    for (const TensorSpec& t : a.tensors.subspan(first_layer))
+      if (t.per_layer) f(t, i);
+  for (const TensorSpec& t : a.tensors.subspan(first_layer))
+    if (!t.per_layer) f(t, -1);
+}
+
+// The ModelWeights field a tensor binds to: a matrix or a vector (the other is null).
+struct WeightSlot {
+  WeightView* matrix = nullptr;
+  const float** vector = nullptr;
+};
+WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer);
+struct ConstWeightSlot {
+  const WeightView* matrix = nullptr;
+  const float* const* vector = nullptr;
+};
+ConstWeightSlot weight_slot(const ModelWeights& w, Role r, int32_t layer);
+
+}  // namespace ft

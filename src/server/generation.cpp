@@ -1,0 +1,259 @@
+#include "server/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <optional>
+#include <random>
+#include <utility>
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "profile/trace.h"
+#include "server/metrics.h"
+
+namespace ft::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
+
+const char* prompt_param(PromptKind k) { return k == PromptKind::Chat ? "messages" : "prompt"; }
+
+}  // namespace
+
+int32_t check_token_id(int64_t id, int32_t n_vocab, const std::string& param) {
+  if (id < 0 || id >= n_vocab) bad(param, cat("token id ", id, " is out of range [0, ", n_vocab, ")"));
+  return int32_t(id);
+}
+
+void validate(const GenerationRequest& r, int32_t n_vocab) {
+  const char* param = prompt_param(r.prompt_kind);
+  switch (r.prompt_kind) {
+    case PromptKind::Text:
+      if (r.prompt_text.empty()) bad(param, "'prompt' is empty");
+      break;
+    case PromptKind::Tokens:
+      if (r.prompt_tokens.empty()) bad(param, "'prompt' is empty");
+      for (const int32_t t : r.prompt_tokens) check_token_id(t, n_vocab, param);
+      break;
+    case PromptKind::Chat:
+      if (r.messages.empty()) bad(param, "'messages' must be a non-empty array");
+      break;
+  }
+  if (r.max_tokens && *r.max_tokens < 1) bad("max_tokens", cat("'max_tokens' must be at least 1, got ", *r.max_tokens));
+  if (r.stop.size() > kMaxStops) bad("stop", cat("'stop' may hold at most ", kMaxStops, " strings"));
+  for (const auto& x : r.stop)
+    if (x.empty()) bad("stop", "stop strings must not be empty");
+  if (r.logprobs < -1 || r.logprobs > kMaxLogprobs)
+    bad("logprobs", cat("'logprobs' must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.logprobs));
+  try {
+    validate(r.sampling);
+  } catch (const Error& e) {
+    bad("", e.what());
+  }
+}
+
+int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx) {
+  const char* param = prompt_param(r.prompt_kind);
+  if (n_prompt < 1) bad(param, "the prompt is empty");
+  if (n_prompt >= n_ctx)
+    bad(param, cat("This model's maximum context length is ", n_ctx, " tokens; the prompt has ", n_prompt,
+                   " tokens (room must be left for at least one generated token)"));
+  const int64_t room = n_ctx - n_prompt;  // > 0
+  if (!r.max_tokens) return room;
+  const int64_t want = *r.max_tokens;
+  if (want < 1) bad("max_tokens", cat("'max_tokens' must be at least 1, got ", want));
+  if (want <= room) return want;
+  if (r.fit_max_tokens) return room;
+  // n_prompt + want, saturated: want may be anything up to INT64_MAX.
+  const int64_t total = want > std::numeric_limits<int64_t>::max() - n_prompt ? std::numeric_limits<int64_t>::max()
+                                                                              : n_prompt + want;
+  bad("max_tokens", cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ", total,
+                        " tokens (", n_prompt, " in the prompt, ", want, " for the completion)"));
+}
+
+uint64_t draw_seed() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+std::string StopMatcher::push(std::string_view text) {
+  if (stopped_) return {};
+  held_.append(text);
+  if (stops_.empty()) return std::exchange(held_, {});
+  size_t best = std::string::npos;
+  for (const auto& s : stops_) best = std::min(best, held_.find(s));
+  if (best != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, best);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const auto& s : stops_)
+    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n)
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  if (stopped_) return {};
+  return std::exchange(held_, {});
+}
+
+GenerationContext::GenerationContext(Engine& e, const Tokenizer& tok, ChatFormat fmt)
+    : engine(e), tokenizer(tok), chat_format(fmt), n_ctx(e.n_ctx()), n_vocab(tok.n_vocab()) {
+  bos_text = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
+  eos_text = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+}
+
+Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink)
+    : ctx_(ctx), req_(std::move(req)), sink_(std::move(sink)), dec_(ctx.tokenizer), stop_(req_.stop) {}
+
+std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, const Tokenizer& tok,
+                                              GenerationRequest req, std::shared_ptr<GenerationSink> sink,
+                                              Post post) {
+  validate(req, ctx.n_vocab);
+  const auto t0 = Clock::now();
+  const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
+  std::vector<int32_t> prompt;
+  try {
+    switch (req.prompt_kind) {
+      case PromptKind::Chat:
+        prompt = tok.encode(render_chat(ctx.chat_format, req.messages, true, ctx.bos_text, ctx.eos_text),
+                            /*add_bos=*/false, /*parse_special=*/true);
+        break;
+      case PromptKind::Tokens:
+        prompt = std::move(req.prompt_tokens);
+        break;
+      case PromptKind::Text:
+        prompt = tok.encode(req.prompt_text, req.add_bos && tok.add_bos_default(), /*parse_special=*/true);
+        break;
+    }
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), prompt_param(req.prompt_kind));
+  }
+  const double tokenize_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
+
+  auto gen = std::make_shared<Generation>(ctx, std::move(req), std::move(sink));
+  GenerationRequest& r = gen->req_;
+  gen->n_prompt_ = int64_t(prompt.size());
+  const int64_t max_tokens = resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
+  if (!r.seed_set) r.sampling.seed = draw_seed();
+
+  if (ctx.waiting && ctx.waiting->fetch_add(1) >= ctx.max_queue) {
+    ctx.waiting->fetch_sub(1);
+    throw ApiError(429, cat("too many requests are waiting (limit ", ctx.max_queue, "); retry later"), "",
+                   "rate_limit_error", "queue_full");
+  }
+  EngineRequest er;
+  er.prompt = std::move(prompt);
+  er.sampling = r.sampling;
+  er.max_tokens = max_tokens;
+  er.ignore_eos = r.ignore_eos;
+  er.tokenize_ms = tokenize_ms;
+  er.logprobs = r.logprobs;
+  // Runs on the engine thread: copy the event and post it to the consumer.
+  auto cb = [gen, post = std::move(post)](const EngineEvent& ev) {
+    Event e{ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr};
+    if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
+    post([gen, e = std::move(e)] { gen->on_event(e); });
+  };
+  try {
+    gen->engine_id_ = ctx.engine.submit(std::move(er), std::move(cb));
+  } catch (const Error& e) {
+    if (ctx.waiting) ctx.waiting->fetch_sub(1);
+    const std::string msg = e.what();
+    if (msg.find("shutting down") != std::string::npos) throw ApiError(503, msg, "", "server_error", "server_shutdown");
+    throw ApiError(400, msg);
+  }
+  if (p_tok0 > 0)  // recorded once the engine's id is known, to tie it to the request's track
+    profile::complete("tokenize", "request", p_tok0, p_tok1,
+                      profile::Args().i("req", int64_t(gen->engine_id_)).i("tokens", gen->n_prompt_));
+  return gen;
+}
+
+void Generation::on_event(const Event& e) {
+  std::optional<profile::Scope> sc;  // decode, stop strings, the sink's formatting and queueing
+  if (ctx_.emit_span) sc.emplace(ctx_.emit_span, "http");
+  if (!left_queue_) {
+    left_queue_ = true;
+    if (ctx_.waiting) ctx_.waiting->fetch_sub(1);
+  }
+  const Tokenizer& tok = ctx_.tokenizer;
+  if (e.kind == EngineEvent::Kind::Token) {
+    if (responded_) return;  // stopped, or the client left: tokens until the cancel lands
+    ++n_tokens_;
+    if (!req_.name.empty() && spdlog::should_log(spdlog::level::trace))
+      spdlog::trace("{} token {} {}", req_.name, e.token,
+                    nlohmann::json(tok.token_to_piece(e.token)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (tok.is_eog(e.token) && !req_.ignore_eos) return;  // not output, and no logprob (OpenAI)
+    Output o;
+    o.tokens.push_back(e.token);
+    o.text = stop_.push(dec_.push(e.token));
+    if (req_.logprobs >= 0) o.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
+    if (!stop_.stopped()) return sink_->on_output(std::move(o));
+    ctx_.engine.cancel(engine_id_);
+    finish_ = "stop";
+    return finish(std::move(o), nullptr);
+  }
+  // Finished.
+  if (!responded_) {
+    if (e.reason == FinishReason::Cancelled) {
+      responded_ = true;
+      sink_->on_error(shutdown_cancel_ ? ApiError(503, "the server is shutting down; the request was cancelled", "",
+                                                  "server_error", "server_shutdown")
+                                       : ApiError(500, "the request was cancelled", "", "server_error"),
+                      Usage{n_prompt_, n_tokens_});
+    } else {
+      Output o;
+      o.text = stop_.push(dec_.flush());
+      if (!stop_.stopped()) o.text += stop_.flush();
+      finish_ = stop_.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
+      finish(std::move(o), e.timings.get());
+    }
+  }
+  if (e.timings) account(*e.timings, e.reason);
+}
+
+void Generation::finish(Output&& last, const RequestTimings* t) {
+  responded_ = true;
+  sink_->on_finish(std::move(last), Finish{finish_, Usage{n_prompt_, n_tokens_}, t});
+}
+
+void Generation::account(const RequestTimings& t, FinishReason reason) {
+  std::string finish = finish_;
+  if (finish.empty()) finish = reason == FinishReason::Stop ? "stop" : reason == FinishReason::Length ? "length" : "abort";
+  if (ctx_.metrics) ctx_.metrics->observe_finished(t, finish, n_prompt_, n_tokens_);
+  if (!req_.name.empty())
+    spdlog::info("{} finish={} prompt={} cached={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "
+                 "ttft={:.2f}ms decode={:.2f}ms total={:.2f}ms{}",
+                 req_.name, finish, n_prompt_, t.cached_tokens, n_tokens_, t.tokenize_ms, t.queue_ms(), t.prefill_ms(),
+                 t.ttft_ms(), t.decode_ms(), t.total_ms(), client_gone_ ? " (client disconnected)" : "");
+}
+
+void Generation::abandon() {
+  if (responded_) return;
+  responded_ = client_gone_ = true;
+  ctx_.engine.cancel(engine_id_);
+}
+
+void Generation::cancel_for_shutdown() {
+  if (responded_ || shutdown_cancel_) return;
+  shutdown_cancel_ = true;
+  ctx_.engine.cancel(engine_id_);
+}
+
+}  // namespace ft::server

@@ -1,0 +1,179 @@
+// One generation, whatever the front end (HTTP, the binary protocol, `firsttoken run`).
+//
+// A front end parses into a GenerationRequest and implements a GenerationSink. Generation::start
+// builds the prompt (text, token ids or chat), validates, draws the seed, admits the request
+// (servers: at most max_queue waiting for their first token) and submits the EngineRequest.
+// Generation::on_event turns engine events into output: stream decoder, stop strings, the
+// end-of-generation filter and logprobs; it accounts the finish (metrics, the log line) and calls
+// the sink: on_output per generated token, then on_finish or on_error exactly once.
+//
+// Threads: start() runs on the caller's thread with that thread's tokenizer. The engine's
+// callback copies each event and hands it to `post`, which must run it on one thread at a time
+// (a connection's strand, a CLI's main thread) and keep the sink alive until it has run.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft::server {
+
+class ServerMetrics;
+
+// An error the client gets with `status` (HTTP: {"error": {"message", "type", "param", "code"}}).
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  ApiError(int status_, std::string message, std::string param_ = "",
+           std::string type_ = "invalid_request_error", std::string code_ = "")
+      : std::runtime_error(message), status(status_), type(std::move(type_)), param(std::move(param_)),
+        code(std::move(code_)) {}
+};
+
+inline constexpr size_t kMaxStops = 4;
+
+// Matches stop strings on streamed text. push() returns the text that can be sent now: it holds
+// back a tail that could still become a stop string, and on a match returns the text before it
+// and drops the rest (the matched stop text is never returned).
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops = {}) : stops_(std::move(stops)) {}
+  std::string push(std::string_view text);
+  std::string flush();  // end of stream: the held-back tail
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+enum class PromptKind { Text, Tokens, Chat };
+
+// What every front end parses into.
+struct GenerationRequest {
+  PromptKind prompt_kind = PromptKind::Text;
+  std::string prompt_text;             // Text: tokenized here, special tokens parsed
+  bool add_bos = true;                 // Text: BOS first when the vocabulary wants it
+  std::vector<int32_t> prompt_tokens;  // Tokens: used as given (no BOS)
+  std::vector<ChatMessage> messages;   // Chat: rendered with the served chat format
+  SamplingParams sampling;
+  bool seed_set = false;               // false: start() draws a seed
+  std::optional<int64_t> max_tokens;   // absent: the rest of the context
+  bool fit_max_tokens = false;         // a max_tokens past the context: cut to it (true) or 400 (false)
+  bool ignore_eos = false;
+  std::vector<std::string> stop;       // at most kMaxStops, non-empty
+  int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
+  std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
+};
+
+// id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).
+int32_t check_token_id(int64_t id, int32_t n_vocab, const std::string& param);
+// The checks that need no tokenizer: prompt present, token ids in [0, n_vocab), max_tokens >= 1,
+// stop strings, logprobs, sampling ranges. Throws ApiError (400) naming the param.
+void validate(const GenerationRequest& r, int32_t n_vocab);
+// The effective max_tokens for a prompt of n_prompt tokens (checked arithmetic: max_tokens may be
+// anything up to INT64_MAX). Throws ApiError when the prompt leaves no room or max_tokens does not
+// fit and fit_max_tokens is off.
+int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx);
+// A random seed, for a request that gave none.
+uint64_t draw_seed();
+
+// A piece of output: the text released now (complete UTF-8 where the decoder can tell; a tail
+// that may become a stop string is held back, a matched stop string and what follows are cut),
+// the tokens that produced it (end-of-generation tokens filtered unless ignore_eos) and, when
+// requested, their logprobs.
+struct Output {
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
+};
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+struct Finish {
+  std::string reason;                       // "stop" | "length"
+  Usage usage;
+  const RequestTimings* timings = nullptr;  // null when a stop string ends it before the engine does
+};
+
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  virtual void on_output(Output&& o) = 0;                       // one generated token
+  virtual void on_finish(Output&& last, const Finish& f) = 0;  // the rest of the output, and the end
+  virtual void on_error(const ApiError& e, const Usage& u) = 0;  // cancelled (shutdown, an engine cancel)
+};
+
+// What generations share: the engine, the served model, and (servers) admission and accounting.
+struct GenerationContext {
+  GenerationContext(Engine& e, const Tokenizer& tok, ChatFormat fmt);
+  Engine& engine;
+  const Tokenizer& tokenizer;  // immutable: decodes on the consumer's thread
+  ChatFormat chat_format;
+  std::string bos_text, eos_text;  // for the chat template
+  int64_t n_ctx = 0;
+  int32_t n_vocab = 0;
+  std::atomic<int64_t>* waiting = nullptr;  // requests with no token or finish yet; null: no admission limit
+  int64_t max_queue = 0;
+  ServerMetrics* metrics = nullptr;         // null: no metrics
+  const char* emit_span = nullptr;          // profiler span around each event's handling; null: none
+};
+
+using Post = std::function<void(std::function<void()>)>;
+
+class Generation {
+ public:
+  // An engine event copied off the engine thread (its timings are only valid during the callback).
+  struct Event {
+    EngineEvent::Kind kind;
+    int32_t token;
+    FinishReason reason;
+    float logprob;
+    std::vector<std::pair<int32_t, float>> top_logprobs;
+    std::shared_ptr<RequestTimings> timings;  // Finished only
+  };
+
+  // tok: the calling thread's tokenizer. Throws ApiError: 400 (invalid), 429 (queue full), 503
+  // (the engine is shutting down).
+  static std::shared_ptr<Generation> start(const GenerationContext& ctx, const Tokenizer& tok, GenerationRequest req,
+                                           std::shared_ptr<GenerationSink> sink, Post post);
+  void on_event(const Event& e);
+  // The client left: cancel; the sink hears nothing more.
+  void abandon();
+  // The shutdown deadline passed: cancel; the sink gets a 503 error.
+  void cancel_for_shutdown();
+
+  uint64_t id() const { return engine_id_; }
+  int64_t n_prompt() const { return n_prompt_; }
+  bool responded() const { return responded_; }
+
+  // For start() (make_shared); ctx must outlive the generation.
+  Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink);
+
+ private:
+  void finish(Output&& last, const RequestTimings* t);
+  void account(const RequestTimings& t, FinishReason reason);
+
+  const GenerationContext& ctx_;
+  GenerationRequest req_;
+  std::shared_ptr<GenerationSink> sink_;
+  StreamDecoder dec_;
+  StopMatcher stop_;
+  uint64_t engine_id_ = 0;
+  int64_t n_prompt_ = 0, n_tokens_ = 0;
+  std::string finish_;  // "stop" | "length" once decided
+  bool left_queue_ = false, responded_ = false, client_gone_ = false, shutdown_cancel_ = false;
+};
+
+}  // namespace ft::server

@@ -1,0 +1,47 @@
+// One listener for both protocols: open a port, accept connections and keep track of them.
+#include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "server/server_impl.h"
+
+namespace ft::server {
+
+using error_code = boost::system::error_code;
+
+void Server::Impl::listen(tcp::acceptor& a, const tcp::endpoint& ep, const char* what) {
+  error_code ec;
+  a.open(ep.protocol(), ec);
+  if (!ec) a.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) fail("cannot listen on ", cfg.host, ":", ep.port(), " (", what, "): ", ec.message());
+}
+
+void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&)) {
+  a.async_accept(net::make_strand(ioc), [this, &a, make](error_code ec, tcp::socket socket) {
+    if (!ec) {
+      error_code opt_ec;
+      socket.set_option(tcp::no_delay(true), opt_ec);  // each token's bytes leave at once
+      auto c = make(std::move(socket), *this);
+      {
+        std::lock_guard<std::mutex> lk(conn_mu);
+        std::erase_if(connections, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
+        connections.push_back(c);
+      }
+      net::post(c->executor(), [c] { c->start(); });
+    } else if (ec != net::error::operation_aborted) {
+      spdlog::warn("accept failed on port {}: {}", a.local_endpoint().port(), ec.message());
+    }
+    if (a.is_open()) accept(a, make);
+  });
+}
+
+void Server::Impl::for_each_connection(void (Connection::*f)()) {
+  std::lock_guard<std::mutex> lk(conn_mu);
+  for (auto& w : connections)
+    if (auto c = w.lock()) net::post(c->executor(), [c, f] { ((*c).*f)(); });
+}
+
+}  // namespace ft::server

@@ -1,0 +1,36 @@
+// The HTTP route table: each row is a path, its method and the handler that answers it.
+#pragma once
+#include <boost/beast/http/verb.hpp>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api.h"
+#include "server/server.h"
+
+namespace ft::server {
+
+// What a handler answers through (the HTTP session implements it).
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  virtual void send_json(const nlohmann::json& j) = 0;
+  // extra: "Name: value\r\n" header lines.
+  virtual void send_response(int status, std::string_view type, const std::string& body,
+                             std::string_view extra = {}) = 0;
+  // A completion: SSE chunks or one JSON body, as the request says.
+  virtual void generate(Endpoint kind, const std::string& body) = 0;
+};
+
+struct Route {
+  std::string_view path;  // a literal: NUL-terminated
+  boost::beast::http::verb method;
+  // Throws ApiError for the client.
+  void (*handle)(Server::Impl& srv, Responder& out, const std::string& body);
+};
+
+// The row for path (without its query), or null.
+const Route* find_route(std::string_view path);
+
+}  // namespace ft::server

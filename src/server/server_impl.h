@@ -1,0 +1,128 @@
+// What a server's connections share (Server::Impl), and the interface it drives them through.
+// Internal to src/server: the HTTP session (http_session.cpp), the binary session
+// (binary_session.cpp), the route table (routes.cpp), the listener (listener.cpp) and the
+// process-level server (server.cpp).
+#pragma once
+#include <atomic>
+#include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "server/api.h"
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+namespace ft::server {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+// A client connection, HTTP or binary, as the server sees it.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual void start() = 0;
+  virtual net::any_io_executor executor() = 0;
+  virtual void on_shutdown() = 0;  // stop taking requests: idle now, busy after their response
+  virtual void on_deadline() = 0;  // the shutdown deadline passed: cancel what still generates
+};
+// What both protocols' connections share: the server, the generation in progress, the queue of
+// writes (Out: one queued write), and closing.
+template <class Out>
+class Session : public Connection {
+ public:
+  explicit Session(Server::Impl& srv);
+  ~Session() override;
+  void on_deadline() final {
+    if (gen_) gen_->cancel_for_shutdown();
+  }
+
+ protected:
+  // The client left or broke the protocol: cancel its request (its Finished event is still
+  // accounted) and close.
+  void gone() {
+    if (gen_) gen_->abandon();
+    close();
+  }
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    outq_.clear();
+    close_transport();
+  }
+  virtual void close_transport() = 0;  // shut the socket down both ways and close it
+
+  Server::Impl& srv_;
+  std::shared_ptr<Generation> gen_;  // the request generating on this connection
+  std::deque<Out> outq_;
+  std::string wbuf_;
+  bool writing_ = false, closed_ = false;
+};
+
+std::shared_ptr<Connection> make_http_session(tcp::socket&& s, Server::Impl& srv);
+std::shared_ptr<Connection> make_binary_session(tcp::socket&& s, Server::Impl& srv);
+
+// This I/O thread's own copy of the tokenizer (set while the thread runs; see Server::run).
+const Tokenizer& io_tokenizer();
+void set_io_tokenizer(const Tokenizer* tok);
+
+inline std::chrono::steady_clock::duration secs(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Runs f on c's strand, holding c until it has run: how engine events reach a session (the
+// engine drops its callback after the last event, so the posted work must hold c itself).
+template <class C>
+Post post_to(const std::shared_ptr<C>& c) {
+  return [c](std::function<void()> f) { net::post(c->executor(), [c, f = std::move(f)] { f(); }); };
+}
+
+struct Server::Impl {
+  Engine& engine;
+  ServedModel model;
+  ServeConfig cfg;
+  ModelInfo info;
+  std::atomic<int64_t> waiting{0};  // submitted, no token or finish yet
+  ServerMetrics metrics;
+  GenerationContext gen;
+  net::io_context ioc;
+  net::strand<net::io_context::executor_type> ctl{net::make_strand(ioc)};  // listeners + shutdown
+  tcp::acceptor acceptor{ctl};      // HTTP
+  tcp::acceptor bin_acceptor{ctl};  // the binary protocol (--binary-port)
+  net::signal_set signals{ctl, SIGINT, SIGTERM};
+  net::steady_timer drain_timer{ctl}, hard_timer{ctl}, poll_timer{ctl};
+  std::atomic<bool> draining{false};
+  std::atomic<int> n_sessions{0};
+  std::atomic<uint64_t> next_id{1};  // response ids
+  std::mutex conn_mu;
+  std::vector<std::weak_ptr<Connection>> connections;  // under conn_mu
+  std::atomic<int> bound_port{0}, bound_binary_port{0};
+
+  Impl(Engine& e, const ServedModel& m, const ServeConfig& c);
+  // listener.cpp: opens a listener on ep (ft::Error naming `what` when it cannot); accepts
+  // connections made by `make` until the listener closes.
+  void listen(tcp::acceptor& a, const tcp::endpoint& ep, const char* what);
+  void accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&));
+  void for_each_connection(void (Connection::*f)());
+  void begin_shutdown();
+  void poll_drained();
+};
+
+template <class Out>
+Session<Out>::Session(Server::Impl& srv) : srv_(srv) {
+  ++srv_.n_sessions;
+}
+template <class Out>
+Session<Out>::~Session() {
+  --srv_.n_sessions;
+}
+
+}  // namespace ft::server
