@@ -215,6 +215,8 @@ struct Avx512Isa : Avx2Isa {
     }
     void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
   };
+  template <class D>
+  static int64_t D_bytes(const D&) { return D::kBytesPer32; }  // packed bytes per 32-block
   template <class F>
   static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
@@ -225,18 +227,19 @@ struct Avx512Isa : Avx2Isa {
     }
   }
 
-  // Small M (decode): C (MR, ldc)[:, 0:16] = the group's 16 rows over all of K, straight from the
-  // packed bytes. Per 32-block: I = sum u xq (two dpbusd chains, even and odd quads) - B sum xq,
+  // Small M: C (MR, ldc)[:, 0:16] (+)= the group's 16 rows over 32-blocks [kb0, kb1) of K (from
+  // 0 when first, else from C), straight from the packed bytes. Per 32-block: I = sum u xq (two dpbusd chains, even and odd quads) - B sum xq,
   // then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)): mk_int's sums.
   static constexpr int kPrefetch = 2048;
   template <int MR, class D>
-  static void gemv_q_t(D dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
-                       const int32_t* xs, float* c, int64_t ldc) {
+  static void gemv_q_t(D dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
+                       const float* dx, const int32_t* xs, float* c, int64_t ldc, bool first) {
     __m512 y[MR];
-    for (int i = 0; i < MR; ++i) y[i] = _mm512_setzero_ps();
-    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
-    for (int64_t kb = 0; kb < nkb; ++kb) {
+    for (int i = 0; i < MR; ++i) y[i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc);
+    if (kb0 == 0)
+      for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
+        _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
       const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
       for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
       dec.begin(kb);
@@ -264,19 +267,42 @@ struct Avx512Isa : Avx2Isa {
     }
     for (int i = 0; i < MR; ++i) _mm512_storeu_ps(c + i * ldc, y[i]);
   }
+  // Quad types take this path up to kFusedMaxMQuad rows (the scheduler's small prefill chunks):
+  // one group's packed bytes (18-50 KB) stay in L1/L2 for every tile of rows after the first,
+  // and each tile keeps its sums in registers over all of K (no unpacked copy, no C reloads).
+  static constexpr int64_t kFusedMaxMQuad = 32;
+  static bool fused_int(GGMLType t, int64_t M) {
+    return M <= kFusedMaxM || (is_quad_type(t) && M <= kFusedMaxMQuad);
+  }
   static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
                        float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
     const bool quad = with_qdecoder(t, group, [&](auto dec) {
-      for (int64_t m = 0; m < M;) {
-        const int8_t* x = qa.xq8.data() + m * K;
-        const float* dx = qa.dx.data() + m * nkb;
-        const int32_t* xs = qa.xs.data() + m * nkb;
-        switch (std::min<int64_t>(M - m, 4)) {
-          case 1: gemv_q_t<1>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 1; break;
-          case 2: gemv_q_t<2>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 2; break;
-          case 3: gemv_q_t<3>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 3; break;
-          default: gemv_q_t<4>(dec, nkb, x, K, dx, xs, c + m * ldc, ldc); m += 4; break;
+      // Decode: one tile, all of K. More rows: tiles of at most 6 rows, split evenly (16 -> 6 +
+      // 5 + 5), all of them over one chunk of K before the next, so the chunk is read from
+      // memory once while the next one is prefetched.
+      const int64_t n_tiles = (M + 5) / 6;
+      const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
+      for (int64_t kb0 = 0; kb0 < nkb; kb0 += chunk) {
+        const int64_t kb1 = std::min(nkb, kb0 + chunk);
+        if (n_tiles > 1 && kb1 < nkb)
+          prefetch_bytes(dec.g + kb1 * D_bytes(dec), (std::min(nkb, kb1 + chunk) - kb1) * D_bytes(dec));
+        for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
+          const int64_t mr = M / n_tiles + (tile < M % n_tiles ? 1 : 0);
+          const int8_t* x = qa.xq8.data() + m * K;
+          const float* dx = qa.dx.data() + m * nkb;
+          const int32_t* xs = qa.xs.data() + m * nkb;
+          float* cm = c + m * ldc;
+          const bool first = kb0 == 0;
+          switch (mr) {
+            case 1: gemv_q_t<1>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
+            case 2: gemv_q_t<2>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
+            case 3: gemv_q_t<3>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
+            case 4: gemv_q_t<4>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
+            case 5: gemv_q_t<5>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
+            default: gemv_q_t<6>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
+          }
+          m += mr;
         }
       }
     });

@@ -194,8 +194,10 @@ struct Drivers {
     const GGMLType type = src[0].seg->type;
     const int64_t nkb = K / kQBlock;
     if constexpr (Isa::kFusedMaxM > 0) {
-      // Small M (decode): straight from the packed bytes, all of K, no unpacked copy.
+      // Small M (decode; and, where the Isa says so, small prefill chunks): straight from the
+      // packed bytes, all of K, no unpacked copy.
       bool fused = M <= Isa::kFusedMaxM;
+      if constexpr (requires { Isa::fused_int(type, M); }) fused = Isa::fused_int(type, M);
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
         for (int i = 0; i < ns; ++i)
