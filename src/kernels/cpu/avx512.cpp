@@ -32,7 +32,6 @@ namespace ft::cpu {
 namespace {
 
 struct Avx512Isa : Avx2Isa {
-  static constexpr bool kInt8Act = true;  // vpdpbusd reads the activations as int8
   static constexpr int kMRInt = 6;        // 6 rows x 2 groups: 12 int32 + 12 f32 accumulators
 
   static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,

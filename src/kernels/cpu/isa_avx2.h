@@ -228,19 +228,40 @@ struct Avx2Isa {
   };
   struct DecQ8_0 : DecBlock32<544> {
     static constexpr int kBias = 0;
+    static constexpr bool kSignedQuads = true;  // quad layout: q + 128 bytes, used as signed q
+    // Quad layout (packed.h): w[e][h] = quad 2P + e, rows 8h..8h+7, as int8 q.
+    void quads(int P, __m256i (&w)[2][2]) const {
+      const __m256i f = _mm256_set1_epi8(int8_t(0x80));
+      for (int e = 0; e < 2; ++e)
+        for (int h = 0; h < 2; ++h)
+          w[e][h] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
+    }
     template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const {
       w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p)));
       w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p + 16)));
     }
   };
+  // Quad layout, nibble types: w[e][h] = quad 2P + e, rows 8h..8h+7, as u8 (0..15).
+  static void nibble_quads(const uint8_t* q, int P, __m256i (&w)[2][2]) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * P + 32 * h));
+      w[0][h] = _mm256_and_si256(b, m);
+      w[1][h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+    }
+  }
   struct DecQ4_0 : DecBlock32<288> {
     static constexpr int kBias = 8;  // pair() gives q; v = q - 8
+    static constexpr bool kSignedQuads = false;
+    void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
     template <int pp>  // = p % 4
     void pair(int p, __m256i& w0, __m256i& w1) const { nibbles(q + 16 * p, w0, w1); }
   };
   struct DecQ4_K {
     static constexpr int kBias = 0;
+    static constexpr bool kSignedQuads = false;
+    void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
     static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
     const uint8_t* g;
@@ -341,8 +362,8 @@ struct Avx2Isa {
   }
 
   // unpack_group_int (packed.h) for [k0, k0 + len), k0 a multiple of 32.
-  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
-                         float* S1, float* S2) {
+  static void unpack_int_pair(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                              float* S1, float* S2) {
     with_decoder(t, group, [&](auto dec) {
       for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
         __m256 a, b, c = _mm256_setzero_ps(), d = c;
@@ -446,15 +467,11 @@ struct Avx2Isa {
 
   // C (mr, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i], S1[i], S2[i]
   // (all of type t; S2 read for Q4_K only).
-  static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
-                     const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
-                     int64_t ldc, bool first) {
+  static void mk_int_pair(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
+                          const float* const* S1, const float* const* S2, int ng, int64_t len,
+                          float* c, int64_t ldc, bool first) {
     for (int i = 0; i < ng; ++i)
       mk_int1(mr, x, V[i], S1[i], t == GGMLType::Q4_K ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
-  }
-  static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
-                        int64_t K, uint8_t* out) {
-    cpu::pack_rows(t, rows, row_bytes, n_rows, K, out);
   }
 
   // Small M (decode) on the integer path: C (M, ldc)[:, 0:16] = the group's 16 rows over all of
@@ -549,8 +566,8 @@ struct Avx2Isa {
     }
   }
   // xq (M, K), dx and xs (M, K / 32): rows taken two at a time.
-  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
-                       float* c, int64_t ldc) {
+  static void gemv_int_pair(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
+                            float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
     const int16_t* xq = qa.xq.data();
     const float* dx = qa.dx.data();
@@ -563,6 +580,189 @@ struct Avx2Isa {
           gemv_int_t<1>(dec, nkb, xq + m * K, K, dx + m * nkb, xs + m * nkb, c + m * ldc, ldc);
       }
     });
+  }
+
+  // ---- Integer path on the quad layout (Q8_0, Q4_0, Q4_K; packed.h): vpmaddubsw ----
+  // A register holds 8 rows x 4 k as bytes; vpmaddubsw multiplies u8 by s8 and adds pairs into
+  // int16, vpmaddwd by 1 widens to int32 (the 4 products of a lane). Nibble types: u (0..15) x
+  // xq, pair sums <= 2 * 15 * 127, so the 8 quads of a 32-block add up in int16 (<= 30480)
+  // before one widening. Q8_0: the sign trick, |q| (<= 128 as u8) x sign(xq, q), pair sums
+  // <= 32512, widened per quad; it forms sum q xq directly. Then I = sum - kBias * sum xq and
+  // y = fma(float(I), s1 * dx, y) (+ Q4_K's min term): the sums every ISA forms.
+  static constexpr bool kInt8Act = true;
+  static __m256i bcast4(const int8_t* x) {  // x[0..3] into every 32-bit lane
+    int32_t v;
+    std::memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+  }
+  template <bool kSigned>
+  static __m256i dot4(__m256i w, __m256i xb) {  // int16 pair sums of w x xb (see above)
+    if constexpr (kSigned) return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
+    else return _mm256_maddubs_epi16(w, xb);
+  }
+  // C (MR, ldc)[:, 0:16] (+)= the group's rows over 32-blocks [kb0, kb1) (from 0 when first).
+  template <int MR, class D>
+  static void gemv_quad_t(D dec, int64_t kb0, int64_t kb1, const int8_t* xq, int64_t ldx,
+                          const float* dx, const int32_t* xs, int64_t nkb, float* c, int64_t ldc,
+                          bool first) {
+    __m256 y[MR][2];
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h) y[i][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8 * h);
+    if (kb0 == 0)
+      for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
+        _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
+      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
+      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      dec.begin(kb);
+      __m256i a[MR][2];
+      for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
+      for (int P = 0; P < 4; ++P) {
+        __m256i w[2][2];
+        dec.quads(P, w);
+        for (int i = 0; i < MR; ++i) {
+          const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+          const __m256i x0 = bcast4(x), x1 = bcast4(x + 4);
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (D::kSignedQuads) {
+              a[i][h] = _mm256_add_epi32(a[i][h], _mm256_madd_epi16(dot4<true>(w[0][h], x0), one));
+              a[i][h] = _mm256_add_epi32(a[i][h], _mm256_madd_epi16(dot4<true>(w[1][h], x1), one));
+            } else {  // (int16 here, widened after the block's 4 quad pairs)
+              a[i][h] = _mm256_add_epi16(a[i][h], _mm256_add_epi16(dot4<false>(w[0][h], x0), dot4<false>(w[1][h], x1)));
+            }
+          }
+        }
+      }
+      __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      dec.scales(s1[0], s1[1], s2[0], s2[1]);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
+        for (int h = 0; h < 2; ++h) {
+          __m256i I = D::kSignedQuads ? a[i][h] : _mm256_madd_epi16(a[i][h], one);
+          if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
+          y[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y[i][h]);
+          if constexpr (D::kS2)
+            y[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y[i][h]);
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + i * ldc + 8 * h, y[i][h]);
+  }
+  template <class F>
+  static bool with_quad_decoder(GGMLType t, const uint8_t* group, F&& f) {
+    switch (t) {
+      case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
+      case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
+      case GGMLType::Q4_K: f(DecQ4_K{group}); return true;
+      default: return false;  // (Q6_K: the pair layout)
+    }
+  }
+  // Rows two at a time (the registers hold 2 rows x 16 outputs and their sums).
+  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
+                       float* c, int64_t ldc) {
+    const int64_t nkb = K / kQBlock;
+    const bool quad = with_quad_decoder(t, group, [&](auto dec) {
+      for (int64_t m = 0; m < M; m += 2) {
+        const int8_t* x = qa.xq8.data() + m * K;
+        const float* dx = qa.dx.data() + m * nkb;
+        const int32_t* xs = qa.xs.data() + m * nkb;
+        if (M - m >= 2) gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, nkb, c + m * ldc, ldc, true);
+        else gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, nkb, c + m * ldc, ldc, true);
+      }
+    });
+    if (!quad) gemv_int_pair(t, group, K, qa, M, c, ldc);
+  }
+  // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
+  // as signed q, nibble types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16).
+  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                         float* S1, float* S2) {
+    uint8_t* v = reinterpret_cast<uint8_t*>(V);
+    const bool quad = with_quad_decoder(t, group, [&](auto dec) {
+      for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+        dec.begin(k0 / kQBlock + kb);
+        __m256 a, b, c = _mm256_setzero_ps(), d = c;
+        dec.scales(a, b, c, d);
+        _mm256_storeu_ps(S1 + 16 * kb, a);
+        _mm256_storeu_ps(S1 + 16 * kb + 8, b);
+        _mm256_storeu_ps(S2 + 16 * kb, c);
+        _mm256_storeu_ps(S2 + 16 * kb + 8, d);
+        for (int P = 0; P < 4; ++P) {
+          __m256i w[2][2];
+          dec.quads(P, w);
+          for (int e = 0; e < 2; ++e)
+            for (int h = 0; h < 2; ++h)
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + kb * 512 + 64 * (2 * P + e) + 32 * h), w[e][h]);
+        }
+      }
+    });
+    if (!quad) unpack_int_pair(t, group, k0, len, V, S1, S2);
+  }
+  // C (MR, ldc)[:, 0:16] (+)= MR rows over one K chunk of unpacked quads; y in C between blocks.
+  template <int MR, bool kSigned>
+  static void mk_quad_t(const IntRows& x, int bias, const uint8_t* V, const float* S1,
+                        const float* S2, int64_t len, float* c, int64_t ldc, bool first) {
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      __m256i a[MR][2];
+      for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
+      for (int p = 0; p < 8; ++p) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(V + kb * 512 + 64 * p));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(V + kb * 512 + 64 * p + 32));
+        for (int i = 0; i < MR; ++i) {
+          const __m256i xb = bcast4(x.xq8[i] + kb * kQBlock + 4 * p);
+          if constexpr (kSigned) {
+            a[i][0] = _mm256_add_epi32(a[i][0], _mm256_madd_epi16(dot4<true>(w0, xb), one));
+            a[i][1] = _mm256_add_epi32(a[i][1], _mm256_madd_epi16(dot4<true>(w1, xb), one));
+          } else {
+            a[i][0] = _mm256_add_epi16(a[i][0], dot4<false>(w0, xb));
+            a[i][1] = _mm256_add_epi16(a[i][1], dot4<false>(w1, xb));
+          }
+        }
+      }
+      const bool zero = first && kb == 0;
+      for (int i = 0; i < MR; ++i) {
+        const __m256 d = _mm256_set1_ps(x.dx[i][kb]);
+        const __m256i bv = _mm256_set1_epi32(bias * x.xs[i][kb]);
+        float* ci = c + i * ldc;
+        for (int h = 0; h < 2; ++h) {
+          const __m256i I = _mm256_sub_epi32(kSigned ? a[i][h] : _mm256_madd_epi16(a[i][h], one), bv);
+          __m256 y = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8 * h);
+          y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps(S1 + 16 * kb + 8 * h), d), y);
+          if (S2)
+            y = _mm256_fmadd_ps(_mm256_set1_ps(float(x.xs[i][kb])), _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8 * h), d), y);
+          _mm256_storeu_ps(ci + 8 * h, y);
+        }
+      }
+    }
+  }
+  template <bool kSigned>
+  static void mk_quad(int mr, const IntRows& x, int bias, const uint8_t* V, const float* S1,
+                      const float* S2, int64_t len, float* c, int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_quad_t<1, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 2: return mk_quad_t<2, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 3: return mk_quad_t<3, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
+      default: return mk_quad_t<4, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
+    }
+  }
+  // C (mr <= 4, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i],
+  // S1[i], S2[i] (all of type t; S2 read for Q4_K only).
+  static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
+                     const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
+                     int64_t ldc, bool first) {
+    if (!is_quad_type(t)) return mk_int_pair(mr, x, t, V, S1, S2, ng, len, c, ldc, first);
+    for (int g = 0; g < ng; ++g) {
+      const uint8_t* v = reinterpret_cast<const uint8_t*>(V[g]);
+      const float* s2 = t == GGMLType::Q4_K ? S2[g] : nullptr;
+      if (t == GGMLType::Q8_0) mk_quad<true>(mr, x, 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
+      else mk_quad<false>(mr, x, t == GGMLType::Q4_0 ? DecQ4_0::kBias : 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
+    }
+  }
+  static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
+                        int64_t K, uint8_t* out) {
+    pack_rows_quad(t, rows, row_bytes, n_rows, K, out);
   }
 
   // len elements of one row from a block-aligned src, bit-identical to dequantize_row.
