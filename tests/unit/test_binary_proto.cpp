@@ -564,7 +564,9 @@ TEST_F(BinaryServer, ConnectionsPerListenerAreCapped) {
   EXPECT_EQ(metric(page, "firsttoken:connections_open{listener=\"binary\"}"), 0) << page;
   EXPECT_EQ(metric(page, "firsttoken:connections_open{listener=\"http\"}"), 1) << page;  // this one
   EXPECT_EQ(metric(page, "firsttoken:connections_refused_total{listener=\"binary\"}"), 1) << page;
-  EXPECT_EQ(metric(page, "firsttoken:connections_refused_total{listener=\"http\"}"), 1) << page;
+  // At least the one above: a poll that came before the server saw its held connections close
+  // was refused too.
+  EXPECT_GE(metric(page, "firsttoken:connections_refused_total{listener=\"http\"}"), 1) << page;
   client::BinaryClient c("127.0.0.1", (*srv).binary_port(), 60);
   const proto::Response r = c.generate(greedy(2));
   EXPECT_EQ(r.completion_tokens, 2) << r.finish << ": " << r.error;
