@@ -14,6 +14,7 @@ class Engine::ModelExecutor final : public StepExecutor {
   ModelExecutor(const Model& m, Backend& be, int64_t max_batch) : model_(m), fwd_(m, be, max_batch) {}
   void forward(const Batch& batch, KVCache& kv, float* logits) override { fwd_.run(batch, kv, logits); }
   int32_t n_vocab() const override { return model_.hparams().n_vocab; }
+  int32_t n_tokens() const override { return model_.hparams().n_tokens; }
   Forward& fwd() { return fwd_; }
 
  private:
@@ -32,8 +33,9 @@ EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t ch
   c.scheduler.max_batch_tokens = 0;  // no more than a chunk needs (raised to it)
   const HParams& hp = model.hparams();
   const int32_t B = c.runtime.kv_block_size;
-  c.kv_memory_bytes = uint64_t(std::max(KVCache::blocks_for(resolve_n_ctx(c.runtime, hp), B), kMinKvBlocks)) *
-                      KVCache::block_bytes(hp.n_layers, hp.kv_dim(), B);
+  const uint64_t block_bytes = KVCache::block_bytes(hp.n_layers, hp.kv_dim(), B);
+  const uint64_t blocks = uint64_t(std::max(KVCache::blocks_for(resolve_n_ctx(c.runtime, hp), B), kMinKvBlocks));
+  c.kv_memory_bytes = std::max(std::min(blocks, kDefaultMaxKvBytes / block_bytes), uint64_t(kMinKvBlocks)) * block_bytes;
   c.prefix_caching = false;
   c.calibrate = false;
   return c;
@@ -57,7 +59,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
 
   const uint64_t block_bytes = KVCache::block_bytes(hp.n_layers, hp.kv_dim(), B);
   uint64_t kv_bytes = cfg.kv_memory_bytes;
-  if (kv_bytes == 0) kv_bytes = std::min<uint64_t>(4ull * uint64_t(n_ctx_) / uint64_t(B) * block_bytes, 2ull << 30);
+  if (kv_bytes == 0) kv_bytes = std::min<uint64_t>(4ull * uint64_t(n_ctx_) / uint64_t(B) * block_bytes, kDefaultMaxKvBytes);
   KVCacheConfig kc;
   kc.n_layers = hp.n_layers;
   kc.kv_dim = hp.kv_dim();
@@ -102,6 +104,25 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
 }
 
 Engine::~Engine() { shutdown(); }
+
+void Engine::reject(Pending& p, const std::string& why) {
+  if (!p.cb) return;
+  RequestTimings t;
+  t.arrival_ms = p.req.arrival_ms;
+  t.finish_ms = now_ms();
+  EngineEvent ev;
+  ev.kind = EngineEvent::Kind::Finished;
+  ev.id = p.id;
+  ev.reason = FinishReason::Error;
+  ev.error = cat("the request could not start: ", why);
+  ev.n_prompt = int64_t(p.req.prompt.size());
+  ev.timings = &t;
+  try {
+    p.cb(ev);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "firsttoken: request %llu: event callback failed: %s\n", (unsigned long long)p.id, e.what());
+  }
+}
 
 double Engine::now_ms() const {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
@@ -190,22 +211,25 @@ void Engine::loop() {
       cancels.swap(cancels_);
       if (stop_) break;
     }
+    // Nothing thrown here leaves the thread: a request that fails to start fails alone (its
+    // callback hears why); a failed step fails the requests in flight and the engine goes on.
     for (auto& p : adds) {
       try {
-        core_->add(p.id, std::move(p.req), std::move(p.cb));
-      } catch (const Error& e) {  // validated at submit; kept for safety
+        core_->add(p.id, p.req, p.cb);  // copies: p stays whole for reject()
+      } catch (const std::exception& e) {  // validated at submit: an allocation failure
         std::fprintf(stderr, "firsttoken: request %llu rejected: %s\n", (unsigned long long)p.id, e.what());
+        reject(p, e.what());
       }
     }
     adds.clear();
-    for (uint64_t id : cancels) core_->cancel(id);
-    cancels.clear();
     try {
+      for (uint64_t id : cancels) core_->cancel(id);
       core_->step();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "firsttoken: engine step failed, cancelling all requests: %s\n", e.what());
-      core_->cancel_all();
+      std::fprintf(stderr, "firsttoken: engine step failed, failing the requests in flight: %s\n", e.what());
+      core_->fail_all(cat("generation failed: ", e.what()));
     }
+    cancels.clear();
     std::lock_guard<std::mutex> lk(mu_);
     snapshot_.counters = core_->counters();
     snapshot_.running = core_->n_running();
@@ -221,8 +245,9 @@ void Engine::loop() {
   // Shutdown: whatever never reached the core, then everything in it, finishes as cancelled.
   for (auto& p : adds) {
     try {
-      core_->add(p.id, std::move(p.req), std::move(p.cb));
-    } catch (const Error&) {
+      core_->add(p.id, p.req, p.cb);
+    } catch (const std::exception& e) {
+      reject(p, e.what());
     }
   }
   core_->cancel_all();

@@ -17,11 +17,15 @@
 namespace ft {
 
 inline constexpr int32_t kMinKvBlocks = 2;  // the smallest KV cache an engine runs with
+// The most KV cache memory an engine takes unless told a size (EngineConfig::kv_memory_bytes):
+// a model's context length is metadata, and sizing the cache from it alone would let a file ask
+// for any amount of memory.
+inline constexpr uint64_t kDefaultMaxKvBytes = 2ull << 30;
 
 struct EngineConfig {
   RuntimeConfig runtime;
   SchedulerConfig scheduler;
-  uint64_t kv_memory_bytes = 0;  // 0 = room for 4 full contexts (at most 2 GiB)
+  uint64_t kv_memory_bytes = 0;  // 0 = room for 4 full contexts (at most kDefaultMaxKvBytes)
   bool prefix_caching = true;
   bool calibrate = true;  // measure the cost model at start-up (auto chunking needs it)
 };
@@ -29,7 +33,8 @@ struct EngineConfig {
 // The context an engine runs with: rt.n_ctx, or the model's when 0.
 int64_t resolve_n_ctx(const RuntimeConfig& rt, const HParams& hp);
 // `firsttoken run`'s engine: one sequence, fixed prompt chunks of `chunk` tokens, KV for exactly
-// one context (n_ctx; 0 = the model's), no prefix cache, no calibration. Servers start from
+// one context (n_ctx; 0 = the model's) or kDefaultMaxKvBytes when that is less (a request that
+// needs more is refused as one that can never fit), no prefix cache, no calibration. Servers start from
 // EngineConfig's defaults (server/config.h maps their settings onto it).
 EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t chunk, int threads);
 
@@ -88,6 +93,8 @@ class Engine {
     EngineRequest req;
     EventCallback cb;
   };
+  // Finishes a request the core could not take (Error, with why) through its callback.
+  void reject(Pending& p, const std::string& why);
   std::deque<Pending> incoming_;
   std::vector<uint64_t> cancels_;
   bool stop_ = false;

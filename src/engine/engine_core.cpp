@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::Stop: return "stop";
     case FinishReason::Length: return "length";
     case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
   }
   return "?";
 }
@@ -57,7 +59,7 @@ EngineCore::EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& c
 void EngineCore::validate(const EngineRequest& r) const {
   const int64_t n = int64_t(r.prompt.size());
   if (n == 0) fail("the prompt is empty");
-  const int32_t V = exec_.n_vocab();
+  const int32_t V = exec_.n_tokens();
   for (int32_t t : r.prompt)
     if (t < 0 || t >= V) fail("prompt token id ", t, " is out of range [0, ", V, ")");
   if (r.max_tokens < 1) fail("max_tokens must be at least 1, got ", r.max_tokens);
@@ -75,7 +77,7 @@ void EngineCore::validate(const EngineRequest& r) const {
 void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   validate(in);
   if (reqs_.count(id)) fail("duplicate request id ", id);
-  Req& r = reqs_[id];
+  Req r;  // built aside: a throw leaves no half-made request behind
   r.id = id;
   r.seq = int32_t(id & 0x7fffffff);
   r.n_prompt = int64_t(in.prompt.size());
@@ -84,15 +86,27 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.max_tokens = in.max_tokens;
   r.ignore_eos = in.ignore_eos;
   r.logprobs = in.logprobs;
-  r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_vocab());
+  r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_tokens());
   r.sampler->add_prompt(r.tokens);
   r.cb = std::move(cb);
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
   r.t.tokenize_ms = in.tokenize_ms;
   if (profile::enabled()) r.trace_arrival_ns = in.trace_arrival_ns > 0 ? in.trace_arrival_ns : profile::now_ns();
+  reqs_.emplace(id, std::move(r));
 }
 
-void EngineCore::finish(Req& r, FinishReason why) {
+void EngineCore::emit(Req& r, const EngineEvent& ev) {
+  if (!r.cb) return;
+  try {
+    r.cb(ev);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "firsttoken: request %llu: event callback failed: %s\n", (unsigned long long)r.id, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "firsttoken: request %llu: event callback failed\n", (unsigned long long)r.id);
+  }
+}
+
+void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   kv_.release(r.seq);
   r.t.finish_ms = now_();
   ++counters_.finished;
@@ -102,10 +116,11 @@ void EngineCore::finish(Req& r, FinishReason why) {
   ev.kind = EngineEvent::Kind::Finished;
   ev.id = r.id;
   ev.reason = why;
+  ev.error = error;
   ev.n_prompt = r.n_prompt;
   ev.n_generated = r.n_generated;
   ev.timings = &r.t;
-  if (r.cb) r.cb(ev);
+  emit(r, ev);
   if (profile::enabled() && r.trace_arrival_ns > 0) {
     // The request's track: arrival -> first scheduled (queue) -> first token (prefill) -> finish.
     const int64_t t_end = profile::now_ns();
@@ -129,6 +144,10 @@ void EngineCore::cancel(uint64_t id) {
 
 void EngineCore::cancel_all() {
   while (!reqs_.empty()) finish(reqs_.begin()->second, FinishReason::Cancelled);
+}
+
+void EngineCore::fail_all(const std::string& why) {
+  while (!reqs_.empty()) finish(reqs_.begin()->second, FinishReason::Error, why);
 }
 
 void EngineCore::preempt(Req& r) {
@@ -262,13 +281,21 @@ bool EngineCore::step() {
     kv_.publish(r->seq, r->tokens, r->n_computed);
   }
 
-  // Sample one token for every row, then emit them and finish what is done.
+  // Sample one token for every row, then emit them and finish what is done. A row whose sampling
+  // fails (no finite logit) fails its request alone. The sampler sees [0, n_tokens) of each row.
   const int64_t ps0 = prof ? profile::now_ns() : 0;
   row_token_.clear();
+  std::vector<std::pair<uint64_t, std::string>> failed;
   for (size_t row = 0; row < row_owner_.size(); ++row) {
     Req& r = *row_owner_[row];
-    const int32_t tok = r.sampler->sample(logits_.data() + row * size_t(exec_.n_vocab()));
-    r.sampler->accept(tok);
+    int32_t tok = -1;
+    try {
+      tok = r.sampler->sample(logits_.data() + row * size_t(exec_.n_vocab()));
+      r.sampler->accept(tok);
+    } catch (const std::exception& e) {
+      failed.emplace_back(r.id, e.what());
+      tok = -1;
+    }
     row_token_.push_back(tok);
   }
   const int64_t ps1 = prof ? profile::now_ns() : 0;
@@ -277,6 +304,7 @@ bool EngineCore::step() {
     Req& r = *row_owner_[row];
     const float* logits = logits_.data() + row * size_t(exec_.n_vocab());
     const int32_t tok = row_token_[row];
+    if (tok < 0) continue;  // failed above
     r.tokens.push_back(tok);
     ++r.n_generated;
     ++counters_.generated_tokens;
@@ -289,8 +317,8 @@ bool EngineCore::step() {
     ev.kind = EngineEvent::Kind::Token;
     ev.id = r.id;
     ev.token = tok;
-    if (r.logprobs >= 0) fill_logprobs(logits, exec_.n_vocab(), tok, r.logprobs, ev);
-    if (r.cb) r.cb(ev);
+    if (r.logprobs >= 0) fill_logprobs(logits, exec_.n_tokens(), tok, r.logprobs, ev);
+    emit(r, ev);
     if (!r.ignore_eos && is_eog_ && is_eog_(tok)) {
       done.emplace_back(r.id, FinishReason::Stop);
     } else if (r.n_generated >= r.max_tokens || int64_t(r.tokens.size()) >= n_ctx_) {
@@ -298,6 +326,7 @@ bool EngineCore::step() {
     }
   }
   for (auto& [id, why] : done) finish(reqs_.at(id), why);
+  for (auto& [id, why] : failed) finish(reqs_.at(id), FinishReason::Error, cat("generation failed: ", why));
 
   rec.n_running = n_running();
   rec.n_waiting = n_waiting();

@@ -18,7 +18,10 @@
 
 namespace ft {
 
-enum class FinishReason { Stop /* end-of-generation token */, Length /* max_tokens or context */, Cancelled };
+enum class FinishReason {
+  Stop /* end-of-generation token */, Length /* max_tokens or context */, Cancelled,
+  Error /* this request failed (EngineEvent::error says why); the others go on */
+};
 const char* finish_reason_name(FinishReason r);
 
 inline constexpr int32_t kMaxLogprobs = 20;  // top alternatives a request may ask for
@@ -60,6 +63,7 @@ struct EngineEvent {
   float logprob = 0;                         // Token, when requested: log p(token)
   std::vector<std::pair<int32_t, float>> top_logprobs;  // Token, when requested: best first
   FinishReason reason = FinishReason::Stop;  // Finished
+  std::string error;                         // Finished(Error): why
   int64_t n_prompt = 0;                      // Finished
   int64_t n_generated = 0;                   // Finished
   const RequestTimings* timings = nullptr;   // valid during the callback
@@ -87,6 +91,9 @@ class StepExecutor {
   // logits: one row of n_vocab() per batch entry with want_logits, in batch order.
   virtual void forward(const Batch& batch, KVCache& kv, float* logits) = 0;
   virtual int32_t n_vocab() const = 0;
+  // Ids a prompt may hold and sampling may pick: [0, n_tokens()), a prefix of the row (the rest
+  // is vocabulary padding with no token).
+  virtual int32_t n_tokens() const { return n_vocab(); }
 };
 
 struct EngineCounters {
@@ -109,6 +116,7 @@ class EngineCore {
   void add(uint64_t id, EngineRequest r, EventCallback cb);  // validates first
   void cancel(uint64_t id);  // emits Finished(Cancelled) and frees its KV; unknown id: no-op
   void cancel_all();
+  void fail_all(const std::string& why);  // every request finishes with Error
   bool idle() const { return reqs_.empty(); }
   // One scheduling step; false if there was nothing to run.
   bool step();
@@ -138,7 +146,9 @@ class EngineCore {
     RequestTimings t;
     int64_t trace_arrival_ns = 0, trace_scheduled_ns = 0, trace_first_token_ns = 0;  // while profiling
   };
-  void finish(Req& r, FinishReason why);
+  void finish(Req& r, FinishReason why, const std::string& error = {});
+  // Runs a request's callback; what it throws is logged, never propagated (it runs mid-step).
+  void emit(Req& r, const EngineEvent& ev);
   void preempt(Req& r);
 
   KVCache& kv_;

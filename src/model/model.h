@@ -18,7 +18,8 @@ enum class Arch { Llama, Qwen2 };
 struct HParams {
   Arch arch = Arch::Llama;
   std::string arch_name;
-  int32_t n_vocab = 0;
+  int32_t n_vocab = 0;   // embedding rows: the width of a logits row
+  int32_t n_tokens = 0;  // ids the tokenizer lists (<= n_vocab); rows beyond are padding, never sampled
   int32_t dim = 0;
   int32_t n_layers = 0;
   int32_t n_heads = 0;
@@ -31,8 +32,9 @@ struct HParams {
   bool tied_embeddings = false;
   bool qkv_bias = false;
   std::string name;  // general.name
-  int32_t q_dim() const { return n_heads * head_dim; }
-  int32_t kv_dim() const { return n_kv_heads * head_dim; }
+  // In 64 bits, then narrowed: Model::load refuses widths beyond int32 (model_spec.cpp check_sizes).
+  int32_t q_dim() const { return int32_t(int64_t(n_heads) * head_dim); }
+  int32_t kv_dim() const { return int32_t(int64_t(n_kv_heads) * head_dim); }
 };
 
 struct LayerWeights {

@@ -15,9 +15,11 @@
 //   {arch}.rope.dimension_count        rotated dims       head_dim
 //   {arch}.rope.scaling.type/.factor   "linear": positions / factor; "none"/absent: 1
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
+//   tokenizer.ggml.tokens (its length)  n_tokens (<= n_vocab; the rest is padding)  n_vocab
 // Tensors: the architecture's table in model/arch.cpp (name, shape from the hyperparameters,
 // type class, optional); a matrix (rows, cols) is GGUF ne [cols, rows].
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "model/arch.h"
@@ -79,6 +81,26 @@ int32_t positive_i32(const GGUFFile& f, const std::string& key, uint64_t v) {
   return int32_t(v);
 }
 
+// Every size the hyperparameters imply, checked (64-bit, each factor <= 2^24) before anything is
+// sized from them: the widths fit int32 (HParams::q_dim/kv_dim), and the layer count is bounded
+// by the file's tensors (a block_count of 2^24 in a small file is refused here, not after
+// resizing tables for it). Each tensor's bytes are checked against the file by the GGUF reader.
+void check_sizes(const GGUFFile& f, const HParams& hp) {
+  const std::string a = hp.arch_name + ".";
+  auto width = [&](const char* what, int64_t heads, const char* heads_key) {
+    const int64_t w = heads * int64_t(hp.head_dim);
+    if (w > std::numeric_limits<int32_t>::max())
+      fail(f.path(), ": key '", a, heads_key, "': ", heads, " heads of ", hp.head_dim, " make a ", what,
+           " width of ", w, " (out of range)");
+  };
+  width("query", hp.n_heads, "attention.head_count");
+  width("key/value", hp.n_kv_heads, "attention.head_count_kv");
+  // A bound only (each layer has tensors); binding then names the first missing one.
+  if (uint64_t(hp.n_layers) > f.tensors().size())
+    fail(f.path(), ": key '", a, "block_count': ", hp.n_layers, " layers, but the file has only ", f.tensors().size(),
+         " tensors");
+}
+
 HParams read_hparams(const GGUFFile& f) {
   HParams hp;
   hp.arch_name = f.require_str("general.architecture");
@@ -120,13 +142,17 @@ HParams read_hparams(const GGUFFile& f) {
   const std::string scaling = f.get_str(a + "rope.scaling.type", "none");
   if (scaling == "linear") {
     const double factor = f.get_f64(a + "rope.scaling.factor", 1.0);
-    if (!(factor > 0)) fail(f.path(), ": key '", a, "rope.scaling.factor' must be > 0");
-    hp.rope.freq_scale = float(1.0 / factor);
+    const float scale = float(1.0 / factor);  // what the forward pass multiplies positions by
+    if (!(factor > 0) || !std::isfinite(factor) || !std::isfinite(scale) || !(scale > 0))
+      fail(f.path(), ": key '", a, "rope.scaling.factor': ", factor,
+           " must be finite and > 0 with a finite, non-zero inverse in float");
+    hp.rope.freq_scale = scale;
   } else if (scaling != "none") {
     fail(f.path(), ": key '", a, "rope.scaling.type': '", scaling, "' is not supported (none, linear)");
   }
   hp.qkv_bias = false;
   for (const TensorSpec& t : spec->tensors) hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
+  check_sizes(f, hp);
   return hp;
 }
 
@@ -146,10 +172,16 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
          shape_str(emb->ne));
   const uint64_t vocab = f.get_u64(hp.arch_name + ".vocab_size", emb->ne[1]);
   hp.n_vocab = positive_i32(f, hp.arch_name + ".vocab_size", vocab);
-  if (const GGUFValue* toks = f.find("tokenizer.ggml.tokens");
-      toks && toks->type == GGUFValueType::ARRAY && toks->array.size() > uint64_t(hp.n_vocab))
-    fail(f.path(), ": tokenizer has ", toks->array.size(), " tokens but the model's vocabulary is ",
-         hp.n_vocab);
+  // Vocabularies may be padded (Qwen2 and others): more embedding rows than listed tokens. The
+  // rows beyond the list are never sampled (HParams::n_tokens).
+  hp.n_tokens = hp.n_vocab;
+  if (const GGUFValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->type == GGUFValueType::ARRAY) {
+    if (toks->array.size() > uint64_t(hp.n_vocab))
+      fail(f.path(), ": tokenizer has ", toks->array.size(), " tokens but the model's vocabulary is ",
+           hp.n_vocab);
+    if (toks->array.empty()) fail(f.path(), ": key 'tokenizer.ggml.tokens' is empty");
+    hp.n_tokens = int32_t(toks->array.size());
+  }
 
   Binder b(f);
   ModelWeights& w = m->w_;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <deque>
 #include <spdlog/spdlog.h>
 
@@ -18,9 +19,14 @@ using error_code = boost::system::error_code;
 // per token (stream) and a last frame with finish reason, usage and timings. A bad length, a
 // frame that fails the FlatBuffers Verifier, or a second request while one is generating closes
 // this connection (cancelling its request); nothing else is touched.
+//
+// Reading a frame: its memory grows with the bytes that arrived (kReadChunk at a time), never to
+// the length the prefix declares until the bytes are there; from its first byte the whole frame
+// must arrive within frame_timeout_s, else the connection closes. Between frames it may idle.
 class BinSession : public Session<std::string>, public std::enable_shared_from_this<BinSession> {
  public:
-  BinSession(tcp::socket&& s, Server::Impl& srv) : Session(srv), sock_(std::move(s)) {}
+  static constexpr size_t kReadChunk = 64 << 10;
+  BinSession(tcp::socket&& s, Server::Impl& srv) : Session(srv), sock_(std::move(s)), frame_timer_(sock_.get_executor()) {}
   net::any_io_executor executor() override { return sock_.get_executor(); }
   void start() override { read_header(); }
   void on_shutdown() override {
@@ -55,7 +61,7 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     void on_error(const ApiError& e, const Usage& u) override {
       proto::Response r;
       r.last = true;
-      r.finish = "cancelled";
+      r.finish = e.code == kGenerationFailed ? "error" : "cancelled";
       r.error = e.what();
       r.prompt_tokens = u.prompt_tokens;
       r.completion_tokens = u.completion_tokens;
@@ -75,33 +81,58 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
 
   void read_header() {
     if (closed_) return;
-    net::async_read(sock_, net::buffer(hdr_), [self = shared_from_this()](error_code ec, size_t) {
-      self->on_header(ec);
-    });
+    sock_.async_read_some(net::buffer(hdr_ + hdr_have_, sizeof hdr_ - hdr_have_),
+                          [self = shared_from_this()](error_code ec, size_t n) { self->on_header(ec, n); });
   }
-  void on_header(error_code ec) {
+  void on_header(error_code ec, size_t n) {
     if (ec) return gone();
-    const uint32_t n = proto::frame_length(hdr_);
-    if (n == 0 || n > srv_.cfg.max_body_bytes) {
-      spdlog::warn("binary protocol: bad frame length {} (1 .. {}); closing the connection", n, srv_.cfg.max_body_bytes);
+    if (hdr_have_ == 0) start_frame_timer();
+    hdr_have_ += n;
+    if (hdr_have_ < sizeof hdr_) return read_header();
+    hdr_have_ = 0;
+    frame_len_ = proto::frame_length(hdr_);
+    if (frame_len_ == 0 || frame_len_ > srv_.cfg.max_body_bytes) {
+      spdlog::warn("binary protocol: bad frame length {} (1 .. {}); closing the connection", frame_len_,
+                   srv_.cfg.max_body_bytes);
       return gone();
     }
-    body_.resize(n);
-    net::async_read(sock_, net::buffer(body_), [self = shared_from_this()](error_code e, size_t) {
-      self->on_body(e);
+    body_.clear();
+    read_body();
+  }
+  void read_body() {
+    const size_t have = body_.size(), chunk = std::min<size_t>(kReadChunk, frame_len_ - have);
+    body_.resize(have + chunk);
+    sock_.async_read_some(net::buffer(body_.data() + have, chunk), [self = shared_from_this(), have](error_code ec, size_t n) {
+      if (ec) return self->gone();
+      self->body_.resize(have + n);
+      if (self->body_.size() < self->frame_len_) return self->read_body();
+      self->on_body();
     });
   }
-  void on_body(error_code ec) {
-    if (ec) return gone();
+  void start_frame_timer() {
+    frame_timer_.expires_after(secs(srv_.cfg.frame_timeout_s));
+    frame_timer_.async_wait([self = shared_from_this(), frame = frames_](error_code ec) {
+      if (ec || self->closed_ || self->frames_ != frame) return;  // cancelled, or fired as the frame arrived
+      ++self->srv_.metrics.frame_timeouts;
+      spdlog::warn("binary protocol: a frame did not arrive within {} s; closing the connection",
+                   self->srv_.cfg.frame_timeout_s);
+      self->gone();
+    });
+  }
+  void on_body() {
+    ++frames_;
+    frame_timer_.cancel();
+    std::vector<uint8_t> body = std::move(body_);  // released when handled: an idle connection holds no frame
+    body_ = {};
     if (gen_) {
       spdlog::warn("binary protocol: a request arrived while one is generating; closing the connection");
       return gone();
     }
     profile::Scope sc("bin.parse", "http");  // decode, validate, tokenize, submit
-    if (sc.on()) sc.args().i("body_bytes", int64_t(body_.size()));
+    if (sc.on()) sc.args().i("body_bytes", int64_t(body.size()));
     proto::Request req;
-    if (!proto::decode_request(body_.data(), body_.size(), req)) {
-      spdlog::warn("binary protocol: malformed request frame ({} bytes); closing the connection", body_.size());
+    if (!proto::decode_request(body.data(), body.size(), req)) {
+      spdlog::warn("binary protocol: malformed request frame ({} bytes); closing the connection", body.size());
       return gone();
     }
     try {
@@ -170,13 +201,18 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
 
   void close_transport() override {
     error_code ec;
+    frame_timer_.cancel();
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
   }
 
   tcp::socket sock_;
+  net::steady_timer frame_timer_;  // the frame being read must be complete when it fires
   uint8_t hdr_[proto::kFrameHeader] = {};
-  std::vector<uint8_t> body_;
+  size_t hdr_have_ = 0;    // bytes of the length prefix read so far
+  uint32_t frame_len_ = 0;  // the frame's declared length
+  uint64_t frames_ = 0;     // frames read whole (the timer's handler checks it is still this one's)
+  std::vector<uint8_t> body_;  // what arrived of it
   bool draining_ = false;
 };
 

@@ -9,6 +9,7 @@
 //    "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
 //    "server": {"host", "port", "binary_port", "max_queue", "threads", "http_threads", "max_body_bytes",
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
+//               "frame_timeout_s", "max_connections",
 //               "log_level", "model", "served_model_name", "context_length", "binary_port_any"},
 //    "kv_cache": {"memory_mib": N, "block_size": N, "prefix_caching": true}}
 // Features not built yet (speculative decoding, tp/pp > 1, a throughput-optimised mode) are
@@ -37,8 +38,10 @@ struct ServeConfig {
   int threads = RuntimeConfig{}.threads;  // compute threads of the engine (0 = all cores)
   int http_threads = 2;           // I/O threads = HTTP workers (each with its own tokenizer)
   int64_t max_queue = 256;        // requests waiting for their first token; more -> 429
-  uint64_t max_body_bytes = 4u << 20;
+  uint64_t max_body_bytes = 4u << 20;  // an HTTP body or a binary frame; memory is taken as bytes arrive
   double header_timeout_s = 30, body_timeout_s = 30, write_timeout_s = 60, shutdown_timeout_s = 10;
+  double frame_timeout_s = 30;    // a binary frame must arrive within this from its first byte
+  int64_t max_connections = 512;  // open connections per listener (HTTP, binary); more are closed at accept
   std::string log_level = "info";
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // scheduler
@@ -47,7 +50,7 @@ struct ServeConfig {
   int32_t max_num_seqs = SchedulerConfig{}.max_num_seqs;
   int64_t max_batch_tokens = SchedulerConfig{}.max_batch_tokens;
   // kv_cache
-  uint64_t kv_memory_mib = EngineConfig{}.kv_memory_bytes >> 20;  // 0 = engine default (4 full contexts, at most 2 GiB)
+  uint64_t kv_memory_mib = EngineConfig{}.kv_memory_bytes >> 20;  // 0 = engine default (4 full contexts, at most kDefaultMaxKvBytes)
   int32_t kv_block_size = RuntimeConfig{}.kv_block_size;
   bool prefix_caching = EngineConfig{}.prefix_caching;
 };

@@ -167,7 +167,7 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   er.logprobs = r.logprobs;
   // Runs on the engine thread: copy the event and post it to the consumer.
   auto cb = [gen, post = std::move(post)](const EngineEvent& ev) {
-    Event e{ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr};
+    Event e{ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error};
     if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
     post([gen, e = std::move(e)] { gen->on_event(e); });
   };
@@ -186,6 +186,22 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
 }
 
 void Generation::on_event(const Event& e) {
+  try {
+    handle(e);
+  } catch (const std::exception& x) {  // decoding, formatting: this request fails, the thread goes on
+    spdlog::error("{}: handling an engine event failed: {}", req_.name.empty() ? "request" : req_.name, x.what());
+    if (e.kind == EngineEvent::Kind::Token) ctx_.engine.cancel(engine_id_);
+    if (responded_) return;
+    responded_ = true;
+    try {
+      sink_->on_error(ApiError(500, cat("generation failed: ", x.what()), "", "server_error", kGenerationFailed),
+                      Usage{n_prompt_, n_tokens_});
+    } catch (const std::exception&) {  // the sink itself is broken: nothing more to tell
+    }
+  }
+}
+
+void Generation::handle(const Event& e) {
   std::optional<profile::Scope> sc;  // decode, stop strings, the sink's formatting and queueing
   if (ctx_.emit_span) sc.emplace(ctx_.emit_span, "http");
   if (!left_queue_) {
@@ -211,7 +227,10 @@ void Generation::on_event(const Event& e) {
   }
   // Finished.
   if (!responded_) {
-    if (e.reason == FinishReason::Cancelled) {
+    if (e.reason == FinishReason::Error) {
+      responded_ = true;
+      sink_->on_error(ApiError(500, e.error, "", "server_error", kGenerationFailed), Usage{n_prompt_, n_tokens_});
+    } else if (e.reason == FinishReason::Cancelled) {
       responded_ = true;
       sink_->on_error(shutdown_cancel_ ? ApiError(503, "the server is shutting down; the request was cancelled", "",
                                                   "server_error", "server_shutdown")
@@ -235,7 +254,11 @@ void Generation::finish(Output&& last, const RequestTimings* t) {
 
 void Generation::account(const RequestTimings& t, FinishReason reason) {
   std::string finish = finish_;
-  if (finish.empty()) finish = reason == FinishReason::Stop ? "stop" : reason == FinishReason::Length ? "length" : "abort";
+  if (finish.empty())
+    finish = reason == FinishReason::Stop     ? "stop"
+             : reason == FinishReason::Length ? "length"
+             : reason == FinishReason::Error  ? "error"
+                                              : "abort";
   if (ctx_.metrics) ctx_.metrics->observe_finished(t, finish, n_prompt_, n_tokens_);
   if (!req_.name.empty())
     spdlog::info("{} finish={} prompt={} cached={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "

@@ -41,6 +41,8 @@ struct ApiError : std::runtime_error {
 };
 
 inline constexpr size_t kMaxStops = 4;
+// ApiError::code of a request that failed while generating (the engine's FinishReason::Error).
+inline constexpr const char* kGenerationFailed = "generation_failed";
 
 // Matches stop strings on streamed text. push() returns the text that can be sent now: it holds
 // back a tail that could still become a stop string, and on a match returns the text before it
@@ -112,7 +114,7 @@ class GenerationSink {
   virtual ~GenerationSink() = default;
   virtual void on_output(Output&& o) = 0;                       // one generated token
   virtual void on_finish(Output&& last, const Finish& f) = 0;  // the rest of the output, and the end
-  virtual void on_error(const ApiError& e, const Usage& u) = 0;  // cancelled (shutdown, an engine cancel)
+  virtual void on_error(const ApiError& e, const Usage& u) = 0;  // cancelled (shutdown, an engine cancel) or failed
 };
 
 // What generations share: the engine, the served model, and (servers) admission and accounting.
@@ -142,12 +144,14 @@ class Generation {
     float logprob;
     std::vector<std::pair<int32_t, float>> top_logprobs;
     std::shared_ptr<RequestTimings> timings;  // Finished only
+    std::string error;                        // Finished(Error): why
   };
 
   // tok: the calling thread's tokenizer. Throws ApiError: 400 (invalid), 429 (queue full), 503
   // (the engine is shutting down).
   static std::shared_ptr<Generation> start(const GenerationContext& ctx, const Tokenizer& tok, GenerationRequest req,
                                            std::shared_ptr<GenerationSink> sink, Post post);
+  // Never throws: what fails while handling it fails this generation alone (the sink's on_error).
   void on_event(const Event& e);
   // The client left: cancel; the sink hears nothing more.
   void abandon();
@@ -162,6 +166,7 @@ class Generation {
   Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink);
 
  private:
+  void handle(const Event& e);
   void finish(Output&& last, const RequestTimings* t);
   void account(const RequestTimings& t, FinishReason reason);
 

@@ -19,12 +19,20 @@ void Server::Impl::listen(tcp::acceptor& a, const tcp::endpoint& ep, const char*
   if (ec) fail("cannot listen on ", cfg.host, ":", ep.port(), " (", what, "): ", ec.message());
 }
 
-void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&)) {
-  a.async_accept(net::make_strand(ioc), [this, &a, make](error_code ec, tcp::socket socket) {
-    if (!ec) {
+void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&),
+                          ListenerStats& stats) {
+  a.async_accept(net::make_strand(ioc), [this, &a, make, &stats](error_code ec, tcp::socket socket) {
+    if (!ec && stats.open.load() >= cfg.max_connections) {
+      ++stats.refused;
+      spdlog::debug("port {}: {} connections open (--max-connections); closing a new one", a.local_endpoint().port(),
+                   stats.open.load());
+      error_code close_ec;
+      socket.close(close_ec);
+    } else if (!ec) {
       error_code opt_ec;
       socket.set_option(tcp::no_delay(true), opt_ec);  // each token's bytes leave at once
       auto c = make(std::move(socket), *this);
+      c->held_by(stats);
       {
         std::lock_guard<std::mutex> lk(conn_mu);
         std::erase_if(connections, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
@@ -34,7 +42,7 @@ void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(
     } else if (ec != net::error::operation_aborted) {
       spdlog::warn("accept failed on port {}: {}", a.local_endpoint().port(), ec.message());
     }
-    if (a.is_open()) accept(a, make);
+    if (a.is_open()) accept(a, make, stats);
   });
 }
 

@@ -89,6 +89,18 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
   counter("firsttoken:num_preemptions_total", "Requests preempted (KV freed, recomputed later).",
           double(m.counters.preemptions));
   counter("firsttoken:engine_steps_total", "Engine steps (forward passes).", double(m.counters.steps));
+  // Per listener: one family each, a sample per listener.
+  const std::pair<const char*, const ListenerStats*> listeners[] = {{"http", &http}, {"binary", &binary}};
+  out += "# HELP firsttoken:connections_open Open connections.\n# TYPE firsttoken:connections_open gauge\n";
+  for (const auto& [name, l] : listeners)
+    out += cat("firsttoken:connections_open{listener=\"", name, "\"} ", l->open.load(), "\n");
+  out += "# HELP firsttoken:connections_refused_total Connections closed at accept: the listener had "
+         "--max-connections open.\n# TYPE firsttoken:connections_refused_total counter\n";
+  for (const auto& [name, l] : listeners)
+    out += cat("firsttoken:connections_refused_total{listener=\"", name, "\"} ", l->refused.load(), "\n");
+  counter("firsttoken:binary_frame_timeouts_total",
+          "Binary-protocol connections closed because a frame did not arrive within --frame-timeout.",
+          double(frame_timeouts.load()));
   std::lock_guard<std::mutex> lk(mu_);
   counter("firsttoken:request_rejected_total", "Requests rejected with 429 (queue full).", double(rejected_));
   counter("firsttoken:request_errors_total", "Requests answered with an error status other than 429.", double(errors_));

@@ -3,6 +3,7 @@
 // per-request RequestTimings of each Finished event; gauges and engine counters come from an
 // Engine::metrics() snapshot at scrape time.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -30,9 +31,17 @@ class Histogram {
 // Latency buckets in seconds, 1 ms .. 60 s.
 std::vector<double> latency_buckets();
 
+// One listener's connections (HTTP or binary): open now, and refused at accept (over the cap).
+struct ListenerStats {
+  std::atomic<int64_t> open{0};
+  std::atomic<uint64_t> refused{0};
+};
+
 class ServerMetrics {
  public:
   ServerMetrics();
+  ListenerStats http, binary;
+  std::atomic<uint64_t> frame_timeouts{0};  // binary frames that did not arrive in time (connection closed)
   // One finished request (finish: "stop" | "length" | "abort"); n_generated counts its tokens.
   void observe_finished(const RequestTimings& t, const std::string& finish, int64_t n_prompt, int64_t n_generated);
   void count_rejected();  // 429

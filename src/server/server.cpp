@@ -129,9 +129,9 @@ int Server::run() {
     const auto bb = s.bin_acceptor.local_endpoint();
     s.bound_binary_port = bb.port();
     spdlog::info("binary protocol listening on {}:{}", bb.address().to_string(), bb.port());
-    net::post(s.ctl, [&s] { s.accept(s.bin_acceptor, make_binary_session); });
+    net::post(s.ctl, [&s] { s.accept(s.bin_acceptor, make_binary_session, s.metrics.binary); });
   }
-  net::post(s.ctl, [&s] { s.accept(s.acceptor, make_http_session); });
+  net::post(s.ctl, [&s] { s.accept(s.acceptor, make_http_session, s.metrics.http); });
   s.signals.async_wait([&s](error_code e, int sig) {
     if (!e) {
       spdlog::info("received signal {}", sig);

@@ -28,11 +28,21 @@ using tcp = net::ip::tcp;
 // A client connection, HTTP or binary, as the server sees it.
 class Connection {
  public:
-  virtual ~Connection() = default;
+  virtual ~Connection() {
+    if (listener_) --listener_->open;
+  }
   virtual void start() = 0;
   virtual net::any_io_executor executor() = 0;
   virtual void on_shutdown() = 0;  // stop taking requests: idle now, busy after their response
   virtual void on_deadline() = 0;  // the shutdown deadline passed: cancel what still generates
+  // The listener that accepted it: counts it open until it is destroyed (listener.cpp).
+  void held_by(ListenerStats& l) {
+    listener_ = &l;
+    ++l.open;
+  }
+
+ private:
+  ListenerStats* listener_ = nullptr;
 };
 // What both protocols' connections share: the server, the generation in progress, the queue of
 // writes (Out: one queued write), and closing.
@@ -110,7 +120,9 @@ struct Server::Impl {
   // listener.cpp: opens a listener on ep (ft::Error naming `what` when it cannot); accepts
   // connections made by `make` until the listener closes.
   void listen(tcp::acceptor& a, const tcp::endpoint& ep, const char* what);
-  void accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&));
+  // At most cfg.max_connections of its connections are open at once: one more is closed at accept
+  // (counted in `stats`) before anything is allocated for it.
+  void accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&), ListenerStats& stats);
   void for_each_connection(void (Connection::*f)());
   void begin_shutdown();
   void poll_drained();

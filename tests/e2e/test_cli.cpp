@@ -5,11 +5,16 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
+#include "gguf/gguf.h"
+#include "model/synthetic.h"
 #include "test_util.h"
 
 namespace ft {
@@ -22,6 +27,23 @@ std::string quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+// Writes the tiny synthetic model (f32) to dst with edit(name, ne, bytes) applied to each tensor.
+using TensorEdit = std::function<void(const std::string&, std::vector<uint64_t>&, std::vector<uint8_t>&)>;
+void write_edited_tiny(const std::string& dst, const TensorEdit& edit) {
+  const test::TempFile src("tiny_src.gguf");
+  write_synthetic_model(SyntheticOptions{}, src.path());
+  const auto f = GGUFFile::open(src.path());
+  GGUFWriter w;
+  for (const auto& [k, v] : f->metadata()) w.set(k, v);
+  for (const GGUFTensorInfo& t : f->tensors()) {
+    std::vector<uint64_t> ne = t.ne;
+    std::vector<uint8_t> data(t.data, t.data + t.n_bytes);
+    edit(t.name, ne, data);
+    w.add_tensor(t.name, t.type, ne, std::move(data));
+  }
+  w.write(dst);
 }
 
 TEST(Cli, RunGreedyMatchesGoldenText) {
@@ -93,6 +115,39 @@ TEST(Cli, MakeModelThenRun) {
   const Result bad = run_cli("make-model --shape nosuch -o " + quote(path));
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("tiny"), std::string::npos) << bad.err;  // lists the known shapes
+}
+
+// A padded vocabulary (Qwen2 and others): 60 embedding rows more than the tokenizer lists. At a
+// temperature this high sampling is near uniform over what it may pick; 64 tokens would draw a
+// padding id with probability 1 - (260/320)^64 > 0.99999 were they not masked.
+TEST(Cli, PaddedVocabularyNeverEmitsPaddingIds) {
+  const test::TempFile model("padded.gguf");
+  static constexpr uint64_t kPad = 60;
+  write_edited_tiny(model.path(), [](const std::string& name, std::vector<uint64_t>& ne, std::vector<uint8_t>& data) {
+    if (name != "token_embd.weight" && name != "output.weight") return;
+    const size_t row = size_t(ne[0]) * sizeof(float);
+    ASSERT_EQ(data.size(), row * ne[1]);
+    ASSERT_GE(ne[1], kPad);
+    data.insert(data.end(), data.begin(), data.begin() + std::ptrdiff_t(kPad * row));  // copies of the first rows
+    ne[1] += kPad;
+  });
+  const Result r = run_cli("run -m " + quote(model.path()) +
+                           " -p abc -n 64 --ignore-eos --seed 7 --temp 100 --top-k 0 --top-p 1 --min-p 0");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("decode 64 tokens"), std::string::npos) << r.err;
+}
+
+// Generation that fails (NaN everywhere: no finite logit to sample) is an error and exit code 1.
+TEST(Cli, RunExitsNonZeroWhenGenerationFails) {
+  const test::TempFile model("nan.gguf");
+  write_edited_tiny(model.path(), [](const std::string& name, std::vector<uint64_t>&, std::vector<uint8_t>& data) {
+    if (name != "output_norm.weight") return;
+    const float nan = std::nanf("");
+    for (size_t i = 0; i + sizeof(float) <= data.size(); i += sizeof(float)) std::memcpy(data.data() + i, &nan, sizeof nan);
+  });
+  const Result r = run_cli("run -m " + quote(model.path()) + " -p abc -n 4 --temp 0");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("no finite logits"), std::string::npos) << r.err;
 }
 
 }  // namespace

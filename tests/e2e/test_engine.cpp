@@ -245,6 +245,12 @@ TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
   EXPECT_EQ(Engine(*model, one, {}).scheduler_config().max_batch_tokens, 65);
   EXPECT_EQ(one.kv_memory_bytes, 256 / 16 * KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(), 16));
   EXPECT_EQ(single_request_config(*model, 4, 64, 2).kv_memory_bytes, 2 * one.kv_memory_bytes / 16);
+  // A context the metadata may claim (2^24 positions: ~20 GiB of this model's KV) is capped like
+  // serve's default, not allocated.
+  const uint64_t block = KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(), 16);
+  const uint64_t capped = single_request_config(*model, int64_t(1) << 24, 64, 2).kv_memory_bytes;
+  EXPECT_LE(capped, kDefaultMaxKvBytes);
+  EXPECT_GT(capped, kDefaultMaxKvBytes - block);
 }
 
 }  // namespace

@@ -3,9 +3,15 @@
 // stories260K driven by the C++ client: greedy text equals the golden continuation (streamed and
 // not, text and token-id prompts), errors as a last frame, and malformed frames closing only
 // their own connection while another stream completes.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -416,6 +422,154 @@ TEST_F(BinaryServer, ClientLeavingMidStreamDoesNotDisturbOthers) {
   EXPECT_EQ(text, greedy_text_);
   EXPECT_EQ(r.finish, "length");
   EXPECT_EQ(r.completion_tokens, 100);
+}
+
+// --- limits: memory as bytes arrive, the frame timeout, connections per listener ---------------
+
+int connect_tcp(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+void send_all(int fd, const std::string& b) { EXPECT_EQ(::send(fd, b.data(), b.size(), MSG_NOSIGNAL), ssize_t(b.size())); }
+// True when the peer closes fd (EOF or reset) within timeout_s.
+bool closed_by_peer(int fd, double timeout_s) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, int(timeout_s * 1000)) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, 0) <= 0;
+}
+std::string http_get(int port, const std::string& path) {
+  const int fd = connect_tcp(port);
+  send_all(fd, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
+  ::close(fd);
+  return out;
+}
+int64_t rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+// The value of one sample line ("name{labels} value") in a /metrics page, or -1.
+double metric(const std::string& page, const std::string& sample) {
+  const size_t at = page.find("\n" + sample + " ");
+  return at == std::string::npos ? -1 : std::stod(page.substr(at + sample.size() + 2));
+}
+
+// A server with its own limits, on an engine of its own (a server shuts its engine down when it
+// stops).
+class LimitedServer {
+ public:
+  LimitedServer(const Model& model, const Tokenizer& tok, server::ServeConfig cfg) {
+    EngineConfig ec;
+    ec.runtime.threads = 1;
+    ec.calibrate = false;
+    engine_ = std::make_unique<Engine>(model, ec, [&tok](int32_t t) { return tok.is_eog(t); });
+    const server::ServedModel m{&model, &tok, "stories260K", ChatFormat::ChatML};
+    cfg.port = 0;
+    cfg.binary_port_any = true;
+    cfg.http_threads = 2;
+    cfg.shutdown_timeout_s = 1;
+    server_ = std::make_unique<server::Server>(*engine_, m, cfg);
+    thread_ = std::thread([this] { server_->run(); });
+    for (int i = 0; i < 3000 && server_->binary_port() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ~LimitedServer() {
+    server_->stop();
+    thread_.join();
+  }
+  server::Server& operator*() { return *server_; }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<server::Server> server_;
+  std::thread thread_;
+};
+
+// A length prefix claims 4 MiB; only what arrives is held, and a frame that does not complete in
+// frame_timeout_s closes its connection (counted in /metrics). 40 such connections held 160 MiB
+// before: the whole declared length was allocated (and zeroed) at the prefix.
+TEST_F(BinaryServer, PartialFramesHoldOnlyTheirBytesAndTimeOut) {
+  server::ServeConfig cfg;
+  cfg.frame_timeout_s = 1.5;
+  LimitedServer srv(*model_, *tok_, cfg);
+  ASSERT_GT((*srv).binary_port(), 0);
+  std::string prefix(proto::kFrameHeader, '\0');
+  proto::put_frame_length(reinterpret_cast<uint8_t*>(prefix.data()), uint32_t(cfg.max_body_bytes));
+  const int64_t rss0 = rss_bytes();
+  std::vector<int> fds;
+  for (int i = 0; i < 40; ++i) {
+    fds.push_back(connect_tcp((*srv).binary_port()));
+    send_all(fds.back(), prefix + std::string(100, 'x'));
+  }
+  const int partial_header = connect_tcp((*srv).binary_port());  // the prefix itself may stall
+  send_all(partial_header, prefix.substr(0, 2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LT(rss_bytes() - rss0, int64_t(40) << 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const int fd : fds) EXPECT_TRUE(closed_by_peer(fd, 10)) << "a stalled frame was not timed out";
+  EXPECT_TRUE(closed_by_peer(partial_header, 10)) << "a stalled length prefix was not timed out";
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);
+  for (const int fd : fds) ::close(fd);
+  ::close(partial_header);
+  EXPECT_EQ(metric(http_get((*srv).port(), "/metrics"), "firsttoken:binary_frame_timeouts_total"), 41);
+  // A client that sends its frame in pieces, slower than one read but within the timeout, is served.
+  client::BinaryClient c("127.0.0.1", (*srv).binary_port(), 60);
+  const std::string frame = proto::encode_request(greedy(3));
+  c.send_raw(frame.substr(0, 3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  c.send_raw(frame.substr(3, 10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  c.send_raw(frame.substr(13));
+  proto::Response r;
+  while (!r.last) ASSERT_TRUE(c.read_frame(r));
+  EXPECT_EQ(r.completion_tokens, 3);
+}
+
+// Each listener holds at most max_connections: one more is closed at accept and counted; a slot
+// that frees up is taken again.
+TEST_F(BinaryServer, ConnectionsPerListenerAreCapped) {
+  server::ServeConfig cfg;
+  cfg.max_connections = 3;
+  LimitedServer srv(*model_, *tok_, cfg);
+  ASSERT_GT((*srv).binary_port(), 0);
+  for (const int port : {(*srv).binary_port(), (*srv).port()}) {
+    std::vector<int> held;
+    for (int i = 0; i < 3; ++i) held.push_back(connect_tcp(port));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted
+    const int extra = connect_tcp(port);
+    EXPECT_TRUE(closed_by_peer(extra, 5)) << port;
+    ::close(extra);
+    for (const int fd : held) EXPECT_FALSE(closed_by_peer(fd, 0.05)) << port;
+    for (const int fd : held) ::close(fd);
+  }
+  // The binary listener serves again once its connections are gone.
+  std::string page;
+  for (int i = 0; i < 100; ++i) {
+    page = http_get((*srv).port(), "/metrics");
+    if (metric(page, "firsttoken:connections_open{listener=\"http\"}") == 1 &&
+        metric(page, "firsttoken:connections_open{listener=\"binary\"}") == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(metric(page, "firsttoken:connections_open{listener=\"binary\"}"), 0) << page;
+  EXPECT_EQ(metric(page, "firsttoken:connections_open{listener=\"http\"}"), 1) << page;  // this one
+  EXPECT_EQ(metric(page, "firsttoken:connections_refused_total{listener=\"binary\"}"), 1) << page;
+  // At least the one above: a poll that came before the server saw its held connections close
+  // was refused too.
+  EXPECT_GE(metric(page, "firsttoken:connections_refused_total{listener=\"http\"}"), 1) << page;
+  client::BinaryClient c("127.0.0.1", (*srv).binary_port(), 60);
+  const proto::Response r = c.generate(greedy(2));
+  EXPECT_EQ(r.completion_tokens, 2) << r.finish << ": " << r.error;
 }
 
 }  // namespace

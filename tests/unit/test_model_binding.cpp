@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -202,6 +203,45 @@ TEST(ModelBinding, BadKeyValues) {
   vocab.set_keys["tokenizer.ggml.tokens"] = GGUFValue::of_str_array(toks);
   msg = load_error(vocab, "vocab.gguf");
   EXPECT_HAS(msg, "tokenizer has 41 tokens");
+}
+
+TEST(ModelBinding, PaddedVocabularyKeepsItsTokenCount) {
+  Mutation m;
+  m.set_keys["tokenizer.ggml.tokens"] = GGUFValue::of_str_array(std::vector<std::string>(kVocab - 7, "x"));
+  const std::string path = write_model(m, "padded.gguf");
+  const auto model = Model::load(path);
+  EXPECT_EQ(model->hparams().n_vocab, int32_t(kVocab));  // logits rows
+  EXPECT_EQ(model->hparams().n_tokens, int32_t(kVocab - 7));  // what may be sampled
+  remove_model(path);
+  Mutation none;  // no token list: every row is a token
+  const std::string p2 = write_model(none, "plain.gguf");
+  EXPECT_EQ(Model::load(p2)->hparams().n_tokens, int32_t(kVocab));
+  remove_model(p2);
+  Mutation empty;
+  empty.set_keys["tokenizer.ggml.tokens"] = GGUFValue::of_str_array({});
+  EXPECT_HAS(load_error(empty, "empty.gguf"), "'tokenizer.ggml.tokens' is empty");
+}
+
+// Sizes from metadata are checked before anything is sized from them (each load here would
+// otherwise resize tables for 2^24 layers, or overflow int32 widths).
+TEST(ModelBinding, AbsurdSizesAreRefusedBeforeUse) {
+  Mutation layers;
+  layers.set_keys["llama.block_count"] = GGUFValue::of_u32(1u << 24);
+  EXPECT_HAS(load_error(layers, "layers.gguf"), "key 'llama.block_count': 16777216 layers, but the file has only");
+  Mutation heads;
+  heads.set_keys["llama.attention.head_count"] = GGUFValue::of_u32(1u << 24);
+  heads.set_keys["llama.attention.head_count_kv"] = GGUFValue::of_u32(1u << 24);
+  heads.set_keys["llama.attention.key_length"] = GGUFValue::of_u32(1u << 24);
+  heads.set_keys["llama.rope.dimension_count"] = GGUFValue::of_u32(16);
+  EXPECT_HAS(load_error(heads, "heads.gguf"), "key 'llama.attention.head_count': 16777216 heads of 16777216");
+  Mutation rope;
+  rope.set_keys["llama.rope.scaling.type"] = GGUFValue::of_str("linear");
+  rope.set_keys["llama.rope.scaling.factor"] = GGUFValue::of_f32(1e-40f);  // its inverse is inf in float
+  EXPECT_HAS(load_error(rope, "rope.gguf"), "key 'llama.rope.scaling.factor'");
+  Mutation inf;
+  inf.set_keys["llama.rope.scaling.type"] = GGUFValue::of_str("linear");
+  inf.set_keys["llama.rope.scaling.factor"] = GGUFValue::of_f32(std::numeric_limits<float>::infinity());
+  EXPECT_HAS(load_error(inf, "rope_inf.gguf"), "key 'llama.rope.scaling.factor'");
 }
 
 TEST(ModelBinding, UnknownArchitectureNamed) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <stdexcept>
 #include <numeric>
 
 #include "core/error.h"
@@ -461,6 +462,94 @@ TEST(EngineCore, ReportsLogprobsOfTheModelDistribution) {
   }
   r.logprobs = 21;
   EXPECT_THROW(core.add(2, r, {}), Error);
+}
+
+// A model with a padded vocabulary: rows of 12 logits, of which only ids [0, 8) are tokens. The
+// padding rows get the highest logits; a sequence whose first prompt token is 0 gets NaN
+// everywhere (a broken row).
+class PaddedExecutor : public StepExecutor {
+ public:
+  static constexpr int32_t kRow = 12, kTokens = 8;
+  void forward(const Batch& b, KVCache& kv, float* logits) override {
+    size_t row = 0;
+    for (int64_t i = 0; i < b.size(); ++i) {
+      const size_t e = size_t(i);
+      *kv.k_row(0, b.seq[e], b.pos[e]) = float(b.tokens[e]);
+      if (!b.want_logits[e]) continue;
+      const KVLayerView v = kv.view(0, b.seq[e]);
+      const bool broken = v.k_pool[v.block_table[0] * v.block_size] == 0;
+      float* l = logits + row++ * kRow;
+      for (int32_t t = 0; t < kRow; ++t)
+        l[t] = broken ? std::nanf("") : t < kTokens ? float(t % 3) : 50.0f;
+    }
+  }
+  int32_t n_vocab() const override { return kRow; }
+  int32_t n_tokens() const override { return kTokens; }
+};
+
+TEST(EngineCore, PaddedVocabularyIdsAreNeverSampledOrAccepted) {
+  PaddedExecutor exec;
+  KVCache kv({1, 1, 16, 64, true});
+  EngineCore core(kv, exec, SchedulerConfig{}, CostModel{}, 1000, {}, [] { return 0.0; });
+  std::vector<int32_t> tokens;
+  FinishReason why = FinishReason::Cancelled;
+  for (const float temp : {0.0f, 1.0f, 5.0f}) {
+    EngineRequest r;
+    r.prompt = {1, 2, 3};
+    r.max_tokens = 40;
+    r.logprobs = 5;
+    r.sampling.temperature = temp;
+    core.add(uint64_t(1 + tokens.size()), r, [&](const EngineEvent& ev) {
+      if (ev.kind == EngineEvent::Kind::Finished) why = ev.reason;
+      if (ev.kind != EngineEvent::Kind::Token) return;
+      tokens.push_back(ev.token);
+      for (const auto& [id, lp] : ev.top_logprobs) EXPECT_LT(id, PaddedExecutor::kTokens) << "top logprob";
+    });
+    while (core.step()) {
+    }
+    EXPECT_EQ(why, FinishReason::Length) << temp;
+  }
+  ASSERT_EQ(tokens.size(), 120u);
+  for (const int32_t t : tokens) EXPECT_LT(t, PaddedExecutor::kTokens);
+  // Prompt ids are checked against the token list, not the row.
+  EngineRequest pad;
+  pad.prompt = {1, PaddedExecutor::kTokens};
+  EXPECT_THROW(core.add(100, pad, {}), Error);
+}
+
+TEST(EngineCore, ASamplingFailureFailsOnlyItsRequest) {
+  PaddedExecutor exec;
+  KVCache kv({1, 1, 16, 64, true});
+  EngineCore core(kv, exec, SchedulerConfig{}, CostModel{}, 1000, {}, [] { return 0.0; });
+  std::map<uint64_t, EngineEvent> finished;
+  std::map<uint64_t, int> n_tokens;
+  auto cb = [&](const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::Finished) finished[ev.id] = ev;
+    else ++n_tokens[ev.id];
+  };
+  EngineRequest good, broken;
+  good.prompt = {1, 2, 3};
+  good.max_tokens = 6;
+  broken.prompt = {0, 2, 3};  // NaN logits
+  broken.max_tokens = 6;
+  core.add(1, good, cb);
+  core.add(2, broken, cb);
+  // A callback that throws is contained: its request still finishes, the step completes.
+  core.add(3, good, [&](const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::Finished) finished[ev.id] = ev;
+    throw std::runtime_error("client callback failed");
+  });
+  while (core.step()) {
+  }
+  ASSERT_EQ(finished.size(), 3u);
+  EXPECT_EQ(finished[1].reason, FinishReason::Length);
+  EXPECT_EQ(n_tokens[1], 6);
+  EXPECT_EQ(finished[2].reason, FinishReason::Error);
+  EXPECT_NE(finished[2].error.find("no finite logits"), std::string::npos) << finished[2].error;
+  EXPECT_EQ(n_tokens[2], 0);
+  EXPECT_EQ(finished[3].reason, FinishReason::Length);
+  EXPECT_EQ(kv.used_blocks(), 0);
+  EXPECT_TRUE(core.idle());
 }
 
 }  // namespace

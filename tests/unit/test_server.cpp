@@ -355,6 +355,9 @@ TEST(ServerMetrics, PrometheusText) {
   em.kv_total_blocks = 100;
   em.kv_used_blocks = 25;
   em.counters.generated_tokens = 3;
+  m.http.open = 2;
+  m.binary.refused = 3;
+  m.frame_timeouts = 4;
   const std::string text = m.render(em);
   for (const char* line : {"firsttoken:num_requests_running 2\n", "firsttoken:kv_cache_usage_perc 0.25\n",
                            "firsttoken:generation_tokens_total 3\n", "firsttoken:request_rejected_total 1\n",
@@ -362,8 +365,25 @@ TEST(ServerMetrics, PrometheusText) {
                            "firsttoken:time_to_first_token_seconds_bucket{le=\"0.01\"} 1\n",
                            "firsttoken:time_to_first_token_seconds_bucket{le=\"0.005\"} 0\n",
                            "firsttoken:time_per_output_token_seconds_count 2\n",
-                           "firsttoken:e2e_request_latency_seconds_count 1\n"})
+                           "firsttoken:e2e_request_latency_seconds_count 1\n",
+                           "firsttoken:connections_open{listener=\"http\"} 2\n",
+                           "firsttoken:connections_open{listener=\"binary\"} 0\n",
+                           "firsttoken:connections_refused_total{listener=\"binary\"} 3\n",
+                           "firsttoken:binary_frame_timeouts_total 4\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+}
+
+// The connection and frame limits: one setting each (key, flag, range).
+TEST(ServerConfig, ConnectionLimits) {
+  ServeConfig c;
+  apply_config_json(json::parse(R"({"server": {"max_connections": 8, "frame_timeout_s": 2.5}})"), c);
+  EXPECT_EQ(c.max_connections, 8);
+  EXPECT_DOUBLE_EQ(c.frame_timeout_s, 2.5);
+  EXPECT_THROW(apply_config_json(json::parse(R"({"server": {"max_connections": 0}})"), c), Error);
+  EXPECT_THROW(apply_config_json(json::parse(R"({"server": {"frame_timeout_s": 0}})"), c), Error);
+  std::set<std::string> flags;
+  for (const ServeSetting& s : serve_settings()) flags.insert(s.flags);
+  for (const char* f : {"--max-connections", "--frame-timeout", "--max-body-bytes"}) EXPECT_TRUE(flags.count(f)) << f;
 }
 
 TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
