@@ -198,20 +198,16 @@ struct Avx2Isa {
 
   // ---- Integer path (quantized weights, packed.h) ----
   // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
-  // (and s2) for rows 0-7 / 8-15, pair(p) the int16 weights v + kBias of pair p (k = 2p, 2p + 1) of that
-  // block as vpmaddwd operands, rows 0-7 (w0) and 8-15 (w1), lanes (row, k) = (j, e) -> 2j + e.
-  // (A constant kBias comes off the block's integer sum as kBias * sum xq, exactly.)
+  // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K (quad layout): quads(P, w) its quads 2P and
+  // 2P + 1 as bytes (see the quad kernels below); Q6_K (pair layout): pair(p) the int16 weights
+  // v + kBias of pair p (k = 2p, 2p + 1) as vpmaddwd operands, rows 0-7 (w0) and 8-15 (w1),
+  // lanes (row, k) = (j, e) -> 2j + e. (A constant kBias comes off the block's integer sum as
+  // kBias * sum xq, exactly.)
   static __m256 u8f(const uint8_t* p) {  // 8 uint8 -> f32
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   static __m256i zx16(const uint8_t* p) {  // 16 uint8 -> int16
     return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  // 16 pair-interleaved nibble bytes (packed.h) -> rows 0-7 (low nibbles), 8-15 (high ones).
-  static void nibbles(const uint8_t* p, __m256i& w0, __m256i& w1) {
-    const __m256i t = zx16(p);
-    w0 = _mm256_and_si256(t, _mm256_set1_epi16(0xF));
-    w1 = _mm256_srli_epi16(t, 4);
   }
   // Q8_0 and Q4_0: one f16 scale per row and 32-block, then the block's q bytes.
   template <int kBlockBytes>
@@ -236,11 +232,6 @@ struct Avx2Isa {
         for (int h = 0; h < 2; ++h)
           w[e][h] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
     }
-    template <int pp>  // = p % 4
-    void pair(int p, __m256i& w0, __m256i& w1) const {
-      w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p)));
-      w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * p + 16)));
-    }
   };
   // Quad layout, nibble types: w[e][h] = quad 2P + e, rows 8h..8h+7, as u8 (0..15).
   static void nibble_quads(const uint8_t* q, int P, __m256i (&w)[2][2]) {
@@ -252,11 +243,9 @@ struct Avx2Isa {
     }
   }
   struct DecQ4_0 : DecBlock32<288> {
-    static constexpr int kBias = 8;  // pair() gives q; v = q - 8
+    static constexpr int kBias = 8;  // quads() give q; v = q - 8
     static constexpr bool kSignedQuads = false;
     void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
-    template <int pp>  // = p % 4
-    void pair(int p, __m256i& w0, __m256i& w1) const { nibbles(q + 16 * p, w0, w1); }
   };
   struct DecQ4_K {
     static constexpr int kBias = 0;
@@ -280,8 +269,6 @@ struct Avx2Isa {
       s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 32), u8f(blk + 192 + 16 * sb)));
       s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 48), u8f(blk + 192 + 16 * sb + 8)));
     }
-    template <int pp>  // = p % 4
-    void pair(int p, __m256i& w0, __m256i& w1) const { nibbles(q + 16 * p, w0, w1); }
   };
   // Q6_K: pair() gives the unsigned 6-bit q; v = (q - 32) * sc with sc per 16 k, so kSub16:
   // the GEMV takes each half block's sum S apart and adds sc * (S - 32 * sum xq) (exact), the
@@ -353,11 +340,8 @@ struct Avx2Isa {
   template <class F>
   static void with_decoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
-      case GGMLType::Q8_0: return f(DecQ8_0{{group}});
-      case GGMLType::Q4_0: return f(DecQ4_0{{group}});
-      case GGMLType::Q4_K: return f(DecQ4_K{group});
-      case GGMLType::Q6_K: return f(DecQ6_K{group});
-      default: fail("fast kernels: ", int(t), " is not an integer-path type");
+      case GGMLType::Q6_K: return f(DecQ6_K{group});  // (the other types: with_quad_decoder)
+      default: fail("fast kernels: ", int(t), " is not a pair-layout integer type");
     }
   }
 

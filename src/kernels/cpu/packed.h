@@ -19,9 +19,10 @@
 //                                                    w = (d*sc) * (q - 32), sub-block = k/16
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
-// The "quad" variant (pack_rows_quad; the avx512 kernels' layout for Q8_0, Q4_0 and Q4_K) puts
-// 4 consecutive k of a row side by side instead, as unsigned bytes u = v + B, for vpdpbusd
-// (u8 x s8 products, four summed per 32-bit lane: 16 rows x 4 k in one 512-bit register).
+// The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0 and
+// Q4_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
+// summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
 //   Q4_0, Q4_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e of row r in
