@@ -98,15 +98,16 @@ bool decode_request(const uint8_t* data, size_t n, Request& out) {
   if (r->tokens()) out.tokens.assign(r->tokens()->begin(), r->tokens()->end());
   if (r->text()) out.text = r->text()->str();
   out.add_bos = r->add_bos();
-  if (const fbs::Sampling* s = r->sampling()) {
-    out.sampling.temperature = s->temperature();
-    out.sampling.top_k = s->top_k();
-    out.sampling.top_p = s->top_p();
-    out.sampling.min_p = s->min_p();
-    out.sampling.repetition_penalty = s->repetition_penalty();
-    out.sampling.presence_penalty = s->presence_penalty();
-    out.sampling.frequency_penalty = s->frequency_penalty();
-    out.sampling.seed = s->seed();
+  if (const fbs::Sampling* s = r->sampling()) {  // (absent: the profile's value, from Request{})
+    SamplingParams& p = out.sampling;
+    p.temperature = s->temperature().value_or(p.temperature);
+    p.top_k = s->top_k().value_or(p.top_k);
+    p.top_p = s->top_p().value_or(p.top_p);
+    p.min_p = s->min_p().value_or(p.min_p);
+    p.repetition_penalty = s->repetition_penalty().value_or(p.repetition_penalty);
+    p.presence_penalty = s->presence_penalty().value_or(p.presence_penalty);
+    p.frequency_penalty = s->frequency_penalty().value_or(p.frequency_penalty);
+    p.seed = s->seed().value_or(p.seed);
     out.seed_set = s->seed_set();
   }
   out.max_tokens = r->max_tokens();

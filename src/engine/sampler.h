@@ -37,7 +37,7 @@ struct SamplingParams {
 // What a request gets for the sampling it does not set, per front end (one line each).
 inline constexpr SamplingParams kCliSampling{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
 inline constexpr SamplingParams kOpenAISampling{.temperature = 1.0f};
-// proto/firsttoken.fbs's Sampling defaults, which the schema must spell again (a test holds them equal).
+// The binary protocol's (proto/firsttoken.fbs leaves its Sampling fields optional: absent = these).
 inline constexpr SamplingParams kBinarySampling{.temperature = 1.0f, .seed = 0};
 
 // A sampled token's log-probability and its best alternatives (best first), when requested.

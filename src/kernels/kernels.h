@@ -65,6 +65,11 @@ class Backend {
   // backend owns the copy and returns the same one for the same W). Default: W itself.
   virtual WeightView prepare(const WeightView& W) { return W; }
 
+  // The layer the calls that follow belong to (-1: none: the embedding, the output head), set
+  // by the forward pass before each layer's calls; the compute ignores it, observers (the
+  // profiler) tag each call with it, with the role the weight's architecture table gives.
+  virtual void set_layer(int32_t layer) { (void)layer; }
+
   // X (M, K) @ W(N, K)^T -> Y (M, N). K == W.n_cols.
   virtual void matmul(const float* X, int64_t M, const WeightView& W, float* Y) = 0;
   // Several weights over the same X in ONE pass (Q, K, V): for each target i,

@@ -104,12 +104,15 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   const HParams& hp = model_.hparams();
   const ModelWeights& w = w_;
   const int64_t M = b.size();
+  be_.set_layer(-1);
   be_.embed(w.token_embd, b.tokens.data(), M, x_.data());
   if (fused_rope_) be_.rope_table(b.pos.data(), M, hp.rope, rope_cs_.data());
   for (int32_t il = 0; il < hp.n_layers; ++il) {
+    be_.set_layer(il);
     attention_block(il, b, kv, M);
     ffn_block(il, M);
   }
+  be_.set_layer(-1);
   // Gather the rows that want logits, then norm and project only those.
   int64_t n_out = 0;
   for (int64_t i = 0; i < M; ++i) {

@@ -29,9 +29,9 @@ class ProfilingBackend final : public Backend {
       const ConstWeightSlot s = weight_slot(model.weights(), t.role, layer);
       const std::string name(t.op_name);
       if (s.matrix)
-        add_weight(*s.matrix, name.c_str(), layer);
+        add_weight(*s.matrix, name.c_str());
       else
-        add_vec(*s.vector, name.c_str(), layer);
+        add_vec(*s.vector, name.c_str());
     });
     n_rmsnorm_ = intern("rmsnorm");
   }
@@ -130,13 +130,16 @@ class ProfilingBackend final : public Backend {
     emit_rowwise("add_bias", t0, now_ns(), M, N, MN, 8 * MN + 4 * uint64_t(N));
   }
 
+  // The forward pass says which layer the next calls belong to (no guessing from weights).
+  void set_layer(int32_t layer) override {
+    layer_ = layer;
+    in_->set_layer(layer);
+  }
+
   void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) override {
     if (!enabled()) return in_->rmsnorm(x, w, y, M, n, eps);
     const char* which = "rmsnorm";
-    if (auto it = vecs_.find(w); it != vecs_.end()) {
-      layer_ = it->second.layer;
-      which = it->second.name;
-    }
+    if (auto it = vecs_.find(w); it != vecs_.end()) which = it->second.name;
     const int64_t t0 = now_ns();
     in_->rmsnorm(x, w, y, M, n, eps);
     const int64_t t1 = now_ns();
@@ -149,13 +152,11 @@ class ProfilingBackend final : public Backend {
 
   void embed(const WeightView& E, const int32_t* tokens, int64_t M, float* out) override {
     if (!enabled()) return in_->embed(E, tokens, M, out);
-    layer_ = -1;
     const int64_t t0 = now_ns();
     in_->embed(E, tokens, M, out);
     const int64_t t1 = now_ns();
     const uint64_t row = row_bytes(E.type, uint64_t(E.n_cols)).value_or(0);
     const WInfo& w = lookup(E);
-    layer_ = -1;
     Args a;
     a.i("M", M).i("n", E.n_cols).s("type", w.type).i("flops", 0).i("bytes", int64_t(uint64_t(M) * (row + 4ull * uint64_t(E.n_cols))));
     complete("embed", kCat, t0, t1, a);
@@ -228,16 +229,14 @@ class ProfilingBackend final : public Backend {
     const char* gemm_name = nullptr;  // "gemm.wq"
     const char* short_name = nullptr;  // "wq"
     const char* type = nullptr;        // "q8_0"
-    int32_t layer = -1;
     int32_t index = 0;  // into names_
     uint64_t bytes = 0;
   };
   struct VInfo {
     const char* name;
-    int32_t layer;
   };
 
-  void add_weight(const WeightView& W, const char* short_name, int32_t layer) {
+  void add_weight(const WeightView& W, const char* short_name) {
     if (!W.data) return;
     WInfo w;
     w.short_name = intern(short_name);
@@ -245,13 +244,12 @@ class ProfilingBackend final : public Backend {
     gemm.append(short_name);  // (not operator+: GCC 12 -Wrestrict false positive)
     w.gemm_name = intern(gemm);
     w.type = intern(type_traits(W.type).name);
-    w.layer = layer;
     w.index = index_of(w.short_name);
     w.bytes = weight_bytes(W);
     weights_[W.data] = w;
   }
-  void add_vec(const float* p, const char* name, int32_t layer) {
-    if (p) vecs_[p] = {intern(name), layer};
+  void add_vec(const float* p, const char* name) {
+    if (p) vecs_[p] = {intern(name)};
   }
   int32_t index_of(const char* short_name) {
     for (size_t i = 0; i < names_.size(); ++i)
@@ -260,17 +258,15 @@ class ProfilingBackend final : public Backend {
     return int32_t(names_.size());
   }
 
-  // The weight's entry (a weight not from the model gets one named by its shape); sets the
-  // current layer.
+  // The weight's entry (a weight not from the model gets one named by its shape).
   const WInfo& lookup(const WeightView& W) {
     auto it = weights_.find(W.data);
     if (it == weights_.end()) {
       std::string s = "w";
       s.append(std::to_string(W.n_rows)).append("x").append(std::to_string(W.n_cols));
-      add_weight(W, s.c_str(), layer_);
+      add_weight(W, s.c_str());
       it = weights_.find(W.data);
     }
-    layer_ = it->second.layer;
     return it->second;
   }
 

@@ -93,8 +93,9 @@ TEST(BinaryProtoCodec, RequestRoundTrip) {
   EXPECT_EQ(d.logprobs, -1);  // off
 }
 
-// A request that leaves sampling fields out gets the schema's defaults: they must be the binary
-// profile the server documents (engine/sampler.h), which the schema cannot name.
+// A request that leaves sampling fields out gets the binary profile the server documents
+// (engine/sampler.h): the schema's sampling fields are optional (no defaults of their own), so a
+// default changes in one line of sampler.h.
 TEST(BinaryProtoCodec, SchemaDefaultsAreTheBinaryProfile) {
   flatbuffers::FlatBufferBuilder b;
   const auto sampling = fbs::CreateSampling(b);  // every field at its default: none is stored

@@ -221,6 +221,30 @@ TEST(ProfileSummary, OpsGapsAndSteps) {
   EXPECT_THROW(profile::summarize(json::array()), Error);
 }
 
+// A call's layer is the one the caller set (Backend::set_layer, which the forward pass calls per
+// layer), not guessed from the weight it reads: a layer-0 weight used under layer 3 is tagged 3,
+// and a call after set_layer(-1) carries no layer.
+TEST(ProfilingBackend, CallsCarryTheLayerTheCallerSet) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  profile::reset();
+  profile::start("");
+  auto be = profile::wrap_backend(make_backend("cpu", 1), *model);
+  const WeightView& wq = model->weights().layers[0].wq;
+  std::vector<float> x(size_t(wq.n_cols), 0.5f), y(size_t(wq.n_rows));
+  be->set_layer(3);
+  be->matmul(x.data(), 1, wq, y.data());
+  be->set_layer(-1);
+  be->matmul(x.data(), 1, wq, y.data());
+  profile::stop();
+  const json doc = json::parse(profile::to_json());
+  std::vector<int> tags;  // the layer of each gemm.wq span, -1 for none
+  for (const json& e : doc["traceEvents"])
+    if (e.value("name", "") == "gemm.wq") tags.push_back(e["args"].contains("layer") ? e["args"]["layer"].get<int>() : -1);
+  EXPECT_EQ(tags, (std::vector<int>{3, -1}));
+  profile::reset();
+}
+
 // The decorator forwards every call unchanged: the same logits, bit for bit, with one op span per
 // kernel call, named by weight, each per-layer op carrying its layer.
 TEST(ProfilingBackend, SameLogitsAndOneSpanPerCall) {
