@@ -60,8 +60,10 @@ int cmd_bench(const BenchArgs& a) {
         std::printf("%-8d %-8s %16.1f %16.1f %16.1f\n", t, std::string(isa).c_str(),
                     measure_fma_peak_gflops(t, 0.3, isa), measure_int8_peak_gops(t, 0.3, isa), bw);
     }
-    std::printf("isa: %s (kernels in use; FT_ISA=%s forces a lower one)\n", std::string(cpu_isa()).c_str(),
-                "scalar|avx2|avx512");
+    std::string names;
+    for (std::string_view isa : cpu_isas()) names += std::string(names.empty() ? "" : "|") + std::string(isa);
+    std::printf("isa: %s (kernels in use; FT_ISA=%s forces another)\n", std::string(cpu_isa()).c_str(),
+                names.c_str());
     return 0;
   }
   using clock = std::chrono::steady_clock;

@@ -127,11 +127,12 @@ std::unique_ptr<Backend> make_backend(std::string_view name, int threads);
 // xq (K,), dx (K/32,), xsum (K/32,).
 void quantize_activations(const float* x, int64_t K, int16_t* xq, float* dx, int32_t* xsum);
 
-// Instruction set a "cpu" backend made now uses: "avx512" (AVX-512 F/BW/VL/DQ + VNNI), "avx2"
-// (AVX2 + FMA + F16C) or "scalar": the CPU's best, or the one the environment variable FT_ISA
-// names (a lower one; a name the CPU cannot run is an error), or set_cpu_isa's.
+// Instruction set a "cpu" backend made now uses: "avx512" (AVX-512 F/BW/VL/DQ + VNNI),
+// "avx_vnni" (AVX2 + AVX-VNNI), "avx2" (AVX2 + FMA + F16C) or "scalar": the CPU's best, or the
+// one the environment variable FT_ISA names (a name the CPU cannot run is an error), or
+// set_cpu_isa's.
 std::string_view cpu_isa();
-// The instruction sets this CPU can run, lowest first (tests run every kernel on each).
+// The instruction sets this CPU can run, slowest first (tests run every kernel on each).
 std::vector<std::string_view> cpu_isas();
 // Forces `name` (one of cpu_isas()) for backends made afterwards; "" = back to FT_ISA / the best.
 void set_cpu_isa(std::string_view name);

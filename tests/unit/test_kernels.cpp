@@ -38,7 +38,7 @@ uint16_t load_u16(const uint8_t* p) {
 }
 
 // Every instruction set the kernels have; a test on one this CPU lacks is skipped, saying so.
-const char* const kIsas[] = {"scalar", "avx2", "avx512"};
+const char* const kIsas[] = {"scalar", "avx2", "avx_vnni", "avx512"};
 
 bool cpu_has(std::string_view isa) {
   const auto v = cpu_isas();

@@ -1,5 +1,5 @@
 // AVX2 + FMA (+ F16C) instantiation of the fast-kernel drivers. Compiled for those extensions
-// whatever the build flags; only called after cpu_has_avx2_fma() says the CPU has them.
+// whatever the build flags; only called after cpu_supports(Avx2).
 // Standard headers come first so their inline functions are not compiled for AVX2 here.
 #include <algorithm>
 #include <cmath>

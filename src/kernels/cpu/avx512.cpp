@@ -202,15 +202,15 @@ struct Avx512Isa : Avx2Isa {
     const uint8_t* q = nullptr;
     int sb = 0;
     void begin(int64_t kb) {
-      blk = g + (kb / 8) * 2368;
+      blk = g + (kb / 8) * Q4KBlock::kBytes;
       sb = int(kb % 8);
-      q = blk + 64 + 256 + 256 * sb;
+      q = blk + Q4KBlock::kQ + 256 * sb;
     }
     void scales(__m512& s1, __m512& s2) const {
-      s1 = _mm512_mul_ps(h16(blk), u8f16(blk + 64 + 16 * sb));
+      s1 = _mm512_mul_ps(h16(blk + Q4KBlock::kD), u8f16(blk + Q4KBlock::kSc + 16 * sb));
       s2 = _mm512_castsi512_ps(_mm512_xor_si512(
           _mm512_set1_epi32(int32_t(0x80000000u)),
-          _mm512_castps_si512(_mm512_mul_ps(h16(blk + 32), u8f16(blk + 192 + 16 * sb)))));
+          _mm512_castps_si512(_mm512_mul_ps(h16(blk + Q4KBlock::kDmin), u8f16(blk + Q4KBlock::kM + 16 * sb)))));
     }
     void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
   };

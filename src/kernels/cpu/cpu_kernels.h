@@ -61,13 +61,17 @@ struct IsaKernels {
   void (*reserve)(int64_t max_rows, int threads);
 };
 
-// Instruction-set levels of the fast kernels, lowest first; each level's CPU features include
-// the previous level's. Scalar: portable C++. Avx2: AVX2 + FMA + F16C. Avx512: AVX-512
-// F/BW/VL/DQ + VNNI (int8 dot products, vpdpbusd), e.g. Ice Lake, Zen 4 and later.
-enum class IsaLevel : int { Scalar, Avx2, Avx512 };
-constexpr IsaLevel kIsaLevels[] = {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::Avx512};
+// Instruction-set levels of the fast kernels, slowest first. Scalar: portable C++. Avx2: AVX2 +
+// FMA + F16C. AvxVnni: Avx2 + AVX-VNNI (256-bit vpdpbusd), e.g. Alder Lake, Zen 5. Avx512:
+// Avx2 + AVX-512 F/BW/VL/DQ + VNNI (512-bit vpdpbusd), e.g. Ice Lake, Zen 4 and later. Every
+// level includes Avx2, but not each other: Ice Lake has Avx512 without AvxVnni, Alder Lake the
+// reverse, so a CPU's set of levels is not a prefix of this list (cpu_supports).
+enum class IsaLevel : int { Scalar, Avx2, AvxVnni, Avx512 };
+constexpr IsaLevel kIsaLevels[] = {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::AvxVnni, IsaLevel::Avx512};
 const char* isa_name(IsaLevel l);
-// The highest level this CPU and OS support (cpuid; the OS saves the vector state).
+// Whether this CPU and OS support a level (cpuid; the OS saves the vector state).
+bool cpu_supports(IsaLevel l);
+// The fastest level cpu_supports (the last one in kIsaLevels).
 IsaLevel cpu_best_isa();
 const IsaKernels& kernels_for(IsaLevel l);
 
@@ -80,6 +84,7 @@ uint8_t* alloc_streamed(uint64_t bytes);
 
 const IsaKernels& scalar_kernels();
 const IsaKernels& avx2_kernels();
+const IsaKernels& avx_vnni_kernels();
 const IsaKernels& avx512_kernels();
 
 // K is processed in chunks of kKC (a multiple of every block size): one chunk of a group's

@@ -24,12 +24,15 @@ namespace {
 std::atomic<int> g_forced_isa{-1};  // set_cpu_isa: an IsaLevel, or -1 (FT_ISA, else the best)
 
 cpu::IsaLevel isa_by_name(std::string_view name, const char* what) {
-  const cpu::IsaLevel best = cpu::cpu_best_isa();
   std::string known;
   for (cpu::IsaLevel l : cpu::kIsaLevels) {
     if (name == cpu::isa_name(l)) {
-      if (l > best)
-        fail(what, " = ", name, ": this CPU supports at most '", cpu::isa_name(best), "'");
+      if (!cpu::cpu_supports(l)) {
+        std::string have;
+        for (cpu::IsaLevel h : cpu::kIsaLevels)
+          if (cpu::cpu_supports(h)) have += std::string(have.empty() ? "" : ", ") + cpu::isa_name(h);
+        fail(what, " = ", name, ": this CPU does not support it (it supports ", have, ")");
+      }
       return l;
     }
     known += std::string(known.empty() ? "" : ", ") + cpu::isa_name(l);
@@ -185,7 +188,7 @@ std::string_view cpu_isa() { return select_isa().name; }
 std::vector<std::string_view> cpu_isas() {
   std::vector<std::string_view> out;
   for (cpu::IsaLevel l : cpu::kIsaLevels)
-    if (l <= cpu::cpu_best_isa()) out.push_back(cpu::isa_name(l));
+    if (cpu::cpu_supports(l)) out.push_back(cpu::isa_name(l));
   return out;
 }
 

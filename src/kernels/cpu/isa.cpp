@@ -13,30 +13,43 @@ const char* isa_name(IsaLevel l) {
   switch (l) {
     case IsaLevel::Scalar: return "scalar";
     case IsaLevel::Avx2: return "avx2";
+    case IsaLevel::AvxVnni: return "avx_vnni";
     case IsaLevel::Avx512: return "avx512";
   }
   return "?";
 }
 
-IsaLevel cpu_best_isa() {
+bool cpu_supports(IsaLevel l) {
+  if (l == IsaLevel::Scalar) return true;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c");
-  if (!avx2) return IsaLevel::Scalar;
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512vnni");
-  return avx512 ? IsaLevel::Avx512 : IsaLevel::Avx2;
-#else
-  return IsaLevel::Scalar;
+  switch (l) {
+    case IsaLevel::Scalar: return true;
+    case IsaLevel::Avx2: return avx2;
+    case IsaLevel::AvxVnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case IsaLevel::Avx512:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni");
+  }
 #endif
+  return false;
+}
+
+IsaLevel cpu_best_isa() {
+  IsaLevel best = IsaLevel::Scalar;
+  for (IsaLevel l : kIsaLevels)
+    if (cpu_supports(l)) best = l;
+  return best;
 }
 
 const IsaKernels& kernels_for(IsaLevel l) {
   switch (l) {
     case IsaLevel::Avx512: return avx512_kernels();
     case IsaLevel::Avx2: return avx2_kernels();
+    case IsaLevel::AvxVnni: return avx_vnni_kernels();
     case IsaLevel::Scalar: break;
   }
   return scalar_kernels();

@@ -258,16 +258,16 @@ struct Avx2Isa {
     const uint8_t* blk = nullptr;
     int sb = 0;
     void begin(int64_t kb) {
-      blk = g + (kb / 8) * 2368;
+      blk = g + (kb / 8) * Q4KBlock::kBytes;
       sb = int(kb % 8);
-      q = blk + 64 + 256 + 256 * sb;
+      q = blk + Q4KBlock::kQ + 256 * sb;
     }
     void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
       const __m256 sign = _mm256_set1_ps(-0.0f);
-      s1lo = _mm256_mul_ps(h8(blk), u8f(blk + 64 + 16 * sb));
-      s1hi = _mm256_mul_ps(h8(blk + 16), u8f(blk + 64 + 16 * sb + 8));
-      s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 32), u8f(blk + 192 + 16 * sb)));
-      s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + 48), u8f(blk + 192 + 16 * sb + 8)));
+      s1lo = _mm256_mul_ps(h8(blk + Q4KBlock::kD), u8f(blk + Q4KBlock::kSc + 16 * sb));
+      s1hi = _mm256_mul_ps(h8(blk + Q4KBlock::kD + 16), u8f(blk + Q4KBlock::kSc + 16 * sb + 8));
+      s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + Q4KBlock::kDmin), u8f(blk + Q4KBlock::kM + 16 * sb)));
+      s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + Q4KBlock::kDmin + 16), u8f(blk + Q4KBlock::kM + 16 * sb + 8)));
     }
   };
   // Q6_K: pair() gives the unsigned 6-bit q; v = (q - 32) * sc with sc per 16 k, so kSub16:
@@ -584,6 +584,29 @@ struct Avx2Isa {
     if constexpr (kSigned) return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
     else return _mm256_maddubs_epi16(w, xb);
   }
+  // The accumulators a of one 32-block, 8 lanes (rows): acc<kSigned>(a, w, xb) adds the 4
+  // products w x xb of each lane. With AVX-VNNI (the avx_vnni level compiles this header with
+  // FT_AVX_VNNI) one vpdpbusd into int32; without, signed quads widened at once, unsigned ones
+  // summed in int16 (bounds above) and widened once per block by widen().
+  template <bool kSigned>
+  static __m256i acc(__m256i a, __m256i w, __m256i xb) {
+#ifdef FT_AVX_VNNI
+    if constexpr (kSigned) return _mm256_dpbusd_avx_epi32(a, _mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
+    else return _mm256_dpbusd_avx_epi32(a, w, xb);
+#else
+    if constexpr (kSigned) return _mm256_add_epi32(a, _mm256_madd_epi16(dot4<true>(w, xb), _mm256_set1_epi16(1)));
+    else return _mm256_add_epi16(a, dot4<false>(w, xb));
+#endif
+  }
+  template <bool kSigned>
+  static __m256i widen(__m256i a) {  // acc's sums as int32
+#ifdef FT_AVX_VNNI
+    return a;
+#else
+    if constexpr (kSigned) return a;
+    else return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
+#endif
+  }
   // C (MR, ldc)[:, 0:16] (+)= the group's rows over 32-blocks [kb0, kb1) (from 0 when first).
   template <int MR, class D>
   static void gemv_quad_t(D dec, int64_t kb0, int64_t kb1, const int8_t* xq, int64_t ldx,
@@ -595,7 +618,6 @@ struct Avx2Isa {
     if (kb0 == 0)
       for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
         _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
-    const __m256i one = _mm256_set1_epi16(1);
     for (int64_t kb = kb0; kb < kb1; ++kb) {
       const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
       for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
@@ -609,12 +631,8 @@ struct Avx2Isa {
           const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
           const __m256i x0 = bcast4(x), x1 = bcast4(x + 4);
           for (int h = 0; h < 2; ++h) {
-            if constexpr (D::kSignedQuads) {
-              a[i][h] = _mm256_add_epi32(a[i][h], _mm256_madd_epi16(dot4<true>(w[0][h], x0), one));
-              a[i][h] = _mm256_add_epi32(a[i][h], _mm256_madd_epi16(dot4<true>(w[1][h], x1), one));
-            } else {  // (int16 here, widened after the block's 4 quad pairs)
-              a[i][h] = _mm256_add_epi16(a[i][h], _mm256_add_epi16(dot4<false>(w[0][h], x0), dot4<false>(w[1][h], x1)));
-            }
+            a[i][h] = acc<D::kSignedQuads>(a[i][h], w[0][h], x0);
+            a[i][h] = acc<D::kSignedQuads>(a[i][h], w[1][h], x1);
           }
         }
       }
@@ -623,7 +641,7 @@ struct Avx2Isa {
       for (int i = 0; i < MR; ++i) {
         const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
         for (int h = 0; h < 2; ++h) {
-          __m256i I = D::kSignedQuads ? a[i][h] : _mm256_madd_epi16(a[i][h], one);
+          __m256i I = widen<D::kSignedQuads>(a[i][h]);
           if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
           y[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y[i][h]);
           if constexpr (D::kS2)
@@ -687,7 +705,6 @@ struct Avx2Isa {
   template <int MR, bool kSigned>
   static void mk_quad_t(const IntRows& x, int bias, const uint8_t* V, const float* S1,
                         const float* S2, int64_t len, float* c, int64_t ldc, bool first) {
-    const __m256i one = _mm256_set1_epi16(1);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       __m256i a[MR][2];
       for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
@@ -696,13 +713,8 @@ struct Avx2Isa {
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(V + kb * 512 + 64 * p + 32));
         for (int i = 0; i < MR; ++i) {
           const __m256i xb = bcast4(x.xq8[i] + kb * kQBlock + 4 * p);
-          if constexpr (kSigned) {
-            a[i][0] = _mm256_add_epi32(a[i][0], _mm256_madd_epi16(dot4<true>(w0, xb), one));
-            a[i][1] = _mm256_add_epi32(a[i][1], _mm256_madd_epi16(dot4<true>(w1, xb), one));
-          } else {
-            a[i][0] = _mm256_add_epi16(a[i][0], dot4<false>(w0, xb));
-            a[i][1] = _mm256_add_epi16(a[i][1], dot4<false>(w1, xb));
-          }
+          a[i][0] = acc<kSigned>(a[i][0], w0, xb);
+          a[i][1] = acc<kSigned>(a[i][1], w1, xb);
         }
       }
       const bool zero = first && kb == 0;
@@ -711,7 +723,7 @@ struct Avx2Isa {
         const __m256i bv = _mm256_set1_epi32(bias * x.xs[i][kb]);
         float* ci = c + i * ldc;
         for (int h = 0; h < 2; ++h) {
-          const __m256i I = _mm256_sub_epi32(kSigned ? a[i][h] : _mm256_madd_epi16(a[i][h], one), bv);
+          const __m256i I = _mm256_sub_epi32(widen<kSigned>(a[i][h]), bv);
           __m256 y = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8 * h);
           y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps(S1 + 16 * kb + 8 * h), d), y);
           if (S2)

@@ -45,7 +45,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::F16: case GGMLType::BF16: return 16 * 2;
     case GGMLType::Q8_0: return 32 + 32 * 16;
     case GGMLType::Q4_0: return 32 + 32 * 8;
-    case GGMLType::Q4_K: return 32 + 32 + 8 * 16 + 8 * 16 + 256 * 8;
+    case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q6_K: return 32 + 16 * 16 + 256 * 8 + 256 * 4;
     default: fail("panel layout: unsupported weight type ", int(t));
   }
@@ -107,15 +107,15 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
           }
           case GGMLType::Q4_K: {
             const auto& b = reinterpret_cast<const blocks::Q4_K*>(row)[ib];
-            std::memcpy(blk + 2 * r, b.d, 2);
-            std::memcpy(blk + 32 + 2 * r, b.dmin, 2);
+            std::memcpy(blk + Q4KBlock::kD + 2 * r, b.d, 2);
+            std::memcpy(blk + Q4KBlock::kDmin + 2 * r, b.dmin, 2);
             for (int s = 0; s < 8; ++s) {
               uint8_t sc, m;
               blocks::scale_min_k4(s, b.scales, sc, m);
-              blk[64 + s * 16 + r] = sc;
-              blk[64 + 128 + s * 16 + r] = m;
+              blk[Q4KBlock::kSc + s * 16 + r] = sc;
+              blk[Q4KBlock::kM + s * 16 + r] = m;
             }
-            uint8_t* q = blk + 64 + 256;
+            uint8_t* q = blk + Q4KBlock::kQ;
             for (int e = 0; e < 256; ++e) q[nib_at(e, r)] |= uint8_t(q4k_q(b, e) << nib_shift(r));
             break;
           }
@@ -163,7 +163,7 @@ void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
   const int64_t bl = block_len(t);
   const uint64_t bb = packed_block_bytes(t), gb = group_bytes(t, K);
   const int64_t G = n_groups(n_rows), nb = K / bl;
-  const uint64_t q_off = t == GGMLType::Q4_K ? 64 + 256 : 32;  // q bytes inside a block
+  const uint64_t q_off = t == GGMLType::Q4_K ? Q4KBlock::kQ : 32;  // q bytes inside a block
   const uint64_t q_bytes = bb - q_off;
   std::vector<uint8_t> q(q_bytes);
   for (int64_t g = 0; g < G; ++g)
@@ -197,8 +197,8 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_K: {
       const int s = e / 32;
-      return {nib(blk + 64 + 256), f16(blk + 2 * r) * float(blk[64 + s * 16 + r]),
-              -(f16(blk + 32 + 2 * r) * float(blk[64 + 128 + s * 16 + r]))};
+      return {nib(blk + Q4KBlock::kQ), f16(blk + Q4KBlock::kD + 2 * r) * float(blk[Q4KBlock::kSc + s * 16 + r]),
+              -(f16(blk + Q4KBlock::kDmin + 2 * r) * float(blk[Q4KBlock::kM + s * 16 + r]))};
     }
     case GGMLType::Q6_K: {
       const uint8_t* ql = blk + 32 + 256;

@@ -51,6 +51,12 @@ namespace ft::cpu {
 constexpr int kGroup = 16;
 constexpr int kQBlock = 32;  // activation quantization block along K (integer path)
 
+// Byte offsets inside one packed Q4_K block (256 k of a group; layout above).
+struct Q4KBlock {
+  static constexpr int kD = 0, kDmin = 32, kSc = 64, kM = 64 + 128, kQ = 64 + 256;
+  static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2368
+};
+
 // Weight types multiplied on the integer path.
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K;

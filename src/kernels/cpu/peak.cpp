@@ -69,29 +69,39 @@ __attribute__((noipa)) double read_avx2(const float* p, size_t n) {
   __asm__ volatile("" : "+" c(a0), "+" c(a1), "+" c(a2), "+" c(a3), "+" c(a4), "+" c(a5),       \
                    "+" c(a6), "+" c(a7), "+" c(a8), "+" c(a9), "+" c(a10), "+" c(a11))
 
-// Integer dot products: 12 independent accumulators of u8 x s8 products summed into int32.
+// Integer dot products: 12 independent accumulators of u8 x s8 products summed into int32;
+// `step(a)` is one instruction sequence on accumulator a (a as the s8 operand: a loop-invariant
+// product would be hoisted out of the loop).
+#define FT_INT8_LOOP_256(name, step)                                     \
+  __attribute__((noipa)) int name(int64_t iters) {                       \
+    FT_ACC12(__m256i, _mm256_set1_epi32);                                \
+    const __m256i u = _mm256_set1_epi8(3), one = _mm256_set1_epi16(1);   \
+    (void)one;                                                           \
+    for (int64_t it = 0; it < iters; ++it) {                             \
+      FT_EACH12(step);                                                   \
+      FT_KEEP12("x");                                                    \
+    }                                                                    \
+    __m256i t = a0;                                                      \
+    FT_EACH12(FT_ADD_TO_T);                                              \
+    return _mm256_extract_epi32(t, 0);                                   \
+  }
+#define FT_ADD_TO_T(a) t = _mm256_add_epi32(t, a)
 // AVX2: vpmaddubsw (32 products -> 16 int16 pair sums) + vpmaddwd by 1 (-> int32) + add.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-__attribute__((noipa)) int int8_loop_avx2(int64_t iters) {
-#define FT_I(i) _mm256_set1_epi32(i)
-  FT_ACC12(__m256i, FT_I);
-#undef FT_I
-  const __m256i u = _mm256_set1_epi8(3), one = _mm256_set1_epi16(1);
-  for (int64_t it = 0; it < iters; ++it) {
-// (a as the s8 operand: a loop-invariant product would be hoisted out of the loop)
-#define FT_OP(a) a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), one))
-    FT_EACH12(FT_OP);
-#undef FT_OP
-    FT_KEEP12("x");
-  }
-  __m256i t = a0;
-#define FT_OP(a) t = _mm256_add_epi32(t, a)
-  FT_EACH12(FT_OP);
-#undef FT_OP
-  return _mm256_extract_epi32(t, 0);
-}
+#define FT_STEP(a) a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), one))
+FT_INT8_LOOP_256(int8_loop_avx2, FT_STEP)
+#undef FT_STEP
 #pragma GCC pop_options
+// AVX-VNNI: 256-bit vpdpbusd (the same 32 products in one instruction).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+#define FT_STEP(a) a = _mm256_dpbusd_avx_epi32(a, u, a)
+FT_INT8_LOOP_256(int8_loop_avx_vnni, FT_STEP)
+#undef FT_STEP
+#pragma GCC pop_options
+#undef FT_ADD_TO_T
+#undef FT_INT8_LOOP_256
 
 // AVX-512: 512-bit FMA and vpdpbusd (64 products per instruction).
 #pragma GCC push_options
@@ -184,7 +194,7 @@ double measure_loop(int threads, double seconds, double ops_per_iter, Loop loop)
 cpu::IsaLevel level_or_best(std::string_view isa) {
   if (isa.empty()) return cpu::cpu_best_isa();
   for (cpu::IsaLevel l : cpu::kIsaLevels)
-    if (isa == cpu::isa_name(l) && l <= cpu::cpu_best_isa()) return l;
+    if (isa == cpu::isa_name(l) && cpu::cpu_supports(l)) return l;
   return cpu::IsaLevel::Scalar;
 }
 }  // namespace
@@ -192,7 +202,8 @@ cpu::IsaLevel level_or_best(std::string_view isa) {
 double measure_fma_peak_gflops(int threads, double seconds, std::string_view isa) {
   switch (level_or_best(isa)) {
     case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 16 * 2, fma_loop_avx512);
-    case cpu::IsaLevel::Avx2: return measure_loop(threads, seconds, 12 * 8 * 2, fma_loop_avx2);
+    case cpu::IsaLevel::Avx2:
+    case cpu::IsaLevel::AvxVnni: return measure_loop(threads, seconds, 12 * 8 * 2, fma_loop_avx2);
     case cpu::IsaLevel::Scalar: break;
   }
   return measure_loop(threads, seconds, 8 * 2, fma_loop_scalar);
@@ -201,6 +212,7 @@ double measure_fma_peak_gflops(int threads, double seconds, std::string_view isa
 double measure_int8_peak_gops(int threads, double seconds, std::string_view isa) {
   switch (level_or_best(isa)) {
     case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 64 * 2, int8_loop_avx512);
+    case cpu::IsaLevel::AvxVnni: return measure_loop(threads, seconds, 12 * 32 * 2, int8_loop_avx_vnni);
     case cpu::IsaLevel::Avx2: return measure_loop(threads, seconds, 12 * 32 * 2, int8_loop_avx2);
     case cpu::IsaLevel::Scalar: break;
   }
@@ -211,7 +223,7 @@ double measure_read_bandwidth_gbs(int threads, size_t bytes, int reps) {
   const size_t n = bytes / sizeof(float) / 64 * 64;
   float* p = reinterpret_cast<float*>(cpu::alloc_streamed(n * sizeof(float)));  // as weights are
   if (!p) return 0;
-  const bool avx2 = cpu::cpu_best_isa() >= cpu::IsaLevel::Avx2;
+  const bool avx2 = cpu::cpu_supports(cpu::IsaLevel::Avx2);
   // First touch by the threads that read, so pages are where they are used.
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t i = 0; i < int64_t(n); ++i) p[i] = 1.0f;
