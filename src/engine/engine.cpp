@@ -185,7 +185,7 @@ uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
   if (sched_cfg_.reject_late_factor > 0) {
     std::vector<QueuedPrefill> queue = queue_snapshot_;
     for (const Pending& p : incoming_) queue.push_back(p.queued);
-    const double ttft = predict_ttft_ms(queue, queued, req.arrival_ms);
+    const double ttft = predict_ttft_ms(queue, queued);
     if (ttft > sched_cfg_.reject_late_factor * req.ttft_slo_ms) {
       ++snapshot_.rejected_late;
       double ahead = 0;  // the work queued before it: when a retry may fare better

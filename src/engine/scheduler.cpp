@@ -19,17 +19,16 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 int32_t blocks(int64_t positions, int32_t block_size) { return KVCache::blocks_for(positions, block_size); }
 
-// The policy's order among prefills: priority, then the requests that can still meet their
-// deadline (slack >= 0) before those that cannot, earliest deadline first, shortest remaining.
+// The policy's order among prefills: priority, earliest deadline first, shortest remaining.
+// (A request already past its deadline keeps its place: putting it behind those that can still
+// make theirs would maximise deadlines met but starve it, the worst TTFT of all.)
 struct OrderKey {
   int32_t priority;
-  bool late;
   double deadline_ms;
   int64_t pending;
   double arrival_ms;
   bool operator<(const OrderKey& o) const {
     if (priority != o.priority) return priority < o.priority;
-    if (late != o.late) return !late;
     if (deadline_ms != o.deadline_ms) return deadline_ms < o.deadline_ms;
     if (pending != o.pending) return pending < o.pending;
     return arrival_ms < o.arrival_ms;
@@ -50,10 +49,8 @@ double default_ttft_slo_ms(const SchedulerConfig& cfg, const CostModel& c, int64
   return cfg.ttft_slo_base_ms + cfg.ttft_slo_stretch * predict_prefill_ms(c, 0, n_prompt);
 }
 
-double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r, double now_ms) {
-  auto key = [&](const QueuedPrefill& q) {
-    return OrderKey{q.priority, q.deadline_ms - now_ms - q.remaining_ms < 0, q.deadline_ms, 0, 0};
-  };
+double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r) {
+  auto key = [](const QueuedPrefill& q) { return OrderKey{q.priority, q.deadline_ms, 0, 0}; };
   const OrderKey mine = key(r);
   double t = r.remaining_ms;
   for (const QueuedPrefill& q : queue)
@@ -106,14 +103,13 @@ StepPlan plan_step(const SchedulerInput& in) {
   auto slack = [&](const SchedRequest* r) {
     return r->deadline_ms - in.now_ms - predict_prefill_ms(in.cost, r->n_computed, r->pending());
   };
-  auto key = [&](const SchedRequest* r) {
-    return OrderKey{r->priority, slack(r) < 0, r->deadline_ms, r->pending(), r->arrival_ms};
-  };
+  auto key = [](const SchedRequest* r) { return OrderKey{r->priority, r->deadline_ms, r->pending(), r->arrival_ms}; };
   std::sort(cands.begin(), cands.end(), [&](const SchedRequest* a, const SchedRequest* b) { return key(a) < key(b); });
-  // The oldest request waiting longer than aging_ms is guaranteed half of every step's budget.
+  // The request longest past its deadline, by more than aging_ms, is guaranteed half of every
+  // step's budget (earliest deadline first puts it first anyway, unless its priority does not).
   const SchedRequest* aged = nullptr;
   for (const auto* r : cands)
-    if (in.now_ms - r->arrival_ms > cfg.aging_ms && (!aged || r->arrival_ms < aged->arrival_ms)) aged = r;
+    if (in.now_ms - r->deadline_ms > cfg.aging_ms && (!aged || r->deadline_ms < aged->deadline_ms)) aged = r;
 
   // The prefill budget.
   const int64_t cap = std::max<int64_t>(0, cfg.max_batch_tokens - n_decode);
@@ -126,14 +122,16 @@ StepPlan plan_step(const SchedulerInput& in) {
   } else {
     // The step's time cap (scheduler.h), then the largest budget within it, assuming the chunk
     // goes to the first candidate (its context determines the attention cost).
-    double cap_ms = kInf;
+    double cap_ms = in.cost.base_ms / cfg.efficiency_tolerance;
     if (n_decode > 0) {
       cap_ms = cfg.step_latency_target_ms;
     } else {
       if (cands.size() > 1) {  // the first one's first token comes at the end of the step too
         double afford = cands.front()->deadline_ms - in.now_ms;
         for (size_t i = 1; i < cands.size(); ++i) afford = std::min(afford, slack(cands[i]));
-        cap_ms = cfg.slack_share * afford;
+        cap_ms = std::min(cap_ms, cfg.slack_share * afford);
+      } else if (!cands.empty()) {
+        cap_ms = std::min(cap_ms, in.now_ms - cands.front()->arrival_ms);
       }
       double oldest = in.now_ms;
       int64_t n_past = 0;

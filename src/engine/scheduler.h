@@ -13,18 +13,23 @@
 //  1. every running decode gets its next token (decode first: running requests never stall);
 //  2. if the KV cache cannot hold that, the most recently admitted requests are preempted
 //     (their blocks freed; they recompute later) until it can;
-//  3. prefill chunks fill the step's prefill budget in order of (priority, slack), the requests
-//     that can still meet their deadline before those that cannot, shortest remaining prefill
-//     as the tie-break; the oldest request that has waited longer than aging_ms since arrival is
-//     guaranteed half of every step's budget (auto mode: half the step's time), so a long prompt
-//     is never starved, while the first in order still progresses by at least min_chunk. A new
+//  3. prefill chunks fill the step's prefill budget in order of priority, then earliest deadline
+//     first, shortest remaining prefill as the tie-break (deadlines are fixed, so a long prompt
+//     goes first once the new arrivals' deadlines pass its own: it is never starved); the request
+//     longest past its deadline by more than aging_ms is guaranteed half of every step's budget
+//     (auto mode: half the step's time), so a low priority is not starved either, while the first
+//     in order still progresses by at least min_chunk. A new
 //     request is admitted only when the cache can hold its whole pending sequence (plus the first
 //     generated token).
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
-// mode, the largest budget (at most max_auto_chunk, the largest efficient chunk) whose predicted
+// mode, the largest budget (at most max_auto_chunk) whose predicted
 // step time (CostModel) stays within the step's time cap (StepPlan::step_cap_ms):
-//  - nothing else waits (no decode, no other prefill, no arrival expected): no cap, so a prompt
-//    alone costs what it costs unchunked;
+//  - at most the largest efficient step, whose fixed cost (the model's base_ms) is
+//    efficiency_tolerance of it (larger ones gain little and delay a new arrival more);
+//  - nothing else waits (no decode, no other prefill, no arrival expected): that step, so a
+//    prompt alone costs within about that tolerance of its unchunked cost, but no longer than
+//    the prompt has waited so far (steps grow from the target while the quiet lasts, so a request
+//    arriving early waits little);
 //  - decodes run: step_latency_target_ms (their inter-token latency);
 //  - other prefills wait or arrivals are expected: a share (slack_share) of what they can afford
 //    to wait, at least step_latency_target_ms: the tightest slack among the other waiting
@@ -46,13 +51,15 @@ namespace ft {
 struct SchedulerConfig {
   int64_t chunk_size = -1;          // -1 = auto, 0 = no chunking, N > 0 = fixed
   double step_latency_target_ms = 50;
-  int64_t max_auto_chunk = 1024;    // auto mode's chunk when nothing competes
+  int64_t max_auto_chunk = 1024;    // auto mode's largest chunk
+  // The largest efficient step: its fixed cost (the cost model's base_ms) is this share of it.
+  double efficiency_tolerance = 0.02;
   int64_t min_chunk = 16;           // auto mode never plans a smaller chunk (progress)
   // Hard cap on tokens in one step (the forward's capacity). The engine raises it to hold a whole
   // fixed chunk (unchunked: a whole context) plus a decode token per sequence.
   int64_t max_batch_tokens = 2048;
   int32_t max_num_seqs = 64;        // running requests at most
-  double aging_ms = 2000;           // a request waiting longer goes first
+  double aging_ms = 2000;           // a request this far past its deadline gets half of every step
   int32_t block_size = 16;
   // The default TTFT deadline of a request: base + stretch x its predicted prefill alone.
   double ttft_slo_base_ms = 100;
@@ -138,6 +145,6 @@ struct QueuedPrefill {
 // The predicted TTFT of `r` (arriving now): the prefill left of every queued request the policy
 // orders before it, then its own. Deliberately simple (no decode time, no chunk overheads):
 // reject_late_factor is the margin.
-double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r, double now_ms);
+double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r);
 
 }  // namespace ft

@@ -10,6 +10,7 @@
 #include <map>
 #include <stdexcept>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "engine/engine_core.h"
@@ -66,11 +67,20 @@ TEST(PlanStep, DecodesFirstThenShortestPrefillFirst) {
 }
 
 TEST(PlanStep, AutoChunkIsAsLargeAsTheTargetAllows) {
-  // Alone, nothing expected: the largest efficient chunk (max_auto_chunk), whatever it costs.
-  const StepPlan alone = plan_step(input({waiting(1, 5000)}, 1000));
+  // Alone, nothing expected: the largest efficient step (5 ms base = 2% of 250 ms), here more
+  // than max_auto_chunk.
+  auto quiet = input({waiting(1, 5000)}, 1000);
+  quiet.now_ms = 400;
+  const StepPlan alone = plan_step(quiet);
   ASSERT_EQ(alone.prefill.size(), 1u);
   EXPECT_EQ(alone.prefill[0].n_tokens, 1024);
-  EXPECT_TRUE(std::isinf(alone.step_cap_ms));
+  EXPECT_NEAR(alone.step_cap_ms, 250, 1e-9);
+  // ...no longer than it has waited: just arrived, the target; after 80 ms, 80 ms.
+  quiet.now_ms = 0;
+  EXPECT_NEAR(plan_step(quiet).step_cap_ms, 50, 1e-9);
+  quiet.now_ms = 80;
+  EXPECT_NEAR(plan_step(quiet).step_cap_ms, 80, 1e-9);
+  EXPECT_EQ(plan_step(quiet).prefill[0].n_tokens, 750);
   // Arrivals expected (one every 100 ms of the last second): within the 50 ms target.
   auto busy = input({waiting(1, 5000)}, 1000);
   busy.now_ms = 1000;
@@ -80,13 +90,13 @@ TEST(PlanStep, AutoChunkIsAsLargeAsTheTargetAllows) {
   EXPECT_LE(p.predicted_ms, 50.0 + 1e-9);
   EXPECT_GE(p.prefill[0].n_tokens, 300);
   EXPECT_LT(p.prefill[0].n_tokens, 1024);
-  // Rare arrivals (one 9 s ago): a step may take arrival_risk / rate = 450 ms, here 1024 tokens.
-  busy.past_arrivals_ms = {1000 - 9000.0};
-  EXPECT_EQ(plan_step(busy).prefill[0].n_tokens, 1024);
-  EXPECT_NEAR(plan_step(busy).step_cap_ms, 0.05 * 9000, 1e-9);
+  // Rarer arrivals (one 1.6 s ago): a step may take arrival_risk / rate = 80 ms.
+  busy.past_arrivals_ms = {1000 - 1600.0};
+  EXPECT_EQ(plan_step(busy).prefill[0].n_tokens, 750);
+  EXPECT_NEAR(plan_step(busy).step_cap_ms, 0.05 * 1600, 1e-9);
   // ...and arrivals older than the window count for nothing.
   busy.past_arrivals_ms = {1000 - 10001.0};
-  EXPECT_TRUE(std::isinf(plan_step(busy).step_cap_ms));
+  EXPECT_NEAR(plan_step(busy).step_cap_ms, 250, 1e-9);
   // A running decode: the target (its inter-token latency).
   auto dec = input({waiting(1, 5000), decoding(2, 20, 2, 1)}, 1000);
   EXPECT_LE(plan_step(dec).predicted_ms, 50.0 + 1e-9);
@@ -110,9 +120,10 @@ TEST(PlanStep, StepIsSizedFromTheTightestDeadline) {
   const StepPlan tight = plan_step(in);
   EXPECT_EQ(tight.prefill[0].id, 2u);
   in.requests[1].deadline_ms = 30000;
-  in.requests[0].deadline_ms = 150;  // request 1 first, but its own first token is due in 150 ms
+  in.requests[0].deadline_ms = 150;  // request 1 cannot make it, but it keeps its place
   const StepPlan own = plan_step(in);
-  EXPECT_EQ(own.prefill[0].id, 2u);  // 1 cannot make it: the feasible one goes first
+  EXPECT_EQ(own.prefill[0].id, 1u);
+  EXPECT_LE(own.predicted_ms, 50 + 1e-9);  // request 2 can afford little: the target
   in.requests[0].deadline_ms = 500;  // feasible (~310 ms alone) and first: the step serves it
   const StepPlan first = plan_step(in);
   EXPECT_EQ(first.prefill[0].id, 1u);
@@ -138,17 +149,18 @@ TEST(PlanStep, DefaultDeadlineAndPredictedTtft) {
   // Queue: a long prompt due late, a short one due soon. A new short one due between them waits
   // only for the earlier short; a new long one due last waits for both.
   const std::vector<QueuedPrefill> q = {{0, 10000, 3000}, {0, 200, 50}};
-  EXPECT_NEAR(predict_ttft_ms(q, {0, 300, 40}, 0), 90, 1e-9);
-  EXPECT_NEAR(predict_ttft_ms(q, {0, 20000, 1000}, 0), 4050, 1e-9);
-  EXPECT_NEAR(predict_ttft_ms(q, {-1, 20000, 1000}, 0), 1000, 1e-9);  // higher priority
-  // One already late goes behind the feasible ones.
-  EXPECT_NEAR(predict_ttft_ms(q, {0, 100, 200}, 0), 3250, 1e-9);
+  EXPECT_NEAR(predict_ttft_ms(q, {0, 300, 40}), 90, 1e-9);
+  EXPECT_NEAR(predict_ttft_ms(q, {0, 20000, 1000}), 4050, 1e-9);
+  EXPECT_NEAR(predict_ttft_ms(q, {-1, 20000, 1000}), 1000, 1e-9);  // higher priority
 }
 
 // In auto mode a long prompt that has aged keeps half the step's time, and a short one that
 // arrived behind it still progresses every step (aging must not starve the short ones).
 TEST(PlanStep, AgedLongPromptDoesNotStarveShortOnes) {
-  auto in = input({waiting(1, 5000, 0.0), waiting(2, 45, 2990)}, 1000);
+  SchedRequest low = waiting(1, 5000, 0.0);
+  low.priority = 1;
+  low.deadline_ms = 500;
+  auto in = input({low, waiting(2, 45, 2990)}, 1000);
   in.cost.per_token_ms *= 20;  // slow machine: the target holds few tokens
   in.now_ms = 3000;
   const StepPlan p = plan_step(in);
@@ -213,8 +225,11 @@ TEST(PlanStep, PreemptionCountsOnlyUnsharedBlocks) {
 }
 
 TEST(PlanStep, AgedRequestGetsHalfTheBudget) {
-  auto in = input({waiting(1, 5000, 0.0), waiting(2, 30, 2900), waiting(3, 30, 2950)}, 1000, 512);
-  in.now_ms = 3000;  // request 1 has waited 3 s > aging_ms (2 s)
+  SchedRequest low = waiting(1, 5000, 0.0);
+  low.priority = 1;
+  low.deadline_ms = 500;
+  auto in = input({low, waiting(2, 30, 2900), waiting(3, 30, 2950)}, 1000, 512);
+  in.now_ms = 3000;  // request 1 is 2.5 s past its deadline > aging_ms (2 s); its priority is lower
   const StepPlan p = plan_step(in);
   std::map<uint64_t, int64_t> got;
   for (const auto& c : p.prefill) got[c.id] = c.n_tokens;
@@ -355,6 +370,8 @@ struct SimResult {
   std::map<uint64_t, FinishReason> reasons;
   std::vector<StepRecord> steps;
   EngineCounters counters;
+  CostModel learned;
+  PredictionErrorHistogram errors;
   int32_t kv_total = 0;
   int32_t kv_used_after = 0;
 };
@@ -365,8 +382,10 @@ std::vector<int32_t> make_prompt(int64_t n, int seed) {
   return p;
 }
 
+// cost: the fake model's true costs; prior: the engine's cost model before it learns (= cost).
 SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int32_t kv_blocks,
-                   bool prefix_caching = true, const CostModel& cost = {5.0, 0.1, 1e-5}) {
+                   bool prefix_caching = true, const CostModel& cost = {5.0, 0.1, 1e-5},
+                   const std::optional<CostModel>& prior = std::nullopt) {
   double clock = 0;
   FakeExecutor exec(&clock, cost);
   KVCacheConfig kc;
@@ -376,7 +395,7 @@ SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int
   kc.n_blocks = kv_blocks;
   kc.prefix_caching = prefix_caching;
   KVCache kv(kc);
-  EngineCore core(kv, exec, cfg, cost, 1 << 20, {}, [&] { return clock; });
+  EngineCore core(kv, exec, cfg, prior.value_or(cost), 1 << 20, {}, [&] { return clock; });
   SimResult res;
   res.kv_total = kv.total_blocks();
   std::vector<size_t> order(reqs.size());
@@ -411,6 +430,8 @@ SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int
   }
   res.steps.assign(core.steps().begin(), core.steps().end());
   res.counters = core.counters();
+  res.learned = core.cost_model();
+  res.errors = core.prediction_errors();
   res.kv_used_after = kv.used_blocks();
   return res;
 }
@@ -571,30 +592,9 @@ TEST(Simulation, CostModelLearnsFromMeasuredSteps) {
   std::vector<SimRequest> reqs = long_every(3000, 30000, 1500, 1);
   for (int k = 0; k < 100; ++k) reqs.push_back({300.0 * k + 50, make_prompt(30 + k % 20, 3000 + k), 16});
   const CostModel truth{5.0, 0.1, 1e-5};
-  double clock = 0;
-  FakeExecutor exec(&clock, truth);
-  KVCacheConfig kc;
-  kc.n_layers = 1;
-  kc.kv_dim = 1;
-  kc.block_size = 16;
-  kc.n_blocks = 4000;
-  KVCache kv(kc);
-  EngineCore core(kv, exec, SchedulerConfig{}, CostModel{1.0, 0.3, 3e-5}, 1 << 20, {}, [&] { return clock; });
-  std::sort(reqs.begin(), reqs.end(), [](const auto& a, const auto& b) { return a.arrival_ms < b.arrival_ms; });
-  size_t next = 0;
-  uint64_t id = 0;
-  while (next < reqs.size() || !core.idle()) {
-    while (next < reqs.size() && reqs[next].arrival_ms <= clock) {
-      EngineRequest r;
-      r.prompt = reqs[next].prompt;
-      r.max_tokens = reqs[next].max_tokens;
-      r.arrival_ms = reqs[next++].arrival_ms;
-      core.add(++id, std::move(r), {});
-    }
-    if (core.idle()) clock = reqs[next].arrival_ms;
-    else core.step();
-  }
-  const auto& steps = core.steps();
+  const SimResult res = simulate(reqs, SchedulerConfig{}, 4000, true, truth, CostModel{1.0, 0.3, 3e-5});
+  expect_complete_and_correct(reqs, res);
+  const auto& steps = res.steps;
   ASSERT_GT(steps.size(), 400u);
   double first = 0, last = 0;
   const size_t n = 100;
@@ -605,8 +605,8 @@ TEST(Simulation, CostModelLearnsFromMeasuredSteps) {
   }
   EXPECT_GT(first, 0.15);
   EXPECT_LT(last, 0.02);
-  EXPECT_NEAR(core.cost_model().per_token_ms, truth.per_token_ms, 0.01);
-  EXPECT_EQ(core.prediction_errors().count, steps.size());
+  EXPECT_NEAR(res.learned.per_token_ms, truth.per_token_ms, 0.01);
+  EXPECT_EQ(res.errors.count, res.counters.steps);
 }
 
 TEST(Simulation, EveryChunkSettingGivesTheSameOutputs) {
