@@ -122,16 +122,16 @@ StepPlan plan_step(const SchedulerInput& in) {
   } else {
     // The step's time cap (scheduler.h), then the largest budget within it, assuming the chunk
     // goes to the first candidate (its context determines the attention cost).
-    double cap_ms = in.cost.base_ms / cfg.efficiency_tolerance;
+    double cap_ms = kInf;
     if (n_decode > 0) {
       cap_ms = cfg.step_latency_target_ms;
     } else {
       if (cands.size() > 1) {  // the first one's first token comes at the end of the step too
         double afford = cands.front()->deadline_ms - in.now_ms;
         for (size_t i = 1; i < cands.size(); ++i) afford = std::min(afford, slack(cands[i]));
-        cap_ms = std::min(cap_ms, cfg.slack_share * afford);
-      } else if (!cands.empty()) {
-        cap_ms = std::min(cap_ms, in.now_ms - cands.front()->arrival_ms);
+        cap_ms = cfg.slack_share * afford;
+      } else if (!cands.empty()) {  // alone: as long as the quiet has lasted
+        cap_ms = in.now_ms - cands.front()->arrival_ms;
       }
       double oldest = in.now_ms;
       int64_t n_past = 0;

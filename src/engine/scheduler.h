@@ -24,12 +24,10 @@
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
 // mode, the largest budget (at most max_auto_chunk) whose predicted
 // step time (CostModel) stays within the step's time cap (StepPlan::step_cap_ms):
-//  - at most the largest efficient step, whose fixed cost (the model's base_ms) is
-//    efficiency_tolerance of it (larger ones gain little and delay a new arrival more);
-//  - nothing else waits (no decode, no other prefill, no arrival expected): that step, so a
-//    prompt alone costs within about that tolerance of its unchunked cost, but no longer than
-//    the prompt has waited so far (steps grow from the target while the quiet lasts, so a request
-//    arriving early waits little);
+//  - nothing else waits (no decode, no other prefill, no arrival expected): max_auto_chunk, the
+//    largest efficient chunk, so a prompt alone costs about what it costs unchunked; but the
+//    step no longer than the prompt has waited so far (steps grow from the target while the
+//    quiet lasts, so a request arriving early waits little);
 //  - decodes run: step_latency_target_ms (their inter-token latency);
 //  - other prefills wait or arrivals are expected: a share (slack_share) of what they can afford
 //    to wait, at least step_latency_target_ms: the tightest slack among the other waiting
@@ -51,9 +49,7 @@ namespace ft {
 struct SchedulerConfig {
   int64_t chunk_size = -1;          // -1 = auto, 0 = no chunking, N > 0 = fixed
   double step_latency_target_ms = 50;
-  int64_t max_auto_chunk = 1024;    // auto mode's largest chunk
-  // The largest efficient step: its fixed cost (the cost model's base_ms) is this share of it.
-  double efficiency_tolerance = 0.02;
+  int64_t max_auto_chunk = 1024;    // auto mode's largest chunk (the largest efficient one)
   int64_t min_chunk = 16;           // auto mode never plans a smaller chunk (progress)
   // Hard cap on tokens in one step (the forward's capacity). The engine raises it to hold a whole
   // fixed chunk (unchunked: a whole context) plus a decode token per sequence.

@@ -67,14 +67,14 @@ TEST(PlanStep, DecodesFirstThenShortestPrefillFirst) {
 }
 
 TEST(PlanStep, AutoChunkIsAsLargeAsTheTargetAllows) {
-  // Alone, nothing expected: the largest efficient step (5 ms base = 2% of 250 ms), here more
-  // than max_auto_chunk.
+  // Alone, nothing expected: the largest efficient chunk (max_auto_chunk), the step no longer
+  // than the prompt has waited.
   auto quiet = input({waiting(1, 5000)}, 1000);
   quiet.now_ms = 400;
   const StepPlan alone = plan_step(quiet);
   ASSERT_EQ(alone.prefill.size(), 1u);
   EXPECT_EQ(alone.prefill[0].n_tokens, 1024);
-  EXPECT_NEAR(alone.step_cap_ms, 250, 1e-9);
+  EXPECT_NEAR(alone.step_cap_ms, 400, 1e-9);
   // ...no longer than it has waited: just arrived, the target; after 80 ms, 80 ms.
   quiet.now_ms = 0;
   EXPECT_NEAR(plan_step(quiet).step_cap_ms, 50, 1e-9);
@@ -96,7 +96,7 @@ TEST(PlanStep, AutoChunkIsAsLargeAsTheTargetAllows) {
   EXPECT_NEAR(plan_step(busy).step_cap_ms, 0.05 * 1600, 1e-9);
   // ...and arrivals older than the window count for nothing.
   busy.past_arrivals_ms = {1000 - 10001.0};
-  EXPECT_NEAR(plan_step(busy).step_cap_ms, 250, 1e-9);
+  EXPECT_NEAR(plan_step(busy).step_cap_ms, 1000, 1e-9);
   // A running decode: the target (its inter-token latency).
   auto dec = input({waiting(1, 5000), decoding(2, 20, 2, 1)}, 1000);
   EXPECT_LE(plan_step(dec).predicted_ms, 50.0 + 1e-9);
