@@ -148,7 +148,7 @@ RunOutput run_one(const Prepared& p, const std::string& url, const BenchServeArg
 
 void add_bench_serve(CLI::App& bench, BenchServeArgs& a, std::string& mode) {
   auto common = [&a](CLI::App* c) {
-    c->add_option("--workload", a.workload, "Built-in workload (short, long, mixed, shared-prefix) or a JSON file")
+    c->add_option("--workload", a.workload, "Built-in workload (short, long, mixed, burst, shared-prefix) or a JSON file")
         ->capture_default_str();
     c->add_option("--duration", a.duration_s, "Seconds of arrivals (default: the workload's)");
     c->add_option("--seed", a.seed, "Seed of arrivals and lengths (prompt contents are fresh every run: no cache hits across runs)")->capture_default_str();

@@ -103,6 +103,11 @@ int cmd_serve(const ServeArgs& a) {
                cpu_isas().back());
   server::Server srv(engine, served, cfg);
   const int rc = srv.run();  // returns after the engine has shut down
+  const EngineMetrics em = engine.metrics();
+  spdlog::info("cost model: {} steps, mean |predicted - measured| / measured forward time {:.1f}%; learned "
+               "base {:.3f} ms + {:.4f} ms/token + {:.3g} ms/attention pair",
+               em.step_time_error.count, 100 * em.step_time_error.mean(), em.cost.base_ms, em.cost.per_token_ms,
+               em.cost.per_attn_ms);
   if (profile::enabled()) {
     profile::stop();
     const size_t n = profile::write();

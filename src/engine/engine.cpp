@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
@@ -178,8 +179,24 @@ uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
   if (profile::enabled() && req.trace_arrival_ns == 0) req.trace_arrival_ns = profile::now_ns();
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_) fail("the engine is shutting down");
+  const int64_t n = int64_t(req.prompt.size());
+  if (req.ttft_slo_ms <= 0) req.ttft_slo_ms = default_ttft_slo_ms(sched_cfg_, snapshot_.cost, n);
+  const QueuedPrefill queued{req.priority, req.arrival_ms + req.ttft_slo_ms, predict_prefill_ms(snapshot_.cost, 0, n)};
+  if (sched_cfg_.reject_late_factor > 0) {
+    std::vector<QueuedPrefill> queue = queue_snapshot_;
+    for (const Pending& p : incoming_) queue.push_back(p.queued);
+    const double ttft = predict_ttft_ms(queue, queued);
+    if (ttft > sched_cfg_.reject_late_factor * req.ttft_slo_ms) {
+      ++snapshot_.rejected_late;
+      double ahead = 0;  // the work queued before it: when a retry may fare better
+      for (const QueuedPrefill& q : queue) ahead += q.remaining_ms;
+      throw DeadlineError(cat("the request would get its first token in about ", int64_t(ttft), " ms, past its ",
+                              int64_t(req.ttft_slo_ms), " ms deadline; retry later"),
+                          std::max<int64_t>(1, int64_t(std::ceil(ahead / 1e3))));
+    }
+  }
   const uint64_t id = next_id_++;
-  incoming_.push_back({id, std::move(req), std::move(cb)});
+  incoming_.push_back({id, std::move(req), std::move(cb), queued});
   cv_.notify_one();
   return id;
 }
@@ -208,6 +225,7 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !core_->idle(); });
       adds.swap(incoming_);
+      for (const Pending& p : adds) queue_snapshot_.push_back(p.queued);  // in the core from now on
       cancels.swap(cancels_);
       if (stop_) break;
     }
@@ -237,6 +255,9 @@ void Engine::loop() {
     snapshot_.kv_used_blocks = kv_->used_blocks();
     snapshot_.kv_cached_blocks = kv_->cached_blocks();
     snapshot_.kv = kv_->stats();
+    snapshot_.cost = core_->cost_model();
+    snapshot_.step_time_error = core_->prediction_errors();
+    queue_snapshot_ = core_->queued_prefills();
     if (!core_->steps().empty() && (steps_snapshot_.empty() || steps_snapshot_.back().start_ms != core_->steps().back().start_ms)) {
       steps_snapshot_.push_back(core_->steps().back());
       if (steps_snapshot_.size() > 4096) steps_snapshot_.pop_front();

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/engine_core.h"
 #include "engine/runtime_config.h"
 
@@ -47,7 +48,16 @@ struct EngineMetrics {
   int32_t kv_used_blocks = 0;
   int32_t kv_cached_blocks = 0;
   KVCacheStats kv;
-  CostModel cost;
+  CostModel cost;                             // as learned so far
+  PredictionErrorHistogram step_time_error;  // |predicted - measured| / measured forward time per step
+  uint64_t rejected_late = 0;                 // submissions refused by admission (DeadlineError)
+};
+
+// Engine::submit's refusal of a request that would miss its TTFT deadline by more than
+// reject_late_factor (SchedulerConfig): the caller may retry after retry_after_s.
+struct DeadlineError : Error {
+  DeadlineError(const std::string& what, int64_t retry_after) : Error(what), retry_after_s(retry_after) {}
+  int64_t retry_after_s;
 };
 
 class Engine {
@@ -58,7 +68,9 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Validates and queues a request (throws ft::Error if invalid or if it can never fit).
+  // Validates and queues a request (throws ft::Error if invalid or if it can never fit; with
+  // reject_late_factor, DeadlineError when its predicted TTFT under the queue is too late).
+  // Resolves req.ttft_slo_ms (the default from the cost model learned so far).
   // cb runs on the engine thread for each token and once at the finish; it must not block.
   uint64_t submit(EngineRequest req, EventCallback cb);
   // Cancels a request at any time (its Finished event says Cancelled). Unknown ids are ignored.
@@ -92,6 +104,7 @@ class Engine {
     uint64_t id;
     EngineRequest req;
     EventCallback cb;
+    QueuedPrefill queued;  // for admission, until the core has it
   };
   // Finishes a request the core could not take (Error, with why) through its callback.
   void reject(Pending& p, const std::string& why);
@@ -100,6 +113,7 @@ class Engine {
   bool stop_ = false;
   uint64_t next_id_ = 1;
   EngineMetrics snapshot_;  // refreshed by the engine thread after each step
+  std::vector<QueuedPrefill> queue_snapshot_;  // the core's prefills after the last step
   std::deque<StepRecord> steps_snapshot_;
   std::thread thread_;
 };

@@ -90,6 +90,9 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.sampler->add_prompt(r.tokens);
   r.cb = std::move(cb);
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
+  r.deadline_ms = r.t.arrival_ms +
+                  (in.ttft_slo_ms > 0 ? in.ttft_slo_ms : default_ttft_slo_ms(cfg_, cost_.model(), r.n_prompt));
+  r.priority = in.priority;
   r.t.tokenize_ms = in.tokenize_ms;
   if (profile::enabled()) r.trace_arrival_ns = in.trace_arrival_ns > 0 ? in.trace_arrival_ns : profile::now_ns();
   reqs_.emplace(id, std::move(r));
@@ -108,6 +111,7 @@ void EngineCore::emit(Req& r, const EngineEvent& ev) {
 
 void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   kv_.release(r.seq);
+  past_arrivals_.push_back(r.t.arrival_ms);
   r.t.finish_ms = now_();
   ++counters_.finished;
   if (why == FinishReason::Cancelled) ++counters_.cancelled;
@@ -166,6 +170,16 @@ int32_t EngineCore::n_running() const {
 
 int32_t EngineCore::n_waiting() const { return int32_t(reqs_.size()) - n_running(); }
 
+std::vector<QueuedPrefill> EngineCore::queued_prefills() const {
+  std::vector<QueuedPrefill> q;
+  for (const auto& [id, r] : reqs_) {
+    const int64_t pending = int64_t(r.tokens.size()) - r.n_computed;
+    if (r.n_generated > 0 && pending <= 1) continue;  // decoding
+    q.push_back({r.priority, r.deadline_ms, predict_prefill_ms(cost_.model(), r.n_computed, pending)});
+  }
+  return q;
+}
+
 bool EngineCore::step() {
   if (reqs_.empty()) return false;
   const double t0 = now_();
@@ -175,8 +189,10 @@ bool EngineCore::step() {
   SchedulerInput in;
   in.now_ms = t0;
   in.free_blocks = kv_.free_blocks();
-  in.cost = cost_;
+  in.cost = cost_.model();
   in.cfg = cfg_;
+  std::erase_if(past_arrivals_, [&](double a) { return t0 - a > cfg_.arrival_window_ms; });
+  in.past_arrivals_ms.assign(past_arrivals_.begin(), past_arrivals_.end());
   in.requests.reserve(reqs_.size());
   for (const auto& [id, r] : reqs_) {
     SchedRequest s;
@@ -195,6 +211,8 @@ bool EngineCore::step() {
       s.hit_idle_blocks = hit.idle_blocks;
     }
     s.arrival_ms = r.t.arrival_ms;
+    s.deadline_ms = r.deadline_ms;
+    s.priority = r.priority;
     s.admit_order = r.admit_order;
     in.requests.push_back(s);
   }
@@ -203,6 +221,7 @@ bool EngineCore::step() {
   StepRecord rec;
   rec.start_ms = t0;
   rec.predicted_ms = plan.predicted_ms;
+  rec.step_cap_ms = plan.step_cap_ms;
   rec.prefill_budget = plan.prefill_budget;
   rec.n_preempted = int32_t(plan.preempt.size());
   // The plan fits the pool it was made against; a reservation that fails is a bug in it.
@@ -270,6 +289,10 @@ bool EngineCore::step() {
   const double t1 = now_();
   rec.forward_ms = t1 - tf;
   ++counters_.steps;
+  if (rec.forward_ms > 0) {
+    errors_.observe(std::abs(plan.predicted_ms - rec.forward_ms) / rec.forward_ms);
+    cost_.observe(batch_.size(), plan.attn_pairs, rec.forward_ms);
+  }
 
   // Advance what was computed and publish newly full blocks for prefix reuse.
   for (Req* r : decodes) {
@@ -351,6 +374,7 @@ bool EngineCore::step() {
     profile::Args a;
     a.i("tokens", batch_.size()).i("n_decode", rec.n_decode).i("prefill_tokens", prefill_tokens);
     a.d("predicted_ms", rec.predicted_ms).d("forward_ms", rec.forward_ms);
+    if (std::isfinite(rec.step_cap_ms) && rec.step_cap_ms > 0) a.d("step_cap_ms", rec.step_cap_ms);
     a.i("running", rec.n_running).i("waiting", rec.n_waiting).i("preempted", rec.n_preempted);
     profile::complete("step", "engine", p0, p1, a, "chunks", chunks);
     profile::counter("kv_blocks", p1,

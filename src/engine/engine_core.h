@@ -35,6 +35,8 @@ struct EngineRequest {
   double arrival_ms = -1;  // on the engine clock; < 0: when the core receives it
   int32_t logprobs = -1;   // >= 0: report each sampled token's logprob and this many top ones (<= kMaxLogprobs)
   int64_t trace_arrival_ns = 0;  // profiler clock (profile::now_ns) at arrival; 0 = when the core receives it
+  double ttft_slo_ms = 0;  // TTFT budget from arrival; <= 0: default_ttft_slo_ms() of the prompt
+  int32_t priority = 0;    // lower is scheduled first
 };
 
 // Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
@@ -75,6 +77,7 @@ struct StepRecord {
   double start_ms = 0;
   double forward_ms = 0;
   double predicted_ms = 0;
+  double step_cap_ms = 0;  // the policy's time cap for the step (infinity: none)
   int32_t n_decode = 0;
   std::vector<int64_t> chunks;  // prefill chunk sizes, batch order
   int64_t prefill_budget = 0;
@@ -125,8 +128,13 @@ class EngineCore {
   int32_t n_waiting() const;
   const EngineCounters& counters() const { return counters_; }
   const std::deque<StepRecord>& steps() const { return steps_; }
-  void set_cost_model(const CostModel& c) { cost_ = c; }
+  // Replaces the cost model's prior (and what it learned).
+  void set_cost_model(const CostModel& c) { cost_ = OnlineCostModel(c); }
+  const CostModel& cost_model() const { return cost_.model(); }
+  const PredictionErrorHistogram& prediction_errors() const { return errors_; }
   const SchedulerConfig& config() const { return cfg_; }
+  // Every request with prefill left, for admission by prediction (predict_ttft_ms).
+  std::vector<QueuedPrefill> queued_prefills() const;
 
  private:
   struct Req {
@@ -141,6 +149,8 @@ class EngineCore {
     int32_t logprobs = -1;
     bool admitted = false;
     uint64_t admit_order = 0;
+    double deadline_ms = 0;
+    int32_t priority = 0;
     std::unique_ptr<Sampler> sampler;
     EventCallback cb;
     RequestTimings t;
@@ -154,7 +164,9 @@ class EngineCore {
   KVCache& kv_;
   StepExecutor& exec_;
   SchedulerConfig cfg_;
-  CostModel cost_;
+  OnlineCostModel cost_;           // refitted after every step
+  PredictionErrorHistogram errors_;
+  std::deque<double> past_arrivals_;  // arrival times of finished requests, within the arrival window
   int64_t n_ctx_;
   std::function<bool(int32_t)> is_eog_;
   std::function<double()> now_;

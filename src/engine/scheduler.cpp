@@ -15,14 +15,48 @@ int64_t StepPlan::n_tokens() const {
 
 namespace {
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 int32_t blocks(int64_t positions, int32_t block_size) { return KVCache::blocks_for(positions, block_size); }
 
-// Attention work of a chunk: query i (0-based in the chunk) sees n_computed + i + 1 positions.
+// The policy's order among prefills: priority, earliest deadline first, shortest remaining.
+// (A request already past its deadline keeps its place: putting it behind those that can still
+// make theirs would maximise deadlines met but starve it, the worst TTFT of all.)
+struct OrderKey {
+  int32_t priority;
+  double deadline_ms;
+  int64_t pending;
+  double arrival_ms;
+  bool operator<(const OrderKey& o) const {
+    if (priority != o.priority) return priority < o.priority;
+    if (deadline_ms != o.deadline_ms) return deadline_ms < o.deadline_ms;
+    if (pending != o.pending) return pending < o.pending;
+    return arrival_ms < o.arrival_ms;
+  }
+};
+
+}  // namespace
+
 double attn_pairs(int64_t n_computed, int64_t chunk) {
   return double(chunk) * double(n_computed) + double(chunk) * double(chunk + 1) / 2;
 }
 
-}  // namespace
+double predict_prefill_ms(const CostModel& c, int64_t n_computed, int64_t pending) {
+  return pending <= 0 ? 0 : c.predict(pending, attn_pairs(n_computed, pending));
+}
+
+double default_ttft_slo_ms(const SchedulerConfig& cfg, const CostModel& c, int64_t n_prompt) {
+  return cfg.ttft_slo_base_ms + cfg.ttft_slo_stretch * predict_prefill_ms(c, 0, n_prompt);
+}
+
+double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r) {
+  auto key = [](const QueuedPrefill& q) { return OrderKey{q.priority, q.deadline_ms, 0, 0}; };
+  const OrderKey mine = key(r);
+  double t = r.remaining_ms;
+  for (const QueuedPrefill& q : queue)
+    if (!(mine < key(q))) t += q.remaining_ms;  // ordered before r, or tied with it
+  return t;
+}
 
 StepPlan plan_step(const SchedulerInput& in) {
   const SchedulerConfig& cfg = in.cfg;
@@ -66,14 +100,16 @@ StepPlan plan_step(const SchedulerInput& in) {
   std::erase_if(cands, [&](const SchedRequest* r) {
     return std::find(plan.preempt.begin(), plan.preempt.end(), r->id) != plan.preempt.end();
   });
-  std::sort(cands.begin(), cands.end(), [](const SchedRequest* a, const SchedRequest* b) {
-    if (a->pending() != b->pending()) return a->pending() < b->pending();  // shortest first
-    return a->arrival_ms < b->arrival_ms;
-  });
-  // The oldest request waiting longer than aging_ms is guaranteed half of every step's budget.
+  auto slack = [&](const SchedRequest* r) {
+    return r->deadline_ms - in.now_ms - predict_prefill_ms(in.cost, r->n_computed, r->pending());
+  };
+  auto key = [](const SchedRequest* r) { return OrderKey{r->priority, r->deadline_ms, r->pending(), r->arrival_ms}; };
+  std::sort(cands.begin(), cands.end(), [&](const SchedRequest* a, const SchedRequest* b) { return key(a) < key(b); });
+  // The request longest past its deadline, by more than aging_ms, is guaranteed half of every
+  // step's budget (earliest deadline first puts it first anyway, unless its priority does not).
   const SchedRequest* aged = nullptr;
   for (const auto* r : cands)
-    if (in.now_ms - r->arrival_ms > cfg.aging_ms && (!aged || r->arrival_ms < aged->arrival_ms)) aged = r;
+    if (in.now_ms - r->deadline_ms > cfg.aging_ms && (!aged || r->deadline_ms < aged->deadline_ms)) aged = r;
 
   // The prefill budget.
   const int64_t cap = std::max<int64_t>(0, cfg.max_batch_tokens - n_decode);
@@ -84,23 +120,43 @@ StepPlan plan_step(const SchedulerInput& in) {
   } else if (cfg.chunk_size > 0) {
     budget = std::min(cfg.chunk_size, cap);
   } else {
-    // Largest budget whose predicted step time stays within the target, assuming the chunk goes
-    // to the first candidate (its context determines the attention cost). Also when a prefill
-    // runs alone: a request arriving mid-step waits for the whole step, so no step may be longer
-    // than the target; on a fast machine the target holds max_auto_chunk tokens anyway.
+    // The step's time cap (scheduler.h), then the largest budget within it, assuming the chunk
+    // goes to the first candidate (its context determines the attention cost).
+    double cap_ms = kInf;
+    if (n_decode > 0) {
+      cap_ms = cfg.step_latency_target_ms;
+    } else {
+      if (cands.size() > 1) {  // the first one's first token comes at the end of the step too
+        double afford = cands.front()->deadline_ms - in.now_ms;
+        for (size_t i = 1; i < cands.size(); ++i) afford = std::min(afford, slack(cands[i]));
+        cap_ms = cfg.slack_share * afford;
+      } else if (!cands.empty()) {  // alone: as long as the quiet has lasted
+        cap_ms = in.now_ms - cands.front()->arrival_ms;
+      }
+      double oldest = in.now_ms;
+      int64_t n_past = 0;
+      for (double a : in.past_arrivals_ms)
+        if (in.now_ms - a <= cfg.arrival_window_ms) {
+          oldest = std::min(oldest, a);
+          ++n_past;
+        }
+      if (n_past > 0) cap_ms = std::min(cap_ms, cfg.arrival_risk * (in.now_ms - oldest) / double(n_past));
+      cap_ms = std::max(cap_ms, cfg.step_latency_target_ms);
+    }
+    plan.step_cap_ms = cap_ms;
     const int64_t ctx = cands.empty() ? 0 : cands.front()->n_computed;
     int64_t lo = 0, hi = std::min(cfg.max_auto_chunk, cap);
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
       const double t = in.cost.predict(n_decode + mid, attn + attn_pairs(ctx, mid));
-      if (t <= cfg.step_latency_target_ms) lo = mid; else hi = mid - 1;
+      if (t <= cap_ms) lo = mid; else hi = mid - 1;
     }
     budget = std::max(lo, std::min(cfg.min_chunk, cap));
     time_limited = true;
   }
   plan.prefill_budget = budget;
 
-  // Fill the budget, shortest remaining prefill first.
+  // Fill the budget in the policy's order.
   int64_t n_running = int64_t(running.size());
   int64_t planned = n_decode;
   // Largest chunk of r that keeps the step's predicted time within target_ms (at least
@@ -143,7 +199,7 @@ StepPlan plan_step(const SchedulerInput& in) {
   // the step's time) before the others; the shortest one still progresses by min_chunk, so
   // aging cannot turn into starving the short requests behind a long one.
   const bool aged_competes = aged && cands.front() != aged;
-  const double target = cfg.step_latency_target_ms;
+  const double target = plan.step_cap_ms;
   int64_t left = budget;
   if (aged_competes) left -= schedule(aged, std::max<int64_t>(1, budget / 2), target / 2, true);
   bool first = true;
@@ -154,6 +210,7 @@ StepPlan plan_step(const SchedulerInput& in) {
                      plan.prefill.empty() || first);
     first = false;
   }
+  plan.attn_pairs = attn;
   plan.predicted_ms = plan.empty() ? 0 : in.cost.predict(plan.n_tokens(), attn);
   return plan;
 }

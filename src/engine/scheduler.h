@@ -5,50 +5,71 @@
 // token after generating is decoding; anything else pending is prefill (a new prompt, the rest of
 // a chunked prompt, or a preempted request's recompute).
 //
+// Every request carries a TTFT deadline (arrival + its ttft_slo_ms, by default
+// default_ttft_slo_ms(): ttft_slo_base_ms + ttft_slo_stretch x its predicted prefill alone) and a
+// priority (lower first, as vLLM's). Its slack = deadline - now - predicted prefill left, alone.
+//
 // One step = one forward pass over a flattened batch:
 //  1. every running decode gets its next token (decode first: running requests never stall);
 //  2. if the KV cache cannot hold that, the most recently admitted requests are preempted
 //     (their blocks freed; they recompute later) until it can;
-//  3. prefill chunks fill the step's prefill budget, shortest remaining prefill first, so short
-//     prompts jump ahead of long ones between chunks; but the oldest request that has waited
-//     longer than aging_ms since arrival is guaranteed half of every step's budget (auto mode:
-//     half the step's time), so a long prompt is never starved, while the shortest one still
-//     progresses by at least min_chunk. A new request is admitted only when the cache can hold
-//     its whole pending sequence (plus the first generated token).
+//  3. prefill chunks fill the step's prefill budget in order of priority, then earliest deadline
+//     first, shortest remaining prefill as the tie-break (deadlines are fixed, so a long prompt
+//     goes first once the new arrivals' deadlines pass its own: it is never starved); the request
+//     longest past its deadline by more than aging_ms is guaranteed half of every step's budget
+//     (auto mode: half the step's time), so a low priority is not starved either, while the first
+//     in order still progresses by at least min_chunk. A new
+//     request is admitted only when the cache can hold its whole pending sequence (plus the first
+//     generated token).
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
-// mode, the largest budget (at most max_auto_chunk) whose predicted step time (CostModel) stays
-// within step_latency_target_ms, alone or not: a request arriving mid-step waits for the whole
-// step, so no step may be longer than the target. Chunks are therefore large when the machine
-// is fast and the context short, small on a slow CPU; a newly arrived short prompt starts within
-// about one step.
+// mode, the largest budget (at most max_auto_chunk) whose predicted
+// step time (CostModel) stays within the step's time cap (StepPlan::step_cap_ms):
+//  - nothing else waits (no decode, no other prefill, no arrival expected): max_auto_chunk, the
+//    largest efficient chunk, so a prompt alone costs about what it costs unchunked; but the
+//    step no longer than the prompt has waited so far (steps grow from the target while the
+//    quiet lasts, so a request arriving early waits little);
+//  - decodes run: step_latency_target_ms (their inter-token latency);
+//  - other prefills wait or arrivals are expected: a share (slack_share) of what they can afford
+//    to wait, at least step_latency_target_ms: the tightest slack among the other waiting
+//    prefills and the first one's time to its deadline (its first token comes at the step's end
+//    too), and for expected arrivals (a Poisson rate lambda estimated from the arrivals of the last
+//    arrival_window_ms) the step within which one arrives with probability at most arrival_risk
+//    (arrival_risk / lambda), since an arrival waits for the whole step.
+// Chunks are therefore large when the machine is fast, the context short or nothing competes,
+// small on a slow CPU under contention; a newly arrived short prompt starts within about one step.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <vector>
 
-namespace ft {
+#include "engine/cost_model.h"
 
-// Predicted forward time of one step: base + per_token * tokens + per_attn * Σ context of the
-// step's tokens (the quadratic part of prefill). Calibrated at start-up by the engine.
-struct CostModel {
-  double base_ms = 1.0;
-  double per_token_ms = 0.1;
-  double per_attn_ms = 0.0;  // per (query token x context position)
-  double predict(int64_t tokens, double attn_pairs) const {
-    return base_ms + per_token_ms * double(tokens) + per_attn_ms * attn_pairs;
-  }
-};
+namespace ft {
 
 struct SchedulerConfig {
   int64_t chunk_size = -1;          // -1 = auto, 0 = no chunking, N > 0 = fixed
   double step_latency_target_ms = 50;
-  int64_t max_auto_chunk = 1024;    // auto mode's chunk when nothing competes
+  int64_t max_auto_chunk = 1024;    // auto mode's largest chunk (the largest efficient one)
   int64_t min_chunk = 16;           // auto mode never plans a smaller chunk (progress)
   // Hard cap on tokens in one step (the forward's capacity). The engine raises it to hold a whole
   // fixed chunk (unchunked: a whole context) plus a decode token per sequence.
   int64_t max_batch_tokens = 2048;
   int32_t max_num_seqs = 64;        // running requests at most
-  double aging_ms = 2000;           // a request waiting longer goes first
+  double aging_ms = 2000;           // a request this far past its deadline gets half of every step
   int32_t block_size = 16;
+  // The default TTFT deadline of a request: base + stretch x its predicted prefill alone.
+  double ttft_slo_base_ms = 100;
+  double ttft_slo_stretch = 2;
+  // Expected arrivals: a Poisson rate estimated from the arrivals of the last window; a step may
+  // outlast step_latency_target_ms only while an arrival during it stays this unlikely.
+  double arrival_window_ms = 10000;
+  double arrival_risk = 0.05;
+  // One step may spend at most this share of what the waiting requests can afford to wait (the
+  // rest is for the steps and arrivals after it).
+  double slack_share = 0.25;
+  // Admission (0 = off): refuse a request whose predicted TTFT under the current queue exceeds
+  // this factor x its TTFT budget (deadline - arrival).
+  double reject_late_factor = 0;
 };
 
 struct SchedRequest {
@@ -63,6 +84,8 @@ struct SchedRequest {
   // attaches, and of those, the idle ones it takes out of the free pool.
   int32_t hit_blocks = 0, hit_idle_blocks = 0;
   double arrival_ms = 0;
+  double deadline_ms = std::numeric_limits<double>::infinity();  // first token due (engine clock)
+  int32_t priority = 0;     // lower goes first
   uint64_t admit_order = 0; // larger = admitted more recently
   int64_t pending() const { return n_tokens - n_computed; }
   bool decoding() const { return admitted && n_generated > 0 && pending() == 1; }
@@ -74,6 +97,9 @@ struct SchedulerInput {
   double now_ms = 0;
   std::vector<SchedRequest> requests;  // every unfinished request, admitted or waiting
   int32_t free_blocks = 0;             // KVCache::free_blocks()
+  // Arrival times, within cfg.arrival_window_ms of now, of requests no longer in `requests`
+  // (finished): the expected arrivals' rate is their count over the time since the oldest.
+  std::vector<double> past_arrivals_ms;
   CostModel cost;
   SchedulerConfig cfg;
 };
@@ -89,11 +115,32 @@ struct StepPlan {
   std::vector<uint64_t> decode;        // one token each, batch order
   std::vector<PrefillChunk> prefill;   // after the decodes, batch order
   int64_t prefill_budget = 0;          // the budget the chunks were planned against
+  double step_cap_ms = 0;              // auto mode: the step's time cap (infinity: none)
+  double attn_pairs = 0;               // the step's attention pairs (the cost model's feature)
   double predicted_ms = 0;
   bool empty() const { return decode.empty() && prefill.empty(); }
   int64_t n_tokens() const;
 };
 
 StepPlan plan_step(const SchedulerInput& in);
+
+// Attention pairs of a chunk of `chunk` tokens after n_computed: query i (0-based in the chunk)
+// sees n_computed + i + 1 positions.
+double attn_pairs(int64_t n_computed, int64_t chunk);
+// Predicted time to prefill `pending` tokens after n_computed in one step, alone.
+double predict_prefill_ms(const CostModel& c, int64_t n_computed, int64_t pending);
+// A request's TTFT budget when it names none.
+double default_ttft_slo_ms(const SchedulerConfig& cfg, const CostModel& c, int64_t n_prompt);
+
+// Admission by prediction: a queued prefill, as the engine last saw it.
+struct QueuedPrefill {
+  int32_t priority = 0;
+  double deadline_ms = 0;
+  double remaining_ms = 0;  // predicted prefill left, alone
+};
+// The predicted TTFT of `r` (arriving now): the prefill left of every queued request the policy
+// orders before it, then its own. Deliberately simple (no decode time, no chunk overheads):
+// reject_late_factor is the margin.
+double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r);
 
 }  // namespace ft

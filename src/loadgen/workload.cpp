@@ -9,7 +9,7 @@
 
 namespace ft::loadgen {
 
-std::vector<std::string> builtin_workload_names() { return {"short", "long", "mixed", "shared-prefix"}; }
+std::vector<std::string> builtin_workload_names() { return {"short", "long", "mixed", "burst", "shared-prefix"}; }
 
 std::optional<Workload> builtin_workload(const std::string& name) {
   using K = Arrivals::Kind;
@@ -22,6 +22,9 @@ std::optional<Workload> builtin_workload(const std::string& name) {
   } else if (name == "mixed") {  // the TTFT headline workload: long prompts among short ones
     w.classes = {{"long", {K::Periodic, 0.05, 1.0, 1.0}, {2700, 50}, {16, 0}, 0},
                  {"short", {K::Poisson, 1.0, 1.0, 0.0}, {45, 5}, {16, 0}, 0}};
+  } else if (name == "burst") {  // two long documents together, every 30 s
+    w.classes = {{"long-a", {K::Periodic, 1.0 / 30, 1.0, 0.0}, {2700, 50}, {16, 0}, 0},
+                 {"long-b", {K::Periodic, 1.0 / 30, 1.0, 0.0}, {2700, 50}, {16, 0}, 0}};
   } else if (name == "shared-prefix") {  // one system prompt shared by every request
     w.classes = {{"shared-prefix", {K::Poisson, 1.0, 1.0, 0.0}, {600, 20}, {16, 0}, 512}};
   } else {

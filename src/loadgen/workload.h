@@ -39,7 +39,7 @@ struct Workload {
   double duration_s = 60;
 };
 
-// Built-in workloads: short, long, mixed, shared-prefix (see workload.cpp for their numbers).
+// Built-in workloads: short, long, mixed, burst, shared-prefix (see workload.cpp for their numbers).
 std::optional<Workload> builtin_workload(const std::string& name);
 std::vector<std::string> builtin_workload_names();
 // A workload from JSON: {"name", "duration_s", "classes": [{"name", "arrival": {"type":

@@ -91,7 +91,8 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     static const char* const kKnown[] = {
         "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos",
-        "stream", "stream_options", "logprobs", "top_logprobs", "n", "echo", "best_of", "user", "logit_bias"};
+        "stream", "stream_options", "logprobs", "top_logprobs", "n", "echo", "best_of", "user", "logit_bias",
+        "ttft_slo_ms", "priority"};
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
     if (kind == Endpoint::Completions && (key == "messages" || key == "max_completion_tokens" || key == "top_logprobs"))
@@ -174,6 +175,13 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     r.seed_set = true;
   }
   if (j.contains("ignore_eos")) r.ignore_eos = get_bool(j, "ignore_eos");
+  // Scheduling extensions: a TTFT deadline (ms from arrival) and vLLM's priority (lower first).
+  if (j.contains("ttft_slo_ms") && !j["ttft_slo_ms"].is_null()) {
+    r.ttft_slo_ms = get_number(j, "ttft_slo_ms", 0, 1e9);
+    if (r.ttft_slo_ms <= 0) bad("ttft_slo_ms", "'ttft_slo_ms' must be > 0");
+  }
+  if (j.contains("priority") && !j["priority"].is_null())
+    r.priority = int32_t(get_int(j, "priority", -(1 << 30), 1 << 30));
   if (j.contains("stream") && !j["stream"].is_null()) r.stream = get_bool(j, "stream");
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const json& so = j["stream_options"];

@@ -69,6 +69,15 @@ const ServeSetting kSettings[] = {
     {"scheduler.step_latency_target_ms", "", "", &ServeConfig::step_latency_target_ms, 0.1, 1e6},
     {"scheduler.max_num_seqs", "", "", &ServeConfig::max_num_seqs, 1, 4096},
     {"scheduler.max_batch_tokens", "", "", &ServeConfig::max_batch_tokens, 2, 1 << 20},
+    {"scheduler.ttft_slo_base_ms", "--ttft-slo-base",
+     "Default TTFT deadline (ms) of a request naming no ttft_slo_ms: this plus --ttft-slo-stretch x its predicted "
+     "prefill alone",
+     &ServeConfig::ttft_slo_base_ms, 0, 1e7},
+    {"scheduler.ttft_slo_stretch", "--ttft-slo-stretch", "See --ttft-slo-base", &ServeConfig::ttft_slo_stretch, 0,
+     1e4},
+    {"scheduler.reject_late_factor", "--reject-late",
+     "Answer 429 + Retry-After at once to a request whose predicted TTFT exceeds FACTOR x its deadline (0 = off)",
+     &ServeConfig::reject_late_factor, 0, 1e6},
     {"kv_cache.memory_mib", "--kv-memory", "KV cache MiB (0 = 4 full contexts, at most 2 GiB)",
      &ServeConfig::kv_memory_mib, 0, 1 << 24},
     {"kv_cache.block_size", "", "", &ServeConfig::kv_block_size, 1, 4096},
@@ -174,6 +183,9 @@ EngineConfig to_engine_config(const ServeConfig& c) {
   e.scheduler.step_latency_target_ms = c.step_latency_target_ms;
   e.scheduler.max_num_seqs = c.max_num_seqs;
   e.scheduler.max_batch_tokens = c.max_batch_tokens;
+  e.scheduler.ttft_slo_base_ms = c.ttft_slo_base_ms;
+  e.scheduler.ttft_slo_stretch = c.ttft_slo_stretch;
+  e.scheduler.reject_late_factor = c.reject_late_factor;
   e.kv_memory_bytes = c.kv_memory_mib << 20;
   e.prefix_caching = c.prefix_caching;
   return e;

@@ -165,6 +165,8 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   er.ignore_eos = r.ignore_eos;
   er.tokenize_ms = tokenize_ms;
   er.logprobs = r.logprobs;
+  er.ttft_slo_ms = r.ttft_slo_ms;
+  er.priority = r.priority;
   // Runs on the engine thread: copy the event and post it to the consumer.
   auto cb = [gen, post = std::move(post)](const EngineEvent& ev) {
     Event e{ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error};
@@ -173,6 +175,11 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   };
   try {
     gen->engine_id_ = ctx.engine.submit(std::move(er), std::move(cb));
+  } catch (const DeadlineError& e) {
+    if (ctx.waiting) ctx.waiting->fetch_sub(1);
+    ApiError late(429, e.what(), "", "rate_limit_error", kDeadlineUnmeetable);
+    late.retry_after_s = e.retry_after_s;
+    throw late;
   } catch (const Error& e) {
     if (ctx.waiting) ctx.waiting->fetch_sub(1);
     const std::string msg = e.what();

@@ -34,6 +34,7 @@ class ServerMetrics;
 struct ApiError : std::runtime_error {
   int status;
   std::string type, param, code;
+  int64_t retry_after_s = 1;  // 429: the Retry-After header
   ApiError(int status_, std::string message, std::string param_ = "",
            std::string type_ = "invalid_request_error", std::string code_ = "")
       : std::runtime_error(message), status(status_), type(std::move(type_)), param(std::move(param_)),
@@ -43,6 +44,8 @@ struct ApiError : std::runtime_error {
 inline constexpr size_t kMaxStops = 4;
 // ApiError::code of a request that failed while generating (the engine's FinishReason::Error).
 inline constexpr const char* kGenerationFailed = "generation_failed";
+// ApiError::code of a 429 from admission by prediction (--reject-late).
+inline constexpr const char* kDeadlineUnmeetable = "deadline_unmeetable";
 
 // Matches stop strings on streamed text. push() returns the text that can be sent now: it holds
 // back a tail that could still become a stop string, and on a match returns the text before it
@@ -76,6 +79,8 @@ struct GenerationRequest {
   bool ignore_eos = false;
   std::vector<std::string> stop;       // at most kMaxStops, non-empty
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
+  double ttft_slo_ms = 0;              // extension: the TTFT deadline from arrival; 0 = the server's default
+  int32_t priority = 0;                // extension (vLLM's): lower is scheduled first
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
 };
 

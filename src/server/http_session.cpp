@@ -213,7 +213,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   void send_error(const ApiError& e) {
     if (e.status == 429) {
       srv_.metrics.count_rejected();
-      return send_response(e.status, "application/json", error_body(e), "Retry-After: 1\r\n");
+      return send_response(e.status, "application/json", error_body(e), cat("Retry-After: ", e.retry_after_s, "\r\n"));
     }
     srv_.metrics.count_error();
     send_response(e.status, "application/json", error_body(e));

@@ -20,16 +20,21 @@ static std::string num(double v) {
   return b;
 }
 
-void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+void render_histogram(std::string& out, const std::string& name, const std::string& help,
+                      std::span<const double> bounds, std::span<const uint64_t> counts, double sum, uint64_t count) {
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
   uint64_t cum = 0;
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    cum += counts_[i];
-    out += name + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    cum += counts[i];
+    out += name + "_bucket{le=\"" + num(bounds[i]) + "\"} " + std::to_string(cum) + "\n";
   }
-  cum += counts_.back();
+  cum += counts.back();
   out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
-  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+  out += name + "_sum " + num(sum) + "\n" + name + "_count " + std::to_string(count) + "\n";
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+  render_histogram(out, name, help, bounds_, counts_, sum_, count_);
 }
 
 std::vector<double> latency_buckets() {
@@ -89,6 +94,13 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
   counter("firsttoken:num_preemptions_total", "Requests preempted (KV freed, recomputed later).",
           double(m.counters.preemptions));
   counter("firsttoken:engine_steps_total", "Engine steps (forward passes).", double(m.counters.steps));
+  counter("firsttoken:request_rejected_late_total",
+          "Requests rejected with 429 because their predicted TTFT missed their deadline (--reject-late).",
+          double(m.rejected_late));
+  render_histogram(out, "firsttoken:step_time_prediction_error_ratio",
+                   "Per step: |predicted - measured| / measured forward time (the scheduler's cost model).",
+                   PredictionErrorHistogram::kBounds, m.step_time_error.counts, m.step_time_error.sum,
+                   m.step_time_error.count);
   // Per listener: one family each, a sample per listener.
   const std::pair<const char*, const ListenerStats*> listeners[] = {{"http", &http}, {"binary", &binary}};
   out += "# HELP firsttoken:connections_open Open connections.\n# TYPE firsttoken:connections_open gauge\n";
@@ -102,7 +114,7 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
           "Binary-protocol connections closed because a frame did not arrive within --frame-timeout.",
           double(frame_timeouts.load()));
   std::lock_guard<std::mutex> lk(mu_);
-  counter("firsttoken:request_rejected_total", "Requests rejected with 429 (queue full).", double(rejected_));
+  counter("firsttoken:request_rejected_total", "Requests rejected with 429 (queue full, or late).", double(rejected_));
   counter("firsttoken:request_errors_total", "Requests answered with an error status other than 429.", double(errors_));
   out += "# HELP firsttoken:request_success_total Finished requests by finish reason.\n"
          "# TYPE firsttoken:request_success_total counter\n";

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,11 @@ class Histogram {
   double sum_ = 0;
   uint64_t count_ = 0;
 };
+
+// Appends a histogram's "# HELP/# TYPE" and _bucket/_sum/_count lines (buckets cumulative,
+// le="+Inf" last); counts are per bucket, one more than bounds (the last: above every bound).
+void render_histogram(std::string& out, const std::string& name, const std::string& help,
+                      std::span<const double> bounds, std::span<const uint64_t> counts, double sum, uint64_t count);
 
 // Latency buckets in seconds, 1 ms .. 60 s.
 std::vector<double> latency_buckets();

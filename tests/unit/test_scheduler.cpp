@@ -10,6 +10,7 @@
 #include <map>
 #include <stdexcept>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "engine/engine_core.h"
@@ -48,6 +49,8 @@ SchedulerInput input(std::vector<SchedRequest> reqs, int32_t free_blocks, int64_
   in.cfg.block_size = 16;
   in.cfg.step_latency_target_ms = 50;
   in.cost = {5.0, 0.1, 0.0};  // 5 ms + 0.1 ms/token: 450 tokens fit in 50 ms
+  for (auto& r : in.requests)  // the engine gives every request a deadline
+    if (std::isinf(r.deadline_ms)) r.deadline_ms = r.arrival_ms + default_ttft_slo_ms(in.cfg, in.cost, r.n_tokens);
   return in;
 }
 
@@ -64,26 +67,100 @@ TEST(PlanStep, DecodesFirstThenShortestPrefillFirst) {
 }
 
 TEST(PlanStep, AutoChunkIsAsLargeAsTheTargetAllows) {
-  // Alone: the largest chunk within the 50 ms target (a request may arrive mid-step).
-  const StepPlan p = plan_step(input({waiting(1, 5000)}, 1000));
+  // Alone, nothing expected: the largest efficient chunk (max_auto_chunk), the step no longer
+  // than the prompt has waited.
+  auto quiet = input({waiting(1, 5000)}, 1000);
+  quiet.now_ms = 400;
+  const StepPlan alone = plan_step(quiet);
+  ASSERT_EQ(alone.prefill.size(), 1u);
+  EXPECT_EQ(alone.prefill[0].n_tokens, 1024);
+  EXPECT_NEAR(alone.step_cap_ms, 400, 1e-9);
+  // ...no longer than it has waited: just arrived, the target; after 80 ms, 80 ms.
+  quiet.now_ms = 0;
+  EXPECT_NEAR(plan_step(quiet).step_cap_ms, 50, 1e-9);
+  quiet.now_ms = 80;
+  EXPECT_NEAR(plan_step(quiet).step_cap_ms, 80, 1e-9);
+  EXPECT_EQ(plan_step(quiet).prefill[0].n_tokens, 750);
+  // Arrivals expected (one every 100 ms of the last second): within the 50 ms target.
+  auto busy = input({waiting(1, 5000)}, 1000);
+  busy.now_ms = 1000;
+  for (int k = 0; k < 10; ++k) busy.past_arrivals_ms.push_back(100.0 * k);
+  const StepPlan p = plan_step(busy);
   ASSERT_EQ(p.prefill.size(), 1u);
   EXPECT_LE(p.predicted_ms, 50.0 + 1e-9);
   EXPECT_GE(p.prefill[0].n_tokens, 300);
   EXPECT_LT(p.prefill[0].n_tokens, 1024);
-  // A fast machine (cheap steps): max_auto_chunk.
-  auto fast = input({waiting(1, 5000)}, 1000);
-  fast.cost.per_token_ms /= 100;
-  fast.cost.per_attn_ms /= 100;
-  EXPECT_EQ(plan_step(fast).prefill[0].n_tokens, 1024);
+  // Rarer arrivals (one 1.6 s ago): a step may take arrival_risk / rate = 80 ms.
+  busy.past_arrivals_ms = {1000 - 1600.0};
+  EXPECT_EQ(plan_step(busy).prefill[0].n_tokens, 750);
+  EXPECT_NEAR(plan_step(busy).step_cap_ms, 0.05 * 1600, 1e-9);
+  // ...and arrivals older than the window count for nothing.
+  busy.past_arrivals_ms = {1000 - 10001.0};
+  EXPECT_NEAR(plan_step(busy).step_cap_ms, 1000, 1e-9);
+  // A running decode: the target (its inter-token latency).
+  auto dec = input({waiting(1, 5000), decoding(2, 20, 2, 1)}, 1000);
+  EXPECT_LE(plan_step(dec).predicted_ms, 50.0 + 1e-9);
+  // A short prompt waiting with a long one: it goes first and the step keeps to the target.
   const StepPlan q = plan_step(input({waiting(1, 5000), waiting(2, 10)}, 1000));
   EXPECT_LE(q.predicted_ms, 50.0 + 1e-9);
   EXPECT_EQ(q.prefill[0].id, 2u);
 }
 
+// The step is sized from what the waiting requests can afford: two long prompts with seconds of
+// slack each get steps far longer than the target, one of them with a tight deadline does not.
+TEST(PlanStep, StepIsSizedFromTheTightestDeadline) {
+  auto in = input({waiting(1, 3000), waiting(2, 3000)}, 1000);
+  in.requests[0].deadline_ms = 20000;
+  in.requests[1].deadline_ms = 30000;
+  const StepPlan roomy = plan_step(in);
+  EXPECT_EQ(roomy.prefill[0].id, 1u);  // earliest deadline first
+  EXPECT_EQ(roomy.n_tokens(), 1024);
+  EXPECT_GT(roomy.predicted_ms, 100);
+  in.requests[1].deadline_ms = 700;  // request 2 can wait ~700 - 310 ms: it goes first now
+  const StepPlan tight = plan_step(in);
+  EXPECT_EQ(tight.prefill[0].id, 2u);
+  in.requests[1].deadline_ms = 30000;
+  in.requests[0].deadline_ms = 150;  // request 1 cannot make it, but it keeps its place
+  const StepPlan own = plan_step(in);
+  EXPECT_EQ(own.prefill[0].id, 1u);
+  EXPECT_LE(own.predicted_ms, 50 + 1e-9);  // request 2 can afford little: the target
+  in.requests[0].deadline_ms = 500;  // feasible (~310 ms alone) and first: the step serves it
+  const StepPlan first = plan_step(in);
+  EXPECT_EQ(first.prefill[0].id, 1u);
+  EXPECT_NEAR(first.step_cap_ms, 0.25 * 500, 1e-9);
+  EXPECT_LE(first.predicted_ms, 0.25 * 500 + 1e-9);
+}
+
+TEST(PlanStep, PriorityThenDeadlineThenShortestRemaining) {
+  std::vector<SchedRequest> rs = {waiting(1, 40), waiting(2, 40), waiting(3, 20), waiting(4, 30)};
+  for (auto& r : rs) r.deadline_ms = 1000;
+  rs[1].priority = -1;        // vLLM: lower first
+  rs[3].deadline_ms = 900;    // earlier deadline
+  const StepPlan p = plan_step(input(rs, 1000));
+  std::vector<uint64_t> order;
+  for (const auto& c : p.prefill) order.push_back(c.id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{2, 4, 3, 1}));  // ties on deadline: shortest remaining
+}
+
+TEST(PlanStep, DefaultDeadlineAndPredictedTtft) {
+  SchedulerConfig cfg;
+  const CostModel c{5.0, 0.1, 0.0};
+  EXPECT_NEAR(default_ttft_slo_ms(cfg, c, 100), cfg.ttft_slo_base_ms + cfg.ttft_slo_stretch * 15, 1e-9);
+  // Queue: a long prompt due late, a short one due soon. A new short one due between them waits
+  // only for the earlier short; a new long one due last waits for both.
+  const std::vector<QueuedPrefill> q = {{0, 10000, 3000}, {0, 200, 50}};
+  EXPECT_NEAR(predict_ttft_ms(q, {0, 300, 40}), 90, 1e-9);
+  EXPECT_NEAR(predict_ttft_ms(q, {0, 20000, 1000}), 4050, 1e-9);
+  EXPECT_NEAR(predict_ttft_ms(q, {-1, 20000, 1000}), 1000, 1e-9);  // higher priority
+}
+
 // In auto mode a long prompt that has aged keeps half the step's time, and a short one that
 // arrived behind it still progresses every step (aging must not starve the short ones).
 TEST(PlanStep, AgedLongPromptDoesNotStarveShortOnes) {
-  auto in = input({waiting(1, 5000, 0.0), waiting(2, 45, 2990)}, 1000);
+  SchedRequest low = waiting(1, 5000, 0.0);
+  low.priority = 1;
+  low.deadline_ms = 500;
+  auto in = input({low, waiting(2, 45, 2990)}, 1000);
   in.cost.per_token_ms *= 20;  // slow machine: the target holds few tokens
   in.now_ms = 3000;
   const StepPlan p = plan_step(in);
@@ -148,8 +225,11 @@ TEST(PlanStep, PreemptionCountsOnlyUnsharedBlocks) {
 }
 
 TEST(PlanStep, AgedRequestGetsHalfTheBudget) {
-  auto in = input({waiting(1, 5000, 0.0), waiting(2, 30, 2900), waiting(3, 30, 2950)}, 1000, 512);
-  in.now_ms = 3000;  // request 1 has waited 3 s > aging_ms (2 s)
+  SchedRequest low = waiting(1, 5000, 0.0);
+  low.priority = 1;
+  low.deadline_ms = 500;
+  auto in = input({low, waiting(2, 30, 2900), waiting(3, 30, 2950)}, 1000, 512);
+  in.now_ms = 3000;  // request 1 is 2.5 s past its deadline > aging_ms (2 s); its priority is lower
   const StepPlan p = plan_step(in);
   std::map<uint64_t, int64_t> got;
   for (const auto& c : p.prefill) got[c.id] = c.n_tokens;
@@ -157,6 +237,69 @@ TEST(PlanStep, AgedRequestGetsHalfTheBudget) {
   EXPECT_EQ(got[3], 30);
   EXPECT_EQ(got[1], 256);  // its half; the short ones take what they need
   EXPECT_EQ(p.prefill[0].id, 1u);
+}
+
+// ---- the learned cost model -----------------------------------------------------------------
+
+// Synthetic step traces: decode-like and prefill-like steps at random contexts, the measured time
+// the true model's x (1 + 5% noise), 2% of steps 4x slower (another process); the true costs
+// change mid-run (per token 1.8x, attention 2x, base 1.5x: a frequency drop, a neighbour).
+TEST(CostModelLearning, ConvergesFromABadPriorAndFollowsAChangeMidRun) {
+  const CostModel before{4.0, 0.08, 2e-5}, after{6.0, 0.144, 4e-5};
+  OnlineCostModel m(CostModel{12.0, 0.02, 0.0});  // a calibration taken at a bad moment
+  uint64_t h = 11;
+  auto uniform = [&] {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    return double(h >> 11) * 0x1.0p-53;
+  };
+  double err_before = 0, err_after = 0;
+  int n_before = 0, n_after = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const CostModel& truth = i < 2000 ? before : after;
+    const bool prefill = uniform() < 0.4;
+    const int64_t tokens = prefill ? 16 + int64_t(uniform() * 1000) : 1 + int64_t(uniform() * 32);
+    const double ctx = uniform() * 3000;
+    const double pairs = prefill ? double(tokens) * ctx + double(tokens) * double(tokens + 1) / 2 : double(tokens) * ctx;
+    const double clean = truth.predict(tokens, pairs);
+    double measured = clean * (1 + 0.1 * (uniform() - 0.5) * 2 * 0.5);
+    if (uniform() < 0.02) measured *= 4;
+    const double err = std::abs(m.model().predict(tokens, pairs) - clean) / clean;
+    if (i >= 1500 && i < 2000) err_before += err, ++n_before;
+    if (i >= 3500) err_after += err, ++n_after;
+    m.observe(tokens, pairs, measured);
+  }
+  EXPECT_LT(err_before / n_before, 0.05);
+  EXPECT_LT(err_after / n_after, 0.05);
+  EXPECT_NEAR(m.model().per_token_ms, after.per_token_ms, 0.15 * after.per_token_ms);
+  EXPECT_NEAR(m.model().per_attn_ms, after.per_attn_ms, 0.15 * after.per_attn_ms);
+}
+
+TEST(CostModelLearning, OneOutlierBarelyMovesIt) {
+  const CostModel truth{5.0, 0.1, 1e-5};
+  OnlineCostModel m(truth);
+  for (int i = 0; i < 300; ++i) {
+    const int64_t t = 1 + (i * 37) % 600;
+    m.observe(t, double(t) * 500, truth.predict(t, double(t) * 500));
+  }
+  const double p0 = m.model().predict(200, 200.0 * 500);
+  m.observe(200, 200.0 * 500, 20 * p0);  // a step 20x slower (the process was descheduled)
+  EXPECT_LT(std::abs(m.model().predict(200, 200.0 * 500) - p0) / p0, 0.1);
+  // Zero or negative times carry nothing.
+  m.observe(10, 0, 0);
+  m.observe(10, 0, -1);
+  EXPECT_EQ(m.observations(), 301u);
+}
+
+TEST(CostModelLearning, PredictionErrorHistogramBuckets) {
+  PredictionErrorHistogram h;
+  h.observe(0.005);
+  h.observe(0.1);   // on a bound: that bucket (le)
+  h.observe(100);   // above every bound
+  EXPECT_EQ(h.counts[0], 1u);
+  EXPECT_EQ(h.counts[3], 1u);
+  EXPECT_EQ(h.counts.back(), 1u);
+  EXPECT_EQ(h.count, 3u);
+  EXPECT_NEAR(h.mean(), (0.005 + 0.1 + 100) / 3, 1e-12);
 }
 
 // ---- simulation ------------------------------------------------------------------------------
@@ -227,6 +370,8 @@ struct SimResult {
   std::map<uint64_t, FinishReason> reasons;
   std::vector<StepRecord> steps;
   EngineCounters counters;
+  CostModel learned;
+  PredictionErrorHistogram errors;
   int32_t kv_total = 0;
   int32_t kv_used_after = 0;
 };
@@ -237,8 +382,10 @@ std::vector<int32_t> make_prompt(int64_t n, int seed) {
   return p;
 }
 
+// cost: the fake model's true costs; prior: the engine's cost model before it learns (= cost).
 SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int32_t kv_blocks,
-                   bool prefix_caching = true, const CostModel& cost = {5.0, 0.1, 1e-5}) {
+                   bool prefix_caching = true, const CostModel& cost = {5.0, 0.1, 1e-5},
+                   const std::optional<CostModel>& prior = std::nullopt) {
   double clock = 0;
   FakeExecutor exec(&clock, cost);
   KVCacheConfig kc;
@@ -248,7 +395,7 @@ SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int
   kc.n_blocks = kv_blocks;
   kc.prefix_caching = prefix_caching;
   KVCache kv(kc);
-  EngineCore core(kv, exec, cfg, cost, 1 << 20, {}, [&] { return clock; });
+  EngineCore core(kv, exec, cfg, prior.value_or(cost), 1 << 20, {}, [&] { return clock; });
   SimResult res;
   res.kv_total = kv.total_blocks();
   std::vector<size_t> order(reqs.size());
@@ -283,6 +430,8 @@ SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int
   }
   res.steps.assign(core.steps().begin(), core.steps().end());
   res.counters = core.counters();
+  res.learned = core.cost_model();
+  res.errors = core.prediction_errors();
   res.kv_used_after = kv.used_blocks();
   return res;
 }
@@ -339,6 +488,125 @@ TEST(Simulation, LongPromptIsNotStarvedByAFloodOfShortOnes) {
   const SimResult res = simulate(reqs, cfg, 4000);
   expect_complete_and_correct(reqs, res);
   EXPECT_LT(res.timings.at(1).ttft_ms(), 500 + 3000 * 2 * 0.1 + 1000);
+}
+
+// Traffic shapes of `bench serve` (110m-like costs: 5 ms a step, 0.1 ms a token, attention 1e-5 ms
+// a pair): TTFT of each request under the policy, against each request's deadline and the same
+// request alone.
+std::vector<SimRequest> long_every(double period_ms, double until_ms, int64_t n, int per_period) {
+  std::vector<SimRequest> reqs;
+  int k = 0;
+  for (double t = 0; t < until_ms; t += period_ms)
+    for (int j = 0; j < per_period; ++j) reqs.push_back({t, make_prompt(n + j, 1000 + k++), 16});
+  return reqs;
+}
+
+double ttft_alone(const SimRequest& r, const SchedulerConfig& cfg) {
+  SimRequest a = r;
+  a.arrival_ms = 0;
+  return simulate({a}, cfg, 4000).timings.at(1).ttft_ms();
+}
+
+// Long-only: an isolated prompt prefills in the largest efficient chunks: within 5% of its
+// unchunked TTFT, where a chunk sized to the step target alone costs more than that.
+TEST(Simulation, IsolatedLongPromptCostsWhatItCostsUnchunked) {
+  const auto reqs = long_every(20000, 60000, 2700, 1);
+  SchedulerConfig cfg, none;
+  none.chunk_size = 0;
+  none.max_batch_tokens = 8192;
+  SchedulerConfig small = cfg;
+  small.chunk_size = 64;
+  const SimResult a = simulate(reqs, cfg, 4000), u = simulate(reqs, none, 4000), s = simulate(reqs, small, 4000);
+  expect_complete_and_correct(reqs, a);
+  for (uint64_t id = 1; id <= reqs.size(); ++id) {
+    EXPECT_LE(a.timings.at(id).ttft_ms(), 1.05 * u.timings.at(id).ttft_ms()) << id;
+    EXPECT_GT(s.timings.at(id).ttft_ms(), 1.05 * u.timings.at(id).ttft_ms()) << id;  // the test can fail
+  }
+}
+
+// Burst: two long prompts together every 30 s: earliest deadline first runs them one after the
+// other in large chunks, so the first one is barely slowed and the second one's TTFT stays near
+// twice its isolated TTFT (exactly twice is the best any order can do; the first one's decode
+// steps, which keep to the step target, cost the rest). Small chunks cost far more.
+TEST(Simulation, BurstOfLongPromptsStaysNearTwiceIsolated) {
+  const auto reqs = long_every(30000, 60000, 2700, 2);
+  SchedulerConfig cfg, small;
+  small.chunk_size = 32;
+  const SimResult res = simulate(reqs, cfg, 4000), s = simulate(reqs, small, 4000);
+  expect_complete_and_correct(reqs, res);
+  for (uint64_t id = 1; id <= reqs.size(); ++id) {
+    const double alone = ttft_alone(reqs[id - 1], cfg);
+    EXPECT_LE(res.timings.at(id).ttft_ms(), (id % 2 == 1 ? 1.2 : 2.15) * alone) << id;
+    if (id % 2 == 0) {
+      EXPECT_GT(s.timings.at(id).ttft_ms(), 2.15 * alone) << id;
+    }
+  }
+}
+
+// Mixed: long prompts every 20 s among short ones (Poisson 4/s): every short prompt meets its
+// deadline (it waits at most about one step), and the long ones are not starved.
+TEST(Simulation, MixedTrafficMeetsShortDeadlines) {
+  std::vector<SimRequest> reqs = long_every(20000, 60000, 2700, 1);
+  for (auto& r : reqs) r.arrival_ms += 1000;
+  uint64_t h = 7;
+  double t = 0;
+  for (int k = 0;; ++k) {
+    h = mix(h, uint64_t(k));
+    t += -std::log(1.0 - double(h >> 11) * 0x1.0p-53) * 250.0;  // exponential gaps, mean 250 ms
+    if (t >= 60000) break;
+    reqs.push_back({t, make_prompt(40 + int64_t(h % 11), 2000 + k), 16});
+  }
+  SchedulerConfig cfg;
+  const SimResult res = simulate(reqs, cfg, 4000);
+  expect_complete_and_correct(reqs, res);
+  const CostModel cost{5.0, 0.1, 1e-5};  // simulate()'s
+  size_t shorts = 0, late = 0;
+  for (uint64_t id = 1; id <= reqs.size(); ++id) {
+    const RequestTimings& tm = res.timings.at(id);
+    const int64_t n = int64_t(reqs[id - 1].prompt.size());
+    if (n >= 1000) {
+      EXPECT_LE(tm.ttft_ms(), 1.5 * ttft_alone(reqs[id - 1], cfg)) << id;
+      continue;
+    }
+    ++shorts;
+    late += tm.ttft_ms() > default_ttft_slo_ms(cfg, cost, n);
+    EXPECT_LE(tm.queue_ms(), 1.5 * cfg.step_latency_target_ms) << id;
+  }
+  EXPECT_GT(shorts, 200u);
+  EXPECT_EQ(late, 0u);
+  // Fixed 1024-token chunks (the seed's idle rule everywhere) make short prompts miss.
+  SchedulerConfig big = cfg;
+  big.chunk_size = 1024;
+  const SimResult b = simulate(reqs, big, 4000);
+  size_t big_late = 0;
+  for (uint64_t id = 1; id <= reqs.size(); ++id) {
+    const int64_t n = int64_t(reqs[id - 1].prompt.size());
+    if (n < 1000) big_late += b.timings.at(id).ttft_ms() > default_ttft_slo_ms(cfg, cost, n);
+  }
+  EXPECT_GT(big_late, 0u);
+}
+
+// The learned cost model: a prior 3x off (a noisy start-up) is corrected within the run, so the
+// predicted step times end within a few percent of the measured ones.
+TEST(Simulation, CostModelLearnsFromMeasuredSteps) {
+  std::vector<SimRequest> reqs = long_every(3000, 30000, 1500, 1);
+  for (int k = 0; k < 100; ++k) reqs.push_back({300.0 * k + 50, make_prompt(30 + k % 20, 3000 + k), 16});
+  const CostModel truth{5.0, 0.1, 1e-5};
+  const SimResult res = simulate(reqs, SchedulerConfig{}, 4000, true, truth, CostModel{1.0, 0.3, 3e-5});
+  expect_complete_and_correct(reqs, res);
+  const auto& steps = res.steps;
+  ASSERT_GT(steps.size(), 400u);
+  double first = 0, last = 0;
+  const size_t n = 100;
+  for (size_t i = 0; i < n; ++i) {
+    first += std::abs(steps[i].predicted_ms - steps[i].forward_ms) / steps[i].forward_ms / double(n);
+    const StepRecord& s = steps[steps.size() - 1 - i];
+    last += std::abs(s.predicted_ms - s.forward_ms) / s.forward_ms / double(n);
+  }
+  EXPECT_GT(first, 0.15);
+  EXPECT_LT(last, 0.02);
+  EXPECT_NEAR(res.learned.per_token_ms, truth.per_token_ms, 0.01);
+  EXPECT_EQ(res.errors.count, res.counters.steps);
 }
 
 TEST(Simulation, EveryChunkSettingGivesTheSameOutputs) {

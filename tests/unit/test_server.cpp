@@ -70,6 +70,13 @@ TEST(ServerParse, CompletionDefaultsAndFields) {
   EXPECT_TRUE(s.stream);
   EXPECT_TRUE(s.include_usage);
 
+  // Scheduling extensions.
+  const auto x = parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"ttft_slo_ms", 250}, {"priority", -3}});
+  EXPECT_DOUBLE_EQ(x.ttft_slo_ms, 250);
+  EXPECT_EQ(x.priority, -3);
+  EXPECT_DOUBLE_EQ(r.ttft_slo_ms, 0);  // the server's default
+  EXPECT_EQ(r.priority, 0);
+
   // A one-element batch is the same as a single prompt.
   EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", {"x"}}}).prompt_text, "x");
   EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", {{5, 6}}}}).prompt_tokens, (std::vector<int32_t>{5, 6}));
@@ -95,6 +102,8 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Completions, R"({"prompt":"x"})", "model", "required");
   expect_400(E::Completions, R"({"model":"gpt-4","prompt":"x"})", "model", "does not exist");
   expect_400(E::Completions, R"({"model":"stories260K"})", "prompt", "required");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","ttft_slo_ms":0})", "ttft_slo_ms", "> 0");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","priority":1.5})", "priority", "integer");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":5})", "prompt", "string or an array");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":""})", "prompt", "empty");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":[1,512]})", "prompt", "out of range");
@@ -355,6 +364,9 @@ TEST(ServerMetrics, PrometheusText) {
   em.kv_total_blocks = 100;
   em.kv_used_blocks = 25;
   em.counters.generated_tokens = 3;
+  em.step_time_error.observe(0.03);
+  em.step_time_error.observe(0.5);
+  em.rejected_late = 1;
   m.http.open = 2;
   m.binary.refused = 3;
   m.frame_timeouts = 4;
@@ -369,7 +381,13 @@ TEST(ServerMetrics, PrometheusText) {
                            "firsttoken:connections_open{listener=\"http\"} 2\n",
                            "firsttoken:connections_open{listener=\"binary\"} 0\n",
                            "firsttoken:connections_refused_total{listener=\"binary\"} 3\n",
-                           "firsttoken:binary_frame_timeouts_total 4\n"})
+                           "firsttoken:binary_frame_timeouts_total 4\n",
+                           "# TYPE firsttoken:step_time_prediction_error_ratio histogram\n",
+                           "firsttoken:step_time_prediction_error_ratio_bucket{le=\"0.02\"} 0\n",
+                           "firsttoken:step_time_prediction_error_ratio_bucket{le=\"0.05\"} 1\n",
+                           "firsttoken:step_time_prediction_error_ratio_bucket{le=\"+Inf\"} 2\n",
+                           "firsttoken:step_time_prediction_error_ratio_count 2\n",
+                           "firsttoken:request_rejected_late_total 1\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
 }
 

@@ -1,5 +1,6 @@
 // Start-up, overload and shutdown of `firsttoken serve`: the config file (unknown keys, features
-// not built yet, CLI flags overriding it), 429 with Retry-After over --max-queue, the built-in
+// not built yet, CLI flags overriding it), 429 with Retry-After over --max-queue and from
+// --reject-late, the built-in
 // model without -m, and SIGTERM during load (exit 0 within the deadline; every client gets a
 // complete response or a clean error).
 import assert from 'node:assert/strict';
@@ -70,6 +71,24 @@ describe('serve lifecycle', { skip }, () => {
       assert.equal(r.status, 200, r.text);
     } finally {
       assert.equal((await s2.stop()).code, 0);
+    }
+  });
+
+  test('--reject-late: a request that cannot meet its ttft_slo_ms gets 429 + Retry-After at once, counted', async () => {
+    const s = await startServer(['-m', MODEL, '--reject-late', '1', '--threads', '1']);
+    try {
+      const r = await postJson(s.url, '/v1/completions', { model: MODEL_ID, prompt: 'Once', max_tokens: 4, ttft_slo_ms: 0.001 });
+      assert.equal(r.status, 429, r.text);
+      assert.ok(Number(r.headers.get('retry-after')) >= 1);
+      assert.equal(r.json.error.code, 'deadline_unmeetable');
+      const ok = await postJson(s.url, '/v1/completions', { model: MODEL_ID, prompt: 'Once', max_tokens: 4, priority: -1 });
+      assert.equal(ok.status, 200, ok.text);
+      const m = await metrics(s.url);
+      assert.equal(m['firsttoken:request_rejected_late_total'], 1);
+      assert.equal(m['firsttoken:request_rejected_total'], 1);
+      assert.ok(m['firsttoken:step_time_prediction_error_ratio_count'] >= 1);
+    } finally {
+      assert.equal((await s.stop()).code, 0);
     }
   });
 

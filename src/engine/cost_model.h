@@ -1,0 +1,67 @@
+// The step-cost model: predicted forward time of one step from its features, refitted after every
+// measured step, so that no single moment (a noisy start-up calibration, another process, a
+// frequency change) can mis-size the chunks of a whole run.
+//
+// Features of a step: 1, tokens (prefill and decode rows alike: each is one row of the same
+// GEMMs), attention pairs (Σ over the step's tokens of the positions each attends to, which is
+// also what the step reads of the KV cache). The weights are fitted by recursive least squares
+// with exponential forgetting on the relative error (each step weighs 1/measured², so short and
+// long steps count alike), with Huber-clipped residuals (a step 3 robust scales off moves the fit
+// as if it were 3 scales off) and non-negative coefficients. The start-up calibration is the prior.
+#pragma once
+#include <array>
+#include <cstdint>
+
+namespace ft {
+
+// Predicted forward time of one step: base + per_token * tokens + per_attn * attention pairs.
+struct CostModel {
+  double base_ms = 1.0;
+  double per_token_ms = 0.1;
+  double per_attn_ms = 0.0;  // per (query token x context position)
+  double predict(int64_t tokens, double attn_pairs) const {
+    return base_ms + per_token_ms * double(tokens) + per_attn_ms * attn_pairs;
+  }
+};
+
+struct CostModelLearning {
+  double forgetting = 0.995;   // per step: ~200 steps of memory
+  double prior_variance = 1;   // P0 (relative-error units): how far the first steps may move the prior
+  double max_variance = 100;   // bound on P's trace (no wind-up when a feature is not excited)
+  double huber_k = 3;          // residuals beyond k robust scales are clipped
+  double min_scale = 0.02;     // the robust scale's floor (relative error)
+};
+
+class OnlineCostModel {
+ public:
+  explicit OnlineCostModel(const CostModel& prior = {}, const CostModelLearning& l = {});
+  // One measured step (forward_ms > 0; others are ignored).
+  void observe(int64_t tokens, double attn_pairs, double forward_ms);
+  const CostModel& model() const { return model_; }
+  uint64_t observations() const { return n_; }
+
+ private:
+  static constexpr int K = 3;
+  // Features are scaled to comparable magnitudes (a step's tokens in hundreds, pairs in 1e5s) so
+  // that P stays well conditioned.
+  static constexpr std::array<double, K> kScale = {1.0, 256.0, 65536.0};
+  void publish();
+  CostModelLearning l_;
+  std::array<double, K> theta_{};        // coefficients on scaled features
+  std::array<std::array<double, K>, K> P_{};
+  double scale_ = 0.1;                   // robust scale of the relative residual (EWMA of |r|)
+  uint64_t n_ = 0;
+  CostModel model_;
+};
+
+// Distribution of |predicted - measured| / measured over steps (Prometheus-style buckets).
+struct PredictionErrorHistogram {
+  static constexpr std::array<double, 11> kBounds = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5};
+  std::array<uint64_t, kBounds.size() + 1> counts{};  // per bucket, not cumulative; last = above every bound
+  double sum = 0;
+  uint64_t count = 0;
+  void observe(double ratio);
+  double mean() const { return count ? sum / double(count) : 0; }
+};
+
+}  // namespace ft
