@@ -179,8 +179,9 @@ def completion_body(chat, stream, max_tokens):
     return json.dumps(b)
 
 
-def http_request(port, chat, stream, max_tokens, draining=False):
-    """One completion; returns its outcome ("ok", "429", "503"). Raises Failure when malformed."""
+def http_request(port, chat, stream, max_tokens, draining=False, pause_s=0.0):
+    """One completion; returns its outcome ("ok", "429", "503"). Raises Failure when malformed.
+    pause_s: wait that long after the response head before reading on (the server's writes wait)."""
     path = "/v1/chat/completions" if chat else "/v1/completions"
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
@@ -196,6 +197,7 @@ def http_request(port, chat, stream, max_tokens, draining=False):
             return str(r.status)
         if r.status != 200:
             raise Failure("%s: status %d: %r" % (path, r.status, r.read()[:300]))
+        time.sleep(pause_s)
         if not stream:
             j = json.loads(r.read())
             ch = j["choices"][0]
@@ -472,7 +474,7 @@ def sigterm_under_load(srv, tally):
 
     def stream():
         try:
-            results.append(http_request(srv.port, True, True, 200, draining=True))
+            results.append(http_request(srv.port, True, True, 1000, draining=True, pause_s=1.0))
         except Failure as e:
             results.append("FAILED " + str(e))
 
