@@ -40,21 +40,21 @@ const char* finish_name(fbs::Finish f) {
 }
 
 // FlatBuffers reads scalars in place, so a buffer must start aligned for the largest in the
-// schema (8 bytes: long, double); bytes that do not (a frame inside a larger buffer) are copied.
+// schema (8 bytes: long, double); bytes that do not (a frame inside a larger buffer) are copied
+// to the heap (operator new aligns for every scalar type).
 class Aligned {
  public:
   Aligned(const uint8_t* data, size_t n) : data_(data) {
     if (n > 0 && reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
-      copy_.resize((n + sizeof(uint64_t) - 1) / sizeof(uint64_t));
-      std::memcpy(copy_.data(), data, n);
-      data_ = reinterpret_cast<const uint8_t*>(copy_.data());
+      copy_.assign(data, data + n);
+      data_ = copy_.data();
     }
   }
   const uint8_t* data() const { return data_; }
 
  private:
   const uint8_t* data_;
-  std::vector<uint64_t> copy_;
+  std::vector<uint8_t> copy_;
 };
 
 template <class T>
