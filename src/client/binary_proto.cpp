@@ -2,7 +2,9 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "proto/firsttoken_generated.h"  // flatc --cpp output in the build dir (namespace ft::fbs)
 
@@ -36,6 +38,24 @@ const char* finish_name(fbs::Finish f) {
     default: return "";
   }
 }
+
+// FlatBuffers reads scalars in place, so a buffer must start aligned for the largest in the
+// schema (8 bytes: long, double); bytes that do not (a frame inside a larger buffer) are copied
+// to the heap (operator new aligns for every scalar type).
+class Aligned {
+ public:
+  Aligned(const uint8_t* data, size_t n) : data_(data) {
+    if (n > 0 && reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
+      copy_.assign(data, data + n);
+      data_ = copy_.data();
+    }
+  }
+  const uint8_t* data() const { return data_; }
+
+ private:
+  const uint8_t* data_;
+  std::vector<uint8_t> copy_;
+};
 
 template <class T>
 const T* verified_root(const uint8_t* data, size_t n) {
@@ -92,7 +112,8 @@ std::string encode_response(const Response& r) {
 }
 
 bool decode_request(const uint8_t* data, size_t n, Request& out) {
-  const fbs::Request* r = verified_root<fbs::Request>(data, n);
+  const Aligned bytes(data, n);
+  const fbs::Request* r = verified_root<fbs::Request>(bytes.data(), n);
   if (!r) return false;
   out = Request{};
   if (r->tokens()) out.tokens.assign(r->tokens()->begin(), r->tokens()->end());
@@ -120,7 +141,8 @@ bool decode_request(const uint8_t* data, size_t n, Request& out) {
 }
 
 bool decode_response(const uint8_t* data, size_t n, Response& out) {
-  const fbs::Response* r = verified_root<fbs::Response>(data, n);
+  const Aligned bytes(data, n);
+  const fbs::Response* r = verified_root<fbs::Response>(bytes.data(), n);
   if (!r) return false;
   out = Response{};
   if (r->tokens()) out.tokens.assign(r->tokens()->begin(), r->tokens()->end());

@@ -77,6 +77,8 @@ class Model {
  public:
   // Maps, validates and binds the file. Throws ft::Error naming file, key or tensor.
   static std::unique_ptr<Model> load(const std::string& path);
+  // The same over a file already parsed (e.g. GGUFFile::parse of bytes in memory).
+  static std::unique_ptr<Model> bind(std::unique_ptr<GGUFFile> file);
   const HParams& hparams() const { return hp_; }
   const ModelWeights& weights() const { return w_; }
   const GGUFFile& file() const { return *file_; }

@@ -20,6 +20,7 @@
 // type class, optional); a matrix (rows, cols) is GGUF ne [cols, rows].
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "core/error.h"
 #include "model/arch.h"
@@ -158,9 +159,11 @@ HParams read_hparams(const GGUFFile& f) {
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path) { return bind(GGUFFile::open(path)); }
+
+std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file) {
   std::unique_ptr<Model> m(new Model());
-  m->file_ = GGUFFile::open(path);
+  m->file_ = std::move(file);
   const GGUFFile& f = *m->file_;
   HParams& hp = m->hp_;
   hp = read_hparams(f);

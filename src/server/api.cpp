@@ -16,7 +16,8 @@ std::string error_body(const ApiError& e) {
   json err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
   if (!e.code.empty()) err["code"] = e.code;
-  return json{{"error", err}}.dump();
+  // The message may quote the client's bytes (an HTTP target): invalid UTF-8 is replaced.
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 json parse_json_object(std::string_view body) {

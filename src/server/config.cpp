@@ -52,7 +52,7 @@ const ServeSetting kSettings[] = {
     {"server.max_body_bytes", "--max-body-bytes", "Largest HTTP request body or binary-protocol frame (bytes)",
      &ServeConfig::max_body_bytes, 1024, double(int64_t(1) << 32)},
     {"server.max_connections", "--max-connections",
-     "Open connections per listener (HTTP, binary); more are closed at accept", &ServeConfig::max_connections, 1,
+     "Open connections per listener (HTTP, binary); more are refused at accept (HTTP: 503)", &ServeConfig::max_connections, 1,
      1 << 20},
     {"server.frame_timeout_s", "--frame-timeout",
      "Seconds a binary-protocol frame may take to arrive, from its first byte", &ServeConfig::frame_timeout_s, 0.01,

@@ -42,7 +42,7 @@ struct ServeConfig {
   uint64_t max_body_bytes = 4u << 20;  // an HTTP body or a binary frame; memory is taken as bytes arrive
   double header_timeout_s = 30, body_timeout_s = 30, write_timeout_s = 60, shutdown_timeout_s = 10;
   double frame_timeout_s = 30;    // a binary frame must arrive within this from its first byte
-  int64_t max_connections = 512;  // open connections per listener (HTTP, binary); more are closed at accept
+  int64_t max_connections = 512;  // open connections per listener (HTTP, binary); more are refused at accept
   std::string log_level = "info";
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // scheduler

@@ -34,7 +34,7 @@ class ServerMetrics;
 struct ApiError : std::runtime_error {
   int status;
   std::string type, param, code;
-  int64_t retry_after_s = 1;  // 429: the Retry-After header
+  int64_t retry_after_s = 1;  // 429 and 503: the Retry-After header
   ApiError(int status_, std::string message, std::string param_ = "",
            std::string type_ = "invalid_request_error", std::string code_ = "")
       : std::runtime_error(message), status(status_), type(std::move(type_)), param(std::move(param_)),

@@ -18,6 +18,9 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using json = nlohmann::json;
 
+// The header of every 429 and 503 that says "come back later".
+std::string retry_after(const ApiError& e) { return cat("Retry-After: ", e.retry_after_s, "\r\n"); }
+
 // One HTTP/1.1 connection on its own strand: reads a request (header and body under their
 // timeouts), routes it (routes.cpp), and writes the answer; a completion goes through the one
 // generation path (generation.h) with this connection's Reply as the sink. While a request
@@ -213,7 +216,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   void send_error(const ApiError& e) {
     if (e.status == 429) {
       srv_.metrics.count_rejected();
-      return send_response(e.status, "application/json", error_body(e), cat("Retry-After: ", e.retry_after_s, "\r\n"));
+      return send_response(e.status, "application/json", error_body(e), retry_after(e));
     }
     srv_.metrics.count_error();
     send_response(e.status, "application/json", error_body(e));
@@ -345,7 +348,42 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   bool watching_ = false, resume_after_watch_ = false, keep_alive_ = true;
 };
 
+// A connection refused over --max-connections: the 503 goes out at once (its request is never
+// read), then FIN, then what the client still sends is read and dropped so that closing does not
+// reset the connection before the client has read the answer; all of it within kRefusalTime.
+class Refusal : public std::enable_shared_from_this<Refusal> {
+ public:
+  Refusal(tcp::socket&& s, ListenerStats& stats) : stream_(std::move(s)), stats_(stats) { ++stats_.refusing; }
+  ~Refusal() { --stats_.refusing; }
+  void start() {
+    static const ApiError kError(503, "too many open connections; retry later", "", "server_error", "too_many_connections");
+    static const std::string kAnswer = http_response(503, "application/json", error_body(kError), false, retry_after(kError));
+    stream_.expires_after(kRefusalTime);  // the whole refusal, not per operation
+    net::async_write(stream_, net::buffer(kAnswer), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return;
+      beast::error_code sec;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_send, sec);
+      self->drain();
+    });
+  }
+
+ private:
+  static constexpr std::chrono::seconds kRefusalTime{2};
+  void drain() {
+    stream_.async_read_some(net::buffer(buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (!ec) self->drain();
+    });
+  }
+  beast::tcp_stream stream_;
+  ListenerStats& stats_;
+  char buf_[4096];
+};
+
 }  // namespace
+
+void refuse_http(tcp::socket&& s, ListenerStats& stats) {
+  std::make_shared<Refusal>(std::move(s), stats)->start();
+}
 
 std::shared_ptr<Connection> make_http_session(tcp::socket&& s, Server::Impl& srv) {
   return std::make_shared<HttpSession>(std::move(s), srv);

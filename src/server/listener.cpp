@@ -19,15 +19,19 @@ void Server::Impl::listen(tcp::acceptor& a, const tcp::endpoint& ep, const char*
   if (ec) fail("cannot listen on ", cfg.host, ":", ep.port(), " (", what, "): ", ec.message());
 }
 
-void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&),
+void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&), Refuse refuse,
                           ListenerStats& stats) {
-  a.async_accept(net::make_strand(ioc), [this, &a, make, &stats](error_code ec, tcp::socket socket) {
+  a.async_accept(net::make_strand(ioc), [this, &a, make, refuse, &stats](error_code ec, tcp::socket socket) {
     if (!ec && stats.open.load() >= cfg.max_connections) {
       ++stats.refused;
-      spdlog::debug("port {}: {} connections open (--max-connections); closing a new one", a.local_endpoint().port(),
+      spdlog::debug("port {}: {} connections open (--max-connections); refusing a new one", a.local_endpoint().port(),
                    stats.open.load());
-      error_code close_ec;
-      socket.close(close_ec);
+      if (refuse && stats.refusing.load() < cfg.max_connections) {
+        refuse(std::move(socket), stats);
+      } else {
+        error_code close_ec;
+        socket.close(close_ec);
+      }
     } else if (!ec) {
       error_code opt_ec;
       socket.set_option(tcp::no_delay(true), opt_ec);  // each token's bytes leave at once
@@ -42,7 +46,7 @@ void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(
     } else if (ec != net::error::operation_aborted) {
       spdlog::warn("accept failed on port {}: {}", a.local_endpoint().port(), ec.message());
     }
-    if (a.is_open()) accept(a, make, stats);
+    if (a.is_open()) accept(a, make, refuse, stats);
   });
 }
 

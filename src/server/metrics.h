@@ -37,10 +37,12 @@ void render_histogram(std::string& out, const std::string& name, const std::stri
 // Latency buckets in seconds, 1 ms .. 60 s.
 std::vector<double> latency_buckets();
 
-// One listener's connections (HTTP or binary): open now, and refused at accept (over the cap).
+// One listener's connections (HTTP or binary): open now, and refused at accept (over the cap);
+// `refusing`: refused ones still being answered (HTTP's 503), themselves capped (listener.cpp).
 struct ListenerStats {
   std::atomic<int64_t> open{0};
   std::atomic<uint64_t> refused{0};
+  std::atomic<int64_t> refusing{0};
 };
 
 class ServerMetrics {

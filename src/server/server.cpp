@@ -129,9 +129,9 @@ int Server::run() {
     const auto bb = s.bin_acceptor.local_endpoint();
     s.bound_binary_port = bb.port();
     spdlog::info("binary protocol listening on {}:{}", bb.address().to_string(), bb.port());
-    net::post(s.ctl, [&s] { s.accept(s.bin_acceptor, make_binary_session, s.metrics.binary); });
+    net::post(s.ctl, [&s] { s.accept(s.bin_acceptor, make_binary_session, nullptr, s.metrics.binary); });
   }
-  net::post(s.ctl, [&s] { s.accept(s.acceptor, make_http_session, s.metrics.http); });
+  net::post(s.ctl, [&s] { s.accept(s.acceptor, make_http_session, refuse_http, s.metrics.http); });
   s.signals.async_wait([&s](error_code e, int sig) {
     if (!e) {
       spdlog::info("received signal {}", sig);
@@ -144,7 +144,16 @@ int Server::run() {
       profile::set_thread_name("http-" + std::to_string(i));
       const Tokenizer local = *s.model.tokenizer;  // this worker's own tokenizer
       set_io_tokenizer(&local);
-      s.ioc.run();
+      // A handler that throws fails its own connection (its handlers, holding it, are gone);
+      // the thread logs it and goes on serving the rest.
+      for (;;) {
+        try {
+          s.ioc.run();
+          break;
+        } catch (const std::exception& e) {
+          spdlog::error("I/O handler failed: {}", e.what());
+        }
+      }
       set_io_tokenizer(nullptr);
     });
   for (auto& t : threads) t.join();

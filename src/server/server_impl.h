@@ -79,6 +79,9 @@ class Session : public Connection {
 
 std::shared_ptr<Connection> make_http_session(tcp::socket&& s, Server::Impl& srv);
 std::shared_ptr<Connection> make_binary_session(tcp::socket&& s, Server::Impl& srv);
+// A connection over --max-connections: 503 + Retry-After, then closed (bounded in time; held
+// in stats.refusing until then).
+void refuse_http(tcp::socket&& s, ListenerStats& stats);
 
 // This I/O thread's own copy of the tokenizer (set while the thread runs; see Server::run).
 const Tokenizer& io_tokenizer();
@@ -120,9 +123,12 @@ struct Server::Impl {
   // listener.cpp: opens a listener on ep (ft::Error naming `what` when it cannot); accepts
   // connections made by `make` until the listener closes.
   void listen(tcp::acceptor& a, const tcp::endpoint& ep, const char* what);
-  // At most cfg.max_connections of its connections are open at once: one more is closed at accept
-  // (counted in `stats`) before anything is allocated for it.
-  void accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&), ListenerStats& stats);
+  // At most cfg.max_connections of its connections are open at once: one more is refused at accept
+  // (counted in `stats`) before a session is made for it: `refuse` answers it (HTTP: 503), or it
+  // is closed (nullptr, and beyond cfg.max_connections refusals being answered at once).
+  using Refuse = void (*)(tcp::socket&&, ListenerStats&);
+  void accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&), Refuse refuse,
+              ListenerStats& stats);
   void for_each_connection(void (Connection::*f)());
   void begin_shutdown();
   void poll_drained();

@@ -536,8 +536,8 @@ TEST_F(BinaryServer, PartialFramesHoldOnlyTheirBytesAndTimeOut) {
   EXPECT_EQ(r.completion_tokens, 3);
 }
 
-// Each listener holds at most max_connections: one more is closed at accept and counted; a slot
-// that frees up is taken again.
+// Each listener holds at most max_connections: one more is refused at accept and counted (HTTP:
+// answered 503 + Retry-After, then closed; binary: closed); a slot that frees up is taken again.
 TEST_F(BinaryServer, ConnectionsPerListenerAreCapped) {
   server::ServeConfig cfg;
   cfg.max_connections = 3;
@@ -547,9 +547,16 @@ TEST_F(BinaryServer, ConnectionsPerListenerAreCapped) {
     std::vector<int> held;
     for (int i = 0; i < 3; ++i) held.push_back(connect_tcp(port));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted
-    const int extra = connect_tcp(port);
-    EXPECT_TRUE(closed_by_peer(extra, 5)) << port;
-    ::close(extra);
+    if (port == (*srv).port()) {
+      const std::string answer = http_get(port, "/health");  // reads to EOF
+      EXPECT_EQ(answer.rfind("HTTP/1.1 503 ", 0), 0u) << answer;
+      EXPECT_NE(answer.find("\r\nRetry-After: 1\r\n"), std::string::npos) << answer;
+      EXPECT_NE(answer.find("too_many_connections"), std::string::npos) << answer;
+    } else {
+      const int extra = connect_tcp(port);
+      EXPECT_TRUE(closed_by_peer(extra, 5)) << port;
+      ::close(extra);
+    }
     for (const int fd : held) EXPECT_FALSE(closed_by_peer(fd, 0.05)) << port;
     for (const int fd : held) ::close(fd);
   }
@@ -571,6 +578,47 @@ TEST_F(BinaryServer, ConnectionsPerListenerAreCapped) {
   client::BinaryClient c("127.0.0.1", (*srv).binary_port(), 60);
   const proto::Response r = c.generate(greedy(2));
   EXPECT_EQ(r.completion_tokens, 2) << r.finish << ": " << r.error;
+}
+
+// decode_* take the bytes wherever they are: one frame read into a larger buffer, right after its
+// length prefix or anywhere, decodes the same (FlatBuffers reads in place; fuzz_binary_frame found
+// UBSan's misaligned loads when the bytes were not 8-aligned).
+TEST(BinaryProto, DecodesAtAnyAlignment) {
+  proto::Request r;
+  r.tokens = {1, 2, 3};
+  r.max_tokens = 1234567890123;
+  r.sampling.seed = 99;
+  r.seed_set = true;
+  proto::Response z;
+  z.last = true;
+  z.finish = "length";
+  z.completion_tokens = 77;
+  z.timings.total = 2.5;
+  const std::string rq = proto::encode_request(r), rs = proto::encode_response(z);
+  for (size_t shift = 0; shift < 8; ++shift) {
+    std::vector<uint64_t> storage((rq.size() + rs.size()) / 8 + 2);
+    uint8_t* at = reinterpret_cast<uint8_t*>(storage.data()) + shift;
+    std::memcpy(at, rq.data(), rq.size());
+    proto::Request d;
+    ASSERT_TRUE(proto::decode_request(at + proto::kFrameHeader, rq.size() - proto::kFrameHeader, d)) << shift;
+    EXPECT_EQ(d.max_tokens, r.max_tokens);
+    EXPECT_EQ(d.sampling.seed, 99u);
+    EXPECT_EQ(d.tokens, r.tokens);
+    std::memcpy(at, rs.data(), rs.size());
+    proto::Response e;
+    ASSERT_TRUE(proto::decode_response(at + proto::kFrameHeader, rs.size() - proto::kFrameHeader, e)) << shift;
+    EXPECT_EQ(e.completion_tokens, 77);
+    EXPECT_EQ(e.timings.total, 2.5);
+  }
+}
+
+// A request target that is not UTF-8 gets its 404 (it once ended the server: the error body
+// threw on the I/O thread), and the server goes on.
+TEST_F(BinaryServer, NonUtf8TargetIs404) {
+  LimitedServer srv(*model_, *tok_, server::ServeConfig{});
+  const std::string answer = http_get((*srv).port(), "/\xff\xfe");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 404 ", 0), 0u) << answer;
+  EXPECT_EQ(http_get((*srv).port(), "/health").rfind("HTTP/1.1 200 ", 0), 0u);
 }
 
 }  // namespace

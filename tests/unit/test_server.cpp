@@ -213,6 +213,14 @@ TEST(ServerFormat, ErrorBody) {
   EXPECT_EQ(k["error"]["code"], "queue_full");
 }
 
+// A message that quotes the client's bytes (the target of "GET /\xff") need not be UTF-8: its
+// body still serializes, with replacement characters (a throw here escaped the I/O thread).
+TEST(ServerFormat, ErrorBodyOfInvalidUtf8) {
+  std::string body;
+  ASSERT_NO_THROW(body = error_body(ApiError(404, "no route for /\xff\xfe")));
+  EXPECT_EQ(json::parse(body)["error"]["message"], "no route for /\xef\xbf\xbd\xef\xbf\xbd");
+}
+
 TEST(ServerFormat, CompletionAndChatBodies) {
   const ResponseMeta m{Endpoint::Completions, "cmpl-1", 1700000000, "stories260K"};
   const json c = completion_response(m, "hello", "length", {5, 3});

@@ -1,0 +1,54 @@
+// libFuzzer target: the chat-template renderer and the format detection over arbitrary
+// conversations and template text. Checks: an unknown role fails with ft::Error and nothing
+// else; every message's content (what survives the format's strip()) is in the rendered text;
+// detection always picks a format, and a format's own name selects it.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "fuzz_util.h"
+#include "tokenizer/chat_template.h"
+
+namespace {
+
+bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+std::string_view strip(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  const auto fmt = static_cast<ft::ChatFormat>(in.ConsumeIntegralInRange<int>(0, 4));
+  const bool add_generation_prompt = in.ConsumeBool();
+  const std::string bos = in.ConsumeRandomLengthString(16), eos = in.ConsumeRandomLengthString(16);
+  std::vector<ft::ChatMessage> messages(in.ConsumeIntegralInRange<size_t>(0, 8));
+  bool unknown_role = false;
+  for (ft::ChatMessage& m : messages) {
+    static const char* const kRoles[] = {"system", "user", "assistant"};
+    const int r = in.ConsumeIntegralInRange<int>(0, 3);
+    m.role = r < 3 ? kRoles[r] : in.ConsumeRandomLengthString(12);
+    unknown_role = unknown_role || (m.role != "system" && m.role != "user" && m.role != "assistant");
+    m.content = in.ConsumeRandomLengthString(256);
+  }
+  try {
+    const std::string out = ft::render_chat(fmt, messages, add_generation_prompt, bos, eos);
+    FT_FUZZ_CHECK(!unknown_role);
+    for (const ft::ChatMessage& m : messages) FT_FUZZ_CHECK(out.find(strip(m.content)) != std::string::npos);
+  } catch (const ft::Error&) {
+    FT_FUZZ_CHECK(unknown_role);
+  }
+
+  const std::string jinja = in.ConsumeRemainingBytesAsString();
+  const ft::ChatFormat detected = ft::detect_chat_format(jinja);
+  FT_FUZZ_CHECK(ft::parse_chat_format(ft::chat_format_name(detected)) == detected);
+  if (const auto named = ft::parse_chat_format(jinja)) FT_FUZZ_CHECK(ft::detect_chat_format(jinja) == *named);
+  return 0;
+}
