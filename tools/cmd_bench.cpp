@@ -144,8 +144,9 @@ int cmd_bench(const BenchArgs& a) {
     tg_bytes += double(layer_bytes + out_bytes + embd_row) + kv_row_bytes * double(a.n_prompt + i + 1);
   const double pp_gflops = pp_flops / best_pp / 1e9;
   const double tg_gbs = a.n_gen > 0 ? tg_bytes / best_tg / 1e9 : 0;
-  std::printf("model: %s (%s), %d threads, backend %s (%s), KV cache %s\n", a.model.c_str(), hp.name.c_str(), T,
-              a.backend.c_str(), isa.c_str(), std::string(kv_type_name(kv.config().type)).c_str());
+  std::printf("model: %s (%s), %d threads, backend %s (%s), KV cache %s (%.0f bytes per position)\n", a.model.c_str(),
+              hp.name.c_str(), T, a.backend.c_str(), isa.c_str(), std::string(kv_type_name(kv.config().type)).c_str(),
+              kv_row_bytes);
   std::printf("machine: %s peak %.1f G%s/s (%s), read bandwidth %.1f GB/s\n",
               int8_prefill ? "int8 dot-product" : "fp32 FMA", peak, int8_prefill ? "OP" : "FLOP",
               isa.c_str(), bw);

@@ -181,8 +181,8 @@ struct Avx512Attn {
   }
 
   // NR rows x NV vectors of 16 columns from d0: NR * NV accumulators (6 x 4 = 24 registers).
-  template <int NR, int NV>
-  static void pv_t(float* O, int hd, int d0, const float* alpha, const float* P, int ldP, const float* const* v,
+  template <int NR, int NV, GGMLType T = GGMLType::F32, class VPtr = const float*>
+  static void pv_t(float* O, int hd, int d0, const float* alpha, const float* P, int ldP, const VPtr* v,
                    int len) {
     const int rem = hd - d0 - 16 * (NV - 1);
     const __mmask16 last = rem >= 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
@@ -194,7 +194,15 @@ struct Avx512Attn {
     }
     for (int j = 0; j < len; ++j) {
       __m512 vv[NV];
-      for (int c = 0; c < NV; ++c) vv[c] = _mm512_maskz_loadu_ps(mask(c), v[j] + d0 + 16 * c);
+      for (int c = 0; c < NV; ++c) {
+        if constexpr (T == GGMLType::F32) {
+          vv[c] = _mm512_maskz_loadu_ps(mask(c), v[j] + d0 + 16 * c);
+        } else {  // F16/BF16 row bytes, widened here
+          const __m256i h = _mm256_maskz_loadu_epi16(mask(c), v[j] + 2 * (d0 + 16 * c));
+          if constexpr (T == GGMLType::F16) vv[c] = _mm512_cvtph_ps(h);
+          else vv[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        }
+      }
       for (int r = 0; r < NR; ++r) {
         const __m512 p = _mm512_set1_ps(P[r * ldP + j]);
         for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
@@ -203,32 +211,42 @@ struct Avx512Attn {
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < NV; ++c) _mm512_mask_storeu_ps(O + r * hd + d0 + 16 * c, mask(c), acc[r][c]);
   }
-  template <int NR>
-  static void pv_rows(float* O, int hd, const float* alpha, const float* P, int ldP, const float* const* v, int len) {
+  template <int NR, GGMLType T, class VPtr>
+  static void pv_rows(float* O, int hd, const float* alpha, const float* P, int ldP, const VPtr* v, int len) {
     for (int d0 = 0; d0 < hd; d0 += 64) {
       switch (std::min(4, (hd - d0 + 15) / 16)) {
-        case 1: pv_t<NR, 1>(O, hd, d0, alpha, P, ldP, v, len); break;
-        case 2: pv_t<NR, 2>(O, hd, d0, alpha, P, ldP, v, len); break;
-        case 3: pv_t<NR, 3>(O, hd, d0, alpha, P, ldP, v, len); break;
-        default: pv_t<NR, 4>(O, hd, d0, alpha, P, ldP, v, len); break;
+        case 1: pv_t<NR, 1, T>(O, hd, d0, alpha, P, ldP, v, len); break;
+        case 2: pv_t<NR, 2, T>(O, hd, d0, alpha, P, ldP, v, len); break;
+        case 3: pv_t<NR, 3, T>(O, hd, d0, alpha, P, ldP, v, len); break;
+        default: pv_t<NR, 4, T>(O, hd, d0, alpha, P, ldP, v, len); break;
       }
     }
   }
-  static void pv(int rows, float* O, int hd, const float* alpha, const float* P, int ldP, const float* const* v,
-                 int len) {
+  template <GGMLType T, class VPtr>
+  static void pv_any(int rows, float* O, int hd, const float* alpha, const float* P, int ldP, const VPtr* v, int len) {
     for (int r0 = 0; r0 < rows; r0 += 6) {
       float* o = O + r0 * hd;
       const float* a = alpha + r0;
       const float* p = P + r0 * ldP;
       switch (std::min(6, rows - r0)) {
-        case 1: pv_rows<1>(o, hd, a, p, ldP, v, len); break;
-        case 2: pv_rows<2>(o, hd, a, p, ldP, v, len); break;
-        case 3: pv_rows<3>(o, hd, a, p, ldP, v, len); break;
-        case 4: pv_rows<4>(o, hd, a, p, ldP, v, len); break;
-        case 5: pv_rows<5>(o, hd, a, p, ldP, v, len); break;
-        default: pv_rows<6>(o, hd, a, p, ldP, v, len); break;
+        case 1: pv_rows<1, T>(o, hd, a, p, ldP, v, len); break;
+        case 2: pv_rows<2, T>(o, hd, a, p, ldP, v, len); break;
+        case 3: pv_rows<3, T>(o, hd, a, p, ldP, v, len); break;
+        case 4: pv_rows<4, T>(o, hd, a, p, ldP, v, len); break;
+        case 5: pv_rows<5, T>(o, hd, a, p, ldP, v, len); break;
+        default: pv_rows<6, T>(o, hd, a, p, ldP, v, len); break;
       }
     }
+  }
+  static void pv(int rows, float* O, int hd, const float* alpha, const float* P, int ldP, const float* const* v,
+                 int len) {
+    pv_any<GGMLType::F32>(rows, O, hd, alpha, P, ldP, v, len);
+  }
+  // pv with F16/BF16 V rows (their bytes), widened in registers (few rows: decode).
+  static void pv_half(GGMLType type, int rows, float* O, int hd, const float* alpha, const float* P, int ldP,
+                      const uint8_t* const* v, int len) {
+    if (type == GGMLType::F16) return pv_any<GGMLType::F16>(rows, O, hd, alpha, P, ldP, v, len);
+    pv_any<GGMLType::BF16>(rows, O, hd, alpha, P, ldP, v, len);
   }
 };
 

@@ -43,9 +43,14 @@ struct Attention {
     alignas(64) int32_t Qs[kMaxRows * kMaxQBlocks];  // its block sums (rows, q_blocks)
     alignas(64) float S[kMaxRows * kChunk];  // scores, then P (rows, kChunk)
     alignas(64) float V[kChunk * kMaxHead];  // the chunk's V rows as f32 (kChunk, head_dim)
+    alignas(64) float K[kChunkTiles * kMaxHead * kKvTile];  // many rows: the chunk's F16/BF16 K tiles as f32
     alignas(64) float O[kMaxRows * kMaxHead];
     float m[kMaxRows], l[kMaxRows], alpha[kMaxRows];
   };
+  // Up to this many rows per work item (decode: rows = group), F16/BF16 K and V are widened in
+  // registers as they are used; above it (prefill), once per chunk into f32 scratch shared by all
+  // rows. The same values in the same fma order either way: results are bit-identical.
+  static constexpr int kWidenInRegistersRows = 8;
   static Scratch& scratch() {
     static thread_local Scratch s;
     return s;
@@ -136,14 +141,38 @@ struct Attention {
         A::prefetch(kv.k_tile(p, g), geo.k_tile_bytes());
         A::prefetch(kv.v_row(p, g), geo.v_row_bytes() * uint64_t(std::min(kKvTile, n_end - p)));
       }
+      const bool half = geo.type == GGMLType::F16 || geo.type == GGMLType::BF16;
+      const bool widen_once = half && rows > kWidenInRegistersRows;
       if (q8) {
         A::scores_q8(rows, s.Qq, s.Qd, s.Qs, hd, nqb, tiles, s.S, kChunk);
+      } else if (widen_once) {
+        // A tile is hd * 16 contiguous elements: widened as one "row" of that length.
+        const KVGeometry flat{geo.type, 1, hd * kKvTile, kKvTile};
+        const uint8_t* wide[kChunkTiles];
+        for (int t = 0; t < kChunkTiles; ++t) {
+          if (t > 0 && tiles[t] == tiles[0]) {  // (past the context)
+            wide[t] = wide[0];
+            continue;
+          }
+          float* dst = s.K + t * hd * kKvTile;
+          A::v_row(flat, tiles[t], dst);
+          wide[t] = reinterpret_cast<const uint8_t*>(dst);
+        }
+        A::scores_f(GGMLType::F32, rows, s.Q, hd, wide, s.S, kChunk);
       } else {
         A::scores_f(geo.type, rows, s.Q, hd, tiles, s.S, kChunk);
       }
       for (int r = 0; r < rows; ++r)
         for (int j = std::max(0, row_ctx[r] - j0); j < kChunk; ++j) s.S[r * kChunk + j] = -std::numeric_limits<float>::infinity();
       A::softmax(s.S, kChunk, rows, s.m, s.l, s.alpha);
+      if constexpr (requires { A::pv_half; }) {
+        if (half && !widen_once) {  // V widened in registers
+          const uint8_t* raw[kChunk];
+          for (int j = 0; j < len; ++j) raw[j] = kv.v_row(j0 + j, g);
+          A::pv_half(geo.type, rows, s.O, hd, s.alpha, s.S, kChunk, raw, len);
+          continue;
+        }
+      }
       for (int j = 0; j < len; ++j) {
         const uint8_t* row = kv.v_row(j0 + j, g);
         if (geo.type == GGMLType::F32) {
