@@ -148,6 +148,13 @@ void apply_config_json(const json& doc, ServeConfig& c) {
         if (key == x.key) s = &x;
       if (!s) fail("config: unknown key '", key, "'");
       apply_setting(*s, v, c);
+      if (s->field == ServeSetting::Field(&ServeConfig::kv_type)) {  // a name: checked here, so the error names the key
+        try {
+          parse_kv_type(c.kv_type);
+        } catch (const Error& e) {
+          fail("config: '", key, "': ", e.what());
+        }
+      }
     }
   }
 }
