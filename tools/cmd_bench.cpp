@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "engine/engine.h"
 #include "kernels/peak.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -43,6 +44,7 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   model->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
   model->add_option("-r,--reps", a.reps, "Repetitions after a warm-up token (best is reported)")->capture_default_str();
   model->add_option("--backend", a.backend, "Backend: cpu or reference")->capture_default_str();
+  model->add_option("--kv-type", a.kv_type, "KV cache element type: f16, bf16, q8_0 or f32")->capture_default_str();
   model->callback([&a] { a.mode = "model"; });
   add_bench_serve(*c, a.serve, a.mode);
 }
@@ -74,8 +76,9 @@ int cmd_bench(const BenchArgs& a) {
   const int64_t n_ctx = a.n_prompt + a.n_gen;
   auto be = make_backend(a.backend, T);
   Forward fwd(*model, *be, a.n_prompt);
-  KVCacheConfig kc{hp.n_layers, hp.kv_dim(), 16, KVCache::blocks_for(n_ctx, 16)};
-  KVCache kv(kc);
+  RuntimeConfig rt;
+  rt.kv_type = parse_kv_type(a.kv_type);
+  KVCache kv(kv_cache_config(rt, hp, KVCache::blocks_for(n_ctx, rt.kv_block_size), false));
   std::vector<float> logits(size_t(hp.n_vocab));
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
@@ -100,7 +103,7 @@ int cmd_bench(const BenchArgs& a) {
   const double out_flops = matmul_flops(w.output, 1);
   const uint64_t out_bytes = weight_bytes(w.output);
   const uint64_t embd_row = *row_bytes(w.token_embd.type, uint64_t(hp.dim));
-  const double kv_row_bytes = 2.0 * hp.kv_dim() * sizeof(float) * hp.n_layers;
+  const double kv_row_bytes = double(KVCache::block_bytes(kv.config())) / kv.config().block_size;  // as stored
 
   // The ceilings are measured again around every repetition and the best kept: on a shared
   // machine one unlucky measurement would understate the ceiling and overstate our share of it.
@@ -143,8 +146,9 @@ int cmd_bench(const BenchArgs& a) {
     tg_bytes += double(layer_bytes + out_bytes + embd_row) + kv_row_bytes * double(a.n_prompt + i + 1);
   const double pp_gflops = pp_flops / best_pp / 1e9;
   const double tg_gbs = a.n_gen > 0 ? tg_bytes / best_tg / 1e9 : 0;
-  std::printf("model: %s (%s), %d threads, backend %s (%s)\n", a.model.c_str(), hp.name.c_str(), T,
-              a.backend.c_str(), isa.c_str());
+  std::printf("model: %s (%s), %d threads, backend %s (%s), KV cache %s (%.0f bytes per position)\n", a.model.c_str(),
+              hp.name.c_str(), T, a.backend.c_str(), isa.c_str(), std::string(kv_type_name(kv.config().type)).c_str(),
+              kv_row_bytes);
   std::printf("machine: %s peak %.1f G%s/s (%s), read bandwidth %.1f GB/s\n",
               int8_prefill ? "int8 dot-product" : "fp32 FMA", peak, int8_prefill ? "OP" : "FLOP",
               isa.c_str(), bw);

@@ -101,6 +101,7 @@ int cmd_serve(const ServeArgs& a) {
   Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
   spdlog::info("kernels: {} (this CPU runs {}; FT_ISA forces a lower one)", cpu_isa(),
                cpu_isas().back());
+  spdlog::info("{}", engine.kv_summary());
   server::Server srv(engine, served, cfg);
   const int rc = srv.run();  // returns after the engine has shut down
   const EngineMetrics em = engine.metrics();

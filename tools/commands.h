@@ -17,11 +17,21 @@ struct RunArgs {
   bool seed_set = false;
   int threads = 0;
   int64_t ctx = 0, batch = 512;
+  std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
   bool chat = false, ignore_eos = false;
   std::string profile;  // --profile FILE: write a Chrome/Perfetto trace
 };
 void add_run(CLI::App& app, RunArgs& a);
 int cmd_run(const RunArgs& a);
+
+struct PerplexityArgs {
+  std::string model, file, save_logits, kl_base;
+  std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
+  int64_t ctx = 0, max_windows = 0;
+  int threads = 0;
+};
+void add_perplexity(CLI::App& app, PerplexityArgs& a);
+int cmd_perplexity(const PerplexityArgs& a);
 
 struct MakeModelArgs {
   std::string shape = "tiny", type = "f32", vocab, arch = "llama", out;
@@ -59,6 +69,7 @@ struct BenchArgs {
   std::string mode, model, backend = "cpu";
   int64_t n_prompt = 512, n_gen = 64;
   int threads = 0, reps = 1;
+  std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
   BenchServeArgs serve;
 };
 void add_bench(CLI::App& app, BenchArgs& a);

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   ft::tools::add_client(app, client);
   ft::tools::ProfileArgs profile;
   ft::tools::add_profile(app, profile);
+  ft::tools::PerplexityArgs perplexity;
+  ft::tools::add_perplexity(app, perplexity);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("serve")) return ft::tools::cmd_serve(serve);
     if (app.got_subcommand("client")) return ft::tools::cmd_client(client);
     if (app.got_subcommand("profile")) return ft::tools::cmd_profile(profile);
+    if (app.got_subcommand("perplexity")) return ft::tools::cmd_perplexity(perplexity);
   } catch (const ft::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "firsttoken: error: %s\n", e.what());

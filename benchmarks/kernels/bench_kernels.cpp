@@ -99,21 +99,29 @@ void BM_OpenBLAS_sgemm(benchmark::State& st) {
 }
 #endif
 
-// Flash attention: a 512-query prefill chunk at the end of a 4096-token context (TinyLlama heads:
-// 32 query heads, 4 KV heads, head_dim 64). Useful FLOPs: 4 * head_dim per (query head, key).
+// Flash attention: M queries at the end of a ctx-token context (TinyLlama heads: 32 query heads,
+// 4 KV heads, head_dim 64), the KV cache in type range(2) (a GGMLType id: 0 f32, 1 f16, 8 q8_0,
+// 30 bf16). Useful FLOPs: 4 * head_dim per (query head, key).
 void BM_FlashAttention(benchmark::State& st) {
   const int32_t ctx = int32_t(st.range(0)), M = int32_t(st.range(1));
   const int32_t H = 32, KVH = 4, D = 64, BS = 16;
   const int32_t nb = (ctx + BS - 1) / BS;
+  const KVGeometry geo{GGMLType(st.range(2)), KVH, D, BS};
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> k(size_t(nb) * BS * KVH * D), v(k.size()), q(size_t(M) * H * D), out(q.size());
-  for (auto& x : k) x = u(rng);
-  for (auto& x : v) x = u(rng);
+  std::vector<uint8_t> k(size_t(nb) * KVH * geo.k_head_bytes()), v(size_t(nb) * KVH * geo.v_head_bytes());
+  std::vector<float> q(size_t(M) * H * D), out(q.size()), kr(static_cast<size_t>(D)), vr(static_cast<size_t>(D));
+  for (int32_t b = 0; b < nb * KVH; ++b)
+    for (int32_t row = 0; row < BS; ++row) {
+      for (auto& x : kr) x = u(rng);
+      for (auto& x : vr) x = u(rng);
+      kv_store(geo, k.data() + uint64_t(b) * geo.k_head_bytes(), v.data() + uint64_t(b) * geo.v_head_bytes(), row,
+               kr.data(), vr.data());
+    }
   for (auto& x : q) x = u(rng);
   std::vector<int32_t> table(static_cast<size_t>(nb));
   for (int32_t i = 0; i < nb; ++i) table[size_t(i)] = i;
-  const KVLayerView view{k.data(), v.data(), table.data(), BS, KVH * D};
+  const KVLayerView view{geo, k.data(), v.data(), table.data()};
   std::vector<KVLayerView> views(size_t(M), view);
   std::vector<int32_t> n_ctx(static_cast<size_t>(M));
   double flops = 0;
@@ -192,6 +200,10 @@ FT_TYPE_BENCH(q6_k, Q6_K)
 #ifdef FT_HAVE_OPENBLAS
 BENCHMARK(BM_OpenBLAS_sgemm)->Apply(GemmArgs);
 #endif
-BENCHMARK(BM_FlashAttention)->Args({4096, 512})->Args({4096, 1})->Args({1024, 512})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FlashAttention)
+    ->ArgsProduct({{4096}, {512, 1}, {0, 1, 30, 8}})
+    ->Args({1024, 512, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 BENCHMARK_MAIN();

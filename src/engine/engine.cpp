@@ -25,16 +25,30 @@ class Engine::ModelExecutor final : public StepExecutor {
 
 int64_t resolve_n_ctx(const RuntimeConfig& rt, const HParams& hp) { return rt.n_ctx > 0 ? rt.n_ctx : hp.ctx_len; }
 
-EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t chunk, int threads) {
+KVCacheConfig kv_cache_config(const RuntimeConfig& rt, const HParams& hp, int32_t n_blocks, bool prefix_caching) {
+  KVCacheConfig kc;
+  kc.n_layers = hp.n_layers;
+  kc.kv_dim = hp.kv_dim();
+  kc.n_kv_heads = hp.n_kv_heads;
+  kc.type = rt.kv_type;
+  kc.block_size = rt.kv_block_size;
+  kc.n_blocks = n_blocks;
+  kc.prefix_caching = prefix_caching;
+  return kc;
+}
+
+EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t chunk, int threads,
+                                   GGMLType kv_type) {
   EngineConfig c;
   c.runtime.threads = threads;
+  c.runtime.kv_type = kv_type;
   c.runtime.n_ctx = n_ctx;
   c.scheduler.chunk_size = chunk;
   c.scheduler.max_num_seqs = 1;
   c.scheduler.max_batch_tokens = 0;  // no more than a chunk needs (raised to it)
   const HParams& hp = model.hparams();
   const int32_t B = c.runtime.kv_block_size;
-  const uint64_t block_bytes = KVCache::block_bytes(hp.n_layers, hp.kv_dim(), B);
+  const uint64_t block_bytes = KVCache::block_bytes(kv_cache_config(c.runtime, hp, 0, false));
   const uint64_t blocks = uint64_t(std::max(KVCache::blocks_for(resolve_n_ctx(c.runtime, hp), B), kMinKvBlocks));
   c.kv_memory_bytes = std::max(std::min(blocks, kDefaultMaxKvBytes / block_bytes), uint64_t(kMinKvBlocks)) * block_bytes;
   c.prefix_caching = false;
@@ -58,15 +72,12 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   if (B < 1) fail("KV block size must be positive");
   sched_cfg_.block_size = B;
 
-  const uint64_t block_bytes = KVCache::block_bytes(hp.n_layers, hp.kv_dim(), B);
+  KVCacheConfig kc = kv_cache_config(cfg.runtime, hp, 0, cfg.prefix_caching);
+  kc.geometry().validate();
+  const uint64_t block_bytes = KVCache::block_bytes(kc);
   uint64_t kv_bytes = cfg.kv_memory_bytes;
   if (kv_bytes == 0) kv_bytes = std::min<uint64_t>(4ull * uint64_t(n_ctx_) / uint64_t(B) * block_bytes, kDefaultMaxKvBytes);
-  KVCacheConfig kc;
-  kc.n_layers = hp.n_layers;
-  kc.kv_dim = hp.kv_dim();
-  kc.block_size = B;
   kc.n_blocks = int32_t(std::min<uint64_t>(kv_bytes / block_bytes, 1u << 30));
-  kc.prefix_caching = cfg.prefix_caching;
   if (kc.n_blocks < kMinKvBlocks)
     fail("KV cache memory of ", kv_bytes, " bytes holds fewer than ", kMinKvBlocks, " blocks of ", block_bytes, " bytes");
   kv_ = std::make_unique<KVCache>(kc);
@@ -100,11 +111,17 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   core_ = std::make_unique<EngineCore>(*kv_, *exec_, sched_cfg_, cost, n_ctx_, std::move(is_eog),
                                        [this] { return now_ms(); });
   snapshot_.kv_total_blocks = kv_->total_blocks();
+  snapshot_.kv_capacity_tokens = kv_->capacity_tokens();
+  snapshot_.kv_bytes = kv_->bytes();
   snapshot_.cost = cost;
   thread_ = std::thread([this] { loop(); });
 }
 
 Engine::~Engine() { shutdown(); }
+
+std::string Engine::kv_summary() const {
+  return cat("KV cache: ", kv_->summary(), kv_->huge_pages() ? "; huge pages advised" : "; huge pages unavailable (4 KiB pages)");
+}
 
 void Engine::reject(Pending& p, const std::string& why) {
   if (!p.cb) return;

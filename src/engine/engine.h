@@ -37,7 +37,10 @@ int64_t resolve_n_ctx(const RuntimeConfig& rt, const HParams& hp);
 // one context (n_ctx; 0 = the model's) or kDefaultMaxKvBytes when that is less (a request that
 // needs more is refused as one that can never fit), no prefix cache, no calibration. Servers start from
 // EngineConfig's defaults (server/config.h maps their settings onto it).
-EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t chunk, int threads);
+EngineConfig single_request_config(const Model& model, int64_t n_ctx, int64_t chunk, int threads,
+                                   GGMLType kv_type = RuntimeConfig{}.kv_type);
+// The KV cache of a model under rt (type, block size, heads), n_blocks blocks.
+KVCacheConfig kv_cache_config(const RuntimeConfig& rt, const HParams& hp, int32_t n_blocks, bool prefix_caching);
 
 // A snapshot for metrics.
 struct EngineMetrics {
@@ -47,6 +50,8 @@ struct EngineMetrics {
   int32_t kv_total_blocks = 0;
   int32_t kv_used_blocks = 0;
   int32_t kv_cached_blocks = 0;
+  int64_t kv_capacity_tokens = 0;  // positions the whole cache holds
+  uint64_t kv_bytes = 0;           // its memory
   KVCacheStats kv;
   CostModel cost;                             // as learned so far
   PredictionErrorHistogram step_time_error;  // |predicted - measured| / measured forward time per step
@@ -81,6 +86,8 @@ class Engine {
   EngineMetrics metrics() const;
   std::vector<StepRecord> recent_steps(size_t max) const;
   int64_t n_ctx() const { return n_ctx_; }
+  // "KV cache: N tokens (M MiB, DTYPE, B-token blocks)[, huge pages ...]": the start-up line.
+  std::string kv_summary() const;
   const SchedulerConfig& scheduler_config() const { return sched_cfg_; }
   double now_ms() const;  // the engine clock
 

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "gguf/ggml_types.h"
+
 namespace ft {
 
 struct RuntimeConfig {
@@ -11,6 +13,7 @@ struct RuntimeConfig {
   int threads = 0;             // 0 = all hardware threads
   int64_t n_ctx = 0;           // max positions per sequence; 0 = the model's trained context
   int32_t kv_block_size = 16;  // positions per KV cache block
+  GGMLType kv_type = GGMLType::F16;  // KV cache element type: F16, BF16, Q8_0 or F32 (kv_layout.h)
   int64_t max_batch = 512;     // tokens per forward pass (prefill chunk size)
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gguf/ggml_types.h"
+#include "kernels/kv_layout.h"  // KVLayerView: the KV cache as attention reads it
 
 namespace ft {
 
@@ -22,17 +23,6 @@ struct WeightView {
   int64_t n_rows = 0;
   int64_t n_cols = 0;
   WeightLayout layout = WeightLayout::Rows;
-};
-
-// Where attention finds one sequence's K/V in one layer of the paged KV cache.
-// Position j lives in physical block block_table[j / block_size] at row j % block_size;
-// k_pool/v_pool are (n_blocks, block_size, kv_dim).
-struct KVLayerView {
-  const float* k_pool = nullptr;
-  const float* v_pool = nullptr;
-  const int32_t* block_table = nullptr;
-  int32_t block_size = 0;
-  int32_t kv_dim = 0;  // n_kv_heads * head_dim
 };
 
 struct AttentionShape {
@@ -106,7 +96,8 @@ class Backend {
   virtual void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t* pos,
                     const RopeParams& p) = 0;
   // For each of M queries: q (M, n_heads*head_dim) attends to positions [0, n_ctx[i]) of its
-  // sequence's KV (views[i]) -> out (M, n_heads*head_dim). Causality is n_ctx = pos + 1.
+  // sequence's KV (views[i], in its stored type) -> out (M, n_heads*head_dim). Causality is
+  // n_ctx = pos + 1. With Q8_0 KV, Q.K is formed from q quantized per block (kv_quantize_query).
   virtual void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
                          const AttentionShape& s, float* out) = 0;
   // a (M, n) = silu(gate) * up, with gate/up (M, n).

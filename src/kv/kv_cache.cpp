@@ -1,6 +1,9 @@
 #include "kv/kv_cache.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 
@@ -18,25 +21,43 @@ uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens) {
   return h ? h : 1;
 }
 
-KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg) {
-  if (cfg.n_layers <= 0 || cfg.kv_dim <= 0 || cfg.block_size <= 0 || cfg.n_blocks <= 0)
-    fail("KV cache: invalid configuration (layers ", cfg.n_layers, ", kv_dim ", cfg.kv_dim,
-         ", block size ", cfg.block_size, ", blocks ", cfg.n_blocks, ")");
-  const size_t n = size_t(cfg.n_layers) * size_t(cfg.n_blocks) * size_t(cfg.block_size) *
-                   size_t(cfg.kv_dim);
-  k_.assign(n, 0.0f);
-  v_.assign(n, 0.0f);
+KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg), geo_(cfg.geometry()) {
+  if (cfg.n_layers <= 0 || cfg.kv_dim <= 0 || cfg.block_size <= 0 || cfg.n_blocks <= 0 || cfg.n_kv_heads <= 0 ||
+      cfg.kv_dim % cfg.n_kv_heads != 0)
+    fail("KV cache: invalid configuration (layers ", cfg.n_layers, ", kv_dim ", cfg.kv_dim, ", KV heads ",
+         cfg.n_kv_heads, ", block size ", cfg.block_size, ", blocks ", cfg.n_blocks, ")");
+  geo_.validate();
+  // (Each factor < 2^31 and a block's bytes < 2^40: checked against overflow as a product.)
+  layer_bytes_ = uint64_t(cfg.n_blocks) * geo_.block_bytes();
+  if (layer_bytes_ / uint64_t(cfg.n_blocks) != geo_.block_bytes() ||
+      layer_bytes_ > std::numeric_limits<size_t>::max() / uint64_t(cfg.n_layers))
+    fail("KV cache: ", cfg.n_blocks, " blocks do not fit in memory");
+  arena_bytes_ = layer_bytes_ * uint64_t(cfg.n_layers);
+  void* p = mmap(nullptr, size_t(arena_bytes_), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) fail("KV cache: cannot map ", arena_bytes_, " bytes");
+  arena_ = static_cast<uint8_t*>(p);
+#ifdef MADV_HUGEPAGE
+  // Attention streams the pools; 4 KiB pages cost a TLB miss per page. Advice: refusal is harmless.
+  huge_pages_ = madvise(p, size_t(arena_bytes_), MADV_HUGEPAGE) == 0;
+#endif
   blocks_.resize(size_t(cfg.n_blocks));
   free_.reserve(size_t(cfg.n_blocks));
   for (int32_t b = cfg.n_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
 
+KVCache::~KVCache() { munmap(arena_, size_t(arena_bytes_)); }
+
 int32_t KVCache::blocks_for(int64_t n_positions, int32_t block_size) {
   return int32_t((std::max<int64_t>(n_positions, 0) + block_size - 1) / block_size);
 }
 
-uint64_t KVCache::block_bytes(int32_t n_layers, int32_t kv_dim, int32_t block_size) {
-  return 2ull * uint64_t(n_layers) * uint64_t(kv_dim) * uint64_t(block_size) * sizeof(float);
+uint64_t KVCache::block_bytes(const KVCacheConfig& cfg) {
+  return uint64_t(std::max(cfg.n_layers, 0)) * cfg.geometry().block_bytes();
+}
+
+std::string KVCache::summary() const {
+  return cat(capacity_tokens(), " tokens (", bytes() >> 20, " MiB, ", kv_type_name(cfg_.type), ", ",
+             cfg_.block_size, "-token blocks)");
 }
 
 int32_t KVCache::take_block() {
@@ -178,29 +199,41 @@ void KVCache::publish(int32_t seq, std::span<const int32_t> tokens, int64_t n_co
   }
 }
 
-float* KVCache::row(std::vector<float>& pool, int32_t layer, int32_t seq, int64_t pos) {
+int64_t KVCache::block_of(int32_t seq, int64_t pos) const {
   const auto& table = seqs_.at(seq).table;
   const int64_t blk = pos / cfg_.block_size;
   if (pos < 0 || blk >= int64_t(table.size()))
     fail("KV cache: position ", pos, " of sequence ", seq, " is outside its reserved capacity ",
          capacity(seq));
-  const int64_t phys = table[size_t(blk)];
-  const size_t layer_off = size_t(layer) * cfg_.n_blocks * cfg_.block_size * cfg_.kv_dim;
-  return pool.data() + layer_off +
-         size_t((phys * cfg_.block_size + pos % cfg_.block_size) * cfg_.kv_dim);
+  return table[size_t(blk)];
 }
 
-float* KVCache::k_row(int32_t layer, int32_t seq, int64_t pos) { return row(k_, layer, seq, pos); }
-float* KVCache::v_row(int32_t layer, int32_t seq, int64_t pos) { return row(v_, layer, seq, pos); }
+void KVCache::write(int32_t layer, int32_t seq, int64_t pos, const float* k, const float* v) {
+  const uint64_t b = uint64_t(block_of(seq, pos)) * uint64_t(geo_.n_kv_heads);
+  const int32_t row = int32_t(pos % cfg_.block_size);
+  for (int32_t h = 0; h < geo_.n_kv_heads; ++h)
+    kv_store(geo_, k_pool(layer) + (b + uint64_t(h)) * geo_.k_head_bytes(),
+             v_pool(layer) + (b + uint64_t(h)) * geo_.v_head_bytes(), row, k + int64_t(h) * geo_.head_dim,
+             v + int64_t(h) * geo_.head_dim);
+}
+
+void KVCache::read(int32_t layer, int32_t seq, int64_t pos, float* k, float* v) const {
+  const uint64_t b = uint64_t(block_of(seq, pos)) * uint64_t(geo_.n_kv_heads);
+  const int32_t row = int32_t(pos % cfg_.block_size);
+  for (int32_t h = 0; h < geo_.n_kv_heads; ++h) {
+    const int64_t off = int64_t(h) * geo_.head_dim;
+    kv_load(geo_, k_pool(layer) + (b + uint64_t(h)) * geo_.k_head_bytes(),
+            v_pool(layer) + (b + uint64_t(h)) * geo_.v_head_bytes(), row, k ? k + off : nullptr,
+            v ? v + off : nullptr);
+  }
+}
 
 KVLayerView KVCache::view(int32_t layer, int32_t seq) const {
-  const size_t layer_off = size_t(layer) * cfg_.n_blocks * cfg_.block_size * cfg_.kv_dim;
   KVLayerView v;
-  v.k_pool = k_.data() + layer_off;
-  v.v_pool = v_.data() + layer_off;
+  v.geo = geo_;
+  v.k_pool = k_pool(layer);
+  v.v_pool = v_pool(layer);
   v.block_table = seqs_.at(seq).table.data();
-  v.block_size = cfg_.block_size;
-  v.kv_dim = cfg_.kv_dim;
   return v;
 }
 

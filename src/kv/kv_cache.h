@@ -1,9 +1,12 @@
 // Paged KV cache with prefix caching.
 //
-// Storage per layer: K and V pools of (n_blocks, block_size, kv_dim) floats. A sequence owns a
-// block table (logical block -> physical block); position j lives in block table[j / block_size]
-// at row j % block_size. A forward pass writes each new token's K/V in place, and attention reads
-// through the block table (KVLayerView), so chunked prefill needs no copies.
+// Storage per layer: K and V pools of n_blocks blocks in the layout and element type of
+// kernels/kv_layout.h (f32, f16, bf16 or q8_0; head-major blocks). A sequence owns a block table
+// (logical block -> physical block); position j lives in block table[j / block_size] at row
+// j % block_size. A forward pass writes each new token's K/V in place (converted to the stored
+// type), and attention reads through the block table (KVLayerView) as stored, so chunked prefill
+// needs no copies. All pools are one anonymous mapping (zero pages until written), advised to be
+// backed by transparent huge pages.
 //
 // Prefix caching: a FULL block whose K/V has been computed can be published under a chained hash
 // of its tokens (hash of the previous block's hash and this block's tokens), so the hash names the
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <list>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -25,9 +29,13 @@ namespace ft {
 struct KVCacheConfig {
   int32_t n_layers = 0;
   int32_t kv_dim = 0;       // n_kv_heads * head_dim
-  int32_t block_size = 16;  // positions per block
+  int32_t block_size = 16;  // positions per block (a multiple of kKvTile)
   int32_t n_blocks = 0;
   bool prefix_caching = true;
+  int32_t n_kv_heads = 1;
+  GGMLType type = GGMLType::F32;  // stored element type (the user's default is RuntimeConfig's)
+
+  KVGeometry geometry() const { return {type, n_kv_heads, n_kv_heads > 0 ? kv_dim / n_kv_heads : 0, block_size}; }
 };
 
 struct KVCacheStats {
@@ -40,11 +48,21 @@ struct KVCacheStats {
 class KVCache {
  public:
   explicit KVCache(const KVCacheConfig& cfg);
+  ~KVCache();
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
 
   // Blocks needed to hold n positions.
   static int32_t blocks_for(int64_t n_positions, int32_t block_size);
-  // Bytes one block takes over all layers (K and V).
-  static uint64_t block_bytes(int32_t n_layers, int32_t kv_dim, int32_t block_size);
+  // Bytes one block takes over all layers (K and V) for cfg's layers, geometry and type.
+  static uint64_t block_bytes(const KVCacheConfig& cfg);
+  // The whole cache: bytes, and positions it holds (n_blocks * block_size).
+  uint64_t bytes() const { return uint64_t(cfg_.n_blocks) * block_bytes(cfg_); }
+  int64_t capacity_tokens() const { return int64_t(cfg_.n_blocks) * cfg_.block_size; }
+  // Whether the kernel accepted MADV_HUGEPAGE for the pools (THP "madvise" or "always").
+  bool huge_pages() const { return huge_pages_; }
+  // "N tokens (M MiB, DTYPE, B-token blocks)"
+  std::string summary() const;
 
   const KVCacheConfig& config() const { return cfg_; }
   int32_t total_blocks() const { return cfg_.n_blocks; }
@@ -83,8 +101,10 @@ class KVCache {
   // tokens[0..n_computed), for reuse by later sequences.
   void publish(int32_t seq, std::span<const int32_t> tokens, int64_t n_computed);
 
-  float* k_row(int32_t layer, int32_t seq, int64_t pos);
-  float* v_row(int32_t layer, int32_t seq, int64_t pos);
+  // Stores position pos of seq in layer: k, v (kv_dim,) f32, converted to the stored type.
+  void write(int32_t layer, int32_t seq, int64_t pos, const float* k, const float* v);
+  // Reads it back as f32 (what attention computes with); k or v may be null.
+  void read(int32_t layer, int32_t seq, int64_t pos, float* k, float* v) const;
   KVLayerView view(int32_t layer, int32_t seq) const;
 
  private:
@@ -104,10 +124,16 @@ class KVCache {
   int32_t take_block();
   void unref(int32_t b);
   int32_t find_cached(uint64_t parent, std::span<const int32_t> block_tokens) const;
-  float* row(std::vector<float>& pool, int32_t layer, int32_t seq, int64_t pos);
+  // Physical block of position pos of seq (fails outside its reserved capacity).
+  int64_t block_of(int32_t seq, int64_t pos) const;
+  uint8_t* k_pool(int32_t layer) const { return arena_ + uint64_t(layer) * layer_bytes_; }
+  uint8_t* v_pool(int32_t layer) const { return k_pool(layer) + uint64_t(cfg_.n_blocks) * geo_.k_head_bytes() * uint64_t(geo_.n_kv_heads); }
 
   KVCacheConfig cfg_;
-  std::vector<float> k_, v_;  // (n_layers, n_blocks, block_size, kv_dim)
+  KVGeometry geo_;
+  uint8_t* arena_ = nullptr;  // per layer: K pool, V pool (kv_layout.h)
+  uint64_t arena_bytes_ = 0, layer_bytes_ = 0;
+  bool huge_pages_ = false;
   std::vector<Block> blocks_;
   std::vector<int32_t> free_;             // unreferenced, unpublished
   std::list<int32_t> lru_;                // unreferenced, published; front = least recently used

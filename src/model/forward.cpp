@@ -73,13 +73,10 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), hp.rope);
     be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), hp.rope);
   }
-  // Every entry's K/V goes into the cache first, so entries of one sequence in this batch see
-  // each other (causally, through n_ctx = pos + 1).
-  const size_t kv_bytes = size_t(hp.kv_dim()) * sizeof(float);
-  for (int64_t i = 0; i < M; ++i) {
-    std::memcpy(kv.k_row(il, b.seq[i], b.pos[i]), k_.data() + i * hp.kv_dim(), kv_bytes);
-    std::memcpy(kv.v_row(il, b.seq[i], b.pos[i]), v_.data() + i * hp.kv_dim(), kv_bytes);
-  }
+  // Every entry's K/V goes into the cache first (in its stored type), so entries of one sequence
+  // in this batch see each other (causally, through n_ctx = pos + 1).
+  for (int64_t i = 0; i < M; ++i)
+    kv.write(il, b.seq[i], b.pos[i], k_.data() + i * hp.kv_dim(), v_.data() + i * hp.kv_dim());
   for (int64_t i = 0; i < M; ++i) {
     views_[size_t(i)] = kv.view(il, b.seq[i]);
     n_ctx_[size_t(i)] = b.pos[i] + 1;

@@ -199,9 +199,10 @@ class ProfilingBackend final : public Backend {
     in_->attention(q, M, views, n_ctx, s, out);
     const int64_t t1 = now_ns();
     const uint64_t hd = uint64_t(s.n_heads) * uint64_t(s.head_dim);
-    const uint64_t kv_dim = uint64_t(s.n_kv_heads) * uint64_t(s.head_dim);
     const uint64_t flops = 4ull * hd * positions;
-    const uint64_t bytes = 8ull * kv_dim * kv_positions + 8ull * uint64_t(M) * hd;
+    // K and V as stored (kv_layout.h): a block's bytes per position; q and out in f32.
+    const uint64_t per_pos = M > 0 ? views[0].geo.block_bytes() / uint64_t(views[0].geo.block_size) : 0;
+    const uint64_t bytes = per_pos * kv_positions + 8ull * uint64_t(M) * hd;
     Args a;
     if (layer_ >= 0) a.i("layer", layer_);
     a.i("M", M).i("seqs", n_seqs).i("ctx", int64_t(positions)).i("flops", int64_t(flops)).i("bytes", int64_t(bytes));

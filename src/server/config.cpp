@@ -80,7 +80,8 @@ const ServeSetting kSettings[] = {
      &ServeConfig::reject_late_factor, 0, 1e6},
     {"kv_cache.memory_mib", "--kv-memory", "KV cache MiB (0 = 4 full contexts, at most 2 GiB)",
      &ServeConfig::kv_memory_mib, 0, 1 << 24},
-    {"kv_cache.block_size", "", "", &ServeConfig::kv_block_size, 1, 4096},
+    {"kv_cache.block_size", "", "", &ServeConfig::kv_block_size, 16, 4096},
+    {"kv_cache.dtype", "--kv-type", "KV cache element type: f16, bf16, q8_0 or f32", &ServeConfig::kv_type},
     {"kv_cache.prefix_caching", "", "", &ServeConfig::prefix_caching},
 };
 
@@ -156,6 +157,13 @@ void apply_config_json(const json& doc, ServeConfig& c) {
         if (key == x.key) s = &x;
       if (!s) fail("config: unknown key '", key, "'");
       apply_setting(*s, v, c);
+      if (s->field == ServeSetting::Field(&ServeConfig::kv_type)) {  // a name: checked here, so the error names the key
+        try {
+          parse_kv_type(c.kv_type);
+        } catch (const Error& e) {
+          fail("config: '", key, "': ", e.what());
+        }
+      }
     }
   }
 }
@@ -179,6 +187,7 @@ EngineConfig to_engine_config(const ServeConfig& c) {
   e.runtime.threads = c.threads;
   e.runtime.n_ctx = c.context_length;
   e.runtime.kv_block_size = c.kv_block_size;
+  e.runtime.kv_type = parse_kv_type(c.kv_type);
   e.scheduler.chunk_size = c.prefill_chunk_size;
   e.scheduler.step_latency_target_ms = c.step_latency_target_ms;
   e.scheduler.max_num_seqs = c.max_num_seqs;

@@ -12,7 +12,8 @@
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "frame_timeout_s", "max_connections",
 //               "log_level", "model", "served_model_name", "context_length", "binary_port_any"},
-//    "kv_cache": {"memory_mib": N, "block_size": N, "prefix_caching": true}}
+//    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
+//                 "dtype": "f16" | "bf16" | "q8_0" | "f32"}}
 // Features not built yet (speculative decoding, tp/pp > 1, a throughput-optimised mode) are
 // refused with "... is not supported yet", never silently ignored. max_active_adapters is a cap
 // and is accepted: no LoRA adapter can be loaded yet, so no batch ever holds one.
@@ -57,6 +58,7 @@ struct ServeConfig {
   uint64_t kv_memory_mib = EngineConfig{}.kv_memory_bytes >> 20;  // 0 = engine default (4 full contexts, at most kDefaultMaxKvBytes)
   int32_t kv_block_size = RuntimeConfig{}.kv_block_size;
   bool prefix_caching = EngineConfig{}.prefix_caching;
+  std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
 };
 
 // One serve setting: where it lives in ServeConfig, its config-file key, its CLI flag, its range.

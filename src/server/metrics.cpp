@@ -85,6 +85,8 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
   gauge("firsttoken:kv_cache_used_blocks", "KV cache blocks in use by requests.", m.kv_used_blocks);
   gauge("firsttoken:kv_cache_cached_blocks", "Freed KV cache blocks kept for prefix reuse.", m.kv_cached_blocks);
   gauge("firsttoken:kv_cache_total_blocks", "KV cache blocks in all.", m.kv_total_blocks);
+  gauge("firsttoken:kv_cache_capacity_tokens", "Positions the whole KV cache holds.", double(m.kv_capacity_tokens));
+  gauge("firsttoken:kv_cache_bytes", "KV cache memory in bytes (as stored: f16, bf16, q8_0 or f32).", double(m.kv_bytes));
   counter("firsttoken:prompt_tokens_total", "Prompt tokens of finished requests.", double(m.counters.prompt_tokens));
   counter("firsttoken:generation_tokens_total", "Generated tokens.", double(m.counters.generated_tokens));
   counter("firsttoken:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",

@@ -152,3 +152,65 @@ TEST(Cli, RunExitsNonZeroWhenGenerationFails) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+// `perplexity --kl-base`: KV cache types against f32 KV on tests/data/stories260K.txt (text
+// stories260K wrote, 3578 tokens: 6 windows of 512, 1530 scored positions).
+struct KlLine {
+  double kl = -1, top1 = -1;
+};
+KlLine parse_kl(const std::string& out) {
+  KlLine k;
+  const size_t a = out.find("mean KL "), b = out.find("top-1 agreement ");
+  if (a != std::string::npos) k.kl = std::stod(out.substr(a + 8));
+  if (b != std::string::npos) k.top1 = std::stod(out.substr(b + 16));
+  return k;
+}
+
+// Bounds, from what they measure (2026-11-30) and what they stand for. f32 against f32 is the same
+// computation: KL exactly 0, every top-1 the same. f16 rounds K/V to 11 bits (relative 2^-12):
+// measured 2e-6 nats on stories260K, bound 1e-4. q8_0: measured 0.0012 nats and 98.8% top-1 on
+// stories260K; bound 0.01 nats (the target: a tenth of a typical 4-bit weight quantization's KL)
+// and 95% top-1. The synthetic tiny model has random weights: its distributions are nearly flat,
+// so any rounding flips some top-1s (97.4% with f16) and only its KL is held: f16 measured 1e-4
+// nats, bound 1e-3; q8_0 bound 0.01.
+void check_kv_types_kl(const std::string& model, const std::string& ctx, double f16_kl, bool check_top1) {
+  const std::string text = (std::filesystem::path(__FILE__).parent_path() / "../data/stories260K.txt").string();
+  const test::TempFile base("kl_base.bin");
+  const std::string common = "perplexity -m " + quote(model) + " -f " + quote(text) + " -t 2 -c " + ctx;
+  const Result save = run_cli(common + " --kv-type f32 --save-logits " + quote(base.path()));
+  ASSERT_EQ(save.exit_code, 0) << save.err;
+  EXPECT_NE(save.out.find("perplexity: "), std::string::npos) << save.out;
+  struct Case { const char* type; double max_kl, min_top1; };
+  for (const Case c : {Case{"f32", 0.0, 100.0}, Case{"f16", f16_kl, 99.0}, Case{"q8_0", 0.01, 95.0}}) {
+    const Result r = run_cli(common + " --kv-type " + c.type + " --kl-base " + quote(base.path()));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const KlLine k = parse_kl(r.out);
+    EXPECT_GE(k.kl, 0.0) << c.type << ": " << r.out;
+    EXPECT_LE(k.kl, c.max_kl) << c.type << ": " << r.out;
+    EXPECT_GE(k.top1, check_top1 || c.max_kl == 0 ? c.min_top1 : 0.0) << c.type << ": " << r.out;
+  }
+  // A file from another window size is refused, not misread.
+  const Result bad = run_cli("perplexity -m " + quote(model) + " -f " + quote(text) + " -t 2 -c 64 --kl-base " +
+                             quote(base.path()));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("windows of"), std::string::npos) << bad.err;
+}
+
+TEST(Cli, PerplexityKvTypesKlAgainstF32Stories260K) {
+  FT_REQUIRE_SHARED(model, "models/stories260K.gguf");
+  check_kv_types_kl(model, "512", 1e-4, true);
+}
+
+TEST(Cli, PerplexityKvTypesKlAgainstF32SyntheticTiny) {
+  const test::TempFile model("tiny_kl.gguf");
+  SyntheticOptions opt;
+  opt.type = GGMLType::Q8_0;
+  write_synthetic_model(opt, model.path());
+  check_kv_types_kl(model.path(), "128", 1e-3, false);
+}
+
+}  // namespace
+}  // namespace ft

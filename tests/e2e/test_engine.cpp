@@ -27,9 +27,11 @@ struct Outcome {
   RequestTimings timings;
 };
 
-EngineConfig config(int64_t chunk, bool prefix_caching = true, uint64_t kv_bytes = 0) {
+EngineConfig config(int64_t chunk, bool prefix_caching = true, uint64_t kv_bytes = 0,
+                    GGMLType kv_type = RuntimeConfig{}.kv_type) {
   EngineConfig c;
   c.runtime.threads = 2;
+  c.runtime.kv_type = kv_type;
   c.scheduler.chunk_size = chunk;
   c.scheduler.step_latency_target_ms = 5;  // small, so auto mode really chunks on these models
   c.prefix_caching = prefix_caching;
@@ -166,7 +168,21 @@ TEST(Engine, CancelFreesAllBlocks) {
   EXPECT_EQ(m.counters.cancelled, 1u);
 }
 
-TEST(Engine, PrefixCacheHitGivesTheSameOutput) {
+// Prefix caching, preemption and chunked prefill, per KV cache type.
+class KvTypes : public ::testing::TestWithParam<GGMLType> {};
+
+TEST_P(KvTypes, ChunkedConcurrentEqualsAlone) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const auto jobs = mixed_jobs(model->hparams().n_vocab, 8, 17);
+  Engine alone_engine(*model, config(256, true, 0, GetParam()), {});
+  const auto alone = run_jobs(alone_engine, jobs, false);
+  Engine engine(*model, config(7, true, 0, GetParam()), {});
+  expect_same_tokens(run_jobs(engine, jobs, true), alone);
+}
+
+TEST_P(KvTypes, PrefixCacheHitGivesTheSameOutput) {
+  const GGMLType kv_type = GetParam();
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
   const auto model = Model::load(path);
   const auto base = mixed_jobs(model->hparams().n_vocab, 2, 5)[1].prompt;  // 500 tokens
@@ -176,8 +192,8 @@ TEST(Engine, PrefixCacheHitGivesTheSameOutput) {
     j.prompt.insert(j.prompt.end(), base.begin() + 300 + 20 * k, base.begin() + 320 + 20 * k);
     jobs.push_back(j);
   }
-  Engine cached(*model, config(64, true), {});
-  Engine plain(*model, config(64, false), {});
+  Engine cached(*model, config(64, true, 0, kv_type), {});
+  Engine plain(*model, config(64, false, 0, kv_type), {});
   const auto a = run_jobs(cached, jobs, false);
   const auto b = run_jobs(plain, jobs, false);
   expect_same_tokens(a, b);
@@ -188,7 +204,8 @@ TEST(Engine, PrefixCacheHitGivesTheSameOutput) {
   EXPECT_GT(cached.metrics().kv.prefix_hit_tokens, 0u);
 }
 
-TEST(Engine, RunningOutOfKVPreemptsAndFinishesEverything) {
+TEST_P(KvTypes, RunningOutOfKVPreemptsAndFinishesEverything) {
+  const GGMLType kv_type = GetParam();
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
   const auto model = Model::load(path);
   std::vector<Job> jobs = mixed_jobs(model->hparams().n_vocab, 8, 13);
@@ -196,15 +213,43 @@ TEST(Engine, RunningOutOfKVPreemptsAndFinishesEverything) {
     j.prompt.resize(std::min<size_t>(j.prompt.size(), 60));
     j.max_tokens = 80;
   }
-  const HParams& hp = model->hparams();
-  const uint64_t block = KVCache::block_bytes(hp.n_layers, hp.kv_dim(), 16);
-  Engine big(*model, config(64), {});
+  const EngineConfig big_cfg = config(64, true, 0, kv_type);
+  const uint64_t block = KVCache::block_bytes(kv_cache_config(big_cfg.runtime, model->hparams(), 0, true));
+  Engine big(*model, big_cfg, {});
   const auto alone = run_jobs(big, jobs, false);
-  Engine small(*model, config(64, true, 24 * block), {});  // 8 requests x up to 9 blocks > 24
+  Engine small(*model, config(64, true, 24 * block, kv_type), {});  // 8 requests x up to 9 blocks > 24
+  EXPECT_EQ(small.metrics().kv_total_blocks, 24);
   expect_same_tokens(run_jobs(small, jobs, true), alone);
   const EngineMetrics m = settled_metrics(small, jobs.size());
   EXPECT_GT(m.counters.preemptions, 0u);
   EXPECT_EQ(m.kv_used_blocks, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, KvTypes,
+                         ::testing::Values(GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::F32),
+                         [](const auto& info) { return std::string(kv_type_name(info.param)); });
+
+// Capacity users can see: the same memory holds 2x the tokens in f16 or bf16 as in f32, and in
+// q8_0 32/12 x on this model (heads of 8: one f32 scale per 8 int8 values, 12 bytes per head row
+// instead of 32; 3.56x on heads of 64).
+TEST(Engine, KvCapacityPerType) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  auto capacity = [&](GGMLType t) {
+    Engine e(*model, config(64, true, 8u << 20, t), {});
+    const EngineMetrics m = e.metrics();
+    EXPECT_LE(m.kv_bytes, 8u << 20);
+    EXPECT_EQ(m.kv_capacity_tokens, int64_t(m.kv_total_blocks) * 16);
+    EXPECT_NE(e.kv_summary().find(cat(m.kv_capacity_tokens, " tokens (", m.kv_bytes >> 20, " MiB, ", kv_type_name(t),
+                                      ", 16-token blocks)")),
+              std::string::npos)
+        << e.kv_summary();
+    return double(m.kv_capacity_tokens);
+  };
+  const double f32 = capacity(GGMLType::F32);
+  EXPECT_NEAR(capacity(GGMLType::F16) / f32, 2.0, 0.01);
+  EXPECT_NEAR(capacity(GGMLType::BF16) / f32, 2.0, 0.01);
+  EXPECT_NEAR(capacity(GGMLType::Q8_0) / f32, 32.0 / 12.0, 0.01);
 }
 
 TEST(Engine, RejectsWhatCanNeverFit) {
@@ -243,11 +288,11 @@ TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
 
   const EngineConfig one = single_request_config(*model, 256, 64, 2);
   EXPECT_EQ(Engine(*model, one, {}).scheduler_config().max_batch_tokens, 65);
-  EXPECT_EQ(one.kv_memory_bytes, 256 / 16 * KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(), 16));
+  const uint64_t block = KVCache::block_bytes(kv_cache_config(one.runtime, model->hparams(), 0, false));
+  EXPECT_EQ(one.kv_memory_bytes, 256 / 16 * block);
   EXPECT_EQ(single_request_config(*model, 4, 64, 2).kv_memory_bytes, 2 * one.kv_memory_bytes / 16);
   // A context the metadata may claim (2^24 positions: ~20 GiB of this model's KV) is capped like
   // serve's default, not allocated.
-  const uint64_t block = KVCache::block_bytes(model->hparams().n_layers, model->hparams().kv_dim(), 16);
   const uint64_t capped = single_request_config(*model, int64_t(1) << 24, 64, 2).kv_memory_bytes;
   EXPECT_LE(capped, kDefaultMaxKvBytes);
   EXPECT_GT(capped, kDefaultMaxKvBytes - block);

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "kernels/kernels.h"
+#include "engine/runtime_config.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -73,7 +74,9 @@ std::vector<float> prompt_logits(const Model& m, const std::vector<int32_t>& tok
   const int64_t n = int64_t(tokens.size());
   const int64_t step = chunk > 0 ? chunk : n;
   Forward fwd(m, *be, step);
-  KVCacheConfig cfg{m.hparams().n_layers, m.hparams().kv_dim(), 16, 64};
+  // The KV cache in the engine's default type (f16): the golden logits hold with it.
+  const KVCacheConfig cfg{m.hparams().n_layers, m.hparams().kv_dim(), 16, 64, true, m.hparams().n_kv_heads,
+                          RuntimeConfig{}.kv_type};
   KVCache local(cfg);
   KVCache& kv = kv_out ? *kv_out : local;
   EXPECT_TRUE(kv.reserve(0, n));
@@ -108,8 +111,8 @@ TEST_P(GoldenTest, LogitsGreedyAndChunking) {
     const auto tokens = c["prompt_tokens"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok.encode(c["prompt"].get<std::string>(), /*add_bos=*/true, /*parse_special=*/true), tokens);
     ASSERT_EQ(c["n_vocab"].get<int64_t>(), V);
-    KVCacheConfig cfg{model->hparams().n_layers, model->hparams().kv_dim(), 16, 64};
-    KVCache kv(cfg);
+    KVCache kv(KVCacheConfig{model->hparams().n_layers, model->hparams().kv_dim(), 16, 64, true,
+                             model->hparams().n_kv_heads, RuntimeConfig{}.kv_type});
     const std::vector<float> logits = prompt_logits(*model, tokens, 0, &kv);
 
     // Per position: same top-1, top-10 logits within tolerance.

@@ -10,8 +10,10 @@
 // test checks that, and how far it moves the product); the reference multiplies that x in
 // double; the kernel's f32 rounding is then one fma per block plus the scale products, well
 // inside the same bound (with Q4_K's separate min term counted in the magnitude).
-// Attention: softmax in f32 with a polynomial exp (~2 ulp), online rescaling and f32 sums over
-// <= 300 positions; we allow 2e-5 * max|v| absolute on outputs that are convex combinations of v.
+// Attention (every KV type, against a double-precision softmax over the K/V as stored, with the
+// Q8_0 query quantized as kv_quantize_query defines): softmax in f32 with a polynomial exp (~2
+// ulp), online rescaling and f32 sums over <= 300 positions; we allow 2e-5 * max|v| absolute on
+// outputs that are convex combinations of v.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -392,98 +394,163 @@ TEST_P(KernelTest, FusedRopeEqualsSeparate) {
   }
 }
 
-// Paged KV for one layer: n_seqs sequences of capacity cap, blocks handed out in shuffled order.
+// Paged KV for one layer in the cache's layout (kv_layout.h): n_seqs sequences of capacity cap,
+// blocks handed out in shuffled order, every position written with random K/V through kv_store.
 struct PagedKV {
-  int32_t block_size, kv_dim, n_blocks;
-  std::vector<float> k, v;
+  KVGeometry geo;
+  std::vector<uint8_t> k, v;
   std::vector<std::vector<int32_t>> tables;
-  PagedKV(std::mt19937& rng, int n_seqs, int cap, int32_t bs, int32_t kvd) : block_size(bs), kv_dim(kvd) {
-    const int per = (cap + bs - 1) / bs;
-    n_blocks = per * n_seqs + 3;
-    k = randv(rng, size_t(n_blocks) * bs * kvd);
-    v = randv(rng, size_t(n_blocks) * bs * kvd);
+  PagedKV(std::mt19937& rng, GGMLType type, int n_seqs, int cap, int32_t bs, int32_t heads, int32_t hd)
+      : geo{type, heads, hd, bs} {
+    const int per = (cap + bs - 1) / bs, n_blocks = per * n_seqs + 3;
+    k.assign(size_t(n_blocks) * size_t(heads) * geo.k_head_bytes(), 0);
+    v.assign(size_t(n_blocks) * size_t(heads) * geo.v_head_bytes(), 0);
     std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
     for (int i = 0; i < n_blocks; ++i) ids[size_t(i)] = i;
     std::shuffle(ids.begin(), ids.end(), rng);
     for (int s = 0; s < n_seqs; ++s) tables.emplace_back(ids.begin() + s * per, ids.begin() + (s + 1) * per);
+    for (int s = 0; s < n_seqs; ++s)
+      for (int p = 0; p < per * bs; ++p)
+        for (int h = 0; h < heads; ++h) {
+          const auto kr = randv(rng, size_t(hd)), vr = randv(rng, size_t(hd));
+          const uint64_t b = uint64_t(tables[size_t(s)][size_t(p / bs)]) * uint64_t(heads) + uint64_t(h);
+          kv_store(geo, k.data() + b * geo.k_head_bytes(), v.data() + b * geo.v_head_bytes(), p % bs, kr.data(),
+                   vr.data());
+        }
   }
-  KVLayerView view(int s) const { return {k.data(), v.data(), tables[size_t(s)].data(), block_size, kv_dim}; }
-  const float* krow(int s, int pos) const {
-    return k.data() + (int64_t(tables[size_t(s)][size_t(pos / block_size)]) * block_size + pos % block_size) * kv_dim;
-  }
-  const float* vrow(int s, int pos) const {
-    return v.data() + (int64_t(tables[size_t(s)][size_t(pos / block_size)]) * block_size + pos % block_size) * kv_dim;
+  KVLayerView view(int s) const { return {geo, k.data(), v.data(), tables[size_t(s)].data()}; }
+  // Position pos of KV head h as stored, in f32.
+  void load(int s, int pos, int h, float* kk, float* vv) const {
+    const KVLayerView kv = view(s);
+    kv_load(geo, kv.k_tile(pos, h), nullptr, pos % kKvTile, kk, nullptr);
+    kv_load_v_row(geo, kv.v_row(pos, h), vv);
   }
 };
 
-// Naive softmax attention in double.
+// Naive softmax attention in double over the stored K/V; with Q8_0 the query quantized as
+// kv_quantize_query defines (the semantics of Q.K on int8 dot products).
 void ref_attention(const float* q, int64_t M, const PagedKV& kv, const int* seq, const int32_t* n_ctx,
                    const AttentionShape& s, std::vector<double>& out) {
-  const int group = s.n_heads / s.n_kv_heads;
-  const int64_t qdim = int64_t(s.n_heads) * s.head_dim;
+  const int group = s.n_heads / s.n_kv_heads, hd = s.head_dim;
+  const int64_t qdim = int64_t(s.n_heads) * hd;
   out.assign(size_t(M * qdim), 0);
+  std::vector<float> kk(static_cast<size_t>(hd)), vv(static_cast<size_t>(hd)), qd(static_cast<size_t>(hd));
+  std::vector<double> qs(static_cast<size_t>(hd));
+  std::vector<int8_t> qq(static_cast<size_t>(hd));
+  std::vector<int32_t> qsum(static_cast<size_t>(hd));
   for (int64_t m = 0; m < M; ++m)
     for (int h = 0; h < s.n_heads; ++h) {
-      const int64_t off = int64_t(h / group) * s.head_dim;
+      const float* qh = q + m * qdim + h * hd;
+      if (kv.geo.type == GGMLType::Q8_0) {
+        kv_quantize_query(qh, hd, s.scale, qq.data(), qd.data(), qsum.data());
+        for (int i = 0; i < hd; ++i) qs[size_t(i)] = double(qd[size_t(i / kKvQBlock)]) * qq[size_t(i)];
+      } else {
+        for (int i = 0; i < hd; ++i) qs[size_t(i)] = double(qh[i]) * s.scale;
+      }
       std::vector<double> sc(size_t(n_ctx[m]));
       double mx = -1e300;
       for (int j = 0; j < n_ctx[m]; ++j) {
+        kv.load(seq[m], j, h / group, kk.data(), vv.data());
         double d = 0;
-        for (int i = 0; i < s.head_dim; ++i) d += double(q[m * qdim + h * s.head_dim + i]) * kv.krow(seq[m], j)[off + i];
-        sc[size_t(j)] = d * s.scale;
-        mx = std::max(mx, sc[size_t(j)]);
+        for (int i = 0; i < hd; ++i) d += qs[size_t(i)] * kk[size_t(i)];
+        sc[size_t(j)] = d;
+        mx = std::max(mx, d);
       }
       double sum = 0;
       for (auto& x : sc) sum += (x = std::exp(x - mx));
-      for (int j = 0; j < n_ctx[m]; ++j)
-        for (int i = 0; i < s.head_dim; ++i)
-          out[size_t(m * qdim + h * s.head_dim + i)] += sc[size_t(j)] / sum * kv.vrow(seq[m], j)[off + i];
+      for (int j = 0; j < n_ctx[m]; ++j) {
+        kv.load(seq[m], j, h / group, kk.data(), vv.data());
+        for (int i = 0; i < hd; ++i) out[size_t(m * qdim + h * hd + i)] += sc[size_t(j)] / sum * vv[size_t(i)];
+      }
     }
 }
 
-TEST_P(KernelTest, FlashAttentionCausalGqaChunks) {
-  auto be = backend_for(GetParam());
+constexpr GGMLType kKvTypes[] = {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0};
+
+// Every KV type, GQA shapes with odd head sizes (40: a Q8_0 head of 32 + 8; 36: 32 + 4; 8: one
+// short block), a prefill chunk of one sequence and decode entries of another in one batch,
+// against ref_attention; |v| <= 1, so 2e-5 absolute is the bound stated at the top.
+void check_attention(Backend& be, bool decode_alone_identical) {
   std::mt19937 rng(11);
   struct Shape { int heads, kv_heads, hd; };
-  for (Shape sh : {Shape{8, 2, 64}, Shape{4, 4, 8}, Shape{6, 1, 40}, Shape{16, 2, 64}}) {
-    const AttentionShape s{sh.heads, sh.kv_heads, sh.hd, 1.0f / std::sqrt(float(sh.hd))};
-    const int cap = 300;
-    PagedKV kv(rng, 2, cap, 16, sh.kv_heads * sh.hd);
-    const int64_t qdim = int64_t(sh.heads) * sh.hd;
-    // (a) a prefill chunk of sequence 0 at offset p0 (attending to earlier chunks' KV) followed by
-    // (b) decode entries of sequence 1 at various positions, all in one batch.
-    for (int p0 : {0, 33, 250}) {
-      for (int chunk : {1, 40}) {
-        std::vector<int> seq;
-        std::vector<int32_t> n_ctx;
-        std::vector<KVLayerView> views;
-        for (int i = 0; i < chunk && p0 + i < cap; ++i) {
-          seq.push_back(0);
-          n_ctx.push_back(p0 + i + 1);
-        }
-        for (int p : {0, 31, 299}) {
-          seq.push_back(1);
-          n_ctx.push_back(p + 1);
-        }
-        const int64_t M = int64_t(seq.size());
-        for (int64_t i = 0; i < M; ++i) views.push_back(kv.view(seq[size_t(i)]));
-        const auto q = randv(rng, size_t(M * qdim), 2.0f);
-        std::vector<float> out(size_t(M * qdim), -7.0f);
-        be->attention(q.data(), M, views.data(), n_ctx.data(), s, out.data());
-        std::vector<double> ref;
-        ref_attention(q.data(), M, kv, seq.data(), n_ctx.data(), s, ref);
-        for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out[i], ref[i], 2e-5) << "heads " << sh.heads << "/" << sh.kv_heads << " hd " << sh.hd
-                                            << " p0 " << p0 << " chunk " << chunk << " at " << i;
-        // Each entry alone (decode-style) gives bit-identical results.
-        std::vector<float> one(static_cast<size_t>(qdim));
-        for (int64_t i : {int64_t(0), M - 1}) {
-          be->attention(q.data() + i * qdim, 1, views.data() + i, n_ctx.data() + i, s, one.data());
-          for (int64_t d = 0; d < qdim; ++d) ASSERT_EQ(one[size_t(d)], out[size_t(i * qdim + d)]);
+  for (GGMLType type : kKvTypes)
+    for (Shape sh : {Shape{12, 4, 64}, Shape{4, 4, 8}, Shape{6, 1, 40}, Shape{9, 3, 36}, Shape{16, 2, 64}}) {
+      const AttentionShape s{sh.heads, sh.kv_heads, sh.hd, 1.0f / std::sqrt(float(sh.hd))};
+      const int cap = 300;
+      const PagedKV kv(rng, type, 2, cap, 16, sh.kv_heads, sh.hd);
+      const int64_t qdim = int64_t(sh.heads) * sh.hd;
+      for (int p0 : {0, 33, 250}) {
+        for (int chunk : {1, 40}) {
+          std::vector<int> seq;
+          std::vector<int32_t> n_ctx;
+          std::vector<KVLayerView> views;
+          for (int i = 0; i < chunk && p0 + i < cap; ++i) {
+            seq.push_back(0);
+            n_ctx.push_back(p0 + i + 1);
+          }
+          for (int p : {0, 31, 299}) {
+            seq.push_back(1);
+            n_ctx.push_back(p + 1);
+          }
+          const int64_t M = int64_t(seq.size());
+          for (int64_t i = 0; i < M; ++i) views.push_back(kv.view(seq[size_t(i)]));
+          const auto q = randv(rng, size_t(M * qdim), 2.0f);
+          std::vector<float> out(size_t(M * qdim), -7.0f);
+          be.attention(q.data(), M, views.data(), n_ctx.data(), s, out.data());
+          std::vector<double> ref;
+          ref_attention(q.data(), M, kv, seq.data(), n_ctx.data(), s, ref);
+          for (size_t i = 0; i < out.size(); ++i)
+            ASSERT_NEAR(out[i], ref[i], 2e-5) << kv_type_name(type) << " heads " << sh.heads << "/" << sh.kv_heads
+                                              << " hd " << sh.hd << " p0 " << p0 << " chunk " << chunk << " at " << i;
+          if (!decode_alone_identical) continue;
+          // Each entry alone (decode-style) gives bit-identical results.
+          std::vector<float> one(static_cast<size_t>(qdim));
+          for (int64_t i : {int64_t(0), M - 1}) {
+            be.attention(q.data() + i * qdim, 1, views.data() + i, n_ctx.data() + i, s, one.data());
+            for (int64_t d = 0; d < qdim; ++d) ASSERT_EQ(one[size_t(d)], out[size_t(i * qdim + d)]);
+          }
         }
       }
     }
-  }
+}
+
+TEST_P(KernelTest, FlashAttentionEveryKvTypeCausalGqaChunks) {
+  auto be = backend_for(GetParam());
+  check_attention(*be, true);
+}
+
+TEST(ReferenceBackend, AttentionEveryKvType) { check_attention(*make_backend("reference", 2), false); }
+
+// kv_store then kv_load gives each type's rounding and nothing else: f32 exact, f16 within
+// 2^-11 relative (2^-25 absolute below its normal range), bf16 2^-8, q8_0 within half its block's step (max|x| / 254) with one scale per
+// 32 values of a head (a tail block of tiny values keeps its own fine step).
+TEST(KvLayout, StoreLoadWithinEachTypesRounding) {
+  std::mt19937 rng(5);
+  for (GGMLType type : kKvTypes)
+    for (int hd : {8, 36, 64}) {
+      const KVGeometry g{type, 1, hd, 32};
+      std::vector<uint8_t> k(g.k_head_bytes()), v(g.v_head_bytes());
+      for (int row : {0, 5, 17, 31}) {
+        auto x = randv(rng, size_t(hd), 3.0f), y = randv(rng, size_t(hd), 3.0f);
+        for (int d = 32; d < hd; ++d) x[size_t(d)] *= 1e-3f, y[size_t(d)] *= 1e-3f;
+        kv_store(g, k.data(), v.data(), row, x.data(), y.data());
+        std::vector<float> xk(static_cast<size_t>(hd)), yv(static_cast<size_t>(hd));
+        kv_load(g, k.data(), v.data(), row, xk.data(), yv.data());
+        for (int d = 0; d < hd; ++d)
+          for (auto [orig, back] : {std::pair{x, xk}, std::pair{y, yv}}) {
+            const float o = orig[size_t(d)], r = back[size_t(d)];
+            float bound = 0;
+            if (type == GGMLType::F16) bound = std::max(std::fabs(o) * 0x1p-11f, 0x1p-25f);  // (subnormals: 2^-24 steps)
+            if (type == GGMLType::BF16) bound = std::fabs(o) * 0x1p-8f;
+            if (type == GGMLType::Q8_0) {
+              float amax = 0;
+              for (int i = d / 32 * 32; i < std::min(hd, d / 32 * 32 + 32); ++i) amax = std::max(amax, std::fabs(orig[size_t(i)]));
+              bound = amax / 254.0f * 1.0001f;
+            }
+            ASSERT_LE(std::fabs(r - o), bound) << kv_type_name(type) << " hd " << hd << " row " << row << " d " << d;
+          }
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::ValuesIn(kIsas),

@@ -255,7 +255,7 @@ TEST(ProfilingBackend, SameLogitsAndOneSpanPerCall) {
   for (int32_t i = 0; i < 7; ++i) b.add(1 + i * 11, i, 0, i == 6);
   auto logits_with = [&](Backend& be) {
     Forward fwd(*model, be, 8);
-    KVCache kv(KVCacheConfig{hp.n_layers, hp.kv_dim(), 16, 4});
+    KVCache kv(KVCacheConfig{hp.n_layers, hp.kv_dim(), 16, 4, true, hp.n_kv_heads});
     EXPECT_TRUE(kv.reserve(0, 8));
     std::vector<float> logits(size_t(hp.n_vocab));
     fwd.run(b, kv, logits.data());

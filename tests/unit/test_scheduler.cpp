@@ -320,16 +320,19 @@ class FakeExecutor : public StepExecutor {
   void forward(const Batch& b, KVCache& kv, float* logits) override {
     double pairs = 0;
     for (int64_t i = 0; i < b.size(); ++i) {
-      *kv.k_row(0, b.seq[size_t(i)], b.pos[size_t(i)]) = float(b.tokens[size_t(i)]);
+      const float t = float(b.tokens[size_t(i)]);
+      kv.write(0, b.seq[size_t(i)], b.pos[size_t(i)], &t, &t);
       pairs += b.pos[size_t(i)] + 1;
     }
     size_t row = 0;
     for (int64_t i = 0; i < b.size(); ++i) {
       if (!b.want_logits[size_t(i)]) continue;
-      const KVLayerView v = kv.view(0, b.seq[size_t(i)]);
       uint64_t h = 1;
-      for (int32_t p = 0; p <= b.pos[size_t(i)]; ++p)
-        h = mix(h, uint64_t(v.k_pool[v.block_table[p / v.block_size] * v.block_size + p % v.block_size]));
+      for (int32_t p = 0; p <= b.pos[size_t(i)]; ++p) {
+        float t;
+        kv.read(0, b.seq[size_t(i)], p, &t, nullptr);
+        h = mix(h, uint64_t(t));
+      }
       float* l = logits + row++ * kVocab;
       for (int32_t t = 0; t < kVocab; ++t) l[t] = 0;
       l[h % kVocab] = 1;
@@ -742,10 +745,12 @@ class PaddedExecutor : public StepExecutor {
     size_t row = 0;
     for (int64_t i = 0; i < b.size(); ++i) {
       const size_t e = size_t(i);
-      *kv.k_row(0, b.seq[e], b.pos[e]) = float(b.tokens[e]);
+      const float t = float(b.tokens[e]);
+      kv.write(0, b.seq[e], b.pos[e], &t, &t);
       if (!b.want_logits[e]) continue;
-      const KVLayerView v = kv.view(0, b.seq[e]);
-      const bool broken = v.k_pool[v.block_table[0] * v.block_size] == 0;
+      float first;
+      kv.read(0, b.seq[e], 0, &first, nullptr);
+      const bool broken = first == 0;
       float* l = logits + row++ * kRow;
       for (int32_t t = 0; t < kRow; ++t)
         l[t] = broken ? std::nanf("") : t < kTokens ? float(t % 3) : 50.0f;

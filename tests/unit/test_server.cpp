@@ -371,6 +371,8 @@ TEST(ServerMetrics, PrometheusText) {
   em.running = 2;
   em.kv_total_blocks = 100;
   em.kv_used_blocks = 25;
+  em.kv_capacity_tokens = 1600;
+  em.kv_bytes = 3u << 20;
   em.counters.generated_tokens = 3;
   em.step_time_error.observe(0.03);
   em.step_time_error.observe(0.5);
@@ -395,7 +397,8 @@ TEST(ServerMetrics, PrometheusText) {
                            "firsttoken:step_time_prediction_error_ratio_bucket{le=\"0.05\"} 1\n",
                            "firsttoken:step_time_prediction_error_ratio_bucket{le=\"+Inf\"} 2\n",
                            "firsttoken:step_time_prediction_error_ratio_count 2\n",
-                           "firsttoken:request_rejected_late_total 1\n"})
+                           "firsttoken:request_rejected_late_total 1\n",
+                           "firsttoken:kv_cache_capacity_tokens 1600\n", "firsttoken:kv_cache_bytes 3145728\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
 }
 
@@ -419,7 +422,7 @@ TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
                     "enable_speculative_decoding": false},
       "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
       "server": {"host": "0.0.0.0", "port": 0, "binary_port": 9001, "max_queue": 3, "threads": 2, "http_threads": 4},
-      "kv_cache": {"memory_mib": 64, "block_size": 32, "prefix_caching": false}})"),
+      "kv_cache": {"memory_mib": 64, "block_size": 32, "prefix_caching": false, "dtype": "q8_0"}})"),
                     c);
   EXPECT_EQ(c.host, "0.0.0.0");
   EXPECT_EQ(c.port, 0);
@@ -432,7 +435,19 @@ TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
   EXPECT_EQ(e.runtime.threads, 2);
   EXPECT_EQ(e.runtime.kv_block_size, 32);
   EXPECT_EQ(e.kv_memory_bytes, 64ull << 20);
+  EXPECT_EQ(e.runtime.kv_type, GGMLType::Q8_0);
   EXPECT_FALSE(e.prefix_caching);
+  for (const char* bad : {R"({"kv_cache": {"dtype": "q4_0"}})", R"({"kv_cache": {"block_size": 8}})"}) {
+    ServeConfig x;
+    EXPECT_THROW(apply_config_json(json::parse(bad), x), Error) << bad;
+  }
+  try {
+    ServeConfig x;
+    apply_config_json(json::parse(R"({"kv_cache": {"dtype": "int4"}})"), x);
+    ADD_FAILURE();
+  } catch (const Error& err) {
+    EXPECT_EQ(std::string(err.what()), "config: 'kv_cache.dtype': KV cache type 'int4' is not one of f16, bf16, q8_0, f32");
+  }
   apply_config_json(json::parse(R"({"scheduler": {"prefill_chunk_size": "auto"}})"), c);
   EXPECT_EQ(to_engine_config(c).scheduler.chunk_size, -1);
 }
@@ -478,6 +493,7 @@ TEST(ServerConfig, OneDeclarationPerSetting) {
   EXPECT_EQ(e.scheduler.max_batch_tokens, base.scheduler.max_batch_tokens);
   EXPECT_DOUBLE_EQ(e.scheduler.step_latency_target_ms, base.scheduler.step_latency_target_ms);
   EXPECT_EQ(e.runtime.kv_block_size, base.runtime.kv_block_size);
+  EXPECT_EQ(e.runtime.kv_type, base.runtime.kv_type);
   EXPECT_EQ(e.kv_memory_bytes, base.kv_memory_bytes);
   EXPECT_EQ(e.prefix_caching, base.prefix_caching);
 }

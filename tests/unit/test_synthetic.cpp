@@ -35,7 +35,7 @@ std::vector<float> run_prompt(const Model& m, const std::vector<int32_t>& tokens
   auto be = make_backend("cpu", 2);
   const int64_t n = int64_t(tokens.size());
   Forward fwd(m, *be, n);
-  KVCache kv(KVCacheConfig{m.hparams().n_layers, m.hparams().kv_dim(), 16, 8});
+  KVCache kv(KVCacheConfig{m.hparams().n_layers, m.hparams().kv_dim(), 16, 8, true, m.hparams().n_kv_heads});
   EXPECT_TRUE(kv.reserve(0, n));
   Batch b;
   for (int64_t i = 0; i < n; ++i) b.add(tokens[size_t(i)], int32_t(i), 0, true);

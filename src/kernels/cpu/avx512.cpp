@@ -1,9 +1,9 @@
 // AVX-512 (F/BW/VL/DQ + VNNI) instantiation of the fast-kernel drivers. Compiled for those
 // extensions whatever the build flags; only called after cpu_best_isa() says the CPU has them.
 // Quantized Q8_0/Q4_0/Q4_K weights take the integer path on vpdpbusd (u8 weights x s8
-// activations, 64 products per instruction) over the quad layout of packed.h; Q6_K, the float
-// types on 512-bit FMA; attention's score tiles on the same micro-kernel, the rest of it and Q6_K
-// on the AVX2 kernels (compiled here for this target).
+// activations, 64 products per instruction) over the quad layout of packed.h; the float
+// types on 512-bit FMA; Q6_K on the AVX2 kernels (compiled here for this target). Attention:
+// attention_avx512.cpp.
 // Standard headers come first so their inline functions are not compiled for AVX-512 here.
 #include <algorithm>
 #include <cmath>

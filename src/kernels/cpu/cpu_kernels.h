@@ -54,9 +54,6 @@ struct IsaKernels {
   // qa: scratch for the integer path's quantized X.
   void (*gemm)(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs, Epilogue e,
                QAct& qa, int threads);
-  // Flash attention; same contract as Backend::attention.
-  void (*attention)(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
-                    const AttentionShape& s, float* out, int threads);
   // Sizes each worker thread's scratch for up to max_rows activation rows.
   void (*reserve)(int64_t max_rows, int threads);
 };
@@ -83,6 +80,15 @@ const IsaKernels& kernels_for(IsaLevel l);
 uint8_t* alloc_streamed(uint64_t bytes);
 
 const IsaKernels& scalar_kernels();
+
+// Flash attention over the KV cache as stored (attention_impl.h), per level; the contract of
+// Backend::attention.
+using AttentionFn = void (*)(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
+                             const AttentionShape& s, float* out, int threads);
+AttentionFn attention_for(IsaLevel l);
+AttentionFn scalar_attention();
+AttentionFn avx2_attention();
+AttentionFn avx512_attention();
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx_vnni_kernels();
 const IsaKernels& avx512_kernels();

@@ -49,6 +49,7 @@ cpu::IsaLevel selected_isa() {
 }
 
 const cpu::IsaKernels& select_isa() { return cpu::kernels_for(selected_isa()); }
+cpu::AttentionFn select_attention() { return cpu::attention_for(selected_isa()); }
 
 cpu::GemmSeg seg_of(const WeightView& W, float* Y, int64_t ldy, const float* bias) {
   cpu::GemmSeg g;
@@ -65,7 +66,8 @@ cpu::GemmSeg seg_of(const WeightView& W, float* Y, int64_t ldy, const float* bia
 
 class CpuFastBackend final : public Backend {
  public:
-  explicit CpuFastBackend(int threads) : threads_(std::max(1, threads)), k_(select_isa()) {}
+  explicit CpuFastBackend(int threads)
+      : threads_(std::max(1, threads)), k_(select_isa()), attention_(select_attention()) {}
   std::string_view name() const override { return "cpu"; }
   int threads() const override { return threads_; }
   std::string_view isa() const { return k_.name; }
@@ -148,7 +150,7 @@ class CpuFastBackend final : public Backend {
 
   void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
                  const AttentionShape& s, float* out) override {
-    k_.attention(q, M, views, n_ctx, s, out, threads_);
+    attention_(q, M, views, n_ctx, s, out, threads_);
   }
 
   void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) override {
@@ -174,6 +176,7 @@ class CpuFastBackend final : public Backend {
   };
   int threads_;
   const cpu::IsaKernels& k_;
+  cpu::AttentionFn attention_;
   std::mutex mu_;
   std::vector<Packed> packed_;
   int64_t max_k_ = 0;  // largest K of a prepared integer-path weight

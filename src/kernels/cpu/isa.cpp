@@ -55,6 +55,16 @@ const IsaKernels& kernels_for(IsaLevel l) {
   return scalar_kernels();
 }
 
+AttentionFn attention_for(IsaLevel l) {
+  switch (l) {
+    case IsaLevel::Avx512: return avx512_attention();
+    case IsaLevel::AvxVnni:  // (the AVX2 attention: its int8 Q.K is a small part of the step)
+    case IsaLevel::Avx2: return avx2_attention();
+    case IsaLevel::Scalar: break;
+  }
+  return scalar_attention();
+}
+
 uint8_t* alloc_streamed(uint64_t bytes) {
   constexpr uint64_t kHuge = uint64_t(2) << 20;
   const uint64_t align = bytes >= kHuge ? kHuge : 64, size = (bytes + align - 1) / align * align;

@@ -1,5 +1,5 @@
-// The GEMM and flash-attention drivers, written once and instantiated per instruction set: an
-// Isa class supplies the inner kernels (tile dot products, dequantization, exp, P·V update).
+// The GEMM drivers, written once and instantiated per instruction set: an
+// Isa class supplies the inner kernels (tile dot products, dequantization). (Attention: attention_impl.h.)
 // Included only by avx2.cpp (compiled for AVX2+FMA) and scalar.cpp.
 //
 // Numerics contract (the same for every M, so a row's result does not depend on how many rows
@@ -346,155 +346,11 @@ struct Drivers {
       }
     }
   }
-
-  // ---------------------------------------------------------------------------------------
-  // Flash attention. Work item = (query block, KV head): a run of up to QB consecutive batch
-  // entries of the same sequence (same block table) x the `group` query heads sharing that KV
-  // head, i.e. rows = QB * group query vectors. The rows' queries (pre-scaled) are transposed
-  // once into panels Qt (head_dim, 16); KV is walked in blocks of kKB positions through the block
-  // table (no copy), and each block's scores come out transposed, St (kKB, rows) = K_blk Qt,
-  // from the GEMM micro-kernel (K rows broadcast, 16 query rows per vector pair). Online softmax
-  // runs across rows in vectors (running max m, sum l, rescale alpha), the causal mask
-  // (position < n_ctx of the row's query) is applied to St, and O (rows, head_dim) = O * alpha
-  // + P V is an outer-product update. Memory per thread: O(rows * (kKB + head_dim)), independent
-  // of context length. A row's result depends only on its query and its n_ctx (blocks are at
-  // fixed absolute positions; fully masked blocks leave m, l and O unchanged exactly), not on
-  // which rows share its work item.
-  static constexpr int kKB = 48;  // a multiple of the micro-kernel's kMR rows
-  static_assert(kKB % kMR == 0);
-  static constexpr int kPvRows = 6;  // rows per P.V update tile
-  static constexpr int kMaxRows = 64;
-  static constexpr int kMaxHead = 256;
-  struct alignas(64) AttnScratch {
-    alignas(64) float Qt[kMaxRows / kGroup][kMaxHead * kGroup];
-    alignas(64) float St[kKB * kMaxRows];
-    alignas(64) float O[kMaxRows * kMaxHead];
-    alignas(32) float m[kMaxRows], l[kMaxRows], alpha[kMaxRows];
-  };
-  static AttnScratch& attn_scratch() {
-    static thread_local AttnScratch s;
-    return s;
-  }
-
-  static void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
-                        const AttentionShape& sh, float* out, int threads) {
-    const int group = sh.n_heads / sh.n_kv_heads;
-    const int hd = sh.head_dim;
-    if (group > kMaxRows || hd > kMaxHead)
-      fail("attention: ", group, " query heads per KV head or head_dim ", hd, " exceeds the kernel's limits");
-    const int QB = std::max(1, kMaxRows / group);
-    // Query blocks: runs of consecutive entries with the same KV view, at most QB long.
-    // (At most M blocks; a small fixed array per call would cap M, so count on the fly.)
-    int64_t n_qblocks = 0;
-    for (int64_t i = 0; i < M;) {
-      int64_t j = i + 1;
-      while (j < M && j - i < QB && views[j].block_table == views[i].block_table &&
-             views[j].k_pool == views[i].k_pool)
-        ++j;
-      ++n_qblocks;
-      i = j;
-    }
-    const int64_t n_items = n_qblocks * sh.n_kv_heads;
-    const int64_t qdim = int64_t(sh.n_heads) * hd;
-#pragma omp parallel num_threads(threads)
-    {
-      // Each thread walks the block list itself (cheap) to map item -> query block.
-      int64_t qb_idx = -1, qb_start = 0, qb_end = 0;
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t item = 0; item < n_items; ++item) {
-        const int64_t want = item / sh.n_kv_heads;
-        if (want < qb_idx) { qb_idx = -1; qb_end = 0; }
-        while (qb_idx < want) {
-          qb_start = qb_end;
-          int64_t j = qb_start + 1;
-          while (j < M && j - qb_start < QB && views[j].block_table == views[qb_start].block_table &&
-                 views[j].k_pool == views[qb_start].k_pool)
-            ++j;
-          qb_end = j;
-          ++qb_idx;
-        }
-        block(q, qdim, qb_start, qb_end, int(item % sh.n_kv_heads), group, views[qb_start], n_ctx,
-              sh, out);
-      }
-    }
-  }
-
-  static void block(const float* q, int64_t qdim, int64_t i0, int64_t i1, int g, int group,
-                    const KVLayerView& kv, const int32_t* n_ctx, const AttentionShape& sh,
-                    float* out) {
-    AttnScratch& s = attn_scratch();
-    const int hd = sh.head_dim;
-    const int nq = int(i1 - i0);
-    const int rows = nq * group;
-    const int rows8 = (rows + 7) / 8 * 8;  // softmax runs on whole vectors of 8 rows
-    const int n_panels = (rows + kGroup - 1) / kGroup;
-    int32_t row_ctx[kMaxRows];
-    int32_t n_end = 0;
-    for (int r = 0; r < rows8; ++r) {
-      row_ctx[r] = r < rows ? n_ctx[i0 + r / group] : 0;  // padding rows see nothing
-      n_end = std::max(n_end, row_ctx[r]);
-    }
-    for (int p = 0; p < n_panels; ++p)
-      for (int c = 0; c < kGroup; ++c) {
-        const int r = p * kGroup + c;
-        float* qt = s.Qt[p] + c;
-        if (r < rows) {
-          const float* qr = q + (i0 + r / group) * qdim + int64_t(g * group + r % group) * hd;
-          for (int d = 0; d < hd; ++d) qt[d * kGroup] = qr[d] * sh.scale;
-        } else {
-          for (int d = 0; d < hd; ++d) qt[d * kGroup] = 0.0f;
-        }
-      }
-    const float ninf = -std::numeric_limits<float>::infinity();
-    for (int r = 0; r < rows8; ++r) {
-      s.m[r] = ninf;
-      s.l[r] = 0;
-      std::memset(s.O + r * hd, 0, sizeof(float) * size_t(hd));
-    }
-    const int64_t kv_off = int64_t(g) * hd;
-    const float* kp[kKB];
-    const float* vp[kKB];
-    for (int32_t j0 = 0; j0 < n_end; j0 += kKB) {
-      const int len = std::min(kKB, n_end - j0);
-      for (int j = 0; j < len; ++j) {
-        const int32_t pos = j0 + j;
-        const int64_t row = int64_t(kv.block_table[pos / kv.block_size]) * kv.block_size + pos % kv.block_size;
-        kp[j] = kv.k_pool + row * kv.kv_dim + kv_off;
-        vp[j] = kv.v_pool + row * kv.kv_dim + kv_off;
-      }
-      // The next block's K and V rows, while this one computes (they come from L3 or memory).
-      for (int32_t pos = j0 + kKB; pos < std::min(n_end, j0 + 2 * kKB); ++pos) {
-        const int64_t row = int64_t(kv.block_table[pos / kv.block_size]) * kv.block_size + pos % kv.block_size;
-        Isa::prefetch(kv.k_pool + row * kv.kv_dim + kv_off, hd);
-        Isa::prefetch(kv.v_pool + row * kv.kv_dim + kv_off, hd);
-      }
-      // St (kKB, kMaxRows): scores of positions j0.. (rows) for every row; then the mask.
-      for (int p = 0; p < n_panels; ++p)
-        for (int jj = 0; jj < len; jj += kMR)
-          Isa::mk_rows(std::min(kMR, len - jj), kp + jj, s.Qt[p], hd, s.St + jj * kMaxRows + p * kGroup,
-                       kMaxRows, true);
-      for (int j = len; j < kKB; ++j)
-        for (int r = 0; r < rows8; ++r) s.St[j * kMaxRows + r] = ninf;
-      for (int r = 0; r < rows8; ++r)
-        for (int j = std::max(0, row_ctx[r] - j0); j < len; ++j) s.St[j * kMaxRows + r] = ninf;
-      Isa::softmax_cols(s.St, kMaxRows, kKB, rows8, s.m, s.l, s.alpha);
-      // O = O * alpha + P V.
-      for (int r0 = 0; r0 < rows; r0 += kPvRows) {
-        const int nr = std::min(kPvRows, rows - r0);
-        Isa::pv(nr, s.O + r0 * hd, s.alpha + r0, s.St + r0, kMaxRows, vp, len, hd);
-      }
-    }
-    for (int r = 0; r < rows; ++r) {
-      float* o = out + (i0 + r / group) * qdim + int64_t(g * group + r % group) * hd;
-      const float inv = 1.0f / s.l[r];
-      for (int d = 0; d < hd; ++d) o[d] = s.O[r * hd + d] * inv;
-    }
-  }
 };
 
 template <class Isa>
 const IsaKernels& make_table(const char* name) {
-  static const IsaKernels k{name, &Isa::pack_rows, &Drivers<Isa>::gemm, &Drivers<Isa>::attention,
+  static const IsaKernels k{name, &Isa::pack_rows, &Drivers<Isa>::gemm,
                             &Drivers<Isa>::reserve};
   return k;
 }

@@ -94,44 +94,50 @@ class CpuReferenceBackend final : public Backend {
     rowwise::rope(x, M, n_heads, head_dim, pos, p, threads_);
   }
 
+  // Softmax attention, one query row and position at a time, each K/V row read back as f32
+  // (kv_load). With Q8_0 KV the query is quantized first as kv_quantize_query defines.
   void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
                  const AttentionShape& s, float* out) override {
-    const int32_t group = s.n_heads / s.n_kv_heads;
-    const int64_t qdim = int64_t(s.n_heads) * s.head_dim;
+    const int32_t group = s.n_heads / s.n_kv_heads, hd = s.head_dim;
+    const int64_t qdim = int64_t(s.n_heads) * hd;
 #pragma omp parallel num_threads(threads_)
     {
-      std::vector<float> scores;
+      const size_t n_hd = size_t(hd);
+      std::vector<float> scores, qs(n_hd), k(n_hd), v(n_hd), qd(n_hd);
+      std::vector<int8_t> qq(n_hd);
+      std::vector<int32_t> qsum(n_hd);
 #pragma omp for collapse(2) schedule(dynamic)
       for (int64_t m = 0; m < M; ++m) {
         for (int32_t h = 0; h < s.n_heads; ++h) {
           const KVLayerView& kv = views[m];
-          const int32_t n = n_ctx[m];
-          const float* qh = q + m * qdim + int64_t(h) * s.head_dim;
-          const int64_t kv_off = int64_t(h / group) * s.head_dim;
+          const int32_t n = n_ctx[m], g = h / group;
+          const float* qh = q + m * qdim + int64_t(h) * hd;
+          if (kv.geo.type == GGMLType::Q8_0) {
+            kv_quantize_query(qh, hd, s.scale, qq.data(), qd.data(), qsum.data());
+            for (int32_t d = 0; d < hd; ++d) qs[size_t(d)] = qd[size_t(d / kKvQBlock)] * float(qq[size_t(d)]);
+          } else {
+            for (int32_t d = 0; d < hd; ++d) qs[size_t(d)] = qh[d] * s.scale;
+          }
           scores.resize(size_t(n));
           float mx = -std::numeric_limits<float>::infinity();
           for (int32_t j = 0; j < n; ++j) {
-            const float* k = kv.k_pool +
-                             (int64_t(kv.block_table[j / kv.block_size]) * kv.block_size +
-                              j % kv.block_size) * kv.kv_dim + kv_off;
+            kv_load(kv.geo, kv.k_tile(j, g), nullptr, j % kKvTile, k.data(), nullptr);
             float dot = 0;
-            for (int32_t d = 0; d < s.head_dim; ++d) dot += qh[d] * k[d];
-            scores[size_t(j)] = dot * s.scale;
-            mx = std::max(mx, scores[size_t(j)]);
+            for (int32_t d = 0; d < hd; ++d) dot += qs[size_t(d)] * k[size_t(d)];
+            scores[size_t(j)] = dot;
+            mx = std::max(mx, dot);
           }
           float sum = 0;
           for (int32_t j = 0; j < n; ++j) {
             scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
             sum += scores[size_t(j)];
           }
-          float* o = out + m * qdim + int64_t(h) * s.head_dim;
-          std::fill(o, o + s.head_dim, 0.0f);
+          float* o = out + m * qdim + int64_t(h) * hd;
+          std::fill(o, o + hd, 0.0f);
           for (int32_t j = 0; j < n; ++j) {
-            const float* v = kv.v_pool +
-                             (int64_t(kv.block_table[j / kv.block_size]) * kv.block_size +
-                              j % kv.block_size) * kv.kv_dim + kv_off;
+            kv_load_v_row(kv.geo, kv.v_row(j, g), v.data());
             const float p = scores[size_t(j)] / sum;
-            for (int32_t d = 0; d < s.head_dim; ++d) o[d] += p * v[d];
+            for (int32_t d = 0; d < hd; ++d) o[d] += p * v[size_t(d)];
           }
         }
       }

@@ -61,35 +61,7 @@ struct ScalarIsa {
   static void dequant(GGMLType t, const uint8_t* src, int64_t len, float* dst) {
     dequantize_row(t, src, dst, len);
   }
-  static void prefetch(const float*, int64_t) {}
   static void prefetch_bytes(const uint8_t*, int64_t) {}
-  // See Avx2Isa::softmax_cols.
-  static void softmax_cols(float* St, int ld, int nj, int rows, float* m, float* l, float* alpha) {
-    const float ninf = -std::numeric_limits<float>::infinity();
-    for (int r = 0; r < rows; ++r) {
-      float mx = ninf;
-      for (int j = 0; j < nj; ++j) mx = std::max(mx, St[j * ld + r]);
-      const float mn = std::max(m[r], mx), mu = mn == ninf ? 0.0f : mn;
-      const float al = std::exp(m[r] - mu);
-      float sum = 0;
-      for (int j = 0; j < nj; ++j) sum += (St[j * ld + r] = std::exp(St[j * ld + r] - mu));
-      l[r] = l[r] * al + sum;
-      m[r] = mn;
-      alpha[r] = al;
-    }
-  }
-  // Rows r < nr: O_r (hd,) = O_r * alpha_r + sum_{j < len} P[j*ldp + r] * v[j] (hd,).
-  static void pv(int nr, float* O, const float* alpha, const float* P, int ldp,
-                 const float* const* v, int len, int hd) {
-    for (int r = 0; r < nr; ++r) {
-      float* o = O + r * hd;
-      for (int d = 0; d < hd; ++d) o[d] *= alpha[r];
-      for (int j = 0; j < len; ++j) {
-        const float p = P[j * ldp + r];
-        for (int d = 0; d < hd; ++d) o[d] = std::fma(p, v[j][d], o[d]);
-      }
-    }
-  }
 };
 
 }  // namespace

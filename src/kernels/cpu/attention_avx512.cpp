@@ -1,0 +1,257 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) instantiation of the flash-attention driver (attention_impl.h).
+// Scores: one zmm = one K tile's 16 positions; F16 widened by vcvtph2ps, BF16 by a shift, Q8_0
+// on vpdpbusd (K made unsigned by flipping its sign bit, k + 128, and the query's 128 * block sum
+// subtracted: exact int32 block sums). Compiled for those extensions whatever the build flags;
+// only called after cpu_best_isa() says the CPU has them.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/quant.h"
+#include "kernels/cpu/rowwise.h"
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
+// reports falsely (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/kernels_impl.h"
+#include "kernels/cpu/isa_avx2.h"  // exp256
+
+namespace ft::cpu {
+namespace {
+
+struct Avx512Attn {
+  using Drv = Attention<Avx512Attn>;
+
+  static void prefetch(const void* p, uint64_t n) {
+    for (uint64_t i = 0; i < n; i += 64) _mm_prefetch(static_cast<const char*>(p) + i, _MM_HINT_T0);
+  }
+
+  template <GGMLType T>
+  static __m512 load16(const uint8_t* p) {
+    if constexpr (T == GGMLType::F32) return _mm512_loadu_ps(p);
+    else if constexpr (T == GGMLType::F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+
+  // NR rows x the chunk's 4 tiles: 4 NR accumulators (NR = 6: 24 of the 32 registers).
+  template <GGMLType T, int NR>
+  static void scores_f_t(const float* Q, int hd, const uint8_t* const* tiles, float* S, int ldS) {
+    constexpr uint64_t es = T == GGMLType::F32 ? 4 : 2;
+    __m512 acc[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < 4; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; ++d) {
+      __m512 k[4];
+      for (int t = 0; t < 4; ++t) k[t] = load16<T>(tiles[t] + uint64_t(d) * kKvTile * es);
+      for (int r = 0; r < NR; ++r) {
+        const __m512 qb = _mm512_set1_ps(Q[r * hd + d]);
+        for (int t = 0; t < 4; ++t) acc[r][t] = _mm512_fmadd_ps(qb, k[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < 4; ++t) _mm512_storeu_ps(S + r * ldS + t * kKvTile, acc[r][t]);
+  }
+  template <GGMLType T>
+  static void scores_f_rows(int rows, const float* Q, int hd, const uint8_t* const* tiles, float* S, int ldS) {
+    int r0 = 0;
+    for (; r0 + 6 <= rows; r0 += 6) scores_f_t<T, 6>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
+    switch (rows - r0) {
+      case 1: return scores_f_t<T, 1>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
+      case 2: return scores_f_t<T, 2>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
+      case 3: return scores_f_t<T, 3>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
+      case 4: return scores_f_t<T, 4>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
+      case 5: return scores_f_t<T, 5>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
+      default: return;
+    }
+  }
+  static void scores_f(GGMLType type, int rows, const float* Q, int hd, const uint8_t* const* tiles, float* S,
+                       int ldS) {
+    switch (type) {
+      case GGMLType::F16: return scores_f_rows<GGMLType::F16>(rows, Q, hd, tiles, S, ldS);
+      case GGMLType::BF16: return scores_f_rows<GGMLType::BF16>(rows, Q, hd, tiles, S, ldS);
+      default: return scores_f_rows<GGMLType::F32>(rows, Q, hd, tiles, S, ldS);
+    }
+  }
+
+  // NR rows x 4 tiles: per 32-block 4 NR int32 accumulators of vpdpbusd, then into 4 NR f32 ones
+  // (NR = 3: 24 registers).
+  template <int NR>
+  static void scores_q8_t(const int8_t* Qq, const float* Qd, const int32_t* Qs, int hd, int nqb,
+                          const uint8_t* const* tiles, float* S, int ldS) {
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    __m512 acc[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < 4; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int b = 0; b < nqb; ++b) {
+      __m512i ia[NR][4];
+      for (int r = 0; r < NR; ++r)
+        for (int t = 0; t < 4; ++t) ia[r][t] = _mm512_setzero_si512();
+      const int d1 = std::min(hd, (b + 1) * kKvQBlock);
+      for (int d = b * kKvQBlock; d < d1; d += 4) {
+        __m512i k[4];
+        for (int t = 0; t < 4; ++t)
+          k[t] = _mm512_xor_si512(_mm512_loadu_si512(tiles[t] + uint64_t(d) * kKvTile), flip);  // k + 128 as u8
+        for (int r = 0; r < NR; ++r) {
+          int32_t q4;
+          std::memcpy(&q4, Qq + r * hd + d, 4);
+          const __m512i qb = _mm512_set1_epi32(q4);
+          for (int t = 0; t < 4; ++t) ia[r][t] = _mm512_dpbusd_epi32(ia[r][t], k[t], qb);
+        }
+      }
+      __m512 kd[4];
+      for (int t = 0; t < 4; ++t)
+        kd[t] = _mm512_loadu_ps(tiles[t] + uint64_t(hd) * kKvTile + uint64_t(b) * kKvTile * sizeof(float));
+      for (int r = 0; r < NR; ++r) {
+        const __m512i corr = _mm512_set1_epi32(128 * Qs[r * nqb + b]);
+        const __m512 qd = _mm512_set1_ps(Qd[r * nqb + b]);
+        for (int t = 0; t < 4; ++t)
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ia[r][t], corr)),
+                                      _mm512_mul_ps(kd[t], qd), acc[r][t]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < 4; ++t) _mm512_storeu_ps(S + r * ldS + t * kKvTile, acc[r][t]);
+  }
+  static void scores_q8(int rows, const int8_t* Qq, const float* Qd, const int32_t* Qs, int hd, int nqb,
+                        const uint8_t* const* tiles, float* S, int ldS) {
+    int r0 = 0;
+    for (; r0 + 3 <= rows; r0 += 3)
+      scores_q8_t<3>(Qq + r0 * hd, Qd + r0 * nqb, Qs + r0 * nqb, hd, nqb, tiles, S + r0 * ldS, ldS);
+    if (rows - r0 == 2) scores_q8_t<2>(Qq + r0 * hd, Qd + r0 * nqb, Qs + r0 * nqb, hd, nqb, tiles, S + r0 * ldS, ldS);
+    if (rows - r0 == 1) scores_q8_t<1>(Qq + r0 * hd, Qd + r0 * nqb, Qs + r0 * nqb, hd, nqb, tiles, S + r0 * ldS, ldS);
+  }
+
+  static __m512 exp16(__m512 x) {
+    const __m256 lo = exp256(_mm512_castps512_ps256(x));
+    const __m256 hi = exp256(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  }
+
+  // See ScalarAttn::softmax.
+  static void softmax(float* S, int ldS, int rows, float* m, float* l, float* alpha) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int r = 0; r < rows; ++r) {
+      float* s = S + r * ldS;
+      __m512 v[4];
+      for (int t = 0; t < 4; ++t) v[t] = _mm512_loadu_ps(s + 16 * t);
+      const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3])));
+      const float mn = std::max(m[r], mx), mu = mn == ninf ? 0.0f : mn;
+      const __m512 mub = _mm512_set1_ps(mu);
+      __m512 sum = _mm512_setzero_ps();
+      for (int t = 0; t < 4; ++t) {
+        const __m512 p = exp16(_mm512_sub_ps(v[t], mub));
+        _mm512_storeu_ps(s + 16 * t, p);
+        sum = _mm512_add_ps(sum, p);
+      }
+      alpha[r] = std::exp(m[r] - mu);
+      l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
+      m[r] = mn;
+    }
+  }
+
+  // One V row -> f32 (head_dim,), 16 at a time (the tail masked).
+  static void v_row(const KVGeometry& g, const uint8_t* row, float* v) {
+    const int hd = g.head_dim;
+    for (int d = 0; d < hd; d += 16) {
+      const __mmask16 mk = hd - d >= 16 ? __mmask16(0xffff) : __mmask16((1u << (hd - d)) - 1);
+      __m512 x;
+      if (g.type == GGMLType::Q8_0) {
+        float sc;
+        std::memcpy(&sc, row + uint64_t(hd) + uint64_t(d / kKvQBlock) * sizeof(float), sizeof(float));
+        const __m128i q = _mm_maskz_loadu_epi8(mk, row + d);
+        x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(sc));
+      } else if (g.type == GGMLType::F16) {
+        x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, row + 2 * d));
+      } else {  // BF16
+        x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, row + 2 * d)), 16));
+      }
+      _mm512_mask_storeu_ps(v + d, mk, x);
+    }
+  }
+
+  // NR rows x NV vectors of 16 columns from d0: NR * NV accumulators (6 x 4 = 24 registers).
+  template <int NR, int NV, GGMLType T = GGMLType::F32, class VPtr = const float*>
+  static void pv_t(float* O, int hd, int d0, const float* alpha, const float* P, int ldP, const VPtr* v,
+                   int len) {
+    const int rem = hd - d0 - 16 * (NV - 1);
+    const __mmask16 last = rem >= 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
+    auto mask = [&](int c) { return c == NV - 1 ? last : __mmask16(0xffff); };
+    __m512 acc[NR][NV];
+    for (int r = 0; r < NR; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask(c), O + r * hd + d0 + 16 * c), a);
+    }
+    for (int j = 0; j < len; ++j) {
+      __m512 vv[NV];
+      for (int c = 0; c < NV; ++c) {
+        if constexpr (T == GGMLType::F32) {
+          vv[c] = _mm512_maskz_loadu_ps(mask(c), v[j] + d0 + 16 * c);
+        } else {  // F16/BF16 row bytes, widened here
+          const __m256i h = _mm256_maskz_loadu_epi16(mask(c), v[j] + 2 * (d0 + 16 * c));
+          if constexpr (T == GGMLType::F16) vv[c] = _mm512_cvtph_ps(h);
+          else vv[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        const __m512 p = _mm512_set1_ps(P[r * ldP + j]);
+        for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NV; ++c) _mm512_mask_storeu_ps(O + r * hd + d0 + 16 * c, mask(c), acc[r][c]);
+  }
+  template <int NR, GGMLType T, class VPtr>
+  static void pv_rows(float* O, int hd, const float* alpha, const float* P, int ldP, const VPtr* v, int len) {
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+      switch (std::min(4, (hd - d0 + 15) / 16)) {
+        case 1: pv_t<NR, 1, T>(O, hd, d0, alpha, P, ldP, v, len); break;
+        case 2: pv_t<NR, 2, T>(O, hd, d0, alpha, P, ldP, v, len); break;
+        case 3: pv_t<NR, 3, T>(O, hd, d0, alpha, P, ldP, v, len); break;
+        default: pv_t<NR, 4, T>(O, hd, d0, alpha, P, ldP, v, len); break;
+      }
+    }
+  }
+  template <GGMLType T, class VPtr>
+  static void pv_any(int rows, float* O, int hd, const float* alpha, const float* P, int ldP, const VPtr* v, int len) {
+    for (int r0 = 0; r0 < rows; r0 += 6) {
+      float* o = O + r0 * hd;
+      const float* a = alpha + r0;
+      const float* p = P + r0 * ldP;
+      switch (std::min(6, rows - r0)) {
+        case 1: pv_rows<1, T>(o, hd, a, p, ldP, v, len); break;
+        case 2: pv_rows<2, T>(o, hd, a, p, ldP, v, len); break;
+        case 3: pv_rows<3, T>(o, hd, a, p, ldP, v, len); break;
+        case 4: pv_rows<4, T>(o, hd, a, p, ldP, v, len); break;
+        case 5: pv_rows<5, T>(o, hd, a, p, ldP, v, len); break;
+        default: pv_rows<6, T>(o, hd, a, p, ldP, v, len); break;
+      }
+    }
+  }
+  static void pv(int rows, float* O, int hd, const float* alpha, const float* P, int ldP, const float* const* v,
+                 int len) {
+    pv_any<GGMLType::F32>(rows, O, hd, alpha, P, ldP, v, len);
+  }
+  // pv with F16/BF16 V rows (their bytes), widened in registers (few rows: decode).
+  static void pv_half(GGMLType type, int rows, float* O, int hd, const float* alpha, const float* P, int ldP,
+                      const uint8_t* const* v, int len) {
+    if (type == GGMLType::F16) return pv_any<GGMLType::F16>(rows, O, hd, alpha, P, ldP, v, len);
+    pv_any<GGMLType::BF16>(rows, O, hd, alpha, P, ldP, v, len);
+  }
+};
+
+}  // namespace
+
+AttentionFn avx512_attention() { return &Attention<Avx512Attn>::run; }
+
+}  // namespace ft::cpu
