@@ -8,7 +8,8 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libpcre2-dev libcli11-dev libspdlog-dev libfmt-dev
       libboost-dev libboost-system-dev
       flatbuffers-compiler libflatbuffers-dev
-      libopenblas-dev libomp-dev)
+      libopenblas-dev libomp-dev
+      python3-jinja2)  # test only: the oracle of the Jinja chat-template interpreter (tests/unit/test_jinja.cpp)
 # Node.js/npm (for the server's tests with the official `openai` client): use the machine's own
 # when there is one (Debian's npm conflicts with NodeSource's nodejs).
 command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
