@@ -97,7 +97,7 @@ constexpr Field kFields[] = {
     {"messages", kChat, Use::Handled}, {"max_completion_tokens", kChat, Use::Handled},
     {"top_logprobs", kChat, Use::Handled}, {"response_format", kChat, Use::Handled}, {"tools", kChat, Use::Handled},
     {"tool_choice", kChat, Use::Handled}, {"functions", kChat, Use::Handled}, {"function_call", kChat, Use::Handled},
-    {"modalities", kChat, Use::Handled}, {"audio", kChat, Use::Handled}, {"parallel_tool_calls", kChat, Use::Ignored},
+    {"modalities", kChat, Use::Handled}, {"audio", kChat, Use::Handled}, {"parallel_tool_calls", kChat, Use::Handled},
     {"store", kChat, Use::Ignored}, {"metadata", kChat, Use::Ignored}, {"service_tier", kChat, Use::Ignored},
     {"prompt_cache_key", kChat, Use::Ignored}, {"reasoning_effort", kChat, Use::Ignored},
     {"verbosity", kChat, Use::Ignored}, {"safety_identifier", kChat, Use::Ignored}, {"prediction", kChat, Use::Ignored},
@@ -306,7 +306,9 @@ void parse_structured(const json& j, ParsedRequest& r) {
       any.push_back({{"type", "object"},
                      {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"arguments", tool_parameters(t)}}},
                      {"required", {"name", "arguments"}}});
-    r.grammar = schema_grammar({{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}}, "tools");
+    json calls = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
+    if (j.contains("parallel_tool_calls") && get_bool(j, "parallel_tool_calls") == false) calls["maxItems"] = 1;
+    r.grammar = schema_grammar(calls, "tools");
   } else if (!r.response_format.is_null()) {
     const json& rf = r.response_format;
     if (rf["type"] == "json_object") {

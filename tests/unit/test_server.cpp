@@ -187,7 +187,7 @@ TEST(ServerParse, EveryOpenAIFieldIsAccepted) {
   EXPECT_FALSE(r.seed_set);
   EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
   const std::set<std::string> ignored(r.ignored_fields.begin(), r.ignored_fields.end());
-  for (const char* f : {"store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+  for (const char* f : {"store", "metadata", "service_tier", "prompt_cache_key",
                         "reasoning_effort", "verbosity", "safety_identifier", "prediction", "web_search_options",
                         "user", "skip_special_tokens", "chat_template_kwargs", "cache_prompt"})
     EXPECT_TRUE(ignored.count(f)) << f;
@@ -259,6 +259,9 @@ TEST(ServerParse, StructuredOutputBecomesAGrammar) {
   const auto required = parse_request(Endpoint::Chat, chat + tools + R"(,"tool_choice":"required"})", kModel);
   EXPECT_EQ(required.tool_choice, ToolChoice::Required);
   EXPECT_NE(required.grammar.find("noop"), std::string::npos);
+  EXPECT_EQ(required.grammar.find("{1,1}"), std::string::npos);  // parallel calls: any number
+  const auto one = parse_request(Endpoint::Chat, chat + tools + R"(,"tool_choice":"required","parallel_tool_calls":false})", kModel);
+  EXPECT_NE(one.grammar.find("{0,0}"), std::string::npos) << one.grammar;  // one call: no ", call" after it
   EXPECT_EQ(parse_request(Endpoint::Chat, chat + R"("response_format":{"type":"json_object"}})", kModel).grammar,
             json_object_gbnf());
   const auto js = parse_request(Endpoint::Chat, chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
