@@ -10,7 +10,8 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       flatbuffers-compiler libflatbuffers-dev
       libopenblas-dev libomp-dev
       clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer (clang's runtime)
-      python3)               # tests/soak
+      python3                # tests/soak
+      python3-jinja2)        # test only: the oracle of the Jinja chat-template interpreter (tests/unit/test_jinja.cpp)
 # Node.js/npm (for the server's tests with the official `openai` client): use the machine's own
 # when there is one (Debian's npm conflicts with NodeSource's nodejs).
 command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)

@@ -107,14 +107,15 @@ int cmd_run(const RunArgs& a) {
   const Tokenizer tok = Tokenizer::from_gguf(model->file());
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
-  ChatFormat fmt = ChatFormat::ChatML;  // used with --chat only
-  if (a.chat && !a.chat_format.empty()) {
-    const auto f = parse_chat_format(a.chat_format);
-    if (!f) fail("unknown chat format '", a.chat_format, "' (llama2, llama3, chatml, mistral, zephyr)");
-    fmt = *f;
-  } else if (a.chat) {
-    fmt = detect_chat_format(model->file().get_str("tokenizer.chat_template", ""));
+  std::optional<ChatFormat> forced;
+  if (!a.chat_format.empty()) {
+    forced = parse_chat_format(a.chat_format);
+    if (!forced) fail("unknown chat format '", a.chat_format, "' (llama2, llama3, chatml, mistral, zephyr)");
   }
+  std::string warning;
+  const ChatTemplate chat = a.chat ? ChatTemplate::for_model(tok, model->file().get_str("tokenizer.chat_template", ""), forced, warning)
+                                   : ChatTemplate();
+  if (!warning.empty()) std::fprintf(stderr, "[firsttoken] warning: %s\n", warning.c_str());
 
   // One request through the serving engine: prompt chunks of --batch tokens, then decode.
   if (a.batch < 1) fail("--batch must be at least 1");
@@ -137,7 +138,7 @@ int cmd_run(const RunArgs& a) {
   Inbox inbox;  // outlives the engine, whose callback posts to it
   Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
   std::fprintf(stderr, "[firsttoken] %s\n", engine.kv_summary().c_str());
-  const server::GenerationContext ctx(engine, tok, fmt);
+  const server::GenerationContext ctx(engine, tok, chat);
   auto out = std::make_shared<StdoutSink>();
   std::shared_ptr<server::Generation> gen;
   try {

@@ -93,7 +93,10 @@ int cmd_serve(const ServeArgs& a) {
   served.model = model.get();
   served.tokenizer = &tok;
   served.id = id;
-  served.chat_format = detect_chat_format(model->file().get_str("tokenizer.chat_template", ""));
+  std::string warning;
+  served.chat = ChatTemplate::for_model(tok, model->file().get_str("tokenizer.chat_template", ""), std::nullopt, warning);
+  if (!warning.empty()) spdlog::warn("{}", warning);
+  spdlog::info("chat template: {}", served.chat.describe());
 
   if (!a.profile.empty()) profile::start(a.profile);  // before the engine: its backend gets wrapped
   EngineConfig ecfg = server::to_engine_config(cfg);

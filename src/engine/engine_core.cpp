@@ -23,8 +23,9 @@ const char* finish_reason_name(FinishReason r) {
 namespace {
 constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/metrics
 
-// Log-probabilities of the model's distribution (the raw logits: before penalties, temperature
-// and filters), for the sampled token and the n most likely ones.
+// Log-probabilities of the model's distribution (the logits after the request's LogitsProcessor,
+// before penalties, temperature and filters), for the sampled token and the n most likely ones
+// (tokens a processor masked out, -inf, are never among them).
 void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, EngineEvent& ev) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int32_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
@@ -37,6 +38,7 @@ void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, Eng
   // Keep the n best in a small sorted list (n <= kMaxLogprobs).
   for (int32_t i = 0; i < V; ++i) {
     const float lp = logits[i] - log_z;
+    if (!std::isfinite(lp)) continue;
     if (int32_t(ev.top_logprobs.size()) == n && lp <= ev.top_logprobs.back().second) continue;
     auto pos = std::find_if(ev.top_logprobs.begin(), ev.top_logprobs.end(),
                             [&](const auto& e) { return lp > e.second; });
@@ -88,6 +90,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.logprobs = in.logprobs;
   r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_tokens());
   r.sampler->add_prompt(r.tokens);
+  r.processor = std::move(in.logits_processor);
   r.cb = std::move(cb);
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
   r.deadline_ms = r.t.arrival_ms +
@@ -313,8 +316,11 @@ bool EngineCore::step() {
     Req& r = *row_owner_[row];
     int32_t tok = -1;
     try {
-      tok = r.sampler->sample(logits_.data() + row * size_t(exec_.n_vocab()));
+      float* row_logits = logits_.data() + row * size_t(exec_.n_vocab());
+      if (r.processor) r.processor->apply(row_logits, exec_.n_tokens(), r.n_generated);
+      tok = r.sampler->sample(row_logits);
       r.sampler->accept(tok);
+      if (r.processor) r.processor->accept(tok);
     } catch (const std::exception& e) {
       failed.emplace_back(r.id, e.what());
       tok = -1;

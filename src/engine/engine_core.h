@@ -26,6 +26,17 @@ const char* finish_reason_name(FinishReason r);
 
 inline constexpr int32_t kMaxLogprobs = 20;  // top alternatives a request may ask for
 
+// Shapes one request's logits before its sampler sees them (logit_bias, min_tokens, a grammar's
+// mask), on the engine thread. apply: the row logits[0, n_vocab) that picks generated token number
+// n_generated (0-based); accept: the token sampled from it. What either throws fails its request
+// alone.
+class LogitsProcessor {
+ public:
+  virtual ~LogitsProcessor() = default;
+  virtual void apply(float* logits, int32_t n_vocab, int64_t n_generated) = 0;
+  virtual void accept(int32_t token) = 0;
+};
+
 struct EngineRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
@@ -37,6 +48,7 @@ struct EngineRequest {
   int64_t trace_arrival_ns = 0;  // profiler clock (profile::now_ns) at arrival; 0 = when the core receives it
   double ttft_slo_ms = 0;  // TTFT budget from arrival; <= 0: default_ttft_slo_ms() of the prompt
   int32_t priority = 0;    // lower is scheduled first
+  std::shared_ptr<LogitsProcessor> logits_processor;  // null: the raw logits
 };
 
 // Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
@@ -152,6 +164,7 @@ class EngineCore {
     double deadline_ms = 0;
     int32_t priority = 0;
     std::unique_ptr<Sampler> sampler;
+    std::shared_ptr<LogitsProcessor> processor;
     EventCallback cb;
     RequestTimings t;
     int64_t trace_arrival_ns = 0, trace_scheduled_ns = 0, trace_first_token_ns = 0;  // while profiling

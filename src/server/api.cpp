@@ -1,12 +1,16 @@
 #include "server/api.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <utility>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
+#include "engine/json_schema.h"
 
 namespace ft::server {
 
@@ -55,6 +59,12 @@ bool get_bool(const json& j, const char* name) {
   return v.get<bool>();
 }
 
+std::string get_string(const json& j, const char* name, const std::string& param) {
+  const json& v = j.at(name);
+  if (!v.is_string()) bad(param, cat("'", param, "' must be a string"));
+  return v.get<std::string>();
+}
+
 std::vector<int32_t> get_token_ids(const json& arr, const std::string& param, int32_t n_vocab) {
   std::vector<int32_t> ids;
   ids.reserve(arr.size());
@@ -65,50 +75,315 @@ std::vector<int32_t> get_token_ids(const json& arr, const std::string& param, in
   return ids;
 }
 
-std::string message_content(const json& c, size_t i) {
-  const std::string param = cat("messages[", i, "].content");
+// Where a request field belongs and what it does here. Handled: parsed below. Ignored: valid, but
+// meaningless for a local engine (or a vLLM/llama.cpp knob we have no use for): a debug line.
+enum : uint8_t { kCmpl = 1, kChat = 2, kBoth = 3 };
+enum class Use { Handled, Ignored };
+struct Field {
+  std::string_view name;
+  uint8_t where;
+  Use use;
+};
+constexpr Field kFields[] = {
+    // OpenAI, both endpoints.
+    {"model", kBoth, Use::Handled}, {"max_tokens", kBoth, Use::Handled}, {"temperature", kBoth, Use::Handled},
+    {"top_p", kBoth, Use::Handled}, {"seed", kBoth, Use::Handled}, {"stop", kBoth, Use::Handled},
+    {"presence_penalty", kBoth, Use::Handled}, {"frequency_penalty", kBoth, Use::Handled},
+    {"stream", kBoth, Use::Handled}, {"stream_options", kBoth, Use::Handled}, {"logprobs", kBoth, Use::Handled},
+    {"n", kBoth, Use::Handled}, {"logit_bias", kBoth, Use::Handled}, {"user", kBoth, Use::Ignored},
+    // OpenAI completions.
+    {"prompt", kCmpl, Use::Handled}, {"echo", kCmpl, Use::Handled}, {"best_of", kCmpl, Use::Handled},
+    {"suffix", kCmpl, Use::Handled},
+    // OpenAI chat.
+    {"messages", kChat, Use::Handled}, {"max_completion_tokens", kChat, Use::Handled},
+    {"top_logprobs", kChat, Use::Handled}, {"response_format", kChat, Use::Handled}, {"tools", kChat, Use::Handled},
+    {"tool_choice", kChat, Use::Handled}, {"functions", kChat, Use::Handled}, {"function_call", kChat, Use::Handled},
+    {"modalities", kChat, Use::Handled}, {"audio", kChat, Use::Handled}, {"parallel_tool_calls", kChat, Use::Handled},
+    {"store", kChat, Use::Ignored}, {"metadata", kChat, Use::Ignored}, {"service_tier", kChat, Use::Ignored},
+    {"prompt_cache_key", kChat, Use::Ignored}, {"reasoning_effort", kChat, Use::Ignored},
+    {"verbosity", kChat, Use::Ignored}, {"safety_identifier", kChat, Use::Ignored}, {"prediction", kChat, Use::Ignored},
+    {"web_search_options", kChat, Use::Ignored},
+    // vLLM / llama.cpp extensions.
+    {"top_k", kBoth, Use::Handled}, {"min_p", kBoth, Use::Handled}, {"repetition_penalty", kBoth, Use::Handled},
+    {"repeat_penalty", kBoth, Use::Handled}, {"ignore_eos", kBoth, Use::Handled}, {"min_tokens", kBoth, Use::Handled},
+    {"stop_token_ids", kBoth, Use::Handled}, {"n_predict", kBoth, Use::Handled},
+    {"add_generation_prompt", kChat, Use::Handled}, {"use_beam_search", kBoth, Use::Handled},
+    {"grammar", kBoth, Use::Handled}, {"json_schema", kBoth, Use::Handled}, {"guided_json", kBoth, Use::Handled},
+    {"guided_choice", kBoth, Use::Handled}, {"guided_grammar", kBoth, Use::Handled},
+    {"guided_decoding_backend", kBoth, Use::Ignored},
+    {"echo", kChat, Use::Ignored}, {"skip_special_tokens", kBoth, Use::Ignored},
+    {"spaces_between_special_tokens", kBoth, Use::Ignored}, {"include_stop_str_in_output", kBoth, Use::Ignored},
+    {"add_special_tokens", kBoth, Use::Ignored}, {"continue_final_message", kChat, Use::Ignored},
+    {"chat_template_kwargs", kChat, Use::Ignored}, {"documents", kChat, Use::Ignored},
+    {"truncate_prompt_tokens", kBoth, Use::Ignored}, {"prompt_logprobs", kBoth, Use::Ignored},
+    {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
+    {"return_tokens_as_token_ids", kBoth, Use::Ignored}, {"cache_salt", kBoth, Use::Ignored},
+    {"cache_prompt", kBoth, Use::Ignored}, {"n_probs", kBoth, Use::Ignored}, {"typical_p", kBoth, Use::Ignored},
+    {"repeat_last_n", kBoth, Use::Ignored}, {"penalize_nl", kBoth, Use::Ignored}, {"mirostat", kBoth, Use::Ignored},
+    {"mirostat_tau", kBoth, Use::Ignored}, {"mirostat_eta", kBoth, Use::Ignored}, {"samplers", kBoth, Use::Ignored},
+    {"dynatemp_range", kBoth, Use::Ignored}, {"dynatemp_exponent", kBoth, Use::Ignored},
+    {"id_slot", kBoth, Use::Ignored}, {"t_max_predict_ms", kBoth, Use::Ignored}, {"n_keep", kBoth, Use::Ignored},
+    {"timings_per_token", kBoth, Use::Ignored}, {"return_progress", kBoth, Use::Ignored},
+    {"post_sampling_probs", kBoth, Use::Ignored}, {"min_keep", kBoth, Use::Ignored},
+};
+
+const Field* find_field(std::string_view key, Endpoint kind) {
+  const uint8_t bit = kind == Endpoint::Chat ? kChat : kCmpl;
+  for (const Field& f : kFields)
+    if (f.name == key && (f.where & bit)) return &f;
+  return nullptr;
+}
+
+// Content as text: a string, null, or an array of parts. Text parts ("text", and the Responses
+// API's "input_text"/"output_text") are concatenated; "refusal" parts carry no prompt text;
+// anything else (images, audio, files) cannot be built here.
+std::string content_text(const json& c, const std::string& param) {
   if (c.is_string()) return c.get<std::string>();
   if (c.is_null()) return "";
-  if (!c.is_array()) bad(param, "'" + param + "' must be a string or an array of text parts");
-  std::string out;  // OpenAI content parts: [{"type": "text", "text": "..."}]
-  for (const json& part : c) {
-    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-        !part["text"].is_string())
-      bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
-    out += part["text"].get<std::string>();
+  if (!c.is_array()) bad(param, "'" + param + "' must be a string or an array of content parts");
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const json& part = c[i];
+    const std::string pp = cat(param, "[", i, "]");
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      bad(pp, "'" + pp + "' must be an object with a string 'type'");
+    const std::string type = part["type"].get<std::string>();
+    if (type == "text" || type == "input_text" || type == "output_text") {
+      if (!part.contains("text") || !part["text"].is_string()) bad(pp + ".text", "'" + pp + ".text' must be a string");
+      out += part["text"].get<std::string>();
+    } else if (type != "refusal") {
+      bad(pp + ".type", "content of type '" + type + "' is not supported (this model reads text only)");
+    }
   }
   return out;
 }
 
+// One OpenAI tool call: {"id", "type": "function", "function": {"name", "arguments": JSON text}}
+// (arguments given as an object are accepted and serialised).
+ToolCall parse_tool_call(const json& t, const std::string& param) {
+  if (!t.is_object() || !t.contains("function") || !t["function"].is_object())
+    bad(param, "'" + param + "' must be an object with a 'function' object");
+  const json& f = t["function"];
+  ToolCall c;
+  if (t.contains("id") && !t["id"].is_null()) c.id = get_string(t, "id", param + ".id");
+  if (!f.contains("name") || !f["name"].is_string()) bad(param + ".function.name", "'" + param + ".function.name' must be a string");
+  c.name = f["name"].get<std::string>();
+  if (f.contains("arguments") && !f["arguments"].is_null())
+    c.arguments = f["arguments"].is_string() ? f["arguments"].get<std::string>() : f["arguments"].dump();
+  return c;
+}
+
+std::string schema_grammar(const json& schema, const std::string& param) {
+  try {
+    return json_schema_to_gbnf(schema);
+  } catch (const Error& e) {
+    bad(param, e.what());
+  }
+}
+
+json tool_parameters(const json& tool) {
+  const json& f = tool["function"];
+  return f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : json{{"type", "object"}};
+}
+
+// The constraint fields of llama.cpp (grammar, json_schema) and vLLM (guided_*): one at most.
+void parse_grammar_fields(const json& j, ParsedRequest& r) {
+  int n = 0;
+  for (const char* k : {"grammar", "json_schema", "guided_json", "guided_choice", "guided_grammar"}) n += j.contains(k);
+  if (n > 1) bad("grammar", "give at most one of 'grammar', 'json_schema', 'guided_json', 'guided_choice', 'guided_grammar'");
+  if (j.contains("grammar")) r.grammar = get_string(j, "grammar", "grammar");
+  if (j.contains("guided_grammar")) r.grammar = get_string(j, "guided_grammar", "guided_grammar");
+  for (const char* k : {"json_schema", "guided_json"}) {
+    if (!j.contains(k)) continue;
+    json schema = j[k];
+    if (schema.is_string()) {  // vLLM takes the schema as JSON text too
+      schema = json::parse(schema.get<std::string>(), nullptr, false);
+      if (schema.is_discarded()) bad(k, cat("'", k, "' is not valid JSON"));
+    }
+    r.grammar = schema_grammar(schema, k);
+  }
+  if (j.contains("guided_choice")) {
+    const json& c = j["guided_choice"];
+    if (!c.is_array() || c.empty()) bad("guided_choice", "'guided_choice' must be a non-empty array of strings");
+    json any = json::array();
+    for (const json& x : c) {
+      if (!x.is_string()) bad("guided_choice", "'guided_choice' must be a non-empty array of strings");
+      any.push_back(x);
+    }
+    std::string g = "root ::= ";
+    for (size_t k = 0; k < any.size(); ++k) {
+      g += k ? " | \"" : "\"";
+      for (unsigned char ch : any[k].get<std::string>()) {
+        if (ch == '"' || ch == '\\') g += '\\';
+        if (ch < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\x%02X", ch);
+          g += b;
+        } else {
+          g += char(ch);
+        }
+      }
+      g += "\"";
+    }
+    r.grammar = g + "\n";
+  }
+}
+
+// response_format, tools and tool_choice (and their deprecated forms functions/function_call).
+void parse_structured(const json& j, ParsedRequest& r) {
+  if (j.contains("response_format")) {
+    const json& rf = j["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+      bad("response_format", "'response_format' must be an object with a string 'type'");
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+        bad("response_format.json_schema", "'response_format.json_schema' must be an object");
+      const json& js = rf["json_schema"];
+      if (js.contains("schema") && !js["schema"].is_null() && !js["schema"].is_object() && !js["schema"].is_boolean())
+        bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be an object");
+    } else if (type != "text" && type != "json_object") {
+      bad("response_format.type", "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
+    }
+    if (type != "text") r.response_format = rf;
+  }
+  json tools = json::array();
+  if (j.contains("tools")) {
+    const json& t = j["tools"];
+    if (!t.is_array()) bad("tools", "'tools' must be an array");
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string p = cat("tools[", i, "]");
+      if (!t[i].is_object() || !t[i].contains("function") || !t[i]["function"].is_object() ||
+          !t[i]["function"].contains("name") || !t[i]["function"]["name"].is_string())
+        bad(p, "'" + p + "' must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
+      if (t[i].contains("type") && t[i]["type"] != "function")
+        bad(p + ".type", "only tools of type 'function' are supported");
+      tools.push_back(t[i]);
+    }
+  }
+  if (j.contains("functions")) {
+    const json& f = j["functions"];
+    if (!f.is_array()) bad("functions", "'functions' must be an array");
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (!f[i].is_object() || !f[i].contains("name") || !f[i]["name"].is_string())
+        bad(cat("functions[", i, "]"), "each function must be an object with a string 'name'");
+      tools.push_back({{"type", "function"}, {"function", f[i]}});
+    }
+  }
+  if (!tools.empty()) r.tools = tools;
+  // OpenAI: "auto" when tools are given, "none" otherwise.
+  r.tool_choice = tools.empty() ? ToolChoice::None : ToolChoice::Auto;
+  for (const char* key : {"function_call", "tool_choice"}) {
+    if (!j.contains(key)) continue;
+    const json& c = j[key];
+    if (c == "none") {
+      r.tool_choice = ToolChoice::None;
+    } else if (c == "auto") {
+      r.tool_choice = ToolChoice::Auto;
+    } else if (c == "required") {
+      r.tool_choice = ToolChoice::Required;
+    } else if (c.is_object() && ((c.contains("function") && c["function"].is_object() && c["function"].contains("name") &&
+                                  c["function"]["name"].is_string()) ||
+                                 (c.contains("name") && c["name"].is_string()))) {
+      r.tool_choice = ToolChoice::Named;
+      r.tool_name = (c.contains("function") ? c["function"]["name"] : c["name"]).get<std::string>();
+    } else {
+      bad(key, cat("'", key, "' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}"));
+    }
+    if (r.tool_choice != ToolChoice::None && tools.empty()) bad(key, cat("'", key, "' requires 'tools'"));
+    if (r.tool_choice == ToolChoice::Named) {
+      bool found = false;
+      for (const json& t : tools) found = found || t["function"]["name"] == r.tool_name;
+      if (!found) bad(key, "'" + r.tool_name + "' is not one of the functions in 'tools'");
+    }
+  }
+  // The grammar of a forced call: the named function's arguments, or an array of calls.
+  if (r.tool_choice == ToolChoice::Named) {
+    for (const json& t : tools)
+      if (t["function"]["name"] == r.tool_name) r.grammar = schema_grammar(tool_parameters(t), "tools");
+  } else if (r.tool_choice == ToolChoice::Required) {
+    json any = json::array();
+    for (const json& t : tools)
+      any.push_back({{"type", "object"},
+                     {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"arguments", tool_parameters(t)}}},
+                     {"required", {"name", "arguments"}}});
+    json calls = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
+    if (j.contains("parallel_tool_calls") && get_bool(j, "parallel_tool_calls") == false) calls["maxItems"] = 1;
+    r.grammar = schema_grammar(calls, "tools");
+  } else if (!r.response_format.is_null()) {
+    const json& rf = r.response_format;
+    if (rf["type"] == "json_object") {
+      r.grammar = json_object_gbnf();
+    } else {
+      const json& js = rf["json_schema"];
+      r.grammar = schema_grammar(js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object(),
+                                 "response_format.json_schema.schema");
+    }
+  }
+}
+
 }  // namespace
 
+std::vector<ChatMessage> parse_messages(const json& m, const std::string& param) {
+  if (!m.is_array() || m.empty()) bad(param, "'" + param + "' must be a non-empty array");
+  std::vector<ChatMessage> out;
+  out.reserve(m.size());
+  for (size_t i = 0; i < m.size(); ++i) {
+    const json& msg = m[i];
+    const std::string pm = cat(param, "[", i, "]");
+    if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string())
+      bad(pm, "'" + pm + "' must be an object with a string 'role'");
+    std::string role = msg["role"].get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI: developer messages replace system messages
+    if (role == "function") role = "tool";     // the deprecated form of a tool result
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      bad(pm + ".role", "role '" + role + "' is not supported (system, developer, user, assistant, tool, function)");
+    ChatMessage cm;
+    cm.role = role;
+    if (msg.contains("content")) cm.content = content_text(msg["content"], pm + ".content");
+    if (msg.contains("name") && !msg["name"].is_null()) cm.name = get_string(msg, "name", pm + ".name");
+    if (role == "tool" && msg.contains("tool_call_id") && !msg["tool_call_id"].is_null())
+      cm.tool_call_id = get_string(msg, "tool_call_id", pm + ".tool_call_id");
+    if (role == "assistant" && msg.contains("tool_calls") && !msg["tool_calls"].is_null()) {
+      const json& tc = msg["tool_calls"];
+      if (!tc.is_array()) bad(pm + ".tool_calls", "'" + pm + ".tool_calls' must be an array");
+      for (size_t k = 0; k < tc.size(); ++k) cm.tool_calls.push_back(parse_tool_call(tc[k], cat(pm, ".tool_calls[", k, "]")));
+    }
+    if (role == "assistant" && msg.contains("function_call") && !msg["function_call"].is_null())
+      cm.tool_calls.push_back(parse_tool_call(json{{"function", msg["function_call"]}}, pm + ".function_call"));
+    out.push_back(std::move(cm));
+  }
+  return out;
+}
+
+void check_model(const json& j, const ModelInfo& model, bool required) {
+  if (!j.contains("model") || j["model"].is_null()) {
+    if (required) bad("model", "'model' is required");
+    return;
+  }
+  if (!j["model"].is_string()) bad("model", "'model' must be a string");
+  const std::string id = j["model"].get<std::string>();
+  if (id != model.id)
+    throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + model.id + "'", "model",
+                   "invalid_request_error", "model_not_found");
+}
+
 ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model) {
-  const json j = parse_json_object(body);
+  json j = parse_json_object(body);
   ParsedRequest r;
   r.kind = kind;
   r.sampling = kOpenAISampling;
 
+  // An explicit null is the field's absence, everywhere.
+  for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
   for (const auto& [key, v] : j.items()) {
-    static const char* const kKnown[] = {
-        "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-        "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos",
-        "stream", "stream_options", "logprobs", "top_logprobs", "n", "echo", "best_of", "user", "logit_bias",
-        "ttft_slo_ms", "priority"};
-    bool known = false;
-    for (const char* k : kKnown) known = known || key == k;
-    if (kind == Endpoint::Completions && (key == "messages" || key == "max_completion_tokens" || key == "top_logprobs"))
-      known = false;
-    if (kind == Endpoint::Chat && (key == "prompt" || key == "echo" || key == "best_of")) known = false;
-    if (!known) bad(key, "Unrecognized request argument supplied: " + key);
-    (void)v;
+    const Field* f = find_field(key, kind);
+    if (!f) r.unknown_fields.push_back(key);
+    else if (f->use == Use::Ignored) r.ignored_fields.push_back(key);
   }
 
-  if (!j.contains("model")) bad("model", "'model' is required");
-  if (!j["model"].is_string()) bad("model", "'model' must be a string");
+  check_model(j, model, true);
   r.model = j["model"].get<std::string>();
-  if (r.model != model.id)
-    throw ApiError(400, "The model '" + r.model + "' does not exist; this server serves '" + model.id + "'",
-                   "model", "invalid_request_error", "model_not_found");
 
   if (kind == Endpoint::Completions) {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
@@ -128,73 +403,85 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     } else {
       bad("prompt", "'prompt' must be a string or an array of token ids");
     }
+    if (j.contains("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
+      bad("suffix", "'suffix' (insertion) is not supported");
   } else {
     r.prompt_kind = PromptKind::Chat;
     if (!j.contains("messages")) bad("messages", "'messages' is required");
-    const json& m = j["messages"];
-    if (!m.is_array() || m.empty()) bad("messages", "'messages' must be a non-empty array");
-    for (size_t i = 0; i < m.size(); ++i) {
-      const json& msg = m[i];
-      const std::string param = cat("messages[", i, "]");
-      if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string())
-        bad(param, "'" + param + "' must be an object with a string 'role'");
-      const std::string role = msg["role"].get<std::string>();
-      if (role != "system" && role != "user" && role != "assistant")
-        bad(param + ".role", "role '" + role + "' is not supported (system, user, assistant)");
-      r.messages.push_back({role, msg.contains("content") ? message_content(msg["content"], i) : ""});
+    r.messages = parse_messages(j["messages"], "messages");
+    if (j.contains("add_generation_prompt")) r.add_generation_prompt = get_bool(j, "add_generation_prompt");
+    if (j.contains("modalities")) {
+      const json& m = j["modalities"];
+      if (!m.is_array()) bad("modalities", "'modalities' must be an array");
+      for (const json& x : m)
+        if (x != "text") bad("modalities", "only the 'text' modality is supported");
     }
+    if (j.contains("audio")) bad("audio", "audio output is not supported");
   }
 
-  const char* mt = kind == Endpoint::Chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (j.contains(mt) && !j[mt].is_null()) {
+  const char* mt = kind == Endpoint::Chat && j.contains("max_completion_tokens") ? "max_completion_tokens"
+                   : !j.contains("max_tokens") && j.contains("n_predict")       ? "n_predict"
+                                                                                 : "max_tokens";
+  if (j.contains(mt) && !(std::string_view(mt) == "n_predict" && j[mt] == -1)) {  // llama.cpp: -1 = no limit
     r.max_tokens = get_int(j, mt, 1, model.n_ctx);
   } else if (kind == Endpoint::Completions) {
     r.max_tokens = kCompletionsMaxTokens;
     r.fit_max_tokens = true;
   }
-  if (j.contains("temperature") && !j["temperature"].is_null())
-    r.sampling.temperature = float(get_number(j, "temperature", 0, 2));
-  if (j.contains("top_p") && !j["top_p"].is_null()) {
+  if (j.contains("temperature")) r.sampling.temperature = float(get_number(j, "temperature", 0, 2));
+  if (j.contains("top_p")) {
     r.sampling.top_p = float(get_number(j, "top_p", 0, 1));
     if (r.sampling.top_p <= 0) bad("top_p", "'top_p' must be in (0, 1]");
   }
-  if (j.contains("top_k") && !j["top_k"].is_null()) {
+  if (j.contains("top_k")) {
     const int64_t k = get_int(j, "top_k", -1, std::numeric_limits<int32_t>::max());
     r.sampling.top_k = k < 0 ? 0 : int(k);  // -1 = off (vLLM)
   }
-  if (j.contains("min_p") && !j["min_p"].is_null()) r.sampling.min_p = float(get_number(j, "min_p", 0, 1));
-  if (j.contains("presence_penalty") && !j["presence_penalty"].is_null())
-    r.sampling.presence_penalty = float(get_number(j, "presence_penalty", -2, 2));
-  if (j.contains("frequency_penalty") && !j["frequency_penalty"].is_null())
+  if (j.contains("min_p")) r.sampling.min_p = float(get_number(j, "min_p", 0, 1));
+  if (j.contains("presence_penalty")) r.sampling.presence_penalty = float(get_number(j, "presence_penalty", -2, 2));
+  if (j.contains("frequency_penalty"))
     r.sampling.frequency_penalty = float(get_number(j, "frequency_penalty", -2, 2));
-  if (j.contains("repetition_penalty") && !j["repetition_penalty"].is_null()) {
-    r.sampling.repetition_penalty = float(get_number(j, "repetition_penalty", 0, 10));
-    if (r.sampling.repetition_penalty <= 0) bad("repetition_penalty", "'repetition_penalty' must be > 0");
+  for (const char* rp : {"repeat_penalty", "repetition_penalty"}) {  // llama.cpp's name, then vLLM's
+    if (!j.contains(rp)) continue;
+    r.sampling.repetition_penalty = float(get_number(j, rp, 0, 10));
+    if (r.sampling.repetition_penalty <= 0) bad(rp, cat("'", rp, "' must be > 0"));
   }
-  if (j.contains("seed") && !j["seed"].is_null()) {
+  if (j.contains("seed")) {
     r.sampling.seed = uint64_t(get_int(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
     r.seed_set = true;
   }
   if (j.contains("ignore_eos")) r.ignore_eos = get_bool(j, "ignore_eos");
   // Scheduling extensions: a TTFT deadline (ms from arrival) and vLLM's priority (lower first).
-  if (j.contains("ttft_slo_ms") && !j["ttft_slo_ms"].is_null()) {
+  if (j.contains("ttft_slo_ms")) {
     r.ttft_slo_ms = get_number(j, "ttft_slo_ms", 0, 1e9);
     if (r.ttft_slo_ms <= 0) bad("ttft_slo_ms", "'ttft_slo_ms' must be > 0");
   }
-  if (j.contains("priority") && !j["priority"].is_null())
-    r.priority = int32_t(get_int(j, "priority", -(1 << 30), 1 << 30));
-  if (j.contains("stream") && !j["stream"].is_null()) r.stream = get_bool(j, "stream");
-  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+  if (j.contains("priority")) r.priority = int32_t(get_int(j, "priority", -(1 << 30), 1 << 30));
+  if (j.contains("min_tokens")) r.min_tokens = get_int(j, "min_tokens", 0, model.n_ctx);
+  if (j.contains("stop_token_ids")) {
+    if (!j["stop_token_ids"].is_array()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    for (const json& t : j["stop_token_ids"]) {
+      if (!t.is_number_integer()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+      r.stop_token_ids.push_back(check_token_id(t.get<int64_t>(), model.n_vocab, "stop_token_ids"));
+    }
+  }
+  if (j.contains("stream")) r.stream = get_bool(j, "stream");
+  if (j.contains("stream_options")) {
     const json& so = j["stream_options"];
     if (!so.is_object()) bad("stream_options", "'stream_options' must be an object");
     if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     for (const auto& [k, v] : so.items()) {
-      if (k != "include_usage") bad("stream_options." + k, "Unrecognized request argument supplied: stream_options." + k);
-      if (!v.is_boolean()) bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
-      r.include_usage = v.get<bool>();
+      if (v.is_null()) continue;
+      if (k == "include_usage") {
+        r.include_usage = get_bool(so, "include_usage");
+      } else if (k == "include_obfuscation") {
+        get_bool(so, "include_obfuscation");  // no obfuscation padding is ever added
+      } else {
+        r.unknown_fields.push_back("stream_options." + k);
+      }
     }
   }
-  if (j.contains("stop") && !j["stop"].is_null()) {
+  if (j.contains("stop")) {
     const json& s = j["stop"];
     if (s.is_string()) {
       r.stop.push_back(s.get<std::string>());
@@ -207,15 +494,14 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       bad("stop", "'stop' must be a string or an array of strings");
     }
   }
-  // Completions: logprobs = N (null/false = off). Chat: logprobs = bool, top_logprobs = N only
-  // with logprobs true (OpenAI's rule).
-  const bool has_lp = j.contains("logprobs") && !j["logprobs"].is_null();
+  // Completions: logprobs = N (false = off). Chat: logprobs = bool, top_logprobs = N only with
+  // logprobs true (OpenAI's rule).
   if (kind == Endpoint::Completions) {
-    if (has_lp && !(j["logprobs"].is_boolean() && !j["logprobs"].get<bool>()))
+    if (j.contains("logprobs") && !(j["logprobs"].is_boolean() && !j["logprobs"].get<bool>()))
       r.logprobs = int32_t(get_int(j, "logprobs", 0, kMaxLogprobs));
   } else {
-    const bool lp = has_lp && get_bool(j, "logprobs");
-    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
+    const bool lp = j.contains("logprobs") && get_bool(j, "logprobs");
+    if (j.contains("top_logprobs")) {
       const int64_t n = get_int(j, "top_logprobs", 0, kMaxLogprobs);
       if (!lp) bad("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
       r.logprobs = int32_t(n);
@@ -223,16 +509,125 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       r.logprobs = 0;
     }
   }
-  if (j.contains("n") && !j["n"].is_null() && get_int(j, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
-  if (j.contains("best_of") && !j["best_of"].is_null() && get_int(j, "best_of", 1, 1) != 1)
-    bad("best_of", "only best_of = 1 is supported");
-  if (j.contains("echo") && get_bool(j, "echo")) bad("echo", "'echo' is not supported yet");
-  if (j.contains("user") && !j["user"].is_string() && !j["user"].is_null()) bad("user", "'user' must be a string");
-  if (j.contains("logit_bias") && !j["logit_bias"].is_null() &&
-      !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
-    bad("logit_bias", "'logit_bias' is not supported yet");
+  if (j.contains("logit_bias")) {
+    const json& lb = j["logit_bias"];
+    if (!lb.is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    for (const auto& [k, v] : lb.items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+      if (ec != std::errc() || end != k.data() + k.size())
+        bad("logit_bias", "'logit_bias' keys must be token ids, got '" + k + "'");
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100)
+        bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+      r.logit_bias.emplace_back(check_token_id(id, model.n_vocab, "logit_bias"), float(v.get<double>()));
+    }
+  }
+  if (j.contains("n") && get_int(j, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
+  if (j.contains("best_of") && get_int(j, "best_of", 1, 1) != 1) bad("best_of", "only best_of = 1 is supported");
+  if (j.contains("use_beam_search") && get_bool(j, "use_beam_search")) bad("use_beam_search", "beam search is not supported");
+  if (kind == Endpoint::Completions && j.contains("echo") && get_bool(j, "echo")) bad("echo", "'echo' is not supported yet");
+  parse_grammar_fields(j, r);
+  if (kind == Endpoint::Chat) parse_structured(j, r);
   validate(r, model.n_vocab);
   return r;
+}
+
+ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model) {
+  json j = parse_json_object(body);
+  for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
+  for (const char* k : {"previous_response_id", "conversation", "prompt"})
+    if (j.contains(k)) bad(k, cat("'", k, "' is not supported (this server stores no responses or prompts)"));
+  if (j.contains("background") && j["background"] == true) bad("background", "background responses are not supported");
+  static const char* const kKnown[] = {"model", "input", "instructions", "stream", "stream_options", "max_output_tokens",
+                                       "temperature", "top_p", "tools", "tool_choice", "text", "parallel_tool_calls",
+                                       "store", "metadata", "user", "reasoning", "truncation", "include", "service_tier",
+                                       "prompt_cache_key", "safety_identifier", "top_logprobs", "max_tool_calls",
+                                       "background", "seed", "top_k", "min_p", "repetition_penalty", "stop"};
+  json chat = json::object();
+  std::vector<std::string> unknown;
+  for (const auto& [k, v] : j.items())
+    if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) unknown.push_back(k);
+  for (const char* k : {"model", "stream", "temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "stop"})
+    if (j.contains(k)) chat[k] = j[k];
+  if (j.contains("max_output_tokens")) chat["max_completion_tokens"] = j["max_output_tokens"];
+  if (j.contains("stream") && j["stream"] == true) chat["stream_options"] = {{"include_usage", true}};
+
+  json messages = json::array();
+  if (j.contains("instructions")) {
+    if (!j["instructions"].is_string()) bad("instructions", "'instructions' must be a string");
+    messages.push_back({{"role", "system"}, {"content", j["instructions"]}});
+  }
+  if (!j.contains("input")) bad("input", "'input' is required");
+  const json& in = j["input"];
+  if (in.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", in}});
+  } else if (in.is_array()) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      const json& item = in[i];
+      const std::string p = cat("input[", i, "]");
+      if (!item.is_object()) bad(p, "'" + p + "' must be an object");
+      const std::string type = item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>() : "message";
+      if (type == "message") {
+        if (!item.contains("role")) bad(p + ".role", "'" + p + ".role' is required");
+        messages.push_back({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}});
+      } else if (type == "function_call") {
+        if (!item.contains("name") || !item["name"].is_string()) bad(p + ".name", "'" + p + ".name' must be a string");
+        const json call = {{"id", item.value("call_id", "")},
+                           {"type", "function"},
+                           {"function", {{"name", item["name"]}, {"arguments", item.value("arguments", "{}")}}}};
+        if (!messages.empty() && messages.back()["role"] == "assistant" && messages.back().contains("tool_calls"))
+          messages.back()["tool_calls"].push_back(call);  // parallel calls: one assistant turn
+        else
+          messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
+      } else if (type == "function_call_output") {
+        const json& out = item.contains("output") ? item["output"] : json("");
+        messages.push_back({{"role", "tool"}, {"tool_call_id", item.value("call_id", "")},
+                            {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
+      } else if (type != "reasoning") {
+        bad(p + ".type", "input items of type '" + type + "' are not supported");
+      }
+    }
+  } else {
+    bad("input", "'input' must be a string or an array of items");
+  }
+  chat["messages"] = messages;
+  if (j.contains("tools")) {
+    if (!j["tools"].is_array()) bad("tools", "'tools' must be an array");
+    json tools = json::array();
+    for (size_t i = 0; i < j["tools"].size(); ++i) {
+      const json& t = j["tools"][i];
+      if (!t.is_object() || t.value("type", "") != "function")
+        bad(cat("tools[", i, "]"), "only tools of type 'function' are supported (no built-in tools here)");
+      json f = {{"name", t.value("name", "")}};
+      for (const char* k : {"description", "parameters", "strict"})
+        if (t.contains(k)) f[k] = t[k];
+      tools.push_back({{"type", "function"}, {"function", f}});
+    }
+    chat["tools"] = tools;
+  }
+  if (j.contains("tool_choice")) {
+    const json& c = j["tool_choice"];
+    chat["tool_choice"] = c.is_object() && c.contains("name") ? json{{"type", "function"}, {"function", {{"name", c["name"]}}}} : c;
+  }
+  if (j.contains("text") && j["text"].is_object() && j["text"].contains("format")) {
+    const json& f = j["text"]["format"];
+    if (f.is_object() && f.value("type", "") == "json_schema")
+      chat["response_format"] = {{"type", "json_schema"},
+                                 {"json_schema", {{"name", f.value("name", "output")}, {"schema", f.value("schema", json::object())}}}};
+    else if (f.is_object())
+      chat["response_format"] = f;
+  }
+  try {
+    ParsedRequest r = parse_request(Endpoint::Chat, chat.dump(), model);
+    r.kind = Endpoint::Responses;
+    r.unknown_fields = unknown;
+    return r;
+  } catch (ApiError& e) {  // name the Responses API's params
+    if (e.param.rfind("messages", 0) == 0) e.param = "input" + e.param.substr(8);
+    if (e.param == "max_completion_tokens") e.param = "max_output_tokens";
+    if (e.param.rfind("response_format", 0) == 0) e.param = "text.format";
+    throw;
+  }
 }
 
 json usage_json(const Usage& u) {
@@ -278,11 +673,16 @@ json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t
 }
 
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason,
-                         const Usage& u, const json& logprobs) {
+                         const Usage& u, const json& logprobs, const json& tool_calls) {
   json choice;
   if (m.kind == Endpoint::Chat) {
+    json message = {{"role", "assistant"}, {"content", text}};
+    if (tool_calls.is_array() && !tool_calls.empty()) {
+      message["tool_calls"] = tool_calls;
+      if (text.empty()) message["content"] = nullptr;
+    }
     choice = {{"index", 0},
-              {"message", {{"role", "assistant"}, {"content", text}}},
+              {"message", message},
               {"logprobs", logprobs},
               {"finish_reason", reason_json(finish_reason)}};
   } else {
@@ -316,6 +716,152 @@ json stream_chunk(const ResponseMeta& m, const std::string& text, bool first, co
   return j;
 }
 
+json tool_calls_chunk(const ResponseMeta& m, const json& tool_calls, bool with_usage_null) {
+  json j = {{"id", m.id},
+            {"object", "chat.completion.chunk"},
+            {"created", m.created},
+            {"model", m.model},
+            {"choices", json::array({{{"index", 0},
+                                      {"delta", {{"tool_calls", tool_calls}}},
+                                      {"logprobs", nullptr},
+                                      {"finish_reason", nullptr}}})}};
+  if (with_usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+std::string new_tool_call_id() {
+  char b[32];
+  std::snprintf(b, sizeof b, "call_%016llx%08x", static_cast<unsigned long long>(draw_seed()), unsigned(draw_seed()));
+  return b;
+}
+
+namespace {
+
+bool known_tool(const json& tools, const std::string& name) {
+  if (!tools.is_array()) return false;
+  for (const json& t : tools)
+    if (t.contains("function") && t["function"].value("name", "") == name) return true;
+  return false;
+}
+
+// {"name", "arguments" | "parameters"} naming a known tool -> a call.
+std::optional<ToolCall> call_from_json(const json& j, const json& tools) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  const std::string name = j["name"].get<std::string>();
+  if (!known_tool(tools, name)) return std::nullopt;
+  const char* key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;
+  std::string args = "{}";
+  if (key) args = j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
+  return ToolCall{new_tool_call_id(), name, args};
+}
+
+// One JSON value (object/array) or several separated by ';' / whitespace -> calls; all or none.
+std::vector<ToolCall> calls_from_text(std::string_view text, const json& tools) {
+  std::vector<ToolCall> out;
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded()) return out;
+  const json items = j.is_array() ? j : json::array({j});
+  for (const json& x : items) {
+    auto c = call_from_json(x, tools);
+    if (!c) return {};
+    out.push_back(std::move(*c));
+  }
+  return out;
+}
+
+std::string_view trim_ws(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+constexpr std::string_view kMarkers[] = {"<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<function="};
+
+}  // namespace
+
+FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_name, const json& tools,
+                                  std::string_view text) {
+  FoundToolCalls f;
+  if (choice == ToolChoice::Named) {
+    f.calls.push_back({new_tool_call_id(), tool_name, std::string(trim_ws(text))});
+    return f;
+  }
+  if (choice == ToolChoice::None) {
+    f.content = std::string(text);
+    return f;
+  }
+  const std::string_view t = trim_ws(text);
+  // <tool_call>{...}</tool_call> blocks, with text around them.
+  if (t.find("<tool_call>") != std::string_view::npos) {
+    std::string content;
+    size_t pos = 0;
+    while (pos < t.size()) {
+      const size_t b = t.find("<tool_call>", pos);
+      if (b == std::string_view::npos) break;
+      size_t e = t.find("</tool_call>", b);
+      const size_t body_end = e == std::string_view::npos ? t.size() : e;
+      auto calls = calls_from_text(trim_ws(t.substr(b + 11, body_end - b - 11)), tools);
+      if (calls.empty()) return {{}, std::string(text)};
+      content += t.substr(pos, b - pos);
+      for (auto& c : calls) f.calls.push_back(std::move(c));
+      pos = e == std::string_view::npos ? t.size() : e + 12;
+    }
+    content += t.substr(std::min(pos, t.size()));
+    f.content = std::string(trim_ws(content));
+    return f;
+  }
+  for (std::string_view marker : {std::string_view("[TOOL_CALLS]"), std::string_view("<|python_tag|>")}) {
+    if (const size_t b = t.find(marker); b != std::string_view::npos) {
+      auto calls = calls_from_text(trim_ws(t.substr(b + marker.size())), tools);
+      if (calls.empty()) return {{}, std::string(text)};
+      return {std::move(calls), std::string(trim_ws(t.substr(0, b)))};
+    }
+  }
+  if (t.starts_with("<function=")) {  // <function=NAME>{args}</function>, repeated
+    size_t pos = 0;
+    while (pos < t.size()) {
+      const std::string_view rest = trim_ws(t.substr(pos));
+      if (rest.empty()) break;
+      if (!rest.starts_with("<function=")) return {{}, std::string(text)};
+      const size_t gt = rest.find('>');
+      const size_t end = rest.find("</function>");
+      if (gt == std::string_view::npos) return {{}, std::string(text)};
+      const std::string name(rest.substr(10, gt - 10));
+      const std::string_view args = trim_ws(rest.substr(gt + 1, (end == std::string_view::npos ? rest.size() : end) - gt - 1));
+      if (!known_tool(tools, name) || json::parse(args.begin(), args.end(), nullptr, false).is_discarded())
+        return {{}, std::string(text)};
+      f.calls.push_back({new_tool_call_id(), name, std::string(args)});
+      pos = size_t(rest.data() - t.data()) + (end == std::string_view::npos ? rest.size() : end + 11);
+    }
+    return f;
+  }
+  if (t.starts_with("{") || t.starts_with("[")) {
+    f.calls = calls_from_text(t, tools);
+    if (!f.calls.empty()) return f;
+  }
+  f.content = std::string(text);
+  return f;
+}
+
+bool may_start_tool_call(std::string_view text) {
+  const std::string_view t = trim_ws(text);
+  if (t.empty()) return true;  // nothing but whitespace yet
+  if (t[0] == '{' || t[0] == '[') return true;
+  for (std::string_view m : kMarkers)
+    if (t.substr(0, m.size()) == m.substr(0, std::min(m.size(), t.size()))) return true;
+  return false;
+}
+
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json c = {{"id", calls[k].id}, {"type", "function"}, {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (with_index) c["index"] = k;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json usage_chunk(const ResponseMeta& m, const Usage& u) {
   return {{"id", m.id},
           {"object", m.kind == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
@@ -323,6 +869,47 @@ json usage_chunk(const ResponseMeta& m, const Usage& u) {
           {"model", m.model},
           {"choices", json::array()},
           {"usage", usage_json(u)}};
+}
+
+json responses_object(const ResponseMeta& m, const std::string& status, const json& output, const Usage* u,
+                      const std::string& incomplete_reason) {
+  json r = {{"id", m.id},
+            {"object", "response"},
+            {"created_at", m.created},
+            {"status", status},
+            {"model", m.model},
+            {"output", output},
+            {"error", nullptr},
+            {"incomplete_details", incomplete_reason.empty() ? json(nullptr) : json{{"reason", incomplete_reason}}},
+            {"parallel_tool_calls", true},
+            {"tool_choice", "auto"},
+            {"tools", json::array()},
+            {"text", {{"format", {{"type", "text"}}}}},
+            {"usage", nullptr}};
+  if (u)
+    r["usage"] = {{"input_tokens", u->prompt_tokens},
+                  {"input_tokens_details", {{"cached_tokens", 0}}},
+                  {"output_tokens", u->completion_tokens},
+                  {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                  {"total_tokens", u->prompt_tokens + u->completion_tokens}};
+  return r;
+}
+
+json responses_message_item(const std::string& id, const std::string& text, const std::string& status) {
+  json content = json::array();
+  if (status != "in_progress") content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", json::array()}});
+  return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"}, {"content", content}};
+}
+
+json responses_call_item(const ToolCall& c, const std::string& status) {
+  return {{"type", "function_call"}, {"id", "fc_" + c.id.substr(std::min<size_t>(5, c.id.size()))},
+          {"call_id", c.id}, {"name", c.name}, {"arguments", c.arguments}, {"status", status}};
+}
+
+std::string responses_event(const std::string& type, json data, int64_t sequence_number) {
+  data["type"] = type;
+  data["sequence_number"] = sequence_number;
+  return "event: " + type + "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
 std::string sse_event(const json& j) {
@@ -333,6 +920,8 @@ std::string sse_event(const json& j) {
 const char* status_text(int status) {
   switch (status) {
     case 200: return "OK";
+    case 204: return "No Content";
+    case 401: return "Unauthorized";
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
@@ -357,9 +946,45 @@ std::string http_response(int status, std::string_view content_type, std::string
   return out;
 }
 
-std::string sse_response_head(bool keep_alive) {
+std::string sse_response_head(bool keep_alive, std::string_view extra_headers) {
   return cat("HTTP/1.1 200 OK\r\nServer: firsttoken\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-             "Connection: ", keep_alive ? "keep-alive" : "close", "\r\nTransfer-Encoding: chunked\r\n\r\n");
+             "Connection: ", keep_alive ? "keep-alive" : "close", "\r\nTransfer-Encoding: chunked\r\n", extra_headers,
+             "\r\n");
+}
+
+std::string cors_allow_origin(std::string_view allowed, std::string_view origin) {
+  if (origin.empty()) return "";
+  size_t b = 0;
+  while (b <= allowed.size()) {
+    size_t e = allowed.find(',', b);
+    if (e == std::string_view::npos) e = allowed.size();
+    std::string_view item = allowed.substr(b, e - b);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item == "*") return "*";
+    if (!item.empty() && item == origin) return std::string(origin);
+    b = e + 1;
+  }
+  return "";
+}
+
+bool authorized(std::string_view api_key, std::string_view authorization) {
+  constexpr std::string_view kBearer = "Bearer ";
+  if (authorization.size() < kBearer.size()) return false;
+  for (size_t k = 0; k < kBearer.size(); ++k)  // the scheme is case-insensitive
+    if (std::tolower(static_cast<unsigned char>(authorization[k])) != std::tolower(static_cast<unsigned char>(kBearer[k])))
+      return false;
+  const std::string_view given = authorization.substr(kBearer.size());
+  unsigned diff = given.size() != api_key.size();
+  for (size_t k = 0; k < given.size(); ++k) diff |= unsigned(uint8_t(given[k]) ^ uint8_t(api_key[k % std::max<size_t>(1, api_key.size())]));
+  return diff == 0 && !api_key.empty();
+}
+
+std::string request_id(std::string_view h) {
+  if (h.empty() || h.size() > 128) return "";
+  for (char c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' && c != '-') return "";
+  return std::string(h);
 }
 
 std::string http_chunk(std::string_view data) {

@@ -16,7 +16,7 @@ namespace ft::server {
 // The JSON body of an error: param/code are null when empty.
 std::string error_body(const ApiError& e);
 
-enum class Endpoint { Completions, Chat };
+enum class Endpoint { Completions, Chat, Responses };
 
 // What parsing needs to know about the served model.
 struct ModelInfo {
@@ -31,18 +31,44 @@ inline constexpr int64_t kCompletionsMaxTokens = 16;  // OpenAI's default for /v
 // sampling defaults; max_tokens absent: completions 16 cut to the context, chat the rest of the
 // context; logprobs from completions' `logprobs: N` or chat's `logprobs: true` + `top_logprobs: N`)
 // and what only HTTP has.
+enum class ToolChoice { None, Auto, Required, Named };
+
 struct ParsedRequest : GenerationRequest {
   Endpoint kind = Endpoint::Completions;
   std::string model;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  nlohmann::json response_format;  // {"type": "json_object" | "json_schema", ...}; null: text
+  ToolChoice tool_choice = ToolChoice::None;
+  std::string tool_name;           // Named: the function
+  // Fields that are neither OpenAI's nor a known vLLM/llama.cpp extension (the server warns), and
+  // known ones that mean nothing here (the server logs them at debug).
+  std::vector<std::string> unknown_fields, ignored_fields;
 };
 
-// Parses and validates a request body; throws ApiError (400) naming the offending param.
-// Unknown fields are rejected like OpenAI does ("Unrecognized request argument supplied"),
-// except a few OpenAI fields accepted at their only supported value (n=1, echo=false, best_of=1,
-// user, logit_bias={}). Chat's top_logprobs needs logprobs: true.
+// Parses and validates a request body; throws ApiError naming the offending param: 400 for a
+// malformed value or one that cannot be built here ("... is not supported"), 404 model_not_found
+// for another model. Every field of OpenAI's Chat Completions / Completions schemas and the vLLM /
+// llama.cpp extensions is accepted; an explicit null is the field's absence; any other field is
+// listed in unknown_fields, not refused (vLLM's behaviour). Chat's top_logprobs needs logprobs: true.
 ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model);
+
+// OpenAI messages -> ChatMessage: content as a string or text parts; roles system, developer
+// (= system), user, assistant (with tool_calls / function_call), tool, function (= tool).
+// Throws ApiError (400) naming param[i]... .
+std::vector<ChatMessage> parse_messages(const nlohmann::json& messages, const std::string& param);
+
+// The body's "model" against the served one: 404 model_not_found when it differs; 400 when it is
+// not a string, or absent and required.
+void check_model(const nlohmann::json& body, const ModelInfo& model, bool required);
+
+// POST /v1/responses, mapped onto a chat request (the same generation path): input (a string or
+// items: messages with input_text/output_text parts, function_call, function_call_output),
+// instructions (a system message first), max_output_tokens, temperature, top_p, tools
+// ({"type": "function", "name", "parameters"}), tool_choice, text.format (text, json_object,
+// json_schema). Stored conversations (previous_response_id, conversation), background runs and
+// built-in tools are 400 "... is not supported".
+ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model);
 
 // Parses a JSON body into an object (400 on malformed JSON or a non-object).
 nlohmann::json parse_json_object(std::string_view body);
@@ -74,9 +100,10 @@ nlohmann::json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& tok
 
 // Non-streaming body. finish_reason: "stop" | "length". logprobs: the choice's "logprobs"
 // (null when not requested).
+// tool_calls (chat; tool_calls_json): the message's calls, its content null when text is empty.
 nlohmann::json completion_response(const ResponseMeta& m, const std::string& text,
                                    const std::string& finish_reason, const Usage& u,
-                                   const nlohmann::json& logprobs = nullptr);
+                                   const nlohmann::json& logprobs = nullptr, const nlohmann::json& tool_calls = nullptr);
 // One streamed chunk's JSON: text (completions) or delta.content (chat). first: chat's delta
 // carries role "assistant". finish_reason empty -> null. with_usage_null: include "usage": null
 // (OpenAI does so on every chunk when stream_options.include_usage is set).
@@ -85,16 +112,58 @@ nlohmann::json stream_chunk(const ResponseMeta& m, const std::string& text, bool
                             const nlohmann::json& logprobs = nullptr);
 // The final usage-only chunk (choices []).
 nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
+// The Responses API: the response object (status "in_progress" | "completed" | "incomplete";
+// incomplete_reason e.g. "max_output_tokens"; u null while in progress), its output items, and
+// one streamed event ("event: TYPE\ndata: {json with type and sequence_number}\n\n").
+nlohmann::json responses_object(const ResponseMeta& m, const std::string& status, const nlohmann::json& output,
+                                const Usage* u, const std::string& incomplete_reason = "");
+nlohmann::json responses_message_item(const std::string& id, const std::string& text, const std::string& status);
+nlohmann::json responses_call_item(const ToolCall& c, const std::string& status);
+std::string responses_event(const std::string& type, nlohmann::json data, int64_t sequence_number);
+
 // "data: {json}\n\n" and "data: [DONE]\n\n".
 std::string sse_event(const nlohmann::json& j);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// --- tool calls ------------------------------------------------------------------------------
+// The calls in a generation's text and the text around them. Named: the text is the function's
+// arguments (the grammar made it so). Required: a JSON array [{"name", "arguments"}] (ditto).
+// Auto: the formats models emit on their own: <tool_call>{"name", "arguments"}</tool_call>
+// (Hermes, Qwen2.5; repeated), [TOOL_CALLS][...] (Mistral), <|python_tag|>{...} and a whole
+// output {"name", "parameters" | "arguments"} or an array of them (Llama 3.x), and
+// <function=NAME>{...}</function> (Functionary); a call naming no function of `tools` is not one.
+// Arguments come back as JSON text; ids are "call_" + 24 hex digits.
+struct FoundToolCalls {
+  std::vector<ToolCall> calls;
+  std::string content;  // the text outside the calls (all of it when there are none)
+};
+FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_name, const nlohmann::json& tools,
+                                  std::string_view text);
+// Auto: whether streamed text must be held back because it may be the start of a tool call
+// (its first non-space bytes are, or may become, one of the markers above, "{" or "[").
+bool may_start_tool_call(std::string_view text);
+// A fresh tool-call id: "call_" + 24 hex digits.
+std::string new_tool_call_id();
+// [{"id", "type": "function", "function": {"name", "arguments"}}] (streamed: with "index" too).
+nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index = false);
+// A streamed chat chunk whose delta carries tool_calls (entries as tool_calls_json's, or partial).
+nlohmann::json tool_calls_chunk(const ResponseMeta& m, const nlohmann::json& tool_calls, bool with_usage_null);
+
+// --- access --------------------------------------------------------------------------------
+// The Access-Control-Allow-Origin value for a request from `origin` under --allowed-origins
+// (comma-separated; "*" = any), or "" when it is not allowed.
+std::string cors_allow_origin(std::string_view allowed, std::string_view origin);
+// Whether an Authorization header carries "Bearer <api_key>" (compared in constant time).
+bool authorized(std::string_view api_key, std::string_view authorization);
+// An X-Request-Id to echo and log: as given when it is 1..128 of [A-Za-z0-9._:-], else "".
+std::string request_id(std::string_view header);
 
 // --- HTTP framing --------------------------------------------------------------------------
 // A complete HTTP/1.1 response with Content-Length. extra_headers: "Name: value\r\n" lines.
 std::string http_response(int status, std::string_view content_type, std::string_view body,
                           bool keep_alive, std::string_view extra_headers = {});
-// The head of a chunked text/event-stream response.
-std::string sse_response_head(bool keep_alive);
+// The head of a chunked text/event-stream response; extra_headers as above.
+std::string sse_response_head(bool keep_alive, std::string_view extra_headers = {});
 // One chunk of chunked transfer encoding ("" -> the last chunk "0\r\n\r\n").
 std::string http_chunk(std::string_view data);
 const char* status_text(int status);

@@ -11,7 +11,8 @@
 //    "server": {"host", "port", "binary_port", "max_queue", "threads", "http_threads", "max_body_bytes",
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "frame_timeout_s", "max_connections",
-//               "log_level", "model", "served_model_name", "context_length", "binary_port_any"},
+//               "log_level", "model", "served_model_name", "context_length", "binary_port_any",
+//               "api_key", "allowed_origins"},
 //    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
 //                 "dtype": "f16" | "bf16" | "q8_0" | "f32"}}
 // Features not built yet (speculative decoding, tp/pp > 1, a throughput-optimised mode) are
@@ -45,6 +46,8 @@ struct ServeConfig {
   double frame_timeout_s = 30;    // a binary frame must arrive within this from its first byte
   int64_t max_connections = 512;  // open connections per listener (HTTP, binary); more are refused at accept
   std::string log_level = "info";
+  std::string api_key;            // non-empty: every route but /health and /metrics needs "Authorization: Bearer KEY"
+  std::string allowed_origins;    // CORS: comma-separated origins ("*" = any); empty = no CORS headers
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // scheduler
   int64_t prefill_chunk_size = SchedulerConfig{}.chunk_size;  // -1 = auto

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <random>
@@ -49,6 +50,14 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
   if (r.stop.size() > kMaxStops) bad("stop", cat("'stop' may hold at most ", kMaxStops, " strings"));
   for (const auto& x : r.stop)
     if (x.empty()) bad("stop", "stop strings must not be empty");
+  for (const auto& [t, b] : r.logit_bias) {
+    check_token_id(t, n_vocab, "logit_bias");
+    if (!std::isfinite(b)) bad("logit_bias", "'logit_bias' values must be finite");
+  }
+  for (const int32_t t : r.stop_token_ids) check_token_id(t, n_vocab, "stop_token_ids");
+  if (r.min_tokens < 0) bad("min_tokens", cat("'min_tokens' must be >= 0, got ", r.min_tokens));
+  if (r.max_tokens && r.min_tokens > *r.max_tokens)
+    bad("min_tokens", cat("'min_tokens' (", r.min_tokens, ") must not exceed 'max_tokens' (", *r.max_tokens, ")"));
   if (r.logprobs < -1 || r.logprobs > kMaxLogprobs)
     bad("logprobs", cat("'logprobs' must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.logprobs));
   try {
@@ -75,6 +84,47 @@ int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t
                                                                               : n_prompt + want;
   bad("max_tokens", cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ", total,
                         " tokens (", n_prompt, " in the prompt, ", want, " for the completion)"));
+}
+
+namespace {
+
+// logit_bias, then min_tokens: the stop tokens (end-of-generation and stop_token_ids) at -inf while
+// fewer than min_tokens have been generated.
+class RequestLogits : public LogitsProcessor {
+ public:
+  RequestLogits(std::vector<std::pair<int32_t, float>> bias, int64_t min_tokens, std::vector<int32_t> stops,
+                std::shared_ptr<GrammarProcessor> grammar)
+      : bias_(std::move(bias)), min_tokens_(min_tokens), stops_(std::move(stops)), grammar_(std::move(grammar)) {}
+  void apply(float* logits, int32_t n_vocab, int64_t n_generated) override {
+    for (const auto& [t, b] : bias_)
+      if (t < n_vocab) logits[t] += b;
+    if (n_generated < min_tokens_)
+      for (const int32_t t : stops_)
+        if (t < n_vocab) logits[t] = -std::numeric_limits<float>::infinity();
+    if (grammar_ && grammar_->done_after() < 0) grammar_->apply(logits, n_vocab, n_generated);  // last: bias cannot undo it
+  }
+  void accept(int32_t token) override {
+    if (grammar_ && grammar_->done_after() < 0) grammar_->accept(token);  // past its end the output is cut anyway
+  }
+
+ private:
+  std::vector<std::pair<int32_t, float>> bias_;
+  int64_t min_tokens_;
+  std::vector<int32_t> stops_;
+  std::shared_ptr<GrammarProcessor> grammar_;
+};
+
+}  // namespace
+
+std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
+                                                       std::shared_ptr<GrammarProcessor> grammar) {
+  if (r.logit_bias.empty() && r.min_tokens == 0 && !grammar) return nullptr;
+  std::vector<int32_t> stops;
+  if (r.min_tokens > 0) {
+    if (!r.ignore_eos) stops = eog_ids;
+    stops.insert(stops.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
+  }
+  return std::make_shared<RequestLogits>(r.logit_bias, r.min_tokens, std::move(stops), std::move(grammar));
 }
 
 uint64_t draw_seed() {
@@ -112,10 +162,23 @@ std::string StopMatcher::flush() {
   return std::exchange(held_, {});
 }
 
-GenerationContext::GenerationContext(Engine& e, const Tokenizer& tok, ChatFormat fmt)
-    : engine(e), tokenizer(tok), chat_format(fmt), n_ctx(e.n_ctx()), n_vocab(tok.n_vocab()) {
-  bos_text = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
-  eos_text = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+GenerationContext::GenerationContext(Engine& e, const Tokenizer& tok, ChatTemplate chat_template)
+    : engine(e), tokenizer(tok), chat(std::move(chat_template)), n_ctx(e.n_ctx()), n_vocab(tok.n_vocab()) {
+  for (int32_t t = 0; t < n_vocab; ++t)
+    if (tok.is_eog(t)) eog_ids.push_back(t);
+}
+
+std::shared_ptr<const GrammarVocab> GenerationContext::grammar_vocab() const {
+  std::call_once(vocab_once, [this] {
+    std::vector<std::string> pieces(static_cast<size_t>(n_vocab));
+    std::vector<bool> eog(static_cast<size_t>(n_vocab));
+    for (int32_t t = 0; t < n_vocab; ++t) {
+      eog[size_t(t)] = tokenizer.is_eog(t);
+      pieces[size_t(t)] = tokenizer.token_to_piece(t);  // "" for control tokens: never allowed
+    }
+    vocab = std::make_shared<const GrammarVocab>(std::move(pieces), std::move(eog));
+  });
+  return vocab;
 }
 
 Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink)
@@ -131,7 +194,7 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   try {
     switch (req.prompt_kind) {
       case PromptKind::Chat:
-        prompt = tok.encode(render_chat(ctx.chat_format, req.messages, true, ctx.bos_text, ctx.eos_text),
+        prompt = tok.encode(ctx.chat.render(req.messages, req.tools, req.add_generation_prompt),
                             /*add_bos=*/false, /*parse_special=*/true);
         break;
       case PromptKind::Tokens:
@@ -167,6 +230,17 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   er.logprobs = r.logprobs;
   er.ttft_slo_ms = r.ttft_slo_ms;
   er.priority = r.priority;
+  if (!r.grammar.empty()) {
+    std::shared_ptr<const Grammar> g;
+    try {
+      g = Grammar::parse(r.grammar);
+      gen->grammar_ = std::make_shared<GrammarProcessor>(GrammarMatcher(g, ctx.grammar_vocab()));
+    } catch (const Error& e) {
+      if (ctx.waiting) ctx.waiting->fetch_sub(1);
+      throw ApiError(400, e.what(), "grammar");
+    }
+  }
+  er.logits_processor = make_logits_processor(r, ctx.eog_ids, gen->grammar_);
   // Runs on the engine thread: copy the event and post it to the consumer.
   auto cb = [gen, post = std::move(post)](const EngineEvent& ev) {
     Event e{ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error};
@@ -223,10 +297,25 @@ void Generation::handle(const Event& e) {
       spdlog::trace("{} token {} {}", req_.name, e.token,
                     nlohmann::json(tok.token_to_piece(e.token)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     if (tok.is_eog(e.token) && !req_.ignore_eos) return;  // not output, and no logprob (OpenAI)
+    if (std::find(req_.stop_token_ids.begin(), req_.stop_token_ids.end(), e.token) != req_.stop_token_ids.end()) {
+      ctx_.engine.cancel(engine_id_);  // a stop token: not output, like an end-of-generation one
+      finish_ = "stop";
+      Output o;
+      o.text = stop_.push(dec_.flush());
+      if (!stop_.stopped()) o.text += stop_.flush();
+      return finish(std::move(o), nullptr);
+    }
     Output o;
     o.tokens.push_back(e.token);
     o.text = stop_.push(dec_.push(e.token));
     if (req_.logprobs >= 0) o.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
+    if (grammar_ && grammar_->done_after() == n_tokens_) {  // the grammar's end: nothing may follow
+      ctx_.engine.cancel(engine_id_);
+      finish_ = "stop";
+      o.text += stop_.push(dec_.flush());
+      if (!stop_.stopped()) o.text += stop_.flush();
+      return finish(std::move(o), nullptr);
+    }
     if (!stop_.stopped()) return sink_->on_output(std::move(o));
     ctx_.engine.cancel(engine_id_);
     finish_ = "stop";

@@ -15,13 +15,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/engine.h"
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -81,18 +85,28 @@ struct GenerationRequest {
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
   double ttft_slo_ms = 0;              // extension: the TTFT deadline from arrival; 0 = the server's default
   int32_t priority = 0;                // extension (vLLM's): lower is scheduled first
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to its logit before sampling
+  int64_t min_tokens = 0;              // end-of-generation tokens and stop_token_ids are masked before this many
+  std::vector<int32_t> stop_token_ids; // sampling one ends the generation ("stop"; the token is not output)
+  bool add_generation_prompt = true;   // Chat: open the assistant's turn
+  nlohmann::json tools;                // Chat: the function definitions the template shows (null: none)
+  std::string grammar;                 // GBNF (engine/grammar.h) the output must match; "" = none
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
 };
 
 // id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).
 int32_t check_token_id(int64_t id, int32_t n_vocab, const std::string& param);
-// The checks that need no tokenizer: prompt present, token ids in [0, n_vocab), max_tokens >= 1,
-// stop strings, logprobs, sampling ranges. Throws ApiError (400) naming the param.
+// The checks that need no tokenizer: prompt present, token ids in [0, n_vocab) (prompt, logit_bias,
+// stop_token_ids), max_tokens >= 1, min_tokens <= max_tokens, stop strings, logprobs, sampling ranges. Throws ApiError (400) naming the param.
 void validate(const GenerationRequest& r, int32_t n_vocab);
 // The effective max_tokens for a prompt of n_prompt tokens (checked arithmetic: max_tokens may be
 // anything up to INT64_MAX). Throws ApiError when the prompt leaves no room or max_tokens does not
 // fit and fit_max_tokens is off.
 int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx);
+// What shapes the request's logits before sampling (logit_bias; min_tokens masking eog_ids and
+// stop_token_ids; then the grammar's mask), or null when nothing does.
+std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
+                                                       std::shared_ptr<GrammarProcessor> grammar = nullptr);
 // A random seed, for a request that gave none.
 uint64_t draw_seed();
 
@@ -124,16 +138,20 @@ class GenerationSink {
 
 // What generations share: the engine, the served model, and (servers) admission and accounting.
 struct GenerationContext {
-  GenerationContext(Engine& e, const Tokenizer& tok, ChatFormat fmt);
+  GenerationContext(Engine& e, const Tokenizer& tok, ChatTemplate chat);
   Engine& engine;
   const Tokenizer& tokenizer;  // immutable: decodes on the consumer's thread
-  ChatFormat chat_format;
-  std::string bos_text, eos_text;  // for the chat template
+  ChatTemplate chat;
+  std::vector<int32_t> eog_ids;    // the vocabulary's end-of-generation tokens
+  // The vocabulary as constrained decoding sees it, built at the first request with a grammar.
+  std::shared_ptr<const GrammarVocab> grammar_vocab() const;
   int64_t n_ctx = 0;
   int32_t n_vocab = 0;
   std::atomic<int64_t>* waiting = nullptr;  // requests with no token or finish yet; null: no admission limit
   int64_t max_queue = 0;
   ServerMetrics* metrics = nullptr;         // null: no metrics
+  mutable std::once_flag vocab_once;
+  mutable std::shared_ptr<const GrammarVocab> vocab;
   const char* emit_span = nullptr;          // profiler span around each event's handling; null: none
 };
 
@@ -177,6 +195,7 @@ class Generation {
 
   const GenerationContext& ctx_;
   GenerationRequest req_;
+  std::shared_ptr<GrammarProcessor> grammar_;  // null: unconstrained
   std::shared_ptr<GenerationSink> sink_;
   StreamDecoder dec_;
   StopMatcher stop_;

@@ -49,6 +49,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (closed_) return;
     if (srv_.draining) return close();
     parser_.emplace();
+    headers_.clear();  // an error before handle() (413, 431) carries nothing of the previous request
     parser_->body_limit(srv_.cfg.max_body_bytes);
     parser_->header_limit(16 * 1024);
     stream_.expires_after(secs(srv_.cfg.header_timeout_s));
@@ -208,7 +209,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   void send_response(int status, std::string_view type, const std::string& body, std::string_view extra = {}) override {
-    enqueue(http_response(status, type, body, keep_alive_ && !srv_.draining, extra), true);
+    enqueue(http_response(status, type, body, keep_alive_ && !srv_.draining, cat(extra, headers_)), true);
   }
   void send_json(const json& j) override {
     send_response(200, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace));
@@ -232,7 +233,33 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     header_ns_ = 0;
     std::string_view target(req.target().data(), req.target().size());
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    const auto header = [&](http::field f) {
+      auto it = req.find(f);
+      return it == req.end() ? std::string_view{} : std::string_view(it->value().data(), it->value().size());
+    };
+    // Headers every response to this request carries: CORS, the echoed X-Request-Id.
+    headers_.clear();
+    const std::string allow = srv_.cfg.allowed_origins.empty()
+                                  ? std::string()
+                                  : cors_allow_origin(srv_.cfg.allowed_origins, header(http::field::origin));
+    if (!allow.empty()) headers_ = cat("Access-Control-Allow-Origin: ", allow, "\r\nVary: Origin\r\n");
+    auto rid = req.find("X-Request-Id");
+    request_id_ = rid == req.end() ? "" : request_id(std::string_view(rid->value().data(), rid->value().size()));
+    if (!request_id_.empty()) headers_ += cat("X-Request-Id: ", request_id_, "\r\n");
+    if (req.method() == http::verb::options && !allow.empty()) {  // a CORS preflight
+      const std::string_view want = header(http::field::access_control_request_headers);
+      return enqueue(cat("HTTP/1.1 204 No Content\r\nServer: firsttoken\r\nConnection: ",
+                         keep_alive_ && !srv_.draining ? "keep-alive" : "close", "\r\n", headers_,
+                         "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: ",
+                         want.empty() ? std::string_view("Authorization, Content-Type, X-Request-Id") : want,
+                         "\r\nAccess-Control-Max-Age: 600\r\n\r\n"),
+                     true);
+    }
     try {
+      if (!srv_.cfg.api_key.empty() && target != "/health" && target != "/metrics" &&
+          !authorized(srv_.cfg.api_key, header(http::field::authorization)))
+        throw ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", "",
+                       "invalid_request_error", "invalid_api_key");
       if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error", "server_shutdown");
       const Route* route = find_route(target);
       if (!route) throw ApiError(404, cat("no route for ", target), "", "invalid_request_error", "not_found");
@@ -244,7 +271,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         return send_response(405, "application/json", error_body(e),
                              cat("Allow: ", std::string(http::to_string(route->method)), "\r\n"));
       }
-      route->handle(srv_, *this, req.body());
+      const std::string_view tail = route->path.ends_with('*') ? target.substr(route->path.size() - 1) : std::string_view{};
+      route->handle(srv_, *this, RouteRequest{req.body(), tail});
     } catch (const ApiError& e) {
       send_error(e);
     } catch (const std::exception& e) {
@@ -258,7 +286,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   class Reply : public GenerationSink {
    public:
     Reply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
-        : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0) {}
+        : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0),
+          tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools) {}
     void on_output(Output&& o) override {
       add_logprobs(o);
       emit(o.text, false);
@@ -266,15 +295,34 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     void on_finish(Output&& last, const Finish& f) override {
       add_logprobs(last);
       emit(last.text, true);
+      // Tool calls: from the whole text (held back while streaming, except a named call's arguments).
+      std::string reason = f.reason;
+      json calls = nullptr;
+      if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || held_)) {
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, held_ ? *held_ : text_);
+        if (!found.calls.empty()) {
+          calls = tool_calls_json(found.calls, stream_);
+          if (reason == "stop") reason = "tool_calls";
+        }
+        if (held_) {
+          held_.reset();
+          if (!found.content.empty()) emit(found.content, false);
+          if (stream_ && !calls.is_null()) s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, calls, include_usage_))), false);
+        } else {
+          text_ = found.content;
+        }
+      } else if (tool_choice_ == ToolChoice::Named && reason == "stop") {
+        reason = "tool_calls";
+      }
       if (stream_) {
-        std::string sse = sse_event(stream_chunk(meta_, "", false, f.reason, include_usage_));
+        std::string sse = sse_event(stream_chunk(meta_, "", false, reason, include_usage_));
         if (include_usage_) sse += sse_event(usage_chunk(meta_, f.usage));
         sse += kSseDone;
         s_.enqueue(http_chunk(sse) + http_chunk(""), true);
       } else {
         s_.send_response(200, "application/json",
-                         completion_response(meta_, text_, f.reason, f.usage,
-                                             logprobs_ ? logprobs_json(meta_.kind, lp_) : json(nullptr))
+                         completion_response(meta_, text_, reason, f.usage,
+                                             logprobs_ ? logprobs_json(meta_.kind, lp_) : json(nullptr), calls)
                              .dump(-1, ' ', false, json::error_handler_t::replace));
       }
     }
@@ -283,10 +331,13 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // The headers are out: an SSE error event, which OpenAI clients raise as APIError.
       s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n" + std::string(kSseDone)) + http_chunk(""), true);
     }
-    // The SSE head, and chat's first chunk (the role, empty content), before any token.
+    // The SSE head, and chat's first chunk (the role, empty content), before any token. Streamed
+    // tool calls: required/auto text is held back (auto: while it may be a call); a named call's
+    // arguments stream as they come.
     void start() {
+      if (tool_choice_ == ToolChoice::Required || tool_choice_ == ToolChoice::Auto) held_.emplace();
       if (!stream_) return;
-      std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining);
+      std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_);
       if (meta_.kind == Endpoint::Chat)
         head += http_chunk(sse_event(stream_chunk(meta_, "", true, "", include_usage_)));
       s_.enqueue(std::move(head), false);
@@ -304,8 +355,27 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     // Sends (streaming) or appends text. A streamed chunk carries the logprobs of the tokens since
     // the previous chunk; final: send them even without text (held-back bytes, a stop).
     void emit(const std::string& text, bool final) {
+      if (held_) {
+        *held_ += text;
+        if (final || tool_choice_ != ToolChoice::Auto || may_start_tool_call(*held_)) return;
+        // Plain text after all: what was held goes out as content, the rest streams.
+        std::string out = std::move(*held_);
+        held_.reset();
+        return emit(out, final);
+      }
       if (!stream_) {
         text_ += text;
+        return;
+      }
+      if (tool_choice_ == ToolChoice::Named) {
+        if (text.empty()) return;
+        json delta = {{"index", 0}, {"function", {{"arguments", text}}}};
+        if (!call_started_) {  // the first delta names the call
+          call_started_ = true;
+          delta = {{"index", 0}, {"id", new_tool_call_id()},
+                   {"type", "function"}, {"function", {{"name", tool_name_}, {"arguments", text}}}};
+        }
+        s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, json::array({delta}), include_usage_))), false);
         return;
       }
       if (text.empty() && !(final && !lp_.empty())) return;
@@ -321,20 +391,129 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     HttpSession& s_;  // alive while events are handled: each posted event holds the session
     ResponseMeta meta_;
     bool stream_, include_usage_, logprobs_;
+    ToolChoice tool_choice_;
+    std::string tool_name_;
+    json tools_;
+    std::optional<std::string> held_;  // text held back while it may be tool calls
+    bool call_started_ = false;        // streaming a named call: its first delta is out
     std::vector<TokenLogprob> lp_;  // not yet sent (streaming) / all of them (not streaming)
     int64_t lp_offset_ = 0;         // completions' text_offset of lp_[0]
     std::string text_;              // not streaming: the whole completion
   };
 
+  // A /v1/responses response: the Responses API's object, or its stream of typed events.
+  class ResponsesReply : public GenerationSink {
+   public:
+    ResponsesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
+        : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
+          tools_(pr.tools), msg_id_("msg_" + meta_.id.substr(5)) {}
+    void start() {
+      if (!stream_) return;
+      const json r = responses_object(meta_, "in_progress", json::array(), nullptr);
+      s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_) +
+                     http_chunk(ev("response.created", {{"response", r}}) + ev("response.in_progress", {{"response", r}})),
+                 false);
+    }
+    void on_output(Output&& o) override {
+      if (o.text.empty()) return;
+      text_ += o.text;
+      if (!stream_ || tool_choice_ != ToolChoice::None) return;  // calls: sent whole at the end
+      std::string out = open_message();
+      out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
+                                               {"delta", o.text}, {"logprobs", json::array()}});
+      s_.enqueue(http_chunk(out), false);
+    }
+    void on_finish(Output&& last, const Finish& f) override {
+      const std::string tail = last.text;
+      text_ += tail;
+      FoundToolCalls found = tool_choice_ == ToolChoice::None ? FoundToolCalls{{}, text_}
+                                                              : extract_tool_calls(tool_choice_, tool_name_, tools_, text_);
+      const bool has_message = !found.content.empty() || found.calls.empty();
+      json output = json::array();
+      if (has_message) output.push_back(responses_message_item(msg_id_, found.content, "completed"));
+      for (const ToolCall& c : found.calls) output.push_back(responses_call_item(c, "completed"));
+      const bool incomplete = f.reason == "length";
+      const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &f.usage,
+                                      incomplete ? "max_output_tokens" : "");
+      if (!stream_) return s_.send_json(r);
+      std::string out;
+      int64_t index = 0;
+      if (has_message) {
+        const bool streamed = message_open_;
+        out += open_message();
+        const std::string rest = streamed ? tail : found.content;  // what no delta carried yet
+        if (!rest.empty())
+          out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
+                                                   {"delta", rest}, {"logprobs", json::array()}});
+        const json part = {{"type", "output_text"}, {"text", found.content}, {"annotations", json::array()}};
+        out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
+                                                {"text", found.content}, {"logprobs", json::array()}});
+        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0}, {"part", part}});
+        out += ev("response.output_item.done", {{"output_index", 0}, {"item", output[0]}});
+        index = 1;
+      }
+      for (const ToolCall& c : found.calls) {
+        json item = responses_call_item(c, "in_progress");
+        const std::string item_id = item["id"].get<std::string>();
+        item["arguments"] = "";
+        out += ev("response.output_item.added", {{"output_index", index}, {"item", item}});
+        out += ev("response.function_call_arguments.delta", {{"item_id", item_id}, {"output_index", index}, {"delta", c.arguments}});
+        out += ev("response.function_call_arguments.done",
+                  {{"item_id", item_id}, {"output_index", index}, {"name", c.name}, {"arguments", c.arguments}});
+        out += ev("response.output_item.done", {{"output_index", index}, {"item", responses_call_item(c, "completed")}});
+        ++index;
+      }
+      out += ev(incomplete ? "response.incomplete" : "response.completed", {{"response", r}});
+      s_.enqueue(http_chunk(out) + http_chunk(""), true);
+    }
+    void on_error(const ApiError& e, const Usage&) override {
+      if (!stream_) return s_.send_error(e);
+      const std::string out = ev("error", {{"code", e.code.empty() ? json(nullptr) : json(e.code)}, {"message", e.what()},
+                                           {"param", e.param.empty() ? json(nullptr) : json(e.param)}});
+      s_.enqueue(http_chunk(out) + http_chunk(""), true);
+    }
+
+   private:
+    std::string ev(const std::string& type, json data) { return responses_event(type, std::move(data), seq_++); }
+    // The message item's opening events, once.
+    std::string open_message() {
+      if (message_open_) return "";
+      message_open_ = true;
+      return ev("response.output_item.added", {{"output_index", 0}, {"item", responses_message_item(msg_id_, "", "in_progress")}}) +
+             ev("response.content_part.added",
+                {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
+                 {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
+    }
+
+    HttpSession& s_;
+    ResponseMeta meta_;
+    bool stream_;
+    ToolChoice tool_choice_;
+    std::string tool_name_;
+    json tools_;
+    std::string msg_id_, text_;
+    bool message_open_ = false;
+    int64_t seq_ = 0;
+  };
+
   void generate(Endpoint kind, const std::string& body) override {
-    ParsedRequest pr = parse_request(kind, body, srv_.info);
+    ParsedRequest pr = kind == Endpoint::Responses ? parse_responses_request(body, srv_.info) : parse_request(kind, body, srv_.info);
     const uint64_t n = srv_.next_id.fetch_add(1);
-    ResponseMeta meta{kind, cat(kind == Endpoint::Chat ? "chatcmpl-" : "cmpl-", std::hex, 0x10000000u + n),
-                      int64_t(std::time(nullptr)), srv_.info.id};
-    pr.name = meta.id + (kind == Endpoint::Chat ? " chat" : " completion");
-    auto reply = std::make_shared<Reply>(*this, std::move(meta), pr);
-    gen_ = Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()));
-    reply->start();
+    const char* prefix = kind == Endpoint::Chat ? "chatcmpl-" : kind == Endpoint::Responses ? "resp_" : "cmpl-";
+    ResponseMeta meta{kind, cat(prefix, std::hex, 0x10000000u + n), int64_t(std::time(nullptr)), srv_.info.id};
+    pr.name = (request_id_.empty() ? meta.id : request_id_) +
+              (kind == Endpoint::Chat ? " chat" : kind == Endpoint::Responses ? " response" : " completion");
+    for (const auto& f : pr.unknown_fields) spdlog::warn("{}: ignoring the unknown field '{}'", pr.name, f);
+    for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
+    if (kind == Endpoint::Responses) {
+      auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
+      gen_ = Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()));
+      reply->start();
+    } else {
+      auto reply = std::make_shared<Reply>(*this, std::move(meta), pr);
+      gen_ = Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()));
+      reply->start();
+    }
     start_watch();
   }
 
@@ -346,6 +525,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   int64_t header_ns_ = 0;  // profiler clock when the request's header was read
   std::string discard_;
   bool watching_ = false, resume_after_watch_ = false, keep_alive_ = true;
+  std::string headers_;     // "Name: value\r\n" lines every response to the current request carries
+  std::string request_id_;  // the current request's X-Request-Id ("" = none)
 };
 
 // A connection refused over --max-connections: the 503 goes out at once (its request is never

@@ -2,6 +2,7 @@
 
 #include <ctime>
 
+#include "core/error.h"
 #include "server/server_impl.h"
 
 namespace ft::server {
@@ -11,22 +12,29 @@ namespace {
 namespace http = boost::beast::http;
 using json = nlohmann::json;
 
-json models(const Server::Impl& srv) {
-  return {{"object", "list"},
-          {"data", json::array({{{"id", srv.info.id},
-                                 {"object", "model"},
-                                 {"created", int64_t(std::time(nullptr))},
-                                 {"owned_by", "firsttoken"},
-                                 {"max_model_len", srv.info.n_ctx}}})}};
+json model_card(const Server::Impl& srv) {
+  return {{"id", srv.info.id},
+          {"object", "model"},
+          {"created", int64_t(std::time(nullptr))},
+          {"owned_by", "firsttoken"},
+          {"max_model_len", srv.info.n_ctx}};
 }
 
-json tokenize(const Server::Impl& srv, const std::string& body) {
-  const json j = parse_json_object(body);
+json models(const Server::Impl& srv) { return {{"object", "list"}, {"data", json::array({model_card(srv)})}}; }
+
+json model(const Server::Impl& srv, std::string_view id) {
+  if (id != srv.info.id)
+    throw ApiError(404, cat("The model '", id, "' does not exist; this server serves '", srv.info.id, "'"), "model",
+                   "invalid_request_error", "model_not_found");
+  return model_card(srv);
+}
+
+json tokenize(const Server::Impl& srv, const RouteRequest& req) {
+  const json j = parse_json_object(req.body);
   for (const auto& [k, v] : j.items())
     if (k != "prompt" && k != "add_special_tokens" && k != "model")
       throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
-  if (j.contains("model") && j["model"] != srv.info.id)
-    throw ApiError(400, "The model does not exist", "model", "invalid_request_error", "model_not_found");
+  check_model(j, srv.info, false);
   if (!j.contains("prompt") || !j["prompt"].is_string()) throw ApiError(400, "'prompt' must be a string", "prompt");
   bool add_special = true;
   if (j.contains("add_special_tokens")) {
@@ -39,8 +47,8 @@ json tokenize(const Server::Impl& srv, const std::string& body) {
   return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", srv.info.n_ctx}};
 }
 
-json detokenize(const Server::Impl& srv, const std::string& body) {
-  const json j = parse_json_object(body);
+json detokenize(const Server::Impl& srv, const RouteRequest& req) {
+  const json j = parse_json_object(req.body);
   for (const auto& [k, v] : j.items())
     if (k != "tokens" && k != "model") throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
   if (!j.contains("tokens") || !j["tokens"].is_array())
@@ -54,20 +62,24 @@ json detokenize(const Server::Impl& srv, const std::string& body) {
 }
 
 const Route kRoutes[] = {
-    {"/health", http::verb::get, [](Server::Impl&, Responder& out, const std::string&) { out.send_json({{"status", "ok"}}); }},
-    {"/v1/models", http::verb::get, [](Server::Impl& srv, Responder& out, const std::string&) { out.send_json(models(srv)); }},
+    {"/health", http::verb::get, [](Server::Impl&, Responder& out, const RouteRequest&) { out.send_json({{"status", "ok"}}); }},
+    {"/v1/models", http::verb::get, [](Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(models(srv)); }},
+    {"/v1/models/*", http::verb::get,
+     [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(model(srv, req.tail)); }},
     {"/metrics", http::verb::get,
-     [](Server::Impl& srv, Responder& out, const std::string&) {
+     [](Server::Impl& srv, Responder& out, const RouteRequest&) {
        out.send_response(200, "text/plain; version=0.0.4; charset=utf-8", srv.metrics.render(srv.engine.metrics()));
      }},
     {"/tokenize", http::verb::post,
-     [](Server::Impl& srv, Responder& out, const std::string& body) { out.send_json(tokenize(srv, body)); }},
+     [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(tokenize(srv, req)); }},
     {"/detokenize", http::verb::post,
-     [](Server::Impl& srv, Responder& out, const std::string& body) { out.send_json(detokenize(srv, body)); }},
+     [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(detokenize(srv, req)); }},
     {"/v1/completions", http::verb::post,
-     [](Server::Impl&, Responder& out, const std::string& body) { out.generate(Endpoint::Completions, body); }},
+     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Completions, req.body); }},
+    {"/v1/responses", http::verb::post,
+     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Responses, req.body); }},
     {"/v1/chat/completions", http::verb::post,
-     [](Server::Impl&, Responder& out, const std::string& body) { out.generate(Endpoint::Chat, body); }},
+     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Chat, req.body); }},
 };
 
 }  // namespace
@@ -75,6 +87,9 @@ const Route kRoutes[] = {
 const Route* find_route(std::string_view path) {
   for (const Route& r : kRoutes)
     if (r.path == path) return &r;
+  for (const Route& r : kRoutes)
+    if (r.path.ends_with('*') && path.size() >= r.path.size() && path.starts_with(r.path.substr(0, r.path.size() - 1)))
+      return &r;
   return nullptr;
 }
 

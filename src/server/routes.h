@@ -23,14 +23,20 @@ class Responder {
   virtual void generate(Endpoint kind, const std::string& body) = 0;
 };
 
-struct Route {
-  std::string_view path;  // a literal: NUL-terminated
-  boost::beast::http::verb method;
-  // Throws ApiError for the client.
-  void (*handle)(Server::Impl& srv, Responder& out, const std::string& body);
+// What a handler reads of its request: the body, and for a prefix route the path after it.
+struct RouteRequest {
+  const std::string& body;
+  std::string_view tail;  // "/v1/models/m" on the route "/v1/models/*": "m"
 };
 
-// The row for path (without its query), or null.
+struct Route {
+  std::string_view path;  // a literal: NUL-terminated; "...*": a prefix (the rest is RouteRequest::tail)
+  boost::beast::http::verb method;
+  // Throws ApiError for the client.
+  void (*handle)(Server::Impl& srv, Responder& out, const RouteRequest& req);
+};
+
+// The row for path (without its query), or null; a literal row before a prefix one.
 const Route* find_route(std::string_view path);
 
 }  // namespace ft::server

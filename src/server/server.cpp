@@ -46,7 +46,7 @@ const Tokenizer& io_tokenizer() { return *t_tok; }
 void set_io_tokenizer(const Tokenizer* tok) { t_tok = tok; }
 
 Server::Impl::Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
-    : engine(e), model(m), cfg(c), gen(e, *m.tokenizer, m.chat_format) {
+    : engine(e), model(m), cfg(c), gen(e, *m.tokenizer, m.chat) {
   info.id = m.id;
   info.n_ctx = gen.n_ctx;
   info.n_vocab = gen.n_vocab;

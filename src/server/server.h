@@ -28,7 +28,7 @@ struct ServedModel {
   const Model* model = nullptr;
   const Tokenizer* tokenizer = nullptr;  // immutable; copied once per I/O thread
   std::string id;                        // what clients send as "model"
-  ChatFormat chat_format = ChatFormat::ChatML;
+  ChatTemplate chat;
 };
 
 class Server {

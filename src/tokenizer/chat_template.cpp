@@ -1,9 +1,12 @@
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 
 #include "core/error.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ft {
 namespace {
@@ -30,7 +33,26 @@ Role parse_role(const std::string& role) {
   if (role == "system") return Role::System;
   if (role == "user") return Role::User;
   if (role == "assistant") return Role::Assistant;
-  fail("chat template: unknown message role '", role, "' (expected system, user or assistant)");
+  fail("chat template: unknown message role '", role, "' (expected system, user, assistant or tool)");
+}
+
+// The built-in formats have no tool syntax of their own: an assistant's calls follow its text as
+// one JSON object per line, {"name": N, "arguments": A} (Hermes/Llama 3.1 style; A is the JSON
+// text as given); a tool result becomes a turn of tool_role ("tool", "ipython" for Llama 3) or,
+// where the format has no such role (tool_role empty), a user turn.
+std::vector<ChatMessage> builtin_messages(const std::vector<ChatMessage>& in, std::string_view tool_role) {
+  std::vector<ChatMessage> out;
+  out.reserve(in.size());
+  for (const auto& m : in) {
+    ChatMessage c{m.role == "tool" ? std::string(tool_role.empty() ? "user" : tool_role) : m.role, m.content};
+    for (const auto& t : m.tool_calls) {
+      if (!c.content.empty()) c.content += '\n';
+      c.content += "{\"name\": \"" + t.name + "\", \"arguments\": " + (t.arguments.empty() ? "{}" : t.arguments) + "}";
+    }
+    if (m.role != "tool") parse_role(m.role);  // throws on a role no format knows
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 // Llama 2 chat (HF): each user turn is bos + "[INST] " + strip(content) + " [/INST]", each
@@ -146,9 +168,12 @@ ChatFormat detect_chat_format(std::string_view t) {
   return ChatFormat::ChatML;
 }
 
-std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages,
+std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& in,
                         bool add_generation_prompt, std::string_view bos_text,
                         std::string_view eos_text) {
+  const std::string_view tool_role = fmt == ChatFormat::Llama3 ? "ipython"
+                                     : fmt == ChatFormat::ChatML || fmt == ChatFormat::Zephyr ? "tool" : "";
+  const std::vector<ChatMessage> messages = builtin_messages(in, tool_role);
   std::string out;
   switch (fmt) {
     case ChatFormat::Llama2: render_llama2(messages, bos_text, eos_text, out); break;
@@ -156,7 +181,6 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
     case ChatFormat::Llama3:
       out += bos_text;
       for (const auto& m : messages) {
-        parse_role(m.role);
         out += "<|start_header_id|>";
         out += m.role;
         out += "<|end_header_id|>\n\n";
@@ -167,7 +191,6 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
       break;
     case ChatFormat::ChatML:
       for (const auto& m : messages) {
-        parse_role(m.role);
         out += "<|im_start|>";
         out += m.role;
         out += '\n';
@@ -178,7 +201,6 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
       break;
     case ChatFormat::Zephyr:
       for (const auto& m : messages) {
-        parse_role(m.role);
         out += "<|";
         out += m.role;
         out += "|>\n";
@@ -190,6 +212,98 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
       break;
   }
   return out;
+}
+
+nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+                                     bool add_generation_prompt, std::string_view bos_text,
+                                     std::string_view eos_text, bool object_arguments) {
+  using json = nlohmann::json;
+  json msgs = json::array();
+  for (const auto& m : messages) {
+    json j = {{"role", m.role}, {"content", m.content}};
+    if (!m.tool_calls.empty()) {
+      json calls = json::array();
+      for (const auto& t : m.tool_calls) {
+        json args = object_arguments ? json::parse(t.arguments, nullptr, /*allow_exceptions=*/false) : json();
+        if (!args.is_object()) args = t.arguments;
+        calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", args}}}});
+      }
+      j["tool_calls"] = calls;
+      if (m.content.empty() && object_arguments) j["content"] = nullptr;
+    }
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    if (!m.name.empty()) j["name"] = m.name;
+    msgs.push_back(std::move(j));
+  }
+  json ctx = {{"messages", msgs},
+              {"add_generation_prompt", add_generation_prompt},
+              {"bos_token", bos_text},
+              {"eos_token", eos_text}};
+  if (!tools.is_null()) ctx["tools"] = tools;
+  return ctx;
+}
+
+ChatTemplate::ChatTemplate(ChatFormat builtin, std::string bos_text, std::string eos_text)
+    : format_(builtin), bos_(std::move(bos_text)), eos_(std::move(eos_text)) {}
+
+ChatTemplate ChatTemplate::from_gguf(std::string_view source, std::string bos_text, std::string eos_text,
+                                    std::string& warning) {
+  warning.clear();
+  ChatTemplate t(detect_chat_format(source), std::move(bos_text), std::move(eos_text));
+  if (strip(source).empty() || parse_chat_format(strip(source))) return t;
+  try {
+    auto tpl = std::make_shared<const jinja::Template>(source);
+    // A probe: the conversation every template must take (templates that refuse a system turn
+    // raise on the first one, which is theirs to do, not a failure of the interpreter).
+    const std::vector<std::vector<ChatMessage>> probes = {
+        {{"system", "s"}, {"user", "u"}, {"assistant", "a"}, {"user", "u"}},
+        {{"user", "u"}, {"assistant", "a"}, {"user", "u"}}};
+    std::string raised;
+    for (const auto& p : probes) {
+      try {
+        tpl->render(chat_template_context(p, nullptr, true, t.bos_, t.eos_));
+        t.jinja_ = std::move(tpl);
+        return t;
+      } catch (const jinja::Raised& e) {
+        raised = e.what();
+      }
+    }
+    warning = "it refuses a plain conversation (" + raised + ")";
+  } catch (const Error& e) {
+    warning = e.what();
+  }
+  warning = cat("the model's chat template cannot be run (", warning, "); using the built-in '",
+                chat_format_name(t.format_), "' format it resembles");
+  return t;
+}
+
+ChatTemplate ChatTemplate::for_model(const Tokenizer& tok, std::string_view source, std::optional<ChatFormat> forced,
+                                    std::string& warning) {
+  std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
+  std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+  warning.clear();
+  if (forced) return ChatTemplate(*forced, std::move(bos), std::move(eos));
+  return from_gguf(source, std::move(bos), std::move(eos), warning);
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+                                 bool add_generation_prompt) const {
+  if (jinja_) {
+    try {
+      return jinja_->render(chat_template_context(messages, tools, add_generation_prompt, bos_, eos_));
+    } catch (const jinja::Raised&) {
+      throw;
+    } catch (const Error&) {
+      const bool calls = std::any_of(messages.begin(), messages.end(), [](const auto& m) { return !m.tool_calls.empty(); });
+      if (!calls) throw;
+      return jinja_->render(chat_template_context(messages, tools, add_generation_prompt, bos_, eos_, false));
+    }
+  }
+  return render_chat(format_, messages, add_generation_prompt, bos_, eos_);
+}
+
+std::string ChatTemplate::describe() const {
+  return jinja_ ? "the model's Jinja template" : cat("the built-in '", chat_format_name(format_), "' format");
 }
 
 }  // namespace ft

@@ -15,18 +15,40 @@
 //
 // "<s>", "</s>", "<|begin_of_text|>" above stand for the bos_text / eos_text arguments. In the
 // Llama2/Mistral formats a system message that is not first is folded into the following user
-// turn the same way. Roles other than system/user/assistant -> ft::Error.
+// turn the same way. Tool calls and results: see builtin_messages in chat_template.cpp (calls as
+// {"name", "arguments"} JSON lines after the assistant's text; results as a "tool" turn, "ipython"
+// in Llama 3, a user turn in Llama 2/Mistral). Roles other than system/user/assistant/tool ->
+// ft::Error.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace ft {
 
+class Tokenizer;
+namespace jinja {
+class Template;
+}
+
+// A call the assistant made: arguments is JSON text, as OpenAI carries it.
+struct ToolCall {
+  std::string id, name, arguments;
+};
+
 struct ChatMessage {
-  std::string role;  // system | user | assistant
+  ChatMessage() = default;
+  ChatMessage(std::string role_, std::string content_) : role(std::move(role_)), content(std::move(content_)) {}
+  std::string role;  // system | user | assistant | tool
   std::string content;
+  std::vector<ToolCall> tool_calls;  // assistant
+  std::string tool_call_id;          // tool: the call it answers
+  std::string name;                  // tool: the function's name (when given)
 };
 
 enum class ChatFormat { Llama2, Llama3, ChatML, Mistral, Zephyr };
@@ -55,5 +77,47 @@ ChatFormat detect_chat_format(std::string_view jinja_template);
 std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages,
                         bool add_generation_prompt, std::string_view bos_text,
                         std::string_view eos_text);
+
+// The variables a Jinja chat template gets, as Hugging Face transformers and vLLM pass them:
+// messages [{"role", "content"} + "tool_calls": [{"id", "type": "function", "function": {"name",
+// "arguments"}}] (arguments as an object when the JSON text is one, as templates index it; content
+// null when an assistant turn is only calls) + "tool_call_id" / "name" for tool results], tools
+// (omitted when null), add_generation_prompt, bos_token, eos_token. object_arguments false: the
+// arguments as their JSON text and content "" instead of null (templates that concatenate them).
+nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+                                     bool add_generation_prompt, std::string_view bos_text,
+                                     std::string_view eos_text, bool object_arguments = true);
+
+// The chat template a model is served with: the GGUF's own Jinja template run by our interpreter
+// (tokenizer/jinja.h), or a built-in format.
+class ChatTemplate {
+ public:
+  // A built-in format (implicit: a ChatFormat is a template).
+  ChatTemplate(ChatFormat builtin = ChatFormat::ChatML, std::string bos_text = {}, std::string eos_text = {});
+  // The GGUF's tokenizer.chat_template: run as Jinja when it parses and renders a probe
+  // conversation; otherwise the built-in format detect_chat_format recognises, with `warning` set
+  // to why (empty when the Jinja template is used or there is none).
+  static ChatTemplate from_gguf(std::string_view jinja_source, std::string bos_text, std::string eos_text,
+                                std::string& warning);
+  // A model's: `forced` (a user's --chat-format) or from_gguf of its tokenizer.chat_template, with
+  // the tokenizer's BOS/EOS texts.
+  static ChatTemplate for_model(const Tokenizer& tok, std::string_view jinja_source,
+                                std::optional<ChatFormat> forced, std::string& warning);
+
+  // Text to tokenize with special-token parsing and no automatic BOS. Throws ft::Error (the
+  // template's own raise_exception included) when the conversation cannot be rendered. A Jinja
+  // template that fails on tool calls with object arguments is given them as JSON text (templates
+  // differ: Llama 3.1 indexes them, DeepSeek and Functionary concatenate them).
+  std::string render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+                     bool add_generation_prompt) const;
+  bool is_jinja() const { return jinja_ != nullptr; }
+  ChatFormat format() const { return format_; }  // the built-in one (used when !is_jinja())
+  std::string describe() const;                  // "the model's Jinja template" | "built-in llama3"
+
+ private:
+  ChatFormat format_;
+  std::string bos_, eos_;
+  std::shared_ptr<const jinja::Template> jinja_;
+};
 
 }  // namespace ft

@@ -101,16 +101,29 @@ TEST(ChatTemplate, UserOnlyConversations) {
 }
 
 TEST(ChatTemplate, UnknownRoleThrows) {
-  const std::vector<ChatMessage> bad = {{"user", "Hi"}, {"tool", "42"}};
+  const std::vector<ChatMessage> bad = {{"user", "Hi"}, {"robot", "42"}};
   for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML,
                        ChatFormat::Mistral, ChatFormat::Zephyr}) {
     try {
       render_chat(f, bad, true, "<s>", "</s>");
-      ADD_FAILURE() << chat_format_name(f) << " accepted role 'tool'";
+      ADD_FAILURE() << chat_format_name(f) << " accepted role 'robot'";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("tool"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("robot"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(ChatTemplate, ToolCallsAndResultsInBuiltinFormats) {
+  std::vector<ChatMessage> conv = {{"user", "Weather?"}, {"assistant", ""}, {"tool", "sunny"}};
+  conv[1].tool_calls.push_back({"call_1", "get_weather", R"({"city":"Paris"})"});
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, conv, true, "", ""),
+            "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}<|im_end|>\n"
+            "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_NE(render_chat(ChatFormat::Llama3, conv, true, "<s>", "</s>").find("<|start_header_id|>ipython<|end_header_id|>\n\nsunny"),
+            std::string::npos);
+  EXPECT_EQ(render_chat(ChatFormat::Mistral, conv, false, "<s>", "</s>"),
+            "<s>[INST] Weather? [/INST]{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}</s>[INST] sunny [/INST]");
 }
 
 TEST(ChatTemplate, Names) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/json_schema.h"
 #include "server/api.h"
 #include "server/config.h"
 #include "server/metrics.h"
@@ -100,7 +101,6 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Completions, "{not json", "", "not valid JSON");
   expect_400(E::Completions, "[1,2]", "", "JSON object");
   expect_400(E::Completions, R"({"prompt":"x"})", "model", "required");
-  expect_400(E::Completions, R"({"model":"gpt-4","prompt":"x"})", "model", "does not exist");
   expect_400(E::Completions, R"({"model":"stories260K"})", "prompt", "required");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","ttft_slo_ms":0})", "ttft_slo_ms", "> 0");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","priority":1.5})", "priority", "integer");
@@ -128,22 +128,17 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream":"yes"})", "stream", "boolean");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream_options":{"include_usage":true}})",
              "stream_options", "only allowed");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream":true,"stream_options":{"x":1}})",
-             "stream_options.x", "Unrecognized");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","ignore_eos":1})", "ignore_eos", "boolean");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":21})", "logprobs", "[0, 20]");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":-1})", "logprobs", "[0, 20]");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":true})", "logprobs", "integer");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","n":2})", "n", "[1, 1]");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","echo":true})", "echo", "not supported yet");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","bogus":1})", "bogus", "Unrecognized request argument");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","messages":[]})", "messages", "Unrecognized");
   expect_400(E::Chat, R"({"model":"stories260K"})", "messages", "required");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[]})", "messages", "non-empty");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"content":"x"}]})", "messages[0]", "role");
-  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"tool","content":"x"}]})", "messages[0].role", "tool");
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"robot","content":"x"}]})", "messages[0].role", "robot");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":5}]})", "messages[0].content", "string");
-  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"prompt":"x"})", "prompt", "Unrecognized");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"top_logprobs":3})",
              "top_logprobs", "requires 'logprobs'");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":3})",
@@ -152,6 +147,260 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
              "top_logprobs", "[0, 20]");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"logprobs":3})",
              "logprobs", "boolean");
+}
+
+TEST(ServerParse, UnknownModelIs404) {
+  for (Endpoint kind : {Endpoint::Completions, Endpoint::Chat}) {
+    try {
+      parse_request(kind, R"({"model":"gpt-4","prompt":"x","messages":[{"role":"user","content":"x"}]})", kModel);
+      ADD_FAILURE() << "accepted another model";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 404);
+      EXPECT_EQ(e.code, "model_not_found");
+      EXPECT_EQ(e.param, "model");
+    }
+  }
+}
+
+// Every field of OpenAI's current schemas, as the SDKs send them (nulls included), is accepted;
+// those meaningless here are listed as ignored, foreign ones as unknown (a warning, not a 400).
+TEST(ServerParse, EveryOpenAIFieldIsAccepted) {
+  const json chat = json::parse(R"({
+    "model": "stories260K", "messages": [{"role": "developer", "content": "Be brief"},
+                                         {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+    "store": false, "metadata": {"a": "b"}, "service_tier": "auto", "parallel_tool_calls": true,
+    "prompt_cache_key": "k", "reasoning_effort": "low", "verbosity": "low", "safety_identifier": "s",
+    "modalities": ["text"], "prediction": {"type": "content", "content": "x"}, "web_search_options": {},
+    "audio": null, "stream": true, "stream_options": {"include_usage": true, "include_obfuscation": false},
+    "response_format": {"type": "text"}, "tool_choice": null, "tools": null, "functions": null,
+    "function_call": null, "user": "u", "n": 1, "logit_bias": {"5": 2.5, "7": -100}, "seed": null,
+    "temperature": null, "top_p": null, "max_tokens": null, "max_completion_tokens": 5, "logprobs": null,
+    "top_logprobs": null, "presence_penalty": null, "frequency_penalty": null, "stop": null,
+    "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 2, "stop_token_ids": [3, 9],
+    "ignore_eos": false, "skip_special_tokens": true, "chat_template_kwargs": {"x": 1}, "cache_prompt": true,
+    "add_generation_prompt": false, "frobnicate": 1})");
+  const auto r = parse_request(Endpoint::Chat, chat.dump(), kModel);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");  // developer = system
+  EXPECT_EQ(r.messages[1].content, "Hi");
+  EXPECT_EQ(*r.max_tokens, 5);
+  EXPECT_EQ(r.sampling.top_k, 4);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(r.min_tokens, 2);
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{3, 9}));
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{5, 2.5f}, {7, -100.0f}}));
+  EXPECT_FALSE(r.add_generation_prompt);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.response_format.is_null());
+  EXPECT_EQ(r.tool_choice, ToolChoice::None);
+  EXPECT_FALSE(r.seed_set);
+  EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
+  const std::set<std::string> ignored(r.ignored_fields.begin(), r.ignored_fields.end());
+  for (const char* f : {"store", "metadata", "service_tier", "prompt_cache_key",
+                        "reasoning_effort", "verbosity", "safety_identifier", "prediction", "web_search_options",
+                        "user", "skip_special_tokens", "chat_template_kwargs", "cache_prompt"})
+    EXPECT_TRUE(ignored.count(f)) << f;
+
+  const json cmpl = json::parse(R"({"model": "stories260K", "prompt": "x", "suffix": null, "echo": false,
+    "best_of": 1, "user": null, "logit_bias": null, "n": null, "n_predict": 3, "repeat_penalty": 1.2,
+    "stream": false, "stream_options": null, "logprobs": null})");
+  const auto c = parse_request(Endpoint::Completions, cmpl.dump(), kModel);
+  EXPECT_EQ(*c.max_tokens, 3);  // llama.cpp's n_predict
+  EXPECT_FLOAT_EQ(c.sampling.repetition_penalty, 1.2f);
+  EXPECT_TRUE(c.unknown_fields.empty());
+}
+
+TEST(ServerParse, ToolMessagesAndTools) {
+  const json body = json::parse(R"({"model": "stories260K", "messages": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "sunny"}]},
+      {"role": "function", "name": "get_weather", "content": "rain"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "tool_choice": "none"})");
+  const auto r = parse_request(Endpoint::Chat, body.dump(), kModel);
+  ASSERT_EQ(r.messages.size(), 4u);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].id, "call_1");
+  EXPECT_EQ(r.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.messages[1].tool_calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(r.messages[2].role, "tool");
+  EXPECT_EQ(r.messages[2].tool_call_id, "call_1");
+  EXPECT_EQ(r.messages[2].content, "sunny");
+  EXPECT_EQ(r.messages[3].role, "tool");  // function = tool
+  EXPECT_EQ(r.messages[3].name, "get_weather");
+  ASSERT_TRUE(r.tools.is_array());
+  EXPECT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tool_choice, ToolChoice::None);
+}
+
+TEST(ServerParse, UnbuildableValuesAre400NamingTheParam) {
+  using E = Endpoint;
+  const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)";
+  expect_400(E::Chat, R"({"model":"stories260K","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]})",
+             "messages[0].content[0].type", "not supported");
+  expect_400(E::Chat, chat + R"("audio":{"voice":"alloy","format":"mp3"}})", "audio", "not supported");
+  expect_400(E::Chat, chat + R"("modalities":["text","audio"]})", "modalities", "text");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","suffix":"end"})", "suffix", "not supported");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","use_beam_search":true})", "use_beam_search", "not supported");
+  expect_400(E::Chat, chat + R"("logit_bias":{"x":1}})", "logit_bias", "token ids");
+  expect_400(E::Chat, chat + R"("logit_bias":{"512":1}})", "logit_bias", "out of range");
+  expect_400(E::Chat, chat + R"("logit_bias":{"5":101}})", "logit_bias", "[-100, 100]");
+  expect_400(E::Chat, chat + R"("stop_token_ids":[1,600]})", "stop_token_ids", "out of range");
+  expect_400(E::Chat, chat + R"("min_tokens":9,"max_tokens":3})", "min_tokens", "must not exceed");
+  expect_400(E::Chat, chat + R"("response_format":{"type":"xml"}})", "response_format.type", "json_schema");
+  expect_400(E::Chat, chat + R"("tool_choice":"auto"})", "tool_choice", "requires 'tools'");
+  expect_400(E::Chat, chat + R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+             "tool_choice", "not one of the functions");
+  expect_400(E::Chat, chat + R"("tools":[{"type":"code_interpreter"}]})", "tools[0]", "function");
+}
+
+TEST(ServerParse, StructuredOutputBecomesAGrammar) {
+  const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)";
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"}},"required":["city"]}}},{"type":"function","function":{"name":"noop"}}])";
+  EXPECT_TRUE(parse_request(Endpoint::Chat, chat + tools + "}", kModel).grammar.empty());  // auto: free text
+  const auto named = parse_request(Endpoint::Chat, chat + tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}}})", kModel);
+  EXPECT_EQ(named.tool_choice, ToolChoice::Named);
+  EXPECT_EQ(named.tool_name, "get_weather");
+  EXPECT_NE(named.grammar.find("\"\\\"city\\\"\""), std::string::npos) << named.grammar;
+  const auto required = parse_request(Endpoint::Chat, chat + tools + R"(,"tool_choice":"required"})", kModel);
+  EXPECT_EQ(required.tool_choice, ToolChoice::Required);
+  EXPECT_NE(required.grammar.find("noop"), std::string::npos);
+  EXPECT_EQ(required.grammar.find("{1,1}"), std::string::npos);  // parallel calls: any number
+  const auto one = parse_request(Endpoint::Chat, chat + tools + R"(,"tool_choice":"required","parallel_tool_calls":false})", kModel);
+  EXPECT_NE(one.grammar.find("{0,0}"), std::string::npos) << one.grammar;  // one call: no ", call" after it
+  EXPECT_EQ(parse_request(Endpoint::Chat, chat + R"("response_format":{"type":"json_object"}})", kModel).grammar,
+            json_object_gbnf());
+  const auto js = parse_request(Endpoint::Chat, chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
+      "strict":true,"schema":{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]}}}})", kModel);
+  EXPECT_NE(js.grammar.find("json-boolean"), std::string::npos);
+  EXPECT_EQ(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"grammar", "root ::= \"a\""}}).grammar, "root ::= \"a\"");
+  EXPECT_NE(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"guided_choice", {"yes", "n\"o"}}}).grammar.find("\"n\\\"o\""),
+            std::string::npos);
+  EXPECT_FALSE(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"json_schema", {{"type", "integer"}}}}).grammar.empty());
+  expect_400(Endpoint::Chat, chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"date"}}}})",
+             "response_format.json_schema.schema", "unknown type");
+  expect_400(Endpoint::Completions, R"({"model":"stories260K","prompt":"x","grammar":"root ::= a","json_schema":{}})",
+             "grammar", "at most one");
+}
+
+TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather"}},{"type":"function","function":{"name":"f"}}])");
+  const auto one = [&](ToolChoice c, const std::string& text) { return extract_tool_calls(c, "get_weather", tools, text); };
+  auto r = one(ToolChoice::Named, R"( {"city": "Paris"} )");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(r.calls[0].id.size(), 29u);
+  EXPECT_EQ(r.calls[0].id.substr(0, 5), "call_");
+  r = one(ToolChoice::Required, R"([{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "f", "arguments": {}}])");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(r.calls[1].name, "f");
+  r = one(ToolChoice::Auto, "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.content, "Let me check.");
+  r = one(ToolChoice::Auto, R"({"name": "get_weather", "parameters": {"city": "Rome"}})");  // Llama 3.x
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Rome"})");
+  EXPECT_EQ(one(ToolChoice::Auto, R"(<|python_tag|>{"name": "f", "parameters": {}})").calls.size(), 1u);
+  EXPECT_EQ(one(ToolChoice::Auto, R"([TOOL_CALLS][{"name": "f", "arguments": {}}])").calls.size(), 1u);
+  r = one(ToolChoice::Auto, R"(<function=get_weather>{"city": "Lima"}</function>)");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"city": "Lima"})");
+  // Not calls: plain text, JSON that names no tool, a broken block.
+  EXPECT_TRUE(one(ToolChoice::Auto, "The weather is fine.").calls.empty());
+  r = one(ToolChoice::Auto, R"({"name": "unknown", "arguments": {}})");
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, R"({"name": "unknown", "arguments": {}})");
+  EXPECT_TRUE(one(ToolChoice::Auto, "<tool_call>{not json</tool_call>").calls.empty());
+
+  EXPECT_TRUE(may_start_tool_call("  "));
+  EXPECT_TRUE(may_start_tool_call(" <tool_"));
+  EXPECT_TRUE(may_start_tool_call("{\"na"));
+  EXPECT_TRUE(may_start_tool_call("[TOOL"));
+  EXPECT_FALSE(may_start_tool_call("Hello"));
+  EXPECT_FALSE(may_start_tool_call("<b>"));
+
+  const ResponseMeta m{Endpoint::Chat, "chatcmpl-1", 7, "stories260K"};
+  const json calls = tool_calls_json({{"call_1", "f", "{}"}});
+  const json body = completion_response(m, "", "tool_calls", Usage{3, 4}, nullptr, calls);
+  EXPECT_EQ(body["choices"][0]["message"]["content"], nullptr);
+  EXPECT_EQ(body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+  const json chunk = tool_calls_chunk(m, tool_calls_json({{"call_1", "f", "{}"}}, true), true);
+  EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_TRUE(chunk.contains("usage"));
+}
+
+TEST(ServerResponsesApi, MapsOntoAChatRequest) {
+  const auto r = parse_responses_request(R"({"model": "stories260K", "instructions": "Be brief", "input": [
+      {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+      {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}],
+    "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+    "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 20, "store": false,
+    "text": {"format": {"type": "text"}}, "reasoning": null, "stream": true})", kModel);
+  EXPECT_EQ(r.kind, Endpoint::Responses);
+  ASSERT_EQ(r.messages.size(), 5u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "Weather?");
+  ASSERT_EQ(r.messages[2].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[2].tool_calls[0].id, "call_1");
+  EXPECT_EQ(r.messages[3].role, "tool");
+  EXPECT_EQ(r.messages[3].tool_call_id, "call_1");
+  EXPECT_EQ(*r.max_tokens, 20);
+  EXPECT_EQ(r.tool_choice, ToolChoice::Named);
+  EXPECT_FALSE(r.grammar.empty());
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(parse_responses_request(R"({"model": "stories260K", "input": "Hi"})", kModel).messages[0].content, "Hi");
+  EXPECT_FALSE(parse_responses_request(R"({"model": "stories260K", "input": "Hi", "text": {"format": {"type": "json_schema",
+      "name": "x", "schema": {"type": "object"}}}})", kModel).grammar.empty());
+  const auto bad = [](const std::string& body, const std::string& param) {
+    try {
+      parse_responses_request(body, kModel);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, param) << e.what();
+    }
+  };
+  bad(R"({"model": "stories260K"})", "input");
+  bad(R"({"model": "stories260K", "input": "x", "previous_response_id": "resp_1"})", "previous_response_id");
+  bad(R"({"model": "stories260K", "input": "x", "tools": [{"type": "web_search"}]})", "tools[0]");
+  bad(R"({"model": "stories260K", "input": [{"role": "robot", "content": "x"}]})", "input[0].role");
+  bad(R"({"model": "stories260K", "input": "x", "max_output_tokens": 0})", "max_output_tokens");
+
+  const ResponseMeta m{Endpoint::Responses, "resp_1", 7, "stories260K"};
+  const Usage u{3, 4};
+  const json obj = responses_object(m, "completed", json::array({responses_message_item("msg_1", "Hi", "completed")}), &u);
+  EXPECT_EQ(obj["object"], "response");
+  EXPECT_EQ(obj["output"][0]["content"][0]["text"], "Hi");
+  EXPECT_EQ(obj["usage"]["total_tokens"], 7);
+  const std::string e = responses_event("response.output_text.delta", {{"delta", "x"}}, 3);
+  EXPECT_EQ(e.substr(0, 34), "event: response.output_text.delta\n");
+  EXPECT_NE(e.find("\"sequence_number\":3"), std::string::npos);
+}
+
+TEST(ServerAccess, ApiKeyCorsAndRequestId) {
+  EXPECT_TRUE(authorized("sk-1", "Bearer sk-1"));
+  EXPECT_TRUE(authorized("sk-1", "bearer sk-1"));
+  EXPECT_FALSE(authorized("sk-1", "Bearer sk-2"));
+  EXPECT_FALSE(authorized("sk-1", "Bearer sk-11"));
+  EXPECT_FALSE(authorized("sk-1", "sk-1"));
+  EXPECT_FALSE(authorized("sk-1", ""));
+  EXPECT_FALSE(authorized("", "Bearer "));
+  EXPECT_EQ(cors_allow_origin("*", "https://a.example"), "*");
+  EXPECT_EQ(cors_allow_origin("https://a.example, https://b.example", "https://b.example"), "https://b.example");
+  EXPECT_EQ(cors_allow_origin("https://a.example", "https://evil.example"), "");
+  EXPECT_EQ(cors_allow_origin("*", ""), "");
+  EXPECT_EQ(request_id("req-42_a.b:c"), "req-42_a.b:c");
+  EXPECT_EQ(request_id("bad id"), "");
+  EXPECT_EQ(request_id("x\r\nSet-Cookie: a"), "");
+  EXPECT_EQ(request_id(std::string(129, 'a')), "");
 }
 
 TEST(ServerParse, Logprobs) {

@@ -1,0 +1,508 @@
+#include "engine/grammar.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "core/error.h"
+
+namespace ft {
+
+namespace {
+
+constexpr size_t kMaxElems = 1 << 20;   // grammar size after expanding repetitions
+constexpr int kMaxRepeat = 10000;        // {m,n} bounds
+constexpr int kMaxExpandDepth = 256;     // rule references expanded without consuming a byte
+constexpr size_t kMaxStacks = 4096;      // stacks per matcher state
+constexpr size_t kMaxCachedMasks = 512;  // per matcher
+
+using Elem = Grammar::Elem;
+using Seq = std::vector<Elem>;
+
+Elem bytes_elem() {
+  Elem e;
+  e.kind = Elem::Bytes;
+  return e;
+}
+void set_byte(Elem& e, unsigned b) { e.set[b >> 6] |= uint64_t(1) << (b & 63); }
+Elem rule_elem(int32_t r) {
+  Elem e;
+  e.kind = Elem::Rule;
+  e.rule = r;
+  return e;
+}
+
+void append_utf8(std::string& out, uint32_t c) {
+  if (c < 0x80) {
+    out += char(c);
+  } else if (c < 0x800) {
+    out += char(0xC0 | (c >> 6));
+    out += char(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += char(0xE0 | (c >> 12));
+    out += char(0x80 | ((c >> 6) & 0x3F));
+    out += char(0x80 | (c & 0x3F));
+  } else {
+    out += char(0xF0 | (c >> 18));
+    out += char(0x80 | ((c >> 12) & 0x3F));
+    out += char(0x80 | ((c >> 6) & 0x3F));
+    out += char(0x80 | (c & 0x3F));
+  }
+}
+
+class GbnfParser {
+ public:
+  explicit GbnfParser(std::string_view s) : s_(s) {}
+
+  std::shared_ptr<const Grammar> run() {
+    skip(true);
+    while (p_ < s_.size()) {
+      const std::string name = parse_name();
+      skip(false);
+      if (s_.substr(p_, 3) != "::=") error("expected '::='");
+      p_ += 3;
+      skip(true);
+      const int32_t r = rule_id(name);
+      if (defined_[size_t(r)]) error("rule '" + name + "' is defined twice");
+      defined_[size_t(r)] = true;
+      rules_[size_t(r)] = parse_alternates(false);
+      skip(true);
+    }
+    auto g = std::make_shared<Grammar>();
+    for (size_t r = 0; r < rules_.size(); ++r)
+      if (!defined_[r]) fail("grammar: rule '", names_[r], "' is used but not defined");
+    auto it = ids_.find("root");
+    if (it == ids_.end()) fail("grammar: no 'root' rule");
+    g->root = it->second;
+    g->names = names_;
+    g->alts.resize(rules_.size());
+    for (size_t r = 0; r < rules_.size(); ++r) {
+      for (const Seq& alt : rules_[r]) {
+        g->alts[r].push_back(int32_t(g->elems.size()));
+        g->elems.insert(g->elems.end(), alt.begin(), alt.end());
+        g->elems.push_back(Elem{});
+        if (g->elems.size() > kMaxElems) fail("grammar: more than ", kMaxElems, " elements");
+      }
+    }
+    return g;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) const {
+    const int line = 1 + int(std::count(s_.begin(), s_.begin() + long(std::min(p_, s_.size())), '\n'));
+    fail("grammar: line ", line, ": ", what);
+  }
+  // Whitespace and # comments; newlines only when newline_ok (a newline ends a rule at top level).
+  void skip(bool newline_ok) {
+    while (p_ < s_.size()) {
+      const char c = s_[p_];
+      if (c == '#') {
+        while (p_ < s_.size() && s_[p_] != '\n') ++p_;
+      } else if (c == ' ' || c == '\t' || c == '\r' || (newline_ok && c == '\n')) {
+        ++p_;
+      } else {
+        break;
+      }
+    }
+  }
+  static bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; }
+  std::string parse_name() {
+    const size_t b = p_;
+    while (p_ < s_.size() && name_char(s_[p_])) ++p_;
+    if (p_ == b) error("expected a rule name");
+    return std::string(s_.substr(b, p_ - b));
+  }
+  int32_t rule_id(const std::string& name) {
+    auto [it, fresh] = ids_.emplace(name, int32_t(rules_.size()));
+    if (fresh) {
+      rules_.emplace_back();
+      names_.push_back(name);
+      defined_.push_back(false);
+    }
+    return it->second;
+  }
+  int32_t new_rule(std::vector<Seq> alts) {
+    const int32_t r = rule_id(cat("_gen", rules_.size()));
+    rules_[size_t(r)] = std::move(alts);
+    defined_[size_t(r)] = true;
+    count(rules_[size_t(r)]);
+    return r;
+  }
+  void count(const std::vector<Seq>& alts) {
+    for (const Seq& a : alts) n_elems_ += a.size() + 1;
+    if (n_elems_ > kMaxElems) fail("grammar: more than ", kMaxElems, " elements");
+  }
+  // One code point of a literal or class (escapes decoded).
+  uint32_t parse_char() {
+    if (p_ >= s_.size()) error("unexpected end of grammar");
+    const unsigned char c = static_cast<unsigned char>(s_[p_]);
+    if (c == '\\') {
+      if (++p_ >= s_.size()) error("unexpected end of grammar");
+      const char e = s_[p_++];
+      switch (e) {
+        case 'n': return '\n';
+        case 'r': return '\r';
+        case 't': return '\t';
+        case '\\': return '\\';
+        case '"': return '"';
+        case '\'': return '\'';
+        case '[': return '[';
+        case ']': return ']';
+        case '-': return '-';
+        case '^': return '^';
+        case '/': return '/';
+        case 'x': return parse_hex(2);
+        case 'u': return parse_hex(4);
+        case 'U': return parse_hex(8);
+        default: error(std::string("unknown escape \\") + e);
+      }
+    }
+    // A UTF-8 sequence: its code point.
+    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || p_ + size_t(n) > s_.size()) error("invalid UTF-8");
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s_[p_ + size_t(k)]) & 0x3F);
+    p_ += size_t(n);
+    return cp;
+  }
+  uint32_t parse_hex(int n) {
+    uint32_t v = 0;
+    for (int k = 0; k < n; ++k) {
+      if (p_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[p_]))) error("bad hex escape");
+      const char c = s_[p_++];
+      v = v * 16 + uint32_t(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : std::tolower(c) - 'a' + 10);
+    }
+    if (v > 0x10FFFF) error("code point out of range");
+    return v;
+  }
+
+  std::vector<Seq> parse_alternates(bool nested) {
+    if (++depth_ > 64) error("groups nest too deeply");
+    std::vector<Seq> alts{parse_sequence(nested)};
+    while (p_ < s_.size() && s_[p_] == '|') {
+      ++p_;
+      skip(true);
+      alts.push_back(parse_sequence(nested));
+    }
+    --depth_;
+    count(alts);
+    return alts;
+  }
+
+  Seq parse_sequence(bool nested) {
+    Seq seq;
+    size_t last_start = 0;  // where the last element (what a postfix operator repeats) begins
+    for (;;) {
+      skip(nested);
+      if (p_ >= s_.size()) break;
+      const char c = s_[p_];
+      if (c == '"') {
+        ++p_;
+        last_start = seq.size();
+        std::string bytes;
+        while (p_ < s_.size() && s_[p_] != '"') append_utf8(bytes, parse_char());
+        if (p_ >= s_.size()) error("unterminated literal");
+        ++p_;
+        for (unsigned char b : bytes) {  // one element per byte (a repetition repeats them all)
+          Elem e = bytes_elem();
+          set_byte(e, b);
+          seq.push_back(e);
+        }
+      } else if (c == '[') {
+        ++p_;
+        last_start = seq.size();
+        const bool neg = p_ < s_.size() && s_[p_] == '^';
+        if (neg) ++p_;
+        Elem e = bytes_elem();
+        while (p_ < s_.size() && s_[p_] != ']') {
+          const uint32_t lo = parse_char();
+          uint32_t hi = lo;
+          if (p_ + 1 < s_.size() && s_[p_] == '-' && s_[p_ + 1] != ']') {
+            ++p_;
+            hi = parse_char();
+          }
+          if (hi < lo) error("empty character range");
+          if (lo >= 0x80 || hi >= 0x80) {
+            if (!neg) error("non-ASCII character classes are not supported (write the characters as literals)");
+            continue;  // a negated class matches every non-ASCII byte anyway
+          }
+          for (uint32_t b = lo; b <= hi; ++b) set_byte(e, b);
+        }
+        if (p_ >= s_.size()) error("unterminated character class");
+        ++p_;
+        if (neg) {
+          for (auto& w : e.set) w = ~w;
+          for (unsigned b = 0x80; b < 0x100; ++b) set_byte(e, b);
+        }
+        seq.push_back(e);
+      } else if (c == '.') {
+        ++p_;
+        last_start = seq.size();
+        Elem e = bytes_elem();
+        for (auto& w : e.set) w = ~uint64_t(0);
+        seq.push_back(e);
+      } else if (c == '(') {
+        ++p_;
+        skip(true);
+        last_start = seq.size();
+        auto alts = parse_alternates(true);
+        skip(true);
+        if (p_ >= s_.size() || s_[p_] != ')') error("expected ')'");
+        ++p_;
+        seq.push_back(rule_elem(new_rule(std::move(alts))));
+      } else if (name_char(c)) {
+        // A reference, unless it is the next rule's name (`name ::=`) at top level.
+        const size_t save = p_;
+        const std::string name = parse_name();
+        skip(false);
+        if (s_.substr(p_, 3) == "::=") {
+          p_ = save;
+          break;
+        }
+        p_ = save + name.size();
+        last_start = seq.size();
+        seq.push_back(rule_elem(rule_id(name)));
+      } else if (c == '*' || c == '+' || c == '?' || c == '{') {
+        if (seq.empty() || last_start >= seq.size()) error("a repetition needs something to repeat");
+        ++p_;
+        int lo = 0, hi = -1;  // hi -1: unbounded
+        if (c == '+') lo = 1;
+        else if (c == '?') hi = 1;
+        else if (c == '{') {
+          lo = parse_int();
+          hi = lo;
+          if (p_ < s_.size() && s_[p_] == ',') {
+            ++p_;
+            hi = p_ < s_.size() && s_[p_] == '}' ? -1 : parse_int();
+          }
+          if (p_ >= s_.size() || s_[p_] != '}') error("expected '}'");
+          ++p_;
+          if (hi >= 0 && hi < lo) error("bad repetition bounds");
+        }
+        Seq item(seq.begin() + long(last_start), seq.end());
+        seq.resize(last_start);
+        repeat(seq, item, lo, hi);
+        last_start = seq.size();  // x** is not a thing
+      } else {
+        break;  // | ) or a newline: the sequence ends
+      }
+    }
+    return seq;
+  }
+  int parse_int() {
+    skip(false);
+    int v = 0;
+    const size_t b = p_;
+    while (p_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[p_]))) {
+      v = v * 10 + (s_[p_++] - '0');
+      if (v > kMaxRepeat) error(cat("repetition count above ", kMaxRepeat));
+    }
+    if (p_ == b) error("expected a number");
+    skip(false);
+    return v;
+  }
+  // item{lo,hi} appended to seq: lo copies, then hi-lo nested optionals (or item* when unbounded).
+  void repeat(Seq& seq, const Seq& item, int lo, int hi) {
+    for (int k = 0; k < lo; ++k) {
+      seq.insert(seq.end(), item.begin(), item.end());
+      n_elems_ += item.size();
+      if (n_elems_ > kMaxElems) fail("grammar: more than ", kMaxElems, " elements");
+    }
+    if (hi < 0) {  // star ::= item star |
+      const int32_t star = rule_id(cat("_gen", rules_.size()));
+      Seq again = item;
+      again.push_back(rule_elem(star));
+      rules_[size_t(star)] = {again, {}};
+      defined_[size_t(star)] = true;
+      count(rules_[size_t(star)]);
+      seq.push_back(rule_elem(star));
+      return;
+    }
+    int32_t tail = -1;  // opt_k ::= item opt_{k-1} |
+    for (int k = 0; k < hi - lo; ++k) {
+      Seq s = item;
+      if (tail >= 0) s.push_back(rule_elem(tail));
+      tail = new_rule({s, {}});
+    }
+    if (tail >= 0) seq.push_back(rule_elem(tail));
+  }
+
+  std::string_view s_;
+  size_t p_ = 0;
+  int depth_ = 0;
+  size_t n_elems_ = 0;
+  std::map<std::string, int32_t> ids_;
+  std::vector<std::vector<Seq>> rules_;
+  std::vector<std::string> names_;
+  std::vector<bool> defined_;
+};
+
+using Stack = GrammarMatcher::Stack;
+
+// Expands st until its top is a byte set (or it is empty: the grammar may end), into out.
+void expand(const Grammar& g, Stack& st, std::vector<Stack>& out, int depth) {
+  if (depth > kMaxExpandDepth) fail("grammar: rule references nest too deeply without consuming input (left recursion?)");
+  if (st.empty() || g.elems[size_t(st.back())].kind == Elem::Bytes) {
+    out.push_back(st);
+    if (out.size() > kMaxStacks) fail("grammar: more than ", kMaxStacks, " parses are alive at once (too ambiguous)");
+    return;
+  }
+  const int32_t pos = st.back();
+  const Elem& e = g.elems[size_t(pos)];
+  st.pop_back();
+  if (g.elems[size_t(pos) + 1].kind != Elem::End) st.push_back(pos + 1);
+  for (const int32_t a : g.alts[size_t(e.rule)]) {
+    Stack s2 = st;
+    if (g.elems[size_t(a)].kind != Elem::End) s2.push_back(a);
+    expand(g, s2, out, depth + 1);
+  }
+}
+
+void normalize(std::vector<Stack>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+}  // namespace
+
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf) {
+  auto g = GbnfParser(gbnf).run();
+  // Every reference must expand within the depth limit (no left recursion anywhere).
+  for (size_t i = 0; i < g->elems.size(); ++i) {
+    if (g->elems[i].kind != Elem::Rule) continue;
+    Stack st{int32_t(i)};
+    std::vector<Stack> out;
+    expand(*g, st, out, 0);
+  }
+  return g;
+}
+
+GrammarVocab::GrammarVocab(std::vector<std::string> pieces, std::vector<bool> eog)
+    : pieces_(std::move(pieces)), eog_(std::move(eog)) {
+  eog_.resize(pieces_.size(), false);
+  for (int32_t t = 0; t < int32_t(pieces_.size()); ++t)
+    if (!eog_[size_t(t)] && !pieces_[size_t(t)].empty()) order_.push_back(t);
+  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return pieces_[size_t(a)] < pieces_[size_t(b)]; });
+  lcp_.assign(order_.size(), 0);
+  for (size_t i = 1; i < order_.size(); ++i) {
+    const std::string& a = pieces_[size_t(order_[i - 1])];
+    const std::string& b = pieces_[size_t(order_[i])];
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && n < 0xFFFF && a[n] == b[n]) ++n;
+    lcp_[i] = uint16_t(n);
+  }
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab)
+    : g_(std::move(g)), vocab_(std::move(vocab)) {
+  for (const int32_t a : g_->alts[size_t(g_->root)]) {
+    Stack st;
+    if (g_->elems[size_t(a)].kind != Elem::End) st.push_back(a);
+    expand(*g_, st, stacks_, 0);
+  }
+  normalize(stacks_);
+}
+
+std::vector<Stack> GrammarMatcher::advance(const std::vector<Stack>& from, uint8_t b) const {
+  std::vector<Stack> out;
+  for (const Stack& st : from) {
+    if (st.empty()) continue;
+    const int32_t pos = st.back();
+    if (!g_->elems[size_t(pos)].has(b)) continue;
+    Stack s = st;
+    s.pop_back();
+    if (g_->elems[size_t(pos) + 1].kind != Elem::End) s.push_back(pos + 1);
+    expand(*g_, s, out, 0);
+  }
+  if (out.size() > 1) normalize(out);
+  return out;
+}
+
+bool GrammarMatcher::complete() const {
+  return std::any_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.empty(); });
+}
+bool GrammarMatcher::done() const {
+  return std::all_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.empty(); });
+}
+
+bool GrammarMatcher::accept_bytes(std::string_view bytes) {
+  std::vector<Stack> cur = stacks_;
+  for (const char c : bytes) {
+    cur = advance(cur, static_cast<uint8_t>(c));
+    if (cur.empty()) return false;
+  }
+  stacks_ = std::move(cur);
+  return true;
+}
+
+bool GrammarMatcher::accept(int32_t token) {
+  if (token < 0 || token >= vocab_->n_vocab()) return false;
+  if (vocab_->eog(token)) return complete();
+  const std::string& p = vocab_->piece(token);
+  return !p.empty() && accept_bytes(p);
+}
+
+const std::vector<uint64_t>& GrammarMatcher::mask_for_state() {
+  std::string key;
+  for (const Stack& s : stacks_) {
+    key.append(reinterpret_cast<const char*>(s.data()), s.size() * sizeof(int32_t));
+    key.append(4, '\xff');  // -1: the stack's end
+  }
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  if (cache_.size() >= kMaxCachedMasks) cache_.clear();
+  const int32_t V = vocab_->n_vocab();
+  std::vector<uint64_t> bits(size_t(V + 63) / 64, 0);
+  const auto& order = vocab_->order_;
+  const auto& lcp = vocab_->lcp_;
+  // level[d]: the states after the first d bytes of the current token (valid up to `valid`).
+  std::vector<std::vector<Stack>> level(1, stacks_);
+  size_t dead = std::numeric_limits<size_t>::max();  // a rejected prefix length shared so far
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int32_t t = order[i];
+    const std::string& p = vocab_->piece(t);
+    const size_t l = i == 0 ? 0 : lcp[i];
+    if (dead <= l) continue;  // shares the rejected prefix
+    dead = std::numeric_limits<size_t>::max();
+    if (level.size() < p.size() + 1) level.resize(p.size() + 1);
+    bool ok = true;
+    for (size_t d = l + 1; d <= p.size(); ++d) {
+      level[d] = advance(level[d - 1], static_cast<uint8_t>(p[d - 1]));
+      if (level[d].empty()) {
+        dead = d;
+        ok = false;
+        break;
+      }
+    }
+    if (ok) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+  }
+  if (complete())
+    for (int32_t t = 0; t < V; ++t)
+      if (vocab_->eog(t)) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+  return cache_.emplace(std::move(key), std::move(bits)).first->second;
+}
+
+void GrammarMatcher::mask(float* logits, int32_t n_vocab) {
+  const std::vector<uint64_t>& bits = mask_for_state();
+  const int32_t n = std::min(n_vocab, vocab_->n_vocab());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int32_t w = 0; w * 64 < n; ++w) {
+    const uint64_t word = bits[size_t(w)];
+    if (word == ~uint64_t(0)) continue;
+    const int32_t end = std::min(n, w * 64 + 64);
+    for (int32_t t = w * 64; t < end; ++t)
+      if (!((word >> (t & 63)) & 1)) logits[t] = kNegInf;
+  }
+  for (int32_t t = n; t < n_vocab; ++t) logits[t] = kNegInf;
+}
+
+void GrammarProcessor::apply(float* logits, int32_t n_vocab, int64_t) { m_.mask(logits, n_vocab); }
+
+void GrammarProcessor::accept(int32_t token) {
+  if (!m_.accept(token)) fail("the grammar rejected token ", token);
+  ++accepted_;
+  if (m_.done() && done_after_.load() < 0) done_after_.store(accepted_);
+}
+
+}  // namespace ft

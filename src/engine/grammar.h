@@ -1,0 +1,110 @@
+// Constrained decoding: a context-free grammar over bytes (a GBNF subset, as llama.cpp's) and a
+// matcher that, token by token, masks the logits of the tokens the grammar cannot accept.
+//
+// Grammar text (GBNF): rules `name ::= alternatives`, alternatives separated by `|`, sequences of
+// "literals" (escapes \n \r \t \\ \" \xHH \uHHHH), [character classes] ([a-z0-9_], [^"\\], ASCII
+// ranges; a negated class also matches every byte of a non-ASCII character), `.` (any byte),
+// rule references, ( groups ), and the postfix operators * + ? {m} {m,} {m,n}; # comments. The
+// start rule is `root`. Matching is over bytes: a literal non-ASCII character is its UTF-8 bytes.
+//
+// Matching state: a set of stacks of grammar positions (a pushdown automaton, as llama.cpp's). The
+// mask for a state is computed over the vocabulary sorted by bytes: a token shares the advanced
+// states of its common prefix with the previous one, and a prefix the grammar rejects rejects
+// every token that starts with it in O(1). Masks are cached per state (JSON output revisits the
+// same few states: inside a string, between values), so most steps cost one cache lookup and the
+// masking of the logits row.
+//
+// Limits (a hostile grammar or schema is an error, not a hang): grammar size, stacks per state,
+// expansion depth (left recursion is refused), repetition counts.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine_core.h"
+
+namespace ft {
+
+class Grammar {
+ public:
+  // Parses GBNF text; throws ft::Error "grammar: line N: what" when it is malformed, refers to an
+  // undefined rule, has no `root`, is left-recursive or exceeds the limits.
+  static std::shared_ptr<const Grammar> parse(std::string_view gbnf);
+
+  struct Elem {
+    enum Kind : uint8_t { Bytes, Rule, End } kind = End;
+    int32_t rule = -1;         // Rule
+    uint64_t set[4] = {};      // Bytes: the accepted bytes (bit b of set[b / 64])
+    bool has(uint8_t b) const { return (set[b >> 6] >> (b & 63)) & 1; }
+  };
+  std::vector<Elem> elems;                 // every alternative's elements, each ended by End
+  std::vector<std::vector<int32_t>> alts;  // rule -> the first element of each alternative
+  std::vector<std::string> names;          // rule -> name
+  int32_t root = -1;
+};
+
+// The bytes of every token, sorted, shared by the requests of one tokenizer.
+class GrammarVocab {
+ public:
+  // pieces[t]: token t's bytes as it is detokenized; eog[t]: an end-of-generation token.
+  GrammarVocab(std::vector<std::string> pieces, std::vector<bool> eog);
+  int32_t n_vocab() const { return int32_t(pieces_.size()); }
+  const std::string& piece(int32_t t) const { return pieces_[size_t(t)]; }
+  bool eog(int32_t t) const { return eog_[size_t(t)]; }
+
+ private:
+  friend class GrammarMatcher;
+  std::vector<std::string> pieces_;
+  std::vector<bool> eog_;
+  std::vector<int32_t> order_;  // token ids sorted by bytes (empty pieces dropped)
+  std::vector<uint16_t> lcp_;   // lcp_[i]: common prefix of order_[i-1] and order_[i] (capped)
+};
+
+// One request's progress through a grammar.
+class GrammarMatcher {
+ public:
+  GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab);
+
+  // Sets logits[t] = -inf for every token the grammar rejects now (end-of-generation tokens are
+  // allowed only once the grammar is complete). n_vocab may be below the vocabulary's (padding).
+  void mask(float* logits, int32_t n_vocab);
+  // Advances over a sampled token. Returns false (state unchanged) when the grammar rejects it.
+  bool accept(int32_t token);
+  // Advances over bytes (tests, and prefilled output); false when rejected.
+  bool accept_bytes(std::string_view bytes);
+  bool complete() const;  // the grammar may end here
+  bool done() const;      // it may only end here (nothing more can follow)
+
+  using Stack = std::vector<int32_t>;  // grammar positions, the top (next element) last
+
+ private:
+  std::vector<Stack> advance(const std::vector<Stack>& from, uint8_t b) const;
+  const std::vector<uint64_t>& mask_for_state();
+
+  std::shared_ptr<const Grammar> g_;
+  std::shared_ptr<const GrammarVocab> vocab_;
+  std::vector<Stack> stacks_;
+  std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // state key -> allowed-token bits
+};
+
+// A LogitsProcessor over a GrammarMatcher (engine_core.h): masks each row, advances on accept.
+class GrammarProcessor : public LogitsProcessor {
+ public:
+  explicit GrammarProcessor(GrammarMatcher m) : m_(std::move(m)) {}
+  void apply(float* logits, int32_t n_vocab, int64_t n_generated) override;
+  void accept(int32_t token) override;
+  // How many tokens had been accepted when the grammar reached an end nothing may follow (-1:
+  // not yet). Written on the engine thread before the token's event; read by its consumer.
+  int64_t done_after() const { return done_after_.load(); }
+
+ private:
+  GrammarMatcher m_;
+  int64_t accepted_ = 0;
+  std::atomic<int64_t> done_after_{-1};
+};
+
+}  // namespace ft

@@ -1,0 +1,262 @@
+#include "engine/json_schema.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ft {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kMaxDepth = 64;
+
+// The rules every schema grammar shares: whitespace, and the generic JSON values.
+const char* const kBase = R"(ws ::= | " " | "\n" [ \t]{0,20}
+json-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+json-string ::= "\"" json-char* "\""
+json-integer ::= "-"? ("0" | [1-9] [0-9]{0,15})
+json-number ::= json-integer ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+json-boolean ::= "true" | "false"
+json-null ::= "null"
+json-value ::= json-object | json-array | json-string | json-number | json-boolean | json-null
+json-object ::= "{" ws ( json-string ws ":" ws json-value ws ( "," ws json-string ws ":" ws json-value ws )* )? "}"
+json-array ::= "[" ws ( json-value ws ( "," ws json-value ws )* )? "]"
+)";
+
+// A GBNF literal for the bytes of s.
+std::string literal(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c == 0x7F) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02X", c);
+      out += b;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+class Compiler {
+ public:
+  explicit Compiler(const json& root) : root_(root) {}
+
+  std::string run() {
+    const std::string r = rule_for(root_, "#", 0);
+    return std::string(kBase) + "root ::= " + r + "\n" + rules_;
+  }
+
+ private:
+  [[noreturn]] static void bad(const std::string& path, const std::string& what) {
+    fail("json schema: ", path, ": ", what);
+  }
+
+  std::string add_rule(const std::string& body) {
+    if (auto it = by_body_.find(body); it != by_body_.end()) return it->second;
+    const std::string name = "s" + std::to_string(n_++);
+    rules_ += name + " ::= " + body + "\n";
+    by_body_.emplace(body, name);
+    return name;
+  }
+
+  // The rule (or inline expression) that matches a value of schema s.
+  std::string rule_for(const json& s, const std::string& path, int depth) {
+    if (depth > kMaxDepth) bad(path, "nests too deeply");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) bad(path, "'false' accepts nothing");
+      return "json-value";
+    }
+    if (!s.is_object()) bad(path, "a schema must be an object or a boolean");
+    if (s.contains("$ref")) {
+      if (!s["$ref"].is_string()) bad(path, "'$ref' must be a string");
+      const std::string ref = s["$ref"].get<std::string>();
+      if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
+      const json* target = resolve(ref, path);
+      const std::string name = "ref" + std::to_string(n_++);
+      refs_.emplace(ref, name);  // before compiling: recursive schemas refer to it
+      rules_ += name + " ::= " + rule_for(*target, ref, depth + 1) + "\n";
+      return name;
+    }
+    std::string r = body_for(s, path, depth);
+    if (s.value("nullable", false) == true) r = add_rule("(" + r + ") | json-null");
+    return r;
+  }
+
+  const json* resolve(const std::string& ref, const std::string& path) const {
+    if (ref == "#") return &root_;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string p(prefix);
+      if (ref.rfind(p, 0) != 0) continue;
+      const std::string section = p.substr(2, p.size() - 3);
+      const std::string name = ref.substr(p.size());
+      if (root_.contains(section) && root_[section].is_object() && root_[section].contains(name))
+        return &root_[section][name];
+      bad(path, "'$ref' " + ref + " does not resolve");
+    }
+    bad(path, "'$ref' " + ref + " is not supported (only #, #/$defs/... and #/definitions/...)");
+  }
+
+  std::string alternatives(const json& list, const std::string& path, const char* key, int depth) {
+    if (!list.is_array() || list.empty()) bad(path, std::string("'") + key + "' must be a non-empty array");
+    std::string out;
+    for (size_t k = 0; k < list.size(); ++k) {
+      if (k) out += " | ";
+      out += rule_for(list[k], path + "/" + key + "/" + std::to_string(k), depth + 1);
+    }
+    return add_rule(out);
+  }
+
+  std::string body_for(const json& s, const std::string& path, int depth) {
+    if (s.contains("const")) return literal(s["const"].dump());
+    if (s.contains("enum")) {
+      const json& e = s["enum"];
+      if (!e.is_array() || e.empty()) bad(path, "'enum' must be a non-empty array");
+      std::string out;
+      for (size_t k = 0; k < e.size(); ++k) out += (k ? " | " : "") + literal(e[k].dump());
+      return add_rule(out);
+    }
+    if (s.contains("anyOf")) return alternatives(s["anyOf"], path, "anyOf", depth);
+    if (s.contains("oneOf")) return alternatives(s["oneOf"], path, "oneOf", depth);
+    if (s.contains("allOf")) {
+      const json& a = s["allOf"];
+      if (!a.is_array() || a.size() != 1) bad(path, "'allOf' is supported with one schema only");
+      return rule_for(a[0], path + "/allOf/0", depth + 1);
+    }
+    if (!s.contains("type")) {
+      if (s.contains("properties")) return object_rule(s, path, depth);
+      if (s.contains("items")) return array_rule(s, path, depth);
+      return "json-value";  // {} and annotation-only schemas accept anything
+    }
+    const json& t = s["type"];
+    if (t.is_array()) {
+      if (t.empty()) bad(path, "'type' must not be empty");
+      std::string out;
+      for (size_t k = 0; k < t.size(); ++k) {
+        json one = s;
+        one["type"] = t[k];
+        out += (k ? " | " : "") + body_for(one, path, depth);
+      }
+      return add_rule(out);
+    }
+    if (!t.is_string()) bad(path, "'type' must be a string or an array of strings");
+    const std::string type = t.get<std::string>();
+    if (type == "string") return string_rule(s, path);
+    if (type == "integer") return "json-integer";
+    if (type == "number") return "json-number";
+    if (type == "boolean") return "json-boolean";
+    if (type == "null") return "json-null";
+    if (type == "object") return object_rule(s, path, depth);
+    if (type == "array") return array_rule(s, path, depth);
+    bad(path, "unknown type '" + type + "'");
+  }
+
+  static int64_t bound(const json& s, const char* key, int64_t dflt, const std::string& path) {
+    if (!s.contains(key)) return dflt;
+    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0 || s[key].get<int64_t>() > 10000)
+      bad(path, std::string("'") + key + "' must be an integer in [0, 10000]");
+    return s[key].get<int64_t>();
+  }
+
+  std::string string_rule(const json& s, const std::string& path) {
+    const int64_t lo = bound(s, "minLength", 0, path), hi = bound(s, "maxLength", -1, path);
+    if (lo == 0 && hi < 0) return "json-string";
+    if (hi >= 0 && hi < lo) bad(path, "'maxLength' is below 'minLength'");
+    return add_rule("\"\\\"\" json-char{" + std::to_string(lo) + "," + (hi >= 0 ? std::to_string(hi) : "") + "} \"\\\"\"");
+  }
+
+  std::string array_rule(const json& s, const std::string& path, int depth) {
+    const int64_t lo = bound(s, "minItems", 0, path), hi = bound(s, "maxItems", -1, path);
+    if (hi >= 0 && hi < lo) bad(path, "'maxItems' is below 'minItems'");
+    std::vector<std::string> prefix;
+    if (s.contains("prefixItems")) {
+      const json& p = s["prefixItems"];
+      if (!p.is_array()) bad(path, "'prefixItems' must be an array");
+      for (size_t k = 0; k < p.size(); ++k) prefix.push_back(rule_for(p[k], path + "/prefixItems/" + std::to_string(k), depth + 1));
+    }
+    const bool items_false = s.contains("items") && s["items"] == false;
+    const std::string item = s.contains("items") && !items_false ? rule_for(s["items"], path + "/items", depth + 1) : "json-value";
+    if (!prefix.empty()) {  // the fixed prefix, then items (none when items is false)
+      std::string out = "\"[\" ws ";
+      for (size_t k = 0; k < prefix.size(); ++k) out += (k ? "\",\" ws " : "") + prefix[k] + " ws ";
+      if (!items_false) out += "( \",\" ws " + item + " ws )* ";
+      return add_rule(out + "\"]\"");
+    }
+    // "[" ws ( item ws ( "," ws item ws ){lo-1, hi-1} )? "]" (the group is required when lo > 0)
+    const std::string more = "( \",\" ws " + item + " ws ){" + std::to_string(lo > 0 ? lo - 1 : 0) + "," +
+                             (hi >= 0 ? std::to_string(hi > 0 ? hi - 1 : 0) : "") + "}";
+    if (hi == 0) return add_rule("\"[\" ws \"]\"");
+    const std::string body = item + " ws " + more;
+    return add_rule("\"[\" ws " + (lo > 0 ? body : "( " + body + " )?") + " \"]\"");
+  }
+
+  std::string object_rule(const json& s, const std::string& path, int depth) {
+    if (!s.contains("properties") || !s["properties"].is_object() || s["properties"].empty()) {
+      // No listed properties: any object, or one whose values follow additionalProperties.
+      if (s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
+        const std::string v = rule_for(s["additionalProperties"], path + "/additionalProperties", depth + 1);
+        const std::string kv = "json-string ws \":\" ws " + v + " ws";
+        return add_rule("\"{\" ws ( " + kv + " ( \",\" ws " + kv + " )* )? \"}\"");
+      }
+      if (s.value("additionalProperties", json(true)) == false) return add_rule("\"{\" ws \"}\"");
+      return "json-object";
+    }
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) bad(path, "'required' must be an array");
+      for (const json& r : s["required"]) {
+        if (!r.is_string()) bad(path, "'required' must list strings");
+        required.insert(r.get<std::string>());
+      }
+    }
+    std::vector<std::pair<std::string, bool>> kvs;  // (rule text of "key": value, required)
+    for (const auto& [k, v] : s["properties"].items()) {
+      const std::string val = rule_for(v, path + "/properties/" + k, depth + 1);
+      kvs.emplace_back(literal(json(k).dump()) + " ws \":\" ws " + val + " ws", required.count(k) > 0);
+      required.erase(k);
+    }
+    if (!required.empty()) bad(path, "'required' names '" + *required.begin() + "', which is not in 'properties'");
+    // The properties in order, optional ones skippable, commas only between those present:
+    // first_i: nothing emitted yet from i on; rest_i: something was, so each next one needs ",".
+    const size_t n = kvs.size();
+    std::vector<std::string> rest(n + 1), first(n + 1);
+    rest[n] = "";
+    for (size_t i = n; i-- > 0;) {
+      const std::string item = "\",\" ws " + kvs[i].first;
+      const std::string tail = rest[i + 1].empty() ? "" : " " + rest[i + 1];
+      const std::string body = kvs[i].second ? item + tail : "( " + item + " )?" + tail;
+      rest[i] = add_rule(body);
+    }
+    first[n] = "";
+    for (size_t i = n; i-- > 0;) {
+      const std::string with = kvs[i].first + (rest[i + 1].empty() ? "" : " " + rest[i + 1]);
+      if (kvs[i].second) {
+        first[i] = add_rule(with);
+      } else {
+        first[i] = add_rule(first[i + 1].empty() ? with + " | " : with + " | " + first[i + 1]);
+      }
+    }
+    return add_rule("\"{\" ws " + first[0] + " \"}\"");
+  }
+
+  const json& root_;
+  std::string rules_;
+  std::map<std::string, std::string> by_body_, refs_;
+  int n_ = 0;
+};
+
+}  // namespace
+
+std::string json_schema_to_gbnf(const json& schema) { return Compiler(schema).run(); }
+
+std::string json_object_gbnf() { return std::string(kBase) + "root ::= json-object\n"; }
+
+}  // namespace ft

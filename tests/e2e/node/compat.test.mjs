@@ -1,0 +1,166 @@
+// What ordinary client requests need beyond plain chat, through the official openai client on
+// stories260K: every OpenAI field accepted, structured output (json_schema) and tool calls by
+// constrained decoding (plain and streamed, with the tool result sent back), the Responses API
+// (plain and streamed), GET /v1/models/{id}, --api-key, CORS and X-Request-Id.
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import { MODEL, MODEL_ID, postJson, skipReason, startServer } from './helpers.mjs';
+
+const skip = skipReason();
+const KEY = 'sk-test-key';
+const ORIGIN = 'https://app.example';
+
+describe('OpenAI compatibility (stories260K)', { skip }, () => {
+  let server, client;
+
+  before(async () => {
+    const OpenAI = (await import('openai')).default;
+    server = await startServer(['-m', MODEL, '--threads', '1', '--api-key', KEY, '--allowed-origins', ORIGIN]);
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 120_000 });
+  });
+  after(async () => {
+    if (!server) return;
+    const r = await server.stop();
+    assert.equal(r.code, 0, server.log());
+  });
+
+  const user = (content) => [{ role: 'user', content }];
+
+  test('every Chat Completions field a client may send is accepted; foreign ones are a warning', async () => {
+    const r = await client.chat.completions.create({
+      model: MODEL_ID,
+      messages: [{ role: 'developer', content: 'Be brief' }, { role: 'user', content: [{ type: 'text', text: 'Once upon a time' }] }],
+      max_completion_tokens: 5, temperature: 0, store: false, metadata: { a: 'b' }, service_tier: 'auto',
+      parallel_tool_calls: true, prompt_cache_key: 'k', reasoning_effort: 'low', verbosity: 'low', safety_identifier: 's',
+      modalities: ['text'], prediction: { type: 'content', content: 'x' }, web_search_options: {}, audio: null,
+      response_format: { type: 'text' }, tools: null, tool_choice: null, user: 'u', seed: null, logit_bias: { 5: 1 },
+      stream_options: null, top_k: 4, min_tokens: 2, stop_token_ids: [], frobnicate: true,
+    });
+    assert.equal(r.choices[0].message.role, 'assistant');
+    assert.equal(r.usage.completion_tokens, 5);
+    assert.match(server.log(), /ignoring the unknown field 'frobnicate'/);
+  });
+
+  test('response_format json_schema: the content parses and follows the schema', async () => {
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer' }, kind: { enum: ['cat', 'dog'] } },
+      required: ['name', 'age', 'kind'], additionalProperties: false,
+    };
+    const r = await client.chat.completions.create({
+      model: MODEL_ID, messages: user('Describe a pet as JSON'), temperature: 0, max_tokens: 200,
+      response_format: { type: 'json_schema', json_schema: { name: 'pet', schema, strict: true } },
+    });
+    assert.equal(r.choices[0].finish_reason, 'stop', r.choices[0].message.content);
+    const pet = JSON.parse(r.choices[0].message.content);
+    assert.deepEqual(Object.keys(pet).sort(), ['age', 'kind', 'name']);
+    assert.equal(typeof pet.name, 'string');
+    assert.ok(Number.isInteger(pet.age));
+    assert.ok(['cat', 'dog'].includes(pet.kind));
+  });
+
+  const tools = [{
+    type: 'function',
+    function: { name: 'get_weather', description: 'Weather in a city',
+                parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 16 } }, required: ['city'] } },
+  }];
+
+  test('a tool call round trip: forced call, tool result, answer', async () => {
+    const r = await client.chat.completions.create({
+      model: MODEL_ID, messages: user('Weather in Paris?'), temperature: 0, max_tokens: 100, tools,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    });
+    const msg = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    assert.equal(msg.tool_calls.length, 1);
+    assert.equal(msg.tool_calls[0].type, 'function');
+    assert.equal(msg.tool_calls[0].function.name, 'get_weather');
+    assert.equal(typeof JSON.parse(msg.tool_calls[0].function.arguments).city, 'string');
+    const answer = await client.chat.completions.create({
+      model: MODEL_ID, temperature: 0, max_tokens: 8, tools,
+      messages: [...user('Weather in Paris?'), msg, { role: 'tool', tool_call_id: msg.tool_calls[0].id, content: '{"temp": 21}' }],
+    });
+    assert.equal(typeof answer.choices[0].message.content, 'string');
+    assert.equal(answer.usage.completion_tokens, 8);
+  });
+
+  test('tool calls streamed as deltas (tool_choice required)', async () => {
+    const stream = await client.chat.completions.create({
+      model: MODEL_ID, messages: user('Weather?'), temperature: 0, max_tokens: 150, tools, tool_choice: 'required', stream: true,
+      parallel_tool_calls: false,  // one call: the grammar ends after it
+    });
+    const calls = [];
+    let finish = null;
+    for await (const chunk of stream) {
+      const c = chunk.choices[0];
+      if (!c) continue;
+      for (const d of c.delta.tool_calls ?? []) {
+        calls[d.index] ??= { id: '', name: '', arguments: '' };
+        if (d.id) calls[d.index].id = d.id;
+        if (d.function?.name) calls[d.index].name += d.function.name;
+        if (d.function?.arguments) calls[d.index].arguments += d.function.arguments;
+      }
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+    assert.equal(finish, 'tool_calls');
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].name, 'get_weather');
+    assert.match(calls[0].id, /^call_/);
+    assert.equal(typeof JSON.parse(calls[0].arguments).city, 'string');
+  });
+
+  test('the Responses API: plain and streamed, on the same generation path', async () => {
+    const r = await client.responses.create({ model: MODEL_ID, input: 'Once upon a time', max_output_tokens: 12, temperature: 0 });
+    assert.equal(r.object, 'response');
+    assert.equal(r.status, r.usage.output_tokens === 12 ? 'incomplete' : 'completed');
+    assert.ok(r.usage.output_tokens <= 12 && r.usage.output_tokens > 0);
+    assert.equal(r.output[0].type, 'message');
+    const stream = await client.responses.create({
+      model: MODEL_ID, input: [{ role: 'user', content: [{ type: 'input_text', text: 'Once upon a time' }] }],
+      max_output_tokens: 12, temperature: 0, stream: true,
+    });
+    const types = [];
+    let text = '', final = null;
+    for await (const ev of stream) {
+      types.push(ev.type);
+      if (ev.type === 'response.output_text.delta') text += ev.delta;
+      if (ev.type === 'response.incomplete' || ev.type === 'response.completed') final = ev.response;
+    }
+    assert.equal(types[0], 'response.created');
+    assert.equal(types.at(-1), `response.${r.status}`);
+    assert.ok(types.includes('response.output_text.done'));
+    assert.equal(text, r.output_text);  // greedy: the same text either way
+    assert.equal(final.output[0].content[0].text, text);
+  });
+
+  test('GET /v1/models/{id}; an unknown model is 404', async () => {
+    assert.equal((await client.models.retrieve(MODEL_ID)).id, MODEL_ID);
+    await assert.rejects(client.models.retrieve('gpt-4'), (e) => e.status === 404 && e.code === 'model_not_found');
+  });
+
+  test('--api-key: 401 without it (/health open); X-Request-Id echoed; CORS', async () => {
+    const body = { model: MODEL_ID, prompt: 'x', max_tokens: 1 };
+    const no = await postJson(server.url, '/v1/completions', body);
+    assert.equal(no.status, 401);
+    assert.equal(no.json.error.code, 'invalid_api_key');
+    assert.equal((await fetch(`${server.url}/health`)).status, 200);
+    const ok = await postJson(server.url, '/v1/completions', body,
+                              { authorization: `Bearer ${KEY}`, 'x-request-id': 'trace-123', origin: ORIGIN });
+    assert.equal(ok.status, 200, ok.text);
+    assert.equal(ok.headers.get('x-request-id'), 'trace-123');
+    assert.equal(ok.headers.get('access-control-allow-origin'), ORIGIN);
+    for (let t = 0; !/trace-123 completion finish=/.test(server.log()); ++t) {  // the log is asynchronous
+      assert.ok(t < 200, server.log());
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    const pre = await fetch(`${server.url}/v1/chat/completions`, {
+      method: 'OPTIONS', headers: { origin: ORIGIN, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type' },
+    });
+    assert.equal(pre.status, 204);
+    assert.equal(pre.headers.get('access-control-allow-origin'), ORIGIN);
+    assert.match(pre.headers.get('access-control-allow-methods'), /POST/);
+    const other = await postJson(server.url, '/v1/completions', body, { authorization: `Bearer ${KEY}`, origin: 'https://evil.example' });
+    assert.equal(other.headers.get('access-control-allow-origin'), null);
+  });
+});

@@ -1,0 +1,194 @@
+// Constrained decoding: the GBNF parser, the matcher (bytes, tokens, masks), JSON Schema ->
+// grammar, and the per-token cost of masking on the Llama 3 vocabulary (printed; bounded).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/grammar.h"
+#include "engine/json_schema.h"
+#include "gguf/gguf.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ft {
+namespace {
+
+using json = nlohmann::json;
+
+// A vocabulary of single bytes plus a few words, and an end token (id 0).
+std::shared_ptr<const GrammarVocab> small_vocab() {
+  std::vector<std::string> pieces{""};
+  std::vector<bool> eog{true};
+  for (int c = 1; c < 128; ++c) pieces.push_back(std::string(1, char(c))), eog.push_back(false);
+  for (const char* w : {"true", "false", "null", "{\"", "\":", "\"}", "12", "ab\"", "tr"}) pieces.push_back(w), eog.push_back(false);
+  return std::make_shared<GrammarVocab>(pieces, eog);
+}
+
+bool matches(const std::string& gbnf, const std::string& text) {
+  GrammarMatcher m(Grammar::parse(gbnf), small_vocab());
+  return m.accept_bytes(text) && m.complete();
+}
+
+bool schema_matches(const json& schema, const std::string& text) { return matches(json_schema_to_gbnf(schema), text); }
+
+TEST(Grammar, GbnfSyntax) {
+  const std::string g = R"(# a comment
+root ::= greeting (" " name)? "!"{1,3}
+greeting ::= "hi" | "hello"
+name ::= [A-Z] [a-z]*   # capitalised
+)";
+  EXPECT_TRUE(matches(g, "hi!"));
+  EXPECT_TRUE(matches(g, "hello Bob!!!"));
+  EXPECT_FALSE(matches(g, "hello bob!"));
+  EXPECT_FALSE(matches(g, "hi!!!!"));
+  EXPECT_FALSE(matches(g, "hi"));  // a prefix is not complete
+  EXPECT_TRUE(matches(R"(root ::= [^"\\]* "\"")", "anything at all, é too\""));
+  EXPECT_TRUE(matches(R"(root ::= "\x41\u00e9" .)", "A\xC3\xA9z"));
+  EXPECT_TRUE(matches("root ::= (\"a\" | \"b\")+ \"c\"?", "abba"));
+  EXPECT_TRUE(matches("root ::= \"ab\"{2}", "abab"));
+  EXPECT_FALSE(matches("root ::= \"ab\"{2}", "ab"));
+  EXPECT_TRUE(matches("root ::= x\nx ::= \"x\" root | \"y\"", "xxxy"));  // right recursion
+
+  const auto error = [](const std::string& gbnf, const std::string& needle) {
+    try {
+      Grammar::parse(gbnf);
+      ADD_FAILURE() << "parsed: " << gbnf;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  error("rot ::= \"a\"", "no 'root'");
+  error("root ::= undefined-rule", "not defined");
+  error("root ::= root \"a\" | \"b\"", "left recursion");
+  error("root ::= \"a\"{99999}", "repetition");
+  error("root ::= [a-", "unterminated");
+  error("root ::= \"abc", "unterminated");
+  error("root ::= [α-ω]", "non-ASCII");
+  error("root ::= " + std::string(1000, '(') + "\"a\"" + std::string(1000, ')'), "nest");
+}
+
+TEST(Grammar, MaskAllowsExactlyTheTokensTheGrammarAccepts) {
+  const auto vocab = small_vocab();
+  GrammarMatcher m(Grammar::parse(R"(root ::= "{" "\"" [a-z]+ "\"" ":" ("true" | "12") "}")"), vocab);
+  const auto allowed = [&] {
+    std::vector<float> logits(size_t(vocab->n_vocab()), 0.0f);
+    m.mask(logits.data(), vocab->n_vocab());
+    std::vector<std::string> out;
+    for (int32_t t = 0; t < vocab->n_vocab(); ++t)
+      if (std::isfinite(logits[size_t(t)])) out.push_back(t == 0 ? "<eos>" : vocab->piece(t));
+    return out;
+  };
+  EXPECT_EQ(allowed(), (std::vector<std::string>{"{", "{\""}));
+  ASSERT_TRUE(m.accept_bytes("{\"ab"));
+  const auto a = allowed();  // letters (words of letters too), the closing quote alone or with ':'
+  const auto has = [&](const std::string& p) { return std::find(a.begin(), a.end(), p) != a.end(); };
+  EXPECT_EQ(a.size(), 26u + 7u);  // + '"', '":', 'ab"', 'true', 'false', 'null', 'tr'
+  EXPECT_TRUE(has("\":") && has("ab\"") && has("true") && has("\""));
+  EXPECT_FALSE(has("\"}") || has("12") || has("{"));
+  ASSERT_TRUE(m.accept_bytes("\":"));
+  EXPECT_EQ(allowed(), (std::vector<std::string>{"1", "t", "true", "12", "tr"}));  // in id order
+  ASSERT_TRUE(m.accept_bytes("12}"));
+  EXPECT_TRUE(m.done());
+  EXPECT_EQ(allowed(), (std::vector<std::string>{"<eos>"}));  // complete: only the end
+  EXPECT_FALSE(m.accept_bytes("x"));
+}
+
+TEST(Grammar, JsonSchemaSubset) {
+  const json person = json::parse(R"({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+    "title": "Person", "properties": {"name": {"type": "string", "description": "x"}, "age": {"type": "integer"},
+    "email": {"type": ["string", "null"]}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+    "required": ["name", "age"], "additionalProperties": false})");
+  // Properties come in key order (a request's JSON objects are read unordered): age, email, name, tags.
+  EXPECT_TRUE(schema_matches(person, R"({"age": 3, "name": "Ann"})"));
+  EXPECT_TRUE(schema_matches(person, R"({"age":-3,"email":null,"name":"Ann","tags":["a","b"]})"));
+  EXPECT_TRUE(schema_matches(person, "{\n  \"age\": 0,\n  \"name\": \"A\\\"n\\u00e9\",\n  \"tags\": []\n}"));
+  EXPECT_TRUE(schema_matches(person, R"({"age": 3, "name": "Ann", "tags": ["b"]})"));  // email skipped
+  EXPECT_FALSE(schema_matches(person, R"({"name": "Ann", "age": 3})"));          // out of order
+  EXPECT_FALSE(schema_matches(person, R"({"name": "Ann"})"));                    // age is required
+  EXPECT_FALSE(schema_matches(person, R"({"age": 3.5, "name": "Ann"})"));        // integer
+  EXPECT_FALSE(schema_matches(person, R"({"age": 3, "name": "Ann", "x": 1})"));  // no additional properties
+  EXPECT_FALSE(schema_matches(person, R"({"age": 3, "name": "Ann", "tags": ["a","b","a"]})"));  // maxItems
+  EXPECT_FALSE(schema_matches(person, R"({"age": 3, "name": "Ann", "tags": ["c"]})"));          // enum
+  EXPECT_FALSE(schema_matches(person, R"({"age": 3, "name": "Ann",})"));
+  EXPECT_FALSE(schema_matches(person, R"({"age": 3, "name": "Ann"} )"));  // nothing after the value
+
+  const json tree = json::parse(R"({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "number"},
+    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}}, "$ref": "#/$defs/node"})");
+  EXPECT_TRUE(schema_matches(tree, R"({"kids": [{"v": 2}, {"kids": [], "v": -0.5}], "v": 1.5e3})"));
+  EXPECT_FALSE(schema_matches(tree, R"({"kids": [{"w": 2}], "v": 1})"));
+
+  const json any = json::parse(R"({"anyOf": [{"type": "boolean"}, {"const": {"k": [1]}}], "nullable": true})");
+  EXPECT_TRUE(schema_matches(any, "true"));
+  EXPECT_TRUE(schema_matches(any, R"({"k":[1]})"));
+  EXPECT_TRUE(schema_matches(any, "null"));
+  EXPECT_FALSE(schema_matches(any, "1"));
+  EXPECT_TRUE(schema_matches(json::parse(R"({"type": "array", "minItems": 2, "items": {"type": "string", "maxLength": 2}})"),
+                             R"(["ab", ""])"));
+  EXPECT_FALSE(schema_matches(json::parse(R"({"type": "array", "minItems": 2, "items": {"type": "string"}})"), R"(["ab"])"));
+  EXPECT_TRUE(schema_matches(json::object(), R"([1, {"a": null}, "x"])"));  // {} accepts any value
+
+  for (const char* bad : {R"({"type": "date"})", R"({"$ref": "http://example.com/s"})", R"({"$ref": "#/$defs/missing"})",
+                          R"({"allOf": [{"type": "string"}, {"maxLength": 3}]})",
+                          R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})"}) {
+    EXPECT_THROW(json_schema_to_gbnf(json::parse(bad)), Error) << bad;
+  }
+  json deep = json::object();
+  for (int k = 0; k < 100; ++k) deep = {{"type", "array"}, {"items", deep}};
+  EXPECT_THROW(json_schema_to_gbnf(deep), Error);
+}
+
+// Masking cost per generated token on the Llama 3 vocabulary (128K tokens): a JSON document
+// that follows a schema, tokenized by the real tokenizer, is replayed token by token (mask, then
+// accept). Printed; bounded loosely so a pathological regression fails.
+TEST(Grammar, MaskCostPerTokenOnLlama3Vocabulary) {
+  FT_REQUIRE_SHARED(path, "tokenizer/ggml-vocab-llama-bpe.gguf");
+  const auto f = GGUFFile::open(path);
+  const Tokenizer tok = Tokenizer::from_gguf(*f);
+  std::vector<std::string> pieces(size_t(tok.n_vocab()));
+  std::vector<bool> eog(size_t(tok.n_vocab()));
+  for (int32_t t = 0; t < tok.n_vocab(); ++t) pieces[size_t(t)] = tok.token_to_piece(t), eog[size_t(t)] = tok.is_eog(t);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto vocab = std::make_shared<GrammarVocab>(pieces, eog);
+  const double vocab_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  const json schema = json::parse(R"({"type": "object", "properties": {"city": {"type": "string"},
+    "days": {"type": "array", "items": {"type": "object", "properties": {"date": {"type": "string"},
+    "high": {"type": "number"}, "low": {"type": "number"}, "summary": {"type": "string"}},
+    "required": ["date", "high", "low", "summary"]}}}, "required": ["city", "days"]})");
+  std::string doc = R"({"city": "Paris", "days": [)";
+  for (int d = 0; d < 8; ++d)
+    doc += std::string(d ? ", " : "") + R"({"date": "2024-06-1)" + std::to_string(d) +
+           R"(", "high": 24.5, "low": 13, "summary": "Sunny spells with a light breeze from the west, turning cloudy later."})";
+  doc += "]}";
+  const std::vector<int32_t> ids = tok.encode(doc, false, false);
+  GrammarMatcher m(Grammar::parse(json_schema_to_gbnf(schema)), vocab);
+  std::vector<float> logits(size_t(tok.n_vocab()));
+  double first_ms = 0, total_ms = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    const auto a = std::chrono::steady_clock::now();
+    m.mask(logits.data(), tok.n_vocab());
+    ASSERT_TRUE(std::isfinite(logits[size_t(ids[i])])) << "token " << i << " '" << pieces[size_t(ids[i])] << "' masked";
+    ASSERT_TRUE(m.accept(ids[i])) << i;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count();
+    total_ms += ms;
+    if (i == 0) first_ms = ms;
+  }
+  EXPECT_TRUE(m.done());
+  const double per_token = total_ms / double(ids.size());
+  std::printf("[grammar] Llama 3 vocabulary (%d tokens): vocabulary index %.1f ms once; %zu tokens, mask+accept "
+              "%.3f ms/token on average (first %.1f ms)\n",
+              tok.n_vocab(), vocab_ms, ids.size(), per_token, first_ms);
+  EXPECT_LT(per_token, 20.0);
+}
+
+}  // namespace
+}  // namespace ft
