@@ -1452,8 +1452,12 @@ Interp::Flow Interp::run(const Node& n) {
       const Node* def = &n;
       auto fn = std::make_shared<Func>();
       fn->name = n.s;
-      std::shared_ptr<Frame> globals = frames_.front();
-      fn->call = [this, def, globals](List& args, Kwargs& kw) -> Value {
+      // Weak: the macro is stored in the globals frame, so a strong reference would be a cycle
+      // (a leak per render). The frame lives as long as the Interp, which outlives every call.
+      std::weak_ptr<Frame> globals_ref = frames_.front();
+      fn->call = [this, def, globals_ref](List& args, Kwargs& kw) -> Value {
+        const std::shared_ptr<Frame> globals = globals_ref.lock();
+        if (!globals) fail("jinja: line ", def->line, ": macro '", def->s, "' called after its template finished");
         if (args.size() > def->names.size())
           fail("jinja: line ", def->line, ": macro '", def->s, "' takes ", def->names.size(), " arguments, got ",
                args.size());

