@@ -61,16 +61,9 @@ struct Avx2Attn {
   static void scores_f_rows(int rows, const float* Q, int hd, const uint8_t* const* tiles, float* S, int ldS) {
     for (int t = 0; t < Attention<Avx2Attn>::kChunkTiles; ++t) {
       float* St = S + t * kKvTile;
-      int r0 = 0;
-      for (; r0 + 6 <= rows; r0 += 6) scores_f_t<T, 6>(Q + r0 * hd, hd, tiles[t], St + r0 * ldS, ldS);
-      switch (rows - r0) {
-        case 1: scores_f_t<T, 1>(Q + r0 * hd, hd, tiles[t], St + r0 * ldS, ldS); break;
-        case 2: scores_f_t<T, 2>(Q + r0 * hd, hd, tiles[t], St + r0 * ldS, ldS); break;
-        case 3: scores_f_t<T, 3>(Q + r0 * hd, hd, tiles[t], St + r0 * ldS, ldS); break;
-        case 4: scores_f_t<T, 4>(Q + r0 * hd, hd, tiles[t], St + r0 * ldS, ldS); break;
-        case 5: scores_f_t<T, 5>(Q + r0 * hd, hd, tiles[t], St + r0 * ldS, ldS); break;
-        default: break;
-      }
+      for_score_tiles(rows, [&](auto nr, int r0) {
+        scores_f_t<T, decltype(nr)::value>(Q + r0 * hd, hd, tiles[t], St + r0 * ldS, ldS);
+      });
     }
   }
   static void scores_f(GGMLType type, int rows, const float* Q, int hd, const uint8_t* const* tiles, float* S,

@@ -64,16 +64,9 @@ struct Avx512Attn {
   }
   template <GGMLType T>
   static void scores_f_rows(int rows, const float* Q, int hd, const uint8_t* const* tiles, float* S, int ldS) {
-    int r0 = 0;
-    for (; r0 + 6 <= rows; r0 += 6) scores_f_t<T, 6>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
-    switch (rows - r0) {
-      case 1: return scores_f_t<T, 1>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
-      case 2: return scores_f_t<T, 2>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
-      case 3: return scores_f_t<T, 3>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
-      case 4: return scores_f_t<T, 4>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
-      case 5: return scores_f_t<T, 5>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
-      default: return;
-    }
+    for_score_tiles(rows, [&](auto nr, int r0) {
+      scores_f_t<T, decltype(nr)::value>(Q + r0 * hd, hd, tiles, S + r0 * ldS, ldS);
+    });
   }
   static void scores_f(GGMLType type, int rows, const float* Q, int hd, const uint8_t* const* tiles, float* S,
                        int ldS) {

@@ -23,11 +23,30 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
 
 namespace ft::cpu {
+
+namespace {  // (each includer compiles its own copy for its own ISA)
+// rows score rows in register tiles of 6, then one of the remaining 1-5: tile(NR, r0) with NR a
+// std::integral_constant, so each tile height is its own instantiation.
+template <class F>
+void for_score_tiles(int rows, F&& tile) {
+  int r0 = 0;
+  for (; r0 + 6 <= rows; r0 += 6) tile(std::integral_constant<int, 6>{}, r0);
+  switch (rows - r0) {
+    case 1: return tile(std::integral_constant<int, 1>{}, r0);
+    case 2: return tile(std::integral_constant<int, 2>{}, r0);
+    case 3: return tile(std::integral_constant<int, 3>{}, r0);
+    case 4: return tile(std::integral_constant<int, 4>{}, r0);
+    case 5: return tile(std::integral_constant<int, 5>{}, r0);
+    default: return;
+  }
+}
+}  // namespace
 
 template <class A>
 struct Attention {
