@@ -1,10 +1,12 @@
 // libFuzzer target: the chat-template renderer and the format detection over arbitrary
-// conversations and template text. Checks: an unknown role fails with ft::Error and nothing
-// else; every message's content (what survives the format's strip()) is in the rendered text;
+// conversations and template text. Checks: a role outside system/user/assistant/tool fails with
+// ft::Error and nothing else; every message's content (what survives the format's strip()) is in the rendered text;
 // detection always picks a format, and a format's own name selects it.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -32,10 +34,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<ft::ChatMessage> messages(in.ConsumeIntegralInRange<size_t>(0, 8));
   bool unknown_role = false;
   for (ft::ChatMessage& m : messages) {
-    static const char* const kRoles[] = {"system", "user", "assistant"};
-    const int r = in.ConsumeIntegralInRange<int>(0, 3);
-    m.role = r < 3 ? kRoles[r] : in.ConsumeRandomLengthString(12);
-    unknown_role = unknown_role || (m.role != "system" && m.role != "user" && m.role != "assistant");
+    static const std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
+    constexpr int kKnown = static_cast<int>(std::size(kRoles));
+    const int r = in.ConsumeIntegralInRange<int>(0, kKnown);
+    m.role = r < kKnown ? std::string(kRoles[r]) : in.ConsumeRandomLengthString(12);
+    unknown_role = unknown_role || std::find(std::begin(kRoles), std::end(kRoles), m.role) == std::end(kRoles);
     m.content = in.ConsumeRandomLengthString(256);
   }
   try {
