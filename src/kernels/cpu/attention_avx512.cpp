@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "kernels/quant.h"
 #include "kernels/cpu/rowwise.h"
+#include "kernels/cpu/thread_pool.h"  // (before the target pragma: its std headers stay baseline)
 
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized

@@ -17,15 +17,16 @@
 // A row's result depends only on its query and its n_ctx (chunks start at fixed positions;
 // masked positions get p = 0 exactly), not on which rows share its work item.
 #pragma once
-#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 
 #include "core/error.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/kernels.h"
 
 namespace ft::cpu {
@@ -101,12 +102,11 @@ struct Attention {
     }
     const int64_t n_items = n_qblocks * sh.n_kv_heads;
     const int64_t qdim = int64_t(sh.n_heads) * hd;
-#pragma omp parallel num_threads(threads) if (n_items > 1)
-    {
+    std::atomic<int64_t> next{0};
+    parallel(int(std::min<int64_t>(threads, n_items)), [&](int, int) {
       // Each thread walks the block list itself (cheap) to map item -> query block.
       int64_t qb_idx = -1, qb_start = 0, qb_end = 0;
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t item = 0; item < n_items; ++item) {
+      for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
         const int64_t want = item / sh.n_kv_heads;
         if (want < qb_idx) {
           qb_idx = -1;
@@ -121,7 +121,7 @@ struct Attention {
         }
         block(q, qdim, qb_start, qb_end, int(item % sh.n_kv_heads), group, views[qb_start], n_ctx, sh, out);
       }
-    }
+    });
   }
 
   static void block(const float* q, int64_t qdim, int64_t i0, int64_t i1, int g, int group,

@@ -9,8 +9,6 @@
 //   quantized weights: the integer path of packed.h (int8 activations, exact integer block sums,
 //   one fma chain over 32-blocks in order).
 #pragma once
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,6 +18,7 @@
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/rowwise.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/quant.h"
 
 namespace ft::cpu {
@@ -67,23 +66,21 @@ struct Drivers {
   static void quantize(const float* X, int64_t M, int64_t K, QAct& q, int threads) {
     q.reserve(M, K);  // (no-op after Backend::reserve)
     const int64_t kb = K / kQBlock;
-#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= (1 << 16))
-    for (int64_t m = 0; m < M; ++m) {
+    parallel_for_static(M, M * K >= (1 << 16) ? threads : 1, [&](int64_t m) {
       quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
       if constexpr (int8_act<Isa>()) {
         const int16_t* a = q.xq.data() + m * K;
         int8_t* b = q.xq8.data() + m * K;
         for (int64_t k = 0; k < K; ++k) b[k] = int8_t(a[k]);  // |xq| <= 127: exact
       }
-    }
+    });
   }
 
   static void reserve(int64_t max_rows, int threads) {
-#pragma omp parallel num_threads(threads)
-    {
+    parallel(threads, [&](int, int) {
       Scratch& s = scratch();
       if (s.c.size() < size_t(max_rows) * kItemGroups * kGroup) s.c.resize(size_t(max_rows) * kItemGroups * kGroup);
-    }
+    });
   }
 
   // One group of up to kGroup output rows of one segment: packed (panel layout) or GGUF rows.
@@ -293,8 +290,7 @@ struct Drivers {
     // each thread's reads one ascending stream (what the prefetchers follow), while still
     // dynamic enough to even out a thread that was preempted. Large M: one item at a time.
     const int64_t run = M <= 4 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
-#pragma omp parallel for schedule(dynamic, run) num_threads(threads)
-    for (int64_t p = 0; p < n_items; ++p) {
+    parallel_for(n_items, threads, run, [&](int64_t p) {
       Scratch& s = scratch();
       if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
       int si = 0;
@@ -344,7 +340,7 @@ struct Drivers {
                                  g.rope_cs + m * g.rope_n_rot);
         }
       }
-    }
+    });
   }
 };
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/quant.h"
 
 // No FMA contraction here: RoPE's rotation must round the same way wherever it is inlined (the
@@ -16,6 +17,8 @@
 #endif
 
 namespace ft::rowwise {
+
+using cpu::parallel_for_static;
 
 void add_bias(float* Y, int64_t M, int64_t N, const float* bias) {
   for (int64_t m = 0; m < M; ++m)
@@ -79,13 +82,12 @@ void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t*
   // cos/sin table of one row lives on the stack (n_rot <= 512).
   if (p.n_rot > 512) fail("rope: n_rot ", p.n_rot, " exceeds 512");
   const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
-#pragma omp parallel for schedule(static) num_threads(threads) if (M * n_heads * head_dim > 65536)
-  for (int64_t m = 0; m < M; ++m) {
+  parallel_for_static(M, M * n_heads * head_dim > 65536 ? threads : 1, [&](int64_t m) {
     float cs[512];
     rope_row_table(pos[m], p, theta_scale, cs);
     if (p.style == RopeStyle::Interleaved) {
       rope_rotate(x + m * n_heads * head_dim, 0, int64_t(n_heads) * head_dim, head_dim, p.n_rot, cs);
-      continue;
+      return;
     }
     for (int32_t h = 0; h < n_heads; ++h) {
       float* v = x + (m * n_heads + h) * head_dim;
@@ -95,7 +97,7 @@ void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t*
         rotate(v[a], v[b], cs[2 * i], cs[2 * i + 1]);
       }
     }
-  }
+  });
 }
 
 void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) {

@@ -1,0 +1,68 @@
+// The fast kernels' worker threads: one persistent pool per process that runs a parallel region
+// (a GEMM, an attention call, a RoPE) on the caller plus up to threads - 1 workers.
+//
+// Why not OpenMP: a decode step on a 1.1B model is ~110 regions of 20-150 us each, and an
+// OpenMP region cost 16-20 us of fork/join on these VMs (measured: an empty `omp parallel` of
+// 2 threads), so the second thread bought little. Here a region is one atomic generation bump
+// that spinning workers see within ~100 ns; between regions workers spin for kSpinUs, then sleep
+// on a futex (an idle server costs no CPU), and the caller only issues the wake-up syscall when
+// some worker sleeps.
+//
+// Contract: fn must not start another region from inside (a nested call runs inline on the
+// calling thread, serially, so it is correct but not parallel). Regions from different caller
+// threads are serialized (one engine thread is the normal case; tests may run several). An
+// exception thrown by fn on any thread is rethrown on the caller after the region ends.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+namespace ft::cpu {
+
+// Workers spin this long after a region before sleeping (the gap between two regions of one
+// forward pass is a few us; between two decode steps, sampling and scheduling: tens of us).
+inline constexpr int64_t kSpinUs = 200;
+
+// Runs call(ctx, t, nt) once for each t in [0, nt), t = 0 on the calling thread, the others on
+// pool workers (started on first use; the pool grows to the largest nt asked for).
+void run_region(int nt, void (*call)(void* ctx, int t, int nt), void* ctx);
+
+// fn(t, nt) once on each of nt threads.
+template <class F>
+void parallel(int nt, F&& fn) {
+  using Fn = std::remove_reference_t<F>;
+  run_region(std::max(1, nt), [](void* c, int t, int n) { (*static_cast<Fn*>(c))(t, n); }, &fn);
+}
+
+// fn(i) for every i in [0, n): runs of `chunk` consecutive items handed out in order to whichever
+// thread asks next (OpenMP's schedule(dynamic, chunk)). Runs inline when nt <= 1 or n <= chunk.
+template <class F>
+void parallel_for(int64_t n, int nt, int64_t chunk, F&& fn) {
+  chunk = std::max<int64_t>(1, chunk);
+  if (nt <= 1 || n <= chunk) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  const int used = int(std::min<int64_t>(nt, (n + chunk - 1) / chunk));
+  parallel(used, [&](int, int) {
+    for (int64_t b; (b = next.fetch_add(chunk, std::memory_order_relaxed)) < n;)
+      for (int64_t i = b, e = std::min(n, b + chunk); i < e; ++i) fn(i);
+  });
+}
+
+// fn(i) for every i in [0, n), thread t taking the t-th contiguous nt-th (OpenMP's
+// schedule(static)): for rows of equal cost, no shared counter.
+template <class F>
+void parallel_for_static(int64_t n, int nt, F&& fn) {
+  if (nt <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  const int used = int(std::min<int64_t>(nt, n));
+  parallel(used, [&](int t, int u) {
+    for (int64_t i = n * t / u, e = n * (t + 1) / u; i < e; ++i) fn(i);
+  });
+}
+
+}  // namespace ft::cpu

@@ -1,0 +1,94 @@
+// The fast kernels' worker pool (kernels/cpu/thread_pool.h): every item exactly once for any
+// (n, threads, chunk), one call per thread, nested regions inline, exceptions reach the caller,
+// concurrent callers, and regions after the workers went to sleep.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace ft::cpu {
+namespace {
+
+TEST(ThreadPool, ParallelForCoversEveryItemOnce) {
+  for (const int nt : {1, 2, 3, 5})
+    for (const int64_t n : {0, 1, 2, 7, 64, 1001})
+      for (const int64_t chunk : {1, 3, 64}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        parallel_for(n, nt, chunk, [&](int64_t i) { hits[size_t(i)].fetch_add(1); });
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " nt=" << nt << " chunk=" << chunk << " i=" << i;
+        std::vector<std::atomic<int>> shits(static_cast<size_t>(n));
+        parallel_for_static(n, nt, [&](int64_t i) { shits[size_t(i)].fetch_add(1); });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(shits[size_t(i)].load(), 1) << "static n=" << n << " nt=" << nt;
+      }
+}
+
+TEST(ThreadPool, ParallelRunsOncePerThreadOnDistinctThreads) {
+  for (const int nt : {1, 2, 4}) {
+    std::vector<std::atomic<int>> calls(static_cast<size_t>(nt));
+    std::vector<std::thread::id> ids(static_cast<size_t>(nt));
+    std::atomic<int> bad_nt{0};
+    parallel(nt, [&](int t, int n) {
+      if (n != nt) bad_nt.fetch_add(1);
+      calls[size_t(t)].fetch_add(1);
+      ids[size_t(t)] = std::this_thread::get_id();
+    });
+    EXPECT_EQ(bad_nt.load(), 0);
+    for (int t = 0; t < nt; ++t) EXPECT_EQ(calls[size_t(t)].load(), 1) << "t=" << t;
+    EXPECT_EQ(ids[0], std::this_thread::get_id());  // t = 0 is the caller
+    EXPECT_EQ(std::set<std::thread::id>(ids.begin(), ids.end()).size(), size_t(nt));
+  }
+}
+
+TEST(ThreadPool, NestedRegionRunsInline) {
+  std::atomic<int64_t> sum{0};
+  parallel_for(8, 2, 1, [&](int64_t i) {
+    parallel_for(10, 2, 1, [&](int64_t j) { sum.fetch_add(i * 10 + j); });
+  });
+  EXPECT_EQ(sum.load(), 79 * 80 / 2);
+}
+
+TEST(ThreadPool, ExceptionReachesTheCallerAndThePoolGoesOn) {
+  EXPECT_THROW(parallel_for(100, 2, 1,
+                            [&](int64_t i) {
+                              if (i == 77) throw std::runtime_error("item 77");
+                            }),
+               std::runtime_error);
+  std::atomic<int> n{0};
+  parallel_for(100, 2, 1, [&](int64_t) { n.fetch_add(1); });
+  EXPECT_EQ(n.load(), 100);
+}
+
+TEST(ThreadPool, ConcurrentCallersEachGetTheirOwnRegion) {
+  std::atomic<int> errors{0};
+  auto caller = [&](int seed) {
+    for (int r = 0; r < 200; ++r) {
+      const int64_t n = 1 + (seed * 31 + r * 17) % 300;
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      parallel_for(n, 2 + r % 2, 1 + r % 5, [&](int64_t i) { hits[size_t(i)].fetch_add(1); });
+      for (auto& h : hits) errors += h.load() != 1;
+    }
+  };
+  std::thread a(caller, 1), b(caller, 2);
+  a.join();
+  b.join();
+  EXPECT_EQ(errors.load(), 0);
+}
+
+TEST(ThreadPool, RegionsAfterTheWorkersSlept) {
+  for (int r = 0; r < 5; ++r) {
+    std::this_thread::sleep_for(std::chrono::microseconds(kSpinUs * 3));
+    std::atomic<int> n{0};
+    parallel(3, [&](int, int) { n.fetch_add(1); });
+    EXPECT_EQ(n.load(), 3);
+  }
+}
+
+}  // namespace
+}  // namespace ft::cpu
