@@ -143,10 +143,12 @@ void BM_FlashAttention(benchmark::State& st) {
   st.counters["pct_peak"] = 100 * gflops / peak_gflops();
 }
 
-// Prefill shapes of TinyLlama (QKV-sized 2048x2048, FFN 5632x2048, down 2048x5632) and decode.
+// Prefill shapes of TinyLlama (QKV-sized 2048x2048, FFN 5632x2048, down 2048x5632) and decode;
+// on the 2048x2048 shape also the adaptive scheduler's chunk sizes (16-128 rows: compare their
+// GFLOP/s with M = 512's) and an odd one.
 void GemmArgs(benchmark::internal::Benchmark* b) {
-  b->Args({512, 2048, 2048})->Args({512, 5632, 2048})->Args({512, 2048, 5632})->Args({64, 2048, 2048})
-      ->Args({17, 2048, 2048});
+  b->Args({512, 2048, 2048})->Args({512, 5632, 2048})->Args({512, 2048, 5632});
+  for (const int64_t m : {16, 17, 32, 64, 128}) b->Args({m, 2048, 2048});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 void GemvArgs(benchmark::internal::Benchmark* b) {
