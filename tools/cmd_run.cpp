@@ -36,6 +36,7 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("-c,--ctx", a.ctx, "Context length (0 = the model's)")->capture_default_str();
   c->add_option("-b,--batch", a.batch, "Prompt tokens per forward pass")->capture_default_str();
   c->add_option("--kv-type", a.kv_type, "KV cache element type: f16, bf16, q8_0 or f32")->capture_default_str();
+  c->add_flag("--mlock", a.mlock, "Pin the weights in RAM (mlock; a refusal is a warning)");
   c->add_flag("--chat", a.chat, "Wrap the prompt in the model's chat template");
   c->add_option("--system", a.system, "System message (with --chat)");
   c->add_option("--chat-format", a.chat_format,
@@ -119,7 +120,8 @@ int cmd_run(const RunArgs& a) {
 
   // One request through the serving engine: prompt chunks of --batch tokens, then decode.
   if (a.batch < 1) fail("--batch must be at least 1");
-  const EngineConfig cfg = single_request_config(*model, a.ctx, a.batch, a.threads, parse_kv_type(a.kv_type));
+  EngineConfig cfg = single_request_config(*model, a.ctx, a.batch, a.threads, parse_kv_type(a.kv_type));
+  cfg.runtime.mlock = a.mlock;
 
   server::GenerationRequest req;
   if (a.chat) {
@@ -138,6 +140,7 @@ int cmd_run(const RunArgs& a) {
   Inbox inbox;  // outlives the engine, whose callback posts to it
   Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
   std::fprintf(stderr, "[firsttoken] %s\n", engine.kv_summary().c_str());
+  if (!engine.weights_summary().empty()) std::fprintf(stderr, "[firsttoken] %s\n", engine.weights_summary().c_str());
   const server::GenerationContext ctx(engine, tok, chat);
   auto out = std::make_shared<StdoutSink>();
   std::shared_ptr<server::Generation> gen;

@@ -105,6 +105,10 @@ int cmd_serve(const ServeArgs& a) {
   spdlog::info("kernels: {} (this CPU runs {}; FT_ISA forces a lower one)", cpu_isa(),
                cpu_isas().back());
   spdlog::info("{}", engine.kv_summary());
+  if (const std::string& w = engine.weights_summary(); !w.empty()) {
+    if (w.starts_with("warning")) spdlog::warn("{}", w);
+    else spdlog::info("{}", w);
+  }
   server::Server srv(engine, served, cfg);
   const int rc = srv.run();  // returns after the engine has shut down
   const EngineMetrics em = engine.metrics();

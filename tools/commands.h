@@ -18,6 +18,7 @@ struct RunArgs {
   int threads = 0;
   int64_t ctx = 0, batch = 512;
   std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
+  bool mlock = RuntimeConfig{}.mlock;
   bool chat = false, ignore_eos = false;
   std::string profile;  // --profile FILE: write a Chrome/Perfetto trace
 };

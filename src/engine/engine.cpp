@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/memory_lock.h"
 #include "profile/profiling_backend.h"
 #include "profile/trace.h"
 
@@ -103,6 +104,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     profile::set_meta("cost_model_calibrated", int64_t(cfg.calibrate));
   }
   exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens);
+  if (cfg.runtime.mlock) weights_summary_ = lock_weights();
   CostModel cost;
   if (cfg.calibrate) {
     profile::Scope sc("calibrate", "engine");
@@ -118,6 +120,25 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
 }
 
 Engine::~Engine() { shutdown(); }
+
+// What the forward pass reads: the backend's prepared copies, and the file's tensors it did not
+// copy (norms, biases) or reads as rows anyway (the embedding table, even when the output head
+// is a packed copy of it). A refusal (RLIMIT_MEMLOCK) is a warning: the engine runs unlocked.
+std::string Engine::lock_weights() {
+  try {
+    uint64_t bytes = backend_->lock_prepared();
+    for (const GGUFTensorInfo& t : model_.file().tensors())
+      if (!backend_->has_copy_of(t.data) || t.data == model_.weights().token_embd.data) {
+        lock_memory(t.data, t.n_bytes, cat("tensor '", t.name, "'"));
+        bytes += t.n_bytes;
+      }
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.1f", double(bytes) / double(1 << 20));
+    return cat("weights locked in RAM (mlock): ", mib, " MiB");
+  } catch (const Error& e) {
+    return cat("warning: --mlock: ", e.what(), "; the weights stay pageable");
+  }
+}
 
 std::string Engine::kv_summary() const {
   return cat("KV cache: ", kv_->summary(), kv_->huge_pages() ? "; huge pages advised" : "; huge pages unavailable (4 KiB pages)");

@@ -88,6 +88,9 @@ class Engine {
   int64_t n_ctx() const { return n_ctx_; }
   // "KV cache: N tokens (M MiB, DTYPE, B-token blocks)[, huge pages ...]": the start-up line.
   std::string kv_summary() const;
+  // With RuntimeConfig::mlock: "weights locked in RAM (mlock): N MiB" or the warning saying why
+  // not; else "".
+  const std::string& weights_summary() const { return weights_summary_; }
   const SchedulerConfig& scheduler_config() const { return sched_cfg_; }
   double now_ms() const;  // the engine clock
 
@@ -95,6 +98,7 @@ class Engine {
   class ModelExecutor;
   void loop();
   CostModel calibrate();
+  std::string lock_weights();
 
   const Model& model_;
   int64_t n_ctx_ = 0;
@@ -104,6 +108,7 @@ class Engine {
   std::unique_ptr<KVCache> kv_;
   std::unique_ptr<EngineCore> core_;
   std::chrono::steady_clock::time_point t0_;
+  std::string weights_summary_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

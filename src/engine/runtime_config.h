@@ -15,6 +15,7 @@ struct RuntimeConfig {
   int32_t kv_block_size = 16;  // positions per KV cache block
   GGMLType kv_type = GGMLType::F16;  // KV cache element type: F16, BF16, Q8_0 or F32 (kv_layout.h)
   int64_t max_batch = 512;     // tokens per forward pass (prefill chunk size)
+  bool mlock = false;          // pin the weights in RAM (Engine::weights_summary says how it went)
 };
 
 // threads resolved against the machine.

@@ -54,6 +54,11 @@ class Backend {
   // A view of W in the layout this backend's matmuls read fastest (repacked once, at load; the
   // backend owns the copy and returns the same one for the same W). Default: W itself.
   virtual WeightView prepare(const WeightView& W) { return W; }
+  // Pins the copies prepare() made in RAM (mlock: never paged out) and returns their bytes.
+  // Throws ft::Error naming the cause (e.g. RLIMIT_MEMLOCK) when the OS refuses.
+  virtual uint64_t lock_prepared() { return 0; }
+  // Whether prepare() made a copy of the weight at src (the original is then never read).
+  virtual bool has_copy_of(const void* src) const { (void)src; return false; }
 
   // The layer the calls that follow belong to (-1: none: the embedding, the output head), set
   // by the forward pass before each layer's calls; the compute ignores it, observers (the

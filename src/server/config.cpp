@@ -46,6 +46,8 @@ const ServeSetting kSettings[] = {
     {"server.binary_port_any", "--binary-port-any", "Serve the binary protocol on any free port (printed at start)",
      &ServeConfig::binary_port_any},
     {"server.threads", "-t,--threads", "Engine compute threads (0 = all cores)", &ServeConfig::threads, 0, 1024},
+    {"server.mlock", "--mlock", "Pin the weights in RAM (mlock; a refusal, e.g. by RLIMIT_MEMLOCK, is logged)",
+     &ServeConfig::mlock},
     {"server.http_threads", "--http-threads", "HTTP I/O worker threads", &ServeConfig::http_threads, 1, 256},
     {"server.max_queue", "--max-queue", "Requests waiting for their first token before 429", &ServeConfig::max_queue,
      0, 1 << 30},
@@ -189,6 +191,7 @@ void apply_config_file(const std::string& path, ServeConfig& cfg) {
 EngineConfig to_engine_config(const ServeConfig& c) {
   EngineConfig e;
   e.runtime.threads = c.threads;
+  e.runtime.mlock = c.mlock;
   e.runtime.n_ctx = c.context_length;
   e.runtime.kv_block_size = c.kv_block_size;
   e.runtime.kv_type = parse_kv_type(c.kv_type);

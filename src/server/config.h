@@ -12,7 +12,7 @@
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "frame_timeout_s", "max_connections",
 //               "log_level", "model", "served_model_name", "context_length", "binary_port_any",
-//               "api_key", "allowed_origins"},
+//               "api_key", "allowed_origins", "mlock"},
 //    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
 //                 "dtype": "f16" | "bf16" | "q8_0" | "f32"}}
 // Features not built yet (speculative decoding, tp/pp > 1, a throughput-optimised mode) are
@@ -39,6 +39,7 @@ struct ServeConfig {
   int binary_port = 0;            // the binary protocol's port; 0 = off
   bool binary_port_any = false;   // the binary protocol on any free port (printed at start)
   int threads = RuntimeConfig{}.threads;  // compute threads of the engine (0 = all cores)
+  bool mlock = RuntimeConfig{}.mlock;     // pin the weights in RAM
   int http_threads = 2;           // I/O threads = HTTP workers (each with its own tokenizer)
   int64_t max_queue = 256;        // requests waiting for their first token; more -> 429
   uint64_t max_body_bytes = 4u << 20;  // an HTTP body or a binary frame; memory is taken as bytes arrive

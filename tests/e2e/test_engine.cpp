@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -250,6 +252,47 @@ TEST(Engine, KvCapacityPerType) {
   EXPECT_NEAR(capacity(GGMLType::F16) / f32, 2.0, 0.01);
   EXPECT_NEAR(capacity(GGMLType::BF16) / f32, 2.0, 0.01);
   EXPECT_NEAR(capacity(GGMLType::Q8_0) / f32, 32.0 / 12.0, 0.01);
+}
+
+// VmLck of this process (KiB), from /proc/self/status; -1 where there is none.
+int64_t locked_kib() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmLck:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+// --mlock: the weights the forward pass reads are pinned (VmLck grows by at least their bytes:
+// packed copies hold as many bytes as the file's matrices), or, where the OS refuses, the engine
+// runs and says why. Off by default.
+TEST(Engine, MlockPinsTheWeightsOrSaysWhy) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  EngineConfig c = config(64, true, 8u << 20, GGMLType::F16);
+  EXPECT_EQ(Engine(*model, c, {}).weights_summary(), "");
+  c.runtime.mlock = true;
+  const int64_t before = locked_kib();
+  if (before < 0) GTEST_SKIP() << "no VmLck in /proc/self/status";
+  {
+    Engine e(*model, c, {});
+    const std::string& s = e.weights_summary();
+    if (s.rfind("weights locked in RAM (mlock): ", 0) == 0) {
+      EXPECT_GE((locked_kib() - before) * 1024, int64_t(model->weight_bytes())) << s;
+    } else {
+      EXPECT_NE(s.find("RLIMIT_MEMLOCK"), std::string::npos) << s;
+    }
+    const auto out = run_jobs(e, {Job{{1, 2, 3}, 4}}, false);
+    EXPECT_EQ(out[0].tokens.size(), 4u);
+  }
+  if (geteuid() != 0) {  // (root has CAP_IPC_LOCK: no limit applies to it)
+    struct rlimit old {}, zero {0, 0};
+    ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &old), 0);
+    zero.rlim_max = old.rlim_max;
+    ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &zero), 0);
+    Engine e(*model, c, {});
+    setrlimit(RLIMIT_MEMLOCK, &old);
+    EXPECT_NE(e.weights_summary().find("RLIMIT_MEMLOCK"), std::string::npos) << e.weights_summary();
+  }
 }
 
 TEST(Engine, RejectsWhatCanNeverFit) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory_lock.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/rowwise.h"
 #include "kernels/kernels.h"
@@ -103,6 +104,23 @@ class CpuFastBackend final : public Backend {
     return {W.type, packed_.back().bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
   }
 
+  uint64_t lock_prepared() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t total = 0;
+    for (const Packed& p : packed_) {
+      const uint64_t bytes = cpu::group_bytes(p.type, p.n_cols) * uint64_t(cpu::n_groups(p.n_rows));
+      lock_memory(p.bytes.get(), bytes, "the packed weights");
+      total += bytes;
+    }
+    return total;
+  }
+  bool has_copy_of(const void* src) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Packed& p : packed_)
+      if (p.src == src) return true;
+    return false;
+  }
+
   void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
     const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
     gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Store);
@@ -177,7 +195,7 @@ class CpuFastBackend final : public Backend {
   int threads_;
   const cpu::IsaKernels& k_;
   cpu::AttentionFn attention_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<Packed> packed_;
   int64_t max_k_ = 0;  // largest K of a prepared integer-path weight
   std::mutex qa_mu_;
