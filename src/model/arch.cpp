@@ -35,40 +35,52 @@ const TensorSpec kQkvBias[] = {
   {"blk.{i}.attn_k.bias",        Role::Bk,         "bk",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
   {"blk.{i}.attn_v.bias",        Role::Bv,         "bv",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
 };
-// Gemma 2: Llama's projections (q_dim = heads * key_length, not dim), norms after attention and
-// after the FFN, no output matrix (tied to token_embd; the converter writes none).
-const TensorSpec kGemma2[] = {
-  {"token_embd.weight",                 Role::TokenEmbd,    "token_embd",      E::Vocab,   E::Dim,   true,  T::Weight, false, false, Init::Matrix},
-  {"blk.{i}.attn_norm.weight",          Role::AttnNorm,     "attn_norm",       E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
-  {"blk.{i}.attn_q.weight",             Role::Wq,           "wq",              E::QDim,    E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.attn_k.weight",             Role::Wk,           "wk",              E::KvDim,   E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.attn_v.weight",             Role::Wv,           "wv",              E::KvDim,   E::Dim,   true,  T::Weight, true,  false, Init::Matrix, MoreBits::SomeLayers},
-  {"blk.{i}.attn_output.weight",        Role::Wo,           "wo",              E::Dim,     E::QDim,  true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.post_attention_norm.weight", Role::AttnPostNorm, "attn_post_norm", E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
-  {"blk.{i}.ffn_norm.weight",           Role::FfnNorm,      "ffn_norm",        E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
-  {"blk.{i}.ffn_gate.weight",           Role::WGate,        "w_gate",          E::Ffn,     E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.ffn_up.weight",             Role::WUp,          "w_up",            E::Ffn,     E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.ffn_down.weight",           Role::WDown,        "w_down",          E::Dim,     E::Ffn,   true,  T::Weight, true,  false, Init::Matrix, MoreBits::SomeLayers},
-  {"blk.{i}.post_ffw_norm.weight",      Role::FfnPostNorm,  "ffn_post_norm",   E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
-  {"output_norm.weight",                Role::OutputNorm,   "output_norm",     E::Dim,     E::Dim,   false, T::F32,    false, false, Init::Norm},
-  {"output.weight",                     Role::Output,       "output",          E::Vocab,   E::Dim,   true,  T::Weight, false, true,  Init::Matrix, MoreBits::Always, false},
-};
-// Phi-3: Q, K, V fused into one matrix (q rows, then k, then v) and gate and up into one (gate
-// rows, then up); the long-context variants' rope factors (long / short, chosen by context).
-const TensorSpec kPhi3[] = {
-  {"token_embd.weight",          Role::TokenEmbd,  "token_embd",  E::Vocab,   E::Dim,   true,  T::Weight, false, false, Init::Matrix},
-  {"blk.{i}.attn_norm.weight",   Role::AttnNorm,   "attn_norm",   E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
-  {"blk.{i}.attn_qkv.weight",    Role::WQkv,       "wqkv",        E::QkvDim,  E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.attn_output.weight", Role::Wo,         "wo",          E::Dim,     E::QDim,  true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.ffn_norm.weight",    Role::FfnNorm,    "ffn_norm",    E::Dim,     E::Dim,   false, T::F32,    true,  false, Init::Norm},
-  {"blk.{i}.ffn_up.weight",      Role::WGateUp,    "w_gate_up",   E::Ffn2,    E::Dim,   true,  T::Weight, true,  false, Init::Matrix},
-  {"blk.{i}.ffn_down.weight",    Role::WDown,      "w_down",      E::Dim,     E::Ffn,   true,  T::Weight, true,  false, Init::Matrix, MoreBits::SomeLayers},
-  {"output_norm.weight",         Role::OutputNorm, "output_norm", E::Dim,     E::Dim,   false, T::F32,    false, false, Init::Norm},
-  {"output.weight",              Role::Output,     "output",      E::Vocab,   E::Dim,   true,  T::Weight, false, true,  Init::Matrix, MoreBits::Always},
+// Gemma 2: Llama's tensors (q_dim = heads * key_length, not dim) with a norm after attention and
+// one after the FFN (gemma2_tensors inserts them after wo and w_down).
+const TensorSpec kPostAttnNorm =
+  {"blk.{i}.post_attention_norm.weight", Role::AttnPostNorm, "attn_post_norm", E::Dim, E::Dim, false, T::F32, true, false, Init::Norm};
+const TensorSpec kPostFfnNorm =
+  {"blk.{i}.post_ffw_norm.weight",      Role::FfnPostNorm,  "ffn_post_norm",  E::Dim, E::Dim, false, T::F32, true, false, Init::Norm};
+// Phi-3: Llama's tensors with Q, K, V fused into one matrix (q rows, then k, then v) and gate and
+// up into one (gate rows, then up) (phi3_tensors); the long-context variants' rope factors (long /
+// short, chosen by the context) where Llama has rope_freqs.
+const TensorSpec kFusedQkv =
+  {"blk.{i}.attn_qkv.weight",    Role::WQkv,       "wqkv",        E::QkvDim,  E::Dim,   true,  T::Weight, true,  false, Init::Matrix};
+const TensorSpec kFusedGateUp =
+  {"blk.{i}.ffn_up.weight",      Role::WGateUp,    "w_gate_up",   E::Ffn2,    E::Dim,   true,  T::Weight, true,  false, Init::Matrix};
+const TensorSpec kRopeFactors[] = {
   {"rope_factors_long.weight",   Role::RopeLong,   "rope_long",   E::RotHalf, E::RotHalf, false, T::F32,  false, true,  Init::Norm, MoreBits::Never, false},
   {"rope_factors_short.weight",  Role::RopeShort,  "rope_short",  E::RotHalf, E::RotHalf, false, T::F32,  false, true,  Init::Norm, MoreBits::Never, false},
 };
 // clang-format on
+
+// Llama's table with Gemma 2's post-norms; no rope_freqs, and the output matrix is not written
+// by the synthetic writer (Gemma 2 ties it to token_embd; its converter writes none).
+std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    if (t.role == Role::RopeFreqs) continue;
+    out.push_back(t);
+    if (t.role == Role::Output) out.back().synthetic = false;
+    if (t.role == Role::Wo) out.push_back(kPostAttnNorm);
+    if (t.role == Role::WDown) out.push_back(kPostFfnNorm);
+  }
+  return out;
+}
+
+std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    switch (t.role) {
+      case Role::Wq: out.push_back(kFusedQkv); break;
+      case Role::WGate: out.push_back(kFusedGateUp); break;
+      case Role::Wk: case Role::Wv: case Role::WUp: break;
+      case Role::RopeFreqs: out.insert(out.end(), std::begin(kRopeFactors), std::end(kRopeFactors)); break;
+      default: out.push_back(t);
+    }
+  }
+  return out;
+}
 
 std::vector<TensorSpec> with_qkv_bias(std::span<const TensorSpec> base) {
   std::vector<TensorSpec> out;
@@ -81,6 +93,8 @@ std::vector<TensorSpec> with_qkv_bias(std::span<const TensorSpec> base) {
 
 std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> qwen2 = with_qkv_bias(kLlama);
+  static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
+  static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
   // Gemma 2's defaults are llama.cpp's when the keys are absent (window 4096, caps 50 and 30).
   // Its norm weights are stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is
   // the plain x / rms(x) * weight.
@@ -91,8 +105,8 @@ std::span<const ArchSpec> archs() {
   static const ArchSpec a[] = {
       {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama},
       {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
-      {"gemma2", Arch::Gemma2, 1e-6f, 1e4f, RopeStyle::Halves, kGemma2, gemma2},
-      {"phi3", Arch::Phi3, 1e-5f, 1e4f, RopeStyle::Halves, kPhi3, phi3},
+      {"gemma2", Arch::Gemma2, 1e-6f, 1e4f, RopeStyle::Halves, gemma2_t, gemma2},
+      {"phi3", Arch::Phi3, 1e-5f, 1e4f, RopeStyle::Halves, phi3_t, phi3},
   };
   return a;
 }

@@ -100,7 +100,9 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
     if (x.name == c.shape) s = &x;
   ASSERT_NE(s, nullptr);
   const bool qwen = c.arch == "qwen2";
-  EXPECT_EQ(hp.arch, qwen ? Arch::Qwen2 : Arch::Llama);
+  const ArchSpec* spec = find_arch(c.arch);
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(hp.arch, spec->arch);
   EXPECT_EQ(hp.dim, s->dim);
   EXPECT_EQ(hp.n_layers, s->n_layers);
   EXPECT_EQ(hp.n_heads, s->n_heads);
@@ -110,10 +112,13 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   EXPECT_EQ(hp.ctx_len, s->ctx_len);
   EXPECT_EQ(hp.n_vocab, 260);
   EXPECT_EQ(hp.rope.n_rot, hp.head_dim);
-  EXPECT_FLOAT_EQ(hp.rope.freq_base, qwen ? 1e6f : 1e4f);
-  EXPECT_FLOAT_EQ(hp.rms_eps, qwen ? 1e-6f : 1e-5f);
+  EXPECT_FLOAT_EQ(hp.rope.freq_base, spec->rope_freq_base);
+  EXPECT_FLOAT_EQ(hp.rms_eps, spec->rms_eps);
   EXPECT_EQ(hp.qkv_bias, qwen);
-  EXPECT_FALSE(hp.tied_embeddings);
+  // Tied exactly when the writer leaves the output matrix out (gemma2).
+  const bool writes_output = std::any_of(spec->tensors.begin(), spec->tensors.end(),
+                                         [](const TensorSpec& t) { return t.role == Role::Output && t.synthetic; });
+  EXPECT_EQ(hp.tied_embeddings, !writes_output);
   EXPECT_EQ(hp.name, cat("synthetic-", c.shape, "-", type_traits(c.type).name, " (random weights)"));
   EXPECT_EQ(m->file().alignment(), 32u);
   if (qwen) {
