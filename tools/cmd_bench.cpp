@@ -99,7 +99,7 @@ int cmd_bench(const BenchArgs& a) {
   // Prefill of a model whose matmuls are mostly quantized runs on int8 dot products: its
   // ceiling is the int8 peak, else the fp32 FMA peak (of the instruction set in use).
   const bool int8_prefill = a.backend == "cpu" && int_flops_per_tok * 2 > layer_flops_per_tok;
-  const double attn_flops_per_ctx = 4.0 * hp.head_dim * hp.n_heads * hp.n_layers;  // per (query, key)
+  const double attn_flops_per_pair = 4.0 * hp.head_dim * hp.n_heads;  // per (query, key) per layer
   const double out_flops = matmul_flops(w.output, 1);
   const uint64_t out_bytes = weight_bytes(w.output);
   const uint64_t embd_row = *row_bytes(w.token_embd.type, uint64_t(hp.dim));
@@ -140,7 +140,13 @@ int cmd_bench(const BenchArgs& a) {
     measure_ceilings();
   }
   const double P = double(a.n_prompt);
-  const double pp_flops = layer_flops_per_tok * P + attn_flops_per_ctx * P * (P + 1) / 2 + out_flops;
+  // (query, key) pairs of the prefill: P (P + 1) / 2 per layer, fewer through a sliding window.
+  double attn_pairs = 0;
+  for (int32_t il = 0; il < hp.n_layers; ++il) {
+    const double win = hp.layer_window(il);
+    attn_pairs += win <= 0 || win >= P ? P * (P + 1) / 2 : win * (win + 1) / 2 + (P - win) * win;
+  }
+  const double pp_flops = layer_flops_per_tok * P + attn_flops_per_pair * attn_pairs + out_flops;
   double tg_bytes = 0;
   for (int64_t i = 0; i < a.n_gen; ++i)
     tg_bytes += double(layer_bytes + out_bytes + embd_row) + kv_row_bytes * double(a.n_prompt + i + 1);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "model/arch.h"
 #include "model/synthetic.h"
 #include "tools/commands.h"
 
@@ -16,7 +17,7 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--shape", a.shape, "Shape: " + shapes)->capture_default_str();
   c->add_option("--type", a.type, "Weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q4_k_m (llama.cpp's mix with q6_k), q6_k")->capture_default_str();
   c->add_option("--vocab", a.vocab, "GGUF to take the tokenizer from (default: built-in byte-level vocab)");
-  c->add_option("--arch", a.arch, "Architecture: llama or qwen2")->capture_default_str();
+  c->add_option("--arch", a.arch, "Architecture: " + known_archs())->capture_default_str();
   c->add_option("--seed", a.seed, "Random seed")->capture_default_str();
   c->add_option("-o,--out", a.out, "Output file")->required();
 }

@@ -40,7 +40,7 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_flag("--chat", a.chat, "Wrap the prompt in the model's chat template");
   c->add_option("--system", a.system, "System message (with --chat)");
   c->add_option("--chat-format", a.chat_format,
-                "Override the chat format: llama2, llama3, chatml, mistral, zephyr");
+                "Override the chat format: " + chat_format_names());
   c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE (see `firsttoken profile FILE`)");
 }
@@ -111,7 +111,7 @@ int cmd_run(const RunArgs& a) {
   std::optional<ChatFormat> forced;
   if (!a.chat_format.empty()) {
     forced = parse_chat_format(a.chat_format);
-    if (!forced) fail("unknown chat format '", a.chat_format, "' (llama2, llama3, chatml, mistral, zephyr)");
+    if (!forced) fail("unknown chat format '", a.chat_format, "' (", chat_format_names(), ")");
   }
   std::string warning;
   const ChatTemplate chat = a.chat ? ChatTemplate::for_model(tok, model->file().get_str("tokenizer.chat_template", ""), forced, warning)

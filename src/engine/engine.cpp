@@ -13,7 +13,8 @@ namespace ft {
 
 class Engine::ModelExecutor final : public StepExecutor {
  public:
-  ModelExecutor(const Model& m, Backend& be, int64_t max_batch) : model_(m), fwd_(m, be, max_batch) {}
+  ModelExecutor(const Model& m, Backend& be, int64_t max_batch, int64_t n_ctx)
+      : model_(m), fwd_(m, be, max_batch, n_ctx) {}
   void forward(const Batch& batch, KVCache& kv, float* logits) override { fwd_.run(batch, kv, logits); }
   int32_t n_vocab() const override { return model_.hparams().n_vocab; }
   int32_t n_tokens() const override { return model_.hparams().n_tokens; }
@@ -103,7 +104,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     profile::set_meta("kv_block_size", int64_t(B));
     profile::set_meta("cost_model_calibrated", int64_t(cfg.calibrate));
   }
-  exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens);
+  exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens, n_ctx_);
   if (cfg.runtime.mlock) weights_summary_ = lock_weights();
   CostModel cost;
   if (cfg.calibrate) {

@@ -30,7 +30,13 @@ struct AttentionShape {
   int32_t n_kv_heads = 0;  // GQA: query head h reads KV head h / (n_heads / n_kv_heads)
   int32_t head_dim = 0;
   float scale = 0;  // usually 1/sqrt(head_dim)
+  float softcap = 0;   // > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
+  int32_t window = 0;  // > 0: a query with n_ctx sees only positions [n_ctx - window, n_ctx)
 };
+
+// The gate activation of a gated FFN, A = act(X Wg^T) * (X Wu^T): SiLU (SwiGLU: llama, qwen2,
+// phi3) or GELU in its tanh form (GeGLU: gemma2).
+enum class GateAct { SiLU, GeluTanh };
 
 enum class RopeStyle { Interleaved /* llama: pairs (2i, 2i+1) */, Halves /* neox/qwen2: (i, i+d/2) */ };
 
@@ -40,6 +46,7 @@ struct RopeParams {
   float freq_base = 10000.0f;
   float freq_scale = 1.0f;     // linear scaling: position * freq_scale
   const float* freq_factors = nullptr;  // optional (n_rot/2,): theta_i /= factor_i (Llama 3.1)
+  float attn_factor = 1.0f;    // cos and sin * this (Phi-3 LongRoPE's attention factor)
 };
 
 class Backend {
@@ -84,10 +91,10 @@ class Backend {
   virtual void matmul_multi(const float* X, int64_t M, const MatmulTarget* targets, int n) = 0;
   // Y (M, N) += X (M, K) @ W(N, K)^T: the residual add fused into the projection's epilogue.
   virtual void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) = 0;
-  // A (M, F) = silu(X @ Wg(F, K)^T) * (X @ Wu(F, K)^T): gate and up computed tile by tile, the
+  // A (M, F) = act(X @ Wg(F, K)^T) * (X @ Wu(F, K)^T): gate and up computed tile by tile, the
   // intermediate never written out. Wg and Wu have the same shape.
-  virtual void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu,
-                          float* A) = 0;
+  virtual void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
+                       float* A) = 0;
   // Y (M, N) += bias (N,) per row.
   virtual void add_bias(float* Y, int64_t M, int64_t N, const float* bias) = 0;
   // y (M, n) = x (M, n) / rms(x) * w (n,)
@@ -102,11 +109,17 @@ class Backend {
                     const RopeParams& p) = 0;
   // For each of M queries: q (M, n_heads*head_dim) attends to positions [0, n_ctx[i]) of its
   // sequence's KV (views[i], in its stored type) -> out (M, n_heads*head_dim). Causality is
-  // n_ctx = pos + 1. With Q8_0 KV, Q.K is formed from q quantized per block (kv_quantize_query).
+  // n_ctx = pos + 1; s.window > 0 narrows that to the last s.window positions (sliding-window
+  // layers), s.softcap > 0 caps the scores (AttentionShape). With Q8_0 KV, Q.K is formed from q
+  // quantized per block (kv_quantize_query).
   virtual void attention(const float* q, int64_t M, const KVLayerView* views, const int32_t* n_ctx,
                          const AttentionShape& s, float* out) = 0;
-  // a (M, n) = silu(gate) * up, with gate/up (M, n).
-  virtual void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) = 0;
+  // a (M, n) = act(gate) * up, with gate/up (M, n).
+  virtual void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n) = 0;
+  // x (n,) = cap * tanh(x / cap), cap > 0 (gemma2's final logits).
+  virtual void softcap(float* x, int64_t n, float cap) = 0;
+  // x (n,) *= s.
+  virtual void scale(float* x, int64_t n, float s) = 0;
   // y (M, n) += x (M, n)
   virtual void add(float* y, const float* x, int64_t M, int64_t n) = 0;
 };

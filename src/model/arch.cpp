@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "gguf/ggml_types.h"
 
 namespace ft {
 
@@ -34,7 +35,52 @@ const TensorSpec kQkvBias[] = {
   {"blk.{i}.attn_k.bias",        Role::Bk,         "bk",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
   {"blk.{i}.attn_v.bias",        Role::Bv,         "bv",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
 };
+// Gemma 2: Llama's tensors (q_dim = heads * key_length, not dim) with a norm after attention and
+// one after the FFN (gemma2_tensors inserts them after wo and w_down).
+const TensorSpec kPostAttnNorm =
+  {"blk.{i}.post_attention_norm.weight", Role::AttnPostNorm, "attn_post_norm", E::Dim, E::Dim, false, T::F32, true, false, Init::Norm};
+const TensorSpec kPostFfnNorm =
+  {"blk.{i}.post_ffw_norm.weight",      Role::FfnPostNorm,  "ffn_post_norm",  E::Dim, E::Dim, false, T::F32, true, false, Init::Norm};
+// Phi-3: Llama's tensors with Q, K, V fused into one matrix (q rows, then k, then v) and gate and
+// up into one (gate rows, then up) (phi3_tensors); the long-context variants' rope factors (long /
+// short, chosen by the context) where Llama has rope_freqs.
+const TensorSpec kFusedQkv =
+  {"blk.{i}.attn_qkv.weight",    Role::WQkv,       "wqkv",        E::QkvDim,  E::Dim,   true,  T::Weight, true,  false, Init::Matrix};
+const TensorSpec kFusedGateUp =
+  {"blk.{i}.ffn_up.weight",      Role::WGateUp,    "w_gate_up",   E::Ffn2,    E::Dim,   true,  T::Weight, true,  false, Init::Matrix};
+const TensorSpec kRopeFactors[] = {
+  {"rope_factors_long.weight",   Role::RopeLong,   "rope_long",   E::RotHalf, E::RotHalf, false, T::F32,  false, true,  Init::Norm, MoreBits::Never, false},
+  {"rope_factors_short.weight",  Role::RopeShort,  "rope_short",  E::RotHalf, E::RotHalf, false, T::F32,  false, true,  Init::Norm, MoreBits::Never, false},
+};
 // clang-format on
+
+// Llama's table with Gemma 2's post-norms; no rope_freqs, and the output matrix is not written
+// by the synthetic writer (Gemma 2 ties it to token_embd; its converter writes none).
+std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    if (t.role == Role::RopeFreqs) continue;
+    out.push_back(t);
+    if (t.role == Role::Output) out.back().synthetic = false;
+    if (t.role == Role::Wo) out.push_back(kPostAttnNorm);
+    if (t.role == Role::WDown) out.push_back(kPostFfnNorm);
+  }
+  return out;
+}
+
+std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    switch (t.role) {
+      case Role::Wq: out.push_back(kFusedQkv); break;
+      case Role::WGate: out.push_back(kFusedGateUp); break;
+      case Role::Wk: case Role::Wv: case Role::WUp: break;
+      case Role::RopeFreqs: out.insert(out.end(), std::begin(kRopeFactors), std::end(kRopeFactors)); break;
+      default: out.push_back(t);
+    }
+  }
+  return out;
+}
 
 std::vector<TensorSpec> with_qkv_bias(std::span<const TensorSpec> base) {
   std::vector<TensorSpec> out;
@@ -47,9 +93,20 @@ std::vector<TensorSpec> with_qkv_bias(std::span<const TensorSpec> base) {
 
 std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> qwen2 = with_qkv_bias(kLlama);
+  static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
+  static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
+  // Gemma 2's defaults are llama.cpp's when the keys are absent (window 4096, caps 50 and 30).
+  // Its norm weights are stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is
+  // the plain x / rms(x) * weight.
+  static const ArchFeatures gemma2{.ffn_act = GateAct::GeluTanh, .embd_scale = true,
+                                   .query_scale = QueryScale::Gemma2, .softcap = true, .attn_softcap = 50.0f,
+                                   .final_softcap = 30.0f, .swa = SwaLayers::Even, .sliding_window = 4096};
+  static const ArchFeatures phi3{.swa = SwaLayers::All};
   static const ArchSpec a[] = {
       {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama},
       {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
+      {"gemma2", Arch::Gemma2, 1e-6f, 1e4f, RopeStyle::Halves, gemma2_t, gemma2},
+      {"phi3", Arch::Phi3, 1e-5f, 1e4f, RopeStyle::Halves, phi3_t, phi3},
   };
   return a;
 }
@@ -79,7 +136,9 @@ int64_t extent(Extent e, const HParams& hp) {
     case Extent::Dim: return hp.dim;
     case Extent::QDim: return hp.q_dim();
     case Extent::KvDim: return hp.kv_dim();
+    case Extent::QkvDim: return int64_t(hp.q_dim()) + 2 * int64_t(hp.kv_dim());
     case Extent::Ffn: return hp.ffn_dim;
+    case Extent::Ffn2: return 2 * int64_t(hp.ffn_dim);
     case Extent::Vocab: return hp.n_vocab;
     case Extent::RotHalf: return hp.rope.n_rot / 2;
   }
@@ -99,6 +158,12 @@ WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
     case Role::OutputNorm: return {nullptr, &w.output_norm};
     case Role::Output: return {&w.output, nullptr};
     case Role::RopeFreqs: return {nullptr, &w.rope_freqs};
+    case Role::RopeLong: return {nullptr, &w.rope_long};
+    case Role::RopeShort: return {nullptr, &w.rope_short};
+    case Role::WQkv: return {&L->wqkv, nullptr};
+    case Role::AttnPostNorm: return {nullptr, &L->attn_post_norm};
+    case Role::WGateUp: return {&L->w_gate_up, nullptr};
+    case Role::FfnPostNorm: return {nullptr, &L->ffn_post_norm};
     case Role::AttnNorm: return {nullptr, &L->attn_norm};
     case Role::Wq: return {&L->wq, nullptr};
     case Role::Wk: return {&L->wk, nullptr};
@@ -113,6 +178,26 @@ WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
     case Role::WDown: return {&L->w_down, nullptr};
   }
   return {};
+}
+
+namespace {
+// Rows [r0, r0 + n) of W (GGUF rows, which are whole blocks each).
+WeightView row_view(const WeightView& W, int64_t r0, int64_t n) {
+  const uint64_t rb = *row_bytes(W.type, uint64_t(W.n_cols));
+  return {W.type, static_cast<const uint8_t*>(W.data) + uint64_t(r0) * rb, n, W.n_cols, W.layout};
+}
+}  // namespace
+
+void fused_views(LayerWeights& L, const HParams& hp) {
+  if (L.wqkv.data) {
+    L.wq = row_view(L.wqkv, 0, hp.q_dim());
+    L.wk = row_view(L.wqkv, hp.q_dim(), hp.kv_dim());
+    L.wv = row_view(L.wqkv, int64_t(hp.q_dim()) + hp.kv_dim(), hp.kv_dim());
+  }
+  if (L.w_gate_up.data) {
+    L.w_gate = row_view(L.w_gate_up, 0, hp.ffn_dim);
+    L.w_up = row_view(L.w_gate_up, hp.ffn_dim, hp.ffn_dim);
+  }
 }
 
 ConstWeightSlot weight_slot(const ModelWeights& w, Role r, int32_t layer) {

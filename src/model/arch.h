@@ -14,9 +14,15 @@
 namespace ft {
 
 // Where a tensor goes in ModelWeights (layer fields for per-layer rows).
-enum class Role { TokenEmbd, OutputNorm, Output, RopeFreqs, AttnNorm, Wq, Wk, Wv, Bq, Bk, Bv, Wo, FfnNorm, WGate, WUp, WDown };
-// A shape dimension, from the hyperparameters.
-enum class Extent { Dim, QDim, KvDim, Ffn, Vocab, RotHalf };
+// Fused tensors bind whole (WQkv, WGateUp) and the forward's per-projection weights are row views
+// of them (fused_views), never copies.
+enum class Role {
+  TokenEmbd, OutputNorm, Output, RopeFreqs, RopeLong, RopeShort,
+  AttnNorm, Wq, Wk, Wv, WQkv, Bq, Bk, Bv, Wo, AttnPostNorm,
+  FfnNorm, WGate, WUp, WGateUp, WDown, FfnPostNorm
+};
+// A shape dimension, from the hyperparameters. QkvDim = q_dim + 2 kv_dim, Ffn2 = 2 ffn.
+enum class Extent { Dim, QDim, KvDim, QkvDim, Ffn, Ffn2, Vocab, RotHalf };
 enum class TypeClass { Weight /* any supported weight type */, F32 };
 // How the synthetic writer fills a tensor: matrices ~ N(0, 1/fan_in), norms ~ 1 + noise, biases
 // ~ small noise; in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
@@ -39,6 +45,22 @@ struct TensorSpec {
   bool synthetic = true;     // written by the synthetic writer
 };
 
+// How an architecture's query is scaled in attention: 1/sqrt(head_dim), or Gemma 2's
+// 1/sqrt(query_pre_attn_scalar), which GGUF does not store: llama.cpp (b4748) keys it by model
+// size, head_dim for 2B/9B (26/42 layers) and dim/heads for 27B (46 layers).
+enum class QueryScale { HeadDim, Gemma2 };
+
+// The forward differences of an architecture, as data (model/forward.cpp reads them from HParams).
+struct ArchFeatures {
+  GateAct ffn_act = GateAct::SiLU;
+  bool embd_scale = false;             // embeddings * sqrt(dim)
+  QueryScale query_scale = QueryScale::HeadDim;
+  bool softcap = false;                // reads {arch}.attn_logit_softcapping / final_logit_softcapping
+  float attn_softcap = 0, final_softcap = 0;  //   defaults when those keys are absent
+  SwaLayers swa = SwaLayers::None;     // layers with {arch}.attention.sliding_window
+  int32_t sliding_window = 0;          //   default when that key is absent (0: none)
+};
+
 struct ArchSpec {
   std::string_view name;  // general.architecture
   Arch arch;
@@ -48,6 +70,7 @@ struct ArchSpec {
   // Order: the global tensors listed before the first per-layer row, then each layer's rows, then
   // the remaining globals (llama.cpp's order, which the synthetic writer keeps).
   std::span<const TensorSpec> tensors;
+  ArchFeatures features = {};
 };
 
 // The architecture named `name`, or null.
@@ -81,5 +104,8 @@ struct ConstWeightSlot {
   const float* const* vector = nullptr;
 };
 ConstWeightSlot weight_slot(const ModelWeights& w, Role r, int32_t layer);
+// After binding: a layer's fused tensors (wqkv, w_gate_up) as row views wq/wk/wv and
+// w_gate/w_up (no copy: each view points into the fused rows).
+void fused_views(LayerWeights& L, const HParams& hp);
 
 }  // namespace ft

@@ -2,6 +2,13 @@
 //   x = embed(tokens)
 //   for each layer:  x += attention(rmsnorm(x))   x += ffn(rmsnorm(x))
 //   logits = output(rmsnorm(x))   (only for entries that want logits)
+// The architectures' differences (HParams, from the table's ArchFeatures and the weights bound):
+//   gemma2: x = embed * sqrt(dim); x += post_norm(attention(..)) and x += post_norm(ffn(..))
+//           (post-norms where the layer has them); the FFN's gate is GELU (tanh form); scores
+//           and logits soft-capped; even layers attend through the sliding window.
+//   phi3:   Q/K/V and gate/up are row views of fused tensors (the same GEMM calls); every layer
+//           windowed; long/short rope factors chosen by the context (constructor).
+//   qwen2:  Q/K/V biases in the GEMM epilogue.
 #include <cmath>
 #include <cstring>
 
@@ -10,9 +17,15 @@
 
 namespace ft {
 
-Forward::Forward(const Model& model, Backend& backend, int64_t max_batch)
-    : model_(model), be_(backend), w_(model.weights()), max_batch_(max_batch) {
+Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_t n_ctx)
+    : model_(model), be_(backend), w_(model.weights()), max_batch_(max_batch), rope_(model.hparams().rope) {
   if (max_batch <= 0) fail("forward: max batch must be positive");
+  // llama.cpp's choice: the long factors when the context per sequence exceeds the original one.
+  if (w_.rope_long || w_.rope_short) {
+    const int64_t ctx = n_ctx > 0 ? n_ctx : model.hparams().ctx_len;
+    rope_.freq_factors = ctx > model.hparams().rope_ctx_orig && w_.rope_long ? w_.rope_long : w_.rope_short;
+  }
+  // (Fused tensors: the row views are what the GEMMs read, so those are prepared.)
   for (LayerWeights& L : w_.layers)
     for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *v = be_.prepare(*v);
   w_.output = be_.prepare(w_.output);  // token_embd stays in rows: embed() reads single rows
@@ -28,8 +41,8 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch)
   views_.resize(M);
   // Interleaved (llama) pairs stay inside the GEMM epilogue's 16-column groups; neox-style
   // halves pairs do not, so Qwen2 keeps the separate RoPE pass.
-  fused_rope_ = hp.rope.style == RopeStyle::Interleaved && hp.head_dim % 16 == 0 && hp.rope.n_rot % 2 == 0;
-  if (fused_rope_) rope_cs_.resize(M * size_t(hp.rope.n_rot));
+  fused_rope_ = rope_.style == RopeStyle::Interleaved && hp.head_dim % 16 == 0 && rope_.n_rot % 2 == 0;
+  if (fused_rope_) rope_cs_.resize(M * size_t(rope_.n_rot));
   n_ctx_.resize(M);
   logit_rows_.reserve(M);
   be_.reserve(max_batch);  // kernels' per-thread scratch, so run() does not allocate
@@ -65,13 +78,13 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     for (int i = 0; i < 2; ++i) {
       t[i].rope_cs = rope_cs_.data();
       t[i].rope_head_dim = hp.head_dim;
-      t[i].rope_n_rot = hp.rope.n_rot;
+      t[i].rope_n_rot = rope_.n_rot;
     }
     be_.matmul_multi(h_.data(), M, t, 3);
   } else {
     be_.matmul_multi(h_.data(), M, qkv, 3);
-    be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), hp.rope);
-    be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), hp.rope);
+    be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), rope_);
+    be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope_);
   }
   // Every entry's K/V goes into the cache first (in its stored type), so entries of one sequence
   // in this batch see each other (causally, through n_ctx = pos + 1).
@@ -81,19 +94,28 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     views_[size_t(i)] = kv.view(il, b.seq[i]);
     n_ctx_[size_t(i)] = b.pos[i] + 1;
   }
-  const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim,
-                             1.0f / std::sqrt(float(hp.head_dim))};
+  const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.attn_scale, hp.attn_softcap,
+                             hp.layer_window(il)};
   be_.attention(q_.data(), M, views_.data(), n_ctx_.data(), shape, attn_.data());
-  be_.matmul_add(attn_.data(), M, L.wo, x_.data());  // x += attn · Woᵀ
+  residual_add(attn_.data(), M, L.wo, L.attn_post_norm);  // x += [post_norm](attn · Woᵀ)
 }
 
-// x += W_down · (silu(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x))
+// x += W_down · (act(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x)), act = SiLU or GELU (gemma2)
 void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
   be_.rmsnorm(x_.data(), L.ffn_norm, h_.data(), M, hp.dim, hp.rms_eps);
-  be_.ffn_swiglu(h_.data(), M, L.w_gate, L.w_up, gate_.data());  // silu(h·W_gateᵀ) ⊙ h·W_upᵀ
-  be_.matmul_add(gate_.data(), M, L.w_down, x_.data());          // x += that · W_downᵀ
+  be_.ffn_glu(h_.data(), M, L.w_gate, L.w_up, hp.ffn_act, gate_.data());  // act(h·W_gateᵀ) ⊙ h·W_upᵀ
+  residual_add(gate_.data(), M, L.w_down, L.ffn_post_norm);              // x += [post_norm](that · W_downᵀ)
+}
+
+// x += a · Wᵀ, fused into the GEMM's epilogue; with a post-norm (gemma2) x += rmsnorm(a · Wᵀ).
+void Forward::residual_add(const float* a, int64_t M, const WeightView& W, const float* post_norm) {
+  const HParams& hp = model_.hparams();
+  if (!post_norm) return be_.matmul_add(a, M, W, x_.data());
+  be_.matmul(a, M, W, h_.data());
+  be_.rmsnorm(h_.data(), post_norm, h_.data(), M, hp.dim, hp.rms_eps);  // (in place: row by row)
+  be_.add(x_.data(), h_.data(), M, hp.dim);
 }
 
 void Forward::run(const Batch& b, KVCache& kv, float* logits) {
@@ -103,7 +125,8 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   const int64_t M = b.size();
   be_.set_layer(-1);
   be_.embed(w.token_embd, b.tokens.data(), M, x_.data());
-  if (fused_rope_) be_.rope_table(b.pos.data(), M, hp.rope, rope_cs_.data());
+  if (hp.embd_scale != 1.0f) be_.scale(x_.data(), M * hp.dim, hp.embd_scale);
+  if (fused_rope_) be_.rope_table(b.pos.data(), M, rope_, rope_cs_.data());
   for (int32_t il = 0; il < hp.n_layers; ++il) {
     be_.set_layer(il);
     attention_block(il, b, kv, M);
@@ -121,6 +144,7 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   if (n_out == 0) return;
   be_.rmsnorm(x_.data(), w.output_norm, h_.data(), n_out, hp.dim, hp.rms_eps);
   be_.matmul(h_.data(), n_out, w.output, logits);
+  if (hp.final_softcap > 0) be_.softcap(logits, n_out * hp.n_vocab, hp.final_softcap);
 }
 
 }  // namespace ft

@@ -12,7 +12,9 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2 };
+enum class Arch { Llama, Qwen2, Gemma2, Phi3 };
+// Which layers attend through the sliding window (HParams::sliding_window).
+enum class SwaLayers { None, All, Even /* gemma2: layers 0, 2, 4, ... */ };
 
 // Immutable, from GGUF metadata (see model_spec.cpp for keys and defaults).
 struct HParams {
@@ -31,7 +33,21 @@ struct HParams {
   RopeParams rope;
   bool tied_embeddings = false;
   bool qkv_bias = false;
+  // The forward differences the architecture table (arch.cpp ArchSpec) and the keys give:
+  GateAct ffn_act = GateAct::SiLU;
+  float embd_scale = 1.0f;        // embeddings * this (gemma2: sqrt(dim))
+  float attn_scale = 0;           // query scale in attention (1/sqrt(head_dim), or gemma2's)
+  float attn_softcap = 0;         // scores -> cap * tanh(scores / cap) when > 0 (gemma2)
+  float final_softcap = 0;        // the same on the logits (gemma2)
+  int32_t sliding_window = 0;     // > 0: windowed layers see only the last this many positions
+  SwaLayers swa_layers = SwaLayers::None;
+  int32_t rope_ctx_orig = 0;      // phi3 long-context: above it the long rope factors apply
   std::string name;  // general.name
+  // The window layer il attends through (0: the whole causal context).
+  int32_t layer_window(int32_t il) const {
+    const bool w = swa_layers == SwaLayers::All || (swa_layers == SwaLayers::Even && il % 2 == 0);
+    return w ? sliding_window : 0;
+  }
   // In 64 bits, then narrowed: Model::load refuses widths beyond int32 (model_spec.cpp check_sizes).
   int32_t q_dim() const { return int32_t(int64_t(n_heads) * head_dim); }
   int32_t kv_dim() const { return int32_t(int64_t(n_kv_heads) * head_dim); }
@@ -40,13 +56,17 @@ struct HParams {
 struct LayerWeights {
   const float* attn_norm = nullptr;  // (dim,)
   WeightView wq, wk, wv;             // (q_dim, dim), (kv_dim, dim), (kv_dim, dim)
+  WeightView wqkv;                   // phi3: the fused (q_dim + 2 kv_dim, dim); wq/wk/wv are row views of it
   const float* bq = nullptr;         // qwen2 only: (q_dim,), (kv_dim,), (kv_dim,)
   const float* bk = nullptr;
   const float* bv = nullptr;
   WeightView wo;                     // (dim, q_dim)
+  const float* attn_post_norm = nullptr;  // gemma2: on the attention output before the residual add (dim,)
   const float* ffn_norm = nullptr;   // (dim,)
   WeightView w_gate, w_up;           // (ffn, dim)
+  WeightView w_gate_up;              // phi3: the fused (2 ffn, dim), gate rows then up rows; w_gate/w_up are views
   WeightView w_down;                 // (dim, ffn)
+  const float* ffn_post_norm = nullptr;   // gemma2: on the FFN output before the residual add (dim,)
 };
 
 struct ModelWeights {
@@ -55,6 +75,8 @@ struct ModelWeights {
   const float* output_norm = nullptr;  // (dim,)
   WeightView output;                   // (n_vocab, dim); = token_embd when tied
   const float* rope_freqs = nullptr;   // optional (n_rot/2,)
+  const float* rope_long = nullptr;    // phi3 long-context variants: (n_rot/2,) factors for contexts
+  const float* rope_short = nullptr;   //   above / up to HParams::rope_ctx_orig
 };
 
 // One forward pass's input: entry i is token tokens[i] at position pos[i] of sequence seq[i].
@@ -97,7 +119,9 @@ class Model {
 // up to max_batch tokens at construction (the forward pass itself does not allocate).
 class Forward {
  public:
-  Forward(const Model& model, Backend& backend, int64_t max_batch);
+  // n_ctx: the positions per sequence it will run with (0: the model's trained context); picks
+  // the long or short rope factors of long-context models, as llama.cpp does.
+  Forward(const Model& model, Backend& backend, int64_t max_batch, int64_t n_ctx = 0);
   // Writes the batch's K/V into kv and the logits of entries with want_logits (in batch order,
   // n_vocab floats each) into logits. Throws ft::Error on an invalid batch.
   void run(const Batch& batch, KVCache& kv, float* logits);
@@ -106,6 +130,7 @@ class Forward {
  private:
   void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
   void ffn_block(int32_t layer, int64_t M);
+  void residual_add(const float* a, int64_t M, const WeightView& W, const float* post_norm);
   void validate(const Batch& batch, const KVCache& kv) const;
 
   const Model& model_;
@@ -116,6 +141,7 @@ class Forward {
   // (max_batch, width) scratch
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_;
   std::vector<float> rope_cs_;  // (max_batch, n_rot): the batch's RoPE cos/sin, all layers
+  RopeParams rope_;             // the model's, with the factors for this context
   bool fused_rope_ = false;
   std::vector<KVLayerView> views_;
   std::vector<int32_t> n_ctx_, logit_rows_;

@@ -14,6 +14,10 @@
 //   {arch}.rope.freq_base              rope base          the architecture's (arch.cpp)
 //   {arch}.rope.dimension_count        rotated dims       head_dim
 //   {arch}.rope.scaling.type/.factor   "linear": positions / factor; "none"/absent: 1
+//   {arch}.rope.scaling.attn_factor    cos/sin * this (Phi-3 LongRoPE)  1
+//   {arch}.rope.scaling.original_context_length  above it the long rope factors apply  context_length
+//   {arch}.attention.sliding_window    window of the architecture's windowed layers  the architecture's
+//   {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping  (gemma2)  the architecture's
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
 //   tokenizer.ggml.tokens (its length)  n_tokens (<= n_vocab; the rest is padding)  n_vocab
 // Tensors: the architecture's table in model/arch.cpp (name, shape from the hyperparameters,
@@ -151,8 +155,33 @@ HParams read_hparams(const GGUFFile& f) {
   } else if (scaling != "none") {
     fail(f.path(), ": key '", a, "rope.scaling.type': '", scaling, "' is not supported (none, linear)");
   }
+  if (const double af = f.get_f64(a + "rope.scaling.attn_factor", 1.0); !(af > 0) || !std::isfinite(af))
+    fail(f.path(), ": key '", a, "rope.scaling.attn_factor': ", af, " must be finite and > 0");
+  else
+    hp.rope.attn_factor = float(af);
+  hp.rope_ctx_orig = opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
   hp.qkv_bias = false;
   for (const TensorSpec& t : spec->tensors) hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
+  // The architecture's forward differences (arch.h ArchFeatures).
+  const ArchFeatures& ft = spec->features;
+  hp.ffn_act = ft.ffn_act;
+  hp.embd_scale = ft.embd_scale ? std::sqrt(float(hp.dim)) : 1.0f;
+  const bool gemma2_27b = ft.query_scale == QueryScale::Gemma2 && hp.n_layers == 46;
+  hp.attn_scale = 1.0f / std::sqrt(float(gemma2_27b ? hp.dim / hp.n_heads : hp.head_dim));
+  if (ft.softcap) {
+    auto cap = [&](const char* key, float d) {
+      const double v = f.get_f64(a + key, d);
+      if (!(v >= 0) || !std::isfinite(v)) fail(f.path(), ": key '", a, key, "': ", v, " must be finite and >= 0");
+      return float(v);
+    };
+    hp.attn_softcap = cap("attn_logit_softcapping", ft.attn_softcap);
+    hp.final_softcap = cap("final_logit_softcapping", ft.final_softcap);
+  }
+  if (ft.swa != SwaLayers::None) {
+    hp.swa_layers = ft.swa;
+    hp.sliding_window = f.has(a + "attention.sliding_window") ? opt("attention.sliding_window", 1) : ft.sliding_window;
+    if (hp.sliding_window == 0) hp.swa_layers = SwaLayers::None;  // (phi3 without the key: none)
+  }
   check_sizes(f, hp);
   return hp;
 }
@@ -199,7 +228,8 @@ std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file) {
   });
   hp.tied_embeddings = w.output.data == nullptr;
   if (hp.tied_embeddings) w.output = w.token_embd;
-  hp.rope.freq_factors = w.rope_freqs;
+  for (LayerWeights& L : w.layers) fused_views(L, hp);
+  hp.rope.freq_factors = w.rope_freqs;  // (long/short factors: chosen by the Forward's context)
   m->weight_bytes_ = b.bytes();
   return m;
 }

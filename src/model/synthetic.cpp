@@ -170,6 +170,14 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   w.set(a + "attention.layer_norm_rms_epsilon", GGUFValue::of_f32(spec->rms_eps));
   w.set(a + "rope.freq_base", GGUFValue::of_f32(spec->rope_freq_base));
   w.set(a + "rope.dimension_count", GGUFValue::of_u32(head_dim));
+  const ArchFeatures& ft = spec->features;
+  if (ft.softcap) {
+    w.set(a + "attn_logit_softcapping", GGUFValue::of_f32(ft.attn_softcap));
+    w.set(a + "final_logit_softcapping", GGUFValue::of_f32(ft.final_softcap));
+  }
+  if (ft.swa != SwaLayers::None)
+    w.set(a + "attention.sliding_window",
+          GGUFValue::of_u32(uint32_t(ft.sliding_window > 0 ? ft.sliding_window : s.ctx_len / 2)));
   const uint64_t n_vocab = add_vocab(w, opt.vocab_path, s.n_vocab);
 
   // The architecture's tensors in its table's (llama.cpp's) order. ne = [row length (fan-in), rows].

@@ -17,7 +17,10 @@ struct SyntheticOptions {
   // Optional GGUF whose tokenizer.* metadata is copied (its token count sets n_vocab);
   // empty -> a built-in byte-level "llama" vocabulary.
   std::string vocab_path;
-  std::string arch = "llama";     // "llama" or "qwen2" (adds Q/K/V biases)
+  // "llama", "qwen2" (adds Q/K/V biases), "gemma2" (post-norms, GELU, tied output, soft caps
+  // and a sliding window at llama.cpp's defaults), "phi3" (fused QKV and gate/up, a window of
+  // half the context): the tensors of the architecture's table (model/arch.cpp).
+  std::string arch = "llama";
   // With type Q4_K: llama.cpp's Q4_K_M mix (attn_v and ffn_down in Q6_K for the layers its
   // use_more_bits picks, output in Q6_K).
   bool q4_k_m = false;

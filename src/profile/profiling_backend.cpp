@@ -33,6 +33,18 @@ class ProfilingBackend final : public Backend {
       else
         add_vec(*s.vector, name.c_str());
     });
+    // Fused tensors (phi3): the GEMMs read their row views (the first shares the tensor's address).
+    for (const LayerWeights& L : model.weights().layers) {
+      if (L.wqkv.data) {
+        add_weight(L.wq, "wqkv.q");
+        add_weight(L.wk, "wqkv.k");
+        add_weight(L.wv, "wqkv.v");
+      }
+      if (L.w_gate_up.data) {
+        add_weight(L.w_gate, "w_gate_up.gate");
+        add_weight(L.w_up, "w_gate_up.up");
+      }
+    }
     n_rmsnorm_ = intern("rmsnorm");
   }
 
@@ -107,8 +119,9 @@ class ProfilingBackend final : public Backend {
     emit_gemm(w.gemm_name, t0, t1, M, W.n_rows, W.n_cols, w.type, flops, bytes, "matmul_add");
   }
 
-  void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, float* A) override {
-    if (!enabled()) return in_->ffn_swiglu(X, M, Wg, Wu, A);
+  void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
+               float* A) override {
+    if (!enabled()) return in_->ffn_glu(X, M, Wg, Wu, act, A);
     const WInfo& g = lookup(Wg);
     const WInfo& u = lookup(Wu);
     if (!ffn_name_) {
@@ -116,12 +129,13 @@ class ProfilingBackend final : public Backend {
       ffn_name_ = multi_name(0, t, 2);
     }
     const int64_t t0 = now_ns();
-    in_->ffn_swiglu(X, M, Wg, Wu, A);
+    in_->ffn_glu(X, M, Wg, Wu, act, A);
     const int64_t t1 = now_ns();
     const uint64_t MF = uint64_t(M) * uint64_t(Wg.n_rows);
-    const uint64_t flops = 4ull * MF * uint64_t(Wg.n_cols) + 5ull * MF;  // two GEMMs + silu·mul
+    const uint64_t flops = 4ull * MF * uint64_t(Wg.n_cols) + 5ull * MF;  // two GEMMs + act·mul
     const uint64_t bytes = g.bytes + u.bytes + 4ull * uint64_t(M) * uint64_t(Wg.n_cols) + 4ull * MF;
-    emit_gemm(ffn_name_, t0, t1, M, 2 * Wg.n_rows, Wg.n_cols, g.type, flops, bytes, "ffn_swiglu");
+    emit_gemm(ffn_name_, t0, t1, M, 2 * Wg.n_rows, Wg.n_cols, g.type, flops, bytes,
+              act == GateAct::GeluTanh ? "ffn_geglu" : "ffn_swiglu");
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override {
@@ -211,12 +225,26 @@ class ProfilingBackend final : public Backend {
     complete("attention", kCat, t0, t1, a);
   }
 
-  void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) override {
-    if (!enabled()) return in_->swiglu(gate, up, a, M, n);
+  void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n) override {
+    if (!enabled()) return in_->glu(gate, up, act, a, M, n);
     const int64_t t0 = now_ns();
-    in_->swiglu(gate, up, a, M, n);
+    in_->glu(gate, up, act, a, M, n);
     const uint64_t Mn = uint64_t(M) * uint64_t(n);
-    emit_rowwise("swiglu", t0, now_ns(), M, n, 5 * Mn, 12 * Mn);
+    emit_rowwise(act == GateAct::GeluTanh ? "geglu" : "swiglu", t0, now_ns(), M, n, 5 * Mn, 12 * Mn);
+  }
+
+  void softcap(float* x, int64_t n, float cap) override {
+    if (!enabled()) return in_->softcap(x, n, cap);
+    const int64_t t0 = now_ns();
+    in_->softcap(x, n, cap);
+    emit_rowwise("softcap", t0, now_ns(), 1, n, 3 * uint64_t(n), 8 * uint64_t(n));
+  }
+
+  void scale(float* x, int64_t n, float s) override {
+    if (!enabled()) return in_->scale(x, n, s);
+    const int64_t t0 = now_ns();
+    in_->scale(x, n, s);
+    emit_rowwise("scale", t0, now_ns(), 1, n, uint64_t(n), 8 * uint64_t(n));
   }
 
   void add(float* y, const float* x, int64_t M, int64_t n) override {

@@ -11,12 +11,14 @@
 namespace ft {
 namespace {
 
-constexpr std::array<std::pair<ChatFormat, std::string_view>, 5> kNames = {{
+constexpr std::array<std::pair<ChatFormat, std::string_view>, 7> kNames = {{
     {ChatFormat::Llama2, "llama2"},
     {ChatFormat::Llama3, "llama3"},
     {ChatFormat::ChatML, "chatml"},
     {ChatFormat::Mistral, "mistral"},
     {ChatFormat::Zephyr, "zephyr"},
+    {ChatFormat::Gemma, "gemma"},
+    {ChatFormat::Phi3, "phi3"},
 }};
 
 // Python str.strip() / Jinja |trim over ASCII whitespace.
@@ -130,6 +132,54 @@ void render_mistral(const std::vector<ChatMessage>& msgs, std::string_view bos,
   if (has_system) user_turn("");
 }
 
+// Gemma 2 (google/gemma-2-*-it): bos, then per turn "<start_of_turn>" + (user | model) + "\n" +
+// trim(content) + "<end_of_turn>\n". No system role: system text is held for the next user
+// turn, before its content and a blank line (llama.cpp's fallback), and a trailing one still
+// reaches the model as a user turn.
+void render_gemma(const std::vector<ChatMessage>& msgs, bool add_generation_prompt, std::string_view bos,
+                  std::string& out) {
+  out += bos;
+  std::string pending_system;
+  auto turn = [&](std::string_view role, std::string_view content) {
+    out += "<start_of_turn>";
+    out += role;
+    out += '\n';
+    out += strip(content);
+    out += "<end_of_turn>\n";
+  };
+  for (const auto& m : msgs) {
+    switch (parse_role(m.role)) {
+      case Role::System:
+        if (!pending_system.empty()) pending_system += "\n\n";
+        pending_system += strip(m.content);
+        break;
+      case Role::User:
+        turn("user", pending_system.empty() ? m.content : pending_system + "\n\n" + m.content);
+        pending_system.clear();
+        break;
+      case Role::Assistant: turn("model", m.content); break;
+    }
+  }
+  if (!pending_system.empty()) turn("user", pending_system);
+  if (add_generation_prompt) out += "<start_of_turn>model\n";
+}
+
+// Phi-3.5 (microsoft/Phi-3.5-mini-instruct): per turn "<|" + role + "|>\n" + content +
+// "<|end|>\n" (an empty system message left out); then "<|assistant|>\n", or eos without a
+// generation prompt.
+void render_phi3(const std::vector<ChatMessage>& msgs, bool add_generation_prompt, std::string_view eos,
+                 std::string& out) {
+  for (const auto& m : msgs) {
+    if (m.role == "system" && m.content.empty()) continue;
+    out += "<|";
+    out += m.role;
+    out += "|>\n";
+    out += m.content;
+    out += "<|end|>\n";
+  }
+  out += add_generation_prompt ? std::string_view("<|assistant|>\n") : eos;
+}
+
 bool contains(std::string_view hay, std::string_view needle) {
   return hay.find(needle) != std::string_view::npos;
 }
@@ -140,6 +190,12 @@ std::string_view chat_format_name(ChatFormat f) {
   for (const auto& [fmt, name] : kNames)
     if (fmt == f) return name;
   return "unknown";
+}
+
+std::string chat_format_names() {
+  std::string s;
+  for (const auto& [fmt, name] : kNames) s += cat(s.empty() ? "" : ", ", name);
+  return s;
 }
 
 std::optional<ChatFormat> parse_chat_format(std::string_view name) {
@@ -159,9 +215,10 @@ ChatFormat detect_chat_format(std::string_view t) {
   if (contains(t, "<|start_header_id|>")) return ChatFormat::Llama3;
   if (contains(t, "<|im_start|>")) return ChatFormat::ChatML;
   if (contains(t, "[INST]")) return contains(t, "<<SYS>>") ? ChatFormat::Llama2 : ChatFormat::Mistral;
-  // Zephyr closes every turn with the EOS token; Phi-3 (also <|user|>) uses <|end|> instead and
-  // is not supported, so it falls through to the fallback.
-  if (contains(t, "<|user|>") && !contains(t, "<|end|>") &&
+  if (contains(t, "<start_of_turn>")) return ChatFormat::Gemma;
+  // Zephyr closes every turn with the EOS token; Phi-3 (also <|user|>) with <|end|>.
+  if (contains(t, "<|user|>") && contains(t, "<|end|>")) return ChatFormat::Phi3;
+  if (contains(t, "<|user|>") &&
       (contains(t, "</s>") || contains(t, "eos_token") || contains(t, "<|assistant|>"))) {
     return ChatFormat::Zephyr;
   }
@@ -173,11 +230,14 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& in,
                         std::string_view eos_text) {
   const std::string_view tool_role = fmt == ChatFormat::Llama3 ? "ipython"
                                      : fmt == ChatFormat::ChatML || fmt == ChatFormat::Zephyr ? "tool" : "";
+  // (Gemma and Phi-3 have no tool role: results are user turns.)
   const std::vector<ChatMessage> messages = builtin_messages(in, tool_role);
   std::string out;
   switch (fmt) {
     case ChatFormat::Llama2: render_llama2(messages, bos_text, eos_text, out); break;
     case ChatFormat::Mistral: render_mistral(messages, bos_text, eos_text, out); break;
+    case ChatFormat::Gemma: render_gemma(messages, add_generation_prompt, bos_text, out); break;
+    case ChatFormat::Phi3: render_phi3(messages, add_generation_prompt, eos_text, out); break;
     case ChatFormat::Llama3:
       out += bos_text;
       for (const auto& m : messages) {

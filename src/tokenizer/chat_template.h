@@ -12,6 +12,13 @@
 //             message, separated by a blank line as in Mistral's later official templates)
 //   Zephyr   <|system|>\n{content}</s>\n<|user|>\n{content}</s>\n<|assistant|>\n{content}</s>\n
 //            generation prompt <|assistant|>\n (HuggingFaceH4/zephyr-7b-beta; no BOS)
+//   Gemma    <bos><start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n{assistant}<end_of_turn>\n
+//            generation prompt <start_of_turn>model\n (google/gemma-2-*-it; content trimmed; Gemma
+//            has no system role: its text goes before the next user message, then a blank line,
+//            as llama.cpp does, where the official template refuses it)
+//   Phi3     <|system|>\n{content}<|end|>\n<|user|>\n{content}<|end|>\n<|assistant|>\n{content}<|end|>\n
+//            generation prompt <|assistant|>\n, else eos (microsoft/Phi-3.5-mini-instruct; an
+//            empty system message is left out; no BOS)
 //
 // "<s>", "</s>", "<|begin_of_text|>" above stand for the bos_text / eos_text arguments. In the
 // Llama2/Mistral formats a system message that is not first is folded into the following user
@@ -51,10 +58,12 @@ struct ChatMessage {
   std::string name;                  // tool: the function's name (when given)
 };
 
-enum class ChatFormat { Llama2, Llama3, ChatML, Mistral, Zephyr };
+enum class ChatFormat { Llama2, Llama3, ChatML, Mistral, Zephyr, Gemma, Phi3 };
 
-// "llama2", "llama3", "chatml", "mistral", "zephyr".
+// "llama2", "llama3", "chatml", "mistral", "zephyr", "gemma", "phi3".
 std::string_view chat_format_name(ChatFormat f);
+// Every format's name, comma-separated ("llama2, llama3, ...").
+std::string chat_format_names();
 // Inverse of chat_format_name (case-insensitive); nullopt for other names.
 std::optional<ChatFormat> parse_chat_format(std::string_view name);
 
@@ -64,6 +73,8 @@ std::optional<ChatFormat> parse_chat_format(std::string_view name);
 //   "<|im_start|>"                                     -> ChatML
 //   "[INST]" with "<<SYS>>"                            -> Llama2
 //   "[INST]" without "<<SYS>>"                         -> Mistral
+//   "<start_of_turn>"                                  -> Gemma
+//   "<|user|>" with "<|end|>"                          -> Phi3
 //   "<|user|>" with "<|assistant|>" or "</s>"/eos_token -> Zephyr
 // A template that is a format name itself ("chatml", ...) selects that format.
 // Fallback: an empty or unrecognised template gives ChatML, the most widely used format for

@@ -3,8 +3,11 @@
 // preempts and still finishes everything.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 #include <sys/resource.h>
@@ -234,6 +237,47 @@ INSTANTIATE_TEST_SUITE_P(Engine, KvTypes,
 // Capacity users can see: the same memory holds 2x the tokens in f16 or bf16 as in f32, and in
 // q8_0 32/12 x on this model (heads of 8: one f32 scale per 8 int8 values, 12 bytes per head row
 // instead of 32; 3.56x on heads of 64).
+// Sliding-window models (../shared/models/extra) through the engine: the reference's greedy
+// continuation (past the window) from concurrent, 7-token-chunked prefills, and prefix-cache hits
+// on prompts much longer than the window change nothing.
+class WindowedModels : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WindowedModels, GoldenGreedyChunkedAndPrefixCache) {
+  const std::string name = GetParam();
+  FT_REQUIRE_SHARED(golden_path, "models/extra/" + name + ".golden.json");
+  FT_REQUIRE_SHARED(path, "models/extra/" + name + ".gguf");
+  const auto model = Model::load(path);
+  ASSERT_GT(model->hparams().sliding_window, 0);
+  const auto doc = nlohmann::json::parse(test::read_file(golden_path));
+  std::vector<Job> golden;
+  for (const auto& c : doc["cases"])
+    golden.push_back({c["prompt_tokens"].get<std::vector<int32_t>>(), int64_t(c["greedy_tokens"].size())});
+  Engine chunked(*model, config(7), {});
+  const auto got = run_jobs(chunked, golden, true);
+  for (size_t i = 0; i < golden.size(); ++i)
+    EXPECT_EQ(got[i].tokens, doc["cases"][i]["greedy_tokens"].get<std::vector<int32_t>>()) << "case " << i;
+
+  const auto base = mixed_jobs(model->hparams().n_vocab, 2, 5)[1].prompt;  // 500 tokens
+  std::vector<Job> jobs;
+  for (int k = 0; k < 3; ++k) {
+    Job j{std::vector<int32_t>(base.begin(), base.begin() + 100), 12};
+    j.prompt.insert(j.prompt.end(), base.begin() + 100 + 20 * k, base.begin() + 120 + 20 * k);
+    jobs.push_back(j);
+  }
+  Engine cached(*model, config(16, true), {});
+  Engine plain(*model, config(16, false), {});
+  const auto a = run_jobs(cached, jobs, false);
+  expect_same_tokens(a, run_jobs(plain, jobs, false));
+  EXPECT_GT(a[1].timings.cached_tokens, 2 * model->hparams().sliding_window);
+}
+
+INSTANTIATE_TEST_SUITE_P(Extra, WindowedModels, ::testing::Values("synth-gemma2-f32", "synth-phi3-f16"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+                           return n;
+                         });
+
 TEST(Engine, KvCapacityPerType) {
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
   const auto model = Model::load(path);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "test_util.h"
 #include "tokenizer/chat_template.h"
 
 namespace ft {
@@ -92,6 +93,52 @@ TEST(ChatTemplate, Zephyr) {
             "<|user|>\nHi<|endoftext|>\n<|assistant|>\n");
 }
 
+TEST(ChatTemplate, Gemma) {
+  // No system role: its text opens the next user turn, then a blank line.
+  EXPECT_EQ(render_chat(ChatFormat::Gemma, kConversation, true, "<bos>", "<eos>"),
+            "<bos><start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n"
+            "<start_of_turn>model\nHi there<end_of_turn>\n"
+            "<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(render_chat(ChatFormat::Gemma, kPadded, false, "<bos>", "<eos>"),
+            "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nI am an assistant<end_of_turn>\n"
+            "<start_of_turn>user\nAgain<end_of_turn>\n");
+}
+
+TEST(ChatTemplate, Phi3) {
+  const std::string body =
+      "<|system|>\nYou are a helpful assistant<|end|>\n"
+      "<|user|>\nHello<|end|>\n"
+      "<|assistant|>\nHi there<|end|>\n"
+      "<|user|>\nWho are you<|end|>\n";
+  EXPECT_EQ(render_chat(ChatFormat::Phi3, kConversation, true, "<s>", "<|endoftext|>"), body + "<|assistant|>\n");
+  EXPECT_EQ(render_chat(ChatFormat::Phi3, kConversation, false, "<s>", "<|endoftext|>"), body + "<|endoftext|>");
+  EXPECT_EQ(render_chat(ChatFormat::Phi3, {{"system", ""}, {"user", "Hi"}}, true, "<s>", "</s>"),
+            "<|user|>\nHi<|end|>\n<|assistant|>\n");
+}
+
+// The built-in Gemma and Phi-3 formats render what the families' real templates
+// (../shared/templates, run by the Jinja interpreter, itself checked against jinja2) render, for
+// the conversations those templates accept (Gemma's refuses a system turn).
+TEST(ChatTemplate, GemmaAndPhi3BuiltinsMatchTheirJinjaTemplates) {
+  struct Family { const char* file; ChatFormat fmt; bool system; };
+  for (const Family f : {Family{"templates/google-gemma-2-2b-it.jinja", ChatFormat::Gemma, false},
+                         Family{"templates/microsoft-Phi-3.5-mini-instruct.jinja", ChatFormat::Phi3, true}}) {
+    FT_REQUIRE_SHARED(path, f.file);
+    const std::string src = test::read_file(path);
+    EXPECT_EQ(detect_chat_format(src), f.fmt) << f.file;
+    std::string warning;
+    const ChatTemplate jinja = ChatTemplate::from_gguf(src, "<bos>", "<eos>", warning);
+    ASSERT_TRUE(jinja.is_jinja()) << f.file << ": " << warning;
+    const ChatTemplate builtin(f.fmt, "<bos>", "<eos>");
+    for (const auto* conv : {&kConversation, &kPadded}) {
+      std::vector<ChatMessage> msgs = *conv;
+      if (!f.system && msgs.front().role == "system") msgs.erase(msgs.begin());
+      for (bool gen : {true, false})
+        EXPECT_EQ(builtin.render(msgs, nullptr, gen), jinja.render(msgs, nullptr, gen)) << f.file << " gen " << gen;
+    }
+  }
+}
+
 TEST(ChatTemplate, UserOnlyConversations) {
   const std::vector<ChatMessage> one = {{"user", "Hi"}};
   EXPECT_EQ(render_chat(ChatFormat::Llama2, one, true, "<s>", "</s>"), "<s>[INST] Hi [/INST]");
@@ -103,7 +150,7 @@ TEST(ChatTemplate, UserOnlyConversations) {
 TEST(ChatTemplate, UnknownRoleThrows) {
   const std::vector<ChatMessage> bad = {{"user", "Hi"}, {"robot", "42"}};
   for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML,
-                       ChatFormat::Mistral, ChatFormat::Zephyr}) {
+                       ChatFormat::Mistral, ChatFormat::Zephyr, ChatFormat::Gemma, ChatFormat::Phi3}) {
     try {
       render_chat(f, bad, true, "<s>", "</s>");
       ADD_FAILURE() << chat_format_name(f) << " accepted role 'robot'";
@@ -128,13 +175,14 @@ TEST(ChatTemplate, ToolCallsAndResultsInBuiltinFormats) {
 
 TEST(ChatTemplate, Names) {
   for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML,
-                       ChatFormat::Mistral, ChatFormat::Zephyr}) {
+                       ChatFormat::Mistral, ChatFormat::Zephyr, ChatFormat::Gemma, ChatFormat::Phi3}) {
     EXPECT_EQ(parse_chat_format(chat_format_name(f)), f);
   }
   EXPECT_EQ(chat_format_name(ChatFormat::Llama3), "llama3");
   EXPECT_EQ(parse_chat_format("ChatML"), ChatFormat::ChatML);
   EXPECT_EQ(parse_chat_format("llama"), std::nullopt);
   EXPECT_EQ(parse_chat_format(""), std::nullopt);
+  EXPECT_EQ(chat_format_names(), "llama2, llama3, chatml, mistral, zephyr, gemma, phi3");
 }
 
 // Jinja sources as stored in GGUF tokenizer.chat_template (escapes are literal backslashes).
@@ -163,6 +211,8 @@ TEST(ChatTemplate, DetectsFormats) {
   EXPECT_EQ(detect_chat_format(kLlama2Jinja), ChatFormat::Llama2);
   EXPECT_EQ(detect_chat_format(kMistralJinja), ChatFormat::Mistral);
   EXPECT_EQ(detect_chat_format(kZephyrJinja), ChatFormat::Zephyr);
+  EXPECT_EQ(detect_chat_format(kGemmaJinja), ChatFormat::Gemma);
+  EXPECT_EQ(detect_chat_format(kPhi3Jinja), ChatFormat::Phi3);  // not Zephyr despite <|user|>
   // A template given as a format name.
   EXPECT_EQ(detect_chat_format("zephyr"), ChatFormat::Zephyr);
   EXPECT_EQ(detect_chat_format("llama2"), ChatFormat::Llama2);
@@ -171,8 +221,6 @@ TEST(ChatTemplate, DetectsFormats) {
 TEST(ChatTemplate, FallbackIsChatML) {
   EXPECT_EQ(detect_chat_format(""), ChatFormat::ChatML);
   EXPECT_EQ(detect_chat_format("{{ messages[0]['content'] }}"), ChatFormat::ChatML);
-  EXPECT_EQ(detect_chat_format(kGemmaJinja), ChatFormat::ChatML);
-  EXPECT_EQ(detect_chat_format(kPhi3Jinja), ChatFormat::ChatML);  // not Zephyr despite <|user|>
 }
 
 }  // namespace

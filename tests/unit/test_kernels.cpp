@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <random>
 #include <vector>
 
@@ -147,6 +148,13 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::BF16, {9, 256, 264}},    {GGMLType::Q8_0, {32, 96, 544}},
           {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
           {GGMLType::Q6_K, {256, 768}}};
+}
+
+// The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
+// g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+double ref_act(GateAct act, double g) {
+  if (act == GateAct::SiLU) return g / (1 + std::exp(-g));
+  return 0.5 * g * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
 }
 
 class KernelTest : public ::testing::TestWithParam<const char*> {
@@ -328,18 +336,21 @@ TEST_P(KernelTest, FusedQkvResidualSwiglu) {
       std::vector<double> ref, mag;
       ref_gemm(X.data(), M, Wq, ref, mag);
       for (size_t i = 0; i < R.size(); ++i) ASSERT_NEAR(R[i], R0[i] + ref[i], gemm_tol(K, mag[i]) + 1e-5);
-      // SwiGLU: A = silu(X Wg^T) * (X Wu^T) with Wg = Wq, Wu = a second (Nq, K) weight.
-      std::vector<float> A(size_t(M * Nq));
-      be->ffn_swiglu(X.data(), M, view(Wq), view(Wu), A.data());
+      // Gated FFN: A = act(X Wg^T) * (X Wu^T) with Wg = Wq, Wu = a second (Nq, K) weight, act =
+      // SiLU or GELU (tanh form).
       std::vector<double> refu, magu;
       ref_gemm(X.data(), M, Wu, refu, magu);
-      for (size_t i = 0; i < A.size(); ++i) {
-        const double g = ref[i], u = refu[i];
-        const double want = g / (1 + std::exp(-g)) * u;
-        // d(silu(g) u) = silu'(g) u dg + silu(g) du, |silu'| <= 1.1, |silu(g)| <= |g| + 0.3
-        const double tol = 1.1 * std::fabs(u) * gemm_tol(K, mag[i]) +
-                           (std::fabs(g) + 0.3) * gemm_tol(K, magu[i]) + 1e-6 * std::fabs(want);
-        ASSERT_NEAR(A[i], want, tol) << type_traits(t).name << " M=" << M << " i=" << i;
+      for (GateAct act : {GateAct::SiLU, GateAct::GeluTanh}) {
+        std::vector<float> A(size_t(M * Nq));
+        be->ffn_glu(X.data(), M, view(Wq), view(Wu), act, A.data());
+        for (size_t i = 0; i < A.size(); ++i) {
+          const double g = ref[i], u = refu[i];
+          const double want = ref_act(act, g) * u;
+          // d(act(g) u) = act'(g) u dg + act(g) du, |act'| <= 1.13, |act(g)| <= |g| + 0.3
+          const double tol = 1.13 * std::fabs(u) * gemm_tol(K, mag[i]) +
+                             (std::fabs(g) + 0.3) * gemm_tol(K, magu[i]) + 1e-6 * std::fabs(want) + 1e-7;
+          ASSERT_NEAR(A[i], want, tol) << type_traits(t).name << " M=" << M << " i=" << i << " act " << int(act);
+        }
       }
     }
   }
@@ -390,6 +401,38 @@ TEST_P(KernelTest, FusedRopeEqualsSeparate) {
       bool differs = false;
       for (size_t i = 0; i < q0.size(); ++i) differs = differs || q0[i] != q2[i];
       EXPECT_TRUE(differs);
+    }
+  }
+}
+
+// The row-wise maps (gated product, soft cap, scale) of every backend against double references
+// on odd sizes; each is a few float operations from its definition, so 1e-6 relative.
+void check_rowwise_maps(Backend& be) {
+  std::mt19937 rng(17);
+  for (int64_t M : {1, 3}) {
+    for (int64_t n : {1, 7, 33, 257}) {
+      const auto gate = randv(rng, size_t(M * n), 6.0f), up = randv(rng, size_t(M * n), 2.0f);
+      for (GateAct act : {GateAct::SiLU, GateAct::GeluTanh}) {
+        std::vector<float> a(size_t(M * n));
+        be.glu(gate.data(), up.data(), act, a.data(), M, n);
+        for (size_t i = 0; i < a.size(); ++i) {
+          const double want = ref_act(act, gate[i]) * up[i];
+          ASSERT_NEAR(a[i], want, 1e-6 * (std::fabs(want) + std::fabs(up[i]))) << "act " << int(act) << " i " << i;
+        }
+      }
+      for (float cap : {0.5f, 30.0f}) {
+        auto x = randv(rng, size_t(M * n), 100.0f);
+        const auto x0 = x;
+        be.softcap(x.data(), M * n, cap);
+        for (size_t i = 0; i < x.size(); ++i) {
+          const double want = cap * std::tanh(double(x0[i]) / cap);
+          ASSERT_NEAR(x[i], want, 1e-6 * cap) << "cap " << cap << " x " << x0[i];
+        }
+      }
+      auto x = randv(rng, size_t(M * n), 3.0f);
+      const auto x0 = x;
+      be.scale(x.data(), M * n, 11.3137f);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_FLOAT_EQ(x[i], x0[i] * 11.3137f);
     }
   }
 }
@@ -447,18 +490,21 @@ void ref_attention(const float* q, int64_t M, const PagedKV& kv, const int* seq,
       } else {
         for (int i = 0; i < hd; ++i) qs[size_t(i)] = double(qh[i]) * s.scale;
       }
-      std::vector<double> sc(size_t(n_ctx[m]));
+      // Visible: [lo, n_ctx), the last s.window positions with a window; scores soft-capped.
+      const int lo = s.window > 0 ? std::max(0, n_ctx[m] - s.window) : 0;
+      std::vector<double> sc(size_t(n_ctx[m]), 0.0);
       double mx = -1e300;
-      for (int j = 0; j < n_ctx[m]; ++j) {
+      for (int j = lo; j < n_ctx[m]; ++j) {
         kv.load(seq[m], j, h / group, kk.data(), vv.data());
         double d = 0;
         for (int i = 0; i < hd; ++i) d += qs[size_t(i)] * kk[size_t(i)];
+        if (s.softcap > 0) d = s.softcap * std::tanh(d / s.softcap);
         sc[size_t(j)] = d;
         mx = std::max(mx, d);
       }
       double sum = 0;
-      for (auto& x : sc) sum += (x = std::exp(x - mx));
-      for (int j = 0; j < n_ctx[m]; ++j) {
+      for (int j = lo; j < n_ctx[m]; ++j) sum += (sc[size_t(j)] = std::exp(sc[size_t(j)] - mx));
+      for (int j = lo; j < n_ctx[m]; ++j) {
         kv.load(seq[m], j, h / group, kk.data(), vv.data());
         for (int i = 0; i < hd; ++i) out[size_t(m * qdim + h * hd + i)] += sc[size_t(j)] / sum * vv[size_t(i)];
       }
@@ -470,12 +516,16 @@ constexpr GGMLType kKvTypes[] = {GGMLType::F32, GGMLType::F16, GGMLType::BF16, G
 // Every KV type, GQA shapes with odd head sizes (40: a Q8_0 head of 32 + 8; 36: 32 + 4; 8: one
 // short block), a prefill chunk of one sequence and decode entries of another in one batch,
 // against ref_attention; |v| <= 1, so 2e-5 absolute is the bound stated at the top.
+// The sliding window (odd widths: inside one chunk, across chunks so whole chunks are skipped,
+// wider than any context = none) and the soft cap, alone and together, on two of the shapes.
 void check_attention(Backend& be, bool decode_alone_identical) {
   std::mt19937 rng(11);
-  struct Shape { int heads, kv_heads, hd; };
+  struct Shape { int heads, kv_heads, hd; int window = 0; float softcap = 0; };
+  const Shape shapes[] = {{12, 4, 64}, {4, 4, 8}, {6, 1, 40}, {9, 3, 36}, {16, 2, 64},
+                          {6, 1, 40, 37}, {9, 3, 36, 0, 2.5f}, {12, 4, 64, 100, 1.5f}, {4, 4, 8, 1}, {4, 4, 8, 1000}};
   for (GGMLType type : kKvTypes)
-    for (Shape sh : {Shape{12, 4, 64}, Shape{4, 4, 8}, Shape{6, 1, 40}, Shape{9, 3, 36}, Shape{16, 2, 64}}) {
-      const AttentionShape s{sh.heads, sh.kv_heads, sh.hd, 1.0f / std::sqrt(float(sh.hd))};
+    for (Shape sh : shapes) {
+      const AttentionShape s{sh.heads, sh.kv_heads, sh.hd, 1.0f / std::sqrt(float(sh.hd)), sh.softcap, sh.window};
       const int cap = 300;
       const PagedKV kv(rng, type, 2, cap, 16, sh.kv_heads, sh.hd);
       const int64_t qdim = int64_t(sh.heads) * sh.hd;
@@ -501,7 +551,8 @@ void check_attention(Backend& be, bool decode_alone_identical) {
           ref_attention(q.data(), M, kv, seq.data(), n_ctx.data(), s, ref);
           for (size_t i = 0; i < out.size(); ++i)
             ASSERT_NEAR(out[i], ref[i], 2e-5) << kv_type_name(type) << " heads " << sh.heads << "/" << sh.kv_heads
-                                              << " hd " << sh.hd << " p0 " << p0 << " chunk " << chunk << " at " << i;
+                                              << " hd " << sh.hd << " window " << sh.window << " softcap " << sh.softcap
+                                              << " p0 " << p0 << " chunk " << chunk << " at " << i;
           if (!decode_alone_identical) continue;
           // Each entry alone (decode-style) gives bit-identical results.
           std::vector<float> one(static_cast<size_t>(qdim));
@@ -520,6 +571,9 @@ TEST_P(KernelTest, FlashAttentionEveryKvTypeCausalGqaChunks) {
 }
 
 TEST(ReferenceBackend, AttentionEveryKvType) { check_attention(*make_backend("reference", 2), false); }
+
+TEST_P(KernelTest, RowwiseGatedSoftcapScale) { check_rowwise_maps(*backend_for(GetParam())); }
+TEST(ReferenceBackend, RowwiseGatedSoftcapScale) { check_rowwise_maps(*make_backend("reference", 2)); }
 
 // kv_store then kv_load gives each type's rounding and nothing else: f32 exact, f16 within
 // 2^-11 relative (2^-25 absolute below its normal range), bf16 2^-8, q8_0 within half its block's step (max|x| / 254) with one scale per

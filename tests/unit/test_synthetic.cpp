@@ -74,7 +74,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2"}) {
+  for (const char* arch : {"llama", "qwen2", "gemma2", "phi3"}) {
     for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
       out.push_back({"tiny", t, arch});
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
@@ -100,7 +100,9 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
     if (x.name == c.shape) s = &x;
   ASSERT_NE(s, nullptr);
   const bool qwen = c.arch == "qwen2";
-  EXPECT_EQ(hp.arch, qwen ? Arch::Qwen2 : Arch::Llama);
+  const ArchSpec* spec = find_arch(c.arch);
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(hp.arch, spec->arch);
   EXPECT_EQ(hp.dim, s->dim);
   EXPECT_EQ(hp.n_layers, s->n_layers);
   EXPECT_EQ(hp.n_heads, s->n_heads);
@@ -110,10 +112,13 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   EXPECT_EQ(hp.ctx_len, s->ctx_len);
   EXPECT_EQ(hp.n_vocab, 260);
   EXPECT_EQ(hp.rope.n_rot, hp.head_dim);
-  EXPECT_FLOAT_EQ(hp.rope.freq_base, qwen ? 1e6f : 1e4f);
-  EXPECT_FLOAT_EQ(hp.rms_eps, qwen ? 1e-6f : 1e-5f);
+  EXPECT_FLOAT_EQ(hp.rope.freq_base, spec->rope_freq_base);
+  EXPECT_FLOAT_EQ(hp.rms_eps, spec->rms_eps);
   EXPECT_EQ(hp.qkv_bias, qwen);
-  EXPECT_FALSE(hp.tied_embeddings);
+  // Tied exactly when the writer leaves the output matrix out (gemma2).
+  const bool writes_output = std::any_of(spec->tensors.begin(), spec->tensors.end(),
+                                         [](const TensorSpec& t) { return t.role == Role::Output && t.synthetic; });
+  EXPECT_EQ(hp.tied_embeddings, !writes_output);
   EXPECT_EQ(hp.name, cat("synthetic-", c.shape, "-", type_traits(c.type).name, " (random weights)"));
   EXPECT_EQ(m->file().alignment(), 32u);
   if (qwen) {
@@ -151,7 +156,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases
 // table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
 // are unique within an architecture.
 TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
-  for (const char* arch : {"llama", "qwen2"}) {
+  for (const char* arch : {"llama", "qwen2", "gemma2", "phi3"}) {
     const ArchSpec* spec = find_arch(arch);
     ASSERT_NE(spec, nullptr) << arch;
     SyntheticOptions opt;
@@ -176,7 +181,58 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
-  EXPECT_EQ(known_archs(), "llama, qwen2");
+  EXPECT_EQ(known_archs(), "llama, qwen2, gemma2, phi3");
+}
+
+// Phi-3's fused tensors bind whole, and the per-projection weights are row views into them (no
+// copies): Q, K, V and gate, up in the fused tensors' row order. Gemma 2's forward differences
+// come from its table and the keys the writer sets.
+TEST(Synthetic, FusedTensorsAreRowViewsAndFeaturesBind) {
+  for (GGMLType type : {GGMLType::F16, GGMLType::Q8_0}) {
+    SyntheticOptions opt;
+    opt.arch = "phi3";
+    opt.type = type;
+    TempFile tmp("phi3_views.gguf");
+    write_synthetic_model(opt, tmp.path());
+    const auto m = Model::load(tmp.path());
+    const HParams& hp = m->hparams();
+    const uint64_t rb = *row_bytes(type, uint64_t(hp.dim));
+    for (const LayerWeights& L : m->weights().layers) {
+      const auto* base = static_cast<const uint8_t*>(L.wqkv.data);
+      ASSERT_NE(base, nullptr);
+      EXPECT_EQ(L.wqkv.n_rows, hp.q_dim() + 2 * hp.kv_dim());
+      EXPECT_EQ(L.wq.data, base);
+      EXPECT_EQ(L.wk.data, base + uint64_t(hp.q_dim()) * rb);
+      EXPECT_EQ(L.wv.data, base + uint64_t(hp.q_dim() + hp.kv_dim()) * rb);
+      EXPECT_EQ(L.wq.n_rows, hp.q_dim());
+      EXPECT_EQ(L.wv.n_rows, hp.kv_dim());
+      const auto* gu = static_cast<const uint8_t*>(L.w_gate_up.data);
+      EXPECT_EQ(L.w_gate.data, gu);
+      EXPECT_EQ(L.w_up.data, gu + uint64_t(hp.ffn_dim) * rb);
+      EXPECT_EQ(L.w_up.n_rows, hp.ffn_dim);
+    }
+    EXPECT_EQ(hp.swa_layers, SwaLayers::All);
+    EXPECT_GT(hp.sliding_window, 0);
+    EXPECT_EQ(hp.layer_window(1), hp.sliding_window);
+    EXPECT_EQ(hp.ffn_act, GateAct::SiLU);
+  }
+  SyntheticOptions opt;
+  opt.arch = "gemma2";
+  TempFile tmp("gemma2_features.gguf");
+  write_synthetic_model(opt, tmp.path());
+  const auto m = Model::load(tmp.path());
+  const HParams& hp = m->hparams();
+  EXPECT_TRUE(hp.tied_embeddings);
+  EXPECT_EQ(hp.ffn_act, GateAct::GeluTanh);
+  EXPECT_FLOAT_EQ(hp.embd_scale, std::sqrt(float(hp.dim)));
+  EXPECT_FLOAT_EQ(hp.attn_softcap, 50.0f);
+  EXPECT_FLOAT_EQ(hp.final_softcap, 30.0f);
+  EXPECT_EQ(hp.layer_window(0), 4096);
+  EXPECT_EQ(hp.layer_window(1), 0);
+  for (const LayerWeights& L : m->weights().layers) {
+    EXPECT_NE(L.attn_post_norm, nullptr);
+    EXPECT_NE(L.ffn_post_norm, nullptr);
+  }
 }
 
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {

@@ -9,8 +9,10 @@
 //   S (rows, kChunk) = Q K^T, 16 positions per vector, straight from the K tiles (F16/BF16
 //     widened in registers; Q8_0 from int8 dot products of the quantized query, kv_quantize_query,
 //     with exact int32 block sums scaled by both block scales);
-//   the causal mask (position < n_ctx of the row's query), then an online softmax per row
-//     (running max m, sum l, rescale alpha);
+//   the soft cap (scores -> cap * tanh(scores / cap), when AttentionShape::softcap > 0);
+//   the causal mask (position < n_ctx of the row's query; with a sliding window also position
+//     >= n_ctx - window: chunks wholly before every row's window are skipped, the rest masked),
+//     then an online softmax per row (running max m, sum l, rescale alpha);
 //   O (rows, head_dim) = O * alpha + P V, V rows widened to f32 once per chunk (kChunk * head_dim
 //     floats in L1, shared by every row; F32 rows are read in place).
 // Memory per thread: O(kMaxRows * (kChunk + head_dim)), independent of context length and type.
@@ -76,6 +78,16 @@ struct Attention {
     return s;
   }
 
+  // S (n,) -> cap * tanh(S / cap): the ISA's vector form when it has one (A::softcap), else scalar.
+  static void softcap_scores(float* S, int n, float cap) {
+    if constexpr (requires { A::softcap(S, n, cap); }) {
+      A::softcap(S, n, cap);
+    } else {
+      const float inv = 1.0f / cap;
+      for (int i = 0; i < n; ++i) S[i] = cap * std::tanh(S[i] * inv);
+    }
+  }
+
   static bool same_seq(const KVLayerView& a, const KVLayerView& b) {
     return a.block_table == b.block_table && a.k_pool == b.k_pool;
   }
@@ -131,11 +143,13 @@ struct Attention {
     const int hd = sh.head_dim, nqb = geo.q_blocks();
     const bool q8 = geo.type == GGMLType::Q8_0;
     const int rows = int(i1 - i0) * group;
-    int32_t row_ctx[kMaxRows];
-    int32_t n_end = 0;
+    int32_t row_ctx[kMaxRows], row_lo[kMaxRows];  // row r sees positions [row_lo, row_ctx)
+    int32_t n_end = 0, n_begin = std::numeric_limits<int32_t>::max();
     for (int r = 0; r < rows; ++r) {
       row_ctx[r] = n_ctx[i0 + r / group];
+      row_lo[r] = sh.window > 0 ? std::max(0, row_ctx[r] - sh.window) : 0;
       n_end = std::max(n_end, row_ctx[r]);
+      n_begin = std::min(n_begin, row_lo[r]);
       const float* qr = q + (i0 + r / group) * qdim + int64_t(g * group + r % group) * hd;
       if (q8) {
         kv_quantize_query(qr, hd, sh.scale, s.Qq + r * hd, s.Qd + r * nqb, s.Qs + r * nqb);
@@ -148,7 +162,9 @@ struct Attention {
     }
     const float* vp[kChunk];
     const uint8_t* tiles[kChunkTiles];
-    for (int32_t j0 = 0; j0 < n_end; j0 += kChunk) {
+    // Chunks start at multiples of kChunk whatever the window: a skipped chunk would have been
+    // all masked for every row (p = 0 exactly), so results do not depend on the skipping.
+    for (int32_t j0 = n_begin / kChunk * kChunk; j0 < n_end; j0 += kChunk) {
       const int len = std::min(kChunk, n_end - j0);
       // Tiles past the context repeat the first (their scores are masked): every call computes
       // whole chunks.
@@ -181,8 +197,11 @@ struct Attention {
       } else {
         A::scores_f(geo.type, rows, s.Q, hd, tiles, s.S, kChunk);
       }
-      for (int r = 0; r < rows; ++r)
+      if (sh.softcap > 0) softcap_scores(s.S, rows * kChunk, sh.softcap);
+      for (int r = 0; r < rows; ++r) {
         for (int j = std::max(0, row_ctx[r] - j0); j < kChunk; ++j) s.S[r * kChunk + j] = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j < std::min(kChunk, row_lo[r] - j0); ++j) s.S[r * kChunk + j] = -std::numeric_limits<float>::infinity();
+      }
       A::softmax(s.S, kChunk, rows, s.m, s.l, s.alpha);
       if constexpr (requires { A::pv_half; }) {
         if (half && !widen_once) {  // V widened in registers

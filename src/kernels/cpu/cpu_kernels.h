@@ -29,6 +29,7 @@ enum class Epilogue {
   Store,   // Y = X W^T (+ bias)
   Add,     // Y += X W^T
   SwiGLU,  // two segments gate, up: Y_gate = silu(X Wg^T) * (X Wu^T)
+  GeGLU,   // the same with gelu_tanh (rowwise.h) for silu
 };
 
 // The int8-quantized activations of one GEMM call (integer path, quantize_activations),

@@ -143,12 +143,12 @@ class CpuFastBackend final : public Backend {
     const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
     gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Add);
   }
-  void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu,
-                  float* A) override {
+  void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
+               float* A) override {
     if (Wg.n_rows != Wu.n_rows || Wg.n_cols != Wu.n_cols)
-      fail("ffn_swiglu: gate and up weights differ in shape");
+      fail("ffn_glu: gate and up weights differ in shape");
     const cpu::GemmSeg g[2] = {seg_of(Wg, A, Wg.n_rows, nullptr), seg_of(Wu, nullptr, 0, nullptr)};
-    gemm(X, M, Wg.n_cols, g, 2, cpu::Epilogue::SwiGLU);
+    gemm(X, M, Wg.n_cols, g, 2, act == GateAct::GeluTanh ? cpu::Epilogue::GeGLU : cpu::Epilogue::SwiGLU);
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
@@ -171,9 +171,11 @@ class CpuFastBackend final : public Backend {
     attention_(q, M, views, n_ctx, s, out, threads_);
   }
 
-  void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) override {
-    rowwise::swiglu(gate, up, a, M, n);
+  void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n) override {
+    rowwise::glu(gate, up, act, a, M, n);
   }
+  void softcap(float* x, int64_t n, float cap) override { rowwise::softcap(x, n, cap); }
+  void scale(float* x, int64_t n, float s) override { rowwise::scale(x, n, s); }
   void add(float* y, const float* x, int64_t M, int64_t n) override { rowwise::add(y, x, M, n); }
 
  private:

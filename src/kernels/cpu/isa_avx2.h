@@ -34,6 +34,18 @@ inline __m256 exp256(__m256 x) {
 }
 
 
+// cap * tanh(x / cap) for 8 floats, as 1 - 2 / (exp(2|y|) + 1) with the sign of y = x / cap:
+// within ~2^-23 absolute of tanh, so cap * 2^-23 of the scalar form (attention scores, where
+// that is far below the softmax's own rounding); |y| beyond exp's range gives +-cap.
+inline __m256 softcap256(__m256 x, float cap) {
+  const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap));
+  const __m256 sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0f));
+  const __m256 a = _mm256_min_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), y), _mm256_set1_ps(40.0f));
+  const __m256 e = exp256(_mm256_add_ps(a, a));
+  const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                                 _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  return _mm256_mul_ps(_mm256_or_ps(t, sign), _mm256_set1_ps(cap));
+}
 
 struct Avx2Isa {
   // ---- GEMM on the panel layout (packed.h) ----

@@ -273,7 +273,8 @@ struct Drivers {
                    Epilogue e, QAct& qa, int threads) {
     // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
     // groups of one segment (the X rows loaded once serve both).
-    const bool swiglu = e == Epilogue::SwiGLU;
+    const bool swiglu = e == Epilogue::SwiGLU || e == Epilogue::GeGLU;  // (either gated form)
+    const GateAct act = e == Epilogue::GeGLU ? GateAct::GeluTanh : GateAct::SiLU;
     const int ns = swiglu ? 1 : n_segs;
     int64_t n_items = 0;
     int64_t first[4] = {0, 0, 0, 0};
@@ -317,10 +318,7 @@ struct Drivers {
         const float* c = C + m * ldc;
         if (swiglu) {
           float* y = segs[0].Y + m * segs[0].ldy + src[0].n0;
-          for (int j = 0; j < src[0].cnt; ++j) {
-            const float gt = c[j];
-            y[j] = gt / (1.0f + std::exp(-gt)) * c[kGroup + j];
-          }
+          for (int j = 0; j < src[0].cnt; ++j) y[j] = rowwise::gate_act(act, c[j]) * c[kGroup + j];
           continue;
         }
         for (int i = 0; i < nsrc; ++i) {

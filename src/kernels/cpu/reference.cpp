@@ -71,12 +71,12 @@ class CpuReferenceBackend final : public Backend {
     add(Y, tmp_.data(), M, W.n_rows);
   }
 
-  void ffn_swiglu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu,
-                  float* A) override {
+  void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
+               float* A) override {
     tmp_.resize(size_t(M * Wu.n_rows));
     matmul(X, M, Wg, A);
     matmul(X, M, Wu, tmp_.data());
-    swiglu(A, tmp_.data(), A, M, Wg.n_rows);
+    glu(A, tmp_.data(), act, A, M, Wg.n_rows);
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
@@ -118,23 +118,26 @@ class CpuReferenceBackend final : public Backend {
           } else {
             for (int32_t d = 0; d < hd; ++d) qs[size_t(d)] = qh[d] * s.scale;
           }
+          // Visible: [j0, n), the sliding window's last s.window positions or all of them.
+          const int32_t j0 = s.window > 0 ? std::max(0, n - s.window) : 0;
           scores.resize(size_t(n));
           float mx = -std::numeric_limits<float>::infinity();
-          for (int32_t j = 0; j < n; ++j) {
+          for (int32_t j = j0; j < n; ++j) {
             kv_load(kv.geo, kv.k_tile(j, g), nullptr, j % kKvTile, k.data(), nullptr);
             float dot = 0;
             for (int32_t d = 0; d < hd; ++d) dot += qs[size_t(d)] * k[size_t(d)];
+            if (s.softcap > 0) dot = s.softcap * std::tanh(dot / s.softcap);
             scores[size_t(j)] = dot;
             mx = std::max(mx, dot);
           }
           float sum = 0;
-          for (int32_t j = 0; j < n; ++j) {
+          for (int32_t j = j0; j < n; ++j) {
             scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
             sum += scores[size_t(j)];
           }
           float* o = out + m * qdim + int64_t(h) * hd;
           std::fill(o, o + hd, 0.0f);
-          for (int32_t j = 0; j < n; ++j) {
+          for (int32_t j = j0; j < n; ++j) {
             kv_load_v_row(kv.geo, kv.v_row(j, g), v.data());
             const float p = scores[size_t(j)] / sum;
             for (int32_t d = 0; d < hd; ++d) o[d] += p * v[size_t(d)];
@@ -144,9 +147,11 @@ class CpuReferenceBackend final : public Backend {
     }
   }
 
-  void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) override {
-    rowwise::swiglu(gate, up, a, M, n);
+  void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n) override {
+    rowwise::glu(gate, up, act, a, M, n);
   }
+  void softcap(float* x, int64_t n, float cap) override { rowwise::softcap(x, n, cap); }
+  void scale(float* x, int64_t n, float s) override { rowwise::scale(x, n, s); }
   void add(float* y, const float* x, int64_t M, int64_t n) override { rowwise::add(y, x, M, n); }
 
  private:

@@ -49,8 +49,8 @@ void rope_row_table(int32_t pos, const RopeParams& p, float theta_scale, float* 
   float theta = float(pos) * p.freq_scale;
   for (int32_t i = 0; i < p.n_rot / 2; ++i) {
     const float t = p.freq_factors ? theta / p.freq_factors[i] : theta;
-    cs[2 * i] = std::cos(t);
-    cs[2 * i + 1] = std::sin(t);
+    cs[2 * i] = std::cos(t) * p.attn_factor;
+    cs[2 * i + 1] = std::sin(t) * p.attn_factor;
     theta *= theta_scale;
   }
 }
@@ -100,11 +100,21 @@ void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t*
   });
 }
 
-void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n) {
-  for (int64_t i = 0; i < M * n; ++i) {
-    const float g = gate[i];
-    a[i] = g / (1.0f + std::exp(-g)) * up[i];
+void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n) {
+  if (act == GateAct::GeluTanh) {
+    for (int64_t i = 0; i < M * n; ++i) a[i] = gelu_tanh(gate[i]) * up[i];
+  } else {
+    for (int64_t i = 0; i < M * n; ++i) a[i] = silu(gate[i]) * up[i];
   }
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
+void scale(float* x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
 void add(float* y, const float* x, int64_t M, int64_t n) {

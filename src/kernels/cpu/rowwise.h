@@ -1,6 +1,7 @@
 // The cheap row-wise ops, one plain implementation shared by the reference and the fast CPU
 // backends (shape contracts as in kernels.h).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/kernels.h"
@@ -18,7 +19,17 @@ void rope_table(const int32_t* pos, int64_t M, const RopeParams& p, float* cs);
 // One row's columns [col0, col0 + n) of a (.., heads * head_dim) tensor, rotated in place with
 // that row's table cs (n_rot,). Interleaved pairs only; col0 and n even.
 void rope_rotate(float* y, int64_t col0, int64_t n, int32_t head_dim, int32_t n_rot, const float* cs);
-void swiglu(const float* gate, const float* up, float* a, int64_t M, int64_t n);
+// The gate activations (GateAct), one definition for the GEMM epilogue and the separate pass.
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// GELU, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kA = 0.044715f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kA * x * x)));
+}
+inline float gate_act(GateAct act, float x) { return act == GateAct::GeluTanh ? gelu_tanh(x) : silu(x); }
+void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n);
+void softcap(float* x, int64_t n, float cap);
+void scale(float* x, int64_t n, float s);
 void add(float* y, const float* x, int64_t M, int64_t n);
 
 }  // namespace ft::rowwise
