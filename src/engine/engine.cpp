@@ -142,7 +142,13 @@ std::string Engine::lock_weights() {
 }
 
 std::string Engine::kv_summary() const {
-  return cat("KV cache: ", kv_->summary(), kv_->huge_pages() ? "; huge pages advised" : "; huge pages unavailable (4 KiB pages)");
+  auto pages = [](bool huge) {
+    return huge ? "huge pages advised" : huge_pages_wanted() ? "huge pages unavailable (4 KiB pages)" : "4 KiB pages (FT_HUGE_PAGES=0)";
+  };
+  char mib[32];
+  std::snprintf(mib, sizeof mib, "%.1f", double(exec_->fwd().scratch().size()) / double(1 << 20));
+  return cat("KV cache: ", kv_->summary(), "; ", pages(kv_->huge_pages()), " | activations: ", mib, " MiB; ",
+             pages(exec_->fwd().scratch().huge_pages()));
 }
 
 void Engine::reject(Pending& p, const std::string& why) {

@@ -1,7 +1,5 @@
 #include "kv/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <limits>
 
@@ -33,19 +31,12 @@ KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg), geo_(cfg.geometry()) {
       layer_bytes_ > std::numeric_limits<size_t>::max() / uint64_t(cfg.n_layers))
     fail("KV cache: ", cfg.n_blocks, " blocks do not fit in memory");
   arena_bytes_ = layer_bytes_ * uint64_t(cfg.n_layers);
-  void* p = mmap(nullptr, size_t(arena_bytes_), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) fail("KV cache: cannot map ", arena_bytes_, " bytes");
-  arena_ = static_cast<uint8_t*>(p);
-#ifdef MADV_HUGEPAGE
-  // Attention streams the pools; 4 KiB pages cost a TLB miss per page. Advice: refusal is harmless.
-  huge_pages_ = madvise(p, size_t(arena_bytes_), MADV_HUGEPAGE) == 0;
-#endif
+  mem_ = MappedMemory(arena_bytes_, "KV cache");  // attention streams the pools: on huge pages
+  arena_ = mem_.data();
   blocks_.resize(size_t(cfg.n_blocks));
   free_.reserve(size_t(cfg.n_blocks));
   for (int32_t b = cfg.n_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
-
-KVCache::~KVCache() { munmap(arena_, size_t(arena_bytes_)); }
 
 int32_t KVCache::blocks_for(int64_t n_positions, int32_t block_size) {
   return int32_t((std::max<int64_t>(n_positions, 0) + block_size - 1) / block_size);

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/mapped_memory.h"
 #include "kernels/kernels.h"
 
 namespace ft {
@@ -48,7 +49,6 @@ struct KVCacheStats {
 class KVCache {
  public:
   explicit KVCache(const KVCacheConfig& cfg);
-  ~KVCache();
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
 
@@ -60,7 +60,7 @@ class KVCache {
   uint64_t bytes() const { return uint64_t(cfg_.n_blocks) * block_bytes(cfg_); }
   int64_t capacity_tokens() const { return int64_t(cfg_.n_blocks) * cfg_.block_size; }
   // Whether the kernel accepted MADV_HUGEPAGE for the pools (THP "madvise" or "always").
-  bool huge_pages() const { return huge_pages_; }
+  bool huge_pages() const { return mem_.huge_pages(); }
   // "N tokens (M MiB, DTYPE, B-token blocks)"
   std::string summary() const;
 
@@ -131,9 +131,9 @@ class KVCache {
 
   KVCacheConfig cfg_;
   KVGeometry geo_;
-  uint8_t* arena_ = nullptr;  // per layer: K pool, V pool (kv_layout.h)
+  MappedMemory mem_;
+  uint8_t* arena_ = nullptr;  // mem_: per layer: K pool, V pool (kv_layout.h)
   uint64_t arena_bytes_ = 0, layer_bytes_ = 0;
-  bool huge_pages_ = false;
   std::vector<Block> blocks_;
   std::vector<int32_t> free_;             // unreferenced, unpublished
   std::list<int32_t> lru_;                // unreferenced, published; front = least recently used

@@ -11,6 +11,7 @@
 //   qwen2:  Q/K/V biases in the GEMM epilogue.
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -31,13 +32,17 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   w_.output = be_.prepare(w_.output);  // token_embd stays in rows: embed() reads single rows
   const HParams& hp = model.hparams();
   const size_t M = size_t(max_batch);
-  x_.resize(M * size_t(hp.dim));
-  h_.resize(M * size_t(hp.dim));
-  q_.resize(M * size_t(hp.q_dim()));
-  k_.resize(M * size_t(hp.kv_dim()));
-  v_.resize(M * size_t(hp.kv_dim()));
-  attn_.resize(M * size_t(hp.q_dim()));
-  gate_.resize(M * size_t(hp.ffn_dim));
+  // (Each width < 2^31, max_batch checked by the engine: 7 * M * width floats fit in 64 bits.)
+  float** const bufs[] = {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_};
+  const int32_t widths[] = {hp.dim, hp.dim, hp.q_dim(), hp.kv_dim(), hp.kv_dim(), hp.q_dim(), hp.ffn_dim};
+  uint64_t floats = 0;
+  for (const int32_t w : widths) floats += (uint64_t(M) * uint64_t(w) + 15) / 16 * 16;  // 64-byte aligned each
+  scratch_ = MappedMemory(floats * sizeof(float), "forward: activation scratch");
+  float* next = reinterpret_cast<float*>(scratch_.data());
+  for (size_t i = 0; i < std::size(bufs); ++i) {
+    *bufs[i] = next;
+    next += (uint64_t(M) * uint64_t(widths[i]) + 15) / 16 * 16;
+  }
   views_.resize(M);
   // Interleaved (llama) pairs stay inside the GEMM epilogue's 16-column groups; neox-style
   // halves pairs do not, so Qwen2 keeps the separate RoPE pass.
@@ -68,11 +73,11 @@ void Forward::validate(const Batch& b, const KVCache& kv) const {
 void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
-  be_.rmsnorm(x_.data(), L.attn_norm, h_.data(), M, hp.dim, hp.rms_eps);
+  be_.rmsnorm(x_, L.attn_norm, h_, M, hp.dim, hp.rms_eps);
   // Q, K, V in one GEMM pass over the three weights (biases, if any, in its epilogue).
-  const Backend::MatmulTarget qkv[3] = {{L.wq, q_.data(), hp.q_dim(), L.bq},
-                                        {L.wk, k_.data(), hp.kv_dim(), L.bk},
-                                        {L.wv, v_.data(), hp.kv_dim(), L.bv}};
+  const Backend::MatmulTarget qkv[3] = {{L.wq, q_, hp.q_dim(), L.bq},
+                                        {L.wk, k_, hp.kv_dim(), L.bk},
+                                        {L.wv, v_, hp.kv_dim(), L.bv}};
   if (fused_rope_) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
     Backend::MatmulTarget t[3] = {qkv[0], qkv[1], qkv[2]};
     for (int i = 0; i < 2; ++i) {
@@ -80,42 +85,42 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
       t[i].rope_head_dim = hp.head_dim;
       t[i].rope_n_rot = rope_.n_rot;
     }
-    be_.matmul_multi(h_.data(), M, t, 3);
+    be_.matmul_multi(h_, M, t, 3);
   } else {
-    be_.matmul_multi(h_.data(), M, qkv, 3);
-    be_.rope(q_.data(), M, hp.n_heads, hp.head_dim, b.pos.data(), rope_);
-    be_.rope(k_.data(), M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope_);
+    be_.matmul_multi(h_, M, qkv, 3);
+    be_.rope(q_, M, hp.n_heads, hp.head_dim, b.pos.data(), rope_);
+    be_.rope(k_, M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope_);
   }
   // Every entry's K/V goes into the cache first (in its stored type), so entries of one sequence
   // in this batch see each other (causally, through n_ctx = pos + 1).
   for (int64_t i = 0; i < M; ++i)
-    kv.write(il, b.seq[i], b.pos[i], k_.data() + i * hp.kv_dim(), v_.data() + i * hp.kv_dim());
+    kv.write(il, b.seq[i], b.pos[i], k_ + i * hp.kv_dim(), v_ + i * hp.kv_dim());
   for (int64_t i = 0; i < M; ++i) {
     views_[size_t(i)] = kv.view(il, b.seq[i]);
     n_ctx_[size_t(i)] = b.pos[i] + 1;
   }
   const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.attn_scale, hp.attn_softcap,
                              hp.layer_window(il)};
-  be_.attention(q_.data(), M, views_.data(), n_ctx_.data(), shape, attn_.data());
-  residual_add(attn_.data(), M, L.wo, L.attn_post_norm);  // x += [post_norm](attn · Woᵀ)
+  be_.attention(q_, M, views_.data(), n_ctx_.data(), shape, attn_);
+  residual_add(attn_, M, L.wo, L.attn_post_norm);  // x += [post_norm](attn · Woᵀ)
 }
 
 // x += W_down · (act(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x)), act = SiLU or GELU (gemma2)
 void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
-  be_.rmsnorm(x_.data(), L.ffn_norm, h_.data(), M, hp.dim, hp.rms_eps);
-  be_.ffn_glu(h_.data(), M, L.w_gate, L.w_up, hp.ffn_act, gate_.data());  // act(h·W_gateᵀ) ⊙ h·W_upᵀ
-  residual_add(gate_.data(), M, L.w_down, L.ffn_post_norm);              // x += [post_norm](that · W_downᵀ)
+  be_.rmsnorm(x_, L.ffn_norm, h_, M, hp.dim, hp.rms_eps);
+  be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_);  // act(h·W_gateᵀ) ⊙ h·W_upᵀ
+  residual_add(gate_, M, L.w_down, L.ffn_post_norm);              // x += [post_norm](that · W_downᵀ)
 }
 
 // x += a · Wᵀ, fused into the GEMM's epilogue; with a post-norm (gemma2) x += rmsnorm(a · Wᵀ).
 void Forward::residual_add(const float* a, int64_t M, const WeightView& W, const float* post_norm) {
   const HParams& hp = model_.hparams();
-  if (!post_norm) return be_.matmul_add(a, M, W, x_.data());
-  be_.matmul(a, M, W, h_.data());
-  be_.rmsnorm(h_.data(), post_norm, h_.data(), M, hp.dim, hp.rms_eps);  // (in place: row by row)
-  be_.add(x_.data(), h_.data(), M, hp.dim);
+  if (!post_norm) return be_.matmul_add(a, M, W, x_);
+  be_.matmul(a, M, W, h_);
+  be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
+  be_.add(x_, h_, M, hp.dim);
 }
 
 void Forward::run(const Batch& b, KVCache& kv, float* logits) {
@@ -124,8 +129,8 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   const ModelWeights& w = w_;
   const int64_t M = b.size();
   be_.set_layer(-1);
-  be_.embed(w.token_embd, b.tokens.data(), M, x_.data());
-  if (hp.embd_scale != 1.0f) be_.scale(x_.data(), M * hp.dim, hp.embd_scale);
+  be_.embed(w.token_embd, b.tokens.data(), M, x_);
+  if (hp.embd_scale != 1.0f) be_.scale(x_, M * hp.dim, hp.embd_scale);
   if (fused_rope_) be_.rope_table(b.pos.data(), M, rope_, rope_cs_.data());
   for (int32_t il = 0; il < hp.n_layers; ++il) {
     be_.set_layer(il);
@@ -138,12 +143,12 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   for (int64_t i = 0; i < M; ++i) {
     if (!b.want_logits[size_t(i)]) continue;
     if (n_out != i)
-      std::memcpy(x_.data() + n_out * hp.dim, x_.data() + i * hp.dim, size_t(hp.dim) * sizeof(float));
+      std::memcpy(x_ + n_out * hp.dim, x_ + i * hp.dim, size_t(hp.dim) * sizeof(float));
     ++n_out;
   }
   if (n_out == 0) return;
-  be_.rmsnorm(x_.data(), w.output_norm, h_.data(), n_out, hp.dim, hp.rms_eps);
-  be_.matmul(h_.data(), n_out, w.output, logits);
+  be_.rmsnorm(x_, w.output_norm, h_, n_out, hp.dim, hp.rms_eps);
+  be_.matmul(h_, n_out, w.output, logits);
   if (hp.final_softcap > 0) be_.softcap(logits, n_out * hp.n_vocab, hp.final_softcap);
 }
 

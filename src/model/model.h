@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mapped_memory.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kv/kv_cache.h"
@@ -126,6 +127,8 @@ class Forward {
   // n_vocab floats each) into logits. Throws ft::Error on an invalid batch.
   void run(const Batch& batch, KVCache& kv, float* logits);
   int64_t max_batch() const { return max_batch_; }
+  // The activation scratch: its bytes, and whether it is on huge pages.
+  const MappedMemory& scratch() const { return scratch_; }
 
  private:
   void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
@@ -139,7 +142,10 @@ class Forward {
   ModelWeights w_;
   int64_t max_batch_;
   // (max_batch, width) scratch
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_;
+  // Activations (max_batch rows each), carved from one mapping on huge pages.
+  MappedMemory scratch_;
+  float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr,
+        *gate_ = nullptr;
   std::vector<float> rope_cs_;  // (max_batch, n_rot): the batch's RoPE cos/sin, all layers
   RopeParams rope_;             // the model's, with the factors for this context
   bool fused_rope_ = false;

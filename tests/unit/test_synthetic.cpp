@@ -401,3 +401,41 @@ TEST(Synthetic, Q4KMMix) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+// The forward pass's activations and the KV arena come from MappedMemory: zero-filled, writable
+// to the last byte, moved without a copy; a forward pass's scratch holds its 7 buffers of
+// max_batch rows, 64-byte aligned each.
+TEST(MappedMemory, ZeroFilledWritableMovable) {
+  MappedMemory a((3u << 20) + 5, "test");
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(a.size(), (3u << 20) + 5);
+  for (uint64_t i = 0; i < a.size(); i += 4093) EXPECT_EQ(a.data()[i], 0);
+  a.data()[a.size() - 1] = 7;
+  uint8_t* p = a.data();
+  MappedMemory b(std::move(a));
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(b.data()[b.size() - 1], 7);
+  EXPECT_EQ(MappedMemory().size(), 0u);
+}
+
+TEST(MappedMemory, ForwardScratchHoldsEveryActivation) {
+  SyntheticOptions opt;
+  opt.shape = "tiny";
+  TempFile tmp("scratch-tiny.gguf");
+  write_synthetic_model(opt, tmp.path());
+  const auto model = Model::load(tmp.path());
+  const HParams& hp = model->hparams();
+  auto be = make_backend("cpu", 1);
+  const int64_t M = 33;
+  Forward fwd(*model, *be, M);
+  const uint64_t floats = uint64_t(M) * (2 * hp.dim + 2 * hp.q_dim() + 2 * hp.kv_dim() + hp.ffn_dim);
+  EXPECT_GE(fwd.scratch().size(), floats * sizeof(float));
+  EXPECT_LE(fwd.scratch().size(), (floats + 7 * 16) * sizeof(float));
+}
+
+}  // namespace
+}  // namespace ft

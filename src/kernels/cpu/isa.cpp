@@ -7,6 +7,8 @@
 
 #include <cstdlib>
 
+#include "core/mapped_memory.h"
+
 namespace ft::cpu {
 
 const char* isa_name(IsaLevel l) {
@@ -70,7 +72,7 @@ uint8_t* alloc_streamed(uint64_t bytes) {
   const uint64_t align = bytes >= kHuge ? kHuge : 64, size = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(size_t(align), size_t(size));
 #ifdef MADV_HUGEPAGE
-  if (p && align == kHuge) madvise(p, size_t(size), MADV_HUGEPAGE);  // (advice: failure is harmless)
+  if (p && align == kHuge && huge_pages_wanted()) madvise(p, size_t(size), MADV_HUGEPAGE);  // (advice)
 #endif
   return static_cast<uint8_t*>(p);
 }
