@@ -9,6 +9,10 @@
 #include "core/error.h"
 #include "core/fp16.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace ft {
 
 namespace {
@@ -44,6 +48,26 @@ void from_f32(GGMLType t, float x, uint8_t* p) {
     case GGMLType::BF16: h = f32_to_bf16(x); std::memcpy(p, &h, 2); return;
     default: std::memcpy(p, &x, 4); return;
   }
+}
+
+// out[i] = f32_to_f16(x[i]) for i < n, 8 at a time with F16C where the CPU has it (its round to
+// nearest even gives the same bits for every input but NaN payloads). The KV cache's default
+// type converts every K and V value of every layer as it is written: the scalar conversion made
+// a 2,700-token prefill 9-11% slower with f16 KV than with f32.
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* x, int32_t n, uint16_t* out) {
+  int32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+#endif
+void f32_to_f16_row(const float* x, int32_t n, uint16_t* out) {
+#if defined(__x86_64__)
+  static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  if (f16c) return f32_to_f16_f16c(x, n, out);
+#endif
+  for (int32_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }
 
 int32_t qblock_len(const KVGeometry& g, int32_t b) { return std::min(kKvQBlock, g.head_dim - b * kKvQBlock); }
@@ -116,6 +140,17 @@ void kv_store(const KVGeometry& g, uint8_t* k_head, uint8_t* v_head, int32_t row
     return;
   }
   const uint64_t es = g.elem_bytes();
+  if (g.type == GGMLType::F16) {  // V rows contiguous; K values strided into the tile's lane
+    f32_to_f16_row(v, hd, reinterpret_cast<uint16_t*>(vr));
+    uint16_t kh[64];
+    for (int32_t d0 = 0; d0 < hd; d0 += 64) {
+      const int32_t n = std::min(64, hd - d0);
+      f32_to_f16_row(k + d0, n, kh);
+      for (int32_t i = 0; i < n; ++i)
+        std::memcpy(tile + (uint64_t(d0 + i) * kKvTile + uint64_t(lane)) * es, &kh[i], sizeof(uint16_t));
+    }
+    return;
+  }
   for (int32_t d = 0; d < hd; ++d) {
     from_f32(g.type, k[d], tile + (uint64_t(d) * kKvTile + uint64_t(lane)) * es);
     from_f32(g.type, v[d], vr + uint64_t(d) * es);

@@ -607,6 +607,36 @@ TEST(KvLayout, StoreLoadWithinEachTypesRounding) {
     }
 }
 
+// f16 KV rows are converted 8 at a time (F16C where the CPU has it): every stored half is the
+// scalar f32_to_f16's, for odd head sizes and values across the whole range (subnormal results,
+// ties, overflow to inf, zeros of both signs).
+TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-30, 17), coin(0, 1);
+  for (int hd : {1, 7, 8, 67, 130}) {
+    const KVGeometry g{GGMLType::F16, 1, hd, 32};
+    std::vector<uint8_t> k(g.k_head_bytes()), v(g.v_head_bytes());
+    for (int row : {0, 13, 16, 31}) {
+      std::vector<float> x(static_cast<size_t>(hd)), y(static_cast<size_t>(hd));
+      for (auto* a : {&x, &y})
+        for (float& e : *a) e = std::ldexp(mant(rng), expo(rng)) * (coin(rng) ? -1.0f : 1.0f);
+      x[0] = -0.0f;
+      if (hd > 2) y[2] = 65520.0f;  // rounds to inf
+      if (hd > 3) x[3] = 0x1.0p-25f;  // a tie at the smallest subnormal: rounds to even (0)
+      kv_store(g, k.data(), v.data(), row, x.data(), y.data());
+      const uint8_t* tile = k.data() + uint64_t(row / kKvTile) * g.k_tile_bytes();
+      for (int d = 0; d < hd; ++d) {
+        uint16_t kh, vh;
+        std::memcpy(&kh, tile + (uint64_t(d) * kKvTile + uint64_t(row % kKvTile)) * 2, 2);
+        std::memcpy(&vh, v.data() + uint64_t(row) * g.v_row_bytes() + uint64_t(d) * 2, 2);
+        ASSERT_EQ(kh, f32_to_f16(x[size_t(d)])) << "hd " << hd << " row " << row << " d " << d << " x " << x[size_t(d)];
+        ASSERT_EQ(vh, f32_to_f16(y[size_t(d)])) << "hd " << hd << " row " << row << " d " << d << " y " << y[size_t(d)];
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::ValuesIn(kIsas),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
