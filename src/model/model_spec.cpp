@@ -54,7 +54,7 @@ class Binder {
     if (!ok)
       fail(f_.path(), ": tensor '", name, "': type ", type_traits(t->type).name,
            tc == TypeClass::F32 ? " is not supported here (expected f32)"
-                                : " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+                                : cat(" is not supported (supported: ", supported_weight_type_names(), ")"));
     bytes_ += t->n_bytes;
     return t;
   }
