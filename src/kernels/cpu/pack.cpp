@@ -53,7 +53,8 @@ uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
   switch (t) {
     case GGMLType::Q5_0: return load_u16(reinterpret_cast<const blocks::Q5_0*>(blk)->d);
     case GGMLType::IQ4_NL: return load_u16(reinterpret_cast<const blocks::IQ4_NL*>(blk)->d);
-    case GGMLType::Q3_K: return load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d);
+    // -d: v = -(sc - 32)(q - 4) lies in [-128, 124], where (sc - 32)(q - 4) reaches +128.
+    case GGMLType::Q3_K: return uint16_t(load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d) ^ 0x8000);
     case GGMLType::IQ4_XS: {
       const auto& b = *reinterpret_cast<const blocks::IQ4_XS*>(blk);
       const int sh = b.scales_h[0] | (b.scales_h[1] << 8);
@@ -88,7 +89,7 @@ int64_t requantize_rows_q8_0(GGMLType t, const uint8_t* rows, uint64_t row_bytes
         bool ok = h != 0 && d != 0.0f && std::isfinite(d);
         for (int j = 0; ok && j < 32; ++j) {
           const float v = x[j] / d;
-          ok = v == std::nearbyint(v) && std::fabs(v) <= 127.0f && float(int(v)) * d == x[j];
+          ok = v == std::nearbyint(v) && v >= -128.0f && v <= 127.0f && float(int(v)) * d == x[j];
           if (ok) o.qs[j] = int8_t(int(v));
         }
         if (ok) {

@@ -60,8 +60,9 @@ struct Q4KBlock {
 // The other quantized types (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS) have no panel
 // layout of their own: prepare() repacks them as Q8_0 (panel_type), 32-block by 32-block
 // (requantize_rows_q8_0). A block whose exact values are int8 multiples of one f16 scale is
-// stored exactly: always for Q5_0 (d, q - 16) and IQ4_NL (d, kvalues[q]); for Q3_K (d,
-// (sc - 32)(q - 4)) unless a product is +-128; for IQ4_XS when d (ls - 32) is an f16. The
+// stored exactly: always for Q5_0 (d, q - 16), IQ4_NL (d, kvalues[q]) and Q3_K (-d,
+// -(sc - 32)(q - 4) in [-128, 124]: q = -128 is within every Q8_0 kernel's range, see the
+// Q8_0 notes above); for IQ4_XS when d (ls - 32) is an f16. The
 // others (the min types Q4_1, Q5_1, Q2_K, Q5_K, and the exceptions) are requantized from their
 // exact values as Q8_0 does (scale max|w| / 127, error <= scale / 2: 1/8 to 1/32 of the source
 // type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step (1.5x
