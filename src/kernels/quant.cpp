@@ -225,17 +225,11 @@ void dequant_iq4_nl(const blocks::IQ4_NL* b, float* y, int64_t nb) {
   }
 }
 
-// IQ4_XS sub-block j's 6-bit scale (unsigned; the value is ls - 32).
-int iq4xs_scale(const blocks::IQ4_XS& b, int j) {
-  const int sh = b.scales_h[0] | (b.scales_h[1] << 8);
-  return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
-}
-
 void dequant_iq4_xs(const blocks::IQ4_XS* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
     for (int s = 0; s < 8; ++s, y += 32) {
-      const float dl = d * float(iq4xs_scale(b[i], s) - 32);
+      const float dl = d * float(blocks::scale_iq4xs(b[i], s) - 32);
       const uint8_t* qs = b[i].qs + 16 * s;
       for (int j = 0; j < 16; ++j) {
         y[j] = dl * float(blocks::kValuesIQ4NL[qs[j] & 0xF]);
@@ -399,6 +393,20 @@ void quant_q4_k(const float* x, BlockQ4_K* b, int64_t nb) {
   }
 }
 
+// The 6-bit levels L[256] (q + 32) of a Q6_K block into its ql/qh bytes (see dequant_q6_k).
+void pack_q6k_levels(const uint8_t* L, BlockQ6_K& b) {
+  uint8_t* ql = b.ql;
+  uint8_t* qh = b.qh;
+  for (int c = 0; c < QK_K; c += 128, ql += 64, qh += 32) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t* Lc = L + c + l;
+      ql[l] = uint8_t((Lc[0] & 0xF) | ((Lc[64] & 0xF) << 4));
+      ql[l + 32] = uint8_t((Lc[32] & 0xF) | ((Lc[96] & 0xF) << 4));
+      qh[l] = uint8_t((Lc[0] >> 4) | ((Lc[32] >> 4) << 2) | ((Lc[64] >> 4) << 4) | ((Lc[96] >> 4) << 6));
+    }
+  }
+}
+
 // Symmetric fit x ~= scale*(L - nmax), L in [0, 2*nmax-1], weights x^2: the abs-max grid and
 // 18 perturbed grids, keeping the one with the best weighted least-squares scale. ggml's
 // make_qx_quants with rmse_type 1 and no importance weights.
@@ -476,17 +484,7 @@ void quant_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
         L[16 * j + l] = int8_t(std::clamp(nearest_int(x[16 * j + l] / d), -32, 31) + 32);
       }
     }
-    uint8_t* ql = b[i].ql;
-    uint8_t* qh = b[i].qh;
-    for (int c = 0; c < QK_K; c += 128, ql += 64, qh += 32) {
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t* Lc = reinterpret_cast<const uint8_t*>(L + c + l);
-        ql[l] = uint8_t((Lc[0] & 0xF) | ((Lc[64] & 0xF) << 4));
-        ql[l + 32] = uint8_t((Lc[32] & 0xF) | ((Lc[96] & 0xF) << 4));
-        qh[l] = uint8_t((Lc[0] >> 4) | ((Lc[32] >> 4) << 2) | ((Lc[64] >> 4) << 4) |
-                        ((Lc[96] >> 4) << 6));
-      }
-    }
+    pack_q6k_levels(reinterpret_cast<const uint8_t*>(L), b[i]);
   }
 }
 

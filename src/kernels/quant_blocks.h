@@ -117,6 +117,12 @@ inline int scale_k3(int j, const uint8_t* s) {
   return lo | (hi << 4);
 }
 
+// IQ4_XS sub-block j's (0..7) 6-bit scale, unsigned (the value is ls - 32).
+inline int scale_iq4xs(const IQ4_XS& b, int j) {
+  const int sh = b.scales_h[0] | (b.scales_h[1] << 8);
+  return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+}
+
 // The 5th bit of Q5_0/Q5_1 element j (0..31).
 inline int q5_high(const uint8_t* qh, int j) {
   uint32_t h;

@@ -84,7 +84,7 @@ class CpuFastBackend final : public Backend {
   }
 
   // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
-  // quantized (the types without a layout of their own as Q8_0: panel_type). Cached by source
+  // quantized (the types without a layout of their own as another type: panel_type). Cached by source
   // pointer and shape, so tied or shared weights are packed once.
   WeightView prepare(const WeightView& W) override {
     if (W.layout == WeightLayout::Packed || !is_supported_weight_type(W.type) ||
@@ -110,7 +110,7 @@ class CpuFastBackend final : public Backend {
       std::vector<uint8_t> tmp(size_t(rb) * cpu::kGroup);
       for (int64_t g = 0; g < cpu::n_groups(W.n_rows); ++g) {
         const int64_t n0 = g * cpu::kGroup, cnt = std::min<int64_t>(cpu::kGroup, W.n_rows - n0);
-        cpu::requantize_rows_q8_0(W.type, src + uint64_t(n0) * src_rb, src_rb, cnt, W.n_cols, tmp.data());
+        cpu::convert_rows(W.type, src + uint64_t(n0) * src_rb, src_rb, cnt, W.n_cols, tmp.data());
         k_.pack(pt, tmp.data(), rb, cnt, W.n_cols, buf.get() + uint64_t(g) * gb);
       }
     }

@@ -57,9 +57,7 @@ uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
     case GGMLType::Q3_K: return uint16_t(load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d) ^ 0x8000);
     case GGMLType::IQ4_XS: {
       const auto& b = *reinterpret_cast<const blocks::IQ4_XS*>(blk);
-      const int sh = b.scales_h[0] | (b.scales_h[1] << 8);
-      const int ls = ((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
-      const float dl = f16(b.d) * float(ls - 32);  // exact in f32 (11 + 6 bits)
+      const float dl = f16(b.d) * float(blocks::scale_iq4xs(b, ib) - 32);  // exact in f32 (11 + 6 bits)
       const uint16_t h = f32_to_f16(dl);
       return f16_to_f32(h) == dl ? h : 0;
     }
@@ -68,11 +66,12 @@ uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
 }
 }  // namespace
 
-int64_t requantize_rows_q8_0(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
-                             int64_t K, uint8_t* out) {
+int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
+                     uint8_t* out) {
   const int64_t bl = int64_t(type_traits(t).block_size);
   const uint64_t bb = type_traits(t).type_size;
-  if (bl <= 0 || K % bl != 0) fail("requantize: K = ", K, " is not a multiple of the block size of ", type_traits(t).name);
+  if (bl <= 0 || K % bl != 0) fail("convert_rows: K = ", K, " is not a multiple of the block size of ", type_traits(t).name);
+  if (panel_type(t) != GGMLType::Q8_0) fail("convert_rows: ", type_traits(t).name, " has a panel layout of its own");
   std::vector<float> w(static_cast<size_t>(bl));
   int64_t exact = 0;
   for (int64_t n = 0; n < n_rows; ++n) {
