@@ -15,7 +15,10 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   std::string shapes;
   for (const auto& s : synthetic_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
   c->add_option("--shape", a.shape, "Shape: " + shapes)->capture_default_str();
-  c->add_option("--type", a.type, "Weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q4_k_m (llama.cpp's mix with q6_k), q6_k")->capture_default_str();
+  c->add_option("--type", a.type,
+                "Weight type: " + supported_weight_type_names() +
+                    ", or one of llama.cpp's mixes q4_k_m, q5_k_m (with q6_k), q3_k_m (with q4_k, q5_k, q6_k)")
+      ->capture_default_str();
   c->add_option("--vocab", a.vocab, "GGUF to take the tokenizer from (default: built-in byte-level vocab)");
   c->add_option("--arch", a.arch, "Architecture: " + known_archs())->capture_default_str();
   c->add_option("--seed", a.seed, "Random seed")->capture_default_str();
@@ -25,10 +28,11 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
 int cmd_make_model(const MakeModelArgs& a) {
   SyntheticOptions opt;
   opt.shape = a.shape;
-  opt.q4_k_m = a.type == "q4_k_m";
-  const auto type = parse_type_name(opt.q4_k_m ? "q4_k" : a.type);
+  const auto mix = parse_mix_name(a.type);
+  const auto type = mix ? std::optional<GGMLType>(mix->base) : parse_type_name(a.type);
   if (!type || !is_supported_weight_type(*type))
-    fail("unsupported weight type '", a.type, "' (f32, f16, bf16, q8_0, q4_0, q4_k, q4_k_m, q6_k)");
+    fail("unsupported weight type '", a.type, "' (", supported_weight_type_names(), ", q4_k_m, q5_k_m, q3_k_m)");
+  if (mix) opt.mix = mix->mix;
   opt.type = *type;
   opt.seed = a.seed;
   opt.vocab_path = a.vocab;

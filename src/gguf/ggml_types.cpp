@@ -40,14 +40,22 @@ TypeTraits type_traits(uint32_t type_id) {
   return {"unknown", 0, 0, false};
 }
 
+namespace {
+constexpr GGMLType kSupported[] = {
+    GGMLType::F32,  GGMLType::F16,  GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
+    GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K, GGMLType::Q3_K,
+    GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS,
+};
+}  // namespace
+
 bool is_supported_weight_type(GGMLType t) {
-  switch (t) {
-    case GGMLType::F32: case GGMLType::F16: case GGMLType::BF16: case GGMLType::Q8_0:
-    case GGMLType::Q4_0: case GGMLType::Q4_K: case GGMLType::Q6_K:
-      return true;
-    default:
-      return false;
-  }
+  return std::find(std::begin(kSupported), std::end(kSupported), t) != std::end(kSupported);
+}
+
+std::string supported_weight_type_names() {
+  std::string out;
+  for (GGMLType t : kSupported) out += std::string(out.empty() ? "" : ", ") + std::string(type_traits(t).name);
+  return out;
 }
 
 std::optional<GGMLType> parse_type_name(std::string_view name) {

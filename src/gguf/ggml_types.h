@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace ft {
@@ -28,6 +29,8 @@ inline TypeTraits type_traits(GGMLType t) { return type_traits(uint32_t(t)); }
 
 // Types the engine can compute with (dequantize / matmul).
 bool is_supported_weight_type(GGMLType t);
+// Their names, comma-separated, for error messages ("f32, f16, ...").
+std::string supported_weight_type_names();
 
 // Parses "f32", "q4_k", "Q8_0", ... (case-insensitive).
 std::optional<GGMLType> parse_type_name(std::string_view name);

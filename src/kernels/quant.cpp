@@ -137,6 +137,108 @@ void dequant_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+
+void dequant_q4_1(const blocks::Q4_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = load_f16(b[i].d), m = load_f16(b[i].m);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = float(b[i].qs[j] & 0xF) * d + m;
+      y[j + 16] = float(b[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+void dequant_q5_0(const blocks::Q5_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = ((b[i].qs[j] & 0xF) | (blocks::q5_high(b[i].qh, j) << 4)) - 16;
+      const int x1 = ((b[i].qs[j] >> 4) | (blocks::q5_high(b[i].qh, j + 16) << 4)) - 16;
+      y[j] = float(x0) * d;
+      y[j + 16] = float(x1) * d;
+    }
+  }
+}
+
+void dequant_q5_1(const blocks::Q5_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = load_f16(b[i].d), m = load_f16(b[i].m);
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = (b[i].qs[j] & 0xF) | (blocks::q5_high(b[i].qh, j) << 4);
+      const int x1 = (b[i].qs[j] >> 4) | (blocks::q5_high(b[i].qh, j + 16) << 4);
+      y[j] = float(x0) * d + m;
+      y[j + 16] = float(x1) * d + m;
+    }
+  }
+}
+
+// Q2_K/Q3_K: element 128h + 32j + l (l < 32) is the 2-bit field at shift 2j of qs[32h + l];
+// its scale is 16-element sub-block 8h + 2j + l/16.
+void dequant_q2_k(const blocks::Q2_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
+    for (int e = 0; e < QK_K; ++e) {
+      const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+      const uint8_t sc = b[i].scales[8 * h + 2 * j + l / 16];
+      const float dl = d * float(sc & 0xF), ml = dmin * float(sc >> 4);
+      const int q = (b[i].qs[32 * h + l] >> (2 * j)) & 3;
+      *y++ = dl * float(q) - ml;
+    }
+  }
+}
+
+void dequant_q3_k(const blocks::Q3_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int e = 0; e < QK_K; ++e) {
+      const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+      const float dl = d * float(blocks::scale_k3(8 * h + 2 * j + l / 16, b[i].scales) - 32);
+      const int lo = (b[i].qs[32 * h + l] >> (2 * j)) & 3;
+      const int hi = (b[i].hmask[l] >> (4 * h + j)) & 1;
+      *y++ = dl * float(lo - (hi ? 0 : 4));
+    }
+  }
+}
+
+void dequant_q5_k(const blocks::Q5_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
+    for (int s = 0; s < 8; ++s) {  // sub-block s: nibble s%2 of qs[32 (s/2) + l], qh bit s
+      uint8_t sc, m;
+      blocks::scale_min_k4(s, b[i].scales, sc, m);
+      const float d1 = d * float(sc), m1 = dmin * float(m);
+      for (int l = 0; l < 32; ++l) {
+        const int q = ((b[i].qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) + (((b[i].qh[l] >> s) & 1) << 4);
+        *y++ = d1 * float(q) - m1;
+      }
+    }
+  }
+}
+
+void dequant_iq4_nl(const blocks::IQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * float(blocks::kValuesIQ4NL[b[i].qs[j] & 0xF]);
+      y[j + 16] = d * float(blocks::kValuesIQ4NL[b[i].qs[j] >> 4]);
+    }
+  }
+}
+
+void dequant_iq4_xs(const blocks::IQ4_XS* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int s = 0; s < 8; ++s, y += 32) {
+      const float dl = d * float(blocks::scale_iq4xs(b[i], s) - 32);
+      const uint8_t* qs = b[i].qs + 16 * s;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = dl * float(blocks::kValuesIQ4NL[qs[j] & 0xF]);
+        y[j + 16] = dl * float(blocks::kValuesIQ4NL[qs[j] >> 4]);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Quantization
 
@@ -177,9 +279,11 @@ void quant_q4_0(const float* x, BlockQ4_0* b, int64_t nb) {
 // Fits x ~= scale*L - the_min with L in [0, nmax] and the_min >= 0 minimising the weighted
 // squared error: start from the min/max grid, then try nstep+1 perturbed grids
 // (nmax + rmin + rdelta*k levels over the range), solving the 2x2 least-squares problem for
-// (scale, min) on each. This is ggml's make_qkx2_quants (use_mad = false).
+// (scale, min) on each. This is ggml's make_qkx2_quants; the error is squared, or absolute with
+// use_mad (Q2_K).
 float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float& the_min,
-                    uint8_t* Laux, float rmin, float rdelta, int nstep) {
+                    uint8_t* Laux, float rmin, float rdelta, int nstep, bool use_mad = false) {
+  const auto err = [use_mad](float diff) { return use_mad ? std::fabs(diff) : diff * diff; };
   float min = x[0], max = x[0];
   float sum_w = w[0], sum_x = sum_w * x[0];
   for (int i = 1; i < n; ++i) {
@@ -201,7 +305,7 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
     const int l = nearest_int(iscale * (x[i] - min));
     L[i] = uint8_t(std::clamp(l, 0, nmax));
     const float diff = scale * float(L[i]) + min - x[i];
-    best_error += w[i] * (diff * diff);
+    best_error += w[i] * err(diff);
   }
   if (nstep < 1) {
     the_min = -min;
@@ -228,7 +332,7 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
     float cur_error = 0;
     for (int i = 0; i < n; ++i) {
       const float diff = this_scale * float(Laux[i]) + this_min - x[i];
-      cur_error += w[i] * (diff * diff);
+      cur_error += w[i] * err(diff);
     }
     if (cur_error < best_error) {
       std::copy(Laux, Laux + n, L);
@@ -285,6 +389,20 @@ void quant_q4_k(const float* x, BlockQ4_K* b, int64_t nb) {
     uint8_t* q = b[i].qs;
     for (int c = 0; c < QK_K; c += 64, q += 32) {
       for (int l = 0; l < 32; ++l) q[l] = uint8_t(L[c + l] | (L[c + l + 32] << 4));
+    }
+  }
+}
+
+// The 6-bit levels L[256] (q + 32) of a Q6_K block into its ql/qh bytes (see dequant_q6_k).
+void pack_q6k_levels(const uint8_t* L, BlockQ6_K& b) {
+  uint8_t* ql = b.ql;
+  uint8_t* qh = b.qh;
+  for (int c = 0; c < QK_K; c += 128, ql += 64, qh += 32) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t* Lc = L + c + l;
+      ql[l] = uint8_t((Lc[0] & 0xF) | ((Lc[64] & 0xF) << 4));
+      ql[l + 32] = uint8_t((Lc[32] & 0xF) | ((Lc[96] & 0xF) << 4));
+      qh[l] = uint8_t((Lc[0] >> 4) | ((Lc[32] >> 4) << 2) | ((Lc[64] >> 4) << 4) | ((Lc[96] >> 4) << 6));
     }
   }
 }
@@ -366,18 +484,358 @@ void quant_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
         L[16 * j + l] = int8_t(std::clamp(nearest_int(x[16 * j + l] / d), -32, 31) + 32);
       }
     }
-    uint8_t* ql = b[i].ql;
-    uint8_t* qh = b[i].qh;
-    for (int c = 0; c < QK_K; c += 128, ql += 64, qh += 32) {
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t* Lc = reinterpret_cast<const uint8_t*>(L + c + l);
-        ql[l] = uint8_t((Lc[0] & 0xF) | ((Lc[64] & 0xF) << 4));
-        ql[l + 32] = uint8_t((Lc[32] & 0xF) | ((Lc[96] & 0xF) << 4));
-        qh[l] = uint8_t((Lc[0] >> 4) | ((Lc[32] >> 4) << 2) | ((Lc[64] >> 4) << 4) |
-                        ((Lc[96] >> 4) << 6));
+    pack_q6k_levels(reinterpret_cast<const uint8_t*>(L), b[i]);
+  }
+}
+
+
+// ggml quantize_row_q4_1_ref / q5_1_ref: d = (max - min) / nmax, m = min, q = trunc((x - min)/d
+// + 0.5) (Q4_1 clamped to 15 after an int8 narrowing, Q5_1 narrowed to uint8 unclamped, as ggml).
+template <class Block, int kBits>
+void quant_q_1(const float* x, Block* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32) {
+    float min = x[0], max = x[0];
+    for (int j = 1; j < 32; ++j) {
+      min = std::min(min, x[j]);
+      max = std::max(max, x[j]);
+    }
+    const float d = (max - min) / float((1 << kBits) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_f16(b[i].d, d);
+    store_f16(b[i].m, min);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      const float x0 = (x[j] - min) * id, x1 = (x[j + 16] - min) * id;
+      int q0, q1;
+      if constexpr (kBits == 4) {
+        q0 = std::min(15, int(int8_t(x0 + 0.5f)));
+        q1 = std::min(15, int(int8_t(x1 + 0.5f)));
+      } else {
+        q0 = int(uint8_t(x0 + 0.5f));
+        q1 = int(uint8_t(x1 + 0.5f));
+        qh |= uint32_t((q0 >> 4) & 1) << j;
+        qh |= uint32_t((q1 >> 4) & 1) << (j + 16);
+      }
+      b[i].qs[j] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
+    }
+    if constexpr (kBits == 5) std::memcpy(b[i].qh, &qh, 4);
+  }
+}
+
+// ggml quantize_row_q5_0_ref: as Q4_0 with 32 levels (d = max / -16, q = trunc(x/d + 16.5)).
+void quant_q5_0(const float* x, blocks::Q5_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        max = x[j];
       }
     }
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_f16(b[i].d, d);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = std::min(31, int(int8_t(x[j] * id + 16.5f)));
+      const int q1 = std::min(31, int(int8_t(x[j + 16] * id + 16.5f)));
+      b[i].qs[j] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
+      qh |= uint32_t((q0 >> 4) & 1) << j;
+      qh |= uint32_t((q1 >> 4) & 1) << (j + 16);
+    }
+    std::memcpy(b[i].qh, &qh, 4);
   }
+}
+
+// The 2-bit fields of Q2_K/Q3_K: level L[128h + 32j + l] at shift 2j of qs[32h + l].
+void pack_2bit(const uint8_t* L, uint8_t* qs) {
+  for (int h = 0; h < QK_K / 128; ++h)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t* Lh = L + 128 * h + l;
+      qs[32 * h + l] = uint8_t(Lh[0] | (Lh[32] << 2) | (Lh[64] << 4) | (Lh[96] << 6));
+    }
+}
+
+// ggml quantize_row_q2_K_ref: per 16 elements a (scale, min) fit with 2-bit levels (weights
+// |x|, absolute error), scales and mins quantized to 4 bits against their maxima.
+void quant_q2_k(const float* x, blocks::Q2_K* b, int64_t nb) {
+  uint8_t L[QK_K], Laux[16];
+  float weights[16], mins[16], scales[16];
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; ++j) {
+      for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
+      scales[j] = fit_scale_min(16, 3, x + 16 * j, weights, L + 16 * j, mins[j], Laux, -0.5f, 0.1f, 15, true);
+      max_scale = std::max(max_scale, scales[j]);
+      max_min = std::max(max_min, mins[j]);
+    }
+    std::memset(b[i].scales, 0, 16);
+    if (max_scale > 0) {
+      const float iscale = 15.0f / max_scale;
+      for (int j = 0; j < 16; ++j) b[i].scales[j] = uint8_t(nearest_int(iscale * scales[j]));
+      store_f16(b[i].d, max_scale / 15.0f);
+    } else {
+      store_f16(b[i].d, 0.0f);
+    }
+    if (max_min > 0) {
+      const float iscale = 15.0f / max_min;
+      for (int j = 0; j < 16; ++j) b[i].scales[j] |= uint8_t(nearest_int(iscale * mins[j]) << 4);
+      store_f16(b[i].dmin, max_min / 15.0f);
+    } else {
+      store_f16(b[i].dmin, 0.0f);
+    }
+    const float d_all = load_f16(b[i].d), dmin_all = load_f16(b[i].dmin);
+    for (int j = 0; j < 16; ++j) {
+      const float d = d_all * float(b[i].scales[j] & 0xF);
+      if (d == 0.0f) continue;
+      const float dm = dmin_all * float(b[i].scales[j] >> 4);
+      for (int l = 0; l < 16; ++l)
+        L[16 * j + l] = uint8_t(std::clamp(nearest_int((x[16 * j + l] + dm) / d), 0, 3));
+    }
+    pack_2bit(L, b[i].qs);
+  }
+}
+
+// ggml make_q3_quants (do_rmse): symmetric levels in [-nmax, nmax - 1] from the abs-max grid,
+// then up to 5 rounds of single-level moves that raise sumlx^2/suml2 (weights x^2). L gets
+// level + nmax.
+float fit_scale_q3(int n, int nmax, const float* x, int8_t* L) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  if (amax == 0.0f) {
+    std::fill(L, L + n, int8_t(0));
+    return 0.0f;
+  }
+  const float iscale = -float(nmax) / max;
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = std::clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+    L[i] = int8_t(l);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * float(l);
+    suml2 += w * float(l) * float(l);
+  }
+  for (int itry = 0; itry < 5; ++itry) {
+    int n_changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = x[i] * x[i];
+      float slx = sumlx - w * x[i] * float(L[i]);
+      if (slx > 0) {
+        float sl2 = suml2 - w * float(L[i]) * float(L[i]);
+        const int new_l = std::clamp(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+        if (new_l != L[i]) {
+          slx += w * x[i] * float(new_l);
+          sl2 += w * float(new_l) * float(new_l);
+          if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+            L[i] = int8_t(new_l);
+            sumlx = slx;
+            suml2 = sl2;
+            ++n_changed;
+          }
+        }
+      }
+    }
+    if (n_changed == 0) break;
+  }
+  for (int i = 0; i < n; ++i) L[i] = int8_t(L[i] + nmax);
+  return sumlx / suml2;
+}
+
+// ggml quantize_row_q3_K_ref: per 16 elements a symmetric 3-bit fit, the 16 scales quantized to
+// 6 bits against the largest-magnitude one (d = max_scale / -32).
+void quant_q3_k(const float* x, blocks::Q3_K* b, int64_t nb) {
+  int8_t L[QK_K];
+  float scales[16];
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float max_scale = 0, amax = 0;
+    for (int j = 0; j < 16; ++j) {
+      scales[j] = fit_scale_q3(16, 4, x + 16 * j, L + 16 * j);
+      if (std::fabs(scales[j]) > amax) {
+        amax = std::fabs(scales[j]);
+        max_scale = scales[j];
+      }
+    }
+    std::memset(b[i].scales, 0, 12);
+    if (max_scale != 0.0f) {
+      const float iscale = -32.0f / max_scale;
+      for (int j = 0; j < 16; ++j) {
+        const int l = std::clamp(int(int8_t(nearest_int(iscale * scales[j]))), -32, 31) + 32;
+        if (j < 8) b[i].scales[j] = uint8_t(l & 0xF);
+        else b[i].scales[j - 8] |= uint8_t((l & 0xF) << 4);
+        b[i].scales[j % 4 + 8] |= uint8_t((l >> 4) << (2 * (j / 4)));
+      }
+      store_f16(b[i].d, 1 / iscale);
+    } else {
+      store_f16(b[i].d, 0.0f);
+    }
+    const float d_all = load_f16(b[i].d);
+    for (int j = 0; j < 16; ++j) {
+      const float d = d_all * float(blocks::scale_k3(j, b[i].scales) - 32);
+      if (d == 0.0f) continue;
+      for (int l = 0; l < 16; ++l)
+        L[16 * j + l] = int8_t(std::clamp(nearest_int(x[16 * j + l] / d), -4, 3) + 4);
+    }
+    // High bit of element e at bit e / 32 of hmask[e % 32]; the low 2 bits as Q2_K.
+    std::memset(b[i].hmask, 0, 32);
+    uint8_t low[QK_K];
+    for (int e = 0; e < QK_K; ++e) {
+      if (L[e] > 3) b[i].hmask[e % 32] |= uint8_t(1 << (e / 32));
+      low[e] = uint8_t(L[e] & 3);
+    }
+    pack_2bit(low, b[i].qs);
+  }
+}
+
+// ggml quantize_row_q5_K_ref: Q4_K's scheme with 5-bit levels (the fit over 16 grids).
+void quant_q5_k(const float* x, blocks::Q5_K* b, int64_t nb) {
+  uint8_t L[QK_K], Laux[32];
+  float weights[32], mins[8], scales[8];
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+      const float* xs = x + 32 * j;
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+      const float av_x = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
+      scales[j] = fit_scale_min(32, 31, xs, weights, L + 32 * j, mins[j], Laux, -0.5f, 0.1f, 15);
+      max_scale = std::max(max_scale, scales[j]);
+      max_min = std::max(max_min, mins[j]);
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; ++j) {
+      ls[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
+      lm[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
+    }
+    pack_scale_min_k4(ls, lm, b[i].scales);
+    store_f16(b[i].d, max_scale / 63.0f);
+    store_f16(b[i].dmin, max_min / 63.0f);
+    const float d_all = load_f16(b[i].d), dmin_all = load_f16(b[i].dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      blocks::scale_min_k4(j, b[i].scales, sc, m);
+      const float d = d_all * float(sc);
+      if (d == 0.0f) continue;
+      const float dm = dmin_all * float(m);
+      for (int l = 0; l < 32; ++l)
+        L[32 * j + l] = uint8_t(std::clamp(nearest_int((x[32 * j + l] + dm) / d), 0, 31));
+    }
+    std::memset(b[i].qh, 0, 32);
+    std::memset(b[i].qs, 0, QK_K / 2);
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) {
+        const int q = L[32 * j + l];
+        b[i].qs[32 * (j / 2) + l] |= uint8_t((q & 0xF) << (4 * (j % 2)));
+        b[i].qh[l] |= uint8_t((q >> 4) << j);
+      }
+  }
+}
+
+// Index of the level of kValuesIQ4NL nearest to v (ggml's best_index_int8; ties go up).
+int best_index_iq4(float v) {
+  const int8_t* val = blocks::kValuesIQ4NL;
+  if (v <= float(val[0])) return 0;
+  if (v >= float(val[15])) return 15;
+  int ml = 0, mu = 15;
+  while (mu - ml > 1) {
+    const int mav = (ml + mu) / 2;
+    if (v < float(val[mav])) mu = mav;
+    else ml = mav;
+  }
+  return v - float(val[mu - 1]) < float(val[mu]) - v ? mu - 1 : mu;
+}
+
+// ggml quantize_row_iq4_nl_impl (ntry 7, no importance weights: weights x^2), the path of
+// llama-quantize for IQ4_NL (one 32-block) and IQ4_XS (8 sub-blocks of 32 under a 256 block):
+// per 32 elements the best of 15 scales for the non-linear levels, then (IQ4_XS) the scales
+// quantized to 6 bits (d = max_scale / -32) and the levels picked again for the rounded scale.
+// Writes the f16 d, the 4-bit indices (q4: 16 bytes per 32 as Q4_0) and, for IQ4_XS, the
+// 6-bit scales.
+void quant_iq4(const float* x, int n_sub, uint8_t* dh, uint8_t* q4, uint8_t* scales_h,
+               uint8_t* scales_l) {
+  constexpr int ntry = 7;
+  uint8_t L[QK_K];
+  float scales[8];
+  float max_scale = 0, amax_scale = 0;
+  std::memset(q4, 0, size_t(n_sub) * 16);
+  for (int ib = 0; ib < n_sub; ++ib) {
+    const float* xb = x + 32 * ib;
+    uint8_t* Lb = L + 32 * ib;
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j) {
+      if (std::fabs(xb[j]) > amax) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    }
+    if (amax < 1e-15f) {
+      scales[ib] = 0;
+      std::fill(Lb, Lb + 32, uint8_t(0));
+      continue;
+    }
+    const float v0 = float(blocks::kValuesIQ4NL[0]);
+    float d = -max / v0;
+    float id = 1 / d;
+    float sumqx = 0, sumq2 = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int l = best_index_iq4(id * xb[j]);
+      Lb[j] = uint8_t(l);
+      const float q = float(blocks::kValuesIQ4NL[l]);
+      const float w = xb[j] * xb[j];
+      sumqx += w * q * xb[j];
+      sumq2 += w * q * q;
+    }
+    d = sumqx / sumq2;
+    float best = d * sumqx;
+    for (int itry = -ntry; itry <= ntry; ++itry) {
+      id = (float(itry) + v0) / max;
+      sumqx = sumq2 = 0;
+      for (int j = 0; j < 32; ++j) {
+        const float q = float(blocks::kValuesIQ4NL[best_index_iq4(id * xb[j])]);
+        const float w = xb[j] * xb[j];
+        sumqx += w * q * xb[j];
+        sumq2 += w * q * q;
+      }
+      if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+        d = sumqx / sumq2;
+        best = d * sumqx;
+      }
+    }
+    scales[ib] = d;
+    if (std::fabs(d) > amax_scale) {
+      amax_scale = std::fabs(d);
+      max_scale = d;
+    }
+  }
+  if (n_sub > 1) {
+    scales_h[0] = scales_h[1] = 0;
+    const float d = -max_scale / 32;
+    store_f16(dh, d);
+    const float id = d != 0.0f ? 1 / d : 0.0f;
+    for (int ib = 0; ib < n_sub; ++ib) {
+      int l = std::clamp(nearest_int(id * scales[ib]), -32, 31);
+      const float dl = d * float(l);
+      const float idl = dl != 0.0f ? 1 / dl : 0.0f;
+      for (int j = 0; j < 32; ++j) L[32 * ib + j] = uint8_t(best_index_iq4(idl * x[32 * ib + j]));
+      l += 32;
+      if (ib % 2 == 0) scales_l[ib / 2] = uint8_t(l & 0xF);
+      else scales_l[ib / 2] |= uint8_t((l & 0xF) << 4);
+      scales_h[ib / 4] |= uint8_t((l >> 4) << (2 * (ib % 4)));
+    }
+  } else {
+    store_f16(dh, scales[0]);
+    const float id = scales[0] != 0.0f ? 1 / scales[0] : 0.0f;
+    for (int j = 0; j < 32; ++j) L[j] = uint8_t(best_index_iq4(id * x[j]));
+  }
+  for (int i = 0; i < n_sub; ++i)
+    for (int j = 0; j < 16; ++j) q4[16 * i + j] = uint8_t(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
 }
 
 // Blocks in a row of n elements of a supported type; fails on unsupported types and on n not a
@@ -388,10 +846,10 @@ int64_t block_count(GGMLType type, int64_t n, const char* what) {
     case GGMLType::F32:
     case GGMLType::F16:
     case GGMLType::BF16: bs = 1; break;
-    case GGMLType::Q8_0: bs = QK8_0; break;
-    case GGMLType::Q4_0: bs = QK4_0; break;
-    case GGMLType::Q4_K:
-    case GGMLType::Q6_K: bs = QK_K; break;
+    case GGMLType::Q8_0: case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0:
+    case GGMLType::Q5_1: case GGMLType::IQ4_NL: bs = 32; break;
+    case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q4_K: case GGMLType::Q5_K:
+    case GGMLType::Q6_K: case GGMLType::IQ4_XS: bs = QK_K; break;
     default:
       fail(what, ": unsupported tensor type ", type_traits(type).name, " (id ", uint32_t(type),
            ")");
@@ -424,6 +882,14 @@ void dequantize_row(GGMLType type, const void* src, float* dst, int64_t n) {
     case GGMLType::Q4_0: dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb); break;
     case GGMLType::Q4_K: dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb); break;
     case GGMLType::Q6_K: dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); break;
+    case GGMLType::Q4_1: dequant_q4_1(static_cast<const blocks::Q4_1*>(src), dst, nb); break;
+    case GGMLType::Q5_0: dequant_q5_0(static_cast<const blocks::Q5_0*>(src), dst, nb); break;
+    case GGMLType::Q5_1: dequant_q5_1(static_cast<const blocks::Q5_1*>(src), dst, nb); break;
+    case GGMLType::Q2_K: dequant_q2_k(static_cast<const blocks::Q2_K*>(src), dst, nb); break;
+    case GGMLType::Q3_K: dequant_q3_k(static_cast<const blocks::Q3_K*>(src), dst, nb); break;
+    case GGMLType::Q5_K: dequant_q5_k(static_cast<const blocks::Q5_K*>(src), dst, nb); break;
+    case GGMLType::IQ4_NL: dequant_iq4_nl(static_cast<const blocks::IQ4_NL*>(src), dst, nb); break;
+    case GGMLType::IQ4_XS: dequant_iq4_xs(static_cast<const blocks::IQ4_XS*>(src), dst, nb); break;
     default: break;  // rejected by block_count
   }
 }
@@ -446,6 +912,24 @@ void quantize_row(GGMLType type, const float* src, void* dst, int64_t n) {
     case GGMLType::Q4_0: quant_q4_0(src, static_cast<BlockQ4_0*>(dst), nb); break;
     case GGMLType::Q4_K: quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); break;
     case GGMLType::Q6_K: quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); break;
+    case GGMLType::Q4_1: quant_q_1<blocks::Q4_1, 4>(src, static_cast<blocks::Q4_1*>(dst), nb); break;
+    case GGMLType::Q5_1: quant_q_1<blocks::Q5_1, 5>(src, static_cast<blocks::Q5_1*>(dst), nb); break;
+    case GGMLType::Q5_0: quant_q5_0(src, static_cast<blocks::Q5_0*>(dst), nb); break;
+    case GGMLType::Q2_K: quant_q2_k(src, static_cast<blocks::Q2_K*>(dst), nb); break;
+    case GGMLType::Q3_K: quant_q3_k(src, static_cast<blocks::Q3_K*>(dst), nb); break;
+    case GGMLType::Q5_K: quant_q5_k(src, static_cast<blocks::Q5_K*>(dst), nb); break;
+    case GGMLType::IQ4_NL:
+      for (int64_t i = 0; i < nb; ++i) {
+        auto& b = static_cast<blocks::IQ4_NL*>(dst)[i];
+        quant_iq4(src + 32 * i, 1, b.d, b.qs, nullptr, nullptr);
+      }
+      break;
+    case GGMLType::IQ4_XS:
+      for (int64_t i = 0; i < nb; ++i) {
+        auto& b = static_cast<blocks::IQ4_XS*>(dst)[i];
+        quant_iq4(src + QK_K * i, 8, b.d, b.qs, b.scales_h, b.scales_l);
+      }
+      break;
     default: break;
   }
 }

@@ -6,7 +6,21 @@
 //   Q4_K: 256 elems/block { f16 d; f16 dmin; uint8 scales[12]; uint8 qs[128]; }  8 sub-blocks of 32,
 //         6-bit scale/min per sub-block, x = d*sc*q - dmin*m
 //   Q6_K: 256 elems/block { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }  x = d*sc*(q-32)
+//   Q4_1: 32 elems/block  { f16 d; f16 m; uint8 qs[16]; }  nibbles as Q4_0, x = d*q + m
+//   Q5_0: 32 elems/block  { f16 d; uint8 qh[4]; uint8 qs[16]; }  5th bit of elem j = bit j of qh,
+//         x = d*(q-16);  Q5_1: { f16 d; f16 m; uint8 qh[4]; uint8 qs[16]; }  x = d*q + m
+//   IQ4_NL: 32 elems/block { f16 d; uint8 qs[16]; }  nibbles as Q4_0 index 16 non-linear levels,
+//         x = d*kvalues[q]
+//   Q2_K: 256 elems/block { uint8 scales[16]; uint8 qs[64]; f16 d; f16 dmin; }  16 sub-blocks of
+//         16, 4-bit scale/min, 2-bit q, x = d*sc*q - dmin*m
+//   Q3_K: 256 elems/block { uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; f16 d; }  6-bit
+//         signed scales per 16, 3-bit q, x = d*(sc-32)*(q-4)
+//   Q5_K: 256 elems/block { f16 d; f16 dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]; }
+//         as Q4_K with a 5th bit per elem
+//   IQ4_XS: 256 elems/block { f16 d; u16 scales_h; uint8 scales_l[4]; uint8 qs[128]; }  6-bit
+//         scale per 32, x = d*(ls-32)*kvalues[q]
 //   F16, BF16, F32: plain.
+// (Byte layouts in quant_blocks.h.)
 #pragma once
 #include <cstdint>
 

@@ -32,6 +32,55 @@ struct Q6_K {
   int8_t scales[QK_K / 16];  // one per 16 elems
   uint8_t d[2];              // f16
 };
+struct Q4_1 {
+  uint8_t d[2];           // f16 scale
+  uint8_t m[2];           // f16 min (added)
+  uint8_t qs[QK4_0 / 2];  // as Q4_0; x = d*q + m
+};
+struct Q5_0 {
+  uint8_t d[2];           // f16
+  uint8_t qh[4];          // bit j (little-endian u32) = 5th bit of elem j
+  uint8_t qs[QK4_0 / 2];  // low 4 bits as Q4_0; x = d*(q-16)
+};
+struct Q5_1 {
+  uint8_t d[2];           // f16
+  uint8_t m[2];           // f16 min
+  uint8_t qh[4];          // as Q5_0
+  uint8_t qs[QK4_0 / 2];  // x = d*q + m
+};
+struct Q2_K {
+  uint8_t scales[QK_K / 16];  // per 16 elems: low nibble scale, high nibble min
+  uint8_t qs[QK_K / 4];       // per 128 elems: 32 bytes, 2-bit fields at shifts 0,2,4,6 = 4 rows of 32
+  uint8_t d[2];               // f16 scale of the scales
+  uint8_t dmin[2];            // f16 scale of the mins; x = d*sc*q - dmin*m
+};
+struct Q3_K {
+  uint8_t hmask[QK_K / 8];  // high bit: elem 32j + l at bit j of hmask[l]
+  uint8_t qs[QK_K / 4];     // low 2 bits, as Q2_K
+  uint8_t scales[12];       // 16 scales of 6 bits (see scale_k3), biased by 32
+  uint8_t d[2];             // f16; x = d*(sc-32)*(q-4), q 3-bit (high bit clear subtracts 4)
+};
+struct Q5_K {
+  uint8_t d[2];
+  uint8_t dmin[2];
+  uint8_t scales[12];     // as Q4_K (scale_min_k4)
+  uint8_t qh[QK_K / 8];   // 5th bit: elem 32j + l at bit j of qh[l]
+  uint8_t qs[QK_K / 2];   // low 4 bits as Q4_K; x = d*sc*q - dmin*m
+};
+struct IQ4_NL {
+  uint8_t d[2];           // f16
+  uint8_t qs[QK4_0 / 2];  // nibble indices as Q4_0; x = d*kvalues_iq4nl[q]
+};
+struct IQ4_XS {
+  uint8_t d[2];               // f16
+  uint8_t scales_h[2];        // u16: bits 2j..2j+1 = high 2 bits of sub-block j's scale
+  uint8_t scales_l[QK_K / 64];  // low 4 bits of sub-block j's scale at nibble j%2 of [j/2]
+  uint8_t qs[QK_K / 2];       // per 32 elems: 16 bytes as IQ4_NL; x = d*(ls-32)*kvalues_iq4nl[q]
+};
+// The 16 levels of the non-linear 4-bit types (ggml's kvalues_iq4nl).
+inline constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // Activation format for K-quant dot products: float scale, int8 values, sums of 16.
 struct Q8_K {
   float d;
@@ -40,6 +89,8 @@ struct Q8_K {
 };
 static_assert(sizeof(Q8_0) == 34 && sizeof(Q4_0) == 18);
 static_assert(sizeof(Q4_K) == 144 && sizeof(Q6_K) == 210 && sizeof(Q8_K) == 292);
+static_assert(sizeof(Q4_1) == 20 && sizeof(Q5_0) == 22 && sizeof(Q5_1) == 24 && sizeof(IQ4_NL) == 18);
+static_assert(sizeof(Q2_K) == 84 && sizeof(Q3_K) == 110 && sizeof(Q5_K) == 176 && sizeof(IQ4_XS) == 136);
 
 inline float load_f16(const uint8_t* p) {
   uint16_t h;
@@ -56,6 +107,27 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
     sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// Scale j (0..15) of a Q3_K block from its 12 packed bytes, unsigned (subtract 32 for the signed
+// value): low 4 bits at nibble j/8 of byte j%8, high 2 bits at bits 2*(j/4) of byte 8 + j%4.
+inline int scale_k3(int j, const uint8_t* s) {
+  const int lo = (s[j % 8] >> (4 * (j / 8))) & 0xF;
+  const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return lo | (hi << 4);
+}
+
+// IQ4_XS sub-block j's (0..7) 6-bit scale, unsigned (the value is ls - 32).
+inline int scale_iq4xs(const IQ4_XS& b, int j) {
+  const int sh = b.scales_h[0] | (b.scales_h[1] << 8);
+  return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+}
+
+// The 5th bit of Q5_0/Q5_1 element j (0..31).
+inline int q5_high(const uint8_t* qh, int j) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  return int((h >> j) & 1);
 }
 
 }  // namespace ft::blocks

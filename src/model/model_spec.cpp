@@ -55,10 +55,9 @@ class Binder {
       fail(f_.path(), ": tensor '", name, "': expected shape ", shape_str(shape), ", got ",
            shape_str(t->ne));
     const bool ok = tc == TypeClass::F32 ? t->type == GGMLType::F32 : is_supported_weight_type(t->type);
-    if (!ok)
-      fail(f_.path(), ": tensor '", name, "': type ", type_traits(t->type).name,
-           tc == TypeClass::F32 ? " is not supported here (expected f32)"
-                                : " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+    if (!ok)  // (collected: every such tensor is named at once, by check_types)
+      type_errors_.push_back(cat("tensor '", name, "': type ", type_traits(t->type).name,
+                                 tc == TypeClass::F32 ? " is not supported here (expected f32)" : " is not supported"));
     bytes_ += t->n_bytes;
     return t;
   }
@@ -76,9 +75,20 @@ class Binder {
 
   uint64_t bytes() const { return bytes_; }
 
+  // Fails naming every tensor whose type the engine cannot compute with (tensor, type).
+  void check_types() const {
+    if (type_errors_.empty()) return;
+    std::string list;
+    for (const auto& e : type_errors_) list += (list.empty() ? "" : "; ") + e;
+    fail(f_.path(), ": ", type_errors_.size(), type_errors_.size() == 1 ? " tensor" : " tensors",
+         " of a type this engine cannot compute with: ", list, " (supported weight types: ",
+         supported_weight_type_names(), ")");
+  }
+
  private:
   const GGUFFile& f_;
   uint64_t bytes_ = 0;
+  std::vector<std::string> type_errors_;
 };
 
 int32_t positive_i32(const GGUFFile& f, const std::string& key, uint64_t v) {
@@ -226,6 +236,7 @@ std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file) {
     else
       *slot.vector = b.vector(name, t.type, extent(t.rows, hp), !t.optional);
   });
+  b.check_types();
   hp.tied_embeddings = w.output.data == nullptr;
   if (hp.tied_embeddings) w.output = w.token_embd;
   for (LayerWeights& L : w.layers) fused_views(L, hp);

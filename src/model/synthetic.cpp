@@ -143,14 +143,51 @@ uint64_t add_vocab(GGUFWriter& w, const std::string& vocab_path, int shape_vocab
 
 }  // namespace
 
+namespace {
+constexpr struct {
+  std::string_view name;
+  SyntheticOptions::Mix mix;
+  GGMLType base;
+} kMixes[] = {{"q4_k_m", SyntheticOptions::Mix::Q4_K_M, GGMLType::Q4_K},
+              {"q5_k_m", SyntheticOptions::Mix::Q5_K_M, GGMLType::Q5_K},
+              {"q3_k_m", SyntheticOptions::Mix::Q3_K_M, GGMLType::Q3_K}};
+std::string_view mix_name(SyntheticOptions::Mix m) {
+  for (const auto& x : kMixes)
+    if (x.mix == m) return x.name;
+  return {};
+}
+}  // namespace
+
+GGMLType mix_tensor_type(SyntheticOptions::Mix mix, GGMLType base, Role role, bool always_more_bits,
+                         bool more_bits, int32_t layer, int32_t n_layers) {
+  using Mix = SyntheticOptions::Mix;
+  switch (mix) {
+    case Mix::None: return base;
+    case Mix::Q4_K_M: case Mix::Q5_K_M: return more_bits ? GGMLType::Q6_K : base;
+    case Mix::Q3_K_M:
+      if (always_more_bits) return GGMLType::Q6_K;
+      if (role == Role::Wv) return layer < 2 ? GGMLType::Q5_K : GGMLType::Q4_K;
+      if (role == Role::WDown) return layer < n_layers / 16 ? GGMLType::Q5_K : GGMLType::Q4_K;
+      if (role == Role::Wo) return GGMLType::Q4_K;
+      return base;
+  }
+  return base;
+}
+
+std::optional<NamedMix> parse_mix_name(std::string_view name) {
+  for (const auto& x : kMixes)
+    if (x.name == name) return NamedMix{x.mix, x.base};
+  return std::nullopt;
+}
+
 void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
                            std::function<void(float)> progress) {
   const SyntheticShape& s = find_shape(opt.shape);
   const ArchSpec* spec = find_arch(opt.arch);
   if (!spec) fail("synthetic model: unknown architecture '", opt.arch, "' (known: ", known_archs(), ")");
   if (!is_supported_weight_type(opt.type))
-    fail("synthetic model: weight type ", type_traits(opt.type).name,
-         " is not supported (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+    fail("synthetic model: weight type ", type_traits(opt.type).name, " is not supported (",
+         supported_weight_type_names(), ")");
   if (s.dim % s.n_heads != 0 || s.n_heads % s.n_kv_heads != 0)
     fail("synthetic model: shape '", s.name, "' has inconsistent head counts");
   const std::string type_name(type_traits(opt.type).name);
@@ -158,7 +195,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   GGUFWriter w;
   const std::string a = opt.arch + ".";
   w.set("general.architecture", GGUFValue::of_str(opt.arch));
-  w.set("general.name", GGUFValue::of_str(cat("synthetic-", s.name, "-", opt.q4_k_m ? std::string("q4_k_m") : type_name, " (random weights)")));
+  w.set("general.name", GGUFValue::of_str(cat("synthetic-", s.name, "-", mix_name(opt.mix).empty() ? type_name : std::string(mix_name(opt.mix)), " (random weights)")));
   w.set("general.alignment", GGUFValue::of_u32(32));
   const uint32_t head_dim = uint32_t(s.dim / s.n_heads);
   w.set(a + "context_length", GGUFValue::of_u32(uint32_t(s.ctx_len)));
@@ -189,9 +226,10 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   hp.ffn_dim = s.ffn_dim;
   hp.n_vocab = int32_t(n_vocab);
   hp.rope.n_rot = int32_t(head_dim);
-  if (opt.q4_k_m && opt.type != GGMLType::Q4_K) fail("synthetic model: the Q4_K_M mix needs type q4_k");
+  if (opt.mix != SyntheticOptions::Mix::None && opt.type != parse_mix_name(mix_name(opt.mix))->base)
+    fail("synthetic model: the ", mix_name(opt.mix), " mix needs type ", type_traits(parse_mix_name(mix_name(opt.mix))->base).name);
   const int n_layers = s.n_layers;
-  auto use_more_bits = [n_layers](int i) {  // llama.cpp's choice of Q6_K layers in Q4_K_M
+  auto use_more_bits = [n_layers](int i) {  // llama.cpp's choice of Q6_K layers in Q4_K_M / Q5_K_M
     return i < n_layers / 8 || i >= 7 * n_layers / 8 || (i - n_layers / 8) % 3 == 2;
   };
   std::vector<TensorPlan> plan;
@@ -204,7 +242,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
         const uint64_t fan_in = uint64_t(extent(t.cols, hp));
         const bool more_bits =
             t.more_bits == MoreBits::Always || (t.more_bits == MoreBits::SomeLayers && use_more_bits(layer));
-        const GGMLType type = opt.q4_k_m && more_bits ? GGMLType::Q6_K : opt.type;
+        const GGMLType type = mix_tensor_type(opt.mix, opt.type, t.role, t.more_bits == MoreBits::Always, more_bits, layer, n_layers);
         plan.push_back({std::move(name), {fan_in, rows}, type, 0.0f, 1.0f / std::sqrt(float(fan_in))});
         break;
       }

@@ -3,10 +3,13 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
 #include "gguf/ggml_types.h"
+#include "model/arch.h"
 
 namespace ft {
 
@@ -21,10 +24,26 @@ struct SyntheticOptions {
   // and a sliding window at llama.cpp's defaults), "phi3" (fused QKV and gate/up, a window of
   // half the context): the tensors of the architecture's table (model/arch.cpp).
   std::string arch = "llama";
-  // With type Q4_K: llama.cpp's Q4_K_M mix (attn_v and ffn_down in Q6_K for the layers its
-  // use_more_bits picks, output in Q6_K).
-  bool q4_k_m = false;
+  // llama.cpp's "_M" mixes of the K types (llama_tensor_get_type, no importance matrix):
+  //   Q4_K_M / Q5_K_M (type Q4_K / Q5_K): attn_v and ffn_down in Q6_K for the layers its
+  //     use_more_bits picks, output in Q6_K;
+  //   Q3_K_M (type Q3_K): attn_v Q5_K in layers 0-1 then Q4_K, ffn_down Q5_K in the first
+  //     n_layers/16 layers then Q4_K, attn_output Q4_K, output Q6_K.
+  enum class Mix { None, Q4_K_M, Q5_K_M, Q3_K_M };
+  Mix mix = Mix::None;
 };
+
+// "q4_k_m", "q5_k_m", "q3_k_m" -> the mix and its base type; nullopt for other names.
+struct NamedMix {
+  SyntheticOptions::Mix mix;
+  GGMLType base;
+};
+std::optional<NamedMix> parse_mix_name(std::string_view name);
+
+// The type of one weight matrix under a mix: its role, whether the architecture table always
+// gives it more bits (the output) or does in this layer (use_more_bits: attn_v, ffn_down).
+GGMLType mix_tensor_type(SyntheticOptions::Mix mix, GGMLType base, Role role, bool always_more_bits,
+                         bool more_bits, int32_t layer, int32_t n_layers);
 
 struct SyntheticShape {
   std::string name;

@@ -117,6 +117,30 @@ TEST(Cli, MakeModelThenRun) {
   EXPECT_NE(bad.err.find("tiny"), std::string::npos) << bad.err;  // lists the known shapes
 }
 
+// A weight type the engine cannot compute with: inspect names the tensor and the type, run
+// refuses with the same message (both through Model::load, as serve).
+TEST(Cli, UnsupportedWeightTypeNamedByInspectAndRun) {
+  const test::TempFile model("tiny_i32.gguf");
+  {
+    const test::TempFile src("tiny_src_i32.gguf");
+    write_synthetic_model(SyntheticOptions{}, src.path());
+    const auto f = GGUFFile::open(src.path());
+    GGUFWriter w;
+    for (const auto& [k, v] : f->metadata()) w.set(k, v);
+    for (const GGUFTensorInfo& t : f->tensors())  // (f32 -> i32: the same 4 bytes per element)
+      w.add_tensor(t.name, t.name == "blk.1.ffn_up.weight" ? GGMLType::I32 : t.type, t.ne,
+                   std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+    w.write(model.path());
+  }
+  const std::string expect = "tensor 'blk.1.ffn_up.weight': type i32 is not supported";
+  const Result ins = run_cli("inspect " + quote(model.path()));
+  EXPECT_EQ(ins.exit_code, 1);
+  EXPECT_NE(ins.err.find(expect), std::string::npos) << ins.err;
+  const Result r = run_cli("run -m " + quote(model.path()) + " -p hi -n 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+}
+
 // A padded vocabulary (Qwen2 and others): 60 embedding rows more than the tokenizer lists. At a
 // temperature this high sampling is near uniform over what it may pick; 64 tokens would draw a
 // padding id with probability 1 - (260/320)^64 > 0.99999 were they not masked.

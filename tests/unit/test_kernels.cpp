@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -30,6 +31,7 @@
 #include "core/fp16.h"
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/cpu/packed.h"  // panel_type, convert_rows
 
 namespace ft {
 namespace {
@@ -637,6 +639,49 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
   }
 }
 
+// The types without a panel layout of their own reach the kernels as another type (packed.h):
+// prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
+// the integer path's product with those values.
+constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K,
+                                       GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS};
+
+// W's rows converted to panel_type (convert_rows), and their values.
+QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
+  const GGMLType pt = cpu::panel_type(W.type);
+  QWeight C{pt, W.N, W.K, std::vector<uint8_t>(*row_bytes(pt, uint64_t(W.K)) * uint64_t(W.N)),
+            std::vector<float>(size_t(W.N * W.K))};
+  const int64_t e = cpu::convert_rows(W.type, W.bytes.data(), *row_bytes(W.type, uint64_t(W.K)), W.N, W.K, C.bytes.data());
+  if (exact) *exact = e;
+  dequantize_row(pt, C.bytes.data(), C.deq.data(), W.N * W.K);
+  return C;
+}
+
+TEST_P(KernelTest, RepackedTypesMultiplyTheirConversion) {
+  std::mt19937 rng(17);
+  for (GGMLType t : kRepackedTypes) {
+    auto be = backend_for(GetParam());  // (prepare caches by address: one backend per pair of weights)
+    const GGMLType pt = cpu::panel_type(t);
+    ASSERT_NE(pt, t) << type_traits(t).name;
+    const int64_t N = 37, K = 512;
+    const QWeight W = make_weight(rng, t, N, K);
+    const QWeight C = converted(W);
+    const WeightView pw = be->prepare(W.view());
+    EXPECT_EQ(pw.type, pt);
+    for (int64_t M : {1, 5, 40}) {
+      const auto X = randv(rng, size_t(M * K));
+      std::vector<float> Y(size_t(M * N)), YC(size_t(M * N));
+      be->matmul(X.data(), M, pw, Y.data());
+      be->matmul(X.data(), M, be->prepare(C.view()), YC.data());
+      std::vector<double> ref, mag;
+      ref_gemm(X.data(), M, C, ref, mag);
+      for (size_t i = 0; i < Y.size(); ++i) {
+        ASSERT_EQ(Y[i], YC[i]) << type_traits(t).name << " M=" << M << " at " << i;
+        ASSERT_NEAR(Y[i], ref[i], gemm_tol(K, mag[i])) << type_traits(t).name << " M=" << M << " at " << i;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::ValuesIn(kIsas),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
@@ -694,6 +739,45 @@ TEST(KernelSelection, ReportsIsa) {
     }
   EXPECT_EQ(make_backend("reference", 1)->name(), "reference");
   EXPECT_THROW(make_backend("gpu", 1), std::exception);
+}
+
+}  // namespace
+}  // namespace ft
+
+namespace ft {
+namespace {
+
+// convert_rows (packed.h): Q3_K, Q5_0 and IQ4_NL blocks always exact; every block
+// within Q8_0's own rounding of the exact values.
+TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
+  std::mt19937 rng(5);
+  for (GGMLType t : kRepackedTypes) {
+    const int64_t N = 9, K = 1024, nb = N * K / 32;
+    const QWeight W = make_weight(rng, t, N, K);
+    int64_t exact = 0;
+    const QWeight C = converted(W, &exact);
+    int64_t bitwise = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax = 0;
+      bool same = true;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(W.deq[size_t(32 * b + i)]));
+      for (int i = 0; i < 32; ++i) {
+        const float w = W.deq[size_t(32 * b + i)], v = C.deq[size_t(32 * b + i)];
+        same = same && w == v;
+        // Q8_0's own bound: half a step d = amax / 127, plus |q| <= 127 times d's f16 rounding
+        // (2^-11 relative): d (0.5 + 127 * 2^-11)
+        ASSERT_LE(std::fabs(v - w), amax / 127 * (0.5f + 127 * 0x1p-11f) * (1 + 1e-6f) + 1e-30f)
+            << type_traits(t).name << " block " << b;
+      }
+      bitwise += same;
+    }
+    EXPECT_LE(exact, bitwise) << type_traits(t).name;  // exact blocks decode to the same values
+    if (t == GGMLType::Q5_0 || t == GGMLType::IQ4_NL || t == GGMLType::Q3_K) {
+      EXPECT_EQ(exact, nb) << type_traits(t).name;
+    }
+    std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),
+                type_traits(cpu::panel_type(t)).name.data(), (long long)exact, (long long)nb);
+  }
 }
 
 }  // namespace

@@ -160,10 +160,14 @@ TEST(ModelBinding, WrongShapeNamesTensorAndShapes) {
 }
 
 TEST(ModelBinding, UnsupportedWeightTypeNamesTensorAndType) {
-  Mutation m;
-  m.types["blk.0.attn_q.weight"] = GGMLType::Q4_1;
-  std::string msg = load_error(m, "q4_1.gguf");
-  EXPECT_HAS(msg, "tensor 'blk.0.attn_q.weight': type q4_1 is not supported");
+  Mutation m;  // every unsupported tensor is named, with its type, in one message
+  m.types["blk.0.attn_q.weight"] = GGMLType::Q8_1;
+  m.types["blk.0.ffn_up.weight"] = GGMLType::I32;
+  std::string msg = load_error(m, "q8_1.gguf");
+  EXPECT_HAS(msg, "2 tensors of a type this engine cannot compute with");
+  EXPECT_HAS(msg, "tensor 'blk.0.attn_q.weight': type q8_1 is not supported");
+  EXPECT_HAS(msg, "tensor 'blk.0.ffn_up.weight': type i32 is not supported");
+  EXPECT_HAS(msg, "supported weight types: f32, f16, bf16, q8_0, q4_0, q4_1");
   Mutation n;
   n.types["blk.0.attn_norm.weight"] = GGMLType::F16;
   msg = load_error(n, "f16norm.gguf");

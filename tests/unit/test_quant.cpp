@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -314,6 +315,157 @@ TEST(Quant, Q6_KHandBuilt) {
 }
 
 // ------------------------------------------------------------------------------------------
+// The other ggml block types (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS): random blocks
+// decoded by hand from ggml's struct layouts (byte offsets, written here independently of
+// quant.cpp: Q3_K's scales through ggml's 32-bit mask arithmetic), each float step rounded as
+// ggml's scalar dequantize_row_* rounds it, compared bit for bit.
+
+float h16(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
+
+const int kIQ4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+std::vector<float> decode_by_hand(GGMLType t, const uint8_t* b) {
+  std::vector<float> y;
+  switch (t) {
+    case GGMLType::Q4_1:  // d @0, m @2, qs @4
+      for (int e = 0; e < 32; ++e) {
+        const int q = (b[4 + e % 16] >> (e < 16 ? 0 : 4)) & 15;
+        y.push_back(mul(float(q), h16(b)) + h16(b + 2));
+      }
+      break;
+    case GGMLType::Q5_0:  // d @0, qh @2 (u32), qs @6
+    case GGMLType::Q5_1: {  // d @0, m @2, qh @4, qs @8
+      const int off = t == GGMLType::Q5_0 ? 2 : 4;
+      const uint32_t qh = uint32_t(b[off]) | uint32_t(b[off + 1]) << 8 | uint32_t(b[off + 2]) << 16 | uint32_t(b[off + 3]) << 24;
+      for (int e = 0; e < 32; ++e) {
+        const int q = ((b[off + 4 + e % 16] >> (e < 16 ? 0 : 4)) & 15) + 16 * int((qh >> e) & 1);
+        y.push_back(t == GGMLType::Q5_0 ? mul(float(q - 16), h16(b)) : mul(float(q), h16(b)) + h16(b + 2));
+      }
+      break;
+    }
+    case GGMLType::IQ4_NL:  // d @0, qs @2
+      for (int e = 0; e < 32; ++e) y.push_back(mul(h16(b), float(kIQ4[(b[2 + e % 16] >> (e < 16 ? 0 : 4)) & 15])));
+      break;
+    case GGMLType::Q2_K: {  // scales @0 (16), qs @16 (64), d @80, dmin @82
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, j = (e % 128) / 32, l = e % 32, s = b[8 * h + 2 * j + l / 16];
+        const int q = (b[16 + 32 * h + l] >> (2 * j)) & 3;
+        y.push_back(sub(mul(mul(h16(b + 80), float(s & 15)), float(q)), mul(h16(b + 82), float(s >> 4))));
+      }
+      break;
+    }
+    case GGMLType::Q3_K: {  // hmask @0 (32), qs @32 (64), scales @96 (12), d @108
+      uint32_t aux[4];
+      std::memcpy(aux, b + 96, 12);
+      const uint32_t tmp = aux[2], k1 = 0x03030303, k2 = 0x0f0f0f0f;
+      aux[2] = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4);
+      aux[3] = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4);
+      aux[0] = (aux[0] & k2) | (((tmp >> 0) & k1) << 4);
+      aux[1] = (aux[1] & k2) | (((tmp >> 2) & k1) << 4);
+      const auto* sc = reinterpret_cast<const int8_t*>(aux);
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+        const int q = ((b[32 + 32 * h + l] >> (2 * j)) & 3) - ((b[l] >> (4 * h + j)) & 1 ? 0 : 4);
+        y.push_back(mul(mul(h16(b + 108), float(sc[8 * h + 2 * j + l / 16] - 32)), float(q)));
+      }
+      break;
+    }
+    case GGMLType::Q5_K: {  // d @0, dmin @2, scales @4 (12), qh @16 (32), qs @48 (128)
+      for (int e = 0; e < 256; ++e) {
+        const int c = e / 64, r = e % 64, s = 2 * c + (r >= 32);
+        // get_scale_min_k4, from the 12 bytes (see pack_k4_by_hand).
+        const uint8_t* q = b + 4;
+        const int sc = s < 4 ? q[s] & 63 : (q[s + 4] & 15) | ((q[s - 4] >> 6) << 4);
+        const int mn = s < 4 ? q[s + 4] & 63 : (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+        const uint8_t byte = b[48 + 32 * c + r % 32];
+        const int v = (r < 32 ? byte & 15 : byte >> 4) + ((b[16 + r % 32] >> s) & 1) * 16;
+        y.push_back(sub(mul(mul(h16(b), float(sc)), float(v)), mul(h16(b + 2), float(mn))));
+      }
+      break;
+    }
+    case GGMLType::IQ4_XS: {  // d @0, scales_h @2 (u16), scales_l @4 (4), qs @8 (128)
+      const int sh = b[2] | (b[3] << 8);
+      for (int e = 0; e < 256; ++e) {
+        const int s = e / 32, r = e % 32;
+        const int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (((sh >> (2 * s)) & 3) << 4);
+        const int q = (b[8 + 16 * s + r % 16] >> (r < 16 ? 0 : 4)) & 15;
+        y.push_back(mul(mul(h16(b), float(ls - 32)), float(kIQ4[q])));
+      }
+      break;
+    }
+    default: ADD_FAILURE() << "no hand decoder for " << type_traits(t).name;
+  }
+  return y;
+}
+
+constexpr GGMLType kOtherTypes[] = {GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K,
+                                    GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS};
+
+// Byte offsets of a block's f16 fields (random f16 bits there could be NaN/inf: keep them finite
+// with full 11-bit mantissas, where the products use every bit).
+std::vector<int> f16_offsets(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q5_K: return {0, 2};
+    case GGMLType::Q2_K: return {80, 82};
+    case GGMLType::Q3_K: return {108};
+    default: return {0};
+  }
+}
+
+TEST(Quant, OtherTypesRandomBlocksBitExact) {
+  std::mt19937 rng(123);
+  for (GGMLType t : kOtherTypes) {
+    const TypeTraits tr = type_traits(t);
+    const int nb = 64;
+    std::vector<uint8_t> blocks(size_t(nb) * tr.type_size);
+    for (auto& v : blocks) v = uint8_t(rng());
+    for (int i = 0; i < nb; ++i)
+      for (int off : f16_offsets(t)) {
+        // sign, exponent 5..24 (2^-10 .. 2^9), random mantissa
+        const uint16_t h = uint16_t((rng() & 0x8000) | ((5 + rng() % 20) << 10) | (rng() & 0x3FF));
+        put_f16(blocks.data() + size_t(i) * tr.type_size + off, h);
+      }
+    const int64_t n = int64_t(nb) * tr.block_size;
+    const auto y = dequantize(t, blocks, n);
+    for (int i = 0; i < nb; ++i) {
+      const auto ref = decode_by_hand(t, blocks.data() + size_t(i) * tr.type_size);
+      ASSERT_EQ(ref.size(), tr.block_size);
+      for (uint32_t e = 0; e < tr.block_size; ++e)
+        ASSERT_EQ(bits(y[size_t(i) * tr.block_size + e]), bits(ref[e])) << tr.name << " block " << i << " elem " << e;
+    }
+  }
+}
+
+// Quantize -> dequantize on uniform rows in [-1, 1): the error stays within one step of the
+// format's grid over that range (max), and its RMS within step / sqrt(12) (uniform rounding
+// error) plus 20% (the scales are themselves quantized, and the fits minimise weighted, not
+// plain, squared error). Steps: 2/15 (4-bit with min), 2/31 (5-bit), 2/15.5 and 2/31 (the
+// symmetric Q4-like grids), 24/127 (IQ4's widest gap between levels), 2/7 (Q3_K), 2/3 (Q2_K).
+TEST(Quant, OtherTypesRoundTrip) {
+  struct Case {
+    GGMLType t;
+    double step;
+  };
+  for (const Case& c : {Case{GGMLType::Q4_1, 2.0 / 15}, Case{GGMLType::Q5_0, 2.0 / 31},
+                        Case{GGMLType::Q5_1, 2.0 / 31}, Case{GGMLType::Q5_K, 2.0 / 31},
+                        Case{GGMLType::IQ4_NL, 24.0 / 127}, Case{GGMLType::IQ4_XS, 24.0 / 127},
+                        Case{GGMLType::Q3_K, 2.0 / 7}, Case{GGMLType::Q2_K, 2.0 / 3}}) {
+    const auto x = random_row(4096, 99);  // uniform in [-1, 1)
+    const auto y = dequantize(c.t, quantize(c.t, x), int64_t(x.size()));
+    double worst = 0, sq = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(y[i] - x[i])));
+      sq += double(y[i] - x[i]) * double(y[i] - x[i]);
+    }
+    const double rms = std::sqrt(sq / double(x.size()));
+    EXPECT_LE(worst, c.step) << type_traits(c.t).name;
+    EXPECT_LE(rms, 1.2 * c.step / std::sqrt(12.0)) << type_traits(c.t).name;
+    EXPECT_GT(rms, 0.0) << type_traits(c.t).name;
+    std::printf("[ %s: max err %.4f, rms %.4f ]\n", type_traits(c.t).name.data(), worst, rms);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
 // Quantize -> dequantize
 
 TEST(Quant, F32IsExact) {
@@ -503,10 +655,21 @@ TEST(Quant, MatchesGgmlReferenceBytes) {
   const std::vector<uint8_t> head = {0x2e, 0x22, 0x72, 0x2d, 0x95, 0xea, 0x7d, 0x95, 0x97, 0xee};
   EXPECT_EQ(std::vector<uint8_t>(q4k.begin(), q4k.begin() + 10), head);
   EXPECT_EQ(fnv1a(quantize(GGMLType::Q6_K, x)), 0xd0f13cf7d061e4c3ull);
+  // The other types: ggml_quantize_chunk without an importance matrix (llama-quantize's path:
+  // the *_ref quantizers, IQ4 with 7 scale trials) of llama.cpp b4748, same input.
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q4_1, x)), 0xf99464bb70703e4dull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q5_0, x)), 0xfc33ddf4446aec0dull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q5_1, x)), 0x11f4d74f7bb36eb3ull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q2_K, x)), 0x9af24801bc8a90f7ull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q3_K, x)), 0x53379aac63e8c143ull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::Q5_K, x)), 0x6d289eb2f4bbb332ull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::IQ4_NL, x)), 0xad1913bb63d8dbfeull);
+  EXPECT_EQ(fnv1a(quantize(GGMLType::IQ4_XS, x)), 0x80b2ee4f59db44d7ull);
 }
 
 TEST(Quant, ZeroBlocksStayZero) {
-  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q5_0,
+                     GGMLType::Q5_K, GGMLType::Q3_K, GGMLType::Q2_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
     std::vector<float> x(512, 0.0f);
     x[300] = 0.75f;  // one non-zero element in the second super-block
     const auto y = dequantize(t, quantize(t, x), 512);
@@ -518,7 +681,7 @@ TEST(Quant, ZeroBlocksStayZero) {
 TEST(Quant, UnsupportedTypeThrows) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> buf(4096);
-  for (GGMLType t : {GGMLType::Q4_1, GGMLType::Q5_K, GGMLType::IQ2_XXS, GGMLType::I32}) {
+  for (GGMLType t : {GGMLType::IQ2_XXS, GGMLType::IQ3_S, GGMLType::TQ1_0, GGMLType::I32}) {
     const std::string name(type_traits(t).name);
     try {
       dequantize_row(t, buf.data(), x.data(), 256);

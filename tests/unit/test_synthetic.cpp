@@ -341,9 +341,9 @@ TEST(Synthetic, BadOptions) {
   m = error_of(opt, tmp.path());
   EXPECT_NE(m.find("architecture 'gpt2'"), std::string::npos) << m;
   opt = {};
-  opt.type = GGMLType::Q4_1;
+  opt.type = GGMLType::IQ2_XXS;  // (a type ggml defines that we do not compute with)
   m = error_of(opt, tmp.path());
-  EXPECT_NE(m.find("q4_1"), std::string::npos) << m;
+  EXPECT_NE(m.find("iq2_xxs"), std::string::npos) << m;
   opt = {};
   opt.vocab_path = "/nonexistent/vocab.gguf";
   m = error_of(opt, tmp.path());
@@ -379,7 +379,7 @@ TEST(Synthetic, Q4KMMix) {
   SyntheticOptions opt;
   opt.shape = "tiny-256";
   opt.type = GGMLType::Q4_K;
-  opt.q4_k_m = true;
+  opt.mix = SyntheticOptions::Mix::Q4_K_M;
   TempFile tmp("q4km.gguf");
   write_synthetic_model(opt, tmp.path());
   const auto m = Model::load(tmp.path());
@@ -397,6 +397,45 @@ TEST(Synthetic, Q4KMMix) {
   EXPECT_EQ(m->weights().token_embd.type, GGMLType::Q4_K);
   opt.type = GGMLType::Q8_0;
   EXPECT_THROW(write_synthetic_model(opt, tmp.path()), std::exception);
+}
+
+// The Q5_K_M and Q3_K_M mixes choose every tensor's type as the reference's quantizer did for
+// the synth-llama files (4 layers) in ../shared/models/extra, and make-model writes them.
+TEST(Synthetic, Q5KMAndQ3KMMixesMatchTheReference) {
+  for (const char* name : {"q5_k_m", "q3_k_m"}) {
+    SCOPED_TRACE(name);
+    const auto mix = parse_mix_name(name);
+    ASSERT_TRUE(mix.has_value());
+    FT_REQUIRE_SHARED(path, std::string("models/extra/synth-llama-") + name + ".gguf");
+    const auto ref = Model::load(path);
+    const int n = ref->hparams().n_layers;
+    const ArchSpec* spec = find_arch("llama");
+    ASSERT_NE(spec, nullptr);
+    int checked = 0;
+    for_each_tensor(*spec, n, [&](const TensorSpec& t, int32_t layer) {
+      if (t.init != Init::Matrix) return;
+      const GGUFTensorInfo* info = ref->file().find_tensor(tensor_name(t, layer));
+      if (!info) return;
+      const bool more = layer >= 0 && (layer < n / 8 || layer >= 7 * n / 8 || (layer - n / 8) % 3 == 2);
+      const bool more_bits = t.more_bits == MoreBits::Always || (t.more_bits == MoreBits::SomeLayers && more);
+      EXPECT_EQ(type_traits(mix_tensor_type(mix->mix, mix->base, t.role, t.more_bits == MoreBits::Always,
+                                            more_bits, layer, n)).name,
+                type_traits(info->type).name)
+          << tensor_name(t, layer);
+      ++checked;
+    });
+    EXPECT_EQ(checked, 2 + 7 * n);
+    SyntheticOptions opt;
+    opt.shape = "tiny-256";
+    opt.type = mix->base;
+    opt.mix = mix->mix;
+    TempFile tmp(std::string(name) + ".gguf");
+    write_synthetic_model(opt, tmp.path());
+    const auto m = Model::load(tmp.path());
+    EXPECT_EQ(m->weights().output.type, GGMLType::Q6_K);
+    EXPECT_EQ(m->weights().token_embd.type, mix->base);
+    EXPECT_EQ(m->weights().layers[0].wq.type, mix->base);
+  }
 }
 
 }  // namespace

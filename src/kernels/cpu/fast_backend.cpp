@@ -85,23 +85,39 @@ class CpuFastBackend final : public Backend {
   }
 
   // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
-  // quantized. Cached by source pointer and shape, so tied or shared weights are packed once.
+  // quantized (the types without a layout of their own as another type: panel_type). Cached by source
+  // pointer and shape, so tied or shared weights are packed once.
   WeightView prepare(const WeightView& W) override {
     if (W.layout == WeightLayout::Packed || !is_supported_weight_type(W.type) ||
         W.n_cols % cpu::block_len(W.type) != 0)
       return W;
+    const GGMLType pt = cpu::panel_type(W.type);
+    if (W.n_cols % cpu::block_len(pt) != 0) return W;
     std::lock_guard<std::mutex> lock(mu_);
     for (const Packed& p : packed_)
       if (p.src == W.data && p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
-        return {W.type, p.bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
-    const uint64_t bytes = cpu::group_bytes(W.type, W.n_cols) * uint64_t(cpu::n_groups(W.n_rows));
+        return {pt, p.bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
+    const uint64_t gb = cpu::group_bytes(pt, W.n_cols);
+    const uint64_t bytes = gb * uint64_t(cpu::n_groups(W.n_rows));
     std::unique_ptr<uint8_t[], Free> buf(cpu::alloc_streamed(bytes));
     if (!buf) fail("prepare: out of memory packing a ", W.n_rows, "x", W.n_cols, " weight");
-    k_.pack(W.type, static_cast<const uint8_t*>(W.data), *row_bytes(W.type, uint64_t(W.n_cols)),
-            W.n_rows, W.n_cols, buf.get());
+    const auto* src = static_cast<const uint8_t*>(W.data);
+    const uint64_t src_rb = *row_bytes(W.type, uint64_t(W.n_cols));
+    if (pt == W.type) {
+      k_.pack(W.type, src, src_rb, W.n_rows, W.n_cols, buf.get());
+    } else {
+      // Group by group through one group of rows in the panel type (packed.h).
+      const uint64_t rb = *row_bytes(pt, uint64_t(W.n_cols));
+      std::vector<uint8_t> tmp(size_t(rb) * cpu::kGroup);
+      for (int64_t g = 0; g < cpu::n_groups(W.n_rows); ++g) {
+        const int64_t n0 = g * cpu::kGroup, cnt = std::min<int64_t>(cpu::kGroup, W.n_rows - n0);
+        cpu::convert_rows(W.type, src + uint64_t(n0) * src_rb, src_rb, cnt, W.n_cols, tmp.data());
+        k_.pack(pt, tmp.data(), rb, cnt, W.n_cols, buf.get() + uint64_t(g) * gb);
+      }
+    }
     packed_.push_back({W.data, W.type, W.n_rows, W.n_cols, std::move(buf)});
-    if (cpu::is_int_type(W.type)) max_k_ = std::max(max_k_, W.n_cols);
-    return {W.type, packed_.back().bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
+    if (cpu::is_int_type(pt)) max_k_ = std::max(max_k_, W.n_cols);
+    return {pt, packed_.back().bytes.get(), W.n_rows, W.n_cols, WeightLayout::Packed};
   }
 
   uint64_t lock_prepared() override {
@@ -215,7 +231,7 @@ std::vector<std::string_view> cpu_isas() {
   return out;
 }
 
-bool is_int8_weight_type(GGMLType t) { return cpu::is_int_type(t); }
+bool is_int8_weight_type(GGMLType t) { return cpu::is_int_type(cpu::panel_type(t)); }
 
 void set_cpu_isa(std::string_view name) {
   g_forced_isa.store(name.empty() ? -1 : int(isa_by_name(name, "instruction set")));

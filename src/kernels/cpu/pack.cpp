@@ -1,10 +1,12 @@
 // Repacking GGUF rows into the panel layout (packed.h), and its portable unpacker.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kernels/cpu/packed.h"
+#include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 
 namespace ft::cpu {
@@ -33,6 +35,73 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 }
 
 }  // namespace
+
+GGMLType panel_type(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q2_K:
+    case GGMLType::Q3_K: case GGMLType::Q5_K: case GGMLType::IQ4_NL: case GGMLType::IQ4_XS:
+      return GGMLType::Q8_0;
+    default:
+      return t;
+  }
+}
+
+namespace {
+// The f16 scale under which 32-block ib (of its 256 block, for the K types) of a source block
+// is naturally int8 (packed.h), or 0 (none: requantize).
+uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
+  switch (t) {
+    case GGMLType::Q5_0: return load_u16(reinterpret_cast<const blocks::Q5_0*>(blk)->d);
+    case GGMLType::IQ4_NL: return load_u16(reinterpret_cast<const blocks::IQ4_NL*>(blk)->d);
+    // -d: v = -(sc - 32)(q - 4) lies in [-128, 124], where (sc - 32)(q - 4) reaches +128.
+    case GGMLType::Q3_K: return uint16_t(load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d) ^ 0x8000);
+    case GGMLType::IQ4_XS: {
+      const auto& b = *reinterpret_cast<const blocks::IQ4_XS*>(blk);
+      const float dl = f16(b.d) * float(blocks::scale_iq4xs(b, ib) - 32);  // exact in f32 (11 + 6 bits)
+      const uint16_t h = f32_to_f16(dl);
+      return f16_to_f32(h) == dl ? h : 0;
+    }
+    default: return 0;
+  }
+}
+}  // namespace
+
+int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
+                     uint8_t* out) {
+  const int64_t bl = int64_t(type_traits(t).block_size);
+  const uint64_t bb = type_traits(t).type_size;
+  if (bl <= 0 || K % bl != 0) fail("convert_rows: K = ", K, " is not a multiple of the block size of ", type_traits(t).name);
+  if (panel_type(t) != GGMLType::Q8_0) fail("convert_rows: ", type_traits(t).name, " has a panel layout of its own");
+  std::vector<float> w(static_cast<size_t>(bl));
+  int64_t exact = 0;
+  for (int64_t n = 0; n < n_rows; ++n) {
+    const uint8_t* row = rows + uint64_t(n) * row_bytes;
+    auto* q8 = reinterpret_cast<blocks::Q8_0*>(out + uint64_t(n) * uint64_t(K / 32) * sizeof(blocks::Q8_0));
+    for (int64_t b = 0; b < K / bl; ++b) {
+      const uint8_t* blk = row + uint64_t(b) * bb;
+      dequantize_row(t, blk, w.data(), bl);  // the exact values (bit-identical to ggml)
+      for (int ib = 0; ib < bl / 32; ++ib) {
+        const float* x = w.data() + 32 * ib;
+        blocks::Q8_0& o = q8[b * (bl / 32) + ib];
+        const uint16_t h = natural_scale(t, blk, ib);
+        const float d = f16_to_f32(h);
+        bool ok = h != 0 && d != 0.0f && std::isfinite(d);
+        for (int j = 0; ok && j < 32; ++j) {
+          const float v = x[j] / d;
+          ok = v == std::nearbyint(v) && v >= -128.0f && v <= 127.0f && float(int(v)) * d == x[j];
+          if (ok) o.qs[j] = int8_t(int(v));
+        }
+        if (ok) {
+          std::memcpy(o.d, &h, 2);
+          ++exact;
+        } else {
+          quantize_row(GGMLType::Q8_0, x, &o, 32);
+        }
+      }
+    }
+  }
+  return exact;
+}
 
 int64_t block_len(GGMLType t) {
   if (!is_supported_weight_type(t)) fail("panel layout: unsupported weight type ", int(t));

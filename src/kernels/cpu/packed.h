@@ -57,6 +57,24 @@ struct Q4KBlock {
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2368
 };
 
+// The other quantized types have no panel layout of their own: prepare() converts their rows to
+// Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
+// values are int8 multiples of one f16 scale is stored exactly: every Q5_0 block (d, q - 16),
+// every IQ4_NL block (d, kvalues[q]), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
+// q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
+// d (ls - 32) is an f16. The others (the min types Q4_1, Q5_1, Q2_K, Q5_K, and the IQ4_XS rest)
+// are requantized from their exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 *
+// 2^-11): 1/8 to 1/30 of the source type's own step). Cost: Q8_0's 34 bytes per 32 weights in
+// memory and per decode step (1.5x Q5_K's, 2.5x Q3_K's), for our fastest integer kernels.
+// (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
+// faster decode on the tinyllama shape: Q6_K's kernels are the pair layout's.)
+GGMLType panel_type(GGMLType t);
+// rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in panel_type(t), GGUF
+// rows (row_bytes(panel_type(t), K) apart). Returns how many 32-blocks hold exactly the source
+// values.
+int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
+                     uint8_t* out);
+
 // Weight types multiplied on the integer path.
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K;
