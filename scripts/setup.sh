@@ -12,8 +12,9 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer (clang's runtime)
       python3                # tests/soak
       python3-jinja2)        # test only: the oracle of the Jinja chat-template interpreter (tests/unit/test_jinja.cpp)
-# Node.js/npm (for the server's tests with the official `openai` client): use the machine's own
-# when there is one (Debian's npm conflicts with NodeSource's nodejs).
+# Node.js/npm (for the server's tests with real clients): use the machine's own when there is one
+# (Debian's npm conflicts with NodeSource's nodejs). Debian 12's node 18 runs the openai and Vercel
+# AI SDK tests; LangChain JS and LlamaIndex need node >= 20 and their tests skip, saying so.
 command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
 
 missing=()
@@ -27,8 +28,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The openai npm client for the server's end-to-end tests (tests/e2e/node), pinned by its
-# package-lock.json; re-installed only when absent or older than the lock file.
+# The npm clients of the server's end-to-end tests (tests/e2e/node: openai, LangChain JS, the
+# Vercel AI SDK, LlamaIndex), pinned by its package-lock.json; re-installed only when absent or
+# older than the lock file.
 if command -v npm >/dev/null 2>&1; then
   NODE_DIR=tests/e2e/node
   if [ ! -d "$NODE_DIR/node_modules/openai" ] ||

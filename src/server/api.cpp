@@ -547,7 +547,8 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   std::vector<std::string> unknown;
   for (const auto& [k, v] : j.items())
     if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) unknown.push_back(k);
-  for (const char* k : {"model", "stream", "temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "stop"})
+  for (const char* k : {"model", "stream", "temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "stop",
+                        "parallel_tool_calls"})
     if (j.contains(k)) chat[k] = j[k];
   if (j.contains("max_output_tokens")) chat["max_completion_tokens"] = j["max_output_tokens"];
   if (j.contains("stream") && j["stream"] == true) chat["stream_options"] = {{"include_usage", true}};
@@ -583,6 +584,9 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
         const json& out = item.contains("output") ? item["output"] : json("");
         messages.push_back({{"role", "tool"}, {"tool_call_id", item.value("call_id", "")},
                             {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
+      } else if (type == "item_reference") {  // what a client sends for earlier items when it assumes store: true
+        bad(p + ".type", "input items of type 'item_reference' are not supported (this server stores no responses: "
+                         "send the items themselves, e.g. with store: false)");
       } else if (type != "reasoning") {
         bad(p + ".type", "input items of type '" + type + "' are not supported");
       }

@@ -410,9 +410,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     void start() {
       if (!stream_) return;
       const json r = responses_object(meta_, "in_progress", json::array(), nullptr);
-      s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_) +
-                     http_chunk(ev("response.created", {{"response", r}}) + ev("response.in_progress", {{"response", r}})),
-                 false);
+      // One ev() per statement: the operands of + are unsequenced, and ev() numbers the events.
+      std::string out = ev("response.created", {{"response", r}});
+      out += ev("response.in_progress", {{"response", r}});
+      s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_) + http_chunk(out), false);
     }
     void on_output(Output&& o) override {
       if (o.text.empty()) return;
@@ -479,10 +480,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::string open_message() {
       if (message_open_) return "";
       message_open_ = true;
-      return ev("response.output_item.added", {{"output_index", 0}, {"item", responses_message_item(msg_id_, "", "in_progress")}}) +
-             ev("response.content_part.added",
+      std::string out =  // (sequenced: see start())
+          ev("response.output_item.added", {{"output_index", 0}, {"item", responses_message_item(msg_id_, "", "in_progress")}});
+      out += ev("response.content_part.added",
                 {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
                  {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
+      return out;
     }
 
     HttpSession& s_;

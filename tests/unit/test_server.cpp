@@ -357,6 +357,11 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   EXPECT_FALSE(r.grammar.empty());
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(parse_responses_request(R"({"model": "stories260K", "input": "Hi"})", kModel).messages[0].content, "Hi");
+  const std::string call_body = R"({"model": "stories260K", "input": "Hi", "tool_choice": "required",
+      "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}])";
+  EXPECT_EQ(parse_responses_request(call_body + "}", kModel).grammar.find("{0,0}"), std::string::npos);  // parallel calls
+  EXPECT_NE(parse_responses_request(call_body + R"(, "parallel_tool_calls": false})", kModel).grammar.find("{0,0}"),
+            std::string::npos);  // one call, as on chat completions (LlamaIndex sends it)
   EXPECT_FALSE(parse_responses_request(R"({"model": "stories260K", "input": "Hi", "text": {"format": {"type": "json_schema",
       "name": "x", "schema": {"type": "object"}}}})", kModel).grammar.empty());
   const auto bad = [](const std::string& body, const std::string& param) {
@@ -373,6 +378,12 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   bad(R"({"model": "stories260K", "input": "x", "tools": [{"type": "web_search"}]})", "tools[0]");
   bad(R"({"model": "stories260K", "input": [{"role": "robot", "content": "x"}]})", "input[0].role");
   bad(R"({"model": "stories260K", "input": "x", "max_output_tokens": 0})", "max_output_tokens");
+  bad(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "fc_1"}]})", "input[0].type");
+  try {  // the Vercel AI SDK's default (store: true) sends these: the error says what to do instead
+    parse_responses_request(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "fc_1"}]})", kModel);
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("store: false"), std::string::npos) << e.what();
+  }
 
   const ResponseMeta m{Endpoint::Responses, "resp_1", 7, "stories260K"};
   const Usage u{3, 4};

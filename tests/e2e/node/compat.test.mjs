@@ -120,13 +120,15 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
       model: MODEL_ID, input: [{ role: 'user', content: [{ type: 'input_text', text: 'Once upon a time' }] }],
       max_output_tokens: 12, temperature: 0, stream: true,
     });
-    const types = [];
+    const types = [], seqs = [];
     let text = '', final = null;
     for await (const ev of stream) {
       types.push(ev.type);
+      seqs.push(ev.sequence_number);
       if (ev.type === 'response.output_text.delta') text += ev.delta;
       if (ev.type === 'response.incomplete' || ev.type === 'response.completed') final = ev.response;
     }
+    assert.deepEqual(seqs, types.map((_, i) => i));  // numbered in the order sent
     assert.equal(types[0], 'response.created');
     assert.equal(types.at(-1), `response.${r.status}`);
     assert.ok(types.includes('response.output_text.done'));

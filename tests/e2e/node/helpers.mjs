@@ -13,12 +13,36 @@ export const MODEL = join(SHARED, 'models/stories260K.gguf');
 export const GOLDEN = join(SHARED, 'models/stories260K.golden.json');
 export const MODEL_ID = 'stories260K';
 
-// Why the tests cannot run here, or false.
-export function skipReason() {
-  if (!existsSync(join(here, 'node_modules/openai'))) return 'node_modules/openai absent (run scripts/setup.sh or npm ci in tests/e2e/node)';
+// Why the tests cannot run here, or false. `packages`: the npm packages a test file needs (each
+// installed, and this node at least the major its package.json's engines.node asks for).
+export function skipReason(packages = ['openai']) {
+  for (const p of packages) {
+    const manifest = join(here, 'node_modules', p, 'package.json');
+    if (!existsSync(manifest)) return `node_modules/${p} absent (run scripts/setup.sh or npm ci in tests/e2e/node)`;
+    const need = /^>=\s*(\d+)/.exec(JSON.parse(readFileSync(manifest, 'utf8')).engines?.node ?? '')?.[1];
+    if (need && Number(process.versions.node.split('.')[0]) < Number(need))
+      return `${p} needs node >= ${need}, this is ${process.versions.node}`;
+  }
   if (!existsSync(BINARY)) return `firsttoken binary absent: ${BINARY}`;
   if (!existsSync(MODEL)) return `shared test model absent: ${MODEL}`;
   return false;
+}
+
+// Makes every fetch() of this process to a host other than the loopback fail, and returns the
+// list of the URLs refused: a client that reaches for the network (LangChain's tokenizer table
+// for token counting, telemetry) fails its test instead of depending on the network.
+export function refuseNetwork() {
+  const refused = [];
+  const real = globalThis.fetch;
+  globalThis.fetch = (input, init) => {
+    const url = new URL(typeof input === 'string' || input instanceof URL ? input : input.url);
+    if (!['127.0.0.1', 'localhost', '[::1]'].includes(url.hostname)) {
+      refused.push(url.href);
+      return Promise.reject(new Error(`network access refused in the tests: ${url.href}`));
+    }
+    return real(input, init);
+  };
+  return refused;
 }
 
 export function golden() {
