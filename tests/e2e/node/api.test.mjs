@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { MODEL, MODEL_ID, golden, metrics, postJson, skipReason, startServer, waitMetrics } from './helpers.mjs';
+import { MODEL, MODEL_ID, golden, metrics, postJson, skipReason, startServer, waitLog, waitMetrics } from './helpers.mjs';
 
 const skip = skipReason();
 
@@ -209,8 +209,7 @@ describe('serve stories260K', { skip }, () => {
     const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 20, temperature: 0 });
     const line = new RegExp(`\\[info\\] ${r.id} completion finish=length prompt=5 cached=\\d+ gen=20 tokenize=[\\d.]+ms ` +
       'queue=[\\d.]+ms prefill=[\\d.]+ms ttft=[\\d.]+ms decode=[\\d.]+ms total=[\\d.]+ms');
-    for (let i = 0; i < 200 && !line.test(server.log()); ++i) await new Promise((res) => setTimeout(res, 10));  // async logger
-    assert.match(server.log(), line);
+    await waitLog(server, line);
     assert.equal(server.log().split('\n').filter((l) => l.includes(r.id)).length, 1);
     assert.doesNotMatch(server.log(), / token \d+ /);
   });

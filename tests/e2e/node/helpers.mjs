@@ -1,5 +1,6 @@
 // Shared helpers of the server's end-to-end tests: where the binary and the model are, starting
 // `firsttoken serve --port 0` (the bound port is read from its log), and reading /metrics.
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
@@ -47,6 +48,14 @@ export function refuseNetwork() {
 
 export function golden() {
   return JSON.parse(readFileSync(GOLDEN, 'utf8')).cases.find((c) => c.prompt === 'Once upon a time');
+}
+
+// The server's log once it matches re (the logger is asynchronous and stderr arrives on its own
+// schedule: a line about a request may come after the response); fails after timeoutMs.
+export async function waitLog(server, re, timeoutMs = 5_000) {
+  for (const t0 = Date.now(); !re.test(server.log()); await new Promise((res) => setTimeout(res, 10)))
+    if (Date.now() - t0 > timeoutMs) assert.fail(`no log line matching ${re} within ${timeoutMs} ms:\n${server.log()}`);
+  return server.log();
 }
 
 // Starts the server; resolves once it logs "listening on http://HOST:PORT" (60 s at most).
