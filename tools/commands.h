@@ -46,6 +46,7 @@ int cmd_perplexity(const PerplexityArgs& a);
 
 struct MakeModelArgs {
   std::string shape = "tiny", type = "f32", vocab, arch = "llama", out;
+  std::string draft_type, draft_out;  // also write the same weights at another type (a speculative draft)
   uint64_t seed = 1234;
 };
 void add_make_model(CLI::App& app, MakeModelArgs& a);
