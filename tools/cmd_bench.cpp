@@ -14,6 +14,7 @@
 #include "kernels/peak.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
 
 namespace ft::tools {
@@ -28,6 +29,105 @@ int default_threads(int t) {
 
 uint64_t weight_bytes(const WeightView& w) { return *row_bytes(w.type, uint64_t(w.n_cols)) * uint64_t(w.n_rows); }
 double matmul_flops(const WeightView& w, int64_t M) { return 2.0 * double(M) * double(w.n_rows) * double(w.n_cols); }
+
+// Greedy generation of n_gen tokens through the engine (one request), with cfg's speculation.
+struct GenRun {
+  std::vector<int32_t> tokens;
+  RequestTimings t;
+};
+GenRun generate(const Model& model, EngineConfig cfg, const std::vector<int32_t>& prompt, int64_t n_gen) {
+  Engine engine(model, cfg, {});
+  EngineRequest r;
+  r.prompt = prompt;
+  r.max_tokens = n_gen;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  EventStream s;
+  engine.submit(std::move(r), s.callback());
+  GenRun out;
+  EngineEvent ev;
+  while (s.next(ev, &out.t))
+    if (ev.kind == EngineEvent::Kind::Token) out.tokens.push_back(ev.token);
+  return out;
+}
+
+double decode_tps(const GenRun& g) {
+  return g.tokens.size() > 1 && g.t.decode_ms() > 0 ? double(g.tokens.size() - 1) / g.t.decode_ms() * 1e3 : 0;
+}
+
+// Speculative decoding against plain decode: greedy generation, same prompt, best of reps each
+// (interleaved, so drift on a shared machine hits both), then the verification cost: k + 1
+// positions of one sequence in one forward vs one decode position, at the prompt's context.
+void bench_spec(const BenchArgs& a, const Model& model, int T) {
+  const HParams& hp = model.hparams();
+  const SpecConfig spec = spec_from_flags(a.spec);
+  std::unique_ptr<Model> draft;
+  std::vector<int32_t> prompt;
+  if (!a.prompt.empty()) {
+    prompt = Tokenizer::from_gguf(model.file()).encode(a.prompt, true, false);
+  } else {
+    std::mt19937 rng(7);
+    for (int64_t i = 0; i < a.n_prompt; ++i) prompt.push_back(int32_t(rng() % uint32_t(hp.n_tokens)));
+  }
+  const int64_t n_ctx = int64_t(prompt.size()) + a.n_gen + kMaxSpecTokens + 1;
+  EngineConfig base = single_request_config(model, n_ctx, std::max<int64_t>(int64_t(prompt.size()), 1), T,
+                                            parse_kv_type(a.kv_type));
+  EngineConfig with = base;
+  with.spec = spec;
+  if (spec.method == SpecMethod::Draft) {
+    draft = load_draft_model(spec.draft_model, model);
+    with.draft_model = draft.get();
+  }
+  GenRun best_off, best_on;
+  for (int rep = 0; rep < std::max(1, a.reps); ++rep) {
+    GenRun off = generate(model, base, prompt, a.n_gen);
+    GenRun on = generate(model, with, prompt, a.n_gen);
+    if (rep == 0 || decode_tps(off) > decode_tps(best_off)) best_off = std::move(off);
+    if (rep == 0 || decode_tps(on) > decode_tps(best_on)) best_on = std::move(on);
+  }
+  const SpecStats& s = best_on.t.spec;
+  const double rate = s.draft_tokens ? double(s.accepted_tokens) / double(s.draft_tokens) : 0;
+  std::printf("speculative %s (k = %s%d): greedy decode %lld tokens, prompt %zu tokens: %.2f tokens/s vs %.2f without "
+              "= %.2fx | acceptance %.1f%% (%lld of %lld draft tokens), %.2f tokens per verification (%lld) | output %s\n",
+              spec_method_name(spec.method), spec.k_auto ? "auto, at most " : "", spec.k, (long long)a.n_gen,
+              prompt.size(), decode_tps(best_on), decode_tps(best_off),
+              decode_tps(best_off) > 0 ? decode_tps(best_on) / decode_tps(best_off) : 0.0, 100 * rate,
+              (long long)s.accepted_tokens, (long long)s.draft_tokens,
+              s.drafts ? 1.0 + double(s.accepted_tokens) / double(s.drafts) : 0.0, (long long)s.drafts,
+              best_on.tokens == best_off.tokens ? "identical" : "DIFFERS");
+
+  // Verification cost at the prompt's context.
+  auto be = make_backend(a.backend, T);
+  const int32_t k = spec.k;
+  Forward fwd(model, *be, k + 1);
+  RuntimeConfig rt;
+  rt.kv_type = parse_kv_type(a.kv_type);
+  const int64_t ctx = int64_t(prompt.size());
+  KVCache kv(kv_cache_config(rt, hp, KVCache::blocks_for(ctx + k + 1, rt.kv_block_size), false));
+  if (!kv.reserve(0, ctx + k + 1)) fail("bench: KV cache too small");
+  std::vector<float> logits(size_t(k + 1) * size_t(hp.n_vocab));
+  Batch b;
+  for (int64_t s0 = 0; s0 < ctx; s0 += k + 1) {  // the context's K/V (chunks of k + 1)
+    b.clear();
+    for (int64_t i = s0; i < std::min(ctx, s0 + k + 1); ++i) b.add(prompt[size_t(i)], int32_t(i), 0, false);
+    b.want_logits.back() = 1;
+    fwd.run(b, kv, logits.data());
+  }
+  auto time_positions = [&](int32_t n) {
+    double best = 1e30;
+    for (int rep = 0; rep < 5 * std::max(1, a.reps); ++rep) {
+      b.clear();
+      for (int32_t i = 0; i < n; ++i) b.add(prompt[size_t(i) % prompt.size()], int32_t(ctx + i), 0, true);
+      const auto t0 = std::chrono::steady_clock::now();
+      fwd.run(b, kv, logits.data());
+      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  const double t1 = time_positions(1), tk = time_positions(k + 1);
+  std::printf("verification cost: %d positions %.2f ms vs 1 position %.2f ms = %.2fx (context %lld)\n", k + 1, tk, t1,
+              tk / t1, (long long)ctx);
+}
 
 }  // namespace
 
@@ -45,6 +145,8 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   model->add_option("-r,--reps", a.reps, "Repetitions after a warm-up token (best is reported)")->capture_default_str();
   model->add_option("--backend", a.backend, "Backend: cpu or reference")->capture_default_str();
   model->add_option("--kv-type", a.kv_type, "KV cache element type: f16, bf16, q8_0 or f32")->capture_default_str();
+  add_spec_flags(model, a.spec);
+  model->add_option("--prompt", a.prompt, "With --spec: a text prompt for the generation runs (default: -p random tokens)");
   model->callback([&a] { a.mode = "model"; });
   add_bench_serve(*c, a.serve, a.mode);
 }
@@ -166,6 +268,7 @@ int cmd_bench(const BenchArgs& a) {
   std::printf("| %s | %.1f | %.1f%% | %.2f | %.1f%% |\n", hp.name.c_str(), P / best_pp,
               100 * pp_gflops / peak, a.n_gen > 0 ? double(a.n_gen) / best_tg : 0.0,
               100 * tg_gbs / bw);
+  if (spec_from_flags(a.spec).enabled()) bench_spec(a, *model, T);
   return 0;
 }
 

@@ -23,6 +23,9 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--arch", a.arch, "Architecture: " + known_archs())->capture_default_str();
   c->add_option("--seed", a.seed, "Random seed")->capture_default_str();
   c->add_option("-o,--out", a.out, "Output file")->required();
+  c->add_option("--draft-out", a.draft_out,
+                "Also write the same weights (same seed) at --draft-type: a draft model for speculative decoding");
+  c->add_option("--draft-type", a.draft_type, "Weight type of --draft-out")->default_str("q8_0");
 }
 
 int cmd_make_model(const MakeModelArgs& a) {
@@ -43,6 +46,15 @@ int cmd_make_model(const MakeModelArgs& a) {
   });
   if (tty) std::fprintf(stderr, "\n");
   std::fprintf(stderr, "wrote %s (%s, %s, random weights)\n", a.out.c_str(), a.shape.c_str(), a.type.c_str());
+  if (!a.draft_out.empty()) {
+    const std::string dt = a.draft_type.empty() ? "q8_0" : a.draft_type;
+    const auto d = parse_type_name(dt);
+    if (!d || !is_supported_weight_type(*d)) fail("unsupported --draft-type '", dt, "'");
+    opt.type = *d;
+    opt.q4_k_m = false;
+    write_synthetic_model(opt, a.draft_out);
+    std::fprintf(stderr, "wrote %s (%s, %s, the same weights: a draft)\n", a.draft_out.c_str(), a.shape.c_str(), dt.c_str());
+  }
   return 0;
 }
 

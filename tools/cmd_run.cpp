@@ -43,6 +43,7 @@ void add_run(CLI::App& app, RunArgs& a) {
                 "Override the chat format: " + chat_format_names());
   c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE (see `firsttoken profile FILE`)");
+  add_spec_flags(c, a.spec);
 }
 
 namespace {
@@ -122,6 +123,12 @@ int cmd_run(const RunArgs& a) {
   if (a.batch < 1) fail("--batch must be at least 1");
   EngineConfig cfg = single_request_config(*model, a.ctx, a.batch, a.threads, parse_kv_type(a.kv_type));
   cfg.runtime.mlock = a.mlock;
+  cfg.spec = spec_from_flags(a.spec);
+  std::unique_ptr<Model> draft;
+  if (cfg.spec.method == SpecMethod::Draft) {
+    draft = load_draft_model(cfg.spec.draft_model, *model);
+    cfg.draft_model = draft.get();
+  }
 
   server::GenerationRequest req;
   if (a.chat) {
@@ -161,6 +168,13 @@ int cmd_run(const RunArgs& a) {
                t.prefill_ms() > 0 ? double(n_prompt) / t.prefill_ms() * 1e3 : 0.0, (long long)n_gen,
                n_gen > 1 && t.decode_ms() > 0 ? double(n_gen - 1) / t.decode_ms() * 1e3 : 0.0,
                std::string(cpu_isa()).c_str(), out->finish.reason.c_str());
+  if (cfg.spec.enabled()) {
+    const SpecStats& s = t.spec;
+    std::fprintf(stderr, "[firsttoken] speculative %s: %lld verifications, %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per verification\n",
+                 spec_method_name(cfg.spec.method), (long long)s.drafts, (long long)s.accepted_tokens, (long long)s.draft_tokens,
+                 s.draft_tokens ? 100.0 * double(s.accepted_tokens) / double(s.draft_tokens) : 0.0,
+                 s.drafts ? 1.0 + double(s.accepted_tokens) / double(s.drafts) : 0.0);
+  }
   if (profile::enabled()) {
     engine.shutdown();  // its thread's last spans are published before the file is written
     profile::stop();

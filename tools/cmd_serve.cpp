@@ -39,6 +39,7 @@ void add_serve(CLI::App& app, ServeArgs& a) {
     a.given.emplace_back(&s, o);
   }
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE at shutdown (see `firsttoken profile FILE`)");
+  add_spec_flags(c, a.spec);
 }
 
 int cmd_serve(const ServeArgs& a) {
@@ -49,6 +50,7 @@ int cmd_serve(const ServeArgs& a) {
     std::visit([&](auto m) { cfg.*m = a.flags.*m; }, s->field);
     server::check_range(*s, cfg, o->get_name());
   }
+  apply_spec_flags(a.spec, cfg);
   const auto level = spdlog::level::from_str(cfg.log_level);
   if (level == spdlog::level::off && cfg.log_level != "off")
     fail("unknown log level '", cfg.log_level, "' (trace, debug, info, warn, error, critical, off)");
@@ -100,6 +102,15 @@ int cmd_serve(const ServeArgs& a) {
 
   if (!a.profile.empty()) profile::start(a.profile);  // before the engine: its backend gets wrapped
   EngineConfig ecfg = server::to_engine_config(cfg);
+  std::unique_ptr<Model> draft;
+  if (ecfg.spec.method == SpecMethod::Draft) {
+    draft = load_draft_model(ecfg.spec.draft_model, *model);
+    ecfg.draft_model = draft.get();
+  }
+  if (ecfg.spec.enabled())
+    spdlog::info("speculative decoding: {}{}, k = {}{}", spec_method_name(ecfg.spec.method),
+                 ecfg.spec.method == SpecMethod::Draft ? " (" + ecfg.spec.draft_model + ")" : std::string(),
+                 ecfg.spec.k_auto ? "auto, at most " : "", ecfg.spec.k);
   if (tty) std::fprintf(stderr, "starting the engine (calibrating the cost model)...\n");
   Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
   spdlog::info("kernels: {} (this CPU runs {}; FT_ISA forces a lower one)", cpu_isa(),

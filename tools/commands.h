@@ -10,6 +10,16 @@
 
 namespace ft::tools {
 
+// Speculative decoding flags of serve, run and bench model: --spec ngram|draft|off,
+// --draft-model FILE (implies --spec draft), --spec-k K|auto. Given flags override the config.
+struct SpecArgs {
+  std::string method, draft_model, k;  // empty: not given
+};
+void add_spec_flags(CLI::App* c, SpecArgs& a);
+void apply_spec_flags(const SpecArgs& a, server::ServeConfig& c);
+// The flags alone (run, bench): a validated SpecConfig (off when none is given).
+SpecConfig spec_from_flags(const SpecArgs& a);
+
 struct RunArgs {
   std::string model, prompt, system, chat_format;
   int64_t n_predict = 128;
@@ -21,6 +31,7 @@ struct RunArgs {
   bool mlock = RuntimeConfig{}.mlock;
   bool chat = false, ignore_eos = false;
   std::string profile;  // --profile FILE: write a Chrome/Perfetto trace
+  SpecArgs spec;
 };
 void add_run(CLI::App& app, RunArgs& a);
 int cmd_run(const RunArgs& a);
@@ -36,6 +47,7 @@ int cmd_perplexity(const PerplexityArgs& a);
 
 struct MakeModelArgs {
   std::string shape = "tiny", type = "f32", vocab, arch = "llama", out;
+  std::string draft_type, draft_out;  // also write the same weights at another type (a speculative draft)
   uint64_t seed = 1234;
 };
 void add_make_model(CLI::App& app, MakeModelArgs& a);
@@ -71,6 +83,8 @@ struct BenchArgs {
   int64_t n_prompt = 512, n_gen = 64;
   int threads = 0, reps = 1;
   std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
+  SpecArgs spec;
+  std::string prompt;  // with --spec: a text prompt (the model's tokenizer) instead of random tokens
   BenchServeArgs serve;
 };
 void add_bench(CLI::App& app, BenchArgs& a);
@@ -81,6 +95,7 @@ struct ServeArgs {
   std::string profile;         // --profile FILE: write a Chrome/Perfetto trace at shutdown
   server::ServeConfig flags;   // the serve settings' flags write here; those given override --config
   std::vector<std::pair<const server::ServeSetting*, CLI::Option*>> given;
+  SpecArgs spec;
 };
 void add_serve(CLI::App& app, ServeArgs& a);
 int cmd_serve(const ServeArgs& a);

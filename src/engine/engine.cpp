@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "core/error.h"
 #include "core/memory_lock.h"
@@ -24,6 +25,113 @@ class Engine::ModelExecutor final : public StepExecutor {
   const Model& model_;
   Forward fwd_;
 };
+
+// The draft model of speculative decoding (engine_core.h's Drafter): its own Forward and paged KV
+// cache (no prefix caching), a sampler per sequence with the request's temperature and filters
+// but no penalties (any q is exact, as long as verify() gets the one drafts were drawn from).
+// Per step it first catches each sequence up with its tokens (after truncating what it computed
+// that the sequence no longer holds: rejected drafts), at most kCatchUp prompt tokens per step
+// over all sequences, so a long prompt's draft prefill is spread over the first decode steps and
+// never delays anyone's first token; then one batched forward per draft position.
+class Engine::DraftModelRunner final : public Drafter {
+ public:
+  static constexpr int64_t kCatchUp = 256;
+  DraftModelRunner(const Model& m, Backend& be, const RuntimeConfig& rt, int32_t n_blocks, int32_t max_seqs)
+      : model_(m), fwd_(m, be, kCatchUp + int64_t(max_seqs)),
+        kv_(kv_cache_config(rt, m.hparams(), n_blocks, false)),
+        logits_(size_t(max_seqs) * size_t(m.hparams().n_vocab)) {}
+
+  void propose(std::span<Job> jobs) override {
+    const HParams& hp = model_.hparams();
+    const size_t V = size_t(hp.n_vocab), NT = size_t(hp.n_tokens);
+    std::vector<Job*> active;  // jobs with a logits row this round
+    int64_t budget = kCatchUp;
+    batch_.clear();
+    for (Job& j : jobs) {
+      auto [it, fresh] = seqs_.try_emplace(j.seq);
+      State& st = it->second;
+      if (fresh) {
+        SamplingParams sp = *j.sampling;
+        sp.repetition_penalty = 1;
+        sp.presence_penalty = sp.frequency_penalty = 0;
+        sp.seed ^= 0x9E3779B97F4A7C15ull;  // its own stream, not a copy of the target's
+        st.sampler = std::make_unique<Sampler>(sp, hp.n_tokens);
+      }
+      // Keep what still matches the sequence's tokens.
+      size_t c = 0;
+      while (c < st.fed.size() && c < j.tokens.size() && st.fed[c] == j.tokens[c]) ++c;
+      st.fed.resize(c);
+      kv_.truncate(j.seq, int64_t(c));
+      const int64_t pending = int64_t(j.tokens.size()) - int64_t(c);
+      const int64_t feed = std::min(pending, budget + 1);
+      const bool full = feed == pending;
+      // Positions: the pending tokens, then k - 1 drafts fed back.
+      if (feed <= 0 || !kv_.reserve(j.seq, int64_t(c) + feed + (full ? j.k - 1 : 0))) continue;
+      for (int64_t i = 0; i < feed; ++i) {
+        const bool last = full && i + 1 == feed;
+        batch_.add(j.tokens[c + size_t(i)], int32_t(c + size_t(i)), j.seq, last);
+        st.fed.push_back(j.tokens[c + size_t(i)]);
+      }
+      budget -= feed - 1;  // the last token of a caught-up sequence is a decode, not catch-up
+      if (full) active.push_back(&j);
+    }
+    for (int32_t round = 0; batch_.size() > 0; ++round) {
+      fwd_.run(batch_, kv_, logits_.data());
+      batch_.clear();
+      std::vector<Job*> next;
+      for (size_t a = 0; a < active.size(); ++a) {
+        Job& j = *active[a];
+        State& st = seqs_.at(j.seq);
+        j.q->resize((j.draft->size() + 1) * NT);
+        const int32_t tok = st.sampler->sample(logits_.data() + a * V, j.q->data() + j.draft->size() * NT);
+        j.draft->push_back(tok);
+        if (int32_t(j.draft->size()) < j.k) {
+          batch_.add(tok, int32_t(st.fed.size()), j.seq, true);
+          st.fed.push_back(tok);
+          next.push_back(&j);
+        }
+      }
+      active.swap(next);
+    }
+  }
+
+  void release(int32_t seq) override {
+    kv_.release(seq);
+    seqs_.erase(seq);
+  }
+
+ private:
+  struct State {
+    std::vector<int32_t> fed;  // tokens whose K/V its cache holds, in order
+    std::unique_ptr<Sampler> sampler;
+  };
+  const Model& model_;
+  Forward fwd_;
+  KVCache kv_;
+  std::vector<float> logits_;
+  Batch batch_;
+  std::map<int32_t, State> seqs_;
+};
+
+void check_same_vocabulary(const Model& target, const Model& draft) {
+  const auto a = target.file().get_str_array("tokenizer.ggml.tokens");
+  const auto b = draft.file().get_str_array("tokenizer.ggml.tokens");
+  const std::string names = cat("the draft model ", draft.file().path(), " and the target ", target.file().path());
+  if (a.size() != b.size())
+    fail(names, " do not share a tokenizer: ", b.size(), " vs ", a.size(), " tokens (speculative decoding needs the same vocabulary)");
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i])
+      fail(names, " do not share a tokenizer: token ", i, " is '", b[i], "' vs '", a[i],
+           "' (speculative decoding needs the same vocabulary)");
+  if (draft.hparams().n_tokens != target.hparams().n_tokens)
+    fail(names, " differ in token count: ", draft.hparams().n_tokens, " vs ", target.hparams().n_tokens);
+}
+
+std::unique_ptr<Model> load_draft_model(const std::string& path, const Model& target) {
+  auto m = Model::load(path);
+  check_same_vocabulary(target, *m);
+  return m;
+}
 
 int64_t resolve_n_ctx(const RuntimeConfig& rt, const HParams& hp) { return rt.n_ctx > 0 ? rt.n_ctx : hp.ctx_len; }
 
@@ -113,6 +221,20 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   }
   core_ = std::make_unique<EngineCore>(*kv_, *exec_, sched_cfg_, cost, n_ctx_, std::move(is_eog),
                                        [this] { return now_ms(); });
+  if (cfg.spec.enabled()) {
+    cfg.spec.validate();
+    if (cfg.spec.method == SpecMethod::Draft) {
+      if (!cfg.draft_model) fail("speculative decoding: method 'draft' without a draft model loaded");
+      check_same_vocabulary(model, *cfg.draft_model);
+      // Its cache holds as many positions as the target's.
+      const KVCacheConfig dc = kv_cache_config(cfg.runtime, cfg.draft_model->hparams(), kc.n_blocks, false);
+      dc.geometry().validate();
+      drafter_ = std::make_unique<DraftModelRunner>(*cfg.draft_model, *backend_, cfg.runtime, kc.n_blocks,
+                                                    sched_cfg_.max_num_seqs);
+    }
+    core_->set_speculation(cfg.spec, drafter_.get());
+  }
+  snapshot_.spec_method = cfg.spec.method;
   snapshot_.kv_total_blocks = kv_->total_blocks();
   snapshot_.kv_capacity_tokens = kv_->capacity_tokens();
   snapshot_.kv_bytes = kv_->bytes();

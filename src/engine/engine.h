@@ -29,7 +29,14 @@ struct EngineConfig {
   uint64_t kv_memory_bytes = 0;  // 0 = room for 4 full contexts (at most kDefaultMaxKvBytes)
   bool prefix_caching = true;
   bool calibrate = true;  // measure the cost model at start-up (auto chunking needs it)
+  SpecConfig spec;        // speculative decoding (off by default)
+  const Model* draft_model = nullptr;  // SpecMethod::Draft: loaded by the caller (load_draft_model)
 };
+
+// Loads a draft model for speculative decoding and checks it can draft for `target`: the same
+// vocabulary (tokenizer.ggml.tokens, entry by entry). ft::Error naming both files otherwise.
+std::unique_ptr<Model> load_draft_model(const std::string& path, const Model& target);
+void check_same_vocabulary(const Model& target, const Model& draft);
 
 // The context an engine runs with: rt.n_ctx, or the model's when 0.
 int64_t resolve_n_ctx(const RuntimeConfig& rt, const HParams& hp);
@@ -55,6 +62,7 @@ struct EngineMetrics {
   KVCacheStats kv;
   CostModel cost;                             // as learned so far
   PredictionErrorHistogram step_time_error;  // |predicted - measured| / measured forward time per step
+  SpecMethod spec_method = SpecMethod::Off;
   uint64_t rejected_late = 0;                 // submissions refused by admission (DeadlineError)
 };
 
@@ -96,6 +104,7 @@ class Engine {
 
  private:
   class ModelExecutor;
+  class DraftModelRunner;
   void loop();
   CostModel calibrate();
   std::string lock_weights();
@@ -105,6 +114,7 @@ class Engine {
   SchedulerConfig sched_cfg_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ModelExecutor> exec_;
+  std::unique_ptr<DraftModelRunner> drafter_;
   std::unique_ptr<KVCache> kv_;
   std::unique_ptr<EngineCore> core_;
   std::chrono::steady_clock::time_point t0_;

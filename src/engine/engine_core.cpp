@@ -52,10 +52,36 @@ EngineCore::EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& c
                        int64_t n_ctx, std::function<bool(int32_t)> is_eog, std::function<double()> now)
     : kv_(kv), exec_(exec), cfg_(cfg), cost_(cost), n_ctx_(n_ctx), is_eog_(std::move(is_eog)), now_(std::move(now)) {
   cfg_.block_size = kv.config().block_size;
-  // Each request contributes at most one logits row per step.
+  // Each request contributes one logits row per step (with speculation: up to k + 1).
   logits_.resize(size_t(cfg_.max_num_seqs) * size_t(exec.n_vocab()));
-  row_owner_.reserve(size_t(cfg_.max_num_seqs));
-  row_token_.reserve(size_t(cfg_.max_num_seqs));
+  groups_.reserve(size_t(cfg_.max_num_seqs));
+}
+
+void EngineCore::set_speculation(const SpecConfig& spec, Drafter* drafter) {
+  if (spec.enabled()) spec.validate();
+  if (spec.method == SpecMethod::Draft && !drafter) fail("speculative decoding with a draft model needs one");
+  spec_ = spec;
+  drafter_ = spec.method == SpecMethod::Draft ? drafter : nullptr;
+  const int32_t rows = spec.enabled() ? spec.k + 1 : 1;
+  logits_.resize(size_t(cfg_.max_num_seqs) * size_t(rows) * size_t(exec_.n_vocab()));
+}
+
+int32_t EngineCore::spec_k(Req& r) const {
+  if (!r.speculate) return 0;
+  int32_t k = spec_.k;
+  if (spec_.k_auto) {
+    // One more scored position costs per_token of a decode step's base + per_token.
+    const CostModel& c = cost_.model();
+    const double step = c.predict(1, double(r.tokens.size()));
+    const double rel = step > 0 ? (c.per_token_ms + c.per_attn_ms * double(r.tokens.size())) / step : 1;
+    k = auto_spec_k(r.t.spec.alpha, rel, spec_.k);
+    // Drafts that stopped paying are tried again now and then (the running rate only moves with
+    // verifications).
+    if (k == 0 && r.steps_without_draft >= 16) k = 1;
+  }
+  // Every token it may still emit (drafts accepted + one of the target's) and every position.
+  k = int32_t(std::min<int64_t>({k, r.max_tokens - r.n_generated - 1, n_ctx_ - int64_t(r.tokens.size())}));
+  return std::max(k, 0);
 }
 
 void EngineCore::validate(const EngineRequest& r) const {
@@ -91,6 +117,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_tokens());
   r.sampler->add_prompt(r.tokens);
   r.processor = std::move(in.logits_processor);
+  r.speculate = spec_.enabled() && !r.processor;  // a processor sees one row at a time, in order
   r.cb = std::move(cb);
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
   r.deadline_ms = r.t.arrival_ms +
@@ -114,6 +141,7 @@ void EngineCore::emit(Req& r, const EngineEvent& ev) {
 
 void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   kv_.release(r.seq);
+  if (drafter_) drafter_->release(r.seq);
   past_arrivals_.push_back(r.t.arrival_ms);
   r.t.finish_ms = now_();
   ++counters_.finished;
@@ -136,6 +164,8 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
     profile::Args a;
     a.i("req", int64_t(r.id)).i("prompt", r.n_prompt).i("cached", r.t.cached_tokens).i("generated", r.n_generated);
     a.i("prefill_steps", r.t.prefill_steps).i("preemptions", r.t.preemptions).s("finish", finish_reason_name(why));
+    if (r.t.spec.drafts > 0)
+      a.i("spec_drafts", r.t.spec.drafts).i("spec_draft_tokens", r.t.spec.draft_tokens).i("spec_accepted", r.t.spec.accepted_tokens);
     profile::async_span("request", "request", r.id, r.trace_arrival_ns, t_end, a);
     profile::async_span("queue", "request", r.id, r.trace_arrival_ns, t_sched);
     if (r.trace_scheduled_ns > 0) profile::async_span("prefill", "request", r.id, t_sched, t_first);
@@ -159,6 +189,7 @@ void EngineCore::fail_all(const std::string& why) {
 
 void EngineCore::preempt(Req& r) {
   kv_.release(r.seq);
+  if (drafter_) drafter_->release(r.seq);
   r.admitted = false;
   r.n_computed = 0;
   ++r.t.preemptions;
@@ -217,6 +248,16 @@ bool EngineCore::step() {
     s.deadline_ms = r.deadline_ms;
     s.priority = r.priority;
     s.admit_order = r.admit_order;
+    if (r.speculate && s.decoding()) {
+      Req& m = reqs_.at(id);
+      const int32_t k = spec_k(m);
+      if (spec_.method == SpecMethod::Ngram) {
+        m.draft = k > 0 ? ngram_draft(m.tokens, k, spec_.ngram_min, spec_.ngram_max) : std::vector<int32_t>{};
+        s.n_draft = int32_t(m.draft.size());
+      } else {
+        s.n_draft = k;  // the draft model proposes after the plan, for what it grants
+      }
+    }
     in.requests.push_back(s);
   }
   const StepPlan plan = plan_step(in);
@@ -248,15 +289,39 @@ bool EngineCore::step() {
     r.admit_order = ++admit_counter_;
   }
 
-  // The flattened batch: decodes first, then prefill chunks.
+  // Speculative drafts for the decodes granted some: n-gram drafts are cut to the grant; the
+  // draft model proposes now, for the grants alone (fewer while its cache catches up).
+  std::vector<Drafter::Job> jobs;
+  for (size_t i = 0; i < plan.decode.size(); ++i) {
+    Req& r = reqs_.at(plan.decode[i]);
+    const int32_t g = i < plan.decode_draft.size() ? plan.decode_draft[i] : 0;
+    if (spec_.method == SpecMethod::Draft && g > 0) {
+      jobs.push_back({r.seq, r.tokens, g, &r.sampler->params(), &r.draft, &r.draft_q});
+    } else if (int32_t(r.draft.size()) > g) {
+      r.draft.resize(size_t(g));
+    }
+  }
+  if (!jobs.empty()) {
+    for (Drafter::Job& j : jobs) j.draft->clear();
+    const int64_t pd0 = prof ? profile::now_ns() : 0;
+    drafter_->propose(jobs);
+    if (prof) profile::complete("draft", "engine", pd0, profile::now_ns(), profile::Args().i("requests", int64_t(jobs.size())));
+  }
+
+  // The flattened batch: decodes (each with its drafts) first, then prefill chunks.
   batch_.clear();
-  row_owner_.clear();
+  groups_.clear();
+  size_t n_rows = 0;
   std::vector<Req*> decodes;
   for (uint64_t id : plan.decode) {
     Req& r = reqs_.at(id);
-    reserve(r, r.n_computed + 1, "decode");
+    const int32_t g = int32_t(r.draft.size());
+    if (g == 0) ++r.steps_without_draft; else r.steps_without_draft = 0;
+    reserve(r, r.n_computed + 1 + g, "decode");
     batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true);
-    row_owner_.push_back(&r);
+    for (int32_t j = 0; j < g; ++j) batch_.add(r.draft[size_t(j)], int32_t(r.n_computed + 1 + j), r.seq, true);
+    groups_.push_back({&r, n_rows, g + 1});
+    n_rows += size_t(g) + 1;
     decodes.push_back(&r);
   }
   rec.n_decode = int32_t(decodes.size());
@@ -273,7 +338,7 @@ bool EngineCore::step() {
       const int64_t pos = r.n_computed + i;
       const bool last = pos == n - 1;
       batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last);
-      if (last) row_owner_.push_back(&r);
+      if (last) groups_.push_back({&r, n_rows++, 1});
     }
     if (r.t.first_scheduled_ms < 0) {
       r.t.first_scheduled_ms = t0;
@@ -297,43 +362,83 @@ bool EngineCore::step() {
     cost_.observe(batch_.size(), plan.attn_pairs, rec.forward_ms);
   }
 
-  // Advance what was computed and publish newly full blocks for prefix reuse.
+  // Advance what was computed and publish newly full blocks for prefix reuse (a speculating
+  // decode publishes after verification: only then is it known which of its positions stand).
   for (Req* r : decodes) {
     ++r->n_computed;
-    kv_.publish(r->seq, r->tokens, r->n_computed);
+    if (r->draft.empty()) kv_.publish(r->seq, r->tokens, r->n_computed);
   }
   for (auto& [r, len] : chunks) {
     r->n_computed += len;
     kv_.publish(r->seq, r->tokens, r->n_computed);
   }
 
-  // Sample one token for every row, then emit them and finish what is done. A row whose sampling
+  // Sample one token for every row group (a speculating decode: verify its drafts in order, then
+  // one token of the target's own), then emit them and finish what is done. A group whose sampling
   // fails (no finite logit) fails its request alone. The sampler sees [0, n_tokens) of each row.
   const int64_t ps0 = prof ? profile::now_ns() : 0;
-  row_token_.clear();
+  struct Emit {
+    Req* r;
+    size_t row;
+    int32_t tok;
+  };
+  std::vector<Emit> emits;
+  emits.reserve(n_rows);
   std::vector<std::pair<uint64_t, std::string>> failed;
-  for (size_t row = 0; row < row_owner_.size(); ++row) {
-    Req& r = *row_owner_[row];
-    int32_t tok = -1;
+  const size_t V = size_t(exec_.n_vocab());
+  const size_t NT = size_t(exec_.n_tokens());
+  for (const RowGroup& g : groups_) {
+    Req& r = *g.r;
+    const size_t mark = emits.size();
     try {
-      float* row_logits = logits_.data() + row * size_t(exec_.n_vocab());
-      if (r.processor) r.processor->apply(row_logits, exec_.n_tokens(), r.n_generated);
-      tok = r.sampler->sample(row_logits);
-      r.sampler->accept(tok);
-      if (r.processor) r.processor->accept(tok);
+      if (g.n == 1) {
+        float* row_logits = logits_.data() + g.first * V;
+        if (r.processor) r.processor->apply(row_logits, exec_.n_tokens(), r.n_generated);
+        const int32_t tok = r.sampler->sample(row_logits);
+        r.sampler->accept(tok);
+        if (r.processor) r.processor->accept(tok);
+        emits.push_back({&r, g.first, tok});
+      } else {
+        const int32_t n_draft = g.n - 1;
+        int32_t accepted = 0;
+        for (int32_t i = 0; i < g.n; ++i) {
+          const float* row_logits = logits_.data() + (g.first + size_t(i)) * V;
+          bool ok = false;
+          int32_t tok;
+          if (i < n_draft) {
+            const float* q = r.draft_q.empty() ? nullptr : r.draft_q.data() + size_t(i) * NT;
+            tok = r.sampler->verify(row_logits, r.draft[size_t(i)], q, ok);
+          } else {
+            tok = r.sampler->sample(row_logits);
+          }
+          r.sampler->accept(tok);
+          emits.push_back({&r, g.first + size_t(i), tok});
+          if (!ok) break;
+          ++accepted;
+        }
+        // The accepted drafts' K/V stand (computed after the right tokens); the rest are
+        // abandoned in place: the capacity past the new pending token is given back.
+        r.n_computed += accepted;
+        kv_.truncate(r.seq, r.n_computed + 1);
+        r.t.spec.observe(n_draft, accepted);
+        ++counters_.spec_drafts;
+        counters_.spec_draft_tokens += uint64_t(n_draft);
+        counters_.spec_accepted_tokens += uint64_t(accepted);
+        for (int32_t i = 0; i < accepted; ++i) ++counters_.spec_accepted_per_pos[size_t(i)];
+      }
     } catch (const std::exception& e) {
+      emits.resize(mark);
       failed.emplace_back(r.id, e.what());
-      tok = -1;
     }
-    row_token_.push_back(tok);
   }
   const int64_t ps1 = prof ? profile::now_ns() : 0;
   std::vector<std::pair<uint64_t, FinishReason>> done;
-  for (size_t row = 0; row < row_owner_.size(); ++row) {
-    Req& r = *row_owner_[row];
-    const float* logits = logits_.data() + row * size_t(exec_.n_vocab());
-    const int32_t tok = row_token_[row];
-    if (tok < 0) continue;  // failed above
+  const Req* stopped = nullptr;  // the request whose later drafted tokens are dropped
+  for (const Emit& e : emits) {
+    Req& r = *e.r;
+    if (&r == stopped) continue;
+    const float* logits = logits_.data() + e.row * V;
+    const int32_t tok = e.tok;
     r.tokens.push_back(tok);
     ++r.n_generated;
     ++counters_.generated_tokens;
@@ -350,10 +455,18 @@ bool EngineCore::step() {
     emit(r, ev);
     if (!r.ignore_eos && is_eog_ && is_eog_(tok)) {
       done.emplace_back(r.id, FinishReason::Stop);
+      stopped = &r;
     } else if (r.n_generated >= r.max_tokens || int64_t(r.tokens.size()) >= n_ctx_) {
       done.emplace_back(r.id, FinishReason::Length);
+      stopped = &r;
     }
   }
+  for (const RowGroup& g : groups_)
+    if (g.n > 1) {
+      g.r->draft.clear();
+      g.r->draft_q.clear();
+      kv_.publish(g.r->seq, g.r->tokens, g.r->n_computed);
+    }
   for (auto& [id, why] : done) finish(reqs_.at(id), why);
   for (auto& [id, why] : failed) finish(reqs_.at(id), FinishReason::Error, cat("generation failed: ", why));
 
@@ -375,7 +488,7 @@ bool EngineCore::step() {
     profile::complete("schedule", "engine", p0, pf0);
     profile::complete("forward", "engine", pf0, pf1, profile::Args().i("tokens", batch_.size()));
     profile::complete("kv_publish", "engine", pf1, ps0);
-    profile::complete("sampling", "engine", ps0, ps1, profile::Args().i("rows", int64_t(row_owner_.size())));
+    profile::complete("sampling", "engine", ps0, ps1, profile::Args().i("rows", int64_t(n_rows)));
     profile::complete("emit", "engine", ps1, p1);
     profile::Args a;
     a.i("tokens", batch_.size()).i("n_decode", rec.n_decode).i("prefill_tokens", prefill_tokens);

@@ -3,16 +3,19 @@
 // Deterministic given its inputs, so it is tested by simulation with a fake executor and a
 // virtual clock; Engine (engine.h) runs it on its own thread with the real model.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
@@ -61,6 +64,7 @@ struct RequestTimings {
   int32_t prefill_steps = 0;       // steps that carried a chunk of its prompt
   int64_t cached_tokens = 0;       // prompt tokens served by the prefix cache
   int32_t preemptions = 0;
+  SpecStats spec;                  // speculative decoding: verifications, draft and accepted tokens
   std::vector<double> token_ms;    // time each generated token was sampled
   double queue_ms() const { return first_scheduled_ms < 0 ? 0 : first_scheduled_ms - arrival_ms; }
   double ttft_ms() const { return first_token_ms < 0 ? 0 : first_token_ms - arrival_ms; }
@@ -111,9 +115,35 @@ class StepExecutor {
   virtual int32_t n_tokens() const { return n_vocab(); }
 };
 
+// A draft model for speculative decoding (SpecMethod::Draft; engine.h's DraftModelRunner), run on
+// the engine thread. It keeps its own KV cache per sequence and follows each sequence's tokens
+// itself (what it computed that the sequence no longer holds, rejected drafts, it rolls back).
+class Drafter {
+ public:
+  struct Job {
+    int32_t seq = 0;
+    std::span<const int32_t> tokens;  // prompt + generated; the last one not yet in the target's cache
+    int32_t k = 0;                    // draft tokens wanted
+    const SamplingParams* sampling = nullptr;
+    std::vector<int32_t>* draft = nullptr;  // out: up to k tokens
+    std::vector<float>* q = nullptr;        // out: their distributions, n_tokens floats each
+  };
+  virtual ~Drafter() = default;
+  // Proposes drafts for every job in one batched pass per draft position. A job may get fewer
+  // than k tokens, or none (its cache still catching up with its prompt, or full).
+  virtual void propose(std::span<Job> jobs) = 0;
+  virtual void release(int32_t seq) = 0;  // the sequence finished or was preempted
+};
+
 struct EngineCounters {
   uint64_t prompt_tokens = 0;     // prompt tokens of finished requests
   uint64_t generated_tokens = 0;
+  // Speculative decoding (vLLM's spec_decode_* counters): verifications that scored drafts, draft
+  // tokens scored, accepted ones, and accepted ones per draft position (0-based).
+  uint64_t spec_drafts = 0;
+  uint64_t spec_draft_tokens = 0;
+  uint64_t spec_accepted_tokens = 0;
+  std::array<uint64_t, kMaxSpecTokens> spec_accepted_per_pos{};
   uint64_t finished = 0;
   uint64_t cancelled = 0;
   uint64_t preemptions = 0;
@@ -147,6 +177,10 @@ class EngineCore {
   const SchedulerConfig& config() const { return cfg_; }
   // Every request with prefill left, for admission by prediction (predict_ttft_ms).
   std::vector<QueuedPrefill> queued_prefills() const;
+  // Turns speculative decoding on for requests added from now on (drafter: the draft model, for
+  // SpecMethod::Draft; unused otherwise). Requests with a LogitsProcessor never speculate.
+  void set_speculation(const SpecConfig& spec, Drafter* drafter);
+  const SpecConfig& speculation() const { return spec_; }
 
  private:
   struct Req {
@@ -165,6 +199,10 @@ class EngineCore {
     int32_t priority = 0;
     std::unique_ptr<Sampler> sampler;
     std::shared_ptr<LogitsProcessor> processor;
+    bool speculate = false;
+    std::vector<int32_t> draft;  // this step's draft tokens (after its pending token)
+    std::vector<float> draft_q;  // the draft model's distributions of them (n_tokens each)
+    int32_t steps_without_draft = 0;  // auto k: a request whose drafts did not pay probes again
     EventCallback cb;
     RequestTimings t;
     int64_t trace_arrival_ns = 0, trace_scheduled_ns = 0, trace_first_token_ns = 0;  // while profiling
@@ -173,6 +211,8 @@ class EngineCore {
   // Runs a request's callback; what it throws is logged, never propagated (it runs mid-step).
   void emit(Req& r, const EngineEvent& ev);
   void preempt(Req& r);
+  // Draft tokens this request would verify at its next decode (0 = none), by the auto policy.
+  int32_t spec_k(Req& r) const;
 
   KVCache& kv_;
   StepExecutor& exec_;
@@ -189,8 +229,16 @@ class EngineCore {
   std::deque<StepRecord> steps_;  // the most recent steps
   Batch batch_;
   std::vector<float> logits_;
-  std::vector<Req*> row_owner_;   // logits row -> request
-  std::vector<int32_t> row_token_;  // logits row -> sampled token
+  // Logits rows of this step: per request, its first row and how many it owns (a decode with g
+  // draft tokens owns g + 1, batch order).
+  struct RowGroup {
+    Req* r;
+    size_t first;
+    int32_t n;
+  };
+  std::vector<RowGroup> groups_;
+  SpecConfig spec_;
+  Drafter* drafter_ = nullptr;
 };
 
 }  // namespace ft

@@ -62,7 +62,7 @@ void Sampler::accept(int32_t token) {
   if (counts_[size_t(token)]++ == 0) generated_.push_back(token);
 }
 
-int32_t Sampler::sample(const float* logits) {
+size_t Sampler::distribution(const float* logits, double& sum) {
   const SamplingParams& p = params_;
   std::copy(logits, logits + n_vocab_, work_.begin());
 
@@ -100,9 +100,12 @@ int32_t Sampler::sample(const float* logits) {
     return la > lb || (la == lb && a < b);
   };
 
-  // 2. Greedy.
+  // 2. Greedy: a point mass on the argmax.
   if (p.temperature <= 0.0f) {
-    return *std::min_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
+    cand_[0] = *std::min_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
+    prob_[0] = 1.0f;
+    sum = 1.0;
+    return 1;
   }
 
   // 3. top_k: the k best candidates, sorted.
@@ -117,7 +120,7 @@ int32_t Sampler::sample(const float* logits) {
   // 4. Softmax at the temperature (unnormalised; the sum is kept in double).
   float max_logit = -INFINITY;
   for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, work_[size_t(cand_[i])]);
-  double sum = 0.0;
+  sum = 0.0;
   for (size_t i = 0; i < n; ++i) {
     prob_[i] = std::exp((work_[size_t(cand_[i])] - max_logit) / p.temperature);
     sum += prob_[i];
@@ -162,17 +165,68 @@ int32_t Sampler::sample(const float* logits) {
     n = kept;  // >= 1: the maximum has prob_ 1 >= min_p
     sum = kept_sum;
   }
+  return n;
+}
 
-  // 7. Draw: u in [0,1) from the top 53 bits, then the first candidate whose cumulative mass
-  // exceeds u * sum.
-  const double u = double(rng_() >> 11) * 0x1.0p-53;
-  const double target = u * sum;
+double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
+
+int32_t Sampler::draw(size_t n, double sum) {
+  // u in [0,1) from the top 53 bits, then the first candidate whose cumulative mass exceeds u * sum.
+  const double target = uniform() * sum;
   double cum = 0.0;
   for (size_t i = 0; i < n; ++i) {
     cum += prob_[i];
     if (cum > target) return cand_[i];
   }
   return cand_[n - 1];  // rounding left target at the very end of the mass
+}
+
+void Sampler::write_probs(size_t n, double sum, float* probs) const {
+  std::fill(probs, probs + n_vocab_, 0.0f);
+  for (size_t i = 0; i < n; ++i) probs[size_t(cand_[i])] = float(double(prob_[i]) / sum);
+}
+
+int32_t Sampler::sample(const float* logits, float* probs) {
+  double sum = 0;
+  const size_t n = distribution(logits, sum);
+  if (probs) write_probs(n, sum, probs);
+  // 7. Draw (greedy: the argmax, no randomness consumed).
+  if (params_.temperature <= 0.0f) return cand_[0];
+  return draw(n, sum);
+}
+
+int32_t Sampler::verify(const float* logits, int32_t draft, const float* q, bool& accepted) {
+  check_token(draft);
+  double sum = 0;
+  size_t n = distribution(logits, sum);
+  if (params_.temperature <= 0.0f) {  // greedy: the draft stands iff it is the argmax
+    accepted = cand_[0] == draft;
+    return cand_[0];
+  }
+  // p(draft) under the target's distribution (0 when filtered out), q(draft) under the drafter's.
+  double p_draft = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (cand_[i] == draft) p_draft = double(prob_[i]) / sum;
+  const double q_draft = q ? double(q[draft]) : 1.0;
+  // Accept with probability min(1, p/q): u < p/q  <=>  u q < p.
+  if (uniform() * q_draft < p_draft) {
+    accepted = true;
+    return draft;
+  }
+  accepted = false;
+  // Rejected: draw from the residual max(0, p - q), normalised (p and q both normalised here).
+  double rsum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double pi = double(prob_[i]) / sum;
+    const double qi = q ? double(q[cand_[i]]) : (cand_[i] == draft ? 1.0 : 0.0);
+    prob_[i] = float(std::max(0.0, pi - qi));
+    rsum += prob_[i];
+  }
+  if (!(rsum > 0)) {  // p <= q everywhere yet rejected: only by rounding; p itself is then exact
+    n = distribution(logits, sum);
+    return draw(n, sum);
+  }
+  return draw(n, rsum);
 }
 
 }  // namespace ft

@@ -60,8 +60,18 @@ class Sampler {
   // Appends prompt tokens to the history seen by the repetition penalty.
   void add_prompt(std::span<const int32_t> prompt);
   // Picks the next token from logits[0..n_vocab). Does not record it: call accept().
-  // Throws ft::Error when no logit is finite (NaN/-inf everywhere).
-  int32_t sample(const float* logits);
+  // Throws ft::Error when no logit is finite (NaN/-inf everywhere). probs (n_vocab, optional):
+  // receives the normalised distribution the token was drawn from (greedy: one-hot on it), what
+  // a draft model's proposal must carry to verify().
+  int32_t sample(const float* logits, float* probs = nullptr);
+  // Speculative decoding's verification of a drafted token (Leviathan et al. 2023, Chen et al.
+  // 2023): the target's distribution p at this row (the pipeline above) and the drafter's q
+  // (n_vocab probabilities, as sample()'s probs wrote them; null = a point mass on draft, as
+  // n-gram drafts are). Accepts draft with probability min(1, p(draft)/q(draft)); on rejection
+  // draws from max(0, p - q) normalised, so the token returned follows p exactly, whatever q.
+  // Greedy: accepted iff draft is the argmax, which is returned either way (no randomness).
+  // Does not record the token: call accept().
+  int32_t verify(const float* logits, int32_t draft, const float* q, bool& accepted);
   // Records a generated token (repetition history and presence/frequency counts).
   void accept(int32_t token);
 
@@ -70,6 +80,12 @@ class Sampler {
 
  private:
   void check_token(int32_t token) const;
+  // Steps 1-6 of the pipeline: the kept candidates cand_[0, n) with unnormalised probabilities
+  // prob_[0, n) of total `sum` (greedy: the argmax alone). Returns n.
+  size_t distribution(const float* logits, double& sum);
+  double uniform();                      // [0, 1) from the top 53 bits of one draw
+  int32_t draw(size_t n, double sum);    // step 7 over cand_/prob_
+  void write_probs(size_t n, double sum, float* probs) const;
 
   SamplingParams params_;
   int n_vocab_;

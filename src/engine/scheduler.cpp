@@ -9,6 +9,7 @@ namespace ft {
 
 int64_t StepPlan::n_tokens() const {
   int64_t n = int64_t(decode.size());
+  for (int32_t d : decode_draft) n += d;
   for (const auto& c : prefill) n += c.n_tokens;
   return n;
 }
@@ -209,6 +210,32 @@ StepPlan plan_step(const SchedulerInput& in) {
     left -= schedule(r, std::max<int64_t>(left, first && time_limited ? cfg.min_chunk : 0), target,
                      plan.prefill.empty() || first);
     first = false;
+  }
+
+  // 4. Speculative drafts from what is left (scheduler.h).
+  plan.decode_draft.assign(plan.decode.size(), 0);
+  bool any_draft = false;
+  for (const auto* r : running) any_draft |= r->decoding() && r->n_draft > 0;
+  if (any_draft) {
+    double draft_cap_ms = kInf;
+    if (time_limited)
+      draft_cap_ms = cands.empty() ? std::max(cfg.step_latency_target_ms, kSpecStretch * in.cost.predict(planned, attn))
+                                   : plan.step_cap_ms;
+    for (size_t i = 0; i < plan.decode.size(); ++i) {
+      const SchedRequest* r = *std::find_if(running.begin(), running.end(), [&](const SchedRequest* x) { return x->id == plan.decode[i]; });
+      int32_t g = int32_t(std::min<int64_t>(r->n_draft, cfg.max_batch_tokens - planned));
+      // KV: the decode already holds blocks for n_computed + 1 positions.
+      const int32_t held = std::max(r->blocks_held, blocks(r->n_computed + 1, cfg.block_size));
+      while (g > 0 && blocks(r->n_computed + 1 + g, cfg.block_size) - held > free_blocks) --g;
+      // Draft j (1-based) sits at position n_computed + j and attends to n_computed + j + 1.
+      auto pairs = [&](int32_t g) { return double(g) * double(r->n_computed + 1) + double(g) * double(g + 1) / 2; };
+      while (g > 0 && in.cost.predict(planned + g, attn + pairs(g)) > draft_cap_ms) --g;
+      if (g <= 0) continue;
+      free_blocks -= blocks(r->n_computed + 1 + g, cfg.block_size) - held;
+      plan.decode_draft[i] = g;
+      planned += g;
+      attn += pairs(g);
+    }
   }
   plan.attn_pairs = attn;
   plan.predicted_ms = plan.empty() ? 0 : in.cost.predict(plan.n_tokens(), attn);

@@ -37,6 +37,12 @@
 //    (arrival_risk / lambda), since an arrival waits for the whole step.
 // Chunks are therefore large when the machine is fast, the context short or nothing competes,
 // small on a slow CPU under contention; a newly arrived short prompt starts within about one step.
+//  4. speculative drafts (SchedRequest::n_draft) are granted last, in decode order, from what is
+//     left: they are budgeted like prompt tokens (batch tokens, KV blocks, predicted time) and
+//     never take a prefill's share. In auto mode, while prefill waits, the step stays within its
+//     time cap; when nothing else waits, within max(step_latency_target_ms, kSpecStretch x the
+//     step without drafts) (scoring a few more positions costs little on a memory-bound decode,
+//     and each accepted one saves a step). Fixed and unchunked modes bound them by tokens only.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -45,6 +51,10 @@
 #include "engine/cost_model.h"
 
 namespace ft {
+
+// How much longer than the same step without drafts a decode-only step may be predicted to take
+// for its speculative drafts (scheduler step 4).
+inline constexpr double kSpecStretch = 2.0;
 
 struct SchedulerConfig {
   int64_t chunk_size = -1;          // -1 = auto, 0 = no chunking, N > 0 = fixed
@@ -87,6 +97,7 @@ struct SchedRequest {
   double deadline_ms = std::numeric_limits<double>::infinity();  // first token due (engine clock)
   int32_t priority = 0;     // lower goes first
   uint64_t admit_order = 0; // larger = admitted more recently
+  int32_t n_draft = 0;      // decoding: speculative draft tokens it could verify this step (speculative.h)
   int64_t pending() const { return n_tokens - n_computed; }
   bool decoding() const { return admitted && n_generated > 0 && pending() == 1; }
 };
@@ -113,6 +124,7 @@ struct StepPlan {
   std::vector<uint64_t> preempt;       // release these first (back to waiting, recompute later)
   std::vector<uint64_t> admit;         // then admit these (reserve their pending sequence)
   std::vector<uint64_t> decode;        // one token each, batch order
+  std::vector<int32_t> decode_draft;   // per decode: draft tokens granted (scored after its token)
   std::vector<PrefillChunk> prefill;   // after the decodes, batch order
   int64_t prefill_budget = 0;          // the budget the chunks were planned against
   double step_cap_ms = 0;              // auto mode: the step's time cap (infinity: none)

@@ -102,6 +102,20 @@ void KVCache::release(int32_t seq) {
   seqs_.erase(it);
 }
 
+void KVCache::truncate(int32_t seq, int64_t n_positions) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  Seq& s = it->second;
+  const int32_t keep = blocks_for(std::max<int64_t>(n_positions, 0), cfg_.block_size);
+  if (keep < s.n_published)
+    fail("KV cache: truncating sequence ", seq, " to ", n_positions, " positions would cut into its ", s.n_published,
+         " published blocks");
+  while (int32_t(s.table.size()) > keep) {
+    unref(s.table.back());
+    s.table.pop_back();
+  }
+}
+
 int64_t KVCache::capacity(int32_t seq) const {
   auto it = seqs_.find(seq);
   return it == seqs_.end() ? 0 : int64_t(it->second.table.size()) * cfg_.block_size;

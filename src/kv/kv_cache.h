@@ -79,6 +79,11 @@ class KVCache {
   bool reserve(int32_t seq, int64_t n_positions);
   // Drops seq's references to its blocks (published ones stay cached). Unknown seq: no-op.
   void release(int32_t seq);
+  // Shrinks seq's reservation to the blocks holding positions [0, n_positions): the blocks past
+  // them go back to the pool, their contents abandoned in place (speculative decoding's rejected
+  // draft positions: no copy). Those blocks were never published (publish() covers computed
+  // positions only), and a position inside a published or attached block cannot be cut (ft::Error).
+  void truncate(int32_t seq, int64_t n_positions);
   bool has(int32_t seq) const { return seqs_.count(seq) != 0; }
   // Positions [0, capacity) that seq can hold without another reserve().
   int64_t capacity(int32_t seq) const;

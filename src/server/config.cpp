@@ -89,6 +89,14 @@ const ServeSetting kSettings[] = {
     {"kv_cache.block_size", "", "", &ServeConfig::kv_block_size, 16, 4096},
     {"kv_cache.dtype", "--kv-type", "KV cache element type: f16, bf16, q8_0 or f32", &ServeConfig::kv_type},
     {"kv_cache.prefix_caching", "", "", &ServeConfig::prefix_caching},
+    {"scheduler.enable_speculative_decoding", "", "", &ServeConfig::enable_speculative_decoding},
+    {"speculative.method", "", "", &ServeConfig::spec_method},
+    // Their flags (--spec, --draft-model, --spec-k) are shared with run and bench (tools/spec_flags.cpp).
+    {"speculative.draft_model", "", "", &ServeConfig::draft_model},
+    {"speculative.num_speculative_tokens", "", "", &ServeConfig::num_speculative_tokens, 1, kMaxSpecTokens,
+     /*takes_auto=*/true},
+    {"speculative.prompt_lookup_min", "", "", &ServeConfig::prompt_lookup_min, 1, 64},
+    {"speculative.prompt_lookup_max", "", "", &ServeConfig::prompt_lookup_max, 1, 64},
 };
 
 // Keys of features not built yet: accepted at the value that means "not used", else refused.
@@ -97,8 +105,6 @@ bool apply_unbuilt(const std::string& key, const json& v) {
     // A cap on LoRA adapters per batch. No adapter can be loaded yet, so any cap holds
     // trivially; loading one (a future key/flag) will be the "not supported yet" error.
     as_int(v, key, 0, 1 << 20);
-  } else if (key == "scheduler.enable_speculative_decoding") {
-    if (as_bool(v, key)) fail("config: '", key, "': speculative decoding is not supported yet (set it to false)");
   } else if (key == "parallel_config.tp_size" || key == "parallel_config.pp_size") {
     if (as_int(v, key, 1, 1 << 16) != 1)
       fail("config: '", key, "': ", key == "parallel_config.tp_size" ? "tensor" : "pipeline",
@@ -152,8 +158,9 @@ void check_range(const ServeSetting& s, const ServeConfig& c, const std::string&
 void apply_config_json(const json& doc, ServeConfig& c) {
   if (!doc.is_object()) fail("config: the top level must be a JSON object");
   for (const auto& [section, body] : doc.items()) {
-    if (section != "scheduler" && section != "parallel_config" && section != "server" && section != "kv_cache")
-      fail("config: unknown key '", section, "' (sections: scheduler, parallel_config, server, kv_cache)");
+    if (section != "scheduler" && section != "parallel_config" && section != "server" && section != "kv_cache" &&
+        section != "speculative")
+      fail("config: unknown key '", section, "' (sections: scheduler, parallel_config, server, kv_cache, speculative)");
     if (!body.is_object()) fail("config: '", section, "' must be an object");
     for (const auto& [k, v] : body.items()) {
       const std::string key = section + "." + k;
@@ -163,12 +170,12 @@ void apply_config_json(const json& doc, ServeConfig& c) {
         if (key == x.key) s = &x;
       if (!s) fail("config: unknown key '", key, "'");
       apply_setting(*s, v, c);
-      if (s->field == ServeSetting::Field(&ServeConfig::kv_type)) {  // a name: checked here, so the error names the key
-        try {
-          parse_kv_type(c.kv_type);
-        } catch (const Error& e) {
-          fail("config: '", key, "': ", e.what());
-        }
+      try {  // names: checked here, so the error names the key
+        if (s->field == ServeSetting::Field(&ServeConfig::kv_type)) parse_kv_type(c.kv_type);
+        if (s->field == ServeSetting::Field(&ServeConfig::spec_method) && parse_spec_method(c.spec_method) == SpecMethod::Off)
+          fail("'off' is not a method (scheduler.enable_speculative_decoding: false turns it off)");
+      } catch (const Error& e) {
+        fail("config: '", key, "': ", e.what());
       }
     }
   }
@@ -204,7 +211,28 @@ EngineConfig to_engine_config(const ServeConfig& c) {
   e.scheduler.reject_late_factor = c.reject_late_factor;
   e.kv_memory_bytes = c.kv_memory_mib << 20;
   e.prefix_caching = c.prefix_caching;
+  e.spec = to_spec_config(c);
   return e;
+}
+
+SpecConfig to_spec_config(const ServeConfig& c) {
+  SpecConfig s;
+  if (!c.enable_speculative_decoding) return s;
+  s.method = parse_spec_method(c.spec_method);
+  s.draft_model = c.draft_model;
+  if (c.num_speculative_tokens < 0) {
+    s.k_auto = true;
+  } else {
+    s.k = int32_t(c.num_speculative_tokens);
+  }
+  s.ngram_min = int32_t(c.prompt_lookup_min);
+  s.ngram_max = int32_t(c.prompt_lookup_max);
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    fail("config: speculative: ", e.what());
+  }
+  return s;
 }
 
 }  // namespace ft::server

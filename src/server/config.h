@@ -14,8 +14,12 @@
 //               "log_level", "model", "served_model_name", "context_length", "binary_port_any",
 //               "api_key", "allowed_origins", "mlock"},
 //    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
-//                 "dtype": "f16" | "bf16" | "q8_0" | "f32"}}
-// Features not built yet (speculative decoding, tp/pp > 1, a throughput-optimised mode) are
+//                 "dtype": "f16" | "bf16" | "q8_0" | "f32"},
+//    "speculative": {"method": "ngram" | "draft", "draft_model": "draft.gguf",
+//                    "num_speculative_tokens": N | "auto", "prompt_lookup_min": N, "prompt_lookup_max": N}}
+// Speculative decoding is on when scheduler.enable_speculative_decoding is true (its method then
+// defaults to ngram); the speculative section alone only configures it.
+// Features not built yet (tp/pp > 1, a throughput-optimised mode) are
 // refused with "... is not supported yet", never silently ignored. max_active_adapters is a cap
 // and is accepted: no LoRA adapter can be loaded yet, so no batch ever holds one.
 #pragma once
@@ -63,6 +67,13 @@ struct ServeConfig {
   int32_t kv_block_size = RuntimeConfig{}.kv_block_size;
   bool prefix_caching = EngineConfig{}.prefix_caching;
   std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
+  // speculative decoding
+  bool enable_speculative_decoding = false;
+  std::string spec_method = "ngram";
+  std::string draft_model;
+  int64_t num_speculative_tokens = SpecConfig{}.k;  // -1 = auto (adapted per request, at most SpecConfig{}.k)
+  int64_t prompt_lookup_min = SpecConfig{}.ngram_min;
+  int64_t prompt_lookup_max = SpecConfig{}.ngram_max;
 };
 
 // One serve setting: where it lives in ServeConfig, its config-file key, its CLI flag, its range.
@@ -85,6 +96,8 @@ void check_range(const ServeSetting& s, const ServeConfig& c, const std::string&
 void apply_config_json(const nlohmann::json& doc, ServeConfig& cfg);
 // Reads and applies FILE (ft::Error naming the file on I/O or JSON errors).
 void apply_config_file(const std::string& path, ServeConfig& cfg);
+// The engine's settings (speculation: SpecConfig, validated; the draft model is loaded by the caller).
 EngineConfig to_engine_config(const ServeConfig& cfg);
+SpecConfig to_spec_config(const ServeConfig& cfg);
 
 }  // namespace ft::server

@@ -356,11 +356,17 @@ void Generation::account(const RequestTimings& t, FinishReason reason) {
              : reason == FinishReason::Error  ? "error"
                                               : "abort";
   if (ctx_.metrics) ctx_.metrics->observe_finished(t, finish, n_prompt_, n_tokens_);
-  if (!req_.name.empty())
+  if (!req_.name.empty()) {
+    // Speculative decoding: verifications, accepted / drafted tokens (acceptance rate).
+    const std::string spec =
+        t.spec.drafts == 0 ? std::string()
+                           : fmt::format(" spec_drafts={} spec_accepted={}/{} ({:.1f}%)", t.spec.drafts, t.spec.accepted_tokens,
+                                         t.spec.draft_tokens, 100.0 * double(t.spec.accepted_tokens) / double(t.spec.draft_tokens));
     spdlog::info("{} finish={} prompt={} cached={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "
-                 "ttft={:.2f}ms decode={:.2f}ms total={:.2f}ms{}",
+                 "ttft={:.2f}ms decode={:.2f}ms total={:.2f}ms{}{}",
                  req_.name, finish, n_prompt_, t.cached_tokens, n_tokens_, t.tokenize_ms, t.queue_ms(), t.prefill_ms(),
-                 t.ttft_ms(), t.decode_ms(), t.total_ms(), client_gone_ ? " (client disconnected)" : "");
+                 t.ttft_ms(), t.decode_ms(), t.total_ms(), spec, client_gone_ ? " (client disconnected)" : "");
+  }
 }
 
 void Generation::abandon() {

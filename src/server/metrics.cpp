@@ -96,6 +96,25 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
   counter("firsttoken:num_preemptions_total", "Requests preempted (KV freed, recomputed later).",
           double(m.counters.preemptions));
   counter("firsttoken:engine_steps_total", "Engine steps (forward passes).", double(m.counters.steps));
+  // Speculative decoding (vLLM's spec_decode_* family; zero while it is off).
+  const EngineCounters& c = m.counters;
+  counter("firsttoken:spec_decode_num_drafts_total", "Speculative verifications (a decode that scored draft tokens).",
+          double(c.spec_drafts));
+  counter("firsttoken:spec_decode_num_draft_tokens_total", "Draft tokens scored by the target model.",
+          double(c.spec_draft_tokens));
+  counter("firsttoken:spec_decode_num_accepted_tokens_total", "Draft tokens the target accepted.",
+          double(c.spec_accepted_tokens));
+  gauge("firsttoken:spec_decode_draft_acceptance_rate", "Accepted / scored draft tokens since start (0 before any).",
+        c.spec_draft_tokens ? double(c.spec_accepted_tokens) / double(c.spec_draft_tokens) : 0.0);
+  gauge("firsttoken:spec_decode_mean_accepted_tokens",
+        "Mean tokens emitted per verification: accepted drafts + the target's own (0 before any).",
+        c.spec_drafts ? 1.0 + double(c.spec_accepted_tokens) / double(c.spec_drafts) : 0.0);
+  out += "# HELP firsttoken:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by draft position "
+         "(0-based).\n# TYPE firsttoken:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+  for (size_t i = 0; i < c.spec_accepted_per_pos.size(); ++i)
+    if (i == 0 || c.spec_accepted_per_pos[i] > 0)
+      out += cat("firsttoken:spec_decode_num_accepted_tokens_per_pos_total{position=\"", i, "\"} ",
+                 c.spec_accepted_per_pos[i], "\n");
   counter("firsttoken:request_rejected_late_total",
           "Requests rejected with 429 because their predicted TTFT missed their deadline (--reject-late).",
           double(m.rejected_late));

@@ -385,5 +385,104 @@ TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
   EXPECT_GT(capped, kDefaultMaxKvBytes - block);
 }
 
+// ---- speculative decoding -------------------------------------------------------------------
+
+// Greedy output with speculation is the output without it, token for token, alone and batched
+// (concurrent requests' decodes, drafts and prefill chunks in one forward), auto chunking.
+void expect_speculation_exact(const Model& model, const SpecConfig& spec, const Model* draft, uint32_t seed) {
+  auto jobs = mixed_jobs(model.hparams().n_tokens, 8, seed);
+  for (Job& j : jobs) j.max_tokens = 40;
+  Job rep;  // a repetitive prompt: prompt lookup has something to find at once
+  for (int i = 0; i < 60; ++i) rep.prompt.push_back(int32_t(3 + (i % 7) * 5));
+  rep.max_tokens = 40;
+  jobs.push_back(rep);
+  Engine plain(model, config(256), {});
+  const auto want = run_jobs(plain, jobs, false);
+  EngineConfig c = config(-1);
+  c.spec = spec;
+  c.draft_model = draft;
+  Engine engine(model, c, {});
+  expect_same_tokens(run_jobs(engine, jobs, false), want);
+  expect_same_tokens(run_jobs(engine, jobs, true), want);
+  const EngineMetrics m = settled_metrics(engine, 2 * jobs.size());
+  EXPECT_EQ(m.kv_used_blocks, 0);
+  EXPECT_GT(m.counters.spec_draft_tokens, 0u);
+  EXPECT_LE(m.counters.spec_accepted_tokens, m.counters.spec_draft_tokens);
+  std::printf("[spec %s] %llu verifications, %llu of %llu draft tokens accepted\n", spec_method_name(spec.method),
+              (unsigned long long)m.counters.spec_drafts, (unsigned long long)m.counters.spec_accepted_tokens,
+              (unsigned long long)m.counters.spec_draft_tokens);
+}
+
+SpecConfig ngram(int32_t k, bool k_auto = false) {
+  SpecConfig s;
+  s.method = SpecMethod::Ngram;
+  s.k = k;
+  s.k_auto = k_auto;
+  return s;
+}
+
+TEST(Speculation, NgramGreedyIsExactOnStories260K) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  expect_speculation_exact(*model, ngram(4), nullptr, 3);
+  expect_speculation_exact(*model, ngram(8, true), nullptr, 4);
+}
+
+TEST(Speculation, NgramGreedyIsExactOnSyntheticModels) {
+  FT_REQUIRE_SHARED(path, "models/synth-llama-q4_k_m.gguf");
+  expect_speculation_exact(*Model::load(path), ngram(5), nullptr, 5);
+  const std::string qpath = testing::TempDir() + "ft_spec_qwen2_q8_" + std::to_string(getpid()) + ".gguf";
+  SyntheticOptions opt;
+  opt.arch = "qwen2";
+  opt.type = GGMLType::Q8_0;
+  opt.seed = 11;
+  write_synthetic_model(opt, qpath);
+  expect_speculation_exact(*Model::load(qpath), ngram(3), nullptr, 6);
+  std::filesystem::remove(qpath);
+}
+
+// A draft model: the same weights at Q8_0 (make-model --draft-out), its own KV cache.
+TEST(Speculation, DraftModelGreedyIsExact) {
+  const std::string tpath = testing::TempDir() + "ft_spec_target_" + std::to_string(getpid()) + ".gguf";
+  const std::string dpath = testing::TempDir() + "ft_spec_draft_" + std::to_string(getpid()) + ".gguf";
+  SyntheticOptions opt;
+  opt.seed = 21;
+  write_synthetic_model(opt, tpath);
+  opt.type = GGMLType::Q8_0;
+  write_synthetic_model(opt, dpath);
+  const auto target = Model::load(tpath);
+  const auto draft = load_draft_model(dpath, *target);
+  SpecConfig s;
+  s.method = SpecMethod::Draft;
+  s.draft_model = dpath;
+  s.k = 4;
+  expect_speculation_exact(*target, s, draft.get(), 8);
+  s.k_auto = true;
+  expect_speculation_exact(*target, s, draft.get(), 9);
+  std::filesystem::remove(tpath);
+  std::filesystem::remove(dpath);
+}
+
+TEST(Speculation, DraftModelMustShareTheVocabulary) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const std::string dpath = testing::TempDir() + "ft_spec_bytes_" + std::to_string(getpid()) + ".gguf";
+  write_synthetic_model(SyntheticOptions{}, dpath);  // the built-in byte-level vocabulary
+  const auto target = Model::load(path);
+  try {
+    load_draft_model(dpath, *target);
+    ADD_FAILURE() << "a draft with another vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not share a tokenizer"), std::string::npos) << e.what();
+  }
+  // And the engine refuses the pair too (a caller that skipped load_draft_model).
+  const auto draft = Model::load(dpath);
+  EngineConfig c = config(64);
+  c.spec.method = SpecMethod::Draft;
+  c.spec.draft_model = dpath;
+  c.draft_model = draft.get();
+  EXPECT_THROW(Engine(*target, c, {}), Error);
+  std::filesystem::remove(dpath);
+}
+
 }  // namespace
 }  // namespace ft

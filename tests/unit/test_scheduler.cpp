@@ -312,11 +312,13 @@ uint64_t mix(uint64_t h, uint64_t x) {
 }
 
 // The fake model: stores each token in the cache (kv_dim 1), and the next token after position
-// p is a hash of the tokens at 0..p read back through the block table. Advances the virtual
-// clock by the synthetic cost of the step.
+// p is a hash of the tokens at 0..p (window > 0: at p-window+1..p) read back through the block
+// table. Advances the virtual clock by the synthetic cost of the step. A small window makes the
+// output cycle (prompt-lookup drafts then hold); the whole prefix makes them mostly wrong, and
+// any stale K/V (a rejected draft left in the cache) changes every later token.
 class FakeExecutor : public StepExecutor {
  public:
-  FakeExecutor(double* clock, CostModel cost) : clock_(clock), cost_(cost) {}
+  FakeExecutor(double* clock, CostModel cost, int window = 0) : clock_(clock), cost_(cost), window_(window) {}
   void forward(const Batch& b, KVCache& kv, float* logits) override {
     double pairs = 0;
     for (int64_t i = 0; i < b.size(); ++i) {
@@ -328,7 +330,7 @@ class FakeExecutor : public StepExecutor {
     for (int64_t i = 0; i < b.size(); ++i) {
       if (!b.want_logits[size_t(i)]) continue;
       uint64_t h = 1;
-      for (int32_t p = 0; p <= b.pos[size_t(i)]; ++p) {
+      for (int32_t p = window_ > 0 ? std::max(0, b.pos[size_t(i)] - window_ + 1) : 0; p <= b.pos[size_t(i)]; ++p) {
         float t;
         kv.read(0, b.seq[size_t(i)], p, &t, nullptr);
         h = mix(h, uint64_t(t));
@@ -346,14 +348,16 @@ class FakeExecutor : public StepExecutor {
  private:
   double* clock_;
   CostModel cost_;
+  int window_;
 };
 
 // What the fake model generates for a prompt, computed directly.
-std::vector<int32_t> expected_output(std::vector<int32_t> seq, int64_t n) {
+std::vector<int32_t> expected_output(std::vector<int32_t> seq, int64_t n, int window = 0) {
   std::vector<int32_t> out;
   for (int64_t k = 0; k < n; ++k) {
     uint64_t h = 1;
-    for (int32_t t : seq) h = mix(h, uint64_t(t));
+    const size_t from = window > 0 && seq.size() > size_t(window) ? seq.size() - size_t(window) : 0;
+    for (size_t i = from; i < seq.size(); ++i) h = mix(h, uint64_t(seq[i]));
     const int32_t next = int32_t(h % kVocab);
     out.push_back(next);
     seq.push_back(next);
@@ -388,9 +392,10 @@ std::vector<int32_t> make_prompt(int64_t n, int seed) {
 // cost: the fake model's true costs; prior: the engine's cost model before it learns (= cost).
 SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int32_t kv_blocks,
                    bool prefix_caching = true, const CostModel& cost = {5.0, 0.1, 1e-5},
-                   const std::optional<CostModel>& prior = std::nullopt) {
+                   const std::optional<CostModel>& prior = std::nullopt, const SpecConfig& spec = {},
+                   int window = 0) {
   double clock = 0;
-  FakeExecutor exec(&clock, cost);
+  FakeExecutor exec(&clock, cost, window);
   KVCacheConfig kc;
   kc.n_layers = 1;
   kc.kv_dim = 1;
@@ -399,6 +404,7 @@ SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int
   kc.prefix_caching = prefix_caching;
   KVCache kv(kc);
   EngineCore core(kv, exec, cfg, prior.value_or(cost), 1 << 20, {}, [&] { return clock; });
+  core.set_speculation(spec, nullptr);
   SimResult res;
   res.kv_total = kv.total_blocks();
   std::vector<size_t> order(reqs.size());
@@ -439,12 +445,12 @@ SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int
   return res;
 }
 
-void expect_complete_and_correct(const std::vector<SimRequest>& reqs, const SimResult& res) {
+void expect_complete_and_correct(const std::vector<SimRequest>& reqs, const SimResult& res, int window = 0) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     const uint64_t id = i + 1;
     ASSERT_TRUE(res.reasons.count(id)) << "request " << id << " never finished";
     EXPECT_EQ(res.reasons.at(id), FinishReason::Length);
-    EXPECT_EQ(res.outputs.at(id), expected_output(reqs[i].prompt, reqs[i].max_tokens)) << "request " << id;
+    EXPECT_EQ(res.outputs.at(id), expected_output(reqs[i].prompt, reqs[i].max_tokens, window)) << "request " << id;
   }
   EXPECT_EQ(res.kv_used_after, 0);
 }
@@ -674,6 +680,224 @@ TEST(Simulation, SharedPrefixesUnderKvPressureApplyEveryPlanExactly) {
     for (const auto& [id, t] : res.timings) cached += t.cached_tokens;
     EXPECT_GT(cached, 0) << chunk;
   }
+}
+
+// ---- speculative decoding -------------------------------------------------------------------
+
+SpecConfig ngram_spec(int32_t k, bool k_auto = false) {
+  SpecConfig s;
+  s.method = SpecMethod::Ngram;
+  s.k = k;
+  s.k_auto = k_auto;
+  return s;
+}
+
+// Greedy outputs with prompt-lookup speculation are the fake model's, token for token: drafts
+// mostly right (window 1: the output soon cycles) or mostly wrong (the whole prefix: rejected drafts'
+// K/V, left in the cache, would change every later token), every chunk setting, batched.
+TEST(Speculation, GreedyOutputIsExactAndDraftsPay) {
+  std::vector<SimRequest> reqs;
+  for (int k = 0; k < 12; ++k) reqs.push_back({3.0 * k, make_prompt(1 + (k * 37) % 200, k), 20 + 7 * k});
+  for (int window : {1, 0}) {
+    for (int64_t chunk : {int64_t(-1), int64_t(0), int64_t(16)}) {
+      for (bool k_auto : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "window " << window << " chunk " << chunk << " auto " << k_auto);
+        SchedulerConfig cfg;
+        cfg.chunk_size = chunk;
+        cfg.max_batch_tokens = chunk == 0 ? 8192 : 2048;
+        const SimResult plain = simulate(reqs, cfg, 1000, true, {5.0, 0.1, 1e-5}, std::nullopt, {}, window);
+        const SimResult spec = simulate(reqs, cfg, 1000, true, {5.0, 0.1, 1e-5}, std::nullopt, ngram_spec(4, k_auto), window);
+        expect_complete_and_correct(reqs, plain, window);
+        expect_complete_and_correct(reqs, spec, window);
+        EXPECT_EQ(spec.counters.generated_tokens, plain.counters.generated_tokens);
+        EXPECT_GT(spec.counters.spec_drafts, 0u);
+        EXPECT_LE(spec.counters.spec_accepted_tokens, spec.counters.spec_draft_tokens);
+        uint64_t per_pos = 0;
+        for (uint64_t n : spec.counters.spec_accepted_per_pos) per_pos += n;
+        EXPECT_EQ(per_pos, spec.counters.spec_accepted_tokens);
+        int64_t req_drafts = 0, req_accepted = 0;
+        for (const auto& [id, t] : spec.timings) {
+          req_drafts += t.spec.draft_tokens;
+          req_accepted += t.spec.accepted_tokens;
+        }
+        EXPECT_EQ(uint64_t(req_drafts), spec.counters.spec_draft_tokens);
+        EXPECT_EQ(uint64_t(req_accepted), spec.counters.spec_accepted_tokens);
+        if (window == 1) {  // cycles: most drafts stand, and steps are saved
+          EXPECT_GT(spec.counters.spec_accepted_tokens * 2, spec.counters.spec_draft_tokens);
+          EXPECT_LT(spec.counters.steps, plain.counters.steps);
+        }
+      }
+    }
+  }
+}
+
+// Rollback under KV pressure and prefix sharing: preemptions, evictions and truncations mixed;
+// every plan fits the pool and every output is exact (a block published with a rejected token in
+// it would hand later requests a wrong prefix).
+TEST(Speculation, KvPressureAndSharedPrefixesStayExact) {
+  const std::vector<int32_t> system = make_prompt(64, 7);
+  std::vector<SimRequest> reqs;
+  for (int k = 0; k < 24; ++k) {
+    std::vector<int32_t> p = k % 3 == 2 ? make_prompt(40, 100 + k) : system;
+    const auto tail = make_prompt(5 + 7 * (k % 5), k);
+    p.insert(p.end(), tail.begin(), tail.end());
+    reqs.push_back({7.0 * k, p, 30 + 5 * (k % 4)});
+  }
+  for (int window : {3, 0}) {
+    SchedulerConfig cfg;
+    const SimResult res = simulate(reqs, cfg, 24, true, {5.0, 0.1, 1e-5}, std::nullopt, ngram_spec(6), window);
+    expect_complete_and_correct(reqs, res, window);
+    EXPECT_GT(res.counters.preemptions, 0u) << window;
+    EXPECT_GT(res.counters.spec_draft_tokens, 0u) << window;
+    for (const auto& s : res.steps) EXPECT_LE(s.kv_used_blocks, res.kv_total);
+  }
+}
+
+// The scheduler grants drafts from what is left: never a prefill's share in auto mode, within
+// the KV blocks and the batch's tokens.
+TEST(Speculation, DraftsAreBudgetedAfterPrefill) {
+  SchedulerInput in;
+  in.cost = {5.0, 0.1, 0.0};
+  in.cfg.step_latency_target_ms = 6.0;  // decode (5.1) + prefill fill it
+  in.free_blocks = 100;
+  SchedRequest d;
+  d.id = 1;
+  d.n_tokens = 20;
+  d.n_computed = 19;
+  d.n_generated = 3;
+  d.admitted = true;
+  d.blocks_held = 2;
+  d.n_draft = 4;
+  in.requests.push_back(d);
+  SchedRequest p;
+  p.id = 2;
+  p.n_tokens = 100;
+  p.deadline_ms = 1000;
+  in.requests.push_back(p);
+  StepPlan plan = plan_step(in);
+  ASSERT_EQ(plan.decode.size(), 1u);
+  ASSERT_EQ(plan.decode_draft.size(), 1u);
+  EXPECT_EQ(plan.decode_draft[0], 0);  // the prefill took the step's time
+  ASSERT_EQ(plan.prefill.size(), 1u);
+  in.requests.pop_back();  // nothing else waits: drafts within kSpecStretch x the plain step
+  plan = plan_step(in);
+  EXPECT_EQ(plan.decode_draft[0], 4);
+  EXPECT_EQ(plan.n_tokens(), 5);
+  in.requests[0].blocks_held = 2;
+  in.free_blocks = 0;  // 19 + 1 + 4 positions fit the 2 blocks held (32 positions)
+  EXPECT_EQ(plan_step(in).decode_draft[0], 4);
+  in.requests[0].n_computed = 30;
+  in.requests[0].n_tokens = 31;  // 31 + 4 positions need a third block: no draft fits
+  EXPECT_EQ(plan_step(in).decode_draft[0], 1);
+  in.free_blocks = 100;
+  in.cfg.chunk_size = 16;
+  in.cfg.max_batch_tokens = 3;  // fixed mode: bounded by the batch's tokens
+  EXPECT_EQ(plan_step(in).decode_draft[0], 2);
+}
+
+// A fake model with a soft distribution: a Markov chain over a small vocabulary, the logits of
+// the next token a function of the token at the current position (read back from the cache).
+class MarkovExecutor : public StepExecutor {
+ public:
+  static constexpr int32_t V = 4;
+  static float logit(int32_t from, int32_t to) { return float((from * 3 + to * 5) % 7) * 0.35f - float(to == from) * 0.5f; }
+  void forward(const Batch& b, KVCache& kv, float* logits) override {
+    for (int64_t i = 0; i < b.size(); ++i) {
+      const float t = float(b.tokens[size_t(i)]);
+      kv.write(0, b.seq[size_t(i)], b.pos[size_t(i)], &t, &t);
+    }
+    size_t row = 0;
+    for (int64_t i = 0; i < b.size(); ++i) {
+      if (!b.want_logits[size_t(i)]) continue;
+      float t;
+      kv.read(0, b.seq[size_t(i)], b.pos[size_t(i)], &t, nullptr);
+      for (int32_t to = 0; to < V; ++to) logits[row * V + size_t(to)] = logit(int32_t(t), to);
+      ++row;
+    }
+  }
+  int32_t n_vocab() const override { return V; }
+};
+
+// Sampled output with speculation follows the target's distribution exactly: the joint law of
+// tokens 2-4 (drafted and verified; token 1 comes from the prefill) over many seeds, batched,
+// against the chain's exact law (chi-square at 0.1%); the same counts fail against a slightly
+// different temperature (the test can fail).
+TEST(Speculation, SampledOutputFollowsTheTargetDistribution) {
+  constexpr int32_t V = MarkovExecutor::V;
+  const std::vector<int32_t> prompt = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 3, 2, 1, 0};
+  auto trans = [](int32_t from, float temp) {
+    std::vector<double> p(V);
+    double s = 0;
+    for (int32_t to = 0; to < V; ++to) s += p[size_t(to)] = std::exp(double(MarkovExecutor::logit(from, to)) / temp);
+    for (double& x : p) x /= s;
+    return p;
+  };
+  auto joint = [&](float temp) {  // P(x2, x3, x4) = sum over x1 of P(x1 | last) P(x2 | x1) ...
+    std::vector<double> j(size_t(V * V * V), 0.0);
+    const auto p1 = trans(prompt.back(), temp);
+    for (int32_t a = 0; a < V; ++a)
+      for (int32_t b = 0; b < V; ++b)
+        for (int32_t c = 0; c < V; ++c)
+          for (int32_t d = 0; d < V; ++d)
+            j[size_t((b * V + c) * V + d)] += p1[size_t(a)] * trans(a, temp)[size_t(b)] * trans(b, temp)[size_t(c)] *
+                                              trans(c, temp)[size_t(d)];
+    return j;
+  };
+  MarkovExecutor exec;
+  KVCacheConfig kc;
+  kc.n_layers = 1;
+  kc.kv_dim = 1;
+  kc.block_size = 16;
+  kc.n_blocks = 512;
+  KVCache kv(kc);
+  double clock = 0;
+  SchedulerConfig cfg;
+  cfg.chunk_size = 0;
+  EngineCore core(kv, exec, cfg, CostModel{}, 1 << 20, {}, [&] { return clock; });
+  core.set_speculation(ngram_spec(3), nullptr);
+  const int64_t N = 24000;
+  std::vector<int64_t> counts(size_t(V * V * V), 0);
+  std::map<uint64_t, std::vector<int32_t>> out;
+  for (int64_t base = 0; base < N; base += 64) {
+    for (int64_t i = base; i < std::min(N, base + 64); ++i) {
+      EngineRequest r;
+      r.prompt = prompt;
+      r.max_tokens = 4;
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = uint64_t(i) * 1000003 + 17;
+      core.add(uint64_t(i + 1), std::move(r), [&out](const EngineEvent& ev) {
+        if (ev.kind == EngineEvent::Kind::Token) out[ev.id].push_back(ev.token);
+      });
+    }
+    while (!core.idle()) core.step();
+  }
+  ASSERT_EQ(out.size(), size_t(N));
+  for (const auto& [id, t] : out) {
+    ASSERT_EQ(t.size(), 4u);
+    ++counts[size_t((t[1] * V + t[2]) * V + t[3])];
+  }
+  const EngineCounters& c = core.counters();
+  EXPECT_GT(c.spec_accepted_tokens, 0u);
+  EXPECT_LT(c.spec_accepted_tokens, c.spec_draft_tokens);  // rejections and residual draws happen
+  auto chi2 = [&](const std::vector<double>& p, int* df) {
+    double x = 0;
+    *df = -1;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double e = p[i] * double(N);
+      x += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
+      ++*df;
+    }
+    return x;
+  };
+  auto critical = [](int df) {  // chi-square 99.9% quantile (Wilson-Hilferty)
+    const double a = 2.0 / (9.0 * df);
+    return df * std::pow(1 - a + 3.090232 * std::sqrt(a), 3);
+  };
+  int df = 0;
+  const double x = chi2(joint(1.0f), &df);
+  EXPECT_LT(x, critical(df)) << "chi-square " << x << " with " << df << " degrees of freedom";
+  const double y = chi2(joint(1.2f), &df);
+  EXPECT_GT(y, critical(df)) << "the test has no power: " << y;
 }
 
 TEST(EngineCore, CancelFreesBlocksAndRejectsWhatCanNeverFit) {

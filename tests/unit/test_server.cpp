@@ -758,6 +758,49 @@ TEST(ServerConfig, OneDeclarationPerSetting) {
   EXPECT_EQ(e.prefix_caching, base.prefix_caching);
 }
 
+TEST(ServerConfig, SpeculativeDecodingSection) {
+  // The issue's complete config: the key alone turns it on, the section says how.
+  ServeConfig c;
+  apply_config_json(json::parse(R"({"scheduler": {"enable_speculative_decoding": true}, "speculative": {"method": "ngram"}})"), c);
+  SpecConfig s = to_engine_config(c).spec;
+  EXPECT_EQ(s.method, SpecMethod::Ngram);
+  EXPECT_EQ(s.k, SpecConfig{}.k);
+  EXPECT_FALSE(s.k_auto);
+  apply_config_json(json::parse(R"({"speculative": {"num_speculative_tokens": "auto", "prompt_lookup_min": 2,
+                                                    "prompt_lookup_max": 5}})"), c);
+  s = to_spec_config(c);
+  EXPECT_TRUE(s.k_auto);
+  EXPECT_EQ(s.ngram_min, 2);
+  EXPECT_EQ(s.ngram_max, 5);
+  apply_config_json(json::parse(R"({"speculative": {"method": "draft", "draft_model": "d.gguf", "num_speculative_tokens": 3}})"), c);
+  s = to_spec_config(c);
+  EXPECT_EQ(s.method, SpecMethod::Draft);
+  EXPECT_EQ(s.draft_model, "d.gguf");
+  EXPECT_EQ(s.k, 3);
+  // Off unless enabled; the section alone configures.
+  ServeConfig off;
+  apply_config_json(json::parse(R"({"speculative": {"method": "ngram"}})"), off);
+  EXPECT_FALSE(to_spec_config(off).enabled());
+  auto err = [](const char* text) {
+    ServeConfig x;
+    try {
+      apply_config_json(json::parse(text), x);
+      to_spec_config(x);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(err(R"({"speculative": {"method": "medusa"}})").find("speculative.method"), std::string::npos);
+  EXPECT_NE(err(R"({"speculative": {"num_speculative_tokens": 0}})").find("speculative.num_speculative_tokens"), std::string::npos);
+  EXPECT_NE(err(R"({"speculative": {"num_speculative_tokens": "many"}})").find("speculative.num_speculative_tokens"), std::string::npos);
+  EXPECT_NE(err(R"({"speculative": {"k": 2}})").find("unknown key 'speculative.k'"), std::string::npos);
+  EXPECT_NE(err(R"({"scheduler": {"enable_speculative_decoding": true}, "speculative": {"method": "draft"}})")
+                .find("draft model"), std::string::npos);
+  EXPECT_NE(err(R"({"scheduler": {"enable_speculative_decoding": true}, "speculative": {"prompt_lookup_min": 4, "prompt_lookup_max": 2}})")
+                .find("prompt_lookup"), std::string::npos);
+}
+
 TEST(ServerConfig, UnknownKeysAndUnbuiltFeaturesAreErrors) {
   auto err = [](const char* text) {
     ServeConfig c;
@@ -771,7 +814,6 @@ TEST(ServerConfig, UnknownKeysAndUnbuiltFeaturesAreErrors) {
   EXPECT_NE(err(R"({"schedular": {}})").find("unknown key 'schedular'"), std::string::npos);
   EXPECT_NE(err(R"({"scheduler": {"chunk": 1}})").find("unknown key 'scheduler.chunk'"), std::string::npos);
   EXPECT_NE(err(R"({"kv_cache": {"memory": 1}})").find("unknown key 'kv_cache.memory'"), std::string::npos);
-  EXPECT_NE(err(R"({"scheduler": {"enable_speculative_decoding": true}})").find("not supported yet"), std::string::npos);
   EXPECT_NE(err(R"({"parallel_config": {"tp_size": 2}})").find("not supported yet"), std::string::npos);
   EXPECT_NE(err(R"({"parallel_config": {"pp_size": 4}})").find("not supported yet"), std::string::npos);
   EXPECT_EQ(err(R"({"scheduler": {"max_active_adapters": 4}})"), "no error");  // the issue's example

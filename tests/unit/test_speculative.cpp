@@ -1,0 +1,208 @@
+// Speculative decoding's parts: prompt-lookup drafts, the auto-k policy, Sampler::verify's
+// exactness (the token it returns follows the target's distribution, whatever the draft's), and
+// the KV cache's rollback (truncate).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "engine/speculative.h"
+#include "kv/kv_cache.h"
+
+namespace ft {
+namespace {
+
+TEST(NgramDraft, LongestSuffixMostRecentOccurrence) {
+  // Suffix [7, 8] occurred at 1 and 5; the most recent earlier one (5) is followed by 1, 2.
+  const std::vector<int32_t> t = {0, 7, 8, 3, 4, 7, 8, 1, 2, 9, 7, 8};
+  EXPECT_EQ(ngram_draft(t, 3, 1, 3), (std::vector<int32_t>{1, 2, 9}));
+  EXPECT_EQ(ngram_draft(t, 1, 1, 3), (std::vector<int32_t>{1}));
+  // Longer n first: [4, 7, 8] matches nothing, [7, 8] does; with n_min = 3 nothing does.
+  EXPECT_TRUE(ngram_draft(t, 3, 3, 4).empty());
+  // A draft never runs past the end of the tokens.
+  const std::vector<int32_t> u = {5, 6, 5};
+  EXPECT_EQ(ngram_draft(u, 4, 1, 2), (std::vector<int32_t>{6, 5}));
+  EXPECT_TRUE(ngram_draft(std::vector<int32_t>{1, 2, 3}, 4, 1, 2).empty());
+  EXPECT_TRUE(ngram_draft(std::vector<int32_t>{1}, 4, 1, 2).empty());
+  // A longer match wins over a more recent shorter one: [1, 2] at 0 (followed by 3) vs [2] at 4.
+  const std::vector<int32_t> v = {1, 2, 3, 0, 2, 5, 1, 2};
+  EXPECT_EQ(ngram_draft(v, 1, 1, 2), (std::vector<int32_t>{3}));
+  EXPECT_EQ(ngram_draft(v, 1, 1, 1), (std::vector<int32_t>{5}));
+}
+
+TEST(AutoSpecK, FollowsAcceptanceAndCost) {
+  EXPECT_EQ(auto_spec_k(0.95, 0.02, 8), 8);   // drafts nearly free and nearly always right: the most
+  EXPECT_EQ(auto_spec_k(0.0, 0.02, 8), 0);    // never right: none
+  EXPECT_EQ(auto_spec_k(0.5, 1.0, 8), 0);     // a position costs a whole step: never pays
+  const int32_t mid = auto_spec_k(0.6, 0.1, 8);
+  EXPECT_GT(mid, 0);
+  EXPECT_LT(mid, 8);
+  EXPECT_LE(auto_spec_k(0.6, 0.3, 8), mid);   // dearer positions: no more drafts
+  EXPECT_GE(auto_spec_k(0.8, 0.1, 8), mid);   // better acceptance: no fewer
+}
+
+TEST(SpecStats, RunningRate) {
+  SpecStats s;
+  for (int i = 0; i < 50; ++i) s.observe(4, 4);
+  EXPECT_GT(s.alpha, 0.99);
+  for (int i = 0; i < 50; ++i) s.observe(4, 0);
+  EXPECT_LT(s.alpha, 0.01);
+  EXPECT_EQ(s.drafts, 100);
+  EXPECT_EQ(s.draft_tokens, 400);
+  EXPECT_EQ(s.accepted_tokens, 200);
+  s.observe(0, 0);  // no drafts: not a verification
+  EXPECT_EQ(s.drafts, 100);
+}
+
+// Pearson's chi-square of counts against probabilities, and the critical value at 0.1% for its
+// degrees of freedom (Wilson-Hilferty).
+double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& p, int64_t n, int* df) {
+  double x = 0;
+  *df = -1;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double e = p[i] * double(n);
+    if (e == 0) {
+      if (counts[i] != 0) return INFINITY;  // a token the target never gives
+      continue;
+    }
+    x += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
+    ++*df;
+  }
+  return x;
+}
+double chi_square_critical(int df) {
+  const double z = 3.090232;  // the normal's 99.9% quantile
+  const double a = 2.0 / (9.0 * df);
+  return df * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+
+std::vector<double> softmax(const std::vector<float>& l, float temp) {
+  std::vector<double> p(l.size());
+  double s = 0;
+  for (size_t i = 0; i < l.size(); ++i) s += p[i] = std::exp(double(l[i]) / temp);
+  for (double& x : p) x /= s;
+  return p;
+}
+
+// Draft tokens from a point mass (n-gram) and from a draft distribution q (a draft model): over
+// many seeds, verify()'s token follows the target's p, and a wrong p is rejected by the same test
+// (it can fail).
+TEST(SamplerVerify, ReturnsTheTargetDistributionWhateverTheDraft) {
+  const std::vector<float> logits = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -1.0f};
+  const int V = int(logits.size());
+  const std::vector<double> p = softmax(logits, 1.0f);
+  std::vector<float> q = {0.05f, 0.5f, 0.05f, 0.1f, 0.2f, 0.1f};  // a poor draft distribution
+  const int64_t N = 40000;
+  std::mt19937_64 draft_rng(99);
+  for (int mode = 0; mode < 3; ++mode) {  // 0: point mass on token 3 (likely), 1: on token 5 (unlikely), 2: q
+    std::vector<int64_t> counts(size_t(V), 0);
+    int64_t accepted = 0;
+    for (int64_t seed = 0; seed < N; ++seed) {
+      SamplingParams sp;
+      sp.temperature = 1.0f;
+      sp.seed = uint64_t(seed) * 7919 + 1;
+      Sampler s(sp, V);
+      int32_t draft = mode == 0 ? 3 : 5;
+      if (mode == 2) {
+        std::discrete_distribution<int32_t> d(q.begin(), q.end());
+        draft = d(draft_rng);
+      }
+      bool ok = false;
+      const int32_t tok = s.verify(logits.data(), draft, mode == 2 ? q.data() : nullptr, ok);
+      EXPECT_EQ(ok, tok == draft);
+      accepted += ok;
+      ++counts[size_t(tok)];
+    }
+    int df = 0;
+    const double x = chi_square(counts, p, N, &df);
+    EXPECT_LT(x, chi_square_critical(df)) << "mode " << mode;
+    // Acceptance as theory says: p(d) for a point mass; sum min(p, q) for q.
+    double want = mode == 0 ? p[3] : mode == 1 ? p[5] : 0;
+    if (mode == 2)
+      for (int i = 0; i < V; ++i) want += std::min(p[size_t(i)], double(q[size_t(i)]));
+    EXPECT_NEAR(double(accepted) / double(N), want, 0.015) << "mode " << mode;
+    // Power: the same counts against a slightly different distribution fail the test.
+    const double y = chi_square(counts, softmax(logits, 1.15f), N, &df);
+    EXPECT_GT(y, chi_square_critical(df)) << "mode " << mode;
+  }
+}
+
+TEST(SamplerVerify, FiltersAndGreedy) {
+  const std::vector<float> logits = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -1.0f};
+  // Greedy: the argmax, accepted iff it is the draft; no randomness.
+  SamplingParams g;
+  g.temperature = 0;
+  Sampler s(g, 6);
+  bool ok = true;
+  EXPECT_EQ(s.verify(logits.data(), 0, nullptr, ok), 3);
+  EXPECT_FALSE(ok);
+  EXPECT_EQ(s.verify(logits.data(), 3, nullptr, ok), 3);
+  EXPECT_TRUE(ok);
+  // top_k = 2: a draft outside the kept candidates is never accepted, and the replacement is one
+  // of them, distributed as sample() would.
+  SamplingParams k2;
+  k2.temperature = 1;
+  k2.top_k = 2;
+  std::vector<int64_t> counts(6, 0);
+  const int64_t N = 20000;
+  for (int64_t seed = 0; seed < N; ++seed) {
+    k2.seed = uint64_t(seed) + 5;
+    Sampler t(k2, 6);
+    const int32_t tok = t.verify(logits.data(), 4, nullptr, ok);
+    EXPECT_FALSE(ok);
+    ++counts[size_t(tok)];
+  }
+  const std::vector<double> p = softmax({1.0f, 2.0f}, 1.0f);
+  const std::vector<double> p6 = {p[0], 0, 0, p[1], 0, 0};
+  int df = 0;
+  const double x = chi_square(counts, p6, N, &df);
+  EXPECT_LT(x, chi_square_critical(df));
+  // sample()'s probs: normalised, one-hot when greedy.
+  std::vector<float> probs(6);
+  Sampler u(g, 6);
+  EXPECT_EQ(u.sample(logits.data(), probs.data()), 3);
+  EXPECT_EQ(probs, (std::vector<float>{0, 0, 0, 1, 0, 0}));
+  SamplingParams t1;
+  t1.temperature = 1;
+  Sampler w(t1, 6);
+  w.sample(logits.data(), probs.data());
+  const std::vector<double> pw = softmax(logits, 1.0f);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(probs[size_t(i)], pw[size_t(i)], 1e-6);
+}
+
+TEST(KVCacheTruncate, FreesBlocksPastTheLengthWithoutTouchingPublishedOnes) {
+  KVCacheConfig kc;
+  kc.n_layers = 1;
+  kc.kv_dim = 1;
+  kc.block_size = 16;
+  kc.n_blocks = 8;
+  KVCache kv(kc);
+  std::vector<int32_t> toks(40);
+  for (int i = 0; i < 40; ++i) toks[size_t(i)] = i;
+  ASSERT_TRUE(kv.reserve(1, 40));  // 3 blocks
+  for (int i = 0; i < 40; ++i) {
+    const float x = float(i);
+    kv.write(0, 1, i, &x, &x);
+  }
+  kv.publish(1, toks, 20);  // block 0 published
+  EXPECT_EQ(kv.free_blocks(), 5);
+  kv.truncate(1, 21);  // positions [0, 21): 2 blocks
+  EXPECT_EQ(kv.capacity(1), 32);
+  EXPECT_EQ(kv.free_blocks(), 6);
+  float y = -1;
+  kv.read(0, 1, 20, &y, nullptr);  // kept in place
+  EXPECT_EQ(y, 20.0f);
+  kv.truncate(1, 16);  // the published block stays
+  EXPECT_EQ(kv.capacity(1), 16);
+  kv.truncate(1, 15);  // still inside it: nothing to free
+  EXPECT_EQ(kv.capacity(1), 16);
+  EXPECT_THROW(kv.truncate(1, 0), Error);  // would drop the published block
+  kv.truncate(99, 0);  // unknown: no-op
+  kv.release(1);
+  EXPECT_EQ(kv.free_blocks(), 8);
+}
+
+}  // namespace
+}  // namespace ft
