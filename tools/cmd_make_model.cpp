@@ -28,15 +28,24 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--draft-type", a.draft_type, "Weight type of --draft-out")->default_str("q8_0");
 }
 
+namespace {
+
+// A --type / --draft-type name (a weight type or one of llama.cpp's mixes) into opt.
+void set_type(SyntheticOptions& opt, const std::string& name, const char* flag) {
+  const auto mix = parse_mix_name(name);
+  const auto type = mix ? std::optional<GGMLType>(mix->base) : parse_type_name(name);
+  if (!type || !is_supported_weight_type(*type))
+    fail("unsupported ", flag, " '", name, "' (", supported_weight_type_names(), ", q4_k_m, q5_k_m, q3_k_m)");
+  opt.mix = mix ? mix->mix : SyntheticOptions::Mix::None;
+  opt.type = *type;
+}
+
+}  // namespace
+
 int cmd_make_model(const MakeModelArgs& a) {
   SyntheticOptions opt;
   opt.shape = a.shape;
-  const auto mix = parse_mix_name(a.type);
-  const auto type = mix ? std::optional<GGMLType>(mix->base) : parse_type_name(a.type);
-  if (!type || !is_supported_weight_type(*type))
-    fail("unsupported weight type '", a.type, "' (", supported_weight_type_names(), ", q4_k_m, q5_k_m, q3_k_m)");
-  if (mix) opt.mix = mix->mix;
-  opt.type = *type;
+  set_type(opt, a.type, "weight type");
   opt.seed = a.seed;
   opt.vocab_path = a.vocab;
   opt.arch = a.arch;
@@ -48,10 +57,7 @@ int cmd_make_model(const MakeModelArgs& a) {
   std::fprintf(stderr, "wrote %s (%s, %s, random weights)\n", a.out.c_str(), a.shape.c_str(), a.type.c_str());
   if (!a.draft_out.empty()) {
     const std::string dt = a.draft_type.empty() ? "q8_0" : a.draft_type;
-    const auto d = parse_type_name(dt);
-    if (!d || !is_supported_weight_type(*d)) fail("unsupported --draft-type '", dt, "'");
-    opt.type = *d;
-    opt.q4_k_m = false;
+    set_type(opt, dt, "--draft-type");
     write_synthetic_model(opt, a.draft_out);
     std::fprintf(stderr, "wrote %s (%s, %s, the same weights: a draft)\n", a.draft_out.c_str(), a.shape.c_str(), dt.c_str());
   }

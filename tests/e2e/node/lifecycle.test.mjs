@@ -28,11 +28,12 @@ describe('serve lifecycle', { skip }, () => {
     return p;
   };
 
-  test('config file errors: unknown key named, unbuilt features "not supported yet", exit 1', async () => {
+  test('config file errors: unknown key named, bad values named, unbuilt features "not supported yet", exit 1', async () => {
     const cases = [
       [{ scheduler: { prefill_chunk: 64 } }, /unknown key 'scheduler\.prefill_chunk'/],
       [{ sched: {} }, /unknown key 'sched'/],
-      [{ scheduler: { enable_speculative_decoding: true } }, /speculative decoding is not supported yet/],
+      [{ scheduler: { enable_speculative_decoding: true }, speculative: { method: 'lookahead' } },
+        /speculative\.method.*unknown speculative decoding method 'lookahead'/],
       [{ parallel_config: { tp_size: 2 } }, /tensor parallelism is not supported yet/],
       [{ parallel_config: { pp_size: 2 } }, /pipeline parallelism is not supported yet/],
       [{ kv_cache: { block_size: 'big' } }, /kv_cache\.block_size' must be an integer/],
