@@ -34,9 +34,7 @@ namespace {
 struct Avx512Attn {
   using Drv = Attention<Avx512Attn>;
   // S (n,) -> cap * tanh(S / cap) (the driver's soft cap; n a multiple of 8).
-  static void softcap(float* S, int n, float cap) {
-    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(S + i, softcap256(_mm256_loadu_ps(S + i), cap));
-  }
+  static void softcap(float* S, int n, float cap) { softcap_row256(S, n, cap); }
 
 
   static void prefetch(const void* p, uint64_t n) {

@@ -46,6 +46,10 @@ inline __m256 softcap256(__m256 x, float cap) {
                                  _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
   return _mm256_mul_ps(_mm256_or_ps(t, sign), _mm256_set1_ps(cap));
 }
+// S (n,) -> softcap256 in place, 8 at a time (n a multiple of 8): attention's score rows.
+inline void softcap_row256(float* S, int n, float cap) {
+  for (int i = 0; i < n; i += 8) _mm256_storeu_ps(S + i, softcap256(_mm256_loadu_ps(S + i), cap));
+}
 
 struct Avx2Isa {
   // ---- GEMM on the panel layout (packed.h) ----
