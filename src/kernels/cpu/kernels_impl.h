@@ -67,11 +67,16 @@ struct Drivers {
     q.reserve(M, K);  // (no-op after Backend::reserve)
     const int64_t kb = K / kQBlock;
     parallel_for_static(M, M * K >= (1 << 16) ? threads : 1, [&](int64_t m) {
-      quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
-      if constexpr (int8_act<Isa>()) {
-        const int16_t* a = q.xq.data() + m * K;
-        int8_t* b = q.xq8.data() + m * K;
-        for (int64_t k = 0; k < K; ++k) b[k] = int8_t(a[k]);  // |xq| <= 127: exact
+      if constexpr (requires { Isa::quantize_act; }) {  // (vectorized, both forms at once)
+        Isa::quantize_act(X + m * K, K, q.xq.data() + m * K, q.xq8.data() + m * K, q.dx.data() + m * kb,
+                          q.xs.data() + m * kb);
+      } else {
+        quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
+        if constexpr (int8_act<Isa>()) {
+          const int16_t* a = q.xq.data() + m * K;
+          int8_t* b = q.xq8.data() + m * K;
+          for (int64_t k = 0; k < K; ++k) b[k] = int8_t(a[k]);  // |xq| <= 127: exact
+        }
       }
     });
   }
