@@ -243,30 +243,44 @@ struct Avx2Isa {
     static constexpr bool kSignedQuads = true;  // quad layout: q + 128 bytes, used as signed q
     // Quad layout (packed.h): w[e][h] = quad 2P + e, rows 8h..8h+7, as int8 q.
     void quads(int P, __m256i (&w)[2][2]) const {
+      for (int h = 0; h < 2; ++h) {
+        __m256i wh[2];
+        quads_h(P, h, wh);
+        w[0][h] = wh[0], w[1][h] = wh[1];
+      }
+    }
+    // Rows 8h..8h+7 only: w[e] = quad 2P + e.
+    void quads_h(int P, int h, __m256i (&w)[2]) const {
       const __m256i f = _mm256_set1_epi8(int8_t(0x80));
       for (int e = 0; e < 2; ++e)
-        for (int h = 0; h < 2; ++h)
-          w[e][h] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
+        w[e] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
     }
   };
   // Quad layout, nibble types: w[e][h] = quad 2P + e, rows 8h..8h+7, as u8 (0..15).
-  static void nibble_quads(const uint8_t* q, int P, __m256i (&w)[2][2]) {
+  static void nibble_quads_h(const uint8_t* q, int P, int h, __m256i (&w)[2]) {  // rows 8h..8h+7
     const __m256i m = _mm256_set1_epi8(0x0F);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * P + 32 * h));
+    w[0] = _mm256_and_si256(b, m);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+  }
+  static void nibble_quads(const uint8_t* q, int P, __m256i (&w)[2][2]) {
     for (int h = 0; h < 2; ++h) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * P + 32 * h));
-      w[0][h] = _mm256_and_si256(b, m);
-      w[1][h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+      __m256i wh[2];
+      nibble_quads_h(q, P, h, wh);
+      w[0][h] = wh[0], w[1][h] = wh[1];
     }
   }
   struct DecQ4_0 : DecBlock32<288> {
     static constexpr int kBias = 8;  // quads() give q; v = q - 8
     static constexpr bool kSignedQuads = false;
     void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
+    void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
   struct DecQ4_K {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false;
     void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
+    void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
     static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
     const uint8_t* g;
@@ -677,17 +691,72 @@ struct Avx2Isa {
       default: return false;  // (Q6_K: the pair layout)
     }
   }
-  // Rows two at a time (the registers hold 2 rows x 16 outputs and their sums).
+  // 3 to kQuadMaxM rows in one pass over the packed bytes: C (MR, ldc)[:, 0:16] = the group's
+  // rows over all of K. Per 32-block, half h (rows 8h..8h+7) at a time: MR chains of int32 (or
+  // int16, see acc) sums, each row's y for that half from C (L1) and back, since 16 registers
+  // cannot hold MR rows x 16 outputs. The same sums as gemv_quad_t (whose 2-row tile keeps y in
+  // registers but reads the weights M / 2 times).
+  static constexpr int kQuadMaxM = 8;
+  template <int MR, class D>
+  static void gemv_quad_m_t(D dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
+                            const int32_t* xs, float* c, int64_t ldc) {
+    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
+      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
+      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      dec.begin(kb);
+      __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      dec.scales(s1[0], s1[1], s2[0], s2[1]);
+      for (int h = 0; h < 2; ++h) {
+        __m256i a[MR];
+        for (int i = 0; i < MR; ++i) a[i] = _mm256_setzero_si256();
+        for (int P = 0; P < 4; ++P) {
+          __m256i w[2];
+          dec.quads_h(P, h, w);
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+            a[i] = acc<D::kSignedQuads>(a[i], w[0], bcast4(x));
+            a[i] = acc<D::kSignedQuads>(a[i], w[1], bcast4(x + 4));
+          }
+        }
+        for (int i = 0; i < MR; ++i) {
+          const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
+          __m256i I = widen<D::kSignedQuads>(a[i]);
+          if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
+          float* ci = c + i * ldc + 8 * h;
+          __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+          y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y);
+          if constexpr (D::kS2) y = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y);
+          _mm256_storeu_ps(ci, y);
+        }
+      }
+    }
+  }
+  // The fused path's bound per type (kernels_impl.h): quad types up to kQuadMaxM rows.
+  static bool fused_int(GGMLType t, int64_t M) {
+    return M <= kFusedMaxM || (is_quad_type(t) && M <= kQuadMaxM);
+  }
+  // Up to 2 rows: gemv_quad_t, y in registers; 3 to kQuadMaxM: gemv_quad_m_t, one pass.
   static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
                        float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
     const bool quad = with_quad_decoder(t, group, [&](auto dec) {
-      for (int64_t m = 0; m < M; m += 2) {
+      for (int64_t m = 0; m < M; m += kQuadMaxM) {  // (one tile unless M > kQuadMaxM)
         const int8_t* x = qa.xq8.data() + m * K;
         const float* dx = qa.dx.data() + m * nkb;
         const int32_t* xs = qa.xs.data() + m * nkb;
-        if (M - m >= 2) gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, nkb, c + m * ldc, ldc, true);
-        else gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, nkb, c + m * ldc, ldc, true);
+        float* cm = c + m * ldc;
+        switch (std::min<int64_t>(M - m, kQuadMaxM)) {
+          case 1: gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, nkb, cm, ldc, true); break;
+          case 2: gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, nkb, cm, ldc, true); break;
+          case 3: gemv_quad_m_t<3>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 4: gemv_quad_m_t<4>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 5: gemv_quad_m_t<5>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 6: gemv_quad_m_t<6>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 7: gemv_quad_m_t<7>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          default: gemv_quad_m_t<8>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+        }
       }
     });
     if (!quad) gemv_int_pair(t, group, K, qa, M, c, ldc);

@@ -202,8 +202,14 @@ struct Drivers {
       if constexpr (requires { Isa::fused_int(type, M); }) fused = Isa::fused_int(type, M);
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
-        for (int i = 0; i < ns; ++i)
-          Isa::gemv_int(type, src[i].group(), K, qa, M, C + i * kGroup, ldc);
+        if constexpr (requires { Isa::gemv_int_n; }) {  // (the item's groups in one pass)
+          const uint8_t* groups[kItemGroups];
+          for (int i = 0; i < ns; ++i) groups[i] = src[i].group();
+          Isa::gemv_int_n(type, groups, ns, K, qa, M, C, ldc);
+        } else {
+          for (int i = 0; i < ns; ++i)
+            Isa::gemv_int(type, src[i].group(), K, qa, M, C + i * kGroup, ldc);
+        }
         return;
       }
     }
@@ -292,10 +298,11 @@ struct Drivers {
     bool any_int = false;
     for (int i = 0; i < n_segs; ++i) any_int = any_int || is_int_type(segs[i].type);
     if (any_int) quantize(X, M, K, qa, threads);
-    // Small M (decode) streams weights from memory: runs of consecutive items per thread keep
-    // each thread's reads one ascending stream (what the prefetchers follow), while still
-    // dynamic enough to even out a thread that was preempted. Large M: one item at a time.
-    const int64_t run = M <= 4 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
+    // Small M (decode, speculative verification, small chunks) streams weights from memory:
+    // runs of consecutive items per thread keep each thread's reads one ascending stream (what
+    // the prefetchers follow), while still dynamic enough to even out a thread that was
+    // preempted. Large M: one item at a time.
+    const int64_t run = M <= 16 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
     parallel_for(n_items, threads, run, [&](int64_t p) {
       Scratch& s = scratch();
       if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
