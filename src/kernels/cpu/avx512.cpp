@@ -123,15 +123,22 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, acc[i][g]);
   }
+  // Float weights take this path up to 8 rows (speculative verification's k + 1): one tile
+  // (8 rows x 2 groups: 16 accumulators), so the weights are read and converted once.
+  static constexpr int64_t kFusedMaxMFloat = 8;
   template <GGMLType T, int NG>
   static void gemvf(const uint8_t* const* groups, int64_t K, const float* x, int64_t M, float* c,
                     int64_t ldc) {
     for (int64_t m = 0; m < M;) {
-      switch (std::min<int64_t>(M - m, 4)) {
+      switch (std::min<int64_t>(M - m, 8)) {
         case 1: gemvf_t<T, 1, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 1; break;
         case 2: gemvf_t<T, 2, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 2; break;
         case 3: gemvf_t<T, 3, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 3; break;
-        default: gemvf_t<T, 4, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 4; break;
+        case 4: gemvf_t<T, 4, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 4; break;
+        case 5: gemvf_t<T, 5, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 5; break;
+        case 6: gemvf_t<T, 6, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 6; break;
+        case 7: gemvf_t<T, 7, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 7; break;
+        default: gemvf_t<T, 8, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 8; break;
       }
     }
   }
@@ -289,8 +296,10 @@ struct Avx512Isa : Avx2Isa {
   // one group's packed bytes (18-50 KB) stay in L1/L2 for every tile of rows after the first,
   // and each tile keeps its sums in registers over all of K (no unpacked copy, no C reloads).
   static constexpr int64_t kFusedMaxMQuad = 32;
+  // Q6_K up to kFusedMaxMQ6K rows (gemv_w_t: the decode, its cost, shared by all rows).
+  static constexpr int64_t kFusedMaxMQ6K = 8;
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || (is_quad_type(t) && M <= kFusedMaxMQuad);
+    return M <= kFusedMaxM || (is_quad_type(t) && M <= kFusedMaxMQuad) || (t == GGMLType::Q6_K && M <= kFusedMaxMQ6K);
   }
   // ng (1 or 2) groups of type t (consecutive in C, 16 columns each) x M rows of qa.
   static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa,
@@ -333,8 +342,66 @@ struct Avx512Isa : Avx2Isa {
         }
       }
     });
-    if (!quad)
-      for (int g = 0; g < ng; ++g) Avx2Isa::gemv_int(t, groups[g], K, qa, M, c + 16 * g, ldc);
+    if (quad) return;
+    if (t != GGMLType::Q6_K) fail("fast kernels: ", int(t), " is not an integer type");
+    for (int g = 0; g < ng; ++g)
+      for (int64_t m = 0; m < M;) {  // tiles of at most 6 rows, split evenly (8 -> 4 + 4)
+        const int64_t n_tiles = (M - m + 5) / 6, mr = (M - m + n_tiles - 1) / n_tiles;
+        const int16_t* x = qa.xq.data() + m * K;
+        const float* dx = qa.dx.data() + m * nkb;
+        float* cm = c + m * ldc + 16 * g;
+        const DecQ6_K dec{groups[g]};
+        switch (mr) {
+          case 1: gemv_w_t<1>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 2: gemv_w_t<2>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 3: gemv_w_t<3>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 4: gemv_w_t<4>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 5: gemv_w_t<5>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          default: gemv_w_t<6>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+        }
+        m += mr;
+      }
+  }
+  // Q6_K (pair layout), small M: C (MR, ldc)[:, 0:16] = the group's rows over all of K. Each
+  // pair of k is decoded once for all MR rows (Avx2Isa::DecQ6_K, both 8-row halves in one
+  // register) to v = (q - 32) * sc, int16 with |v| <= 4096: what unpack_int gives the GEMM; then
+  // one vpdpwssd per row and pair. So I (exact int32) and y = fma(float(I), s1 * dx, y) per
+  // 32-block are every path's.
+  template <int MR>
+  static void gemv_w_t(DecQ6_K dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
+                       int64_t ldd, float* c, int64_t ldc) {
+    __m512 y[MR];
+    for (int i = 0; i < MR; ++i) y[i] = _mm512_setzero_ps();
+    for (int off = 0; off < kPrefetch + DecQ6_K::kBytesPer32; off += 64)  // the stream's start
+      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    const __m512i o32 = _mm512_set1_epi16(32);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * DecQ6_K::kBytesPer32 + kPrefetch;
+      for (int off = 0; off < DecQ6_K::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      dec.begin(kb);
+      __m512i a[MR];
+      for (int i = 0; i < MR; ++i) a[i] = _mm512_setzero_si512();
+      __m512i sc = _mm512_setzero_si512();
+      for_pairs(0, 16, [&](int p, auto pc) {
+        if (p % 8 == 0)  // (each half block of 16 k has its own scales)
+          sc = _mm512_inserti64x4(_mm512_castsi256_si512(dec.sc16(p / 8, 0)), dec.sc16(p / 8, 1), 1);
+        __m256i w0, w1;
+        dec.template pair<decltype(pc)::value>(p, w0, w1);
+        const __m512i w = _mm512_mullo_epi16(
+            _mm512_sub_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), o32), sc);
+        for (int i = 0; i < MR; ++i) {
+          int32_t xv;
+          std::memcpy(&xv, xq + i * ldx + kb * kQBlock + 2 * p, 4);
+          a[i] = _mm512_dpwssd_epi32(a[i], w, _mm512_set1_epi32(xv));
+        }
+      });
+      __m256 s1lo, s1hi, z0 = _mm256_setzero_ps(), z1 = z0;
+      dec.scales(s1lo, s1hi, z0, z1);
+      const __m512 s1 = _mm512_insertf32x8(_mm512_castps256_ps512(s1lo), s1hi, 1);
+      for (int i = 0; i < MR; ++i)
+        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[i]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * ldd + kb])), y[i]);
+    }
+    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(c + i * ldc, y[i]);
   }
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the

@@ -127,8 +127,10 @@ struct Drivers {
   static void float_item(const float* X, int64_t M, int64_t K, const Source* src, int ns,
                          Scratch& s, float* C, int64_t ldc) {
     if constexpr (Isa::kFusedMaxM > 0) {
-      // Small M (decode): dequantize in registers, all of K, no unpacked copy.
+      // Small M (decode; where the Isa says so, small batches): dequantize in registers, all
+      // of K, no unpacked copy.
       bool fused = M <= Isa::kFusedMaxM;
+      if constexpr (requires { Isa::kFusedMaxMFloat; }) fused = M <= Isa::kFusedMaxMFloat;
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
         const uint8_t* groups[kItemGroups];
