@@ -238,7 +238,6 @@ struct Avx512Isa : Avx2Isa {
   // from -B sum xq), then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)):
   // mk_int's sums. Two groups share each activation broadcast, each its own chain (12 chains
   // at 6 rows); one group splits its chain into even and odd quads (two chains per row).
-  static constexpr int kPrefetch = 2048;
   template <int MR, int NG, class D>
   static void gemv_q_t(const D* dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
                        const float* dx, const int32_t* xs, float* c, int64_t ldc, bool first) {
@@ -246,15 +245,12 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
     if (kb0 == 0)
-      for (int g = 0; g < NG; ++g)
-        for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-          _mm_prefetch(reinterpret_cast<const char*>(dec[g].g) + off, _MM_HINT_T0);
+      for (int g = 0; g < NG; ++g) prefetch_start(dec[g].g, D::kBytesPer32);
     D d[NG];
     for (int g = 0; g < NG; ++g) d[g] = dec[g];
     for (int64_t kb = kb0; kb < kb1; ++kb) {
       for (int g = 0; g < NG; ++g) {
-        const char* ahead = reinterpret_cast<const char*>(d[g].g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
-        for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+        prefetch_ahead(d[g].g, kb, D::kBytesPer32);
         d[g].begin(kb);
       }
       __m512i a[MR][2];
@@ -372,12 +368,10 @@ struct Avx512Isa : Avx2Isa {
                        int64_t ldd, float* c, int64_t ldc) {
     __m512 y[MR];
     for (int i = 0; i < MR; ++i) y[i] = _mm512_setzero_ps();
-    for (int off = 0; off < kPrefetch + DecQ6_K::kBytesPer32; off += 64)  // the stream's start
-      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    prefetch_start(dec.g, DecQ6_K::kBytesPer32);
     const __m512i o32 = _mm512_set1_epi16(32);
     for (int64_t kb = 0; kb < nkb; ++kb) {
-      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * DecQ6_K::kBytesPer32 + kPrefetch;
-      for (int off = 0; off < DecQ6_K::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      prefetch_ahead(dec.g, kb, DecQ6_K::kBytesPer32);
       dec.begin(kb);
       __m512i a[MR];
       for (int i = 0; i < MR; ++i) a[i] = _mm512_setzero_si512();

@@ -491,17 +491,25 @@ struct Avx2Isa {
   // Small M (decode) on the integer path: C (M, ldc)[:, 0:16] = the group's 16 rows over all of
   // K, decoded straight from the packed bytes (no unpacked copy); the same sums as mk_int.
   static constexpr int kPrefetch = 2048;
+  // A group's weights are one contiguous stream (bytes_per_32 packed bytes per 32-block):
+  // prefetch_start asks for its first kPrefetch bytes, prefetch_ahead(kb) at block kb for the
+  // block kPrefetch ahead, as the hardware prefetcher alone falls behind a GEMV's demand (DRAM
+  // latency x too few misses in flight).
+  static void prefetch_start(const uint8_t* g, int bytes_per_32) {
+    for (int off = 0; off < kPrefetch + bytes_per_32; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(g) + off, _MM_HINT_T0);
+  }
+  static void prefetch_ahead(const uint8_t* g, int64_t kb, int bytes_per_32) {
+    const char* ahead = reinterpret_cast<const char*>(g) + (kb + 1) * bytes_per_32 + kPrefetch;
+    for (int off = 0; off < bytes_per_32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+  }
   template <int MR, class D>
   static void gemv_int_t(D dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
                          const int32_t* xs, float* c, int64_t ldc) {
     __m256 y00 = _mm256_setzero_ps(), y01 = y00, y10 = y00, y11 = y00;
-    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    prefetch_start(dec.g, D::kBytesPer32);
     for (int64_t kb = 0; kb < nkb; ++kb) {
-      // The group is one contiguous stream: ask for the bytes kPrefetch ahead, as the hardware
-      // prefetcher alone falls behind this loop's demand (DRAM latency x too few misses in flight).
-      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
-      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      prefetch_ahead(dec.g, kb, D::kBytesPer32);
       dec.begin(kb);
       __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
       const int16_t* x0 = xq + kb * kQBlock;
@@ -645,12 +653,9 @@ struct Avx2Isa {
     __m256 y[MR][2];
     for (int i = 0; i < MR; ++i)
       for (int h = 0; h < 2; ++h) y[i][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8 * h);
-    if (kb0 == 0)
-      for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-        _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    if (kb0 == 0) prefetch_start(dec.g, D::kBytesPer32);
     for (int64_t kb = kb0; kb < kb1; ++kb) {
-      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
-      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      prefetch_ahead(dec.g, kb, D::kBytesPer32);
       dec.begin(kb);
       __m256i a[MR][2];
       for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
@@ -700,11 +705,9 @@ struct Avx2Isa {
   template <int MR, class D>
   static void gemv_quad_m_t(D dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
                             const int32_t* xs, float* c, int64_t ldc) {
-    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    prefetch_start(dec.g, D::kBytesPer32);
     for (int64_t kb = 0; kb < nkb; ++kb) {
-      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
-      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      prefetch_ahead(dec.g, kb, D::kBytesPer32);
       dec.begin(kb);
       __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
       dec.scales(s1[0], s1[1], s2[0], s2[1]);
