@@ -173,7 +173,7 @@ TEST_P(KernelTest, GemmAllTypesOddShapes) {
     for (int64_t K : tc.Ks) {
       for (int64_t N : {1, 5, 31}) {
         const QWeight W = make_weight(rng, tc.type, N, K);
-        for (int64_t M : {1, 3, 17, 64, 257}) {
+        for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64, 257}) {
           const auto X = randv(rng, size_t(M * K));
           std::vector<float> Y(size_t(M * N), -1.0f);
           std::vector<double> ref, mag;
@@ -308,7 +308,7 @@ TEST_P(KernelTest, FusedQkvResidualSwiglu) {
     const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wv = make_weight(rng, tv, Nk, K);
     const QWeight Wu = make_weight(rng, t, Nq, K);
     const auto bq = randv(rng, size_t(Nq)), bk = randv(rng, size_t(Nk));
-    for (int64_t M : {1, 3, 17, 64})
+    for (int64_t M : {1, 3, 5, 8, 17, 64})
     for (bool packed : {false, true}) {
       auto view = [&](const QWeight& w) { return packed ? be->prepare(w.view()) : w.view(); };
       const auto X = randv(rng, size_t(M * K));
@@ -697,7 +697,7 @@ TEST_P(KernelTest, GemmBitIdenticalToScalar) {
     const int64_t K = tc.Ks.back(), N = 37;
     const QWeight W = make_weight(rng, tc.type, N, K);
     for (bool pack : {true, false})
-      for (int64_t M : {1, 2, 3, 4, 5, 7, 9, 13, 32, 33, 250}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 32, 33, 250}) {
         const auto X = randv(rng, size_t(M * K));
         std::vector<float> a(size_t(M * N)), b(size_t(M * N));
         native->matmul(X.data(), M, pack ? native->prepare(W.view()) : W.view(), a.data());
@@ -705,6 +705,40 @@ TEST_P(KernelTest, GemmBitIdenticalToScalar) {
         for (size_t i = 0; i < a.size(); ++i)
           ASSERT_EQ(a[i], b[i]) << type_traits(tc.type).name << " M=" << M << " packed " << pack << " at " << i;
       }
+  }
+}
+
+// The integer path's activation quantization (vectorized per ISA) on the blocks random data
+// never gives: zeros, ties at the rounding midpoint, values far below and above 1, one block's
+// max on its last element, and rows holding inf or NaN. Each ISA's GEMM gives the scalar path's
+// bits (NaN where it gives NaN).
+TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(13);
+  const int64_t K = 256, N = 19;
+  for (int64_t M : {1, 2, 5, 8, 17}) {
+    auto X = randv(rng, size_t(M * K));
+    for (int64_t m = 0; m < M; ++m) {
+      float* x = X.data() + m * K;
+      const int variant = int(m % 5);
+      for (int i = 0; i < 32; ++i) x[i] = 0.0f;                                        // block 0
+      for (int i = 0; i < 31; ++i) x[32 + i] = float(i % 2 ? 1 : -1) * (i + 0.5f);     // block 1: ties
+      x[32 + 31] = 127.0f;  // (so x * 127 / amax = x: every other value a tie)
+      for (int i = 0; i < 32; ++i) x[64 + i] *= variant == 1 ? 1e-30f : 3e4f;          // block 2
+      x[96 + 31] = 40.0f;                                                              // block 3
+      if (variant == 3) x[128 + 7] = std::numeric_limits<float>::infinity();
+      if (variant == 4) x[160 + 3] = std::numeric_limits<float>::quiet_NaN();
+    }
+    for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+      const QWeight W = make_weight(rng, t, N, K);
+      std::vector<float> a(size_t(M * N)), b(size_t(M * N));
+      native->matmul(X.data(), M, native->prepare(W.view()), a.data());
+      scalar->matmul(X.data(), M, scalar->prepare(W.view()), b.data());
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (std::isnan(b[i])) ASSERT_TRUE(std::isnan(a[i])) << type_traits(t).name << " M=" << M << " at " << i;
+        else ASSERT_EQ(a[i], b[i]) << type_traits(t).name << " M=" << M << " at " << i;
+      }
+    }
   }
 }
 

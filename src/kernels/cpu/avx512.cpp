@@ -123,15 +123,22 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, acc[i][g]);
   }
+  // Float weights take this path up to 8 rows (speculative verification's k + 1): one tile
+  // (8 rows x 2 groups: 16 accumulators), so the weights are read and converted once.
+  static constexpr int64_t kFusedMaxMFloat = 8;
   template <GGMLType T, int NG>
   static void gemvf(const uint8_t* const* groups, int64_t K, const float* x, int64_t M, float* c,
                     int64_t ldc) {
     for (int64_t m = 0; m < M;) {
-      switch (std::min<int64_t>(M - m, 4)) {
+      switch (std::min<int64_t>(M - m, 8)) {
         case 1: gemvf_t<T, 1, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 1; break;
         case 2: gemvf_t<T, 2, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 2; break;
         case 3: gemvf_t<T, 3, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 3; break;
-        default: gemvf_t<T, 4, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 4; break;
+        case 4: gemvf_t<T, 4, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 4; break;
+        case 5: gemvf_t<T, 5, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 5; break;
+        case 6: gemvf_t<T, 6, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 6; break;
+        case 7: gemvf_t<T, 7, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 7; break;
+        default: gemvf_t<T, 8, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 8; break;
       }
     }
   }
@@ -215,8 +222,6 @@ struct Avx512Isa : Avx2Isa {
     }
     void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
   };
-  template <class D>
-  static int64_t D_bytes(const D&) { return D::kBytesPer32; }  // packed bytes per 32-block
   template <class F>
   static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
@@ -227,57 +232,78 @@ struct Avx512Isa : Avx2Isa {
     }
   }
 
-  // Small M: C (MR, ldc)[:, 0:16] (+)= the group's 16 rows over 32-blocks [kb0, kb1) of K (from
-  // 0 when first, else from C), straight from the packed bytes. Per 32-block: I = sum u xq (two dpbusd chains, even and odd quads) - B sum xq,
-  // then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)): mk_int's sums.
-  static constexpr int kPrefetch = 2048;
-  template <int MR, class D>
-  static void gemv_q_t(D dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
+  // Small M: C (MR, ldc)[:, 16g : 16g + 16] (+)= NG groups' 16 rows (g < NG, all of one
+  // type) over 32-blocks [kb0, kb1) of K (from 0 when first, else from C), straight from the
+  // packed bytes. Per 32-block and row: I = sum u xq - B sum xq (exact; the dpbusd chain starts
+  // from -B sum xq), then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)):
+  // mk_int's sums. Two groups share each activation broadcast, each its own chain (12 chains
+  // at 6 rows); one group splits its chain into even and odd quads (two chains per row).
+  template <int MR, int NG, class D>
+  static void gemv_q_t(const D* dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
                        const float* dx, const int32_t* xs, float* c, int64_t ldc, bool first) {
-    __m512 y[MR];
-    for (int i = 0; i < MR; ++i) y[i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc);
+    __m512 y[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
     if (kb0 == 0)
-      for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-        _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+      for (int g = 0; g < NG; ++g) prefetch_start(dec[g].g, D::kBytesPer32);
+    D d[NG];
+    for (int g = 0; g < NG; ++g) d[g] = dec[g];
     for (int64_t kb = kb0; kb < kb1; ++kb) {
-      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
-      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
-      dec.begin(kb);
-      __m512i a[MR], b[MR];
-      for (int i = 0; i < MR; ++i) a[i] = b[i] = _mm512_setzero_si512();
+      for (int g = 0; g < NG; ++g) {
+        prefetch_ahead(d[g].g, kb, D::kBytesPer32);
+        d[g].begin(kb);
+      }
+      __m512i a[MR][2];
+      for (int i = 0; i < MR; ++i) {
+        a[i][0] = D::kBias != 0 ? _mm512_set1_epi32(-D::kBias * xs[i * nkb + kb]) : _mm512_setzero_si512();
+        a[i][1] = NG == 2 ? a[i][0] : _mm512_setzero_si512();
+      }
       for (int P = 0; P < 4; ++P) {
-        __m512i w0, w1;
-        dec.quads(P, w0, w1);
+        __m512i w[NG][2];
+        for (int g = 0; g < NG; ++g) d[g].quads(P, w[g][0], w[g][1]);
         for (int i = 0; i < MR; ++i) {
           const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
-          a[i] = _mm512_dpbusd_epi32(a[i], w0, bcast4(x));
-          b[i] = _mm512_dpbusd_epi32(b[i], w1, bcast4(x + 4));
+          const __m512i x0 = bcast4(x), x1 = bcast4(x + 4);
+          if constexpr (NG == 2) {
+            for (int g = 0; g < 2; ++g)
+              a[i][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[i][g], w[g][0], x0), w[g][1], x1);
+          } else {
+            a[i][0] = _mm512_dpbusd_epi32(a[i][0], w[0][0], x0);
+            a[i][1] = _mm512_dpbusd_epi32(a[i][1], w[0][1], x1);
+          }
         }
       }
-      __m512 s1, s2 = _mm512_setzero_ps();
-      dec.scales(s1, s2);
-      for (int i = 0; i < MR; ++i) {
-        __m512i I = _mm512_add_epi32(a[i], b[i]);
-        if constexpr (D::kBias != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(D::kBias * xs[i * nkb + kb]));
-        const __m512 d = _mm512_set1_ps(dx[i * nkb + kb]);
-        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, d), y[i]);
-        if constexpr (D::kS2)
-          y[i] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, d), y[i]);
+      for (int g = 0; g < NG; ++g) {
+        __m512 s1, s2 = _mm512_setzero_ps();
+        d[g].scales(s1, s2);
+        for (int i = 0; i < MR; ++i) {
+          const __m512i I = NG == 2 ? a[i][g] : _mm512_add_epi32(a[i][0], a[i][1]);
+          const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
+          y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, dv), y[i][g]);
+          if constexpr (D::kS2)
+            y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, dv), y[i][g]);
+        }
       }
     }
-    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(c + i * ldc, y[i]);
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
   }
   // Quad types take this path up to kFusedMaxMQuad rows (the scheduler's small prefill chunks):
   // one group's packed bytes (18-50 KB) stay in L1/L2 for every tile of rows after the first,
   // and each tile keeps its sums in registers over all of K (no unpacked copy, no C reloads).
   static constexpr int64_t kFusedMaxMQuad = 32;
+  // Q6_K up to kFusedMaxMQ6K rows (gemv_w_t: the decode, its cost, shared by all rows).
+  static constexpr int64_t kFusedMaxMQ6K = 8;
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || (is_quad_type(t) && M <= kFusedMaxMQuad);
+    return M <= kFusedMaxM || (is_quad_type(t) && M <= kFusedMaxMQuad) || (t == GGMLType::Q6_K && M <= kFusedMaxMQ6K);
   }
-  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
-                       float* c, int64_t ldc) {
+  // ng (1 or 2) groups of type t (consecutive in C, 16 columns each) x M rows of qa.
+  static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa,
+                         int64_t M, float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
-    const bool quad = with_qdecoder(t, group, [&](auto dec) {
+    const bool quad = with_qdecoder(t, groups[0], [&](auto dec0) {
+      using D = decltype(dec0);
+      const D dec[2] = {dec0, D{ng > 1 ? groups[1] : groups[0]}};
       // Decode: one tile, all of K. More rows: tiles of at most 6 rows, split evenly (16 -> 6 +
       // 5 + 5), all of them over one chunk of K before the next, so the chunk is read from
       // memory once while the next one is prefetched.
@@ -286,7 +312,8 @@ struct Avx512Isa : Avx2Isa {
       for (int64_t kb0 = 0; kb0 < nkb; kb0 += chunk) {
         const int64_t kb1 = std::min(nkb, kb0 + chunk);
         if (n_tiles > 1 && kb1 < nkb)
-          prefetch_bytes(dec.g + kb1 * D_bytes(dec), (std::min(nkb, kb1 + chunk) - kb1) * D_bytes(dec));
+          for (int g = 0; g < ng; ++g)
+            prefetch_bytes(dec[g].g + kb1 * D::kBytesPer32, (std::min(nkb, kb1 + chunk) - kb1) * D::kBytesPer32);
         for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
           const int64_t mr = M / n_tiles + (tile < M % n_tiles ? 1 : 0);
           const int8_t* x = qa.xq8.data() + m * K;
@@ -294,19 +321,81 @@ struct Avx512Isa : Avx2Isa {
           const int32_t* xs = qa.xs.data() + m * nkb;
           float* cm = c + m * ldc;
           const bool first = kb0 == 0;
-          switch (mr) {
-            case 1: gemv_q_t<1>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
-            case 2: gemv_q_t<2>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
-            case 3: gemv_q_t<3>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
-            case 4: gemv_q_t<4>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
-            case 5: gemv_q_t<5>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
-            default: gemv_q_t<6>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first); break;
-          }
+          auto run = [&](auto ng_c) {
+            constexpr int NG = decltype(ng_c)::value;
+            switch (mr) {
+              case 1: return gemv_q_t<1, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
+              case 2: return gemv_q_t<2, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
+              case 3: return gemv_q_t<3, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
+              case 4: return gemv_q_t<4, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
+              case 5: return gemv_q_t<5, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
+              default: return gemv_q_t<6, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
+            }
+          };
+          if (ng == 2) run(std::integral_constant<int, 2>{});
+          else run(std::integral_constant<int, 1>{});
           m += mr;
         }
       }
     });
-    if (!quad) Avx2Isa::gemv_int(t, group, K, qa, M, c, ldc);
+    if (quad) return;
+    if (t != GGMLType::Q6_K) fail("fast kernels: ", int(t), " is not an integer type");
+    for (int g = 0; g < ng; ++g)
+      for (int64_t m = 0; m < M;) {  // tiles of at most 6 rows, split evenly (8 -> 4 + 4)
+        const int64_t n_tiles = (M - m + 5) / 6, mr = (M - m + n_tiles - 1) / n_tiles;
+        const int16_t* x = qa.xq.data() + m * K;
+        const float* dx = qa.dx.data() + m * nkb;
+        float* cm = c + m * ldc + 16 * g;
+        const DecQ6_K dec{groups[g]};
+        switch (mr) {
+          case 1: gemv_w_t<1>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 2: gemv_w_t<2>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 3: gemv_w_t<3>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 4: gemv_w_t<4>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          case 5: gemv_w_t<5>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+          default: gemv_w_t<6>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
+        }
+        m += mr;
+      }
+  }
+  // Q6_K (pair layout), small M: C (MR, ldc)[:, 0:16] = the group's rows over all of K. Each
+  // pair of k is decoded once for all MR rows (Avx2Isa::DecQ6_K, both 8-row halves in one
+  // register) to v = (q - 32) * sc, int16 with |v| <= 4096: what unpack_int gives the GEMM; then
+  // one vpdpwssd per row and pair. So I (exact int32) and y = fma(float(I), s1 * dx, y) per
+  // 32-block are every path's.
+  template <int MR>
+  static void gemv_w_t(DecQ6_K dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
+                       int64_t ldd, float* c, int64_t ldc) {
+    __m512 y[MR];
+    for (int i = 0; i < MR; ++i) y[i] = _mm512_setzero_ps();
+    prefetch_start(dec.g, DecQ6_K::kBytesPer32);
+    const __m512i o32 = _mm512_set1_epi16(32);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      prefetch_ahead(dec.g, kb, DecQ6_K::kBytesPer32);
+      dec.begin(kb);
+      __m512i a[MR];
+      for (int i = 0; i < MR; ++i) a[i] = _mm512_setzero_si512();
+      __m512i sc = _mm512_setzero_si512();
+      for_pairs(0, 16, [&](int p, auto pc) {
+        if (p % 8 == 0)  // (each half block of 16 k has its own scales)
+          sc = _mm512_inserti64x4(_mm512_castsi256_si512(dec.sc16(p / 8, 0)), dec.sc16(p / 8, 1), 1);
+        __m256i w0, w1;
+        dec.template pair<decltype(pc)::value>(p, w0, w1);
+        const __m512i w = _mm512_mullo_epi16(
+            _mm512_sub_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), o32), sc);
+        for (int i = 0; i < MR; ++i) {
+          int32_t xv;
+          std::memcpy(&xv, xq + i * ldx + kb * kQBlock + 2 * p, 4);
+          a[i] = _mm512_dpwssd_epi32(a[i], w, _mm512_set1_epi32(xv));
+        }
+      });
+      __m256 s1lo, s1hi, z0 = _mm256_setzero_ps(), z1 = z0;
+      dec.scales(s1lo, s1hi, z0, z1);
+      const __m512 s1 = _mm512_insertf32x8(_mm512_castps256_ps512(s1lo), s1hi, 1);
+      for (int i = 0; i < MR; ++i)
+        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[i]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * ldd + kb])), y[i]);
+    }
+    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(c + i * ldc, y[i]);
   }
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
@@ -382,20 +471,58 @@ struct Avx512Isa : Avx2Isa {
       default: return mk_q_t<6, NG>(x, bias, V, S1, S2, len, c, ldc, first);
     }
   }
+  // The pair layout's unpacked chunk (Q6_K: V = [len / 32][16 pairs][16 rows][2] int16, v = (q -
+  // 32) * sc, so no bias and no S2): C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x NG groups, one
+  // vpdpwssd (16 rows x 2 k, exact int32 sums: |v| <= 4096) per pair and row, then the same
+  // y = fma(float(I), s1 * dx, y) per 32-block as Avx2Isa::mk_int_t.
+  template <int MR, int NG>
+  static void mk_w_t(const IntRows& x, const int16_t* const* V, const float* const* S1, int64_t len, float* c,
+                     int64_t ldc, bool first) {
+    __m512 y[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g)
+        y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      __m512i a[MR][NG];
+      for (int i = 0; i < MR; ++i)
+        for (int g = 0; g < NG; ++g) a[i][g] = _mm512_setzero_si512();
+      for (int p = 0; p < 16; ++p) {
+        __m512i w[NG];
+        for (int g = 0; g < NG; ++g) w[g] = _mm512_loadu_si512(V[g] + kb * kQBlock * kGroup + 2 * kGroup * p);
+        for (int i = 0; i < MR; ++i) {
+          int32_t xv;
+          std::memcpy(&xv, x.xq[i] + kb * kQBlock + 2 * p, 4);
+          const __m512i xb = _mm512_set1_epi32(xv);
+          for (int g = 0; g < NG; ++g) a[i][g] = _mm512_dpwssd_epi32(a[i][g], w[g], xb);
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m512 d = _mm512_set1_ps(x.dx[i][kb]);
+        for (int g = 0; g < NG; ++g)
+          y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[i][g]), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
+  }
+  template <int NG>
+  static void mk_w(int mr, const IntRows& x, const int16_t* const* V, const float* const* S1, int64_t len, float* c,
+                   int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_w_t<1, NG>(x, V, S1, len, c, ldc, first);
+      case 2: return mk_w_t<2, NG>(x, V, S1, len, c, ldc, first);
+      case 3: return mk_w_t<3, NG>(x, V, S1, len, c, ldc, first);
+      case 4: return mk_w_t<4, NG>(x, V, S1, len, c, ldc, first);
+      case 5: return mk_w_t<5, NG>(x, V, S1, len, c, ldc, first);
+      default: return mk_w_t<6, NG>(x, V, S1, len, c, ldc, first);
+    }
+  }
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
-    if (!is_quad_type(t)) {  // Q6_K: int16 pairs
-      for (int m0 = 0; m0 < mr; m0 += 4) {  // (the AVX2 tile holds at most 6 rows; 4 is its best)
-        IntRows xi = x;
-        for (int j = 0; j < std::min(4, mr - m0); ++j) {
-          xi.xq[j] = x.xq[m0 + j];
-          xi.dx[j] = x.dx[m0 + j];
-          xi.xs[j] = x.xs[m0 + j];
-        }
-        Avx2Isa::mk_int(std::min(4, mr - m0), xi, t, V, S1, S2, ng, len, c + m0 * ldc, ldc, first);
-      }
-      return;
+    if (!is_quad_type(t)) {  // Q6_K: int16 pairs (vpdpwssd)
+      if (ng == 2) return mk_w<2>(mr, x, V, S1, len, c, ldc, first);
+      return mk_w<1>(mr, x, V, S1, len, c, ldc, first);
     }
     const int bias = t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0;
     const uint8_t* v[2] = {reinterpret_cast<const uint8_t*>(V[0]),

@@ -243,30 +243,44 @@ struct Avx2Isa {
     static constexpr bool kSignedQuads = true;  // quad layout: q + 128 bytes, used as signed q
     // Quad layout (packed.h): w[e][h] = quad 2P + e, rows 8h..8h+7, as int8 q.
     void quads(int P, __m256i (&w)[2][2]) const {
+      for (int h = 0; h < 2; ++h) {
+        __m256i wh[2];
+        quads_h(P, h, wh);
+        w[0][h] = wh[0], w[1][h] = wh[1];
+      }
+    }
+    // Rows 8h..8h+7 only: w[e] = quad 2P + e.
+    void quads_h(int P, int h, __m256i (&w)[2]) const {
       const __m256i f = _mm256_set1_epi8(int8_t(0x80));
       for (int e = 0; e < 2; ++e)
-        for (int h = 0; h < 2; ++h)
-          w[e][h] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
+        w[e] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
     }
   };
   // Quad layout, nibble types: w[e][h] = quad 2P + e, rows 8h..8h+7, as u8 (0..15).
-  static void nibble_quads(const uint8_t* q, int P, __m256i (&w)[2][2]) {
+  static void nibble_quads_h(const uint8_t* q, int P, int h, __m256i (&w)[2]) {  // rows 8h..8h+7
     const __m256i m = _mm256_set1_epi8(0x0F);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * P + 32 * h));
+    w[0] = _mm256_and_si256(b, m);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+  }
+  static void nibble_quads(const uint8_t* q, int P, __m256i (&w)[2][2]) {
     for (int h = 0; h < 2; ++h) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * P + 32 * h));
-      w[0][h] = _mm256_and_si256(b, m);
-      w[1][h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+      __m256i wh[2];
+      nibble_quads_h(q, P, h, wh);
+      w[0][h] = wh[0], w[1][h] = wh[1];
     }
   }
   struct DecQ4_0 : DecBlock32<288> {
     static constexpr int kBias = 8;  // quads() give q; v = q - 8
     static constexpr bool kSignedQuads = false;
     void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
+    void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
   struct DecQ4_K {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false;
     void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
+    void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
     static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
     const uint8_t* g;
@@ -477,17 +491,25 @@ struct Avx2Isa {
   // Small M (decode) on the integer path: C (M, ldc)[:, 0:16] = the group's 16 rows over all of
   // K, decoded straight from the packed bytes (no unpacked copy); the same sums as mk_int.
   static constexpr int kPrefetch = 2048;
+  // A group's weights are one contiguous stream (bytes_per_32 packed bytes per 32-block):
+  // prefetch_start asks for its first kPrefetch bytes, prefetch_ahead(kb) at block kb for the
+  // block kPrefetch ahead, as the hardware prefetcher alone falls behind a GEMV's demand (DRAM
+  // latency x too few misses in flight).
+  static void prefetch_start(const uint8_t* g, int bytes_per_32) {
+    for (int off = 0; off < kPrefetch + bytes_per_32; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(g) + off, _MM_HINT_T0);
+  }
+  static void prefetch_ahead(const uint8_t* g, int64_t kb, int bytes_per_32) {
+    const char* ahead = reinterpret_cast<const char*>(g) + (kb + 1) * bytes_per_32 + kPrefetch;
+    for (int off = 0; off < bytes_per_32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+  }
   template <int MR, class D>
   static void gemv_int_t(D dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
                          const int32_t* xs, float* c, int64_t ldc) {
     __m256 y00 = _mm256_setzero_ps(), y01 = y00, y10 = y00, y11 = y00;
-    for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-      _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    prefetch_start(dec.g, D::kBytesPer32);
     for (int64_t kb = 0; kb < nkb; ++kb) {
-      // The group is one contiguous stream: ask for the bytes kPrefetch ahead, as the hardware
-      // prefetcher alone falls behind this loop's demand (DRAM latency x too few misses in flight).
-      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
-      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      prefetch_ahead(dec.g, kb, D::kBytesPer32);
       dec.begin(kb);
       __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
       const int16_t* x0 = xq + kb * kQBlock;
@@ -631,12 +653,9 @@ struct Avx2Isa {
     __m256 y[MR][2];
     for (int i = 0; i < MR; ++i)
       for (int h = 0; h < 2; ++h) y[i][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8 * h);
-    if (kb0 == 0)
-      for (int off = 0; off < kPrefetch + D::kBytesPer32; off += 64)  // the stream's start
-        _mm_prefetch(reinterpret_cast<const char*>(dec.g) + off, _MM_HINT_T0);
+    if (kb0 == 0) prefetch_start(dec.g, D::kBytesPer32);
     for (int64_t kb = kb0; kb < kb1; ++kb) {
-      const char* ahead = reinterpret_cast<const char*>(dec.g) + (kb + 1) * D::kBytesPer32 + kPrefetch;
-      for (int off = 0; off < D::kBytesPer32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      prefetch_ahead(dec.g, kb, D::kBytesPer32);
       dec.begin(kb);
       __m256i a[MR][2];
       for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
@@ -677,17 +696,70 @@ struct Avx2Isa {
       default: return false;  // (Q6_K: the pair layout)
     }
   }
-  // Rows two at a time (the registers hold 2 rows x 16 outputs and their sums).
+  // 3 to kQuadMaxM rows in one pass over the packed bytes: C (MR, ldc)[:, 0:16] = the group's
+  // rows over all of K. Per 32-block, half h (rows 8h..8h+7) at a time: MR chains of int32 (or
+  // int16, see acc) sums, each row's y for that half from C (L1) and back, since 16 registers
+  // cannot hold MR rows x 16 outputs. The same sums as gemv_quad_t (whose 2-row tile keeps y in
+  // registers but reads the weights M / 2 times).
+  static constexpr int kQuadMaxM = 8;
+  template <int MR, class D>
+  static void gemv_quad_m_t(D dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
+                            const int32_t* xs, float* c, int64_t ldc) {
+    prefetch_start(dec.g, D::kBytesPer32);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      prefetch_ahead(dec.g, kb, D::kBytesPer32);
+      dec.begin(kb);
+      __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      dec.scales(s1[0], s1[1], s2[0], s2[1]);
+      for (int h = 0; h < 2; ++h) {
+        __m256i a[MR];
+        for (int i = 0; i < MR; ++i) a[i] = _mm256_setzero_si256();
+        for (int P = 0; P < 4; ++P) {
+          __m256i w[2];
+          dec.quads_h(P, h, w);
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+            a[i] = acc<D::kSignedQuads>(a[i], w[0], bcast4(x));
+            a[i] = acc<D::kSignedQuads>(a[i], w[1], bcast4(x + 4));
+          }
+        }
+        for (int i = 0; i < MR; ++i) {
+          const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
+          __m256i I = widen<D::kSignedQuads>(a[i]);
+          if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
+          float* ci = c + i * ldc + 8 * h;
+          __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+          y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y);
+          if constexpr (D::kS2) y = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y);
+          _mm256_storeu_ps(ci, y);
+        }
+      }
+    }
+  }
+  // The fused path's bound per type (kernels_impl.h): quad types up to kQuadMaxM rows.
+  static bool fused_int(GGMLType t, int64_t M) {
+    return M <= kFusedMaxM || (is_quad_type(t) && M <= kQuadMaxM);
+  }
+  // Up to 2 rows: gemv_quad_t, y in registers; 3 to kQuadMaxM: gemv_quad_m_t, one pass.
   static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
                        float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
     const bool quad = with_quad_decoder(t, group, [&](auto dec) {
-      for (int64_t m = 0; m < M; m += 2) {
+      for (int64_t m = 0; m < M; m += kQuadMaxM) {  // (one tile unless M > kQuadMaxM)
         const int8_t* x = qa.xq8.data() + m * K;
         const float* dx = qa.dx.data() + m * nkb;
         const int32_t* xs = qa.xs.data() + m * nkb;
-        if (M - m >= 2) gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, nkb, c + m * ldc, ldc, true);
-        else gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, nkb, c + m * ldc, ldc, true);
+        float* cm = c + m * ldc;
+        switch (std::min<int64_t>(M - m, kQuadMaxM)) {
+          case 1: gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, nkb, cm, ldc, true); break;
+          case 2: gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, nkb, cm, ldc, true); break;
+          case 3: gemv_quad_m_t<3>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 4: gemv_quad_m_t<4>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 5: gemv_quad_m_t<5>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 6: gemv_quad_m_t<6>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 7: gemv_quad_m_t<7>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          default: gemv_quad_m_t<8>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+        }
       }
     });
     if (!quad) gemv_int_pair(t, group, K, qa, M, c, ldc);
@@ -799,6 +871,59 @@ struct Avx2Isa {
       default:
         dequantize_row(t, src, dst, len);
         return;
+    }
+  }
+
+  // quantize_activations (kernels.h) of one row, 8 lanes at a time, bit-identical to it: amax
+  // is a max (exact in any order), v = x * (127 / amax) the same f32 product, rounded to
+  // nearest even as nearbyint (the default rounding mode), clamped; the sum is exact. Also
+  // writes the values as int8 (xq8). (The portable version calls nearbyintf per element: for
+  // decode and small batches it was a serial ~1-2 ms per step on the tinyllama shape.)
+  static void quantize_act(const float* x, int64_t K, int16_t* xq, int8_t* xq8, float* dx, int32_t* xs) {
+    if (K % kQBlock != 0) fail("quantize_activations: K = ", K, " is not a multiple of 32");
+    const __m256 sign = _mm256_set1_ps(-0.0f), fmax = _mm256_set1_ps(std::numeric_limits<float>::max());
+    for (int64_t b = 0; b < K / kQBlock; ++b) {
+      __m256 v[4], a[4];
+      __m256 am = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      for (int j = 0; j < 4; ++j) {
+        v[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
+        a[j] = _mm256_andnot_ps(sign, v[j]);
+        am = _mm256_max_ps(am, a[j]);
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a[j], fmax, _CMP_LE_OQ));  // false for inf, NaN
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+      const float amax = _mm_cvtss_f32(m4);
+      const bool finite = _mm256_movemask_ps(ok) == 0xFF;
+      int16_t* qb = xq + 32 * b;
+      int8_t* q8 = xq8 + 32 * b;
+      if (!finite || amax == 0) {
+        std::memset(qb, 0, 64);
+        std::memset(q8, 0, 32);
+        dx[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        xs[b] = 0;
+        continue;
+      }
+      const __m256 id = _mm256_set1_ps(127.0f / amax);
+      const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+      __m256i q[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q[j] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+      }
+      // (packs works per 128-bit lane: permute the 64-bit quarters back into k order.)
+      const __m256i w0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+      const __m256i w1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), w0);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), w1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), _mm256_permute4x64_epi64(_mm256_packs_epi16(w0, w1), 0xD8));
+      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+      xs[b] = _mm_cvtsi128_si32(t);
+      dx[b] = amax / 127.0f;
     }
   }
 

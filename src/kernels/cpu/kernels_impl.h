@@ -67,11 +67,16 @@ struct Drivers {
     q.reserve(M, K);  // (no-op after Backend::reserve)
     const int64_t kb = K / kQBlock;
     parallel_for_static(M, M * K >= (1 << 16) ? threads : 1, [&](int64_t m) {
-      quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
-      if constexpr (int8_act<Isa>()) {
-        const int16_t* a = q.xq.data() + m * K;
-        int8_t* b = q.xq8.data() + m * K;
-        for (int64_t k = 0; k < K; ++k) b[k] = int8_t(a[k]);  // |xq| <= 127: exact
+      if constexpr (requires { Isa::quantize_act; }) {  // (vectorized, both forms at once)
+        Isa::quantize_act(X + m * K, K, q.xq.data() + m * K, q.xq8.data() + m * K, q.dx.data() + m * kb,
+                          q.xs.data() + m * kb);
+      } else {
+        quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
+        if constexpr (int8_act<Isa>()) {
+          const int16_t* a = q.xq.data() + m * K;
+          int8_t* b = q.xq8.data() + m * K;
+          for (int64_t k = 0; k < K; ++k) b[k] = int8_t(a[k]);  // |xq| <= 127: exact
+        }
       }
     });
   }
@@ -122,8 +127,10 @@ struct Drivers {
   static void float_item(const float* X, int64_t M, int64_t K, const Source* src, int ns,
                          Scratch& s, float* C, int64_t ldc) {
     if constexpr (Isa::kFusedMaxM > 0) {
-      // Small M (decode): dequantize in registers, all of K, no unpacked copy.
+      // Small M (decode; where the Isa says so, small batches): dequantize in registers, all
+      // of K, no unpacked copy.
       bool fused = M <= Isa::kFusedMaxM;
+      if constexpr (requires { Isa::kFusedMaxMFloat; }) fused = M <= Isa::kFusedMaxMFloat;
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
         const uint8_t* groups[kItemGroups];
@@ -197,8 +204,14 @@ struct Drivers {
       if constexpr (requires { Isa::fused_int(type, M); }) fused = Isa::fused_int(type, M);
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
-        for (int i = 0; i < ns; ++i)
-          Isa::gemv_int(type, src[i].group(), K, qa, M, C + i * kGroup, ldc);
+        if constexpr (requires { Isa::gemv_int_n; }) {  // (the item's groups in one pass)
+          const uint8_t* groups[kItemGroups];
+          for (int i = 0; i < ns; ++i) groups[i] = src[i].group();
+          Isa::gemv_int_n(type, groups, ns, K, qa, M, C, ldc);
+        } else {
+          for (int i = 0; i < ns; ++i)
+            Isa::gemv_int(type, src[i].group(), K, qa, M, C + i * kGroup, ldc);
+        }
         return;
       }
     }
@@ -287,10 +300,11 @@ struct Drivers {
     bool any_int = false;
     for (int i = 0; i < n_segs; ++i) any_int = any_int || is_int_type(segs[i].type);
     if (any_int) quantize(X, M, K, qa, threads);
-    // Small M (decode) streams weights from memory: runs of consecutive items per thread keep
-    // each thread's reads one ascending stream (what the prefetchers follow), while still
-    // dynamic enough to even out a thread that was preempted. Large M: one item at a time.
-    const int64_t run = M <= 4 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
+    // Small M (decode, speculative verification, small chunks) streams weights from memory:
+    // runs of consecutive items per thread keep each thread's reads one ascending stream (what
+    // the prefetchers follow), while still dynamic enough to even out a thread that was
+    // preempted. Large M: one item at a time.
+    const int64_t run = M <= 16 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
     parallel_for(n_items, threads, run, [&](int64_t p) {
       Scratch& s = scratch();
       if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
