@@ -51,6 +51,7 @@ void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, Eng
 EngineCore::EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& cfg, const CostModel& cost,
                        int64_t n_ctx, std::function<bool(int32_t)> is_eog, std::function<double()> now)
     : kv_(kv), exec_(exec), cfg_(cfg), cost_(cost), n_ctx_(n_ctx), is_eog_(std::move(is_eog)), now_(std::move(now)) {
+  started_ms_ = now_();
   cfg_.block_size = kv.config().block_size;
   // Each request contributes one logits row per step (with speculation: up to k + 1).
   logits_.resize(size_t(cfg_.max_num_seqs) * size_t(exec.n_vocab()));
@@ -227,6 +228,7 @@ bool EngineCore::step() {
   in.cfg = cfg_;
   std::erase_if(past_arrivals_, [&](double a) { return t0 - a > cfg_.arrival_window_ms; });
   in.past_arrivals_ms.assign(past_arrivals_.begin(), past_arrivals_.end());
+  in.observed_since_ms = started_ms_;
   in.requests.reserve(reqs_.size());
   for (const auto& [id, r] : reqs_) {
     SchedRequest s;

@@ -219,6 +219,7 @@ class EngineCore {
   SchedulerConfig cfg_;
   OnlineCostModel cost_;           // refitted after every step
   PredictionErrorHistogram errors_;
+  double started_ms_ = 0;              // engine clock at construction (arrivals observed since)
   std::deque<double> past_arrivals_;  // arrival times of finished requests, within the arrival window
   int64_t n_ctx_;
   std::function<bool(int32_t)> is_eog_;

@@ -101,9 +101,6 @@ StepPlan plan_step(const SchedulerInput& in) {
   std::erase_if(cands, [&](const SchedRequest* r) {
     return std::find(plan.preempt.begin(), plan.preempt.end(), r->id) != plan.preempt.end();
   });
-  auto slack = [&](const SchedRequest* r) {
-    return r->deadline_ms - in.now_ms - predict_prefill_ms(in.cost, r->n_computed, r->pending());
-  };
   auto key = [](const SchedRequest* r) { return OrderKey{r->priority, r->deadline_ms, r->pending(), r->arrival_ms}; };
   std::sort(cands.begin(), cands.end(), [&](const SchedRequest* a, const SchedRequest* b) { return key(a) < key(b); });
   // The request longest past its deadline, by more than aging_ms, is guaranteed half of every
@@ -126,22 +123,23 @@ StepPlan plan_step(const SchedulerInput& in) {
     double cap_ms = kInf;
     if (n_decode > 0) {
       cap_ms = cfg.step_latency_target_ms;
-    } else {
-      if (cands.size() > 1) {  // the first one's first token comes at the end of the step too
-        double afford = cands.front()->deadline_ms - in.now_ms;
-        for (size_t i = 1; i < cands.size(); ++i) afford = std::min(afford, slack(cands[i]));
-        cap_ms = cfg.slack_share * afford;
-      } else if (!cands.empty()) {  // alone: as long as the quiet has lasted
-        cap_ms = in.now_ms - cands.front()->arrival_ms;
+    } else if (!cands.empty()) {
+      // No longer than the quiet has lasted (the newest waiting request's wait), and for each
+      // request whose prefill the step can finish (its first token ends the step) a share of its
+      // time to its deadline. Requests that stay waiting behind lose nothing by a longer step.
+      double newest = cands.front()->arrival_ms;
+      for (const auto* r : cands) newest = std::max(newest, r->arrival_ms);
+      cap_ms = in.now_ms - newest;
+      int64_t ahead = 0;
+      for (const auto* r : cands) {
+        ahead += r->pending();
+        if (ahead > std::min(cfg.max_auto_chunk, cap)) break;
+        cap_ms = std::min(cap_ms, cfg.slack_share * (r->deadline_ms - in.now_ms));
       }
-      double oldest = in.now_ms;
-      int64_t n_past = 0;
-      for (double a : in.past_arrivals_ms)
-        if (in.now_ms - a <= cfg.arrival_window_ms) {
-          oldest = std::min(oldest, a);
-          ++n_past;
-        }
-      if (n_past > 0) cap_ms = std::min(cap_ms, cfg.arrival_risk * (in.now_ms - oldest) / double(n_past));
+      const double observed_ms = std::min(cfg.arrival_window_ms, in.now_ms - in.observed_since_ms);
+      const auto n_past = std::count_if(in.past_arrivals_ms.begin(), in.past_arrivals_ms.end(),
+                                        [&](double a) { return in.now_ms - a <= cfg.arrival_window_ms; });
+      if (n_past > 0) cap_ms = std::min(cap_ms, cfg.arrival_risk * observed_ms / double(n_past));
       cap_ms = std::max(cap_ms, cfg.step_latency_target_ms);
     }
     plan.step_cap_ms = cap_ms;

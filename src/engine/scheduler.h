@@ -24,17 +24,17 @@
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
 // mode, the largest budget (at most max_auto_chunk) whose predicted
 // step time (CostModel) stays within the step's time cap (StepPlan::step_cap_ms):
-//  - nothing else waits (no decode, no other prefill, no arrival expected): max_auto_chunk, the
-//    largest efficient chunk, so a prompt alone costs about what it costs unchunked; but the
-//    step no longer than the prompt has waited so far (steps grow from the target while the
-//    quiet lasts, so a request arriving early waits little);
 //  - decodes run: step_latency_target_ms (their inter-token latency);
-//  - other prefills wait or arrivals are expected: a share (slack_share) of what they can afford
-//    to wait, at least step_latency_target_ms: the tightest slack among the other waiting
-//    prefills and the first one's time to its deadline (its first token comes at the step's end
-//    too), and for expected arrivals (a Poisson rate lambda estimated from the arrivals of the last
-//    arrival_window_ms) the step within which one arrives with probability at most arrival_risk
-//    (arrival_risk / lambda), since an arrival waits for the whole step.
+//  - otherwise no longer than the quiet has lasted (the newest waiting request's wait: steps grow
+//    from the target while it lasts, so a request arriving early waits little), up to
+//    max_auto_chunk, the largest efficient chunk, so a prompt alone costs about what it costs
+//    unchunked; for each request whose prefill the step can finish (its first token ends the
+//    step), a share (slack_share) of its time to its deadline; and for expected arrivals (a
+//    Poisson rate lambda, SchedulerInput::past_arrivals_ms) the step within which one arrives with
+//    probability at most arrival_risk (arrival_risk / lambda), since an arrival waits for the
+//    whole step. Never below step_latency_target_ms. Requests that stay waiting behind the step's
+//    chunks are not a reason for a shorter step: under earliest deadline first a shorter step
+//    does not let them start sooner, it only adds steps (the burst of two long prompts).
 // Chunks are therefore large when the machine is fast, the context short or nothing competes,
 // small on a slow CPU under contention; a newly arrived short prompt starts within about one step.
 //  4. speculative drafts (SchedRequest::n_draft) are granted last, in decode order, from what is
@@ -74,8 +74,8 @@ struct SchedulerConfig {
   // outlast step_latency_target_ms only while an arrival during it stays this unlikely.
   double arrival_window_ms = 10000;
   double arrival_risk = 0.05;
-  // One step may spend at most this share of what the waiting requests can afford to wait (the
-  // rest is for the steps and arrivals after it).
+  // A step that finishes a request's prefill may take at most this share of its time to its
+  // deadline (the rest is for arrivals that go before it).
   double slack_share = 0.25;
   // Admission (0 = off): refuse a request whose predicted TTFT under the current queue exceeds
   // this factor x its TTFT budget (deadline - arrival).
@@ -109,8 +109,11 @@ struct SchedulerInput {
   std::vector<SchedRequest> requests;  // every unfinished request, admitted or waiting
   int32_t free_blocks = 0;             // KVCache::free_blocks()
   // Arrival times, within cfg.arrival_window_ms of now, of requests no longer in `requests`
-  // (finished): the expected arrivals' rate is their count over the time since the oldest.
+  // (finished): the expected arrivals' rate is their count over the time observed, the window or,
+  // while the engine is younger than that, its age (the Poisson rate's maximum-likelihood estimate;
+  // the time since the oldest arrival would overstate it: one arrival 2 s ago is not 1 every 2 s).
   std::vector<double> past_arrivals_ms;
+  double observed_since_ms = -std::numeric_limits<double>::infinity();  // when arrivals began to be seen
   CostModel cost;
   SchedulerConfig cfg;
 };
