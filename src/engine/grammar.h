@@ -82,13 +82,23 @@ class GrammarMatcher {
   using Stack = std::vector<int32_t>;  // grammar positions, the top (next element) last
 
  private:
+  struct Dep {  // a token that left the walked stack after `offset` of its bytes
+    int32_t token;
+    uint32_t offset;
+  };
+  struct TopMask {                // the vocabulary against the top positions of a stack
+    std::vector<uint64_t> bits;   // decided there: accepted
+    std::vector<Dep> dep;         // to finish on the stack below
+  };
   std::vector<Stack> advance(const std::vector<Stack>& from, uint8_t b) const;
+  void walk(const Stack& top, std::vector<uint64_t>& bits, std::vector<Dep>* dep) const;
   const std::vector<uint64_t>& mask_for_state();
 
   std::shared_ptr<const Grammar> g_;
   std::shared_ptr<const GrammarVocab> vocab_;
   std::vector<Stack> stacks_;
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // state key -> allowed-token bits
+  std::unordered_map<std::string, TopMask> top_cache_;             // top positions -> their walk
 };
 
 // A LogitsProcessor over a GrammarMatcher (engine_core.h): masks each row, advances on accept.
