@@ -342,23 +342,35 @@ class GbnfParser {
 
 using Stack = GrammarMatcher::Stack;
 
-// Expands st until its top is a byte set (or it is empty: the grammar may end), into out.
-void expand(const Grammar& g, Stack& st, std::vector<Stack>& out, int depth) {
+// Expands st until its top is a byte set (or it is empty: the grammar may end), appending the
+// results to out[n...] (reusing the storage of stacks already there; n counts them). st is
+// restored before returning (alternatives are tried by push and pop, not by copies).
+void expand_into(const Grammar& g, Stack& st, std::vector<Stack>& out, size_t& n, int depth) {
   if (depth > kMaxExpandDepth) fail("grammar: rule references nest too deeply without consuming input (left recursion?)");
   if (st.empty() || g.elems[size_t(st.back())].kind == Elem::Bytes) {
-    out.push_back(st);
-    if (out.size() > kMaxStacks) fail("grammar: more than ", kMaxStacks, " parses are alive at once (too ambiguous)");
+    if (n < out.size()) out[n].assign(st.begin(), st.end());
+    else out.push_back(st);
+    if (++n > kMaxStacks) fail("grammar: more than ", kMaxStacks, " parses are alive at once (too ambiguous)");
     return;
   }
   const int32_t pos = st.back();
   const Elem& e = g.elems[size_t(pos)];
   st.pop_back();
-  if (g.elems[size_t(pos) + 1].kind != Elem::End) st.push_back(pos + 1);
+  const bool more = g.elems[size_t(pos) + 1].kind != Elem::End;  // the rest of this alternative
+  if (more) st.push_back(pos + 1);
   for (const int32_t a : g.alts[size_t(e.rule)]) {
-    Stack s2 = st;
-    if (g.elems[size_t(a)].kind != Elem::End) s2.push_back(a);
-    expand(g, s2, out, depth + 1);
+    const bool nonempty = g.elems[size_t(a)].kind != Elem::End;
+    if (nonempty) st.push_back(a);
+    expand_into(g, st, out, n, depth + 1);
+    if (nonempty) st.pop_back();
   }
+  if (more) st.pop_back();
+  st.push_back(pos);
+}
+
+void expand(const Grammar& g, Stack& st, std::vector<Stack>& out, int depth) {
+  size_t n = out.size();
+  expand_into(g, st, out, n, depth);
 }
 
 void normalize(std::vector<Stack>& v) {
@@ -408,17 +420,24 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr
 
 std::vector<Stack> GrammarMatcher::advance(const std::vector<Stack>& from, uint8_t b) const {
   std::vector<Stack> out;
+  Stack scratch;
+  advance_into(from, b, out, scratch);
+  return out;
+}
+
+// advance() into out, reusing its stacks' storage (the vocabulary walks call this per byte).
+void GrammarMatcher::advance_into(const std::vector<Stack>& from, uint8_t b, std::vector<Stack>& out, Stack& scratch) const {
+  size_t n = 0;
   for (const Stack& st : from) {
     if (st.empty()) continue;
     const int32_t pos = st.back();
     if (!g_->elems[size_t(pos)].has(b)) continue;
-    Stack s = st;
-    s.pop_back();
-    if (g_->elems[size_t(pos) + 1].kind != Elem::End) s.push_back(pos + 1);
-    expand(*g_, s, out, 0);
+    scratch.assign(st.begin(), st.end() - 1);
+    if (g_->elems[size_t(pos) + 1].kind != Elem::End) scratch.push_back(pos + 1);
+    expand_into(*g_, scratch, out, n, 0);
   }
-  if (out.size() > 1) normalize(out);
-  return out;
+  out.resize(n);
+  if (n > 1) normalize(out);
 }
 
 bool GrammarMatcher::complete() const {
@@ -458,6 +477,7 @@ void GrammarMatcher::walk(const Stack& top, std::vector<uint64_t>& bits, std::ve
   // is empty (the walk left `top` there).
   std::vector<std::vector<Stack>> level(1, std::vector<Stack>{top});
   std::vector<uint8_t> emptied(1, 0);
+  Stack scratch;
   const auto record = [&](int32_t t, size_t upto) {  // offsets 1..upto where `top` was left
     for (size_t d = 1; d <= upto; ++d)
       if (emptied[d]) dep->push_back(Dep{t, uint32_t(d)});
@@ -475,7 +495,7 @@ void GrammarMatcher::walk(const Stack& top, std::vector<uint64_t>& bits, std::ve
     if (level.size() < p.size() + 1) level.resize(p.size() + 1), emptied.resize(p.size() + 1, 0);
     bool ok = true;
     for (size_t d = l + 1; d <= p.size(); ++d) {
-      level[d] = advance(level[d - 1], static_cast<uint8_t>(p[d - 1]));
+      advance_into(level[d - 1], static_cast<uint8_t>(p[d - 1]), level[d], scratch);
       emptied[d] = !level[d].empty() && level[d].front().empty();  // normalized: the empty stack sorts first
       if (level[d].empty()) {
         dead = d;

@@ -91,6 +91,7 @@ class GrammarMatcher {
     std::vector<Dep> dep;         // to finish on the stack below
   };
   std::vector<Stack> advance(const std::vector<Stack>& from, uint8_t b) const;
+  void advance_into(const std::vector<Stack>& from, uint8_t b, std::vector<Stack>& out, Stack& scratch) const;
   void walk(const Stack& top, std::vector<uint64_t>& bits, std::vector<Dep>* dep) const;
   const std::vector<uint64_t>& mask_for_state();
 
