@@ -8,11 +8,13 @@
 // start rule is `root`. Matching is over bytes: a literal non-ASCII character is its UTF-8 bytes.
 //
 // Matching state: a set of stacks of grammar positions (a pushdown automaton, as llama.cpp's). The
-// mask for a state is computed over the vocabulary sorted by bytes: a token shares the advanced
-// states of its common prefix with the previous one, and a prefix the grammar rejects rejects
-// every token that starts with it in O(1). Masks are cached per state (JSON output revisits the
-// same few states: inside a string, between values), so most steps cost one cache lookup and the
-// masking of the logits row.
+// mask for a state is the union of its stacks' masks; a stack's top positions are walked over the
+// vocabulary sorted by bytes (a token shares the advanced states of its common prefix with the
+// previous one; a rejected prefix rejects every token that starts with it in O(1)), that walk is
+// cached by those positions (the same string or number context recurs under many stacks), and the
+// tokens that leave them mid-token are finished on the stack below (GrammarMatcher::mask_for_state).
+// Whole-state masks are cached too (JSON output revisits the same few states), so most steps cost
+// one cache lookup and the masking of the logits row.
 //
 // Limits (a hostile grammar or schema is an error, not a hang): grammar size, stacks per state,
 // expansion depth (left recursion is refused), repetition counts.
