@@ -17,6 +17,7 @@ constexpr int kMaxRepeat = 10000;        // {m,n} bounds
 constexpr int kMaxExpandDepth = 256;     // rule references expanded without consuming a byte
 constexpr size_t kMaxStacks = 4096;      // stacks per matcher state
 constexpr size_t kMaxCachedMasks = 512;  // per matcher
+constexpr size_t kTopElems = 3;          // stack positions a cached walk of the vocabulary covers
 
 using Elem = Grammar::Elem;
 using Seq = std::vector<Elem>;
@@ -341,23 +342,35 @@ class GbnfParser {
 
 using Stack = GrammarMatcher::Stack;
 
-// Expands st until its top is a byte set (or it is empty: the grammar may end), into out.
-void expand(const Grammar& g, Stack& st, std::vector<Stack>& out, int depth) {
+// Expands st until its top is a byte set (or it is empty: the grammar may end), appending the
+// results to out[n...] (reusing the storage of stacks already there; n counts them). st is
+// restored before returning (alternatives are tried by push and pop, not by copies).
+void expand_into(const Grammar& g, Stack& st, std::vector<Stack>& out, size_t& n, int depth) {
   if (depth > kMaxExpandDepth) fail("grammar: rule references nest too deeply without consuming input (left recursion?)");
   if (st.empty() || g.elems[size_t(st.back())].kind == Elem::Bytes) {
-    out.push_back(st);
-    if (out.size() > kMaxStacks) fail("grammar: more than ", kMaxStacks, " parses are alive at once (too ambiguous)");
+    if (n < out.size()) out[n].assign(st.begin(), st.end());
+    else out.push_back(st);
+    if (++n > kMaxStacks) fail("grammar: more than ", kMaxStacks, " parses are alive at once (too ambiguous)");
     return;
   }
   const int32_t pos = st.back();
   const Elem& e = g.elems[size_t(pos)];
   st.pop_back();
-  if (g.elems[size_t(pos) + 1].kind != Elem::End) st.push_back(pos + 1);
+  const bool more = g.elems[size_t(pos) + 1].kind != Elem::End;  // the rest of this alternative
+  if (more) st.push_back(pos + 1);
   for (const int32_t a : g.alts[size_t(e.rule)]) {
-    Stack s2 = st;
-    if (g.elems[size_t(a)].kind != Elem::End) s2.push_back(a);
-    expand(g, s2, out, depth + 1);
+    const bool nonempty = g.elems[size_t(a)].kind != Elem::End;
+    if (nonempty) st.push_back(a);
+    expand_into(g, st, out, n, depth + 1);
+    if (nonempty) st.pop_back();
   }
+  if (more) st.pop_back();
+  st.push_back(pos);
+}
+
+void expand(const Grammar& g, Stack& st, std::vector<Stack>& out, int depth) {
+  size_t n = out.size();
+  expand_into(g, st, out, n, depth);
 }
 
 void normalize(std::vector<Stack>& v) {
@@ -407,17 +420,24 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr
 
 std::vector<Stack> GrammarMatcher::advance(const std::vector<Stack>& from, uint8_t b) const {
   std::vector<Stack> out;
+  Stack scratch;
+  advance_into(from, b, out, scratch);
+  return out;
+}
+
+// advance() into out, reusing its stacks' storage (the vocabulary walks call this per byte).
+void GrammarMatcher::advance_into(const std::vector<Stack>& from, uint8_t b, std::vector<Stack>& out, Stack& scratch) const {
+  size_t n = 0;
   for (const Stack& st : from) {
     if (st.empty()) continue;
     const int32_t pos = st.back();
     if (!g_->elems[size_t(pos)].has(b)) continue;
-    Stack s = st;
-    s.pop_back();
-    if (g_->elems[size_t(pos) + 1].kind != Elem::End) s.push_back(pos + 1);
-    expand(*g_, s, out, 0);
+    scratch.assign(st.begin(), st.end() - 1);
+    if (g_->elems[size_t(pos) + 1].kind != Elem::End) scratch.push_back(pos + 1);
+    expand_into(*g_, scratch, out, n, 0);
   }
-  if (out.size() > 1) normalize(out);
-  return out;
+  out.resize(n);
+  if (n > 1) normalize(out);
 }
 
 bool GrammarMatcher::complete() const {
@@ -444,6 +464,57 @@ bool GrammarMatcher::accept(int32_t token) {
   return !p.empty() && accept_bytes(p);
 }
 
+// The tokens accepted from the one stack `top` (bits), over the byte-sorted vocabulary: a token
+// shares the advanced states of its common prefix with the previous one, and a rejected prefix
+// rejects every token that starts with it in O(1). When `dep` is given, a token `top` does not
+// accept but whose walk emptied `top` before its last byte is recorded there with each such
+// offset d (1 <= d < its length): whether the stack below `top` takes the rest of its bytes
+// decides it (GrammarMatcher::mask_for_state).
+void GrammarMatcher::walk(const Stack& top, std::vector<uint64_t>& bits, std::vector<Dep>* dep) const {
+  const auto& order = vocab_->order_;
+  const auto& lcp = vocab_->lcp_;
+  // level[d]: the stacks after the first d bytes of the current token; emptied[d]: one of them
+  // is empty (the walk left `top` there).
+  std::vector<std::vector<Stack>> level(1, std::vector<Stack>{top});
+  std::vector<uint8_t> emptied(1, 0);
+  Stack scratch;
+  const auto record = [&](int32_t t, size_t upto) {  // offsets 1..upto where `top` was left
+    for (size_t d = 1; d <= upto; ++d)
+      if (emptied[d]) dep->push_back(Dep{t, uint32_t(d)});
+  };
+  size_t dead = std::numeric_limits<size_t>::max();  // a rejected prefix length shared so far
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int32_t t = order[i];
+    const std::string& p = vocab_->piece(t);
+    const size_t l = i == 0 ? 0 : lcp[i];
+    if (dead <= l) {  // shares the rejected prefix
+      if (dep) record(t, std::min(dead - 1, p.size() - 1));
+      continue;
+    }
+    dead = std::numeric_limits<size_t>::max();
+    if (level.size() < p.size() + 1) level.resize(p.size() + 1), emptied.resize(p.size() + 1, 0);
+    bool ok = true;
+    for (size_t d = l + 1; d <= p.size(); ++d) {
+      advance_into(level[d - 1], static_cast<uint8_t>(p[d - 1]), level[d], scratch);
+      emptied[d] = !level[d].empty() && level[d].front().empty();  // normalized: the empty stack sorts first
+      if (level[d].empty()) {
+        dead = d;
+        ok = false;
+        break;
+      }
+    }
+    if (ok) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+    else if (dep) record(t, std::min(dead - 1, p.size() - 1));
+  }
+}
+
+// The mask of a state is the union of its stacks' masks (advance() treats each stack on its own).
+// A stack [below..., top] (top: its last kTopElems positions) is split: the tokens `top` decides
+// alone (accepted without leaving it, or rejected before leaving it) come from a walk of the
+// vocabulary over `top`, cached by `top` (the same string, number or whitespace context recurs
+// under many different stacks); the few that leave `top` mid-token (a closing quote followed by
+// more bytes) are finished one by one on the stacks below. Same result as one walk over the whole
+// state (the reference in tests/unit/test_grammar.cpp), at a fraction of the work.
 const std::vector<uint64_t>& GrammarMatcher::mask_for_state() {
   std::string key;
   for (const Stack& s : stacks_) {
@@ -452,30 +523,37 @@ const std::vector<uint64_t>& GrammarMatcher::mask_for_state() {
   }
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   if (cache_.size() >= kMaxCachedMasks) cache_.clear();
+  if (top_cache_.size() >= kMaxCachedMasks) top_cache_.clear();
   const int32_t V = vocab_->n_vocab();
-  std::vector<uint64_t> bits(size_t(V + 63) / 64, 0);
-  const auto& order = vocab_->order_;
-  const auto& lcp = vocab_->lcp_;
-  // level[d]: the states after the first d bytes of the current token (valid up to `valid`).
-  std::vector<std::vector<Stack>> level(1, stacks_);
-  size_t dead = std::numeric_limits<size_t>::max();  // a rejected prefix length shared so far
-  for (size_t i = 0; i < order.size(); ++i) {
-    const int32_t t = order[i];
-    const std::string& p = vocab_->piece(t);
-    const size_t l = i == 0 ? 0 : lcp[i];
-    if (dead <= l) continue;  // shares the rejected prefix
-    dead = std::numeric_limits<size_t>::max();
-    if (level.size() < p.size() + 1) level.resize(p.size() + 1);
-    bool ok = true;
-    for (size_t d = l + 1; d <= p.size(); ++d) {
-      level[d] = advance(level[d - 1], static_cast<uint8_t>(p[d - 1]));
-      if (level[d].empty()) {
-        dead = d;
-        ok = false;
-        break;
-      }
+  const size_t words = size_t(V + 63) / 64;
+  std::vector<uint64_t> bits(words, 0);
+  for (const Stack& s : stacks_) {
+    if (s.empty()) continue;  // complete: only the end-of-generation tokens (below)
+    const size_t k = std::min(s.size(), kTopElems);
+    const Stack top(s.end() - long(k), s.end());
+    std::string tkey(reinterpret_cast<const char*>(top.data()), top.size() * sizeof(int32_t));
+    auto it = top_cache_.find(tkey);
+    if (it == top_cache_.end()) {
+      TopMask tm;
+      tm.bits.assign(words, 0);
+      walk(top, tm.bits, &tm.dep);
+      it = top_cache_.emplace(std::move(tkey), std::move(tm)).first;
     }
-    if (ok) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+    const TopMask& tm = it->second;
+    for (size_t w = 0; w < words; ++w) bits[w] |= tm.bits[w];
+    if (k == s.size() || tm.dep.empty()) continue;  // nothing below `top`: leaving it ends the parse
+    // The stacks where a token that left `top` goes on: the positions below it, expanded.
+    Stack below(s.begin(), s.end() - long(k));
+    std::vector<Stack> base;
+    expand(*g_, below, base, 0);
+    normalize(base);
+    for (const Dep& d : tm.dep) {
+      if ((bits[size_t(d.token) >> 6] >> (d.token & 63)) & 1) continue;
+      const std::string& p = vocab_->piece(d.token);
+      std::vector<Stack> cur = advance(base, static_cast<uint8_t>(p[d.offset]));
+      for (size_t j = d.offset + 1; j < p.size() && !cur.empty(); ++j) cur = advance(cur, static_cast<uint8_t>(p[j]));
+      if (!cur.empty()) bits[size_t(d.token) >> 6] |= uint64_t(1) << (d.token & 63);
+    }
   }
   if (complete())
     for (int32_t t = 0; t < V; ++t)
@@ -491,6 +569,10 @@ void GrammarMatcher::mask(float* logits, int32_t n_vocab) {
     const uint64_t word = bits[size_t(w)];
     if (word == ~uint64_t(0)) continue;
     const int32_t end = std::min(n, w * 64 + 64);
+    if (word == 0) {  // most words of a narrow state
+      std::fill(logits + w * 64, logits + end, kNegInf);
+      continue;
+    }
     for (int32_t t = w * 64; t < end; ++t)
       if (!((word >> (t & 63)) & 1)) logits[t] = kNegInf;
   }

@@ -8,11 +8,13 @@
 // start rule is `root`. Matching is over bytes: a literal non-ASCII character is its UTF-8 bytes.
 //
 // Matching state: a set of stacks of grammar positions (a pushdown automaton, as llama.cpp's). The
-// mask for a state is computed over the vocabulary sorted by bytes: a token shares the advanced
-// states of its common prefix with the previous one, and a prefix the grammar rejects rejects
-// every token that starts with it in O(1). Masks are cached per state (JSON output revisits the
-// same few states: inside a string, between values), so most steps cost one cache lookup and the
-// masking of the logits row.
+// mask for a state is the union of its stacks' masks; a stack's top positions are walked over the
+// vocabulary sorted by bytes (a token shares the advanced states of its common prefix with the
+// previous one; a rejected prefix rejects every token that starts with it in O(1)), that walk is
+// cached by those positions (the same string or number context recurs under many stacks), and the
+// tokens that leave them mid-token are finished on the stack below (GrammarMatcher::mask_for_state).
+// Whole-state masks are cached too (JSON output revisits the same few states), so most steps cost
+// one cache lookup and the masking of the logits row.
 //
 // Limits (a hostile grammar or schema is an error, not a hang): grammar size, stacks per state,
 // expansion depth (left recursion is refused), repetition counts.
@@ -82,13 +84,24 @@ class GrammarMatcher {
   using Stack = std::vector<int32_t>;  // grammar positions, the top (next element) last
 
  private:
+  struct Dep {  // a token that left the walked stack after `offset` of its bytes
+    int32_t token;
+    uint32_t offset;
+  };
+  struct TopMask {                // the vocabulary against the top positions of a stack
+    std::vector<uint64_t> bits;   // decided there: accepted
+    std::vector<Dep> dep;         // to finish on the stack below
+  };
   std::vector<Stack> advance(const std::vector<Stack>& from, uint8_t b) const;
+  void advance_into(const std::vector<Stack>& from, uint8_t b, std::vector<Stack>& out, Stack& scratch) const;
+  void walk(const Stack& top, std::vector<uint64_t>& bits, std::vector<Dep>* dep) const;
   const std::vector<uint64_t>& mask_for_state();
 
   std::shared_ptr<const Grammar> g_;
   std::shared_ptr<const GrammarVocab> vocab_;
   std::vector<Stack> stacks_;
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // state key -> allowed-token bits
+  std::unordered_map<std::string, TopMask> top_cache_;             // top positions -> their walk
 };
 
 // A LogitsProcessor over a GrammarMatcher (engine_core.h): masks each row, advances on accept.

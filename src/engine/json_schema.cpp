@@ -15,7 +15,8 @@ using json = nlohmann::json;
 
 constexpr int kMaxDepth = 64;
 
-// The rules every schema grammar shares: whitespace, and the generic JSON values.
+// The rules every schema grammar shares: whitespace (bounded, as llama.cpp's: nothing, " ", or "\n"
+// and up to 20 spaces/tabs between two tokens, so output cannot loop on it), and the generic JSON values.
 const char* const kBase = R"(ws ::= | " " | "\n" [ \t]{0,20}
 json-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 json-string ::= "\"" json-char* "\""
