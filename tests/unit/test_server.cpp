@@ -18,7 +18,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const ModelInfo kModel{"stories260K", 512, 512};
+const ModelInfo kModel{"stories260K", 512, 512, {}};
 
 ParsedRequest parse_c(const json& j) { return parse_request(Endpoint::Completions, j.dump(), kModel); }
 ParsedRequest parse_chat(const json& j) { return parse_request(Endpoint::Chat, j.dump(), kModel); }
