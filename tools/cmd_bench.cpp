@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "kernels/peak.h"
 #include "kv/kv_cache.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
@@ -148,13 +149,91 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   add_spec_flags(model, a.spec);
   model->add_option("--prompt", a.prompt, "With --spec: a text prompt for the generation runs (default: -p random tokens)");
   model->callback([&a] { a.mode = "model"; });
+  CLI::App* lora = c->add_subcommand("lora", "Decode speed with LoRA adapters vs the base: one sequence, and a batch mixing them");
+  lora->add_option("-m,--model", a.model, "GGUF model file")->required();
+  lora->add_option("--lora", a.lora, "Adapter GGUF (repeat: the mixed batch has one sequence per adapter)")->required();
+  lora->add_option("-p,--n-prompt", a.n_prompt, "Prompt tokens per sequence")->capture_default_str();
+  lora->add_option("-n,--n-gen", a.n_gen, "Decode steps timed")->capture_default_str();
+  lora->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
+  lora->add_option("-r,--reps", a.reps, "Repetitions, interleaved (best is reported)")->capture_default_str();
+  lora->callback([&a] { a.mode = "lora"; });
   add_bench_serve(*c, a.serve, a.mode);
 }
+
+namespace {
+
+// Decode tokens/s of sequences decoding together (one row each, under adapters[i]), after a
+// prompt of n_prompt random tokens each; n_gen steps timed.
+double lora_decode_tps(Forward& fwd, const Model& m, const std::vector<const LoraAdapter*>& adapters, int64_t n_prompt,
+                       int64_t n_gen) {
+  const HParams& hp = m.hparams();
+  RuntimeConfig rt;
+  const int64_t S = int64_t(adapters.size());
+  KVCache kv(kv_cache_config(rt, hp, int32_t(S) * KVCache::blocks_for(n_prompt + n_gen + 1, rt.kv_block_size), false));
+  std::vector<float> logits(size_t(S) * size_t(hp.n_vocab));
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(3, hp.n_tokens - 1);
+  Batch b;
+  for (int32_t s = 0; s < S; ++s) {
+    if (!kv.reserve(s, n_prompt + n_gen + 1)) fail("bench lora: KV cache too small");
+    for (int64_t c = 0; c < n_prompt; c += fwd.max_batch()) {
+      b.clear();
+      for (int64_t i = c; i < std::min(n_prompt, c + fwd.max_batch()); ++i)
+        b.add(tok(rng), int32_t(i), s, i == n_prompt - 1, adapters[size_t(s)]);
+      fwd.run(b, kv, logits.data());
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t g = 0; g < n_gen; ++g) {
+    b.clear();
+    for (int32_t s = 0; s < S; ++s) b.add(tok(rng), int32_t(n_prompt + g), s, true, adapters[size_t(s)]);
+    fwd.run(b, kv, logits.data());
+  }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return double(S * n_gen) / sec;
+}
+
+int bench_lora(const BenchArgs& a, int T) {
+  const auto model = Model::load(a.model);
+  auto be = make_backend("cpu", T);
+  std::vector<std::unique_ptr<LoraAdapter>> ads;
+  for (const std::string& f : a.lora) {
+    ads.push_back(LoraAdapter::load(f, *model));
+    ads.back()->prepare(*be);
+  }
+  const int64_t S = int64_t(ads.size());
+  Forward fwd(*model, *be, std::max<int64_t>(std::min<int64_t>(a.n_prompt, 512), S));
+  fwd.enable_lora();
+  const std::vector<const LoraAdapter*> base1 = {nullptr}, one = {ads[0].get()}, baseS(size_t(S), nullptr);
+  std::vector<const LoraAdapter*> mixed;
+  for (const auto& p : ads) mixed.push_back(p.get());
+  double best[4] = {0, 0, 0, 0};
+  for (int r = 0; r < std::max(1, a.reps); ++r) {  // interleaved: drift on a shared machine hits all
+    best[0] = std::max(best[0], lora_decode_tps(fwd, *model, base1, a.n_prompt, a.n_gen));
+    best[1] = std::max(best[1], lora_decode_tps(fwd, *model, one, a.n_prompt, a.n_gen));
+    best[2] = std::max(best[2], lora_decode_tps(fwd, *model, baseS, a.n_prompt, a.n_gen));
+    best[3] = std::max(best[3], lora_decode_tps(fwd, *model, mixed, a.n_prompt, a.n_gen));
+  }
+  std::printf("model %s, %d thread(s), kernels %s, prompt %lld, %lld decode steps, best of %d\n", a.model.c_str(), T,
+              std::string(cpu_isa()).c_str(), (long long)a.n_prompt, (long long)a.n_gen, std::max(1, a.reps));
+  std::printf("adapter: rank %d, %d weights adapted (%s)\n", ads[0]->rank(), ads[0]->n_adapted(), a.lora[0].c_str());
+  std::printf("%-40s %12s %8s\n", "case", "tokens/s", "vs base");
+  std::printf("%-40s %12.1f %8s\n", "base, 1 sequence", best[0], "1.000");
+  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", "1 adapter, 1 sequence", best[1], best[1] / best[0],
+              100 * (1 - best[1] / best[0]));
+  std::printf("%-40s %12.1f %8s\n", cat("base, ", S, " sequences").c_str(), best[2], "1.000");
+  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", cat(S, " sequences, ", S, " adapters").c_str(), best[3],
+              best[3] / best[2], 100 * (1 - best[3] / best[2]));
+  return 0;
+}
+
+}  // namespace
 
 int cmd_bench(const BenchArgs& a) {
   if (a.mode == "serve") return cmd_bench_serve(a.serve);
   if (a.mode == "ablate") return cmd_bench_ablate(a.serve);
   const int T = default_threads(a.threads);
+  if (a.mode == "lora") return bench_lora(a, T);
   if (a.mode == "peak") {
     // Every ceiling of every instruction set this CPU has, 1..T threads.
     std::printf("%-8s %-8s %16s %16s %16s\n", "threads", "isa", "fp32 GFLOP/s", "int8 GOP/s", "read GB/s");

@@ -53,7 +53,7 @@ void bench_codec(int reps) {
   std::vector<std::string> pieces(kN);
   static const char* const kWords[] = {" the", " little", ",", " girl", " Lily"};
   for (int i = 0; i < kN; ++i) pieces[size_t(i)] = kWords[i % 5];
-  const server::ModelInfo info{"m", 1 << 20, 32000};
+  const server::ModelInfo info{"m", 1 << 20, 32000, {}};
 
   size_t json_req_bytes = 0, fb_req_bytes = 0, json_resp_bytes = 0, fb_resp_bytes = 0;
   const double json_req = median_us(reps, [&] {

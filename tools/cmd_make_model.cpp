@@ -26,6 +26,13 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--draft-out", a.draft_out,
                 "Also write the same weights (same seed) at --draft-type: a draft model for speculative decoding");
   c->add_option("--draft-type", a.draft_type, "Weight type of --draft-out")->default_str("q8_0");
+  c->add_option("--lora-rank", a.lora_rank, "Also write a random LoRA adapter of this rank (--lora-out)");
+  c->add_option("--lora-out", a.lora_out, "The adapter's GGUF (llama.cpp's adapter format)");
+  c->add_option("--lora-alpha", a.lora_alpha, "adapter.lora.alpha (scale = alpha / rank; default 2 x rank)");
+  c->add_option("--lora-type", a.lora_type, "Type of the adapter's tensors: f32, f16, q8_0")->capture_default_str();
+  c->add_option("--lora-seed", a.lora_seed, "The adapter's random seed (another seed, another adapter)")
+      ->capture_default_str();
+  c->add_option("--merged-out", a.merged_out, "Also write the model with the adapter merged (W + alpha/rank B A)");
 }
 
 namespace {
@@ -60,6 +67,19 @@ int cmd_make_model(const MakeModelArgs& a) {
     set_type(opt, dt, "--draft-type");
     write_synthetic_model(opt, a.draft_out);
     std::fprintf(stderr, "wrote %s (%s, %s, the same weights: a draft)\n", a.draft_out.c_str(), a.shape.c_str(), dt.c_str());
+  }
+  if (a.lora_rank > 0 || !a.lora_out.empty() || !a.merged_out.empty()) {
+    if (a.lora_rank <= 0 || a.lora_out.empty()) fail("make-model: a LoRA adapter needs --lora-rank R and --lora-out FILE");
+    SyntheticLoraOptions lo;
+    lo.rank = a.lora_rank;
+    lo.alpha = a.lora_alpha > 0 ? a.lora_alpha : 2.0f * float(a.lora_rank);
+    const auto t = parse_type_name(a.lora_type);
+    if (!t) fail("unsupported --lora-type '", a.lora_type, "' (f32, f16, q8_0)");
+    lo.type = *t;
+    lo.seed = a.lora_seed;
+    write_synthetic_lora(a.out, lo, a.lora_out, a.merged_out);
+    std::fprintf(stderr, "wrote %s (LoRA rank %d, alpha %g, %s)%s%s\n", a.lora_out.c_str(), lo.rank, double(lo.alpha),
+                 a.lora_type.c_str(), a.merged_out.empty() ? "" : " and the merged model ", a.merged_out.c_str());
   }
   return 0;
 }

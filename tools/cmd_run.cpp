@@ -42,6 +42,7 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("--chat-format", a.chat_format,
                 "Override the chat format: " + chat_format_names());
   c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating past end-of-generation tokens");
+  c->add_option("--lora", a.lora, "LoRA adapter GGUF (llama.cpp's adapter format) to run under");
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE (see `firsttoken profile FILE`)");
   add_spec_flags(c, a.spec);
 }
@@ -148,6 +149,10 @@ int cmd_run(const RunArgs& a) {
   Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
   std::fprintf(stderr, "[firsttoken] %s\n", engine.kv_summary().c_str());
   if (!engine.weights_summary().empty()) std::fprintf(stderr, "[firsttoken] %s\n", engine.weights_summary().c_str());
+  if (!a.lora.empty()) {
+    engine.load_adapter("lora", a.lora);
+    req.adapter = "lora";
+  }
   const server::GenerationContext ctx(engine, tok, chat);
   auto out = std::make_shared<StdoutSink>();
   std::shared_ptr<server::Generation> gen;

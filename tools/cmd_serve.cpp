@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "model/lora.h"
 #include "model/synthetic.h"
 #include "profile/trace.h"
 #include "server/config.h"
@@ -38,6 +39,8 @@ void add_serve(CLI::App& app, ServeArgs& a) {
         s.field);
     a.given.emplace_back(&s, o);
   }
+  c->add_option("--lora", a.lora,
+                "LoRA adapter NAME=FILE (repeatable): clients pick it with \"model\": NAME (config: adapters)");
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE at shutdown (see `firsttoken profile FILE`)");
   add_spec_flags(c, a.spec);
 }
@@ -51,6 +54,7 @@ int cmd_serve(const ServeArgs& a) {
     server::check_range(*s, cfg, o->get_name());
   }
   apply_spec_flags(a.spec, cfg);
+  for (const std::string& l : a.lora) cfg.adapters.push_back(server::parse_lora_flag(l));
   const auto level = spdlog::level::from_str(cfg.log_level);
   if (level == spdlog::level::off && cfg.log_level != "off")
     fail("unknown log level '", cfg.log_level, "' (trace, debug, info, warn, error, critical, off)");
@@ -119,6 +123,12 @@ int cmd_serve(const ServeArgs& a) {
   if (const std::string& w = engine.weights_summary(); !w.empty()) {
     if (w.starts_with("warning")) spdlog::warn("{}", w);
     else spdlog::info("{}", w);
+  }
+  for (const auto& [name, path] : cfg.adapters) {
+    if (name == served.id) fail("LoRA adapter '", name, "': the base model's name");
+    const auto ad = engine.load_adapter(name, path);
+    spdlog::info("LoRA adapter '{}': {} (rank {}, {} weights adapted, scale {:.3g})", name, path, ad->rank(),
+                 ad->n_adapted(), ad->scale());
   }
   server::Server srv(engine, served, cfg);
   const int rc = srv.run();  // returns after the engine has shut down

@@ -31,6 +31,7 @@ struct RunArgs {
   bool mlock = RuntimeConfig{}.mlock;
   bool chat = false, ignore_eos = false;
   std::string profile;  // --profile FILE: write a Chrome/Perfetto trace
+  std::string lora;     // --lora FILE: run under this LoRA adapter
   SpecArgs spec;
 };
 void add_run(CLI::App& app, RunArgs& a);
@@ -49,6 +50,11 @@ struct MakeModelArgs {
   std::string shape = "tiny", type = "f32", vocab, arch = "llama", out;
   std::string draft_type, draft_out;  // also write the same weights at another type (a speculative draft)
   uint64_t seed = 1234;
+  // A random LoRA adapter for the model written (model/synthetic.h write_synthetic_lora).
+  int32_t lora_rank = 0;  // 0 = none
+  float lora_alpha = 0;   // 0 = 2 x rank
+  std::string lora_type = "f32", lora_out, merged_out;
+  uint64_t lora_seed = 1;
 };
 void add_make_model(CLI::App& app, MakeModelArgs& a);
 int cmd_make_model(const MakeModelArgs& a);
@@ -85,6 +91,7 @@ struct BenchArgs {
   std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
   SpecArgs spec;
   std::string prompt;  // with --spec: a text prompt (the model's tokenizer) instead of random tokens
+  std::vector<std::string> lora;  // bench lora: adapter files
   BenchServeArgs serve;
 };
 void add_bench(CLI::App& app, BenchArgs& a);
@@ -95,6 +102,7 @@ struct ServeArgs {
   std::string profile;         // --profile FILE: write a Chrome/Perfetto trace at shutdown
   server::ServeConfig flags;   // the serve settings' flags write here; those given override --config
   std::vector<std::pair<const server::ServeSetting*, CLI::Option*>> given;
+  std::vector<std::string> lora;  // --lora NAME=FILE (repeatable): loaded after the config's adapters
   SpecArgs spec;
 };
 void add_serve(CLI::App& app, ServeArgs& a);

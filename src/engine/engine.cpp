@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <future>
 #include <map>
 
 #include "core/error.h"
@@ -368,6 +369,61 @@ uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
   return id;
 }
 
+std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name, const std::string& path) {
+  if (name.empty()) fail("a LoRA adapter needs a name");
+  if (sched_cfg_.max_active_adapters < 1)
+    fail("LoRA adapter '", name, "': adapters are off (max_active_adapters is 0)");
+  if (find_adapter(name)) fail("a LoRA adapter named '", name, "' is already loaded");
+  std::shared_ptr<LoraAdapter> a = LoraAdapter::load(path, model_);
+  // Packing and the forward's LoRA scratch: on the engine thread, between steps.
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> f = done->get_future();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) fail("the engine is shutting down");
+    tasks_.push_back([this, a, done] {
+      try {
+        a->prepare(*backend_);
+        exec_->fwd().enable_lora();
+        done->set_value();
+      } catch (...) {
+        done->set_exception(std::current_exception());
+      }
+    });
+    cv_.notify_one();
+  }
+  f.get();
+  std::lock_guard<std::mutex> lk(adapters_mu_);
+  if (!adapters_.emplace(name, a).second) fail("a LoRA adapter named '", name, "' is already loaded");
+  return a;
+}
+
+void Engine::unload_adapter(const std::string& name) {
+  std::shared_ptr<const LoraAdapter> a;
+  {
+    std::lock_guard<std::mutex> lk(adapters_mu_);
+    auto it = adapters_.find(name);
+    if (it == adapters_.end()) throw AdapterNotFound(cat("no LoRA adapter named '", name, "' is loaded"));
+    // Requests hold their adapter until they finish; new ones take it from here, under this lock.
+    if (const long users = it->second.use_count() - 1; users > 0)
+      fail("the LoRA adapter '", name, "' is in use by ", users, " request(s); unload it when they have finished");
+    a = std::move(it->second);
+    adapters_.erase(it);
+  }
+  // (a's packed copies go back to the backend as it is destroyed here: nothing can reach them.)
+}
+
+std::shared_ptr<const LoraAdapter> Engine::find_adapter(const std::string& name) const {
+  std::lock_guard<std::mutex> lk(adapters_mu_);
+  auto it = adapters_.find(name);
+  return it == adapters_.end() ? nullptr : it->second;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<const LoraAdapter>>> Engine::adapters() const {
+  std::lock_guard<std::mutex> lk(adapters_mu_);
+  return {adapters_.begin(), adapters_.end()};
+}
+
 void Engine::cancel(uint64_t id) {
   std::lock_guard<std::mutex> lk(mu_);
   cancels_.push_back(id);
@@ -387,15 +443,19 @@ void Engine::loop() {
   profile::set_thread_name("engine");
   std::deque<Pending> adds;
   std::vector<uint64_t> cancels;
+  std::vector<std::function<void()>> tasks;
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !core_->idle(); });
+      cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !tasks_.empty() || !core_->idle(); });
+      tasks.swap(tasks_);
       adds.swap(incoming_);
       for (const Pending& p : adds) queue_snapshot_.push_back(p.queued);  // in the core from now on
       cancels.swap(cancels_);
       if (stop_) break;
     }
+    for (auto& t : tasks) t();  // (each reports its own failure)
+    tasks.clear();
     // Nothing thrown here leaves the thread: a request that fails to start fails alone (its
     // callback hears why); a failed step fails the requests in flight and the engine goes on.
     for (auto& p : adds) {
@@ -430,7 +490,14 @@ void Engine::loop() {
       if (steps_snapshot_.size() > 4096) steps_snapshot_.pop_front();
     }
   }
-  // Shutdown: whatever never reached the core, then everything in it, finishes as cancelled.
+  // Shutdown: tasks still run (a load_adapter waits for its own), then whatever never reached the
+  // core and everything in it finishes as cancelled.
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& t : tasks_) tasks.push_back(std::move(t));
+    tasks_.clear();
+  }
+  for (auto& t : tasks) t();
   for (auto& p : adds) {
     try {
       core_->add(p.id, p.req, p.cb);

@@ -5,6 +5,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -73,6 +75,11 @@ struct DeadlineError : Error {
   int64_t retry_after_s;
 };
 
+// Engine::unload_adapter / find_adapter of a name that is not loaded.
+struct AdapterNotFound : Error {
+  using Error::Error;
+};
+
 class Engine {
  public:
   // is_eog: end-of-generation tokens (from the tokenizer). Starts the engine thread.
@@ -90,6 +97,16 @@ class Engine {
   void cancel(uint64_t id);
   // Stops accepting work, cancels what is outstanding, joins the engine thread.
   void shutdown();
+
+  // LoRA adapters by name (model/lora.h), from any thread. load_adapter maps and validates the
+  // file (ft::Error naming it, the tensor, expected vs actual), packs it on the engine thread
+  // between steps, and registers it; a name already loaded, or max_active_adapters = 0, is an
+  // error. unload_adapter refuses (ft::Error saying how many) while requests hold the adapter
+  // (queued or running); unknown names are AdapterNotFound.
+  std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path);
+  void unload_adapter(const std::string& name);
+  std::shared_ptr<const LoraAdapter> find_adapter(const std::string& name) const;  // null: none
+  std::vector<std::pair<std::string, std::shared_ptr<const LoraAdapter>>> adapters() const;
 
   EngineMetrics metrics() const;
   std::vector<StepRecord> recent_steps(size_t max) const;
@@ -132,6 +149,9 @@ class Engine {
   void reject(Pending& p, const std::string& why);
   std::deque<Pending> incoming_;
   std::vector<uint64_t> cancels_;
+  std::vector<std::function<void()>> tasks_;  // run on the engine thread between steps
+  mutable std::mutex adapters_mu_;
+  std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;  // under adapters_mu_
   bool stop_ = false;
   uint64_t next_id_ = 1;
   EngineMetrics snapshot_;  // refreshed by the engine thread after each step

@@ -92,6 +92,8 @@ void EngineCore::validate(const EngineRequest& r) const {
   for (int32_t t : r.prompt)
     if (t < 0 || t >= V) fail("prompt token id ", t, " is out of range [0, ", V, ")");
   if (r.max_tokens < 1) fail("max_tokens must be at least 1, got ", r.max_tokens);
+  if (r.adapter && cfg_.max_active_adapters < 1)
+    fail("LoRA adapters are off (max_active_adapters is 0); the request names adapter ", r.adapter->path());
   if (r.logprobs > kMaxLogprobs) fail("logprobs must be at most ", kMaxLogprobs, ", got ", r.logprobs);
   ft::validate(r.sampling);
   if (n > n_ctx_ || r.max_tokens > n_ctx_ - n)  // no n + max_tokens: max_tokens may be near INT64_MAX
@@ -118,6 +120,8 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_tokens());
   r.sampler->add_prompt(r.tokens);
   r.processor = std::move(in.logits_processor);
+  r.adapter = std::move(in.adapter);
+  r.salt = prefix_salt(r.adapter ? r.adapter->uid() : 0);
   r.speculate = spec_.enabled() && !r.processor;  // a processor sees one row at a time, in order
   r.cb = std::move(cb);
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
@@ -142,6 +146,7 @@ void EngineCore::emit(Req& r, const EngineEvent& ev) {
 
 void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   kv_.release(r.seq);
+  r.adapter.reset();  // before the event: a client told it finished may unload the adapter at once
   if (drafter_) drafter_->release(r.seq);
   past_arrivals_.push_back(r.t.arrival_ms);
   r.t.finish_ms = now_();
@@ -197,6 +202,26 @@ void EngineCore::preempt(Req& r) {
   ++counters_.preemptions;
 }
 
+// The forward pass works per run of one LoRA adapter (Batch::lora): decodes of one adapter go
+// together (stable: the plan's order within each adapter stays), base ones first.
+void EngineCore::group_decodes_by_adapter(StepPlan& plan) const {
+  auto uid = [&](uint64_t id) {
+    const Req& r = reqs_.at(id);
+    return r.adapter ? r.adapter->uid() : 0;
+  };
+  bool any = false;
+  for (uint64_t id : plan.decode) any |= uid(id) != 0;
+  if (!any) return;
+  std::vector<std::pair<uint64_t, int32_t>> d;
+  for (size_t i = 0; i < plan.decode.size(); ++i)
+    d.emplace_back(plan.decode[i], i < plan.decode_draft.size() ? plan.decode_draft[i] : 0);
+  std::stable_sort(d.begin(), d.end(), [&](const auto& a, const auto& b) { return uid(a.first) < uid(b.first); });
+  for (size_t i = 0; i < d.size(); ++i) {
+    plan.decode[i] = d[i].first;
+    if (i < plan.decode_draft.size()) plan.decode_draft[i] = d[i].second;
+  }
+}
+
 int32_t EngineCore::n_running() const {
   int32_t n = 0;
   for (const auto& [id, r] : reqs_) n += r.admitted;
@@ -241,7 +266,7 @@ bool EngineCore::step() {
       s.blocks_held = KVCache::blocks_for(kv_.capacity(r.seq), cfg_.block_size);
       s.blocks_shared = kv_.shared_blocks(r.seq);
     } else {  // what admission would attach: at least the last token is computed (its logits)
-      const KVCache::PrefixHit hit = kv_.prefix_hit(r.tokens, s.n_tokens - 1);
+      const KVCache::PrefixHit hit = kv_.prefix_hit(r.tokens, s.n_tokens - 1, r.salt);
       s.n_computed = hit.tokens;
       s.hit_blocks = hit.blocks;
       s.hit_idle_blocks = hit.idle_blocks;
@@ -250,6 +275,7 @@ bool EngineCore::step() {
     s.deadline_ms = r.deadline_ms;
     s.priority = r.priority;
     s.admit_order = r.admit_order;
+    s.adapter = r.adapter ? r.adapter->uid() : 0;
     if (r.speculate && s.decoding()) {
       Req& m = reqs_.at(id);
       const int32_t k = spec_k(m);
@@ -262,7 +288,8 @@ bool EngineCore::step() {
     }
     in.requests.push_back(s);
   }
-  const StepPlan plan = plan_step(in);
+  StepPlan plan = plan_step(in);
+  group_decodes_by_adapter(plan);
 
   StepRecord rec;
   rec.start_ms = t0;
@@ -281,7 +308,7 @@ bool EngineCore::step() {
   // this step evicts a block the plan counted as a hit.
   for (uint64_t id : plan.admit) {
     Req& r = reqs_.at(id);
-    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, int64_t(r.tokens.size()) - 1);
+    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, int64_t(r.tokens.size()) - 1, r.salt);
     if (r.t.preemptions == 0) r.t.cached_tokens = r.n_computed;
   }
   for (uint64_t id : plan.admit) {
@@ -320,8 +347,9 @@ bool EngineCore::step() {
     const int32_t g = int32_t(r.draft.size());
     if (g == 0) ++r.steps_without_draft; else r.steps_without_draft = 0;
     reserve(r, r.n_computed + 1 + g, "decode");
-    batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true);
-    for (int32_t j = 0; j < g; ++j) batch_.add(r.draft[size_t(j)], int32_t(r.n_computed + 1 + j), r.seq, true);
+    batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true, r.adapter.get());
+    for (int32_t j = 0; j < g; ++j)
+      batch_.add(r.draft[size_t(j)], int32_t(r.n_computed + 1 + j), r.seq, true, r.adapter.get());
     groups_.push_back({&r, n_rows, g + 1});
     n_rows += size_t(g) + 1;
     decodes.push_back(&r);
@@ -339,7 +367,7 @@ bool EngineCore::step() {
     for (int64_t i = 0; i < len; ++i) {
       const int64_t pos = r.n_computed + i;
       const bool last = pos == n - 1;
-      batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last);
+      batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last, r.adapter.get());
       if (last) groups_.push_back({&r, n_rows++, 1});
     }
     if (r.t.first_scheduled_ms < 0) {

@@ -17,6 +17,7 @@
 #include "engine/scheduler.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 namespace ft {
@@ -52,6 +53,8 @@ struct EngineRequest {
   double ttft_slo_ms = 0;  // TTFT budget from arrival; <= 0: default_ttft_slo_ms() of the prompt
   int32_t priority = 0;    // lower is scheduled first
   std::shared_ptr<LogitsProcessor> logits_processor;  // null: the raw logits
+  // The LoRA adapter it runs under (model/lora.h; null: the base). Held until it finishes.
+  std::shared_ptr<const LoraAdapter> adapter;
 };
 
 // Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
@@ -199,6 +202,8 @@ class EngineCore {
     int32_t priority = 0;
     std::unique_ptr<Sampler> sampler;
     std::shared_ptr<LogitsProcessor> processor;
+    std::shared_ptr<const LoraAdapter> adapter;
+    uint64_t salt = 0;  // its prefix-cache key space (KVCache: prefix_salt of the adapter)
     bool speculate = false;
     std::vector<int32_t> draft;  // this step's draft tokens (after its pending token)
     std::vector<float> draft_q;  // the draft model's distributions of them (n_tokens each)
@@ -211,6 +216,7 @@ class EngineCore {
   // Runs a request's callback; what it throws is logged, never propagated (it runs mid-step).
   void emit(Req& r, const EngineEvent& ev);
   void preempt(Req& r);
+  void group_decodes_by_adapter(StepPlan& plan) const;
   // Draft tokens this request would verify at its next decode (0 = none), by the auto policy.
   int32_t spec_k(Req& r) const;
 

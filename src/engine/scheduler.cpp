@@ -157,6 +157,21 @@ StepPlan plan_step(const SchedulerInput& in) {
 
   // Fill the budget in the policy's order.
   int64_t n_running = int64_t(running.size());
+  // LoRA adapters of the running requests (scheduler.h step 3): admission keeps them within the
+  // cap; once a request waits for a slot, no adapter request after it is admitted.
+  std::vector<uint64_t> adapters;
+  for (const auto* r : running)
+    if (r->adapter != 0 && std::find(adapters.begin(), adapters.end(), r->adapter) == adapters.end())
+      adapters.push_back(r->adapter);
+  bool adapter_waits = false;
+  auto adapter_admits = [&](const SchedRequest* r) {
+    if (r->adapter == 0) return true;
+    if (adapter_waits) return false;
+    if (std::find(adapters.begin(), adapters.end(), r->adapter) != adapters.end()) return true;
+    if (int64_t(adapters.size()) < cfg.max_active_adapters) return true;
+    adapter_waits = true;
+    return false;
+  };
   int64_t planned = n_decode;
   // Largest chunk of r that keeps the step's predicted time within target_ms (at least
   // min_chunk when `progress`, so the step's first prefill always moves).
@@ -175,13 +190,15 @@ StepPlan plan_step(const SchedulerInput& in) {
     if (time_limited) chunk = time_cap(r, chunk, target_ms, progress);
     if (chunk <= 0) return 0;
     if (!r->admitted) {
-      if (n_running >= cfg.max_num_seqs) return 0;
+      if (n_running >= cfg.max_num_seqs || !adapter_admits(r)) return 0;
       // Admission attaches the cached prefix and reserves the rest of the sequence plus the first
       // generated token. A preemption this step may have made hit blocks idle: count them all.
       const int64_t need = blocks(r->n_tokens + 1, cfg.block_size) - r->hit_blocks +
                            (plan.preempt.empty() ? r->hit_idle_blocks : r->hit_blocks);
       if (need > free_blocks) return 0;
       free_blocks -= need;
+      if (r->adapter != 0 && std::find(adapters.begin(), adapters.end(), r->adapter) == adapters.end())
+        adapters.push_back(r->adapter);
       plan.admit.push_back(r->id);
       ++n_running;
     } else {

@@ -37,6 +37,11 @@
 //    does not let them start sooner, it only adds steps (the burst of two long prompts).
 // Chunks are therefore large when the machine is fast, the context short or nothing competes,
 // small on a slow CPU under contention; a newly arrived short prompt starts within about one step.
+//     LoRA: the requests admitted (running) use at most max_active_adapters distinct adapters
+//     (the base is not one), so no step holds more. A waiting request of another adapter, when
+//     all those slots are taken, waits; and so does every adapter request the policy orders after
+//     it (the base's pass), so the adapters running drain, a slot frees and it goes next: no
+//     adapter starves behind a steady stream of another's requests.
 //  4. speculative drafts (SchedRequest::n_draft) are granted last, in decode order, from what is
 //     left: they are budgeted like prompt tokens (batch tokens, KV blocks, predicted time) and
 //     never take a prefill's share. In auto mode, while prefill waits, the step stays within its
@@ -80,6 +85,8 @@ struct SchedulerConfig {
   // Admission (0 = off): refuse a request whose predicted TTFT under the current queue exceeds
   // this factor x its TTFT budget (deadline - arrival).
   double reject_late_factor = 0;
+  // LoRA: distinct adapters among the running requests (and so in one step), at most.
+  int32_t max_active_adapters = 4;
 };
 
 struct SchedRequest {
@@ -98,6 +105,7 @@ struct SchedRequest {
   int32_t priority = 0;     // lower goes first
   uint64_t admit_order = 0; // larger = admitted more recently
   int32_t n_draft = 0;      // decoding: speculative draft tokens it could verify this step (speculative.h)
+  uint64_t adapter = 0;     // its LoRA adapter (LoraAdapter::uid), 0 = the base
   int64_t pending() const { return n_tokens - n_computed; }
   bool decoding() const { return admitted && n_generated > 0 && pending() == 1; }
 };

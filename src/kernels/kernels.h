@@ -66,6 +66,9 @@ class Backend {
   virtual uint64_t lock_prepared() { return 0; }
   // Whether prepare() made a copy of the weight at src (the original is then never read).
   virtual bool has_copy_of(const void* src) const { (void)src; return false; }
+  // Frees the copies prepare() made of the weight at src (a LoRA adapter being unloaded: its
+  // memory, and so its address, may be reused). The views prepare() returned for it go invalid.
+  virtual void release_prepared(const void* src) { (void)src; }
 
   // The layer the calls that follow belong to (-1: none: the embedding, the output head), set
   // by the forward pass before each layer's calls; the compute ignores it, observers (the

@@ -19,6 +19,12 @@ uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens) {
   return h ? h : 1;
 }
 
+uint64_t prefix_salt(uint64_t uid) {
+  if (uid == 0) return 0;
+  const int32_t words[2] = {int32_t(uint32_t(uid)), int32_t(uint32_t(uid >> 32))};
+  return block_hash(0x4C6F5241ull /* "LoRA" */, words);
+}
+
 KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg), geo_(cfg.geometry()) {
   if (cfg.n_layers <= 0 || cfg.kv_dim <= 0 || cfg.block_size <= 0 || cfg.n_blocks <= 0 || cfg.n_kv_heads <= 0 ||
       cfg.kv_dim % cfg.n_kv_heads != 0)
@@ -131,12 +137,12 @@ int32_t KVCache::find_cached(uint64_t parent, std::span<const int32_t> block_tok
   return it->second;
 }
 
-KVCache::PrefixHit KVCache::prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens) const {
+KVCache::PrefixHit KVCache::prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt) const {
   PrefixHit hit;
   if (!cfg_.prefix_caching) return hit;
   const int64_t B = cfg_.block_size;
   const int64_t limit = std::min<int64_t>(max_tokens, int64_t(tokens.size()));
-  uint64_t parent = 0;
+  uint64_t parent = salt;
   while (hit.tokens + B <= limit) {
     const auto blk = tokens.subspan(size_t(hit.tokens), size_t(B));
     const int32_t b = find_cached(parent, blk);
@@ -157,11 +163,12 @@ int32_t KVCache::shared_blocks(int32_t seq) const {
   return n;
 }
 
-int64_t KVCache::attach_prefix(int32_t seq, std::span<const int32_t> tokens, int64_t max_tokens) {
+int64_t KVCache::attach_prefix(int32_t seq, std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt) {
   if (capacity(seq) != 0) fail("KV cache: attach_prefix on sequence ", seq, " that already holds blocks");
   ++stats_.prefix_queries;
   stats_.prefix_query_tokens += uint64_t(std::max<int64_t>(0, std::min<int64_t>(max_tokens, int64_t(tokens.size()))));
   Seq& s = seqs_[seq];
+  s.last_hash = salt;  // the chain's seed: publish() continues it
   if (!cfg_.prefix_caching) return 0;
   const int64_t B = cfg_.block_size;
   const int64_t limit = std::min<int64_t>(max_tokens, int64_t(tokens.size()));

@@ -14,6 +14,9 @@
 // longest cached prefix instead of recomputing them (blocks are shared, reference counted, and
 // never written again: a sequence only writes positions past its attached prefix). Blocks nobody
 // references stay cached and are evicted least-recently-used when a new block is needed.
+// A salt seeds the chain (the first block's parent): K/V computed under a LoRA adapter depend on
+// it, so each adapter has its own key space (salt = prefix_salt(its uid); 0 = the base model) and a
+// block is never reused across adapters or between an adapter and the base.
 #pragma once
 #include <cstdint>
 #include <list>
@@ -96,12 +99,13 @@ class KVCache {
     int64_t tokens = 0;
     int32_t blocks = 0, idle_blocks = 0;
   };
-  PrefixHit prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens) const;
+  PrefixHit prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt = 0) const;
   // Blocks of seq that another sequence also references (release(seq) does not free them).
   int32_t shared_blocks(int32_t seq) const;
   // For a sequence that holds no blocks yet: attaches the cached blocks of the longest cached
-  // prefix (at most max_tokens tokens) and returns how many tokens they cover.
-  int64_t attach_prefix(int32_t seq, std::span<const int32_t> tokens, int64_t max_tokens);
+  // prefix under `salt` (at most max_tokens tokens) and returns how many tokens they cover; its
+  // later publish() calls publish under the same salt.
+  int64_t attach_prefix(int32_t seq, std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt = 0);
   // Publishes seq's full blocks within positions [0, n_computed), whose K/V are computed from
   // tokens[0..n_computed), for reuse by later sequences.
   void publish(int32_t seq, std::span<const int32_t> tokens, int64_t n_computed);
@@ -149,5 +153,8 @@ class KVCache {
 
 // Chained hash of one block: names the prefix ending with this block.
 uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens);
+// The prefix-cache salt of a LoRA adapter's uid (LoraAdapter::uid; 0, the base, -> 0): nonzero
+// and well mixed for any other uid.
+uint64_t prefix_salt(uint64_t adapter_uid);
 
 }  // namespace ft

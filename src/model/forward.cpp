@@ -9,6 +9,9 @@
 //   phi3:   Q/K/V and gate/up are row views of fused tensors (the same GEMM calls); every layer
 //           windowed; long/short rope factors chosen by the context (constructor).
 //   qwen2:  Q/K/V biases in the GEMM epilogue.
+// LoRA (model/lora.h): each adapted projection's output gets its adapters' deltas (lora_add, per
+// run of one adapter in the batch) before anything else reads it: Q/K/V before RoPE (so RoPE is
+// then its own pass), gate/up before the activation (then not fused), Wo/W_down with the residual.
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -58,7 +61,8 @@ void Forward::validate(const Batch& b, const KVCache& kv) const {
   const int64_t M = b.size();
   if (M == 0) fail("forward: empty batch");
   if (M > max_batch_) fail("forward: batch of ", M, " tokens exceeds the maximum ", max_batch_);
-  if (b.pos.size() != size_t(M) || b.seq.size() != size_t(M) || b.want_logits.size() != size_t(M))
+  if (b.pos.size() != size_t(M) || b.seq.size() != size_t(M) || b.want_logits.size() != size_t(M) ||
+      (!b.lora.empty() && b.lora.size() != size_t(M)))
     fail("forward: batch fields have different lengths");
   for (int64_t i = 0; i < M; ++i) {
     if (b.tokens[i] < 0 || b.tokens[i] >= hp.n_vocab)
@@ -78,7 +82,9 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
   const Backend::MatmulTarget qkv[3] = {{L.wq, q_, hp.q_dim(), L.bq},
                                         {L.wk, k_, hp.kv_dim(), L.bk},
                                         {L.wv, v_, hp.kv_dim(), L.bv}};
-  if (fused_rope_) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
+  // LoRA deltas on Q/K/V must come before RoPE: then RoPE runs as its own pass.
+  const bool lora = lora_adapts(LoraSlot::Q) || lora_adapts(LoraSlot::K) || lora_adapts(LoraSlot::V);
+  if (fused_rope_ && !lora) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
     Backend::MatmulTarget t[3] = {qkv[0], qkv[1], qkv[2]};
     for (int i = 0; i < 2; ++i) {
       t[i].rope_cs = rope_cs_.data();
@@ -88,6 +94,9 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     be_.matmul_multi(h_, M, t, 3);
   } else {
     be_.matmul_multi(h_, M, qkv, 3);
+    lora_add(il, LoraSlot::Q, h_, hp.dim, q_, hp.q_dim());
+    lora_add(il, LoraSlot::K, h_, hp.dim, k_, hp.kv_dim());
+    lora_add(il, LoraSlot::V, h_, hp.dim, v_, hp.kv_dim());
     be_.rope(q_, M, hp.n_heads, hp.head_dim, b.pos.data(), rope_);
     be_.rope(k_, M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope_);
   }
@@ -102,7 +111,7 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
   const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.attn_scale, hp.attn_softcap,
                              hp.layer_window(il)};
   be_.attention(q_, M, views_.data(), n_ctx_.data(), shape, attn_);
-  residual_add(attn_, M, L.wo, L.attn_post_norm);  // x += [post_norm](attn · Woᵀ)
+  residual_add(il, LoraSlot::O, attn_, M, L.wo, L.attn_post_norm);  // x += [post_norm](attn · Woᵀ)
 }
 
 // x += W_down · (act(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x)), act = SiLU or GELU (gemma2)
@@ -110,21 +119,37 @@ void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
   be_.rmsnorm(x_, L.ffn_norm, h_, M, hp.dim, hp.rms_eps);
-  be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_);  // act(h·W_gateᵀ) ⊙ h·W_upᵀ
-  residual_add(gate_, M, L.w_down, L.ffn_post_norm);              // x += [post_norm](that · W_downᵀ)
+  if (!lora_adapts(LoraSlot::Gate) && !lora_adapts(LoraSlot::Up)) {
+    be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_);  // act(h·W_gateᵀ) ⊙ h·W_upᵀ
+  } else {  // LoRA deltas on gate/up come before the activation: unfused
+    float* up = lora_up_.data();
+    const Backend::MatmulTarget gu[2] = {{L.w_gate, gate_, hp.ffn_dim}, {L.w_up, up, hp.ffn_dim}};
+    be_.matmul_multi(h_, M, gu, 2);
+    lora_add(il, LoraSlot::Gate, h_, hp.dim, gate_, hp.ffn_dim);
+    lora_add(il, LoraSlot::Up, h_, hp.dim, up, hp.ffn_dim);
+    be_.glu(gate_, up, hp.ffn_act, gate_, M, hp.ffn_dim);
+  }
+  residual_add(il, LoraSlot::Down, gate_, M, L.w_down, L.ffn_post_norm);  // x += [post_norm](that · W_downᵀ)
 }
 
 // x += a · Wᵀ, fused into the GEMM's epilogue; with a post-norm (gemma2) x += rmsnorm(a · Wᵀ).
-void Forward::residual_add(const float* a, int64_t M, const WeightView& W, const float* post_norm) {
+// (With LoRA: a · Wᵀ + the adapters' deltas of slot s.)
+void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W,
+                           const float* post_norm) {
   const HParams& hp = model_.hparams();
-  if (!post_norm) return be_.matmul_add(a, M, W, x_);
+  if (!post_norm) {
+    be_.matmul_add(a, M, W, x_);
+    return lora_add(il, s, a, W.n_cols, x_, W.n_rows);
+  }
   be_.matmul(a, M, W, h_);
+  lora_add(il, s, a, W.n_cols, h_, W.n_rows);
   be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
   be_.add(x_, h_, M, hp.dim);
 }
 
 void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   validate(b, kv);
+  lora_segments(b);
   const HParams& hp = model_.hparams();
   const ModelWeights& w = w_;
   const int64_t M = b.size();

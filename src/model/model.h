@@ -1,6 +1,7 @@
 // A loaded model: immutable hyperparameters (from GGUF) and weights bound by name, plus the
 // forward pass over a batch of (token, position, sequence) entries.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -80,18 +81,27 @@ struct ModelWeights {
   const float* rope_short = nullptr;   //   above / up to HParams::rope_ctx_orig
 };
 
+// LoRA (model/lora.h): the projections an adapter may change, per layer.
+class LoraAdapter;
+enum class LoraSlot : uint8_t { Q, K, V, O, Gate, Up, Down };
+inline constexpr size_t kLoraSlots = 7;
+
 // One forward pass's input: entry i is token tokens[i] at position pos[i] of sequence seq[i].
 // Entries of one sequence appear in increasing position order; their KV cache must hold
-// positions [0, pos] (KVCache::reserve) before the call.
+// positions [0, pos] (KVCache::reserve) before the call. lora[i]: the adapter entry i runs
+// under (null: the base); the forward pass works per run of equal adapters (segments), so rows
+// of one adapter are best kept together.
 struct Batch {
   std::vector<int32_t> tokens, pos, seq;
   std::vector<uint8_t> want_logits;  // 1 where logits are wanted
-  void clear() { tokens.clear(); pos.clear(); seq.clear(); want_logits.clear(); }
-  void add(int32_t token, int32_t position, int32_t sequence, bool logits) {
+  std::vector<const LoraAdapter*> lora;
+  void clear() { tokens.clear(); pos.clear(); seq.clear(); want_logits.clear(); lora.clear(); }
+  void add(int32_t token, int32_t position, int32_t sequence, bool logits, const LoraAdapter* adapter = nullptr) {
     tokens.push_back(token);
     pos.push_back(position);
     seq.push_back(sequence);
     want_logits.push_back(logits ? 1 : 0);
+    lora.push_back(adapter);
   }
   int64_t size() const { return int64_t(tokens.size()); }
 };
@@ -127,14 +137,23 @@ class Forward {
   // n_vocab floats each) into logits. Throws ft::Error on an invalid batch.
   void run(const Batch& batch, KVCache& kv, float* logits);
   int64_t max_batch() const { return max_batch_; }
+  // Sizes the scratch LoRA adapters need (A x per row, up to kMaxLoraRank wide, and FFN up
+  // projections apart from the gate), so batches with adapters run without allocating. Until
+  // called, a batch naming an adapter is an ft::Error. Idempotent.
+  void enable_lora();
   // The activation scratch: its bytes, and whether it is on huge pages.
   const MappedMemory& scratch() const { return scratch_; }
 
  private:
   void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
   void ffn_block(int32_t layer, int64_t M);
-  void residual_add(const float* a, int64_t M, const WeightView& W, const float* post_norm);
+  void residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W, const float* post_norm);
   void validate(const Batch& batch, const KVCache& kv) const;
+  // LoRA (model/lora.cpp): the batch's runs of one adapter, and Y (M, ldy = W's rows) += the
+  // deltas of slot s of layer il over input X (M, K) for every adapted segment.
+  bool lora_segments(const Batch& batch);
+  bool lora_adapts(LoraSlot s) const;
+  void lora_add(int32_t il, LoraSlot s, const float* X, int64_t K, float* Y, int64_t ldy);
 
   const Model& model_;
   Backend& be_;
@@ -151,6 +170,12 @@ class Forward {
   bool fused_rope_ = false;
   std::vector<KVLayerView> views_;
   std::vector<int32_t> n_ctx_, logit_rows_;
+  struct LoraSegment {
+    const LoraAdapter* a;
+    int64_t first, n;
+  };
+  std::vector<LoraSegment> lora_segs_;  // this batch's adapted runs (empty: none)
+  std::vector<float> lora_ya_, lora_up_;  // (max_batch, kMaxLoraRank), (max_batch, ffn): enable_lora()
 };
 
 }  // namespace ft

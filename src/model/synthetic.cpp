@@ -1,6 +1,7 @@
 #include "model/synthetic.h"
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -272,6 +273,73 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   }
   w.write(path);
   if (progress) progress(1.0f);
+}
+
+void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptions& opt, const std::string& adapter_path,
+                          const std::string& merged_path) {
+  if (opt.rank < 1 || opt.rank > 4096) fail("synthetic LoRA: rank must be in [1, 4096], got ", opt.rank);
+  if (opt.type != GGMLType::F32 && opt.type != GGMLType::F16 && opt.type != GGMLType::Q8_0)
+    fail("synthetic LoRA: type ", type_traits(opt.type).name, " is not supported (f32, f16, q8_0)");
+  if (!row_bytes(opt.type, uint64_t(opt.rank)))
+    fail("synthetic LoRA: rank ", opt.rank, " is not a multiple of the ", type_traits(opt.type).name,
+         " block size ", type_traits(opt.type).block_size, " (B's rows are rank long)");
+  const auto base = GGUFFile::open(base_path);
+  const std::string arch = base->require_str("general.architecture");
+  const ArchSpec* spec = find_arch(arch);
+  if (!spec) fail(base_path, ": architecture '", arch, "' is not supported");
+  const int32_t n_layers = int32_t(base->require_u64(arch + ".block_count"));
+  const float scale = opt.alpha / float(opt.rank);
+  const uint64_t r = uint64_t(opt.rank);
+
+  GGUFWriter ad;
+  ad.set("general.architecture", GGUFValue::of_str(arch));
+  ad.set("general.type", GGUFValue::of_str("adapter"));
+  ad.set("general.name", GGUFValue::of_str(cat("synthetic LoRA rank ", opt.rank, " (random weights)")));
+  ad.set("general.alignment", GGUFValue::of_u32(32));
+  ad.set("adapter.type", GGUFValue::of_str("lora"));
+  ad.set("adapter.lora.alpha", GGUFValue::of_f32(opt.alpha));
+  GGUFWriter merged;
+  if (!merged_path.empty())
+    for (const auto& [k, v] : base->metadata()) merged.set(k, v);
+  // The adapted matrices: every per-layer matrix of the table (attention and FFN).
+  std::map<std::string, bool> adapted;
+  for_each_tensor(*spec, n_layers, [&](const TensorSpec& t, int32_t layer) {
+    if (t.matrix && t.per_layer) adapted[tensor_name(t, layer)] = true;
+  });
+  uint64_t k = 0;
+  for (const GGUFTensorInfo& t : base->tensors()) {
+    std::vector<uint8_t> bytes(t.data, t.data + t.n_bytes);
+    if (adapted.count(t.name) && t.ne.size() == 2) {
+      const uint64_t in = t.ne[0], out = t.ne[1];
+      const TensorPlan pa{t.name + ".lora_a", {in, r}, opt.type, 0.0f, 1.0f / std::sqrt(float(in))};
+      const TensorPlan pb{t.name + ".lora_b", {r, out}, opt.type, 0.0f, 0.25f / std::sqrt(float(r))};
+      std::vector<uint8_t> a = generate(pa, opt.seed ^ 0x4C6F5241ull, 2 * k);
+      std::vector<uint8_t> b = generate(pb, opt.seed ^ 0x4C6F5241ull, 2 * k + 1);
+      ++k;
+      if (!merged_path.empty()) {
+        // W + scale * B A, from the stored A and B (what a loader dequantizes).
+        std::vector<float> fa(in * r), fb(r * out), w(in);
+        const uint64_t rba = *row_bytes(opt.type, in), rbb = *row_bytes(opt.type, r), rbw = *row_bytes(t.type, in);
+        for (uint64_t i = 0; i < r; ++i) dequantize_row(opt.type, a.data() + i * rba, fa.data() + i * in, int64_t(in));
+        for (uint64_t o = 0; o < out; ++o) dequantize_row(opt.type, b.data() + o * rbb, fb.data() + o * r, int64_t(r));
+        for (uint64_t o = 0; o < out; ++o) {
+          dequantize_row(t.type, bytes.data() + o * rbw, w.data(), int64_t(in));
+          for (uint64_t i = 0; i < r; ++i) {
+            const float c = scale * fb[o * r + i];
+            const float* ai = fa.data() + i * in;
+            for (uint64_t j = 0; j < in; ++j) w[j] += c * ai[j];
+          }
+          quantize_row(t.type, w.data(), bytes.data() + o * rbw, int64_t(in));
+        }
+      }
+      ad.add_tensor(pa.name, pa.type, pa.ne, std::move(a));
+      ad.add_tensor(pb.name, pb.type, pb.ne, std::move(b));
+    }
+    if (!merged_path.empty()) merged.add_tensor(t.name, t.type, t.ne, std::move(bytes));
+  }
+  if (k == 0) fail(base_path, ": no matrix to adapt");
+  ad.write(adapter_path);
+  if (!merged_path.empty()) merged.write(merged_path);
 }
 
 }  // namespace ft

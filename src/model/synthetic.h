@@ -63,4 +63,20 @@ const std::vector<SyntheticShape>& synthetic_shapes();
 void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
                            std::function<void(float)> progress = {});
 
+// A random LoRA adapter (model/lora.h's format) for the model at base_path, on every layer
+// matrix (attention and FFN; phi3's fused ones whole): A (rank, in) ~ N(0, 1/in), B (out, rank)
+// ~ N(0, 0.25/rank) (real adapters start B at 0; random ones make each adapter's output differ),
+// adapter.lora.alpha = alpha, tensors of `type` (F32, F16 or Q8_0: a Q8_0 B needs rank a multiple
+// of 32). With merged_path, also that model with the adapter merged: W + (alpha/rank) B A from
+// the adapter's stored (rounded) values, in each weight's own type (exact for F32; requantized
+// otherwise), every other tensor and key copied.
+struct SyntheticLoraOptions {
+  int32_t rank = 16;
+  float alpha = 32;
+  GGMLType type = GGMLType::F32;
+  uint64_t seed = 1;
+};
+void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptions& opt, const std::string& adapter_path,
+                          const std::string& merged_path = {});
+
 }  // namespace ft

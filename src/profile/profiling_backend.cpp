@@ -53,6 +53,7 @@ class ProfilingBackend final : public Backend {
   void reserve(int64_t max_rows) override { in_->reserve(max_rows); }
   uint64_t lock_prepared() override { return in_->lock_prepared(); }
   bool has_copy_of(const void* src) const override { return in_->has_copy_of(src); }
+  void release_prepared(const void* src) override { in_->release_prepared(src); }
   // The repacked copy keeps the original's name (kernels see only the packed pointer).
   WeightView prepare(const WeightView& W) override {
     const WeightView p = in_->prepare(W);

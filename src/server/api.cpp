@@ -363,9 +363,10 @@ void check_model(const json& j, const ModelInfo& model, bool required) {
   }
   if (!j["model"].is_string()) bad("model", "'model' must be a string");
   const std::string id = j["model"].get<std::string>();
-  if (id != model.id)
-    throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + model.id + "'", "model",
-                   "invalid_request_error", "model_not_found");
+  if (id != model.id && !(model.has_adapter && model.has_adapter(id)))
+    throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + model.id +
+                            "' and its LoRA adapters (GET /v1/models)",
+                   "model", "invalid_request_error", "model_not_found");
 }
 
 ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model) {

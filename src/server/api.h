@@ -3,6 +3,7 @@
 // is unit-tested directly (tests/unit/test_server.cpp); the sessions only route and move bytes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,8 @@ struct ModelInfo {
   std::string id;     // the name clients must send as "model"
   int64_t n_ctx = 0;  // positions per sequence
   int32_t n_vocab = 0;
+  // Whether a LoRA adapter of this name is loaded (clients may send it as "model"); null: none.
+  std::function<bool(const std::string&)> has_adapter;
 };
 
 inline constexpr int64_t kCompletionsMaxTokens = 16;  // OpenAI's default for /v1/completions
@@ -58,8 +61,8 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
 // Throws ApiError (400) naming param[i]... .
 std::vector<ChatMessage> parse_messages(const nlohmann::json& messages, const std::string& param);
 
-// The body's "model" against the served one: 404 model_not_found when it differs; 400 when it is
-// not a string, or absent and required.
+// The body's "model" against the served one or a loaded LoRA adapter: 404 model_not_found when it
+// is neither; 400 when it is not a string, or absent and required.
 void check_model(const nlohmann::json& body, const ModelInfo& model, bool required);
 
 // POST /v1/responses, mapped onto a chat request (the same generation path): input (a string or

@@ -84,6 +84,9 @@ const ServeSetting kSettings[] = {
     {"scheduler.reject_late_factor", "--reject-late",
      "Answer 429 + Retry-After at once to a request whose predicted TTFT exceeds FACTOR x its deadline (0 = off)",
      &ServeConfig::reject_late_factor, 0, 1e6},
+    {"scheduler.max_active_adapters", "--max-active-adapters",
+     "Distinct LoRA adapters running at once (0 = adapters off); requests of another wait for a slot",
+     &ServeConfig::max_active_adapters, 0, 1 << 10},
     {"kv_cache.memory_mib", "--kv-memory", "KV cache MiB (0 = 4 full contexts, at most 2 GiB)",
      &ServeConfig::kv_memory_mib, 0, 1 << 24},
     {"kv_cache.block_size", "", "", &ServeConfig::kv_block_size, 16, 4096},
@@ -101,11 +104,7 @@ const ServeSetting kSettings[] = {
 
 // Keys of features not built yet: accepted at the value that means "not used", else refused.
 bool apply_unbuilt(const std::string& key, const json& v) {
-  if (key == "scheduler.max_active_adapters") {
-    // A cap on LoRA adapters per batch. No adapter can be loaded yet, so any cap holds
-    // trivially; loading one (a future key/flag) will be the "not supported yet" error.
-    as_int(v, key, 0, 1 << 20);
-  } else if (key == "parallel_config.tp_size" || key == "parallel_config.pp_size") {
+  if (key == "parallel_config.tp_size" || key == "parallel_config.pp_size") {
     if (as_int(v, key, 1, 1 << 16) != 1)
       fail("config: '", key, "': ", key == "parallel_config.tp_size" ? "tensor" : "pipeline",
            " parallelism is not supported yet (set it to 1)");
@@ -158,9 +157,25 @@ void check_range(const ServeSetting& s, const ServeConfig& c, const std::string&
 void apply_config_json(const json& doc, ServeConfig& c) {
   if (!doc.is_object()) fail("config: the top level must be a JSON object");
   for (const auto& [section, body] : doc.items()) {
+    if (section == "adapters") {
+      if (!body.is_array()) fail("config: 'adapters' must be an array of {\"name\", \"path\"} objects");
+      for (size_t i = 0; i < body.size(); ++i) {
+        const json& e = body[i];
+        const std::string at = cat("adapters[", i, "]");
+        if (!e.is_object()) fail("config: '", at, "' must be an object {\"name\", \"path\"}");
+        for (const auto& [k, v] : e.items())
+          if (k != "name" && k != "path") fail("config: unknown key '", at, ".", k, "' (name, path)");
+        if (!e.contains("name") || !e.contains("path")) fail("config: '", at, "' needs \"name\" and \"path\"");
+        const std::string name = as_str(e["name"], at + ".name"), path = as_str(e["path"], at + ".path");
+        if (name.empty() || path.empty()) fail("config: '", at, "': name and path must not be empty");
+        c.adapters.emplace_back(name, path);
+      }
+      continue;
+    }
     if (section != "scheduler" && section != "parallel_config" && section != "server" && section != "kv_cache" &&
         section != "speculative")
-      fail("config: unknown key '", section, "' (sections: scheduler, parallel_config, server, kv_cache, speculative)");
+      fail("config: unknown key '", section,
+           "' (sections: scheduler, parallel_config, server, kv_cache, speculative, adapters)");
     if (!body.is_object()) fail("config: '", section, "' must be an object");
     for (const auto& [k, v] : body.items()) {
       const std::string key = section + "." + k;
@@ -209,10 +224,18 @@ EngineConfig to_engine_config(const ServeConfig& c) {
   e.scheduler.ttft_slo_base_ms = c.ttft_slo_base_ms;
   e.scheduler.ttft_slo_stretch = c.ttft_slo_stretch;
   e.scheduler.reject_late_factor = c.reject_late_factor;
+  e.scheduler.max_active_adapters = int32_t(c.max_active_adapters);
   e.kv_memory_bytes = c.kv_memory_mib << 20;
   e.prefix_caching = c.prefix_caching;
   e.spec = to_spec_config(c);
   return e;
+}
+
+std::pair<std::string, std::string> parse_lora_flag(const std::string& s) {
+  const size_t eq = s.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
+    fail("--lora '", s, "': expected NAME=FILE (the name clients send as \"model\", the adapter GGUF)");
+  return {s.substr(0, eq), s.substr(eq + 1)};
 }
 
 SpecConfig to_spec_config(const ServeConfig& c) {

@@ -16,17 +16,19 @@
 //    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
 //                 "dtype": "f16" | "bf16" | "q8_0" | "f32"},
 //    "speculative": {"method": "ngram" | "draft", "draft_model": "draft.gguf",
-//                    "num_speculative_tokens": N | "auto", "prompt_lookup_min": N, "prompt_lookup_max": N}}
+//                    "num_speculative_tokens": N | "auto", "prompt_lookup_min": N, "prompt_lookup_max": N},
+//    "adapters": [{"name": "NAME", "path": "ADAPTER.gguf"}, ...]}   (LoRA adapters loaded at start)
 // Speculative decoding is on when scheduler.enable_speculative_decoding is true (its method then
 // defaults to ngram); the speculative section alone only configures it.
 // Features not built yet (tp/pp > 1, a throughput-optimised mode) are
-// refused with "... is not supported yet", never silently ignored. max_active_adapters is a cap
-// and is accepted: no LoRA adapter can be loaded yet, so no batch ever holds one.
+// refused with "... is not supported yet", never silently ignored. max_active_adapters caps the
+// distinct LoRA adapters running at once (0: adapters off).
 #pragma once
 #include <cstdint>
 #include <span>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -62,6 +64,9 @@ struct ServeConfig {
   double ttft_slo_base_ms = SchedulerConfig{}.ttft_slo_base_ms;
   double ttft_slo_stretch = SchedulerConfig{}.ttft_slo_stretch;
   double reject_late_factor = SchedulerConfig{}.reject_late_factor;  // 0 = off
+  int64_t max_active_adapters = SchedulerConfig{}.max_active_adapters;
+  // LoRA adapters to load at start: (name, GGUF path), from "adapters" and --lora NAME=FILE.
+  std::vector<std::pair<std::string, std::string>> adapters;
   // kv_cache
   uint64_t kv_memory_mib = EngineConfig{}.kv_memory_bytes >> 20;  // 0 = engine default (4 full contexts, at most kDefaultMaxKvBytes)
   int32_t kv_block_size = RuntimeConfig{}.kv_block_size;
@@ -99,5 +104,7 @@ void apply_config_file(const std::string& path, ServeConfig& cfg);
 // The engine's settings (speculation: SpecConfig, validated; the draft model is loaded by the caller).
 EngineConfig to_engine_config(const ServeConfig& cfg);
 SpecConfig to_spec_config(const ServeConfig& cfg);
+// "NAME=FILE" (serve --lora) -> (NAME, FILE); ft::Error when either side is empty.
+std::pair<std::string, std::string> parse_lora_flag(const std::string& s);
 
 }  // namespace ft::server

@@ -222,6 +222,11 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
                    "rate_limit_error", "queue_full");
   }
   EngineRequest er;
+  if (!r.adapter.empty() && !(er.adapter = ctx.engine.find_adapter(r.adapter))) {
+    if (ctx.waiting) ctx.waiting->fetch_sub(1);
+    throw ApiError(404, cat("The LoRA adapter '", r.adapter, "' is not loaded"), "model", "invalid_request_error",
+                   "model_not_found");
+  }
   er.prompt = std::move(prompt);
   er.sampling = r.sampling;
   er.max_tokens = max_tokens;

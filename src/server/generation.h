@@ -92,6 +92,7 @@ struct GenerationRequest {
   nlohmann::json tools;                // Chat: the function definitions the template shows (null: none)
   std::string grammar;                 // GBNF (engine/grammar.h) the output must match; "" = none
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
+  std::string adapter;                 // a loaded LoRA adapter's name (Engine::load_adapter); "" = the base
 };
 
 // id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).

@@ -503,7 +503,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ParsedRequest pr = kind == Endpoint::Responses ? parse_responses_request(body, srv_.info) : parse_request(kind, body, srv_.info);
     const uint64_t n = srv_.next_id.fetch_add(1);
     const char* prefix = kind == Endpoint::Chat ? "chatcmpl-" : kind == Endpoint::Responses ? "resp_" : "cmpl-";
-    ResponseMeta meta{kind, cat(prefix, std::hex, 0x10000000u + n), int64_t(std::time(nullptr)), srv_.info.id};
+    // "model" names the base or a LoRA adapter (vLLM's convention); responses echo it.
+    if (pr.model != srv_.info.id) pr.adapter = pr.model;
+    ResponseMeta meta{kind, cat(prefix, std::hex, 0x10000000u + n), int64_t(std::time(nullptr)), pr.model};
     pr.name = (request_id_.empty() ? meta.id : request_id_) +
               (kind == Endpoint::Chat ? " chat" : kind == Endpoint::Responses ? " response" : " completion");
     for (const auto& f : pr.unknown_fields) spdlog::warn("{}: ignoring the unknown field '{}'", pr.name, f);

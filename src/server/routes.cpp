@@ -2,7 +2,10 @@
 
 #include <ctime>
 
+#include <spdlog/spdlog.h>
+
 #include "core/error.h"
+#include "model/lora.h"
 #include "server/server_impl.h"
 
 namespace ft::server {
@@ -20,13 +23,67 @@ json model_card(const Server::Impl& srv) {
           {"max_model_len", srv.info.n_ctx}};
 }
 
-json models(const Server::Impl& srv) { return {{"object", "list"}, {"data", json::array({model_card(srv)})}}; }
+// A LoRA adapter's card: vLLM's shape (root = its file, parent = the base model).
+json adapter_card(const Server::Impl& srv, const std::string& name, const LoraAdapter& a) {
+  json c = model_card(srv);
+  c["id"] = name;
+  c["root"] = a.path();
+  c["parent"] = srv.info.id;
+  return c;
+}
+
+json models(const Server::Impl& srv) {
+  json data = json::array({model_card(srv)});
+  for (const auto& [name, a] : srv.engine.adapters()) data.push_back(adapter_card(srv, name, *a));
+  return {{"object", "list"}, {"data", data}};
+}
 
 json model(const Server::Impl& srv, std::string_view id) {
-  if (id != srv.info.id)
-    throw ApiError(404, cat("The model '", id, "' does not exist; this server serves '", srv.info.id, "'"), "model",
-                   "invalid_request_error", "model_not_found");
-  return model_card(srv);
+  if (id == srv.info.id) return model_card(srv);
+  if (const auto a = srv.engine.find_adapter(std::string(id))) return adapter_card(srv, std::string(id), *a);
+  throw ApiError(404, cat("The model '", id, "' does not exist; this server serves '", srv.info.id, "'"), "model",
+                 "invalid_request_error", "model_not_found");
+}
+
+// vLLM's dynamic LoRA endpoints: {"lora_name", "lora_path"} / {"lora_name"}. Errors: 400 (bad or
+// duplicate name, a file that is not an adapter of this model, unloading one in use), 404
+// (unloading a name not loaded).
+std::string lora_field(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty())
+    throw ApiError(400, cat("'", key, "' must be a non-empty string"), key);
+  return j[key].get<std::string>();
+}
+
+void load_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  const json j = parse_json_object(req.body);
+  for (const auto& [k, v] : j.items())
+    if (k != "lora_name" && k != "lora_path" && k != "load_inplace")
+      throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
+  const std::string name = lora_field(j, "lora_name"), path = lora_field(j, "lora_path");
+  if (name == srv.info.id) throw ApiError(400, cat("'", name, "' is the base model's name"), "lora_name");
+  try {
+    srv.engine.load_adapter(name, path);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "lora_path");
+  }
+  spdlog::info("loaded LoRA adapter '{}' from {}", name, path);
+  out.send_response(200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' added successfully."));
+}
+
+void unload_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  const json j = parse_json_object(req.body);
+  for (const auto& [k, v] : j.items())
+    if (k != "lora_name" && k != "lora_int_id") throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
+  const std::string name = lora_field(j, "lora_name");
+  try {
+    srv.engine.unload_adapter(name);
+  } catch (const AdapterNotFound& e) {
+    throw ApiError(404, e.what(), "lora_name", "invalid_request_error", "model_not_found");
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "lora_name");
+  }
+  spdlog::info("unloaded LoRA adapter '{}'", name);
+  out.send_response(200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' removed successfully."));
 }
 
 json tokenize(const Server::Impl& srv, const RouteRequest& req) {
@@ -74,6 +131,8 @@ const Route kRoutes[] = {
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(tokenize(srv, req)); }},
     {"/detokenize", http::verb::post,
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(detokenize(srv, req)); }},
+    {"/v1/load_lora_adapter", http::verb::post, load_lora},
+    {"/v1/unload_lora_adapter", http::verb::post, unload_lora},
     {"/v1/completions", http::verb::post,
      [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Completions, req.body); }},
     {"/v1/responses", http::verb::post,

@@ -50,6 +50,7 @@ Server::Impl::Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
   info.id = m.id;
   info.n_ctx = gen.n_ctx;
   info.n_vocab = gen.n_vocab;
+  info.has_adapter = [&e](const std::string& name) { return e.find_adapter(name) != nullptr; };
   gen.waiting = &waiting;
   gen.max_queue = cfg.max_queue;
   gen.metrics = &metrics;

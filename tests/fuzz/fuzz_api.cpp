@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const Endpoint kind = data[0] & 1 ? Endpoint::Chat : Endpoint::Completions;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
-  const ft::server::ModelInfo model{"m", 64, 512};
+  const ft::server::ModelInfo model{"m", 64, 512, {}};
   try {
     const ft::server::ParsedRequest r = ft::server::parse_request(kind, body, model);
     FT_FUZZ_CHECK(r.model == model.id);

@@ -66,6 +66,39 @@ TEST(PlanStep, DecodesFirstThenShortestPrefillFirst) {
   EXPECT_GE(p.n_tokens(), 400);
 }
 
+// LoRA: at most max_active_adapters distinct adapters among the running requests; a request of
+// another waits, and so do adapter requests ordered after it (the base's pass), until a slot frees.
+TEST(PlanStep, AdapterCapAdmitsNoFifthAndStarvesNone) {
+  std::vector<SchedRequest> reqs;
+  for (uint64_t k = 1; k <= 4; ++k) {
+    reqs.push_back(decoding(k, 20, 2, k));
+    reqs.back().adapter = 100 + k;
+  }
+  SchedRequest fifth = waiting(5, 30, 1), same = waiting(6, 30, 2), base = waiting(7, 30, 3);
+  fifth.adapter = 105;
+  same.adapter = 101;  // an adapter already running, arriving after the fifth
+  reqs.insert(reqs.end(), {fifth, same, base});
+  auto in = input(reqs, 100, 64);
+  in.cfg.max_active_adapters = 4;
+  StepPlan p = plan_step(in);
+  EXPECT_EQ(p.decode.size(), 4u);
+  EXPECT_EQ(p.admit, (std::vector<uint64_t>{7}));  // the base request only
+  // Without a waiting fifth, a request of a running adapter is admitted.
+  in.requests.erase(in.requests.begin() + 4);
+  p = plan_step(in);
+  EXPECT_EQ(p.admit, (std::vector<uint64_t>{6, 7}));
+  // A slot frees (adapter 104's request finished): the fifth goes, then the others.
+  in = input(reqs, 100, 64);
+  in.cfg.max_active_adapters = 4;
+  in.requests.erase(in.requests.begin() + 3);
+  p = plan_step(in);
+  EXPECT_EQ(p.admit, (std::vector<uint64_t>{5, 6, 7}));
+  // A cap of 1: one adapter at a time.
+  in.cfg.max_active_adapters = 1;
+  p = plan_step(in);
+  EXPECT_EQ(p.admit, (std::vector<uint64_t>{7}));
+}
+
 TEST(PlanStep, AutoChunkIsAsLargeAsTheTargetAllows) {
   // Alone, nothing expected: the largest efficient chunk (max_auto_chunk), the step no longer
   // than the prompt has waited.

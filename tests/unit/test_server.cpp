@@ -18,7 +18,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const ModelInfo kModel{"stories260K", 512, 512};
+const ModelInfo kModel{"stories260K", 512, 512, {}};
 
 ParsedRequest parse_c(const json& j) { return parse_request(Endpoint::Completions, j.dump(), kModel); }
 ParsedRequest parse_chat(const json& j) { return parse_request(Endpoint::Chat, j.dump(), kModel); }
@@ -823,6 +823,35 @@ TEST(ServerConfig, UnknownKeysAndUnbuiltFeaturesAreErrors) {
   EXPECT_NE(err(R"({"server": {"port": 70000}})").find("server.port"), std::string::npos);
   EXPECT_NE(err(R"({"server": {"port": "80"}})").find("must be an integer"), std::string::npos);
   EXPECT_NE(err(R"([1])").find("object"), std::string::npos);
+  // LoRA adapters: a top-level list of {"name", "path"}; --lora NAME=FILE.
+  ServeConfig c;
+  apply_config_json(json::parse(R"({"adapters": [{"name": "sql", "path": "a.gguf"}, {"name": "x", "path": "b.gguf"}],
+                                    "scheduler": {"max_active_adapters": 2}})"), c);
+  EXPECT_EQ(c.adapters, (std::vector<std::pair<std::string, std::string>>{{"sql", "a.gguf"}, {"x", "b.gguf"}}));
+  EXPECT_EQ(to_engine_config(c).scheduler.max_active_adapters, 2);
+  EXPECT_NE(err(R"({"adapters": {"name": "a"}})").find("must be an array"), std::string::npos);
+  EXPECT_NE(err(R"({"adapters": [{"name": "a"}]})").find("'adapters[0]' needs \"name\" and \"path\""), std::string::npos);
+  EXPECT_NE(err(R"({"adapters": [{"name": "a", "path": "p", "rank": 4}]})").find("unknown key 'adapters[0].rank'"),
+            std::string::npos);
+  EXPECT_EQ(parse_lora_flag("sql=/m/a.gguf"), (std::pair<std::string, std::string>{"sql", "/m/a.gguf"}));
+  EXPECT_THROW(parse_lora_flag("a.gguf"), Error);
+  EXPECT_THROW(parse_lora_flag("=a.gguf"), Error);
+}
+
+// "model" may name a loaded LoRA adapter (ModelInfo::has_adapter); anything else is a 404.
+TEST(Api, ModelMayNameALoadedAdapter) {
+  ModelInfo info = kModel;
+  info.has_adapter = [](const std::string& n) { return n == "sql"; };
+  const auto r = parse_request(Endpoint::Completions, R"({"model": "sql", "prompt": "x"})", info);
+  EXPECT_EQ(r.model, "sql");
+  try {
+    parse_request(Endpoint::Completions, R"({"model": "other", "prompt": "x"})", info);
+    ADD_FAILURE() << "accepted an unknown model";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 404);
+    EXPECT_EQ(e.code, "model_not_found");
+  }
+  EXPECT_THROW(parse_request(Endpoint::Completions, R"({"model": "sql", "prompt": "x"})", kModel), ApiError);
 }
 
 }  // namespace

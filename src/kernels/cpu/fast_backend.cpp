@@ -137,6 +137,11 @@ class CpuFastBackend final : public Backend {
     return false;
   }
 
+  void release_prepared(const void* src) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(packed_, [&](const Packed& p) { return p.src == src; });
+  }
+
   void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
     const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
     gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Store);

@@ -1,0 +1,209 @@
+#include "model/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+#include "kernels/quant.h"
+#include "model/arch.h"
+
+namespace ft {
+
+namespace {
+
+std::atomic<uint64_t> g_next_uid{1};
+
+constexpr std::string_view kSuffixA = ".lora_a", kSuffixB = ".lora_b";
+
+std::string shape_str(const std::vector<uint64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += cat(i ? ", " : "", ne[i]);
+  return s + "]";
+}
+
+// The slot of a role the forward pass can adapt, or -1 (fused roles: handled by the caller).
+int slot_of(Role r) {
+  switch (r) {
+    case Role::Wq: return int(LoraSlot::Q);
+    case Role::Wk: return int(LoraSlot::K);
+    case Role::Wv: return int(LoraSlot::V);
+    case Role::Wo: return int(LoraSlot::O);
+    case Role::WGate: return int(LoraSlot::Gate);
+    case Role::WUp: return int(LoraSlot::Up);
+    case Role::WDown: return int(LoraSlot::Down);
+    default: return -1;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& path, const Model& base) {
+  return bind(GGUFFile::open(path), base);
+}
+
+std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, const Model& base) {
+  const GGUFFile& f = *file;
+  const HParams& hp = base.hparams();
+  const std::string& P = f.path();
+  if (const std::string t = f.get_str("general.type", ""); t != "adapter")
+    fail(P, ": key 'general.type': '", t, "' is not a LoRA adapter file (expected \"adapter\")");
+  if (const std::string t = f.get_str("adapter.type", ""); t != "lora")
+    fail(P, ": key 'adapter.type': '", t, "' is not supported (expected \"lora\")");
+  if (const std::string a = f.get_str("general.architecture", ""); a != hp.arch_name)
+    fail(P, ": key 'general.architecture': the adapter is for '", a, "', the base model is '", hp.arch_name, "'");
+  std::unique_ptr<LoraAdapter> ad(new LoraAdapter());
+  ad->path_ = P;
+  ad->base_ = &base;
+  // llama.cpp's rule: scale = alpha / rank, or 1 when alpha is absent or 0.
+  ad->alpha_ = float(f.get_f64("adapter.lora.alpha", 0.0));
+  if (!std::isfinite(ad->alpha_)) fail(P, ": key 'adapter.lora.alpha' must be finite");
+
+  // The base's adaptable matrices by name: (role, layer).
+  std::map<std::string, std::pair<const TensorSpec*, int32_t>> targets;
+  for_each_tensor(arch_spec(hp.arch), hp.n_layers, [&](const TensorSpec& t, int32_t layer) {
+    if (t.matrix) targets[tensor_name(t, layer)] = {&t, layer};
+  });
+  // Pair the tensors up: base name -> (A, B).
+  std::map<std::string, std::pair<const GGUFTensorInfo*, const GGUFTensorInfo*>> pairs;
+  for (const GGUFTensorInfo& t : f.tensors()) {
+    const bool is_a = t.name.ends_with(kSuffixA), is_b = t.name.ends_with(kSuffixB);
+    if (!is_a && !is_b)
+      fail(P, ": tensor '", t.name, "': not a LoRA tensor (names end in '.lora_a' or '.lora_b')");
+    const std::string base_name = t.name.substr(0, t.name.size() - kSuffixA.size());
+    (is_a ? pairs[base_name].first : pairs[base_name].second) = &t;
+  }
+  if (pairs.empty()) fail(P, ": the adapter has no tensors");
+
+  ad->layers_.resize(size_t(hp.n_layers));
+  for (const auto& [name, ab] : pairs) {
+    const auto [ta, tb] = ab;
+    if (!ta || !tb)
+      fail(P, ": tensor '", name, !ta ? ".lora_b" : ".lora_a", "' has no matching '", name,
+           !ta ? ".lora_a" : ".lora_b", "'");
+    const auto it = targets.find(name);
+    if (it == targets.end())
+      fail(P, ": tensor '", ta->name, "': the base model has no matrix '", name, "'");
+    const auto [spec, layer] = it->second;
+    const int slot = slot_of(spec->role);
+    if (!spec->per_layer || (slot < 0 && spec->role != Role::WQkv && spec->role != Role::WGateUp))
+      fail(P, ": tensor '", ta->name, "': adapting '", name,
+           "' is not supported (only the layers' attention and FFN matrices)");
+    const GGUFTensorInfo* bt = base.file().find_tensor(name);
+    if (!bt) fail(P, ": tensor '", ta->name, "': the base model ", base.file().path(), " has no tensor '", name, "'");
+    const uint64_t in = bt->ne[0], out = bt->ne[1];
+    if (ta->ne.size() != 2 || ta->ne[0] != in || ta->ne[1] == 0 || ta->ne[1] > uint64_t(kMaxLoraRank))
+      fail(P, ": tensor '", ta->name, "': expected shape [", in, ", rank] (rank 1..", kMaxLoraRank, "), got ",
+           shape_str(ta->ne));
+    const uint64_t rank = ta->ne[1];
+    if (tb->ne != std::vector<uint64_t>{rank, out})
+      fail(P, ": tensor '", tb->name, "': expected shape ", shape_str({rank, out}), ", got ", shape_str(tb->ne));
+    for (const GGUFTensorInfo* t : {ta, tb})
+      if (t->type != GGMLType::F32 && t->type != GGMLType::F16 && t->type != GGMLType::Q8_0)
+        fail(P, ": tensor '", t->name, "': type ", type_traits(t->type).name, " is not supported (f32, f16, q8_0)");
+    // (The reader checked each row of whole blocks: row_bytes of a Q8_0 row of 16 fails there.)
+    const float scale = ad->alpha_ != 0 ? ad->alpha_ / float(rank) : 1.0f;
+    auto to_f32 = [&](const GGUFTensorInfo* t, float mul) -> const float* {
+      const uint64_t n0 = t->ne[0], rows = t->ne[1];
+      const std::optional<uint64_t> rb = row_bytes(t->type, n0);
+      if (!rb) fail(P, ": tensor '", t->name, "': a row of ", n0, " is not whole ", type_traits(t->type).name, " blocks");
+      std::vector<float> v(size_t(n0 * rows));
+      for (uint64_t r = 0; r < rows; ++r) dequantize_row(t->type, t->data + r * *rb, v.data() + r * n0, int64_t(n0));
+      if (mul != 1.0f)
+        for (float& x : v) x *= mul;
+      ad->store_.push_back(std::move(v));
+      return ad->store_.back().data();
+    };
+    const WeightView A{GGMLType::F32, to_f32(ta, 1.0f), int64_t(rank), int64_t(in)};
+    const WeightView B{GGMLType::F32, to_f32(tb, scale), int64_t(out), int64_t(rank)};
+    auto& L = ad->layers_[size_t(layer)];
+    auto set = [&](LoraSlot s, const WeightView& b) {
+      L[size_t(s)] = {A, b};
+      ad->slots_ |= 1u << unsigned(s);
+    };
+    if (slot >= 0) {
+      set(LoraSlot(slot), B);
+    } else {  // fused: each projection's rows of B, as the base's row views (arch.h fused_views)
+      LayerWeights v;
+      (spec->role == Role::WQkv ? v.wqkv : v.w_gate_up) = B;
+      fused_views(v, hp);
+      if (spec->role == Role::WQkv) {
+        set(LoraSlot::Q, v.wq);
+        set(LoraSlot::K, v.wk);
+        set(LoraSlot::V, v.wv);
+      } else {
+        set(LoraSlot::Gate, v.w_gate);
+        set(LoraSlot::Up, v.w_up);
+      }
+    }
+    ad->rank_ = std::max(ad->rank_, int32_t(rank));
+    ++ad->n_adapted_;
+  }
+  ad->uid_ = g_next_uid.fetch_add(1);
+  return ad;
+}
+
+void LoraAdapter::prepare(Backend& be) {
+  if (prepared_) fail("LoRA adapter ", path_, ": prepared twice");
+  prepared_ = &be;
+  for (auto& L : layers_)
+    for (Pair& p : L) {
+      if (!p.on()) continue;
+      for (WeightView* w : {&p.a, &p.b}) {
+        sources_.push_back(w->data);
+        *w = be.prepare(*w);
+      }
+    }
+}
+
+LoraAdapter::~LoraAdapter() {
+  if (prepared_)
+    for (const void* src : sources_) prepared_->release_prepared(src);
+}
+
+// --- the forward pass's side (Forward, model.h) -------------------------------------------
+
+void Forward::enable_lora() {
+  if (!lora_ya_.empty()) return;
+  const size_t M = size_t(max_batch_);
+  lora_ya_.assign(M * size_t(kMaxLoraRank), 0.0f);
+  lora_up_.assign(M * size_t(model_.hparams().ffn_dim), 0.0f);
+}
+
+// Runs of equal adapters among the batch's entries (base entries need nothing).
+bool Forward::lora_segments(const Batch& b) {
+  lora_segs_.clear();
+  if (b.lora.empty()) return false;
+  const int64_t M = b.size();
+  for (int64_t i = 0; i < M;) {
+    const LoraAdapter* a = b.lora[size_t(i)];
+    int64_t j = i + 1;
+    while (j < M && b.lora[size_t(j)] == a) ++j;
+    if (a) {
+      if (&a->base() != &model_) fail("forward: LoRA adapter ", a->path(), " belongs to another model");
+      if (lora_ya_.empty()) fail("forward: a batch with a LoRA adapter, but LoRA is not enabled (Forward::enable_lora)");
+      lora_segs_.push_back({a, i, j - i});
+    }
+    i = j;
+  }
+  return !lora_segs_.empty();
+}
+
+bool Forward::lora_adapts(LoraSlot s) const {
+  for (const LoraSegment& g : lora_segs_)
+    if (g.a->adapts(s)) return true;
+  return false;
+}
+
+void Forward::lora_add(int32_t il, LoraSlot s, const float* X, int64_t K, float* Y, int64_t ldy) {
+  for (const LoraSegment& g : lora_segs_) {
+    const LoraAdapter::Pair& p = g.a->pair(il, s);
+    if (!p.on()) continue;
+    if (p.a.n_cols != K || p.b.n_rows != ldy) fail("forward: LoRA adapter ", g.a->path(), " does not fit layer ", il);
+    // ya (n, rank) = X_seg A^T; Y_seg += ya B^T (B already times alpha / rank).
+    be_.matmul(X + g.first * K, g.n, p.a, lora_ya_.data());
+    be_.matmul_add(lora_ya_.data(), g.n, p.b, Y + g.first * ldy);
+  }
+}
+
+}  // namespace ft

@@ -1,0 +1,83 @@
+// LoRA adapters in the GGUF format llama.cpp's convert_lora_to_gguf.py writes, applied per request.
+//
+// File: general.type = "adapter", adapter.type = "lora", adapter.lora.alpha (float), and
+// general.architecture = the base's. For each adapted weight "<base name>" (e.g.
+// "blk.3.attn_q.weight") two tensors: "<base name>.lora_a", a matrix (rank, in) = GGUF ne
+// [in, rank], and "<base name>.lora_b", (out, rank) = ne [rank, out], in F32, F16 or Q8_0 (a Q8_0
+// row must be whole 32-blocks: rank a multiple of 32 for B). Every layer matrix of the forward
+// pass may be adapted: attn_q/k/v, attn_qkv (phi3), attn_output, ffn_gate/up/down, ffn_up as
+// phi3's fused gate+up; others (embeddings, output) are refused by name.
+//
+// The forward pass adds scale * B (A x) to the output of each adapted weight, scale = alpha /
+// rank, per adapter segment of the batch (Batch::lora). At load A and B are dequantized to f32
+// (both are small: rank rows or columns), scale is folded into B, and prepare() puts them in the
+// backend's packed layout, so y_a = A x is a GEMM with N = rank and the delta a GEMM with K = rank
+// added in its epilogue (matmul_add).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace ft {
+
+// The largest rank an adapter may have (Forward's per-row scratch for A x is this wide).
+inline constexpr int32_t kMaxLoraRank = 256;
+
+class LoraAdapter {
+ public:
+  // Maps, validates against `base` (architecture, tensor names, shapes; ft::Error naming the
+  // file and the tensor, expected vs actual) and converts. The adapter may be used by forward
+  // passes of `base` only.
+  static std::unique_ptr<LoraAdapter> load(const std::string& path, const Model& base);
+  // The same over a file already parsed.
+  static std::unique_ptr<LoraAdapter> bind(std::unique_ptr<GGUFFile> file, const Model& base);
+  ~LoraAdapter();
+  LoraAdapter(const LoraAdapter&) = delete;
+  LoraAdapter& operator=(const LoraAdapter&) = delete;
+
+  // Repacks A and B into be's layout (once; before any forward pass with it). The packed copies
+  // are handed back to be when the adapter is destroyed, so be must outlive it.
+  void prepare(Backend& be);
+
+  const std::string& path() const { return path_; }
+  const Model& base() const { return *base_; }
+  float alpha() const { return alpha_; }
+  int32_t rank() const { return rank_; }
+  float scale() const { return alpha_ != 0 ? alpha_ / float(rank_) : 1.0f; }  // (llama.cpp: 1 without alpha)
+  // Unique per load in this process (never reused): keys the prefix cache (KVCache salt).
+  uint64_t uid() const { return uid_; }
+  // Adapted weights (A/B pairs) in all.
+  int32_t n_adapted() const { return n_adapted_; }
+
+  // One adapted projection: a (rank, in) and b (out, rank), b already times scale. data == null:
+  // not adapted.
+  struct Pair {
+    WeightView a, b;
+    bool on() const { return a.data != nullptr; }
+  };
+  // Per layer, per LoraSlot (model.h); fused tensors appear as their row views (phi3: q, k, v
+  // share one A, each takes its rows of B).
+  const Pair& pair(int32_t layer, LoraSlot s) const { return layers_[size_t(layer)][size_t(s)]; }
+  // Whether any layer adapts slot s.
+  bool adapts(LoraSlot s) const { return slots_ & (1u << unsigned(s)); }
+
+ private:
+  LoraAdapter() = default;
+  std::string path_;
+  const Model* base_ = nullptr;
+  float alpha_ = 0;
+  int32_t rank_ = 0;
+  uint64_t uid_ = 0;
+  int32_t n_adapted_ = 0;
+  uint32_t slots_ = 0;
+  std::vector<std::array<Pair, kLoraSlots>> layers_;
+  std::vector<std::vector<float>> store_;  // the f32 copies the views point into
+  Backend* prepared_ = nullptr;
+  std::vector<const void*> sources_;  // what prepare() handed the backend
+};
+
+}  // namespace ft
