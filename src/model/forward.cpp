@@ -117,9 +117,10 @@ void Forward::ffn_block(int32_t il, int64_t M) {
 // x += a · Wᵀ, fused into the GEMM's epilogue; with a post-norm (gemma2) x += rmsnorm(a · Wᵀ).
 void Forward::residual_add(const float* a, int64_t M, const WeightView& W, const float* post_norm) {
   const HParams& hp = model_.hparams();
-  if (!post_norm) return be_.matmul_add(a, M, W, x_);
+  if (!post_norm && !reduce_) return be_.matmul_add(a, M, W, x_);
   be_.matmul(a, M, W, h_);
-  be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
+  if (reduce_) reduce_->allreduce_sum(h_, M * hp.dim);  // tensor parallel: the ranks' partial sums
+  if (post_norm) be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
   be_.add(x_, h_, M, hp.dim);
 }
 
@@ -146,7 +147,7 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
       std::memcpy(x_ + n_out * hp.dim, x_ + i * hp.dim, size_t(hp.dim) * sizeof(float));
     ++n_out;
   }
-  if (n_out == 0) return;
+  if (n_out == 0 || !logits) return;
   be_.rmsnorm(x_, w.output_norm, h_, n_out, hp.dim, hp.rms_eps);
   be_.matmul(h_, n_out, w.output, logits);
   if (hp.final_softcap > 0) be_.softcap(logits, n_out * hp.n_vocab, hp.final_softcap);

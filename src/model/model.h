@@ -96,6 +96,13 @@ struct Batch {
   int64_t size() const { return int64_t(tokens.size()); }
 };
 
+// Tensor parallelism (src/parallel): sums x (n,) over the ranks that share each layer, in place.
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  virtual void allreduce_sum(float* x, int64_t n) = 0;
+};
+
 class Model {
  public:
   // Maps, validates and binds the file. Throws ft::Error naming file, key or tensor.
@@ -107,6 +114,16 @@ class Model {
   const GGUFFile& file() const { return *file_; }
   // Bytes of all weights (for bandwidth accounting).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Tensor parallelism: keeps rank's part of every layer (model/shard.cpp): heads [r H/n,
+  // (r+1) H/n) of Q and K/V (KV heads alike) and FFN columns [r F/n, (r+1) F/n): Q/K/V and
+  // gate/up are row views (column-parallel), Wo and down copies of their input-column slices
+  // (row-parallel: the partial products are summed across ranks). Afterwards n_heads,
+  // n_kv_heads and ffn_dim are the rank's; embeddings, norms and the output head stay whole.
+  // ft::Error when heads, KV heads or FFN width do not divide by n, or a slice would cut a
+  // quantization block.
+  void shard(int rank, int n);
+  int shard_rank() const { return shard_rank_; }
+  int shard_count() const { return shard_count_; }
 
  private:
   Model() = default;
@@ -114,6 +131,8 @@ class Model {
   HParams hp_;
   ModelWeights w_;
   uint64_t weight_bytes_ = 0;
+  int shard_rank_ = 0, shard_count_ = 1;
+  std::vector<MappedMemory> shard_copies_;  // the row-parallel weights' column slices
 };
 
 // Runs the transformer over batches with a given backend. Owns the activation scratch, sized for
@@ -124,9 +143,13 @@ class Forward {
   // the long or short rope factors of long-context models, as llama.cpp does.
   Forward(const Model& model, Backend& backend, int64_t max_batch, int64_t n_ctx = 0);
   // Writes the batch's K/V into kv and the logits of entries with want_logits (in batch order,
-  // n_vocab floats each) into logits. Throws ft::Error on an invalid batch.
+  // n_vocab floats each) into logits (null: none computed, a tensor-parallel worker's pass).
+  // Throws ft::Error on an invalid batch.
   void run(const Batch& batch, KVCache& kv, float* logits);
   int64_t max_batch() const { return max_batch_; }
+  // Tensor parallelism over a sharded model (Model::shard): the row-parallel projections (Wo,
+  // down) are summed across ranks by r before their residual add. Null: one process.
+  void set_reducer(Reducer* r) { reduce_ = r; }
   // The activation scratch: its bytes, and whether it is on huge pages.
   const MappedMemory& scratch() const { return scratch_; }
 
@@ -151,6 +174,7 @@ class Forward {
   bool fused_rope_ = false;
   std::vector<KVLayerView> views_;
   std::vector<int32_t> n_ctx_, logit_rows_;
+  Reducer* reduce_ = nullptr;
 };
 
 }  // namespace ft
