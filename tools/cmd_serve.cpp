@@ -198,12 +198,13 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
                em.cost.per_attn_ms);
   if (tp) {  // the collectives' share of the steps
     const CommStats& st = tp->stats();
-    const double steps = double(std::max<uint64_t>(em.counters.steps, 1));
+    // (Every forward, the calibration's included, makes two allreduces per layer.)
+    const uint64_t n_steps = st.allreduces / (2 * uint64_t(model->hparams().n_layers));
+    const double steps = double(std::max<uint64_t>(n_steps, 1));
     spdlog::info("tensor parallelism: {} allreduces ({:.1f} MiB) in {:.1f} ms, step broadcasts {:.1f} ms: {:.3f} ms "
                  "of communication per step over {} steps",
                  st.allreduces, double(st.allreduce_bytes) / double(1 << 20), double(st.allreduce_ns) / 1e6,
-                 double(st.broadcast_ns) / 1e6, double(st.allreduce_ns + st.broadcast_ns) / 1e6 / steps,
-                 em.counters.steps);
+                 double(st.broadcast_ns) / 1e6, double(st.allreduce_ns + st.broadcast_ns) / 1e6 / steps, n_steps);
   }
   if (profile::enabled()) {
     profile::stop();
