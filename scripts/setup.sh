@@ -9,6 +9,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       libboost-dev libboost-system-dev
       flatbuffers-compiler libflatbuffers-dev
       libopenblas-dev libomp-dev
+      libopenmpi-dev openmpi-bin  # tensor parallelism over MPI (serve --tp N under mpirun; tests: test_mpi)
       clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer (clang's runtime)
       python3                # tests/soak
       python3-jinja2)        # test only: the oracle of the Jinja chat-template interpreter (tests/unit/test_jinja.cpp)

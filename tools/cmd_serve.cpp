@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <type_traits>
@@ -11,6 +13,8 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/tensor_parallel.h"
+#include "parallel/comm.h"
 #include "kernels/kernels.h"
 #include "model/lora.h"
 #include "model/synthetic.h"
@@ -22,6 +26,68 @@
 #include "tools/commands.h"
 
 namespace ft::tools {
+
+namespace {
+
+// The served model: cfg.model, or a built-in one so `serve` runs out of the box (random weights,
+// byte-level vocabulary; deterministic: every tensor-parallel rank writes the same).
+std::unique_ptr<Model> load_served_model(const server::ServeConfig& cfg, bool progress) {
+  if (!cfg.model.empty()) {
+    if (progress) std::fprintf(stderr, "loading %s...\n", cfg.model.c_str());
+    return Model::load(cfg.model);
+  }
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("firsttoken-serve-tiny-" + std::to_string(getpid()) + ".gguf");
+  SyntheticOptions opt;
+  opt.shape = "tiny";
+  write_synthetic_model(opt, path.string(), [progress](float f) {
+    if (progress) std::fprintf(stderr, "\rwriting the built-in model... %3.0f%%", double(f) * 100);
+  });
+  if (progress) std::fprintf(stderr, "\n");
+  std::unique_ptr<Model> model = Model::load(path.string());
+  std::filesystem::remove(path);  // mapped: the data stays until exit
+  return model;
+}
+
+// Start-up agreement of a tensor-parallel group: every rank runs fn (load, shard) and stops with
+// its own error, or "another rank failed", unless all succeeded.
+template <class F>
+void tp_agree(Communicator& tp, F&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (!tp.all_ok(err.empty())) {
+    // Each rank says its error before any exits: mpirun ends the others at the first non-zero exit.
+    if (!err.empty()) std::fprintf(stderr, "firsttoken: error: %s\n", err.c_str());
+    std::fflush(stderr);
+    tp.all_ok(false);  // (a barrier: every rank has printed)
+    fail(err.empty() ? cat("rank ", tp.rank(), " of ", tp.size(), ": another rank failed to start (its error says why)")
+                     : std::string("tensor parallelism: start-up failed (the error above)"));
+  }
+}
+
+// A worker rank of `serve --tp N`: its shard of the model, then rank 0's steps until it stops.
+// SIGINT/SIGTERM are rank 0's to handle: it drains its requests, then stops the workers.
+int serve_tp_worker(const server::ServeConfig& cfg, Communicator& tp) {
+  std::unique_ptr<Model> model;
+  tp_agree(tp, [&] {
+    model = load_served_model(cfg, false);
+    model->shard(tp.rank(), tp.size());
+  });
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
+  const EngineConfig e = server::to_engine_config(cfg);
+  tp.or_abort([&] { run_tp_worker(*model, e.runtime, tp); });
+  return 0;
+}
+
+int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Model> model, const std::string& id,
+          bool tty, Communicator* tp);
+
+}  // namespace
 
 void add_serve(CLI::App& app, ServeArgs& a) {
   CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)");
@@ -55,9 +121,14 @@ int cmd_serve(const ServeArgs& a) {
   }
   apply_spec_flags(a.spec, cfg);
   for (const std::string& l : a.lora) cfg.adapters.push_back(server::parse_lora_flag(l));
+  server::check_parallel(cfg);
   const auto level = spdlog::level::from_str(cfg.log_level);
   if (level == spdlog::level::off && cfg.log_level != "off")
     fail("unknown log level '", cfg.log_level, "' (trace, debug, info, warn, error, critical, off)");
+  // Tensor parallelism: the MPI group first (each rank checks the same settings and world size,
+  // and says the same error). Rank 0 serves; the others run the steps it sends.
+  const std::unique_ptr<Communicator> tp = Communicator::start(cfg.tp_size);
+  if (tp && tp->rank() != 0) return serve_tp_worker(cfg, *tp);
 
   // Async logging: the I/O and engine threads never wait on stderr.
   spdlog::init_thread_pool(8192, 1);
@@ -72,28 +143,29 @@ int cmd_serve(const ServeArgs& a) {
     ~LogGuard() { spdlog::shutdown(); }
   } log_guard;
 
-  std::unique_ptr<Model> model;
   std::string id = cfg.served_model_name;
   const bool tty = isatty(STDERR_FILENO);
-  if (cfg.model.empty()) {
-    // A built-in model so `serve` runs out of the box: random weights, byte-level vocabulary.
-    const auto path = std::filesystem::temp_directory_path() /
-                      ("firsttoken-serve-tiny-" + std::to_string(getpid()) + ".gguf");
-    SyntheticOptions opt;
-    opt.shape = "tiny";
-    write_synthetic_model(opt, path.string(), [tty](float f) {
-      if (tty) std::fprintf(stderr, "\rwriting the built-in model... %3.0f%%", double(f) * 100);
-    });
-    if (tty) std::fprintf(stderr, "\n");
-    model = Model::load(path.string());
-    std::filesystem::remove(path);  // mapped: the data stays until exit
-    if (id.empty()) id = "tiny";
+  std::unique_ptr<Model> model;
+  if (!tp) model = load_served_model(cfg, tty);
+  if (id.empty()) id = cfg.model.empty() ? "tiny" : std::filesystem::path(cfg.model).stem().string();
+  if (cfg.model.empty())
     spdlog::warn("no -m given: serving the built-in synthetic 'tiny' model (random weights: its text is noise)");
-  } else {
-    if (tty) std::fprintf(stderr, "loading %s...\n", cfg.model.c_str());
-    model = Model::load(cfg.model);
-    if (id.empty()) id = std::filesystem::path(cfg.model).stem().string();
+  if (tp) {
+    tp_agree(*tp, [&] {
+      model = load_served_model(cfg, false);
+      model->shard(tp->rank(), tp->size());
+    });
+    spdlog::info("tensor parallelism: rank 0 of {} (MPI), {} heads, {} KV heads, FFN {} per rank", tp->size(),
+                 model->hparams().n_heads, model->hparams().n_kv_heads, model->hparams().ffn_dim);
+    // From here on, an error on rank 0 would leave the workers waiting: it ends them all.
+    return tp->or_abort([&] { return serve(a, cfg, std::move(model), id, tty, tp.get()); });
   }
+  return serve(a, cfg, std::move(model), id, tty, nullptr);
+}
+
+namespace {
+int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Model> model, const std::string& id,
+          bool tty, Communicator* tp) {
   const Tokenizer tok = Tokenizer::from_gguf(model->file());
   server::ServedModel served;
   served.model = model.get();
@@ -106,6 +178,7 @@ int cmd_serve(const ServeArgs& a) {
 
   if (!a.profile.empty()) profile::start(a.profile);  // before the engine: its backend gets wrapped
   EngineConfig ecfg = server::to_engine_config(cfg);
+  ecfg.tp = tp;
   std::unique_ptr<Model> draft;
   if (ecfg.spec.method == SpecMethod::Draft) {
     draft = load_draft_model(ecfg.spec.draft_model, *model);
@@ -137,6 +210,16 @@ int cmd_serve(const ServeArgs& a) {
                "base {:.3f} ms + {:.4f} ms/token + {:.3g} ms/attention pair",
                em.step_time_error.count, 100 * em.step_time_error.mean(), em.cost.base_ms, em.cost.per_token_ms,
                em.cost.per_attn_ms);
+  if (tp) {  // the collectives' share of the steps
+    const CommStats& st = tp->stats();
+    // (Every forward, the calibration's included, makes two allreduces per layer.)
+    const uint64_t n_steps = st.allreduces / (2 * uint64_t(model->hparams().n_layers));
+    const double steps = double(std::max<uint64_t>(n_steps, 1));
+    spdlog::info("tensor parallelism: {} allreduces ({:.1f} MiB) in {:.1f} ms, step broadcasts {:.1f} ms: {:.3f} ms "
+                 "of communication per step over {} steps",
+                 st.allreduces, double(st.allreduce_bytes) / double(1 << 20), double(st.allreduce_ns) / 1e6,
+                 double(st.broadcast_ns) / 1e6, double(st.allreduce_ns + st.broadcast_ns) / 1e6 / steps, n_steps);
+  }
   if (profile::enabled()) {
     profile::stop();
     const size_t n = profile::write();
@@ -144,5 +227,7 @@ int cmd_serve(const ServeArgs& a) {
   }
   return rc;
 }
+
+}  // namespace
 
 }  // namespace ft::tools

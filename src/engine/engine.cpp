@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/memory_lock.h"
+#include "engine/tensor_parallel.h"
 #include "profile/profiling_backend.h"
 #include "profile/trace.h"
 
@@ -15,9 +16,14 @@ namespace ft {
 
 class Engine::ModelExecutor final : public StepExecutor {
  public:
-  ModelExecutor(const Model& m, Backend& be, int64_t max_batch, int64_t n_ctx)
-      : model_(m), fwd_(m, be, max_batch, n_ctx) {}
-  void forward(const Batch& batch, KVCache& kv, float* logits) override { fwd_.run(batch, kv, logits); }
+  ModelExecutor(const Model& m, Backend& be, int64_t max_batch, int64_t n_ctx, TpLeader* tp)
+      : model_(m), fwd_(m, be, max_batch, n_ctx), tp_(tp) {
+    if (tp_) fwd_.set_reducer(&tp_->comm());
+  }
+  void forward(const Batch& batch, KVCache& kv, float* logits) override {
+    if (tp_) tp_->send_step(batch, kv);  // the workers run the same step on their shards
+    fwd_.run(batch, kv, logits);
+  }
   int32_t n_vocab() const override { return model_.hparams().n_vocab; }
   int32_t n_tokens() const override { return model_.hparams().n_tokens; }
   Forward& fwd() { return fwd_; }
@@ -25,6 +31,7 @@ class Engine::ModelExecutor final : public StepExecutor {
  private:
   const Model& model_;
   Forward fwd_;
+  TpLeader* tp_;
 };
 
 // The draft model of speculative decoding (engine_core.h's Drafter): its own Forward and paged KV
@@ -213,7 +220,14 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     profile::set_meta("kv_block_size", int64_t(B));
     profile::set_meta("cost_model_calibrated", int64_t(cfg.calibrate));
   }
-  exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens, n_ctx_);
+  if (cfg.tp) {
+    if (cfg.tp->rank() != 0 || model.shard_count() != cfg.tp->size())
+      fail("tensor parallelism: the engine runs on rank 0 of ", cfg.tp->size(), " with the model sharded as many ways");
+    tp_ = std::make_unique<TpLeader>(*cfg.tp);
+    tp_->start(kc, sched_cfg_.max_batch_tokens, n_ctx_);
+    if (profile::enabled()) profile::set_meta("tp_size", int64_t(cfg.tp->size()));
+  }
+  exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens, n_ctx_, tp_.get());
   if (cfg.runtime.mlock) weights_summary_ = lock_weights();
   CostModel cost;
   if (cfg.calibrate) {
@@ -302,13 +316,12 @@ double Engine::now_ms() const {
 // attention term from a 32-token chunk after a longer context.
 CostModel Engine::calibrate() {
   constexpr int32_t kSeq = -1;
-  Forward& fwd = exec_->fwd();
   std::vector<float> logits(size_t(model_.hparams().n_vocab));
   auto time_chunk = [&](int64_t start, int64_t n) {
     Batch b;
     for (int64_t i = 0; i < n; ++i) b.add(int32_t(1 + (i % 7)), int32_t(start + i), kSeq, i == n - 1);
     const double t = now_ms();
-    fwd.run(b, *kv_, logits.data());
+    exec_->forward(b, *kv_, logits.data());  // (tensor parallel: on every rank)
     return now_ms() - t;
   };
   CostModel c;
@@ -437,6 +450,15 @@ void Engine::shutdown() {
     cv_.notify_one();
   }
   if (thread_.joinable()) thread_.join();
+  if (tp_) {  // (the engine thread, the only other caller of MPI, has ended)
+    tp_->stop();
+    const CommStats& st = tp_->comm().stats();
+    if (profile::enabled()) {
+      profile::set_meta("tp_allreduces", int64_t(st.allreduces));
+      profile::set_meta("tp_allreduce_ms", double(st.allreduce_ns) / 1e6);
+      profile::set_meta("tp_broadcast_ms", double(st.broadcast_ns) / 1e6);
+    }
+  }
 }
 
 void Engine::loop() {

@@ -19,6 +19,9 @@
 
 namespace ft {
 
+class Communicator;
+class TpLeader;
+
 inline constexpr int32_t kMinKvBlocks = 2;  // the smallest KV cache an engine runs with
 // The most KV cache memory an engine takes unless told a size (EngineConfig::kv_memory_bytes):
 // a model's context length is metadata, and sizing the cache from it alone would let a file ask
@@ -33,6 +36,9 @@ struct EngineConfig {
   bool calibrate = true;  // measure the cost model at start-up (auto chunking needs it)
   SpecConfig spec;        // speculative decoding (off by default)
   const Model* draft_model = nullptr;  // SpecMethod::Draft: loaded by the caller (load_draft_model)
+  // Tensor parallelism: rank 0 of this group (the model sharded for it: Model::shard); the other
+  // ranks run run_tp_worker (engine/tensor_parallel.h). Null: one process.
+  Communicator* tp = nullptr;
 };
 
 // Loads a draft model for speculative decoding and checks it can draft for `target`: the same
@@ -130,6 +136,7 @@ class Engine {
   int64_t n_ctx_ = 0;
   SchedulerConfig sched_cfg_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<TpLeader> tp_;  // tensor parallelism: the workers' steps
   std::unique_ptr<ModelExecutor> exec_;
   std::unique_ptr<DraftModelRunner> drafter_;
   std::unique_ptr<KVCache> kv_;

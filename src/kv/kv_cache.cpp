@@ -249,4 +249,16 @@ KVLayerView KVCache::view(int32_t layer, int32_t seq) const {
   return v;
 }
 
+std::span<const int32_t> KVCache::block_table(int32_t seq) const {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return {};
+  return it->second.table;
+}
+
+void KVCache::mirror_table(int32_t seq, std::span<const int32_t> table) {
+  for (const int32_t b : table)
+    if (b < 0 || b >= cfg_.n_blocks) fail("KV cache: block ", b, " of sequence ", seq, " is outside [0, ", cfg_.n_blocks, ")");
+  seqs_[seq].table.assign(table.begin(), table.end());
+}
+
 }  // namespace ft

@@ -116,6 +116,14 @@ class KVCache {
   void read(int32_t layer, int32_t seq, int64_t pos, float* k, float* v) const;
   KVLayerView view(int32_t layer, int32_t seq) const;
 
+  // Tensor parallelism (engine/tensor_parallel.h): rank 0's cache allocates the blocks and sends
+  // each step's tables; a worker's cache (same n_blocks, its own KV heads) takes them as they are.
+  // The physical blocks of seq's positions, in order (empty for an unknown seq).
+  std::span<const int32_t> block_table(int32_t seq) const;
+  // Makes seq's table `table` (block ids < total_blocks(), else ft::Error). For a cache whose
+  // blocks are allocated elsewhere only: no reference counts, no free list, no prefix cache.
+  void mirror_table(int32_t seq, std::span<const int32_t> table);
+
  private:
   struct Block {
     int32_t refs = 0;

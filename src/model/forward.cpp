@@ -137,13 +137,14 @@ void Forward::ffn_block(int32_t il, int64_t M) {
 void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W,
                            const float* post_norm) {
   const HParams& hp = model_.hparams();
-  if (!post_norm) {
+  if (!post_norm && !reduce_) {
     be_.matmul_add(a, M, W, x_);
     return lora_add(il, s, a, W.n_cols, x_, W.n_rows);
   }
   be_.matmul(a, M, W, h_);
-  lora_add(il, s, a, W.n_cols, h_, W.n_rows);
-  be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
+  lora_add(il, s, a, W.n_cols, h_, W.n_rows);  // (never with reduce_: enable_lora refuses it)
+  if (reduce_) reduce_->allreduce_sum(h_, M * hp.dim);  // tensor parallel: the ranks' partial sums
+  if (post_norm) be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
   be_.add(x_, h_, M, hp.dim);
 }
 
@@ -171,7 +172,7 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
       std::memcpy(x_ + n_out * hp.dim, x_ + i * hp.dim, size_t(hp.dim) * sizeof(float));
     ++n_out;
   }
-  if (n_out == 0) return;
+  if (n_out == 0 || !logits) return;
   be_.rmsnorm(x_, w.output_norm, h_, n_out, hp.dim, hp.rms_eps);
   be_.matmul(h_, n_out, w.output, logits);
   if (hp.final_softcap > 0) be_.softcap(logits, n_out * hp.n_vocab, hp.final_softcap);

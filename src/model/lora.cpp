@@ -163,7 +163,13 @@ LoraAdapter::~LoraAdapter() {
 
 // --- the forward pass's side (Forward, model.h) -------------------------------------------
 
+void Forward::set_reducer(Reducer* r) {
+  if (r && !lora_ya_.empty()) fail("LoRA adapters with tensor parallelism (tp_size > 1) are not supported yet");
+  reduce_ = r;
+}
+
 void Forward::enable_lora() {
+  if (reduce_) fail("LoRA adapters with tensor parallelism (tp_size > 1) are not supported yet");
   if (!lora_ya_.empty()) return;
   const size_t M = size_t(max_batch_);
   lora_ya_.assign(M * size_t(kMaxLoraRank), 0.0f);

@@ -106,6 +106,13 @@ struct Batch {
   int64_t size() const { return int64_t(tokens.size()); }
 };
 
+// Tensor parallelism (src/parallel): sums x (n,) over the ranks that share each layer, in place.
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  virtual void allreduce_sum(float* x, int64_t n) = 0;
+};
+
 class Model {
  public:
   // Maps, validates and binds the file. Throws ft::Error naming file, key or tensor.
@@ -117,6 +124,16 @@ class Model {
   const GGUFFile& file() const { return *file_; }
   // Bytes of all weights (for bandwidth accounting).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Tensor parallelism: keeps rank's part of every layer (model/shard.cpp): heads [r H/n,
+  // (r+1) H/n) of Q and K/V (KV heads alike) and FFN columns [r F/n, (r+1) F/n): Q/K/V and
+  // gate/up are row views (column-parallel), Wo and down copies of their input-column slices
+  // (row-parallel: the partial products are summed across ranks). Afterwards n_heads,
+  // n_kv_heads and ffn_dim are the rank's; embeddings, norms and the output head stay whole.
+  // ft::Error when heads, KV heads or FFN width do not divide by n, or a slice would cut a
+  // quantization block.
+  void shard(int rank, int n);
+  int shard_rank() const { return shard_rank_; }
+  int shard_count() const { return shard_count_; }
 
  private:
   Model() = default;
@@ -124,6 +141,8 @@ class Model {
   HParams hp_;
   ModelWeights w_;
   uint64_t weight_bytes_ = 0;
+  int shard_rank_ = 0, shard_count_ = 1;
+  std::vector<MappedMemory> shard_copies_;  // the row-parallel weights' column slices
 };
 
 // Runs the transformer over batches with a given backend. Owns the activation scratch, sized for
@@ -134,13 +153,18 @@ class Forward {
   // the long or short rope factors of long-context models, as llama.cpp does.
   Forward(const Model& model, Backend& backend, int64_t max_batch, int64_t n_ctx = 0);
   // Writes the batch's K/V into kv and the logits of entries with want_logits (in batch order,
-  // n_vocab floats each) into logits. Throws ft::Error on an invalid batch.
+  // n_vocab floats each) into logits (null: none computed, a tensor-parallel worker's pass).
+  // Throws ft::Error on an invalid batch.
   void run(const Batch& batch, KVCache& kv, float* logits);
   int64_t max_batch() const { return max_batch_; }
   // Sizes the scratch LoRA adapters need (A x per row, up to kMaxLoraRank wide, and FFN up
   // projections apart from the gate), so batches with adapters run without allocating. Until
   // called, a batch naming an adapter is an ft::Error. Idempotent.
   void enable_lora();
+  // Tensor parallelism over a sharded model (Model::shard): the row-parallel projections (Wo,
+  // down) are summed across ranks by r before their residual add. Null: one process.
+  // Not with LoRA (a sharded input cannot take an adapter's full-width A): an ft::Error.
+  void set_reducer(Reducer* r);
   // The activation scratch: its bytes, and whether it is on huge pages.
   const MappedMemory& scratch() const { return scratch_; }
 
@@ -176,6 +200,7 @@ class Forward {
   };
   std::vector<LoraSegment> lora_segs_;  // this batch's adapted runs (empty: none)
   std::vector<float> lora_ya_, lora_up_;  // (max_batch, kMaxLoraRank), (max_batch, ffn): enable_lora()
+  Reducer* reduce_ = nullptr;
 };
 
 }  // namespace ft

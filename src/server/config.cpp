@@ -71,6 +71,11 @@ const ServeSetting kSettings[] = {
      &ServeConfig::allowed_origins},
     {"server.context_length", "-c,--ctx", "Context length (0 = the model's)", &ServeConfig::context_length, 0,
      1 << 24},
+    {"parallel_config.tp_size", "--tp",
+     "Tensor-parallel ranks: start under `mpirun -n TP` (heads and FFN split across the ranks)",
+     &ServeConfig::tp_size, 1, 1 << 16},
+    {"parallel_config.pp_size", "--pp", "Pipeline-parallel stages (not supported yet: 1)", &ServeConfig::pp_size, 1,
+     1 << 16},
     {"scheduler.prefill_chunk_size", "", "", &ServeConfig::prefill_chunk_size, 0, 1 << 20, /*takes_auto=*/true},
     {"scheduler.step_latency_target_ms", "", "", &ServeConfig::step_latency_target_ms, 0.1, 1e6},
     {"scheduler.max_num_seqs", "", "", &ServeConfig::max_num_seqs, 1, 4096},
@@ -104,11 +109,7 @@ const ServeSetting kSettings[] = {
 
 // Keys of features not built yet: accepted at the value that means "not used", else refused.
 bool apply_unbuilt(const std::string& key, const json& v) {
-  if (key == "parallel_config.tp_size" || key == "parallel_config.pp_size") {
-    if (as_int(v, key, 1, 1 << 16) != 1)
-      fail("config: '", key, "': ", key == "parallel_config.tp_size" ? "tensor" : "pipeline",
-           " parallelism is not supported yet (set it to 1)");
-  } else if (key == "parallel_config.optimize_for_latency") {
+  if (key == "parallel_config.optimize_for_latency") {
     if (!as_bool(v, key)) fail("config: '", key, "': a throughput-optimised mode is not supported yet (set it to true)");
   } else {
     return false;
@@ -194,6 +195,18 @@ void apply_config_json(const json& doc, ServeConfig& c) {
       }
     }
   }
+  try {
+    check_parallel(c);
+  } catch (const Error& e) {
+    fail("config: 'parallel_config.pp_size': ", e.what());
+  }
+}
+
+void check_parallel(const ServeConfig& c) {
+  if (c.pp_size != 1)
+    fail("pipeline parallelism (pp_size ", c.pp_size, ") is not supported yet: set it to 1 (tensor parallelism: tp_size)");
+  if (c.tp_size > 1 && !c.adapters.empty())
+    fail("LoRA adapters with tensor parallelism (tp_size ", c.tp_size, ") are not supported yet");
 }
 
 void apply_config_file(const std::string& path, ServeConfig& cfg) {

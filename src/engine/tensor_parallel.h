@@ -1,0 +1,43 @@
+// Tensor parallelism's step protocol over a Communicator (parallel/comm.h). Rank 0's engine
+// (Engine with EngineConfig::tp) owns the scheduler and the KV cache's block allocation; before
+// each forward it broadcasts the batch (tokens, positions, sequences, want_logits) and the block
+// table of every sequence in it. A worker (run_tp_worker) runs the same forward on its shard of
+// the model (Model::shard) over a KV cache of the same blocks holding its KV heads, so the
+// block ids rank 0 allocates are valid on every rank. Only rank 0 computes logits.
+//   start:  int64 {max_batch, n_ctx, n_blocks, block_size, kv_type, kv_dim}
+//   step:   int64 {kStep, M, payload ints}, then int32 tokens[M] pos[M] seq[M] want[M],
+//           then per distinct sequence {seq, n, table[n]}
+//   stop:   int64 {kStop, 0, 0}
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/runtime_config.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "parallel/comm.h"
+
+namespace ft {
+
+class TpLeader {
+ public:
+  explicit TpLeader(Communicator& c) : c_(c) {}
+  // The geometry every rank must share: sent once, before the first step.
+  void start(const KVCacheConfig& kc, int64_t max_batch, int64_t n_ctx);
+  void send_step(const Batch& b, const KVCache& kv);
+  void stop();  // the workers return; idempotent
+  Communicator& comm() { return c_; }
+
+ private:
+  Communicator& c_;
+  std::vector<int32_t> payload_;
+  bool stopped_ = false;
+};
+
+// A worker rank (rank > 0) after start-up: takes rank 0's start message, builds its backend
+// (rt.backend, rt.threads), Forward and KV cache, and runs every step until rank 0's stop. A
+// step that fails here fails alike on rank 0 (same batch, same checks) and is skipped; a rank
+// that stops answering ends the job through the communicator's timeouts.
+void run_tp_worker(const Model& sharded, const RuntimeConfig& rt, Communicator& c);
+
+}  // namespace ft

@@ -1,0 +1,178 @@
+#include "parallel/comm.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "core/error.h"
+#include "profile/trace.h"
+
+#ifdef FT_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace ft {
+
+namespace {
+
+// The launcher's world size from the environment, 0 when not started by one.
+int env_world_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+}  // namespace
+
+bool Communicator::launched_with_ranks(int* size) {
+  const int n = env_world_size();
+  if (size) *size = n;
+  return n > 1;
+}
+
+namespace {
+// size 1: null, or the error of a multi-rank launch for one rank's work.
+bool one_process(int size) {
+  if (size < 1) fail("tensor parallelism: ", size, " ranks");
+  if (size > 1) return false;
+  if (int world = 0; Communicator::launched_with_ranks(&world))
+    fail("started as one of ", world, " MPI ranks, but tp_size is 1: set parallel_config.tp_size (--tp) to ",
+         world, " or start one process");
+  return true;
+}
+}  // namespace
+
+#ifdef FT_HAVE_MPI
+
+namespace {
+
+uint64_t now_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+// Polls r until it completes. Tight polling first (a decode step's allreduce answers in
+// microseconds), then yielding, then short sleeps (the cores are shared with the other ranks'
+// compute). timeout_s <= 0: no limit. Returns false on timeout.
+bool wait_request(MPI_Request& r, double timeout_s) {
+  const uint64_t t0 = now_ns();
+  const uint64_t limit = timeout_s > 0 ? uint64_t(timeout_s * 1e9) : UINT64_MAX;
+  for (uint64_t polls = 0;; ++polls) {
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (polls < 256) continue;
+    const uint64_t waited = now_ns() - t0;
+    if (waited > limit) return false;
+    if (waited < 2'000'000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(waited < 100'000'000 ? 50 : 1000));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::start(int size) {
+  if (one_process(size)) return nullptr;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (provided < MPI_THREAD_SERIALIZED) {
+      MPI_Finalize();
+      fail("MPI: the library gives thread level ", provided, ", the engine needs MPI_THREAD_SERIALIZED");
+    }
+  }
+  std::unique_ptr<Communicator> c(new Communicator());
+  MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &c->size_);
+  // Errors come back as codes (checked), not the default handler's abort without a message.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (const char* t = std::getenv("FT_MPI_TIMEOUT_S")) c->timeout_s_ = std::atof(t);
+  if (c->size_ != size) {
+    const int world = c->size_;
+    c.reset();  // finalizes: every rank sees the same mismatch and stops the same way
+    fail("tensor parallelism: tp_size x pp_size = ", size, " but the job has ", world,
+         " MPI ranks (start it with mpirun -n ", size, ")");
+  }
+  return c;
+}
+
+Communicator::~Communicator() {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+}
+
+void Communicator::allreduce_sum(float* x, int64_t n) {
+  profile::Scope sc("allreduce", "comm");
+  const uint64_t t0 = now_ns();
+  MPI_Request r;
+  if (n > INT32_MAX) fail("allreduce: ", n, " floats exceed one MPI message");
+  if (MPI_Iallreduce(MPI_IN_PLACE, x, int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r) != MPI_SUCCESS)
+    abort("MPI_Iallreduce failed");
+  if (!wait_request(r, timeout_s_))
+    abort(cat("allreduce of ", n, " floats: no answer from the other ranks within ", timeout_s_,
+              " s (a rank died or hangs)"));
+  ++stats_.allreduces;
+  stats_.allreduce_bytes += uint64_t(n) * sizeof(float);
+  stats_.allreduce_ns += now_ns() - t0;
+}
+
+static void bcast(Communicator& c, CommStats& st, void* data, int64_t bytes, double timeout_s) {
+  const uint64_t t0 = now_ns();
+  if (bytes > INT32_MAX) fail("broadcast: ", bytes, " bytes exceed one MPI message");
+  MPI_Request r;
+  if (MPI_Ibcast(data, int(bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &r) != MPI_SUCCESS) c.abort("MPI_Ibcast failed");
+  if (!wait_request(r, timeout_s))
+    c.abort(cat("broadcast of ", bytes, " bytes: no answer from the other ranks within ", timeout_s,
+                " s (a rank died or hangs)"));
+  ++st.broadcasts;
+  st.broadcast_bytes += uint64_t(bytes);
+  st.broadcast_ns += now_ns() - t0;
+}
+
+void Communicator::broadcast(void* data, int64_t bytes) {
+  profile::Scope sc("broadcast", "comm");
+  bcast(*this, stats_, data, bytes, timeout_s_);
+}
+void Communicator::broadcast_idle(void* data, int64_t bytes) { bcast(*this, stats_, data, bytes, 0); }
+
+bool Communicator::all_ok(bool ok) {
+  int v = ok ? 1 : 0;
+  MPI_Request r;
+  if (MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &r) != MPI_SUCCESS)
+    abort("MPI_Iallreduce failed");
+  if (!wait_request(r, timeout_s_)) abort(cat("start-up: no answer from the other ranks within ", timeout_s_, " s"));
+  return v == 1;
+}
+
+void Communicator::abort(const std::string& why) {
+  std::fprintf(stderr, "firsttoken: rank %d of %d: %s; stopping every rank\n", rank_, size_, why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::_Exit(3);
+}
+
+#else  // built without MPI
+
+std::unique_ptr<Communicator> Communicator::start(int size) {
+  if (one_process(size)) return nullptr;
+  fail("tensor parallelism (", size, " ranks) needs MPI, and this build has none: install OpenMPI "
+       "(apt-get install libopenmpi-dev openmpi-bin) and reconfigure (cmake -DFT_MPI=ON)");
+}
+Communicator::~Communicator() = default;
+void Communicator::allreduce_sum(float*, int64_t) {}
+void Communicator::broadcast(void*, int64_t) {}
+void Communicator::broadcast_idle(void*, int64_t) {}
+bool Communicator::all_ok(bool ok) { return ok; }
+void Communicator::abort(const std::string& why) {
+  std::fprintf(stderr, "firsttoken: %s\n", why.c_str());
+  std::_Exit(3);
+}
+
+#endif
+
+}  // namespace ft

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""`firsttoken serve --tp 2` under `mpirun --oversubscribe -n 2` on loopback (issue 18), stdlib only.
+
+Checks, each against a fresh job:
+  1. greedy completions (two prompts, concurrently) equal one process's;
+  2. SIGTERM to rank 0 drains and stops every rank: mpirun exits 0 within seconds;
+  3. a rank that dies (SIGKILL to rank 1) ends the others within seconds, and a request in
+     flight gets an error or a dropped connection, never a hang;
+  4. start-up errors are said by every rank, and every rank exits non-zero: a world size that is
+     not tp_size, tp_size 1 under a multi-rank launch, heads that do not divide by tp.
+Exit 0 when all hold; 77 (skipped) without mpirun or the shared model.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root"]
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def start(cmd):
+    """Starts cmd; returns (proc, port, lines) once the server listens (lines: its stderr so far)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = []
+    port = None
+    t_end = time.time() + 120
+    while time.time() < t_end:
+        line = p.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on http://[^:]+:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+            break
+    if port is None:
+        p.kill()
+        raise RuntimeError("server did not start:\n" + "".join(lines))
+    # keep draining stderr so the server never blocks on it
+    threading.Thread(target=lambda: [lines.append(l) for l in p.stderr], daemon=True).start()
+    return p, port, lines
+
+
+def complete(port, prompt, max_tokens=24, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+    return json.loads(data)["choices"][0]["text"]
+
+
+def ranks(mpirun_pid):
+    """{rank: pid} of the job's firsttoken processes (children of mpirun)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            if b"OMPI_COMM_WORLD_RANK" in env:
+                out[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def wait_exit(p, seconds):
+    try:
+        return p.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--exe", required=True)
+    ap.add_argument("--model", required=True)
+    a = ap.parse_args()
+    if not shutil.which("mpirun"):
+        print("mpirun absent: skipped")
+        return 77
+    if not os.path.exists(a.model):
+        print(f"shared model absent ({a.model}): skipped")
+        return 77
+    env_note = os.environ.setdefault("FT_MPI_TIMEOUT_S", "10")
+    serve = [a.exe, "serve", "-m", a.model, "--served-model-name", "m", "--port", "0", "-t", "1", "--log-level", "info"]
+    prompts = ["Once upon a time", "The little dog"]
+
+    # 1. One process, then TP = 2: the same greedy text.
+    p, port, _ = start(serve)
+    want = [complete(port, x) for x in prompts]
+    p.send_signal(signal.SIGTERM)
+    wait_exit(p, 30)
+    p, port, lines = start(MPIRUN + ["-n", "2"] + serve + ["--tp", "2"])
+    got = [None] * len(prompts)
+
+    def ask(i):
+        got[i] = complete(port, prompts[i])
+
+    ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    check(got == want, f"TP=2 greedy completions equal one process's ({want!r})" + ("" if got == want else f" got {got!r}"))
+    check(any("tensor parallelism: rank 0 of 2" in l for l in lines), "rank 0 logs the group")
+
+    # 2. SIGTERM to rank 0: every rank stops, mpirun exits 0.
+    r = ranks(p.pid)
+    check(sorted(r) == [0, 1], f"two ranks under mpirun ({r})")
+    t0 = time.time()
+    os.kill(r[0], signal.SIGTERM)
+    rc = wait_exit(p, 30)
+    check(rc == 0, f"SIGTERM on rank 0: mpirun exits 0 (rc {rc}, {time.time() - t0:.1f} s)")
+
+    # 3. Rank 1 dies (SIGKILL) with a request in flight: the job ends within seconds.
+    p, port, lines = start(MPIRUN + ["-n", "2"] + serve + ["--tp", "2"])
+    r = ranks(p.pid)
+    result = {}
+
+    killed = threading.Event()
+
+    def inflight():
+        # A stream: rank 1 is killed once its first token has arrived.
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            body = {"model": "m", "prompt": prompts[0], "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
+                    "stream": True}
+            c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = c.getresponse()
+            for line in resp:
+                if line.startswith(b"data:") and not killed.is_set():
+                    os.kill(r[1], signal.SIGKILL)
+                    result["t0"] = time.time()
+                    killed.set()
+                if line.strip() == b"data: [DONE]":
+                    result["done"] = True
+            result["error"] = "the stream ended without [DONE]" if "done" not in result else None
+        except Exception as e:  # noqa: BLE001: any error is the expected outcome
+            result["error"] = repr(e)
+
+    t = threading.Thread(target=inflight)
+    t.start()
+    killed.wait(60)
+    rc = wait_exit(p, 30)
+    dt = time.time() - result.get("t0", time.time())
+    t.join(60)
+    check(rc is not None and rc != 0 and dt < 15, f"rank 1 killed: the job ends, non-zero (rc {rc}, {dt:.1f} s)")
+    check(not t.is_alive() and result.get("error"), f"the request in flight fails, no hang ({result.get('error')})")
+    check(all(not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+              for pid in r.values()), "no rank left running")
+
+    # 4. Start-up errors: every rank says it, every rank exits non-zero.
+    def startup_error(n, extra, needle):
+        q = subprocess.run(MPIRUN + ["-n", str(n)] + serve + extra, capture_output=True, text=True, timeout=120)
+        said = q.stderr.count(needle)
+        check(q.returncode != 0 and said == n,
+              f"mpirun -n {n} serve {' '.join(extra)}: rc {q.returncode}, '{needle}' said by {said} of {n} ranks"
+              + ("" if said == n else "\n" + q.stderr[-1500:]))
+
+    startup_error(2, ["--tp", "3"], "but the job has 2 MPI ranks")
+    startup_error(2, [], "but tp_size is 1")
+    startup_error(3, ["--tp", "3"], "attention heads divisible by 3")
+    print(f"(FT_MPI_TIMEOUT_S={env_note})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
