@@ -15,6 +15,12 @@
 
 namespace ft {
 
+std::string shape_str(const std::vector<uint64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += cat(i ? ", " : "", ne[i]);
+  return s + "]";
+}
+
 std::string_view value_type_name(GGUFValueType t) {
   switch (t) {
     case GGUFValueType::UINT8: return "uint8";

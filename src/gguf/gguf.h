@@ -22,6 +22,8 @@ enum class GGUFValueType : uint32_t {
   STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
 std::string_view value_type_name(GGUFValueType t);
+// A tensor's shape (ne, innermost first) as errors print it: "[4096, 32000]".
+std::string shape_str(const std::vector<uint64_t>& ne);
 
 // One metadata value; arrays may nest. Integers keep their exact value in i (signed types)
 // or u (unsigned types).

@@ -16,12 +16,6 @@ std::atomic<uint64_t> g_next_uid{1};
 
 constexpr std::string_view kSuffixA = ".lora_a", kSuffixB = ".lora_b";
 
-std::string shape_str(const std::vector<uint64_t>& ne) {
-  std::string s = "[";
-  for (size_t i = 0; i < ne.size(); ++i) s += cat(i ? ", " : "", ne[i]);
-  return s + "]";
-}
-
 // The slot of a role the forward pass can adapt, or -1 (fused roles: handled by the caller).
 int slot_of(Role r) {
   switch (r) {

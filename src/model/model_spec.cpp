@@ -34,12 +34,6 @@ namespace ft {
 
 namespace {
 
-std::string shape_str(const std::vector<uint64_t>& ne) {
-  std::string s = "[";
-  for (size_t i = 0; i < ne.size(); ++i) s += cat(i ? ", " : "", ne[i]);
-  return s + "]";
-}
-
 class Binder {
  public:
   explicit Binder(const GGUFFile& f) : f_(f) {}
