@@ -133,7 +133,16 @@ def stop_job(p, what):
     check(rc == 0, f"{what}: SIGTERM on rank 0: mpirun exits 0 (rc {rc}, {time.time() - t0:.1f} s)")
 
 
-def suite_pp(serve, prompts, want, model, tmp):
+def metric(port, name):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    for line in c.getresponse().read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def suite_pp(serve, prompts, want, model, tmp, spec_prompt, spec_want):
     # 1. Pipeline parallel, and both.
     for n, extra in ((2, ["--pp", "2"]), (4, ["--tp", "2", "--pp", "2"])):
         p, port, lines = start(MPIRUN + ["-n", str(n)] + serve + extra)
@@ -155,8 +164,14 @@ def suite_pp(serve, prompts, want, model, tmp):
         json.dump(cfg, f)
     p, port, lines = start(MPIRUN + ["-n", "2", serve[0], "serve", "--config", path])
     got = concurrent(port, prompts)
-    check(all(isinstance(x, str) and x for x in got), f"the sample config (tp 2, speculative decoding, 4 adapters) serves under mpirun -n 2: {got!r}")
+    check(got == want, "the sample config (tp 2, speculative decoding, 4 adapters) under mpirun -n 2: greedy "
+          "completions equal one process's" + ("" if got == want else f" got {got!r}"))
     check(any("speculative decoding: ngram" in l for l in lines), "... with n-gram speculative decoding on")
+    got = complete(port, spec_prompt, max_tokens=48)
+    drafted = metric(port, "firsttoken:spec_decode_num_draft_tokens_total")
+    check(got == spec_want and drafted and drafted > 0,
+          f"... a repetitive prompt: drafts verified under TP ({drafted} draft tokens), the text equals one process's"
+          + ("" if got == spec_want else f" got {got!r}, want {spec_want!r}"))
     stop_job(p, "sample config")
     # 3. Start-up errors.
     startup_error(serve, 2, ["--pp", "3"], "tp_size x pp_size = 1 x 3 = 3 but the job has 2 MPI ranks")
@@ -182,11 +197,14 @@ def main():
     # 1. One process, then TP = 2: the same greedy text.
     p, port, _ = start(serve)
     want = [complete(port, x) for x in prompts]
+    # (pp suite: a repetitive prompt, so that the n-gram drafter finds matches to propose)
+    spec_prompt = "the cat sat on the mat and " * 8
+    spec_want = complete(port, spec_prompt, max_tokens=48) if a.suite == "pp" else None
     p.send_signal(signal.SIGTERM)
     wait_exit(p, 30)
     if a.suite == "pp":
         with tempfile.TemporaryDirectory() as tmp:
-            suite_pp(serve, prompts, want, a.model, tmp)
+            suite_pp(serve, prompts, want, a.model, tmp, spec_prompt, spec_want)
         print(f"(FT_MPI_TIMEOUT_S={env_note})")
         return 1 if failures else 0
     p, port, lines = start(MPIRUN + ["-n", "2"] + serve + ["--tp", "2"])
