@@ -75,7 +75,7 @@ int serve_tp_worker(const server::ServeConfig& cfg, Communicator& tp) {
   std::unique_ptr<Model> model;
   tp_agree(tp, [&] {
     model = load_served_model(cfg, false);
-    model->shard(tp.rank(), tp.size());
+    split_model(*model, tp);
   });
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
@@ -127,7 +127,7 @@ int cmd_serve(const ServeArgs& a) {
     fail("unknown log level '", cfg.log_level, "' (trace, debug, info, warn, error, critical, off)");
   // Tensor parallelism: the MPI group first (each rank checks the same settings and world size,
   // and says the same error). Rank 0 serves; the others run the steps it sends.
-  const std::unique_ptr<Communicator> tp = Communicator::start(cfg.tp_size);
+  const std::unique_ptr<Communicator> tp = Communicator::start(cfg.tp_size, cfg.pp_size);
   if (tp && tp->rank() != 0) return serve_tp_worker(cfg, *tp);
 
   // Async logging: the I/O and engine threads never wait on stderr.
@@ -153,10 +153,12 @@ int cmd_serve(const ServeArgs& a) {
   if (tp) {
     tp_agree(*tp, [&] {
       model = load_served_model(cfg, false);
-      model->shard(tp->rank(), tp->size());
+      split_model(*model, *tp);
     });
-    spdlog::info("tensor parallelism: rank 0 of {} (MPI), {} heads, {} KV heads, FFN {} per rank", tp->size(),
-                 model->hparams().n_heads, model->hparams().n_kv_heads, model->hparams().ffn_dim);
+    spdlog::info("parallelism: rank 0 of {} (MPI): tp {} x pp {}; per rank {} heads, {} KV heads, FFN {}; stage 0 "
+                 "runs layers [0, {})",
+                 tp->size(), tp->tp_size(), tp->pp_size(), model->hparams().n_heads, model->hparams().n_kv_heads,
+                 model->hparams().ffn_dim, model->hparams().n_layers);
     // From here on, an error on rank 0 would leave the workers waiting: it ends them all.
     return tp->or_abort([&] { return serve(a, cfg, std::move(model), id, tty, tp.get()); });
   }
@@ -210,15 +212,14 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
                "base {:.3f} ms + {:.4f} ms/token + {:.3g} ms/attention pair",
                em.step_time_error.count, 100 * em.step_time_error.mean(), em.cost.base_ms, em.cost.per_token_ms,
                em.cost.per_attn_ms);
-  if (tp) {  // the collectives' share of the steps
+  if (tp) {  // the communication's share of the steps (rank 0's; the calibration's forwards included)
     const CommStats& st = tp->stats();
-    // (Every forward, the calibration's included, makes two allreduces per layer.)
-    const uint64_t n_steps = st.allreduces / (2 * uint64_t(model->hparams().n_layers));
-    const double steps = double(std::max<uint64_t>(n_steps, 1));
-    spdlog::info("tensor parallelism: {} allreduces ({:.1f} MiB) in {:.1f} ms, step broadcasts {:.1f} ms: {:.3f} ms "
-                 "of communication per step over {} steps",
+    const double steps = double(std::max<uint64_t>(st.steps, 1));
+    spdlog::info("parallelism: {} allreduces ({:.1f} MiB) in {:.1f} ms, step broadcasts {:.1f} ms, {} pipeline "
+                 "transfers ({:.1f} MiB) in {:.1f} ms: {:.3f} ms of communication per step over {} steps",
                  st.allreduces, double(st.allreduce_bytes) / double(1 << 20), double(st.allreduce_ns) / 1e6,
-                 double(st.broadcast_ns) / 1e6, double(st.allreduce_ns + st.broadcast_ns) / 1e6 / steps, n_steps);
+                 double(st.broadcast_ns) / 1e6, st.transfers, double(st.transfer_bytes) / double(1 << 20),
+                 double(st.transfer_ns) / 1e6, double(st.total_ns()) / 1e6 / steps, st.steps);
   }
   if (profile::enabled()) {
     profile::stop();

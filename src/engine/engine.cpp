@@ -18,7 +18,7 @@ class Engine::ModelExecutor final : public StepExecutor {
  public:
   ModelExecutor(const Model& m, Backend& be, int64_t max_batch, int64_t n_ctx, TpLeader* tp)
       : model_(m), fwd_(m, be, max_batch, n_ctx), tp_(tp) {
-    if (tp_) fwd_.set_reducer(&tp_->comm());
+    if (tp_) attach(fwd_, tp_->comm());
   }
   void forward(const Batch& batch, KVCache& kv, float* logits) override {
     if (tp_) tp_->send_step(batch, kv);  // the workers run the same step on their shards
@@ -221,11 +221,15 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     profile::set_meta("cost_model_calibrated", int64_t(cfg.calibrate));
   }
   if (cfg.tp) {
-    if (cfg.tp->rank() != 0 || model.shard_count() != cfg.tp->size())
-      fail("tensor parallelism: the engine runs on rank 0 of ", cfg.tp->size(), " with the model sharded as many ways");
+    if (cfg.tp->rank() != 0 || model.shard_count() != cfg.tp->tp_size() || model.stage_count() != cfg.tp->pp_size())
+      fail("parallelism: the engine runs on rank 0 of ", cfg.tp->size(), " with the model sharded tp_size and staged "
+           "pp_size ways");
     tp_ = std::make_unique<TpLeader>(*cfg.tp);
     tp_->start(kc, sched_cfg_.max_batch_tokens, n_ctx_);
-    if (profile::enabled()) profile::set_meta("tp_size", int64_t(cfg.tp->size()));
+    if (profile::enabled()) {
+      profile::set_meta("tp_size", int64_t(cfg.tp->tp_size()));
+      profile::set_meta("pp_size", int64_t(cfg.tp->pp_size()));
+    }
   }
   exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens, n_ctx_, tp_.get());
   if (cfg.runtime.mlock) weights_summary_ = lock_weights();
@@ -457,6 +461,8 @@ void Engine::shutdown() {
       profile::set_meta("tp_allreduces", int64_t(st.allreduces));
       profile::set_meta("tp_allreduce_ms", double(st.allreduce_ns) / 1e6);
       profile::set_meta("tp_broadcast_ms", double(st.broadcast_ns) / 1e6);
+      profile::set_meta("pp_transfers", int64_t(st.transfers));
+      profile::set_meta("pp_transfer_ms", double(st.transfer_ns) / 1e6);
     }
   }
 }

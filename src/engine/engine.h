@@ -36,8 +36,9 @@ struct EngineConfig {
   bool calibrate = true;  // measure the cost model at start-up (auto chunking needs it)
   SpecConfig spec;        // speculative decoding (off by default)
   const Model* draft_model = nullptr;  // SpecMethod::Draft: loaded by the caller (load_draft_model)
-  // Tensor parallelism: rank 0 of this group (the model sharded for it: Model::shard); the other
-  // ranks run run_tp_worker (engine/tensor_parallel.h). Null: one process.
+  // Tensor/pipeline parallelism: rank 0 of this group (the model split for it: split_model, i.e.
+  // Model::stage and Model::shard); the other ranks run run_tp_worker (engine/tensor_parallel.h).
+  // Null: one process.
   Communicator* tp = nullptr;
 };
 

@@ -12,6 +12,11 @@ enum : int64_t { kStep = 1, kStop = 2 };
 constexpr int kStartFields = 6, kHeaderFields = 3;
 }  // namespace
 
+void attach(Forward& f, Communicator& c) {
+  if (c.tp_size() > 1) f.set_reducer(&c);
+  if (c.pp_size() > 1) f.set_stage_link(&c);
+}
+
 void TpLeader::start(const KVCacheConfig& kc, int64_t max_batch, int64_t n_ctx) {
   int64_t s[kStartFields] = {max_batch, n_ctx, kc.n_blocks, kc.block_size, int64_t(kc.type), kc.kv_dim};
   c_.broadcast(s, sizeof s);
@@ -35,6 +40,12 @@ void TpLeader::send_step(const Batch& b, const KVCache& kv) {
   int64_t h[kHeaderFields] = {kStep, M, int64_t(payload_.size())};
   c_.broadcast(h, sizeof h);
   c_.broadcast(payload_.data(), int64_t(payload_.size() * sizeof(int32_t)));
+  c_.count_step();
+}
+
+void split_model(Model& m, const Communicator& c) {
+  m.stage(c.stage(), c.pp_size());  // first: only the stage's layers get sliced
+  m.shard(c.tp_rank(), c.tp_size());
 }
 
 void TpLeader::stop() {
@@ -56,7 +67,7 @@ void run_tp_worker(const Model& m, const RuntimeConfig& rt, Communicator& c) {
   KVCache kv(kc);
   std::unique_ptr<Backend> be = make_backend(r.backend, resolve_threads(r.threads));
   Forward fwd(m, *be, max_batch, n_ctx);
-  fwd.set_reducer(&c);
+  attach(fwd, c);
   Batch b;
   std::vector<int32_t> p;
   for (;;) {

@@ -1,9 +1,10 @@
-// Tensor parallelism's step protocol over a Communicator (parallel/comm.h). Rank 0's engine
-// (Engine with EngineConfig::tp) owns the scheduler and the KV cache's block allocation; before
-// each forward it broadcasts the batch (tokens, positions, sequences, want_logits) and the block
-// table of every sequence in it. A worker (run_tp_worker) runs the same forward on its shard of
-// the model (Model::shard) over a KV cache of the same blocks holding its KV heads, so the
-// block ids rank 0 allocates are valid on every rank. Only rank 0 computes logits.
+// Tensor and pipeline parallelism's step protocol over a Communicator (parallel/comm.h). Rank 0's
+// engine (Engine with EngineConfig::tp) owns the scheduler and the KV cache's block allocation;
+// before each forward it broadcasts the batch (tokens, positions, sequences, want_logits) and the
+// block table of every sequence in it to every rank. A worker (run_tp_worker) runs the same
+// forward on its part of the model (Model::stage's layers, Model::shard's heads and columns)
+// over a KV cache of the same blocks holding its layers' KV heads, so the block ids rank 0
+// allocates are valid on every rank. Only rank 0 computes logits.
 //   start:  int64 {max_batch, n_ctx, n_blocks, block_size, kv_type, kv_dim}
 //   step:   int64 {kStep, M, payload ints}, then int32 tokens[M] pos[M] seq[M] want[M],
 //           then per distinct sequence {seq, n, table[n]}
@@ -18,6 +19,11 @@
 #include "parallel/comm.h"
 
 namespace ft {
+
+// This rank's part of m: its stage's layers (Model::stage), then its shard of them (Model::shard).
+void split_model(Model& m, const Communicator& c);
+// Connects f to the group: the stage's allreduces when tp > 1, the stage links when pp > 1.
+void attach(Forward& f, Communicator& c);
 
 class TpLeader {
  public:

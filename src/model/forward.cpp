@@ -9,6 +9,9 @@
 //   phi3:   Q/K/V and gate/up are row views of fused tensors (the same GEMM calls); every layer
 //           windowed; long/short rope factors chosen by the context (constructor).
 //   qwen2:  Q/K/V biases in the GEMM epilogue.
+// Pipeline parallelism (StageLink, Model::stage): the layers are the stage's; the first stage
+// embeds, the others receive x from the previous stage; all but the last send x on; the last
+// sends the rows that want logits to the first stage, whose rank 0 computes the logits.
 // LoRA (model/lora.h): each adapted projection's output gets its adapters' deltas (lora_add, per
 // run of one adapter in the batch) before anything else reads it: Q/K/V before RoPE (so RoPE is
 // then its own pass), gate/up before the activation (then not fused), Wo/W_down with the residual.
@@ -32,7 +35,8 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   // (Fused tensors: the row views are what the GEMMs read, so those are prepared.)
   for (LayerWeights& L : w_.layers)
     for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *v = be_.prepare(*v);
-  w_.output = be_.prepare(w_.output);  // token_embd stays in rows: embed() reads single rows
+  if (w_.output.data) w_.output = be_.prepare(w_.output);  // token_embd stays in rows: embed() reads single rows
+  // (A pipeline stage other than the first has neither: Model::stage dropped them.)
   const HParams& hp = model.hparams();
   const size_t M = size_t(max_batch);
   // (Each width < 2^31, max_batch checked by the engine: 7 * M * width floats fit in 64 bits.)
@@ -109,7 +113,7 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     n_ctx_[size_t(i)] = b.pos[i] + 1;
   }
   const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.attn_scale, hp.attn_softcap,
-                             hp.layer_window(il)};
+                             hp.layer_window(hp.first_layer + il)};
   be_.attention(q_, M, views_.data(), n_ctx_.data(), shape, attn_);
   residual_add(il, LoraSlot::O, attn_, M, L.wo, L.attn_post_norm);  // x += [post_norm](attn · Woᵀ)
 }
@@ -154,26 +158,35 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   const HParams& hp = model_.hparams();
   const ModelWeights& w = w_;
   const int64_t M = b.size();
+  const int64_t D = hp.dim;
   be_.set_layer(-1);
-  be_.embed(w.token_embd, b.tokens.data(), M, x_);
-  if (hp.embd_scale != 1.0f) be_.scale(x_, M * hp.dim, hp.embd_scale);
+  if (!link_ || link_->first_stage()) {
+    be_.embed(w.token_embd, b.tokens.data(), M, x_);
+    if (hp.embd_scale != 1.0f) be_.scale(x_, M * D, hp.embd_scale);
+  } else {
+    link_->recv_prev(x_, M * D);  // (the scale is the first stage's: x arrives scaled)
+  }
   if (fused_rope_) be_.rope_table(b.pos.data(), M, rope_, rope_cs_.data());
   for (int32_t il = 0; il < hp.n_layers; ++il) {
-    be_.set_layer(il);
+    be_.set_layer(hp.first_layer + il);
     attention_block(il, b, kv, M);
     ffn_block(il, M);
   }
   be_.set_layer(-1);
+  if (link_ && !link_->last_stage()) link_->send_next(x_, M * D);
   // Gather the rows that want logits, then norm and project only those.
   int64_t n_out = 0;
   for (int64_t i = 0; i < M; ++i) {
     if (!b.want_logits[size_t(i)]) continue;
-    if (n_out != i)
-      std::memcpy(x_ + n_out * hp.dim, x_ + i * hp.dim, size_t(hp.dim) * sizeof(float));
+    if (n_out != i && (!link_ || link_->last_stage()))
+      std::memcpy(x_ + n_out * D, x_ + i * D, size_t(D) * sizeof(float));
     ++n_out;
   }
-  if (n_out == 0 || !logits) return;
-  be_.rmsnorm(x_, w.output_norm, h_, n_out, hp.dim, hp.rms_eps);
+  if (n_out == 0) return;
+  if (link_ && link_->last_stage()) return link_->send_head(x_, n_out * D);  // (the last stage has no head)
+  if (!logits) return;
+  if (link_) link_->recv_tail(x_, n_out * D);  // the last stage's output rows
+  be_.rmsnorm(x_, w.output_norm, h_, n_out, D, hp.rms_eps);
   be_.matmul(h_, n_out, w.output, logits);
   if (hp.final_softcap > 0) be_.softcap(logits, n_out * hp.n_vocab, hp.final_softcap);
 }

@@ -162,8 +162,16 @@ void Forward::set_reducer(Reducer* r) {
   reduce_ = r;
 }
 
+void Forward::set_stage_link(StageLink* l) {
+  if (l && !lora_ya_.empty()) fail("LoRA adapters with pipeline parallelism (pp_size > 1) are not supported yet");
+  if (l && (l->first_stage() != (model_.stage_index() == 0) || model_.stage_count() < 2))
+    fail("pipeline parallelism: the forward's stage is not the model's (Model::stage)");
+  link_ = l;
+}
+
 void Forward::enable_lora() {
   if (reduce_) fail("LoRA adapters with tensor parallelism (tp_size > 1) are not supported yet");
+  if (link_) fail("LoRA adapters with pipeline parallelism (pp_size > 1) are not supported yet");
   if (!lora_ya_.empty()) return;
   const size_t M = size_t(max_batch_);
   lora_ya_.assign(M * size_t(kMaxLoraRank), 0.0f);

@@ -44,6 +44,7 @@ struct HParams {
   int32_t sliding_window = 0;     // > 0: windowed layers see only the last this many positions
   SwaLayers swa_layers = SwaLayers::None;
   int32_t rope_ctx_orig = 0;      // phi3 long-context: above it the long rope factors apply
+  int32_t first_layer = 0;        // pipeline stage (Model::stage): the file's index of layers[0]
   std::string name;  // general.name
   // The window layer il attends through (0: the whole causal context).
   int32_t layer_window(int32_t il) const {
@@ -113,6 +114,22 @@ class Reducer {
   virtual void allreduce_sum(float* x, int64_t n) = 0;
 };
 
+// Pipeline parallelism (src/parallel): the hidden state's way between the stages of a model split
+// by layers (Model::stage). The first stage embeds the tokens, every other one receives the
+// previous stage's x (M, dim); every stage but the last sends its x on; the last stage sends the
+// rows that want logits (in batch order) back to the first stage, whose rank 0 computes the
+// logits. (Each call moves n floats and waits, with a deadline, until its buffer may be reused.)
+class StageLink {
+ public:
+  virtual ~StageLink() = default;
+  virtual bool first_stage() const = 0;
+  virtual bool last_stage() const = 0;
+  virtual void recv_prev(float* x, int64_t n) = 0;
+  virtual void send_next(const float* x, int64_t n) = 0;
+  virtual void send_head(const float* x, int64_t n) = 0;  // last stage -> the logits' rank (a no-op elsewhere)
+  virtual void recv_tail(float* x, int64_t n) = 0;        // the logits' rank <- the last stage
+};
+
 class Model {
  public:
   // Maps, validates and binds the file. Throws ft::Error naming file, key or tensor.
@@ -134,6 +151,14 @@ class Model {
   void shard(int rank, int n);
   int shard_rank() const { return shard_rank_; }
   int shard_count() const { return shard_count_; }
+  // Pipeline parallelism: keeps stage s of n (model/shard.cpp): the contiguous layers
+  // [s L/n, (s+1) L/n) (n_layers becomes their count, first_layer their first); only stage 0
+  // keeps the token embeddings and the output head (it embeds, and its rank 0 computes the
+  // logits), the others drop them (never touched). Before shard() (so only the stage's layers
+  // are sliced). ft::Error when n exceeds the layers (a stage without any).
+  void stage(int s, int n);
+  int stage_index() const { return stage_; }
+  int stage_count() const { return stage_count_; }
 
  private:
   Model() = default;
@@ -142,6 +167,7 @@ class Model {
   ModelWeights w_;
   uint64_t weight_bytes_ = 0;
   int shard_rank_ = 0, shard_count_ = 1;
+  int stage_ = 0, stage_count_ = 1;
   std::vector<MappedMemory> shard_copies_;  // the row-parallel weights' column slices
 };
 
@@ -165,6 +191,9 @@ class Forward {
   // down) are summed across ranks by r before their residual add. Null: one process.
   // Not with LoRA (a sharded input cannot take an adapter's full-width A): an ft::Error.
   void set_reducer(Reducer* r);
+  // Pipeline parallelism over a staged model (Model::stage): where the stage's input comes from
+  // and its output goes (StageLink). Null: the whole model here. Not with LoRA either.
+  void set_stage_link(StageLink* l);
   // The activation scratch: its bytes, and whether it is on huge pages.
   const MappedMemory& scratch() const { return scratch_; }
 
@@ -201,6 +230,7 @@ class Forward {
   std::vector<LoraSegment> lora_segs_;  // this batch's adapted runs (empty: none)
   std::vector<float> lora_ya_, lora_up_;  // (max_batch, kMaxLoraRank), (max_batch, ffn): enable_lora()
   Reducer* reduce_ = nullptr;
+  StageLink* link_ = nullptr;
 };
 
 }  // namespace ft

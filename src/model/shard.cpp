@@ -1,3 +1,4 @@
+// Model::stage: one pipeline stage's layers (model.h): the others' views dropped, never touched.
 // Model::shard: one rank's part of every layer for tensor parallelism (model.h).
 //   Q (q_dim, dim), K/V (kv_dim, dim), gate/up (ffn, dim): column-parallel, rows [r n_out/n, ..):
 //     a row range of a GGUF matrix is a contiguous sub-range (rows are whole blocks): a view.
@@ -38,7 +39,40 @@ WeightView cols_of(const WeightView& W, int64_t c0, int64_t n, const char* what,
   return {W.type, m.data(), W.n_rows, n, WeightLayout::Rows};
 }
 
+uint64_t layer_bytes(const LayerWeights& L) {
+  return view_bytes(L.wq) + view_bytes(L.wk) + view_bytes(L.wv) + view_bytes(L.wo) + view_bytes(L.w_gate) +
+         view_bytes(L.w_up) + view_bytes(L.w_down);
+}
+
 }  // namespace
+
+void Model::stage(int s, int n) {
+  if (n < 1 || s < 0 || s >= n) fail("pipeline parallelism: stage ", s, " of ", n, " stages");
+  if (stage_count_ != 1 || shard_count_ != 1) fail("pipeline parallelism: the model is already split");
+  if (n == 1) return;
+  const std::string file = file_ ? file_->path() : std::string("the model");
+  const int32_t L = hp_.n_layers;
+  if (n > L)
+    fail(file, ": pipeline parallelism over ", n, " stages needs at least one layer per stage, the model has ", L,
+         " layers; choose a pp_size of at most ", L);
+  // Contiguous and balanced: stage s runs [s L / n, (s + 1) L / n) (sizes differ by at most one).
+  const int32_t first = int32_t(int64_t(s) * L / n), end = int32_t(int64_t(s + 1) * L / n);
+  for (int32_t il = 0; il < L; ++il)
+    if (il < first || il >= end) weight_bytes_ -= layer_bytes(w_.layers[size_t(il)]);
+  w_.layers.erase(w_.layers.begin() + end, w_.layers.end());
+  w_.layers.erase(w_.layers.begin(), w_.layers.begin() + first);
+  if (s != 0) {  // the embeddings and the head are stage 0's (its rank 0 computes the logits)
+    weight_bytes_ -= view_bytes(w_.token_embd);
+    if (w_.output.data != w_.token_embd.data) weight_bytes_ -= view_bytes(w_.output);
+    w_.token_embd = {};
+    w_.output = {};
+    w_.output_norm = nullptr;
+  }
+  hp_.first_layer = first;
+  hp_.n_layers = end - first;
+  stage_ = s;
+  stage_count_ = n;
+}
 
 void Model::shard(int rank, int n) {
   if (n < 1 || rank < 0 || rank >= n) fail("tensor parallelism: rank ", rank, " of ", n, " ranks");
@@ -56,8 +90,7 @@ void Model::shard(int rank, int n) {
   const int64_t q = hp.q_dim() / n, kv = hp.kv_dim() / n, f = hp.ffn_dim / n;
   for (size_t il = 0; il < w_.layers.size(); ++il) {
     LayerWeights& L = w_.layers[il];
-    const uint64_t before = view_bytes(L.wq) + view_bytes(L.wk) + view_bytes(L.wv) + view_bytes(L.wo) +
-                            view_bytes(L.w_gate) + view_bytes(L.w_up) + view_bytes(L.w_down);
+    const uint64_t before = layer_bytes(L);
     L.wq = rows_of(L.wq, rank * q, q);
     L.wk = rows_of(L.wk, rank * kv, kv);
     L.wv = rows_of(L.wv, rank * kv, kv);
@@ -68,12 +101,10 @@ void Model::shard(int rank, int n) {
     L.w_gate_up = {};
     L.w_gate = rows_of(L.w_gate, rank * f, f);
     L.w_up = rows_of(L.w_up, rank * f, f);
-    const std::string layer = "layer " + std::to_string(il);
+    const std::string layer = "layer " + std::to_string(hp.first_layer + int32_t(il));
     L.wo = cols_of(L.wo, rank * q, q, (layer + " attn_output").c_str(), n, shard_copies_);
     L.w_down = cols_of(L.w_down, rank * f, f, (layer + " ffn_down").c_str(), n, shard_copies_);
-    const uint64_t after = view_bytes(L.wq) + view_bytes(L.wk) + view_bytes(L.wv) + view_bytes(L.wo) +
-                           view_bytes(L.w_gate) + view_bytes(L.w_up) + view_bytes(L.w_down);
-    weight_bytes_ -= before - after;
+    weight_bytes_ -= before - layer_bytes(L);
   }
   hp.n_heads /= n;
   hp.n_kv_heads /= n;

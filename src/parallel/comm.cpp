@@ -32,18 +32,23 @@ bool Communicator::launched_with_ranks(int* size) {
 }
 
 namespace {
-// size 1: null, or the error of a multi-rank launch for one rank's work.
-bool one_process(int size) {
-  if (size < 1) fail("tensor parallelism: ", size, " ranks");
-  if (size > 1) return false;
+// tp = pp = 1: null, or the error of a multi-rank launch for one rank's work.
+bool one_process(int tp, int pp) {
+  if (tp < 1 || pp < 1) fail("parallelism: tp_size ", tp, ", pp_size ", pp, " (each at least 1)");
+  if (int64_t(tp) * pp > (1 << 16)) fail("parallelism: tp_size x pp_size = ", int64_t(tp) * pp, " ranks");
+  if (tp * pp > 1) return false;
   if (int world = 0; Communicator::launched_with_ranks(&world))
-    fail("started as one of ", world, " MPI ranks, but tp_size is 1: set parallel_config.tp_size (--tp) to ",
-         world, " or start one process");
+    fail("started as one of ", world, " MPI ranks, but tp_size x pp_size is 1: set parallel_config.tp_size (--tp) "
+         "and/or pp_size (--pp) so that their product is ", world, ", or start one process");
   return true;
 }
 }  // namespace
 
 #ifdef FT_HAVE_MPI
+
+struct Communicator::Impl {
+  MPI_Comm stage = MPI_COMM_NULL;  // the ranks of this rank's pipeline stage (the allreduces')
+};
 
 namespace {
 
@@ -73,8 +78,9 @@ bool wait_request(MPI_Request& r, double timeout_s) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> Communicator::start(int size) {
-  if (one_process(size)) return nullptr;
+std::unique_ptr<Communicator> Communicator::start(int tp, int pp) {
+  if (one_process(tp, pp)) return nullptr;
+  const int size = tp * pp;
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
@@ -94,13 +100,20 @@ std::unique_ptr<Communicator> Communicator::start(int size) {
   if (c->size_ != size) {
     const int world = c->size_;
     c.reset();  // finalizes: every rank sees the same mismatch and stops the same way
-    fail("tensor parallelism: tp_size x pp_size = ", size, " but the job has ", world,
+    fail("parallelism: tp_size x pp_size = ", tp, " x ", pp, " = ", size, " but the job has ", world,
          " MPI ranks (start it with mpirun -n ", size, ")");
   }
+  c->tp_ = tp;
+  c->impl_ = std::make_unique<Impl>();
+  // A stage's ranks, in tp-rank order (MPI_Comm_split: collective over the world).
+  if (MPI_Comm_split(MPI_COMM_WORLD, c->stage(), c->tp_rank(), &c->impl_->stage) != MPI_SUCCESS)
+    c->abort("MPI_Comm_split failed");
+  MPI_Comm_set_errhandler(c->impl_->stage, MPI_ERRORS_RETURN);
   return c;
 }
 
 Communicator::~Communicator() {
+  if (impl_ && impl_->stage != MPI_COMM_NULL) MPI_Comm_free(&impl_->stage);
   int fin = 0;
   MPI_Finalized(&fin);
   if (!fin) MPI_Finalize();
@@ -111,7 +124,7 @@ void Communicator::allreduce_sum(float* x, int64_t n) {
   const uint64_t t0 = now_ns();
   MPI_Request r;
   if (n > INT32_MAX) fail("allreduce: ", n, " floats exceed one MPI message");
-  if (MPI_Iallreduce(MPI_IN_PLACE, x, int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r) != MPI_SUCCESS)
+  if (MPI_Iallreduce(MPI_IN_PLACE, x, int(n), MPI_FLOAT, MPI_SUM, impl_->stage, &r) != MPI_SUCCESS)
     abort("MPI_Iallreduce failed");
   if (!wait_request(r, timeout_s_))
     abort(cat("allreduce of ", n, " floats: no answer from the other ranks within ", timeout_s_,
@@ -119,6 +132,40 @@ void Communicator::allreduce_sum(float* x, int64_t n) {
   ++stats_.allreduces;
   stats_.allreduce_bytes += uint64_t(n) * sizeof(float);
   stats_.allreduce_ns += now_ns() - t0;
+}
+
+// One point-to-point transfer of n floats with peer (tags: kHidden stage to stage, kTail the last
+// stage to rank 0; pairs' messages arrive in order, and every rank makes its calls in the same
+// order per step, so a tag per direction suffices).
+namespace {
+enum : int { kHidden = 11, kTail = 12 };
+}
+
+void Communicator::transfer(float* x, int64_t n, int peer, int tag, bool send, const char* what) {
+  profile::Scope sc(what, "comm");
+  const uint64_t t0 = now_ns();
+  if (n > INT32_MAX) fail(what, ": ", n, " floats exceed one MPI message");
+  MPI_Request r;
+  const int rc = send ? MPI_Isend(x, int(n), MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &r)
+                      : MPI_Irecv(x, int(n), MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &r);
+  if (rc != MPI_SUCCESS) abort(cat(what, ": MPI_I", send ? "send" : "recv", " failed"));
+  if (!wait_request(r, timeout_s_))
+    abort(cat(what, " of ", n, " floats ", send ? "to" : "from", " rank ", peer, ": no answer within ", timeout_s_,
+              " s (a rank died or hangs)"));
+  ++stats_.transfers;
+  stats_.transfer_bytes += uint64_t(n) * sizeof(float);
+  stats_.transfer_ns += now_ns() - t0;
+}
+
+void Communicator::recv_prev(float* x, int64_t n) { transfer(x, n, rank_ - tp_, kHidden, false, "pp_recv"); }
+void Communicator::send_next(const float* x, int64_t n) {
+  transfer(const_cast<float*>(x), n, rank_ + tp_, kHidden, true, "pp_send");  // (MPI_Isend reads only)
+}
+void Communicator::send_head(const float* x, int64_t n) {
+  if (last_stage() && tp_rank() == 0) transfer(const_cast<float*>(x), n, 0, kTail, true, "pp_send");
+}
+void Communicator::recv_tail(float* x, int64_t n) {
+  if (rank_ == 0) transfer(x, n, (pp_size() - 1) * tp_, kTail, false, "pp_recv");
 }
 
 static void bcast(Communicator& c, CommStats& st, void* data, int64_t bytes, double timeout_s) {
@@ -158,8 +205,9 @@ void Communicator::abort(const std::string& why) {
 
 #else  // built without MPI
 
-std::unique_ptr<Communicator> Communicator::start(int size) {
-  if (one_process(size)) return nullptr;
+std::unique_ptr<Communicator> Communicator::start(int tp, int pp) {
+  if (one_process(tp, pp)) return nullptr;
+  const int size = tp * pp;
   fail("tensor parallelism (", size, " ranks) needs MPI, and this build has none: install OpenMPI "
        "(apt-get install libopenmpi-dev openmpi-bin) and reconfigure (cmake -DFT_MPI=ON)");
 }
@@ -167,6 +215,10 @@ Communicator::~Communicator() = default;
 void Communicator::allreduce_sum(float*, int64_t) {}
 void Communicator::broadcast(void*, int64_t) {}
 void Communicator::broadcast_idle(void*, int64_t) {}
+void Communicator::recv_prev(float*, int64_t) {}
+void Communicator::send_next(const float*, int64_t) {}
+void Communicator::send_head(const float*, int64_t) {}
+void Communicator::recv_tail(float*, int64_t) {}
 bool Communicator::all_ok(bool ok) { return ok; }
 void Communicator::abort(const std::string& why) {
   std::fprintf(stderr, "firsttoken: %s\n", why.c_str());

@@ -1,6 +1,10 @@
-// The process group of a tensor-parallel run over MPI (issue 18): rank 0 serves (HTTP, tokenizer,
-// scheduler) and broadcasts each step; every rank runs the step's forward on its shard of the
-// weights, summing the row-parallel projections with one allreduce each.
+// The process group of a parallel run over MPI (issue 18): rank 0 serves (HTTP, tokenizer,
+// scheduler) and broadcasts each step to every rank. The world is tp x pp ranks: rank r is
+// tensor-parallel rank r % tp of pipeline stage r / tp. Within a stage every rank runs the stage's
+// layers on its shard of the weights, summing the row-parallel projections with one allreduce
+// each over the stage's ranks; stage s sends its hidden state to stage s + 1 (tp rank t to tp
+// rank t, point to point), and the last stage's tp rank 0 sends the rows that want logits back to
+// rank 0 (first stage), which computes the logits.
 //
 // Every wait is bounded: a collective that has not completed within timeout_s() (a rank died or
 // hangs) aborts the whole job (MPI_Abort) with a message naming the collective, so nothing hangs.
@@ -20,22 +24,25 @@
 
 namespace ft {
 
-// Time and volume of the collectives (the profile's and the bench's "communication per step").
+// Time and volume of the communication (the profile's and the bench's "communication per step").
 struct CommStats {
   uint64_t allreduces = 0, allreduce_bytes = 0, allreduce_ns = 0;
   uint64_t broadcasts = 0, broadcast_bytes = 0, broadcast_ns = 0;
+  uint64_t transfers = 0, transfer_bytes = 0, transfer_ns = 0;  // pipeline sends and receives
+  uint64_t steps = 0;  // forward passes sent to the group (rank 0: TpLeader::send_step)
+  uint64_t total_ns() const { return allreduce_ns + broadcast_ns + transfer_ns; }
 };
 
-class Communicator final : public Reducer {
+class Communicator final : public Reducer, public StageLink {
  public:
   // True when this process was started by an MPI launcher with more than one rank (its
   // environment says so: OMPI_COMM_WORLD_SIZE, PMI_SIZE); sets *size to that world size.
   static bool launched_with_ranks(int* size);
-  // Initializes MPI for a group of exactly `size` ranks and returns this rank's communicator;
-  // size 1: null (one process), unless an MPI launcher started several (an error: each would
+  // Initializes MPI for a group of exactly tp x pp ranks and returns this rank's communicator;
+  // tp = pp = 1: null (one process), unless an MPI launcher started several (an error: each would
   // serve alone). ft::Error when the build has no MPI, or when the world has another size (the
   // same error on every rank: MPI is finalized again before it is thrown).
-  static std::unique_ptr<Communicator> start(int size);
+  static std::unique_ptr<Communicator> start(int tp, int pp = 1);
   ~Communicator() override;  // MPI_Finalize (all ranks reach it on a clean stop)
 
   // Runs fn; what it throws ends every rank (abort), for the part of a run after the ranks have
@@ -50,11 +57,22 @@ class Communicator final : public Reducer {
   }
 
   int rank() const { return rank_; }
-  int size() const { return size_; }
+  int size() const { return size_; }  // the world: tp_size() x pp_size()
+  int tp_size() const { return tp_; }
+  int pp_size() const { return size_ / tp_; }
+  int tp_rank() const { return rank_ % tp_; }
+  int stage() const { return rank_ / tp_; }
   double timeout_s() const { return timeout_s_; }
 
-  // x (n,) = the sum over ranks of every rank's x (f32), in place.
+  // x (n,) = the sum over the ranks of this rank's stage of their x (f32), in place.
   void allreduce_sum(float* x, int64_t n) override;
+  // Pipeline (StageLink): point-to-point, nonblocking, waited on with the collectives' deadline.
+  bool first_stage() const override { return stage() == 0; }
+  bool last_stage() const override { return stage() == pp_size() - 1; }
+  void recv_prev(float* x, int64_t n) override;
+  void send_next(const float* x, int64_t n) override;
+  void send_head(const float* x, int64_t n) override;  // (from the last stage's tp rank 0 only)
+  void recv_tail(float* x, int64_t n) override;
   // bytes at data: rank 0's are copied to every rank. broadcast_idle waits without a time limit.
   void broadcast(void* data, int64_t bytes);
   void broadcast_idle(void* data, int64_t bytes);
@@ -65,10 +83,14 @@ class Communicator final : public Reducer {
   [[noreturn]] void abort(const std::string& why);
 
   const CommStats& stats() const { return stats_; }
+  void count_step() { ++stats_.steps; }
 
  private:
   Communicator() = default;
-  int rank_ = 0, size_ = 1;
+  void transfer(float* x, int64_t n, int peer, int tag, bool send, const char* what);
+  struct Impl;  // the MPI handles (the stage's communicator)
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1, tp_ = 1;
   double timeout_s_ = 60;
   CommStats stats_;
 };

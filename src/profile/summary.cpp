@@ -134,7 +134,7 @@ Summary summarize(const json& trace) {
       steps.push_back(&sp);
     else if (sp.cat == "engine" && sp.name == "forward")
       forwards.push_back(&sp);
-    else if (sp.cat == "op" || sp.cat == "engine")
+    else if (sp.cat == "op" || sp.cat == "engine" || sp.cat == "comm")
       inner.push_back(&sp);
   }
   auto by_ts = [](const Span* a, const Span* b) { return a->ts < b->ts; };
@@ -178,14 +178,23 @@ Summary summarize(const json& trace) {
   for (const Span* f : forwards)
     if (inside(steps, *f)) s.forward_ms += f->dur / 1e3;
 
-  // Ops (and the engine's own phases) inside steps, by name.
+  // Ops (and the engine's own phases, and the MPI communication) inside steps, by name.
   std::map<std::string, OpRow> rows;
   std::set<int> layers;
   std::vector<std::vector<const Span*>> ops_of_forward(forwards.size());
+  std::map<const Span*, double> comm_of_step;  // (tensor/pipeline parallel: allreduce, broadcast, pp_send/recv)
   for (const Span* sp : inner) {
-    if (!inside(steps, *sp)) {
+    const Span* step = inside(steps, *sp);
+    if (!step) {
       if (sp->cat == "op") s.outside_steps_ms += sp->dur / 1e3;
       continue;
+    }
+    if (sp->cat == "comm") {
+      comm_of_step[step] += sp->dur / 1e3;
+      if (const Span* f = inside(forwards, *sp)) {  // (waiting on another rank is not an idle gap of this one)
+        const size_t fi = size_t(std::lower_bound(forwards.begin(), forwards.end(), f, by_ts) - forwards.begin());
+        if (fi < forwards.size()) ops_of_forward[fi].push_back(sp);
+      }
     }
     OpRow& r = rows[sp->name];
     r.name = sp->name;
@@ -202,6 +211,11 @@ Summary summarize(const json& trace) {
         if (fi < forwards.size()) ops_of_forward[fi].push_back(sp);
       }
     }
+  }
+  if (!comm_of_step.empty()) {
+    std::vector<double> per_step;
+    for (const Span* st : steps) per_step.push_back(comm_of_step.count(st) ? comm_of_step[st] : 0.0);
+    s.comm_per_step = make_dist(per_step);
   }
   for (auto& [name, r] : rows) {
     r.share = s.step_ms > 0 ? r.total_ms / s.step_ms : 0;
@@ -374,6 +388,14 @@ std::string format_summary(const Summary& s, int top_n) {
                   (long long)s.steps, s.tokens_per_step, s.decode_per_step, s.prefill_per_step, s.step_dur.mean,
                   s.step_dur.p50, s.step_dur.p99, s.step_dur.max);
     line(buf);
+    if (s.comm_per_step.count > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  communication (MPI allreduce, broadcast, pipeline send/recv) per step: mean %.3f ms (%s), "
+                    "%.1f%% of the steps' time",
+                    s.comm_per_step.mean, dist_line(s.comm_per_step).c_str(),
+                    s.step_ms > 0 ? 100 * s.comm_per_step.sum / s.step_ms : 0.0);
+      line(buf);
+    }
     auto cal = s.meta.find("cost_model_calibrated");
     if (s.predict_abs_err > 0 && (cal == s.meta.end() || cal->second != 0)) {
       std::snprintf(buf, sizeof buf, "  cost model: mean |predicted - measured| forward time %.1f%%",

@@ -46,6 +46,7 @@ struct Summary {
   Dist step_dur;
   double forward_ms = 0;
   double predict_abs_err = 0;  // mean |predicted - measured| / measured of the forward, where predicted
+  Dist comm_per_step;          // MPI time per step (spans of category "comm"; count 0 when none)
   // Ops inside steps, by total time, then the gap row.
   std::vector<OpRow> ops;
   double outside_steps_ms = 0;  // op time outside any step (calibration at start-up)

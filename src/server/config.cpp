@@ -74,7 +74,8 @@ const ServeSetting kSettings[] = {
     {"parallel_config.tp_size", "--tp",
      "Tensor-parallel ranks: start under `mpirun -n TP` (heads and FFN split across the ranks)",
      &ServeConfig::tp_size, 1, 1 << 16},
-    {"parallel_config.pp_size", "--pp", "Pipeline-parallel stages (not supported yet: 1)", &ServeConfig::pp_size, 1,
+    {"parallel_config.pp_size", "--pp",
+     "Pipeline-parallel stages: start under `mpirun -n TP*PP` (contiguous layers per stage)", &ServeConfig::pp_size, 1,
      1 << 16},
     {"scheduler.prefill_chunk_size", "", "", &ServeConfig::prefill_chunk_size, 0, 1 << 20, /*takes_auto=*/true},
     {"scheduler.step_latency_target_ms", "", "", &ServeConfig::step_latency_target_ms, 0.1, 1e6},
@@ -198,15 +199,15 @@ void apply_config_json(const json& doc, ServeConfig& c) {
   try {
     check_parallel(c);
   } catch (const Error& e) {
-    fail("config: 'parallel_config.pp_size': ", e.what());
+    fail("config: 'parallel_config': ", e.what());
   }
 }
 
 void check_parallel(const ServeConfig& c) {
-  if (c.pp_size != 1)
-    fail("pipeline parallelism (pp_size ", c.pp_size, ") is not supported yet: set it to 1 (tensor parallelism: tp_size)");
   if (c.tp_size > 1 && !c.adapters.empty())
     fail("LoRA adapters with tensor parallelism (tp_size ", c.tp_size, ") are not supported yet");
+  if (c.pp_size > 1 && !c.adapters.empty())
+    fail("LoRA adapters with pipeline parallelism (pp_size ", c.pp_size, ") are not supported yet");
 }
 
 void apply_config_file(const std::string& path, ServeConfig& cfg) {

@@ -20,7 +20,8 @@
 //    "adapters": [{"name": "NAME", "path": "ADAPTER.gguf"}, ...]}   (LoRA adapters loaded at start)
 // Speculative decoding is on when scheduler.enable_speculative_decoding is true (its method then
 // defaults to ngram); the speculative section alone only configures it.
-// tp_size > 1 runs under `mpirun -n tp_size` (tensor parallelism over MPI: engine/tensor_parallel.h).
+// tp_size x pp_size > 1 runs under `mpirun -n tp_size*pp_size` (tensor and pipeline parallelism over
+// MPI: engine/tensor_parallel.h).
 // Features not built yet (pp > 1, a throughput-optimised mode) are
 // refused with "... is not supported yet", never silently ignored. max_active_adapters caps the
 // distinct LoRA adapters running at once (0: adapters off).
@@ -59,7 +60,7 @@ struct ServeConfig {
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // parallel_config
   int tp_size = 1;  // tensor-parallel ranks (MPI)
-  int pp_size = 1;  // pipeline stages: only 1 (check_parallel)
+  int pp_size = 1;  // pipeline stages (MPI): tp_size x pp_size ranks
   // scheduler
   int64_t prefill_chunk_size = SchedulerConfig{}.chunk_size;  // -1 = auto
   double step_latency_target_ms = SchedulerConfig{}.step_latency_target_ms;
@@ -103,7 +104,7 @@ void check_range(const ServeSetting& s, const ServeConfig& c, const std::string&
 // Applies a parsed config file over cfg. Throws ft::Error naming the key ("scheduler.foo") on an
 // unknown key, a wrong type or an out-of-range value, or saying "not supported yet".
 void apply_config_json(const nlohmann::json& doc, ServeConfig& cfg);
-// ft::Error saying "not supported yet" for what of parallel_config is not built (pp_size > 1).
+// ft::Error saying "not supported yet" for what parallelism cannot run with (LoRA adapters).
 void check_parallel(const ServeConfig& cfg);
 // Reads and applies FILE (ft::Error naming the file on I/O or JSON errors).
 void apply_config_file(const std::string& path, ServeConfig& cfg);

@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""`firsttoken serve --tp 2` under `mpirun --oversubscribe -n 2` on loopback (issue 18), stdlib only.
+"""`firsttoken serve --tp/--pp` under `mpirun --oversubscribe` on loopback (issue 18), stdlib only.
 
-Checks, each against a fresh job:
+--suite tp (`serve --tp 2`, 2 ranks), each check against a fresh job:
   1. greedy completions (two prompts, concurrently) equal one process's;
   2. SIGTERM to rank 0 drains and stops every rank: mpirun exits 0 within seconds;
   3. a rank that dies (SIGKILL to rank 1) ends the others within seconds, and a request in
      flight gets an error or a dropped connection, never a hang;
   4. start-up errors are said by every rank, and every rank exits non-zero: a world size that is
      not tp_size, tp_size 1 under a multi-rank launch, heads that do not divide by tp.
+--suite pp:
+  1. greedy completions equal one process's under pipeline parallelism (`--pp 2`, 2 ranks) and
+     TP 2 x PP 2 (4 ranks); SIGTERM to rank 0 stops every rank (exit 0);
+  2. the seed's sample config (tp_size 2, optimize_for_latency, speculative decoding on (n-gram),
+     max_active_adapters 4) starts under `mpirun -n 2` and completes requests: the same greedy text;
+  3. start-up errors on every rank: tp x pp other than the world size, more stages than layers.
 Exit 0 when all hold; 77 (skipped) without mpirun or the shared model.
 """
 import argparse
@@ -19,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -95,10 +102,87 @@ def wait_exit(p, seconds):
         return None
 
 
+def concurrent(port, prompts):
+    got = [None] * len(prompts)
+
+    def ask(i):
+        got[i] = complete(port, prompts[i])
+
+    ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return got
+
+
+def startup_error(serve, n, extra, needle):
+    """mpirun -n N serve EXTRA must fail on every rank, each saying needle."""
+    q = subprocess.run(MPIRUN + ["-n", str(n)] + serve + extra, capture_output=True, text=True, timeout=120)
+    said = q.stderr.count(needle)
+    check(q.returncode != 0 and said == n,
+          f"mpirun -n {n} serve {' '.join(extra)}: rc {q.returncode}, '{needle}' said by {said} of {n} ranks"
+          + ("" if said == n else "\n" + q.stderr[-1500:]))
+
+
+def stop_job(p, what):
+    r = ranks(p.pid)
+    t0 = time.time()
+    os.kill(r[0], signal.SIGTERM)
+    rc = wait_exit(p, 30)
+    check(rc == 0, f"{what}: SIGTERM on rank 0: mpirun exits 0 (rc {rc}, {time.time() - t0:.1f} s)")
+
+
+def metric(port, name):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    for line in c.getresponse().read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def suite_pp(serve, prompts, want, model, tmp, spec_prompt, spec_want):
+    # 1. Pipeline parallel, and both.
+    for n, extra in ((2, ["--pp", "2"]), (4, ["--tp", "2", "--pp", "2"])):
+        p, port, lines = start(MPIRUN + ["-n", str(n)] + serve + extra)
+        got = concurrent(port, prompts)
+        check(got == want, f"{' '.join(extra)}: greedy completions equal one process's" + ("" if got == want else f" got {got!r}"))
+        tp, pp = (2, 2) if n == 4 else (1, 2)
+        check(any(f"parallelism: rank 0 of {n} (MPI): tp {tp} x pp {pp}" in l for l in lines), f"{' '.join(extra)}: rank 0 logs the group")
+        stop_job(p, " ".join(extra))
+    # 2. The seed's sample config (README's, with tp_size 2 and speculative decoding on).
+    cfg = {"scheduler": {"prefill_chunk_size": "auto", "step_latency_target_ms": 50, "max_num_seqs": 64,
+                         "max_batch_tokens": 2048, "ttft_slo_base_ms": 100, "ttft_slo_stretch": 2,
+                         "reject_late_factor": 0, "max_active_adapters": 4, "enable_speculative_decoding": True},
+           "parallel_config": {"tp_size": 2, "pp_size": 1, "optimize_for_latency": True},
+           "server": {"host": "127.0.0.1", "port": 0, "max_queue": 256, "threads": 1, "http_threads": 2,
+                      "log_level": "info", "model": model, "served_model_name": "m", "context_length": 0},
+           "kv_cache": {"memory_mib": 0, "block_size": 16, "prefix_caching": True, "dtype": "f16"}}
+    path = os.path.join(tmp, "sample-config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    p, port, lines = start(MPIRUN + ["-n", "2", serve[0], "serve", "--config", path])
+    got = concurrent(port, prompts)
+    check(got == want, "the sample config (tp 2, speculative decoding, 4 adapters) under mpirun -n 2: greedy "
+          "completions equal one process's" + ("" if got == want else f" got {got!r}"))
+    check(any("speculative decoding: ngram" in l for l in lines), "... with n-gram speculative decoding on")
+    got = complete(port, spec_prompt, max_tokens=48)
+    drafted = metric(port, "firsttoken:spec_decode_num_draft_tokens_total")
+    check(got == spec_want and drafted and drafted > 0,
+          f"... a repetitive prompt: drafts verified under TP ({drafted} draft tokens), the text equals one process's"
+          + ("" if got == spec_want else f" got {got!r}, want {spec_want!r}"))
+    stop_job(p, "sample config")
+    # 3. Start-up errors.
+    startup_error(serve, 2, ["--pp", "3"], "tp_size x pp_size = 1 x 3 = 3 but the job has 2 MPI ranks")
+    startup_error(serve, 5, ["--pp", "5"], "at least one layer per stage")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--exe", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--suite", choices=["tp", "pp"], default="tp")
     a = ap.parse_args()
     if not shutil.which("mpirun"):
         print("mpirun absent: skipped")
@@ -113,21 +197,20 @@ def main():
     # 1. One process, then TP = 2: the same greedy text.
     p, port, _ = start(serve)
     want = [complete(port, x) for x in prompts]
+    # (pp suite: a repetitive prompt, so that the n-gram drafter finds matches to propose)
+    spec_prompt = "the cat sat on the mat and " * 8
+    spec_want = complete(port, spec_prompt, max_tokens=48) if a.suite == "pp" else None
     p.send_signal(signal.SIGTERM)
     wait_exit(p, 30)
+    if a.suite == "pp":
+        with tempfile.TemporaryDirectory() as tmp:
+            suite_pp(serve, prompts, want, a.model, tmp, spec_prompt, spec_want)
+        print(f"(FT_MPI_TIMEOUT_S={env_note})")
+        return 1 if failures else 0
     p, port, lines = start(MPIRUN + ["-n", "2"] + serve + ["--tp", "2"])
-    got = [None] * len(prompts)
-
-    def ask(i):
-        got[i] = complete(port, prompts[i])
-
-    ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    got = concurrent(port, prompts)
     check(got == want, f"TP=2 greedy completions equal one process's ({want!r})" + ("" if got == want else f" got {got!r}"))
-    check(any("tensor parallelism: rank 0 of 2" in l for l in lines), "rank 0 logs the group")
+    check(any("parallelism: rank 0 of 2 (MPI): tp 2 x pp 1" in l for l in lines), "rank 0 logs the group")
 
     # 2. SIGTERM to rank 0: every rank stops, mpirun exits 0.
     r = ranks(p.pid)
@@ -175,16 +258,9 @@ def main():
               for pid in r.values()), "no rank left running")
 
     # 4. Start-up errors: every rank says it, every rank exits non-zero.
-    def startup_error(n, extra, needle):
-        q = subprocess.run(MPIRUN + ["-n", str(n)] + serve + extra, capture_output=True, text=True, timeout=120)
-        said = q.stderr.count(needle)
-        check(q.returncode != 0 and said == n,
-              f"mpirun -n {n} serve {' '.join(extra)}: rc {q.returncode}, '{needle}' said by {said} of {n} ranks"
-              + ("" if said == n else "\n" + q.stderr[-1500:]))
-
-    startup_error(2, ["--tp", "3"], "but the job has 2 MPI ranks")
-    startup_error(2, [], "but tp_size is 1")
-    startup_error(3, ["--tp", "3"], "attention heads divisible by 3")
+    startup_error(serve, 2, ["--tp", "3"], "but the job has 2 MPI ranks")
+    startup_error(serve, 2, [], "but tp_size x pp_size is 1")
+    startup_error(serve, 3, ["--tp", "3"], "attention heads divisible by 3")
     print(f"(FT_MPI_TIMEOUT_S={env_note})")
     return 1 if failures else 0
 

@@ -1,6 +1,12 @@
-// Tensor parallelism over MPI (issue 18), run by ctest as `mpirun --oversubscribe -n 2 test_mpi`:
-// both ranks run every test in the same order, so their collectives meet. Started without an MPI
-// launcher the tests that need the group skip, saying so; the sharding checks run anyway.
+// Tensor and pipeline parallelism over MPI (issue 18), run by ctest as `mpirun --oversubscribe -n
+// TP*PP test_mpi` with FT_TEST_TP and FT_TEST_PP saying the group's shape (test_mpi: TP 2;
+// test_mpi_pp: PP 2; test_mpi_tp2pp2: both, 4 ranks; without them: TP = the world size): every
+// rank runs every test in the same order, so their communication meets. Started without an MPI
+// launcher the tests that need the group skip, saying so; the splitting checks run anyway.
+//
+// Pipeline parallelism changes no arithmetic: each stage runs its layers on the whole hidden state
+// it receives (f32, sent as is), so PP alone must give the one process's logits bit for bit (the
+// test asserts equality, tolerance 0); with TP the bounds below apply.
 //
 // What must hold: TP = 2 computes what one process computes. The split changes only the order
 // of float sums: Wo and down each sum their K inputs as two halves (one per rank) added by the
@@ -10,7 +16,9 @@
 // activations rounded to int8 per 32-block before each matmul): a reassociated sum that lands on
 // the other side of a rounding boundary moves that input by a whole step (max|x|/127 of its
 // block), which the later layers carry on, so the bound is the activation quantization's
-// (kIntTol; measured up to 1e-2 on synth-llama-q8_0) and TP must be no further from the
+// (kIntTol; measured up to 1e-2 on synth-llama-q8_0, where positions 0-10 agree to ~2e-7 and
+// every row from position 11 on differs: one such flip at position 11, carried by the KV cache;
+// the output says how many rows differ beyond 1e-5 and the first) and TP must be no further from the
 // independent reference (the golden top-10 logits) than one process. Greedy tokens: equal on
 // these prompts (on integer-path weights a near-tie could legitimately flip one).
 #include <gtest/gtest.h>
@@ -18,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -34,6 +43,12 @@ std::unique_ptr<Communicator> g_comm;
 
 constexpr float kFloatTol = 1e-4f;  // max |TP - one process| / max |logit| per row: float weights
 constexpr float kIntTol = 3e-2f;    // ... integer-path weights (int8 activations)
+
+// The group's shape: FT_TEST_TP x FT_TEST_PP ranks (default: TP over the whole world).
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
 
 #define FT_REQUIRE_GROUP()                                                              \
   if (!g_comm) GTEST_SKIP() << "not started by mpirun with 2+ ranks (ctest runs: mpirun " \
@@ -62,10 +77,13 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
 
   const auto full = Model::load(path);
   auto shard = Model::load(path);
-  shard->shard(g_comm->rank(), g_comm->size());
+  split_model(*shard, *g_comm);
   const HParams& hp = full->hparams();
   const int32_t V = hp.n_vocab;
-  EXPECT_EQ(shard->hparams().n_heads * g_comm->size(), hp.n_heads);
+  const int tp = g_comm->tp_size(), pp = g_comm->pp_size();
+  EXPECT_EQ(shard->hparams().n_heads * tp, hp.n_heads);
+  EXPECT_EQ(shard->hparams().first_layer, g_comm->stage() * hp.n_layers / pp);
+  EXPECT_EQ(shard->hparams().n_layers, (g_comm->stage() + 1) * hp.n_layers / pp - shard->hparams().first_layer);
   EXPECT_LT(shard->weight_bytes(), full->weight_bytes());
 
   // One process (every rank computes it; rank 0 compares): the prompt as one batch, then greedy.
@@ -73,23 +91,26 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
   Forward f1(*full, *be1, int64_t(prompt.size()), n_ctx);
   KVCache kv1(kv_config(hp, n_blocks));
   ASSERT_TRUE(kv1.reserve(0, n_ctx));
-  // Tensor parallel: this rank's shard, its KV heads.
+  // Parallel: this rank's stage and shard: its layers, its KV heads.
   auto be2 = make_backend("cpu", 1);
   Forward f2(*shard, *be2, int64_t(prompt.size()), n_ctx);
-  f2.set_reducer(g_comm.get());
+  attach(f2, *g_comm);
   KVCache kv2(kv_config(shard->hparams(), n_blocks));
   ASSERT_TRUE(kv2.reserve(0, n_ctx));
-  EXPECT_EQ(kv2.config().kv_dim * g_comm->size(), kv1.config().kv_dim);
+  EXPECT_EQ(kv2.config().kv_dim * tp, kv1.config().kv_dim);
+  EXPECT_EQ(kv2.config().n_layers, shard->hparams().n_layers);
 
   const bool lead = g_comm->rank() == 0;
   const GGMLType wt = full->weights().layers[0].w_down.type;
-  const float tol = wt == GGMLType::F32 || wt == GGMLType::F16 || wt == GGMLType::BF16 ? kFloatTol : kIntTol;
+  const float tol = tp == 1 ? 0.0f  // pipeline alone: the same sums in the same order
+                    : wt == GGMLType::F32 || wt == GGMLType::F16 || wt == GGMLType::BF16 ? kFloatTol : kIntTol;
   std::vector<float> l1(prompt.size() * size_t(V)), l2(prompt.size() * size_t(V));
   Batch b;
   for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], int32_t(i), 0, true);
   f1.run(b, kv1, l1.data());
   f2.run(b, kv2, lead ? l2.data() : nullptr);
   double worst = 0;
+  int n_rows = 0, n_far = 0, first_far = -1;  // rows compared, rows further apart than float rounding (1e-5)
   auto compare = [&](size_t rows) {
     for (size_t r = 0; r < rows; ++r) {
       const float* a = l1.data() + r * size_t(V);
@@ -100,6 +121,8 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
         diff = std::max(diff, std::fabs(a[j] - c[j]));
       }
       worst = std::max(worst, double(diff / scale));
+      ++n_rows;
+      if (diff > 1e-5f * scale && n_far++ == 0) first_far = n_rows - 1;
       EXPECT_LE(diff, tol * scale) << "row " << r;
       EXPECT_EQ(argmax(a, hp.n_tokens), argmax(c, hp.n_tokens)) << "row " << r;
     }
@@ -116,9 +139,9 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
         g1 = std::max(g1, std::fabs(double(l1[r * size_t(V) + id]) - ref));
         g2 = std::max(g2, std::fabs(double(l2[r * size_t(V) + id]) - ref));
       }
-    std::printf("%s: max |logit - golden top-10|: one process %.3e, TP=%d %.3e\n", GetParam().c_str(), g1,
-                g_comm->size(), g2);
-    EXPECT_LE(g2, g1 * 1.05 + 1e-3) << "TP is further from the reference than one process";
+    std::printf("%s: max |logit - golden top-10|: one process %.3e, TP=%d x PP=%d %.3e\n", GetParam().c_str(), g1,
+                tp, pp, g2);
+    EXPECT_LE(g2, g1 * 1.05 + 1e-3) << "TP/PP is further from the reference than one process";
   }
 
   std::vector<int32_t> t1, t2;
@@ -144,8 +167,9 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
   }
   if (lead) {
     EXPECT_EQ(t1, t2);
-    std::printf("%s: TP=%d max |logit diff| / max |logit| = %.2e (tolerance %.0e), %d greedy tokens equal\n",
-                GetParam().c_str(), g_comm->size(), worst, double(tol), n_gen);
+    std::printf("%s: TP=%d x PP=%d max |logit diff| / max |logit| = %.2e (tolerance %.0e; %d of %d rows beyond 1e-5, "
+                "the first: position %d), %d greedy tokens equal\n",
+                GetParam().c_str(), tp, pp, worst, double(tol), n_far, n_rows, first_far, n_gen);
   }
 }
 
@@ -197,19 +221,57 @@ TEST(TpEngine, ConcurrentRequestsMatchOneProcess) {
     return out;
   };
   auto shard = Model::load(path);
-  shard->shard(g_comm->rank(), g_comm->size());
+  split_model(*shard, *g_comm);
   if (g_comm->rank() == 0) {
     const auto full = Model::load(path);
     const auto one = run(*full, nullptr);
-    const uint64_t before = g_comm->stats().allreduces;
+    const CommStats before = g_comm->stats();
     const auto tp = run(*shard, g_comm.get());
     EXPECT_EQ(one, tp);
     for (const auto& t : tp) EXPECT_EQ(t.size(), 20u);
-    // Two allreduces (Wo, down) per layer per step.
-    EXPECT_EQ((g_comm->stats().allreduces - before) % (2 * uint64_t(shard->hparams().n_layers)), 0u);
+    // Two allreduces (Wo, down) per layer of the stage per step (none without TP); with PP per step
+    // one send of x to stage 1 and, when a row wants logits, one receive of those rows.
+    const CommStats& st = g_comm->stats();
+    const uint64_t steps = st.steps - before.steps;
+    EXPECT_GT(steps, 0u);
+    EXPECT_EQ(st.allreduces - before.allreduces,
+              g_comm->tp_size() > 1 ? 2 * uint64_t(shard->hparams().n_layers) * steps : 0u);
+    if (g_comm->pp_size() > 1) {
+      EXPECT_GT(st.transfers - before.transfers, steps);
+      EXPECT_LE(st.transfers - before.transfers, 2 * steps);
+    }
   } else {
     run_tp_worker(*shard, cfg.runtime, *g_comm);
   }
+}
+
+// Staging: contiguous balanced layer ranges, and its refusal; no group needed.
+TEST(PpStage, SplitsLayersAndRefusesEmptyStages) {
+  FT_REQUIRE_SHARED(f32, "models/synth-llama-f32.gguf");  // 4 layers
+  const auto full = Model::load(f32);
+  std::vector<int32_t> firsts, counts;
+  for (int s = 0; s < 3; ++s) {
+    auto m = Model::load(f32);
+    m->stage(s, 3);
+    firsts.push_back(m->hparams().first_layer);
+    counts.push_back(m->hparams().n_layers);
+    EXPECT_EQ(m->weights().layers.size(), size_t(m->hparams().n_layers));
+    const GGUFTensorInfo* wq = m->file().find_tensor("blk." + std::to_string(firsts.back()) + ".attn_q.weight");
+    ASSERT_NE(wq, nullptr);
+    EXPECT_EQ(m->weights().layers[0].wq.data, wq->data);  // the stage's first layer is the file's layer first
+    EXPECT_EQ(m->weights().token_embd.data != nullptr, s == 0);  // the embeddings and head: stage 0's
+    EXPECT_EQ(m->weights().output.data != nullptr, s == 0);
+    EXPECT_LT(m->weight_bytes(), full->weight_bytes());
+  }
+  EXPECT_EQ(firsts, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(counts, (std::vector<int32_t>{1, 1, 2}));
+  std::string e = "no error";
+  try {
+    Model::load(f32)->stage(0, 5);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("at least one layer per stage, the model has 4 layers"), std::string::npos) << e;
 }
 
 // Sharding's refusals: clear errors, no group needed.
@@ -242,7 +304,8 @@ int main(int argc, char** argv) {
   int world = 0;
   if (ft::Communicator::launched_with_ranks(&world)) {
     try {
-      ft::g_comm = ft::Communicator::start(world);
+      const int pp = ft::env_int("FT_TEST_PP", 1);
+      ft::g_comm = ft::Communicator::start(ft::env_int("FT_TEST_TP", world / pp), pp);
     } catch (const ft::Error& e) {
       std::fprintf(stderr, "test_mpi: %s\n", e.what());
       return 1;

@@ -221,6 +221,42 @@ TEST(ProfileSummary, OpsGapsAndSteps) {
   EXPECT_THROW(profile::summarize(json::array()), Error);
 }
 
+// Tensor/pipeline parallelism: MPI spans (category "comm") inside steps count as communication
+// per step (a step without any counts 0), are rows of the op table, and are not idle gaps.
+TEST(ProfileSummary, CommunicationPerStep) {
+  auto x = [](const char* name, const char* cat, double ts, double dur) {
+    return json{{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"pid", 1}, {"tid", 2},
+                {"args", json::object()}};
+  };
+  json evs = json::array();
+  evs.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 2}, {"args", {{"name", "engine"}}}});
+  // Step 1 [0, 100]: broadcast [2, 6], forward [10, 90]: op [10, 40], allreduce [40, 50], op [50, 90].
+  evs.push_back(x("step", "engine", 0, 100));
+  evs.push_back(x("broadcast", "comm", 2, 4));
+  evs.push_back(x("forward", "engine", 10, 80));
+  evs.push_back(x("gemm.wo", "op", 10, 30));
+  evs.push_back(x("allreduce", "comm", 40, 10));
+  evs.push_back(x("gemm.w_down", "op", 50, 40));
+  // Step 2 [200, 300]: pp_recv [210, 290] inside its forward; step 3 [400, 500]: none.
+  evs.push_back(x("step", "engine", 200, 100));
+  evs.push_back(x("forward", "engine", 205, 90));
+  evs.push_back(x("pp_recv", "comm", 210, 80));
+  evs.push_back(x("step", "engine", 400, 100));
+  evs.push_back(x("allreduce", "comm", 600, 50));  // outside steps: not counted
+  const profile::Summary s = profile::summarize(json{{"traceEvents", evs}});
+  EXPECT_EQ(s.comm_per_step.count, 3);
+  EXPECT_NEAR(s.comm_per_step.sum, 0.094, 1e-12);  // 4 + 10, 80, 0 us
+  EXPECT_NEAR(s.comm_per_step.max, 0.080, 1e-12);
+  EXPECT_NEAR(s.op_gaps.sum, (0 + 0 + 0 + 0 + 5 + 5) / 1e3, 1e-12);  // step 1: none; step 2: 5 before, 5 after
+  bool row = false;
+  for (const profile::OpRow& r : s.ops) row = row || (r.name == "pp_recv" && r.cat == "comm" && r.calls == 1);
+  EXPECT_TRUE(row);
+  const std::string text = profile::format_summary(s);
+  EXPECT_NE(text.find("communication (MPI allreduce, broadcast, pipeline send/recv) per step: mean 0.031 ms (n 3"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("31.3% of the steps' time"), std::string::npos) << text;  // 94 of 300 us
+}
+
 // A call's layer is the one the caller set (Backend::set_layer, which the forward pass calls per
 // layer), not guessed from the weight it reads: a layer-0 weight used under layer 3 is tagged 3,
 // and a call after set_layer(-1) carries no layer.

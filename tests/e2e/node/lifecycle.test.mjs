@@ -34,9 +34,9 @@ describe('serve lifecycle', { skip }, () => {
       [{ sched: {} }, /unknown key 'sched'/],
       [{ scheduler: { enable_speculative_decoding: true }, speculative: { method: 'lookahead' } },
         /speculative\.method.*unknown speculative decoding method 'lookahead'/],
-      // tp_size 2 outside mpirun (or in a build without MPI): named, not ignored
-      [{ parallel_config: { tp_size: 2 } }, /tensor parallelism.*(job has 1 MPI ranks|needs MPI)/],
-      [{ parallel_config: { pp_size: 2 } }, /pipeline parallelism \(pp_size 2\) is not supported yet/],
+      // tp_size / pp_size 2 outside mpirun (or in a build without MPI): named, not ignored
+      [{ parallel_config: { tp_size: 2 } }, /tp_size x pp_size = 2 x 1 = 2 but the job has 1 MPI ranks|needs MPI/],
+      [{ parallel_config: { pp_size: 2 } }, /tp_size x pp_size = 1 x 2 = 2 but the job has 1 MPI ranks|needs MPI/],
       [{ kv_cache: { block_size: 'big' } }, /kv_cache\.block_size' must be an integer/],
       ['{not json', /not valid JSON/],
     ];
