@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <future>
@@ -40,10 +41,15 @@ class Engine::ModelExecutor final : public StepExecutor {
 // Per step it first catches each sequence up with its tokens (after truncating what it computed
 // that the sequence no longer holds: rejected drafts), at most kCatchUp prompt tokens per step
 // over all sequences, so a long prompt's draft prefill is spread over the first decode steps and
-// never delays anyone's first token; then one batched forward per draft position.
+// never delays anyone's first token; then one batched forward per draft position. A sequence
+// drafts only while the tokens it must catch up are at most kCatchUpPerToken x the tokens it may
+// still emit: a catch-up token costs about a draft-prefill token, and an accepted draft saves the
+// most a token can, so catching up a long prompt for a short answer (and delaying every step it
+// runs in) would not pay.
 class Engine::DraftModelRunner final : public Drafter {
  public:
   static constexpr int64_t kCatchUp = 256;
+  static constexpr int64_t kCatchUpPerToken = 8;
   DraftModelRunner(const Model& m, Backend& be, const RuntimeConfig& rt, int32_t n_blocks, int32_t max_seqs)
       : model_(m), fwd_(m, be, kCatchUp + int64_t(max_seqs)),
         kv_(kv_cache_config(rt, m.hparams(), n_blocks, false)),
@@ -71,6 +77,7 @@ class Engine::DraftModelRunner final : public Drafter {
       st.fed.resize(c);
       kv_.truncate(j.seq, int64_t(c));
       const int64_t pending = int64_t(j.tokens.size()) - int64_t(c);
+      if (pending > 1 && pending > kCatchUpPerToken * j.remaining) continue;
       const int64_t feed = std::min(pending, budget + 1);
       const bool full = feed == pending;
       // Positions: the pending tokens, then k - 1 drafts fed back.
@@ -84,7 +91,12 @@ class Engine::DraftModelRunner final : public Drafter {
       if (full) active.push_back(&j);
     }
     for (int32_t round = 0; batch_.size() > 0; ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
       fwd_.run(batch_, kv_, logits_.data());
+      if (round > 0) {  // a draft position alone (round 0 also catches up)
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        position_ms_ = position_ms_ > 0 ? 0.8 * position_ms_ + 0.2 * ms : ms;
+      }
       batch_.clear();
       std::vector<Job*> next;
       for (size_t a = 0; a < active.size(); ++a) {
@@ -107,6 +119,7 @@ class Engine::DraftModelRunner final : public Drafter {
     kv_.release(seq);
     seqs_.erase(seq);
   }
+  double position_ms() const override { return position_ms_; }
 
  private:
   struct State {
@@ -119,6 +132,7 @@ class Engine::DraftModelRunner final : public Drafter {
   std::vector<float> logits_;
   Batch batch_;
   std::map<int32_t, State> seqs_;
+  double position_ms_ = 0;  // EWMA of the rounds after the first
 };
 
 void check_same_vocabulary(const Model& target, const Model& draft) {

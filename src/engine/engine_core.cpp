@@ -71,10 +71,12 @@ int32_t EngineCore::spec_k(Req& r) const {
   if (!r.speculate) return 0;
   int32_t k = spec_.k;
   if (spec_.k_auto) {
-    // One more scored position costs per_token of a decode step's base + per_token.
+    // One more draft token costs a scored position (per_token of a decode step's base +
+    // per_token) and, from a draft model, one of its forwards.
     const CostModel& c = cost_.model();
     const double step = c.predict(1, double(r.tokens.size()));
-    const double rel = step > 0 ? (c.per_token_ms + c.per_attn_ms * double(r.tokens.size())) / step : 1;
+    const double drafting = drafter_ ? drafter_->position_ms() : 0;
+    const double rel = step > 0 ? (c.per_token_ms + c.per_attn_ms * double(r.tokens.size()) + drafting) / step : 1;
     k = auto_spec_k(r.t.spec.alpha, rel, spec_.k);
     // Drafts that stopped paying are tried again now and then (the running rate only moves with
     // verifications).
@@ -251,6 +253,7 @@ bool EngineCore::step() {
   in.free_blocks = kv_.free_blocks();
   in.cost = cost_.model();
   in.cfg = cfg_;
+  in.drafts_from_model = spec_.method == SpecMethod::Draft;
   std::erase_if(past_arrivals_, [&](double a) { return t0 - a > cfg_.arrival_window_ms; });
   in.past_arrivals_ms.assign(past_arrivals_.begin(), past_arrivals_.end());
   in.observed_since_ms = started_ms_;
@@ -325,7 +328,8 @@ bool EngineCore::step() {
     Req& r = reqs_.at(plan.decode[i]);
     const int32_t g = i < plan.decode_draft.size() ? plan.decode_draft[i] : 0;
     if (spec_.method == SpecMethod::Draft && g > 0) {
-      jobs.push_back({r.seq, r.tokens, g, &r.sampler->params(), &r.draft, &r.draft_q});
+      const int64_t remaining = std::min(r.max_tokens - r.n_generated, n_ctx_ - int64_t(r.tokens.size()) + 1);
+      jobs.push_back({r.seq, r.tokens, g, remaining, &r.sampler->params(), &r.draft, &r.draft_q});
     } else if (int32_t(r.draft.size()) > g) {
       r.draft.resize(size_t(g));
     }

@@ -127,6 +127,7 @@ class Drafter {
     int32_t seq = 0;
     std::span<const int32_t> tokens;  // prompt + generated; the last one not yet in the target's cache
     int32_t k = 0;                    // draft tokens wanted
+    int64_t remaining = 0;            // tokens the sequence may still emit (max_tokens, context)
     const SamplingParams* sampling = nullptr;
     std::vector<int32_t>* draft = nullptr;  // out: up to k tokens
     std::vector<float>* q = nullptr;        // out: their distributions, n_tokens floats each
@@ -136,6 +137,9 @@ class Drafter {
   // than k tokens, or none (its cache still catching up with its prompt, or full).
   virtual void propose(std::span<Job> jobs) = 0;
   virtual void release(int32_t seq) = 0;  // the sequence finished or was preempted
+  // Measured time of one draft position (a batched forward over the sequences drafting, no
+  // catch-up), ms; 0 before any. Auto k counts it: each draft token costs one.
+  virtual double position_ms() const { return 0; }
 };
 
 struct EngineCounters {

@@ -231,11 +231,18 @@ StepPlan plan_step(const SchedulerInput& in) {
   plan.decode_draft.assign(plan.decode.size(), 0);
   bool any_draft = false;
   for (const auto* r : running) any_draft |= r->decoding() && r->n_draft > 0;
-  if (any_draft) {
+  // A step that holds a prefill chunk, or runs while one waits, stays within kSpecPrefillSlack
+  // of its time without drafts (none at all from a draft model, whose forwards the prediction
+  // does not count): a first token never waits for speculation. A decode-only step stays within
+  // kSpecStretch x its time without drafts (a request arriving during it waits for its end).
+  const bool prefill = !plan.prefill.empty() || !cands.empty();
+  if (any_draft && !(prefill && in.drafts_from_model)) {
     double draft_cap_ms = kInf;
-    if (time_limited)
-      draft_cap_ms = cands.empty() ? std::max(cfg.step_latency_target_ms, kSpecStretch * in.cost.predict(planned, attn))
-                                   : plan.step_cap_ms;
+    if (prefill)
+      draft_cap_ms = std::min((1 + kSpecPrefillSlack) * in.cost.predict(planned, attn),
+                              time_limited ? plan.step_cap_ms : kInf);
+    else if (time_limited)
+      draft_cap_ms = kSpecStretch * in.cost.predict(planned, attn);
     for (size_t i = 0; i < plan.decode.size(); ++i) {
       const SchedRequest* r = *std::find_if(running.begin(), running.end(), [&](const SchedRequest* x) { return x->id == plan.decode[i]; });
       int32_t g = int32_t(std::min<int64_t>(r->n_draft, cfg.max_batch_tokens - planned));
