@@ -71,12 +71,10 @@ int32_t EngineCore::spec_k(Req& r) const {
   if (!r.speculate) return 0;
   int32_t k = spec_.k;
   if (spec_.k_auto) {
-    // One more draft token costs a scored position (per_token of a decode step's base +
-    // per_token) and, from a draft model, one of its forwards.
+    // One more scored position costs per_token of a decode step's base + per_token.
     const CostModel& c = cost_.model();
     const double step = c.predict(1, double(r.tokens.size()));
-    const double drafting = drafter_ ? drafter_->position_ms() : 0;
-    const double rel = step > 0 ? (c.per_token_ms + c.per_attn_ms * double(r.tokens.size()) + drafting) / step : 1;
+    const double rel = step > 0 ? (c.per_token_ms + c.per_attn_ms * double(r.tokens.size())) / step : 1;
     k = auto_spec_k(r.t.spec.alpha, rel, spec_.k);
     // Drafts that stopped paying are tried again now and then (the running rate only moves with
     // verifications).
@@ -337,7 +335,7 @@ bool EngineCore::step() {
   if (!jobs.empty()) {
     for (Drafter::Job& j : jobs) j.draft->clear();
     const int64_t pd0 = prof ? profile::now_ns() : 0;
-    drafter_->propose(jobs);
+    drafter_->propose(jobs, plan.predicted_ms);  // at most about doubles the step (scheduler.h's kSpecStretch)
     if (prof) profile::complete("draft", "engine", pd0, profile::now_ns(), profile::Args().i("requests", int64_t(jobs.size())));
   }
 
@@ -346,9 +344,13 @@ bool EngineCore::step() {
   groups_.clear();
   size_t n_rows = 0;
   std::vector<Req*> decodes;
-  for (uint64_t id : plan.decode) {
-    Req& r = reqs_.at(id);
+  int64_t draft_rows = 0;
+  double draft_pairs = 0;  // of plan.attn_pairs, the granted drafts'
+  for (size_t i = 0; i < plan.decode.size(); ++i) {
+    Req& r = reqs_.at(plan.decode[i]);
     const int32_t g = int32_t(r.draft.size());
+    draft_rows += g;
+    if (i < plan.decode_draft.size()) draft_pairs += draft_attn_pairs(r.n_computed, plan.decode_draft[i]);
     if (g == 0) ++r.steps_without_draft; else r.steps_without_draft = 0;
     reserve(r, r.n_computed + 1 + g, "decode");
     batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true, r.adapter.get());
@@ -393,7 +395,10 @@ bool EngineCore::step() {
   ++counters_.steps;
   if (rec.forward_ms > 0) {
     errors_.observe(std::abs(plan.predicted_ms - rec.forward_ms) / rec.forward_ms);
-    cost_.observe(batch_.size(), plan.attn_pairs, rec.forward_ms);
+    // Draft rows are learned as free: on a memory-bound decode they nearly are (scoring 5
+    // positions ~1.2x one), and counted as tokens they would pull the fitted cost per token
+    // below a prefill chunk's, so chunks would outgrow their step cap (and arrivals wait).
+    cost_.observe(batch_.size() - draft_rows, plan.attn_pairs - draft_pairs, rec.forward_ms);
   }
 
   // Advance what was computed and publish newly full blocks for prefix reuse (a speculating

@@ -134,12 +134,10 @@ class Drafter {
   };
   virtual ~Drafter() = default;
   // Proposes drafts for every job in one batched pass per draft position. A job may get fewer
-  // than k tokens, or none (its cache still catching up with its prompt, or full).
-  virtual void propose(std::span<Job> jobs) = 0;
+  // than k tokens, or none (its cache still catching up with its prompt, or full). catch_up_ms:
+  // about how long catching sequences up with their prompts may take this step.
+  virtual void propose(std::span<Job> jobs, double catch_up_ms) = 0;
   virtual void release(int32_t seq) = 0;  // the sequence finished or was preempted
-  // Measured time of one draft position (a batched forward over the sequences drafting, no
-  // catch-up), ms; 0 before any. Auto k counts it: each draft token costs one.
-  virtual double position_ms() const { return 0; }
 };
 
 struct EngineCounters {

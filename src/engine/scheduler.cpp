@@ -42,6 +42,10 @@ double attn_pairs(int64_t n_computed, int64_t chunk) {
   return double(chunk) * double(n_computed) + double(chunk) * double(chunk + 1) / 2;
 }
 
+double draft_attn_pairs(int64_t n_computed, int32_t g) {
+  return double(g) * double(n_computed + 1) + double(g) * double(g + 1) / 2;
+}
+
 double predict_prefill_ms(const CostModel& c, int64_t n_computed, int64_t pending) {
   return pending <= 0 ? 0 : c.predict(pending, attn_pairs(n_computed, pending));
 }
@@ -249,8 +253,7 @@ StepPlan plan_step(const SchedulerInput& in) {
       // KV: the decode already holds blocks for n_computed + 1 positions.
       const int32_t held = std::max(r->blocks_held, blocks(r->n_computed + 1, cfg.block_size));
       while (g > 0 && blocks(r->n_computed + 1 + g, cfg.block_size) - held > free_blocks) --g;
-      // Draft j (1-based) sits at position n_computed + j and attends to n_computed + j + 1.
-      auto pairs = [&](int32_t g) { return double(g) * double(r->n_computed + 1) + double(g) * double(g + 1) / 2; };
+      auto pairs = [&](int32_t g) { return draft_attn_pairs(r->n_computed, g); };
       while (g > 0 && in.cost.predict(planned + g, attn + pairs(g)) > draft_cap_ms) --g;
       if (g <= 0) continue;
       free_blocks -= blocks(r->n_computed + 1 + g, cfg.block_size) - held;

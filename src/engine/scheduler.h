@@ -157,6 +157,9 @@ StepPlan plan_step(const SchedulerInput& in);
 // Attention pairs of a chunk of `chunk` tokens after n_computed: query i (0-based in the chunk)
 // sees n_computed + i + 1 positions.
 double attn_pairs(int64_t n_computed, int64_t chunk);
+// Attention pairs of g drafts after a decode at n_computed: draft j (1-based) sits at position
+// n_computed + j and attends to n_computed + j + 1 positions.
+double draft_attn_pairs(int64_t n_computed, int32_t g);
 // Predicted time to prefill `pending` tokens after n_computed in one step, alone.
 double predict_prefill_ms(const CostModel& c, int64_t n_computed, int64_t pending);
 // A request's TTFT budget when it names none.
