@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <future>
@@ -38,22 +39,33 @@ class Engine::ModelExecutor final : public StepExecutor {
 // cache (no prefix caching), a sampler per sequence with the request's temperature and filters
 // but no penalties (any q is exact, as long as verify() gets the one drafts were drawn from).
 // Per step it first catches each sequence up with its tokens (after truncating what it computed
-// that the sequence no longer holds: rejected drafts), at most kCatchUp prompt tokens per step
-// over all sequences, so a long prompt's draft prefill is spread over the first decode steps and
-// never delays anyone's first token; then one batched forward per draft position.
+// that the sequence no longer holds: rejected drafts), over all sequences at most the prompt
+// tokens it can compute in the step's own predicted time (its measured cost per catch-up token;
+// within [kMinCatchUp, kCatchUp]), so a prompt's draft prefill is spread over the first decode
+// steps, never delays anyone's first token and at most doubles a step a new arrival may wait
+// for; then one batched forward per draft position. A sequence
+// drafts only while the tokens it must catch up are at most kCatchUpPerToken x the tokens it may
+// still emit: a catch-up token costs about a draft-prefill token, and an accepted draft saves the
+// most a token can, so catching up a long prompt for a short answer (and delaying every step it
+// runs in) would not pay.
 class Engine::DraftModelRunner final : public Drafter {
  public:
   static constexpr int64_t kCatchUp = 256;
+  static constexpr int64_t kMinCatchUp = 8;
+  static constexpr int64_t kCatchUpPerToken = 8;
   DraftModelRunner(const Model& m, Backend& be, const RuntimeConfig& rt, int32_t n_blocks, int32_t max_seqs)
       : model_(m), fwd_(m, be, kCatchUp + int64_t(max_seqs)),
         kv_(kv_cache_config(rt, m.hparams(), n_blocks, false)),
         logits_(size_t(max_seqs) * size_t(m.hparams().n_vocab)) {}
 
-  void propose(std::span<Job> jobs) override {
+  void propose(std::span<Job> jobs, double catch_up_ms) override {
     const HParams& hp = model_.hparams();
     const size_t V = size_t(hp.n_vocab), NT = size_t(hp.n_tokens);
     std::vector<Job*> active;  // jobs with a logits row this round
-    int64_t budget = kCatchUp;
+    // Before a measurement: kMinCatchUp x 4.
+    const int64_t budget0 = token_ms_ > 0 ? std::clamp<int64_t>(int64_t(catch_up_ms / token_ms_), kMinCatchUp, kCatchUp)
+                                          : 4 * kMinCatchUp;
+    int64_t budget = budget0;
     batch_.clear();
     for (Job& j : jobs) {
       auto [it, fresh] = seqs_.try_emplace(j.seq);
@@ -71,6 +83,7 @@ class Engine::DraftModelRunner final : public Drafter {
       st.fed.resize(c);
       kv_.truncate(j.seq, int64_t(c));
       const int64_t pending = int64_t(j.tokens.size()) - int64_t(c);
+      if (pending > 1 && pending > kCatchUpPerToken * j.remaining) continue;
       const int64_t feed = std::min(pending, budget + 1);
       const bool full = feed == pending;
       // Positions: the pending tokens, then k - 1 drafts fed back.
@@ -83,8 +96,17 @@ class Engine::DraftModelRunner final : public Drafter {
       budget -= feed - 1;  // the last token of a caught-up sequence is a decode, not catch-up
       if (full) active.push_back(&j);
     }
+    const int64_t caught_up = budget0 - budget;  // catch-up tokens in round 0 (beyond one per sequence)
     for (int32_t round = 0; batch_.size() > 0; ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
       fwd_.run(batch_, kv_, logits_.data());
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (round > 0) {  // a draft position alone
+        position_ms_ = position_ms_ > 0 ? 0.8 * position_ms_ + 0.2 * ms : ms;
+      } else if (caught_up >= kMinCatchUp && position_ms_ > 0) {  // round 0: a position plus the catch-up
+        const double t = std::max(ms - position_ms_, 0.0) / double(caught_up);
+        token_ms_ = token_ms_ > 0 ? 0.7 * token_ms_ + 0.3 * t : t;
+      }
       batch_.clear();
       std::vector<Job*> next;
       for (size_t a = 0; a < active.size(); ++a) {
@@ -119,6 +141,8 @@ class Engine::DraftModelRunner final : public Drafter {
   std::vector<float> logits_;
   Batch batch_;
   std::map<int32_t, State> seqs_;
+  double position_ms_ = 0;  // EWMA of the rounds after the first
+  double token_ms_ = 0;     // EWMA of a catch-up token's cost in round 0
 };
 
 void check_same_vocabulary(const Model& target, const Model& draft) {

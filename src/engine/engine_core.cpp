@@ -251,6 +251,7 @@ bool EngineCore::step() {
   in.free_blocks = kv_.free_blocks();
   in.cost = cost_.model();
   in.cfg = cfg_;
+  in.drafts_from_model = spec_.method == SpecMethod::Draft;
   std::erase_if(past_arrivals_, [&](double a) { return t0 - a > cfg_.arrival_window_ms; });
   in.past_arrivals_ms.assign(past_arrivals_.begin(), past_arrivals_.end());
   in.observed_since_ms = started_ms_;
@@ -325,7 +326,8 @@ bool EngineCore::step() {
     Req& r = reqs_.at(plan.decode[i]);
     const int32_t g = i < plan.decode_draft.size() ? plan.decode_draft[i] : 0;
     if (spec_.method == SpecMethod::Draft && g > 0) {
-      jobs.push_back({r.seq, r.tokens, g, &r.sampler->params(), &r.draft, &r.draft_q});
+      const int64_t remaining = std::min(r.max_tokens - r.n_generated, n_ctx_ - int64_t(r.tokens.size()) + 1);
+      jobs.push_back({r.seq, r.tokens, g, remaining, &r.sampler->params(), &r.draft, &r.draft_q});
     } else if (int32_t(r.draft.size()) > g) {
       r.draft.resize(size_t(g));
     }
@@ -333,7 +335,7 @@ bool EngineCore::step() {
   if (!jobs.empty()) {
     for (Drafter::Job& j : jobs) j.draft->clear();
     const int64_t pd0 = prof ? profile::now_ns() : 0;
-    drafter_->propose(jobs);
+    drafter_->propose(jobs, plan.predicted_ms);  // at most about doubles the step (scheduler.h's kSpecStretch)
     if (prof) profile::complete("draft", "engine", pd0, profile::now_ns(), profile::Args().i("requests", int64_t(jobs.size())));
   }
 
@@ -342,9 +344,13 @@ bool EngineCore::step() {
   groups_.clear();
   size_t n_rows = 0;
   std::vector<Req*> decodes;
-  for (uint64_t id : plan.decode) {
-    Req& r = reqs_.at(id);
+  int64_t draft_rows = 0;
+  double draft_pairs = 0;  // of plan.attn_pairs, the granted drafts'
+  for (size_t i = 0; i < plan.decode.size(); ++i) {
+    Req& r = reqs_.at(plan.decode[i]);
     const int32_t g = int32_t(r.draft.size());
+    draft_rows += g;
+    if (i < plan.decode_draft.size()) draft_pairs += draft_attn_pairs(r.n_computed, plan.decode_draft[i]);
     if (g == 0) ++r.steps_without_draft; else r.steps_without_draft = 0;
     reserve(r, r.n_computed + 1 + g, "decode");
     batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true, r.adapter.get());
@@ -389,7 +395,10 @@ bool EngineCore::step() {
   ++counters_.steps;
   if (rec.forward_ms > 0) {
     errors_.observe(std::abs(plan.predicted_ms - rec.forward_ms) / rec.forward_ms);
-    cost_.observe(batch_.size(), plan.attn_pairs, rec.forward_ms);
+    // Draft rows are learned as free: on a memory-bound decode they nearly are (scoring 5
+    // positions ~1.2x one), and counted as tokens they would pull the fitted cost per token
+    // below a prefill chunk's, so chunks would outgrow their step cap (and arrivals wait).
+    cost_.observe(batch_.size() - draft_rows, plan.attn_pairs - draft_pairs, rec.forward_ms);
   }
 
   // Advance what was computed and publish newly full blocks for prefix reuse (a speculating

@@ -127,14 +127,16 @@ class Drafter {
     int32_t seq = 0;
     std::span<const int32_t> tokens;  // prompt + generated; the last one not yet in the target's cache
     int32_t k = 0;                    // draft tokens wanted
+    int64_t remaining = 0;            // tokens the sequence may still emit (max_tokens, context)
     const SamplingParams* sampling = nullptr;
     std::vector<int32_t>* draft = nullptr;  // out: up to k tokens
     std::vector<float>* q = nullptr;        // out: their distributions, n_tokens floats each
   };
   virtual ~Drafter() = default;
   // Proposes drafts for every job in one batched pass per draft position. A job may get fewer
-  // than k tokens, or none (its cache still catching up with its prompt, or full).
-  virtual void propose(std::span<Job> jobs) = 0;
+  // than k tokens, or none (its cache still catching up with its prompt, or full). catch_up_ms:
+  // about how long catching sequences up with their prompts may take this step.
+  virtual void propose(std::span<Job> jobs, double catch_up_ms) = 0;
   virtual void release(int32_t seq) = 0;  // the sequence finished or was preempted
 };
 

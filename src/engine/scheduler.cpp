@@ -42,6 +42,10 @@ double attn_pairs(int64_t n_computed, int64_t chunk) {
   return double(chunk) * double(n_computed) + double(chunk) * double(chunk + 1) / 2;
 }
 
+double draft_attn_pairs(int64_t n_computed, int32_t g) {
+  return double(g) * double(n_computed + 1) + double(g) * double(g + 1) / 2;
+}
+
 double predict_prefill_ms(const CostModel& c, int64_t n_computed, int64_t pending) {
   return pending <= 0 ? 0 : c.predict(pending, attn_pairs(n_computed, pending));
 }
@@ -231,19 +235,25 @@ StepPlan plan_step(const SchedulerInput& in) {
   plan.decode_draft.assign(plan.decode.size(), 0);
   bool any_draft = false;
   for (const auto* r : running) any_draft |= r->decoding() && r->n_draft > 0;
-  if (any_draft) {
+  // A step that holds a prefill chunk, or runs while one waits, stays within kSpecPrefillSlack
+  // of its time without drafts (none at all from a draft model, whose forwards the prediction
+  // does not count): a first token never waits for speculation. A decode-only step stays within
+  // kSpecStretch x its time without drafts (a request arriving during it waits for its end).
+  const bool prefill = !plan.prefill.empty() || !cands.empty();
+  if (any_draft && !(prefill && in.drafts_from_model)) {
     double draft_cap_ms = kInf;
-    if (time_limited)
-      draft_cap_ms = cands.empty() ? std::max(cfg.step_latency_target_ms, kSpecStretch * in.cost.predict(planned, attn))
-                                   : plan.step_cap_ms;
+    if (prefill)
+      draft_cap_ms = std::min((1 + kSpecPrefillSlack) * in.cost.predict(planned, attn),
+                              time_limited ? plan.step_cap_ms : kInf);
+    else if (time_limited)
+      draft_cap_ms = kSpecStretch * in.cost.predict(planned, attn);
     for (size_t i = 0; i < plan.decode.size(); ++i) {
       const SchedRequest* r = *std::find_if(running.begin(), running.end(), [&](const SchedRequest* x) { return x->id == plan.decode[i]; });
       int32_t g = int32_t(std::min<int64_t>(r->n_draft, cfg.max_batch_tokens - planned));
       // KV: the decode already holds blocks for n_computed + 1 positions.
       const int32_t held = std::max(r->blocks_held, blocks(r->n_computed + 1, cfg.block_size));
       while (g > 0 && blocks(r->n_computed + 1 + g, cfg.block_size) - held > free_blocks) --g;
-      // Draft j (1-based) sits at position n_computed + j and attends to n_computed + j + 1.
-      auto pairs = [&](int32_t g) { return double(g) * double(r->n_computed + 1) + double(g) * double(g + 1) / 2; };
+      auto pairs = [&](int32_t g) { return draft_attn_pairs(r->n_computed, g); };
       while (g > 0 && in.cost.predict(planned + g, attn + pairs(g)) > draft_cap_ms) --g;
       if (g <= 0) continue;
       free_blocks -= blocks(r->n_computed + 1 + g, cfg.block_size) - held;

@@ -44,10 +44,13 @@
 //     adapter starves behind a steady stream of another's requests.
 //  4. speculative drafts (SchedRequest::n_draft) are granted last, in decode order, from what is
 //     left: they are budgeted like prompt tokens (batch tokens, KV blocks, predicted time) and
-//     never take a prefill's share. In auto mode, while prefill waits, the step stays within its
-//     time cap; when nothing else waits, within max(step_latency_target_ms, kSpecStretch x the
-//     step without drafts) (scoring a few more positions costs little on a memory-bound decode,
-//     and each accepted one saves a step). Fixed and unchunked modes bound them by tokens only.
+//     never take a prefill's share. A step that holds a prefill chunk or runs while one waits (in
+//     every mode) is predicted to take at most kSpecPrefillSlack longer for them than without,
+//     and gets none from a draft model (SchedulerInput::drafts_from_model): a first token never
+//     waits for speculation. In auto mode a decode-only step stays within kSpecStretch x the step
+//     without drafts (scoring a few more positions costs little on a memory-bound decode, and each
+//     accepted one saves a step; a request arriving meanwhile waits at most that). Fixed and
+//     unchunked modes bound decode-only steps' drafts by tokens only.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -60,6 +63,8 @@ namespace ft {
 // How much longer than the same step without drafts a decode-only step may be predicted to take
 // for its speculative drafts (scheduler step 4).
 inline constexpr double kSpecStretch = 2.0;
+// How much longer a step holding or delaying a prefill may be predicted to take for its drafts.
+inline constexpr double kSpecPrefillSlack = 0.05;
 
 struct SchedulerConfig {
   int64_t chunk_size = -1;          // -1 = auto, 0 = no chunking, N > 0 = fixed
@@ -124,6 +129,8 @@ struct SchedulerInput {
   double observed_since_ms = -std::numeric_limits<double>::infinity();  // when arrivals began to be seen
   CostModel cost;
   SchedulerConfig cfg;
+  // Drafts come from a draft model: k forwards of its own before the step, outside `cost`.
+  bool drafts_from_model = false;
 };
 
 struct PrefillChunk {
@@ -150,6 +157,9 @@ StepPlan plan_step(const SchedulerInput& in);
 // Attention pairs of a chunk of `chunk` tokens after n_computed: query i (0-based in the chunk)
 // sees n_computed + i + 1 positions.
 double attn_pairs(int64_t n_computed, int64_t chunk);
+// Attention pairs of g drafts after a decode at n_computed: draft j (1-based) sits at position
+// n_computed + j and attends to n_computed + j + 1 positions.
+double draft_attn_pairs(int64_t n_computed, int32_t g);
 // Predicted time to prefill `pending` tokens after n_computed in one step, alone.
 double predict_prefill_ms(const CostModel& c, int64_t n_computed, int64_t pending);
 // A request's TTFT budget when it names none.

@@ -461,6 +461,26 @@ TEST(Speculation, DraftModelGreedyIsExact) {
   expect_speculation_exact(*target, s, draft.get(), 8);
   s.k_auto = true;
   expect_speculation_exact(*target, s, draft.get(), 9);
+  // Catching a 400-token prompt up for a 16-token answer would not pay (400 > 8 x 15): that
+  // request never drafts; with a 64-token answer it does (its catch-up spread over the first
+  // decode steps), and both stay exact.
+  Job shortans;
+  for (int i = 0; i < 400; ++i) shortans.prompt.push_back(int32_t(3 + (i * 37) % 200));
+  shortans.max_tokens = 16;
+  Job longans = shortans;
+  longans.max_tokens = 64;
+  s.k_auto = false;
+  EngineConfig c = config(-1);
+  c.spec = s;
+  c.draft_model = draft.get();
+  Engine plain(*target, config(256), {});
+  Engine spec(*target, c, {});
+  const auto want = run_jobs(plain, {shortans, longans}, false);
+  const auto got = run_jobs(spec, {shortans, longans}, false);
+  expect_same_tokens(got, want);
+  EXPECT_EQ(got[0].timings.spec.draft_tokens, 0);
+  EXPECT_GT(got[1].timings.spec.draft_tokens, 0);
+  EXPECT_GT(got[1].timings.spec.accepted_tokens, 0);
   std::filesystem::remove(tpath);
   std::filesystem::remove(dpath);
 }

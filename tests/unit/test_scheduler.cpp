@@ -838,6 +838,32 @@ TEST(Speculation, DraftsAreBudgetedAfterPrefill) {
   ASSERT_EQ(plan.decode_draft.size(), 1u);
   EXPECT_EQ(plan.decode_draft[0], 0);  // the prefill took the step's time
   ASSERT_EQ(plan.prefill.size(), 1u);
+  // A short prompt leaves most of the step's cap: drafts still add at most kSpecPrefillSlack to
+  // the step that computes its first token (5 + 0.1 x (1 + 10) = 6.1 ms: 0.305 ms, 3 drafts),
+  // in fixed mode too, and a draft model (forwards outside the prediction) gets none.
+  in.cfg.step_latency_target_ms = 50;
+  in.requests[1].n_tokens = 10;
+  in.requests[0].n_draft = 8;
+  plan = plan_step(in);
+  ASSERT_EQ(plan.prefill.size(), 1u);
+  EXPECT_EQ(plan.prefill[0].n_tokens, 10);
+  EXPECT_EQ(plan.decode_draft[0], 3);
+  EXPECT_LE(plan.predicted_ms, (1 + kSpecPrefillSlack) * 6.1 + 1e-9);
+  in.cfg.chunk_size = 16;
+  EXPECT_EQ(plan_step(in).decode_draft[0], 3);
+  in.drafts_from_model = true;
+  EXPECT_EQ(plan_step(in).decode_draft[0], 0);
+  in.cfg.chunk_size = -1;
+  in.requests[1].n_tokens = 4000;  // waiting and not admitted (no KV blocks): it still waits
+  in.free_blocks = 2;
+  plan = plan_step(in);
+  EXPECT_TRUE(plan.prefill.empty());
+  EXPECT_EQ(plan.decode_draft[0], 0);
+  in.drafts_from_model = false;
+  EXPECT_EQ(plan_step(in).decode_draft[0], 2);  // 5% of the 5.1 ms decode: 2 drafts of 0.1 ms
+  in.free_blocks = 100;
+  in.cfg.step_latency_target_ms = 6.0;
+  in.requests[0].n_draft = 4;
   in.requests.pop_back();  // nothing else waits: drafts within kSpecStretch x the plain step
   plan = plan_step(in);
   EXPECT_EQ(plan.decode_draft[0], 4);
@@ -852,6 +878,12 @@ TEST(Speculation, DraftsAreBudgetedAfterPrefill) {
   in.cfg.chunk_size = 16;
   in.cfg.max_batch_tokens = 3;  // fixed mode: bounded by the batch's tokens
   EXPECT_EQ(plan_step(in).decode_draft[0], 2);
+  in.cfg.chunk_size = -1;
+  in.cfg.max_batch_tokens = 2048;
+  in.cfg.step_latency_target_ms = 50;
+  in.cost = {1.0, 0.5, 0.0};  // a decode-only step of 1.5 ms: drafts within 3 ms, whatever the target
+  in.requests[0].n_draft = 16;
+  EXPECT_EQ(plan_step(in).decode_draft[0], 3);
 }
 
 // A fake model with a soft distribution: a Markov chain over a small vocabulary, the logits of
