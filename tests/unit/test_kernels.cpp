@@ -437,6 +437,26 @@ void check_rowwise_maps(Backend& be) {
       for (size_t i = 0; i < x.size(); ++i) ASSERT_FLOAT_EQ(x[i], x0[i] * 11.3137f);
     }
   }
+  // RMSNorm (its sum of squares in partial sums: sizes below, at and past one vector of 8,
+  // odd) against the definition in double: y = x / sqrt(mean(x^2) + eps) * w, three float
+  // roundings from it, so 1e-6 relative.
+  for (int64_t M : {1, 3}) {
+    for (int64_t n : {1, 7, 8, 9, 33, 257, 2051}) {
+      const auto x = randv(rng, size_t(M * n), 4.0f), w = randv(rng, size_t(n), 2.0f);
+      std::vector<float> y(size_t(M * n));
+      const float eps = 1e-5f;
+      be.rmsnorm(x.data(), w.data(), y.data(), M, n, eps);
+      for (int64_t m = 0; m < M; ++m) {
+        double ss = 0;
+        for (int64_t i = 0; i < n; ++i) ss += double(x[size_t(m * n + i)]) * x[size_t(m * n + i)];
+        const double r = 1.0 / std::sqrt(ss / double(n) + eps);
+        for (int64_t i = 0; i < n; ++i) {
+          const double want = double(x[size_t(m * n + i)]) * r * w[size_t(i)];
+          ASSERT_NEAR(y[size_t(m * n + i)], want, 1e-6 * std::fabs(want) + 1e-30) << "n " << n << " i " << i;
+        }
+      }
+    }
+  }
 }
 
 // Paged KV for one layer in the cache's layout (kv_layout.h): n_seqs sequences of capacity cap,

@@ -29,8 +29,17 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, flo
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * n;
     float* yr = y + m * n;
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    // Sum of squares in double, in 8 interleaved partial sums (lane j takes i = j mod 8) that
+    // the compiler keeps in vector registers: one serial chain of n dependent adds was ~4
+    // cycles per element (~6 us per 2048-wide row, 45 rows per decode step of a 22-layer
+    // model, 5x that for a speculative verification). Each square is exact in double; only
+    // the order of the additions differs from a serial sum (then rounded to the float scale).
+    double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j) part[j] += double(xr[i + j]) * xr[i + j];
+    for (; i < n; ++i) part[i % 8] += double(xr[i]) * xr[i];
+    const double ss = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
     const float scale = float(1.0 / std::sqrt(ss / double(n) + eps));
     for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
   }
