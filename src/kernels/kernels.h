@@ -49,6 +49,32 @@ struct RopeParams {
   float attn_factor = 1.0f;    // cos and sin * this (Phi-3 LongRoPE's attention factor)
 };
 
+// Low-rank deltas (LoRA, model/lora.h) as a GEMM's epilogue adds them: the batch's rows are cut
+// into runs, each with its own B; for rows m in [m0, m0 + n):
+//   C[m] (N,) += ya[m] (rank,) @ B (N, rank)^T      (one fma chain over rank in order, from 0)
+// where C = X W^T is the projection's own product and ya the run's shrink (matmul_runs). The
+// delta goes in before the bias, RoPE, gate activation or residual add that follow, so those
+// stay fused. B is prepared (Backend::prepare) like any weight; rows in no run get nothing.
+struct LoraRun {
+  int64_t m0 = 0, n = 0;
+  const float* ya = nullptr;  // row m0's (rank,) values; rows ldya apart
+  int64_t ldya = 0;
+  WeightView B = {};          // (N, rank)
+};
+struct LoraDelta {
+  const LoraRun* runs = nullptr;
+  int32_t n = 0;  // runs (0: no delta)
+};
+
+// One target of matmul_runs: Y (n, A.n_rows; rows ldy apart) = scale * X[m0 : m0 + n] @ A^T.
+struct RunTarget {
+  int64_t m0 = 0, n = 0;
+  WeightView A = {};  // (N, K), a float type (F32/F16/BF16)
+  float* Y = nullptr;
+  int64_t ldy = 0;
+  float scale = 1.0f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -90,14 +116,20 @@ class Backend {
     const float* rope_cs = nullptr;
     int32_t rope_head_dim = 0;
     int32_t rope_n_rot = 0;
+    LoraDelta lora = {};  // added to X W_i^T before the bias and RoPE
   };
   virtual void matmul_multi(const float* X, int64_t M, const MatmulTarget* targets, int n) = 0;
-  // Y (M, N) += X (M, K) @ W(N, K)^T: the residual add fused into the projection's epilogue.
-  virtual void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) = 0;
+  // Y (M, N) += X (M, K) @ W(N, K)^T (+ lora's delta): the residual add fused into the
+  // projection's epilogue.
+  virtual void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y, const LoraDelta& lora = {}) = 0;
   // A (M, F) = act(X @ Wg(F, K)^T) * (X @ Wu(F, K)^T): gate and up computed tile by tile, the
-  // intermediate never written out. Wg and Wu have the same shape.
+  // intermediate never written out. Wg and Wu have the same shape. lora: null, or the deltas
+  // of gate and up (2), each added before the activation.
   virtual void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
-                       float* A) = 0;
+                       float* A, const LoraDelta* lora = nullptr) = 0;
+  // A segmented GEMM (LoRA's shrink, S-LoRA/Punica's SGMV): every target's rows of X (M, K)
+  // times its own A, all in one pass (RunTarget).
+  virtual void matmul_runs(const float* X, int64_t K, const RunTarget* targets, int n) = 0;
   // Y (M, N) += bias (N,) per row.
   virtual void add_bias(float* Y, int64_t M, int64_t N, const float* bias) = 0;
   // y (M, n) = x (M, n) / rms(x) * w (n,)

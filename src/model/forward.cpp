@@ -12,9 +12,10 @@
 // Pipeline parallelism (StageLink, Model::stage): the layers are the stage's; the first stage
 // embeds, the others receive x from the previous stage; all but the last send x on; the last
 // sends the rows that want logits to the first stage, whose rank 0 computes the logits.
-// LoRA (model/lora.h): each adapted projection's output gets its adapters' deltas (lora_add, per
-// run of one adapter in the batch) before anything else reads it: Q/K/V before RoPE (so RoPE is
-// then its own pass), gate/up before the activation (then not fused), Wo/W_down with the residual.
+// LoRA (model/lora.h): before each projection, one shrink GEMM over the batch's adapted runs
+// (ya = scale * A_stack x for every adapter at once); the projection's GEMM then adds each run's
+// ya B^T in its epilogue (LoraDelta), before the bias, RoPE, activation or residual add, so the
+// fused kernels stay fused. Base-only batches skip both.
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -82,14 +83,12 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
   be_.rmsnorm(x_, L.attn_norm, h_, M, hp.dim, hp.rms_eps);
-  // Q, K, V in one GEMM pass over the three weights (biases, if any, in its epilogue).
-  const Backend::MatmulTarget qkv[3] = {{L.wq, q_, hp.q_dim(), L.bq},
-                                        {L.wk, k_, hp.kv_dim(), L.bk},
-                                        {L.wv, v_, hp.kv_dim(), L.bv}};
-  // LoRA deltas on Q/K/V must come before RoPE: then RoPE runs as its own pass.
-  const bool lora = lora_adapts(LoraSlot::Q) || lora_adapts(LoraSlot::K) || lora_adapts(LoraSlot::V);
-  if (fused_rope_ && !lora) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
-    Backend::MatmulTarget t[3] = {qkv[0], qkv[1], qkv[2]};
+  // Q, K, V in one GEMM pass over the three weights (biases, if any, in its epilogue; LoRA
+  // deltas before them).
+  Backend::MatmulTarget t[3] = {{L.wq, q_, hp.q_dim(), L.bq}, {L.wk, k_, hp.kv_dim(), L.bk}, {L.wv, v_, hp.kv_dim(), L.bv}};
+  if (lora_shrink(il, LoraInput::Qkv, h_, hp.dim))
+    for (int i = 0; i < 3; ++i) t[i].lora = lora_delta(il, LoraSlot(int(LoraSlot::Q) + i));
+  if (fused_rope_) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
     for (int i = 0; i < 2; ++i) {
       t[i].rope_cs = rope_cs_.data();
       t[i].rope_head_dim = hp.head_dim;
@@ -97,10 +96,7 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     }
     be_.matmul_multi(h_, M, t, 3);
   } else {
-    be_.matmul_multi(h_, M, qkv, 3);
-    lora_add(il, LoraSlot::Q, h_, hp.dim, q_, hp.q_dim());
-    lora_add(il, LoraSlot::K, h_, hp.dim, k_, hp.kv_dim());
-    lora_add(il, LoraSlot::V, h_, hp.dim, v_, hp.kv_dim());
+    be_.matmul_multi(h_, M, t, 3);
     be_.rope(q_, M, hp.n_heads, hp.head_dim, b.pos.data(), rope_);
     be_.rope(k_, M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope_);
   }
@@ -123,30 +119,30 @@ void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
   be_.rmsnorm(x_, L.ffn_norm, h_, M, hp.dim, hp.rms_eps);
-  if (!lora_adapts(LoraSlot::Gate) && !lora_adapts(LoraSlot::Up)) {
-    be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_);  // act(h·W_gateᵀ) ⊙ h·W_upᵀ
-  } else {  // LoRA deltas on gate/up come before the activation: unfused
-    float* up = lora_up_.data();
-    const Backend::MatmulTarget gu[2] = {{L.w_gate, gate_, hp.ffn_dim}, {L.w_up, up, hp.ffn_dim}};
-    be_.matmul_multi(h_, M, gu, 2);
-    lora_add(il, LoraSlot::Gate, h_, hp.dim, gate_, hp.ffn_dim);
-    lora_add(il, LoraSlot::Up, h_, hp.dim, up, hp.ffn_dim);
-    be_.glu(gate_, up, hp.ffn_act, gate_, M, hp.ffn_dim);
+  LoraDelta gu[2];
+  if (lora_shrink(il, LoraInput::GateUp, h_, hp.dim)) {
+    gu[0] = lora_delta(il, LoraSlot::Gate);
+    gu[1] = lora_delta(il, LoraSlot::Up);
   }
+  // act(h·W_gateᵀ [+ gate delta]) ⊙ (h·W_upᵀ [+ up delta])
+  be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_, gu[0].n || gu[1].n ? gu : nullptr);
   residual_add(il, LoraSlot::Down, gate_, M, L.w_down, L.ffn_post_norm);  // x += [post_norm](that · W_downᵀ)
 }
 
 // x += a · Wᵀ, fused into the GEMM's epilogue; with a post-norm (gemma2) x += rmsnorm(a · Wᵀ).
-// (With LoRA: a · Wᵀ + the adapters' deltas of slot s.)
+// (With LoRA: a · Wᵀ + the adapters' deltas of slot s, in the same epilogue.)
 void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W,
                            const float* post_norm) {
   const HParams& hp = model_.hparams();
-  if (!post_norm && !reduce_) {
-    be_.matmul_add(a, M, W, x_);
-    return lora_add(il, s, a, W.n_cols, x_, W.n_rows);
+  const LoraDelta d = lora_shrink(il, lora_input(s), a, W.n_cols) ? lora_delta(il, s) : LoraDelta{};
+  if (!post_norm && !reduce_) return be_.matmul_add(a, M, W, x_, d);
+  if (d.n == 0) {
+    be_.matmul(a, M, W, h_);
+  } else {  // (never with reduce_: enable_lora refuses it)
+    Backend::MatmulTarget t{W, h_, W.n_rows};
+    t.lora = d;
+    be_.matmul_multi(a, M, &t, 1);
   }
-  be_.matmul(a, M, W, h_);
-  lora_add(il, s, a, W.n_cols, h_, W.n_rows);  // (never with reduce_: enable_lora refuses it)
   if (reduce_) reduce_->allreduce_sum(h_, M * hp.dim);  // tensor parallel: the ranks' partial sums
   if (post_norm) be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
   be_.add(x_, h_, M, hp.dim);

@@ -69,7 +69,34 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
   }
   if (pairs.empty()) fail(P, ": the adapter has no tensors");
 
-  ad->layers_.resize(size_t(hp.n_layers));
+  // Per layer and slot: its A tensor (shared by the slots of a fused tensor), its B (a row view
+  // of the fused B), and its scale. Stacked per input below.
+  struct SlotSrc {
+    const GGUFTensorInfo* a = nullptr;
+    WeightView b;
+    float scale = 1.0f;
+  };
+  std::vector<std::array<SlotSrc, kLoraSlots>> src(size_t(hp.n_layers));
+  // A tensor's rows as stored: F16 as is, anything else (F32, Q8_0) as f32, times mul.
+  auto copy_rows = [&](const GGUFTensorInfo* t, GGMLType to, float mul, std::vector<uint8_t>& out) {
+    const uint64_t n0 = t->ne[0], rows = t->ne[1];
+    const std::optional<uint64_t> rb = row_bytes(t->type, n0);
+    if (!rb) fail(P, ": tensor '", t->name, "': a row of ", n0, " is not whole ", type_traits(t->type).name, " blocks");
+    const size_t at = out.size();
+    if (to == GGMLType::F16) {  // (only from F16: the bytes themselves)
+      out.insert(out.end(), t->data, t->data + rows * *rb);
+      return;
+    }
+    out.resize(at + size_t(n0 * rows) * sizeof(float));
+    float* f = reinterpret_cast<float*>(out.data() + at);
+    for (uint64_t r = 0; r < rows; ++r) dequantize_row(t->type, t->data + r * *rb, f + r * n0, int64_t(n0));
+    if (mul != 1.0f)
+      for (uint64_t i = 0; i < n0 * rows; ++i) f[i] *= mul;
+  };
+  auto stored = [&](std::vector<uint8_t>&& bytes) -> const void* {
+    ad->store_.push_back(std::move(bytes));
+    return ad->store_.back().data();
+  };
   for (const auto& [name, ab] : pairs) {
     const auto [ta, tb] = ab;
     if (!ta || !tb)
@@ -97,22 +124,13 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
         fail(P, ": tensor '", t->name, "': type ", type_traits(t->type).name, " is not supported (f32, f16, q8_0)");
     // (The reader checked each row of whole blocks: row_bytes of a Q8_0 row of 16 fails there.)
     const float scale = ad->alpha_ != 0 ? ad->alpha_ / float(rank) : 1.0f;
-    auto to_f32 = [&](const GGUFTensorInfo* t, float mul) -> const float* {
-      const uint64_t n0 = t->ne[0], rows = t->ne[1];
-      const std::optional<uint64_t> rb = row_bytes(t->type, n0);
-      if (!rb) fail(P, ": tensor '", t->name, "': a row of ", n0, " is not whole ", type_traits(t->type).name, " blocks");
-      std::vector<float> v(size_t(n0 * rows));
-      for (uint64_t r = 0; r < rows; ++r) dequantize_row(t->type, t->data + r * *rb, v.data() + r * n0, int64_t(n0));
-      if (mul != 1.0f)
-        for (float& x : v) x *= mul;
-      ad->store_.push_back(std::move(v));
-      return ad->store_.back().data();
-    };
-    const WeightView A{GGMLType::F32, to_f32(ta, 1.0f), int64_t(rank), int64_t(in)};
-    const WeightView B{GGMLType::F32, to_f32(tb, scale), int64_t(out), int64_t(rank)};
-    auto& L = ad->layers_[size_t(layer)];
+    const GGMLType bt_to = tb->type == GGMLType::F16 ? GGMLType::F16 : GGMLType::F32;
+    std::vector<uint8_t> bbytes;
+    copy_rows(tb, bt_to, 1.0f, bbytes);
+    const WeightView B{bt_to, stored(std::move(bbytes)), int64_t(out), int64_t(rank)};
+    auto& L = src[size_t(layer)];
     auto set = [&](LoraSlot s, const WeightView& b) {
-      L[size_t(s)] = {A, b};
+      L[size_t(s)] = {ta, b, scale};
       ad->slots_ |= 1u << unsigned(s);
     };
     if (slot >= 0) {
@@ -133,6 +151,46 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
     ad->rank_ = std::max(ad->rank_, int32_t(rank));
     ++ad->n_adapted_;
   }
+
+  // Stack the A's of each input's slots (a fused tensor's one A once): rows in slot order.
+  // F16 when every A is F16 and the scales are equal (applied to ya); else f32 with unequal
+  // scales folded into their rows.
+  ad->stacks_.resize(size_t(hp.n_layers));
+  ad->deltas_.resize(size_t(hp.n_layers));
+  for (int32_t il = 0; il < hp.n_layers; ++il) {
+    const auto& L = src[size_t(il)];
+    for (size_t in = 0; in < kLoraInputs; ++in) {
+      std::vector<const SlotSrc*> parts;  // distinct A's
+      for (size_t s = 0; s < kLoraSlots; ++s) {
+        if (size_t(lora_input(LoraSlot(s))) != in || !L[s].a) continue;
+        if (std::none_of(parts.begin(), parts.end(), [&](const SlotSrc* p) { return p->a == L[s].a; }))
+          parts.push_back(&L[s]);
+      }
+      if (parts.empty()) continue;
+      bool f16 = true, same_scale = true;
+      int64_t rows = 0;
+      for (const SlotSrc* p : parts) {
+        f16 = f16 && p->a->type == GGMLType::F16;
+        same_scale = same_scale && p->scale == parts[0]->scale;
+        rows += int64_t(p->a->ne[1]);
+      }
+      const GGMLType type = f16 && same_scale ? GGMLType::F16 : GGMLType::F32;
+      std::vector<uint8_t> bytes;
+      std::vector<int32_t> col(parts.size());
+      for (size_t i = 0, r = 0; i < parts.size(); r += size_t(parts[i]->a->ne[1]), ++i) {
+        col[i] = int32_t(r);
+        copy_rows(parts[i]->a, type, same_scale ? 1.0f : parts[i]->scale, bytes);
+      }
+      ad->stacks_[size_t(il)][in] = {{type, stored(std::move(bytes)), rows, int64_t(parts[0]->a->ne[0])},
+                                     same_scale ? parts[0]->scale : 1.0f};
+      for (size_t s = 0; s < kLoraSlots; ++s) {
+        if (size_t(lora_input(LoraSlot(s))) != in || !L[s].a) continue;
+        const size_t i = size_t(std::find_if(parts.begin(), parts.end(), [&](const SlotSrc* p) { return p->a == L[s].a; }) -
+                                parts.begin());
+        ad->deltas_[size_t(il)][s] = {L[s].b, col[i]};
+      }
+    }
+  }
   ad->uid_ = g_next_uid.fetch_add(1);
   return ad;
 }
@@ -140,14 +198,16 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
 void LoraAdapter::prepare(Backend& be) {
   if (prepared_) fail("LoRA adapter ", path_, ": prepared twice");
   prepared_ = &be;
-  for (auto& L : layers_)
-    for (Pair& p : L) {
-      if (!p.on()) continue;
-      for (WeightView* w : {&p.a, &p.b}) {
-        sources_.push_back(w->data);
-        *w = be.prepare(*w);
-      }
-    }
+  auto pack = [&](WeightView& w) {
+    sources_.push_back(w.data);
+    w = be.prepare(w);
+  };
+  for (auto& L : stacks_)
+    for (Stack& st : L)
+      if (st.a.data) pack(st.a);
+  for (auto& L : deltas_)
+    for (Delta& d : L)
+      if (d.on()) pack(d.b);
 }
 
 LoraAdapter::~LoraAdapter() {
@@ -174,8 +234,9 @@ void Forward::enable_lora() {
   if (link_) fail("LoRA adapters with pipeline parallelism (pp_size > 1) are not supported yet");
   if (!lora_ya_.empty()) return;
   const size_t M = size_t(max_batch_);
-  lora_ya_.assign(M * size_t(kMaxLoraRank), 0.0f);
-  lora_up_.assign(M * size_t(model_.hparams().ffn_dim), 0.0f);
+  lora_ya_.assign(M * size_t(kMaxLoraStack), 0.0f);
+  lora_shrinks_.resize(M);
+  for (auto& r : lora_runs_) r.resize(M);
 }
 
 // Runs of equal adapters among the batch's entries (base entries need nothing).
@@ -197,21 +258,27 @@ bool Forward::lora_segments(const Batch& b) {
   return !lora_segs_.empty();
 }
 
-bool Forward::lora_adapts(LoraSlot s) const {
-  for (const LoraSegment& g : lora_segs_)
-    if (g.a->adapts(s)) return true;
-  return false;
+bool Forward::lora_shrink(int32_t il, LoraInput in, const float* X, int64_t K) {
+  int n = 0;
+  for (const LoraSegment& g : lora_segs_) {
+    const LoraAdapter::Stack& st = g.a->stack(il, in);
+    if (!st.a.data) continue;
+    if (st.a.n_cols != K) fail("forward: LoRA adapter ", g.a->path(), " does not fit layer ", il);
+    lora_shrinks_[size_t(n++)] = {g.first, g.n, st.a, lora_ya_.data() + g.first * kMaxLoraStack, kMaxLoraStack, st.scale};
+  }
+  if (n > 0) be_.matmul_runs(X, K, lora_shrinks_.data(), n);
+  return n > 0;
 }
 
-void Forward::lora_add(int32_t il, LoraSlot s, const float* X, int64_t K, float* Y, int64_t ldy) {
+LoraDelta Forward::lora_delta(int32_t il, LoraSlot s) {
+  std::vector<LoraRun>& runs = lora_runs_[size_t(s)];
+  int32_t n = 0;
   for (const LoraSegment& g : lora_segs_) {
-    const LoraAdapter::Pair& p = g.a->pair(il, s);
-    if (!p.on()) continue;
-    if (p.a.n_cols != K || p.b.n_rows != ldy) fail("forward: LoRA adapter ", g.a->path(), " does not fit layer ", il);
-    // ya (n, rank) = X_seg A^T; Y_seg += ya B^T (B already times alpha / rank).
-    be_.matmul(X + g.first * K, g.n, p.a, lora_ya_.data());
-    be_.matmul_add(lora_ya_.data(), g.n, p.b, Y + g.first * ldy);
+    const LoraAdapter::Delta& d = g.a->delta(il, s);
+    if (!d.on()) continue;
+    runs[size_t(n++)] = {g.first, g.n, lora_ya_.data() + g.first * kMaxLoraStack + d.col, kMaxLoraStack, d.b};
   }
+  return {n > 0 ? runs.data() : nullptr, n};
 }
 
 }  // namespace ft

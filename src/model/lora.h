@@ -9,10 +9,14 @@
 // phi3's fused gate+up; others (embeddings, output) are refused by name.
 //
 // The forward pass adds scale * B (A x) to the output of each adapted weight, scale = alpha /
-// rank, per adapter segment of the batch (Batch::lora). At load A and B are dequantized to f32
-// (both are small: rank rows or columns), scale is folded into B, and prepare() puts them in the
-// backend's packed layout, so y_a = A x is a GEMM with N = rank and the delta a GEMM with K = rank
-// added in its epilogue (matmul_add).
+// rank, per adapter segment of the batch (Batch::lora), in two steps per input (Forward):
+//   shrink: the A's of the projections that read the same input (Q/K/V; O; gate/up; down) are
+//     stacked at load into one matrix, so ya = scale * A_stack x is ONE segmented GEMM
+//     (Backend::matmul_runs) for every adapter in the batch;
+//   expand: each projection's GEMM adds ya's columns of its slot times B^T in its epilogue
+//     (LoraDelta), before the bias, RoPE, gate activation or residual add, which stay fused.
+// F16 tensors stay F16 (half the bytes a decode step reads); F32 and Q8_0 become F32 (Q8_0's
+// B of rank < 32 has no packed layout). prepare() puts A and B in the backend's packed layout.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -24,8 +28,10 @@
 
 namespace ft {
 
-// The largest rank an adapter may have (Forward's per-row scratch for A x is this wide).
+// The largest rank an adapter may have (the cpu backend's epilogue takes B's rank in one chunk).
 inline constexpr int32_t kMaxLoraRank = 256;
+// The widest stack of A's (Q, K and V: three ranks): Forward's per-row scratch for ya.
+inline constexpr int32_t kMaxLoraStack = 3 * kMaxLoraRank;
 
 class LoraAdapter {
  public:
@@ -53,15 +59,22 @@ class LoraAdapter {
   // Adapted weights (A/B pairs) in all.
   int32_t n_adapted() const { return n_adapted_; }
 
-  // One adapted projection: a (rank, in) and b (out, rank), b already times scale. data == null:
-  // not adapted.
-  struct Pair {
-    WeightView a, b;
-    bool on() const { return a.data != nullptr; }
+  // The A's of the projections reading one input, stacked: (sum of their ranks, in), ya =
+  // scale * a x. data == null: no projection of this input is adapted.
+  struct Stack {
+    WeightView a;
+    float scale = 1.0f;  // (scales of unequal ranks are folded into a, then 1)
   };
-  // Per layer, per LoraSlot (model.h); fused tensors appear as their row views (phi3: q, k, v
-  // share one A, each takes its rows of B).
-  const Pair& pair(int32_t layer, LoraSlot s) const { return layers_[size_t(layer)][size_t(s)]; }
+  // One adapted projection: its B (out, rank) and where its rank columns start in its input's
+  // ya. b.data == null: not adapted.
+  struct Delta {
+    WeightView b;
+    int32_t col = 0;
+    bool on() const { return b.data != nullptr; }
+  };
+  const Stack& stack(int32_t layer, LoraInput in) const { return stacks_[size_t(layer)][size_t(in)]; }
+  // Fused tensors appear as their row views (phi3: q, k, v share one A, each takes its rows of B).
+  const Delta& delta(int32_t layer, LoraSlot s) const { return deltas_[size_t(layer)][size_t(s)]; }
   // Whether any layer adapts slot s.
   bool adapts(LoraSlot s) const { return slots_ & (1u << unsigned(s)); }
 
@@ -74,8 +87,9 @@ class LoraAdapter {
   uint64_t uid_ = 0;
   int32_t n_adapted_ = 0;
   uint32_t slots_ = 0;
-  std::vector<std::array<Pair, kLoraSlots>> layers_;
-  std::vector<std::vector<float>> store_;  // the f32 copies the views point into
+  std::vector<std::array<Stack, kLoraInputs>> stacks_;
+  std::vector<std::array<Delta, kLoraSlots>> deltas_;
+  std::vector<std::vector<uint8_t>> store_;  // the copies the views point into
   Backend* prepared_ = nullptr;
   std::vector<const void*> sources_;  // what prepare() handed the backend
 };

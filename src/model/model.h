@@ -86,6 +86,16 @@ struct ModelWeights {
 class LoraAdapter;
 enum class LoraSlot : uint8_t { Q, K, V, O, Gate, Up, Down };
 inline constexpr size_t kLoraSlots = 7;
+// The inputs those projections read (one shrink GEMM each): Q/K/V the attention norm's output,
+// O the attention's, gate/up the FFN norm's, down the gated activation.
+enum class LoraInput : uint8_t { Qkv, O, GateUp, Down };
+inline constexpr size_t kLoraInputs = 4;
+constexpr LoraInput lora_input(LoraSlot s) {
+  return s <= LoraSlot::V ? LoraInput::Qkv
+         : s == LoraSlot::O ? LoraInput::O
+         : s == LoraSlot::Down ? LoraInput::Down
+                               : LoraInput::GateUp;
+}
 
 // One forward pass's input: entry i is token tokens[i] at position pos[i] of sequence seq[i].
 // Entries of one sequence appear in increasing position order; their KV cache must hold
@@ -183,8 +193,8 @@ class Forward {
   // Throws ft::Error on an invalid batch.
   void run(const Batch& batch, KVCache& kv, float* logits);
   int64_t max_batch() const { return max_batch_; }
-  // Sizes the scratch LoRA adapters need (A x per row, up to kMaxLoraRank wide, and FFN up
-  // projections apart from the gate), so batches with adapters run without allocating. Until
+  // Sizes the scratch LoRA adapters need (ya = A x per row, up to kMaxLoraStack wide, and the
+  // per-segment descriptors), so batches with adapters run without allocating. Until
   // called, a batch naming an adapter is an ft::Error. Idempotent.
   void enable_lora();
   // Tensor parallelism over a sharded model (Model::shard): the row-parallel projections (Wo,
@@ -202,11 +212,12 @@ class Forward {
   void ffn_block(int32_t layer, int64_t M);
   void residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W, const float* post_norm);
   void validate(const Batch& batch, const KVCache& kv) const;
-  // LoRA (model/lora.cpp): the batch's runs of one adapter, and Y (M, ldy = W's rows) += the
-  // deltas of slot s of layer il over input X (M, K) for every adapted segment.
+  // LoRA (model/lora.cpp): the batch's runs of one adapter; the shrink of input `in` of layer
+  // il (X (M, K) -> lora_ya_, every adapted segment in one call; false: none adapted); and the
+  // delta of slot s for the projection's epilogue (over that ya; n == 0: none).
   bool lora_segments(const Batch& batch);
-  bool lora_adapts(LoraSlot s) const;
-  void lora_add(int32_t il, LoraSlot s, const float* X, int64_t K, float* Y, int64_t ldy);
+  bool lora_shrink(int32_t il, LoraInput in, const float* X, int64_t K);
+  LoraDelta lora_delta(int32_t il, LoraSlot s);
 
   const Model& model_;
   Backend& be_;
@@ -228,7 +239,9 @@ class Forward {
     int64_t first, n;
   };
   std::vector<LoraSegment> lora_segs_;  // this batch's adapted runs (empty: none)
-  std::vector<float> lora_ya_, lora_up_;  // (max_batch, kMaxLoraRank), (max_batch, ffn): enable_lora()
+  std::vector<float> lora_ya_;          // (max_batch, kMaxLoraStack): one input's shrink
+  std::vector<RunTarget> lora_shrinks_;  // (max_batch,) per call
+  std::array<std::vector<LoraRun>, kLoraSlots> lora_runs_;  // (max_batch,) each: a slot's delta
   Reducer* reduce_ = nullptr;
   StageLink* link_ = nullptr;
 };

@@ -108,11 +108,11 @@ class ProfilingBackend final : public Backend {
     emit_gemm(name, t0, t1, M, N, K, type, flops, bytes, "matmul_multi");
   }
 
-  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) override {
-    if (!enabled()) return in_->matmul_add(X, M, W, Y);
+  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y, const LoraDelta& lora) override {
+    if (!enabled()) return in_->matmul_add(X, M, W, Y, lora);
     const WInfo& w = lookup(W);
     const int64_t t0 = now_ns();
-    in_->matmul_add(X, M, W, Y);
+    in_->matmul_add(X, M, W, Y, lora);
     const int64_t t1 = now_ns();
     const uint64_t MN = uint64_t(M) * uint64_t(W.n_rows);
     const uint64_t flops = 2ull * MN * uint64_t(W.n_cols) + MN;
@@ -121,8 +121,8 @@ class ProfilingBackend final : public Backend {
   }
 
   void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
-               float* A) override {
-    if (!enabled()) return in_->ffn_glu(X, M, Wg, Wu, act, A);
+               float* A, const LoraDelta* lora) override {
+    if (!enabled()) return in_->ffn_glu(X, M, Wg, Wu, act, A, lora);
     const WInfo& g = lookup(Wg);
     const WInfo& u = lookup(Wu);
     if (!ffn_name_) {
@@ -130,13 +130,33 @@ class ProfilingBackend final : public Backend {
       ffn_name_ = multi_name(0, t, 2);
     }
     const int64_t t0 = now_ns();
-    in_->ffn_glu(X, M, Wg, Wu, act, A);
+    in_->ffn_glu(X, M, Wg, Wu, act, A, lora);
     const int64_t t1 = now_ns();
     const uint64_t MF = uint64_t(M) * uint64_t(Wg.n_rows);
     const uint64_t flops = 4ull * MF * uint64_t(Wg.n_cols) + 5ull * MF;  // two GEMMs + act·mul
     const uint64_t bytes = g.bytes + u.bytes + 4ull * uint64_t(M) * uint64_t(Wg.n_cols) + 4ull * MF;
     emit_gemm(ffn_name_, t0, t1, M, 2 * Wg.n_rows, Wg.n_cols, g.type, flops, bytes,
               act == GateAct::GeluTanh ? "ffn_geglu" : "ffn_swiglu");
+  }
+
+  // (LoRA's shrink: the deltas themselves are inside the projections' calls above.)
+  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n) override {
+    if (!enabled()) return in_->matmul_runs(X, K, t, n);
+    const int64_t t0 = now_ns();
+    in_->matmul_runs(X, K, t, n);
+    const int64_t t1 = now_ns();
+    uint64_t flops = 0, bytes = 0, rows = 0, N = 0;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t mn = uint64_t(t[i].n) * uint64_t(t[i].A.n_rows);
+      flops += 2 * mn * uint64_t(K);
+      bytes += weight_bytes(t[i].A) + 4 * uint64_t(t[i].n) * uint64_t(K) + 4 * mn;
+      rows += uint64_t(t[i].n);
+      N = std::max<uint64_t>(N, uint64_t(t[i].A.n_rows));
+    }
+    Args a;
+    if (layer_ >= 0) a.i("layer", layer_);
+    a.i("M", int64_t(rows)).i("N", int64_t(N)).i("K", K).i("runs", n).i("flops", int64_t(flops)).i("bytes", int64_t(bytes));
+    complete("lora_shrink", kCat, t0, t1, a);
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override {

@@ -21,11 +21,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <numbers>
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "gguf/ggml_types.h"
 #include "kernels/kernels.h"
 #include "core/fp16.h"
@@ -831,6 +833,171 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),
                 type_traits(cpu::panel_type(t)).name.data(), (long long)exact, (long long)nb);
+  }
+}
+
+}  // namespace
+}  // namespace ft
+
+namespace ft {
+namespace {
+
+// LoRA's kernels (kernels.h): matmul_runs (the segmented shrink) and the deltas each GEMM
+// epilogue adds (LoraDelta), against double references on odd shapes: three runs of different
+// ranks, A and B types (F32, F16, BF16), scales, with rows in no run between them (they get no
+// ya and no delta), packed and GGUF-row weights, a float and an integer-path base weight.
+// Tolerances: ya is one fma chain over K times the scale: |scale| * the GEMM bound. The expand
+// reference uses the kernel's ya (so the shrink's error is not counted twice): one fma chain
+// over the rank, (R + 8) 2^-24 sum|ya b|, plus one f32 add (2^-24 of the sum); the base GEMM's
+// own bound as in the other tests; the gated FFN's as FusedQkvResidualSwiglu's, over g + dg.
+void check_lora(Backend& be, bool reference) {
+  std::mt19937 rng(17);
+  // (Every weight lives to the end: prepare() caches by address, which a freed one may reuse.)
+  std::deque<QWeight> keep;
+  auto make = [&](GGMLType t, int64_t N, int64_t K) -> const QWeight& { return keep.emplace_back(make_weight(rng, t, N, K)); };
+  struct RunSpec {
+    int64_t m0, n, rank;
+    GGMLType ta, tb;
+    float scale;
+  };
+  const RunSpec specs[] = {{0, 5, 3, GGMLType::F32, GGMLType::F32, 0.5f},
+                           {7, 1, 16, GGMLType::F16, GGMLType::F16, 2.0f},
+                           {9, 13, 5, GGMLType::BF16, GGMLType::BF16, -1.25f}};
+  const int64_t M = 23, N = 21, ld = 19;  // rows 5, 6, 8, 22: the base
+  // (The reference backend reads GGUF rows only, and multiplies quantized weights by f32 x, not
+  // the integer path kernel_x models.)
+  for (const bool packed : {false, true}) {
+    if (packed && reference) continue;
+    auto view = [&](const QWeight& w) { return packed ? be.prepare(w.view()) : w.view(); };
+    for (const GGMLType tw : {GGMLType::F32, GGMLType::Q4_0}) {
+      if (tw != GGMLType::F32 && reference) continue;
+      const int64_t K = tw == GGMLType::F32 ? 37 : 64;
+      const auto X = randv(rng, size_t(M * K));
+      std::vector<const QWeight*> A, Bg, Bu;
+      for (const RunSpec& r : specs) {
+        A.push_back(&make(r.ta, r.rank, K));
+        Bg.push_back(&make(r.tb, N, r.rank));
+        Bu.push_back(&make(r.tb, N, r.rank));
+      }
+      // Shrink: ya (M, ld), every run's target in one call; untouched rows keep their sentinel.
+      std::vector<float> ya(size_t(M * ld), 777.0f);
+      std::vector<RunTarget> targets;
+      for (size_t i = 0; i < std::size(specs); ++i)
+        targets.push_back({specs[i].m0, specs[i].n, view(*A[i]), ya.data() + specs[i].m0 * ld, ld, specs[i].scale});
+      be.matmul_runs(X.data(), K, targets.data(), int(targets.size()));
+      std::vector<int> run_of(size_t(M), -1);
+      for (size_t i = 0; i < std::size(specs); ++i) {
+        const RunSpec& r = specs[i];
+        std::vector<double> ref, mag;
+        ref_gemm(X.data() + r.m0 * K, r.n, *A[i], ref, mag);
+        for (int64_t m = 0; m < r.n; ++m) {
+          run_of[size_t(r.m0 + m)] = int(i);
+          for (int64_t j = 0; j < r.rank; ++j) {
+            const size_t k = size_t(m * r.rank + j);
+            ASSERT_NEAR(ya[size_t((r.m0 + m) * ld + j)], r.scale * ref[k], std::fabs(r.scale) * gemm_tol(K, mag[k]))
+                << be.name() << " run " << i << " m " << m << " j " << j;
+          }
+        }
+      }
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < ld; ++j)
+          if (run_of[size_t(m)] < 0 || j >= specs[run_of[size_t(m)]].rank) {
+            ASSERT_EQ(ya[size_t(m * ld + j)], 777.0f) << "written outside the runs: m " << m << " j " << j;
+          }
+      // The deltas' reference over the kernel's ya: d[m][n] and its magnitude, 0 outside the runs.
+      auto delta_ref = [&](const std::vector<const QWeight*>& B, std::vector<double>& d, std::vector<double>& dmag) {
+        d.assign(size_t(M * N), 0);
+        dmag.assign(size_t(M * N), 0);
+        for (int64_t m = 0; m < M; ++m) {
+          const int i = run_of[size_t(m)];
+          if (i < 0) continue;
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t r = 0; r < specs[i].rank; ++r) {
+              const double p = double(ya[size_t(m * ld + r)]) * B[size_t(i)]->deq[size_t(n * specs[i].rank + r)];
+              d[size_t(m * N + n)] += p;
+              dmag[size_t(m * N + n)] += std::fabs(p);
+            }
+        }
+      };
+      std::vector<LoraRun> rg, ru;
+      for (size_t i = 0; i < std::size(specs); ++i) {
+        rg.push_back({specs[i].m0, specs[i].n, ya.data() + specs[i].m0 * ld, ld, view(*Bg[i])});
+        ru.push_back({specs[i].m0, specs[i].n, ya.data() + specs[i].m0 * ld, ld, view(*Bu[i])});
+      }
+      const LoraDelta dg{rg.data(), int32_t(rg.size())}, du{ru.data(), int32_t(ru.size())};
+      std::vector<double> dref, dmag, uref, umag;
+      delta_ref(Bg, dref, dmag);
+      delta_ref(Bu, uref, umag);
+      const QWeight &Wg = make(tw, N, K), &Wu = make(tw, N, K);
+      std::vector<double> gref, gmag, wuref, wumag;
+      ref_gemm(X.data(), M, Wg, gref, gmag);
+      ref_gemm(X.data(), M, Wu, wuref, wumag);
+      auto tol = [&](size_t i, const std::vector<double>& mag, const std::vector<double>& dm, double want) {
+        return gemm_tol(K, mag[i]) + gemm_tol(20, dm[i]) + 0x1p-23 * std::fabs(want) + 1e-6;
+      };
+      const std::string what = cat(be.name(), " ", type_traits(tw).name, packed ? " packed" : " rows");
+      // matmul_multi: target 0 with the delta and a bias, target 1 (up) without.
+      const auto bias = randv(rng, size_t(N));
+      std::vector<float> Y0(size_t(M * N)), Y1(size_t(M * N));
+      Backend::MatmulTarget t[2] = {{view(Wg), Y0.data(), N, bias.data()}, {view(Wu), Y1.data(), N}};
+      t[0].lora = dg;
+      be.matmul_multi(X.data(), M, t, 2);
+      for (size_t i = 0; i < Y0.size(); ++i) {
+        const double want = gref[i] + dref[i] + bias[i % size_t(N)];
+        ASSERT_NEAR(Y0[i], want, tol(i, gmag, dmag, want) + 1e-6) << what << " multi at " << i;
+        ASSERT_NEAR(Y1[i], wuref[i], gemm_tol(K, wumag[i])) << what << " multi (no delta) at " << i;
+      }
+      // matmul_add: R += X Wg^T + d.
+      auto R = randv(rng, size_t(M * N));
+      const auto R0 = R;
+      be.matmul_add(X.data(), M, view(Wg), R.data(), dg);
+      for (size_t i = 0; i < R.size(); ++i) {
+        const double want = R0[i] + gref[i] + dref[i];
+        ASSERT_NEAR(R[i], want, tol(i, gmag, dmag, want) + 1e-6) << what << " add at " << i;
+      }
+      // ffn_glu: act(X Wg^T + dg) * (X Wu^T + du).
+      const LoraDelta both[2] = {dg, du};
+      for (GateAct act : {GateAct::SiLU, GateAct::GeluTanh}) {
+        std::vector<float> Aout(size_t(M * N));
+        be.ffn_glu(X.data(), M, view(Wg), view(Wu), act, Aout.data(), both);
+        for (size_t i = 0; i < Aout.size(); ++i) {
+          const double g = gref[i] + dref[i], u = wuref[i] + uref[i], want = ref_act(act, g) * u;
+          const double t_all = 1.13 * std::fabs(u) * tol(i, gmag, dmag, g) + (std::fabs(g) + 0.3) * tol(i, wumag, umag, u) +
+                               1e-6 * std::fabs(want) + 1e-7;
+          ASSERT_NEAR(Aout[i], want, t_all) << what << " glu at " << i << " act " << int(act);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelTest, LoraShrinkAndEpilogueDeltas) { check_lora(*backend_for(GetParam()), false); }
+TEST(ReferenceBackend, LoraShrinkAndEpilogueDeltas) { check_lora(*make_backend("reference", 2), true); }
+
+// A row's LoRA delta does not depend on the rows around it (the numerics contract of the GEMM
+// holds with deltas: decode == prefill, alone == mixed), and every ISA gives the scalar bits.
+TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(19);
+  const int64_t M = 17, K = 64, N = 35, R = 16;
+  const QWeight W = make_weight(rng, GGMLType::Q8_0, N, K), A = make_weight(rng, GGMLType::F16, R, K),
+               B = make_weight(rng, GGMLType::F16, N, R);
+  const auto X = randv(rng, size_t(M * K));
+  auto run = [&](Backend& be, int64_t m0, int64_t n, std::vector<float>& Y) {
+    std::vector<float> ya(size_t(n * R));
+    const RunTarget t{0, n, be.prepare(A.view()), ya.data(), R, 0.75f};
+    be.matmul_runs(X.data() + m0 * K, K, &t, 1);
+    const LoraRun r{0, n, ya.data(), R, be.prepare(B.view())};
+    Y.assign(size_t(n * N), 0.0f);
+    be.matmul_add(X.data() + m0 * K, n, be.prepare(W.view()), Y.data(), LoraDelta{&r, 1});
+  };
+  std::vector<float> all, ref, one;
+  run(*native, 0, M, all);
+  run(*scalar, 0, M, ref);
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], ref[i]) << "vs scalar at " << i;
+  for (int64_t m = 0; m < M; m += 4) {
+    run(*native, m, 1, one);
+    for (int64_t j = 0; j < N; ++j) ASSERT_EQ(one[size_t(j)], all[size_t(m * N + j)]) << "row " << m << " alone, j " << j;
   }
 }
 

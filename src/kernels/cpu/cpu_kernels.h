@@ -23,6 +23,7 @@ struct GemmSeg {
   const float* bias = nullptr;  // (n_rows,) or null
   const float* rope_cs = nullptr;  // Store: RoPE rows after the bias (Backend::MatmulTarget)
   int32_t rope_head_dim = 0, rope_n_rot = 0;
+  LoraDelta lora = {};  // added to X W^T before the epilogue (B packed, F32/F16/BF16, rank <= kKC)
 };
 
 enum class Epilogue {
@@ -57,6 +58,9 @@ struct IsaKernels {
                QAct& qa, int threads);
   // Sizes each worker thread's scratch for up to max_rows activation rows.
   void (*reserve)(int64_t max_rows, int threads);
+  // Backend::matmul_runs: target i's rows of X times segs[i] (its A, float types; Y, ldy and
+  // scale from t[i]), all targets' work items in one parallel pass.
+  void (*gemm_runs)(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n, int threads);
 };
 
 // Instruction-set levels of the fast kernels, slowest first. Scalar: portable C++. Avx2: AVX2 +

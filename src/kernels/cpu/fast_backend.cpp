@@ -65,6 +65,22 @@ cpu::GemmSeg seg_of(const WeightView& W, float* Y, int64_t ldy, const float* bia
   return g;
 }
 
+// A LoraDelta the epilogue can read for a weight of n_rows outputs over M rows (fails naming
+// what is wrong): B float (packed here or GGUF rows), (n_rows, rank <= kKC); runs inside [0, M).
+const LoraDelta& checked(const LoraDelta& d, int64_t n_rows, int64_t M) {
+  for (int32_t i = 0; i < d.n; ++i) {
+    const LoraRun& r = d.runs[i];
+    const WeightView& B = r.B;
+    if (B.type != GGMLType::F32 && B.type != GGMLType::F16 && B.type != GGMLType::BF16)
+      fail("lora: B must be a float type (f32, f16, bf16), got ", type_traits(B.type).name);
+    if (B.n_rows != n_rows || B.n_cols < 1 || B.n_cols > cpu::kKC)
+      fail("lora: B is ", B.n_rows, "x", B.n_cols, ", expected ", n_rows, " rows and a rank of 1..", cpu::kKC);
+    if (r.m0 < 0 || r.n < 0 || r.m0 + r.n > M || (r.n > 0 && r.ldya < B.n_cols))
+      fail("lora: run of rows [", r.m0, ", ", r.m0 + r.n, ") outside the batch of ", M, " or its ya rows too narrow");
+  }
+  return d;
+}
+
 class CpuFastBackend final : public Backend {
  public:
   explicit CpuFastBackend(int threads)
@@ -155,21 +171,42 @@ class CpuFastBackend final : public Backend {
       g[i].rope_cs = t[i].rope_cs;
       g[i].rope_head_dim = t[i].rope_head_dim;
       g[i].rope_n_rot = t[i].rope_n_rot;
+      g[i].lora = checked(t[i].lora, t[i].W.n_rows, M);
       if (t[i].rope_cs && (t[i].rope_head_dim % 16 != 0 || t[i].rope_n_rot % 2 != 0))
         fail("matmul_multi: fused RoPE needs head_dim a multiple of 16 and an even n_rot");
     }
     gemm(X, M, t[0].W.n_cols, g, n, cpu::Epilogue::Store);
   }
-  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) override {
-    const cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
+  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y, const LoraDelta& lora) override {
+    cpu::GemmSeg g = seg_of(W, Y, W.n_rows, nullptr);
+    g.lora = checked(lora, W.n_rows, M);
     gemm(X, M, W.n_cols, &g, 1, cpu::Epilogue::Add);
   }
   void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
-               float* A) override {
+               float* A, const LoraDelta* lora) override {
     if (Wg.n_rows != Wu.n_rows || Wg.n_cols != Wu.n_cols)
       fail("ffn_glu: gate and up weights differ in shape");
-    const cpu::GemmSeg g[2] = {seg_of(Wg, A, Wg.n_rows, nullptr), seg_of(Wu, nullptr, 0, nullptr)};
+    cpu::GemmSeg g[2] = {seg_of(Wg, A, Wg.n_rows, nullptr), seg_of(Wu, nullptr, 0, nullptr)};
+    if (lora) {
+      g[0].lora = checked(lora[0], Wg.n_rows, M);
+      g[1].lora = checked(lora[1], Wu.n_rows, M);
+    }
     gemm(X, M, Wg.n_cols, g, 2, act == GateAct::GeluTanh ? cpu::Epilogue::GeGLU : cpu::Epilogue::SwiGLU);
+  }
+  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n) override {
+    if (n <= 0) return;
+    std::lock_guard<std::mutex> lock(qa_mu_);  // (runs_ is per backend, like qa_)
+    if (runs_.size() < size_t(n)) runs_.resize(size_t(n));
+    for (int i = 0; i < n; ++i) {
+      const WeightView& A = t[i].A;
+      if (A.type != GGMLType::F32 && A.type != GGMLType::F16 && A.type != GGMLType::BF16)
+        fail("matmul_runs: target ", i, ": A must be a float type, got ", type_traits(A.type).name);
+      if (A.n_cols != K) fail("matmul_runs: target ", i, " has K ", A.n_cols, ", X has ", K);
+      if (t[i].m0 < 0 || t[i].n < 0 || t[i].ldy < A.n_rows)
+        fail("matmul_runs: target ", i, ": rows [", t[i].m0, ", ", t[i].m0 + t[i].n, "), ldy ", t[i].ldy);
+      runs_[size_t(i)] = seg_of(A, t[i].Y, t[i].ldy, nullptr);
+    }
+    k_.gemm_runs(X, K, t, runs_.data(), n, threads_);
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
@@ -223,6 +260,7 @@ class CpuFastBackend final : public Backend {
   int64_t max_k_ = 0;  // largest K of a prepared integer-path weight
   std::mutex qa_mu_;
   cpu::QAct qa_;
+  std::vector<cpu::GemmSeg> runs_;  // matmul_runs' segments (grown once)
 };
 
 }  // namespace

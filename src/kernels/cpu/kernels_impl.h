@@ -282,6 +282,75 @@ struct Drivers {
   // (int16 activations take half the bytes of f32 ones: twice the rows per block, half the unpacks)
   static constexpr int64_t kMCInt = 240;
 
+  // LoRA's expand in a GEMM's epilogue (LoraDelta): C (M, ldc)[:, 0:kGroup], the item's
+  // product for output rows [n0, n0 + kGroup), += ya @ B_group^T for each run's rows: one fma
+  // chain over the rank from 0 per output (mk_rows), then one add, so a row's result does not
+  // depend on the batch around it. B's group is read once per item whatever the run's rows.
+  static void add_lora(const LoraDelta& d, int64_t n0, int64_t M, float* C, int64_t ldc, Scratch& s) {
+    for (int32_t r = 0; r < d.n; ++r) {
+      const LoraRun& run = d.runs[r];
+      const int64_t R = run.B.n_cols, lo = std::max<int64_t>(run.m0, 0), hi = std::min(M, run.m0 + run.n);
+      if (hi <= lo) continue;
+      // w (R, kGroup): B's rows [n0, n0 + kGroup) side by side (rank <= kKC: the backend checked).
+      const float* w = s.t;
+      if (run.B.layout == WeightLayout::Packed) {
+        const uint8_t* g = static_cast<const uint8_t*>(run.B.data) + uint64_t(n0 / kGroup) * group_bytes(run.B.type, R);
+        if (run.B.type == GGMLType::F32) w = reinterpret_cast<const float*>(g);
+        else Isa::unpack(run.B.type, g, 0, R, s.t);
+      } else {  // (GGUF rows: not prepared)
+        const uint64_t rb = *row_bytes(run.B.type, uint64_t(R));
+        for (int j = 0; j < kGroup; ++j) {
+          float* row = s.w[1];
+          if (n0 + j < run.B.n_rows) Isa::dequant(run.B.type, static_cast<const uint8_t*>(run.B.data) + uint64_t(n0 + j) * rb, R, row);
+          for (int64_t k = 0; k < R; ++k) s.t[k * kGroup + j] = n0 + j < run.B.n_rows ? row[k] : 0.0f;
+        }
+      }
+      alignas(64) float dl[kMR * kGroup];
+      for (int64_t m = lo; m < hi;) {
+        const int mr = int(std::min<int64_t>(kMR, hi - m));
+        const float* xr[kMR];
+        for (int q = 0; q < mr; ++q) xr[q] = run.ya + (m + q - run.m0) * run.ldya;
+        Isa::mk_rows(mr, xr, w, R, dl, kGroup, true);
+        for (int q = 0; q < mr; ++q)
+          for (int j = 0; j < kGroup; ++j) C[(m + q) * ldc + j] += dl[q * kGroup + j];
+        m += mr;
+      }
+    }
+  }
+
+  // Backend::matmul_runs. Work items: (target, block of kMC rows, kItemGroups groups of A's
+  // rows), so one parallel pass covers every adapter's shrink; each item is a float_item over
+  // the target's rows (the same numerics as gemm: one fma chain over K), then scaled.
+  static void gemm_runs(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
+                        int threads) {
+    auto pairs = [&](int i) { return (n_groups(segs[i].n_rows) + kItemGroups - 1) / kItemGroups; };
+    auto items = [&](int i) { return (t[i].n + kMC - 1) / kMC * pairs(i); };
+    int64_t n_items = 0;
+    for (int i = 0; i < n; ++i) n_items += items(i);
+    const int64_t ldc = kItemGroups * kGroup;
+    parallel_for(n_items, threads, 1, [&](int64_t p) {
+      int i = 0;
+      for (int64_t c; p >= (c = items(i)); ++i) p -= c;
+      const int64_t gp = pairs(i), mb = p / gp * kMC, rows = std::min(kMC, t[i].n - mb);
+      Source src[kItemGroups];
+      int ns = 0;
+      for (int j = 0; j < kItemGroups; ++j) {
+        const int64_t n0 = (p % gp * kItemGroups + j) * kGroup;
+        if (n0 >= segs[i].n_rows) break;
+        src[ns++] = {&segs[i], n0, int(std::min<int64_t>(kGroup, segs[i].n_rows - n0))};
+      }
+      Scratch& s = scratch();
+      if (s.c.size() < size_t(rows * ldc)) s.c.resize(size_t(rows * ldc));
+      float_item(X + (t[i].m0 + mb) * K, rows, K, src, ns, s, s.c.data(), ldc);
+      for (int64_t m = 0; m < rows; ++m)
+        for (int q = 0; q < ns; ++q) {
+          const float* c = s.c.data() + m * ldc + q * kGroup;
+          float* y = t[i].Y + (mb + m) * t[i].ldy + src[q].n0;
+          for (int j = 0; j < src[q].cnt; ++j) y[j] = t[i].scale * c[j];
+        }
+    });
+  }
+
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
                    Epilogue e, QAct& qa, int threads) {
     // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
@@ -327,6 +396,8 @@ struct Drivers {
         }
       }
       item(X, qa, M, K, src, nsrc, s, ldc);
+      for (int i = 0; i < nsrc; ++i)
+        if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, M, s.c.data() + i * kGroup, ldc, s);
       const float* C = s.c.data();
       for (int64_t m = 0; m < M; ++m) {
         const float* c = C + m * ldc;
@@ -359,7 +430,7 @@ struct Drivers {
 template <class Isa>
 const IsaKernels& make_table(const char* name) {
   static const IsaKernels k{name, &Isa::pack_rows, &Drivers<Isa>::gemm,
-                            &Drivers<Isa>::reserve};
+                            &Drivers<Isa>::reserve, &Drivers<Isa>::gemm_runs};
   return k;
 }
 

@@ -55,6 +55,7 @@ class CpuReferenceBackend final : public Backend {
       const int64_t N = t[i].W.n_rows;
       tmp_.resize(size_t(M * N));
       matmul(X, M, t[i].W, tmp_.data());
+      add_lora(t[i].lora, tmp_.data(), N, M);
       if (t[i].bias) add_bias(tmp_.data(), M, N, t[i].bias);
       if (t[i].rope_cs)
         for (int64_t m = 0; m < M; ++m)
@@ -65,18 +66,34 @@ class CpuReferenceBackend final : public Backend {
     }
   }
 
-  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y) override {
+  void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y, const LoraDelta& lora) override {
     tmp_.resize(size_t(M * W.n_rows));
     matmul(X, M, W, tmp_.data());
+    add_lora(lora, tmp_.data(), W.n_rows, M);
     add(Y, tmp_.data(), M, W.n_rows);
   }
 
   void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
-               float* A) override {
+               float* A, const LoraDelta* lora) override {
     tmp_.resize(size_t(M * Wu.n_rows));
     matmul(X, M, Wg, A);
     matmul(X, M, Wu, tmp_.data());
+    if (lora) {
+      add_lora(lora[0], A, Wg.n_rows, M);
+      add_lora(lora[1], tmp_.data(), Wu.n_rows, M);
+    }
     glu(A, tmp_.data(), act, A, M, Wg.n_rows);
+  }
+
+  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n) override {
+    for (int i = 0; i < n; ++i) {
+      if (t[i].A.n_cols != K) fail("matmul_runs: target ", i, " has K ", t[i].A.n_cols, ", X has ", K);
+      const int64_t N = t[i].A.n_rows;
+      std::vector<float> y(size_t(t[i].n * N));
+      matmul(X + t[i].m0 * K, t[i].n, t[i].A, y.data());
+      for (int64_t m = 0; m < t[i].n; ++m)
+        for (int64_t j = 0; j < N; ++j) t[i].Y[m * t[i].ldy + j] = t[i].scale * y[size_t(m * N + j)];
+    }
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
@@ -155,6 +172,28 @@ class CpuReferenceBackend final : public Backend {
   void add(float* y, const float* x, int64_t M, int64_t n) override { rowwise::add(y, x, M, n); }
 
  private:
+  // C (M, N; rows ldc apart) += each run's ya @ B^T (LoraDelta), B in GGUF rows.
+  static void add_lora(const LoraDelta& d, float* C, int64_t ldc, int64_t M) {
+    for (int32_t i = 0; i < d.n; ++i) {
+      const LoraRun& r = d.runs[i];
+      const WeightView& B = r.B;
+      if (B.layout != WeightLayout::Rows) fail("reference backend: weights must be in GGUF row layout");
+      if (r.m0 < 0 || r.n < 0 || r.m0 + r.n > M) fail("lora: run [", r.m0, ", ", r.m0 + r.n, ") outside ", M, " rows");
+      const int64_t R = B.n_cols;
+      const uint64_t rb = *row_bytes(B.type, uint64_t(R));
+      std::vector<float> b(static_cast<size_t>(R));
+      for (int64_t j = 0; j < B.n_rows; ++j) {
+        dequantize_row(B.type, static_cast<const uint8_t*>(B.data) + uint64_t(j) * rb, b.data(), R);
+        for (int64_t m = 0; m < r.n; ++m) {
+          const float* ya = r.ya + m * r.ldya;
+          float acc = 0;
+          for (int64_t k = 0; k < R; ++k) acc += ya[k] * b[size_t(k)];
+          C[(r.m0 + m) * ldc + j] += acc;
+        }
+      }
+    }
+  }
+
   int threads_;
   std::vector<float> tmp_;
 };
