@@ -423,8 +423,14 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   const char* mt = kind == Endpoint::Chat && j.contains("max_completion_tokens") ? "max_completion_tokens"
                    : !j.contains("max_tokens") && j.contains("n_predict")       ? "n_predict"
                                                                                  : "max_tokens";
+  // Completions' echo may ask for no tokens (max_tokens 0): the prompt alone, scored with logprobs.
+  const bool echo = kind == Endpoint::Completions && j.contains("echo") && j["echo"] == true;
   if (j.contains(mt) && !(std::string_view(mt) == "n_predict" && j[mt] == -1)) {  // llama.cpp: -1 = no limit
-    r.max_tokens = get_int(j, mt, 1, model.n_ctx);
+    r.max_tokens = get_int(j, mt, echo ? 0 : 1, model.n_ctx);
+    if (*r.max_tokens == 0) {  // the engine computes the prompt's last position anyway: one token, dropped
+      r.max_tokens = 1;
+      r.echo_only = true;
+    }
   } else if (kind == Endpoint::Completions) {
     r.max_tokens = kCompletionsMaxTokens;
     r.fit_max_tokens = true;

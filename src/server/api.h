@@ -42,6 +42,7 @@ struct ParsedRequest : GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: the prompt before each choice's text (with logprobs: its tokens' too)
+  bool echo_only = false;      // echo with max_tokens 0: the prompt alone (its one generated token is dropped)
   nlohmann::json response_format;  // {"type": "json_object" | "json_schema", ...}; null: text
   ToolChoice tool_choice = ToolChoice::None;
   std::string tool_name;           // Named: the function

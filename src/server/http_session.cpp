@@ -288,17 +288,24 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
    public:
     Reply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0),
-          tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), choices_(size_t(pr.n)),
-          done_(size_t(pr.n)) {
+          tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), echo_only_(pr.echo_only),
+          choices_(size_t(pr.n)), done_(size_t(pr.n)) {
       if (pr.echo)  // the prompt as the client gave it
         echo_ = pr.prompt_kind == PromptKind::Text ? pr.prompt_text : s.srv_.model.tokenizer->decode(pr.prompt_tokens);
     }
     void on_output(Output&& o) override {
       Choice& c = choices_[size_t(o.index)];
+      if (echo_only_) drop_generated(o);
       add_logprobs(c, o);
       emit(c, o.index, o.text, false);
     }
-    void on_finish(Output&& last, const Finish& f) override {
+    void on_finish(Output&& last, const Finish& fin) override {
+      Finish f = fin;
+      if (echo_only_) {  // max_tokens 0: nothing was generated, as far as the client is concerned
+        drop_generated(last);
+        f.reason = "length";
+        f.usage.completion_tokens = 0;
+      }
       Choice& c = choices_[size_t(f.index)];
       add_logprobs(c, last);
       emit(c, f.index, last.text, true);
@@ -364,6 +371,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       int64_t lp_offset = 0;            // completions' text_offset of lp[0]
       std::string text;                 // not streaming: the whole completion
     };
+    static void drop_generated(Output& o) {
+      o.text.clear();
+      o.tokens.clear();
+      o.logprobs.clear();
+    }
     // The choice's logprobs, and with echo on its first output the prompt before its text.
     void add_logprobs(Choice& c, Output& o) {
       const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
@@ -438,6 +450,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::string tool_name_;
     json tools_;
     std::optional<std::string> echo_;  // echo: the prompt's text
+    bool echo_only_;                   // echo with max_tokens 0: the generated token is dropped
     std::vector<Choice> choices_;
     std::vector<json> done_;  // not streaming: the finished choices' JSON, by index
   };

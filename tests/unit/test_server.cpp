@@ -284,6 +284,15 @@ TEST(ServerParse, ChoicesAndEcho) {
   j["echo"] = false;
   EXPECT_EQ(parse_c(j).prompt_logprobs, -1);
   expect_400(Endpoint::Completions, p + R"("echo":"yes"})", "echo", "boolean");
+  // max_tokens 0: only with echo (score the prompt); the engine's one token is dropped by the reply.
+  j["echo"] = true;
+  j["max_tokens"] = 0;
+  e = parse_c(j);
+  EXPECT_TRUE(e.echo_only);
+  EXPECT_EQ(*e.max_tokens, 1);
+  EXPECT_FALSE(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"echo", true}}).echo_only);
+  expect_400(Endpoint::Completions, p + R"("max_tokens":0})", "max_tokens", "[1, 512]");
+  expect_400(Endpoint::Completions, p + R"("echo":false,"max_tokens":0})", "max_tokens", "[1, 512]");
 }
 
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {

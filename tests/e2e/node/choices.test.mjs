@@ -141,6 +141,13 @@ describe('choices and echo (stories260K)', { skip }, () => {
     }
     assert.ok(first.startsWith(gold.prompt), first);
     assert.equal(text, echoed.choices[0].text);
+    // max_tokens 0: the prompt alone, scored (what evaluation harnesses ask for).
+    const scored = await client.completions.create({ ...req, echo: true, logprobs: 2, max_tokens: 0 });
+    assert.equal(scored.choices[0].text, gold.prompt);
+    assert.equal(scored.choices[0].finish_reason, 'length');
+    assert.deepEqual(scored.usage, { prompt_tokens: P, completion_tokens: 0, total_tokens: P });
+    for (const k of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset'])
+      assert.deepEqual(scored.choices[0].logprobs[k], lp[k].slice(0, P), k);
     // Every choice echoes it.
     const two = await client.completions.create({ ...req, echo: true, n: 2 });
     for (const c of two.choices) assert.equal(c.text, echoed.choices[0].text);
