@@ -101,6 +101,30 @@ describe('choices and echo (stories260K)', { skip }, () => {
     assert.equal(content[0], content[1]);
   });
 
+  test('n > 1: a client that disconnects mid-stream cancels every choice and frees their KV blocks', async () => {
+    const before = await metrics(server.url);
+    const ac = new AbortController();
+    const stream = await client.completions.create(
+      { model: MODEL_ID, prompt: `${gold.prompt} a bird`, n: 3, max_tokens: 2000, temperature: 0, ignore_eos: true, stream: true },
+      { signal: ac.signal });
+    const seen = new Set();
+    try {
+      for await (const c of stream) {
+        for (const ch of c.choices) seen.add(ch.index);
+        if (seen.size === 3) ac.abort();  // every choice is running
+      }
+    } catch (e) {
+      assert.ok(ac.signal.aborted, `unexpected error: ${e}`);
+    }
+    assert.equal(seen.size, 3);
+    const abort = 'firsttoken:request_success_total{finished_reason="abort"}';
+    const m = await waitMetrics(server.url, (x) => x[abort] === before[abort] + 3 &&
+      x['firsttoken:num_requests_running'] === 0 && x['firsttoken:kv_cache_used_blocks'] === 0);
+    assert.ok(m['firsttoken:generation_tokens_total'] - before['firsttoken:generation_tokens_total'] < 3 * 2000);
+    const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, n: 2, max_tokens: 3 });
+    assert.equal(r.choices.length, 2);  // still serving
+  });
+
   test('echo: the prompt before the completion; with logprobs, the prompt tokens first (the first null)', async () => {
     const req = { model: MODEL_ID, prompt: gold.prompt, max_tokens: 6, temperature: 0 };
     const plain = await client.completions.create({ ...req, logprobs: 2 });
