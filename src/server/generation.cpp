@@ -300,6 +300,9 @@ void Generation::submit(int32_t i) {
     if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
     post([gen, e = std::move(e)] { gen->on_event(e); });
   };
+  // post holds the consumer (an HTTP session holds this generation): kept only while choices
+  // are left to submit, so that nothing outlives its request in a cycle.
+  if (i + 1 == req_.n) post_ = nullptr;
   try {
     c.engine_id = ctx_.engine.submit(std::move(er), std::move(cb));
   } catch (const Error& e) {
@@ -328,6 +331,7 @@ Usage Generation::usage() const {
 }
 
 void Generation::cancel_all() {
+  post_ = nullptr;  // no choice is submitted after this
   for (const Choice& c : choices_)
     if (c.submitted) ctx_.engine.cancel(c.engine_id);  // a finished one's id is unknown by now: ignored
 }
