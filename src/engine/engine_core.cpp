@@ -26,24 +26,24 @@ constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/met
 // Log-probabilities of the model's distribution (the logits after the request's LogitsProcessor,
 // before penalties, temperature and filters), for the sampled token and the n most likely ones
 // (tokens a processor masked out, -inf, are never among them).
-void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, EngineEvent& ev) {
+void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, float& logprob,
+                   std::vector<std::pair<int32_t, float>>& top) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int32_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
   double sum = 0;
   for (int32_t i = 0; i < V; ++i) sum += std::exp(double(logits[i] - mx));
   const float log_z = mx + float(std::log(sum));
-  ev.logprob = logits[token] - log_z;
-  ev.top_logprobs.clear();
+  logprob = logits[token] - log_z;
+  top.clear();
   if (n <= 0) return;
   // Keep the n best in a small sorted list (n <= kMaxLogprobs).
   for (int32_t i = 0; i < V; ++i) {
     const float lp = logits[i] - log_z;
     if (!std::isfinite(lp)) continue;
-    if (int32_t(ev.top_logprobs.size()) == n && lp <= ev.top_logprobs.back().second) continue;
-    auto pos = std::find_if(ev.top_logprobs.begin(), ev.top_logprobs.end(),
-                            [&](const auto& e) { return lp > e.second; });
-    ev.top_logprobs.insert(pos, {i, lp});
-    if (int32_t(ev.top_logprobs.size()) > n) ev.top_logprobs.pop_back();
+    if (int32_t(top.size()) == n && lp <= top.back().second) continue;
+    auto pos = std::find_if(top.begin(), top.end(), [&](const auto& e) { return lp > e.second; });
+    top.insert(pos, {i, lp});
+    if (int32_t(top.size()) > n) top.pop_back();
   }
 }
 }  // namespace
@@ -95,6 +95,7 @@ void EngineCore::validate(const EngineRequest& r) const {
   if (r.adapter && cfg_.max_active_adapters < 1)
     fail("LoRA adapters are off (max_active_adapters is 0); the request names adapter ", r.adapter->path());
   if (r.logprobs > kMaxLogprobs) fail("logprobs must be at most ", kMaxLogprobs, ", got ", r.logprobs);
+  if (r.prompt_logprobs > kMaxLogprobs) fail("prompt_logprobs must be at most ", kMaxLogprobs, ", got ", r.prompt_logprobs);
   ft::validate(r.sampling);
   if (n > n_ctx_ || r.max_tokens > n_ctx_ - n)  // no n + max_tokens: max_tokens may be near INT64_MAX
     fail("the prompt (", n, " tokens) plus max_tokens (", r.max_tokens, ") exceeds the context length of ",
@@ -117,6 +118,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.max_tokens = in.max_tokens;
   r.ignore_eos = in.ignore_eos;
   r.logprobs = in.logprobs;
+  r.prompt_logprobs = in.prompt_logprobs;
   r.sampler = std::make_unique<Sampler>(in.sampling, exec_.n_tokens());
   r.sampler->add_prompt(r.tokens);
   r.processor = std::move(in.logits_processor);
@@ -266,7 +268,7 @@ bool EngineCore::step() {
     if (r.admitted) {
       s.blocks_held = KVCache::blocks_for(kv_.capacity(r.seq), cfg_.block_size);
       s.blocks_shared = kv_.shared_blocks(r.seq);
-    } else {  // what admission would attach: at least the last token is computed (its logits)
+    } else if (!scoring_prompt(r)) {  // what admission would attach: at least the last token is computed (its logits)
       const KVCache::PrefixHit hit = kv_.prefix_hit(r.tokens, s.n_tokens - 1, r.salt);
       s.n_computed = hit.tokens;
       s.hit_blocks = hit.blocks;
@@ -309,7 +311,8 @@ bool EngineCore::step() {
   // this step evicts a block the plan counted as a hit.
   for (uint64_t id : plan.admit) {
     Req& r = reqs_.at(id);
-    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, int64_t(r.tokens.size()) - 1, r.salt);
+    // A prompt being scored attaches nothing (max 0), but its blocks still publish under its salt.
+    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, scoring_prompt(r) ? 0 : int64_t(r.tokens.size()) - 1, r.salt);
     if (r.t.preemptions == 0) r.t.cached_tokens = r.n_computed;
   }
   for (uint64_t id : plan.admit) {
@@ -362,18 +365,36 @@ bool EngineCore::step() {
   }
   rec.n_decode = int32_t(decodes.size());
   std::vector<std::pair<Req*, int64_t>> chunks;
+  // Rows of prompt positions being scored (prompt_logprobs): the request, its first row, the
+  // position of that row, how many.
+  struct PromptRows {
+    Req* r;
+    size_t first;
+    int64_t pos, n;
+  };
+  std::vector<PromptRows> prompt_rows;
   for (const PrefillChunk& c : plan.prefill) {
     Req& r = reqs_.at(c.id);
     const int64_t n = int64_t(r.tokens.size());
-    const int64_t len = c.n_tokens;
+    int64_t len = c.n_tokens;
     if (len < 1 || len > n - r.n_computed)
       fail("engine: the step plan's chunk of request ", r.id, " (", len, " tokens) is not within its ",
            n - r.n_computed, " pending tokens");
+    const bool scoring = scoring_prompt(r);
+    if (scoring) len = std::min(len, kPromptLogprobsRows);
     reserve(r, r.n_computed + len, "prefill");
     for (int64_t i = 0; i < len; ++i) {
       const int64_t pos = r.n_computed + i;
       const bool last = pos == n - 1;
-      batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last, r.adapter.get());
+      // A prompt position not scored yet (what a preempted request scored is kept): its row
+      // predicts the token at pos + 1.
+      const bool score = scoring && pos >= int64_t(r.prompt_lp.size()) && pos < r.n_prompt - 1;
+      batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last || score, r.adapter.get());
+      if (score) {
+        if (prompt_rows.empty() || prompt_rows.back().r != &r) prompt_rows.push_back({&r, n_rows, pos, 0});
+        ++prompt_rows.back().n;
+        ++n_rows;
+      }
       if (last) groups_.push_back({&r, n_rows++, 1});
     }
     if (r.t.first_scheduled_ms < 0) {
@@ -385,6 +406,7 @@ bool EngineCore::step() {
     rec.chunks.push_back(len);
   }
   if (batch_.size() == 0) return false;
+  if (logits_.size() < n_rows * size_t(exec_.n_vocab())) logits_.resize(n_rows * size_t(exec_.n_vocab()));
 
   const double tf = now_();
   const int64_t pf0 = prof ? profile::now_ns() : 0;
@@ -416,6 +438,15 @@ bool EngineCore::step() {
   // one token of the target's own), then emit them and finish what is done. A group whose sampling
   // fails (no finite logit) fails its request alone. The sampler sees [0, n_tokens) of each row.
   const int64_t ps0 = prof ? profile::now_ns() : 0;
+  const size_t V = size_t(exec_.n_vocab());
+  const size_t NT = size_t(exec_.n_tokens());
+  for (const PromptRows& p : prompt_rows)
+    for (int64_t k = 0; k < p.n; ++k) {
+      const int32_t next = p.r->tokens[size_t(p.pos + k + 1)];
+      TokenLogprobs& t = p.r->prompt_lp.emplace_back();
+      t.token = next;
+      fill_logprobs(logits_.data() + (p.first + size_t(k)) * V, int32_t(NT), next, p.r->prompt_logprobs, t.logprob, t.top);
+    }
   struct Emit {
     Req* r;
     size_t row;
@@ -424,8 +455,6 @@ bool EngineCore::step() {
   std::vector<Emit> emits;
   emits.reserve(n_rows);
   std::vector<std::pair<uint64_t, std::string>> failed;
-  const size_t V = size_t(exec_.n_vocab());
-  const size_t NT = size_t(exec_.n_tokens());
   for (const RowGroup& g : groups_) {
     Req& r = *g.r;
     const size_t mark = emits.size();
@@ -490,7 +519,8 @@ bool EngineCore::step() {
     ev.kind = EngineEvent::Kind::Token;
     ev.id = r.id;
     ev.token = tok;
-    if (r.logprobs >= 0) fill_logprobs(logits, exec_.n_tokens(), tok, r.logprobs, ev);
+    if (r.logprobs >= 0) fill_logprobs(logits, exec_.n_tokens(), tok, r.logprobs, ev.logprob, ev.top_logprobs);
+    if (r.n_generated == 1 && r.prompt_logprobs >= 0) ev.prompt_logprobs = std::move(r.prompt_lp);
     emit(r, ev);
     if (!r.ignore_eos && is_eog_ && is_eog_(tok)) {
       done.emplace_back(r.id, FinishReason::Stop);

@@ -29,6 +29,9 @@ enum class FinishReason {
 const char* finish_reason_name(FinishReason r);
 
 inline constexpr int32_t kMaxLogprobs = 20;  // top alternatives a request may ask for
+// Prompt positions of one request scored per step (EngineRequest::prompt_logprobs): its prefill
+// chunks are cut to this many, which bounds the step's logits rows (n_vocab floats each).
+inline constexpr int64_t kPromptLogprobsRows = 64;
 
 // Shapes one request's logits before its sampler sees them (logit_bias, min_tokens, a grammar's
 // mask), on the engine thread. apply: the row logits[0, n_vocab) that picks generated token number
@@ -49,6 +52,11 @@ struct EngineRequest {
   double tokenize_ms = 0;  // measured by the caller, reported in the timings
   double arrival_ms = -1;  // on the engine clock; < 0: when the core receives it
   int32_t logprobs = -1;   // >= 0: report each sampled token's logprob and this many top ones (<= kMaxLogprobs)
+  // >= 0: also the prompt's own tokens (positions 1..: what the model predicted for each from the
+  // tokens before it) with this many top ones, on the first Token event. Its prefill skips the
+  // prefix cache (a cached position has no logits) and computes logits for every prompt position,
+  // at most kPromptLogprobsRows per step.
+  int32_t prompt_logprobs = -1;
   int64_t trace_arrival_ns = 0;  // profiler clock (profile::now_ns) at arrival; 0 = when the core receives it
   double ttft_slo_ms = 0;  // TTFT budget from arrival; <= 0: default_ttft_slo_ms() of the prompt
   int32_t priority = 0;    // lower is scheduled first
@@ -83,6 +91,8 @@ struct EngineEvent {
   int32_t token = -1;                        // Token
   float logprob = 0;                         // Token, when requested: log p(token)
   std::vector<std::pair<int32_t, float>> top_logprobs;  // Token, when requested: best first
+  // The first Token, with EngineRequest::prompt_logprobs: prompt tokens 1.. (token, logprob, top).
+  std::vector<TokenLogprobs> prompt_logprobs;
   FinishReason reason = FinishReason::Stop;  // Finished
   std::string error;                         // Finished(Error): why
   int64_t n_prompt = 0;                      // Finished
@@ -198,6 +208,8 @@ class EngineCore {
     int64_t max_tokens = 0;
     bool ignore_eos = false;
     int32_t logprobs = -1;
+    int32_t prompt_logprobs = -1;
+    std::vector<TokenLogprobs> prompt_lp;  // scored so far: prompt_lp[k] is prompt token k + 1
     bool admitted = false;
     uint64_t admit_order = 0;
     double deadline_ms = 0;
@@ -221,6 +233,9 @@ class EngineCore {
   void group_decodes_by_adapter(StepPlan& plan) const;
   // Draft tokens this request would verify at its next decode (0 = none), by the auto policy.
   int32_t spec_k(Req& r) const;
+  // Whether its prompt is still being scored (prompt_logprobs, before its first token): no prefix
+  // cache, logits at every prompt position.
+  static bool scoring_prompt(const Req& r) { return r.prompt_logprobs >= 0 && r.n_generated == 0; }
 
   KVCache& kv_;
   StepExecutor& exec_;

@@ -423,8 +423,14 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   const char* mt = kind == Endpoint::Chat && j.contains("max_completion_tokens") ? "max_completion_tokens"
                    : !j.contains("max_tokens") && j.contains("n_predict")       ? "n_predict"
                                                                                  : "max_tokens";
+  // Completions' echo may ask for no tokens (max_tokens 0): the prompt alone, scored with logprobs.
+  const bool echo = kind == Endpoint::Completions && j.contains("echo") && j["echo"] == true;
   if (j.contains(mt) && !(std::string_view(mt) == "n_predict" && j[mt] == -1)) {  // llama.cpp: -1 = no limit
-    r.max_tokens = get_int(j, mt, 1, model.n_ctx);
+    r.max_tokens = get_int(j, mt, echo ? 0 : 1, model.n_ctx);
+    if (*r.max_tokens == 0) {  // the engine computes the prompt's last position anyway: one token, dropped
+      r.max_tokens = 1;
+      r.echo_only = true;
+    }
   } else if (kind == Endpoint::Completions) {
     r.max_tokens = kCompletionsMaxTokens;
     r.fit_max_tokens = true;
@@ -523,10 +529,15 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       r.logit_bias.emplace_back(check_token_id(id, model.n_vocab, "logit_bias"), float(v.get<double>()));
     }
   }
-  if (j.contains("n") && get_int(j, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
-  if (j.contains("best_of") && get_int(j, "best_of", 1, 1) != 1) bad("best_of", "only best_of = 1 is supported");
+  if (j.contains("n")) r.n = int32_t(get_int(j, "n", 1, kMaxChoices));
+  // best_of > n would rank candidates by their logprob, which is not built; best_of = n is n.
+  if (j.contains("best_of") && get_int(j, "best_of", 1, kMaxChoices) != r.n)
+    bad("best_of", "'best_of' other than 'n' (ranking candidates) is not supported");
   if (j.contains("use_beam_search") && get_bool(j, "use_beam_search")) bad("use_beam_search", "beam search is not supported");
-  if (kind == Endpoint::Completions && j.contains("echo") && get_bool(j, "echo")) bad("echo", "'echo' is not supported yet");
+  if (kind == Endpoint::Completions && j.contains("echo")) {
+    r.echo = get_bool(j, "echo");
+    if (r.echo) r.prompt_logprobs = r.logprobs;  // the prompt's tokens reported as the completion's
+  }
   parse_grammar_fields(j, r);
   if (kind == Endpoint::Chat) parse_structured(j, r);
   validate(r, model.n_vocab);
@@ -626,6 +637,16 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
     ParsedRequest r = parse_request(Endpoint::Chat, chat.dump(), model);
     r.kind = Endpoint::Responses;
     r.unknown_fields = unknown;
+    // What the response object echoes, as the request gave it (valid by now).
+    for (const char* k : {"instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "temperature", "top_p",
+                          "tools", "tool_choice", "truncation", "user", "safety_identifier", "prompt_cache_key",
+                          "service_tier", "top_logprobs", "max_tool_calls", "reasoning"})
+      if (j.contains(k)) r.responses_echo[k] = j[k];
+    if (j.contains("text") && j["text"].is_object()) {
+      r.responses_echo["text"] = j["text"];
+      if (!j["text"].contains("format")) r.responses_echo["text"]["format"] = {{"type", "text"}};
+    }
+    if (!j.contains("tool_choice") && j.contains("tools")) r.responses_echo["tool_choice"] = "auto";
     return r;
   } catch (ApiError& e) {  // name the Responses API's params
     if (e.param.rfind("messages", 0) == 0) e.param = "input" + e.param.substr(8);
@@ -666,51 +687,59 @@ json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t
   int64_t off = text_offset0;
   for (const auto& t : toks) {
     tokens.push_back(t.text);
-    lps.push_back(t.logprob);
-    json top = json::object();
-    for (const auto& [text, lp] : t.top)
-      if (!top.contains(text)) top[text] = lp;  // two ids with one piece: the better one (best first)
-    tops.push_back(top);
+    if (std::isnan(t.logprob)) {  // an echoed prompt's first token: nothing predicted it
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      lps.push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [text, lp] : t.top)
+        if (!top.contains(text)) top[text] = lp;  // two ids with one piece: the better one (best first)
+      tops.push_back(top);
+    }
     offsets.push_back(off);
     off += int64_t(t.text.size());
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason,
-                         const Usage& u, const json& logprobs, const json& tool_calls) {
-  json choice;
-  if (m.kind == Endpoint::Chat) {
+json completion_choice(Endpoint kind, int32_t index, const std::string& text, const std::string& finish_reason,
+                       const json& logprobs, const json& tool_calls) {
+  if (kind == Endpoint::Chat) {
     json message = {{"role", "assistant"}, {"content", text}};
     if (tool_calls.is_array() && !tool_calls.empty()) {
       message["tool_calls"] = tool_calls;
       if (text.empty()) message["content"] = nullptr;
     }
-    choice = {{"index", 0},
-              {"message", message},
-              {"logprobs", logprobs},
-              {"finish_reason", reason_json(finish_reason)}};
-  } else {
-    choice = {{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
+    return {{"index", index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   }
+  return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
+}
+
+json completion_response(const ResponseMeta& m, json choices, const Usage& u) {
   return {{"id", m.id},
           {"object", m.kind == Endpoint::Chat ? "chat.completion" : "text_completion"},
           {"created", m.created},
           {"model", m.model},
-          {"choices", json::array({choice})},
+          {"choices", std::move(choices)},
           {"usage", usage_json(u)}};
 }
 
+json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason,
+                         const Usage& u, const json& logprobs, const json& tool_calls) {
+  return completion_response(m, json::array({completion_choice(m.kind, 0, text, finish_reason, logprobs, tool_calls)}), u);
+}
+
 json stream_chunk(const ResponseMeta& m, const std::string& text, bool first, const std::string& finish_reason,
-                  bool with_usage_null, const json& logprobs) {
+                  bool with_usage_null, const json& logprobs, int32_t index) {
   json choice;
   if (m.kind == Endpoint::Chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (first || !text.empty()) delta["content"] = text;
-    choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
+    choice = {{"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   } else {
-    choice = {{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
+    choice = {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   }
   json j = {{"id", m.id},
             {"object", m.kind == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
@@ -721,12 +750,12 @@ json stream_chunk(const ResponseMeta& m, const std::string& text, bool first, co
   return j;
 }
 
-json tool_calls_chunk(const ResponseMeta& m, const json& tool_calls, bool with_usage_null) {
+json tool_calls_chunk(const ResponseMeta& m, const json& tool_calls, bool with_usage_null, int32_t index) {
   json j = {{"id", m.id},
             {"object", "chat.completion.chunk"},
             {"created", m.created},
             {"model", m.model},
-            {"choices", json::array({{{"index", 0},
+            {"choices", json::array({{{"index", index},
                                       {"delta", {{"tool_calls", tool_calls}}},
                                       {"logprobs", nullptr},
                                       {"finish_reason", nullptr}}})}};
@@ -877,7 +906,7 @@ json usage_chunk(const ResponseMeta& m, const Usage& u) {
 }
 
 json responses_object(const ResponseMeta& m, const std::string& status, const json& output, const Usage* u,
-                      const std::string& incomplete_reason) {
+                      const std::string& incomplete_reason, const json& request) {
   json r = {{"id", m.id},
             {"object", "response"},
             {"created_at", m.created},
@@ -886,11 +915,20 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
             {"output", output},
             {"error", nullptr},
             {"incomplete_details", incomplete_reason.empty() ? json(nullptr) : json{{"reason", incomplete_reason}}},
+            {"instructions", nullptr},
+            {"max_output_tokens", nullptr},
+            {"metadata", json::object()},
             {"parallel_tool_calls", true},
+            {"previous_response_id", nullptr},
+            {"store", false},  // nothing is stored here, whatever the request said
+            {"temperature", 1.0},
+            {"top_p", 1.0},
             {"tool_choice", "auto"},
             {"tools", json::array()},
             {"text", {{"format", {{"type", "text"}}}}},
+            {"truncation", "disabled"},
             {"usage", nullptr}};
+  for (const auto& [k, v] : request.items()) r[k] = v;
   if (u)
     r["usage"] = {{"input_tokens", u->prompt_tokens},
                   {"input_tokens_details", {{"cached_tokens", 0}}},

@@ -41,9 +41,14 @@ struct ParsedRequest : GenerationRequest {
   std::string model;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // completions: the prompt before each choice's text (with logprobs: its tokens' too)
+  bool echo_only = false;      // echo with max_tokens 0: the prompt alone (its one generated token is dropped)
   nlohmann::json response_format;  // {"type": "json_object" | "json_schema", ...}; null: text
   ToolChoice tool_choice = ToolChoice::None;
   std::string tool_name;           // Named: the function
+  // Responses API: what the response object echoes of the request (tools and tool_choice as
+  // given, parallel_tool_calls, text, instructions, sampling, limits, metadata).
+  nlohmann::json responses_echo = nlohmann::json::object();
   // Fields that are neither OpenAI's nor a known vLLM/llama.cpp extension (the server warns), and
   // known ones that mean nothing here (the server logs them at debug).
   std::vector<std::string> unknown_fields, ignored_fields;
@@ -88,7 +93,8 @@ struct ResponseMeta {
 };
 
 // One generated token's log-probability and its best alternatives (best first); text is the
-// tokenizer's token_to_piece (raw bytes, maybe a partial UTF-8 sequence).
+// tokenizer's token_to_piece (raw bytes, maybe a partial UTF-8 sequence). An echoed prompt's first
+// token has logprob NaN: completions report null for it and its top_logprobs.
 struct TokenLogprob {
   std::string text;
   float logprob = 0;
@@ -101,25 +107,32 @@ struct TokenLogprob {
 //                 "logprob", "bytes"}]}]}
 nlohmann::json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t text_offset0 = 0);
 
-// Non-streaming body. finish_reason: "stop" | "length". logprobs: the choice's "logprobs"
-// (null when not requested).
-// tool_calls (chat; tool_calls_json): the message's calls, its content null when text is empty.
+// One choice of a non-streaming body. finish_reason: "stop" | "length" | "tool_calls".
+// logprobs: the choice's "logprobs" (null when not requested). tool_calls (chat;
+// tool_calls_json): the message's calls, its content null when text is empty.
+nlohmann::json completion_choice(Endpoint kind, int32_t index, const std::string& text, const std::string& finish_reason,
+                                 const nlohmann::json& logprobs = nullptr, const nlohmann::json& tool_calls = nullptr);
+// Non-streaming body of these choices (completion_choice's, in index order).
+nlohmann::json completion_response(const ResponseMeta& m, nlohmann::json choices, const Usage& u);
+// ... of one choice (index 0).
 nlohmann::json completion_response(const ResponseMeta& m, const std::string& text,
                                    const std::string& finish_reason, const Usage& u,
                                    const nlohmann::json& logprobs = nullptr, const nlohmann::json& tool_calls = nullptr);
-// One streamed chunk's JSON: text (completions) or delta.content (chat). first: chat's delta
-// carries role "assistant". finish_reason empty -> null. with_usage_null: include "usage": null
-// (OpenAI does so on every chunk when stream_options.include_usage is set).
+// One streamed chunk's JSON: text (completions) or delta.content (chat) of choice `index`.
+// first: chat's delta carries role "assistant". finish_reason empty -> null. with_usage_null:
+// include "usage": null (OpenAI does so on every chunk when stream_options.include_usage is set).
 nlohmann::json stream_chunk(const ResponseMeta& m, const std::string& text, bool first,
                             const std::string& finish_reason, bool with_usage_null,
-                            const nlohmann::json& logprobs = nullptr);
+                            const nlohmann::json& logprobs = nullptr, int32_t index = 0);
 // The final usage-only chunk (choices []).
 nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
 // The Responses API: the response object (status "in_progress" | "completed" | "incomplete";
-// incomplete_reason e.g. "max_output_tokens"; u null while in progress), its output items, and
-// one streamed event ("event: TYPE\ndata: {json with type and sequence_number}\n\n").
+// incomplete_reason e.g. "max_output_tokens"; u null while in progress; request: the fields it
+// echoes, ParsedRequest::responses_echo, over OpenAI's defaults), its output items, and one
+// streamed event ("event: TYPE\ndata: {json with type and sequence_number}\n\n").
 nlohmann::json responses_object(const ResponseMeta& m, const std::string& status, const nlohmann::json& output,
-                                const Usage* u, const std::string& incomplete_reason = "");
+                                const Usage* u, const std::string& incomplete_reason = "",
+                                const nlohmann::json& request = nlohmann::json::object());
 nlohmann::json responses_message_item(const std::string& id, const std::string& text, const std::string& status);
 nlohmann::json responses_call_item(const ToolCall& c, const std::string& status);
 std::string responses_event(const std::string& type, nlohmann::json data, int64_t sequence_number);
@@ -150,7 +163,8 @@ std::string new_tool_call_id();
 // [{"id", "type": "function", "function": {"name", "arguments"}}] (streamed: with "index" too).
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index = false);
 // A streamed chat chunk whose delta carries tool_calls (entries as tool_calls_json's, or partial).
-nlohmann::json tool_calls_chunk(const ResponseMeta& m, const nlohmann::json& tool_calls, bool with_usage_null);
+nlohmann::json tool_calls_chunk(const ResponseMeta& m, const nlohmann::json& tool_calls, bool with_usage_null,
+                                int32_t index = 0);
 
 // --- access --------------------------------------------------------------------------------
 // The Access-Control-Allow-Origin value for a request from `origin` under --allowed-origins

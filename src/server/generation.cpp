@@ -60,6 +60,9 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
     bad("min_tokens", cat("'min_tokens' (", r.min_tokens, ") must not exceed 'max_tokens' (", *r.max_tokens, ")"));
   if (r.logprobs < -1 || r.logprobs > kMaxLogprobs)
     bad("logprobs", cat("'logprobs' must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.logprobs));
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > kMaxLogprobs)
+    bad("logprobs", cat("'prompt_logprobs' must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.prompt_logprobs));
+  if (r.n < 1 || r.n > kMaxChoices) bad("n", cat("'n' must be in [1, ", kMaxChoices, "], got ", r.n));
   try {
     validate(r.sampling);
   } catch (const Error& e) {
@@ -182,7 +185,25 @@ std::shared_ptr<const GrammarVocab> GenerationContext::grammar_vocab() const {
 }
 
 Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink)
-    : ctx_(ctx), req_(std::move(req)), sink_(std::move(sink)), dec_(ctx.tokenizer), stop_(req_.stop) {}
+    : ctx_(ctx), req_(std::move(req)), sink_(std::move(sink)) {
+  for (int32_t i = 0; i < req_.n; ++i) choices_.emplace_back(ctx.tokenizer, req_.stop);
+}
+
+namespace {
+
+// Engine::submit's refusals as the client sees them.
+ApiError submit_error(const Error& e) {
+  if (const auto* late = dynamic_cast<const DeadlineError*>(&e)) {
+    ApiError a(429, e.what(), "", "rate_limit_error", kDeadlineUnmeetable);
+    a.retry_after_s = late->retry_after_s;
+    return a;
+  }
+  const std::string msg = e.what();
+  if (msg.find("shutting down") != std::string::npos) return ApiError(503, msg, "", "server_error", "server_shutdown");
+  return ApiError(400, msg);
+}
+
+}  // namespace
 
 std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, const Tokenizer& tok,
                                               GenerationRequest req, std::shared_ptr<GenerationSink> sink,
@@ -215,60 +236,79 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   gen->n_prompt_ = int64_t(prompt.size());
   const int64_t max_tokens = resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
   if (!r.seed_set) r.sampling.seed = draw_seed();
+  if (!r.grammar.empty()) {
+    try {
+      gen->grammar_ = Grammar::parse(r.grammar);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "grammar");
+    }
+  }
 
   if (ctx.waiting && ctx.waiting->fetch_add(1) >= ctx.max_queue) {
     ctx.waiting->fetch_sub(1);
     throw ApiError(429, cat("too many requests are waiting (limit ", ctx.max_queue, "); retry later"), "",
                    "rate_limit_error", "queue_full");
   }
-  EngineRequest er;
+  EngineRequest& er = gen->proto_;
   if (!r.adapter.empty() && !(er.adapter = ctx.engine.find_adapter(r.adapter))) {
     if (ctx.waiting) ctx.waiting->fetch_sub(1);
     throw ApiError(404, cat("The LoRA adapter '", r.adapter, "' is not loaded"), "model", "invalid_request_error",
                    "model_not_found");
   }
+  gen->prompt0_ = prompt.front();  // resolve_max_tokens: not empty
   er.prompt = std::move(prompt);
   er.sampling = r.sampling;
   er.max_tokens = max_tokens;
   er.ignore_eos = r.ignore_eos;
   er.tokenize_ms = tokenize_ms;
   er.logprobs = r.logprobs;
+  er.prompt_logprobs = r.prompt_logprobs;
   er.ttft_slo_ms = r.ttft_slo_ms;
   er.priority = r.priority;
-  if (!r.grammar.empty()) {
-    std::shared_ptr<const Grammar> g;
-    try {
-      g = Grammar::parse(r.grammar);
-      gen->grammar_ = std::make_shared<GrammarProcessor>(GrammarMatcher(g, ctx.grammar_vocab()));
-    } catch (const Error& e) {
-      if (ctx.waiting) ctx.waiting->fetch_sub(1);
-      throw ApiError(400, e.what(), "grammar");
-    }
-  }
-  er.logits_processor = make_logits_processor(r, ctx.eog_ids, gen->grammar_);
-  // Runs on the engine thread: copy the event and post it to the consumer.
-  auto cb = [gen, post = std::move(post)](const EngineEvent& ev) {
-    Event e{ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error};
-    if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
-    post([gen, e = std::move(e)] { gen->on_event(e); });
-  };
+  gen->post_ = std::move(post);
   try {
-    gen->engine_id_ = ctx.engine.submit(std::move(er), std::move(cb));
-  } catch (const DeadlineError& e) {
+    gen->submit(0);
+  } catch (const ApiError&) {
     if (ctx.waiting) ctx.waiting->fetch_sub(1);
-    ApiError late(429, e.what(), "", "rate_limit_error", kDeadlineUnmeetable);
-    late.retry_after_s = e.retry_after_s;
-    throw late;
-  } catch (const Error& e) {
-    if (ctx.waiting) ctx.waiting->fetch_sub(1);
-    const std::string msg = e.what();
-    if (msg.find("shutting down") != std::string::npos) throw ApiError(503, msg, "", "server_error", "server_shutdown");
-    throw ApiError(400, msg);
+    throw;
   }
   if (p_tok0 > 0)  // recorded once the engine's id is known, to tie it to the request's track
     profile::complete("tokenize", "request", p_tok0, p_tok1,
-                      profile::Args().i("req", int64_t(gen->engine_id_)).i("tokens", gen->n_prompt_));
+                      profile::Args().i("req", int64_t(gen->id())).i("tokens", gen->n_prompt_));
   return gen;
+}
+
+void Generation::submit(int32_t i) {
+  Choice& c = choices_[size_t(i)];
+  EngineRequest er;
+  if (i + 1 == req_.n) {  // the last one takes the prototype itself
+    er = std::move(proto_);
+  } else {
+    er = proto_;
+  }
+  er.sampling.seed += uint64_t(i);  // wraps: any seed is fine
+  if (i > 0) er.prompt_logprobs = -1;  // scored once (choice 0); the others attach its cached blocks
+  try {
+    if (grammar_) c.grammar = std::make_shared<GrammarProcessor>(GrammarMatcher(grammar_, ctx_.grammar_vocab()));
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "grammar");
+  }
+  er.logits_processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar);
+  // Runs on the engine thread: copy the event and post it to the consumer.
+  auto cb = [gen = shared_from_this(), i, post = post_](const EngineEvent& ev) {
+    Event e{i, ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error, ev.prompt_logprobs};
+    if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
+    post([gen, e = std::move(e)] { gen->on_event(e); });
+  };
+  // post holds the consumer (an HTTP session holds this generation): kept only while choices
+  // are left to submit, so that nothing outlives its request in a cycle.
+  if (i + 1 == req_.n) post_ = nullptr;
+  try {
+    c.engine_id = ctx_.engine.submit(std::move(er), std::move(cb));
+  } catch (const Error& e) {
+    throw submit_error(e);
+  }
+  c.submitted = true;
 }
 
 void Generation::on_event(const Event& e) {
@@ -276,15 +316,41 @@ void Generation::on_event(const Event& e) {
     handle(e);
   } catch (const std::exception& x) {  // decoding, formatting: this request fails, the thread goes on
     spdlog::error("{}: handling an engine event failed: {}", req_.name.empty() ? "request" : req_.name, x.what());
-    if (e.kind == EngineEvent::Kind::Token) ctx_.engine.cancel(engine_id_);
-    if (responded_) return;
-    responded_ = true;
+    if (responded_) return cancel_all();
     try {
-      sink_->on_error(ApiError(500, cat("generation failed: ", x.what()), "", "server_error", kGenerationFailed),
-                      Usage{n_prompt_, n_tokens_});
+      fail(ApiError(500, cat("generation failed: ", x.what()), "", "server_error", kGenerationFailed));
     } catch (const std::exception&) {  // the sink itself is broken: nothing more to tell
     }
   }
+}
+
+Usage Generation::usage() const {
+  Usage u{n_prompt_, 0};
+  for (const Choice& c : choices_) u.completion_tokens += c.n_tokens;
+  return u;
+}
+
+void Generation::cancel_all() {
+  post_ = nullptr;  // no choice is submitted after this
+  for (const Choice& c : choices_)
+    if (c.submitted) ctx_.engine.cancel(c.engine_id);  // a finished one's id is unknown by now: ignored
+}
+
+void Generation::fail(const ApiError& err) {
+  responded_ = true;
+  cancel_all();
+  sink_->on_error(err, usage());
+}
+
+Output Generation::output(int32_t i) {
+  Choice& c = choices_[size_t(i)];
+  Output o;
+  o.index = i;
+  if (c.first_output) {
+    c.first_output = false;
+    if (req_.prompt_logprobs >= 0) o.prompt_logprobs = prompt_lp_;
+  }
+  return o;
 }
 
 void Generation::handle(const Event& e) {
@@ -294,96 +360,116 @@ void Generation::handle(const Event& e) {
     left_queue_ = true;
     if (ctx_.waiting) ctx_.waiting->fetch_sub(1);
   }
+  const int32_t i = e.index;
+  Choice& c = choices_[size_t(i)];
   const Tokenizer& tok = ctx_.tokenizer;
   if (e.kind == EngineEvent::Kind::Token) {
-    if (responded_) return;  // stopped, or the client left: tokens until the cancel lands
-    ++n_tokens_;
+    if (i == 0 && !first_token_) {
+      first_token_ = true;
+      if (req_.prompt_logprobs >= 0) {  // the first prompt token: nothing precedes it
+        prompt_lp_.push_back({prompt0_, std::numeric_limits<float>::quiet_NaN(), {}});
+        prompt_lp_.insert(prompt_lp_.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+      }
+      // The prompt's full blocks are published now: the other choices attach them.
+      if (!responded_ && !shutdown_cancel_) {
+        try {
+          for (int32_t k = 1; k < req_.n; ++k) submit(k);
+        } catch (const ApiError& err) {
+          return fail(err);
+        }
+      }
+    }
+    if (responded_ || c.done) return;  // stopped, or the client left: tokens until the cancel lands
+    ++c.n_tokens;
     if (!req_.name.empty() && spdlog::should_log(spdlog::level::trace))
       spdlog::trace("{} token {} {}", req_.name, e.token,
                     nlohmann::json(tok.token_to_piece(e.token)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     if (tok.is_eog(e.token) && !req_.ignore_eos) return;  // not output, and no logprob (OpenAI)
     if (std::find(req_.stop_token_ids.begin(), req_.stop_token_ids.end(), e.token) != req_.stop_token_ids.end()) {
-      ctx_.engine.cancel(engine_id_);  // a stop token: not output, like an end-of-generation one
-      finish_ = "stop";
-      Output o;
-      o.text = stop_.push(dec_.flush());
-      if (!stop_.stopped()) o.text += stop_.flush();
-      return finish(std::move(o), nullptr);
+      ctx_.engine.cancel(c.engine_id);  // a stop token: not output, like an end-of-generation one
+      c.finish = "stop";
+      Output o = output(i);
+      o.text = c.stop.push(c.dec.flush());
+      if (!c.stop.stopped()) o.text += c.stop.flush();
+      return finish(i, std::move(o), nullptr);
     }
-    Output o;
+    Output o = output(i);
     o.tokens.push_back(e.token);
-    o.text = stop_.push(dec_.push(e.token));
+    o.text = c.stop.push(c.dec.push(e.token));
     if (req_.logprobs >= 0) o.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
-    if (grammar_ && grammar_->done_after() == n_tokens_) {  // the grammar's end: nothing may follow
-      ctx_.engine.cancel(engine_id_);
-      finish_ = "stop";
-      o.text += stop_.push(dec_.flush());
-      if (!stop_.stopped()) o.text += stop_.flush();
-      return finish(std::move(o), nullptr);
+    if (c.grammar && c.grammar->done_after() == c.n_tokens) {  // the grammar's end: nothing may follow
+      ctx_.engine.cancel(c.engine_id);
+      c.finish = "stop";
+      o.text += c.stop.push(c.dec.flush());
+      if (!c.stop.stopped()) o.text += c.stop.flush();
+      return finish(i, std::move(o), nullptr);
     }
-    if (!stop_.stopped()) return sink_->on_output(std::move(o));
-    ctx_.engine.cancel(engine_id_);
-    finish_ = "stop";
-    return finish(std::move(o), nullptr);
+    if (!c.stop.stopped()) return sink_->on_output(std::move(o));
+    ctx_.engine.cancel(c.engine_id);
+    c.finish = "stop";
+    return finish(i, std::move(o), nullptr);
   }
   // Finished.
-  if (!responded_) {
+  if (!responded_ && !c.done) {
     if (e.reason == FinishReason::Error) {
-      responded_ = true;
-      sink_->on_error(ApiError(500, e.error, "", "server_error", kGenerationFailed), Usage{n_prompt_, n_tokens_});
+      fail(ApiError(500, e.error, "", "server_error", kGenerationFailed));
     } else if (e.reason == FinishReason::Cancelled) {
-      responded_ = true;
-      sink_->on_error(shutdown_cancel_ ? ApiError(503, "the server is shutting down; the request was cancelled", "",
-                                                  "server_error", "server_shutdown")
-                                       : ApiError(500, "the request was cancelled", "", "server_error"),
-                      Usage{n_prompt_, n_tokens_});
+      fail(shutdown_cancel_ ? ApiError(503, "the server is shutting down; the request was cancelled", "", "server_error",
+                                       "server_shutdown")
+                            : ApiError(500, "the request was cancelled", "", "server_error"));
     } else {
-      Output o;
-      o.text = stop_.push(dec_.flush());
-      if (!stop_.stopped()) o.text += stop_.flush();
-      finish_ = stop_.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
-      finish(std::move(o), e.timings.get());
+      Output o = output(i);
+      o.text = c.stop.push(c.dec.flush());
+      if (!c.stop.stopped()) o.text += c.stop.flush();
+      c.finish = c.stop.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
+      finish(i, std::move(o), e.timings.get());
     }
   }
-  if (e.timings) account(*e.timings, e.reason);
+  if (e.timings) account(i, *e.timings, e.reason);
 }
 
-void Generation::finish(Output&& last, const RequestTimings* t) {
-  responded_ = true;
-  sink_->on_finish(std::move(last), Finish{finish_, Usage{n_prompt_, n_tokens_}, t});
+void Generation::finish(int32_t i, Output&& last, const RequestTimings* t) {
+  Choice& c = choices_[size_t(i)];
+  c.done = true;
+  const bool all = ++n_done_ == req_.n;
+  if (all) responded_ = true;
+  sink_->on_finish(std::move(last), Finish{i, all, c.finish, usage(), t});
 }
 
-void Generation::account(const RequestTimings& t, FinishReason reason) {
-  std::string finish = finish_;
+void Generation::account(int32_t i, const RequestTimings& t, FinishReason reason) {
+  const Choice& c = choices_[size_t(i)];
+  std::string finish = c.finish;
   if (finish.empty())
     finish = reason == FinishReason::Stop     ? "stop"
              : reason == FinishReason::Length ? "length"
              : reason == FinishReason::Error  ? "error"
                                               : "abort";
-  if (ctx_.metrics) ctx_.metrics->observe_finished(t, finish, n_prompt_, n_tokens_);
+  // The prompt is the request's: counted with its first choice.
+  if (ctx_.metrics) ctx_.metrics->observe_finished(t, finish, i == 0 ? n_prompt_ : 0, c.n_tokens);
   if (!req_.name.empty()) {
     // Speculative decoding: verifications, accepted / drafted tokens (acceptance rate).
     const std::string spec =
         t.spec.drafts == 0 ? std::string()
                            : fmt::format(" spec_drafts={} spec_accepted={}/{} ({:.1f}%)", t.spec.drafts, t.spec.accepted_tokens,
                                          t.spec.draft_tokens, 100.0 * double(t.spec.accepted_tokens) / double(t.spec.draft_tokens));
-    spdlog::info("{} finish={} prompt={} cached={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "
+    spdlog::info("{}{} finish={} prompt={} cached={} gen={} tokenize={:.2f}ms queue={:.2f}ms prefill={:.2f}ms "
                  "ttft={:.2f}ms decode={:.2f}ms total={:.2f}ms{}{}",
-                 req_.name, finish, n_prompt_, t.cached_tokens, n_tokens_, t.tokenize_ms, t.queue_ms(), t.prefill_ms(),
-                 t.ttft_ms(), t.decode_ms(), t.total_ms(), spec, client_gone_ ? " (client disconnected)" : "");
+                 req_.name, req_.n > 1 ? fmt::format(" choice={}", i) : std::string(), finish, n_prompt_, t.cached_tokens,
+                 c.n_tokens, t.tokenize_ms, t.queue_ms(), t.prefill_ms(), t.ttft_ms(), t.decode_ms(), t.total_ms(), spec,
+                 client_gone_ ? " (client disconnected)" : "");
   }
 }
 
 void Generation::abandon() {
   if (responded_) return;
   responded_ = client_gone_ = true;
-  ctx_.engine.cancel(engine_id_);
+  cancel_all();
 }
 
 void Generation::cancel_for_shutdown() {
   if (responded_ || shutdown_cancel_) return;
   shutdown_cancel_ = true;
-  ctx_.engine.cancel(engine_id_);
+  cancel_all();
 }
 
 }  // namespace ft::server

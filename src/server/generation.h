@@ -12,6 +12,7 @@
 // (a connection's strand, a CLI's main thread) and keep the sink alive until it has run.
 #pragma once
 #include <atomic>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,6 +47,7 @@ struct ApiError : std::runtime_error {
 };
 
 inline constexpr size_t kMaxStops = 4;
+inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)
 // ApiError::code of a request that failed while generating (the engine's FinishReason::Error).
 inline constexpr const char* kGenerationFailed = "generation_failed";
 // ApiError::code of a 429 from admission by prediction (--reject-late).
@@ -83,6 +85,12 @@ struct GenerationRequest {
   bool ignore_eos = false;
   std::vector<std::string> stop;       // at most kMaxStops, non-empty
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
+  int32_t prompt_logprobs = -1;        // -1: off; N >= 0: the same for the prompt's tokens (Output::prompt_logprobs)
+  // Choices: n independent generations from the prompt (choice i samples with seed + i). Choice
+  // 0 is submitted first, the others at its first token: by then the prompt's full KV blocks are
+  // computed and published, and every other choice attaches them from the prefix cache (its
+  // prefill is the prompt's last partial block).
+  int32_t n = 1;
   double ttft_slo_ms = 0;              // extension: the TTFT deadline from arrival; 0 = the server's default
   int32_t priority = 0;                // extension (vLLM's): lower is scheduled first
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to its logit before sampling
@@ -98,7 +106,8 @@ struct GenerationRequest {
 // id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).
 int32_t check_token_id(int64_t id, int32_t n_vocab, const std::string& param);
 // The checks that need no tokenizer: prompt present, token ids in [0, n_vocab) (prompt, logit_bias,
-// stop_token_ids), max_tokens >= 1, min_tokens <= max_tokens, stop strings, logprobs, sampling ranges. Throws ApiError (400) naming the param.
+// stop_token_ids), max_tokens >= 1, min_tokens <= max_tokens, stop strings, logprobs, n in
+// [1, kMaxChoices], sampling ranges. Throws ApiError (400) naming the param.
 void validate(const GenerationRequest& r, int32_t n_vocab);
 // The effective max_tokens for a prompt of n_prompt tokens (checked arithmetic: max_tokens may be
 // anything up to INT64_MAX). Throws ApiError when the prompt leaves no room or max_tokens does not
@@ -114,8 +123,12 @@ uint64_t draw_seed();
 // A piece of output: the text released now (complete UTF-8 where the decoder can tell; a tail
 // that may become a stop string is held back, a matched stop string and what follows are cut),
 // the tokens that produced it (end-of-generation tokens filtered unless ignore_eos) and, when
-// requested, their logprobs.
+// requested, their logprobs. index: the choice (GenerationRequest::n).
 struct Output {
+  int32_t index = 0;
+  // A choice's first output, with prompt_logprobs: every prompt token, the first one's logprob
+  // NaN (nothing precedes it: OpenAI's null) and no alternatives.
+  std::vector<TokenLogprobs> prompt_logprobs;
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;
@@ -124,17 +137,21 @@ struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 struct Finish {
+  int32_t index = 0;                        // the choice that finished
+  bool last = true;                         // the request's last choice: nothing follows
   std::string reason;                       // "stop" | "length"
-  Usage usage;
+  Usage usage;                              // the request's so far: the prompt once, every choice's tokens
   const RequestTimings* timings = nullptr;  // null when a stop string ends it before the engine does
 };
 
 class GenerationSink {
  public:
   virtual ~GenerationSink() = default;
-  virtual void on_output(Output&& o) = 0;                       // one generated token
-  virtual void on_finish(Output&& last, const Finish& f) = 0;  // the rest of the output, and the end
-  virtual void on_error(const ApiError& e, const Usage& u) = 0;  // cancelled (shutdown, an engine cancel) or failed
+  virtual void on_output(Output&& o) = 0;                       // one generated token of choice o.index
+  virtual void on_finish(Output&& last, const Finish& f) = 0;  // the rest of a choice's output, and its end
+  // Cancelled (shutdown, an engine cancel) or failed; once, and nothing follows (a choice that
+  // fails fails the request).
+  virtual void on_error(const ApiError& e, const Usage& u) = 0;
 };
 
 // What generations share: the engine, the served model, and (servers) admission and accounting.
@@ -158,10 +175,11 @@ struct GenerationContext {
 
 using Post = std::function<void(std::function<void()>)>;
 
-class Generation {
+class Generation : public std::enable_shared_from_this<Generation> {
  public:
   // An engine event copied off the engine thread (its timings are only valid during the callback).
   struct Event {
+    int32_t index;  // the choice
     EngineEvent::Kind kind;
     int32_t token;
     FinishReason reason;
@@ -169,6 +187,7 @@ class Generation {
     std::vector<std::pair<int32_t, float>> top_logprobs;
     std::shared_ptr<RequestTimings> timings;  // Finished only
     std::string error;                        // Finished(Error): why
+    std::vector<TokenLogprobs> prompt_logprobs;
   };
 
   // tok: the calling thread's tokenizer. Throws ApiError: 400 (invalid), 429 (queue full), 503
@@ -182,7 +201,7 @@ class Generation {
   // The shutdown deadline passed: cancel; the sink gets a 503 error.
   void cancel_for_shutdown();
 
-  uint64_t id() const { return engine_id_; }
+  uint64_t id() const { return choices_.front().engine_id; }  // choice 0's engine request
   int64_t n_prompt() const { return n_prompt_; }
   bool responded() const { return responded_; }
 
@@ -190,19 +209,40 @@ class Generation {
   Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink);
 
  private:
+  struct Choice {
+    Choice(const Tokenizer& tok, const std::vector<std::string>& stops) : dec(tok), stop(stops) {}
+    std::shared_ptr<GrammarProcessor> grammar;  // null: unconstrained
+    StreamDecoder dec;
+    StopMatcher stop;
+    uint64_t engine_id = 0;
+    bool submitted = false, done = false;  // done: its on_finish was called
+    bool first_output = true;              // its next Output is its first
+    int64_t n_tokens = 0;
+    std::string finish;  // "stop" | "length" once decided
+  };
+  // Submits choice i (a copy of proto_, seed + i; only choice 0 scores the prompt). Throws
+  // ApiError: 429 (DeadlineError), 503 (shutting down), 400.
+  void submit(int32_t i);
   void handle(const Event& e);
-  void finish(Output&& last, const RequestTimings* t);
-  void account(const RequestTimings& t, FinishReason reason);
+  Output output(int32_t i);  // an Output of choice i (its first carries the prompt's logprobs)
+  void finish(int32_t i, Output&& last, const RequestTimings* t);
+  void fail(const ApiError& e);  // the sink's on_error; every choice cancelled
+  void cancel_all();
+  Usage usage() const;
+  void account(int32_t i, const RequestTimings& t, FinishReason reason);
 
   const GenerationContext& ctx_;
   GenerationRequest req_;
-  std::shared_ptr<GrammarProcessor> grammar_;  // null: unconstrained
+  std::shared_ptr<const Grammar> grammar_;  // null: unconstrained
   std::shared_ptr<GenerationSink> sink_;
-  StreamDecoder dec_;
-  StopMatcher stop_;
-  uint64_t engine_id_ = 0;
-  int64_t n_prompt_ = 0, n_tokens_ = 0;
-  std::string finish_;  // "stop" | "length" once decided
+  std::deque<Choice> choices_;
+  EngineRequest proto_;  // what every choice submits (its prompt, sampling, limits)
+  Post post_;
+  std::vector<TokenLogprobs> prompt_lp_;  // with prompt_logprobs: from choice 0's first event
+  int32_t prompt0_ = -1;  // the prompt's first token
+  int64_t n_prompt_ = 0;
+  int32_t n_done_ = 0;
+  bool first_token_ = false;  // choice 0 has had a token (the others are submitted)
   bool left_queue_ = false, responded_ = false, client_gone_ = false, shutdown_cancel_ = false;
 };
 

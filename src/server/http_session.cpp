@@ -282,110 +282,165 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   // --- generation -------------------------------------------------------------------------
-  // The response of one generation: SSE chunks as its tokens come (stream), or one JSON body.
+  // The response of one generation: SSE chunks as its tokens come (stream), or one JSON body
+  // once every choice has finished.
   class Reply : public GenerationSink {
    public:
     Reply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0),
-          tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools) {}
-    void on_output(Output&& o) override {
-      add_logprobs(o);
-      emit(o.text, false);
+          tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), echo_only_(pr.echo_only),
+          choices_(size_t(pr.n)), done_(size_t(pr.n)) {
+      if (pr.echo)  // the prompt as the client gave it
+        echo_ = pr.prompt_kind == PromptKind::Text ? pr.prompt_text : s.srv_.model.tokenizer->decode(pr.prompt_tokens);
     }
-    void on_finish(Output&& last, const Finish& f) override {
-      add_logprobs(last);
-      emit(last.text, true);
+    void on_output(Output&& o) override {
+      Choice& c = choices_[size_t(o.index)];
+      if (echo_only_) drop_generated(o);
+      add_logprobs(c, o);
+      emit(c, o.index, o.text, false);
+    }
+    void on_finish(Output&& last, const Finish& fin) override {
+      Finish f = fin;
+      if (echo_only_) {  // max_tokens 0: nothing was generated, as far as the client is concerned
+        drop_generated(last);
+        f.reason = "length";
+        f.usage.completion_tokens = 0;
+      }
+      Choice& c = choices_[size_t(f.index)];
+      add_logprobs(c, last);
+      emit(c, f.index, last.text, true);
       // Tool calls: from the whole text (held back while streaming, except a named call's arguments).
       std::string reason = f.reason;
       json calls = nullptr;
-      if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || held_)) {
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, held_ ? *held_ : text_);
+      if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, c.held ? *c.held : c.text);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
           if (reason == "stop") reason = "tool_calls";
         }
-        if (held_) {
-          held_.reset();
-          if (!found.content.empty()) emit(found.content, false);
-          if (stream_ && !calls.is_null()) s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, calls, include_usage_))), false);
+        if (c.held) {
+          c.held.reset();
+          if (!found.content.empty()) emit(c, f.index, found.content, false);
+          if (stream_ && !calls.is_null())
+            s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, calls, include_usage_, f.index))), false);
         } else {
-          text_ = found.content;
+          c.text = found.content;
         }
       } else if (tool_choice_ == ToolChoice::Named && reason == "stop") {
         reason = "tool_calls";
       }
       if (stream_) {
-        std::string sse = sse_event(stream_chunk(meta_, "", false, reason, include_usage_));
+        std::string sse = sse_event(stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index));
+        if (!f.last) return s_.enqueue(http_chunk(sse), false);
         if (include_usage_) sse += sse_event(usage_chunk(meta_, f.usage));
         sse += kSseDone;
-        s_.enqueue(http_chunk(sse) + http_chunk(""), true);
-      } else {
-        s_.send_response(200, "application/json",
-                         completion_response(meta_, text_, reason, f.usage,
-                                             logprobs_ ? logprobs_json(meta_.kind, lp_) : json(nullptr), calls)
-                             .dump(-1, ' ', false, json::error_handler_t::replace));
+        return s_.enqueue(http_chunk(sse) + http_chunk(""), true);
       }
+      done_[size_t(f.index)] =
+          completion_choice(meta_.kind, f.index, c.text, reason, logprobs_ ? logprobs_json(meta_.kind, c.lp) : json(nullptr), calls);
+      if (f.last)
+        s_.send_response(200, "application/json",
+                         completion_response(meta_, json(std::move(done_)), f.usage)
+                             .dump(-1, ' ', false, json::error_handler_t::replace));
     }
     void on_error(const ApiError& e, const Usage&) override {
       if (!stream_) return s_.send_error(e);
       // The headers are out: an SSE error event, which OpenAI clients raise as APIError.
       s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n" + std::string(kSseDone)) + http_chunk(""), true);
     }
-    // The SSE head, and chat's first chunk (the role, empty content), before any token. Streamed
-    // tool calls: required/auto text is held back (auto: while it may be a call); a named call's
-    // arguments stream as they come.
+    // The SSE head, and chat's first chunk per choice (the role, empty content), before any
+    // token. Streamed tool calls: required/auto text is held back (auto: while it may be a call); a
+    // named call's arguments stream as they come.
     void start() {
-      if (tool_choice_ == ToolChoice::Required || tool_choice_ == ToolChoice::Auto) held_.emplace();
+      if (tool_choice_ == ToolChoice::Required || tool_choice_ == ToolChoice::Auto)
+        for (Choice& c : choices_) c.held.emplace();
       if (!stream_) return;
       std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_);
       if (meta_.kind == Endpoint::Chat)
-        head += http_chunk(sse_event(stream_chunk(meta_, "", true, "", include_usage_)));
+        for (size_t i = 0; i < choices_.size(); ++i)
+          head += http_chunk(sse_event(stream_chunk(meta_, "", true, "", include_usage_, nullptr, int32_t(i))));
       s_.enqueue(std::move(head), false);
     }
 
    private:
-    void add_logprobs(const Output& o) {
+    struct Choice {
+      std::optional<std::string> held;  // text held back while it may be tool calls
+      bool call_started = false;        // streaming a named call: its first delta is out
+      bool echoed = false;              // echo: the prompt went out (with its first output)
+      std::vector<TokenLogprob> lp;     // not yet sent (streaming) / all of them (not streaming)
+      int64_t lp_offset = 0;            // completions' text_offset of lp[0]
+      std::string text;                 // not streaming: the whole completion
+    };
+    static void drop_generated(Output& o) {
+      o.text.clear();
+      o.tokens.clear();
+      o.logprobs.clear();
+    }
+    // The choice's logprobs, and with echo on its first output the prompt before its text.
+    void add_logprobs(Choice& c, Output& o) {
       const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
-      for (const TokenLogprobs& t : o.logprobs) {
+      auto add = [&](const TokenLogprobs& t) {
         TokenLogprob x{tok.token_to_piece(t.token), t.logprob, {}};
         for (const auto& [id, lp] : t.top) x.top.emplace_back(tok.token_to_piece(id), lp);
-        lp_.push_back(std::move(x));
+        c.lp.push_back(std::move(x));
+      };
+      if (echo_ && !c.echoed) {
+        c.echoed = true;
+        o.text.insert(0, *echo_);
+        const size_t first = c.lp.size();
+        std::vector<int32_t> ids;
+        size_t bytes = 0;
+        for (const TokenLogprobs& t : o.prompt_logprobs) {
+          add(t);
+          ids.push_back(t.token);
+          bytes += c.lp.back().text.size();
+        }
+        // Decoding drops what the tokenizer added before the text (SentencePiece's space
+        // prefix): so does the first piece, so that the tokens add up to the text (text_offset).
+        const size_t text_bytes = ids.empty() ? 0 : tok.decode(ids).size();
+        for (size_t k = first, cut = bytes > text_bytes ? bytes - text_bytes : 0; k < c.lp.size() && cut > 0; ++k) {
+          std::string& piece = c.lp[k].text;
+          if (piece.empty()) continue;  // BOS, control tokens
+          if (piece.size() >= cut && piece.find_first_not_of(' ') >= cut) piece.erase(0, cut);
+          break;
+        }
       }
+      for (const TokenLogprobs& t : o.logprobs) add(t);
     }
     // Sends (streaming) or appends text. A streamed chunk carries the logprobs of the tokens since
     // the previous chunk; final: send them even without text (held-back bytes, a stop).
-    void emit(const std::string& text, bool final) {
-      if (held_) {
-        *held_ += text;
-        if (final || tool_choice_ != ToolChoice::Auto || may_start_tool_call(*held_)) return;
+    void emit(Choice& c, int32_t index, const std::string& text, bool final) {
+      if (c.held) {
+        *c.held += text;
+        if (final || tool_choice_ != ToolChoice::Auto || may_start_tool_call(*c.held)) return;
         // Plain text after all: what was held goes out as content, the rest streams.
-        std::string out = std::move(*held_);
-        held_.reset();
-        return emit(out, final);
+        std::string out = std::move(*c.held);
+        c.held.reset();
+        return emit(c, index, out, final);
       }
       if (!stream_) {
-        text_ += text;
+        c.text += text;
         return;
       }
       if (tool_choice_ == ToolChoice::Named) {
         if (text.empty()) return;
         json delta = {{"index", 0}, {"function", {{"arguments", text}}}};
-        if (!call_started_) {  // the first delta names the call
-          call_started_ = true;
+        if (!c.call_started) {  // the first delta names the call
+          c.call_started = true;
           delta = {{"index", 0}, {"id", new_tool_call_id()},
                    {"type", "function"}, {"function", {{"name", tool_name_}, {"arguments", text}}}};
         }
-        s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, json::array({delta}), include_usage_))), false);
+        s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, json::array({delta}), include_usage_, index))), false);
         return;
       }
-      if (text.empty() && !(final && !lp_.empty())) return;
+      if (text.empty() && !(final && !c.lp.empty())) return;
       json lp = nullptr;
       if (logprobs_) {
-        lp = logprobs_json(meta_.kind, lp_, lp_offset_);
-        for (const auto& t : lp_) lp_offset_ += int64_t(t.text.size());
-        lp_.clear();
+        lp = logprobs_json(meta_.kind, c.lp, c.lp_offset);
+        for (const auto& t : c.lp) c.lp_offset += int64_t(t.text.size());
+        c.lp.clear();
       }
-      s_.enqueue(http_chunk(sse_event(stream_chunk(meta_, text, false, "", include_usage_, lp))), false);
+      s_.enqueue(http_chunk(sse_event(stream_chunk(meta_, text, false, "", include_usage_, lp, index))), false);
     }
 
     HttpSession& s_;  // alive while events are handled: each posted event holds the session
@@ -394,11 +449,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ToolChoice tool_choice_;
     std::string tool_name_;
     json tools_;
-    std::optional<std::string> held_;  // text held back while it may be tool calls
-    bool call_started_ = false;        // streaming a named call: its first delta is out
-    std::vector<TokenLogprob> lp_;  // not yet sent (streaming) / all of them (not streaming)
-    int64_t lp_offset_ = 0;         // completions' text_offset of lp_[0]
-    std::string text_;              // not streaming: the whole completion
+    std::optional<std::string> echo_;  // echo: the prompt's text
+    bool echo_only_;                   // echo with max_tokens 0: the generated token is dropped
+    std::vector<Choice> choices_;
+    std::vector<json> done_;  // not streaming: the finished choices' JSON, by index
   };
 
   // A /v1/responses response: the Responses API's object, or its stream of typed events.
@@ -406,10 +460,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
    public:
     ResponsesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
-          tools_(pr.tools), msg_id_("msg_" + meta_.id.substr(5)) {}
+          tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)) {}
     void start() {
       if (!stream_) return;
-      const json r = responses_object(meta_, "in_progress", json::array(), nullptr);
+      const json r = responses_object(meta_, "in_progress", json::array(), nullptr, "", echo_);
       // One ev() per statement: the operands of + are unsequenced, and ev() numbers the events.
       std::string out = ev("response.created", {{"response", r}});
       out += ev("response.in_progress", {{"response", r}});
@@ -435,7 +489,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       for (const ToolCall& c : found.calls) output.push_back(responses_call_item(c, "completed"));
       const bool incomplete = f.reason == "length";
       const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &f.usage,
-                                      incomplete ? "max_output_tokens" : "");
+                                      incomplete ? "max_output_tokens" : "", echo_);
       if (!stream_) return s_.send_json(r);
       std::string out;
       int64_t index = 0;
@@ -494,6 +548,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ToolChoice tool_choice_;
     std::string tool_name_;
     json tools_;
+    json echo_;  // the request's fields its response object echoes
     std::string msg_id_, text_;
     bool message_open_ = false;
     int64_t seq_ = 0;

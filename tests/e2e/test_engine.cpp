@@ -359,6 +359,82 @@ TEST(Engine, RejectsWhatCanNeverFit) {
   EXPECT_THROW(engine.submit(r, {}), Error);
 }
 
+// Prompt logprobs (the completions API's echo with logprobs) are the model's own scoring: each
+// prompt token's logprob and top alternatives equal a direct forward over the whole prompt
+// (log-softmax of the row before it), however the engine chunks it (cut to kPromptLogprobsRows per
+// step), and a prompt whose blocks are cached is still scored whole (no prefix cache for it).
+TEST(Engine, PromptLogprobsMatchADirectForward) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const HParams& hp = model->hparams();
+  std::vector<int32_t> prompt = mixed_jobs(hp.n_vocab, 2, 21)[1].prompt;
+  prompt.resize(size_t(2 * kPromptLogprobsRows + 22));  // three scored chunks at least
+  const int64_t P = int64_t(prompt.size());
+  constexpr int32_t kTop = 3;
+
+  // The direct forward: one batch, logits at every position.
+  const EngineConfig base = config(256);
+  auto be = make_backend(base.runtime.backend, 2);
+  Forward fwd(*model, *be, P);
+  KVCache kv(kv_cache_config(base.runtime, hp, KVCache::blocks_for(P, base.runtime.kv_block_size), false));
+  ASSERT_TRUE(kv.reserve(0, P));
+  Batch b;
+  for (int64_t i = 0; i < P; ++i) b.add(prompt[size_t(i)], int32_t(i), 0, true);
+  std::vector<float> logits(size_t(P) * size_t(hp.n_vocab));
+  fwd.run(b, kv, logits.data());
+  std::vector<std::vector<float>> want(static_cast<size_t>(P));  // log-softmax of each row
+  for (int64_t i = 0; i < P; ++i) {
+    const float* row = logits.data() + i * hp.n_vocab;
+    const float mx = *std::max_element(row, row + hp.n_tokens);
+    double sum = 0;
+    for (int32_t v = 0; v < hp.n_tokens; ++v) sum += std::exp(double(row[v] - mx));
+    for (int32_t v = 0; v < hp.n_tokens; ++v) want[size_t(i)].push_back(row[v] - mx - float(std::log(sum)));
+  }
+
+  for (const int64_t chunk : {int64_t(256), int64_t(7)}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    Engine engine(*model, config(chunk), {});
+    auto run = [&](int32_t prompt_logprobs, RequestTimings* t) {
+      EngineRequest r;
+      r.prompt = prompt;
+      r.max_tokens = 2;
+      r.sampling.temperature = 0;
+      r.prompt_logprobs = prompt_logprobs;
+      EventStream s;
+      engine.submit(std::move(r), s.callback());
+      EngineEvent ev;
+      std::vector<TokenLogprobs> got;
+      int tokens = 0;
+      while (s.next(ev, t))
+        if (ev.kind == EngineEvent::Kind::Token) {
+          if (tokens++ == 0) got = ev.prompt_logprobs;
+          else EXPECT_TRUE(ev.prompt_logprobs.empty());  // the first token's alone
+        }
+      return got;
+    };
+    RequestTimings t;
+    EXPECT_TRUE(run(-1, &t).empty());  // not asked: none (and the prompt's blocks are cached now)
+    const std::vector<TokenLogprobs> got = run(kTop, &t);
+    EXPECT_EQ(t.cached_tokens, 0);
+    ASSERT_EQ(int64_t(got.size()), P - 1);
+    for (int64_t k = 0; k + 1 < P; ++k) {
+      const std::vector<float>& w = want[size_t(k)];  // row k predicts token k + 1
+      const TokenLogprobs& g = got[size_t(k)];
+      ASSERT_EQ(g.token, prompt[size_t(k + 1)]) << k;
+      EXPECT_NEAR(g.logprob, w[size_t(g.token)], 2e-3) << "position " << k + 1;
+      std::vector<float> best = w;
+      std::partial_sort(best.begin(), best.begin() + kTop, best.end(), std::greater<float>());
+      ASSERT_EQ(g.top.size(), size_t(kTop)) << k;
+      for (int32_t j = 0; j < kTop; ++j) {
+        EXPECT_NEAR(g.top[size_t(j)].second, best[size_t(j)], 2e-3) << "position " << k + 1 << " top " << j;
+        EXPECT_NEAR(w[size_t(g.top[size_t(j)].first)], g.top[size_t(j)].second, 2e-3) << k;
+      }
+    }
+    const EngineMetrics m = settled_metrics(engine, 2);
+    EXPECT_EQ(m.kv_used_blocks, 0);
+  }
+}
+
 // One rule for every front end: a step holds a whole fixed chunk (unchunked: a whole context) and
 // a decode token per sequence; `run`'s single-request engine asks for no more than that, with KV
 // for exactly one context (at least the engine's minimum of blocks).

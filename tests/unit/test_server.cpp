@@ -132,8 +132,6 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":21})", "logprobs", "[0, 20]");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":-1})", "logprobs", "[0, 20]");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","logprobs":true})", "logprobs", "integer");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","n":2})", "n", "[1, 1]");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","echo":true})", "echo", "not supported yet");
   expect_400(E::Chat, R"({"model":"stories260K"})", "messages", "required");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[]})", "messages", "non-empty");
   expect_400(E::Chat, R"({"model":"stories260K","messages":[{"content":"x"}]})", "messages[0]", "role");
@@ -254,6 +252,47 @@ TEST(ServerParse, UnbuildableValuesAre400NamingTheParam) {
   expect_400(E::Chat, chat + R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
              "tool_choice", "not one of the functions");
   expect_400(E::Chat, chat + R"("tools":[{"type":"code_interpreter"}]})", "tools[0]", "function");
+}
+
+TEST(ServerParse, ChoicesAndEcho) {
+  const json base = {{"model", "stories260K"}, {"prompt", "Once"}};
+  EXPECT_EQ(parse_c(base).n, 1);
+  json j = base;
+  j["n"] = 3;
+  EXPECT_EQ(parse_c(j).n, 3);
+  j["best_of"] = 3;  // best_of = n: the same n samples
+  EXPECT_EQ(parse_c(j).n, 3);
+  j["n"] = kMaxChoices;
+  j.erase("best_of");
+  EXPECT_EQ(parse_c(j).n, kMaxChoices);
+  const std::string p = R"({"model":"stories260K","prompt":"x",)";
+  expect_400(Endpoint::Completions, p + R"("n":0})", "n", "must be in [1, 128]");
+  expect_400(Endpoint::Completions, p + R"("n":129})", "n", "must be in [1, 128]");
+  expect_400(Endpoint::Completions, p + R"("n":2,"best_of":3})", "best_of", "not supported");
+  EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"n", 2}}).n, 2);
+
+  // echo: the prompt's logprobs come with the completion's (as many alternatives), not without.
+  j = base;
+  j["echo"] = true;
+  auto e = parse_c(j);
+  EXPECT_TRUE(e.echo);
+  EXPECT_EQ(e.prompt_logprobs, -1);
+  j["logprobs"] = 2;
+  e = parse_c(j);
+  EXPECT_EQ(e.logprobs, 2);
+  EXPECT_EQ(e.prompt_logprobs, 2);
+  j["echo"] = false;
+  EXPECT_EQ(parse_c(j).prompt_logprobs, -1);
+  expect_400(Endpoint::Completions, p + R"("echo":"yes"})", "echo", "boolean");
+  // max_tokens 0: only with echo (score the prompt); the engine's one token is dropped by the reply.
+  j["echo"] = true;
+  j["max_tokens"] = 0;
+  e = parse_c(j);
+  EXPECT_TRUE(e.echo_only);
+  EXPECT_EQ(*e.max_tokens, 1);
+  EXPECT_FALSE(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"echo", true}}).echo_only);
+  expect_400(Endpoint::Completions, p + R"("max_tokens":0})", "max_tokens", "[1, 512]");
+  expect_400(Endpoint::Completions, p + R"("echo":false,"max_tokens":0})", "max_tokens", "[1, 512]");
 }
 
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {
@@ -389,8 +428,33 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   const Usage u{3, 4};
   const json obj = responses_object(m, "completed", json::array({responses_message_item("msg_1", "Hi", "completed")}), &u);
   EXPECT_EQ(obj["object"], "response");
+  EXPECT_EQ(obj["tools"], json::array());  // none asked for: OpenAI's defaults
+  EXPECT_EQ(obj["tool_choice"], "auto");
+  EXPECT_EQ(obj["store"], false);
   EXPECT_EQ(obj["output"][0]["content"][0]["text"], "Hi");
   EXPECT_EQ(obj["usage"]["total_tokens"], 7);
+  // The response object echoes the request's tools, tool_choice and settings as given (OpenAI does).
+  const json obj_r = responses_object(m, "completed", json::array(), &u, "", r.responses_echo);
+  EXPECT_EQ(obj_r["tools"], json::parse(R"([{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}])"));
+  EXPECT_EQ(obj_r["tool_choice"], json::parse(R"({"type": "function", "name": "get_weather"})"));
+  EXPECT_EQ(obj_r["instructions"], "Be brief");
+  EXPECT_EQ(obj_r["max_output_tokens"], 20);
+  EXPECT_EQ(obj_r["text"], json::parse(R"({"format": {"type": "text"}})"));
+  EXPECT_EQ(obj_r["store"], false);  // echoed as what happened: nothing is stored
+  const auto tools_auto = parse_responses_request(call_body + R"(, "tool_choice": null, "temperature": 0.5,
+      "metadata": {"k": "v"}, "parallel_tool_calls": false})", kModel);
+  const json obj_a = responses_object(m, "completed", json::array(), &u, "", tools_auto.responses_echo);
+  EXPECT_EQ(obj_a["tool_choice"], "auto");  // tools without a choice: auto
+  EXPECT_EQ(obj_a["tools"][0]["name"], "f");
+  EXPECT_EQ(obj_a["parallel_tool_calls"], false);
+  EXPECT_EQ(obj_a["temperature"], 0.5);
+  EXPECT_EQ(obj_a["metadata"], json::parse(R"({"k": "v"})"));
+  // A call comes back as a function_call item naming its call_id (what function_call_output answers).
+  const json call = responses_call_item({"call_abc", "get_weather", R"({"city":"Paris"})"}, "completed");
+  EXPECT_EQ(call["type"], "function_call");
+  EXPECT_EQ(call["call_id"], "call_abc");
+  EXPECT_EQ(call["name"], "get_weather");
+  EXPECT_EQ(call["arguments"], R"({"city":"Paris"})");
   const std::string e = responses_event("response.output_text.delta", {{"delta", "x"}}, 3);
   EXPECT_EQ(e.substr(0, 34), "event: response.output_text.delta\n");
   EXPECT_NE(e.find("\"sequence_number\":3"), std::string::npos);
@@ -515,6 +579,31 @@ TEST(ServerFormat, LogprobsCompletions) {
   EXPECT_EQ(completion_response(m, " abc", "length", {1, 2}, j)["choices"][0]["logprobs"], j);
   EXPECT_EQ(stream_chunk(m, " a", false, "", false, j)["choices"][0]["logprobs"], j);
   EXPECT_EQ(stream_chunk(m, " a", false, "", false)["choices"][0]["logprobs"], nullptr);
+}
+
+TEST(ServerFormat, ChoicesAndEchoedLogprobs) {
+  const ResponseMeta m{Endpoint::Completions, "cmpl-1", 5, "stories260K"};
+  const json c = completion_response(
+      m, json::array({completion_choice(m.kind, 0, "a", "stop"), completion_choice(m.kind, 1, "b", "length")}), {4, 6});
+  ASSERT_EQ(c["choices"].size(), 2u);
+  EXPECT_EQ(c["choices"][1]["index"], 1);
+  EXPECT_EQ(c["choices"][1]["text"], "b");
+  EXPECT_EQ(c["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(c["usage"]["total_tokens"], 10);
+  EXPECT_EQ(stream_chunk(m, "x", false, "", false, nullptr, 3)["choices"][0]["index"], 3);
+  const ResponseMeta mc{Endpoint::Chat, "chatcmpl-1", 5, "stories260K"};
+  EXPECT_EQ(stream_chunk(mc, "", true, "", false, nullptr, 2)["choices"][0]["index"], 2);
+  EXPECT_EQ(tool_calls_chunk(mc, json::array(), false, 2)["choices"][0]["index"], 2);
+  EXPECT_EQ(completion_choice(mc.kind, 1, "hi", "stop")["message"]["content"], "hi");
+
+  // An echoed prompt's first token: null logprob and null top_logprobs (nothing predicts it).
+  const std::vector<TokenLogprob> toks = {{"<s>", std::numeric_limits<float>::quiet_NaN(), {}},
+                                          {"Once", -3.0f, {{" The", -1.0f}}}};
+  const json j = logprobs_json(Endpoint::Completions, toks);
+  EXPECT_EQ(j["tokens"], json::array({"<s>", "Once"}));
+  EXPECT_EQ(j["token_logprobs"], json::parse("[null, -3.0]"));
+  EXPECT_EQ(j["top_logprobs"], json::parse(R"([null, {" The": -1.0}])"));
+  EXPECT_EQ(j["text_offset"], json::array({0, 3}));
 }
 
 TEST(ServerFormat, LogprobsChat) {

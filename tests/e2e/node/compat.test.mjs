@@ -136,6 +136,42 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     assert.equal(final.output[0].content[0].text, text);
   });
 
+  test('the Responses API with tools: tools and tool_choice echoed, a function_call item, its output sent back', async () => {
+    const rtools = [{ type: 'function', name: 'get_weather', description: 'Weather in a city', strict: true,
+                      parameters: tools[0].function.parameters }];
+    const tool_choice = { type: 'function', name: 'get_weather' };
+    const input = [{ role: 'user', content: 'Weather in Paris?' }];
+    const r = await client.responses.create({ model: MODEL_ID, input, tools: rtools, tool_choice, temperature: 0, max_output_tokens: 100, store: false });
+    assert.deepEqual(r.tools, rtools);  // as the request gave them (OpenAI echoes both)
+    assert.deepEqual(r.tool_choice, tool_choice);
+    assert.equal(r.temperature, 0);
+    assert.equal(r.max_output_tokens, 100);
+    const call = r.output.find((o) => o.type === 'function_call');
+    assert.ok(call, JSON.stringify(r.output));
+    assert.equal(call.name, 'get_weather');
+    assert.match(call.call_id, /^call_/);
+    assert.equal(typeof JSON.parse(call.arguments).city, 'string');
+    // The call and its output go back as input items; the answer is text.
+    const answer = await client.responses.create({
+      model: MODEL_ID, tools: rtools, temperature: 0, max_output_tokens: 8, store: false,
+      input: [...input, call, { type: 'function_call_output', call_id: call.call_id, output: '{"temp": 21}' }],
+    });
+    assert.equal(answer.tool_choice, 'auto');  // tools, no choice: auto
+    assert.equal(answer.output[0].type, 'message');
+    assert.equal(typeof answer.output_text, 'string');
+    assert.ok(answer.usage.output_tokens > 0 && answer.usage.output_tokens <= 8);
+    assert.ok(answer.usage.input_tokens > r.usage.input_tokens);  // the call and its result reached the prompt
+    // Streamed: the function_call item's events, and the echo in the final object.
+    const stream = await client.responses.create({ model: MODEL_ID, input, tools: rtools, tool_choice, temperature: 0, max_output_tokens: 100, stream: true });
+    let done = null, args = '';
+    for await (const ev of stream) {
+      if (ev.type === 'response.function_call_arguments.delta') args += ev.delta;
+      if (ev.type === 'response.completed') done = ev.response;
+    }
+    assert.deepEqual(done.tools, rtools);
+    assert.equal(done.output.find((o) => o.type === 'function_call').arguments, args);
+  });
+
   test('GET /v1/models/{id}; an unknown model is 404', async () => {
     assert.equal((await client.models.retrieve(MODEL_ID)).id, MODEL_ID);
     await assert.rejects(client.models.retrieve('gpt-4'), (e) => e.status === 404 && e.code === 'model_not_found');
