@@ -128,24 +128,38 @@ StepPlan plan_step(const SchedulerInput& in) {
     if (n_decode > 0) {
       cap_ms = cfg.step_latency_target_ms;
     } else if (!cands.empty()) {
-      // No longer than the quiet has lasted (the newest waiting request's wait), and for each
-      // request whose prefill the step can finish (its first token ends the step) a share of its
-      // time to its deadline. Requests that stay waiting behind lose nothing by a longer step.
+      // No longer than the quiet has lasted (the newest waiting request's wait). Requests that
+      // stay waiting behind lose nothing by a longer step.
       double newest = cands.front()->arrival_ms;
       for (const auto* r : cands) newest = std::max(newest, r->arrival_ms);
-      cap_ms = in.now_ms - newest;
-      int64_t ahead = 0;
-      for (const auto* r : cands) {
-        ahead += r->pending();
-        if (ahead > std::min(cfg.max_auto_chunk, cap)) break;
-        cap_ms = std::min(cap_ms, cfg.slack_share * (r->deadline_ms - in.now_ms));
-      }
-      const double observed_ms = std::min(cfg.arrival_window_ms, in.now_ms - in.observed_since_ms);
-      const auto n_past = std::count_if(in.past_arrivals_ms.begin(), in.past_arrivals_ms.end(),
-                                        [&](double a) { return in.now_ms - a <= cfg.arrival_window_ms; });
-      if (n_past > 0) cap_ms = std::min(cap_ms, cfg.arrival_risk * observed_ms / double(n_past));
-      cap_ms = std::max(cap_ms, cfg.step_latency_target_ms);
+      cap_ms = std::max(in.now_ms - newest, cfg.step_latency_target_ms);
     }
+    // Expected arrivals (an arrival waits for the whole step): the step within which one arrives
+    // with probability at most arrival_risk, but no shorter than a share of the smallest TTFT budget.
+    const double observed_ms = std::min(cfg.arrival_window_ms, in.now_ms - in.observed_since_ms);
+    const auto n_past = std::count_if(in.past_arrivals_ms.begin(), in.past_arrivals_ms.end(),
+                                      [&](double a) { return in.now_ms - a <= cfg.arrival_window_ms; });
+    if (n_past > 0)
+      cap_ms = std::min(cap_ms, std::max(cfg.arrival_risk * observed_ms / double(n_past),
+                                         cfg.slack_share * cfg.ttft_slo_base_ms));
+    // A step that can finish a request's prefill (its first token ends the step) takes what that
+    // needs; others' chunks fill it only up to a share of its time to its deadline, at most the
+    // target: a short prompt arriving during a long one's prefill gets a short step, and a long
+    // prompt's last chunk is not padded with the next one's. Never less than the step needs to
+    // finish the first of them, up to the target (a late request is not split further).
+    double finish_cap = kInf, floor_ms = 0;
+    int64_t ahead = 0;
+    double ahead_attn = attn;
+    for (const auto* r : cands) {
+      ahead += r->pending();
+      if (ahead > std::min(cfg.max_auto_chunk, cap)) break;
+      ahead_attn += attn_pairs(r->n_computed, r->pending());
+      const double need_ms = in.cost.predict(n_decode + ahead, ahead_attn);
+      if (floor_ms == 0) floor_ms = std::min(need_ms, cfg.step_latency_target_ms);
+      const double share_ms = std::min(cfg.slack_share * (r->deadline_ms - in.now_ms), cfg.step_latency_target_ms);
+      finish_cap = std::min(finish_cap, std::max(need_ms, share_ms));
+    }
+    cap_ms = std::max(std::min(cap_ms, finish_cap), floor_ms);
     plan.step_cap_ms = cap_ms;
     const int64_t ctx = cands.empty() ? 0 : cands.front()->n_computed;
     int64_t lo = 0, hi = std::min(cfg.max_auto_chunk, cap);

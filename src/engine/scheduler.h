@@ -28,13 +28,17 @@
 //  - otherwise no longer than the quiet has lasted (the newest waiting request's wait: steps grow
 //    from the target while it lasts, so a request arriving early waits little), up to
 //    max_auto_chunk, the largest efficient chunk, so a prompt alone costs about what it costs
-//    unchunked; for each request whose prefill the step can finish (its first token ends the
-//    step), a share (slack_share) of its time to its deadline; and for expected arrivals (a
-//    Poisson rate lambda, SchedulerInput::past_arrivals_ms) the step within which one arrives with
-//    probability at most arrival_risk (arrival_risk / lambda), since an arrival waits for the
-//    whole step. Never below step_latency_target_ms. Requests that stay waiting behind the step's
-//    chunks are not a reason for a shorter step: under earliest deadline first a shorter step
-//    does not let them start sooner, it only adds steps (the burst of two long prompts).
+//    unchunked; never below the target;
+//  - for expected arrivals (a Poisson rate lambda, SchedulerInput::past_arrivals_ms) the step
+//    within which one arrives with probability at most arrival_risk (arrival_risk / lambda),
+//    since an arrival waits for the whole step, but not below slack_share x ttft_slo_base_ms;
+//  - for each request whose prefill the step can finish (its first token ends the step), a share
+//    (slack_share) of its time to its deadline, with decodes running or not: a short prompt
+//    arriving during a long one's prefill gets a short step of its own, not a chunk of the long
+//    one filling the target. Never below what the step needs to finish the first of them (up to
+//    the target). Requests that stay waiting behind the step's chunks are not a reason for a
+//    shorter step: under earliest deadline first a shorter step does not let them start sooner,
+//    it only adds steps (the burst of two long prompts).
 // Chunks are therefore large when the machine is fast, the context short or nothing competes,
 // small on a slow CPU under contention; a newly arrived short prompt starts within about one step.
 //     LoRA: the requests admitted (running) use at most max_active_adapters distinct adapters
@@ -80,8 +84,8 @@ struct SchedulerConfig {
   // The default TTFT deadline of a request: base + stretch x its predicted prefill alone.
   double ttft_slo_base_ms = 100;
   double ttft_slo_stretch = 2;
-  // Expected arrivals: a Poisson rate estimated from the arrivals of the last window; a step may
-  // outlast step_latency_target_ms only while an arrival during it stays this unlikely.
+  // Expected arrivals: a Poisson rate estimated from the arrivals of the last window; a step lasts
+  // no longer than one within which an arrival stays this unlikely (the budget's rules above).
   double arrival_window_ms = 10000;
   double arrival_risk = 0.05;
   // A step that finishes a request's prefill may take at most this share of its time to its

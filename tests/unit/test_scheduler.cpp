@@ -61,9 +61,19 @@ TEST(PlanStep, DecodesFirstThenShortestPrefillFirst) {
   ASSERT_GE(p.prefill.size(), 2u);
   EXPECT_EQ(p.prefill[0].id, 3u);  // 40 tokens
   EXPECT_EQ(p.prefill[1].id, 4u);  // 100 tokens
-  // Auto budget: the step stays within the 50 ms target.
-  EXPECT_LE(p.predicted_ms, 50.0 + 1e-9);
-  EXPECT_GE(p.n_tokens(), 400);
+  // Auto budget: the step finishes request 3's prefill, so it keeps to a quarter of its time to
+  // its deadline (~30 ms), below the 50 ms target; the rest is filled with request 4 and 2.
+  const double share = in.cfg.slack_share * in.requests[2].deadline_ms;
+  EXPECT_LT(share, 50.0);
+  EXPECT_NEAR(p.step_cap_ms, share, 1e-9);
+  EXPECT_LE(p.predicted_ms, share + 1e-9);
+  EXPECT_GE(p.n_tokens(), 200);
+  // With no prompt that one step can finish, the step fills the 50 ms target.
+  for (size_t i = 1; i < 4; ++i) in.requests[i].n_tokens = 3000;
+  in.free_blocks = 1000;
+  const StepPlan full = plan_step(in);
+  EXPECT_NEAR(full.step_cap_ms, 50.0, 1e-9);
+  EXPECT_GE(full.n_tokens(), 400);
 }
 
 // LoRA: at most max_active_adapters distinct adapters among the running requests; a request of
@@ -167,16 +177,25 @@ TEST(PlanStep, StepIsSizedFromTheTightestDeadline) {
   const StepPlan own = plan_step(in);
   EXPECT_EQ(own.prefill[0].id, 1u);
   EXPECT_EQ(own.n_tokens(), 1024);  // small steps would help neither request
-  // 1000 tokens left (within one step): its first token ends the step, which keeps to a quarter
-  // of its time to its deadline.
+  // 1000 tokens left (within one step): its first token ends the step, which takes what it needs
+  // (105 ms), not padded with request 2's chunk up to a quarter of its time to its deadline.
   in.requests[0].n_tokens = 1000;
   in.requests[0].deadline_ms = 1000 + 200;
   const StepPlan first = plan_step(in);
   EXPECT_EQ(first.prefill[0].id, 1u);
-  EXPECT_NEAR(first.step_cap_ms, 50, 1e-9);  // 0.25 x 200 ms
-  EXPECT_LE(first.predicted_ms, 50 + 1e-9);
-  in.requests[0].deadline_ms = 1000 + 800;
-  EXPECT_NEAR(plan_step(in).step_cap_ms, 0.25 * 800, 1e-9);
+  const double need = in.cost.predict(1000, attn_pairs(0, 1000));
+  EXPECT_NEAR(first.step_cap_ms, need, 1e-9);
+  EXPECT_EQ(first.prefill.size(), 1u);
+  in.requests[0].deadline_ms = 1000 + 8000;
+  EXPECT_NEAR(plan_step(in).step_cap_ms, need, 1e-9);
+  // 100 tokens left (15 ms): request 2 fills the step up to a quarter of the time to the
+  // deadline, at most the target.
+  in.requests[0].n_tokens = 100;
+  in.requests[0].deadline_ms = 1000 + 120;
+  EXPECT_NEAR(plan_step(in).step_cap_ms, 0.25 * 120, 1e-9);
+  in.requests[0].deadline_ms = 1000 + 8000;
+  EXPECT_NEAR(plan_step(in).step_cap_ms, 50, 1e-9);
+  in.requests[0].n_tokens = 1000;
   // The quiet: both arrived just now, the step keeps to the target.
   in.requests[0].arrival_ms = in.requests[1].arrival_ms = 990;
   EXPECT_NEAR(plan_step(in).step_cap_ms, 50, 1e-9);
@@ -652,6 +671,55 @@ TEST(Simulation, MixedTrafficMeetsShortDeadlines) {
     if (n < 1000) big_late += b.timings.at(id).ttft_ms() > default_ttft_slo_ms(cfg, cost, n);
   }
   EXPECT_GT(big_late, 0u);
+}
+
+// `bench serve --workload mixed` on a 110m-like machine (3 ms a step, 0.5 ms a token, attention
+// 1e-4 ms a pair: a ~2,700-token prompt takes ~1.8 s alone): short prompts (45 tokens, Poisson
+// 1/s, 16 tokens out) keep their P99 TTFT near that of the same short prompts alone (issue 19's
+// target on the server: 1.5x), while the long ones are not starved.
+TEST(Simulation, MixedShortP99StaysNearIsolated) {
+  const CostModel cost{3.0, 0.5, 1e-4};
+  std::vector<SimRequest> longs = long_every(20000, 120000, 2700, 1), shorts;
+  for (auto& r : longs) r.arrival_ms += 1000;
+  uint64_t h = 11;
+  double t = 0;
+  for (int k = 0;; ++k) {
+    h = mix(h, uint64_t(k));
+    t += -std::log(1.0 - double(h >> 11) * 0x1.0p-53) * 1000.0;
+    if (t >= 120000) break;
+    shorts.push_back({t, make_prompt(40 + int64_t(h % 11), 2000 + k), 16});
+  }
+  std::vector<SimRequest> reqs = shorts;
+  reqs.insert(reqs.end(), longs.begin(), longs.end());
+  auto p99 = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[size_t(std::ceil(0.99 * double(v.size()))) - 1];
+  };
+  for (const int64_t chunk : {int64_t(-1), int64_t(256)}) {
+    SchedulerConfig cfg;
+    cfg.chunk_size = chunk;
+    const SimResult mixed = simulate(reqs, cfg, 4000, true, cost), alone = simulate(shorts, cfg, 4000, true, cost);
+    expect_complete_and_correct(reqs, mixed);
+    std::vector<double> m, a;
+    for (uint64_t id = 1; id <= shorts.size(); ++id) {
+      m.push_back(mixed.timings.at(id).ttft_ms());
+      a.push_back(alone.timings.at(id).ttft_ms());
+    }
+    double long_worst = 0;
+    for (uint64_t id = shorts.size() + 1; id <= reqs.size(); ++id)
+      long_worst = std::max(long_worst, mixed.timings.at(id).ttft_ms() / ttft_alone(reqs[id - 1], cfg, cost));
+    std::printf("chunk %lld: short TTFT p99 %.1f ms mixed, %.1f alone (%.2fx); long TTFT <= %.2fx alone\n",
+                (long long)chunk, p99(m), p99(a), p99(m) / p99(a), long_worst);
+    // Here a short prompt's TTFT is its steps alone (no HTTP, no tokenizing), so the ratio is
+    // harsher than the server's; 1.5x on this trace (the step of a short prompt's prefill was
+    // capped at the target only: 1.72x).
+    if (chunk < 0) {
+      EXPECT_LE(p99(m), 1.55 * p99(a));
+      EXPECT_LE(long_worst, 1.5);
+    } else {
+      EXPECT_GT(p99(m), 1.55 * p99(a));  // the test can fail: fixed chunks make shorts wait
+    }
+  }
 }
 
 // The learned cost model: a prior 3x off (a noisy start-up) is corrected within the run, so the
