@@ -860,10 +860,11 @@ void check_lora(Backend& be, bool reference) {
     GGMLType ta, tb;
     float scale;
   };
-  const RunSpec specs[] = {{0, 5, 3, GGMLType::F32, GGMLType::F32, 0.5f},
+  const RunSpec specs[] = {{0, 4, 3, GGMLType::F32, GGMLType::F32, 0.5f},
                            {7, 1, 16, GGMLType::F16, GGMLType::F16, 2.0f},
                            {9, 13, 5, GGMLType::BF16, GGMLType::BF16, -1.25f}};
-  const int64_t M = 23, N = 21, ld = 19;  // rows 5, 6, 8, 22: the base
+  // (Runs of up to 4 rows take the epilogue's in-register path, longer ones the unpacked one.)
+  const int64_t M = 23, N = 21, ld = 19;  // rows 4, 5, 6, 8, 22: the base
   // (The reference backend reads GGUF rows only, and multiplies quantized weights by f32 x, not
   // the integer path kernel_x models.)
   for (const bool packed : {false, true}) {
@@ -995,9 +996,11 @@ TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {
   run(*native, 0, M, all);
   run(*scalar, 0, M, ref);
   for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], ref[i]) << "vs scalar at " << i;
-  for (int64_t m = 0; m < M; m += 4) {
-    run(*native, m, 1, one);
-    for (int64_t j = 0; j < N; ++j) ASSERT_EQ(one[size_t(j)], all[size_t(m * N + j)]) << "row " << m << " alone, j " << j;
+  // (Runs of 1..4 rows: the epilogue's in-register path; M: the unpacked one.)
+  for (int64_t m = 0, n = 1; m < M; m += n, n = n % 4 + 1) {
+    run(*native, m, std::min(n, M - m), one);
+    for (size_t i = 0; i < one.size(); ++i)
+      ASSERT_EQ(one[i], all[size_t(m * N) + i]) << "rows " << m << "+" << n << " alone, at " << i;
   }
 }
 

@@ -148,6 +148,33 @@ struct Avx512Isa : Avx2Isa {
     if (ng == 2) return gemvf<T, 2>(groups, K, x, M, c, ldc);
     gemvf<T, 1>(groups, K, x, M, c, ldc);
   }
+  // LoRA's expand (Drivers::add_lora): c (mr, 16 ng) = x (mr, ldx) @ [group_0 .. group_ng-1]
+  // (K, 16 each), mr <= 4, ng <= 2.
+  template <GGMLType T, int NG>
+  static void gemvf_rows(const uint8_t* const* groups, int64_t K, const float* x, int64_t ldx, int mr, float* c) {
+    switch (mr) {
+      case 1: return gemvf_t<T, 1, NG>(groups, K, x, ldx, c, 16 * NG);
+      case 2: return gemvf_t<T, 2, NG>(groups, K, x, ldx, c, 16 * NG);
+      case 3: return gemvf_t<T, 3, NG>(groups, K, x, ldx, c, 16 * NG);
+      case 4: return gemvf_t<T, 4, NG>(groups, K, x, ldx, c, 16 * NG);
+      default: fail("gemv_rows: ", mr, " rows (1..4)");
+    }
+  }
+  template <GGMLType T>
+  static void gemvf_rows_n(const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t ldx, int mr,
+                           float* c) {
+    if (ng == 2) return gemvf_rows<T, 2>(groups, K, x, ldx, mr, c);
+    gemvf_rows<T, 1>(groups, K, x, ldx, mr, c);
+  }
+  static void gemv_rows(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t ldx,
+                        int mr, float* c) {
+    switch (t) {
+      case GGMLType::F32: return gemvf_rows_n<GGMLType::F32>(groups, ng, K, x, ldx, mr, c);
+      case GGMLType::F16: return gemvf_rows_n<GGMLType::F16>(groups, ng, K, x, ldx, mr, c);
+      case GGMLType::BF16: return gemvf_rows_n<GGMLType::BF16>(groups, ng, K, x, ldx, mr, c);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
   // ng (1 or 2) groups of the same float type, consecutive in C (16 columns each).
   static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
                    int64_t M, float* c, int64_t ldc) {

@@ -196,6 +196,22 @@ struct Avx2Isa {
 #undef FT_LD
 #undef FT_FM
 #undef FT_ST
+  // LoRA's expand (Drivers::add_lora): c (mr, 16 ng) = x (mr, ldx) @ [group_0 .. group_ng-1]
+  // (K, 16 each), mr <= 4, ng <= 2.
+  static void gemv_rows(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t ldx,
+                        int mr, float* c) {
+    if (ng == 2 && mr == 1) return gemv_1x2(t, groups, K, x, c);
+    for (int g = 0; g < ng; ++g) {
+      float* cg = c + 16 * g;
+      switch (mr) {
+        case 1: gemv_t<1>(t, groups[g], K, x, ldx, cg, 16 * ng); break;
+        case 2: gemv_t<2>(t, groups[g], K, x, ldx, cg, 16 * ng); break;
+        case 3: gemv_t<3>(t, groups[g], K, x, ldx, cg, 16 * ng); break;
+        case 4: gemv_t<4>(t, groups[g], K, x, ldx, cg, 16 * ng); break;
+        default: fail("gemv_rows: ", mr, " rows (1..4)");
+      }
+    }
+  }
   // ng (1 or 2) groups of the same type, consecutive in C (16 columns each).
   static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
                    int64_t M, float* c, int64_t ldc) {

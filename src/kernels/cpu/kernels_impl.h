@@ -282,39 +282,64 @@ struct Drivers {
   // (int16 activations take half the bytes of f32 ones: twice the rows per block, half the unpacks)
   static constexpr int64_t kMCInt = 240;
 
-  // LoRA's expand in a GEMM's epilogue (LoraDelta): C (M, ldc)[:, 0:kGroup], the item's
-  // product for output rows [n0, n0 + kGroup), += ya @ B_group^T for each run's rows: one fma
-  // chain over the rank from 0 per output (mk_rows), then one add, so a row's result does not
-  // depend on the batch around it. B's group is read once per item whatever the run's rows.
-  static void add_lora(const LoraDelta& d, int64_t n0, int64_t M, float* C, int64_t ldc, Scratch& s) {
+  // LoRA's expand in a GEMM's epilogue (LoraDelta): C (M, ldc)[:, 0:ng*kGroup], the item's
+  // product for output rows [n0, n0 + ng*kGroup) (ng <= kItemGroups consecutive groups of one
+  // weight), += ya @ B_group^T for each run's rows: one fma chain over the rank from 0 per
+  // output (mk_rows), then one add, so a row's result does not depend on the batch around it.
+  // B's groups are read once per item whatever the run's rows.
+  static constexpr int kLoraDirectRows = 4;
+  static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t M, float* C, int64_t ldc, Scratch& s) {
     for (int32_t r = 0; r < d.n; ++r) {
       const LoraRun& run = d.runs[r];
       const int64_t R = run.B.n_cols, lo = std::max<int64_t>(run.m0, 0), hi = std::min(M, run.m0 + run.n);
       if (hi <= lo) continue;
-      // w (R, kGroup): B's rows [n0, n0 + kGroup) side by side (rank <= kKC: the backend checked).
-      const float* w = s.t;
-      if (run.B.layout == WeightLayout::Packed) {
-        const uint8_t* g = static_cast<const uint8_t*>(run.B.data) + uint64_t(n0 / kGroup) * group_bytes(run.B.type, R);
-        if (run.B.type == GGMLType::F32) w = reinterpret_cast<const float*>(g);
-        else Isa::unpack(run.B.type, g, 0, R, s.t);
-      } else {  // (GGUF rows: not prepared)
-        const uint64_t rb = *row_bytes(run.B.type, uint64_t(R));
-        for (int j = 0; j < kGroup; ++j) {
-          float* row = s.w[1];
-          if (n0 + j < run.B.n_rows) Isa::dequant(run.B.type, static_cast<const uint8_t*>(run.B.data) + uint64_t(n0 + j) * rb, R, row);
-          for (int64_t k = 0; k < R; ++k) s.t[k * kGroup + j] = n0 + j < run.B.n_rows ? row[k] : 0.0f;
+      if constexpr (requires { Isa::gemv_rows; }) {
+        // A few rows (decode): B's groups converted in registers, no unpacked copy (the per-group
+        // unpack and mk_rows' setup cost more than the rank's FMAs), the groups side by side
+        // (independent chains). The same chains as unpack + mk_rows, so a row's delta is the
+        // same bits on either path.
+        if (run.B.layout == WeightLayout::Packed && hi - lo <= kLoraDirectRows) {
+          alignas(64) float dl[kLoraDirectRows * kItemGroups * kGroup];
+          const uint64_t gb = group_bytes(run.B.type, R);
+          const uint8_t* g[kItemGroups];
+          for (int i = 0; i < ng; ++i) g[i] = static_cast<const uint8_t*>(run.B.data) + uint64_t(n0 / kGroup + i) * gb;
+          Isa::gemv_rows(run.B.type, g, ng, R, run.ya + (lo - run.m0) * run.ldya, run.ldya, int(hi - lo), dl);
+          const int w = ng * kGroup;
+          for (int64_t m = lo; m < hi; ++m)
+            for (int j = 0; j < w; ++j) C[m * ldc + j] += dl[(m - lo) * w + j];
+          continue;
         }
       }
-      alignas(64) float dl[kMR * kGroup];
-      for (int64_t m = lo; m < hi;) {
-        const int mr = int(std::min<int64_t>(kMR, hi - m));
-        const float* xr[kMR];
-        for (int q = 0; q < mr; ++q) xr[q] = run.ya + (m + q - run.m0) * run.ldya;
-        Isa::mk_rows(mr, xr, w, R, dl, kGroup, true);
-        for (int q = 0; q < mr; ++q)
-          for (int j = 0; j < kGroup; ++j) C[(m + q) * ldc + j] += dl[q * kGroup + j];
-        m += mr;
+      for (int i = 0; i < ng; ++i) add_lora_unpacked(run, n0 + i * kGroup, lo, hi, C + i * kGroup, ldc, s);
+    }
+  }
+  // One run over one group through B's group unpacked to f32 (any rows; GGUF rows too).
+  static void add_lora_unpacked(const LoraRun& run, int64_t n0, int64_t lo, int64_t hi, float* C, int64_t ldc,
+                                Scratch& s) {
+    const int64_t R = run.B.n_cols;
+    // w (R, kGroup): B's rows [n0, n0 + kGroup) side by side (rank <= kKC: the backend checked).
+    const float* w = s.t;
+    if (run.B.layout == WeightLayout::Packed) {
+      const uint8_t* g = static_cast<const uint8_t*>(run.B.data) + uint64_t(n0 / kGroup) * group_bytes(run.B.type, R);
+      if (run.B.type == GGMLType::F32) w = reinterpret_cast<const float*>(g);
+      else Isa::unpack(run.B.type, g, 0, R, s.t);
+    } else {  // (GGUF rows: not prepared)
+      const uint64_t rb = *row_bytes(run.B.type, uint64_t(R));
+      for (int j = 0; j < kGroup; ++j) {
+        float* row = s.w[1];
+        if (n0 + j < run.B.n_rows) Isa::dequant(run.B.type, static_cast<const uint8_t*>(run.B.data) + uint64_t(n0 + j) * rb, R, row);
+        for (int64_t k = 0; k < R; ++k) s.t[k * kGroup + j] = n0 + j < run.B.n_rows ? row[k] : 0.0f;
       }
+    }
+    alignas(64) float dl[kMR * kGroup];
+    for (int64_t m = lo; m < hi;) {
+      const int mr = int(std::min<int64_t>(kMR, hi - m));
+      const float* xr[kMR];
+      for (int q = 0; q < mr; ++q) xr[q] = run.ya + (m + q - run.m0) * run.ldya;
+      Isa::mk_rows(mr, xr, w, R, dl, kGroup, true);
+      for (int q = 0; q < mr; ++q)
+        for (int j = 0; j < kGroup; ++j) C[(m + q) * ldc + j] += dl[q * kGroup + j];
+      m += mr;
     }
   }
 
@@ -396,8 +421,12 @@ struct Drivers {
         }
       }
       item(X, qa, M, K, src, nsrc, s, ldc);
-      for (int i = 0; i < nsrc; ++i)
-        if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, M, s.c.data() + i * kGroup, ldc, s);
+      if (nsrc == 2 && src[0].seg == src[1].seg) {  // (two groups of one weight: expanded side by side)
+        if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, M, s.c.data(), ldc, s);
+      } else {
+        for (int i = 0; i < nsrc; ++i)
+          if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, 1, M, s.c.data() + i * kGroup, ldc, s);
+      }
       const float* C = s.c.data();
       for (int64_t m = 0; m < M; ++m) {
         const float* c = C + m * ldc;
