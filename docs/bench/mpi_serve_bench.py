@@ -46,7 +46,7 @@ def stream(port, prompt, n=64, out=None):
             t_last = time.time()
             if t_first is None: t_first = t_last
     toks = usage["completion_tokens"]  # (a chunk may carry several tokens, or none: UTF-8 held back)
-    res = ((t_first - t0) * 1e3, (toks - 1) / (t_last - t_first), usage, t_first, t_last, toks)
+    res = ((t_first - t0) * 1e3, (toks - 1) / max(t_last - t_first, 1e-9), usage, t_first, t_last, toks)
     if out is not None: out.append(res)
     return res
 

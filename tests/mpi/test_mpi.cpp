@@ -351,6 +351,40 @@ TEST(PpStage, SplitsLayersAndRefusesEmptyStages) {
   EXPECT_NE(e.find("at least one layer per stage, the model has 4 layers"), std::string::npos) << e;
 }
 
+// --mlock under PP: a stage reads (and locks) only its own layers, and the embeddings and head on
+// stage 0; no group needed.
+TEST(PpStage, LocksOnlyItsOwnTensors) {
+  FT_REQUIRE_SHARED(f32, "models/synth-llama-f32.gguf");  // 4 layers
+  for (int s = 0; s < 2; ++s) {
+    auto m = Model::load(f32);
+    m->stage(s, 2);
+    EXPECT_EQ(m->reads_tensor("blk.0.attn_q.weight"), s == 0);
+    EXPECT_EQ(m->reads_tensor("blk.1.ffn_down.weight"), s == 0);
+    EXPECT_EQ(m->reads_tensor("blk.2.attn_norm.weight"), s == 1);
+    EXPECT_EQ(m->reads_tensor("blk.3.ffn_up.weight"), s == 1);
+    EXPECT_FALSE(m->reads_tensor("blk.4.ffn_up.weight"));
+    EXPECT_FALSE(m->reads_tensor("blk.x.ffn_up.weight"));
+    EXPECT_EQ(m->reads_tensor("token_embd.weight"), s == 0);
+    EXPECT_EQ(m->reads_tensor("output_norm.weight"), s == 0);
+    EXPECT_TRUE(m->reads_tensor("rope_freqs.weight"));
+  }
+  // What lock_weights pins: stage 1's two layers are less than half of the whole model's bytes.
+  auto locked_mib = [&](int stage) {
+    auto m = Model::load(f32);
+    if (stage >= 0) m->stage(stage, 2);
+    auto be = make_backend("cpu", 1);
+    Forward fwd(*m, *be, 8);  // (prepares the backend's copies)
+    const std::string sum = lock_weights(*m, *be);
+    const std::string head = "weights locked in RAM (mlock): ";
+    if (sum.rfind(head, 0) != 0) return -1.0;
+    return std::atof(sum.c_str() + head.size());
+  };
+  const double whole = locked_mib(-1), stage1 = locked_mib(1);
+  if (whole < 0 || stage1 < 0) GTEST_SKIP() << "mlock refused here (RLIMIT_MEMLOCK)";
+  EXPECT_GT(stage1, 0.0);
+  EXPECT_LT(stage1, 0.5 * whole) << stage1 << " MiB of " << whole;
+}
+
 // Sharding's refusals: clear errors, no group needed.
 TEST(TpShard, RefusesWhatDoesNotDivide) {
   FT_REQUIRE_SHARED(f32, "models/synth-llama-f32.gguf");
