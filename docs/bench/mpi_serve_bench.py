@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """TTFT and decode tokens/s of `serve` in one process and under mpirun (TP, PP, both), back to back.
 
-  docs/bench/mpi_serve_bench.py [1t 2t tp2 pp2 tp2pp2]   (env EXE, MODEL; default all but 2t/tp2pp2)
+  docs/bench/mpi_serve_bench.py [--rounds N] [--streams S] [1t 2t tp2 pp2 tp2pp2 base:pp2 ...]
+  (env EXE, BASE_EXE, MODEL; default configs: 1t tp2 pp2; "base:X" runs X with BASE_EXE)
 
-Per configuration: a ~2.2k-token prompt then 64 greedy tokens, three times (the second and third
-prefix-cached), streamed; rank 0's communication from its log and from `firsttoken profile` of its
-trace (--profile). Run it under the CPU lock; only ratios from one run mean anything on a shared VM.
+Per configuration and round (the configurations alternate within each round): a ~2.2k-token
+prompt alone, streamed with 64 greedy tokens (TTFT, its decode tokens/s), then S streams at once
+(short distinct prompts, 64 tokens each: their aggregate decode tokens/s, first token to last);
+rank 0's communication from its log and from `firsttoken profile` of its trace (--profile). Run it
+under the CPU lock; only ratios from one run mean anything on a shared VM.
 """
 import http.client, json, os, re, signal, subprocess, sys, threading, time
 EXE = os.environ.get("EXE", "build/firsttoken")
+BASE_EXE = os.environ.get("BASE_EXE", EXE)
 MODEL = os.environ.get("MODEL", "/tmp/m/tinyllama-q4_0.gguf")
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root"]
 text = " ".join(f"The {w} walked to the {v} and saw {n} birds." for w, v, n in
@@ -26,51 +30,79 @@ def start(cmd):
         if m:
             threading.Thread(target=lambda: [lines.append(x) for x in p.stderr], daemon=True).start()
             return p, int(m.group(1)), lines
-    p.kill(); raise RuntimeError("".join(lines))
+    os.killpg(p.pid, signal.SIGKILL); raise RuntimeError("".join(lines))
 
-def stream(port, prompt, n=64):
+def stream(port, prompt, n=64, out=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     body = {"model": "m", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.time(); c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse(); t_first = None; toks = 0; usage = None
+    r = c.getresponse(); t_first = None; t_last = None; usage = None
     for line in r:
         if not line.startswith(b"data:") or line.strip() == b"data: [DONE]": continue
         d = json.loads(line[5:])
         if d.get("usage"): usage = d["usage"]
-        if d.get("choices") and d["choices"][0].get("text") is not None:
-            toks += 1
-            if t_first is None: t_first = time.time()
-    t1 = time.time()
-    return (t_first - t0) * 1e3, (toks - 1) / (t1 - t_first), usage
+        if d.get("choices"):
+            t_last = time.time()
+            if t_first is None: t_first = t_last
+    toks = usage["completion_tokens"]  # (a chunk may carry several tokens, or none: UTF-8 held back)
+    res = ((t_first - t0) * 1e3, (toks - 1) / max(t_last - t_first, 1e-9), usage, t_first, t_last, toks)
+    if out is not None: out.append(res)
+    return res
 
-def run(name, cmd, prof):
+def rank0_pid(pid):
+    for d in os.listdir("/proc"):
+        if not d.isdigit(): continue
+        try:
+            st = open(f"/proc/{d}/stat").read()
+            if int(st.rsplit(")", 1)[1].split()[1]) != pid: continue
+            if b"OMPI_COMM_WORLD_RANK=0\0" in open(f"/proc/{d}/environ", "rb").read(): return int(d)
+        except OSError: pass
+    return pid
+
+def run(name, cmd, prof, streams):
     p, port, lines = start(cmd + ["--profile", prof])
-    res = [stream(port, text) for _ in range(3)]
-    r = [l for l in lines]
-    pid = p.pid
-    # SIGTERM to rank 0: under mpirun find it; else the process itself
-    target = pid
-    if cmd[0] == "mpirun":
-        for d in os.listdir("/proc"):
-            if not d.isdigit(): continue
-            try:
-                st = open(f"/proc/{d}/stat").read()
-                if int(st.rsplit(")", 1)[1].split()[1]) != pid: continue
-                env = open(f"/proc/{d}/environ", "rb").read()
-                if b"OMPI_COMM_WORLD_RANK=0\0" in env: target = int(d)
-            except OSError: pass
-    os.kill(target, signal.SIGTERM); p.wait(60); time.sleep(0.5)
+    try:
+        ttft, dec, usage, *_ = stream(port, text)
+        outs = []
+        ts = [threading.Thread(target=stream, args=(port, f"Story {i}: once upon a time a {w} lived near the sea.", 64, outs))
+              for i, w in enumerate(["fox", "king", "robot", "whale", "baker", "ghost", "pilot", "snail"][:streams])]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        t_a = min(o[3] for o in outs); t_b = max(o[4] for o in outs)
+        agg = sum(o[5] - 1 for o in outs) / (t_b - t_a)
+    finally:
+        os.kill(rank0_pid(p.pid) if cmd[0] == "mpirun" else p.pid, signal.SIGTERM)
+        try: p.wait(60)
+        except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
+    time.sleep(0.5)
     comm = [l.strip() for l in lines if "communication per step" in l]
-    ptxt = subprocess.run([EXE, "profile", prof], capture_output=True, text=True).stdout
-    pcomm = [l.strip() for l in ptxt.splitlines() if "communication (" in l or l.startswith("steps:")]
-    print(f"{name}: prompt {res[0][2]['prompt_tokens'] if res[0][2] else '?'} tokens; TTFT ms " +
-          ", ".join(f"{x[0]:.0f}" for x in res) + "; decode tok/s " + ", ".join(f"{x[1]:.1f}" for x in res), flush=True)
-    for l in comm + pcomm: print("   ", l[-260:], flush=True)
+    ptxt = subprocess.run([cmd[cmd.index("serve") - 1], "profile", prof], capture_output=True, text=True).stdout
+    pcomm = [l.strip() for l in ptxt.splitlines() if "communication (" in l]
+    print(f"{name}: prompt {usage['prompt_tokens'] if usage else '?'} tokens: TTFT {ttft:.0f} ms, decode {dec:.1f} tok/s; "
+          f"{streams} streams: {agg:.1f} tok/s", flush=True)
+    for l in comm + pcomm: print("   ", l[-200:], flush=True)
+    return ttft, agg
 
-serve = [EXE, "serve", "-m", MODEL, "--served-model-name", "m", "--port", "0", "-c", "4096", "-t", "1"]
-which = sys.argv[1:] or ["1t", "tp2", "pp2"]
-cfgs = {"1t": serve, "2t": serve[:-1] + ["2"], "tp2": MPI + ["-n", "2"] + serve + ["--tp", "2"],
-        "pp2": MPI + ["-n", "2"] + serve + ["--pp", "2"], "tp2pp2": MPI + ["-n", "4"] + serve + ["--tp", "2", "--pp", "2"]}
-for w in which:
-    run(w, cfgs[w], f"/tmp/mpi-serve-bench-{w}.json")
+def cfg(w):
+    exe = BASE_EXE if w.startswith("base:") else EXE
+    w = w.removeprefix("base:")
+    serve = [exe, "serve", "-m", MODEL, "--served-model-name", "m", "--port", "0", "-c", "4096", "-t", "1"]
+    return {"1t": serve, "2t": serve[:-1] + ["2"], "tp2": MPI + ["-n", "2"] + serve + ["--tp", "2"],
+            "pp2": MPI + ["-n", "2"] + serve + ["--pp", "2"],
+            "tp2pp2": MPI + ["-n", "4"] + serve + ["--tp", "2", "--pp", "2"]}[w]
+
+args = sys.argv[1:]
+rounds, streams = 1, 4
+while args and args[0].startswith("--"):
+    if args[0] == "--rounds": rounds = int(args[1])
+    elif args[0] == "--streams": streams = int(args[1])
+    else: sys.exit(f"unknown option {args[0]}")
+    args = args[2:]
+which = args or ["1t", "tp2", "pp2"]
+res = {w: [] for w in which}
+for r in range(rounds):
+    print(f"-- round {r + 1}", flush=True)
+    for w in which: res[w].append(run(w, cfg(w), f"/tmp/mpi-serve-bench-{w.replace(':', '-')}.json", streams))
+print("-- summary (per round: TTFT ms / aggregate decode tok/s)")
+for w in which: print(f"{w}: " + "; ".join(f"{a:.0f} / {b:.1f}" for a, b in res[w]))

@@ -248,6 +248,11 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     if (cfg.tp->rank() != 0 || model.shard_count() != cfg.tp->tp_size() || model.stage_count() != cfg.tp->pp_size())
       fail("parallelism: the engine runs on rank 0 of ", cfg.tp->size(), " with the model sharded tp_size and staged "
            "pp_size ways");
+    // Pipeline parallel: a lone prompt's chunks go through the stages one behind the other (n
+    // chunks take n + pp - 1 stage-times instead of n x pp): auto mode's largest chunk is cut to
+    // give 2 pp chunks where one process would run one, so the stages are busy most of the prompt.
+    if (const int pp = cfg.tp->pp_size(); pp > 1)
+      sched_cfg_.max_auto_chunk = std::max(sched_cfg_.min_chunk, sched_cfg_.max_auto_chunk / (2 * pp));
     tp_ = std::make_unique<TpLeader>(*cfg.tp);
     tp_->start(kc, sched_cfg_.max_batch_tokens, n_ctx_);
     if (profile::enabled()) {
@@ -256,7 +261,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     }
   }
   exec_ = std::make_unique<ModelExecutor>(model, *backend_, sched_cfg_.max_batch_tokens, n_ctx_, tp_.get());
-  if (cfg.runtime.mlock) weights_summary_ = lock_weights();
+  if (cfg.runtime.mlock) weights_summary_ = lock_weights(model, *backend_);
   CostModel cost;
   if (cfg.calibrate) {
     profile::Scope sc("calibrate", "engine");
@@ -287,14 +292,12 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
 
 Engine::~Engine() { shutdown(); }
 
-// What the forward pass reads: the backend's prepared copies, and the file's tensors it did not
-// copy (norms, biases) or reads as rows anyway (the embedding table, even when the output head
-// is a packed copy of it). A refusal (RLIMIT_MEMLOCK) is a warning: the engine runs unlocked.
-std::string Engine::lock_weights() {
+// (The embedding table is locked as rows even when the output head is a packed copy of it.)
+std::string lock_weights(const Model& model, Backend& backend) {
   try {
-    uint64_t bytes = backend_->lock_prepared();
-    for (const GGUFTensorInfo& t : model_.file().tensors())
-      if (!backend_->has_copy_of(t.data) || t.data == model_.weights().token_embd.data) {
+    uint64_t bytes = backend.lock_prepared();
+    for (const GGUFTensorInfo& t : model.file().tensors())
+      if (model.reads_tensor(t.name) && (!backend.has_copy_of(t.data) || t.data == model.weights().token_embd.data)) {
         lock_memory(t.data, t.n_bytes, cat("tensor '", t.name, "'"));
         bytes += t.n_bytes;
       }
@@ -497,6 +500,8 @@ void Engine::loop() {
   std::vector<uint64_t> cancels;
   std::vector<std::function<void()>> tasks;
   for (;;) {
+    // Pipeline parallel: what rank 0 posted for the last steps is taken before it sleeps.
+    if (tp_ && core_->idle()) tp_->drain();
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !tasks_.empty() || !core_->idle(); });
@@ -521,7 +526,7 @@ void Engine::loop() {
     adds.clear();
     try {
       for (uint64_t id : cancels) core_->cancel(id);
-      core_->step();
+      if (!core_->step() && tp_) tp_->drain();  // (no forward this turn: nothing drives MPI's progress)
     } catch (const std::exception& e) {
       std::fprintf(stderr, "firsttoken: engine step failed, failing the requests in flight: %s\n", e.what());
       core_->fail_all(cat("generation failed: ", e.what()));

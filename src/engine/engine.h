@@ -87,6 +87,13 @@ struct AdapterNotFound : Error {
   using Error::Error;
 };
 
+// --mlock: pins in RAM what this process's forward pass reads: the backend's prepared copies, and
+// the file's tensors it did not copy (norms, biases) or reads as rows anyway (the embedding
+// table), of this rank's part of the model only (Model::reads_tensor: a pipeline stage locks its
+// own layers). "weights locked in RAM (mlock): N MiB", or a warning saying why not (e.g.
+// RLIMIT_MEMLOCK): the weights then stay pageable.
+std::string lock_weights(const Model& model, Backend& backend);
+
 class Engine {
  public:
   // is_eog: end-of-generation tokens (from the tokenizer). Starts the engine thread.
@@ -131,7 +138,6 @@ class Engine {
   class DraftModelRunner;
   void loop();
   CostModel calibrate();
-  std::string lock_weights();
 
   const Model& model_;
   int64_t n_ctx_ = 0;

@@ -37,9 +37,10 @@ void TpLeader::send_step(const Batch& b, const KVCache& kv) {
     payload_.push_back(int32_t(t.size()));
     payload_.insert(payload_.end(), t.begin(), t.end());
   }
-  int64_t h[kHeaderFields] = {kStep, M, int64_t(payload_.size())};
-  c_.broadcast(h, sizeof h);
-  c_.broadcast(payload_.data(), int64_t(payload_.size() * sizeof(int32_t)));
+  // Posted: this step's stage-0 part may run while the next stage still runs the previous step.
+  const int64_t h[kHeaderFields] = {kStep, M, int64_t(payload_.size())};
+  c_.post_broadcast(h, sizeof h);
+  c_.post_broadcast(payload_.data(), int64_t(payload_.size() * sizeof(int32_t)));
   c_.count_step();
 }
 
@@ -51,11 +52,12 @@ void split_model(Model& m, const Communicator& c) {
 void TpLeader::stop() {
   if (stopped_) return;
   stopped_ = true;
+  c_.drain();
   int64_t h[kHeaderFields] = {kStop, 0, 0};
   c_.broadcast(h, sizeof h);
 }
 
-void run_tp_worker(const Model& m, const RuntimeConfig& rt, Communicator& c) {
+void run_tp_worker(const Model& m, const RuntimeConfig& rt, Communicator& c, const std::function<void()>& before_step) {
   int64_t s[kStartFields];
   c.broadcast_idle(s, sizeof s);  // rank 0 may take a while to start (its tokenizer, its checks)
   const int64_t max_batch = s[0], n_ctx = s[1];
@@ -66,14 +68,15 @@ void run_tp_worker(const Model& m, const RuntimeConfig& rt, Communicator& c) {
   if (kc.kv_dim != s[5]) c.abort(cat("rank 0's KV rows are ", s[5], " floats, this rank's ", kc.kv_dim));
   KVCache kv(kc);
   std::unique_ptr<Backend> be = make_backend(r.backend, resolve_threads(r.threads));
-  Forward fwd(m, *be, max_batch, n_ctx);
+  Forward fwd(m, *be, max_batch, n_ctx);  // (prepares the backend's copies: then they can be locked)
+  if (rt.mlock) std::fprintf(stderr, "firsttoken: rank %d: %s\n", c.rank(), lock_weights(m, *be).c_str());
   attach(fwd, c);
   Batch b;
   std::vector<int32_t> p;
   for (;;) {
     int64_t h[kHeaderFields];
     c.broadcast_idle(h, sizeof h);
-    if (h[0] == kStop) return;
+    if (h[0] == kStop) return c.drain();
     if (h[0] != kStep || h[1] < 1 || h[1] > max_batch || h[2] < 4 * h[1]) c.abort("a malformed step message from rank 0");
     const size_t M = size_t(h[1]);
     p.resize(size_t(h[2]));
@@ -88,6 +91,7 @@ void run_tp_worker(const Model& m, const RuntimeConfig& rt, Communicator& c) {
       kv.mirror_table(p[i], std::span<const int32_t>(p.data() + i + 2, n));
       i += 2 + n;
     }
+    if (before_step) before_step();
     try {
       fwd.run(b, kv, nullptr);
     } catch (const std::exception& e) {  // rank 0 fails the same batch the same way

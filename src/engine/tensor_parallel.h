@@ -11,6 +11,7 @@
 //   stop:   int64 {kStop, 0, 0}
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/runtime_config.h"
@@ -30,8 +31,12 @@ class TpLeader {
   explicit TpLeader(Communicator& c) : c_(c) {}
   // The geometry every rank must share: sent once, before the first step.
   void start(const KVCacheConfig& kc, int64_t max_batch, int64_t n_ctx);
+  // Posts the step to every rank (Communicator::post_broadcast: returns before they take it).
   void send_step(const Batch& b, const KVCache& kv);
-  void stop();  // the workers return; idempotent
+  // Waits until every rank has taken what was posted (before rank 0 idles: a posted send's
+  // transfer may need rank 0's progress, so the next stage would wait on it).
+  void drain() { c_.drain(); }
+  void stop();  // drains; the workers return; idempotent
   Communicator& comm() { return c_; }
 
  private:
@@ -44,6 +49,8 @@ class TpLeader {
 // (rt.backend, rt.threads), Forward and KV cache, and runs every step until rank 0's stop. A
 // step that fails here fails alike on rank 0 (same batch, same checks) and is skipped; a rank
 // that stops answering ends the job through the communicator's timeouts.
-void run_tp_worker(const Model& sharded, const RuntimeConfig& rt, Communicator& c);
+// before_step (tests): runs before each step's forward (e.g. to make this stage the slow one).
+void run_tp_worker(const Model& sharded, const RuntimeConfig& rt, Communicator& c,
+                   const std::function<void()>& before_step = {});
 
 }  // namespace ft

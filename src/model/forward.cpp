@@ -10,8 +10,10 @@
 //           windowed; long/short rope factors chosen by the context (constructor).
 //   qwen2:  Q/K/V biases in the GEMM epilogue.
 // Pipeline parallelism (StageLink, Model::stage): the layers are the stage's; the first stage
-// embeds, the others receive x from the previous stage; all but the last send x on; the last
-// sends the rows that want logits to the first stage, whose rank 0 computes the logits.
+// embeds, the others receive x from the previous stage; all but the last send x on (posted: the
+// next step may start here while the next stage runs this one; progress() between blocks lets
+// those sends move); the last sends the rows that want logits to the first stage, whose rank 0
+// computes the logits.
 // LoRA (model/lora.h): before each projection, one shrink GEMM over the batch's adapted runs
 // (ya = scale * A_stack x for every adapter at once); the projection's GEMM then adds each run's
 // ya B^T in its epilogue (LoraDelta), before the bias, RoPE, activation or residual add, so the
@@ -166,7 +168,9 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
   for (int32_t il = 0; il < hp.n_layers; ++il) {
     be_.set_layer(hp.first_layer + il);
     attention_block(il, b, kv, M);
+    if (link_) link_->progress();
     ffn_block(il, M);
+    if (link_) link_->progress();
   }
   be_.set_layer(-1);
   if (link_ && !link_->last_stage()) link_->send_next(x_, M * D);

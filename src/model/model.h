@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/mapped_memory.h"
@@ -128,7 +129,7 @@ class Reducer {
 // by layers (Model::stage). The first stage embeds the tokens, every other one receives the
 // previous stage's x (M, dim); every stage but the last sends its x on; the last stage sends the
 // rows that want logits (in batch order) back to the first stage, whose rank 0 computes the
-// logits. (Each call moves n floats and waits, with a deadline, until its buffer may be reused.)
+// logits. (Each call moves n floats; when it returns, its buffer may be reused.)
 class StageLink {
  public:
   virtual ~StageLink() = default;
@@ -138,6 +139,9 @@ class StageLink {
   virtual void send_next(const float* x, int64_t n) = 0;
   virtual void send_head(const float* x, int64_t n) = 0;  // last stage -> the logits' rank (a no-op elsewhere)
   virtual void recv_tail(float* x, int64_t n) = 0;        // the logits' rank <- the last stage
+  // Called between blocks: lets posted sends progress (an implementation may post send_next
+  // and return at once, for the next step to overlap this one on the next stage).
+  virtual void progress() {}
 };
 
 class Model {
@@ -168,6 +172,9 @@ class Model {
   // are sliced). ft::Error when n exceeds the layers (a stage without any).
   void stage(int s, int n);
   int stage_index() const { return stage_; }
+  // Whether this part of the model reads the file's tensor `name`: a stage's own layers (blk.N.*),
+  // the embeddings and head on stage 0 only, the rest (rope factors) everywhere.
+  bool reads_tensor(std::string_view name) const;
   int stage_count() const { return stage_count_; }
 
  private:

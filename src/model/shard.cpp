@@ -74,6 +74,17 @@ void Model::stage(int s, int n) {
   stage_count_ = n;
 }
 
+bool Model::reads_tensor(std::string_view name) const {
+  if (name.starts_with("blk.")) {
+    int64_t il = 0;
+    size_t i = 4;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && il < (int64_t(1) << 40); ++i) il = il * 10 + (name[i] - '0');
+    return i > 4 && il >= hp_.first_layer && il < int64_t(hp_.first_layer) + hp_.n_layers;
+  }
+  if (stage_ != 0 && (name.starts_with("token_embd") || name.starts_with("output"))) return false;
+  return true;
+}
+
 void Model::shard(int rank, int n) {
   if (n < 1 || rank < 0 || rank >= n) fail("tensor parallelism: rank ", rank, " of ", n, " ranks");
   if (shard_count_ != 1) fail("tensor parallelism: the model is already sharded");

@@ -1,9 +1,13 @@
 #include "parallel/comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
+#include <deque>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "profile/trace.h"
@@ -46,8 +50,19 @@ bool one_process(int tp, int pp) {
 
 #ifdef FT_HAVE_MPI
 
+// A posted operation and the copy of its bytes (valid until it completes).
+struct Posted {
+  MPI_Request r = MPI_REQUEST_NULL;  // MPI_REQUEST_NULL once complete
+  std::vector<char> buf;
+  const char* what = "";
+  int peer = -1;  // -1: a broadcast
+};
+
 struct Communicator::Impl {
   MPI_Comm stage = MPI_COMM_NULL;  // the ranks of this rank's pipeline stage (the allreduces')
+  std::deque<Posted> posted;       // in posting order
+  std::vector<std::vector<char>> spare;  // freed buffers, reused by the next posts
+  uint64_t head_since_ns = 0;      // when posted.front() became the oldest
 };
 
 namespace {
@@ -113,6 +128,7 @@ std::unique_ptr<Communicator> Communicator::start(int tp, int pp) {
 }
 
 Communicator::~Communicator() {
+  if (impl_) drain();  // (a clean stop drained already)
   if (impl_ && impl_->stage != MPI_COMM_NULL) MPI_Comm_free(&impl_->stage);
   int fin = 0;
   MPI_Finalized(&fin);
@@ -142,12 +158,14 @@ enum : int { kHidden = 11, kTail = 12 };
 }
 
 void Communicator::transfer(float* x, int64_t n, int peer, int tag, bool send, const char* what) {
+  // (Bytes on the wire, as the posted sends': the types of a send and its receive must match.)
   profile::Scope sc(what, "comm");
   const uint64_t t0 = now_ns();
-  if (n > INT32_MAX) fail(what, ": ", n, " floats exceed one MPI message");
+  if (n > INT32_MAX / int64_t(sizeof(float))) fail(what, ": ", n, " floats exceed one MPI message");
+  const int bytes = int(n) * int(sizeof(float));
   MPI_Request r;
-  const int rc = send ? MPI_Isend(x, int(n), MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &r)
-                      : MPI_Irecv(x, int(n), MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &r);
+  const int rc = send ? MPI_Isend(x, bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &r)
+                      : MPI_Irecv(x, bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &r);
   if (rc != MPI_SUCCESS) abort(cat(what, ": MPI_I", send ? "send" : "recv", " failed"));
   if (!wait_request(r, timeout_s_))
     abort(cat(what, " of ", n, " floats ", send ? "to" : "from", " rank ", peer, ": no answer within ", timeout_s_,
@@ -157,9 +175,93 @@ void Communicator::transfer(float* x, int64_t n, int peer, int tag, bool send, c
   stats_.transfer_ns += now_ns() - t0;
 }
 
+void Communicator::post(const void* x, int64_t bytes, int peer, int tag, const char* what) {
+  const uint64_t t0 = now_ns();
+  if (bytes > INT32_MAX) fail(what, ": ", bytes, " bytes exceed one MPI message");
+  // A slot: the oldest post completes first (the stages take steps in order).
+  const size_t cap = size_t(kPendingPerStage) * size_t(pp_size());
+  reap();
+  if (impl_->posted.size() >= cap) wait_pending(cap - 1);
+  Impl& im = *impl_;
+  Posted& p = im.posted.emplace_back();
+  if (im.posted.size() == 1) im.head_since_ns = t0;
+  if (!im.spare.empty()) {
+    p.buf = std::move(im.spare.back());
+    im.spare.pop_back();
+  }
+  p.buf.resize(size_t(bytes));
+  if (bytes > 0) std::memcpy(p.buf.data(), x, size_t(bytes));
+  p.what = what;
+  p.peer = peer;
+  const int rc = peer < 0 ? MPI_Ibcast(p.buf.data(), int(bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &p.r)
+                          : MPI_Isend(p.buf.data(), int(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &p.r);
+  if (rc != MPI_SUCCESS) abort(cat(what, ": ", peer < 0 ? "MPI_Ibcast" : "MPI_Isend", " failed"));
+  stats_.max_pending = std::max<uint64_t>(stats_.max_pending, im.posted.size());
+  const uint64_t dt = now_ns() - t0;
+  if (peer < 0) {
+    ++stats_.broadcasts;
+    stats_.broadcast_bytes += uint64_t(bytes);
+    stats_.broadcast_ns += dt;
+  } else {
+    ++stats_.transfers;
+    stats_.transfer_bytes += uint64_t(bytes);
+    stats_.transfer_ns += dt;
+  }
+}
+
+void Communicator::reap() {
+  Impl& im = *impl_;
+  for (Posted& p : im.posted) {
+    if (p.r == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Test(&p.r, &done, MPI_STATUS_IGNORE);  // (sets p.r to MPI_REQUEST_NULL when done)
+  }
+  bool popped = false;
+  while (!im.posted.empty() && im.posted.front().r == MPI_REQUEST_NULL) {
+    im.spare.push_back(std::move(im.posted.front().buf));
+    im.posted.pop_front();
+    popped = true;
+  }
+  if (im.posted.empty()) return;
+  const uint64_t now = now_ns();
+  if (popped) im.head_since_ns = now;
+  if (timeout_s_ > 0 && now - im.head_since_ns > uint64_t(timeout_s_ * 1e9)) {
+    const Posted& h = im.posted.front();
+    abort(cat(h.what, " of ", h.buf.size(), " bytes ", h.peer < 0 ? std::string("to every rank")
+                                                                    : cat("to rank ", h.peer),
+              ": not taken within ", timeout_s_, " s (a rank died or hangs)"));
+  }
+}
+
+void Communicator::wait_pending(size_t n) {
+  if (impl_->posted.size() <= n) return;
+  profile::Scope sc("pp_wait", "comm");
+  const uint64_t t0 = now_ns();
+  for (uint64_t polls = 0;; ++polls) {
+    reap();  // (aborts past the deadline)
+    if (impl_->posted.size() <= n) break;
+    if (polls < 256) continue;
+    const uint64_t waited = now_ns() - t0;
+    if (waited < 2'000'000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  stats_.transfer_ns += now_ns() - t0;
+}
+
+void Communicator::drain() { wait_pending(0); }
+void Communicator::progress() { reap(); }
+size_t Communicator::pending() const { return impl_ ? impl_->posted.size() : 0; }
+void Communicator::post_broadcast(const void* data, int64_t bytes) {
+  if (rank_ != 0) fail("post_broadcast: only rank 0 broadcasts");
+  profile::Scope sc("broadcast", "comm");
+  post(data, bytes, -1, 0, "broadcast");
+}
+
 void Communicator::recv_prev(float* x, int64_t n) { transfer(x, n, rank_ - tp_, kHidden, false, "pp_recv"); }
 void Communicator::send_next(const float* x, int64_t n) {
-  transfer(const_cast<float*>(x), n, rank_ + tp_, kHidden, true, "pp_send");  // (MPI_Isend reads only)
+  profile::Scope sc("pp_send", "comm");
+  if (n > INT32_MAX / int64_t(sizeof(float))) fail("pp_send: ", n, " floats exceed one MPI message");
+  post(x, n * int64_t(sizeof(float)), rank_ + tp_, kHidden, "pp_send");
 }
 void Communicator::send_head(const float* x, int64_t n) {
   if (last_stage() && tp_rank() == 0) transfer(const_cast<float*>(x), n, 0, kTail, true, "pp_send");
@@ -219,6 +321,10 @@ void Communicator::recv_prev(float*, int64_t) {}
 void Communicator::send_next(const float*, int64_t) {}
 void Communicator::send_head(const float*, int64_t) {}
 void Communicator::recv_tail(float*, int64_t) {}
+void Communicator::progress() {}
+void Communicator::post_broadcast(const void*, int64_t) {}
+void Communicator::drain() {}
+size_t Communicator::pending() const { return 0; }
 bool Communicator::all_ok(bool ok) { return ok; }
 void Communicator::abort(const std::string& why) {
   std::fprintf(stderr, "firsttoken: %s\n", why.c_str());

@@ -11,6 +11,17 @@
 // The one unbounded wait is a worker's wait for the next step (broadcast_idle): a server may idle
 // for hours, and rank 0's death ends the job through the launcher (mpirun kills the other ranks).
 //
+// Overlap of consecutive steps across stages: the step broadcasts (rank 0) and the hidden state
+// sent to the next stage are posted, not waited on: their bytes are copied into buffers this
+// communicator owns (a free list, so a step allocates nothing in the steady state) and the
+// caller goes on with the next step while the next stage still runs the previous one. At most
+// kPendingPerStage x pp_size operations (pp_size steps' worth: two broadcasts and one send each)
+// stay in flight; one more waits for the oldest. They complete in order, and the oldest must
+// complete within timeout_s() of becoming the oldest (else the job aborts, naming it); progress()
+// (the forward pass calls it after each attention and FFN block) reaps what completed and drives
+// MPI's progress (a large message's rendezvous needs the sender's), and drain() waits for all of
+// them (rank 0 before it idles and before it stops the workers, a worker before it returns).
+//
 // MPI is optional at build time (CMake FT_MPI, find_package(MPI)): without it, start() refuses
 // tp > 1 saying so. MPI calls are made by one thread at a time (MPI_THREAD_SERIALIZED): the main
 // thread before and after the engine thread, the engine thread in between.
@@ -28,8 +39,11 @@ namespace ft {
 struct CommStats {
   uint64_t allreduces = 0, allreduce_bytes = 0, allreduce_ns = 0;
   uint64_t broadcasts = 0, broadcast_bytes = 0, broadcast_ns = 0;
-  uint64_t transfers = 0, transfer_bytes = 0, transfer_ns = 0;  // pipeline sends and receives
+  // Pipeline sends and receives. The times of posted operations (broadcasts, sends) are the time
+  // the caller was held: the post itself, and waits for a free slot or a drain.
+  uint64_t transfers = 0, transfer_bytes = 0, transfer_ns = 0;
   uint64_t steps = 0;  // forward passes sent to the group (rank 0: TpLeader::send_step)
+  uint64_t max_pending = 0;  // the most posted operations in flight at once (overlap: > a step's)
   uint64_t total_ns() const { return allreduce_ns + broadcast_ns + transfer_ns; }
 };
 
@@ -73,9 +87,18 @@ class Communicator final : public Reducer, public StageLink {
   void send_next(const float* x, int64_t n) override;
   void send_head(const float* x, int64_t n) override;  // (from the last stage's tp rank 0 only)
   void recv_tail(float* x, int64_t n) override;
+  void progress() override;
   // bytes at data: rank 0's are copied to every rank. broadcast_idle waits without a time limit.
   void broadcast(void* data, int64_t bytes);
   void broadcast_idle(void* data, int64_t bytes);
+  // Rank 0's side of a broadcast, posted (data copied; the others take it with broadcast or
+  // broadcast_idle, in the same order).
+  void post_broadcast(const void* data, int64_t bytes);
+  // Waits (each under the deadline) until every posted operation has completed.
+  void drain();
+  // Posted operations not yet known complete.
+  size_t pending() const;
+  static constexpr int kPendingPerStage = 3;  // a step's posts: its two broadcasts, one send
   // Whether every rank passed ok (start-up agreement: each rank prints its own error, then all
   // stop together).
   bool all_ok(bool ok);
@@ -88,6 +111,12 @@ class Communicator final : public Reducer, public StageLink {
  private:
   Communicator() = default;
   void transfer(float* x, int64_t n, int peer, int tag, bool send, const char* what);
+  // Posts a send to peer (peer < 0: rank 0's broadcast) of a copy of bytes at x.
+  void post(const void* x, int64_t bytes, int peer, int tag, const char* what);
+  // Tests the posted operations; frees the completed ones at the head; aborts past the deadline.
+  void reap();
+  // Waits until at most n posted operations are left.
+  void wait_pending(size_t n);
   struct Impl;  // the MPI handles (the stage's communicator)
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1, tp_ = 1;

@@ -14,6 +14,10 @@
   2. the seed's sample config (tp_size 2, optimize_for_latency, speculative decoding on (n-gram),
      max_active_adapters 4) starts under `mpirun -n 2` and completes requests: the same greedy text;
   3. start-up errors on every rank: tp x pp other than the world size, more stages than layers.
+--suite ppfail (`--pp 2`, a long prompt in chunks of 16, so rank 0 posts steps ahead of stage 1):
+  1. stage 1 stopped (SIGSTOP) mid-pipeline: rank 0's wait for its oldest post hits the deadline
+     (FT_MPI_TIMEOUT_S=3), it says which, and the job ends non-zero; the request gets an error;
+  2. stage 1 killed (SIGKILL) mid-pipeline: the job ends non-zero within seconds.
 Exit 0 when all hold; 77 (skipped) without mpirun or the shared model.
 """
 import argparse
@@ -178,11 +182,52 @@ def suite_pp(serve, prompts, want, model, tmp, spec_prompt, spec_want):
     startup_error(serve, 5, ["--pp", "5"], "at least one layer per stage")
 
 
+def suite_ppfail(serve, tmp):
+    path = os.path.join(tmp, "chunks.json")
+    with open(path, "w") as f:
+        json.dump({"scheduler": {"prefill_chunk_size": 16}}, f)
+    long_prompt = "the cat sat on the mat and the dog ran in the park " * 30  # ~360 tokens: ~23 chunks
+    timeout_s = 3
+    for case in ("stopped", "killed"):
+        os.environ["FT_MPI_TIMEOUT_S"] = str(timeout_s)
+        p, port, lines = start(MPIRUN + ["-n", "2"] + serve + ["--pp", "2", "--config", path])
+        r = ranks(p.pid)
+        os.kill(r[1], signal.SIGSTOP)  # stage 1 takes nothing: rank 0 runs ahead until its posts wait
+        result = {}
+
+        def request():
+            try:
+                complete(port, long_prompt, max_tokens=4, timeout=60)
+                result["error"] = None
+            except Exception as e:  # noqa: BLE001: any error is the expected outcome
+                result["error"] = repr(e)
+
+        t = threading.Thread(target=request)
+        t0 = time.time()
+        t.start()
+        if case == "killed":
+            time.sleep(1)  # (< timeout_s: rank 0 is waiting on its posts, none timed out yet)
+            os.kill(r[1], signal.SIGKILL)
+            t0 = time.time()
+        rc = wait_exit(p, 30)
+        dt = time.time() - t0
+        t.join(60)
+        limit = timeout_s + 5 if case == "stopped" else 10
+        check(rc is not None and rc != 0 and dt < limit,
+              f"stage 1 {case} mid-pipeline: the job ends, non-zero (rc {rc}, {dt:.1f} s, limit {limit} s)")
+        if case == "stopped":
+            said = [l.strip() for l in lines if "not taken within" in l]
+            check(bool(said), "rank 0 names the post that was not taken: " + (said[0][-160:] if said else "".join(lines[-5:])))
+        check(not t.is_alive() and result.get("error"), f"the request in flight fails, no hang ({result.get('error')})")
+        check(all(not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+                  for pid in r.values()), "no rank left running")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--exe", required=True)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--suite", choices=["tp", "pp"], default="tp")
+    ap.add_argument("--suite", choices=["tp", "pp", "ppfail"], default="tp")
     a = ap.parse_args()
     if not shutil.which("mpirun"):
         print("mpirun absent: skipped")
@@ -194,6 +239,10 @@ def main():
     serve = [a.exe, "serve", "-m", a.model, "--served-model-name", "m", "--port", "0", "-t", "1", "--log-level", "info"]
     prompts = ["Once upon a time", "The little dog"]
 
+    if a.suite == "ppfail":
+        with tempfile.TemporaryDirectory() as tmp:
+            suite_ppfail(serve, tmp)
+        return 1 if failures else 0
     # 1. One process, then TP = 2: the same greedy text.
     p, port, _ = start(serve)
     want = [complete(port, x) for x in prompts]

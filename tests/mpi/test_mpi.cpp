@@ -24,9 +24,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -245,6 +247,81 @@ TEST(TpEngine, ConcurrentRequestsMatchOneProcess) {
   }
 }
 
+// Pipeline overlap: a long prompt in chunks (none but the last wants logits) goes through the
+// stages one behind the other: rank 0 posts step N + 1 (its broadcasts, its stage's hidden state)
+// before the next stage has taken step N. The later stages are slowed (a sleep before each step)
+// so that they are the bottleneck whatever the machine's load: rank 0 must then have had more
+// than one step's posts in flight. The greedy tokens and their logprobs (from the logits rows)
+// equal one process's: exactly under PP alone (no sum reassociated), within kFloatTol with TP.
+TEST(PpEngine, ChunkedPromptOverlapsStagesAndMatchesOneProcess) {
+  FT_REQUIRE_GROUP();
+  if (g_comm->pp_size() < 2) GTEST_SKIP() << "pipeline parallelism only (test_mpi_pp, test_mpi_tp2pp2)";
+  FT_REQUIRE_SHARED(path, "models/synth-llama-f32.gguf");
+  EngineConfig cfg;
+  cfg.runtime.threads = 1;
+  cfg.runtime.n_ctx = 256;
+  cfg.scheduler.max_num_seqs = 2;
+  cfg.scheduler.chunk_size = 16;  // 150 tokens: 10 chunks, 9 without logits
+  cfg.kv_memory_bytes = 8u << 20;
+  cfg.calibrate = false;
+  std::vector<int32_t> prompt = {1};
+  for (int32_t i = 1; i < 150; ++i) prompt.push_back(3 + (i * 37) % 500);
+  struct Out {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;  // per token: its own, then its 5 best alternatives'
+  };
+  auto run = [&](const Model& m, Communicator* tp) {
+    EngineConfig c = cfg;
+    c.tp = tp;
+    Engine engine(m, c, [](int32_t) { return false; });
+    EventStream stream;
+    EngineRequest r;
+    r.prompt = prompt;
+    r.max_tokens = 8;
+    r.ignore_eos = true;
+    r.logprobs = 5;
+    r.sampling.temperature = 0;
+    engine.submit(std::move(r), stream.callback());
+    Out out;
+    EngineEvent ev;
+    while (stream.next(ev)) {
+      if (ev.kind != EngineEvent::Kind::Token) continue;
+      out.tokens.push_back(ev.token);
+      out.logprobs.push_back(ev.logprob);
+      for (const auto& [t, lp] : ev.top_logprobs) out.logprobs.push_back(lp);
+    }
+    engine.shutdown();
+    return out;
+  };
+  auto shard = Model::load(path);
+  split_model(*shard, *g_comm);
+  if (g_comm->rank() == 0) {
+    const auto full = Model::load(path);
+    const Out one = run(*full, nullptr);
+    const uint64_t before = g_comm->stats().steps;
+    const Out pp = run(*shard, g_comm.get());
+    const CommStats& st = g_comm->stats();
+    EXPECT_EQ(st.steps - before, 10u + 7u);  // 10 chunks, then 7 decodes
+    EXPECT_EQ(one.tokens, pp.tokens);
+    ASSERT_EQ(one.tokens.size(), 8u);
+    ASSERT_EQ(one.logprobs.size(), pp.logprobs.size());
+    float worst = 0;
+    for (size_t i = 0; i < one.logprobs.size(); ++i) worst = std::max(worst, std::abs(one.logprobs[i] - pp.logprobs[i]));
+    if (g_comm->tp_size() == 1) EXPECT_EQ(worst, 0.0f) << "PP alone must be bit-exact";
+    else EXPECT_LT(worst, 1e-3f) << "a logprob moves by at most twice its row's largest logit difference (TP: "
+                                    "kFloatTol of max|logit|)";
+    // Overlap: more than one step's posts were in flight at once.
+    EXPECT_GT(st.max_pending, uint64_t(Communicator::kPendingPerStage)) << st.max_pending;
+    EXPECT_LE(st.max_pending, uint64_t(Communicator::kPendingPerStage) * uint64_t(g_comm->pp_size()));
+    EXPECT_EQ(g_comm->pending(), 0u);  // drained before the engine idled
+  } else {
+    const bool slow = g_comm->stage() > 0;
+    run_tp_worker(*shard, cfg.runtime, *g_comm, [&] {
+      if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    });
+  }
+}
+
 // Staging: contiguous balanced layer ranges, and its refusal; no group needed.
 TEST(PpStage, SplitsLayersAndRefusesEmptyStages) {
   FT_REQUIRE_SHARED(f32, "models/synth-llama-f32.gguf");  // 4 layers
@@ -272,6 +349,40 @@ TEST(PpStage, SplitsLayersAndRefusesEmptyStages) {
     e = x.what();
   }
   EXPECT_NE(e.find("at least one layer per stage, the model has 4 layers"), std::string::npos) << e;
+}
+
+// --mlock under PP: a stage reads (and locks) only its own layers, and the embeddings and head on
+// stage 0; no group needed.
+TEST(PpStage, LocksOnlyItsOwnTensors) {
+  FT_REQUIRE_SHARED(f32, "models/synth-llama-f32.gguf");  // 4 layers
+  for (int s = 0; s < 2; ++s) {
+    auto m = Model::load(f32);
+    m->stage(s, 2);
+    EXPECT_EQ(m->reads_tensor("blk.0.attn_q.weight"), s == 0);
+    EXPECT_EQ(m->reads_tensor("blk.1.ffn_down.weight"), s == 0);
+    EXPECT_EQ(m->reads_tensor("blk.2.attn_norm.weight"), s == 1);
+    EXPECT_EQ(m->reads_tensor("blk.3.ffn_up.weight"), s == 1);
+    EXPECT_FALSE(m->reads_tensor("blk.4.ffn_up.weight"));
+    EXPECT_FALSE(m->reads_tensor("blk.x.ffn_up.weight"));
+    EXPECT_EQ(m->reads_tensor("token_embd.weight"), s == 0);
+    EXPECT_EQ(m->reads_tensor("output_norm.weight"), s == 0);
+    EXPECT_TRUE(m->reads_tensor("rope_freqs.weight"));
+  }
+  // What lock_weights pins: stage 1's two layers are less than half of the whole model's bytes.
+  auto locked_mib = [&](int stage) {
+    auto m = Model::load(f32);
+    if (stage >= 0) m->stage(stage, 2);
+    auto be = make_backend("cpu", 1);
+    Forward fwd(*m, *be, 8);  // (prepares the backend's copies)
+    const std::string sum = lock_weights(*m, *be);
+    const std::string head = "weights locked in RAM (mlock): ";
+    if (sum.rfind(head, 0) != 0) return -1.0;
+    return std::atof(sum.c_str() + head.size());
+  };
+  const double whole = locked_mib(-1), stage1 = locked_mib(1);
+  if (whole < 0 || stage1 < 0) GTEST_SKIP() << "mlock refused here (RLIMIT_MEMLOCK)";
+  EXPECT_GT(stage1, 0.0);
+  EXPECT_LT(stage1, 0.5 * whole) << stage1 << " MiB of " << whole;
 }
 
 // Sharding's refusals: clear errors, no group needed.
