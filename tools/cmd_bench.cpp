@@ -35,9 +35,35 @@ double matmul_flops(const WeightView& w, int64_t M) { return 2.0 * double(M) * d
 struct GenRun {
   std::vector<int32_t> tokens;
   RequestTimings t;
+  SpecTimes times;  // the engine's, for this one request
 };
-GenRun generate(const Model& model, EngineConfig cfg, const std::vector<int32_t>& prompt, int64_t n_gen) {
-  Engine engine(model, cfg, {});
+SpecTimes minus(const SpecTimes& a, const SpecTimes& b) {
+  SpecTimes d;
+  d.catch_up_ms = a.catch_up_ms - b.catch_up_ms;
+  d.catch_up_forwards = a.catch_up_forwards - b.catch_up_forwards;
+  d.catch_up_tokens = a.catch_up_tokens - b.catch_up_tokens;
+  d.draft_forward_ms = a.draft_forward_ms - b.draft_forward_ms;
+  d.draft_forwards = a.draft_forwards - b.draft_forwards;
+  d.draft_other_ms = a.draft_other_ms - b.draft_other_ms;
+  d.verify_forward_ms = a.verify_forward_ms - b.verify_forward_ms;
+  d.verify_steps = a.verify_steps - b.verify_steps;
+  d.plain_forward_ms = a.plain_forward_ms - b.plain_forward_ms;
+  d.plain_steps = a.plain_steps - b.plain_steps;
+  d.schedule_ms = a.schedule_ms - b.schedule_ms;
+  d.sample_ms = a.sample_ms - b.sample_ms;
+  d.emit_ms = a.emit_ms - b.emit_ms;
+  return d;
+}
+
+// One request on a long-lived engine (as a server runs them: its buffers and the draft model's
+// are warm after the first request).
+GenRun generate(Engine& engine, const std::vector<int32_t>& prompt, int64_t n_gen) {
+  auto settled = [&engine] {  // the metrics snapshot follows the step that finished a request
+    const EngineCounters c = engine.metrics().counters;
+    return c.finished + c.cancelled;
+  };
+  const uint64_t done0 = settled();
+  const SpecTimes t0 = engine.metrics().counters.spec_times;
   EngineRequest r;
   r.prompt = prompt;
   r.max_tokens = n_gen;
@@ -49,16 +75,36 @@ GenRun generate(const Model& model, EngineConfig cfg, const std::vector<int32_t>
   EngineEvent ev;
   while (s.next(ev, &out.t))
     if (ev.kind == EngineEvent::Kind::Token) out.tokens.push_back(ev.token);
+  for (int i = 0; i < 10000 && settled() <= done0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  out.times = minus(engine.metrics().counters.spec_times, t0);
   return out;
 }
 
-double decode_tps(const GenRun& g) {
-  return g.tokens.size() > 1 && g.t.decode_ms() > 0 ? double(g.tokens.size() - 1) / g.t.decode_ms() * 1e3 : 0;
+// The one-time part of the draft model's prompt catch-up (ms): its catch-up forwards less the
+// draft position each also computed (at the mean cost of a one-position draft forward).
+double catch_up_excess_ms(const SpecTimes& t) {
+  const double position = t.draft_forwards ? t.draft_forward_ms / double(t.draft_forwards) : 0;
+  return std::max(0.0, t.catch_up_ms - double(t.catch_up_forwards) * position);
 }
 
-// Speculative decoding against plain decode: greedy generation, same prompt, best of reps each
-// (interleaved, so drift on a shared machine hits both), then the verification cost: k + 1
-// positions of one sequence in one forward vs one decode position, at the prompt's context.
+// Greedy decode tokens/s after the first token; catch_up: with the draft's one-time prompt
+// catch-up in the time (false: without it, the "greedy decode tokens/s").
+double decode_tps(const GenRun& g, bool catch_up = false) {
+  const double ms = g.t.decode_ms() - (catch_up ? 0.0 : catch_up_excess_ms(g.times));
+  return g.tokens.size() > 1 && ms > 0 ? double(g.tokens.size() - 1) / ms * 1e3 : 0;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Speculative decoding against plain decode: greedy generation, same prompt, reps pairs
+// interleaved in one process (drift on a shared machine hits both; each pair's ratio and their
+// median are printed), then where the speculating run's time went, then the verification cost:
+// k + 1 positions of one sequence in one forward vs one decode position, at the prompt's context.
 void bench_spec(const BenchArgs& a, const Model& model, int T) {
   const HParams& hp = model.hparams();
   const SpecConfig spec = spec_from_flags(a.spec);
@@ -79,23 +125,63 @@ void bench_spec(const BenchArgs& a, const Model& model, int T) {
     draft = load_draft_model(spec.draft_model, model);
     with.draft_model = draft.get();
   }
-  GenRun best_off, best_on;
-  for (int rep = 0; rep < std::max(1, a.reps); ++rep) {
-    GenRun off = generate(model, base, prompt, a.n_gen);
-    GenRun on = generate(model, with, prompt, a.n_gen);
-    if (rep == 0 || decode_tps(off) > decode_tps(best_off)) best_off = std::move(off);
-    if (rep == 0 || decode_tps(on) > decode_tps(best_on)) best_on = std::move(on);
-  }
-  const SpecStats& s = best_on.t.spec;
-  const double rate = s.draft_tokens ? double(s.accepted_tokens) / double(s.draft_tokens) : 0;
-  std::printf("speculative %s (k = %s%d): greedy decode %lld tokens, prompt %zu tokens: %.2f tokens/s vs %.2f without "
-              "= %.2fx | acceptance %.1f%% (%lld of %lld draft tokens), %.2f tokens per verification (%lld) | output %s\n",
+  std::printf("speculative %s (k = %s%d): greedy decode %lld tokens, prompt %zu tokens, %d interleaved pairs "
+              "(tokens/s after the first token; the draft's one-time prompt catch-up excluded, then included)\n",
               spec_method_name(spec.method), spec.k_auto ? "auto, at most " : "", spec.k, (long long)a.n_gen,
-              prompt.size(), decode_tps(best_on), decode_tps(best_off),
-              decode_tps(best_off) > 0 ? decode_tps(best_on) / decode_tps(best_off) : 0.0, 100 * rate,
-              (long long)s.accepted_tokens, (long long)s.draft_tokens,
-              s.drafts ? 1.0 + double(s.accepted_tokens) / double(s.drafts) : 0.0, (long long)s.drafts,
-              best_on.tokens == best_off.tokens ? "identical" : "DIFFERS");
+              prompt.size(), std::max(1, a.reps));
+  Engine off_engine(model, base, {}), on_engine(model, with, {});
+  generate(off_engine, prompt, std::min<int64_t>(a.n_gen, 8));  // warm-up: first touches, first calls
+  generate(on_engine, prompt, std::min<int64_t>(a.n_gen, 8));
+  std::vector<double> ratios, ratios_with, on_tps, off_tps, ttft_on, ttft_off;
+  GenRun last_on;
+  bool identical = true;
+  for (int rep = 0; rep < std::max(1, a.reps); ++rep) {
+    // Alternate which goes first: a drift within a pair does not favour one side.
+    GenRun off, on;
+    if (rep % 2 == 0) {
+      off = generate(off_engine, prompt, a.n_gen);
+      on = generate(on_engine, prompt, a.n_gen);
+    } else {
+      on = generate(on_engine, prompt, a.n_gen);
+      off = generate(off_engine, prompt, a.n_gen);
+    }
+    identical &= on.tokens == off.tokens;
+    const SpecStats& s = on.t.spec;
+    const double rate = s.draft_tokens ? double(s.accepted_tokens) / double(s.draft_tokens) : 0;
+    const double r = decode_tps(on) / std::max(decode_tps(off), 1e-9);
+    const double rw = decode_tps(on, true) / std::max(decode_tps(off, true), 1e-9);
+    std::printf("  pair %d: %.2f vs %.2f tokens/s = %.3fx (with catch-up %.3fx) | acceptance %.1f%% (%lld of %lld), "
+                "%.2f tokens per verification | TTFT %.2f vs %.2f ms | catch-up %.2f ms (%lld tokens)\n",
+                rep, decode_tps(on), decode_tps(off), r, rw, 100 * rate, (long long)s.accepted_tokens,
+                (long long)s.draft_tokens, s.drafts ? 1.0 + double(s.accepted_tokens) / double(s.drafts) : 0.0,
+                on.t.ttft_ms(), off.t.ttft_ms(), catch_up_excess_ms(on.times), (long long)on.times.catch_up_tokens);
+    ratios.push_back(r);
+    ratios_with.push_back(rw);
+    on_tps.push_back(decode_tps(on));
+    off_tps.push_back(decode_tps(off));
+    ttft_on.push_back(on.t.ttft_ms());
+    ttft_off.push_back(off.t.ttft_ms());
+    last_on = std::move(on);
+  }
+  std::printf("speculative median: %.2f vs %.2f tokens/s, ratio %.3fx (with catch-up %.3fx), TTFT %.2f vs %.2f ms | "
+              "output %s\n",
+              median(on_tps), median(off_tps), median(ratios), median(ratios_with), median(ttft_on), median(ttft_off),
+              identical ? "identical" : "DIFFERS");
+  // Where the last speculating run's time went (ms; per call in brackets).
+  const SpecTimes& t = last_on.times;
+  const double total = last_on.t.finish_ms - last_on.t.first_scheduled_ms;
+  auto per = [](double ms, int64_t n) { return n ? ms / double(n) : 0.0; };
+  std::printf("speculative phases (last run, %.1f ms from its first step): draft catch-up %.2f (%lld forwards, %lld "
+              "tokens) | draft forwards %.2f (%lld, %.3f each) | draft bookkeeping %.2f | verify forwards %.2f (%lld, "
+              "%.3f each) | plain forwards %.2f (%lld, %.3f each) | schedule %.2f | sample+verify %.2f | emit %.2f | "
+              "unaccounted %.2f\n",
+              total, t.catch_up_ms, (long long)t.catch_up_forwards, (long long)t.catch_up_tokens, t.draft_forward_ms,
+              (long long)t.draft_forwards, per(t.draft_forward_ms, t.draft_forwards), t.draft_other_ms,
+              t.verify_forward_ms, (long long)t.verify_steps, per(t.verify_forward_ms, t.verify_steps),
+              t.plain_forward_ms, (long long)t.plain_steps, per(t.plain_forward_ms, t.plain_steps), t.schedule_ms,
+              t.sample_ms, t.emit_ms,
+              total - (t.catch_up_ms + t.draft_forward_ms + t.draft_other_ms + t.verify_forward_ms +
+                       t.plain_forward_ms + t.schedule_ms + t.sample_ms + t.emit_ms));
 
   // Verification cost at the prompt's context.
   auto be = make_backend(a.backend, T);
@@ -128,6 +214,34 @@ void bench_spec(const BenchArgs& a, const Model& model, int T) {
   const double t1 = time_positions(1), tk = time_positions(k + 1);
   std::printf("verification cost: %d positions %.2f ms vs 1 position %.2f ms = %.2fx (context %lld)\n", k + 1, tk, t1,
               tk / t1, (long long)ctx);
+  if (!draft) return;
+  // A draft model's one-position forward (median ms): back to back, and each after a target
+  // forward (as in a verification cycle, whose target forward evicts the draft's weights).
+  Forward dfwd(*draft, *be, std::max<int64_t>(ctx, k + 1));
+  KVCache dkv(kv_cache_config(rt, draft->hparams(), KVCache::blocks_for(ctx + k + 1, rt.kv_block_size), false));
+  if (!dkv.reserve(0, ctx + k + 1)) fail("bench: KV cache too small");
+  Batch db;
+  for (int64_t i = 0; i < ctx; ++i) db.add(prompt[size_t(i)], int32_t(i), 0, i + 1 == ctx);
+  dfwd.run(db, dkv, logits.data());
+  auto draft_ms = [&](bool after_target) {
+    std::vector<double> v;
+    for (int rep = 0; rep < 10 * std::max(1, a.reps); ++rep) {
+      if (after_target) {
+        b.clear();
+        b.add(prompt[0], int32_t(ctx), 0, true);
+        fwd.run(b, kv, logits.data());
+      }
+      db.clear();
+      db.add(prompt[size_t(rep) % prompt.size()], int32_t(ctx), 0, true);
+      const auto t0 = std::chrono::steady_clock::now();
+      dfwd.run(db, dkv, logits.data());
+      v.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return median(v);
+  };
+  const double alone = draft_ms(false), after = draft_ms(true);
+  std::printf("draft forward, 1 position: %.3f ms back to back, %.3f ms after a target forward (%.2f / %.2f of the "
+              "target's 1 position)\n", alone, after, alone / t1, after / t1);
 }
 
 }  // namespace

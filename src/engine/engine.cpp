@@ -58,10 +58,11 @@ class Engine::DraftModelRunner final : public Drafter {
         kv_(kv_cache_config(rt, m.hparams(), n_blocks, false)),
         logits_(size_t(max_seqs) * size_t(m.hparams().n_vocab)) {}
 
-  void propose(std::span<Job> jobs, double catch_up_ms) override {
+  void propose(std::span<Job> jobs, double catch_up_ms, SpecTimes& times) override {
     const HParams& hp = model_.hparams();
     const size_t V = size_t(hp.n_vocab), NT = size_t(hp.n_tokens);
     std::vector<Job*> active;  // jobs with a logits row this round
+    int64_t prompt_tokens = 0;  // catch-up with a prompt (or after preemption) in round 0
     // Before a measurement: kMinCatchUp x 4.
     const int64_t budget0 = token_ms_ > 0 ? std::clamp<int64_t>(int64_t(catch_up_ms / token_ms_), kMinCatchUp, kCatchUp)
                                           : 4 * kMinCatchUp;
@@ -94,6 +95,10 @@ class Engine::DraftModelRunner final : public Drafter {
         st.fed.push_back(j.tokens[c + size_t(i)]);
       }
       budget -= feed - 1;  // the last token of a caught-up sequence is a decode, not catch-up
+      // Prompt catch-up (for SpecTimes): a verification leaves at most 2 tokens to feed (the
+      // last draft and the target's own); more, or the rest of an unfinished catch-up, is one.
+      if (st.catching_up || pending > 2) prompt_tokens += full ? feed - 1 : feed;
+      st.catching_up = !full;
       if (full) active.push_back(&j);
     }
     const int64_t caught_up = budget0 - budget;  // catch-up tokens in round 0 (beyond one per sequence)
@@ -101,6 +106,14 @@ class Engine::DraftModelRunner final : public Drafter {
       const auto t0 = std::chrono::steady_clock::now();
       fwd_.run(batch_, kv_, logits_.data());
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (round == 0 && prompt_tokens > 0) {
+        times.catch_up_ms += ms;
+        ++times.catch_up_forwards;
+        times.catch_up_tokens += prompt_tokens;
+      } else {
+        times.draft_forward_ms += ms;
+        ++times.draft_forwards;
+      }
       if (round > 0) {  // a draft position alone
         position_ms_ = position_ms_ > 0 ? 0.8 * position_ms_ + 0.2 * ms : ms;
       } else if (caught_up >= kMinCatchUp && position_ms_ > 0) {  // round 0: a position plus the catch-up
@@ -133,6 +146,7 @@ class Engine::DraftModelRunner final : public Drafter {
  private:
   struct State {
     std::vector<int32_t> fed;  // tokens whose K/V its cache holds, in order
+    bool catching_up = false;  // its last propose() fed part of what it had to catch up
     std::unique_ptr<Sampler> sampler;
   };
   const Model& model_;

@@ -335,10 +335,16 @@ bool EngineCore::step() {
       r.draft.resize(size_t(g));
     }
   }
+  SpecTimes& st = counters_.spec_times;
+  double propose_ms = 0;
   if (!jobs.empty()) {
     for (Drafter::Job& j : jobs) j.draft->clear();
     const int64_t pd0 = prof ? profile::now_ns() : 0;
-    drafter_->propose(jobs, plan.predicted_ms);  // at most about doubles the step (scheduler.h's kSpecStretch)
+    const double td0 = now_();
+    const double fwd0 = st.catch_up_ms + st.draft_forward_ms;
+    drafter_->propose(jobs, plan.predicted_ms, st);  // at most about doubles the step (scheduler.h's kSpecStretch)
+    propose_ms = now_() - td0;
+    st.draft_other_ms += std::max(0.0, propose_ms - (st.catch_up_ms + st.draft_forward_ms - fwd0));
     if (prof) profile::complete("draft", "engine", pd0, profile::now_ns(), profile::Args().i("requests", int64_t(jobs.size())));
   }
 
@@ -415,6 +421,14 @@ bool EngineCore::step() {
   const double t1 = now_();
   rec.forward_ms = t1 - tf;
   ++counters_.steps;
+  st.schedule_ms += std::max(0.0, tf - t0 - propose_ms);
+  if (draft_rows > 0) {
+    st.verify_forward_ms += rec.forward_ms;
+    ++st.verify_steps;
+  } else {
+    st.plain_forward_ms += rec.forward_ms;
+    ++st.plain_steps;
+  }
   if (rec.forward_ms > 0) {
     errors_.observe(std::abs(plan.predicted_ms - rec.forward_ms) / rec.forward_ms);
     // Draft rows are learned as free: on a memory-bound decode they nearly are (scoring 5
@@ -438,6 +452,7 @@ bool EngineCore::step() {
   // one token of the target's own), then emit them and finish what is done. A group whose sampling
   // fails (no finite logit) fails its request alone. The sampler sees [0, n_tokens) of each row.
   const int64_t ps0 = prof ? profile::now_ns() : 0;
+  const double ts0 = now_();
   const size_t V = size_t(exec_.n_vocab());
   const size_t NT = size_t(exec_.n_tokens());
   for (const PromptRows& p : prompt_rows)
@@ -500,6 +515,8 @@ bool EngineCore::step() {
     }
   }
   const int64_t ps1 = prof ? profile::now_ns() : 0;
+  const double ts1 = now_();
+  st.sample_ms += ts1 - ts0;
   std::vector<std::pair<uint64_t, FinishReason>> done;
   const Req* stopped = nullptr;  // the request whose later drafted tokens are dropped
   for (const Emit& e : emits) {
@@ -539,6 +556,7 @@ bool EngineCore::step() {
   for (auto& [id, why] : done) finish(reqs_.at(id), why);
   for (auto& [id, why] : failed) finish(reqs_.at(id), FinishReason::Error, cat("generation failed: ", why));
 
+  st.emit_ms += now_() - ts1;
   rec.n_running = n_running();
   rec.n_waiting = n_waiting();
   rec.kv_used_blocks = kv_.used_blocks();

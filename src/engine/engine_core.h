@@ -128,6 +128,26 @@ class StepExecutor {
   virtual int32_t n_tokens() const { return n_vocab(); }
 };
 
+// Where a speculating engine's time goes (ms on the engine thread, summed over steps; `bench
+// model --spec` prints it). Draft forwards are split by what they held: round 0 of a propose()
+// that also caught a sequence up with its prompt (more than the 2 tokens a verification leaves:
+// the last draft and the target's own), and the others (1 or 2 positions per sequence).
+struct SpecTimes {
+  double catch_up_ms = 0;         // draft forwards that held prompt catch-up (and a first position)
+  int64_t catch_up_forwards = 0;
+  int64_t catch_up_tokens = 0;    // prompt tokens caught up (beyond one position per sequence)
+  double draft_forward_ms = 0;    // the other draft forwards
+  int64_t draft_forwards = 0;
+  double draft_other_ms = 0;      // propose() outside its forwards: batch building, drafts' sampling
+  double verify_forward_ms = 0;   // target forwards of steps that scored drafts
+  int64_t verify_steps = 0;
+  double plain_forward_ms = 0;    // target forwards of the other steps
+  int64_t plain_steps = 0;
+  double schedule_ms = 0;         // step start to the target forward, less propose()
+  double sample_ms = 0;           // sampling and verification of every row, rollback included
+  double emit_ms = 0;             // events, finishes, publishing
+};
+
 // A draft model for speculative decoding (SpecMethod::Draft; engine.h's DraftModelRunner), run on
 // the engine thread. It keeps its own KV cache per sequence and follows each sequence's tokens
 // itself (what it computed that the sequence no longer holds, rejected drafts, it rolls back).
@@ -145,8 +165,9 @@ class Drafter {
   virtual ~Drafter() = default;
   // Proposes drafts for every job in one batched pass per draft position. A job may get fewer
   // than k tokens, or none (its cache still catching up with its prompt, or full). catch_up_ms:
-  // about how long catching sequences up with their prompts may take this step.
-  virtual void propose(std::span<Job> jobs, double catch_up_ms) = 0;
+  // about how long catching sequences up with their prompts may take this step. Adds its forwards'
+  // times to `times`.
+  virtual void propose(std::span<Job> jobs, double catch_up_ms, SpecTimes& times) = 0;
   virtual void release(int32_t seq) = 0;  // the sequence finished or was preempted
 };
 
@@ -159,6 +180,7 @@ struct EngineCounters {
   uint64_t spec_draft_tokens = 0;
   uint64_t spec_accepted_tokens = 0;
   std::array<uint64_t, kMaxSpecTokens> spec_accepted_per_pos{};
+  SpecTimes spec_times;
   uint64_t finished = 0;
   uint64_t cancelled = 0;
   uint64_t preemptions = 0;

@@ -557,6 +557,18 @@ TEST(Speculation, DraftModelGreedyIsExact) {
   EXPECT_EQ(got[0].timings.spec.draft_tokens, 0);
   EXPECT_GT(got[1].timings.spec.draft_tokens, 0);
   EXPECT_GT(got[1].timings.spec.accepted_tokens, 0);
+  // Where the time went (SpecTimes): the 400-token prompt's catch-up (plus the target's tokens
+  // sampled meanwhile) in more than one forward (at most 256 tokens each), drafts, verifications.
+  const SpecTimes t = settled_metrics(spec, 2).counters.spec_times;
+  EXPECT_GE(t.catch_up_tokens, 400);
+  EXPECT_LE(t.catch_up_tokens, 400 + 64);
+  EXPECT_GE(t.catch_up_forwards, 2);
+  EXPECT_GT(t.catch_up_ms, 0);
+  EXPECT_GT(t.draft_forwards, 0);
+  EXPECT_GT(t.draft_forward_ms, 0);
+  EXPECT_EQ(t.verify_steps, int64_t(got[1].timings.spec.drafts));
+  EXPECT_GT(t.verify_forward_ms, 0);
+  EXPECT_GT(t.plain_steps, 0);
   std::filesystem::remove(tpath);
   std::filesystem::remove(dpath);
 }

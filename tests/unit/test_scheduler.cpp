@@ -849,6 +849,12 @@ TEST(Speculation, GreedyOutputIsExactAndDraftsPay) {
         }
         EXPECT_EQ(uint64_t(req_drafts), spec.counters.spec_draft_tokens);
         EXPECT_EQ(uint64_t(req_accepted), spec.counters.spec_accepted_tokens);
+        // Every step's forward is a verification (it scored drafts) or a plain one.
+        const SpecTimes& st = spec.counters.spec_times;
+        EXPECT_EQ(uint64_t(st.verify_steps + st.plain_steps), spec.counters.steps);
+        EXPECT_GT(st.verify_steps, 0);
+        EXPECT_LE(uint64_t(st.verify_steps), spec.counters.spec_drafts);
+        EXPECT_EQ(st.draft_forwards + st.catch_up_forwards, 0);  // (prompt lookup: no draft model)
         if (window == 1) {  // cycles: most drafts stand, and steps are saved
           EXPECT_GT(spec.counters.spec_accepted_tokens * 2, spec.counters.spec_draft_tokens);
           EXPECT_LT(spec.counters.steps, plain.counters.steps);
