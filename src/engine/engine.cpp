@@ -269,6 +269,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
       sched_cfg_.max_auto_chunk = std::max(sched_cfg_.min_chunk, sched_cfg_.max_auto_chunk / (2 * pp));
     tp_ = std::make_unique<TpLeader>(*cfg.tp);
     tp_->start(kc, sched_cfg_.max_batch_tokens, n_ctx_);
+    kv_->record_copies(true);  // a fork's block copies: replayed on every rank with the next step
     if (profile::enabled()) {
       profile::set_meta("tp_size", int64_t(cfg.tp->tp_size()));
       profile::set_meta("pp_size", int64_t(cfg.tp->pp_size()));
@@ -334,21 +335,24 @@ std::string Engine::kv_summary() const {
 }
 
 void Engine::reject(Pending& p, const std::string& why) {
-  if (!p.cb) return;
   RequestTimings t;
   t.arrival_ms = p.req.arrival_ms;
   t.finish_ms = now_ms();
   EngineEvent ev;
   ev.kind = EngineEvent::Kind::Finished;
-  ev.id = p.id;
   ev.reason = FinishReason::Error;
   ev.error = cat("the request could not start: ", why);
   ev.n_prompt = int64_t(p.req.prompt.size());
   ev.timings = &t;
-  try {
-    p.cb(ev);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "firsttoken: request %llu: event callback failed: %s\n", (unsigned long long)p.id, e.what());
+  for (size_t k = 0; k <= p.req.forks.size(); ++k) {  // the request, then its forks
+    const EventCallback& cb = k == 0 ? p.cb : p.req.forks[k - 1].cb;
+    ev.id = p.id + k;
+    if (!cb) continue;
+    try {
+      cb(ev);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "firsttoken: request %llu: event callback failed: %s\n", (unsigned long long)ev.id, e.what());
+    }
   }
 }
 
@@ -421,7 +425,8 @@ uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
                           std::max<int64_t>(1, int64_t(std::ceil(ahead / 1e3))));
     }
   }
-  const uint64_t id = next_id_++;
+  const uint64_t id = next_id_;
+  next_id_ += 1 + req.forks.size();  // its forks' ids follow
   incoming_.push_back({id, std::move(req), std::move(cb), queued});
   cv_.notify_one();
   return id;

@@ -106,6 +106,7 @@ class Engine {
   // reject_late_factor, DeadlineError when its predicted TTFT under the queue is too late).
   // Resolves req.ttft_slo_ms (the default from the cost model learned so far).
   // cb runs on the engine thread for each token and once at the finish; it must not block.
+  // Returns the request's id; its forks (EngineRequest::forks) are id + 1, id + 2, ...
   uint64_t submit(EngineRequest req, EventCallback cb);
   // Cancels a request at any time (its Finished event says Cancelled). Unknown ids are ignored.
   void cancel(uint64_t id);

@@ -108,7 +108,12 @@ void EngineCore::validate(const EngineRequest& r) const {
 
 void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   validate(in);
-  if (reqs_.count(id)) fail("duplicate request id ", id);
+  for (uint64_t k = 0; k <= in.forks.size(); ++k) {
+    bool taken = reqs_.count(id + k) != 0;
+    for (const auto& [pid, p] : reqs_)
+      for (const Req::PendingFork& f : p.forks) taken |= f.id == id + k;
+    if (taken) fail("duplicate request id ", id + k);
+  }
   Req r;  // built aside: a throw leaves no half-made request behind
   r.id = id;
   r.seq = int32_t(id & 0x7fffffff);
@@ -126,6 +131,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.salt = prefix_salt(r.adapter ? r.adapter->uid() : 0);
   r.speculate = spec_.enabled() && !r.processor;  // a processor sees one row at a time, in order
   r.cb = std::move(cb);
+  for (size_t k = 0; k < in.forks.size(); ++k) r.forks.push_back({id + 1 + k, std::move(in.forks[k])});
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
   r.deadline_ms = r.t.arrival_ms +
                   (in.ttft_slo_ms > 0 ? in.ttft_slo_ms : default_ttft_slo_ms(cfg_, cost_.model(), r.n_prompt));
@@ -150,7 +156,7 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   kv_.release(r.seq);
   r.adapter.reset();  // before the event: a client told it finished may unload the adapter at once
   if (drafter_) drafter_->release(r.seq);
-  past_arrivals_.push_back(r.t.arrival_ms);
+  if (!r.forked) past_arrivals_.push_back(r.t.arrival_ms);
   r.t.finish_ms = now_();
   ++counters_.finished;
   if (why == FinishReason::Cancelled) ++counters_.cancelled;
@@ -164,6 +170,7 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   ev.n_generated = r.n_generated;
   ev.timings = &r.t;
   emit(r, ev);
+  for (Req::PendingFork& f : r.forks) finish_fork(f, r, why, error);  // it never reached its first token
   if (profile::enabled() && r.trace_arrival_ns > 0) {
     // The request's track: arrival -> first scheduled (queue) -> first token (prefill) -> finish.
     const int64_t t_end = profile::now_ns();
@@ -182,9 +189,81 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   reqs_.erase(r.id);
 }
 
+void EngineCore::finish_fork(Req::PendingFork& f, const Req& parent, FinishReason why, const std::string& error) {
+  ++counters_.finished;
+  if (why == FinishReason::Cancelled) ++counters_.cancelled;
+  counters_.prompt_tokens += uint64_t(parent.n_prompt);
+  RequestTimings t = parent.t;
+  t.finish_ms = now_();
+  EngineEvent ev;
+  ev.kind = EngineEvent::Kind::Finished;
+  ev.id = f.id;
+  ev.reason = why;
+  ev.error = error;
+  ev.n_prompt = parent.n_prompt;
+  ev.timings = &t;
+  if (!f.f.cb) return;
+  try {
+    f.f.cb(ev);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "firsttoken: request %llu: event callback failed: %s\n", (unsigned long long)f.id, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "firsttoken: request %llu: event callback failed\n", (unsigned long long)f.id);
+  }
+}
+
 void EngineCore::cancel(uint64_t id) {
   auto it = reqs_.find(id);
-  if (it != reqs_.end()) finish(it->second, FinishReason::Cancelled);
+  if (it != reqs_.end()) return finish(it->second, FinishReason::Cancelled);
+  for (auto& [pid, p] : reqs_)
+    for (auto f = p.forks.begin(); f != p.forks.end(); ++f)
+      if (f->id == id) {
+        Req::PendingFork gone = std::move(*f);
+        p.forks.erase(f);
+        return finish_fork(gone, p, FinishReason::Cancelled);
+      }
+}
+
+std::vector<EngineCore::Req*> EngineCore::spawn_forks(Req& r) {
+  std::vector<Req*> out;
+  int32_t running = n_running();
+  for (Req::PendingFork& pf : r.forks) {
+    Req c;
+    c.id = pf.id;
+    c.seq = int32_t(pf.id & 0x7fffffff);
+    c.tokens = r.tokens;  // the prompt (its first token is not pushed yet)
+    c.tokens.reserve(r.tokens.capacity());
+    c.n_prompt = r.n_prompt;
+    c.max_tokens = r.max_tokens;
+    c.ignore_eos = r.ignore_eos;
+    c.logprobs = r.logprobs;
+    c.deadline_ms = r.deadline_ms;
+    c.priority = r.priority;
+    SamplingParams sp = r.sampler->params();
+    sp.seed = pf.f.seed;
+    c.sampler = std::make_unique<Sampler>(sp, exec_.n_tokens());
+    c.sampler->add_prompt(c.tokens);
+    c.processor = std::move(pf.f.logits_processor);
+    c.adapter = r.adapter;
+    c.salt = r.salt;
+    c.speculate = spec_.enabled() && !c.processor;
+    c.forked = true;
+    c.cb = std::move(pf.f.cb);
+    c.t = r.t;
+    c.trace_arrival_ns = r.trace_arrival_ns;
+    c.trace_scheduled_ns = r.trace_scheduled_ns;
+    // No room: it waits, and recomputes its prompt (and first token) as a preempted request does.
+    if (running < cfg_.max_num_seqs && kv_.fork(r.seq, c.seq, r.n_computed)) {
+      c.n_computed = r.n_computed;
+      c.admitted = true;
+      c.admit_order = ++admit_counter_;
+      ++running;
+    }
+    ++counters_.forks;
+    out.push_back(&reqs_.emplace(c.id, std::move(c)).first->second);
+  }
+  r.forks.clear();
+  return out;
 }
 
 void EngineCore::cancel_all() {
@@ -279,6 +358,7 @@ bool EngineCore::step() {
     s.priority = r.priority;
     s.admit_order = r.admit_order;
     s.adapter = r.adapter ? r.adapter->uid() : 0;
+    s.n_forks = int32_t(r.forks.size());
     if (r.speculate && s.decoding()) {
       Req& m = reqs_.at(id);
       const int32_t k = spec_k(m);
@@ -408,6 +488,7 @@ bool EngineCore::step() {
       r.trace_scheduled_ns = p0;
     }
     ++r.t.prefill_steps;
+    counters_.prefill_tokens += uint64_t(len);
     chunks.emplace_back(&r, len);
     rec.chunks.push_back(len);
   }
@@ -464,23 +545,36 @@ bool EngineCore::step() {
     }
   struct Emit {
     Req* r;
-    size_t row;
+    const float* logits;  // its row (after the request's processor)
     int32_t tok;
   };
   std::vector<Emit> emits;
   emits.reserve(n_rows);
   std::vector<std::pair<uint64_t, std::string>> failed;
+  auto sample_row = [&](Req& r, float* row_logits) {
+    if (r.processor) r.processor->apply(row_logits, exec_.n_tokens(), r.n_generated);
+    const int32_t tok = r.sampler->sample(row_logits);
+    r.sampler->accept(tok);
+    if (r.processor) r.processor->accept(tok);
+    emits.push_back({&r, row_logits, tok});
+  };
+  // Requests at their first token with forks: each fork samples from a copy of the raw row.
+  size_t n_fork_rows = 0, fork_row = 0;
+  for (const RowGroup& g : groups_)
+    if (g.n == 1) n_fork_rows += g.r->forks.size();
+  if (fork_logits_.size() < n_fork_rows * V) fork_logits_.resize(n_fork_rows * V);
   for (const RowGroup& g : groups_) {
     Req& r = *g.r;
+    std::vector<Req*> forks;
+    if (g.n == 1 && !r.forks.empty()) {
+      for (size_t k = 0; k < r.forks.size(); ++k)
+        std::copy_n(logits_.data() + g.first * V, V, fork_logits_.data() + (fork_row + k) * V);
+      forks = spawn_forks(r);
+    }
     const size_t mark = emits.size();
     try {
       if (g.n == 1) {
-        float* row_logits = logits_.data() + g.first * V;
-        if (r.processor) r.processor->apply(row_logits, exec_.n_tokens(), r.n_generated);
-        const int32_t tok = r.sampler->sample(row_logits);
-        r.sampler->accept(tok);
-        if (r.processor) r.processor->accept(tok);
-        emits.push_back({&r, g.first, tok});
+        sample_row(r, logits_.data() + g.first * V);
       } else {
         const int32_t n_draft = g.n - 1;
         int32_t accepted = 0;
@@ -495,7 +589,7 @@ bool EngineCore::step() {
             tok = r.sampler->sample(row_logits);
           }
           r.sampler->accept(tok);
-          emits.push_back({&r, g.first + size_t(i), tok});
+          emits.push_back({&r, row_logits, tok});
           if (!ok) break;
           ++accepted;
         }
@@ -513,6 +607,13 @@ bool EngineCore::step() {
       emits.resize(mark);
       failed.emplace_back(r.id, e.what());
     }
+    for (Req* c : forks) {
+      try {
+        sample_row(*c, fork_logits_.data() + fork_row++ * V);
+      } catch (const std::exception& e) {
+        failed.emplace_back(c->id, e.what());
+      }
+    }
   }
   const int64_t ps1 = prof ? profile::now_ns() : 0;
   const double ts1 = now_();
@@ -522,7 +623,7 @@ bool EngineCore::step() {
   for (const Emit& e : emits) {
     Req& r = *e.r;
     if (&r == stopped) continue;
-    const float* logits = logits_.data() + e.row * V;
+    const float* logits = e.logits;
     const int32_t tok = e.tok;
     r.tokens.push_back(tok);
     ++r.n_generated;

@@ -44,6 +44,10 @@ class LogitsProcessor {
   virtual void accept(int32_t token) = 0;
 };
 
+struct EngineEvent;
+// Called on the engine thread; must not block.
+using EventCallback = std::function<void(const EngineEvent&)>;
+
 struct EngineRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
@@ -63,6 +67,20 @@ struct EngineRequest {
   std::shared_ptr<LogitsProcessor> logits_processor;  // null: the raw logits
   // The LoRA adapter it runs under (model/lora.h; null: the base). Held until it finishes.
   std::shared_ptr<const LoraAdapter> adapter;
+  // More choices of the same prompt (the server's `n`), sharing its one prefill: fork k is the
+  // request with id (this one's) + 1 + k. When the prefill ends, each fork takes the prompt's KV
+  // (KVCache::fork: full blocks shared, the last partial one copied) and samples its first token
+  // from the same logits (through its own processor, with its own seed), then runs as a request
+  // of its own (same limits, adapter, priority; no prompt_logprobs). Until then a fork cancelled
+  // finishes alone, and the request finishing first (cancelled, failed) finishes its forks alike.
+  // A fork that finds no room (max_num_seqs, or no block for the copy) waits and recomputes the
+  // prompt, as a preempted request does.
+  struct Fork {
+    uint64_t seed = 0;
+    std::shared_ptr<LogitsProcessor> logits_processor;
+    EventCallback cb;
+  };
+  std::vector<Fork> forks;
 };
 
 // Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
@@ -99,8 +117,6 @@ struct EngineEvent {
   int64_t n_generated = 0;                   // Finished
   const RequestTimings* timings = nullptr;   // valid during the callback
 };
-// Called on the engine thread; must not block.
-using EventCallback = std::function<void(const EngineEvent&)>;
 
 struct StepRecord {
   double start_ms = 0;
@@ -173,6 +189,8 @@ class Drafter {
 
 struct EngineCounters {
   uint64_t prompt_tokens = 0;     // prompt tokens of finished requests
+  uint64_t prefill_tokens = 0;    // positions computed by prefill chunks (recomputes included)
+  uint64_t forks = 0;             // choices started by forking a prefilled request (EngineRequest::forks)
   uint64_t generated_tokens = 0;
   // Speculative decoding (vLLM's spec_decode_* counters): verifications that scored drafts, draft
   // tokens scored, accepted ones, and accepted ones per draft position (0-based).
@@ -195,8 +213,9 @@ class EngineCore {
 
   // Throws ft::Error when the request is invalid or can never fit (context or whole cache).
   void validate(const EngineRequest& r) const;
-  void add(uint64_t id, EngineRequest r, EventCallback cb);  // validates first
-  void cancel(uint64_t id);  // emits Finished(Cancelled) and frees its KV; unknown id: no-op
+  // Validates first; ids id .. id + r.forks.size() must all be free.
+  void add(uint64_t id, EngineRequest r, EventCallback cb);
+  void cancel(uint64_t id);  // emits Finished(Cancelled) and frees its KV (a pending fork's too); unknown id: no-op
   void cancel_all();
   void fail_all(const std::string& why);  // every request finishes with Error
   bool idle() const { return reqs_.empty(); }
@@ -239,8 +258,14 @@ class EngineCore {
     std::unique_ptr<Sampler> sampler;
     std::shared_ptr<LogitsProcessor> processor;
     std::shared_ptr<const LoraAdapter> adapter;
+    struct PendingFork {
+      uint64_t id;
+      EngineRequest::Fork f;
+    };
+    std::vector<PendingFork> forks;  // EngineRequest::forks, until its first token
     uint64_t salt = 0;  // its prefix-cache key space (KVCache: prefix_salt of the adapter)
     bool speculate = false;
+    bool forked = false;  // a fork of another request (not an arrival of its own)
     std::vector<int32_t> draft;  // this step's draft tokens (after its pending token)
     std::vector<float> draft_q;  // the draft model's distributions of them (n_tokens each)
     int32_t steps_without_draft = 0;  // auto k: a request whose drafts did not pay probes again
@@ -249,6 +274,11 @@ class EngineCore {
     int64_t trace_arrival_ns = 0, trace_scheduled_ns = 0, trace_first_token_ns = 0;  // while profiling
   };
   void finish(Req& r, FinishReason why, const std::string& error = {});
+  // A pending fork that never started: its Finished event (timings: its parent's so far).
+  void finish_fork(Req::PendingFork& f, const Req& parent, FinishReason why, const std::string& error = {});
+  // At r's first token: its forks as requests of their own, in id order (their KV forked from r's
+  // when there is room), before r samples from `row` (raw logits); returns them.
+  std::vector<Req*> spawn_forks(Req& r);
   // Runs a request's callback; what it throws is logged, never propagated (it runs mid-step).
   void emit(Req& r, const EngineEvent& ev);
   void preempt(Req& r);
@@ -283,6 +313,7 @@ class EngineCore {
     int32_t n;
   };
   std::vector<RowGroup> groups_;
+  std::vector<float> fork_logits_;  // this step's forks' rows (copies of their parent's raw row)
   SpecConfig spec_;
   Drafter* drafter_ = nullptr;
 };

@@ -173,8 +173,10 @@ StepPlan plan_step(const SchedulerInput& in) {
   }
   plan.prefill_budget = budget;
 
-  // Fill the budget in the policy's order.
-  int64_t n_running = int64_t(running.size());
+  // Fill the budget in the policy's order. A request's pending forks count as running (their slots
+  // are kept while they wait for its first token).
+  int64_t n_running = 0;
+  for (const auto* r : running) n_running += 1 + r->n_forks;
   // LoRA adapters of the running requests (scheduler.h step 3): admission keeps them within the
   // cap; once a request waits for a slot, no adapter request after it is admitted.
   std::vector<uint64_t> adapters;
@@ -214,15 +216,16 @@ StepPlan plan_step(const SchedulerInput& in) {
       const int64_t need = blocks(r->n_tokens + 1, cfg.block_size) - r->hit_blocks +
                            (plan.preempt.empty() ? r->hit_idle_blocks : r->hit_blocks);
       if (need > free_blocks) return 0;
-      free_blocks -= need;
+      free_blocks -= need + std::min<int64_t>(r->n_forks, free_blocks - need);  // its forks' blocks, when free
       if (r->adapter != 0 && std::find(adapters.begin(), adapters.end(), r->adapter) == adapters.end())
         adapters.push_back(r->adapter);
       plan.admit.push_back(r->id);
-      ++n_running;
+      n_running += 1 + r->n_forks;
     } else {
       const int64_t need = std::max(0, blocks(r->n_computed + chunk, cfg.block_size) - r->blocks_held);
       if (need > free_blocks) return 0;
       free_blocks -= need;
+      if (chunk == r->pending()) free_blocks -= std::min<int64_t>(r->n_forks, free_blocks);  // they fork after it
     }
     plan.prefill.push_back({r->id, chunk});
     attn += attn_pairs(r->n_computed, chunk);

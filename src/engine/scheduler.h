@@ -115,6 +115,11 @@ struct SchedRequest {
   uint64_t admit_order = 0; // larger = admitted more recently
   int32_t n_draft = 0;      // decoding: speculative draft tokens it could verify this step (speculative.h)
   uint64_t adapter = 0;     // its LoRA adapter (LoraAdapter::uid), 0 = the base
+  // Forks waiting for its first token (EngineRequest::forks): each becomes a running sequence
+  // then, holding a block of its own (the copy of the prompt's partial block, or its first
+  // decode's). Admission and the step that ends its prefill keep those slots and blocks free when
+  // they can (never a reason to wait: a fork without room recomputes instead).
+  int32_t n_forks = 0;
   int64_t pending() const { return n_tokens - n_computed; }
   bool decoding() const { return admitted && n_generated > 0 && pending() == 1; }
 };

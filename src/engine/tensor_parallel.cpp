@@ -1,5 +1,6 @@
 #include "engine/tensor_parallel.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/error.h"
@@ -9,7 +10,7 @@ namespace ft {
 
 namespace {
 enum : int64_t { kStep = 1, kStop = 2 };
-constexpr int kStartFields = 6, kHeaderFields = 3;
+constexpr int kStartFields = 6, kHeaderFields = 4;
 }  // namespace
 
 void attach(Forward& f, Communicator& c) {
@@ -22,7 +23,7 @@ void TpLeader::start(const KVCacheConfig& kc, int64_t max_batch, int64_t n_ctx) 
   c_.broadcast(s, sizeof s);
 }
 
-void TpLeader::send_step(const Batch& b, const KVCache& kv) {
+void TpLeader::send_step(const Batch& b, KVCache& kv) {
   const int64_t M = b.size();
   payload_.clear();
   for (const auto* v : {&b.tokens, &b.pos, &b.seq}) payload_.insert(payload_.end(), v->begin(), v->end());
@@ -37,8 +38,13 @@ void TpLeader::send_step(const Batch& b, const KVCache& kv) {
     payload_.push_back(int32_t(t.size()));
     payload_.insert(payload_.end(), t.begin(), t.end());
   }
+  const auto copies = kv.take_copies();
+  for (const auto& [src, dst] : copies) {
+    payload_.push_back(src);
+    payload_.push_back(dst);
+  }
   // Posted: this step's stage-0 part may run while the next stage still runs the previous step.
-  const int64_t h[kHeaderFields] = {kStep, M, int64_t(payload_.size())};
+  const int64_t h[kHeaderFields] = {kStep, M, int64_t(payload_.size()), int64_t(copies.size())};
   c_.post_broadcast(h, sizeof h);
   c_.post_broadcast(payload_.data(), int64_t(payload_.size() * sizeof(int32_t)));
   c_.count_step();
@@ -53,7 +59,7 @@ void TpLeader::stop() {
   if (stopped_) return;
   stopped_ = true;
   c_.drain();
-  int64_t h[kHeaderFields] = {kStop, 0, 0};
+  int64_t h[kHeaderFields] = {kStop, 0, 0, 0};
   c_.broadcast(h, sizeof h);
 }
 
@@ -77,7 +83,8 @@ void run_tp_worker(const Model& m, const RuntimeConfig& rt, Communicator& c, con
     int64_t h[kHeaderFields];
     c.broadcast_idle(h, sizeof h);
     if (h[0] == kStop) return c.drain();
-    if (h[0] != kStep || h[1] < 1 || h[1] > max_batch || h[2] < 4 * h[1]) c.abort("a malformed step message from rank 0");
+    if (h[0] != kStep || h[1] < 1 || h[1] > max_batch || h[3] < 0 || h[2] < 4 * h[1] + 2 * h[3])
+      c.abort("a malformed step message from rank 0");
     const size_t M = size_t(h[1]);
     p.resize(size_t(h[2]));
     c.broadcast(p.data(), int64_t(p.size() * sizeof(int32_t)));
@@ -85,11 +92,17 @@ void run_tp_worker(const Model& m, const RuntimeConfig& rt, Communicator& c, con
     b.pos.assign(p.begin() + M, p.begin() + 2 * M);
     b.seq.assign(p.begin() + 2 * M, p.begin() + 3 * M);
     b.want_logits.assign(p.begin() + 3 * M, p.begin() + 4 * M);
-    for (size_t i = 4 * M; i + 2 <= p.size();) {
+    const size_t tables_end = p.size() - 2 * size_t(h[3]);
+    for (size_t i = 4 * M; i + 2 <= tables_end;) {
       const size_t n = size_t(p[i + 1]);
-      if (n > p.size() - i - 2) c.abort("a malformed block table from rank 0");
+      if (n > tables_end - i - 2) c.abort("a malformed block table from rank 0");
       kv.mirror_table(p[i], std::span<const int32_t>(p.data() + i + 2, n));
       i += 2 + n;
+    }
+    for (size_t i = tables_end; i < p.size(); i += 2) {
+      if (std::min(p[i], p[i + 1]) < 0 || std::max(p[i], p[i + 1]) >= kv.total_blocks())
+        c.abort("a malformed block copy from rank 0");
+      kv.copy_block(p[i], p[i + 1]);
     }
     if (before_step) before_step();
     try {

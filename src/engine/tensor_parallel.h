@@ -6,9 +6,11 @@
 // over a KV cache of the same blocks holding its layers' KV heads, so the block ids rank 0
 // allocates are valid on every rank. Only rank 0 computes logits.
 //   start:  int64 {max_batch, n_ctx, n_blocks, block_size, kv_type, kv_dim}
-//   step:   int64 {kStep, M, payload ints}, then int32 tokens[M] pos[M] seq[M] want[M],
-//           then per distinct sequence {seq, n, table[n]}
-//   stop:   int64 {kStop, 0, 0}
+//   step:   int64 {kStep, M, payload ints, C}, then int32 tokens[M] pos[M] seq[M] want[M],
+//           then per distinct sequence {seq, n, table[n]}, then C block copies {src, dst}
+//           (KVCache::take_copies: a fork's partial blocks since the last step, replayed before
+//           the forward; a copy's source is never rewritten before the step that carries it)
+//   stop:   int64 {kStop, 0, 0, 0}
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -32,7 +34,7 @@ class TpLeader {
   // The geometry every rank must share: sent once, before the first step.
   void start(const KVCacheConfig& kc, int64_t max_batch, int64_t n_ctx);
   // Posts the step to every rank (Communicator::post_broadcast: returns before they take it).
-  void send_step(const Batch& b, const KVCache& kv);
+  void send_step(const Batch& b, KVCache& kv);
   // Waits until every rank has taken what was posted (before rank 0 idles: a posted send's
   // transfer may need rank 0's progress, so the next stage would wait on it).
   void drain() { c_.drain(); }

@@ -1,6 +1,7 @@
 #include "kv/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -113,13 +114,51 @@ void KVCache::truncate(int32_t seq, int64_t n_positions) {
   if (it == seqs_.end()) return;
   Seq& s = it->second;
   const int32_t keep = blocks_for(std::max<int64_t>(n_positions, 0), cfg_.block_size);
-  if (keep < s.n_published)
-    fail("KV cache: truncating sequence ", seq, " to ", n_positions, " positions would cut into its ", s.n_published,
-         " published blocks");
+  if (keep < std::max(s.n_published, s.n_forked))
+    fail("KV cache: truncating sequence ", seq, " to ", n_positions, " positions would cut into its ",
+         std::max(s.n_published, s.n_forked), " published or forked blocks");
   while (int32_t(s.table.size()) > keep) {
     unref(s.table.back());
     s.table.pop_back();
   }
+}
+
+bool KVCache::fork(int32_t parent, int32_t child, int64_t n_positions) {
+  if (capacity(child) != 0) fail("KV cache: forking into sequence ", child, " that already holds blocks");
+  if (n_positions < 1 || capacity(parent) < n_positions)
+    fail("KV cache: forking ", n_positions, " positions of sequence ", parent, " that holds ", capacity(parent));
+  const int32_t full = int32_t(n_positions / cfg_.block_size);
+  const bool partial = n_positions % cfg_.block_size != 0;
+  Seq& p = seqs_.at(parent);
+  // (publish() covers computed positions: the parent's published chain lies within the full blocks.)
+  if (p.n_published > full) fail("KV cache: sequence ", parent, " published past the ", n_positions, " positions forked");
+  if (partial && free_blocks() < 1) return false;
+  Seq c;
+  c.table.assign(p.table.begin(), p.table.begin() + full);
+  for (const int32_t b : c.table) ++blocks_[size_t(b)].refs;  // held by parent: never idle in the LRU
+  if (partial) {
+    const int32_t b = take_block();
+    copy_block(p.table[size_t(full)], b);
+    c.table.push_back(b);
+  }
+  c.n_published = p.n_published;  // the chain continues from the parent's published blocks
+  c.last_hash = p.last_hash;
+  c.n_forked = full;
+  p.n_forked = std::max(p.n_forked, full);
+  seqs_.insert_or_assign(child, std::move(c));
+  return true;
+}
+
+void KVCache::copy_block(int32_t src, int32_t dst) {
+  if (src < 0 || src >= cfg_.n_blocks || dst < 0 || dst >= cfg_.n_blocks)
+    fail("KV cache: copying block ", src, " to ", dst, " outside [0, ", cfg_.n_blocks, ")");
+  const uint64_t k_bytes = geo_.k_head_bytes() * uint64_t(geo_.n_kv_heads);
+  const uint64_t v_bytes = geo_.v_head_bytes() * uint64_t(geo_.n_kv_heads);
+  for (int32_t l = 0; l < cfg_.n_layers; ++l) {
+    std::memcpy(k_pool(l) + uint64_t(dst) * k_bytes, k_pool(l) + uint64_t(src) * k_bytes, k_bytes);
+    std::memcpy(v_pool(l) + uint64_t(dst) * v_bytes, v_pool(l) + uint64_t(src) * v_bytes, v_bytes);
+  }
+  if (record_copies_) copies_.emplace_back(src, dst);
 }
 
 int64_t KVCache::capacity(int32_t seq) const {
@@ -221,7 +260,10 @@ int64_t KVCache::block_of(int32_t seq, int64_t pos) const {
 }
 
 void KVCache::write(int32_t layer, int32_t seq, int64_t pos, const float* k, const float* v) {
-  const uint64_t b = uint64_t(block_of(seq, pos)) * uint64_t(geo_.n_kv_heads);
+  const int64_t blk = block_of(seq, pos);
+  if (blocks_[size_t(blk)].refs > 1)  // (a mirrored table's blocks count no references)
+    fail("KV cache: position ", pos, " of sequence ", seq, " lies in a block other sequences share");
+  const uint64_t b = uint64_t(blk) * uint64_t(geo_.n_kv_heads);
   const int32_t row = int32_t(pos % cfg_.block_size);
   for (int32_t h = 0; h < geo_.n_kv_heads; ++h)
     kv_store(geo_, k_pool(layer) + (b + uint64_t(h)) * geo_.k_head_bytes(),

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/mapped_memory.h"
@@ -85,8 +86,20 @@ class KVCache {
   // Shrinks seq's reservation to the blocks holding positions [0, n_positions): the blocks past
   // them go back to the pool, their contents abandoned in place (speculative decoding's rejected
   // draft positions: no copy). Those blocks were never published (publish() covers computed
-  // positions only), and a position inside a published or attached block cannot be cut (ft::Error).
+  // positions only), and a position inside a published, attached or forked block cannot be cut
+  // (ft::Error).
   void truncate(int32_t seq, int64_t n_positions);
+  // Makes `child` (a sequence holding no blocks) hold what positions [0, n_positions) of `parent`
+  // hold, without recomputing them (n > 1 choices of one prompt): the blocks those positions fill
+  // wholly are shared, reference counted like attached prefix blocks and never written again (both
+  // sequences only write past n_positions, and neither can truncate into them); the last partial
+  // block, if any, is copied into a new block, since both write their next positions into it. The
+  // child continues the parent's prefix-cache chain (its own later blocks publish after the
+  // parent's). Returns false, and changes nothing, when no block is free for the copy; ft::Error
+  // when child holds blocks or parent holds fewer than n_positions.
+  bool fork(int32_t parent, int32_t child, int64_t n_positions);
+  // Copies block src's K/V (every layer) into block dst.
+  void copy_block(int32_t src, int32_t dst);
   bool has(int32_t seq) const { return seqs_.count(seq) != 0; }
   // Positions [0, capacity) that seq can hold without another reserve().
   int64_t capacity(int32_t seq) const;
@@ -110,7 +123,8 @@ class KVCache {
   // tokens[0..n_computed), for reuse by later sequences.
   void publish(int32_t seq, std::span<const int32_t> tokens, int64_t n_computed);
 
-  // Stores position pos of seq in layer: k, v (kv_dim,) f32, converted to the stored type.
+  // Stores position pos of seq in layer: k, v (kv_dim,) f32, converted to the stored type. A block
+  // another sequence shares (attached, forked) is never written: ft::Error.
   void write(int32_t layer, int32_t seq, int64_t pos, const float* k, const float* v);
   // Reads it back as f32 (what attention computes with); k or v may be null.
   void read(int32_t layer, int32_t seq, int64_t pos, float* k, float* v) const;
@@ -123,6 +137,11 @@ class KVCache {
   // Makes seq's table `table` (block ids < total_blocks(), else ft::Error). For a cache whose
   // blocks are allocated elsewhere only: no reference counts, no free list, no prefix cache.
   void mirror_table(int32_t seq, std::span<const int32_t> table);
+  // Block copies (fork's partial blocks) are data, not tables: with record_copies(true), every
+  // copy_block is also logged (src, dst) for take_copies(), which rank 0 sends with the next step
+  // so each worker replays them on its own shard before that step's forward.
+  void record_copies(bool on) { record_copies_ = on; }
+  std::vector<std::pair<int32_t, int32_t>> take_copies() { return std::exchange(copies_, {}); }
 
  private:
   struct Block {
@@ -135,6 +154,7 @@ class KVCache {
   struct Seq {
     std::vector<int32_t> table;
     int32_t n_published = 0;  // leading blocks already published or attached from the cache
+    int32_t n_forked = 0;     // leading blocks shared by fork() (never truncated)
     uint64_t last_hash = 0;   // chained hash after n_published blocks
   };
 
@@ -157,6 +177,8 @@ class KVCache {
   std::unordered_map<uint64_t, int32_t> by_hash_;
   std::unordered_map<int32_t, Seq> seqs_;
   KVCacheStats stats_;
+  bool record_copies_ = false;
+  std::vector<std::pair<int32_t, int32_t>> copies_;
 };
 
 // Chained hash of one block: names the prefix ending with this block.

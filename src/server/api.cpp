@@ -530,9 +530,14 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     }
   }
   if (j.contains("n")) r.n = int32_t(get_int(j, "n", 1, kMaxChoices));
-  // best_of > n would rank candidates by their logprob, which is not built; best_of = n is n.
-  if (j.contains("best_of") && get_int(j, "best_of", 1, kMaxChoices) != r.n)
-    bad("best_of", "'best_of' other than 'n' (ranking candidates) is not supported");
+  // best_of (completions; OpenAI's rules): candidates ranked by mean logprob per token, >= n,
+  // not streamable. best_of = n is n.
+  if (j.contains("best_of")) {
+    const int64_t b = get_int(j, "best_of", 1, kMaxChoices);
+    if (b < r.n) bad("best_of", cat("'best_of' (", b, ") must be greater than or equal to 'n' (", r.n, ")"));
+    if (b > r.n && r.stream) bad("best_of", "'best_of' greater than 'n' cannot be streamed");
+    r.best_of = int32_t(b);
+  }
   if (j.contains("use_beam_search") && get_bool(j, "use_beam_search")) bad("use_beam_search", "beam search is not supported");
   if (kind == Endpoint::Completions && j.contains("echo")) {
     r.echo = get_bool(j, "echo");

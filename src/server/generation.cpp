@@ -63,6 +63,8 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
   if (r.prompt_logprobs < -1 || r.prompt_logprobs > kMaxLogprobs)
     bad("logprobs", cat("'prompt_logprobs' must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.prompt_logprobs));
   if (r.n < 1 || r.n > kMaxChoices) bad("n", cat("'n' must be in [1, ", kMaxChoices, "], got ", r.n));
+  if (r.best_of != 0 && (r.best_of < r.n || r.best_of > kMaxChoices))
+    bad("best_of", cat("'best_of' must be in [n, ", kMaxChoices, "] (n = ", r.n, "), got ", r.best_of));
   try {
     validate(r.sampling);
   } catch (const Error& e) {
@@ -186,7 +188,7 @@ std::shared_ptr<const GrammarVocab> GenerationContext::grammar_vocab() const {
 
 Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink)
     : ctx_(ctx), req_(std::move(req)), sink_(std::move(sink)) {
-  for (int32_t i = 0; i < req_.n; ++i) choices_.emplace_back(ctx.tokenizer, req_.stop);
+  for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, req_.stop);
 }
 
 namespace {
@@ -261,13 +263,13 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   er.max_tokens = max_tokens;
   er.ignore_eos = r.ignore_eos;
   er.tokenize_ms = tokenize_ms;
-  er.logprobs = r.logprobs;
+  er.logprobs = gen->ranking() ? std::max(r.logprobs, 0) : r.logprobs;  // best_of ranks by logprob
   er.prompt_logprobs = r.prompt_logprobs;
   er.ttft_slo_ms = r.ttft_slo_ms;
   er.priority = r.priority;
   gen->post_ = std::move(post);
   try {
-    gen->submit(0);
+    gen->submit();
   } catch (const ApiError&) {
     if (ctx.waiting) ctx.waiting->fetch_sub(1);
     throw;
@@ -278,37 +280,40 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   return gen;
 }
 
-void Generation::submit(int32_t i) {
-  Choice& c = choices_[size_t(i)];
-  EngineRequest er;
-  if (i + 1 == req_.n) {  // the last one takes the prototype itself
-    er = std::move(proto_);
-  } else {
-    er = proto_;
+void Generation::submit() {
+  EngineRequest er = std::move(proto_);
+  EventCallback cb0;
+  for (int32_t i = 0; i < n_candidates(); ++i) {
+    Choice& c = choices_[size_t(i)];
+    try {
+      if (grammar_) c.grammar = std::make_shared<GrammarProcessor>(GrammarMatcher(grammar_, ctx_.grammar_vocab()));
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "grammar");
+    }
+    // Runs on the engine thread: copy the event and post it to the consumer. (post holds the
+    // consumer, which holds this generation: the engine drops each callback at its choice's finish.)
+    EventCallback cb = [gen = shared_from_this(), i, post = post_](const EngineEvent& ev) {
+      Event e{i, ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error, ev.prompt_logprobs};
+      if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
+      post([gen, e = std::move(e)] { gen->on_event(e); });
+    };
+    auto processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar);
+    if (i == 0) {
+      er.logits_processor = std::move(processor);
+      cb0 = std::move(cb);
+    } else {
+      er.forks.push_back({er.sampling.seed + uint64_t(i) /* wraps: any seed is fine */, std::move(processor), std::move(cb)});
+    }
   }
-  er.sampling.seed += uint64_t(i);  // wraps: any seed is fine
-  if (i > 0) er.prompt_logprobs = -1;  // scored once (choice 0); the others attach its cached blocks
+  post_ = nullptr;
+  uint64_t id;
   try {
-    if (grammar_) c.grammar = std::make_shared<GrammarProcessor>(GrammarMatcher(grammar_, ctx_.grammar_vocab()));
-  } catch (const Error& e) {
-    throw ApiError(400, e.what(), "grammar");
-  }
-  er.logits_processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar);
-  // Runs on the engine thread: copy the event and post it to the consumer.
-  auto cb = [gen = shared_from_this(), i, post = post_](const EngineEvent& ev) {
-    Event e{i, ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error, ev.prompt_logprobs};
-    if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
-    post([gen, e = std::move(e)] { gen->on_event(e); });
-  };
-  // post holds the consumer (an HTTP session holds this generation): kept only while choices
-  // are left to submit, so that nothing outlives its request in a cycle.
-  if (i + 1 == req_.n) post_ = nullptr;
-  try {
-    c.engine_id = ctx_.engine.submit(std::move(er), std::move(cb));
+    id = ctx_.engine.submit(std::move(er), std::move(cb0));
   } catch (const Error& e) {
     throw submit_error(e);
   }
-  c.submitted = true;
+  for (int32_t i = 0; i < n_candidates(); ++i) choices_[size_t(i)].engine_id = id + uint64_t(i);
+  submitted_ = true;
 }
 
 void Generation::on_event(const Event& e) {
@@ -331,9 +336,8 @@ Usage Generation::usage() const {
 }
 
 void Generation::cancel_all() {
-  post_ = nullptr;  // no choice is submitted after this
-  for (const Choice& c : choices_)
-    if (c.submitted) ctx_.engine.cancel(c.engine_id);  // a finished one's id is unknown by now: ignored
+  if (!submitted_) return;
+  for (const Choice& c : choices_) ctx_.engine.cancel(c.engine_id);  // a finished one's id is unknown by now: ignored
 }
 
 void Generation::fail(const ApiError& err) {
@@ -370,17 +374,10 @@ void Generation::handle(const Event& e) {
         prompt_lp_.push_back({prompt0_, std::numeric_limits<float>::quiet_NaN(), {}});
         prompt_lp_.insert(prompt_lp_.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
       }
-      // The prompt's full blocks are published now: the other choices attach them.
-      if (!responded_ && !shutdown_cancel_) {
-        try {
-          for (int32_t k = 1; k < req_.n; ++k) submit(k);
-        } catch (const ApiError& err) {
-          return fail(err);
-        }
-      }
     }
     if (responded_ || c.done) return;  // stopped, or the client left: tokens until the cancel lands
     ++c.n_tokens;
+    c.logprob_sum += e.logprob;
     if (!req_.name.empty() && spdlog::should_log(spdlog::level::trace))
       spdlog::trace("{} token {} {}", req_.name, e.token,
                     nlohmann::json(tok.token_to_piece(e.token)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -404,7 +401,7 @@ void Generation::handle(const Event& e) {
       if (!c.stop.stopped()) o.text += c.stop.flush();
       return finish(i, std::move(o), nullptr);
     }
-    if (!c.stop.stopped()) return sink_->on_output(std::move(o));
+    if (!c.stop.stopped()) return deliver(i, std::move(o));
     ctx_.engine.cancel(c.engine_id);
     c.finish = "stop";
     return finish(i, std::move(o), nullptr);
@@ -428,12 +425,42 @@ void Generation::handle(const Event& e) {
   if (e.timings) account(i, *e.timings, e.reason);
 }
 
+void Generation::deliver(int32_t i, Output&& o) {
+  if (!ranking()) return sink_->on_output(std::move(o));
+  choices_[size_t(i)].held.push_back(std::move(o));
+}
+
 void Generation::finish(int32_t i, Output&& last, const RequestTimings* t) {
   Choice& c = choices_[size_t(i)];
   c.done = true;
-  const bool all = ++n_done_ == req_.n;
+  const bool all = ++n_done_ == n_candidates();
+  if (ranking()) {
+    c.held.push_back(std::move(last));
+    if (t) c.timings = std::make_shared<RequestTimings>(*t);
+    return all ? deliver_best() : void();
+  }
   if (all) responded_ = true;
   sink_->on_finish(std::move(last), Finish{i, all, c.finish, usage(), t});
+}
+
+void Generation::deliver_best() {
+  responded_ = true;
+  std::vector<int32_t> order(static_cast<size_t>(n_candidates()));
+  for (int32_t i = 0; i < n_candidates(); ++i) order[size_t(i)] = i;
+  auto mean = [&](int32_t i) {
+    const Choice& c = choices_[size_t(i)];
+    return c.n_tokens > 0 ? c.logprob_sum / double(c.n_tokens) : -std::numeric_limits<double>::infinity();
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return mean(a) > mean(b); });
+  const Usage u = usage();  // every candidate's tokens
+  for (int32_t k = 0; k < req_.n; ++k) {
+    Choice& c = choices_[size_t(order[size_t(k)])];
+    for (Output& o : c.held) o.index = k;
+    Output last = std::move(c.held.back());
+    c.held.pop_back();
+    for (Output& o : c.held) sink_->on_output(std::move(o));
+    sink_->on_finish(std::move(last), Finish{k, k + 1 == req_.n, c.finish, u, c.timings.get()});
+  }
 }
 
 void Generation::account(int32_t i, const RequestTimings& t, FinishReason reason) {

@@ -11,6 +11,7 @@
 // callback copies each event and hands it to `post`, which must run it on one thread at a time
 // (a connection's strand, a CLI's main thread) and keep the sink alive until it has run.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <cstdint>
@@ -86,11 +87,14 @@ struct GenerationRequest {
   std::vector<std::string> stop;       // at most kMaxStops, non-empty
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
   int32_t prompt_logprobs = -1;        // -1: off; N >= 0: the same for the prompt's tokens (Output::prompt_logprobs)
-  // Choices: n independent generations from the prompt (choice i samples with seed + i). Choice
-  // 0 is submitted first, the others at its first token: by then the prompt's full KV blocks are
-  // computed and published, and every other choice attaches them from the prefix cache (its
-  // prefill is the prompt's last partial block).
+  // Choices: n independent generations from the prompt (choice i samples with seed + i), one
+  // engine request whose forks (EngineRequest::forks) are choices 1..: the prompt is prefilled
+  // once, every choice samples its first token from the same logits and decodes on a fork of its KV.
   int32_t n = 1;
+  // Completions' best_of (0: n): generate this many choices (>= n) and return the n with the
+  // highest mean logprob per generated token (OpenAI's "highest log probability per token"), best
+  // first, as choices 0..n-1; usage counts every generated token. Not streamable (api.cpp refuses).
+  int32_t best_of = 0;
   double ttft_slo_ms = 0;              // extension: the TTFT deadline from arrival; 0 = the server's default
   int32_t priority = 0;                // extension (vLLM's): lower is scheduled first
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to its logit before sampling
@@ -107,7 +111,8 @@ struct GenerationRequest {
 int32_t check_token_id(int64_t id, int32_t n_vocab, const std::string& param);
 // The checks that need no tokenizer: prompt present, token ids in [0, n_vocab) (prompt, logit_bias,
 // stop_token_ids), max_tokens >= 1, min_tokens <= max_tokens, stop strings, logprobs, n in
-// [1, kMaxChoices], sampling ranges. Throws ApiError (400) naming the param.
+// [1, kMaxChoices], best_of 0 or in [n, kMaxChoices], sampling ranges. Throws ApiError (400)
+// naming the param.
 void validate(const GenerationRequest& r, int32_t n_vocab);
 // The effective max_tokens for a prompt of n_prompt tokens (checked arithmetic: max_tokens may be
 // anything up to INT64_MAX). Throws ApiError when the prompt leaves no room or max_tokens does not
@@ -215,17 +220,27 @@ class Generation : public std::enable_shared_from_this<Generation> {
     StreamDecoder dec;
     StopMatcher stop;
     uint64_t engine_id = 0;
-    bool submitted = false, done = false;  // done: its on_finish was called
-    bool first_output = true;              // its next Output is its first
+    bool done = false;          // done: its on_finish was called (best_of: its output is complete)
+    bool first_output = true;   // its next Output is its first
     int64_t n_tokens = 0;
+    double logprob_sum = 0;     // of its sampled tokens (best_of's ranking)
     std::string finish;  // "stop" | "length" once decided
+    // best_of: its outputs, held until every candidate has finished.
+    std::vector<Output> held;
+    std::shared_ptr<RequestTimings> timings;
   };
-  // Submits choice i (a copy of proto_, seed + i; only choice 0 scores the prompt). Throws
+  // Submits proto_ with a fork per further choice (choice i: seed + i, its own grammar). Throws
   // ApiError: 429 (DeadlineError), 503 (shutting down), 400.
-  void submit(int32_t i);
+  void submit();
+  int32_t n_candidates() const { return std::max(req_.n, req_.best_of); }
+  bool ranking() const { return req_.best_of > req_.n; }
+  // A choice's output for the sink, or held (best_of).
+  void deliver(int32_t i, Output&& o);
   void handle(const Event& e);
   Output output(int32_t i);  // an Output of choice i (its first carries the prompt's logprobs)
   void finish(int32_t i, Output&& last, const RequestTimings* t);
+  // best_of: every candidate has finished: the n best go to the sink, best first.
+  void deliver_best();
   void fail(const ApiError& e);  // the sink's on_error; every choice cancelled
   void cancel_all();
   Usage usage() const;
@@ -236,13 +251,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::shared_ptr<const Grammar> grammar_;  // null: unconstrained
   std::shared_ptr<GenerationSink> sink_;
   std::deque<Choice> choices_;
-  EngineRequest proto_;  // what every choice submits (its prompt, sampling, limits)
+  EngineRequest proto_;  // what every choice runs (its prompt, sampling, limits)
   Post post_;
+  bool submitted_ = false;
   std::vector<TokenLogprobs> prompt_lp_;  // with prompt_logprobs: from choice 0's first event
   int32_t prompt0_ = -1;  // the prompt's first token
   int64_t n_prompt_ = 0;
   int32_t n_done_ = 0;
-  bool first_token_ = false;  // choice 0 has had a token (the others are submitted)
+  bool first_token_ = false;  // choice 0 has had a token
   bool left_queue_ = false, responded_ = false, client_gone_ = false, shutdown_cancel_ = false;
 };
 

@@ -89,6 +89,10 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
   gauge("firsttoken:kv_cache_bytes", "KV cache memory in bytes (as stored: f16, bf16, q8_0 or f32).", double(m.kv_bytes));
   counter("firsttoken:prompt_tokens_total", "Prompt tokens of finished requests.", double(m.counters.prompt_tokens));
   counter("firsttoken:generation_tokens_total", "Generated tokens.", double(m.counters.generated_tokens));
+  counter("firsttoken:prefill_tokens_total",
+          "Prompt positions computed by prefill (a recompute counts again; prefix-cache hits and the choices "
+          "forked from one prefill do not).",
+          double(m.counters.prefill_tokens));
   counter("firsttoken:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
           double(m.kv.prefix_query_tokens));
   counter("firsttoken:prefix_cache_hits_total", "Prompt tokens served by the prefix cache.",

@@ -204,17 +204,21 @@ TEST(TpEngine, ConcurrentRequestsMatchOneProcess) {
     EngineConfig c = cfg;
     c.tp = tp;
     Engine engine(m, c, [](int32_t) { return false; });
-    std::vector<EventStream> streams(prompts.size());
+    // The first prompt has 2 more choices (EngineRequest::forks): their KV forked from its, the
+    // partial block's copy replayed on the workers.
+    std::vector<EventStream> streams(prompts.size() + 2);
     for (size_t i = 0; i < prompts.size(); ++i) {
       EngineRequest r;
       r.prompt = prompts[i];
       r.max_tokens = 20;
       r.ignore_eos = true;
       r.sampling.temperature = 0;
+      if (i == 0)
+        for (size_t k = 0; k < 2; ++k) r.forks.push_back({k + 1, nullptr, streams[prompts.size() + k].callback()});
       engine.submit(std::move(r), streams[i].callback());
     }
-    std::vector<std::vector<int32_t>> out(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<std::vector<int32_t>> out(streams.size());
+    for (size_t i = 0; i < streams.size(); ++i) {
       EngineEvent ev;
       while (streams[i].next(ev))
         if (ev.kind == EngineEvent::Kind::Token) out[i].push_back(ev.token);
@@ -231,6 +235,8 @@ TEST(TpEngine, ConcurrentRequestsMatchOneProcess) {
     const auto tp = run(*shard, g_comm.get());
     EXPECT_EQ(one, tp);
     for (const auto& t : tp) EXPECT_EQ(t.size(), 20u);
+    EXPECT_EQ(tp[3], tp[0]);  // greedy choices of one prompt
+    EXPECT_EQ(tp[4], tp[0]);
     // Two allreduces (Wo, down) per layer of the stage per step (none without TP); with PP per step
     // one send of x to stage 1 and, when a row wants logits, one receive of those rows.
     const CommStats& st = g_comm->stats();

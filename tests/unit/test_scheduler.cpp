@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include "core/error.h"
 #include "engine/engine_core.h"
@@ -1212,6 +1213,207 @@ TEST(EngineCore, ASamplingFailureFailsOnlyItsRequest) {
   EXPECT_EQ(finished[3].reason, FinishReason::Length);
   EXPECT_EQ(kv.used_blocks(), 0);
   EXPECT_TRUE(core.idle());
+}
+
+
+// ---- n > 1 choices: forks of one prefill (EngineRequest::forks) -------------------------------
+
+// Forces one token: every row's logits -inf but `token`'s.
+class ForceToken : public LogitsProcessor {
+ public:
+  explicit ForceToken(int32_t token) : token_(token) {}
+  void apply(float* logits, int32_t n_vocab, int64_t) override {
+    for (int32_t t = 0; t < n_vocab; ++t) logits[t] = t == token_ ? 0.0f : -INFINITY;
+  }
+  void accept(int32_t) override {}
+
+ private:
+  int32_t token_;
+};
+
+struct ChoicesRun {
+  std::map<uint64_t, std::vector<int32_t>> outputs;
+  std::map<uint64_t, FinishReason> reasons;
+  EngineCounters counters;
+  int32_t kv_used_after = 0;
+};
+
+struct ChoicesSetup {
+  bool forked = true;           // one request with n - 1 forks; false: n separate requests
+  bool prefix_caching = false;
+  double temperature = 0;
+  int32_t kv_blocks = 64;
+  SchedulerConfig cfg;
+  SpecConfig spec;
+  int window = 0;
+  int32_t forced_choice = -1;   // this choice's tokens are forced (its own LogitsProcessor)
+  int64_t max_tokens = 20;
+};
+
+// n choices of one prompt, choice i seeded 7 + i (ids 1..n); runs until idle.
+ChoicesRun run_choices(const std::vector<int32_t>& prompt, int32_t n, const ChoicesSetup& su) {
+  double clock = 0;
+  const CostModel cost{5.0, 0.1, 1e-5};
+  FakeExecutor exec(&clock, cost, su.window);
+  KVCache kv({1, 1, 16, su.kv_blocks, su.prefix_caching});
+  EngineCore core(kv, exec, su.cfg, cost, 1 << 20, {}, [&] { return clock; });
+  core.set_speculation(su.spec, nullptr);
+  ChoicesRun res;
+  auto cb = [&res](const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::Token) res.outputs[ev.id].push_back(ev.token);
+    else res.reasons[ev.id] = ev.reason;
+  };
+  auto processor = [&](int32_t i) -> std::shared_ptr<LogitsProcessor> {
+    return i == su.forced_choice ? std::make_shared<ForceToken>(3) : nullptr;
+  };
+  EngineRequest r;
+  r.prompt = prompt;
+  r.max_tokens = su.max_tokens;
+  r.sampling.temperature = float(su.temperature);
+  r.sampling.seed = 7;
+  r.logits_processor = processor(0);
+  if (su.forked) {
+    for (int32_t i = 1; i < n; ++i) r.forks.push_back({7 + uint64_t(i), processor(i), cb});
+    core.add(1, r, cb);
+  } else {
+    for (int32_t i = 0; i < n; ++i) {
+      EngineRequest q = r;
+      q.sampling.seed = 7 + uint64_t(i);
+      q.logits_processor = processor(i);
+      core.add(1 + uint64_t(i), q, cb);
+    }
+  }
+  for (int guard = 0; guard < 100000 && core.step(); ++guard) EXPECT_LE(kv.used_blocks(), kv.total_blocks());
+  EXPECT_TRUE(core.idle());
+  res.counters = core.counters();
+  res.kv_used_after = kv.used_blocks();
+  return res;
+}
+
+// The prompt is computed once (prefill_tokens = its length), with or without the prefix cache,
+// whatever its last block holds (partial: copied; full: nothing to copy); every greedy choice
+// is the single answer, read through its own block table; a choice's own processor applies to
+// it alone.
+TEST(EngineCoreForks, OnePrefillAndEveryGreedyChoiceIsTheSingleAnswer) {
+  for (const bool prefix : {false, true}) {
+    for (const int64_t P : {40, 48, 5}) {
+      SCOPED_TRACE(testing::Message() << "prefix caching " << prefix << ", prompt " << P);
+      const auto prompt = make_prompt(P, int(P));
+      ChoicesSetup su;
+      su.prefix_caching = prefix;
+      su.forced_choice = 2;
+      const ChoicesRun res = run_choices(prompt, 4, su);
+      EXPECT_EQ(res.counters.prefill_tokens, uint64_t(P));
+      EXPECT_EQ(res.counters.forks, 3u);
+      ASSERT_EQ(res.outputs.size(), 4u);
+      for (uint64_t id : {1, 2, 4}) {
+        EXPECT_EQ(res.outputs.at(id), expected_output(prompt, 20)) << "choice " << id - 1;
+        EXPECT_EQ(res.reasons.at(id), FinishReason::Length);
+      }
+      EXPECT_EQ(res.outputs.at(3), std::vector<int32_t>(20, 3));
+      EXPECT_EQ(res.kv_used_after, 0);
+      su.forked = false;  // the same choices as separate requests: a prefill each (no prefix cache)
+      const ChoicesRun sep = run_choices(prompt, 4, su);
+      EXPECT_EQ(sep.outputs, res.outputs);
+      if (!prefix) {
+        EXPECT_EQ(sep.counters.prefill_tokens, 4 * uint64_t(P));
+      }
+    }
+  }
+}
+
+// Choice i samples its first token from the shared prompt logits with seed 7 + i, then decodes
+// on its own: exactly the single request seeded 7 + i.
+TEST(EngineCoreForks, SampledChoicesAreTheSingleRequestsWithSeedPlusI) {
+  const auto prompt = make_prompt(37, 3);
+  ChoicesSetup su;
+  su.temperature = 1;
+  const ChoicesRun forked = run_choices(prompt, 5, su);
+  su.forked = false;
+  const ChoicesRun sep = run_choices(prompt, 5, su);
+  EXPECT_EQ(forked.outputs, sep.outputs);
+  std::set<std::vector<int32_t>> distinct;
+  for (const auto& [id, out] : forked.outputs) distinct.insert(out);
+  EXPECT_GE(distinct.size(), 4u);
+  EXPECT_EQ(forked.counters.prefill_tokens, 37u);
+}
+
+// No room at the first token (max_num_seqs, or no free block for the copy): a fork waits and
+// recomputes, like a preempted request; KV pressure preempts forks sharing blocks. Outputs stay
+// exact, nothing leaks. Prompt-lookup speculation on forks: drafts rolled back, outputs exact.
+TEST(EngineCoreForks, NoRoomRecomputesAndSpeculationStaysExact) {
+  const auto prompt = make_prompt(40, 5);
+  const auto want = expected_output(prompt, 20);
+  auto expect_exact = [&](const ChoicesRun& res, int32_t n) {
+    ASSERT_EQ(res.outputs.size(), size_t(n));
+    for (const auto& [id, out] : res.outputs) EXPECT_EQ(out, want) << "choice " << id - 1;
+    EXPECT_EQ(res.kv_used_after, 0);
+  };
+  ChoicesSetup seqs;
+  seqs.cfg.max_num_seqs = 2;
+  const ChoicesRun capped = run_choices(prompt, 4, seqs);
+  expect_exact(capped, 4);
+  EXPECT_GT(capped.counters.prefill_tokens, 40u);  // two forks recomputed
+  for (const bool prefix : {false, true}) {
+    ChoicesSetup tight;
+    tight.prefix_caching = prefix;
+    tight.kv_blocks = 8;  // 4 choices of 60 positions need 10 blocks even sharing the 2 full ones
+    const ChoicesRun res = run_choices(prompt, 4, tight);
+    expect_exact(res, 4);
+    EXPECT_GT(res.counters.preemptions, 0u);
+  }
+  ChoicesSetup spec;
+  spec.spec = ngram_spec(3);
+  spec.window = 1;  // the output cycles: drafts hold, and some are rejected
+  spec.max_tokens = 40;
+  const ChoicesRun sp = run_choices(prompt, 3, spec);
+  ASSERT_EQ(sp.outputs.size(), 3u);
+  for (const auto& [id, out] : sp.outputs) EXPECT_EQ(out, expected_output(prompt, 40, 1)) << id;
+  EXPECT_GT(sp.counters.spec_accepted_tokens, 0u);
+  EXPECT_EQ(sp.counters.prefill_tokens, 40u);
+  EXPECT_EQ(sp.kv_used_after, 0);
+}
+
+// Before the first token: a fork cancelled finishes alone; the request cancelled finishes its
+// forks too; a fork's id is taken.
+TEST(EngineCoreForks, PendingForksCancelAloneOrWithTheirRequest) {
+  double clock = 0;
+  const CostModel cost{5.0, 0.1, 1e-5};
+  FakeExecutor exec(&clock, cost);
+  KVCache kv({1, 1, 16, 64, false});
+  SchedulerConfig cfg;
+  cfg.chunk_size = 16;  // a 40-token prompt takes 3 steps
+  EngineCore core(kv, exec, cfg, cost, 1 << 20, {}, [&] { return clock; });
+  std::map<uint64_t, FinishReason> reasons;
+  std::map<uint64_t, int> tokens;
+  auto cb = [&](const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::Token) ++tokens[ev.id];
+    else reasons[ev.id] = ev.reason;
+  };
+  EngineRequest r;
+  r.prompt = make_prompt(40, 1);
+  r.max_tokens = 5;
+  r.forks = {{1, nullptr, cb}, {2, nullptr, cb}};
+  core.add(10, r, cb);
+  EXPECT_THROW(core.add(12, r, cb), Error);  // 12 is a fork's
+  ASSERT_TRUE(core.step());
+  core.cancel(12);
+  EXPECT_EQ(reasons.at(12), FinishReason::Cancelled);
+  while (core.step()) {
+  }
+  EXPECT_EQ(reasons.at(10), FinishReason::Length);
+  EXPECT_EQ(reasons.at(11), FinishReason::Length);
+  EXPECT_EQ(tokens[11], 5);
+  EXPECT_EQ(tokens.count(12), 0u);
+  EXPECT_EQ(core.counters().forks, 1u);
+  reasons.clear();
+  core.add(20, r, cb);
+  ASSERT_TRUE(core.step());
+  core.cancel(20);
+  EXPECT_EQ(reasons.size(), 3u);
+  for (uint64_t id : {20, 21, 22}) EXPECT_EQ(reasons.at(id), FinishReason::Cancelled);
+  EXPECT_TRUE(core.idle());
+  EXPECT_EQ(kv.used_blocks(), 0);
 }
 
 }  // namespace

@@ -268,7 +268,19 @@ TEST(ServerParse, ChoicesAndEcho) {
   const std::string p = R"({"model":"stories260K","prompt":"x",)";
   expect_400(Endpoint::Completions, p + R"("n":0})", "n", "must be in [1, 128]");
   expect_400(Endpoint::Completions, p + R"("n":129})", "n", "must be in [1, 128]");
-  expect_400(Endpoint::Completions, p + R"("n":2,"best_of":3})", "best_of", "not supported");
+  // best_of: candidates (>= n, at most kMaxChoices) ranked server-side, so never streamed.
+  j = base;
+  j["n"] = 2;
+  j["best_of"] = 5;
+  EXPECT_EQ(parse_c(j).best_of, 5);
+  EXPECT_EQ(parse_c(base).best_of, 0);
+  j["stream"] = true;
+  j["best_of"] = 2;  // = n: nothing to rank, streams
+  EXPECT_EQ(parse_c(j).best_of, 2);
+  expect_400(Endpoint::Completions, p + R"("n":2,"best_of":3,"stream":true})", "best_of", "cannot be streamed");
+  expect_400(Endpoint::Completions, p + R"("n":3,"best_of":2})", "best_of", "greater than or equal to 'n' (3)");
+  expect_400(Endpoint::Completions, p + R"("best_of":129})", "best_of", "[1, 128]");
+  expect_400(Endpoint::Completions, p + R"("best_of":0})", "best_of", "[1, 128]");
   EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"n", 2}}).n, 2);
 
   // echo: the prompt's logprobs come with the completion's (as many alternatives), not without.

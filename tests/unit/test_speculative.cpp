@@ -204,5 +204,150 @@ TEST(KVCacheTruncate, FreesBlocksPastTheLengthWithoutTouchingPublishedOnes) {
   EXPECT_EQ(kv.free_blocks(), 8);
 }
 
+
+// Fork (n > 1 choices of one prompt): full blocks shared by reference, the partial one copied.
+KVCacheConfig fork_config(int32_t n_blocks, bool prefix_caching) {
+  KVCacheConfig kc;
+  kc.n_layers = 2;
+  kc.kv_dim = 1;
+  kc.block_size = 16;
+  kc.n_blocks = n_blocks;
+  kc.prefix_caching = prefix_caching;
+  return kc;
+}
+
+void write_positions(KVCache& kv, int32_t seq, int64_t from, int64_t to, float base) {
+  for (int64_t p = from; p < to; ++p)
+    for (int32_t l = 0; l < 2; ++l) {
+      const float x = base + float(p) + 1000.0f * float(l);
+      kv.write(l, seq, p, &x, &x);
+    }
+}
+
+float read_k(const KVCache& kv, int32_t layer, int32_t seq, int64_t pos) {
+  float k = -1, v = -1;
+  kv.read(layer, seq, pos, &k, &v);
+  EXPECT_EQ(k, v);
+  return k;
+}
+
+TEST(KVCacheFork, SharesFullBlocksCopiesThePartialOneAndFreesByReference) {
+  KVCache kv(fork_config(8, false));
+  ASSERT_TRUE(kv.reserve(1, 41));  // 3 blocks: the prompt's 40 positions and the first decode's
+  write_positions(kv, 1, 0, 40, 0);
+  kv.record_copies(true);
+  ASSERT_TRUE(kv.fork(1, 2, 40));
+  EXPECT_EQ(kv.free_blocks(), 4);  // one new block: the copy of block 2 (positions 32..39)
+  EXPECT_EQ(kv.capacity(2), 48);
+  EXPECT_EQ(kv.shared_blocks(1), 2);
+  EXPECT_EQ(kv.shared_blocks(2), 2);
+  const auto t1 = kv.block_table(1), t2 = kv.block_table(2);
+  EXPECT_EQ(t1[0], t2[0]);
+  EXPECT_EQ(t1[1], t2[1]);
+  EXPECT_NE(t1[2], t2[2]);
+  EXPECT_EQ(kv.take_copies(), (std::vector<std::pair<int32_t, int32_t>>{{t1[2], t2[2]}}));
+  EXPECT_TRUE(kv.take_copies().empty());
+  for (int64_t p = 0; p < 40; ++p)
+    for (int32_t l = 0; l < 2; ++l) EXPECT_EQ(read_k(kv, l, 2, p), float(p) + 1000.0f * float(l)) << p;
+  // Both write their next position into their own partial block; neither may write a shared one.
+  write_positions(kv, 1, 40, 41, 500);
+  write_positions(kv, 2, 40, 41, 700);
+  EXPECT_EQ(read_k(kv, 0, 1, 40), 540.0f);
+  EXPECT_EQ(read_k(kv, 0, 2, 40), 740.0f);
+  EXPECT_EQ(read_k(kv, 1, 2, 39), 1039.0f);
+  const float x = 9;
+  EXPECT_THROW(kv.write(0, 2, 31, &x, &x), Error);
+  EXPECT_THROW(kv.write(0, 1, 5, &x, &x), Error);
+  EXPECT_THROW(kv.fork(1, 2, 40), Error);  // the child already holds blocks
+  EXPECT_THROW(kv.fork(1, 3, 49), Error);  // more positions than the parent holds
+  EXPECT_THROW(kv.copy_block(0, 8), Error);
+  // A fork of the fork; then the parents go first: shared blocks stay until their last holder.
+  ASSERT_TRUE(kv.fork(2, 3, 41));
+  EXPECT_EQ(kv.free_blocks(), 3);
+  EXPECT_EQ(read_k(kv, 0, 3, 40), 740.0f);
+  kv.release(1);
+  EXPECT_EQ(kv.free_blocks(), 4);  // its partial block alone
+  kv.release(2);
+  EXPECT_EQ(kv.free_blocks(), 5);
+  for (int64_t p = 0; p < 32; ++p) EXPECT_EQ(read_k(kv, 1, 3, p), float(p) + 1000.0f);
+  kv.release(3);
+  EXPECT_EQ(kv.free_blocks(), 8);
+  EXPECT_EQ(kv.n_sequences(), 0);
+}
+
+TEST(KVCacheFork, WithoutAFreeBlockChangesNothingUnlessNoneIsNeeded) {
+  KVCache kv(fork_config(4, false));
+  ASSERT_TRUE(kv.reserve(1, 40));  // 3 blocks
+  ASSERT_TRUE(kv.reserve(9, 16));  // the last one
+  write_positions(kv, 1, 0, 40, 0);
+  EXPECT_FALSE(kv.fork(1, 2, 40));  // the partial block has nowhere to go
+  EXPECT_FALSE(kv.has(2));
+  EXPECT_EQ(kv.shared_blocks(1), 0);
+  ASSERT_TRUE(kv.fork(1, 2, 32));  // whole blocks only: shared, nothing copied
+  EXPECT_EQ(kv.capacity(2), 32);
+  EXPECT_EQ(kv.free_blocks(), 0);
+  kv.release(9);
+  ASSERT_TRUE(kv.reserve(2, 33));  // its next position: a block of its own
+  write_positions(kv, 2, 32, 33, 100);
+  EXPECT_EQ(read_k(kv, 0, 1, 32), 32.0f);  // the parent's own position 32 is untouched
+  EXPECT_EQ(read_k(kv, 0, 2, 32), 132.0f);
+}
+
+TEST(KVCacheFork, RollbackAfterAForkStopsAtTheSharedBlocks) {
+  KVCache kv(fork_config(8, false));
+  ASSERT_TRUE(kv.reserve(1, 41));
+  write_positions(kv, 1, 0, 40, 0);
+  ASSERT_TRUE(kv.fork(1, 2, 40));
+  // Speculation: the fork reserves drafts past its partial block, then rejects them.
+  ASSERT_TRUE(kv.reserve(2, 60));  // 4 blocks
+  EXPECT_EQ(kv.free_blocks(), 3);
+  write_positions(kv, 2, 40, 60, 300);
+  kv.truncate(2, 41);
+  EXPECT_EQ(kv.capacity(2), 48);
+  EXPECT_EQ(kv.free_blocks(), 4);
+  EXPECT_EQ(read_k(kv, 0, 2, 40), 340.0f);
+  kv.truncate(2, 32);  // its copied block may go: it is its own
+  EXPECT_EQ(kv.free_blocks(), 5);
+  EXPECT_THROW(kv.truncate(2, 16), Error);  // into the shared blocks
+  EXPECT_THROW(kv.truncate(1, 16), Error);  // the parent's, too
+  kv.truncate(1, 33);
+  EXPECT_EQ(read_k(kv, 1, 1, 31), 1031.0f);
+  kv.release(2);
+  kv.release(1);
+  EXPECT_EQ(kv.free_blocks(), 8);
+}
+
+TEST(KVCacheFork, PrefixCacheRefcountsAndChainStayRight) {
+  KVCache kv(fork_config(8, true));
+  std::vector<int32_t> toks(64);
+  for (int i = 0; i < 64; ++i) toks[size_t(i)] = 3 * i + 1;
+  ASSERT_TRUE(kv.reserve(1, 41));
+  write_positions(kv, 1, 0, 40, 0);
+  kv.publish(1, toks, 40);  // blocks 0 and 1
+  ASSERT_TRUE(kv.fork(1, 2, 40));
+  kv.release(1);
+  EXPECT_EQ(kv.cached_blocks(), 0);  // the fork still holds the published blocks
+  EXPECT_EQ(kv.free_blocks(), 5);
+  // The fork's own next full block publishes on the parent's chain: a later prompt of 48 of
+  // these tokens finds all three blocks.
+  ASSERT_TRUE(kv.reserve(2, 48));
+  write_positions(kv, 2, 40, 48, 0);
+  kv.publish(2, toks, 48);
+  EXPECT_EQ(kv.prefix_hit(toks, 60).tokens, 48);
+  kv.release(2);
+  EXPECT_EQ(kv.cached_blocks(), 3);
+  EXPECT_EQ(kv.free_blocks(), 8);
+  EXPECT_EQ(kv.attach_prefix(3, toks, 63), 48);
+  for (int64_t p = 0; p < 48; ++p) EXPECT_EQ(read_k(kv, 0, 3, p), float(p)) << p;
+  // A fork of a sequence whose blocks came from the cache shares them: 3 holders, no copy.
+  ASSERT_TRUE(kv.fork(3, 4, 48));
+  EXPECT_EQ(kv.shared_blocks(4), 3);
+  EXPECT_EQ(kv.free_blocks(), 5);
+  kv.release(3);
+  kv.release(4);
+  EXPECT_EQ(kv.cached_blocks(), 3);
+  EXPECT_EQ(kv.free_blocks(), 8);
+}
+
 }  // namespace
 }  // namespace ft

@@ -1,16 +1,20 @@
-// Several choices (`n`) and completions' `echo` (with the prompt's logprobs), through the official
-// openai client on stories260K: the n choices share one prefill of the prompt (every other choice
-// attaches its full KV blocks from the prefix cache), are independent samples under sampling
-// (choice i is seed + i) and all equal the n = 1 answer under greedy; an echoed prompt's logprobs
-// are what the model predicts for each prompt token at generation time.
+// Several choices (`n`, completions' `best_of`) and completions' `echo` (with the prompt's
+// logprobs), through the official openai client on stories260K: the n choices share one prefill
+// of the prompt (one engine request whose forks take its KV blocks, with or without the prefix
+// cache), are independent samples under sampling (choice i is seed + i) and all equal the n = 1
+// answer under greedy; best_of returns the candidates with the highest mean logprob per token; an
+// echoed prompt's logprobs are what the model predicts for each prompt token at generation time.
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import { MODEL, MODEL_ID, golden, metrics, postJson, skipReason, startServer, waitLog, waitMetrics } from './helpers.mjs';
 
 const skip = skipReason();
-const BLOCK = 16;  // the server's default KV block size (kv_cache.block_size)
 const HITS = 'firsttoken:prefix_cache_hits_total';
+const PREFILL = 'firsttoken:prefill_tokens_total';
 
 describe('choices and echo (stories260K)', { skip }, () => {
   let server, client, gold;
@@ -32,17 +36,15 @@ describe('choices and echo (stories260K)', { skip }, () => {
   test('n > 1, greedy: one prefill of the prompt; every choice equals the n = 1 answer', async () => {
     const prompt = `${gold.prompt} there was a little girl who lived in a small house near the big forest with her mother`;
     const P = (await tokenize(prompt)).length;
-    const full = BLOCK * Math.floor((P - 1) / BLOCK);  // the prompt's full blocks (its last token is always computed)
-    assert.ok(full >= 2 * BLOCK, `prompt of ${P} tokens`);
-    const h0 = (await metrics(server.url))[HITS];
+    const m0 = await metrics(server.url);
     const r = await client.completions.create({ model: MODEL_ID, prompt, n: 3, max_tokens: 12, temperature: 0 });
     assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
-    // Choice 0 computed the prompt; choices 1 and 2 attached all its full blocks.
-    const m = await waitMetrics(server.url, (x) => x[HITS] - h0 >= 2 * full);
-    assert.equal(m[HITS] - h0, 2 * full);
-    const log = await waitLog(server, new RegExp(`${r.id} completion choice=2 finish=\\w+ prompt=${P} cached=${full} `));
-    assert.match(log, new RegExp(`${r.id} completion choice=0 finish=\\w+ prompt=${P} cached=0 `));
-    assert.match(log, new RegExp(`${r.id} completion choice=1 finish=\\w+ prompt=${P} cached=${full} `));
+    // The prompt was computed once; choices 1 and 2 forked its KV (no prefix-cache lookups).
+    const m = await waitMetrics(server.url, (x) => x[PREFILL] - m0[PREFILL] >= P);
+    assert.equal(m[PREFILL] - m0[PREFILL], P);
+    assert.equal(m[HITS] - m0[HITS], 0);
+    const log = await waitLog(server, new RegExp(`${r.id} completion choice=2 finish=\\w+ prompt=${P} cached=0 `));
+    assert.match(log, new RegExp(`${r.id} completion choice=1 finish=\\w+ prompt=${P} cached=0 `));
 
     const one = await client.completions.create({ model: MODEL_ID, prompt, max_tokens: 12, temperature: 0 });
     for (const c of r.choices) {
@@ -56,6 +58,61 @@ describe('choices and echo (stories260K)', { skip }, () => {
     assert.equal(chat.choices.length, 2);
     assert.equal(chat.choices[1].index, 1);
     assert.equal(chat.choices[0].message.content, chat.choices[1].message.content);
+  });
+
+  test('n > 1 without the prefix cache (kv_cache.prefix_caching false): still one prefill, the same choices', async () => {
+    const dir = mkdtempSync(join(tmpdir(), `ft-choices-${process.pid}-`));
+    const config = join(dir, 'serve.json');
+    writeFileSync(config, JSON.stringify({ kv_cache: { prefix_caching: false } }));
+    const plain = await startServer(['-m', MODEL, '--threads', '1', '--config', config]);
+    try {
+      const c2 = new (await import('openai')).default({ baseURL: `${plain.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 120_000 });
+      const prompt = `${gold.prompt} a small boat sailed on the river under the bright sun`;
+      const P = (await tokenize(prompt)).length;
+      const m0 = await metrics(plain.url);
+      const r = await c2.completions.create({ model: MODEL_ID, prompt, n: 4, max_tokens: 10, temperature: 0 });
+      const m = await waitMetrics(plain.url, (x) => x[PREFILL] - m0[PREFILL] >= P);
+      assert.equal(m[PREFILL] - m0[PREFILL], P);  // not 4 P
+      assert.equal(m[HITS], 0);
+      const one = await c2.completions.create({ model: MODEL_ID, prompt, max_tokens: 10, temperature: 0 });
+      for (const c of r.choices) assert.equal(c.text, one.choices[0].text);
+      const req = { model: MODEL_ID, prompt, max_tokens: 10, temperature: 1, seed: 5 };
+      const s = await c2.completions.create({ ...req, n: 3 });
+      for (const i of [1, 2]) assert.equal(s.choices[i].text, (await c2.completions.create({ ...req, seed: 5 + i })).choices[0].text);
+    } finally {
+      const x = await plain.stop();
+      rmSync(dir, { recursive: true, force: true });
+      assert.equal(x.code, 0, plain.log());
+    }
+  });
+
+  test('best_of: the n candidates with the highest mean logprob per token, best first; usage counts every candidate', async () => {
+    const prompt = `${gold.prompt} a frog`;
+    const req = { model: MODEL_ID, prompt, max_tokens: 8, temperature: 1, seed: 21, ignore_eos: true };
+    const r = await client.completions.create({ ...req, n: 2, best_of: 5 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+    assert.equal(r.choices[0].logprobs, null);  // ranked by logprobs it was not asked for
+    // Candidate i is the n = 1 answer with seed + i.
+    const cands = [];
+    for (let i = 0; i < 5; ++i) {
+      const one = await client.completions.create({ ...req, seed: 21 + i, logprobs: 0 });
+      const lp = one.choices[0].logprobs.token_logprobs;
+      cands.push({ text: one.choices[0].text, mean: lp.reduce((a, b) => a + b, 0) / lp.length });
+    }
+    cands.sort((a, b) => b.mean - a.mean);
+    assert.ok(cands[1].mean > cands[2].mean + 1e-4, JSON.stringify(cands));  // a clear cut (seed chosen so)
+    assert.deepEqual(r.choices.map((c) => c.text), [cands[0].text, cands[1].text]);
+    assert.deepEqual(r.usage, { prompt_tokens: r.usage.prompt_tokens, completion_tokens: 5 * 8, total_tokens: r.usage.prompt_tokens + 40 });
+    // With logprobs: each returned choice carries its own.
+    const w = await client.completions.create({ ...req, n: 1, best_of: 3, logprobs: 1 });
+    const lp = w.choices[0].logprobs.token_logprobs;
+    assert.equal(lp.length, 8);
+    const best = cands.filter((c) => c.text === w.choices[0].text);
+    assert.ok(best.length === 1 && Math.abs(best[0].mean - lp.reduce((a, b) => a + b, 0) / 8) < 1e-4);
+    // OpenAI's rules: best_of >= n; not streamable when it ranks.
+    await assert.rejects(client.completions.create({ ...req, n: 2, best_of: 3, stream: true }),
+      (e) => e.status === 400 && e.param === 'best_of' && /cannot be streamed/.test(e.message));
+    await assert.rejects(client.completions.create({ ...req, n: 3, best_of: 2 }), (e) => e.status === 400 && e.param === 'best_of');
   });
 
   test('n > 1, sampling: independent choices, choice i is the n = 1 answer with seed + i', async () => {
