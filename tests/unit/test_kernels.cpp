@@ -776,6 +776,31 @@ TEST(KernelIsas, PackedLayoutIsBackendPrivate) {
   EXPECT_THROW(make_backend("reference", 1)->matmul(X.data(), 1, p, Y.data()), std::exception);
 }
 
+// Packed weights under 2 MiB share huge-page chunks (fast_backend.cpp's arena): releasing one
+// leaves the others of its chunk intact (under ASan a freed chunk would be a use after free),
+// and a weight prepared after a release is correct too.
+TEST(KernelIsas, SmallPackedWeightsSurviveTheirNeighboursRelease) {
+  std::mt19937 rng(13);
+  auto be = backend_for(cpu_isa());
+  const QWeight A = make_weight(rng, GGMLType::Q4_0, 37, 96), B = make_weight(rng, GGMLType::Q8_0, 21, 64),
+                C = make_weight(rng, GGMLType::Q4_0, 40, 64);
+  const auto X = randv(rng, size_t(3 * 96));
+  auto product = [&](Backend& b, const QWeight& w) {
+    std::vector<float> Y(size_t(3 * w.N));
+    b.matmul(X.data(), 3, b.prepare(w.view()), Y.data());
+    return Y;
+  };
+  be->prepare(A.view());
+  const auto b0 = product(*be, B);
+  be->release_prepared(A.bytes.data());
+  EXPECT_FALSE(be->has_copy_of(A.bytes.data()));
+  EXPECT_EQ(product(*be, B), b0);
+  const auto c0 = product(*be, C);
+  be->release_prepared(B.bytes.data());
+  EXPECT_EQ(product(*be, C), c0);
+  EXPECT_EQ(c0, product(*backend_for(cpu_isa()), C));
+}
+
 TEST(KernelSelection, ReportsIsa) {
   const auto isas = cpu_isas();
   ASSERT_FALSE(isas.empty());

@@ -109,10 +109,14 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_setzero_ps();
     constexpr int64_t kBytesPerK = T == GGMLType::F32 ? 64 : 32;  // a group's 16 weights at k
+    const int64_t past = past_end<NG>(groups, K * kBytesPerK);
     for (int64_t k = 0; k < K; ++k) {
       if ((k * kBytesPerK) % 64 == 0)  // each stream's next lines, as the integer GEMV does
-        for (int g = 0; g < NG; ++g)
-          _mm_prefetch(reinterpret_cast<const char*>(groups[g]) + k * kBytesPerK + kPrefetch, _MM_HINT_T0);
+        for (int g = 0; g < NG; ++g) {
+          int64_t off = k * kBytesPerK + kPrefetch;
+          if (off >= K * kBytesPerK) off += past;
+          _mm_prefetch(reinterpret_cast<const char*>(groups[g]) + off, _MM_HINT_T0);
+        }
       __m512 b[NG];
       for (int g = 0; g < NG; ++g) b[g] = wload<T>(groups[g], k);
       for (int i = 0; i < MR; ++i) {
@@ -184,6 +188,22 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::BF16: return gemvf_n<GGMLType::BF16>(groups, ng, K, x, M, c, ldc);
       default: fail("fast kernels: unsupported packed weight type ", int(t));
     }
+  }
+
+  // A group's prefetches run kPrefetch past its end (group_bytes), into the next group in
+  // memory: the group this thread reads next (a thread takes runs of consecutive items), except
+  // where an item's two groups are consecutive groups of one matrix, whose first group's
+  // overshoot lands in the second (being read) and leaves the next item's second group to start
+  // cold, a full DRAM latency at each item. There both go one group further (the return value:
+  // bytes to add to an offset past the end). SwiGLU's items (gate j, up j) need nothing.
+  template <int NG>
+  static int64_t past_end(const uint8_t* const* groups, int64_t group_bytes) {
+    return NG == 2 && groups[1] == groups[0] + group_bytes ? group_bytes : 0;
+  }
+  static void prefetch_block(const uint8_t* g, int64_t kb, int bytes_per_32, int64_t group_bytes, int64_t past) {
+    int64_t off = (kb + 1) * bytes_per_32 + kPrefetch;
+    if (off >= group_bytes) off += past;
+    for (int o = 0; o < bytes_per_32; o += 64) _mm_prefetch(reinterpret_cast<const char*>(g) + off + o, _MM_HINT_T0);
   }
 
   // ---- Integer path ----
@@ -274,10 +294,12 @@ struct Avx512Isa : Avx2Isa {
     if (kb0 == 0)
       for (int g = 0; g < NG; ++g) prefetch_start(dec[g].g, D::kBytesPer32);
     D d[NG];
-    for (int g = 0; g < NG; ++g) d[g] = dec[g];
+    const uint8_t* gp[NG];
+    for (int g = 0; g < NG; ++g) d[g] = dec[g], gp[g] = dec[g].g;
+    const int64_t gbytes = nkb * D::kBytesPer32, past = past_end<NG>(gp, gbytes);
     for (int64_t kb = kb0; kb < kb1; ++kb) {
       for (int g = 0; g < NG; ++g) {
-        prefetch_ahead(d[g].g, kb, D::kBytesPer32);
+        prefetch_block(d[g].g, kb, D::kBytesPer32, gbytes, past);
         d[g].begin(kb);
       }
       __m512i a[MR][2];

@@ -81,7 +81,8 @@ const IsaKernels& kernels_for(IsaLevel l);
 // std::free: on 4 KiB pages every page is a TLB miss and a restart of the hardware prefetcher
 // (decode measured 2.6x slower on one thread), so blocks of 2 MiB or more are 2 MiB-aligned and
 // advised to be backed by transparent huge pages (THP mode "madvise" or "always"). Null when out
-// of memory.
+// of memory. (Smaller weights share such blocks: CpuFastBackend's arena.)
+constexpr uint64_t kHugePage = uint64_t(2) << 20;
 uint8_t* alloc_streamed(uint64_t bytes);
 
 const IsaKernels& scalar_kernels();

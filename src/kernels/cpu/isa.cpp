@@ -68,11 +68,10 @@ AttentionFn attention_for(IsaLevel l) {
 }
 
 uint8_t* alloc_streamed(uint64_t bytes) {
-  constexpr uint64_t kHuge = uint64_t(2) << 20;
-  const uint64_t align = bytes >= kHuge ? kHuge : 64, size = (bytes + align - 1) / align * align;
+  const uint64_t align = bytes >= kHugePage ? kHugePage : 64, size = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(size_t(align), size_t(size));
 #ifdef MADV_HUGEPAGE
-  if (p && align == kHuge && huge_pages_wanted()) madvise(p, size_t(size), MADV_HUGEPAGE);  // (advice)
+  if (p && align == kHugePage && huge_pages_wanted()) madvise(p, size_t(size), MADV_HUGEPAGE);  // (advice)
 #endif
   return static_cast<uint8_t*>(p);
 }
