@@ -11,8 +11,10 @@
 // The one unbounded wait is a worker's wait for the next step (broadcast_idle): a server may idle
 // for hours, and rank 0's death ends the job through the launcher (mpirun kills the other ranks).
 //
-// Overlap of consecutive steps across stages: the step broadcasts (rank 0) and the hidden state
-// sent to the next stage are posted, not waited on: their bytes are copied into buffers this
+// Overlap of consecutive steps across stages: the step broadcasts (rank 0), the hidden state
+// sent to the next stage and the last stage's rows sent back to rank 0 (which takes them after
+// its part of the next step, when decode steps overlap) are posted, not waited on: their bytes
+// are copied into buffers this
 // communicator owns (a free list, so a step allocates nothing in the steady state) and the
 // caller goes on with the next step while the next stage still runs the previous one. At most
 // kPendingPerStage x pp_size operations (pp_size steps' worth: two broadcasts and one send each)
