@@ -1,5 +1,6 @@
 // The serving engine's single-threaded core: request states, the KV cache, and one step at a
-// time (plan -> KV bookkeeping -> one forward over the flattened batch -> sampling -> events).
+// time (plan -> KV bookkeeping -> one forward over the flattened batch -> sampling -> events), or
+// under pipeline parallelism up to one per stage in flight (step()).
 // Deterministic given its inputs, so it is tested by simulation with a fake executor and a
 // virtual clock; Engine (engine.h) runs it on its own thread with the real model.
 #pragma once
