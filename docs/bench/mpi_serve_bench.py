@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """TTFT and decode tokens/s of `serve` in one process and under mpirun (TP, PP, both), back to back.
 
-  docs/bench/mpi_serve_bench.py [--rounds N] [--streams S] [1t 2t tp2 pp2 tp2pp2 base:pp2 ...]
-  (env EXE, BASE_EXE, MODEL; default configs: 1t tp2 pp2; "base:X" runs X with BASE_EXE)
+  docs/bench/mpi_serve_bench.py [--rounds N] [--streams S] [--no-long] [1t 2t tp2 pp2 pp2s1 tp2pp2 base:pp2 ...]
+  (env EXE, BASE_EXE, MODEL; default configs: 1t tp2 pp2; "base:X" runs X with BASE_EXE; pp2s1:
+  pp2 with FT_PP_STEPS_IN_FLIGHT=1, its decode steps not overlapped)
 
 Per configuration and round (the configurations alternate within each round): a ~2.2k-token
-prompt alone, streamed with 64 greedy tokens (TTFT, its decode tokens/s), then S streams at once
+prompt alone (not with --no-long), streamed with 64 greedy tokens (TTFT, its decode tokens/s), then S streams at once
 (short distinct prompts, 64 tokens each: their aggregate decode tokens/s, first token to last);
 rank 0's communication from its log and from `firsttoken profile` of its trace (--profile). Run it
 under the CPU lock; only ratios from one run mean anything on a shared VM.
@@ -63,7 +64,7 @@ def rank0_pid(pid):
 def run(name, cmd, prof, streams):
     p, port, lines = start(cmd + ["--profile", prof])
     try:
-        ttft, dec, usage, *_ = stream(port, text)
+        ttft, dec, usage = stream(port, text)[:3] if long_prompt else (0, 0, None)
         outs = []
         ts = [threading.Thread(target=stream, args=(port, f"Story {i}: once upon a time a {w} lived near the sea.", 64, outs))
               for i, w in enumerate(["fox", "king", "robot", "whale", "baker", "ghost", "pilot", "snail"][:streams])]
@@ -90,11 +91,16 @@ def cfg(w):
     serve = [exe, "serve", "-m", MODEL, "--served-model-name", "m", "--port", "0", "-c", "4096", "-t", "1"]
     return {"1t": serve, "2t": serve[:-1] + ["2"], "tp2": MPI + ["-n", "2"] + serve + ["--tp", "2"],
             "pp2": MPI + ["-n", "2"] + serve + ["--pp", "2"],
+            "pp2s1": MPI + ["-n", "2", "-x", "FT_PP_STEPS_IN_FLIGHT=1"] + serve + ["--pp", "2"],
             "tp2pp2": MPI + ["-n", "4"] + serve + ["--tp", "2", "--pp", "2"]}[w]
 
 args = sys.argv[1:]
-rounds, streams = 1, 4
+rounds, streams, long_prompt = 1, 4, True
 while args and args[0].startswith("--"):
+    if args[0] == "--no-long":
+        long_prompt = False
+        args = args[1:]
+        continue
     if args[0] == "--rounds": rounds = int(args[1])
     elif args[0] == "--streams": streams = int(args[1])
     else: sys.exit(f"unknown option {args[0]}")

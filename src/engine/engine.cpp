@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <map>
 
@@ -20,10 +21,25 @@ class Engine::ModelExecutor final : public StepExecutor {
   ModelExecutor(const Model& m, Backend& be, int64_t max_batch, int64_t n_ctx, TpLeader* tp)
       : model_(m), fwd_(m, be, max_batch, n_ctx), tp_(tp) {
     if (tp_) attach(fwd_, tp_->comm());
+    // Pipeline parallel: one step in flight per stage (FT_PP_STEPS_IN_FLIGHT=1: one at a time).
+    if (const int pp = tp_ ? tp_->comm().pp_size() : 1; pp > 1) {
+      const char* e = std::getenv("FT_PP_STEPS_IN_FLIGHT");
+      in_flight_ = std::clamp(e ? std::atoi(e) : pp, 1, pp);
+    }
   }
   void forward(const Batch& batch, KVCache& kv, float* logits) override {
+    begin(batch, kv, logits);
+    finish(logits);
+  }
+  int32_t max_in_flight() const override { return in_flight_; }
+  void begin(const Batch& batch, KVCache& kv, float*) override {
     if (tp_) tp_->send_step(batch, kv);  // the workers run the same step on their shards
-    fwd_.run(batch, kv, logits);
+    rows_.push_back(fwd_.begin(batch, kv));
+  }
+  void finish(float* logits) override {
+    const int64_t n = rows_.front();
+    rows_.pop_front();
+    fwd_.finish(n, logits);
   }
   int32_t n_vocab() const override { return model_.hparams().n_vocab; }
   int32_t n_tokens() const override { return model_.hparams().n_tokens; }
@@ -33,6 +49,8 @@ class Engine::ModelExecutor final : public StepExecutor {
   const Model& model_;
   Forward fwd_;
   TpLeader* tp_;
+  int32_t in_flight_ = 1;
+  std::deque<int64_t> rows_;  // per step in flight, oldest first: its logits rows
 };
 
 // The draft model of speculative decoding (engine_core.h's Drafter): its own Forward and paged KV
@@ -581,6 +599,7 @@ void Engine::loop() {
       reject(p, e.what());
     }
   }
+  core_->finish_in_flight();  // (their rows are on their way: taken before the workers stop)
   core_->cancel_all();
   if (profile::enabled()) {
     const KVCacheStats st = kv_->stats();
@@ -588,6 +607,7 @@ void Engine::loop() {
     profile::set_meta("prefix_query_tokens", int64_t(st.prefix_query_tokens));
     profile::set_meta("prefix_hit_tokens", int64_t(st.prefix_hit_tokens));
     profile::set_meta("kv_evictions", int64_t(st.evictions));
+    profile::set_meta("max_steps_in_flight", int64_t(core_->counters().max_steps_in_flight));
   }
   std::lock_guard<std::mutex> lk(mu_);
   snapshot_.counters = core_->counters();

@@ -53,9 +53,6 @@ EngineCore::EngineCore(KVCache& kv, StepExecutor& exec, const SchedulerConfig& c
     : kv_(kv), exec_(exec), cfg_(cfg), cost_(cost), n_ctx_(n_ctx), is_eog_(std::move(is_eog)), now_(std::move(now)) {
   started_ms_ = now_();
   cfg_.block_size = kv.config().block_size;
-  // Each request contributes one logits row per step (with speculation: up to k + 1).
-  logits_.resize(size_t(cfg_.max_num_seqs) * size_t(exec.n_vocab()));
-  groups_.reserve(size_t(cfg_.max_num_seqs));
 }
 
 void EngineCore::set_speculation(const SpecConfig& spec, Drafter* drafter) {
@@ -63,8 +60,6 @@ void EngineCore::set_speculation(const SpecConfig& spec, Drafter* drafter) {
   if (spec.method == SpecMethod::Draft && !drafter) fail("speculative decoding with a draft model needs one");
   spec_ = spec;
   drafter_ = spec.method == SpecMethod::Draft ? drafter : nullptr;
-  const int32_t rows = spec.enabled() ? spec.k + 1 : 1;
-  logits_.resize(size_t(cfg_.max_num_seqs) * size_t(rows) * size_t(exec_.n_vocab()));
 }
 
 int32_t EngineCore::spec_k(Req& r) const {
@@ -153,6 +148,13 @@ void EngineCore::emit(Req& r, const EngineEvent& ev) {
 }
 
 void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
+  if (r.in_flight)  // (cancelled, or failed, mid-flight: that step's rows for it are dropped)
+    for (Flight& f : in_flight_) {
+      for (RowGroup& g : f.groups)
+        if (g.r == &r) g.r = nullptr;
+      for (PromptRows& p : f.prompt_rows)
+        if (p.r == &r) p.r = nullptr;
+    }
   kv_.release(r.seq);
   r.adapter.reset();  // before the event: a client told it finished may unload the adapter at once
   if (drafter_) drafter_->release(r.seq);
@@ -322,10 +324,33 @@ std::vector<QueuedPrefill> EngineCore::queued_prefills() const {
 }
 
 bool EngineCore::step() {
-  if (reqs_.empty()) return false;
-  const double t0 = now_();
-  const bool prof = profile::enabled();
-  const int64_t p0 = prof ? profile::now_ns() : 0;
+  if (idle()) return false;
+  const int64_t p0 = profile::enabled() ? profile::now_ns() : 0;
+  const size_t limit = size_t(std::max(1, exec_.max_in_flight()));
+  const bool began = in_flight_.size() < limit && !reqs_.empty() && begin_step(now_(), p0);
+  if (began && in_flight_.size() < limit) {  // room for another: it begins before this one's rows are waited for
+    if (p0) profile::complete("step", "engine", p0, profile::now_ns(), profile::Args().i("in_flight", int64_t(in_flight_.size())));
+    return true;
+  }
+  if (in_flight_.empty()) return false;
+  finish_step(p0, began && in_flight_.size() == 1);
+  return true;
+}
+
+void EngineCore::finish_in_flight() {
+  while (!in_flight_.empty()) finish_step(0, false);
+}
+
+bool EngineCore::begin_step(double t0, int64_t p0) {
+  const bool prof = p0 != 0;
+  const int32_t limit = std::max(1, exec_.max_in_flight());
+  // The decoding requests not in flight that this step may carry: a group of ceil(decoding /
+  // limit), in id order; the others (and every request in flight) are left out of the plan, and
+  // their running slots out of its max_num_seqs.
+  int64_t n_decoding = 0;
+  for (const auto& [id, r] : reqs_) n_decoding += r.admitted && r.n_generated > 0;
+  int64_t group = (n_decoding + limit - 1) / limit;
+  int32_t hidden = 0;
 
   SchedulerInput in;
   in.now_ms = t0;
@@ -338,6 +363,11 @@ bool EngineCore::step() {
   in.observed_since_ms = started_ms_;
   in.requests.reserve(reqs_.size());
   for (const auto& [id, r] : reqs_) {
+    const bool decoding = r.admitted && r.n_generated > 0 && int64_t(r.tokens.size()) - r.n_computed == 1;
+    if (r.in_flight || (decoding && group-- <= 0)) {
+      hidden += r.admitted ? 1 + int32_t(r.forks.size()) : 0;
+      continue;
+    }
     SchedRequest s;
     s.id = id;
     s.n_tokens = int64_t(r.tokens.size());
@@ -371,6 +401,7 @@ bool EngineCore::step() {
     }
     in.requests.push_back(s);
   }
+  in.cfg.max_num_seqs = std::max(0, in.cfg.max_num_seqs - hidden);
   StepPlan plan = plan_step(in);
   group_decodes_by_adapter(plan);
 
@@ -429,8 +460,16 @@ bool EngineCore::step() {
   }
 
   // The flattened batch: decodes (each with its drafts) first, then prefill chunks.
+  Flight f;
+  if (!spare_flights_.empty()) {
+    f = std::move(spare_flights_.back());
+    spare_flights_.pop_back();
+  }
+  f.groups.clear();
+  f.prompt_rows.clear();
+  std::vector<RowGroup>& groups = f.groups;
+  std::vector<PromptRows>& prompt_rows = f.prompt_rows;
   batch_.clear();
-  groups_.clear();
   size_t n_rows = 0;
   std::vector<Req*> decodes;
   int64_t draft_rows = 0;
@@ -445,20 +484,12 @@ bool EngineCore::step() {
     batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true, r.adapter.get());
     for (int32_t j = 0; j < g; ++j)
       batch_.add(r.draft[size_t(j)], int32_t(r.n_computed + 1 + j), r.seq, true, r.adapter.get());
-    groups_.push_back({&r, n_rows, g + 1});
+    groups.push_back({&r, n_rows, g + 1});
     n_rows += size_t(g) + 1;
     decodes.push_back(&r);
   }
   rec.n_decode = int32_t(decodes.size());
   std::vector<std::pair<Req*, int64_t>> chunks;
-  // Rows of prompt positions being scored (prompt_logprobs): the request, its first row, the
-  // position of that row, how many.
-  struct PromptRows {
-    Req* r;
-    size_t first;
-    int64_t pos, n;
-  };
-  std::vector<PromptRows> prompt_rows;
   for (const PrefillChunk& c : plan.prefill) {
     Req& r = reqs_.at(c.id);
     const int64_t n = int64_t(r.tokens.size());
@@ -481,7 +512,7 @@ bool EngineCore::step() {
         ++prompt_rows.back().n;
         ++n_rows;
       }
-      if (last) groups_.push_back({&r, n_rows++, 1});
+      if (last) groups.push_back({&r, n_rows++, 1});
     }
     if (r.t.first_scheduled_ms < 0) {
       r.t.first_scheduled_ms = t0;
@@ -493,33 +524,21 @@ bool EngineCore::step() {
     rec.chunks.push_back(len);
   }
   if (batch_.size() == 0) return false;
-  if (logits_.size() < n_rows * size_t(exec_.n_vocab())) logits_.resize(n_rows * size_t(exec_.n_vocab()));
+  f.logits.resize(n_rows * size_t(exec_.n_vocab()));
 
   const double tf = now_();
   const int64_t pf0 = prof ? profile::now_ns() : 0;
-  exec_.forward(batch_, kv_, logits_.data());
-  const int64_t pf1 = prof ? profile::now_ns() : 0;
-  const double t1 = now_();
-  rec.forward_ms = t1 - tf;
-  ++counters_.steps;
+  exec_.begin(batch_, kv_, f.logits.data());
+  if (prof && limit > 1) profile::complete("forward", "engine", pf0, profile::now_ns(), profile::Args().i("tokens", batch_.size()));
+  f.begin_ms = now_() - tf;
+  f.p_forward = pf0;
   st.schedule_ms += std::max(0.0, tf - t0 - propose_ms);
-  if (draft_rows > 0) {
-    st.verify_forward_ms += rec.forward_ms;
-    ++st.verify_steps;
-  } else {
-    st.plain_forward_ms += rec.forward_ms;
-    ++st.plain_steps;
-  }
-  if (rec.forward_ms > 0) {
-    errors_.observe(std::abs(plan.predicted_ms - rec.forward_ms) / rec.forward_ms);
-    // Draft rows are learned as free: on a memory-bound decode they nearly are (scoring 5
-    // positions ~1.2x one), and counted as tokens they would pull the fitted cost per token
-    // below a prefill chunk's, so chunks would outgrow their step cap (and arrivals wait).
-    cost_.observe(batch_.size() - draft_rows, plan.attn_pairs - draft_pairs, rec.forward_ms);
-  }
+  if (prof) profile::complete("schedule", "engine", p0, pf0);
 
   // Advance what was computed and publish newly full blocks for prefix reuse (a speculating
   // decode publishes after verification: only then is it known which of its positions stand).
+  // A request with rows in this step stays out of the plans until it finishes; a prompt chunk
+  // without (not its last) does not: its next chunk may follow in the next step.
   for (Req* r : decodes) {
     ++r->n_computed;
     if (r->draft.empty()) kv_.publish(r->seq, r->tokens, r->n_computed);
@@ -527,6 +546,63 @@ bool EngineCore::step() {
   for (auto& [r, len] : chunks) {
     r->n_computed += len;
     kv_.publish(r->seq, r->tokens, r->n_computed);
+  }
+  for (RowGroup& g : groups) g.r->in_flight = true;
+  for (PromptRows& p : prompt_rows) p.r->in_flight = true;
+  f.rec = std::move(rec);
+  f.n_rows = n_rows;
+  f.tokens = batch_.size();
+  f.draft_rows = draft_rows;
+  f.draft_pairs = draft_pairs;
+  f.attn_pairs = plan.attn_pairs;
+  in_flight_.push_back(std::move(f));
+  counters_.max_steps_in_flight = std::max<uint64_t>(counters_.max_steps_in_flight, in_flight_.size());
+  return true;
+}
+
+void EngineCore::finish_step(int64_t p_step, bool merged) {
+  const bool prof = p_step != 0;
+  Flight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  StepRecord& rec = f.rec;
+  SpecTimes& st = counters_.spec_times;
+  std::vector<RowGroup>& groups = f.groups;
+  std::vector<PromptRows>& prompt_rows = f.prompt_rows;
+  const size_t n_rows = f.n_rows;
+  for (RowGroup& g : groups)
+    if (g.r) g.r->in_flight = false;
+  for (PromptRows& p : prompt_rows)
+    if (p.r) p.r->in_flight = false;
+  // Back to the spare list whatever happens below (its buffers are reused).
+  struct Spare {
+    EngineCore& c;
+    Flight& f;
+    ~Spare() { c.spare_flights_.push_back(std::move(f)); }
+  } spare{*this, f};
+
+  const double tw = now_();
+  const int64_t pw0 = prof ? profile::now_ns() : 0;
+  exec_.finish(f.logits.data());
+  const int64_t pf1 = prof ? profile::now_ns() : 0;
+  const double t1 = now_();
+  if (prof) profile::complete("forward", "engine", merged ? f.p_forward : pw0, pf1, profile::Args().i("tokens", f.tokens));
+  // The forward's time: both halves (overlapped, the second is the wait for the later stages'
+  // part, less what this rank ran meanwhile).
+  rec.forward_ms = f.begin_ms + (t1 - tw);
+  ++counters_.steps;
+  if (f.draft_rows > 0) {
+    st.verify_forward_ms += rec.forward_ms;
+    ++st.verify_steps;
+  } else {
+    st.plain_forward_ms += rec.forward_ms;
+    ++st.plain_steps;
+  }
+  if (rec.forward_ms > 0) {
+    errors_.observe(std::abs(rec.predicted_ms - rec.forward_ms) / rec.forward_ms);
+    // Draft rows are learned as free: on a memory-bound decode they nearly are (scoring 5
+    // positions ~1.2x one), and counted as tokens they would pull the fitted cost per token
+    // below a prefill chunk's, so chunks would outgrow their step cap (and arrivals wait).
+    cost_.observe(f.tokens - f.draft_rows, f.attn_pairs - f.draft_pairs, rec.forward_ms);
   }
 
   // Sample one token for every row group (a speculating decode: verify its drafts in order, then
@@ -537,11 +613,11 @@ bool EngineCore::step() {
   const size_t V = size_t(exec_.n_vocab());
   const size_t NT = size_t(exec_.n_tokens());
   for (const PromptRows& p : prompt_rows)
-    for (int64_t k = 0; k < p.n; ++k) {
+    for (int64_t k = 0; p.r && k < p.n; ++k) {
       const int32_t next = p.r->tokens[size_t(p.pos + k + 1)];
       TokenLogprobs& t = p.r->prompt_lp.emplace_back();
       t.token = next;
-      fill_logprobs(logits_.data() + (p.first + size_t(k)) * V, int32_t(NT), next, p.r->prompt_logprobs, t.logprob, t.top);
+      fill_logprobs(f.logits.data() + (p.first + size_t(k)) * V, int32_t(NT), next, p.r->prompt_logprobs, t.logprob, t.top);
     }
   struct Emit {
     Req* r;
@@ -560,26 +636,27 @@ bool EngineCore::step() {
   };
   // Requests at their first token with forks: each fork samples from a copy of the raw row.
   size_t n_fork_rows = 0, fork_row = 0;
-  for (const RowGroup& g : groups_)
-    if (g.n == 1) n_fork_rows += g.r->forks.size();
+  for (const RowGroup& g : groups)
+    if (g.r && g.n == 1) n_fork_rows += g.r->forks.size();
   if (fork_logits_.size() < n_fork_rows * V) fork_logits_.resize(n_fork_rows * V);
-  for (const RowGroup& g : groups_) {
+  for (const RowGroup& g : groups) {
+    if (!g.r) continue;
     Req& r = *g.r;
     std::vector<Req*> forks;
     if (g.n == 1 && !r.forks.empty()) {
       for (size_t k = 0; k < r.forks.size(); ++k)
-        std::copy_n(logits_.data() + g.first * V, V, fork_logits_.data() + (fork_row + k) * V);
+        std::copy_n(f.logits.data() + g.first * V, V, fork_logits_.data() + (fork_row + k) * V);
       forks = spawn_forks(r);
     }
     const size_t mark = emits.size();
     try {
       if (g.n == 1) {
-        sample_row(r, logits_.data() + g.first * V);
+        sample_row(r, f.logits.data() + g.first * V);
       } else {
         const int32_t n_draft = g.n - 1;
         int32_t accepted = 0;
         for (int32_t i = 0; i < g.n; ++i) {
-          const float* row_logits = logits_.data() + (g.first + size_t(i)) * V;
+          const float* row_logits = f.logits.data() + (g.first + size_t(i)) * V;
           bool ok = false;
           int32_t tok;
           if (i < n_draft) {
@@ -630,7 +707,7 @@ bool EngineCore::step() {
     ++counters_.generated_tokens;
     if (r.t.first_token_ms < 0) {
       r.t.first_token_ms = t1;
-      r.trace_first_token_ns = pf1;
+      r.trace_first_token_ns = prof ? pf1 : 0;
     }
     r.t.token_ms.push_back(t1);
     EngineEvent ev;
@@ -648,8 +725,8 @@ bool EngineCore::step() {
       stopped = &r;
     }
   }
-  for (const RowGroup& g : groups_)
-    if (g.n > 1) {
+  for (const RowGroup& g : groups)
+    if (g.r && g.n > 1) {
       g.r->draft.clear();
       g.r->draft_q.clear();
       kv_.publish(g.r->seq, g.r->tokens, g.r->n_computed);
@@ -673,17 +750,16 @@ bool EngineCore::step() {
       chunks.append(std::to_string(rec.chunks[i]));
     }
     chunks += ']';
-    profile::complete("schedule", "engine", p0, pf0);
-    profile::complete("forward", "engine", pf0, pf1, profile::Args().i("tokens", batch_.size()));
     profile::complete("kv_publish", "engine", pf1, ps0);
     profile::complete("sampling", "engine", ps0, ps1, profile::Args().i("rows", int64_t(n_rows)));
     profile::complete("emit", "engine", ps1, p1);
     profile::Args a;
-    a.i("tokens", batch_.size()).i("n_decode", rec.n_decode).i("prefill_tokens", prefill_tokens);
+    a.i("tokens", f.tokens).i("n_decode", rec.n_decode).i("prefill_tokens", prefill_tokens);
     a.d("predicted_ms", rec.predicted_ms).d("forward_ms", rec.forward_ms);
     if (std::isfinite(rec.step_cap_ms) && rec.step_cap_ms > 0) a.d("step_cap_ms", rec.step_cap_ms);
     a.i("running", rec.n_running).i("waiting", rec.n_waiting).i("preempted", rec.n_preempted);
-    profile::complete("step", "engine", p0, p1, a, "chunks", chunks);
+    if (!merged) a.i("in_flight", int64_t(in_flight_.size()) + 1);  // (overlapped: this turn began another step)
+    profile::complete("step", "engine", p_step, p1, a, "chunks", chunks);
     profile::counter("kv_blocks", p1,
                      profile::Args().i("used", kv_.used_blocks()).i("prefix_cached", kv_.cached_blocks())
                          .i("free", kv_.free_blocks() - kv_.cached_blocks()));
@@ -691,7 +767,6 @@ bool EngineCore::step() {
   }
   steps_.push_back(std::move(rec));
   if (steps_.size() > kStepHistory) steps_.pop_front();
-  return true;
 }
 
 }  // namespace ft

@@ -1,5 +1,6 @@
 // The serving engine's single-threaded core: request states, the KV cache, and one step at a
-// time (plan -> KV bookkeeping -> one forward over the flattened batch -> sampling -> events).
+// time (plan -> KV bookkeeping -> one forward over the flattened batch -> sampling -> events), or
+// under pipeline parallelism up to one per stage in flight (step()).
 // Deterministic given its inputs, so it is tested by simulation with a fake executor and a
 // virtual clock; Engine (engine.h) runs it on its own thread with the real model.
 #pragma once
@@ -142,6 +143,14 @@ class StepExecutor {
   // Ids a prompt may hold and sampling may pick: [0, n_tokens()), a prefix of the row (the rest
   // is vocabulary padding with no token).
   virtual int32_t n_tokens() const { return n_vocab(); }
+  // Steps that may be in flight at once (pipeline parallelism: one per stage), 1: none overlap.
+  // forward() in two halves: begin runs a step up to the wait for its logits rows (batch and kv
+  // as in forward), finish waits for the oldest begun step's and writes its logits; finishes come
+  // in begin order, with at most max_in_flight() begun steps unfinished. The engine core never
+  // puts a sequence in two steps in flight (its next token is sampled from the first one's rows).
+  virtual int32_t max_in_flight() const { return 1; }
+  virtual void begin(const Batch& batch, KVCache& kv, float* logits) { forward(batch, kv, logits); }
+  virtual void finish(float* /*logits*/) {}
 };
 
 // Where a speculating engine's time goes (ms on the engine thread, summed over steps; `bench
@@ -203,6 +212,7 @@ struct EngineCounters {
   uint64_t cancelled = 0;
   uint64_t preemptions = 0;
   uint64_t steps = 0;
+  uint64_t max_steps_in_flight = 0;  // the most steps begun and not finished at once (overlap: > 1)
 };
 
 class EngineCore {
@@ -218,9 +228,18 @@ class EngineCore {
   void cancel(uint64_t id);  // emits Finished(Cancelled) and frees its KV (a pending fork's too); unknown id: no-op
   void cancel_all();
   void fail_all(const std::string& why);  // every request finishes with Error
-  bool idle() const { return reqs_.empty(); }
-  // One scheduling step; false if there was nothing to run.
+  bool idle() const { return reqs_.empty() && in_flight_.empty(); }
+  // One turn: begins a step (plan -> KV bookkeeping -> the forward's first half) when fewer than
+  // exec.max_in_flight() are in flight and anything can run, then, unless that left room for
+  // another, finishes the oldest (its logits -> sampling -> events); false if it did neither. With
+  // one step in flight at most, each turn is one whole step. Steps in flight hold disjoint
+  // requests: while a request's logits rows are in flight it is left out of the next plans, and
+  // the decoding requests are split into max_in_flight() groups (ceil(decoding / max_in_flight())
+  // each), one per step, so consecutive steps overlap across pipeline stages.
   bool step();
+  // Finishes every step in flight (before the engine stops: their rows must be taken).
+  void finish_in_flight();
+  int32_t steps_in_flight() const { return int32_t(in_flight_.size()); }
 
   int32_t n_running() const;
   int32_t n_waiting() const;
@@ -252,6 +271,7 @@ class EngineCore {
     int32_t prompt_logprobs = -1;
     std::vector<TokenLogprobs> prompt_lp;  // scored so far: prompt_lp[k] is prompt token k + 1
     bool admitted = false;
+    bool in_flight = false;  // its logits rows are in a step in flight
     uint64_t admit_order = 0;
     double deadline_ms = 0;
     int32_t priority = 0;
@@ -304,15 +324,40 @@ class EngineCore {
   EngineCounters counters_;
   std::deque<StepRecord> steps_;  // the most recent steps
   Batch batch_;
-  std::vector<float> logits_;
-  // Logits rows of this step: per request, its first row and how many it owns (a decode with g
-  // draft tokens owns g + 1, batch order).
+  // Logits rows of a step: per request, its first row and how many it owns (a decode with g
+  // draft tokens owns g + 1, batch order). r: null once the request finished (cancelled) while
+  // its step was in flight.
   struct RowGroup {
     Req* r;
     size_t first;
     int32_t n;
   };
-  std::vector<RowGroup> groups_;
+  // Rows of prompt positions being scored (prompt_logprobs): the request, its first row, the
+  // position of that row, how many.
+  struct PromptRows {
+    Req* r;
+    size_t first;
+    int64_t pos, n;
+  };
+  // A step begun and not finished: what finishing it needs.
+  struct Flight {
+    StepRecord rec;
+    std::vector<float> logits;  // (rows, n_vocab)
+    std::vector<RowGroup> groups;
+    std::vector<PromptRows> prompt_rows;
+    size_t n_rows = 0;
+    int64_t tokens = 0, draft_rows = 0;
+    double draft_pairs = 0, attn_pairs = 0;
+    double begin_ms = 0;        // the forward's first half
+    int64_t p_forward = 0;      // profiler clock at its start
+  };
+  // Plans and begins a step; false when nothing can run now.
+  bool begin_step(double t0, int64_t p0);
+  // Finishes the oldest step in flight. p_step: the turn's profiler start (0: not profiling);
+  // merged: the step was begun in this turn (one forward span, as before the split).
+  void finish_step(int64_t p_step, bool merged);
+  std::deque<Flight> in_flight_;  // oldest first
+  std::vector<Flight> spare_flights_;  // finished ones, their buffers kept
   std::vector<float> fork_logits_;  // this step's forks' rows (copies of their parent's raw row)
   SpecConfig spec_;
   Drafter* drafter_ = nullptr;

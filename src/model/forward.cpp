@@ -150,7 +150,9 @@ void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, co
   be_.add(x_, h_, M, hp.dim);
 }
 
-void Forward::run(const Batch& b, KVCache& kv, float* logits) {
+void Forward::run(const Batch& b, KVCache& kv, float* logits) { finish(begin(b, kv), logits); }
+
+int64_t Forward::begin(const Batch& b, KVCache& kv) {
   validate(b, kv);
   lora_segments(b);
   const HParams& hp = model_.hparams();
@@ -182,9 +184,15 @@ void Forward::run(const Batch& b, KVCache& kv, float* logits) {
       std::memcpy(x_ + n_out * D, x_ + i * D, size_t(D) * sizeof(float));
     ++n_out;
   }
-  if (n_out == 0) return;
-  if (link_ && link_->last_stage()) return link_->send_head(x_, n_out * D);  // (the last stage has no head)
-  if (!logits) return;
+  if (n_out > 0 && link_ && link_->last_stage()) link_->send_head(x_, n_out * D);  // (the last stage has no head)
+  return n_out;
+}
+
+void Forward::finish(int64_t n_out, float* logits) {
+  if (n_out == 0 || !logits || (link_ && link_->last_stage())) return;
+  const HParams& hp = model_.hparams();
+  const ModelWeights& w = w_;
+  const int64_t D = hp.dim;
   if (link_) link_->recv_tail(x_, n_out * D);  // the last stage's output rows
   be_.rmsnorm(x_, w.output_norm, h_, n_out, D, hp.rms_eps);
   be_.matmul(h_, n_out, w.output, logits);

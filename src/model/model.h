@@ -199,6 +199,14 @@ class Forward {
   // n_vocab floats each) into logits (null: none computed, a tensor-parallel worker's pass).
   // Throws ft::Error on an invalid batch.
   void run(const Batch& batch, KVCache& kv, float* logits);
+  // run() in two halves: begin runs the layers (and a stage's sends) and returns the batch's
+  // logits rows; finish(rows, logits) waits for them (the last stage's, under pipeline
+  // parallelism) and computes the logits. With a stage link on a first stage, other steps' begins
+  // may come between a begin and its finish (its hidden state is sent, a copy: the scratch is free
+  // again), finishes in begin order (rank 0 overlapping decode steps across stages); otherwise
+  // finish follows its begin.
+  int64_t begin(const Batch& batch, KVCache& kv);
+  void finish(int64_t rows, float* logits);
   int64_t max_batch() const { return max_batch_; }
   // Sizes the scratch LoRA adapters need (ya = A x per row, up to kMaxLoraStack wide, and the
   // per-segment descriptors), so batches with adapters run without allocating. Until

@@ -264,7 +264,12 @@ void Communicator::send_next(const float* x, int64_t n) {
   post(x, n * int64_t(sizeof(float)), rank_ + tp_, kHidden, "pp_send");
 }
 void Communicator::send_head(const float* x, int64_t n) {
-  if (last_stage() && tp_rank() == 0) transfer(const_cast<float*>(x), n, 0, kTail, true, "pp_send");
+  // Posted, as send_next: the stage goes on with the next step while rank 0 still runs its stage-0
+  // part (overlapped decode steps) before it takes these rows.
+  if (!last_stage() || tp_rank() != 0) return;
+  profile::Scope sc("pp_send", "comm");
+  if (n > INT32_MAX / int64_t(sizeof(float))) fail("pp_send: ", n, " floats exceed one MPI message");
+  post(x, n * int64_t(sizeof(float)), 0, kTail, "pp_send");
 }
 void Communicator::recv_tail(float* x, int64_t n) {
   if (rank_ == 0) transfer(x, n, (pp_size() - 1) * tp_, kTail, false, "pp_recv");

@@ -11,16 +11,18 @@
 // The one unbounded wait is a worker's wait for the next step (broadcast_idle): a server may idle
 // for hours, and rank 0's death ends the job through the launcher (mpirun kills the other ranks).
 //
-// Overlap of consecutive steps across stages: the step broadcasts (rank 0) and the hidden state
-// sent to the next stage are posted, not waited on: their bytes are copied into buffers this
-// communicator owns (a free list, so a step allocates nothing in the steady state) and the
-// caller goes on with the next step while the next stage still runs the previous one. At most
-// kPendingPerStage x pp_size operations (pp_size steps' worth: two broadcasts and one send each)
-// stay in flight; one more waits for the oldest. They complete in order, and the oldest must
-// complete within timeout_s() of becoming the oldest (else the job aborts, naming it); progress()
-// (the forward pass calls it after each attention and FFN block) reaps what completed and drives
-// MPI's progress (a large message's rendezvous needs the sender's), and drain() waits for all of
-// them (rank 0 before it idles and before it stops the workers, a worker before it returns).
+// Overlap of consecutive steps across stages: the step broadcasts (rank 0), the hidden state
+// sent to the next stage and the last stage's rows sent back to rank 0 (which takes them after
+// its part of the next step, when decode steps overlap) are posted, not waited on: their bytes
+// are copied into buffers this communicator owns (a free list, so a step allocates nothing in
+// the steady state) and the caller goes on with the next step while the next stage still runs
+// the previous one. At most kPendingPerStage x pp_size operations (pp_size steps' worth: two
+// broadcasts and one send each) stay in flight; one more waits for the oldest. They complete in
+// order, and the oldest must complete within timeout_s() of becoming the oldest (else the job
+// aborts, naming it); progress() (the forward pass calls it after each attention and FFN block)
+// reaps what completed and drives MPI's progress (a large message's rendezvous needs the
+// sender's), and drain() waits for all of them (rank 0 before it idles and before it stops the
+// workers, a worker before it returns).
 //
 // MPI is optional at build time (CMake FT_MPI, find_package(MPI)): without it, start() refuses
 // tp > 1 saying so. MPI calls are made by one thread at a time (MPI_THREAD_SERIALIZED): the main

@@ -100,6 +100,10 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
   counter("firsttoken:num_preemptions_total", "Requests preempted (KV freed, recomputed later).",
           double(m.counters.preemptions));
   counter("firsttoken:engine_steps_total", "Engine steps (forward passes).", double(m.counters.steps));
+  gauge("firsttoken:engine_max_steps_in_flight",
+        "The most engine steps in flight at once since start (pipeline parallel: up to pp_size, decode steps "
+        "overlapped across stages; else 1).",
+        double(m.counters.max_steps_in_flight));
   // Speculative decoding (vLLM's spec_decode_* family; zero while it is off).
   const EngineCounters& c = m.counters;
   counter("firsttoken:spec_decode_num_drafts_total", "Speculative verifications (a decode that scored draft tokens).",

@@ -329,6 +329,81 @@ TEST(PpEngine, ChunkedPromptOverlapsStagesAndMatchesOneProcess) {
 }
 
 // Staging: contiguous balanced layer ranges, and its refusal; no group needed.
+// Overlapped decode steps: 4 concurrent greedy requests under PP run pp steps in flight (the
+// decodes in pp groups, group B's step begun before group A's logits come back), and give one
+// process's tokens; with FT_PP_STEPS_IN_FLIGHT=1 one step is in flight and the tokens are the same.
+// The later stages are slowed (a sleep before each step) so rank 0 runs ahead whatever the load.
+TEST(PpEngine, ConcurrentDecodesOverlapAndMatchOneProcess) {
+  FT_REQUIRE_GROUP();
+  if (g_comm->pp_size() < 2) GTEST_SKIP() << "pipeline parallelism only (test_mpi_pp, test_mpi_tp2pp2)";
+  FT_REQUIRE_SHARED(path, "models/synth-llama-f32.gguf");
+  EngineConfig cfg;
+  cfg.runtime.threads = 1;
+  cfg.runtime.n_ctx = 256;
+  cfg.scheduler.max_num_seqs = 4;
+  cfg.scheduler.chunk_size = 16;
+  cfg.kv_memory_bytes = 8u << 20;
+  cfg.calibrate = false;
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 403, 407, 261, 378, 290, 300}, {1, 17, 29, 31}, {1, 55, 66, 77, 88, 99, 111, 122, 133, 144}, {1, 9}};
+  struct Run {
+    std::vector<std::vector<int32_t>> tokens;
+    uint64_t max_in_flight = 0, steps = 0;
+  };
+  auto run = [&](const Model& m, Communicator* tp) {
+    EngineConfig c = cfg;
+    c.tp = tp;
+    Engine engine(m, c, [](int32_t) { return false; });
+    std::vector<EventStream> streams(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EngineRequest r;
+      r.prompt = prompts[i];
+      r.max_tokens = 16;
+      r.ignore_eos = true;
+      r.sampling.temperature = 0;
+      engine.submit(std::move(r), streams[i].callback());
+    }
+    Run out;
+    out.tokens.resize(streams.size());
+    for (size_t i = 0; i < streams.size(); ++i) {
+      EngineEvent ev;
+      while (streams[i].next(ev))
+        if (ev.kind == EngineEvent::Kind::Token) out.tokens[i].push_back(ev.token);
+    }
+    out.max_in_flight = engine.metrics().counters.max_steps_in_flight;
+    out.steps = engine.metrics().counters.steps;
+    engine.shutdown();
+    return out;
+  };
+  auto shard = Model::load(path);
+  split_model(*shard, *g_comm);
+  const bool slow = g_comm->stage() > 0;
+  auto work = [&] {
+    run_tp_worker(*shard, cfg.runtime, *g_comm, [&] {
+      if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    });
+  };
+  if (g_comm->rank() == 0) {
+    const auto full = Model::load(path);
+    const Run one = run(*full, nullptr);
+    const Run pp = run(*shard, g_comm.get());
+    ::setenv("FT_PP_STEPS_IN_FLIGHT", "1", 1);
+    const Run serial = run(*shard, g_comm.get());
+    ::unsetenv("FT_PP_STEPS_IN_FLIGHT");
+    for (const auto& t : one.tokens) EXPECT_EQ(t.size(), 16u);
+    EXPECT_EQ(one.tokens, pp.tokens);
+    EXPECT_EQ(one.tokens, serial.tokens);
+    EXPECT_EQ(one.max_in_flight, 1u);
+    EXPECT_EQ(serial.max_in_flight, 1u);
+    EXPECT_EQ(pp.max_in_flight, uint64_t(g_comm->pp_size()));
+    EXPECT_GT(pp.steps, serial.steps);  // the decodes in groups: more, smaller steps
+    EXPECT_EQ(g_comm->pending(), 0u);
+  } else {
+    work();  // three engines, one after the other
+    work();
+  }
+}
+
 TEST(PpStage, SplitsLayersAndRefusesEmptyStages) {
   FT_REQUIRE_SHARED(f32, "models/synth-llama-f32.gguf");  // 4 layers
   const auto full = Model::load(f32);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <stdexcept>
 #include <numeric>
@@ -1091,6 +1092,114 @@ TEST(EngineCore, CancelFreesBlocksAndRejectsWhatCanNeverFit) {
   EXPECT_THROW(core.add(9, r, {}), Error);
   r.prompt.clear();
   EXPECT_THROW(core.add(10, r, {}), Error);
+}
+
+// Pipeline parallelism's overlapped steps (StepExecutor::max_in_flight > 1), as a fake: begin
+// runs the step (KV writes, FakeExecutor's logits, computed then, as a first stage fixes a
+// step's input) and finish hands the oldest step's rows back. It checks the core's promises: at
+// most depth steps in flight, no sequence in two of them.
+class PipelinedExecutor : public StepExecutor {
+ public:
+  explicit PipelinedExecutor(int32_t depth) : depth_(depth) {}
+  void forward(const Batch& b, KVCache& kv, float* logits) override {
+    begin(b, kv, logits);
+    finish(logits);
+  }
+  int32_t max_in_flight() const override { return depth_; }
+  void begin(const Batch& b, KVCache& kv, float*) override {
+    EXPECT_LT(int32_t(flights_.size()), depth_);
+    Flight f;
+    for (int64_t i = 0; i < b.size(); ++i) {
+      const float t = float(b.tokens[size_t(i)]);
+      kv.write(0, b.seq[size_t(i)], b.pos[size_t(i)], &t, &t);
+    }
+    for (int64_t i = 0; i < b.size(); ++i) {
+      if (!b.want_logits[size_t(i)]) continue;
+      const int32_t seq = b.seq[size_t(i)];
+      f.seqs.insert(seq);
+      for (const Flight& o : flights_) EXPECT_FALSE(o.seqs.count(seq)) << "sequence " << seq << " in two steps in flight";
+      uint64_t h = 1;
+      for (int32_t p = 0; p <= b.pos[size_t(i)]; ++p) {
+        float t;
+        kv.read(0, seq, p, &t, nullptr);
+        h = mix(h, uint64_t(t));
+      }
+      f.logits.resize(f.logits.size() + kVocab, 0.0f);
+      f.logits[f.logits.size() - kVocab + h % kVocab] = 1;
+    }
+    flights_.push_back(std::move(f));
+    max_seen = std::max(max_seen, int32_t(flights_.size()));
+  }
+  void finish(float* logits) override {
+    ASSERT_FALSE(flights_.empty());
+    std::copy(flights_.front().logits.begin(), flights_.front().logits.end(), logits);
+    flights_.pop_front();
+  }
+  int32_t n_vocab() const override { return kVocab; }
+  int32_t max_seen = 0;
+
+ private:
+  struct Flight {
+    std::set<int32_t> seqs;
+    std::vector<float> logits;
+  };
+  int32_t depth_;
+  std::deque<Flight> flights_;
+};
+
+// Several concurrent greedy requests (staggered prompts, chunked prefill, decodes) give the same
+// tokens with 1, 2 and 3 steps in flight; overlapped, the decodes run in groups (no step carries
+// them all) and the steps in flight reach the depth. A request cancelled while its step is in
+// flight finishes alone (its rows are dropped) and every block comes back.
+TEST(EngineCore, OverlappedStepsGiveTheSameTokens) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int k = 0; k < 6; ++k) prompts.push_back(make_prompt(5 + 23 * k, k));
+  for (int32_t depth : {1, 2, 3}) {
+    SCOPED_TRACE(depth);
+    double clock = 0;
+    PipelinedExecutor exec(depth);
+    KVCache kv({1, 1, 16, 200, true});
+    SchedulerConfig cfg;
+    cfg.chunk_size = 32;
+    EngineCore core(kv, exec, cfg, CostModel{}, 1 << 16, {}, [&] { return clock; });
+    std::map<uint64_t, std::vector<int32_t>> out;
+    std::map<uint64_t, FinishReason> why;
+    auto cb = [&](const EngineEvent& ev) {
+      if (ev.kind == EngineEvent::Kind::Token) out[ev.id].push_back(ev.token);
+      else why[ev.id] = ev.reason;
+    };
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      EngineRequest r;
+      r.prompt = prompts[k];
+      r.max_tokens = 20 + int64_t(k);
+      r.sampling.temperature = 0;
+      core.add(k + 1, r, cb);
+    }
+    EngineRequest c;  // cancelled once it decodes, with its step in flight
+    c.prompt = make_prompt(9, 50);
+    c.max_tokens = 100;
+    core.add(100, c, cb);
+    int32_t max_decode = 0, turns_since_third = -1;
+    for (int guard = 0; guard < 10000 && !core.idle(); ++guard) {
+      ASSERT_TRUE(core.step());
+      clock += 1;
+      // The turn after its third token began the step with its fourth (overlapped: in flight).
+      if (turns_since_third < 0 && out[100].size() == 3) turns_since_third = 0;
+      else if (turns_since_third >= 0 && ++turns_since_third == 1) core.cancel(100);
+      if (!core.steps().empty()) max_decode = std::max(max_decode, core.steps().back().n_decode);
+    }
+    ASSERT_TRUE(core.idle());
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      EXPECT_EQ(why[k + 1], FinishReason::Length);
+      EXPECT_EQ(out[k + 1], expected_output(prompts[k], 20 + int64_t(k))) << "request " << k + 1;
+    }
+    EXPECT_EQ(why[100], FinishReason::Cancelled);
+    EXPECT_EQ(kv.used_blocks(), 0);
+    EXPECT_EQ(core.counters().max_steps_in_flight, uint64_t(depth));
+    EXPECT_EQ(exec.max_seen, depth);
+    // 7 decoding at most: one step carries all of them, or a group of ceil(7 / depth).
+    EXPECT_LE(max_decode, (7 + depth - 1) / depth);
+  }
 }
 
 TEST(EngineCore, ReportsLogprobsOfTheModelDistribution) {
