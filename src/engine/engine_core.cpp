@@ -756,6 +756,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
     profile::Args a;
     a.i("tokens", f.tokens).i("n_decode", rec.n_decode).i("prefill_tokens", prefill_tokens);
     a.d("predicted_ms", rec.predicted_ms).d("forward_ms", rec.forward_ms);
+    a.d("attn_pairs", f.attn_pairs - f.draft_pairs);  // (with tokens less drafts: what the cost model learns from)
     if (std::isfinite(rec.step_cap_ms) && rec.step_cap_ms > 0) a.d("step_cap_ms", rec.step_cap_ms);
     a.i("running", rec.n_running).i("waiting", rec.n_waiting).i("preempted", rec.n_preempted);
     if (!merged) a.i("in_flight", int64_t(in_flight_.size()) + 1);  // (overlapped: this turn began another step)
