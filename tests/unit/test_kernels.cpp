@@ -1140,6 +1140,54 @@ TEST_P(KernelTest, LoraFusedShrinkSameBits) {
 }
 TEST(ReferenceBackend, LoraFusedShrinkSameBits) { check_fused_shrink(*make_backend("reference", 2)); }
 
+// A decode batch mixing adapters: runs of one row each, every one its own B, expanded several
+// at once (Isa::gemv_runs) where the ISA has it; with a 2-row run, a base row, a B of another
+// type and one of another rank between them (the batch splits there). Bit-identical to the
+// scalar ISA (one fma chain over the rank per output, whichever path), for matmul_add (one
+// group per item at N = 21 and two at 35) and ffn_glu.
+TEST_P(KernelTest, LoraSingleRowRunsToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(31);
+  std::deque<QWeight> keep;
+  const int64_t M = 9, K = 64;
+  struct Spec {
+    int64_t m0, n, rank;
+    GGMLType tb;
+  };
+  // rows 0-3: four single-row F16 runs; 4-5: a 2-row run; 6: base; 7: F32 B; 8: rank 5
+  const Spec specs[] = {{0, 1, 16, GGMLType::F16}, {1, 1, 16, GGMLType::F16}, {2, 1, 16, GGMLType::F16},
+                        {3, 1, 16, GGMLType::F16}, {4, 2, 16, GGMLType::F16}, {7, 1, 16, GGMLType::F32},
+                        {8, 1, 5, GGMLType::F16}};
+  const auto X = randv(rng, size_t(M * K));
+  const auto ya = randv(rng, size_t(M * 16));
+  for (const int64_t N : {int64_t(21), int64_t(35)}) {
+    const QWeight& W = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
+    const QWeight& Wu = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
+    std::vector<const QWeight*> B, Bu;
+    for (const Spec& sp : specs) {
+      B.push_back(&keep.emplace_back(make_weight(rng, sp.tb, N, sp.rank)));
+      Bu.push_back(&keep.emplace_back(make_weight(rng, sp.tb, N, sp.rank)));
+    }
+    auto run = [&](Backend& be, std::vector<float>& out) {
+      std::vector<LoraRun> r, ru;
+      for (size_t i = 0; i < std::size(specs); ++i) {
+        r.push_back({specs[i].m0, specs[i].n, ya.data() + specs[i].m0 * 16, 16, be.prepare(B[i]->view())});
+        ru.push_back({specs[i].m0, specs[i].n, ya.data() + specs[i].m0 * 16, 16, be.prepare(Bu[i]->view())});
+      }
+      out.assign(size_t(M * N), 0.5f);
+      be.matmul_add(X.data(), M, be.prepare(W.view()), out.data(), LoraDelta{r.data(), int32_t(r.size())});
+      std::vector<float> A(size_t(M * N));
+      const LoraDelta gu[2] = {{r.data(), int32_t(r.size())}, {ru.data(), int32_t(ru.size())}};
+      be.ffn_glu(X.data(), M, be.prepare(W.view()), be.prepare(Wu.view()), GateAct::SiLU, A.data(), gu);
+      out.insert(out.end(), A.begin(), A.end());
+    };
+    std::vector<float> a, b;
+    run(*native, a);
+    run(*scalar, b);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << GetParam() << " N " << N << " at " << i;
+  }
+}
+
 // A row's LoRA delta does not depend on the rows around it (the numerics contract of the GEMM
 // holds with deltas: decode == prefill, alone == mixed), and every ISA gives the scalar bits.
 TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {

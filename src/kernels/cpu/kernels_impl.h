@@ -292,10 +292,45 @@ struct Drivers {
   // B's groups are read once per item whatever the run's rows.
   static constexpr int kLoraDirectRows = 4;
   static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t M, float* C, int64_t ldc, Scratch& s) {
+    // Runs of one row each (decode, several adapters), packed B of one type and rank: up to
+    // kLoraDirectRows of them at once (Isa::gemv_runs: their chains side by side; the same
+    // chain per output as gemv_rows, so the same bits), the others one by one below.
+    [[maybe_unused]] int32_t pend[kLoraDirectRows];
+    [[maybe_unused]] int np = 0;
+    [[maybe_unused]] auto flush = [&] {
+      if constexpr (requires { Isa::gemv_runs; }) {
+        if (np == 0) return;
+        const LoraRun& r0 = d.runs[pend[0]];
+        const uint64_t gb = group_bytes(r0.B.type, r0.B.n_cols);
+        const uint8_t* g[kLoraDirectRows * kItemGroups];
+        const float* x[kLoraDirectRows];
+        for (int q = 0; q < np; ++q) {
+          const LoraRun& rq = d.runs[pend[q]];
+          for (int i = 0; i < ng; ++i) g[q * ng + i] = static_cast<const uint8_t*>(rq.B.data) + uint64_t(n0 / kGroup + i) * gb;
+          x[q] = rq.ya + (std::max<int64_t>(rq.m0, 0) - rq.m0) * rq.ldya;
+        }
+        alignas(64) float dl[kLoraDirectRows * kItemGroups * kGroup];
+        Isa::gemv_runs(r0.B.type, g, ng, np, r0.B.n_cols, x, dl);
+        const int w = ng * kGroup;
+        for (int q = 0; q < np; ++q) {
+          float* c = C + std::max<int64_t>(d.runs[pend[q]].m0, 0) * ldc;
+          for (int j = 0; j < w; ++j) c[j] += dl[q * w + j];
+        }
+        np = 0;
+      }
+    };
     for (int32_t r = 0; r < d.n; ++r) {
       const LoraRun& run = d.runs[r];
       const int64_t R = run.B.n_cols, lo = std::max<int64_t>(run.m0, 0), hi = std::min(M, run.m0 + run.n);
       if (hi <= lo) continue;
+      if constexpr (requires { Isa::gemv_runs; }) {
+        if (run.B.layout == WeightLayout::Packed && hi - lo == 1) {
+          if (np > 0 && (d.runs[pend[0]].B.type != run.B.type || d.runs[pend[0]].B.n_cols != R)) flush();
+          pend[np++] = r;
+          if (np == kLoraDirectRows) flush();
+          continue;
+        }
+      }
       if constexpr (requires { Isa::gemv_rows; }) {
         // A few rows (decode): B's groups converted in registers, no unpacked copy (the per-group
         // unpack and mk_rows' setup cost more than the rank's FMAs), the groups side by side
@@ -315,6 +350,7 @@ struct Drivers {
       }
       for (int i = 0; i < ng; ++i) add_lora_unpacked(run, n0 + i * kGroup, lo, hi, C + i * kGroup, ldc, s);
     }
+    flush();
   }
   // One run over one group through B's group unpacked to f32 (any rows; GGUF rows too).
   static void add_lora_unpacked(const LoraRun& run, int64_t n0, int64_t lo, int64_t hi, float* C, int64_t ldc,
