@@ -17,6 +17,9 @@
 #include <optional>
 #include <thread>
 #include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -50,6 +53,11 @@ struct Drivers {
   // Per worker thread: the work item's accumulators C (M, kItemGroups * kGroup), the weights of
   // one K chunk unpacked to f32 (kKC, kGroup) per group, and rows dequantized before transposing.
   static constexpr int kItemGroups = 2;
+  static void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+  }
   static constexpr int64_t kQPerKC = kKC / kQBlock;
   struct alignas(64) Scratch {
     std::vector<float> c;
@@ -500,13 +508,18 @@ struct Drivers {
     // is done (by then all were taken: a thread takes GEMM items only once none is left, so the
     // wait is the tail of the last one, where a separate region waited for all of them and for
     // its own join). One region where there were two, and no thread idles at the shrink.
-    std::atomic<int64_t> sh_next{0}, sh_done{0};
+    // The wait spins (pause) as the pool's join does before it yields: a yield on a busy
+    // machine can hand the core to another process for a whole time slice. (Each counter on its
+    // own cache line: the waiter's loads do not contend with the other counters' updates.)
+    alignas(64) std::atomic<int64_t> sh_next{0};
+    alignas(64) std::atomic<int64_t> sh_done{0};
     std::optional<RunsPlan> plan;
     if (pre.n > 0) plan.emplace(X, K, pre.t, pre.segs, pre.n, threads);
     const int64_t n_sh = plan ? plan->n_items : 0;
     auto shrink_ready = [&] {
       for (int spins = 0; sh_done.load(std::memory_order_acquire) < n_sh; ++spins)
-        if (spins > 256) std::this_thread::yield();
+        if (spins < 4096) spin_pause();
+        else std::this_thread::yield();
     };
     auto body = [&](int64_t p) {
       Scratch& s = scratch();
@@ -580,7 +593,7 @@ struct Drivers {
       for (int64_t p = 0; p < n_items; ++p) body(p);
       return;
     }
-    std::atomic<int64_t> next{0};
+    alignas(64) std::atomic<int64_t> next{0};
     parallel(int(std::min<int64_t>(threads, n_sh + n_items)), [&](int, int) {
       for (int64_t p; (p = sh_next.fetch_add(1, std::memory_order_relaxed)) < n_sh;) {
         struct Done {  // (counted even if the item throws: no thread waits forever)
