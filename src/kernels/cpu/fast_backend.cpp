@@ -201,9 +201,9 @@ class CpuFastBackend final : public Backend {
     k_.gemm_runs(X, K, t, runs_.data(), n, threads_);
   }
   // The fused shrink (LoraDelta::shrink; Drivers::gemm's RunsJob) works and is tested, but
-  // measured slower than its own region here (2026-12-01, 110m Q8_0, 2 threads, alternated:
-  // decode with 1 F16 adapter 0.81-0.82 vs 0.82-0.85 of the base, 4 adapters 0.68-0.71 vs
-  // 0.72-0.76), so the forward pass keeps calling matmul_runs.
+  // measured slower than its own region here (2026-12-01, 110m Q8_0, 2 threads, alternated,
+  // slower in 10 pairs of 12: decode with 1 F16 adapter 0.81-0.82 vs 0.82-0.85 of the base, 4
+  // adapters 0.68-0.73 vs 0.72-0.76), so the forward pass keeps calling matmul_runs.
   bool fuses_lora_shrink() const override { return false; }
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
   void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) override {
