@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -999,6 +1000,193 @@ void check_lora(Backend& be, bool reference) {
 
 TEST_P(KernelTest, LoraShrinkAndEpilogueDeltas) { check_lora(*backend_for(GetParam()), false); }
 TEST(ReferenceBackend, LoraShrinkAndEpilogueDeltas) { check_lora(*make_backend("reference", 2), true); }
+
+// matmul_runs with few work items (decode: one adapter's shrink is one or two items of two
+// groups) gives each thread one group of A's rows per item so none idles. That path, at 2 and 3
+// threads, on odd shapes (A rows not a multiple of 16, K odd, F32/F16/BF16, packed and GGUF
+// rows, runs of 1-3 rows at odd offsets): ya within |scale| * the GEMM bound (K + 8) 2^-24
+// sum|x a| of the double reference (one fma chain over K, then the scale), and bit-identical to
+// the scalar ISA's at 1 thread (two groups per item: the same chains, so the same bits).
+TEST_P(KernelTest, LoraShrinkOneGroupPerItem) {
+  auto scalar = backend_for("scalar", 1);
+  std::mt19937 rng(23);
+  std::deque<QWeight> keep;
+  struct Spec {
+    int64_t m0, n, rank;
+    GGMLType ta;
+    float scale;
+  };
+  const std::vector<std::vector<Spec>> cases = {
+      {{1, 3, 37, GGMLType::F16, 0.5f}},                                      // 3 groups, one target
+      {{0, 1, 19, GGMLType::F32, -1.5f}, {3, 2, 5, GGMLType::BF16, 2.0f}},    // 2 + 1 groups
+      {{2, 1, 48, GGMLType::F16, 1.0f}},                                      // Q/K/V's stack shape
+      {{0, 1, 16, GGMLType::F32, 0.25f}},                                     // one group: one item
+  };
+  const int64_t M = 6, ld = 53;
+  for (const int threads : {2, 3})
+    for (const bool packed : {false, true})
+      for (const int64_t K : {int64_t(37), int64_t(53)}) {
+        auto be = backend_for(GetParam(), threads);
+        const auto X = randv(rng, size_t(M * K));
+        for (size_t c = 0; c < cases.size(); ++c) {
+          std::vector<const QWeight*> A;
+          std::vector<RunTarget> t, ts;
+          std::vector<float> ya(size_t(M * ld), 777.0f), ys(size_t(M * ld), 777.0f);
+          for (const Spec& sp : cases[c]) {
+            A.push_back(&keep.emplace_back(make_weight(rng, sp.ta, sp.rank, K)));
+            t.push_back({sp.m0, sp.n, packed ? be->prepare(A.back()->view()) : A.back()->view(),
+                         ya.data() + sp.m0 * ld, ld, sp.scale});
+            ts.push_back({sp.m0, sp.n, packed ? scalar->prepare(A.back()->view()) : A.back()->view(),
+                          ys.data() + sp.m0 * ld, ld, sp.scale});
+          }
+          be->matmul_runs(X.data(), K, t.data(), int(t.size()));
+          scalar->matmul_runs(X.data(), K, ts.data(), int(ts.size()));
+          const std::string what = cat(GetParam(), " threads ", threads, packed ? " packed" : " rows", " K ", K,
+                                       " case ", c);
+          for (size_t i = 0; i < ya.size(); ++i) ASSERT_EQ(ya[i], ys[i]) << what << " vs scalar at " << i;
+          for (size_t i = 0; i < cases[c].size(); ++i) {
+            const Spec& sp = cases[c][i];
+            std::vector<double> ref, mag;
+            ref_gemm(X.data() + sp.m0 * K, sp.n, *A[i], ref, mag);
+            for (int64_t m = 0; m < sp.n; ++m)
+              for (int64_t j = 0; j < sp.rank; ++j) {
+                const size_t k = size_t(m * sp.rank + j);
+                ASSERT_NEAR(ya[size_t((sp.m0 + m) * ld + j)], sp.scale * ref[k], std::fabs(sp.scale) * gemm_tol(K, mag[k]))
+                    << what << " target " << i << " m " << m << " j " << j;
+              }
+          }
+        }
+      }
+}
+
+// A shrink handed to the GEMM (LoraDelta::shrink: run in its pass, ahead of its items) gives
+// the same ya and the same outputs, bit for bit, as matmul_runs then the GEMM: matmul_multi
+// (the shrink on its second target, read by all three), matmul_add and ffn_glu; decode (1 row),
+// runs of 1-2 rows with base rows between, 1 to 3 threads, Q8_0 and F32 base weights, and the
+// reference backend (which does not ask for it but runs one given).
+void check_fused_shrink(Backend& be) {
+  std::mt19937 rng(29);
+  std::deque<QWeight> keep;
+  auto make = [&](GGMLType t, int64_t N, int64_t K) -> const QWeight& { return keep.emplace_back(make_weight(rng, t, N, K)); };
+  const int64_t K = 64, N = 37, R = 16, ld = 3 * R;
+  for (const GGMLType tw : {GGMLType::Q8_0, GGMLType::F32})
+    for (const int64_t M : {int64_t(1), int64_t(6)}) {
+      const auto X = randv(rng, size_t(M * K));
+      // Runs: M == 1: row 0; else rows 0, [2, 4), 5 (rows 1 and 4: the base).
+      struct Run {
+        int64_t m0, n;
+      };
+      const std::vector<Run> runs = M == 1 ? std::vector<Run>{{0, 1}} : std::vector<Run>{{0, 1}, {2, 2}, {5, 1}};
+      std::vector<const QWeight*> A;
+      std::vector<std::array<const QWeight*, 3>> B;
+      for (size_t i = 0; i < runs.size(); ++i) {
+        A.push_back(&make(GGMLType::F16, ld, K));  // (a Q/K/V stack)
+        B.push_back({&make(GGMLType::F16, N, R), &make(GGMLType::F16, N, R), &make(GGMLType::F16, N, R)});
+      }
+      const QWeight &W0 = make(tw, N, K), &W1 = make(tw, N, K), &W2 = make(tw, N, K);
+      auto view = [&](const QWeight& w) { return be.prepare(w.view()); };
+      // fused: whether the GEMM runs the shrink; out: every output of the three calls, then ya.
+      auto go = [&](bool fused, std::vector<float>& out) {
+        std::vector<float> ya(size_t(M * ld), 777.0f);
+        std::vector<RunTarget> t;
+        std::array<std::vector<LoraRun>, 3> lr;
+        for (size_t i = 0; i < runs.size(); ++i) {
+          t.push_back({runs[i].m0, runs[i].n, view(*A[i]), ya.data() + runs[i].m0 * ld, ld, 0.5f + float(i)});
+          for (int s = 0; s < 3; ++s)
+            lr[size_t(s)].push_back({runs[i].m0, runs[i].n, ya.data() + runs[i].m0 * ld + s * R, ld, view(*B[i][size_t(s)])});
+        }
+        LoraDelta d[3];
+        for (int s = 0; s < 3; ++s) d[s] = {lr[size_t(s)].data(), int32_t(runs.size())};
+        out.clear();
+        auto take = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+        // matmul_multi (Q, K, V)
+        if (fused) d[1].shrink = t.data(), d[1].n_shrink = int32_t(t.size());
+        else be.matmul_runs(X.data(), K, t.data(), int(t.size()));
+        std::vector<float> Y0(size_t(M * N)), Y1(size_t(M * N)), Y2(size_t(M * N));
+        Backend::MatmulTarget mt[3] = {{view(W0), Y0.data(), N}, {view(W1), Y1.data(), N}, {view(W2), Y2.data(), N}};
+        for (int s = 0; s < 3; ++s) mt[s].lora = d[s];
+        be.matmul_multi(X.data(), M, mt, 3);
+        take(Y0), take(Y1), take(Y2), take(ya);
+        // matmul_add (a fresh shrink into ya)
+        std::fill(ya.begin(), ya.end(), 777.0f);
+        LoraDelta da = d[0];
+        da.shrink = nullptr, da.n_shrink = 0;
+        if (fused) da.shrink = t.data(), da.n_shrink = int32_t(t.size());
+        else be.matmul_runs(X.data(), K, t.data(), int(t.size()));
+        std::vector<float> Yr(size_t(M * N), 1.0f);
+        be.matmul_add(X.data(), M, view(W0), Yr.data(), da);
+        take(Yr), take(ya);
+        // ffn_glu (the shrink on up's delta)
+        std::fill(ya.begin(), ya.end(), 777.0f);
+        LoraDelta gu[2] = {d[0], d[2]};
+        for (auto& x : gu) x.shrink = nullptr, x.n_shrink = 0;
+        if (fused) gu[1].shrink = t.data(), gu[1].n_shrink = int32_t(t.size());
+        else be.matmul_runs(X.data(), K, t.data(), int(t.size()));
+        std::vector<float> G(size_t(M * N));
+        be.ffn_glu(X.data(), M, view(W0), view(W1), GateAct::SiLU, G.data(), gu);
+        take(G), take(ya);
+      };
+      std::vector<float> sep, fus;
+      go(false, sep);
+      go(true, fus);
+      ASSERT_EQ(sep.size(), fus.size());
+      for (size_t i = 0; i < sep.size(); ++i)
+        ASSERT_EQ(fus[i], sep[i]) << be.name() << " " << type_traits(tw).name << " M " << M << " at " << i;
+    }
+}
+
+TEST_P(KernelTest, LoraFusedShrinkSameBits) {
+  for (const int threads : {1, 2, 3}) check_fused_shrink(*backend_for(GetParam(), threads));
+}
+TEST(ReferenceBackend, LoraFusedShrinkSameBits) { check_fused_shrink(*make_backend("reference", 2)); }
+
+// A decode batch mixing adapters: runs of one row each, every one its own B, expanded several
+// at once (Isa::gemv_runs) where the ISA has it; with a 2-row run, a base row, a B of another
+// type and one of another rank between them (the batch splits there). Bit-identical to the
+// scalar ISA (one fma chain over the rank per output, whichever path), for matmul_add (one
+// group per item at N = 21 and two at 35) and ffn_glu.
+TEST_P(KernelTest, LoraSingleRowRunsToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(31);
+  std::deque<QWeight> keep;
+  const int64_t M = 9, K = 64;
+  struct Spec {
+    int64_t m0, n, rank;
+    GGMLType tb;
+  };
+  // rows 0-3: four single-row F16 runs; 4-5: a 2-row run; 6: base; 7: F32 B; 8: rank 5
+  const Spec specs[] = {{0, 1, 16, GGMLType::F16}, {1, 1, 16, GGMLType::F16}, {2, 1, 16, GGMLType::F16},
+                        {3, 1, 16, GGMLType::F16}, {4, 2, 16, GGMLType::F16}, {7, 1, 16, GGMLType::F32},
+                        {8, 1, 5, GGMLType::F16}};
+  const auto X = randv(rng, size_t(M * K));
+  const auto ya = randv(rng, size_t(M * 16));
+  for (const int64_t N : {int64_t(21), int64_t(35)}) {
+    const QWeight& W = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
+    const QWeight& Wu = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
+    std::vector<const QWeight*> B, Bu;
+    for (const Spec& sp : specs) {
+      B.push_back(&keep.emplace_back(make_weight(rng, sp.tb, N, sp.rank)));
+      Bu.push_back(&keep.emplace_back(make_weight(rng, sp.tb, N, sp.rank)));
+    }
+    auto run = [&](Backend& be, std::vector<float>& out) {
+      std::vector<LoraRun> r, ru;
+      for (size_t i = 0; i < std::size(specs); ++i) {
+        r.push_back({specs[i].m0, specs[i].n, ya.data() + specs[i].m0 * 16, 16, be.prepare(B[i]->view())});
+        ru.push_back({specs[i].m0, specs[i].n, ya.data() + specs[i].m0 * 16, 16, be.prepare(Bu[i]->view())});
+      }
+      out.assign(size_t(M * N), 0.5f);
+      be.matmul_add(X.data(), M, be.prepare(W.view()), out.data(), LoraDelta{r.data(), int32_t(r.size())});
+      std::vector<float> A(size_t(M * N));
+      const LoraDelta gu[2] = {{r.data(), int32_t(r.size())}, {ru.data(), int32_t(ru.size())}};
+      be.ffn_glu(X.data(), M, be.prepare(W.view()), be.prepare(Wu.view()), GateAct::SiLU, A.data(), gu);
+      out.insert(out.end(), A.begin(), A.end());
+    };
+    std::vector<float> a, b;
+    run(*native, a);
+    run(*scalar, b);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << GetParam() << " N " << N << " at " << i;
+  }
+}
 
 // A row's LoRA delta does not depend on the rows around it (the numerics contract of the GEMM
 // holds with deltas: decode == prefill, alone == mixed), and every ISA gives the scalar bits.

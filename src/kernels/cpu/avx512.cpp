@@ -170,6 +170,47 @@ struct Avx512Isa : Avx2Isa {
     if (ng == 2) return gemvf_rows<T, 2>(groups, K, x, ldx, mr, c);
     gemvf_rows<T, 1>(groups, K, x, ldx, mr, c);
   }
+  // LoRA's expand over nr single-row runs at once (Drivers::add_lora, a decode batch mixing
+  // adapters): c (nr, 16 ng) row r = x[r] (K,) @ [groups[r ng] .. groups[r ng + ng - 1]], each
+  // run its own B; nr <= 4, ng <= 2. The same fma chain per output as gemvf_t (over k in order
+  // from 0), the runs' chains side by side (independent: up to 8 in flight instead of 2).
+  template <GGMLType T, int NR, int NG>
+  static void gemvf_runs_t(const uint8_t* const* groups, int64_t K, const float* const* x, float* c) {
+    __m512 acc[NR][NG];
+    for (int r = 0; r < NR; ++r)
+      for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k)
+      for (int r = 0; r < NR; ++r) {
+        const __m512 a = _mm512_set1_ps(x[r][k]);
+        for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_fmadd_ps(a, wload<T>(groups[r * NG + g], k), acc[r][g]);
+      }
+    for (int r = 0; r < NR; ++r)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + r * 16 * NG + 16 * g, acc[r][g]);
+  }
+  template <GGMLType T, int NG>
+  static void gemvf_runs_n(const uint8_t* const* groups, int nr, int64_t K, const float* const* x, float* c) {
+    switch (nr) {
+      case 1: return gemvf_runs_t<T, 1, NG>(groups, K, x, c);
+      case 2: return gemvf_runs_t<T, 2, NG>(groups, K, x, c);
+      case 3: return gemvf_runs_t<T, 3, NG>(groups, K, x, c);
+      case 4: return gemvf_runs_t<T, 4, NG>(groups, K, x, c);
+      default: fail("gemv_runs: ", nr, " runs (1..4)");
+    }
+  }
+  template <GGMLType T>
+  static void gemvf_runs(const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x, float* c) {
+    if (ng == 2) return gemvf_runs_n<T, 2>(groups, nr, K, x, c);
+    gemvf_runs_n<T, 1>(groups, nr, K, x, c);
+  }
+  static void gemv_runs(GGMLType t, const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x,
+                        float* c) {
+    switch (t) {
+      case GGMLType::F32: return gemvf_runs<GGMLType::F32>(groups, ng, nr, K, x, c);
+      case GGMLType::F16: return gemvf_runs<GGMLType::F16>(groups, ng, nr, K, x, c);
+      case GGMLType::BF16: return gemvf_runs<GGMLType::BF16>(groups, ng, nr, K, x, c);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
   static void gemv_rows(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t ldx,
                         int mr, float* c) {
     switch (t) {

@@ -10,10 +10,16 @@
 //   one fma chain over 32-blocks in order).
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <thread>
 #include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -47,6 +53,11 @@ struct Drivers {
   // Per worker thread: the work item's accumulators C (M, kItemGroups * kGroup), the weights of
   // one K chunk unpacked to f32 (kKC, kGroup) per group, and rows dequantized before transposing.
   static constexpr int kItemGroups = 2;
+  static void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+  }
   static constexpr int64_t kQPerKC = kKC / kQBlock;
   struct alignas(64) Scratch {
     std::vector<float> c;
@@ -289,10 +300,45 @@ struct Drivers {
   // B's groups are read once per item whatever the run's rows.
   static constexpr int kLoraDirectRows = 4;
   static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t M, float* C, int64_t ldc, Scratch& s) {
+    // Runs of one row each (decode, several adapters), packed B of one type and rank: up to
+    // kLoraDirectRows of them at once (Isa::gemv_runs: their chains side by side; the same
+    // chain per output as gemv_rows, so the same bits), the others one by one below.
+    [[maybe_unused]] int32_t pend[kLoraDirectRows];
+    [[maybe_unused]] int np = 0;
+    [[maybe_unused]] auto flush = [&] {
+      if constexpr (requires { Isa::gemv_runs; }) {
+        if (np == 0) return;
+        const LoraRun& r0 = d.runs[pend[0]];
+        const uint64_t gb = group_bytes(r0.B.type, r0.B.n_cols);
+        const uint8_t* g[kLoraDirectRows * kItemGroups];
+        const float* x[kLoraDirectRows];
+        for (int q = 0; q < np; ++q) {
+          const LoraRun& rq = d.runs[pend[q]];
+          for (int i = 0; i < ng; ++i) g[q * ng + i] = static_cast<const uint8_t*>(rq.B.data) + uint64_t(n0 / kGroup + i) * gb;
+          x[q] = rq.ya + (std::max<int64_t>(rq.m0, 0) - rq.m0) * rq.ldya;
+        }
+        alignas(64) float dl[kLoraDirectRows * kItemGroups * kGroup];
+        Isa::gemv_runs(r0.B.type, g, ng, np, r0.B.n_cols, x, dl);
+        const int w = ng * kGroup;
+        for (int q = 0; q < np; ++q) {
+          float* c = C + std::max<int64_t>(d.runs[pend[q]].m0, 0) * ldc;
+          for (int j = 0; j < w; ++j) c[j] += dl[q * w + j];
+        }
+        np = 0;
+      }
+    };
     for (int32_t r = 0; r < d.n; ++r) {
       const LoraRun& run = d.runs[r];
       const int64_t R = run.B.n_cols, lo = std::max<int64_t>(run.m0, 0), hi = std::min(M, run.m0 + run.n);
       if (hi <= lo) continue;
+      if constexpr (requires { Isa::gemv_runs; }) {
+        if (run.B.layout == WeightLayout::Packed && hi - lo == 1) {
+          if (np > 0 && (d.runs[pend[0]].B.type != run.B.type || d.runs[pend[0]].B.n_cols != R)) flush();
+          pend[np++] = r;
+          if (np == kLoraDirectRows) flush();
+          continue;
+        }
+      }
       if constexpr (requires { Isa::gemv_rows; }) {
         // A few rows (decode): B's groups converted in registers, no unpacked copy (the per-group
         // unpack and mk_rows' setup cost more than the rank's FMAs), the groups side by side
@@ -312,6 +358,7 @@ struct Drivers {
       }
       for (int i = 0; i < ng; ++i) add_lora_unpacked(run, n0 + i * kGroup, lo, hi, C + i * kGroup, ldc, s);
     }
+    flush();
   }
   // One run over one group through B's group unpacked to f32 (any rows; GGUF rows too).
   static void add_lora_unpacked(const LoraRun& run, int64_t n0, int64_t lo, int64_t hi, float* C, int64_t ldc,
@@ -343,27 +390,66 @@ struct Drivers {
     }
   }
 
-  // Backend::matmul_runs. Work items: (target, block of kMC rows, kItemGroups groups of A's
-  // rows), so one parallel pass covers every adapter's shrink; each item is a float_item over
-  // the target's rows (the same numerics as gemm: one fma chain over K), then scaled.
-  static void gemm_runs(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
-                        int threads) {
-    auto pairs = [&](int i) { return (n_groups(segs[i].n_rows) + kItemGroups - 1) / kItemGroups; };
-    auto items = [&](int i) { return (t[i].n + kMC - 1) / kMC * pairs(i); };
+  // Backend::matmul_runs. Work items: (target, block of kMC rows, gpi groups of A's rows), so
+  // one parallel pass covers every adapter's shrink; each item is a float_item over the
+  // target's rows (the same numerics as gemm: one fma chain over K per output, whatever gpi),
+  // then scaled. gpi = kItemGroups (the X rows loaded once serve both) unless that leaves fewer
+  // than two items per thread (decode: one adapter's O or down shrink is one group, its gate/up
+  // two, one item), then one group per item so no thread idles while another does two.
+  struct RunsPlan {
+    const float* X;
+    int64_t K;
+    const RunTarget* t;
+    const GemmSeg* segs;
+    int n, threads, gpi;
     int64_t n_items = 0;
-    for (int i = 0; i < n; ++i) n_items += items(i);
-    const int64_t ldc = kItemGroups * kGroup;
-    parallel_for(n_items, threads, 1, [&](int64_t p) {
-      int i = 0;
+    RunsPlan(const float* X_, int64_t K_, const RunTarget* t_, const GemmSeg* s_, int n_, int threads_)
+        : X(X_), K(K_), t(t_), segs(s_), n(n_), threads(threads_) {
+      int64_t n_pairs = 0;
+      for (int i = 0; i < n; ++i)
+        n_pairs += (t[i].n + kMC - 1) / kMC * ((n_groups(segs[i].n_rows) + kItemGroups - 1) / kItemGroups);
+      gpi = threads > 1 && n_pairs < 2 * int64_t(threads) ? 1 : kItemGroups;
+      for (int i = 0; i < n; ++i) n_items += items(i);
+    }
+    int64_t units(int i) const { return (n_groups(segs[i].n_rows) + gpi - 1) / gpi; }
+    int64_t items(int i) const { return (t[i].n + kMC - 1) / kMC * units(i); }
+    // Item p's sources (target i, rows [mb, mb + rows)); returns their count.
+    int sources(int64_t p, int& i, int64_t& mb, int64_t& rows, Source* src) const {
+      i = 0;
       for (int64_t c; p >= (c = items(i)); ++i) p -= c;
-      const int64_t gp = pairs(i), mb = p / gp * kMC, rows = std::min(kMC, t[i].n - mb);
-      Source src[kItemGroups];
+      const int64_t gp = units(i);
+      mb = p / gp * kMC;
+      rows = std::min(kMC, t[i].n - mb);
       int ns = 0;
-      for (int j = 0; j < kItemGroups; ++j) {
-        const int64_t n0 = (p % gp * kItemGroups + j) * kGroup;
+      for (int j = 0; j < gpi; ++j) {
+        const int64_t n0 = (p % gp * gpi + j) * kGroup;
         if (n0 >= segs[i].n_rows) break;
         src[ns++] = {&segs[i], n0, int(std::min<int64_t>(kGroup, segs[i].n_rows - n0))};
       }
+      return ns;
+    }
+    void run(int64_t p) const {
+      int i;
+      int64_t mb, rows;
+      Source src[kItemGroups];
+      const int ns = sources(p, i, mb, rows, src);
+      // A's groups are streamed once (decode: a few KiB each, cold): the head of this item's
+      // groups and of the item this thread likely takes next (p + threads) asked for now, so
+      // the GEMV's own prefetch (kPrefetch ahead) does not start from a miss.
+      if (segs[i].packed) {
+        for (int q = 0; q < ns; ++q)
+          Isa::prefetch_bytes(src[q].group(), std::min<int64_t>(int64_t(segs[i].row_bytes), kRunsPrefetch));
+        if (p + threads < n_items) {
+          int i2;
+          int64_t mb2, rows2;
+          Source nx[kItemGroups];
+          const int ns2 = sources(p + threads, i2, mb2, rows2, nx);
+          if (segs[i2].packed)
+            for (int q = 0; q < ns2; ++q)
+              Isa::prefetch_bytes(nx[q].group(), std::min<int64_t>(int64_t(segs[i2].row_bytes), kRunsPrefetch));
+        }
+      }
+      const int64_t ldc = kItemGroups * kGroup;
       Scratch& s = scratch();
       if (s.c.size() < size_t(rows * ldc)) s.c.resize(size_t(rows * ldc));
       float_item(X + (t[i].m0 + mb) * K, rows, K, src, ns, s, s.c.data(), ldc);
@@ -373,11 +459,29 @@ struct Drivers {
           float* y = t[i].Y + (mb + m) * t[i].ldy + src[q].n0;
           for (int j = 0; j < src[q].cnt; ++j) y[j] = t[i].scale * c[j];
         }
-    });
+    }
+  };
+  static void gemm_runs(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
+                        int threads) {
+    const RunsPlan plan(X, K, t, segs, n, threads);
+    parallel_for(plan.n_items, threads, 1, [&](int64_t p) { plan.run(p); });
+  }
+  static constexpr int64_t kRunsPrefetch = 2048;  // bytes of each A group's head (gemm_runs)
+
+  // The expand's B groups for an item's output rows [n0, n0 + ng*kGroup), every run's, asked
+  // for before the item's base GEMV so that add_lora finds them in cache (a rank-16 group is
+  // 512 bytes in F16: a few misses in a row, each a full memory latency, otherwise).
+  static void prefetch_lora(const LoraDelta& d, int64_t n0, int ng) {
+    for (int32_t r = 0; r < d.n; ++r) {
+      const WeightView& B = d.runs[r].B;
+      if (B.layout != WeightLayout::Packed) continue;
+      const uint64_t gb = group_bytes(B.type, B.n_cols);
+      Isa::prefetch_bytes(static_cast<const uint8_t*>(B.data) + uint64_t(n0 / kGroup) * gb, int64_t(gb) * ng);
+    }
   }
 
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
-                   Epilogue e, QAct& qa, int threads) {
+                   Epilogue e, QAct& qa, int threads, const RunsJob& pre) {
     // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
     // groups of one segment (the X rows loaded once serve both).
     const bool swiglu = e == Epilogue::SwiGLU || e == Epilogue::GeGLU;  // (either gated form)
@@ -399,7 +503,25 @@ struct Drivers {
     // the prefetchers follow), while still dynamic enough to even out a thread that was
     // preempted. Large M: one item at a time.
     const int64_t run = M <= 16 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
-    parallel_for(n_items, threads, run, [&](int64_t p) {
+    // A LoRA shrink over the same X (RunsJob): its items first, one at a time, on every thread
+    // that arrives, then this GEMM's; an epilogue adding a delta waits until every shrink item
+    // is done (by then all were taken: a thread takes GEMM items only once none is left, so the
+    // wait is the tail of the last one, where a separate region waited for all of them and for
+    // its own join). One region where there were two, and no thread idles at the shrink.
+    // The wait spins (pause) as the pool's join does before it yields: a yield on a busy
+    // machine can hand the core to another process for a whole time slice. (Each counter on its
+    // own cache line: the waiter's loads do not contend with the other counters' updates.)
+    alignas(64) std::atomic<int64_t> sh_next{0};
+    alignas(64) std::atomic<int64_t> sh_done{0};
+    std::optional<RunsPlan> plan;
+    if (pre.n > 0) plan.emplace(X, K, pre.t, pre.segs, pre.n, threads);
+    const int64_t n_sh = plan ? plan->n_items : 0;
+    auto shrink_ready = [&] {
+      for (int spins = 0; sh_done.load(std::memory_order_acquire) < n_sh; ++spins)
+        if (spins < 4096) spin_pause();
+        else std::this_thread::yield();
+    };
+    auto body = [&](int64_t p) {
       Scratch& s = scratch();
       if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
       int si = 0;
@@ -420,7 +542,18 @@ struct Drivers {
           src[nsrc++] = {&g, n0, int(std::min<int64_t>(kGroup, g.n_rows - n0))};
         }
       }
+      if (nsrc == 2 && src[0].seg == src[1].seg) {
+        if (src[0].seg->lora.n > 0) prefetch_lora(src[0].seg->lora, src[0].n0, 2);
+      } else {
+        for (int i = 0; i < nsrc; ++i)
+          if (src[i].seg->lora.n > 0) prefetch_lora(src[i].seg->lora, src[i].n0, 1);
+      }
       item(X, qa, M, K, src, nsrc, s, ldc);
+      if (n_sh > 0) {
+        bool any = false;
+        for (int i = 0; i < nsrc; ++i) any = any || src[i].seg->lora.n > 0;
+        if (any) shrink_ready();
+      }
       if (nsrc == 2 && src[0].seg == src[1].seg) {  // (two groups of one weight: expanded side by side)
         if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, M, s.c.data(), ldc, s);
       } else {
@@ -452,6 +585,25 @@ struct Drivers {
                                  g.rope_cs + m * g.rope_n_rot);
         }
       }
+    };
+    if (n_sh == 0) return parallel_for(n_items, threads, run, body);
+    if (threads <= 1) {
+      for (int64_t p = 0; p < n_sh; ++p) plan->run(p);
+      sh_done.store(n_sh, std::memory_order_relaxed);
+      for (int64_t p = 0; p < n_items; ++p) body(p);
+      return;
+    }
+    alignas(64) std::atomic<int64_t> next{0};
+    parallel(int(std::min<int64_t>(threads, n_sh + n_items)), [&](int, int) {
+      for (int64_t p; (p = sh_next.fetch_add(1, std::memory_order_relaxed)) < n_sh;) {
+        struct Done {  // (counted even if the item throws: no thread waits forever)
+          std::atomic<int64_t>& d;
+          ~Done() { d.fetch_add(1, std::memory_order_release); }
+        } done{sh_done};
+        plan->run(p);
+      }
+      for (int64_t b; (b = next.fetch_add(run, std::memory_order_relaxed)) < n_items;)
+        for (int64_t p = b, end = std::min(n_items, b + run); p < end; ++p) body(p);
     });
   }
 };
