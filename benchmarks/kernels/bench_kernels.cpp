@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/kernels.h"
 #include "kernels/peak.h"
 #include "kernels/quant.h"
@@ -152,6 +153,12 @@ void GemmArgs(benchmark::internal::Benchmark* b) {
   for (const int64_t m : {16, 17, 32, 64, 128}) b->Args({m, 2048, 2048});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
+// Large chunks against small ones on the 110m shape's FFN (gate/up 2048x768, down 768x2048): a
+// prefill chunk of M rows should cost no more per row at M = 1024-2048 than at 128-256.
+void LargeMArgs(benchmark::internal::Benchmark* b) {
+  for (const int64_t m : {128, 256, 512, 1024, 2048}) b->Args({m, 2048, 768})->Args({m, 768, 2048});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
 void GemvArgs(benchmark::internal::Benchmark* b) {
   b->Args({1, 5632, 2048})->Args({1, 2048, 5632})->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
@@ -230,6 +237,8 @@ FT_TYPE_BENCH(q8_0, Q8_0)
 FT_TYPE_BENCH(q4_0, Q4_0)
 FT_TYPE_BENCH(q4_k, Q4_K)
 FT_TYPE_BENCH(q6_k, Q6_K)
+BENCHMARK_CAPTURE(BM_GemmPct, q8_0_large_m, ft::GGMLType::Q8_0)->Apply(LargeMArgs);
+BENCHMARK_CAPTURE(BM_GemmPct, f16_large_m, ft::GGMLType::F16)->Apply(LargeMArgs);
 #ifdef FT_HAVE_OPENBLAS
 BENCHMARK(BM_OpenBLAS_sgemm)->Apply(GemmArgs);
 #endif
@@ -238,5 +247,17 @@ BENCHMARK(BM_FlashAttention)
     ->Args({1024, 512, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// Dispatch cost of the worker pool: one region of nt threads whose work is one relaxed add per
+// thread (the fixed cost every GEMM, attention call and RoPE pays), back to back as in a forward
+// pass (workers spinning between regions).
+static void BM_PoolRegion(benchmark::State& state) {
+  const int nt = int(state.range(0));
+  std::atomic<int64_t> sink{0};
+  for (auto _ : state)
+    ft::cpu::parallel(nt, [&](int t, int) { sink.fetch_add(t, std::memory_order_relaxed); });
+  benchmark::DoNotOptimize(sink.load());
+}
+BENCHMARK(BM_PoolRegion)->Arg(2)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -5,6 +5,11 @@
 #   docs/bench/vs_llamacpp.sh [TYPES...]        (default: q4_0 q8_0 q4_k_m f16)
 # Env: MODELS (dir for the generated files, default /tmp/ft-models), ISAS (default: all this
 # CPU runs), THREADS (2), SERVE=0 skips the server comparison.
+# Each of our ISA levels is compared with llama.cpp's build for the same level (FT_ISA=avx2 with
+# its haswell backend, avx_vnni with alderlake, avx512 with icelake): the reference loads the
+# best libggml-cpu-*.so found beside its executable, so each level runs from a folder holding a
+# copy of llama-bench and only that backend (the other libraries linked). The servers' TTFT
+# compares both engines at their best level.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FT=build/firsttoken
@@ -15,6 +20,27 @@ TYPES=("$@"); [ ${#TYPES[@]} -gt 0 ] || TYPES=(q4_0 q8_0 q4_k_m f16)
 ISAS=${ISAS:-$($FT bench peak -t 1 | awk 'NR>1 && $1=="1" {print $2}')}
 [ -x "$R/llama-bench" ] || { echo "no reference engine at $R" >&2; exit 1; }
 mkdir -p "$M"
+# llama-bench restricted to one ggml CPU backend: a folder with a copy of the executable (its
+# directory is where ggml looks; a symlink would resolve back to $R) and only that backend.
+ref_bench() {  # isa -> path of a llama-bench that loads the matching backend
+  local level
+  case "$1" in
+    avx2) level=haswell ;;
+    avx_vnni) level=alderlake ;;
+    avx512) level=icelake ;;
+    *) echo "$R/llama-bench"; return ;;
+  esac
+  [ -f "$R/libggml-cpu-$level.so" ] || { echo "$R/llama-bench"; return; }
+  local d="${TMPDIR:-/tmp}/ft-llama-$level"
+  mkdir -p "$d"
+  cp -f "$R/llama-bench" "$d/"
+  for l in "$R"/lib*.so; do
+    case "$(basename "$l")" in libggml-cpu-*) continue ;; esac
+    ln -sf "$(realpath "$l")" "$d/"
+  done
+  ln -sf "$(realpath "$R/libggml-cpu-$level.so")" "$d/"
+  echo "$d/llama-bench"
+}
 
 echo "| file | ISA | prefill ours t/s | llama.cpp | ratio | % of ceiling | decode ours t/s | llama.cpp | ratio | % of bandwidth |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
@@ -24,7 +50,9 @@ for t in "${TYPES[@]}"; do
   for isa in $ISAS; do
     [ "$isa" = scalar ] && continue
     ours=$(FT_ISA=$isa $FT bench model -m "$f" -p 512 -n 32 -r 2 -t "$T" | grep '^|')
-    ref=$("$R/llama-bench" -m "$f" -t "$T" -p 512 -n 32 -r 2 -o csv 2>/dev/null | tail -2 |
+    lb=$(ref_bench "$isa")
+    "$lb" -m "$f" -t "$T" -p 1 -n 0 -r 1 -v 2>&1 >/dev/null | grep -m1 'loaded CPU backend' >&2 || true
+    ref=$("$lb" -m "$f" -t "$T" -p 512 -n 32 -r 2 -o csv 2>/dev/null | tail -2 |
           python3 -c 'import sys,csv; print(" ".join(r[-2] for r in csv.reader(sys.stdin)))')
     python3 - "$t" "$isa" "$ours" "$ref" <<'PY'
 import sys

@@ -301,6 +301,62 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   }
 }
 
+// Large M runs in row blocks (kernels_impl.h: row_blocks), block by block: a row's result must
+// still be the bits it gets in any small batch (so, by GemmBitIdenticalToScalar, the scalar
+// set's), through every epilogue: store with bias and fused RoPE, residual add with a LoRA run
+// that crosses the block boundary, the gated FFN.
+TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
+  auto be = backend_for(GetParam());
+  std::mt19937 rng(29);
+  // K = 2304: blocks of 256 rows, so M = 521 is 2 blocks (260 + 261).
+  const int64_t K = 2304, hd = 16, Nq = 2 * hd, Nk = 19, M = 521, R = 16, lo_run = 40, hi_run = 300;
+  RopeParams rp;
+  rp.style = RopeStyle::Interleaved;
+  rp.n_rot = int32_t(hd);
+  rp.freq_base = 10000.0f;
+  std::vector<int32_t> pos(static_cast<size_t>(M));
+  for (auto& p : pos) p = int32_t(rng() % 5000);
+  std::vector<float> cs(size_t(M * hd));
+  be->rope_table(pos.data(), M, rp, cs.data());
+  const auto X = randv(rng, size_t(M * K));
+  const auto bq = randv(rng, size_t(Nq));
+  const auto ya = randv(rng, size_t((hi_run - lo_run) * R));
+  const auto R0 = randv(rng, size_t(M * Nk));
+  for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+    SCOPED_TRACE(type_traits(t).name);
+    const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wu = make_weight(rng, t, Nq, K);
+    const QWeight B = make_weight(rng, GGMLType::F16, Nk, R);
+    // All three epilogues over rows [m0, m0 + n) of the batch, into rows [m0, m0 + n) of the outputs.
+    struct Out {
+      std::vector<float> q, k, res, ffn;
+    };
+    auto run = [&](Backend& b, int64_t m0, int64_t n, Out& o) {
+      Backend::MatmulTarget tg[2] = {{b.prepare(Wq.view()), o.q.data() + m0 * Nq, Nq, bq.data()},
+                                     {b.prepare(Wk.view()), o.k.data() + m0 * Nk, Nk, nullptr}};
+      tg[0].rope_cs = cs.data() + m0 * hd;
+      tg[0].rope_head_dim = int32_t(hd);
+      tg[0].rope_n_rot = int32_t(hd);
+      b.matmul_multi(X.data() + m0 * K, n, tg, 2);
+      const int64_t lo = std::max(lo_run, m0), hi = std::min(hi_run, m0 + n);
+      const LoraRun lr{lo - m0, hi - lo, ya.data() + (lo - lo_run) * R, R, b.prepare(B.view())};
+      b.matmul_add(X.data() + m0 * K, n, b.prepare(Wk.view()), o.res.data() + m0 * Nk, LoraDelta{&lr, hi > lo ? 1 : 0});
+      b.ffn_glu(X.data() + m0 * K, n, b.prepare(Wq.view()), b.prepare(Wu.view()), GateAct::SiLU, o.ffn.data() + m0 * Nq);
+    };
+    auto fresh = [&] { return Out{std::vector<float>(size_t(M * Nq)), std::vector<float>(size_t(M * Nk)), R0,
+                                  std::vector<float>(size_t(M * Nq))}; };
+    Out all = fresh(), parts = fresh();
+    run(*be, 0, M, all);
+    for (int64_t m0 = 0, n = 1; m0 < M; m0 += n, n = n % 23 + 1) run(*be, m0, std::min(n, M - m0), parts);
+    auto same = [&](const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << what << " at " << i;
+    };
+    same(all.q, parts.q, "q (bias, rope) vs small batches");
+    same(all.k, parts.k, "k vs small batches");
+    same(all.res, parts.res, "residual + lora vs small batches");
+    same(all.ffn, parts.ffn, "gated ffn vs small batches");
+  }
+}
+
 TEST_P(KernelTest, FusedQkvResidualSwiglu) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(3);

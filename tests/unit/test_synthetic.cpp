@@ -3,7 +3,9 @@
 // from the seed. Only the small shapes are generated here (110m / 1.1b take too long).
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <set>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -474,6 +476,54 @@ TEST(MappedMemory, ForwardScratchHoldsEveryActivation) {
   const uint64_t floats = uint64_t(M) * (2 * hp.dim + 2 * hp.q_dim() + 2 * hp.kv_dim() + hp.ffn_dim);
   EXPECT_GE(fwd.scratch().size(), floats * sizeof(float));
   EXPECT_LE(fwd.scratch().size(), (floats + 7 * 16) * sizeof(float));
+}
+
+// Forward's constructor faults in the token embedding (it stays in the file mapping; embed()
+// reads single rows), so the first request does not wait on page faults. Checked by mincore()
+// on the embedding's pages of a file whose page cache was dropped after loading (and whose
+// mapping reads no pages around a fault): without the prefault, they stay out until a token's
+// row is read.
+TEST(MappedMemory, ForwardPrefaultsTheTokenEmbedding) {
+  FT_REQUIRE_SHARED(vocab, "models/stories260K.gguf");  // 512 tokens: a 512 KiB F32 table
+  SyntheticOptions opt;
+  opt.shape = "tiny-256";
+  opt.vocab_path = vocab;
+  TempFile tmp("prefault-tiny256.gguf");
+  write_synthetic_model(opt, tmp.path());
+  auto drop_cache = [&] {
+    const int fd = open(tmp.path().c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // (leaves the pages this process has mapped)
+    close(fd);
+  };
+  drop_cache();
+  const auto model = Model::load(tmp.path());
+  // No read-around on faults (the device's readahead window, often MBs, would bring the whole
+  // small file in as soon as Forward reads any other weight).
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (const auto& t : model->file().tensors()) {
+    lo = std::min(lo, uintptr_t(t.data));
+    hi = std::max(hi, uintptr_t(t.data) + t.n_bytes);
+  }
+  ASSERT_EQ(madvise(reinterpret_cast<void*>(lo / page * page), hi - lo / page * page, MADV_RANDOM), 0);
+  drop_cache();
+  const WeightView& e = model->weights().token_embd;
+  ASSERT_NE(e.data, nullptr);
+  const uint64_t bytes = *row_bytes(e.type, uint64_t(e.n_cols)) * uint64_t(e.n_rows);
+  const uintptr_t b = uintptr_t(e.data) / page * page, end = uintptr_t(e.data) + bytes;
+  std::vector<unsigned char> vec((end - b + page - 1) / page);
+  auto resident = [&] {
+    EXPECT_EQ(mincore(reinterpret_cast<void*>(b), end - b, vec.data()), 0) << std::strerror(errno);
+    return int64_t(std::count_if(vec.begin(), vec.end(), [](unsigned char c) { return c & 1; }));
+  };
+  const int64_t before = resident();
+  if (before == int64_t(vec.size()))
+    GTEST_SKIP() << "the file's page cache could not be dropped here (tmpfs?): nothing to check";
+  auto be = make_backend("cpu", 1);
+  Forward fwd(*model, *be, 4);
+  EXPECT_EQ(resident(), int64_t(vec.size())) << "of " << vec.size() << " pages; " << before << " before Forward";
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -200,19 +201,21 @@ struct Drivers {
   }
 
   // Integer path (quantized weights; qa = X quantized): C as float_item.
-  static void int_item(const QAct& qa, int64_t M, int64_t K, const Source* src, int ns,
+  // (Rows [r0, r0 + M) of qa: a row block of a large GEMM.)
+  static void int_item(const QAct& qa, int64_t r0, int64_t M, int64_t K, const Source* src, int ns,
                        Scratch& s, float* C, int64_t ldc) {
     if (ns == 2 && src[0].seg->type != src[1].seg->type) {  // (a mixed gate/up pair: one at a time)
-      int_item(qa, M, K, src, 1, s, C, ldc);
-      return int_item(qa, M, K, src + 1, 1, s, C + kGroup, ldc);
+      int_item(qa, r0, M, K, src, 1, s, C, ldc);
+      return int_item(qa, r0, M, K, src + 1, 1, s, C + kGroup, ldc);
     }
     const GGMLType type = src[0].seg->type;
     const int64_t nkb = K / kQBlock;
     if constexpr (Isa::kFusedMaxM > 0) {
       // Small M (decode; and, where the Isa says so, small prefill chunks): straight from the
-      // packed bytes, all of K, no unpacked copy.
-      bool fused = M <= Isa::kFusedMaxM;
-      if constexpr (requires { Isa::fused_int(type, M); }) fused = Isa::fused_int(type, M);
+      // packed bytes, all of K, no unpacked copy. (Row blocks are never this small, r0 is 0 here;
+      // either path gives the same bits.)
+      bool fused = r0 == 0 && M <= Isa::kFusedMaxM;
+      if constexpr (requires { Isa::fused_int(type, M); }) fused = r0 == 0 && Isa::fused_int(type, M);
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
         if constexpr (requires { Isa::gemv_int_n; }) {  // (the item's groups in one pass)
@@ -245,10 +248,10 @@ struct Drivers {
           const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));
           IntRows xr;
           for (int j = 0; j < mr; ++j) {
-            xr.xq[j] = qa.xq.data() + (m0 + j) * K + k0;
-            xr.xq8[j] = qa.xq8.data() + (m0 + j) * K + k0;
-            xr.dx[j] = qa.dx.data() + (m0 + j) * nkb + k0 / kQBlock;
-            xr.xs[j] = qa.xs.data() + (m0 + j) * nkb + k0 / kQBlock;
+            xr.xq[j] = qa.xq.data() + (r0 + m0 + j) * K + k0;
+            xr.xq8[j] = qa.xq8.data() + (r0 + m0 + j) * K + k0;
+            xr.dx[j] = qa.dx.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
+            xr.xs[j] = qa.xs.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
           }
           const int16_t* V[kItemGroups] = {s.v[0], s.v[1]};
           const float* S1[kItemGroups] = {s.s1[0], s.s1[1]};
@@ -260,20 +263,22 @@ struct Drivers {
     }
   }
 
-  static void item(const float* X, const QAct& qa, int64_t M, int64_t K, const Source* src,
+  // Rows [r0, r0 + M) of X (and of qa) against the item's sources, into s.c (M, ldc).
+  static void item(const float* X, const QAct& qa, int64_t r0, int64_t M, int64_t K, const Source* src,
                    int ns, Scratch& s, int64_t ldc) {
     float* C = s.c.data();
+    X += r0 * K;
     const bool int0 = is_int_type(src[0].seg->type);
     bool same = true;
     for (int i = 1; i < ns; ++i) same = same && is_int_type(src[i].seg->type) == int0;
     if (!same) {  // (SwiGLU's gate and up on different paths: one at a time)
       for (int i = 0; i < ns; ++i) {
-        if (is_int_type(src[i].seg->type)) int_item(qa, M, K, src + i, 1, s, C + i * kGroup, ldc);
+        if (is_int_type(src[i].seg->type)) int_item(qa, r0, M, K, src + i, 1, s, C + i * kGroup, ldc);
         else float_item(X, M, K, src + i, 1, s, C + i * kGroup, ldc);
       }
       return;
     }
-    if (int0) return int_item(qa, M, K, src, ns, s, C, ldc);
+    if (int0) return int_item(qa, r0, M, K, src, ns, s, C, ldc);
     float_item(X, M, K, src, ns, s, C, ldc);
   }
 
@@ -299,29 +304,32 @@ struct Drivers {
   // output (mk_rows), then one add, so a row's result does not depend on the batch around it.
   // B's groups are read once per item whatever the run's rows.
   static constexpr int kLoraDirectRows = 4;
-  static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t M, float* C, int64_t ldc, Scratch& s) {
+  // (C holds the batch rows [r0, r0 + M): a row block of a large GEMM.)
+  static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t r0, int64_t M, float* C, int64_t ldc,
+                       Scratch& s) {
     // Runs of one row each (decode, several adapters), packed B of one type and rank: up to
     // kLoraDirectRows of them at once (Isa::gemv_runs: their chains side by side; the same
     // chain per output as gemv_rows, so the same bits), the others one by one below.
     [[maybe_unused]] int32_t pend[kLoraDirectRows];
+    [[maybe_unused]] int64_t pend_row[kLoraDirectRows];  // (the run's one row in the batch)
     [[maybe_unused]] int np = 0;
     [[maybe_unused]] auto flush = [&] {
       if constexpr (requires { Isa::gemv_runs; }) {
         if (np == 0) return;
-        const LoraRun& r0 = d.runs[pend[0]];
-        const uint64_t gb = group_bytes(r0.B.type, r0.B.n_cols);
+        const LoraRun& rp = d.runs[pend[0]];
+        const uint64_t gb = group_bytes(rp.B.type, rp.B.n_cols);
         const uint8_t* g[kLoraDirectRows * kItemGroups];
         const float* x[kLoraDirectRows];
         for (int q = 0; q < np; ++q) {
           const LoraRun& rq = d.runs[pend[q]];
           for (int i = 0; i < ng; ++i) g[q * ng + i] = static_cast<const uint8_t*>(rq.B.data) + uint64_t(n0 / kGroup + i) * gb;
-          x[q] = rq.ya + (std::max<int64_t>(rq.m0, 0) - rq.m0) * rq.ldya;
+          x[q] = rq.ya + (pend_row[q] - rq.m0) * rq.ldya;
         }
         alignas(64) float dl[kLoraDirectRows * kItemGroups * kGroup];
-        Isa::gemv_runs(r0.B.type, g, ng, np, r0.B.n_cols, x, dl);
+        Isa::gemv_runs(rp.B.type, g, ng, np, rp.B.n_cols, x, dl);
         const int w = ng * kGroup;
         for (int q = 0; q < np; ++q) {
-          float* c = C + std::max<int64_t>(d.runs[pend[q]].m0, 0) * ldc;
+          float* c = C + (pend_row[q] - r0) * ldc;
           for (int j = 0; j < w; ++j) c[j] += dl[q * w + j];
         }
         np = 0;
@@ -329,11 +337,12 @@ struct Drivers {
     };
     for (int32_t r = 0; r < d.n; ++r) {
       const LoraRun& run = d.runs[r];
-      const int64_t R = run.B.n_cols, lo = std::max<int64_t>(run.m0, 0), hi = std::min(M, run.m0 + run.n);
+      const int64_t R = run.B.n_cols, lo = std::max<int64_t>(run.m0, r0), hi = std::min(r0 + M, run.m0 + run.n);
       if (hi <= lo) continue;
       if constexpr (requires { Isa::gemv_runs; }) {
         if (run.B.layout == WeightLayout::Packed && hi - lo == 1) {
           if (np > 0 && (d.runs[pend[0]].B.type != run.B.type || d.runs[pend[0]].B.n_cols != R)) flush();
+          pend_row[np] = lo;
           pend[np++] = r;
           if (np == kLoraDirectRows) flush();
           continue;
@@ -352,17 +361,17 @@ struct Drivers {
           Isa::gemv_rows(run.B.type, g, ng, R, run.ya + (lo - run.m0) * run.ldya, run.ldya, int(hi - lo), dl);
           const int w = ng * kGroup;
           for (int64_t m = lo; m < hi; ++m)
-            for (int j = 0; j < w; ++j) C[m * ldc + j] += dl[(m - lo) * w + j];
+            for (int j = 0; j < w; ++j) C[(m - r0) * ldc + j] += dl[(m - lo) * w + j];
           continue;
         }
       }
-      for (int i = 0; i < ng; ++i) add_lora_unpacked(run, n0 + i * kGroup, lo, hi, C + i * kGroup, ldc, s);
+      for (int i = 0; i < ng; ++i) add_lora_unpacked(run, n0 + i * kGroup, lo, hi, C + i * kGroup, r0, ldc, s);
     }
     flush();
   }
   // One run over one group through B's group unpacked to f32 (any rows; GGUF rows too).
-  static void add_lora_unpacked(const LoraRun& run, int64_t n0, int64_t lo, int64_t hi, float* C, int64_t ldc,
-                                Scratch& s) {
+  static void add_lora_unpacked(const LoraRun& run, int64_t n0, int64_t lo, int64_t hi, float* C, int64_t r0,
+                                int64_t ldc, Scratch& s) {
     const int64_t R = run.B.n_cols;
     // w (R, kGroup): B's rows [n0, n0 + kGroup) side by side (rank <= kKC: the backend checked).
     const float* w = s.t;
@@ -385,7 +394,7 @@ struct Drivers {
       for (int q = 0; q < mr; ++q) xr[q] = run.ya + (m + q - run.m0) * run.ldya;
       Isa::mk_rows(mr, xr, w, R, dl, kGroup, true);
       for (int q = 0; q < mr; ++q)
-        for (int j = 0; j < kGroup; ++j) C[(m + q) * ldc + j] += dl[q * kGroup + j];
+        for (int j = 0; j < kGroup; ++j) C[(m + q - r0) * ldc + j] += dl[q * kGroup + j];
       m += mr;
     }
   }
@@ -521,7 +530,63 @@ struct Drivers {
         if (spins < 4096) spin_pause();
         else std::this_thread::yield();
     };
-    auto body = [&](int64_t p) {
+    // Large M: the rows in blocks (row_blocks), each block's items before the next block's, so
+    // the threads work through one block at a time and its activations stay in their caches.
+    const int64_t n_blocks = row_blocks(M, K), n_work = n_items * n_blocks;
+    auto body = [&](int64_t pb) {
+      const int64_t blk = pb / n_items, p = pb % n_items;
+      const int64_t r0 = M * blk / n_blocks, rows = M * (blk + 1) / n_blocks - r0;
+      gemm_item(X, r0, rows, K, segs, swiglu, act, ns, first, e, qa, ldc, p, n_sh > 0, shrink_ready);
+    };
+    if (n_sh == 0) return parallel_for(n_work, threads, run, body);
+    if (threads <= 1) {
+      for (int64_t p = 0; p < n_sh; ++p) plan->run(p);
+      sh_done.store(n_sh, std::memory_order_relaxed);
+      for (int64_t pb = 0; pb < n_work; ++pb) body(pb);
+      return;
+    }
+    alignas(64) std::atomic<int64_t> next{0};
+    parallel(int(std::min<int64_t>(threads, n_sh + n_work)), [&](int, int) {
+      for (int64_t p; (p = sh_next.fetch_add(1, std::memory_order_relaxed)) < n_sh;) {
+        struct Done {  // (counted even if the item throws: no thread waits forever)
+          std::atomic<int64_t>& d;
+          ~Done() { d.fetch_add(1, std::memory_order_release); }
+        } done{sh_done};
+        plan->run(p);
+      }
+      for (int64_t b; (b = next.fetch_add(run, std::memory_order_relaxed)) < n_work;)
+        for (int64_t pb = b, end = std::min(n_work, b + run); pb < end; ++pb) body(pb);
+    });
+  }
+
+  // Activation rows per block of a large GEMM. Each work item (32 output rows) reads every row
+  // of X (or its quantized form) over all of K: with M = 2048 rows of K = 2048 that is 4 MiB of
+  // int8 activations per item, for each of the N / 32 items, where a chunk of 128-256 rows stays
+  // in a core's L2. Blocks of ~kRowBlockBytes of int8 activations, at least kMinRowBlock rows
+  // (the weights are read once per block: smaller blocks re-read them more often than the
+  // activations save; measured on Zen 5 under memory pressure from another core, 128-row blocks
+  // made the 768x2048 GEMM at M = 2048 ~20% slower, 256-row ones ~10% faster). Each row's
+  // result is the same bits whatever block it is in (the contract: tested).
+  static constexpr int64_t kRowBlockBytes = 512 << 10;
+  static constexpr int64_t kMinRowBlock = 256;
+  static int64_t row_blocks(int64_t M, int64_t K) {
+    static const int64_t forced = [] {  // FT_GEMM_ROW_BLOCK=N: rows per block (0: one block), to measure
+      const char* e = std::getenv("FT_GEMM_ROW_BLOCK");
+      return e ? int64_t(std::atoll(e)) : int64_t(-1);
+    }();
+    int64_t rows = std::max<int64_t>(kMinRowBlock, kRowBlockBytes / std::max<int64_t>(1, K));
+    if (forced == 0) return 1;
+    if (forced > 0) rows = forced;
+    return std::max<int64_t>(1, (M + rows / 2) / rows);  // (blocks of rows / 2 .. 1.5 rows)
+  }
+
+  // Work item p over the batch rows [r0, r0 + M); an epilogue adding a LoRA delta first waits
+  // for the shrink that feeds it (shrink_ready) when one runs in the same region (wait_shrink).
+  template <class Ready>
+  static void gemm_item(const float* X, int64_t r0, int64_t M, int64_t K, const GemmSeg* segs, bool swiglu,
+                        GateAct act, int ns, const int64_t* first, Epilogue e, const QAct& qa, int64_t ldc,
+                        int64_t p, bool wait_shrink, const Ready& shrink_ready) {
+    {
       Scratch& s = scratch();
       if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
       int si = 0;
@@ -548,30 +613,30 @@ struct Drivers {
         for (int i = 0; i < nsrc; ++i)
           if (src[i].seg->lora.n > 0) prefetch_lora(src[i].seg->lora, src[i].n0, 1);
       }
-      item(X, qa, M, K, src, nsrc, s, ldc);
-      if (n_sh > 0) {
+      item(X, qa, r0, M, K, src, nsrc, s, ldc);
+      if (wait_shrink) {
         bool any = false;
         for (int i = 0; i < nsrc; ++i) any = any || src[i].seg->lora.n > 0;
         if (any) shrink_ready();
       }
       if (nsrc == 2 && src[0].seg == src[1].seg) {  // (two groups of one weight: expanded side by side)
-        if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, M, s.c.data(), ldc, s);
+        if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, r0, M, s.c.data(), ldc, s);
       } else {
         for (int i = 0; i < nsrc; ++i)
-          if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, 1, M, s.c.data() + i * kGroup, ldc, s);
+          if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, 1, r0, M, s.c.data() + i * kGroup, ldc, s);
       }
       const float* C = s.c.data();
       for (int64_t m = 0; m < M; ++m) {
         const float* c = C + m * ldc;
         if (swiglu) {
-          float* y = segs[0].Y + m * segs[0].ldy + src[0].n0;
+          float* y = segs[0].Y + (r0 + m) * segs[0].ldy + src[0].n0;
           for (int j = 0; j < src[0].cnt; ++j) y[j] = rowwise::gate_act(act, c[j]) * c[kGroup + j];
           continue;
         }
         for (int i = 0; i < nsrc; ++i) {
           const GemmSeg& g = *src[i].seg;
           const float* ci = c + i * kGroup;
-          float* y = g.Y + m * g.ldy + src[i].n0;
+          float* y = g.Y + (r0 + m) * g.ldy + src[i].n0;
           const int cnt = src[i].cnt;
           if (e == Epilogue::Add) {
             for (int j = 0; j < cnt; ++j) y[j] += ci[j];
@@ -581,30 +646,11 @@ struct Drivers {
             for (int j = 0; j < cnt; ++j) y[j] = ci[j];
           }
           if (e == Epilogue::Store && g.rope_cs)
-            rowwise::rope_rotate(g.Y + m * g.ldy, src[i].n0, cnt, g.rope_head_dim, g.rope_n_rot,
-                                 g.rope_cs + m * g.rope_n_rot);
+            rowwise::rope_rotate(g.Y + (r0 + m) * g.ldy, src[i].n0, cnt, g.rope_head_dim, g.rope_n_rot,
+                                 g.rope_cs + (r0 + m) * g.rope_n_rot);
         }
       }
-    };
-    if (n_sh == 0) return parallel_for(n_items, threads, run, body);
-    if (threads <= 1) {
-      for (int64_t p = 0; p < n_sh; ++p) plan->run(p);
-      sh_done.store(n_sh, std::memory_order_relaxed);
-      for (int64_t p = 0; p < n_items; ++p) body(p);
-      return;
     }
-    alignas(64) std::atomic<int64_t> next{0};
-    parallel(int(std::min<int64_t>(threads, n_sh + n_items)), [&](int, int) {
-      for (int64_t p; (p = sh_next.fetch_add(1, std::memory_order_relaxed)) < n_sh;) {
-        struct Done {  // (counted even if the item throws: no thread waits forever)
-          std::atomic<int64_t>& d;
-          ~Done() { d.fetch_add(1, std::memory_order_release); }
-        } done{sh_done};
-        plan->run(p);
-      }
-      for (int64_t b; (b = next.fetch_add(run, std::memory_order_relaxed)) < n_items;)
-        for (int64_t p = b, end = std::min(n_items, b + run); p < end; ++p) body(p);
-    });
   }
 };
 

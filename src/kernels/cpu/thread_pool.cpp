@@ -100,20 +100,25 @@ class Pool {
     }
   }
 
-  std::mutex region_mu_;  // one region at a time
-  std::vector<std::thread> workers_;
-  // Per region: (a counter << kNtBits) | the region's thread count (32 bits: std::atomic::wait
-  // is then a plain futex). A worker takes part when its id < the count in the word it woke on.
+  // Fields written by different threads sit on separate cache lines (no false sharing): the
+  // caller writes gen_ and the region's call_/ctx_ together (the workers only read that line,
+  // spinning on gen_), each worker decrements pending_ at the end of a region (the caller spins
+  // on it), and a worker going to sleep bumps sleepers_ (read by the caller once per region).
   static constexpr int kNtBits = 12;
   static constexpr int kMaxThreads = (1 << kNtBits) - 1;
-  std::atomic<uint32_t> gen_{0};
-  std::atomic<int> pending_{0};   // workers of this region not done yet
-  std::atomic<int> sleepers_{0};  // workers blocked in gen_.wait
-  std::atomic<bool> stop_{false};
+  // Per region: (a counter << kNtBits) | the region's thread count (32 bits: std::atomic::wait
+  // is then a plain futex). A worker takes part when its id < the count in the word it woke on.
+  alignas(64) std::atomic<uint32_t> gen_{0};
   // The current region; written by run() before gen_ is bumped, read by its workers after (and
   // not rewritten before they are done: run() waits for pending_).
   void (*call_)(void*, int, int) = nullptr;
   void* ctx_ = nullptr;
+  std::atomic<bool> stop_{false};
+  alignas(64) std::atomic<int> pending_{0};   // workers of this region not done yet
+  alignas(64) std::atomic<int> sleepers_{0};  // workers blocked in gen_.wait
+  // Rarely touched: region start-up, errors.
+  alignas(64) std::mutex region_mu_;  // one region at a time
+  std::vector<std::thread> workers_;
   std::mutex error_mu_;
   std::exception_ptr error_;
 };
