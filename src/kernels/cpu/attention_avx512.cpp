@@ -26,7 +26,7 @@
 
 #include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/kernels_impl.h"
-#include "kernels/cpu/isa_avx2.h"  // softcap_row256
+#include "kernels/cpu/isa_avx2.h"  // softcap_row256, ExpConst
 
 namespace ft::cpu {
 namespace {
@@ -129,24 +129,22 @@ struct Avx512Attn {
     if (rows - r0 == 1) scores_q8_t<1>(Qq + r0 * hd, Qd + r0 * nqb, Qs + r0 * nqb, hd, nqb, tiles, S + r0 * ldS, ldS);
   }
 
-  // exp256 (isa_avx2.h) on 16 lanes: the same operations in the same order, so each lane's result
-  // is bit-identical to exp256's (the avx2 and avx512 attentions agree exactly).
+  // exp256 (isa_avx2.h) on 16 lanes: the same constants and operations in the same order, so
+  // each lane's result is exp256's. (The two attentions still differ in the last bits: the
+  // softmax's row sums add 16 lanes here, 8 there.)
   static __m512 exp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.3f);
+    using C = ExpConst;
+    const __m512 lo = _mm512_set1_ps(C::lo);
     const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(C::hi));
     x = _mm512_max_ps(x, lo);
-    __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+    __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(C::log2e), _mm512_set1_ps(0.5f));
     fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(C::ln2_hi), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(C::ln2_lo), x);
     const __m512 z = _mm512_mul_ps(x, x);
-    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    __m512 y = _mm512_set1_ps(C::p[0]);
+    for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(C::p[i]));
     y = _mm512_fmadd_ps(y, z, x);
     y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);

@@ -9,30 +9,36 @@
 namespace ft::cpu {
 namespace {
 
+// exp's constants (Cephes): the clamp range, log2(e) and ln(2) in two parts, the polynomial
+// from its highest coefficient down. exp256 and the AVX-512 attention's 16-lane form use these
+// with the same operations in the same order, so a lane's result is the same on either.
+struct ExpConst {
+  static constexpr float lo = -87.3f, hi = 88.3762626647949f, log2e = 1.44269504088896341f;
+  static constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  static constexpr float p[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f,
+                                 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
+};
+
 // exp(x) for 8 floats (Cephes polynomial, ~1 ulp); x < -87.3 (and -inf) gives exactly 0.
 inline __m256 exp256(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
+  using C = ExpConst;
+  const __m256 lo = _mm256_set1_ps(C::lo);
   const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(C::hi));
   x = _mm256_max_ps(x, lo);
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(C::log2e), _mm256_set1_ps(0.5f));
   fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(C::ln2_hi), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(C::ln2_lo), x);
   const __m256 z = _mm256_mul_ps(x, x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  __m256 y = _mm256_set1_ps(C::p[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(C::p[i]));
   y = _mm256_fmadd_ps(y, z, x);
   y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
   y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
   return _mm256_andnot_ps(underflow, y);
 }
-
 
 // cap * tanh(x / cap) for 8 floats, as 1 - 2 / (exp(2|y|) + 1) with the sign of y = x / cap:
 // within ~2^-23 absolute of tanh, so cap * 2^-23 of the scalar form (attention scores, where
