@@ -328,7 +328,6 @@ TEST(PpEngine, ChunkedPromptOverlapsStagesAndMatchesOneProcess) {
   }
 }
 
-// Staging: contiguous balanced layer ranges, and its refusal; no group needed.
 // Overlapped decode steps: 4 concurrent greedy requests under PP run pp steps in flight (the
 // decodes in pp groups, group B's step begun before group A's logits come back), and give one
 // process's tokens; with FT_PP_STEPS_IN_FLIGHT=1 one step is in flight and the tokens are the same.
@@ -404,6 +403,7 @@ TEST(PpEngine, ConcurrentDecodesOverlapAndMatchOneProcess) {
   }
 }
 
+// Staging: contiguous balanced layer ranges, and its refusal; no group needed.
 TEST(PpStage, SplitsLayersAndRefusesEmptyStages) {
   FT_REQUIRE_SHARED(f32, "models/synth-llama-f32.gguf");  // 4 layers
   const auto full = Model::load(f32);
