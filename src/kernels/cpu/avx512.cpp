@@ -2,7 +2,8 @@
 // extensions whatever the build flags; only called after cpu_best_isa() says the CPU has them.
 // Quantized Q8_0/Q4_0/Q4_K weights take the integer path on vpdpbusd (u8 weights x s8
 // activations, 64 products per instruction) over the quad layout of packed.h; the float
-// types on 512-bit FMA; Q6_K on the AVX2 kernels (compiled here for this target). Attention:
+// types on 512-bit FMA; Q6_K's small-M GEMV on its own 512-bit decoder (gemv_w_t), its GEMM on
+// the AVX2 kernels (compiled here for this target). Attention:
 // attention_avx512.cpp.
 // Standard headers come first so their inline functions are not compiled for AVX-512 here.
 #include <algorithm>
@@ -448,42 +449,67 @@ struct Avx512Isa : Avx2Isa {
         m += mr;
       }
   }
-  // Q6_K (pair layout), small M: C (MR, ldc)[:, 0:16] = the group's rows over all of K. Each
-  // pair of k is decoded once for all MR rows (Avx2Isa::DecQ6_K, both 8-row halves in one
-  // register) to v = (q - 32) * sc, int16 with |v| <= 4096: what unpack_int gives the GEMM; then
-  // one vpdpwssd per row and pair. So I (exact int32) and y = fma(float(I), s1 * dx, y) per
-  // 32-block are every path's.
+  // Q6_K (pair layout, Avx2Isa::DecQ6_K), small M: C (MR, ldc)[:, 0:16] = the group's rows over
+  // all of K. A pair p of k is decoded once for all MR rows into one register w of int16 q - 32:
+  // lanes 0-15 rows 0-7 (ql's low nibbles, qh's fields at bit 4 pp), lanes 16-31 rows 8-15 (high
+  // nibbles, fields at 4 pp + 2), so one vpdpwssd per row and pair gives row r's sum in int32 lane
+  // r. The 2-bit fields (top bit flipped once per quad: field - 2 as a signed 2-bit number) are
+  // shifted to bits 14-15 and arithmetically back to 4-5: w = nibble | 16 (field - 2) = q - 32 in
+  // one select. Per half block h: I += sc_h * sum (q - 32) xq. That is the same exact int32 I as
+  // the GEMM's sum of v = (q - 32) * sc (unpack_int), so y = fma(float(I), s1 * dx, y) per
+  // 32-block is every path's. (The AVX2 decoder took ~14 instructions per pair here; this ~6.)
   template <int MR>
   static void gemv_w_t(DecQ6_K dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
                        int64_t ldd, float* c, int64_t ldc) {
+    // Rows 0-7 take the low nibble and the field at 4 pp, rows 8-15 the high nibble and 4 pp + 2.
+    const __m512i nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512i fs[4];
+    for (int pp = 0; pp < 4; ++pp)
+      fs[pp] = _mm512_inserti64x4(_mm512_set1_epi16(int16_t(14 - 4 * pp)), _mm256_set1_epi16(int16_t(12 - 4 * pp)), 1);
+    const __m512i low4 = _mm512_set1_epi16(0x000F), flip = _mm512_set1_epi16(int16_t(0xAAAA));
+    // One dpwssd chain per row is 8 deep per half block: with one or two rows, two chains
+    // (even and odd pairs) so latency does not bound it.
+    constexpr int CH = MR <= 2 ? 2 : 1;
     __m512 y[MR];
     for (int i = 0; i < MR; ++i) y[i] = _mm512_setzero_ps();
     prefetch_start(dec.g, DecQ6_K::kBytesPer32);
-    const __m512i o32 = _mm512_set1_epi16(32);
     for (int64_t kb = 0; kb < nkb; ++kb) {
       prefetch_ahead(dec.g, kb, DecQ6_K::kBytesPer32);
       dec.begin(kb);
-      __m512i a[MR];
-      for (int i = 0; i < MR; ++i) a[i] = _mm512_setzero_si512();
-      __m512i sc = _mm512_setzero_si512();
-      for_pairs(0, 16, [&](int p, auto pc) {
-        if (p % 8 == 0)  // (each half block of 16 k has its own scales)
-          sc = _mm512_inserti64x4(_mm512_castsi256_si512(dec.sc16(p / 8, 0)), dec.sc16(p / 8, 1), 1);
-        __m256i w0, w1;
-        dec.template pair<decltype(pc)::value>(p, w0, w1);
-        const __m512i w = _mm512_mullo_epi16(
-            _mm512_sub_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), o32), sc);
-        for (int i = 0; i < MR; ++i) {
-          int32_t xv;
-          std::memcpy(&xv, xq + i * ldx + kb * kQBlock + 2 * p, 4);
-          a[i] = _mm512_dpwssd_epi32(a[i], w, _mm512_set1_epi32(xv));
+      __m512i I[MR];
+      for (int i = 0; i < MR; ++i) I[i] = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        __m512i a[MR][CH];
+        for (int i = 0; i < MR; ++i)
+          for (int ch = 0; ch < CH; ++ch) a[i][ch] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+        for (int q = 2 * h; q < 2 * h + 2; ++q) {
+          const __m512i HG = _mm512_xor_si512(
+              _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dec.qh + 32 * q))), flip);
+          for (int pp = 0; pp < 4; ++pp) {
+            const int p = 4 * q + pp;
+            const __m512i T = _mm512_cvtepu8_epi16(
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dec.ql + 16 * p))));
+            const __m512i F = _mm512_srai_epi16(_mm512_sllv_epi16(HG, fs[pp]), 10);
+            // low4 ? nibble : F  (0xE4: C ? A : B with A = nibble, B = F, C = low4)
+            const __m512i w = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(T, nib_shift), F, low4, 0xE4);
+            for (int i = 0; i < MR; ++i) {
+              int32_t xv;
+              std::memcpy(&xv, xq + i * ldx + kb * kQBlock + 2 * p, 4);
+              a[i][pp % CH] = _mm512_dpwssd_epi32(a[i][pp % CH], w, _mm512_set1_epi32(xv));
+            }
+          }
         }
-      });
-      __m256 s1lo, s1hi, z0 = _mm256_setzero_ps(), z1 = z0;
-      dec.scales(s1lo, s1hi, z0, z1);
-      const __m512 s1 = _mm512_insertf32x8(_mm512_castps256_ps512(s1lo), s1hi, 1);
+        const __m512i sc = _mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(dec.blk + 32 + (2 * dec.j + h) * 16)));
+        for (int i = 0; i < MR; ++i) {
+          const __m512i s = CH == 2 ? _mm512_add_epi32(a[i][0], a[i][CH - 1]) : a[i][0];
+          I[i] = _mm512_add_epi32(I[i], _mm512_mullo_epi32(s, sc));
+        }
+      }
+      const __m512 s1 = h16(dec.blk);
       for (int i = 0; i < MR; ++i)
-        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[i]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * ldd + kb])), y[i]);
+        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * ldd + kb])), y[i]);
     }
     for (int i = 0; i < MR; ++i) _mm512_storeu_ps(c + i * ldc, y[i]);
   }
