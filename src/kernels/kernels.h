@@ -61,6 +61,11 @@ struct LoraRun {
   int64_t ldya = 0;
   WeightView B = {};          // (N, rank)
 };
+struct LoraDelta {
+  const LoraRun* runs = nullptr;
+  int32_t n = 0;  // runs (0: no delta)
+};
+
 // One target of matmul_runs: Y (n, A.n_rows; rows ldy apart) = scale * X[m0 : m0 + n] @ A^T.
 struct RunTarget {
   int64_t m0 = 0, n = 0;
@@ -69,17 +74,6 @@ struct RunTarget {
   int64_t ldy = 0;
   float scale = 1.0f;
 };
-struct LoraDelta {
-  const LoraRun* runs = nullptr;
-  int32_t n = 0;  // runs (0: no delta)
-  // The shrink that computes the runs' ya from this call's X, not run yet (only where the
-  // backend says fuses_lora_shrink()): matmul_runs(X, K, shrink, n_shrink) in the same pass as
-  // the GEMM, before any epilogue reads a ya. At most one delta of a call carries it (the
-  // others of that call may read its results).
-  const RunTarget* shrink = nullptr;
-  int32_t n_shrink = 0;
-};
-
 
 class Backend {
  public:
@@ -136,9 +130,6 @@ class Backend {
   // A segmented GEMM (LoRA's shrink, S-LoRA/Punica's SGMV): every target's rows of X (M, K)
   // times its own A, all in one pass (RunTarget).
   virtual void matmul_runs(const float* X, int64_t K, const RunTarget* targets, int n) = 0;
-  // Whether matmul_multi, matmul_add and ffn_glu run a LoraDelta's shrink (LoraDelta::shrink)
-  // in their own pass, so the forward pass hands it to them instead of calling matmul_runs.
-  virtual bool fuses_lora_shrink() const { return false; }
   // Y (M, N) += bias (N,) per row.
   virtual void add_bias(float* Y, int64_t M, int64_t N, const float* bias) = 0;
   // y (M, n) = x (M, n) / rms(x) * w (n,)

@@ -111,12 +111,8 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
   // Q, K, V in one GEMM pass over the three weights (biases, if any, in its epilogue; LoRA
   // deltas before them).
   Backend::MatmulTarget t[3] = {{L.wq, q_, hp.q_dim(), L.bq}, {L.wk, k_, hp.kv_dim(), L.bk}, {L.wv, v_, hp.kv_dim(), L.bv}};
-  if (lora_shrink(il, LoraInput::Qkv, h_, hp.dim)) {
-    LoraDelta d[3];
-    for (int i = 0; i < 3; ++i) d[i] = lora_delta(il, LoraSlot(int(LoraSlot::Q) + i));
-    with_shrink(d, 3);
-    for (int i = 0; i < 3; ++i) t[i].lora = d[i];
-  }
+  if (lora_shrink(il, LoraInput::Qkv, h_, hp.dim))
+    for (int i = 0; i < 3; ++i) t[i].lora = lora_delta(il, LoraSlot(int(LoraSlot::Q) + i));
   if (fused_rope_) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
     for (int i = 0; i < 2; ++i) {
       t[i].rope_cs = rope_cs_.data();
@@ -152,7 +148,6 @@ void Forward::ffn_block(int32_t il, int64_t M) {
   if (lora_shrink(il, LoraInput::GateUp, h_, hp.dim)) {
     gu[0] = lora_delta(il, LoraSlot::Gate);
     gu[1] = lora_delta(il, LoraSlot::Up);
-    with_shrink(gu, 2);
   }
   // act(h·W_gateᵀ [+ gate delta]) ⊙ (h·W_upᵀ [+ up delta])
   be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_, gu[0].n || gu[1].n ? gu : nullptr);
@@ -164,8 +159,7 @@ void Forward::ffn_block(int32_t il, int64_t M) {
 void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W,
                            const float* post_norm) {
   const HParams& hp = model_.hparams();
-  LoraDelta d = lora_shrink(il, lora_input(s), a, W.n_cols) ? lora_delta(il, s) : LoraDelta{};
-  with_shrink(&d, 1);
+  const LoraDelta d = lora_shrink(il, lora_input(s), a, W.n_cols) ? lora_delta(il, s) : LoraDelta{};
   if (!post_norm && !reduce_) return be_.matmul_add(a, M, W, x_, d);
   if (d.n == 0) {
     be_.matmul(a, M, W, h_);

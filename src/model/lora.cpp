@@ -266,28 +266,8 @@ bool Forward::lora_shrink(int32_t il, LoraInput in, const float* X, int64_t K) {
     if (st.a.n_cols != K) fail("forward: LoRA adapter ", g.a->path(), " does not fit layer ", il);
     lora_shrinks_[size_t(n++)] = {g.first, g.n, st.a, lora_ya_.data() + g.first * kMaxLoraStack, kMaxLoraStack, st.scale};
   }
-  lora_pending_ = 0;
-  if (n > 0 && be_.fuses_lora_shrink()) {
-    lora_pending_ = n;
-    lora_pending_x_ = X;
-    lora_pending_k_ = K;
-  } else if (n > 0) {
-    be_.matmul_runs(X, K, lora_shrinks_.data(), n);
-  }
+  if (n > 0) be_.matmul_runs(X, K, lora_shrinks_.data(), n);
   return n > 0;
-}
-
-void Forward::with_shrink(LoraDelta* d, int n) {
-  if (lora_pending_ == 0) return;
-  const int32_t pending = lora_pending_;
-  lora_pending_ = 0;
-  for (int i = 0; i < n; ++i)
-    if (d[i].n > 0) {
-      d[i].shrink = lora_shrinks_.data();
-      d[i].n_shrink = pending;
-      return;
-    }
-  be_.matmul_runs(lora_pending_x_, lora_pending_k_, lora_shrinks_.data(), pending);  // (no delta reads it)
 }
 
 LoraDelta Forward::lora_delta(int32_t il, LoraSlot s) {

@@ -231,12 +231,8 @@ class Forward {
   // il (X (M, K) -> lora_ya_, every adapted segment in one call; false: none adapted); and the
   // delta of slot s for the projection's epilogue (over that ya; n == 0: none).
   bool lora_segments(const Batch& batch);
-  // Where the backend fuses_lora_shrink(), lora_shrink only prepares the targets and
-  // with_shrink hands them to the first of a call's deltas that has runs (the call runs the
-  // shrink in its own pass); otherwise the shrink ran already and with_shrink does nothing.
   bool lora_shrink(int32_t il, LoraInput in, const float* X, int64_t K);
   LoraDelta lora_delta(int32_t il, LoraSlot s);
-  void with_shrink(LoraDelta* d, int n);
 
   const Model& model_;
   Backend& be_;
@@ -260,9 +256,6 @@ class Forward {
   std::vector<LoraSegment> lora_segs_;  // this batch's adapted runs (empty: none)
   std::vector<float> lora_ya_;          // (max_batch, kMaxLoraStack): one input's shrink
   std::vector<RunTarget> lora_shrinks_;  // (max_batch,) per call
-  int32_t lora_pending_ = 0;             // lora_shrinks_ prepared, not run (fuses_lora_shrink)
-  const float* lora_pending_x_ = nullptr;
-  int64_t lora_pending_k_ = 0;
   std::array<std::vector<LoraRun>, kLoraSlots> lora_runs_;  // (max_batch,) each: a slot's delta
   Reducer* reduce_ = nullptr;
   StageLink* link_ = nullptr;

@@ -17,7 +17,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -1114,87 +1113,6 @@ TEST_P(KernelTest, LoraShrinkOneGroupPerItem) {
         }
       }
 }
-
-// A shrink handed to the GEMM (LoraDelta::shrink: run in its pass, ahead of its items) gives
-// the same ya and the same outputs, bit for bit, as matmul_runs then the GEMM: matmul_multi
-// (the shrink on its second target, read by all three), matmul_add and ffn_glu; decode (1 row),
-// runs of 1-2 rows with base rows between, 1 to 3 threads, Q8_0 and F32 base weights, and the
-// reference backend (which does not ask for it but runs one given).
-void check_fused_shrink(Backend& be) {
-  std::mt19937 rng(29);
-  std::deque<QWeight> keep;
-  auto make = [&](GGMLType t, int64_t N, int64_t K) -> const QWeight& { return keep.emplace_back(make_weight(rng, t, N, K)); };
-  const int64_t K = 64, N = 37, R = 16, ld = 3 * R;
-  for (const GGMLType tw : {GGMLType::Q8_0, GGMLType::F32})
-    for (const int64_t M : {int64_t(1), int64_t(6)}) {
-      const auto X = randv(rng, size_t(M * K));
-      // Runs: M == 1: row 0; else rows 0, [2, 4), 5 (rows 1 and 4: the base).
-      struct Run {
-        int64_t m0, n;
-      };
-      const std::vector<Run> runs = M == 1 ? std::vector<Run>{{0, 1}} : std::vector<Run>{{0, 1}, {2, 2}, {5, 1}};
-      std::vector<const QWeight*> A;
-      std::vector<std::array<const QWeight*, 3>> B;
-      for (size_t i = 0; i < runs.size(); ++i) {
-        A.push_back(&make(GGMLType::F16, ld, K));  // (a Q/K/V stack)
-        B.push_back({&make(GGMLType::F16, N, R), &make(GGMLType::F16, N, R), &make(GGMLType::F16, N, R)});
-      }
-      const QWeight &W0 = make(tw, N, K), &W1 = make(tw, N, K), &W2 = make(tw, N, K);
-      auto view = [&](const QWeight& w) { return be.prepare(w.view()); };
-      // fused: whether the GEMM runs the shrink; out: every output of the three calls, then ya.
-      auto go = [&](bool fused, std::vector<float>& out) {
-        std::vector<float> ya(size_t(M * ld), 777.0f);
-        std::vector<RunTarget> t;
-        std::array<std::vector<LoraRun>, 3> lr;
-        for (size_t i = 0; i < runs.size(); ++i) {
-          t.push_back({runs[i].m0, runs[i].n, view(*A[i]), ya.data() + runs[i].m0 * ld, ld, 0.5f + float(i)});
-          for (int s = 0; s < 3; ++s)
-            lr[size_t(s)].push_back({runs[i].m0, runs[i].n, ya.data() + runs[i].m0 * ld + s * R, ld, view(*B[i][size_t(s)])});
-        }
-        LoraDelta d[3];
-        for (int s = 0; s < 3; ++s) d[s] = {lr[size_t(s)].data(), int32_t(runs.size())};
-        out.clear();
-        auto take = [&](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
-        // matmul_multi (Q, K, V)
-        if (fused) d[1].shrink = t.data(), d[1].n_shrink = int32_t(t.size());
-        else be.matmul_runs(X.data(), K, t.data(), int(t.size()));
-        std::vector<float> Y0(size_t(M * N)), Y1(size_t(M * N)), Y2(size_t(M * N));
-        Backend::MatmulTarget mt[3] = {{view(W0), Y0.data(), N}, {view(W1), Y1.data(), N}, {view(W2), Y2.data(), N}};
-        for (int s = 0; s < 3; ++s) mt[s].lora = d[s];
-        be.matmul_multi(X.data(), M, mt, 3);
-        take(Y0), take(Y1), take(Y2), take(ya);
-        // matmul_add (a fresh shrink into ya)
-        std::fill(ya.begin(), ya.end(), 777.0f);
-        LoraDelta da = d[0];
-        da.shrink = nullptr, da.n_shrink = 0;
-        if (fused) da.shrink = t.data(), da.n_shrink = int32_t(t.size());
-        else be.matmul_runs(X.data(), K, t.data(), int(t.size()));
-        std::vector<float> Yr(size_t(M * N), 1.0f);
-        be.matmul_add(X.data(), M, view(W0), Yr.data(), da);
-        take(Yr), take(ya);
-        // ffn_glu (the shrink on up's delta)
-        std::fill(ya.begin(), ya.end(), 777.0f);
-        LoraDelta gu[2] = {d[0], d[2]};
-        for (auto& x : gu) x.shrink = nullptr, x.n_shrink = 0;
-        if (fused) gu[1].shrink = t.data(), gu[1].n_shrink = int32_t(t.size());
-        else be.matmul_runs(X.data(), K, t.data(), int(t.size()));
-        std::vector<float> G(size_t(M * N));
-        be.ffn_glu(X.data(), M, view(W0), view(W1), GateAct::SiLU, G.data(), gu);
-        take(G), take(ya);
-      };
-      std::vector<float> sep, fus;
-      go(false, sep);
-      go(true, fus);
-      ASSERT_EQ(sep.size(), fus.size());
-      for (size_t i = 0; i < sep.size(); ++i)
-        ASSERT_EQ(fus[i], sep[i]) << be.name() << " " << type_traits(tw).name << " M " << M << " at " << i;
-    }
-}
-
-TEST_P(KernelTest, LoraFusedShrinkSameBits) {
-  for (const int threads : {1, 2, 3}) check_fused_shrink(*backend_for(GetParam(), threads));
-}
-TEST(ReferenceBackend, LoraFusedShrinkSameBits) { check_fused_shrink(*make_backend("reference", 2)); }
 
 // A decode batch mixing adapters: runs of one row each, every one its own B, expanded several
 // at once (Isa::gemv_runs) where the ISA has it; with a 2-row run, a base row, a B of another

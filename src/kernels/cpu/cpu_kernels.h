@@ -47,25 +47,15 @@ struct QAct {
   }
 };
 
-// A segmented GEMM (Backend::matmul_runs: LoRA's shrink) over the same X as a gemm call, run
-// in that call's parallel region ahead of its own work items (LoraDelta::shrink): t[i]'s rows of
-// X times segs[i] (its A, a float type), scaled, into t[i].Y.
-struct RunsJob {
-  const RunTarget* t = nullptr;
-  const GemmSeg* segs = nullptr;
-  int n = 0;
-};
-
 struct IsaKernels {
   const char* name;
   // W (n_rows, K) in GGUF rows -> this ISA's panel layout (packed.h; same size for every ISA).
   void (*pack)(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
   // X (M, K) row-major @ each segment's W (n_rows, K)^T. All segments share K (types may differ).
-  // qa: scratch for the integer path's quantized X. pre: a shrink to run first in the same
-  // pass (its results ready before any epilogue adds a LoraDelta; n = 0: none).
+  // qa: scratch for the integer path's quantized X.
   void (*gemm)(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs, Epilogue e,
-               QAct& qa, int threads, const RunsJob& pre);
+               QAct& qa, int threads);
   // Sizes each worker thread's scratch for up to max_rows activation rows.
   void (*reserve)(int64_t max_rows, int threads);
   // Backend::matmul_runs: target i's rows of X times segs[i] (its A, float types; Y, ldy and

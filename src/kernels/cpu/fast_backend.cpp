@@ -197,14 +197,19 @@ class CpuFastBackend final : public Backend {
   void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n) override {
     if (n <= 0) return;
     std::lock_guard<std::mutex> lock(qa_mu_);  // (runs_ is per backend, like qa_)
-    runs_segs(K, t, n);
+    if (runs_.size() < size_t(n)) runs_.resize(size_t(n));
+    for (int i = 0; i < n; ++i) {
+      const WeightView& A = t[i].A;
+      if (A.type != GGMLType::F32 && A.type != GGMLType::F16 && A.type != GGMLType::BF16)
+        fail("matmul_runs: target ", i, ": A must be a float type, got ", type_traits(A.type).name);
+      if (A.n_cols != K) fail("matmul_runs: target ", i, " has K ", A.n_cols, ", X has ", K);
+      if (t[i].m0 < 0 || t[i].n < 0 || t[i].ldy < A.n_rows)
+        fail("matmul_runs: target ", i, ": rows [", t[i].m0, ", ", t[i].m0 + t[i].n, "), ldy ", t[i].ldy);
+      runs_[size_t(i)] = seg_of(A, t[i].Y, t[i].ldy, nullptr);
+    }
     k_.gemm_runs(X, K, t, runs_.data(), n, threads_);
   }
-  // The fused shrink (LoraDelta::shrink; Drivers::gemm's RunsJob) works and is tested, but
-  // measured slower than its own region here (2026-12-01, 110m Q8_0, 2 threads, alternated,
-  // slower in 10 pairs of 12: decode with 1 F16 adapter 0.81-0.82 vs 0.82-0.85 of the base, 4
-  // adapters 0.68-0.73 vs 0.72-0.76), so the forward pass keeps calling matmul_runs.
-  bool fuses_lora_shrink() const override { return false; }
+
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }
   void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t n, float eps) override {
     rowwise::rmsnorm(x, w, y, M, n, eps);
@@ -235,29 +240,9 @@ class CpuFastBackend final : public Backend {
  private:
   // One GEMM at a time per backend owns the quantized-activation scratch (a backend is driven
   // by one engine thread; the lock only keeps concurrent callers correct).
-  // (A LoraDelta's pending shrink, if one of the n_segs segments carries it, runs in the same pass.)
   void gemm(const float* X, int64_t M, int64_t K, const cpu::GemmSeg* g, int n, cpu::Epilogue e) {
     std::lock_guard<std::mutex> lock(qa_mu_);
-    cpu::RunsJob pre;
-    for (int i = 0; i < n && pre.n == 0; ++i)
-      if (g[i].lora.n_shrink > 0) {
-        runs_segs(K, g[i].lora.shrink, g[i].lora.n_shrink);
-        pre = {g[i].lora.shrink, runs_.data(), g[i].lora.n_shrink};
-      }
-    k_.gemm(X, M, K, g, n, e, qa_, threads_, pre);
-  }
-  // runs_ = the segments of matmul_runs' targets (checked). (Under qa_mu_.)
-  void runs_segs(int64_t K, const RunTarget* t, int n) {
-    if (runs_.size() < size_t(n)) runs_.resize(size_t(n));
-    for (int i = 0; i < n; ++i) {
-      const WeightView& A = t[i].A;
-      if (A.type != GGMLType::F32 && A.type != GGMLType::F16 && A.type != GGMLType::BF16)
-        fail("matmul_runs: target ", i, ": A must be a float type, got ", type_traits(A.type).name);
-      if (A.n_cols != K) fail("matmul_runs: target ", i, " has K ", A.n_cols, ", X has ", K);
-      if (t[i].m0 < 0 || t[i].n < 0 || t[i].ldy < A.n_rows)
-        fail("matmul_runs: target ", i, ": rows [", t[i].m0, ", ", t[i].m0 + t[i].n, "), ldy ", t[i].ldy);
-      runs_[size_t(i)] = seg_of(A, t[i].Y, t[i].ldy, nullptr);
-    }
+    k_.gemm(X, M, K, g, n, e, qa_, threads_);
   }
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }

@@ -10,17 +10,11 @@
 //   one fma chain over 32-blocks in order).
 #pragma once
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <optional>
-#include <thread>
 #include <vector>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -54,11 +48,6 @@ struct Drivers {
   // Per worker thread: the work item's accumulators C (M, kItemGroups * kGroup), the weights of
   // one K chunk unpacked to f32 (kKC, kGroup) per group, and rows dequantized before transposing.
   static constexpr int kItemGroups = 2;
-  static void spin_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-    _mm_pause();
-#endif
-  }
   static constexpr int64_t kQPerKC = kKC / kQBlock;
   struct alignas(64) Scratch {
     std::vector<float> c;
@@ -490,7 +479,7 @@ struct Drivers {
   }
 
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
-                   Epilogue e, QAct& qa, int threads, const RunsJob& pre) {
+                   Epilogue e, QAct& qa, int threads) {
     // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
     // groups of one segment (the X rows loaded once serve both).
     const bool swiglu = e == Epilogue::SwiGLU || e == Epilogue::GeGLU;  // (either gated form)
@@ -512,50 +501,13 @@ struct Drivers {
     // the prefetchers follow), while still dynamic enough to even out a thread that was
     // preempted. Large M: one item at a time.
     const int64_t run = M <= 16 ? std::max<int64_t>(1, n_items / (int64_t(threads) * 8)) : 1;
-    // A LoRA shrink over the same X (RunsJob): its items first, one at a time, on every thread
-    // that arrives, then this GEMM's; an epilogue adding a delta waits until every shrink item
-    // is done (by then all were taken: a thread takes GEMM items only once none is left, so the
-    // wait is the tail of the last one, where a separate region waited for all of them and for
-    // its own join). One region where there were two, and no thread idles at the shrink.
-    // The wait spins (pause) as the pool's join does before it yields: a yield on a busy
-    // machine can hand the core to another process for a whole time slice. (Each counter on its
-    // own cache line: the waiter's loads do not contend with the other counters' updates.)
-    alignas(64) std::atomic<int64_t> sh_next{0};
-    alignas(64) std::atomic<int64_t> sh_done{0};
-    std::optional<RunsPlan> plan;
-    if (pre.n > 0) plan.emplace(X, K, pre.t, pre.segs, pre.n, threads);
-    const int64_t n_sh = plan ? plan->n_items : 0;
-    auto shrink_ready = [&] {
-      for (int spins = 0; sh_done.load(std::memory_order_acquire) < n_sh; ++spins)
-        if (spins < 4096) spin_pause();
-        else std::this_thread::yield();
-    };
     // Large M: the rows in blocks (row_blocks), each block's items before the next block's, so
     // the threads work through one block at a time and its activations stay in their caches.
-    const int64_t n_blocks = row_blocks(M, K), n_work = n_items * n_blocks;
-    auto body = [&](int64_t pb) {
+    const int64_t n_blocks = row_blocks(M, K);
+    parallel_for(n_items * n_blocks, threads, run, [&](int64_t pb) {
       const int64_t blk = pb / n_items, p = pb % n_items;
       const int64_t r0 = M * blk / n_blocks, rows = M * (blk + 1) / n_blocks - r0;
-      gemm_item(X, r0, rows, K, segs, swiglu, act, ns, first, e, qa, ldc, p, n_sh > 0, shrink_ready);
-    };
-    if (n_sh == 0) return parallel_for(n_work, threads, run, body);
-    if (threads <= 1) {
-      for (int64_t p = 0; p < n_sh; ++p) plan->run(p);
-      sh_done.store(n_sh, std::memory_order_relaxed);
-      for (int64_t pb = 0; pb < n_work; ++pb) body(pb);
-      return;
-    }
-    alignas(64) std::atomic<int64_t> next{0};
-    parallel(int(std::min<int64_t>(threads, n_sh + n_work)), [&](int, int) {
-      for (int64_t p; (p = sh_next.fetch_add(1, std::memory_order_relaxed)) < n_sh;) {
-        struct Done {  // (counted even if the item throws: no thread waits forever)
-          std::atomic<int64_t>& d;
-          ~Done() { d.fetch_add(1, std::memory_order_release); }
-        } done{sh_done};
-        plan->run(p);
-      }
-      for (int64_t b; (b = next.fetch_add(run, std::memory_order_relaxed)) < n_work;)
-        for (int64_t pb = b, end = std::min(n_work, b + run); pb < end; ++pb) body(pb);
+      gemm_item(X, r0, rows, K, segs, swiglu, act, ns, first, e, qa, ldc, p);
     });
   }
 
@@ -580,12 +532,10 @@ struct Drivers {
     return std::max<int64_t>(1, (M + rows / 2) / rows);  // (blocks of rows / 2 .. 1.5 rows)
   }
 
-  // Work item p over the batch rows [r0, r0 + M); an epilogue adding a LoRA delta first waits
-  // for the shrink that feeds it (shrink_ready) when one runs in the same region (wait_shrink).
-  template <class Ready>
+  // Work item p over the batch rows [r0, r0 + M) (a row block of a large GEMM, or all of them).
   static void gemm_item(const float* X, int64_t r0, int64_t M, int64_t K, const GemmSeg* segs, bool swiglu,
                         GateAct act, int ns, const int64_t* first, Epilogue e, const QAct& qa, int64_t ldc,
-                        int64_t p, bool wait_shrink, const Ready& shrink_ready) {
+                        int64_t p) {
     {
       Scratch& s = scratch();
       if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
@@ -614,11 +564,6 @@ struct Drivers {
           if (src[i].seg->lora.n > 0) prefetch_lora(src[i].seg->lora, src[i].n0, 1);
       }
       item(X, qa, r0, M, K, src, nsrc, s, ldc);
-      if (wait_shrink) {
-        bool any = false;
-        for (int i = 0; i < nsrc; ++i) any = any || src[i].seg->lora.n > 0;
-        if (any) shrink_ready();
-      }
       if (nsrc == 2 && src[0].seg == src[1].seg) {  // (two groups of one weight: expanded side by side)
         if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, r0, M, s.c.data(), ldc, s);
       } else {

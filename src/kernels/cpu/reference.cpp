@@ -51,7 +51,6 @@ class CpuReferenceBackend final : public Backend {
   }
 
   void matmul_multi(const float* X, int64_t M, const MatmulTarget* t, int n) override {
-    for (int i = 0; i < n; ++i) run_shrink(X, t[i].W.n_cols, t[i].lora);
     for (int i = 0; i < n; ++i) {
       const int64_t N = t[i].W.n_rows;
       tmp_.resize(size_t(M * N));
@@ -68,7 +67,6 @@ class CpuReferenceBackend final : public Backend {
   }
 
   void matmul_add(const float* X, int64_t M, const WeightView& W, float* Y, const LoraDelta& lora) override {
-    run_shrink(X, W.n_cols, lora);
     tmp_.resize(size_t(M * W.n_rows));
     matmul(X, M, W, tmp_.data());
     add_lora(lora, tmp_.data(), W.n_rows, M);
@@ -77,8 +75,6 @@ class CpuReferenceBackend final : public Backend {
 
   void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
                float* A, const LoraDelta* lora) override {
-    if (lora)
-      for (int i = 0; i < 2; ++i) run_shrink(X, Wg.n_cols, lora[i]);
     tmp_.resize(size_t(M * Wu.n_rows));
     matmul(X, M, Wg, A);
     matmul(X, M, Wu, tmp_.data());
@@ -176,10 +172,6 @@ class CpuReferenceBackend final : public Backend {
   void add(float* y, const float* x, int64_t M, int64_t n) override { rowwise::add(y, x, M, n); }
 
  private:
-  // A delta's pending shrink (LoraDelta::shrink; this backend does not ask for them, but runs one given).
-  void run_shrink(const float* X, int64_t K, const LoraDelta& d) {
-    if (d.n_shrink > 0) matmul_runs(X, K, d.shrink, d.n_shrink);
-  }
   // C (M, N; rows ldc apart) += each run's ya @ B^T (LoraDelta), B in GGUF rows.
   static void add_lora(const LoraDelta& d, float* C, int64_t ldc, int64_t M) {
     for (int32_t i = 0; i < d.n; ++i) {
