@@ -209,6 +209,31 @@ void BM_GemmFromMemory(benchmark::State& st, GGMLType t) {
   st.counters["pct_bw"] = 100 * gbs / peak_bw();
   st.counters["us_per_call"] = secs / double(st.iterations()) * 1e6;
 }
+// The gated FFN's gate and up (two weights of N x K, each item a gate group with its up group,
+// SwiGLU in the epilogue) as the model runs them: two copies of the streamed weight per call.
+void BM_FfnGluFromMemory(benchmark::State& st, GGMLType t) {
+  const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const Streamed& w = streamed(t, N, K);
+  w.be->reserve(M);
+  std::vector<float> X(size_t(M * K)), Y(size_t(M * N));
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& x : X) x = u(rng);
+  double secs = 0;
+  size_t i = 0;
+  for (auto _ : st) {
+    const WeightView& g = w.views[i++ % w.views.size()];
+    const WeightView& up = w.views[i++ % w.views.size()];
+    const auto t0 = std::chrono::steady_clock::now();
+    w.be->ffn_glu(X.data(), M, g, up, GateAct::SiLU, Y.data());
+    benchmark::DoNotOptimize(Y.data());
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double gbs = 2 * double(w.bytes) * double(st.iterations()) / secs / 1e9;
+  st.counters["W_GBs"] = gbs;
+  st.counters["pct_bw"] = 100 * gbs / peak_bw();
+  st.counters["us_per_call"] = secs / double(st.iterations()) * 1e6;
+}
 // Decode GEMVs (M = 1) on TinyLlama's shapes (QKV-sized, gate+up-sized, down, lm_head).
 void GemvMemArgs(benchmark::internal::Benchmark* b) {
   b->Args({1, 2048, 2048})->Args({1, 11264, 2048})->Args({1, 2048, 5632})->Args({1, 32000, 2048});
@@ -219,6 +244,14 @@ void SmallMArgs(benchmark::internal::Benchmark* b) {
   for (int64_t m = 1; m <= 8; ++m) b->Args({m, 5632, 2048});
   b->Args({16, 5632, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
+// Speculative verification (k + 1 = 5 rows) against decode (1 row) on each of TinyLlama's
+// per-layer shapes (QKV, O, gate+up, down): the ratio is what verification costs per op.
+void VerifyArgs(benchmark::internal::Benchmark* b) {
+  for (const int64_t m : {1, 5}) b->Args({m, 2560, 2048})->Args({m, 2048, 2048})->Args({m, 11264, 2048})->Args({m, 2048, 5632});
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0_verify, ft::GGMLType::Q4_0)->Apply(VerifyArgs);
+BENCHMARK_CAPTURE(BM_FfnGluFromMemory, q4_0, ft::GGMLType::Q4_0)->Args({1, 5632, 2048})->Args({5, 5632, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0, ft::GGMLType::Q4_0)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q8_0, ft::GGMLType::Q8_0)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_k, ft::GGMLType::Q4_K)->Apply(GemvMemArgs)->Apply(SmallMArgs);

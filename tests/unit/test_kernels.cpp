@@ -34,6 +34,7 @@
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/cpu/packed.h"  // panel_type, convert_rows
+#include "kernels/cpu/rowwise.h"  // exp_cephes, silu
 
 namespace ft {
 namespace {
@@ -658,6 +659,38 @@ TEST(ReferenceBackend, RowwiseGatedSoftcapScale) { check_rowwise_maps(*make_back
 // kv_store then kv_load gives each type's rounding and nothing else: f32 exact, f16 within
 // 2^-11 relative (2^-25 absolute below its normal range), bf16 2^-8, q8_0 within half its block's step (max|x| / 254) with one scale per
 // 32 values of a head (a tail block of tiny values keeps its own fine step).
+// exp_cephes, the SwiGLU's exp (one definition for every ISA), within 2 ulp of exp wherever it
+// does not clamp, and exactly 0 below its range.
+TEST(Rowwise, ExpCephesWithinTwoUlpOfExp) {
+  for (float x = -87.0f; x < 88.3f; x += 0.00731f) {
+    const double want = std::exp(double(x));
+    const float w = float(want), ulp = std::nextafter(w, INFINITY) - w;
+    ASSERT_LE(std::fabs(double(rowwise::exp_cephes(x)) - want), 2.0 * double(ulp)) << "x " << x;
+  }
+  EXPECT_EQ(rowwise::exp_cephes(-87.5f), 0.0f);
+  EXPECT_EQ(rowwise::exp_cephes(-INFINITY), 0.0f);
+  EXPECT_NEAR(rowwise::silu(-200.0f), 0.0f, 1e-35f);  // (-200 / exp(hi): exp clamps, finite)
+}
+
+// The SwiGLU epilogue of every ISA (its vector silu) gives the scalar path's bits, for gates
+// far beyond exp's clamp too (X scaled so |gate| reaches ~100), a group's tail included (N odd).
+TEST_P(KernelTest, SwigluEpilogueBitIdenticalToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(23);
+  const int64_t K = 64, N = 37;
+  for (GGMLType t : {GGMLType::F32, GGMLType::Q8_0}) {
+    const QWeight Wg = make_weight(rng, t, N, K), Wu = make_weight(rng, t, N, K);
+    for (int64_t M : {1, 5, 17}) {
+      const auto X = randv(rng, size_t(M * K), 40.0f);
+      std::vector<float> a(size_t(M * N)), b(size_t(M * N));
+      native->ffn_glu(X.data(), M, native->prepare(Wg.view()), native->prepare(Wu.view()), GateAct::SiLU, a.data());
+      scalar->ffn_glu(X.data(), M, scalar->prepare(Wg.view()), scalar->prepare(Wu.view()), GateAct::SiLU, b.data());
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_EQ(a[i], b[i]) << type_traits(t).name << " M=" << M << " at " << i;
+    }
+  }
+}
+
 TEST(KvLayout, StoreLoadWithinEachTypesRounding) {
   std::mt19937 rng(5);
   for (GGMLType type : kKvTypes)

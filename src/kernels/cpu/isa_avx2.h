@@ -9,17 +9,10 @@
 namespace ft::cpu {
 namespace {
 
-// exp's constants (Cephes): the clamp range, log2(e) and ln(2) in two parts, the polynomial
-// from its highest coefficient down. exp256 and the AVX-512 attention's 16-lane form use these
-// with the same operations in the same order, so a lane's result is the same on either.
-struct ExpConst {
-  static constexpr float lo = -87.3f, hi = 88.3762626647949f, log2e = 1.44269504088896341f;
-  static constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-  static constexpr float p[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f,
-                                 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
-};
+using rowwise::ExpConst;  // (exp's constants: rowwise.h, with the scalar form)
 
-// exp(x) for 8 floats (Cephes polynomial, ~1 ulp); x < -87.3 (and -inf) gives exactly 0.
+// exp(x) for 8 floats (Cephes polynomial, ~1 ulp); x < -87.3 (and -inf) gives exactly 0. Each
+// lane is rowwise::exp_cephes's result (the same operations in the same order).
 inline __m256 exp256(__m256 x) {
   using C = ExpConst;
   const __m256 lo = _mm256_set1_ps(C::lo);
@@ -58,6 +51,18 @@ inline void softcap_row256(float* S, int n, float cap) {
 }
 
 struct Avx2Isa {
+  // The SwiGLU epilogue: y[j] = silu(g[j]) * u[j] for j < n, rowwise::silu's operations on 8
+  // lanes (exp256, x / (1 + e), the product), so each output is the scalar form's bits.
+  static void silu_mul(const float* g, const float* u, float* y, int n) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+      const __m256 x = _mm256_loadu_ps(g + j);
+      const __m256 e = exp256(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
+      _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                            _mm256_loadu_ps(u + j)));
+    }
+    for (; j < n; ++j) y[j] = rowwise::silu(g[j]) * u[j];
+  }
   // ---- GEMM on the panel layout (packed.h) ----
   // C (MR, ldc)[:, 0:16] (+)= x (MR, ldx) @ w (len, 16): 12 accumulators, each one fma chain
   // over k in order (from 0 when first, else from C).

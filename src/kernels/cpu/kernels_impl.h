@@ -575,6 +575,12 @@ struct Drivers {
         const float* c = C + m * ldc;
         if (swiglu) {
           float* y = segs[0].Y + (r0 + m) * segs[0].ldy + src[0].n0;
+          if constexpr (requires { Isa::silu_mul; }) {
+            if (act == GateAct::SiLU) {
+              Isa::silu_mul(c, c + kGroup, y, src[0].cnt);
+              continue;
+            }
+          }
           for (int j = 0; j < src[0].cnt; ++j) y[j] = rowwise::gate_act(act, c[j]) * c[kGroup + j];
           continue;
         }
