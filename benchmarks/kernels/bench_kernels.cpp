@@ -186,9 +186,10 @@ const Streamed& streamed(GGMLType t, int64_t N, int64_t K) {
   for (auto& b : src) s.views.push_back(s.be->prepare({t, b.data(), N, K}));
   return s;
 }
-// range(0) = M rows of activations: compare each M's time ("ms_per_call") with M = 1's, and
-// its W_GBs with the read bandwidth (pct_bw): weights read once per call stay near it.
-void BM_GemmFromMemory(benchmark::State& st, GGMLType t) {
+// Times call(X, Y, copy) over the streamed copies of (t, N, K) in turn (copy: the next index
+// into w.views; a call may take several), M = range(0) rows; W_GBs counts `weights` copies per call.
+template <class Call>
+void stream_calls(benchmark::State& st, GGMLType t, int weights, Call&& call) {
   const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
   const Streamed& w = streamed(t, N, K);
   w.be->reserve(M);
@@ -198,41 +199,32 @@ void BM_GemmFromMemory(benchmark::State& st, GGMLType t) {
   for (auto& x : X) x = u(rng);
   double secs = 0;
   size_t i = 0;
+  auto next = [&]() -> const WeightView& { return w.views[i++ % w.views.size()]; };
   for (auto _ : st) {
     const auto t0 = std::chrono::steady_clock::now();
-    w.be->matmul(X.data(), M, w.views[i++ % w.views.size()], Y.data());
+    call(*w.be, X.data(), M, Y.data(), next);
     benchmark::DoNotOptimize(Y.data());
     secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const double gbs = double(w.bytes) * double(st.iterations()) / secs / 1e9;
+  const double gbs = weights * double(w.bytes) * double(st.iterations()) / secs / 1e9;
   st.counters["W_GBs"] = gbs;
   st.counters["pct_bw"] = 100 * gbs / peak_bw();
   st.counters["us_per_call"] = secs / double(st.iterations()) * 1e6;
 }
+// range(0) = M rows of activations: compare each M's time ("ms_per_call") with M = 1's, and
+// its W_GBs with the read bandwidth (pct_bw): weights read once per call stay near it.
+void BM_GemmFromMemory(benchmark::State& st, GGMLType t) {
+  stream_calls(st, t, 1, [](Backend& be, const float* X, int64_t M, float* Y, auto& next) {
+    be.matmul(X, M, next(), Y);
+  });
+}
 // The gated FFN's gate and up (two weights of N x K, each item a gate group with its up group,
 // SwiGLU in the epilogue) as the model runs them: two copies of the streamed weight per call.
 void BM_FfnGluFromMemory(benchmark::State& st, GGMLType t) {
-  const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
-  const Streamed& w = streamed(t, N, K);
-  w.be->reserve(M);
-  std::vector<float> X(size_t(M * K)), Y(size_t(M * N));
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (auto& x : X) x = u(rng);
-  double secs = 0;
-  size_t i = 0;
-  for (auto _ : st) {
-    const WeightView& g = w.views[i++ % w.views.size()];
-    const WeightView& up = w.views[i++ % w.views.size()];
-    const auto t0 = std::chrono::steady_clock::now();
-    w.be->ffn_glu(X.data(), M, g, up, GateAct::SiLU, Y.data());
-    benchmark::DoNotOptimize(Y.data());
-    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  const double gbs = 2 * double(w.bytes) * double(st.iterations()) / secs / 1e9;
-  st.counters["W_GBs"] = gbs;
-  st.counters["pct_bw"] = 100 * gbs / peak_bw();
-  st.counters["us_per_call"] = secs / double(st.iterations()) * 1e6;
+  stream_calls(st, t, 2, [](Backend& be, const float* X, int64_t M, float* Y, auto& next) {
+    const WeightView& g = next();
+    be.ffn_glu(X, M, g, next(), GateAct::SiLU, Y);
+  });
 }
 // Decode GEMVs (M = 1) on TinyLlama's shapes (QKV-sized, gate+up-sized, down, lm_head).
 void GemvMemArgs(benchmark::internal::Benchmark* b) {
