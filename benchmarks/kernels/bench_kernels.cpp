@@ -160,7 +160,8 @@ void LargeMArgs(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 void GemvArgs(benchmark::internal::Benchmark* b) {
-  b->Args({1, 5632, 2048})->Args({1, 2048, 5632})->Unit(benchmark::kMicrosecond)->UseRealTime();
+  // (M = 5: a speculative verification of 4 draft tokens, its compute ceiling with the weights in cache)
+  b->Args({1, 5632, 2048})->Args({1, 2048, 5632})->Args({5, 5632, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
 
@@ -243,6 +244,10 @@ void VerifyArgs(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0_verify, ft::GGMLType::Q4_0)->Apply(VerifyArgs);
+// A decode GEMV's fixed cost per call: time against N at K = 2048 (fit t = a + bytes / bw).
+BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0_size, ft::GGMLType::Q4_0)
+    ->Args({1, 512, 2048})->Args({1, 1024, 2048})->Args({1, 2048, 2048})->Args({1, 4096, 2048})
+    ->Args({1, 8192, 2048})->Args({1, 16384, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FfnGluFromMemory, q4_0, ft::GGMLType::Q4_0)->Args({1, 5632, 2048})->Args({5, 5632, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0, ft::GGMLType::Q4_0)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q8_0, ft::GGMLType::Q8_0)->Apply(GemvMemArgs)->Apply(SmallMArgs);
