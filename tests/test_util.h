@@ -7,6 +7,20 @@
 
 namespace ft::test {
 
+// Whether this build runs under ASan or TSan (GCC defines __SANITIZE_*; clang answers
+// __has_feature). Loops that only repeat what the Release run checks run fewer rounds there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // Directory of the shared test data; FT_SHARED_DIR env overrides the compiled-in default.
 std::string shared_dir();
 // Full path of a file under shared/, or "" when it does not exist.

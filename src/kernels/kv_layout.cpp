@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/fp16.h"
 
@@ -64,8 +65,7 @@ __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* x, int32_t
 #endif
 void f32_to_f16_row(const float* x, int32_t n, uint16_t* out) {
 #if defined(__x86_64__)
-  static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  if (f16c) return f32_to_f16_f16c(x, n, out);
+  if (cpu_features().f16c) return f32_to_f16_f16c(x, n, out);
 #endif
   for (int32_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }

@@ -33,8 +33,6 @@ json parse_json_object(std::string_view body) {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
-
 double get_number(const json& j, const char* name, double lo, double hi) {
   const json& v = j.at(name);
   if (!v.is_number()) bad(name, cat("'", name, "' must be a number"));

@@ -21,8 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
-
 const char* prompt_param(PromptKind k) { return k == PromptKind::Chat ? "messages" : "prompt"; }
 
 }  // namespace

@@ -46,6 +46,8 @@ struct ApiError : std::runtime_error {
       : std::runtime_error(message), status(status_), type(std::move(type_)), param(std::move(param_)),
         code(std::move(code_)) {}
 };
+// A 400 naming the request's offending param.
+[[noreturn]] inline void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
 
 inline constexpr size_t kMaxStops = 4;
 inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)

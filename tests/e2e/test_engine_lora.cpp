@@ -50,7 +50,7 @@ std::vector<int32_t> prompt(int n, int salt) {
   return p;
 }
 
-struct Outcome {
+struct LoraOutcome {
   std::vector<int32_t> tokens;
   RequestTimings t;
   FinishReason reason = FinishReason::Stop;
@@ -67,8 +67,8 @@ EngineRequest request(const std::vector<int32_t>& p, std::shared_ptr<const LoraA
   return r;
 }
 
-Outcome drain(EventStream& s) {
-  Outcome o;
+LoraOutcome drain(EventStream& s) {
+  LoraOutcome o;
   EngineEvent ev;
   while (s.next(ev, &o.t)) {
     if (ev.kind == EngineEvent::Kind::Token) o.tokens.push_back(ev.token);
@@ -77,7 +77,7 @@ Outcome drain(EventStream& s) {
   return o;
 }
 
-Outcome alone(Engine& e, const std::vector<int32_t>& p, std::shared_ptr<const LoraAdapter> a) {
+LoraOutcome alone(Engine& e, const std::vector<int32_t>& p, std::shared_ptr<const LoraAdapter> a) {
   EventStream s;
   e.submit(request(p, std::move(a)), s.callback());
   return drain(s);
@@ -90,12 +90,12 @@ TEST(EngineLora, BaseAndFourAdaptersTogetherGiveWhatEachGivesAlone) {
   for (size_t k = 0; k < f.adapters.size(); ++k) ads.push_back(e.load_adapter("a" + std::to_string(k), f.adapters[k]->path()));
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < ads.size(); ++i) prompts.push_back(prompt(10 + 7 * int(i), int(i)));
-  std::vector<Outcome> solo;
+  std::vector<LoraOutcome> solo;
   for (size_t i = 0; i < ads.size(); ++i) solo.push_back(alone(e, prompts[i], ads[i]));
   std::vector<EventStream> s(ads.size());
   for (size_t i = 0; i < ads.size(); ++i) e.submit(request(prompts[i], ads[i]), s[i].callback());
   for (size_t i = 0; i < ads.size(); ++i) {
-    const Outcome o = drain(s[i]);
+    const LoraOutcome o = drain(s[i]);
     EXPECT_EQ(o.tokens, solo[i].tokens) << "request " << i;
     EXPECT_EQ(o.reason, FinishReason::Length) << o.error;
   }
@@ -108,7 +108,7 @@ TEST(EngineLora, AFifthAdapterWaitsForASlotAndIsNotStarved) {
   Engine e(*f.model, config(4), nullptr);
   std::vector<std::shared_ptr<const LoraAdapter>> ads;
   for (size_t k = 0; k < f.adapters.size(); ++k) ads.push_back(e.load_adapter("a" + std::to_string(k), f.adapters[k]->path()));
-  const Outcome solo5 = alone(e, prompt(8, 9), ads[4]);
+  const LoraOutcome solo5 = alone(e, prompt(8, 9), ads[4]);
   // Adapters 0-3 busy with long requests, then the fifth's, then more of 0-3 arriving after it.
   std::vector<EventStream> first(4), later(4);
   EventStream fifth;
@@ -116,18 +116,18 @@ TEST(EngineLora, AFifthAdapterWaitsForASlotAndIsNotStarved) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   e.submit(request(prompt(8, 9), ads[4]), fifth.callback());
   for (int k = 0; k < 4; ++k) e.submit(request(prompt(8, 20 + k), ads[size_t(k)], 40), later[size_t(k)].callback());
-  std::vector<Outcome> a, b;
+  std::vector<LoraOutcome> a, b;
   for (auto& s : first) a.push_back(drain(s));
-  const Outcome o5 = drain(fifth);
+  const LoraOutcome o5 = drain(fifth);
   for (auto& s : later) b.push_back(drain(s));
   EXPECT_EQ(o5.tokens, solo5.tokens);
   // Not starved: none of the requests of 0-3 that arrived after it started before it (their
   // adapters were running, so without the scheduler's rule they would have gone at once, and
   // kept its slot taken).
-  for (const Outcome& o : b) EXPECT_LE(o5.t.first_scheduled_ms, o.t.first_scheduled_ms);
+  for (const LoraOutcome& o : b) EXPECT_LE(o5.t.first_scheduled_ms, o.t.first_scheduled_ms);
   // ... and it waited for a slot: not scheduled before one of the first four finished.
   double first_finish = 1e300;
-  for (const Outcome& o : a) first_finish = std::min(first_finish, o.t.finish_ms);
+  for (const LoraOutcome& o : a) first_finish = std::min(first_finish, o.t.finish_ms);
   EXPECT_GE(o5.t.first_scheduled_ms, first_finish);
 }
 
@@ -137,16 +137,16 @@ TEST(EngineLora, PrefixCacheIsKeyedByAdapter) {
   const auto a0 = e.load_adapter("a0", f.adapters[0]->path());
   const auto a1 = e.load_adapter("a1", f.adapters[1]->path());
   const std::vector<int32_t> p = prompt(40, 3);
-  const Outcome base1 = alone(e, p, nullptr);
+  const LoraOutcome base1 = alone(e, p, nullptr);
   EXPECT_EQ(base1.t.cached_tokens, 0);
-  const Outcome x0 = alone(e, p, a0);  // the base's blocks are not the adapter's
+  const LoraOutcome x0 = alone(e, p, a0);  // the base's blocks are not the adapter's
   EXPECT_EQ(x0.t.cached_tokens, 0);
-  const Outcome x1 = alone(e, p, a1);  // nor another adapter's
+  const LoraOutcome x1 = alone(e, p, a1);  // nor another adapter's
   EXPECT_EQ(x1.t.cached_tokens, 0);
-  const Outcome y0 = alone(e, p, a0);  // its own are
+  const LoraOutcome y0 = alone(e, p, a0);  // its own are
   EXPECT_GE(y0.t.cached_tokens, 32);
   EXPECT_EQ(y0.tokens, x0.tokens);
-  const Outcome base2 = alone(e, p, nullptr);
+  const LoraOutcome base2 = alone(e, p, nullptr);
   EXPECT_GE(base2.t.cached_tokens, 32);
   EXPECT_EQ(base2.tokens, base1.tokens);
 }
@@ -184,7 +184,7 @@ TEST(EngineLora, LoadAndUnload) {
   EXPECT_TRUE(e.adapters().empty());
   // Loaded again (a new uid; its packed copies made afresh), it serves as before.
   a = e.load_adapter("a", f.adapters[0]->path());
-  const Outcome o = alone(e, prompt(8, 1), a);
+  const LoraOutcome o = alone(e, prompt(8, 1), a);
   EXPECT_EQ(o.tokens.size(), 12u);
 }
 

@@ -180,7 +180,8 @@ TEST(Grammar, MaskEqualsReferenceOnRandomWalks) {
       "root ::= (\"ab\" | \"a\" x)* \"!\"\nx ::= \"b\" | \"bc\" x\n",
   };
   size_t checked = 0, leaves_top = 0;
-  for (uint32_t seed = 1; seed <= 6; ++seed) {
+  const uint32_t seeds = test::kSanitized ? 2 : 6;  // (the sanitizers' run: memory, not coverage)
+  for (uint32_t seed = 1; seed <= seeds; ++seed) {
     std::mt19937 rng(seed);
     std::vector<std::string> pieces{"", ""};  // 0: end of generation; 1: an empty piece (never allowed)
     std::vector<bool> eog{true, false};
@@ -216,8 +217,8 @@ TEST(Grammar, MaskEqualsReferenceOnRandomWalks) {
       }
     }
   }
-  EXPECT_GT(checked, 200u);
-  EXPECT_GT(leaves_top, 100u);  // allowed tokens that close a string and go on (the finished-below path)
+  EXPECT_GT(checked, 200u * seeds / 6);
+  EXPECT_GT(leaves_top, 100u * seeds / 6);  // allowed tokens that close a string and go on (the finished-below path)
 }
 
 // JSON whitespace is bounded (llama.cpp's rule): between two tokens, nothing, one space, or a

@@ -27,6 +27,7 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "gguf/ggml_types.h"
 #include "kernels/kernels.h"
@@ -197,6 +198,25 @@ TEST_P(KernelTest, GemmAllTypesOddShapes) {
 }
 
 // The integer path's activation quantization against its definition (kernels.h).
+// cpuid read by hand (core/cpu_features.h) says what GCC's own detection says, for every feature
+// GCC 12 names (the sanitizer builds use clang, where this comparison is not compiled).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+TEST(CpuFeatures, AgreeWithTheCompilersDetection) {
+  __builtin_cpu_init();
+  const ft::CpuFeatures& f = ft::cpu_features();
+  EXPECT_EQ(f.avx, bool(__builtin_cpu_supports("avx")));
+  EXPECT_EQ(f.fma, bool(__builtin_cpu_supports("fma")));
+  EXPECT_EQ(f.f16c, bool(__builtin_cpu_supports("f16c")));
+  EXPECT_EQ(f.avx2, bool(__builtin_cpu_supports("avx2")));
+  EXPECT_EQ(f.avx512f, bool(__builtin_cpu_supports("avx512f")));
+  EXPECT_EQ(f.avx512bw, bool(__builtin_cpu_supports("avx512bw")));
+  EXPECT_EQ(f.avx512vl, bool(__builtin_cpu_supports("avx512vl")));
+  EXPECT_EQ(f.avx512dq, bool(__builtin_cpu_supports("avx512dq")));
+  EXPECT_EQ(f.avx512vnni, bool(__builtin_cpu_supports("avx512vnni")));
+  EXPECT_EQ(f.avxvnni, bool(__builtin_cpu_supports("avxvnni")));
+}
+#endif
+
 TEST(QuantizeActivations, MatchesItsDefinition) {
   std::mt19937 rng(5);
   const int64_t K = 32 * 9;

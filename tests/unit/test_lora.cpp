@@ -96,16 +96,16 @@ std::vector<int32_t> prompt(int n, int salt) {
 // own effect on the logits (checked: each adapter moves them by > 0.2).
 constexpr float kTol = 2e-3f;
 
-struct Case {
+struct LoraCase {
   const char* arch;
   const char* lora_type;
   int rank;
 };
 
-class AdapterVsMerged : public ::testing::TestWithParam<Case> {};
+class AdapterVsMerged : public ::testing::TestWithParam<LoraCase> {};
 
 TEST_P(AdapterVsMerged, SameLogitsAndGreedyTokens) {
-  const Case c = GetParam();
+  const LoraCase c = GetParam();
   TempFile base("lora_base.gguf"), ad("lora_adapter.gguf"), merged("lora_merged.gguf");
   SyntheticOptions opt;
   opt.arch = c.arch;
@@ -134,9 +134,9 @@ TEST_P(AdapterVsMerged, SameLogitsAndGreedyTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Lora, AdapterVsMerged,
-                         ::testing::Values(Case{"llama", "f32", 16}, Case{"llama", "f16", 8},
-                                           Case{"llama", "q8_0", 32}, Case{"qwen2", "f32", 16},
-                                           Case{"gemma2", "f32", 4}, Case{"phi3", "f16", 16}),
+                         ::testing::Values(LoraCase{"llama", "f32", 16}, LoraCase{"llama", "f16", 8},
+                                           LoraCase{"llama", "q8_0", 32}, LoraCase{"qwen2", "f32", 16},
+                                           LoraCase{"gemma2", "f32", 4}, LoraCase{"phi3", "f16", 16}),
                          [](const auto& info) {
                            return std::string(info.param.arch) + "_" + info.param.lora_type + "_r" +
                                   std::to_string(info.param.rank);

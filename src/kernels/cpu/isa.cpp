@@ -1,12 +1,12 @@
-// Which instruction-set level this CPU runs (cpuid through GCC's __builtin_cpu_supports, which
-// also checks that the OS saves the AVX / AVX-512 register state), and the kernel table of each.
-// Compiled for the baseline x86-64: it must run on every CPU to say what that CPU has.
+// Which instruction-set level this CPU runs (core/cpu_features.h: cpuid, and whether the OS saves
+// the AVX / AVX-512 register state), and the kernel table of each.
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <sys/mman.h>
 
 #include <cstdlib>
 
+#include "core/cpu_features.h"
 #include "core/mapped_memory.h"
 
 namespace ft::cpu {
@@ -22,21 +22,14 @@ const char* isa_name(IsaLevel l) {
 }
 
 bool cpu_supports(IsaLevel l) {
-  if (l == IsaLevel::Scalar) return true;
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  const CpuFeatures& f = cpu_features();
+  const bool avx2 = f.avx2 && f.fma && f.f16c;
   switch (l) {
     case IsaLevel::Scalar: return true;
     case IsaLevel::Avx2: return avx2;
-    case IsaLevel::AvxVnni: return avx2 && __builtin_cpu_supports("avxvnni");
-    case IsaLevel::Avx512:
-      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512vnni");
+    case IsaLevel::AvxVnni: return avx2 && f.avxvnni;
+    case IsaLevel::Avx512: return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
   }
-#endif
   return false;
 }
 
