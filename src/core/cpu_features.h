@@ -1,8 +1,8 @@
 #pragma once
 // The x86 vector features the kernels choose between, read once from cpuid, each one only where
 // the OS also saves its register state (XCR0 through xgetbv). Plain cpuid rather than
-// __builtin_cpu_supports: clang 14 knows neither "f16c" nor "avxvnni" there, and the sanitizer
-// builds use clang. Compiled for the baseline x86-64: it runs on every CPU to say what it has.
+// __builtin_cpu_supports: clang 14 (the fuzz build's compiler) knows neither "f16c" nor "avxvnni"
+// there. Compiled for the baseline x86-64: it runs on every CPU to say what it has.
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
