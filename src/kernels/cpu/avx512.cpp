@@ -462,7 +462,6 @@ struct Avx512Isa : Avx2Isa {
   static void gemv_w_t(DecQ6_K dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
                        int64_t ldd, float* c, int64_t ldc) {
     // Rows 0-7 take the low nibble and the field at 4 pp, rows 8-15 the high nibble and 4 pp + 2.
-    const __m512i nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     __m512i fs[4];
     for (int pp = 0; pp < 4; ++pp)
       fs[pp] = _mm512_inserti64x4(_mm512_set1_epi16(int16_t(14 - 4 * pp)), _mm256_set1_epi16(int16_t(12 - 4 * pp)), 1);
@@ -491,8 +490,9 @@ struct Avx512Isa : Avx2Isa {
             const __m512i T = _mm512_cvtepu8_epi16(
                 _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dec.ql + 16 * p))));
             const __m512i F = _mm512_srai_epi16(_mm512_sllv_epi16(HG, fs[pp]), 10);
-            // low4 ? nibble : F  (0xE4: C ? A : B with A = nibble, B = F, C = low4)
-            const __m512i w = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(T, nib_shift), F, low4, 0xE4);
+            // low4 ? nibble : F  (0xE4: C ? A : B with A = nibble, B = F, C = low4); the high
+            // nibbles by a masked immediate shift (a variable vpsrlvw measured 3-12% slower).
+            const __m512i w = _mm512_ternarylogic_epi32(_mm512_mask_srli_epi16(T, __mmask32(0xFFFF0000u), T, 4), F, low4, 0xE4);
             for (int i = 0; i < MR; ++i) {
               int32_t xv;
               std::memcpy(&xv, xq + i * ldx + kb * kQBlock + 2 * p, 4);
