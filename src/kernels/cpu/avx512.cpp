@@ -1,10 +1,9 @@
 // AVX-512 (F/BW/VL/DQ + VNNI) instantiation of the fast-kernel drivers. Compiled for those
 // extensions whatever the build flags; only called after cpu_best_isa() says the CPU has them.
 // Quantized Q8_0/Q4_0/Q4_K weights take the integer path on vpdpbusd (u8 weights x s8
-// activations, 64 products per instruction) over the quad layout of packed.h; the float
-// types on 512-bit FMA; Q6_K's small-M GEMV on its own 512-bit decoder (gemv_w_t), its GEMM on
-// the AVX2 kernels (compiled here for this target). Attention:
-// attention_avx512.cpp.
+// activations, 64 products per instruction) over the quad layout of packed.h, and so does Q6_K
+// over its own quad variant (small M; its GEMM unpacks to int16 pairs for vpdpwssd); the float
+// types on 512-bit FMA. Attention: attention_avx512.cpp.
 // Standard headers come first so their inline functions are not compiled for AVX-512 here.
 #include <algorithm>
 #include <cmath>
@@ -38,6 +37,7 @@ struct Avx512Isa : Avx2Isa {
 
   static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
                         int64_t K, uint8_t* out) {
+    if (t == GGMLType::Q6_K) return pack_rows_q6k_quad(rows, row_bytes, n_rows, K, out);
     pack_rows_quad(t, rows, row_bytes, n_rows, K, out);
   }
 
@@ -267,7 +267,7 @@ struct Avx512Isa : Avx2Isa {
   // u = v + kBias.
   struct QDecQ8_0 {
     static constexpr int kBias = 128, kBytesPer32 = 544;
-    static constexpr bool kS2 = false;
+    static constexpr bool kS2 = false, kSub16 = false;
     const uint8_t* g;
     const uint8_t* blk = nullptr;
     void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
@@ -284,7 +284,7 @@ struct Avx512Isa : Avx2Isa {
   }
   struct QDecQ4_0 {
     static constexpr int kBias = 8, kBytesPer32 = 288;
-    static constexpr bool kS2 = false;
+    static constexpr bool kS2 = false, kSub16 = false;
     const uint8_t* g;
     const uint8_t* blk = nullptr;
     void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
@@ -293,7 +293,7 @@ struct Avx512Isa : Avx2Isa {
   };
   struct QDecQ4_K {
     static constexpr int kBias = 0, kBytesPer32 = 296;  // (on average)
-    static constexpr bool kS2 = true;
+    static constexpr bool kS2 = true, kSub16 = false;
     const uint8_t* g;
     const uint8_t* blk = nullptr;
     const uint8_t* q = nullptr;
@@ -311,13 +311,45 @@ struct Avx512Isa : Avx2Isa {
     }
     void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
   };
+  // Q6_K's quad variant (packed.h): per half block h (kSub16), quads(h, w) gives its 4 quads as
+  // u = q in [0, 63] (I_h = sum u xq - kBias X_h), sc(h) its 16 rows' int8 scales as int32.
+  struct QDecQ6_K {
+    static constexpr int kBias = 32, kBytesPer32 = Q6KBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSub16 = true;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    const uint8_t* ql = nullptr;
+    const uint8_t* qh = nullptr;
+    int j = 0;
+    void begin(int64_t kb) {
+      blk = g + (kb / 8) * Q6KBlock::kBytes;
+      j = int(kb % 8);
+      ql = blk + Q6KBlock::kQl + Q6KBlock::kQuadPer32 * j;
+      qh = ql + Q6KBlock::kQlPer32;
+    }
+    void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q6KBlock::kD); }
+    __m512i sc(int h) const {
+      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16)));
+    }
+    void quads(int h, __m512i w[4]) const {
+      const __m512i b0 = ld(ql + 128 * h), b1 = ld(ql + 128 * h + 64), H = ld(qh + 64 * h);
+      const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+      // (16-bit shifts: the and keeps bits 4-5 of each byte, which came from the same byte.)
+      // w = (nibble & 0x0F) | field: ternary logic 0xEC = (A & C) | B.
+      w[0] = _mm512_ternarylogic_epi32(b0, _mm512_and_si512(_mm512_slli_epi16(H, 4), m30), m4, 0xEC);
+      w[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b0, 4), _mm512_and_si512(_mm512_slli_epi16(H, 2), m30), m4, 0xEC);
+      w[2] = _mm512_ternarylogic_epi32(b1, _mm512_and_si512(H, m30), m4, 0xEC);
+      w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), m4, 0xEC);
+    }
+  };
   template <class F>
   static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{group}); return true;
-      default: return false;  // (Q6_K: the AVX2 kernels on the pair layout)
+      case GGMLType::Q6_K: f(QDecQ6_K{group}); return true;
+      default: return false;
     }
   }
 
@@ -327,9 +359,11 @@ struct Avx512Isa : Avx2Isa {
   // from -B sum xq), then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)):
   // mk_int's sums. Two groups share each activation broadcast, each its own chain (12 chains
   // at 6 rows); one group splits its chain into even and odd quads (two chains per row).
+  // Q6_K (D::kSub16): per half block h the chain starts from -32 X_h (X_0 = xs0, X_1 = xs -
+  // xs0) and I = sc_0 I_0 + sc_1 I_1 (exact), then the same y = fma(float(I), s1 * dx, y).
   template <int MR, int NG, class D>
   static void gemv_q_t(const D* dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
-                       const float* dx, const int32_t* xs, float* c, int64_t ldc, bool first) {
+                       const float* dx, const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc, bool first) {
     __m512 y[MR][NG];
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
@@ -344,35 +378,66 @@ struct Avx512Isa : Avx2Isa {
         prefetch_block(d[g].g, kb, D::kBytesPer32, gbytes, past);
         d[g].begin(kb);
       }
-      __m512i a[MR][2];
-      for (int i = 0; i < MR; ++i) {
-        a[i][0] = D::kBias != 0 ? _mm512_set1_epi32(-D::kBias * xs[i * nkb + kb]) : _mm512_setzero_si512();
-        a[i][1] = NG == 2 ? a[i][0] : _mm512_setzero_si512();
-      }
-      for (int P = 0; P < 4; ++P) {
-        __m512i w[NG][2];
-        for (int g = 0; g < NG; ++g) d[g].quads(P, w[g][0], w[g][1]);
-        for (int i = 0; i < MR; ++i) {
-          const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
-          const __m512i x0 = bcast4(x), x1 = bcast4(x + 4);
-          if constexpr (NG == 2) {
-            for (int g = 0; g < 2; ++g)
-              a[i][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[i][g], w[g][0], x0), w[g][1], x1);
-          } else {
-            a[i][0] = _mm512_dpbusd_epi32(a[i][0], w[0][0], x0);
-            a[i][1] = _mm512_dpbusd_epi32(a[i][1], w[0][1], x1);
+      if constexpr (D::kSub16) {
+        __m512i I[MR][NG];
+        for (int h = 0; h < 2; ++h) {
+          __m512i a[MR][NG];
+          for (int i = 0; i < MR; ++i) {
+            const int32_t X0 = xs0[i * nkb + kb], X = h == 0 ? X0 : xs[i * nkb + kb] - X0;
+            for (int g = 0; g < NG; ++g) a[i][g] = _mm512_set1_epi32(-D::kBias * X);
+          }
+          __m512i w[NG][4];
+          for (int g = 0; g < NG; ++g) d[g].quads(h, w[g]);
+          for (int t = 0; t < 4; ++t)
+            for (int i = 0; i < MR; ++i) {
+              const __m512i xb = bcast4(xq + i * ldx + kb * kQBlock + 16 * h + 4 * t);
+              for (int g = 0; g < NG; ++g) a[i][g] = _mm512_dpbusd_epi32(a[i][g], w[g][t], xb);
+            }
+          for (int g = 0; g < NG; ++g) {
+            const __m512i sc = d[g].sc(h);
+            for (int i = 0; i < MR; ++i) {
+              const __m512i p = _mm512_mullo_epi32(a[i][g], sc);
+              I[i][g] = h == 0 ? p : _mm512_add_epi32(I[i][g], p);
+            }
           }
         }
-      }
-      for (int g = 0; g < NG; ++g) {
-        __m512 s1, s2 = _mm512_setzero_ps();
-        d[g].scales(s1, s2);
+        for (int g = 0; g < NG; ++g) {
+          __m512 s1, s2;
+          d[g].scales(s1, s2);
+          for (int i = 0; i < MR; ++i)
+            y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i][g]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * nkb + kb])), y[i][g]);
+        }
+      } else {
+        __m512i a[MR][2];
         for (int i = 0; i < MR; ++i) {
-          const __m512i I = NG == 2 ? a[i][g] : _mm512_add_epi32(a[i][0], a[i][1]);
-          const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
-          y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, dv), y[i][g]);
-          if constexpr (D::kS2)
-            y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, dv), y[i][g]);
+          a[i][0] = D::kBias != 0 ? _mm512_set1_epi32(-D::kBias * xs[i * nkb + kb]) : _mm512_setzero_si512();
+          a[i][1] = NG == 2 ? a[i][0] : _mm512_setzero_si512();
+        }
+        for (int P = 0; P < 4; ++P) {
+          __m512i w[NG][2];
+          for (int g = 0; g < NG; ++g) d[g].quads(P, w[g][0], w[g][1]);
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+            const __m512i x0 = bcast4(x), x1 = bcast4(x + 4);
+            if constexpr (NG == 2) {
+              for (int g = 0; g < 2; ++g)
+                a[i][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[i][g], w[g][0], x0), w[g][1], x1);
+            } else {
+              a[i][0] = _mm512_dpbusd_epi32(a[i][0], w[0][0], x0);
+              a[i][1] = _mm512_dpbusd_epi32(a[i][1], w[0][1], x1);
+            }
+          }
+        }
+        for (int g = 0; g < NG; ++g) {
+          __m512 s1, s2 = _mm512_setzero_ps();
+          d[g].scales(s1, s2);
+          for (int i = 0; i < MR; ++i) {
+            const __m512i I = NG == 2 ? a[i][g] : _mm512_add_epi32(a[i][0], a[i][1]);
+            const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
+            y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, dv), y[i][g]);
+            if constexpr (D::kS2)
+              y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, dv), y[i][g]);
+          }
         }
       }
     }
@@ -383,10 +448,8 @@ struct Avx512Isa : Avx2Isa {
   // one group's packed bytes (18-50 KB) stay in L1/L2 for every tile of rows after the first,
   // and each tile keeps its sums in registers over all of K (no unpacked copy, no C reloads).
   static constexpr int64_t kFusedMaxMQuad = 32;
-  // Q6_K up to kFusedMaxMQ6K rows (gemv_w_t: the decode, its cost, shared by all rows).
-  static constexpr int64_t kFusedMaxMQ6K = 8;
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || (is_quad_type(t) && M <= kFusedMaxMQuad) || (t == GGMLType::Q6_K && M <= kFusedMaxMQ6K);
+    return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kFusedMaxMQuad);
   }
   // ng (1 or 2) groups of type t (consecutive in C, 16 columns each) x M rows of qa.
   static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa,
@@ -410,17 +473,18 @@ struct Avx512Isa : Avx2Isa {
           const int8_t* x = qa.xq8.data() + m * K;
           const float* dx = qa.dx.data() + m * nkb;
           const int32_t* xs = qa.xs.data() + m * nkb;
+          const int32_t* xs0 = qa.xs0.data() + m * nkb;
           float* cm = c + m * ldc;
           const bool first = kb0 == 0;
           auto run = [&](auto ng_c) {
             constexpr int NG = decltype(ng_c)::value;
             switch (mr) {
-              case 1: return gemv_q_t<1, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
-              case 2: return gemv_q_t<2, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
-              case 3: return gemv_q_t<3, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
-              case 4: return gemv_q_t<4, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
-              case 5: return gemv_q_t<5, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
-              default: return gemv_q_t<6, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, cm, ldc, first);
+              case 1: return gemv_q_t<1, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 2: return gemv_q_t<2, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 3: return gemv_q_t<3, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 4: return gemv_q_t<4, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 5: return gemv_q_t<5, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              default: return gemv_q_t<6, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
             }
           };
           if (ng == 2) run(std::integral_constant<int, 2>{});
@@ -429,112 +493,65 @@ struct Avx512Isa : Avx2Isa {
         }
       }
     });
-    if (quad) return;
-    if (t != GGMLType::Q6_K) fail("fast kernels: ", int(t), " is not an integer type");
-    for (int g = 0; g < ng; ++g)
-      for (int64_t m = 0; m < M;) {  // tiles of at most 6 rows, split evenly (8 -> 4 + 4)
-        const int64_t n_tiles = (M - m + 5) / 6, mr = (M - m + n_tiles - 1) / n_tiles;
-        const int16_t* x = qa.xq.data() + m * K;
-        const float* dx = qa.dx.data() + m * nkb;
-        float* cm = c + m * ldc + 16 * g;
-        const DecQ6_K dec{groups[g]};
-        switch (mr) {
-          case 1: gemv_w_t<1>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
-          case 2: gemv_w_t<2>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
-          case 3: gemv_w_t<3>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
-          case 4: gemv_w_t<4>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
-          case 5: gemv_w_t<5>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
-          default: gemv_w_t<6>(dec, nkb, x, K, dx, nkb, cm, ldc); break;
-        }
-        m += mr;
-      }
-  }
-  // Q6_K (pair layout, Avx2Isa::DecQ6_K), small M: C (MR, ldc)[:, 0:16] = the group's rows over
-  // all of K. A pair p of k is decoded once for all MR rows into one register w of int16 q - 32:
-  // lanes 0-15 rows 0-7 (ql's low nibbles, qh's fields at bit 4 pp), lanes 16-31 rows 8-15 (high
-  // nibbles, fields at 4 pp + 2), so one vpdpwssd per row and pair gives row r's sum in int32 lane
-  // r. The 2-bit fields (top bit flipped once per quad: field - 2 as a signed 2-bit number) are
-  // shifted to bits 14-15 and arithmetically back to 4-5: w = nibble | 16 (field - 2) = q - 32 in
-  // one select. Per half block h: I += sc_h * sum (q - 32) xq. That is the same exact int32 I as
-  // the GEMM's sum of v = (q - 32) * sc (unpack_int), so y = fma(float(I), s1 * dx, y) per
-  // 32-block is every path's. (The AVX2 decoder took ~14 instructions per pair here; this ~6.)
-  template <int MR>
-  static void gemv_w_t(DecQ6_K dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
-                       int64_t ldd, float* c, int64_t ldc) {
-    // Rows 0-7 take the low nibble and the field at 4 pp, rows 8-15 the high nibble and 4 pp + 2.
-    __m512i fs[4];
-    for (int pp = 0; pp < 4; ++pp)
-      fs[pp] = _mm512_inserti64x4(_mm512_set1_epi16(int16_t(14 - 4 * pp)), _mm256_set1_epi16(int16_t(12 - 4 * pp)), 1);
-    const __m512i low4 = _mm512_set1_epi16(0x000F), flip = _mm512_set1_epi16(int16_t(0xAAAA));
-    // One dpwssd chain per row is 8 deep per half block: with one or two rows, two chains
-    // (even and odd pairs) so latency does not bound it.
-    constexpr int CH = MR <= 2 ? 2 : 1;
-    __m512 y[MR];
-    for (int i = 0; i < MR; ++i) y[i] = _mm512_setzero_ps();
-    prefetch_start(dec.g, DecQ6_K::kBytesPer32);
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      prefetch_ahead(dec.g, kb, DecQ6_K::kBytesPer32);
-      dec.begin(kb);
-      __m512i I[MR];
-      for (int i = 0; i < MR; ++i) I[i] = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {
-        __m512i a[MR][CH];
-        for (int i = 0; i < MR; ++i)
-          for (int ch = 0; ch < CH; ++ch) a[i][ch] = _mm512_setzero_si512();
-#pragma GCC unroll 1
-        for (int q = 2 * h; q < 2 * h + 2; ++q) {
-          const __m512i HG = _mm512_xor_si512(
-              _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dec.qh + 32 * q))), flip);
-          for (int pp = 0; pp < 4; ++pp) {
-            const int p = 4 * q + pp;
-            const __m512i T = _mm512_cvtepu8_epi16(
-                _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dec.ql + 16 * p))));
-            const __m512i F = _mm512_srai_epi16(_mm512_sllv_epi16(HG, fs[pp]), 10);
-            // low4 ? nibble : F  (0xE4: C ? A : B with A = nibble, B = F, C = low4); the high
-            // nibbles by a masked immediate shift (a variable vpsrlvw measured 3-12% slower).
-            const __m512i w = _mm512_ternarylogic_epi32(_mm512_mask_srli_epi16(T, __mmask32(0xFFFF0000u), T, 4), F, low4, 0xE4);
-            for (int i = 0; i < MR; ++i) {
-              int32_t xv;
-              std::memcpy(&xv, xq + i * ldx + kb * kQBlock + 2 * p, 4);
-              a[i][pp % CH] = _mm512_dpwssd_epi32(a[i][pp % CH], w, _mm512_set1_epi32(xv));
-            }
-          }
-        }
-        const __m512i sc = _mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(dec.blk + 32 + (2 * dec.j + h) * 16)));
-        for (int i = 0; i < MR; ++i) {
-          const __m512i s = CH == 2 ? _mm512_add_epi32(a[i][0], a[i][CH - 1]) : a[i][0];
-          I[i] = _mm512_add_epi32(I[i], _mm512_mullo_epi32(s, sc));
-        }
-      }
-      const __m512 s1 = h16(dec.blk);
-      for (int i = 0; i < MR; ++i)
-        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * ldd + kb])), y[i]);
-    }
-    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(c + i * ldc, y[i]);
+    if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
   // int16 scratch's bytes), S1, S2 (len / 32, 16); Q6_K as unpack_group_int gives it.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
+    if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_qdecoder(t, group, [&](auto dec) {
-      for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-        dec.begin(k0 / kQBlock + kb);
-        __m512 s1, s2 = _mm512_setzero_ps();
-        dec.scales(s1, s2);
-        _mm512_storeu_ps(S1 + 16 * kb, s1);
-        _mm512_storeu_ps(S2 + 16 * kb, s2);
-        for (int P = 0; P < 4; ++P) {
-          __m512i w0, w1;
-          dec.quads(P, w0, w1);
-          _mm512_storeu_si512(v + kb * 512 + 128 * P, w0);
-          _mm512_storeu_si512(v + kb * 512 + 128 * P + 64, w1);
+      if constexpr (!decltype(dec)::kSub16) {
+        for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+          dec.begin(k0 / kQBlock + kb);
+          __m512 s1, s2 = _mm512_setzero_ps();
+          dec.scales(s1, s2);
+          _mm512_storeu_ps(S1 + 16 * kb, s1);
+          _mm512_storeu_ps(S2 + 16 * kb, s2);
+          for (int P = 0; P < 4; ++P) {
+            __m512i w0, w1;
+            dec.quads(P, w0, w1);
+            _mm512_storeu_si512(v + kb * 512 + 128 * P, w0);
+            _mm512_storeu_si512(v + kb * 512 + 128 * P + 64, w1);
+          }
         }
       }
     });
-    if (!quad) Avx2Isa::unpack_int(t, group, k0, len, V, S1, S2);
+    if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
+  }
+  // Q6_K's chunk as the pair layout's unpacker gives it (packed.h: V = [len / 32][16 pairs][16
+  // rows][2] int16 v = (q - 32) * sc, S1 = d, S2 = 0), from the quad variant: quad Q's dword r
+  // (row r, k = 4Q .. 4Q + 3) splits into pairs 2Q (bytes 0, 1) and 2Q + 1 (bytes 2, 3).
+  static void unpack_q6k(const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    const QDecQ6_K dec0{group};
+    // Bytes 0, 1 (pair 2Q) or 2, 3 (pair 2Q + 1) of each dword, zero-extended to int16 lanes
+    // (vpshufb indexes bytes of its 128-bit lane: dword d's are 4d .. 4d + 3; 0x80 gives 0).
+    const __m512i pick0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
+    const __m512i pick1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
+    const __m512i bias = _mm512_set1_epi16(32);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      QDecQ6_K dec = dec0;
+      dec.begin(k0 / kQBlock + kb);
+      __m512 s1, s2;
+      dec.scales(s1, s2);
+      _mm512_storeu_ps(S1 + 16 * kb, s1);
+      _mm512_storeu_ps(S2 + 16 * kb, _mm512_setzero_ps());
+      int16_t* v = V + kb * kQBlock * kGroup;
+      for (int h = 0; h < 2; ++h) {
+        const __m512i sc32 = dec.sc(h);  // row r's scale in both int16 halves of dword r
+        const __m512i sc = _mm512_or_si512(_mm512_and_si512(sc32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc32, 16));
+        __m512i w[4];
+        dec.quads(h, w);
+        for (int t = 0; t < 4; ++t) {
+          const int p = 2 * (4 * h + t);
+          const __m512i p0 = _mm512_shuffle_epi8(w[t], pick0), p1 = _mm512_shuffle_epi8(w[t], pick1);
+          _mm512_storeu_si512(v + 2 * kGroup * p, _mm512_mullo_epi16(_mm512_sub_epi16(p0, bias), sc));
+          _mm512_storeu_si512(v + 2 * kGroup * (p + 1), _mm512_mullo_epi16(_mm512_sub_epi16(p1, bias), sc));
+        }
+      }
+    }
   }
 
   // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR activation rows x NG groups over one K chunk of

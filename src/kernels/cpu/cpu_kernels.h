@@ -39,11 +39,12 @@ struct QAct {
   std::vector<int16_t> xq;  // (M, K)
   std::vector<int8_t> xq8;  // (M, K): the same values as int8, for ISAs with int8 dot products
   std::vector<float> dx;    // (M, K / 32)
-  std::vector<int32_t> xs;  // (M, K / 32)
+  std::vector<int32_t> xs;  // (M, K / 32): each block's sum of xq
+  std::vector<int32_t> xs0;  // (M, K / 32): the sum of its first 16 (Q6_K's half-block scales)
   void reserve(int64_t max_rows, int64_t max_k) {
     const size_t n = size_t(max_rows * max_k), nb = n / 32;
     if (xq.size() < n) { xq.resize(n); xq8.resize(n); }
-    if (dx.size() < nb) { dx.resize(nb); xs.resize(nb); }
+    if (dx.size() < nb) { dx.resize(nb); xs.resize(nb); xs0.resize(nb); }
   }
 };
 

@@ -332,7 +332,7 @@ struct Avx2Isa {
   // unpacker multiplies per element (sub16()).
   struct DecQ6_K {
     static constexpr int kBias = 0;
-    static constexpr int kBytesPer32 = 420;  // packed bytes per 32-block of k (on average)
+    static constexpr int kBytesPer32 = Q6KBlock::kBytes / 8;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = false;
     static constexpr bool kSub16 = true;
     const uint8_t* g;
@@ -341,10 +341,10 @@ struct Avx2Isa {
     const uint8_t* blk = nullptr;
     int j = 0;
     void begin(int64_t kb) {
-      blk = g + (kb / 8) * 3360;
+      blk = g + (kb / 8) * Q6KBlock::kBytes;
       j = int(kb % 8);
-      ql = blk + 32 + 256 + 256 * j;
-      qh = blk + 32 + 256 + 2048 + 128 * j;  // 4 quads of pairs per 32-block
+      ql = blk + Q6KBlock::kQl + Q6KBlock::kQlPer32 * j;
+      qh = blk + Q6KBlock::kQh + Q6KBlock::kQhPer32 * j;  // 4 quads of pairs per 32-block
     }
     void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(blk);
@@ -352,10 +352,10 @@ struct Avx2Isa {
     }
     // Half h's scales: rows 0-7 (r = 0) or 8-15 as int32 lanes, or as int16 lanes 2j, 2j + 1.
     __m256i sc32(int h, int r) const {
-      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + (2 * j + h) * 16 + 8 * r)));
+      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16 + 8 * r)));
     }
     __m256i sc16(int h, int r) const {
-      const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + (2 * j + h) * 16 + 8 * r)));
+      const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16 + 8 * r)));
       return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
     }
     template <int pp>  // = p % 4
@@ -906,7 +906,8 @@ struct Avx2Isa {
   // nearest even as nearbyint (the default rounding mode), clamped; the sum is exact. Also
   // writes the values as int8 (xq8). (The portable version calls nearbyintf per element: for
   // decode and small batches it was a serial ~1-2 ms per step on the tinyllama shape.)
-  static void quantize_act(const float* x, int64_t K, int16_t* xq, int8_t* xq8, float* dx, int32_t* xs) {
+  static void quantize_act(const float* x, int64_t K, int16_t* xq, int8_t* xq8, float* dx, int32_t* xs,
+                           int32_t* xs0) {
     if (K % kQBlock != 0) fail("quantize_activations: K = ", K, " is not a multiple of 32");
     const __m256 sign = _mm256_set1_ps(-0.0f), fmax = _mm256_set1_ps(std::numeric_limits<float>::max());
     for (int64_t b = 0; b < K / kQBlock; ++b) {
@@ -929,7 +930,7 @@ struct Avx2Isa {
         std::memset(qb, 0, 64);
         std::memset(q8, 0, 32);
         dx[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-        xs[b] = 0;
+        xs[b] = xs0[b] = 0;
         continue;
       }
       const __m256 id = _mm256_set1_ps(127.0f / amax);
@@ -945,11 +946,14 @@ struct Avx2Isa {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), w0);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), w1);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), _mm256_permute4x64_epi64(_mm256_packs_epi16(w0, w1), 0xD8));
-      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-      xs[b] = _mm_cvtsi128_si32(t);
+      const auto hsum = [](__m256i v) {
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        return _mm_cvtsi128_si32(t);
+      };
+      xs0[b] = hsum(_mm256_add_epi32(q[0], q[1]));
+      xs[b] = xs0[b] + hsum(_mm256_add_epi32(q[2], q[3]));
       dx[b] = amax / 127.0f;
     }
   }

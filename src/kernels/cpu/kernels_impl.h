@@ -70,9 +70,14 @@ struct Drivers {
     parallel_for_static(M, M * K >= (1 << 16) ? threads : 1, [&](int64_t m) {
       if constexpr (requires { Isa::quantize_act; }) {  // (vectorized, both forms at once)
         Isa::quantize_act(X + m * K, K, q.xq.data() + m * K, q.xq8.data() + m * K, q.dx.data() + m * kb,
-                          q.xs.data() + m * kb);
+                          q.xs.data() + m * kb, q.xs0.data() + m * kb);
       } else {
         quantize_activations(X + m * K, K, q.xq.data() + m * K, q.dx.data() + m * kb, q.xs.data() + m * kb);
+        for (int64_t b = 0; b < kb; ++b) {
+          int32_t s = 0;
+          for (int e = 0; e < kQBlock / 2; ++e) s += q.xq[size_t(m * K + b * kQBlock + e)];
+          q.xs0[size_t(m * kb + b)] = s;
+        }
         if constexpr (int8_act<Isa>()) {
           const int16_t* a = q.xq.data() + m * K;
           int8_t* b = q.xq8.data() + m * K;

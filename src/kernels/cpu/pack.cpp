@@ -115,7 +115,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::Q8_0: return 32 + 32 * 16;
     case GGMLType::Q4_0: return 32 + 32 * 8;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
-    case GGMLType::Q6_K: return 32 + 16 * 16 + 256 * 8 + 256 * 4;
+    case GGMLType::Q6_K: return Q6KBlock::kBytes;
     default: fail("panel layout: unsupported weight type ", int(t));
   }
 }
@@ -190,10 +190,10 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
           }
           case GGMLType::Q6_K: {
             const auto& b = reinterpret_cast<const blocks::Q6_K*>(row)[ib];
-            std::memcpy(blk + 2 * r, b.d, 2);
-            for (int s = 0; s < 16; ++s) blk[32 + s * 16 + r] = uint8_t(b.scales[s]);
-            uint8_t* ql = blk + 32 + 256;
-            uint8_t* qh = ql + 256 * 8;
+            std::memcpy(blk + Q6KBlock::kD + 2 * r, b.d, 2);
+            for (int s = 0; s < 16; ++s) blk[Q6KBlock::kSc + s * 16 + r] = uint8_t(b.scales[s]);
+            uint8_t* ql = blk + Q6KBlock::kQl;
+            uint8_t* qh = blk + Q6KBlock::kQh;
             for (int e = 0; e < 256; ++e) {
               const int q = q6k_q(b, e);
               ql[nib_at(e, r)] |= uint8_t((q & 0xF) << nib_shift(r));
@@ -252,6 +252,31 @@ void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
     }
 }
 
+void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K, uint8_t* out) {
+  constexpr GGMLType t = GGMLType::Q6_K;
+  pack_rows(t, rows, row_bytes, n_rows, K, out);  // (d and sc stay; the bits move)
+  const uint64_t gb = group_bytes(t, K);
+  const int64_t G = n_groups(n_rows), nb = K / block_len(t);
+  constexpr int kBits = Q6KBlock::kBytes - Q6KBlock::kQl;
+  uint8_t q[kBits];
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t ib = 0; ib < nb; ++ib) {
+      uint8_t* blk = out + uint64_t(g) * gb + uint64_t(ib) * Q6KBlock::kBytes;
+      std::memset(q, 0, sizeof q);
+      for (int r = 0; r < kGroup; ++r)
+        for (int e = 0; e < 256; ++e) {
+          const uint8_t* ql = blk + Q6KBlock::kQl;
+          const int v = ((ql[nib_at(e, r)] >> nib_shift(r)) & 0xF) | (q6k_high(blk + Q6KBlock::kQh, e, r) << 4);
+          const int s = e / 32, k = e % 32;  // 32-block s, k inside it
+          uint8_t* qs = q + s * Q6KBlock::kQuadPer32;
+          qs[qnib_at(k, r)] |= uint8_t((v & 0xF) << qnib_shift(k));
+          qs[Q6KBlock::kQlPer32 + (k / 16) * 64 + r * 4 + k % 4] |=
+              uint8_t((v >> 4) << (2 * ((k / 4) % 4)));
+        }
+      std::memcpy(blk + Q6KBlock::kQl, q, sizeof q);
+    }
+}
+
 namespace {
 // Row r, element e of a quantized block: the integer weight v and the float scales of the
 // integer path (packed.h): w = v * s1 (+ s2 for Q4_K, whose min term multiplies sum x).
@@ -270,9 +295,8 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
               -(f16(blk + Q4KBlock::kDmin + 2 * r) * float(blk[Q4KBlock::kM + s * 16 + r]))};
     }
     case GGMLType::Q6_K: {
-      const uint8_t* ql = blk + 32 + 256;
-      const int q = nib(ql) | (q6k_high(ql + 256 * 8, e, r) << 4);
-      return {(q - 32) * int(int8_t(blk[32 + (e / 16) * 16 + r])), f16(blk + 2 * r), 0.0f};
+      const int q = nib(blk + Q6KBlock::kQl) | (q6k_high(blk + Q6KBlock::kQh, e, r) << 4);
+      return {(q - 32) * int(int8_t(blk[Q6KBlock::kSc + (e / 16) * 16 + r])), f16(blk + Q6KBlock::kD + 2 * r), 0.0f};
     }
     default: fail("panel layout: ", int(t), " is not an integer-path type");
   }

@@ -27,8 +27,17 @@
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
 //   Q4_0, Q4_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e of row r in
 //         the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K B = 0)
-// so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Q6_K keeps the
-// pair layout on every ISA. Both variants have the same bytes per block.
+// so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
+// the same bytes per block.
+// Q6_K's quad variant (pack_rows_q6k_quad; the avx512 kernels' only: avx2 and scalar keep the
+// pair layout) keeps d and sc where the pair layout has them, then per 32-block of k in order
+// (kQuadPer32 bytes each, so a GEMV reads the block front to back):
+//   low 4 bits  uint8 [4 quad pairs][16 rows][4] as Q4_0's quads
+//   high 2 bits uint8 [2 halves][16 rows][4]: byte (h, r, e) holds at bits 2t, 2t + 1 the high
+//               bits of k = 16h + 4t + e (quad 4h + t) of row r
+// so a half block's 4 quads come from one 64-byte load of each (a shift and an and put a
+// field at bits 4-5), as u = q in [0, 63]: per half h, I_h = sum u xq - 32 X_h (X_h = sum of
+// the half's xq), and I = sc_0 I_0 + sc_1 I_1, the pair layout's exact integer.
 //
 // Quantized weights multiply int8-quantized activations (the integer path, as llama.cpp does):
 // x is cut into blocks of kQBlock = 32 along K, each x ~= dx * xq with dx = max|x| / 127 and xq
@@ -56,6 +65,14 @@ struct Q4KBlock {
   static constexpr int kD = 0, kDmin = 32, kSc = 64, kM = 64 + 128, kQ = 64 + 256;
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2368
 };
+// Byte offsets inside one packed Q6_K block (256 k of a group; both variants): d, sc, then the
+// 8 32-blocks' low bits (kQlPer32 each) and their high bits (kQhPer32 each).
+struct Q6KBlock {
+  static constexpr int kD = 0, kSc = 32, kQl = 32 + 16 * kGroup, kQlPer32 = 32 * kGroup / 2;
+  static constexpr int kQh = kQl + 8 * kQlPer32, kQhPer32 = 32 * kGroup / 4;
+  static constexpr int kBytes = kQh + 8 * kQhPer32;  // 3360
+  static constexpr int kQuadPer32 = kQlPer32 + kQhPer32;  // (the quad variant: low, then high bits)
+};
 
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
@@ -67,7 +84,7 @@ struct Q4KBlock {
 // 2^-11): 1/8 to 1/30 of the source type's own step). Cost: Q8_0's 34 bytes per 32 weights in
 // memory and per decode step (1.5x Q5_K's, 2.5x Q3_K's), for our fastest integer kernels.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
-// faster decode on the tinyllama shape: Q6_K's kernels are the pair layout's.)
+// faster decode on the tinyllama shape, when every ISA's Q6_K kernels were the pair layout's.)
 GGMLType panel_type(GGMLType t);
 // rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in panel_type(t), GGUF
 // rows (row_bytes(panel_type(t), K) apart). Returns how many 32-blocks hold exactly the source
@@ -92,6 +109,8 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
+// Q6_K rows in its quad variant (t must be Q6_K).
+void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K, uint8_t* out);
 // Wp (len, 16) = the f32 weights of one group of a float type (F32/F16/BF16) at k in
 // [k0, k0 + len). Portable; the reference for the AVX2 version.
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp);
