@@ -242,15 +242,11 @@ struct Avx2Isa {
   // ---- Integer path (quantized weights, packed.h) ----
   // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
   // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K (quad layout): quads(P, w) its quads 2P and
-  // 2P + 1 as bytes (see the quad kernels below); Q6_K (pair layout): pair(p) the int16 weights
-  // v + kBias of pair p (k = 2p, 2p + 1) as vpmaddwd operands, rows 0-7 (w0) and 8-15 (w1),
-  // lanes (row, k) = (j, e) -> 2j + e. (A constant kBias comes off the block's integer sum as
+  // 2P + 1 as bytes (see the quad kernels below); Q6_K (its quad variant): quads6_h(hh, h, w)
+  // the 4 quads of half block hh. (A constant kBias comes off the block's integer sum as
   // kBias * sum xq, exactly.)
   static __m256 u8f(const uint8_t* p) {  // 8 uint8 -> f32
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
-  static __m256i zx16(const uint8_t* p) {  // 16 uint8 -> int16
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   // Q8_0 and Q4_0: one f16 scale per row and 32-block, then the block's q bytes.
   template <int kBlockBytes>
@@ -327,14 +323,13 @@ struct Avx2Isa {
       s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + Q4KBlock::kDmin + 16), u8f(blk + Q4KBlock::kM + 16 * sb + 8)));
     }
   };
-  // Q6_K: pair() gives the unsigned 6-bit q; v = (q - 32) * sc with sc per 16 k, so kSub16:
-  // the GEMV takes each half block's sum S apart and adds sc * (S - 32 * sum xq) (exact), the
-  // unpacker multiplies per element (sub16()).
+  // Q6_K in its quad variant (packed.h): per half block hh (16 k, kSub16) and rows 8h..8h+7,
+  // quads6_h gives its 4 quads as u = q in [0, 63] and sc32 the rows' int8 scales as int32;
+  // I = sc_0 (sum u xq - 32 X_0) + sc_1 (...), exact (half_sum).
   struct DecQ6_K {
-    static constexpr int kBias = 0;
+    static constexpr int kBias = 32;
     static constexpr int kBytesPer32 = Q6KBlock::kBytes / 8;  // packed bytes per 32-block of k (on average)
-    static constexpr bool kS2 = false;
-    static constexpr bool kSub16 = true;
+    static constexpr bool kS2 = false, kSignedQuads = false, kSub16 = true;
     const uint8_t* g;
     const uint8_t* ql = nullptr;
     const uint8_t* qh = nullptr;
@@ -343,37 +338,26 @@ struct Avx2Isa {
     void begin(int64_t kb) {
       blk = g + (kb / 8) * Q6KBlock::kBytes;
       j = int(kb % 8);
-      ql = blk + Q6KBlock::kQl + Q6KBlock::kQlPer32 * j;
-      qh = blk + Q6KBlock::kQh + Q6KBlock::kQhPer32 * j;  // 4 quads of pairs per 32-block
+      ql = blk + Q6KBlock::kQl + Q6KBlock::kQuadPer32 * j;
+      qh = ql + Q6KBlock::kQlPer32;
     }
     void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
-      s1lo = h8(blk);
-      s1hi = h8(blk + 16);
+      s1lo = h8(blk + Q6KBlock::kD);
+      s1hi = h8(blk + Q6KBlock::kD + 16);
     }
-    // Half h's scales: rows 0-7 (r = 0) or 8-15 as int32 lanes, or as int16 lanes 2j, 2j + 1.
-    __m256i sc32(int h, int r) const {
-      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16 + 8 * r)));
+    __m256i sc32(int hh, int h) const {
+      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + hh) * 16 + 8 * h)));
     }
-    __m256i sc16(int h, int r) const {
-      const __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16 + 8 * r)));
-      return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
-    }
-    template <int pp>  // = p % 4
-    void pair(int p, __m256i& w0, __m256i& w1) const {
-      const __m256i t = zx16(ql + 16 * p);
-      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * (p / 4)));
-      const __m256i m = _mm256_set1_epi16(0x30);
-      // h of pair pp sits at bits 4 pp (rows 0-7) and 4 pp + 2 (rows 8-15): move it to bits 4-5.
-      const __m256i h0 = _mm256_and_si256(pp == 0 ? _mm256_slli_epi16(H, 4) : pp == 1 ? H : _mm256_srli_epi16(H, pp == 2 ? 4 : 8), m);
-      const __m256i h1 = _mm256_and_si256(pp == 0 ? _mm256_slli_epi16(H, 2) : _mm256_srli_epi16(H, pp == 1 ? 2 : pp == 2 ? 6 : 10), m);
-      w0 = _mm256_or_si256(_mm256_and_si256(t, _mm256_set1_epi16(0xF)), h0);
-      w1 = _mm256_or_si256(_mm256_srli_epi16(t, 4), h1);
-    }
-    // The unpacker's v for pair p: (q - 32) * sc.
-    void sub16(int p, __m256i& w0, __m256i& w1) const {
-      const __m256i o32 = _mm256_set1_epi16(32);
-      w0 = _mm256_mullo_epi16(_mm256_sub_epi16(w0, o32), sc16(p / 8, 0));
-      w1 = _mm256_mullo_epi16(_mm256_sub_epi16(w1, o32), sc16(p / 8, 1));
+    void quads6_h(int hh, int h, __m256i (&w)[4]) const {
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 128 * hh + 32 * h));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 128 * hh + 64 + 32 * h));
+      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 64 * hh + 32 * h));
+      const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+      // (16-bit shifts: the and keeps bits 4-5 of each byte, which came from the same byte.)
+      w[0] = _mm256_or_si256(_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+      w[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+      w[2] = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_and_si256(H, m30));
+      w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
     }
   };
   template <class D>
@@ -381,62 +365,23 @@ struct Avx2Isa {
     if constexpr (requires { D::kSub16; }) return D::kSub16;
     else return false;
   }
-  // f(p, integral_constant<int, p % 4>) for pairs [p0, p1) of a 32-block (multiples of 4):
-  // quads unrolled (Q6_K's shifts are constants), the quad loop not (fully unrolled, GCC hoists
-  // the loads and spills the accumulators).
-  template <class F>
-  static void for_pairs(int p0, int p1, F&& f) {
-#pragma GCC unroll 1
-    for (int q = p0; q < p1; q += 4) {
-      f(q, std::integral_constant<int, 0>{});
-      f(q + 1, std::integral_constant<int, 1>{});
-      f(q + 2, std::integral_constant<int, 2>{});
-      f(q + 3, std::integral_constant<int, 3>{});
-    }
-  }
-  template <class F>
-  static void with_decoder(GGMLType t, const uint8_t* group, F&& f) {
-    switch (t) {
-      case GGMLType::Q6_K: return f(DecQ6_K{group});  // (the other types: with_quad_decoder)
-      default: fail("fast kernels: ", int(t), " is not a pair-layout integer type");
-    }
+  // One half block of Q6_K, 8 rows: sum over its 16 k of u xq - 32 X (X = the 16 xq's sum)
+  // as int32 lanes, exact. Without VNNI, vpmaddubsw pair sums (|u x| pairs <= 2 * 63 * 127)
+  // add two at a time in int16 (<= 32004) before widening.
+  static __m256i half_sum(const __m256i (&w)[4], const int8_t* x, int32_t X) {
+#ifdef FT_AVX_VNNI
+    __m256i a = _mm256_set1_epi32(-32 * X);
+    for (int t = 0; t < 4; ++t) a = _mm256_dpbusd_avx_epi32(a, w[t], bcast4(x + 4 * t));
+    return a;
+#else
+    const __m256i one = _mm256_set1_epi16(1);
+    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(x)), _mm256_maddubs_epi16(w[1], bcast4(x + 4)));
+    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast4(x + 8)), _mm256_maddubs_epi16(w[3], bcast4(x + 12)));
+    return _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(s01, one), _mm256_madd_epi16(s23, one)),
+                            _mm256_set1_epi32(32 * X));
+#endif
   }
 
-  // unpack_group_int (packed.h) for [k0, k0 + len), k0 a multiple of 32.
-  static void unpack_int_pair(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
-                              float* S1, float* S2) {
-    with_decoder(t, group, [&](auto dec) {
-      for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-        __m256 a, b, c = _mm256_setzero_ps(), d = c;
-        dec.begin(k0 / kQBlock + kb);
-        dec.scales(a, b, c, d);
-        _mm256_storeu_ps(S1 + 16 * kb, a);
-        _mm256_storeu_ps(S1 + 16 * kb + 8, b);
-        _mm256_storeu_ps(S2 + 16 * kb, c);
-        _mm256_storeu_ps(S2 + 16 * kb + 8, d);
-        int16_t* v = V + kb * kQBlock * kGroup;
-        for_pairs(0, 16, [&](int p, auto pc) {
-          __m256i w0, w1;
-          dec.template pair<decltype(pc)::value>(p, w0, w1);
-          if constexpr (sub16_of<decltype(dec)>()) dec.sub16(p, w0, w1);
-          if constexpr (decltype(dec)::kBias != 0) {
-            w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(decltype(dec)::kBias));
-            w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(decltype(dec)::kBias));
-          }
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p), w0);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 32 * p + 16), w1);
-        });
-      }
-    });
-  }
-
-  static int32_t sum16(const int16_t* x) {  // x[0] + ... + x[15]
-    const __m256i v = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), _mm256_set1_epi16(1));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-    return _mm_cvtsi128_si32(t);
-  }
   static __m256i bcast_pair(const int16_t* x) {  // x[0], x[1] into every 32-bit lane
     int32_t v;
     std::memcpy(&v, x, 4);
@@ -530,107 +475,6 @@ struct Avx2Isa {
     const char* ahead = reinterpret_cast<const char*>(g) + (kb + 1) * bytes_per_32 + kPrefetch;
     for (int off = 0; off < bytes_per_32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
   }
-  template <int MR, class D>
-  static void gemv_int_t(D dec, int64_t nkb, const int16_t* xq, int64_t ldx, const float* dx,
-                         const int32_t* xs, float* c, int64_t ldc) {
-    __m256 y00 = _mm256_setzero_ps(), y01 = y00, y10 = y00, y11 = y00;
-    prefetch_start(dec.g, D::kBytesPer32);
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      prefetch_ahead(dec.g, kb, D::kBytesPer32);
-      dec.begin(kb);
-      __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
-      const int16_t* x0 = xq + kb * kQBlock;
-      const int16_t* x1 = xq + (MR > 1 ? ldx : 0) + kb * kQBlock;
-      auto accumulate = [&](int p0, int p1) {
-        for_pairs(p0, p1, [&](int p, auto pc) {
-          __m256i w0, w1;
-          dec.template pair<decltype(pc)::value>(p, w0, w1);
-          const __m256i xb0 = bcast_pair(x0 + 2 * p);
-          a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(w0, xb0));
-          a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(w1, xb0));
-          if constexpr (MR > 1) {
-            const __m256i xb1 = bcast_pair(x1 + 2 * p);
-            a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(w0, xb1));
-            a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(w1, xb1));
-          }
-        });
-      };
-      if constexpr (sub16_of<D>()) {
-        // Per half block h (16 k): I += sc_h * (sum q xq - 32 * sum xq), exact in int32.
-        __m256i i00 = _mm256_setzero_si256(), i01 = i00, i10 = i00, i11 = i00;
-        const int32_t xa0 = sum16(x0), xa1 = MR > 1 ? sum16(x1) : 0;
-        for (int h = 0; h < 2; ++h) {
-          a00 = a01 = a10 = a11 = _mm256_setzero_si256();
-          accumulate(8 * h, 8 * h + 8);
-          const __m256i sl = dec.sc32(h, 0), sh = dec.sc32(h, 1);
-          const __m256i c0 = _mm256_set1_epi32(32 * (h == 0 ? xa0 : xs[kb] - xa0));
-          i00 = _mm256_add_epi32(i00, _mm256_mullo_epi32(_mm256_sub_epi32(a00, c0), sl));
-          i01 = _mm256_add_epi32(i01, _mm256_mullo_epi32(_mm256_sub_epi32(a01, c0), sh));
-          if constexpr (MR > 1) {
-            const __m256i c1 = _mm256_set1_epi32(32 * (h == 0 ? xa1 : xs[nkb + kb] - xa1));
-            i10 = _mm256_add_epi32(i10, _mm256_mullo_epi32(_mm256_sub_epi32(a10, c1), sl));
-            i11 = _mm256_add_epi32(i11, _mm256_mullo_epi32(_mm256_sub_epi32(a11, c1), sh));
-          }
-        }
-        a00 = i00, a01 = i01, a10 = i10, a11 = i11;
-      } else {
-        accumulate(0, 16);
-      }
-      if constexpr (D::kBias != 0) {
-        const __m256i b0 = _mm256_set1_epi32(D::kBias * xs[kb]);
-        a00 = _mm256_sub_epi32(a00, b0);
-        a01 = _mm256_sub_epi32(a01, b0);
-        if constexpr (MR > 1) {
-          const __m256i b1 = _mm256_set1_epi32(D::kBias * xs[nkb + kb]);
-          a10 = _mm256_sub_epi32(a10, b1);
-          a11 = _mm256_sub_epi32(a11, b1);
-        }
-      }
-      __m256 s1lo, s1hi, s2lo = _mm256_setzero_ps(), s2hi = s2lo;
-      dec.scales(s1lo, s1hi, s2lo, s2hi);
-      const __m256 d0 = _mm256_set1_ps(dx[kb]);
-      y00 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a00), _mm256_mul_ps(s1lo, d0), y00);
-      y01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a01), _mm256_mul_ps(s1hi, d0), y01);
-      if constexpr (D::kS2) {
-        const __m256 X = _mm256_set1_ps(float(xs[kb]));
-        y00 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2lo, d0), y00);
-        y01 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2hi, d0), y01);
-      }
-      if constexpr (MR > 1) {
-        const __m256 d1 = _mm256_set1_ps(dx[nkb + kb]);
-        y10 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a10), _mm256_mul_ps(s1lo, d1), y10);
-        y11 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a11), _mm256_mul_ps(s1hi, d1), y11);
-        if constexpr (D::kS2) {
-          const __m256 X = _mm256_set1_ps(float(xs[nkb + kb]));
-          y10 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2lo, d1), y10);
-          y11 = _mm256_fmadd_ps(X, _mm256_mul_ps(s2hi, d1), y11);
-        }
-      }
-    }
-    _mm256_storeu_ps(c, y00);
-    _mm256_storeu_ps(c + 8, y01);
-    if constexpr (MR > 1) {
-      _mm256_storeu_ps(c + ldc, y10);
-      _mm256_storeu_ps(c + ldc + 8, y11);
-    }
-  }
-  // xq (M, K), dx and xs (M, K / 32): rows taken two at a time.
-  static void gemv_int_pair(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
-                            float* c, int64_t ldc) {
-    const int64_t nkb = K / kQBlock;
-    const int16_t* xq = qa.xq.data();
-    const float* dx = qa.dx.data();
-    const int32_t* xs = qa.xs.data();
-    with_decoder(t, group, [&](auto dec) {
-      for (int64_t m = 0; m < M; m += 2) {
-        if (M - m >= 2)
-          gemv_int_t<2>(dec, nkb, xq + m * K, K, dx + m * nkb, xs + m * nkb, c + m * ldc, ldc);
-        else
-          gemv_int_t<1>(dec, nkb, xq + m * K, K, dx + m * nkb, xs + m * nkb, c + m * ldc, ldc);
-      }
-    });
-  }
-
   // ---- Integer path on the quad layout (Q8_0, Q4_0, Q4_K; packed.h): vpmaddubsw ----
   // A register holds 8 rows x 4 k as bytes; vpmaddubsw multiplies u8 by s8 and adds pairs into
   // int16, vpmaddwd by 1 widens to int32 (the 4 products of a lane). Nibble types: u (0..15) x
@@ -672,11 +516,28 @@ struct Avx2Isa {
     else return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
 #endif
   }
+  // Q6_K (kSub16): I[i] = row i's exact int32 sums of block kb for rows 8h..8h+7, sc_0 (sum u
+  // xq - 32 X_0) + sc_1 (...) over the two half blocks (X_0 = xs0, X_1 = xs - xs0).
+  template <int MR, class D>
+  static void sub16_sums(const D& dec, int h, int64_t kb, const int8_t* xq, int64_t ldx, const int32_t* xs,
+                         const int32_t* xs0, int64_t nkb, __m256i (&I)[MR]) {
+    for (int i = 0; i < MR; ++i) I[i] = _mm256_setzero_si256();
+    for (int hh = 0; hh < 2; ++hh) {
+      __m256i w[4];
+      dec.quads6_h(hh, h, w);
+      const __m256i sc = dec.sc32(hh, h);
+      for (int i = 0; i < MR; ++i) {
+        const int32_t X0 = xs0[i * nkb + kb];
+        const __m256i S = half_sum(w, xq + i * ldx + kb * kQBlock + 16 * hh, hh == 0 ? X0 : xs[i * nkb + kb] - X0);
+        I[i] = _mm256_add_epi32(I[i], _mm256_mullo_epi32(S, sc));
+      }
+    }
+  }
   // C (MR, ldc)[:, 0:16] (+)= the group's rows over 32-blocks [kb0, kb1) (from 0 when first).
   template <int MR, class D>
   static void gemv_quad_t(D dec, int64_t kb0, int64_t kb1, const int8_t* xq, int64_t ldx,
-                          const float* dx, const int32_t* xs, int64_t nkb, float* c, int64_t ldc,
-                          bool first) {
+                          const float* dx, const int32_t* xs, const int32_t* xs0, int64_t nkb, float* c,
+                          int64_t ldc, bool first) {
     __m256 y[MR][2];
     for (int i = 0; i < MR; ++i)
       for (int h = 0; h < 2; ++h) y[i][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8 * h);
@@ -684,30 +545,41 @@ struct Avx2Isa {
     for (int64_t kb = kb0; kb < kb1; ++kb) {
       prefetch_ahead(dec.g, kb, D::kBytesPer32);
       dec.begin(kb);
-      __m256i a[MR][2];
-      for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
-      for (int P = 0; P < 4; ++P) {
-        __m256i w[2][2];
-        dec.quads(P, w);
-        for (int i = 0; i < MR; ++i) {
-          const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
-          const __m256i x0 = bcast4(x), x1 = bcast4(x + 4);
-          for (int h = 0; h < 2; ++h) {
-            a[i][h] = acc<D::kSignedQuads>(a[i][h], w[0][h], x0);
-            a[i][h] = acc<D::kSignedQuads>(a[i][h], w[1][h], x1);
+      if constexpr (sub16_of<D>()) {
+        __m256 s1[2], s2[2];
+        dec.scales(s1[0], s1[1], s2[0], s2[1]);
+        for (int h = 0; h < 2; ++h) {
+          __m256i I[MR];
+          sub16_sums<MR>(dec, h, kb, xq, ldx, xs, xs0, nkb, I);
+          for (int i = 0; i < MR; ++i)
+            y[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], _mm256_set1_ps(dx[i * nkb + kb])), y[i][h]);
+        }
+      } else {
+        __m256i a[MR][2];
+        for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
+        for (int P = 0; P < 4; ++P) {
+          __m256i w[2][2];
+          dec.quads(P, w);
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+            const __m256i x0 = bcast4(x), x1 = bcast4(x + 4);
+            for (int h = 0; h < 2; ++h) {
+              a[i][h] = acc<D::kSignedQuads>(a[i][h], w[0][h], x0);
+              a[i][h] = acc<D::kSignedQuads>(a[i][h], w[1][h], x1);
+            }
           }
         }
-      }
-      __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      dec.scales(s1[0], s1[1], s2[0], s2[1]);
-      for (int i = 0; i < MR; ++i) {
-        const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
-        for (int h = 0; h < 2; ++h) {
-          __m256i I = widen<D::kSignedQuads>(a[i][h]);
-          if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
-          y[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y[i][h]);
-          if constexpr (D::kS2)
-            y[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y[i][h]);
+        __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        dec.scales(s1[0], s1[1], s2[0], s2[1]);
+        for (int i = 0; i < MR; ++i) {
+          const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
+          for (int h = 0; h < 2; ++h) {
+            __m256i I = widen<D::kSignedQuads>(a[i][h]);
+            if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
+            y[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y[i][h]);
+            if constexpr (D::kS2)
+              y[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y[i][h]);
+          }
         }
       }
     }
@@ -720,7 +592,8 @@ struct Avx2Isa {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{group}); return true;
-      default: return false;  // (Q6_K: the pair layout)
+      case GGMLType::Q6_K: f(DecQ6_K{group}); return true;
+      default: return false;
     }
   }
   // 3 to kQuadMaxM rows in one pass over the packed bytes: C (MR, ldc)[:, 0:16] = the group's
@@ -731,41 +604,53 @@ struct Avx2Isa {
   static constexpr int kQuadMaxM = 8;
   template <int MR, class D>
   static void gemv_quad_m_t(D dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
-                            const int32_t* xs, float* c, int64_t ldc) {
+                            const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc) {
     prefetch_start(dec.g, D::kBytesPer32);
     for (int64_t kb = 0; kb < nkb; ++kb) {
       prefetch_ahead(dec.g, kb, D::kBytesPer32);
       dec.begin(kb);
       __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
       dec.scales(s1[0], s1[1], s2[0], s2[1]);
-      for (int h = 0; h < 2; ++h) {
-        __m256i a[MR];
-        for (int i = 0; i < MR; ++i) a[i] = _mm256_setzero_si256();
-        for (int P = 0; P < 4; ++P) {
-          __m256i w[2];
-          dec.quads_h(P, h, w);
+      if constexpr (sub16_of<D>()) {
+        for (int h = 0; h < 2; ++h) {
+          __m256i I[MR];
+          sub16_sums<MR>(dec, h, kb, xq, ldx, xs, xs0, nkb, I);
           for (int i = 0; i < MR; ++i) {
-            const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
-            a[i] = acc<D::kSignedQuads>(a[i], w[0], bcast4(x));
-            a[i] = acc<D::kSignedQuads>(a[i], w[1], bcast4(x + 4));
+            float* ci = c + i * ldc + 8 * h;
+            const __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+            _mm256_storeu_ps(ci, _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], _mm256_set1_ps(dx[i * nkb + kb])), y));
           }
         }
-        for (int i = 0; i < MR; ++i) {
-          const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
-          __m256i I = widen<D::kSignedQuads>(a[i]);
-          if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
-          float* ci = c + i * ldc + 8 * h;
-          __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
-          y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y);
-          if constexpr (D::kS2) y = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y);
-          _mm256_storeu_ps(ci, y);
+      } else {
+        for (int h = 0; h < 2; ++h) {
+          __m256i a[MR];
+          for (int i = 0; i < MR; ++i) a[i] = _mm256_setzero_si256();
+          for (int P = 0; P < 4; ++P) {
+            __m256i w[2];
+            dec.quads_h(P, h, w);
+            for (int i = 0; i < MR; ++i) {
+              const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+              a[i] = acc<D::kSignedQuads>(a[i], w[0], bcast4(x));
+              a[i] = acc<D::kSignedQuads>(a[i], w[1], bcast4(x + 4));
+            }
+          }
+          for (int i = 0; i < MR; ++i) {
+            const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
+            __m256i I = widen<D::kSignedQuads>(a[i]);
+            if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
+            float* ci = c + i * ldc + 8 * h;
+            __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+            y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y);
+            if constexpr (D::kS2) y = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y);
+            _mm256_storeu_ps(ci, y);
+          }
         }
       }
     }
   }
   // The fused path's bound per type (kernels_impl.h): quad types up to kQuadMaxM rows.
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || (is_quad_type(t) && M <= kQuadMaxM);
+    return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kQuadMaxM);
   }
   // Up to 2 rows: gemv_quad_t, y in registers; 3 to kQuadMaxM: gemv_quad_m_t, one pass.
   static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
@@ -776,27 +661,30 @@ struct Avx2Isa {
         const int8_t* x = qa.xq8.data() + m * K;
         const float* dx = qa.dx.data() + m * nkb;
         const int32_t* xs = qa.xs.data() + m * nkb;
+        const int32_t* xs0 = qa.xs0.data() + m * nkb;
         float* cm = c + m * ldc;
         switch (std::min<int64_t>(M - m, kQuadMaxM)) {
-          case 1: gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, nkb, cm, ldc, true); break;
-          case 2: gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, nkb, cm, ldc, true); break;
-          case 3: gemv_quad_m_t<3>(dec, nkb, x, K, dx, xs, cm, ldc); break;
-          case 4: gemv_quad_m_t<4>(dec, nkb, x, K, dx, xs, cm, ldc); break;
-          case 5: gemv_quad_m_t<5>(dec, nkb, x, K, dx, xs, cm, ldc); break;
-          case 6: gemv_quad_m_t<6>(dec, nkb, x, K, dx, xs, cm, ldc); break;
-          case 7: gemv_quad_m_t<7>(dec, nkb, x, K, dx, xs, cm, ldc); break;
-          default: gemv_quad_m_t<8>(dec, nkb, x, K, dx, xs, cm, ldc); break;
+          case 1: gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, xs0, nkb, cm, ldc, true); break;
+          case 2: gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, xs0, nkb, cm, ldc, true); break;
+          case 3: gemv_quad_m_t<3>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
+          case 4: gemv_quad_m_t<4>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
+          case 5: gemv_quad_m_t<5>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
+          case 6: gemv_quad_m_t<6>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
+          case 7: gemv_quad_m_t<7>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
+          default: gemv_quad_m_t<8>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
         }
       }
     });
-    if (!quad) gemv_int_pair(t, group, K, qa, M, c, ldc);
+    if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
   // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
   // as signed q, nibble types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16).
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
+    if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_quad_decoder(t, group, [&](auto dec) {
+      if constexpr (!sub16_of<decltype(dec)>())
       for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
         dec.begin(k0 / kQBlock + kb);
         __m256 a, b, c = _mm256_setzero_ps(), d = c;
@@ -814,7 +702,42 @@ struct Avx2Isa {
         }
       }
     });
-    if (!quad) unpack_int_pair(t, group, k0, len, V, S1, S2);
+    if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
+  }
+  // Q6_K's chunk as the pair layout's unpacker gives it (packed.h: V = [len / 32][16 pairs][16
+  // rows][2] int16 v = (q - 32) * sc, S1 = d, S2 = 0), from the quad variant: quad Q's dword r
+  // (k = 4Q .. 4Q + 3) splits into pairs 2Q (bytes 0, 1) and 2Q + 1 (bytes 2, 3).
+  static void unpack_q6k(const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    // (vpshufb indexes the bytes of its 128-bit lane: dword d's are 4d .. 4d + 3; 0x80 gives 0.)
+    const __m256i pick0 = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
+    const __m256i pick1 = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
+    const __m256i bias = _mm256_set1_epi16(32);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      DecQ6_K dec{group};
+      dec.begin(k0 / kQBlock + kb);
+      __m256 a, b, c, d;
+      dec.scales(a, b, c, d);
+      _mm256_storeu_ps(S1 + 16 * kb, a);
+      _mm256_storeu_ps(S1 + 16 * kb + 8, b);
+      _mm256_storeu_ps(S2 + 16 * kb, _mm256_setzero_ps());
+      _mm256_storeu_ps(S2 + 16 * kb + 8, _mm256_setzero_ps());
+      int16_t* v = V + kb * kQBlock * kGroup;
+      for (int hh = 0; hh < 2; ++hh)
+        for (int h = 0; h < 2; ++h) {
+          const __m256i sc32 = dec.sc32(hh, h);  // row r's scale in both int16 halves of dword r
+          const __m256i sc = _mm256_or_si256(_mm256_and_si256(sc32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc32, 16));
+          __m256i w[4];
+          dec.quads6_h(hh, h, w);
+          for (int t = 0; t < 4; ++t) {
+            const int p = 2 * (4 * hh + t);
+            const __m256i p0 = _mm256_shuffle_epi8(w[t], pick0), p1 = _mm256_shuffle_epi8(w[t], pick1);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 2 * kGroup * p + 16 * h),
+                                _mm256_mullo_epi16(_mm256_sub_epi16(p0, bias), sc));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 2 * kGroup * (p + 1) + 16 * h),
+                                _mm256_mullo_epi16(_mm256_sub_epi16(p1, bias), sc));
+          }
+        }
+    }
   }
   // C (MR, ldc)[:, 0:16] (+)= MR rows over one K chunk of unpacked quads; y in C between blocks.
   template <int MR, bool kSigned>
@@ -873,6 +796,7 @@ struct Avx2Isa {
   }
   static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
                         int64_t K, uint8_t* out) {
+    if (t == GGMLType::Q6_K) return pack_rows_q6k_quad(rows, row_bytes, n_rows, K, out);
     pack_rows_quad(t, rows, row_bytes, n_rows, K, out);
   }
 

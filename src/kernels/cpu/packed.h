@@ -29,8 +29,8 @@
 //         the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K B = 0)
 // so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
 // the same bytes per block.
-// Q6_K's quad variant (pack_rows_q6k_quad; the avx512 kernels' only: avx2 and scalar keep the
-// pair layout) keeps d and sc where the pair layout has them, then per 32-block of k in order
+// Q6_K's quad variant (pack_rows_q6k_quad; the avx2 and avx512 kernels' layout, the scalar ones
+// keep the pair layout) keeps d and sc where the pair layout has them, then per 32-block of k in order
 // (kQuadPer32 bytes each, so a GEMV reads the block front to back):
 //   low 4 bits  uint8 [4 quad pairs][16 rows][4] as Q4_0's quads
 //   high 2 bits uint8 [2 halves][16 rows][4]: byte (h, r, e) holds at bits 2t, 2t + 1 the high
@@ -84,7 +84,7 @@ struct Q6KBlock {
 // 2^-11): 1/8 to 1/30 of the source type's own step). Cost: Q8_0's 34 bytes per 32 weights in
 // memory and per decode step (1.5x Q5_K's, 2.5x Q3_K's), for our fastest integer kernels.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
-// faster decode on the tinyllama shape, when every ISA's Q6_K kernels were the pair layout's.)
+// faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's.)
 GGMLType panel_type(GGMLType t);
 // rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in panel_type(t), GGUF
 // rows (row_bytes(panel_type(t), K) apart). Returns how many 32-blocks hold exactly the source
