@@ -313,20 +313,9 @@ struct Avx512Isa : Avx2Isa {
   };
   // Q6_K's quad variant (packed.h): per half block h (kSub16), quads(h, w) gives its 4 quads as
   // u = q in [0, 63] (I_h = sum u xq - kBias X_h), sc(h) its 16 rows' int8 scales as int32.
-  struct QDecQ6_K {
+  struct QDecQ6_K : Q6KQuadCursor {
     static constexpr int kBias = 32, kBytesPer32 = Q6KBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = true;
-    const uint8_t* g;
-    const uint8_t* blk = nullptr;
-    const uint8_t* ql = nullptr;
-    const uint8_t* qh = nullptr;
-    int j = 0;
-    void begin(int64_t kb) {
-      blk = g + (kb / 8) * Q6KBlock::kBytes;
-      j = int(kb % 8);
-      ql = blk + Q6KBlock::kQl + Q6KBlock::kQuadPer32 * j;
-      qh = ql + Q6KBlock::kQlPer32;
-    }
     void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q6KBlock::kD); }
     __m512i sc(int h) const {
       return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16)));
@@ -348,7 +337,7 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{group}); return true;
-      case GGMLType::Q6_K: f(QDecQ6_K{group}); return true;
+      case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
       default: return false;
     }
   }
@@ -525,7 +514,7 @@ struct Avx512Isa : Avx2Isa {
   // rows][2] int16 v = (q - 32) * sc, S1 = d, S2 = 0), from the quad variant: quad Q's dword r
   // (row r, k = 4Q .. 4Q + 3) splits into pairs 2Q (bytes 0, 1) and 2Q + 1 (bytes 2, 3).
   static void unpack_q6k(const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
-    const QDecQ6_K dec0{group};
+    const QDecQ6_K dec0{{group}};
     // Bytes 0, 1 (pair 2Q) or 2, 3 (pair 2Q + 1) of each dword, zero-extended to int16 lanes
     // (vpshufb indexes bytes of its 128-bit lane: dword d's are 4d .. 4d + 3; 0x80 gives 0).
     const __m512i pick0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));

@@ -326,21 +326,10 @@ struct Avx2Isa {
   // Q6_K in its quad variant (packed.h): per half block hh (16 k, kSub16) and rows 8h..8h+7,
   // quads6_h gives its 4 quads as u = q in [0, 63] and sc32 the rows' int8 scales as int32;
   // I = sc_0 (sum u xq - 32 X_0) + sc_1 (...), exact (half_sum).
-  struct DecQ6_K {
+  struct DecQ6_K : Q6KQuadCursor {
     static constexpr int kBias = 32;
     static constexpr int kBytesPer32 = Q6KBlock::kBytes / 8;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = false, kSignedQuads = false, kSub16 = true;
-    const uint8_t* g;
-    const uint8_t* ql = nullptr;
-    const uint8_t* qh = nullptr;
-    const uint8_t* blk = nullptr;
-    int j = 0;
-    void begin(int64_t kb) {
-      blk = g + (kb / 8) * Q6KBlock::kBytes;
-      j = int(kb % 8);
-      ql = blk + Q6KBlock::kQl + Q6KBlock::kQuadPer32 * j;
-      qh = ql + Q6KBlock::kQlPer32;
-    }
     void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(blk + Q6KBlock::kD);
       s1hi = h8(blk + Q6KBlock::kD + 16);
@@ -592,7 +581,7 @@ struct Avx2Isa {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{group}); return true;
-      case GGMLType::Q6_K: f(DecQ6_K{group}); return true;
+      case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;
       default: return false;
     }
   }
@@ -713,7 +702,7 @@ struct Avx2Isa {
     const __m256i pick1 = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
     const __m256i bias = _mm256_set1_epi16(32);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-      DecQ6_K dec{group};
+      DecQ6_K dec{{group}};
       dec.begin(k0 / kQBlock + kb);
       __m256 a, b, c, d;
       dec.scales(a, b, c, d);

@@ -73,6 +73,21 @@ struct Q6KBlock {
   static constexpr int kBytes = kQh + 8 * kQhPer32;  // 3360
   static constexpr int kQuadPer32 = kQlPer32 + kQhPer32;  // (the quad variant: low, then high bits)
 };
+// A cursor over one group in Q6_K's quad variant (the SIMD decoders' common part): begin(kb)
+// moves to 32-block kb: its 256-block blk, j (< 8) inside it, its low bits ql and high bits qh.
+struct Q6KQuadCursor {
+  const uint8_t* g;
+  const uint8_t* blk = nullptr;
+  const uint8_t* ql = nullptr;
+  const uint8_t* qh = nullptr;
+  int j = 0;
+  void begin(int64_t kb) {
+    blk = g + (kb / 8) * Q6KBlock::kBytes;
+    j = int(kb % 8);
+    ql = blk + Q6KBlock::kQl + Q6KBlock::kQuadPer32 * j;
+    qh = ql + Q6KBlock::kQlPer32;
+  }
+};
 
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
