@@ -136,6 +136,10 @@ inline int q6k_high(const uint8_t* qh, int e, int r) {
   std::memcpy(&lane, qh + 2 * qh_lane(e, r), 2);
   return (lane >> qh_shift(e, r)) & 3;
 }
+// The unsigned 6-bit q of element e, row r of a Q6_K block in the pair layout.
+inline int q6k_pair_q(const uint8_t* blk, int e, int r) {
+  return ((blk[Q6KBlock::kQl + nib_at(e, r)] >> nib_shift(r)) & 0xF) | (q6k_high(blk + Q6KBlock::kQh, e, r) << 4);
+}
 }  // namespace
 
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
@@ -265,8 +269,7 @@ void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
       std::memset(q, 0, sizeof q);
       for (int r = 0; r < kGroup; ++r)
         for (int e = 0; e < 256; ++e) {
-          const uint8_t* ql = blk + Q6KBlock::kQl;
-          const int v = ((ql[nib_at(e, r)] >> nib_shift(r)) & 0xF) | (q6k_high(blk + Q6KBlock::kQh, e, r) << 4);
+          const int v = q6k_pair_q(blk, e, r);
           const int s = e / 32, k = e % 32;  // 32-block s, k inside it
           uint8_t* qs = q + s * Q6KBlock::kQuadPer32;
           qs[qnib_at(k, r)] |= uint8_t((v & 0xF) << qnib_shift(k));
@@ -295,8 +298,8 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
               -(f16(blk + Q4KBlock::kDmin + 2 * r) * float(blk[Q4KBlock::kM + s * 16 + r]))};
     }
     case GGMLType::Q6_K: {
-      const int q = nib(blk + Q6KBlock::kQl) | (q6k_high(blk + Q6KBlock::kQh, e, r) << 4);
-      return {(q - 32) * int(int8_t(blk[Q6KBlock::kSc + (e / 16) * 16 + r])), f16(blk + Q6KBlock::kD + 2 * r), 0.0f};
+      return {(q6k_pair_q(blk, e, r) - 32) * int(int8_t(blk[Q6KBlock::kSc + (e / 16) * 16 + r])),
+              f16(blk + Q6KBlock::kD + 2 * r), 0.0f};
     }
     default: fail("panel layout: ", int(t), " is not an integer-path type");
   }
