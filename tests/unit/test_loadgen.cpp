@@ -396,7 +396,7 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
   LoadgenOptions o;
   o.url = parse_url(fake.url());
   o.progress = false;
-  o.timeout_s = 1;
+  o.timeout_s = 3;  // "hang" must time out; 1 s once timed out an "ok" request on a loaded 2-core machine
   o.workload = workload_from_json(nlohmann::json::parse(R"({"name": "f", "duration_s": 1, "classes": [
     {"name": "ok", "arrival": {"type": "periodic", "rate": 4}, "prompt_tokens": 12, "output_tokens": 5},
     {"name": "big", "arrival": {"type": "periodic", "rate": 2}, "prompt_tokens": 2000, "output_tokens": 5},
