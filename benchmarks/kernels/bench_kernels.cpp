@@ -6,7 +6,9 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -277,6 +279,95 @@ BENCHMARK(BM_FlashAttention)
     ->Args({1024, 512, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// A decode step's GEMMs as the model runs them, layer after layer (TinyLlama's shapes, Q4_0,
+// 22 layers of distinct weights): QKV (three weights, RoPE in the epilogue), Wo (+= residual),
+// gate+up (SwiGLU), down (+= residual). Per op: us_<op> per call, to compare with the op alone
+// (BM_GemmFromMemory on the same shape). range(0): 1 = ops in model order, 0 = each op over
+// all layers before the next op (the same calls, another neighbour).
+void BM_DecodeLayers(benchmark::State& st) {
+  constexpr int kLayers = 22;
+  constexpr int64_t D = 2048, KV = 256, F = 5632;
+  const GGMLType t = GGMLType::Q4_0;
+  auto be = make_backend("cpu", threads());
+  be->reserve(1);
+  const Weight wq = make_weight(t, D, D), wkv = make_weight(t, KV, D), wo = make_weight(t, D, D),
+               wf = make_weight(t, F, D), wd = make_weight(t, D, F);
+  struct Layer { WeightView q, k, v, o, g, u, d; };
+  std::vector<Layer> L;
+  std::vector<std::vector<uint8_t>> src;  // a copy per weight: prepare() packs a source once
+  src.reserve(size_t(kLayers) * 7);
+  auto own = [&](const Weight& w) {
+    src.push_back(w.bytes);
+    WeightView v = w.view;
+    v.data = src.back().data();
+    return be->prepare(v);
+  };
+  for (int l = 0; l < kLayers; ++l)
+    L.push_back({own(wq), own(wkv), own(wkv), own(wo), own(wf), own(wf), own(wd)});
+  std::vector<float> x(size_t(D), 0.1f), h(size_t(D), 0.2f), q(size_t(D), 0.0f), k(size_t(KV), 0.0f), v(size_t(KV), 0.0f),
+      a(size_t(F), 0.05f), cs(64, 0.0f);
+  const int32_t pos = 7;
+  be->rope_table(&pos, 1, RopeParams{RopeStyle::Interleaved, 64}, cs.data());
+  double sec[4] = {0, 0, 0, 0};
+  auto timed = [&](int op, auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    sec[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto qkv = [&](const Layer& y) {
+    Backend::MatmulTarget tg[3] = {{y.q, q.data(), D}, {y.k, k.data(), KV}, {y.v, v.data(), KV}};
+    for (int i = 0; i < 2; ++i) tg[i].rope_cs = cs.data(), tg[i].rope_head_dim = 64, tg[i].rope_n_rot = 64;
+    be->matmul_multi(h.data(), 1, tg, 3);
+  };
+  const auto ops = std::to_array<std::function<void(const Layer&)>>({
+      qkv,
+      [&](const Layer& y) { be->matmul_add(h.data(), 1, y.o, x.data()); },
+      [&](const Layer& y) { be->ffn_glu(h.data(), 1, y.g, y.u, GateAct::SiLU, a.data(), nullptr); },
+      [&](const Layer& y) { be->matmul_add(a.data(), 1, y.d, x.data()); }});
+  for (auto _ : st) {
+    if (st.range(0) == 1) {
+      for (const Layer& y : L)
+        for (int op = 0; op < 4; ++op) timed(op, [&] { ops[size_t(op)](y); });
+    } else {
+      for (int op = 0; op < 4; ++op)
+        for (const Layer& y : L) timed(op, [&] { ops[size_t(op)](y); });
+    }
+    benchmark::DoNotOptimize(x.data());
+  }
+  const double calls = double(st.iterations()) * kLayers;
+  const char* names[4] = {"us_qkv", "us_wo", "us_gateup", "us_down"};
+  for (int op = 0; op < 4; ++op) st.counters[names[op]] = sec[op] / calls * 1e6;
+}
+BENCHMARK(BM_DecodeLayers)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// LoRA's shrink at decode (one row, one adapter): ya (N) = A (N, K) x, A in F16 as the engine
+// packs it, one call as the model makes per layer input. range: N (A's rows: 16 x the
+// projections sharing the input), K, cold (1: a fresh copy of A per call, from memory; 0: one A
+// in cache).
+void BM_LoraShrink(benchmark::State& st) {
+  const int64_t N = st.range(0), K = st.range(1);
+  const bool cold = st.range(2) != 0;
+  auto be = make_backend("cpu", threads());
+  be->reserve(1);
+  const Weight w = make_weight(GGMLType::F16, N, K);
+  const int64_t copies = cold ? std::max<int64_t>(2, (int64_t(256) << 20) / int64_t(w.bytes.size())) : 1;
+  std::vector<std::vector<uint8_t>> src(size_t(copies), w.bytes);
+  std::vector<WeightView> views;
+  for (auto& b : src) {
+    WeightView v = w.view;
+    v.data = b.data();
+    views.push_back(be->prepare(v));
+  }
+  std::vector<float> x(size_t(K), 0.25f), y(size_t(N), 0.0f);
+  size_t i = 0;
+  for (auto _ : st) {
+    const RunTarget t{0, 1, views[i++ % views.size()], y.data(), N, 0.5f};
+    be->matmul_runs(x.data(), K, &t, 1);
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+BENCHMARK(BM_LoraShrink)->ArgsProduct({{16, 32, 48}, {768, 2048}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Dispatch cost of the worker pool: one region of nt threads whose work is one relaxed add per
 // thread (the fixed cost every GEMM, attention call and RoPE pays), back to back as in a forward
