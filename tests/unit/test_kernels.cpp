@@ -1112,8 +1112,9 @@ TEST_P(KernelTest, LoraShrinkAndEpilogueDeltas) { check_lora(*backend_for(GetPar
 TEST(ReferenceBackend, LoraShrinkAndEpilogueDeltas) { check_lora(*make_backend("reference", 2), true); }
 
 // matmul_runs with few work items (decode: one adapter's shrink is one or two items of two
-// groups) gives each thread one group of A's rows per item so none idles. That path, at 2 and 3
-// threads, on odd shapes (A rows not a multiple of 16, K odd, F32/F16/BF16, packed and GGUF
+// groups) gives each thread one group of A's rows per item so none idles; where every target
+// is one row of packed A of one type (decode), an ISA with gemv_runs takes up to 4 (target,
+// group) pairs per call, their chains side by side. Those paths, at 2 and 3 threads, on odd shapes (A rows not a multiple of 16, K odd, F32/F16/BF16, packed and GGUF
 // rows, runs of 1-3 rows at odd offsets): ya within |scale| * the GEMM bound (K + 8) 2^-24
 // sum|x a| of the double reference (one fma chain over K, then the scale), and bit-identical to
 // the scalar ISA's at 1 thread (two groups per item: the same chains, so the same bits).
@@ -1131,6 +1132,12 @@ TEST_P(KernelTest, LoraShrinkOneGroupPerItem) {
       {{0, 1, 19, GGMLType::F32, -1.5f}, {3, 2, 5, GGMLType::BF16, 2.0f}},    // 2 + 1 groups
       {{2, 1, 48, GGMLType::F16, 1.0f}},                                      // Q/K/V's stack shape
       {{0, 1, 16, GGMLType::F32, 0.25f}},                                     // one group: one item
+      // A decode batch mixing adapters (one row each, one type): 10 and 5 (target, group)
+      // pairs, more than one call of Isa::gemv_runs where the ISA has it.
+      {{0, 1, 48, GGMLType::F16, 1.0f}, {1, 1, 48, GGMLType::F16, -0.5f}, {2, 1, 37, GGMLType::F16, 2.0f},
+       {4, 1, 16, GGMLType::F16, 0.75f}},
+      {{0, 1, 16, GGMLType::F32, 1.0f}, {1, 1, 16, GGMLType::F32, 0.5f}, {2, 1, 16, GGMLType::F32, -1.0f},
+       {3, 1, 16, GGMLType::F32, 3.0f}, {5, 1, 9, GGMLType::F32, 1.5f}},
   };
   const int64_t M = 6, ld = 53;
   for (const int threads : {2, 3})

@@ -180,8 +180,14 @@ struct Avx512Isa : Avx2Isa {
     __m512 acc[NR][NG];
     for (int r = 0; r < NR; ++r)
       for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_setzero_ps();
+    constexpr int64_t kBytesPerK = T == GGMLType::F32 ? 64 : 32;  // a group's 16 weights at k
     for (int64_t k = 0; k < K; ++k)
       for (int r = 0; r < NR; ++r) {
+        // (LoRA's shrink streams A's groups over K = dim from memory; the expand's K = rank
+        // never reaches kPrefetch.)
+        if ((k * kBytesPerK) % 64 == 0 && k * kBytesPerK + kPrefetch < K * kBytesPerK)
+          for (int g = 0; g < NG; ++g)
+            _mm_prefetch(reinterpret_cast<const char*>(groups[r * NG + g]) + k * kBytesPerK + kPrefetch, _MM_HINT_T0);
         const __m512 a = _mm512_set1_ps(x[r][k]);
         for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_fmadd_ps(a, wload<T>(groups[r * NG + g], k), acc[r][g]);
       }

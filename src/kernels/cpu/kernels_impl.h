@@ -51,6 +51,7 @@ struct Drivers {
   static constexpr int64_t kQPerKC = kKC / kQBlock;
   struct alignas(64) Scratch {
     std::vector<float> c;
+    std::vector<float> run_c;  // gemm_run: its run's items' C, one after another
     alignas(64) float w[kItemGroups][kKC * kGroup];
     alignas(64) float t[kGroup * kKC];
     // Integer path: one K chunk of a group as unpack_group_int gives it, and (GGUF rows only)
@@ -259,8 +260,7 @@ struct Drivers {
 
   // Rows [r0, r0 + M) of X (and of qa) against the item's sources, into s.c (M, ldc).
   static void item(const float* X, const QAct& qa, int64_t r0, int64_t M, int64_t K, const Source* src,
-                   int ns, Scratch& s, int64_t ldc) {
-    float* C = s.c.data();
+                   int ns, Scratch& s, float* C, int64_t ldc) {
     X += r0 * K;
     const bool int0 = is_int_type(src[0].seg->type);
     bool same = true;
@@ -466,8 +466,54 @@ struct Drivers {
   };
   static void gemm_runs(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
                         int threads) {
+    if constexpr (requires { Isa::gemv_runs; }) {
+      if (gemm_runs_decode(X, K, t, segs, n, threads)) return;
+    }
     const RunsPlan plan(X, K, t, segs, n, threads);
     parallel_for(plan.n_items, threads, 1, [&](int64_t p) { plan.run(p); });
+  }
+  // Decode (every target one row; every A packed, of one float type): the shrink's (target,
+  // group) pairs in calls of up to kLoraDirectRows pairs to Isa::gemv_runs, their fma chains
+  // side by side (the same chain per output as float_item's GEMV: the same bits). One adapter's
+  // shrink (1-3 groups per input) is then one call on the caller, no parallel region; as
+  // RunsPlan's items, each group was a lone latency-bound chain over K, two of QKV's three on
+  // one thread. More pairs (adapters mixed): calls of equal size, a multiple of the threads.
+  // Returns false where this does not apply.
+  static bool gemm_runs_decode(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
+                               int threads) {
+    int64_t np = 0;
+    for (int i = 0; i < n; ++i) {
+      if (t[i].n != 1 || !segs[i].packed || segs[i].type != segs[0].type) return false;
+      np += n_groups(segs[i].n_rows);
+    }
+    int64_t calls = (np + kLoraDirectRows - 1) / kLoraDirectRows;
+    if (calls > 1 && threads > 1) calls = std::min(np, (calls + threads - 1) / threads * threads);
+    parallel_for(calls, threads, 1, [&](int64_t c) {
+      const int64_t q0 = np * c / calls, q1 = np * (c + 1) / calls;
+      const uint8_t* g[kLoraDirectRows];
+      const float* x[kLoraDirectRows];
+      int ti[kLoraDirectRows];
+      int64_t n0[kLoraDirectRows];
+      int i = 0;
+      int64_t base = 0;  // pairs before target i
+      for (int64_t q = q0; q < q1; ++q) {
+        while (q - base >= n_groups(segs[i].n_rows)) base += n_groups(segs[i].n_rows), ++i;
+        const int k = int(q - q0);
+        ti[k] = i;
+        n0[k] = (q - base) * kGroup;
+        g[k] = segs[i].data + uint64_t(q - base) * segs[i].row_bytes;
+        x[k] = X + t[i].m0 * K;
+        Isa::prefetch_bytes(g[k], std::min<int64_t>(int64_t(segs[i].row_bytes), kRunsPrefetch));
+      }
+      alignas(64) float out[kLoraDirectRows * kGroup];
+      Isa::gemv_runs(segs[0].type, g, 1, int(q1 - q0), K, x, out);
+      for (int k = 0; k < int(q1 - q0); ++k) {
+        const RunTarget& r = t[ti[k]];
+        const int cnt = int(std::min<int64_t>(kGroup, segs[ti[k]].n_rows - n0[k]));
+        for (int j = 0; j < cnt; ++j) r.Y[n0[k] + j] = r.scale * out[k * kGroup + j];
+      }
+    });
+    return true;
   }
   static constexpr int64_t kRunsPrefetch = 2048;  // bytes of each A group's head (gemm_runs)
   // Weight bytes a decode GEMV's run streams at least (gemm): measured on Zen 5 (Q4_0, K = 2048,
@@ -487,6 +533,16 @@ struct Drivers {
     }
   }
 
+  // What a GEMM's work items share: the segments, how the items map onto them (first[i]: the
+  // first item of segment i), and the epilogue.
+  struct ItemSpec {
+    const GemmSeg* segs;
+    bool swiglu;
+    GateAct act;
+    int ns;
+    const int64_t* first;
+    Epilogue e;
+  };
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
                    Epilogue e, QAct& qa, int threads) {
     // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
@@ -523,11 +579,45 @@ struct Drivers {
     // Large M: the rows in blocks (row_blocks), each block's items before the next block's, so
     // the threads work through one block at a time and its activations stay in their caches.
     const int64_t n_blocks = row_blocks(M, K);
+    const ItemSpec is{segs, swiglu, act, ns, first, e};
+    bool lora = false;
+    for (int i = 0; i < n_segs; ++i) lora = lora || segs[i].lora.n > 0;
+    if (lora && M <= kLoraDeferRows && n_blocks == 1) {
+      parallel_for_runs(n_items, threads, run, [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end); });
+      return;
+    }
     parallel_for(n_items * n_blocks, threads, run, [&](int64_t pb) {
       const int64_t blk = pb / n_items, p = pb % n_items;
       const int64_t r0 = M * blk / n_blocks, rows = M * (blk + 1) / n_blocks - r0;
-      gemm_item(X, r0, rows, K, segs, swiglu, act, ns, first, e, qa, ldc, p);
+      gemm_item(X, r0, rows, K, is, qa, ldc, p);
     });
+  }
+
+  // Rows up to which a GEMM with LoRA deltas takes a thread's run of items in three passes
+  // (gemm_run): every item's base product, then every item's expand, then every item's store.
+  // Decode streams the base weights; an expand after each item (a short latency-bound chain
+  // on B's groups) stalled that stream at every item, where after the run the expands of all
+  // its items overlap each other from cache. The same operations per item, so the same bits.
+  static constexpr int64_t kLoraDeferRows = 16;
+  static void gemm_run(const float* X, int64_t M, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc,
+                       int64_t b, int64_t end) {
+    Scratch& s = scratch();
+    const size_t per = size_t(M * ldc);
+    if (s.run_c.size() < per * size_t(end - b)) s.run_c.resize(per * size_t(end - b));
+    Source src[kItemGroups];
+    for (int64_t p = b; p < end; ++p) {
+      const int nsrc = item_sources(is, p, src);
+      prefetch_lora(src, nsrc);
+      item(X, qa, 0, M, K, src, nsrc, s, s.run_c.data() + size_t(p - b) * per, ldc);
+    }
+    for (int64_t p = b; p < end; ++p) {
+      const int nsrc = item_sources(is, p, src);
+      add_lora(src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc, s);
+    }
+    for (int64_t p = b; p < end; ++p) {
+      const int nsrc = item_sources(is, p, src);
+      store_item(is, src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc);
+    }
   }
 
   // Activation rows per block of a large GEMM. Each work item (32 output rows) reads every row
@@ -551,76 +641,90 @@ struct Drivers {
     return std::max<int64_t>(1, (M + rows / 2) / rows);  // (blocks of rows / 2 .. 1.5 rows)
   }
 
-  // Work item p over the batch rows [r0, r0 + M) (a row block of a large GEMM, or all of them).
-  static void gemm_item(const float* X, int64_t r0, int64_t M, int64_t K, const GemmSeg* segs, bool swiglu,
-                        GateAct act, int ns, const int64_t* first, Epilogue e, const QAct& qa, int64_t ldc,
-                        int64_t p) {
-    {
-      Scratch& s = scratch();
-      if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
-      int si = 0;
-      while (si + 1 < ns && p >= first[si + 1]) ++si;
-      Source src[kItemGroups];
-      int nsrc = 0;
-      if (swiglu) {
-        const int64_t n0 = (p - first[0]) * kGroup;
-        const int cnt = int(std::min<int64_t>(kGroup, segs[0].n_rows - n0));
-        src[0] = {&segs[0], n0, cnt};
-        src[1] = {&segs[1], n0, cnt};
-        nsrc = 2;
-      } else {
-        const GemmSeg& g = segs[si];
-        for (int j = 0; j < kItemGroups; ++j) {
-          const int64_t n0 = ((p - first[si]) * kItemGroups + j) * kGroup;
-          if (n0 >= g.n_rows) break;
-          src[nsrc++] = {&g, n0, int(std::min<int64_t>(kGroup, g.n_rows - n0))};
-        }
-      }
-      if (nsrc == 2 && src[0].seg == src[1].seg) {
-        if (src[0].seg->lora.n > 0) prefetch_lora(src[0].seg->lora, src[0].n0, 2);
-      } else {
-        for (int i = 0; i < nsrc; ++i)
-          if (src[i].seg->lora.n > 0) prefetch_lora(src[i].seg->lora, src[i].n0, 1);
-      }
-      item(X, qa, r0, M, K, src, nsrc, s, ldc);
-      if (nsrc == 2 && src[0].seg == src[1].seg) {  // (two groups of one weight: expanded side by side)
-        if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, r0, M, s.c.data(), ldc, s);
-      } else {
-        for (int i = 0; i < nsrc; ++i)
-          if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, 1, r0, M, s.c.data() + i * kGroup, ldc, s);
-      }
-      const float* C = s.c.data();
-      for (int64_t m = 0; m < M; ++m) {
-        const float* c = C + m * ldc;
-        if (swiglu) {
-          float* y = segs[0].Y + (r0 + m) * segs[0].ldy + src[0].n0;
-          if constexpr (requires { Isa::silu_mul; }) {
-            if (act == GateAct::SiLU) {
-              Isa::silu_mul(c, c + kGroup, y, src[0].cnt);
-              continue;
-            }
+  // Work item p's groups: SwiGLU's gate group j with up group j, else up to kItemGroups
+  // consecutive groups of one segment. Returns their count.
+  static int item_sources(const ItemSpec& is, int64_t p, Source* src) {
+    if (is.swiglu) {
+      const int64_t n0 = (p - is.first[0]) * kGroup;
+      const int cnt = int(std::min<int64_t>(kGroup, is.segs[0].n_rows - n0));
+      src[0] = {&is.segs[0], n0, cnt};
+      src[1] = {&is.segs[1], n0, cnt};
+      return 2;
+    }
+    int si = 0;
+    while (si + 1 < is.ns && p >= is.first[si + 1]) ++si;
+    const GemmSeg& g = is.segs[si];
+    int nsrc = 0;
+    for (int j = 0; j < kItemGroups; ++j) {
+      const int64_t n0 = ((p - is.first[si]) * kItemGroups + j) * kGroup;
+      if (n0 >= g.n_rows) break;
+      src[nsrc++] = {&g, n0, int(std::min<int64_t>(kGroup, g.n_rows - n0))};
+    }
+    return nsrc;
+  }
+  static void prefetch_lora(const Source* src, int nsrc) {
+    if (nsrc == 2 && src[0].seg == src[1].seg) {
+      if (src[0].seg->lora.n > 0) prefetch_lora(src[0].seg->lora, src[0].n0, 2);
+    } else {
+      for (int i = 0; i < nsrc; ++i)
+        if (src[i].seg->lora.n > 0) prefetch_lora(src[i].seg->lora, src[i].n0, 1);
+    }
+  }
+  // The item's LoRA deltas into C (M, ldc), its product over the batch rows [r0, r0 + M).
+  static void add_lora(const Source* src, int nsrc, int64_t r0, int64_t M, float* C, int64_t ldc, Scratch& s) {
+    if (nsrc == 2 && src[0].seg == src[1].seg) {  // (two groups of one weight: expanded side by side)
+      if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, r0, M, C, ldc, s);
+    } else {
+      for (int i = 0; i < nsrc; ++i)
+        if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, 1, r0, M, C + i * kGroup, ldc, s);
+    }
+  }
+  // The epilogue: the item's product C (M, ldc) over the batch rows [r0, r0 + M) into its
+  // outputs (SwiGLU, residual add, bias, RoPE).
+  static void store_item(const ItemSpec& is, const Source* src, int nsrc, int64_t r0, int64_t M, const float* C,
+                         int64_t ldc) {
+    for (int64_t m = 0; m < M; ++m) {
+      const float* c = C + m * ldc;
+      if (is.swiglu) {
+        float* y = is.segs[0].Y + (r0 + m) * is.segs[0].ldy + src[0].n0;
+        if constexpr (requires { Isa::silu_mul; }) {
+          if (is.act == GateAct::SiLU) {
+            Isa::silu_mul(c, c + kGroup, y, src[0].cnt);
+            continue;
           }
-          for (int j = 0; j < src[0].cnt; ++j) y[j] = rowwise::gate_act(act, c[j]) * c[kGroup + j];
-          continue;
         }
-        for (int i = 0; i < nsrc; ++i) {
-          const GemmSeg& g = *src[i].seg;
-          const float* ci = c + i * kGroup;
-          float* y = g.Y + (r0 + m) * g.ldy + src[i].n0;
-          const int cnt = src[i].cnt;
-          if (e == Epilogue::Add) {
-            for (int j = 0; j < cnt; ++j) y[j] += ci[j];
-          } else if (g.bias) {
-            for (int j = 0; j < cnt; ++j) y[j] = ci[j] + g.bias[src[i].n0 + j];
-          } else {
-            for (int j = 0; j < cnt; ++j) y[j] = ci[j];
-          }
-          if (e == Epilogue::Store && g.rope_cs)
-            rowwise::rope_rotate(g.Y + (r0 + m) * g.ldy, src[i].n0, cnt, g.rope_head_dim, g.rope_n_rot,
-                                 g.rope_cs + (r0 + m) * g.rope_n_rot);
+        for (int j = 0; j < src[0].cnt; ++j) y[j] = rowwise::gate_act(is.act, c[j]) * c[kGroup + j];
+        continue;
+      }
+      for (int i = 0; i < nsrc; ++i) {
+        const GemmSeg& g = *src[i].seg;
+        const float* ci = c + i * kGroup;
+        float* y = g.Y + (r0 + m) * g.ldy + src[i].n0;
+        const int cnt = src[i].cnt;
+        if (is.e == Epilogue::Add) {
+          for (int j = 0; j < cnt; ++j) y[j] += ci[j];
+        } else if (g.bias) {
+          for (int j = 0; j < cnt; ++j) y[j] = ci[j] + g.bias[src[i].n0 + j];
+        } else {
+          for (int j = 0; j < cnt; ++j) y[j] = ci[j];
         }
+        if (is.e == Epilogue::Store && g.rope_cs)
+          rowwise::rope_rotate(g.Y + (r0 + m) * g.ldy, src[i].n0, cnt, g.rope_head_dim, g.rope_n_rot,
+                               g.rope_cs + (r0 + m) * g.rope_n_rot);
       }
     }
+  }
+  // Work item p over the batch rows [r0, r0 + M) (a row block of a large GEMM, or all of them).
+  static void gemm_item(const float* X, int64_t r0, int64_t M, int64_t K, const ItemSpec& is, const QAct& qa,
+                        int64_t ldc, int64_t p) {
+    Scratch& s = scratch();
+    if (s.c.size() < size_t(M * ldc)) s.c.resize(size_t(M * ldc));  // only if reserve() was short
+    Source src[kItemGroups];
+    const int nsrc = item_sources(is, p, src);
+    prefetch_lora(src, nsrc);
+    item(X, qa, r0, M, K, src, nsrc, s, s.c.data(), ldc);
+    add_lora(src, nsrc, r0, M, s.c.data(), ldc, s);
+    store_item(is, src, nsrc, r0, M, s.c.data(), ldc);
   }
 };
 

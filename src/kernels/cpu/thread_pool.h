@@ -34,20 +34,28 @@ void parallel(int nt, F&& fn) {
   run_region(std::max(1, nt), [](void* c, int t, int n) { (*static_cast<Fn*>(c))(t, n); }, &fn);
 }
 
-// fn(i) for every i in [0, n): runs of `chunk` consecutive items handed out in order to whichever
-// thread asks next (OpenMP's schedule(dynamic, chunk)). Runs inline when nt <= 1 or n <= chunk.
+// fn(b, e) over [0, n) in runs [b, e) of `chunk` consecutive items, handed out in order to
+// whichever thread asks next (OpenMP's schedule(dynamic, chunk)); inline, run by run, when
+// nt <= 1 or n <= chunk.
 template <class F>
-void parallel_for(int64_t n, int nt, int64_t chunk, F&& fn) {
+void parallel_for_runs(int64_t n, int nt, int64_t chunk, F&& fn) {
   chunk = std::max<int64_t>(1, chunk);
   if (nt <= 1 || n <= chunk) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    for (int64_t b = 0; b < n; b += chunk) fn(b, std::min(n, b + chunk));
     return;
   }
   std::atomic<int64_t> next{0};
   const int used = int(std::min<int64_t>(nt, (n + chunk - 1) / chunk));
   parallel(used, [&](int, int) {
-    for (int64_t b; (b = next.fetch_add(chunk, std::memory_order_relaxed)) < n;)
-      for (int64_t i = b, e = std::min(n, b + chunk); i < e; ++i) fn(i);
+    for (int64_t b; (b = next.fetch_add(chunk, std::memory_order_relaxed)) < n;) fn(b, std::min(n, b + chunk));
+  });
+}
+
+// fn(i) for every i in [0, n), in parallel_for_runs's runs.
+template <class F>
+void parallel_for(int64_t n, int nt, int64_t chunk, F&& fn) {
+  parallel_for_runs(n, nt, chunk, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) fn(i);
   });
 }
 
