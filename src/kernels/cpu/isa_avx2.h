@@ -223,6 +223,52 @@ struct Avx2Isa {
       }
     }
   }
+  // LoRA (Drivers::add_lora over single-row runs, Drivers::gemm_runs_decode): c (nr, 16 ng)
+  // row r = x[r] (K,) @ [groups[r ng] .. groups[r ng + ng - 1]], nr <= 4, ng <= 2. Per group
+  // column, the nr runs' chains side by side (2 nr accumulators: 8 at most of the 16 registers);
+  // the same fma chain per output as gemv_t, so the same bits.
+  template <int NR>
+  static void runs_t(GGMLType t, const uint8_t* const* groups, int64_t K, const float* const* x, float* c,
+                     int64_t ldc) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00;
+    const float* x0 = x[0];
+    const float* x1 = x[NR > 1 ? 1 : 0];
+    const float* x2 = x[NR > 2 ? 2 : 0];
+    const float* x3 = x[NR > 3 ? 3 : 0];
+    for_k<NR>(t, groups, 0, K, [&](int64_t k, const __m256* b) {
+#define FT_RUN(i, xp)                                                  \
+  if constexpr (NR > i) {                                              \
+    const __m256 v = _mm256_broadcast_ss(xp);                          \
+    c##i##0 = _mm256_fmadd_ps(v, b[2 * i], c##i##0);                   \
+    c##i##1 = _mm256_fmadd_ps(v, b[2 * i + 1], c##i##1);               \
+  }
+      FT_RUN(0, x0 + k) FT_RUN(1, x1 + k) FT_RUN(2, x2 + k) FT_RUN(3, x3 + k)
+#undef FT_RUN
+    });
+#define FT_RUN_ST(i)                              \
+  if constexpr (NR > i) {                         \
+    _mm256_storeu_ps(c + i * ldc, c##i##0);       \
+    _mm256_storeu_ps(c + i * ldc + 8, c##i##1);   \
+  }
+    FT_RUN_ST(0) FT_RUN_ST(1) FT_RUN_ST(2) FT_RUN_ST(3)
+#undef FT_RUN_ST
+  }
+  static void gemv_runs(GGMLType t, const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x,
+                        float* c) {
+    for (int g = 0; g < ng; ++g) {
+      const uint8_t* gr[4];
+      for (int r = 0; r < nr; ++r) gr[r] = groups[r * ng + g];
+      float* cg = c + 16 * g;
+      switch (nr) {
+        case 1: runs_t<1>(t, gr, K, x, cg, 16 * ng); break;
+        case 2: runs_t<2>(t, gr, K, x, cg, 16 * ng); break;
+        case 3: runs_t<3>(t, gr, K, x, cg, 16 * ng); break;
+        case 4: runs_t<4>(t, gr, K, x, cg, 16 * ng); break;
+        default: fail("gemv_runs: ", nr, " runs (1..4)");
+      }
+    }
+  }
   // ng (1 or 2) groups of the same type, consecutive in C (16 columns each).
   static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
                    int64_t M, float* c, int64_t ldc) {
