@@ -128,8 +128,11 @@ class Backend {
   virtual void ffn_glu(const float* X, int64_t M, const WeightView& Wg, const WeightView& Wu, GateAct act,
                        float* A, const LoraDelta* lora = nullptr) = 0;
   // A segmented GEMM (LoRA's shrink, S-LoRA/Punica's SGMV): every target's rows of X (M, K)
-  // times its own A, all in one pass (RunTarget).
-  virtual void matmul_runs(const float* X, int64_t K, const RunTarget* targets, int n) = 0;
+  // times its own A, all in one pass (RunTarget). fuse: the backend may instead run it inside
+  // the next GEMM call (matmul, matmul_multi, matmul_add, ffn_glu), before any LoRA delta
+  // there reads the targets' Y; Y is then complete when that call returns, and X and the
+  // targets must stay valid until then.
+  virtual void matmul_runs(const float* X, int64_t K, const RunTarget* targets, int n, bool fuse = false) = 0;
   // Y (M, N) += bias (N,) per row.
   virtual void add_bias(float* Y, int64_t M, int64_t N, const float* bias) = 0;
   // y (M, n) = x (M, n) / rms(x) * w (n,)

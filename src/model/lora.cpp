@@ -266,7 +266,7 @@ bool Forward::lora_shrink(int32_t il, LoraInput in, const float* X, int64_t K) {
     if (st.a.n_cols != K) fail("forward: LoRA adapter ", g.a->path(), " does not fit layer ", il);
     lora_shrinks_[size_t(n++)] = {g.first, g.n, st.a, lora_ya_.data() + g.first * kMaxLoraStack, kMaxLoraStack, st.scale};
   }
-  if (n > 0) be_.matmul_runs(X, K, lora_shrinks_.data(), n);
+  if (n > 0) be_.matmul_runs(X, K, lora_shrinks_.data(), n, /*fuse=*/true);  // (the projection's call is next)
   return n > 0;
 }
 

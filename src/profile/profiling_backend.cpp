@@ -140,10 +140,11 @@ class ProfilingBackend final : public Backend {
   }
 
   // (LoRA's shrink: the deltas themselves are inside the projections' calls above.)
-  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n) override {
-    if (!enabled()) return in_->matmul_runs(X, K, t, n);
+  // (fused: its time is the next projection's, the span here only the hand-over.)
+  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n, bool fuse) override {
+    if (!enabled()) return in_->matmul_runs(X, K, t, n, fuse);
     const int64_t t0 = now_ns();
-    in_->matmul_runs(X, K, t, n);
+    in_->matmul_runs(X, K, t, n, fuse);
     const int64_t t1 = now_ns();
     uint64_t flops = 0, bytes = 0, rows = 0, N = 0;
     for (int i = 0; i < n; ++i) {

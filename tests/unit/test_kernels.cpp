@@ -1224,6 +1224,75 @@ TEST_P(KernelTest, LoraSingleRowRunsToScalar) {
   }
 }
 
+// matmul_runs(fuse = true): the shrink runs inside the next projection's call (on an ISA with
+// gemv_runs, at decode: every target one row) and gives the bits of the separate call, for
+// matmul_add, matmul_multi (Q/K/V's three deltas reading one stacked ya) and ffn_glu; ya is
+// NaN before each call, so an expand that ran before the shrink finished shows. Four adapters
+// on rows 0-3 and one on two rows (4-5: not the decode shape, so a separate pass), at 2 threads.
+TEST_P(KernelTest, LoraShrinkFusedIntoTheProjection) {
+  auto be = backend_for(GetParam(), 2);
+  std::mt19937 rng(37);
+  std::deque<QWeight> keep;
+  const int64_t K = 1024, N = 96, R = 16, S = 3 * R;  // S: the stacked ya of Q, K, V
+  const auto X = randv(rng, size_t(6 * K));
+  const QWeight& Wq = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
+  const QWeight& Wk = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
+  const QWeight& Wv = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
+  struct Adapter {
+    const QWeight* A;    // (S, K)
+    const QWeight* B[3];  // (N, R)
+  };
+  std::vector<Adapter> ad;
+  for (int i = 0; i < 4; ++i)
+    ad.push_back({&keep.emplace_back(make_weight(rng, GGMLType::F16, S, K)),
+                  {&keep.emplace_back(make_weight(rng, GGMLType::F16, N, R)),
+                   &keep.emplace_back(make_weight(rng, GGMLType::F16, N, R)),
+                   &keep.emplace_back(make_weight(rng, GGMLType::F16, N, R))}});
+  for (const int64_t M : {int64_t(1), int64_t(4), int64_t(6)}) {
+    auto run = [&](bool fuse) {
+      std::vector<float> ya(size_t(M * S), std::numeric_limits<float>::quiet_NaN()), out;
+      std::vector<RunTarget> t;
+      std::vector<LoraRun> r[3];
+      for (int64_t m = 0; m < std::min<int64_t>(M, 4); ++m) {
+        const Adapter& a = ad[size_t(m)];
+        t.push_back({m, 1, be->prepare(a.A->view()), ya.data() + m * S, S, 0.5f});
+        for (int j = 0; j < 3; ++j) r[j].push_back({m, 1, ya.data() + m * S + j * R, S, be->prepare(a.B[j]->view())});
+      }
+      if (M > 4) {  // (a 2-row run of adapter 0)
+        t.push_back({4, 2, be->prepare(ad[0].A->view()), ya.data() + 4 * S, S, 0.5f});
+        for (int j = 0; j < 3; ++j) r[j].push_back({4, 2, ya.data() + 4 * S + j * R, S, be->prepare(ad[0].B[j]->view())});
+      }
+      const LoraDelta d[3] = {{r[0].data(), int32_t(r[0].size())}, {r[1].data(), int32_t(r[1].size())},
+                              {r[2].data(), int32_t(r[2].size())}};
+      auto shrink = [&] {
+        std::fill(ya.begin(), ya.end(), std::numeric_limits<float>::quiet_NaN());
+        be->matmul_runs(X.data(), K, t.data(), int(t.size()), fuse);
+      };
+      std::vector<float> y(size_t(M * N), 0.25f);
+      shrink();
+      be->matmul_add(X.data(), M, be->prepare(Wq.view()), y.data(), d[0]);
+      out.insert(out.end(), y.begin(), y.end());
+      std::vector<float> q(size_t(M * N)), k(size_t(M * N)), v(size_t(M * N));
+      Backend::MatmulTarget mt[3] = {{be->prepare(Wq.view()), q.data(), N}, {be->prepare(Wk.view()), k.data(), N},
+                                     {be->prepare(Wv.view()), v.data(), N}};
+      for (int j = 0; j < 3; ++j) mt[j].lora = d[j];
+      shrink();
+      be->matmul_multi(X.data(), M, mt, 3);
+      for (const auto* p : {&q, &k, &v}) out.insert(out.end(), p->begin(), p->end());
+      std::vector<float> g(size_t(M * N));
+      shrink();
+      be->ffn_glu(X.data(), M, be->prepare(Wq.view()), be->prepare(Wk.view()), GateAct::SiLU, g.data(), d);
+      out.insert(out.end(), g.begin(), g.end());
+      return out;
+    };
+    const std::vector<float> sep = run(false), fused = run(true);
+    for (size_t i = 0; i < sep.size(); ++i) {
+      ASSERT_FALSE(std::isnan(sep[i])) << GetParam() << " M " << M << " at " << i;
+      ASSERT_EQ(fused[i], sep[i]) << GetParam() << " M " << M << " at " << i;
+    }
+  }
+}
+
 // A row's LoRA delta does not depend on the rows around it (the numerics contract of the GEMM
 // holds with deltas: decode == prefill, alone == mixed), and every ISA gives the scalar bits.
 TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {

@@ -48,6 +48,16 @@ struct QAct {
   }
 };
 
+// Backend::matmul_runs left for the next GEMM to run (fuse): target i's rows of X times
+// segs[i] (its A), Y, ldy and scale from t[i].
+struct ShrinkJob {
+  const float* X;
+  int64_t K;
+  const RunTarget* t;
+  const GemmSeg* segs;
+  int n;
+};
+
 struct IsaKernels {
   const char* name;
   // W (n_rows, K) in GGUF rows -> this ISA's panel layout (packed.h; same size for every ISA).
@@ -55,8 +65,10 @@ struct IsaKernels {
                uint8_t* out);
   // X (M, K) row-major @ each segment's W (n_rows, K)^T. All segments share K (types may differ).
   // qa: scratch for the integer path's quantized X.
+  // shrink (or null): a matmul_runs job whose Y the segments' LoRA deltas read, run first
+  // (inside the same parallel pass where it can).
   void (*gemm)(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs, Epilogue e,
-               QAct& qa, int threads);
+               QAct& qa, int threads, const ShrinkJob* shrink);
   // Sizes each worker thread's scratch for up to max_rows activation rows.
   void (*reserve)(int64_t max_rows, int threads);
   // Backend::matmul_runs: target i's rows of X times segs[i] (its A, float types; Y, ldy and

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -194,9 +195,10 @@ class CpuFastBackend final : public Backend {
     }
     gemm(X, M, Wg.n_cols, g, 2, act == GateAct::GeluTanh ? cpu::Epilogue::GeGLU : cpu::Epilogue::SwiGLU);
   }
-  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n) override {
+  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n, bool fuse) override {
     if (n <= 0) return;
     std::lock_guard<std::mutex> lock(qa_mu_);  // (runs_ is per backend, like qa_)
+    pending_ = false;
     if (runs_.size() < size_t(n)) runs_.resize(size_t(n));
     for (int i = 0; i < n; ++i) {
       const WeightView& A = t[i].A;
@@ -206,6 +208,12 @@ class CpuFastBackend final : public Backend {
       if (t[i].m0 < 0 || t[i].n < 0 || t[i].ldy < A.n_rows)
         fail("matmul_runs: target ", i, ": rows [", t[i].m0, ", ", t[i].m0 + t[i].n, "), ldy ", t[i].ldy);
       runs_[size_t(i)] = seg_of(A, t[i].Y, t[i].ldy, nullptr);
+    }
+    if (fuse) {  // (the next gemm runs it: shrink_)
+      run_targets_.assign(t, t + n);
+      shrink_ = {X, K, run_targets_.data(), runs_.data(), n};
+      pending_ = true;
+      return;
     }
     k_.gemm_runs(X, K, t, runs_.data(), n, threads_);
   }
@@ -242,7 +250,8 @@ class CpuFastBackend final : public Backend {
   // by one engine thread; the lock only keeps concurrent callers correct).
   void gemm(const float* X, int64_t M, int64_t K, const cpu::GemmSeg* g, int n, cpu::Epilogue e) {
     std::lock_guard<std::mutex> lock(qa_mu_);
-    k_.gemm(X, M, K, g, n, e, qa_, threads_);
+    const bool shrink = std::exchange(pending_, false);
+    k_.gemm(X, M, K, g, n, e, qa_, threads_, shrink ? &shrink_ : nullptr);
   }
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
@@ -288,6 +297,10 @@ class CpuFastBackend final : public Backend {
   std::mutex qa_mu_;
   cpu::QAct qa_;
   std::vector<cpu::GemmSeg> runs_;  // matmul_runs' segments (grown once)
+  // A fused matmul_runs the next gemm runs (pending_): its job, over runs_ and a copy of its targets.
+  bool pending_ = false;
+  cpu::ShrinkJob shrink_{};
+  std::vector<RunTarget> run_targets_;
 };
 
 }  // namespace

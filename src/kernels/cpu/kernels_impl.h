@@ -467,7 +467,11 @@ struct Drivers {
   static void gemm_runs(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
                         int threads) {
     if constexpr (requires { Isa::gemv_runs; }) {
-      if (gemm_runs_decode(X, K, t, segs, n, threads)) return;
+      DecodeShrink d;
+      if (d.init({X, K, t, segs, n}, threads)) {
+        parallel_for(d.calls, threads, 1, [&](int64_t c) { d.run(c); });
+        return;
+      }
     }
     const RunsPlan plan(X, K, t, segs, n, threads);
     parallel_for(plan.n_items, threads, 1, [&](int64_t p) { plan.run(p); });
@@ -475,20 +479,25 @@ struct Drivers {
   // Decode (every target one row; every A packed, of one float type): the shrink's (target,
   // group) pairs in calls of up to kLoraDirectRows pairs to Isa::gemv_runs, their fma chains
   // side by side (the same chain per output as float_item's GEMV: the same bits). One adapter's
-  // shrink (1-3 groups per input) is then one call on the caller, no parallel region; as
-  // RunsPlan's items, each group was a lone latency-bound chain over K, two of QKV's three on
-  // one thread. More pairs (adapters mixed): calls of equal size, a multiple of the threads.
-  // Returns false where this does not apply.
-  static bool gemm_runs_decode(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
-                               int threads) {
-    int64_t np = 0;
-    for (int i = 0; i < n; ++i) {
-      if (t[i].n != 1 || !segs[i].packed || segs[i].type != segs[0].type) return false;
-      np += n_groups(segs[i].n_rows);
+  // shrink (1-3 groups per input) is then one call; as RunsPlan's items, each group was a lone
+  // latency-bound chain over K, two of QKV's three on one thread. More pairs (adapters mixed):
+  // calls of equal size, a multiple of `threads`.
+  struct DecodeShrink {
+    ShrinkJob j{};
+    int64_t np = 0, calls = 0;
+    // False where this does not apply.
+    bool init(const ShrinkJob& job, int threads) {
+      j = job;
+      np = 0;
+      for (int i = 0; i < j.n; ++i) {
+        if (j.t[i].n != 1 || !j.segs[i].packed || j.segs[i].type != j.segs[0].type) return false;
+        np += n_groups(j.segs[i].n_rows);
+      }
+      calls = (np + kLoraDirectRows - 1) / kLoraDirectRows;
+      if (calls > 1 && threads > 1) calls = std::min(np, (calls + threads - 1) / threads * threads);
+      return np > 0;
     }
-    int64_t calls = (np + kLoraDirectRows - 1) / kLoraDirectRows;
-    if (calls > 1 && threads > 1) calls = std::min(np, (calls + threads - 1) / threads * threads);
-    parallel_for(calls, threads, 1, [&](int64_t c) {
+    void run(int64_t c) const {
       const int64_t q0 = np * c / calls, q1 = np * (c + 1) / calls;
       const uint8_t* g[kLoraDirectRows];
       const float* x[kLoraDirectRows];
@@ -497,24 +506,23 @@ struct Drivers {
       int i = 0;
       int64_t base = 0;  // pairs before target i
       for (int64_t q = q0; q < q1; ++q) {
-        while (q - base >= n_groups(segs[i].n_rows)) base += n_groups(segs[i].n_rows), ++i;
+        while (q - base >= n_groups(j.segs[i].n_rows)) base += n_groups(j.segs[i].n_rows), ++i;
         const int k = int(q - q0);
         ti[k] = i;
         n0[k] = (q - base) * kGroup;
-        g[k] = segs[i].data + uint64_t(q - base) * segs[i].row_bytes;
-        x[k] = X + t[i].m0 * K;
-        Isa::prefetch_bytes(g[k], std::min<int64_t>(int64_t(segs[i].row_bytes), kRunsPrefetch));
+        g[k] = j.segs[i].data + uint64_t(q - base) * j.segs[i].row_bytes;
+        x[k] = j.X + j.t[i].m0 * j.K;
+        Isa::prefetch_bytes(g[k], std::min<int64_t>(int64_t(j.segs[i].row_bytes), kRunsPrefetch));
       }
       alignas(64) float out[kLoraDirectRows * kGroup];
-      Isa::gemv_runs(segs[0].type, g, 1, int(q1 - q0), K, x, out);
+      if constexpr (requires { Isa::gemv_runs; }) Isa::gemv_runs(j.segs[0].type, g, 1, int(q1 - q0), j.K, x, out);
       for (int k = 0; k < int(q1 - q0); ++k) {
-        const RunTarget& r = t[ti[k]];
-        const int cnt = int(std::min<int64_t>(kGroup, segs[ti[k]].n_rows - n0[k]));
-        for (int j = 0; j < cnt; ++j) r.Y[n0[k] + j] = r.scale * out[k * kGroup + j];
+        const RunTarget& r = j.t[ti[k]];
+        const int cnt = int(std::min<int64_t>(kGroup, j.segs[ti[k]].n_rows - n0[k]));
+        for (int e = 0; e < cnt; ++e) r.Y[n0[k] + e] = r.scale * out[k * kGroup + e];
       }
-    });
-    return true;
-  }
+    }
+  };
   static constexpr int64_t kRunsPrefetch = 2048;  // bytes of each A group's head (gemm_runs)
   // Weight bytes a decode GEMV's run streams at least (gemm): measured on Zen 5 (Q4_0, K = 2048,
   // alternated): 2 runs per thread against 8 made 1.2-2.4 MB weights 14-21% faster and left
@@ -544,7 +552,7 @@ struct Drivers {
     Epilogue e;
   };
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
-                   Epilogue e, QAct& qa, int threads) {
+                   Epilogue e, QAct& qa, int threads, const ShrinkJob* shrink) {
     // Work items: SwiGLU pairs gate group j with up group j; otherwise kItemGroups consecutive
     // groups of one segment (the X rows loaded once serve both).
     const bool swiglu = e == Epilogue::SwiGLU || e == Epilogue::GeGLU;  // (either gated form)
@@ -582,8 +590,38 @@ struct Drivers {
     const ItemSpec is{segs, swiglu, act, ns, first, e};
     bool lora = false;
     for (int i = 0; i < n_segs; ++i) lora = lora || segs[i].lora.n > 0;
-    if (lora && M <= kLoraDeferRows && n_blocks == 1) {
-      parallel_for_runs(n_items, threads, run, [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end); });
+    const bool deferred = lora && M <= kLoraDeferRows && n_blocks == 1;
+    if (shrink) {
+      // A decode shrink runs in this pass: its calls first, each on whichever thread takes it,
+      // while the other threads already stream their base products; a run's expands wait for
+      // the last call (by then long done: a run streams >= kRunBytes). Saves the shrink's own
+      // parallel region, whose one-call latency-bound chains left the other threads idle.
+      DecodeShrink d;
+      bool fused = false;
+      if constexpr (requires { Isa::gemv_runs; }) fused = deferred && d.init(*shrink, 1);
+      if (fused) {
+        std::atomic<int64_t> next_call{0}, done{0}, next{0};
+        parallel(threads, [&](int, int) {
+          for (int64_t c; (c = next_call.fetch_add(1, std::memory_order_relaxed)) < d.calls;) {
+            struct Done {  // (counted even if the call throws: no thread waits forever)
+              std::atomic<int64_t>& n;
+              ~Done() { n.fetch_add(1, std::memory_order_release); }
+            } counted{done};
+            d.run(c);
+          }
+          auto ready = [&] {
+            while (done.load(std::memory_order_acquire) < d.calls) spin_pause();
+          };
+          for (int64_t b; (b = next.fetch_add(run, std::memory_order_relaxed)) < n_items;)
+            gemm_run(X, M, K, is, qa, ldc, b, std::min(n_items, b + run), ready);
+        });
+        return;
+      }
+      gemm_runs(shrink->X, shrink->K, shrink->t, shrink->segs, shrink->n, threads);
+    }
+    if (deferred) {
+      parallel_for_runs(n_items, threads, run,
+                        [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end, [] {}); });
       return;
     }
     parallel_for(n_items * n_blocks, threads, run, [&](int64_t pb) {
@@ -599,8 +637,10 @@ struct Drivers {
   // on B's groups) stalled that stream at every item, where after the run the expands of all
   // its items overlap each other from cache. The same operations per item, so the same bits.
   static constexpr int64_t kLoraDeferRows = 16;
+  // ready(): returns once the shrink the expands read is complete.
+  template <class Ready>
   static void gemm_run(const float* X, int64_t M, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc,
-                       int64_t b, int64_t end) {
+                       int64_t b, int64_t end, Ready&& ready) {
     Scratch& s = scratch();
     const size_t per = size_t(M * ldc);
     if (s.run_c.size() < per * size_t(end - b)) s.run_c.resize(per * size_t(end - b));
@@ -610,6 +650,7 @@ struct Drivers {
       prefetch_lora(src, nsrc);
       item(X, qa, 0, M, K, src, nsrc, s, s.run_c.data() + size_t(p - b) * per, ldc);
     }
+    ready();
     for (int64_t p = b; p < end; ++p) {
       const int nsrc = item_sources(is, p, src);
       add_lora(src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc, s);

@@ -85,7 +85,7 @@ class CpuReferenceBackend final : public Backend {
     glu(A, tmp_.data(), act, A, M, Wg.n_rows);
   }
 
-  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n) override {
+  void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n, bool /*fuse*/) override {
     for (int i = 0; i < n; ++i) {
       if (t[i].A.n_cols != K) fail("matmul_runs: target ", i, " has K ", t[i].A.n_cols, ", X has ", K);
       const int64_t N = t[i].A.n_rows;

@@ -7,20 +7,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 namespace ft::cpu {
 namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
 
 thread_local bool t_in_region = false;  // this thread is running some region's fn
 
@@ -58,7 +46,7 @@ class Pool {
     run_one(0, nt);
     // The rest of the region is short unless a worker was preempted: spin, then yield the CPU.
     for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins)
-      if (spins < 4096) cpu_relax();
+      if (spins < 4096) spin_pause();
       else std::this_thread::yield();
     if (error_) std::rethrow_exception(error_);
   }
@@ -81,7 +69,7 @@ class Pool {
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinUs);
       uint32_t g;
       for (int i = 0; (g = gen_.load(std::memory_order_acquire)) == seen; ++i) {
-        cpu_relax();
+        spin_pause();
         if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) {
           sleepers_.fetch_add(1);  // seq_cst: either run() sees it and notifies, or we see gen_
           gen_.wait(seen);

@@ -16,12 +16,22 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <thread>
 
 namespace ft::cpu {
 
 // Workers spin this long after a region before sleeping (the gap between two regions of one
 // forward pass is a few us; between two decode steps, sampling and scheduling: tens of us).
 inline constexpr int64_t kSpinUs = 200;
+
+// One step of a spin-wait loop.
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
 
 // Runs call(ctx, t, nt) once for each t in [0, nt), t = 0 on the calling thread, the others on
 // pool workers (started on first use; the pool grows to the largest nt asked for).
