@@ -139,10 +139,10 @@ class ProfilingBackend final : public Backend {
               act == GateAct::GeluTanh ? "ffn_geglu" : "ffn_swiglu");
   }
 
-  // (LoRA's shrink: the deltas themselves are inside the projections' calls above.)
-  // (fused: its time is the next projection's, the span here only the hand-over.)
+  // (LoRA's shrink: the deltas themselves are inside the projections' calls above. fuse: the
+  // backend runs it inside the next projection's call, whose span then holds its time: no span.)
   void matmul_runs(const float* X, int64_t K, const RunTarget* t, int n, bool fuse) override {
-    if (!enabled()) return in_->matmul_runs(X, K, t, n, fuse);
+    if (!enabled() || fuse) return in_->matmul_runs(X, K, t, n, fuse);
     const int64_t t0 = now_ns();
     in_->matmul_runs(X, K, t, n, fuse);
     const int64_t t1 = now_ns();
