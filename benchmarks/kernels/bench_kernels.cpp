@@ -251,6 +251,7 @@ BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0_size, ft::GGMLType::Q4_0)
     ->Args({1, 512, 2048})->Args({1, 1024, 2048})->Args({1, 2048, 2048})->Args({1, 4096, 2048})
     ->Args({1, 8192, 2048})->Args({1, 16384, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FfnGluFromMemory, q4_0, ft::GGMLType::Q4_0)->Args({1, 5632, 2048})->Args({5, 5632, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FfnGluFromMemory, q4_k, ft::GGMLType::Q4_K)->Args({1, 5632, 2048})->Args({5, 5632, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0, ft::GGMLType::Q4_0)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q8_0, ft::GGMLType::Q8_0)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_k, ft::GGMLType::Q4_K)->Apply(GemvMemArgs)->Apply(SmallMArgs);
