@@ -297,18 +297,9 @@ struct Avx512Isa : Avx2Isa {
     void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
     void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
   };
-  struct QDecQ4_K {
+  struct QDecQ4_K : Q4KCursor {
     static constexpr int kBias = 0, kBytesPer32 = 296;  // (on average)
     static constexpr bool kS2 = true, kSub16 = false;
-    const uint8_t* g;
-    const uint8_t* blk = nullptr;
-    const uint8_t* q = nullptr;
-    int sb = 0;
-    void begin(int64_t kb) {
-      blk = g + (kb / 8) * Q4KBlock::kBytes;
-      sb = int(kb % 8);
-      q = blk + Q4KBlock::kQ + 256 * sb;
-    }
     void scales(__m512& s1, __m512& s2) const {
       s1 = _mm512_mul_ps(h16(blk + Q4KBlock::kD), u8f16(blk + Q4KBlock::kSc + 16 * sb));
       s2 = _mm512_castsi512_ps(_mm512_xor_si512(
@@ -342,7 +333,7 @@ struct Avx512Isa : Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
-      case GGMLType::Q4_K: f(QDecQ4_K{group}); return true;
+      case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
       default: return false;
     }

@@ -345,22 +345,13 @@ struct Avx2Isa {
     void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
     void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
-  struct DecQ4_K {
+  struct DecQ4_K : Q4KCursor {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false;
     void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
     void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
     static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
-    const uint8_t* g;
-    const uint8_t* q = nullptr;
-    const uint8_t* blk = nullptr;
-    int sb = 0;
-    void begin(int64_t kb) {
-      blk = g + (kb / 8) * Q4KBlock::kBytes;
-      sb = int(kb % 8);
-      q = blk + Q4KBlock::kQ + 256 * sb;
-    }
     void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
       const __m256 sign = _mm256_set1_ps(-0.0f);
       s1lo = _mm256_mul_ps(h8(blk + Q4KBlock::kD), u8f(blk + Q4KBlock::kSc + 16 * sb));
@@ -626,7 +617,7 @@ struct Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
-      case GGMLType::Q4_K: f(DecQ4_K{group}); return true;
+      case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;
       default: return false;
     }

@@ -258,7 +258,7 @@ struct Drivers {
     }
   }
 
-  // Rows [r0, r0 + M) of X (and of qa) against the item's sources, into s.c (M, ldc).
+  // Rows [r0, r0 + M) of X (and of qa) against the item's sources, into C (M, ldc).
   static void item(const float* X, const QAct& qa, int64_t r0, int64_t M, int64_t K, const Source* src,
                    int ns, Scratch& s, float* C, int64_t ldc) {
     X += r0 * K;

@@ -65,6 +65,19 @@ struct Q4KBlock {
   static constexpr int kD = 0, kDmin = 32, kSc = 64, kM = 64 + 128, kQ = 64 + 256;
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2368
 };
+// A cursor over one packed Q4_K group (the SIMD decoders' common part): begin(kb) moves to
+// 32-block kb: its 256-block blk, sb (< 8) inside it, and its quads q.
+struct Q4KCursor {
+  const uint8_t* g;
+  const uint8_t* blk = nullptr;
+  const uint8_t* q = nullptr;
+  int sb = 0;
+  void begin(int64_t kb) {
+    blk = g + (kb / 8) * Q4KBlock::kBytes;
+    sb = int(kb % 8);
+    q = blk + Q4KBlock::kQ + 256 * sb;
+  }
+};
 // Byte offsets inside one packed Q6_K block (256 k of a group; both variants): d, sc, then the
 // 8 32-blocks' low bits (kQlPer32 each) and their high bits (kQhPer32 each).
 struct Q6KBlock {
