@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
@@ -341,6 +342,91 @@ void BM_DecodeLayers(benchmark::State& st) {
   for (int op = 0; op < 4; ++op) st.counters[names[op]] = sec[op] / calls * 1e6;
 }
 BENCHMARK(BM_DecodeLayers)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A decode step's GEMMs on the 110m shape (4 KV heads; Q8_0, 12 layers of distinct weights), the base's step
+// and the same step under a rank-16 F16 adapter on all seven weights (the engine's calls: one
+// fused shrink per input, then the projection with its deltas), alternated step by step so
+// that both see the same machine. Counters: us_<op> per call for each, and lora/base per op
+// and for the step (issue 17's 1-adapter decode cost, without the model around it).
+void BM_DecodeLayersLora(benchmark::State& st) {
+  constexpr int kLayers = 12;
+  constexpr int64_t D = 768, KV = 256, F = 2048, R = 16;
+  const GGMLType t = GGMLType::Q8_0;
+  auto be = make_backend("cpu", threads());
+  be->reserve(1);
+  std::vector<std::vector<uint8_t>> src;  // a copy per weight: prepare() packs a source once
+  src.reserve(size_t(kLayers) * 20);
+  auto own = [&](GGMLType type, int64_t N, int64_t K) {
+    src.push_back(make_weight(type, N, K).bytes);
+    return be->prepare({type, src.back().data(), N, K});
+  };
+  struct Layer {
+    WeightView q, k, v, o, g, u, d;
+    WeightView a_qkv, a_o, a_gu, a_d;         // stacked A (16 x the projections sharing an input, K)
+    WeightView b_q, b_k, b_v, b_o, b_g, b_u, b_d;  // B (N, 16)
+  };
+  std::vector<Layer> L;
+  for (int l = 0; l < kLayers; ++l)
+    L.push_back({own(t, D, D), own(t, KV, D), own(t, KV, D), own(t, D, D), own(t, F, D), own(t, F, D), own(t, D, F),
+                 own(GGMLType::F16, 3 * R, D), own(GGMLType::F16, R, D), own(GGMLType::F16, 2 * R, D),
+                 own(GGMLType::F16, R, F), own(GGMLType::F16, D, R), own(GGMLType::F16, KV, R), own(GGMLType::F16, KV, R), own(GGMLType::F16, D, R), own(GGMLType::F16, F, R),
+                 own(GGMLType::F16, F, R), own(GGMLType::F16, D, R)});
+  std::vector<float> x(size_t(D), 0.1f), h(size_t(D), 0.2f), q(size_t(D), 0.0f), k(size_t(KV), 0.0f), v(size_t(KV), 0.0f),
+      a(size_t(F), 0.05f), ya(size_t(3 * R), 0.0f);
+  auto shrink = [&](const float* in, int64_t K, const WeightView& A) {
+    const RunTarget rt{0, 1, A, ya.data(), A.n_rows, 0.5f};
+    be->matmul_runs(in, K, &rt, 1, true);
+  };
+  auto delta = [&](LoraRun& r, const WeightView& B, int64_t col) {
+    r = {0, 1, ya.data() + col, 3 * R, B};
+    return LoraDelta{&r, 1};
+  };
+  double sec[2][4] = {};
+  auto step = [&](int lora) {
+    LoraRun runs[3];
+    for (const Layer& y : L) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto lap = [&](int op) {
+        const auto t1 = std::chrono::steady_clock::now();
+        sec[lora][op] += std::chrono::duration<double>(t1 - t0).count();
+        t0 = t1;
+      };
+      Backend::MatmulTarget tg[3] = {{y.q, q.data(), D}, {y.k, k.data(), KV}, {y.v, v.data(), KV}};
+      if (lora) {
+        shrink(h.data(), D, y.a_qkv);
+        tg[0].lora = delta(runs[0], y.b_q, 0), tg[1].lora = delta(runs[1], y.b_k, R), tg[2].lora = delta(runs[2], y.b_v, 2 * R);
+      }
+      be->matmul_multi(h.data(), 1, tg, 3);
+      lap(0);
+      if (lora) shrink(h.data(), D, y.a_o);
+      be->matmul_add(h.data(), 1, y.o, x.data(), lora ? delta(runs[0], y.b_o, 0) : LoraDelta{});
+      lap(1);
+      LoraDelta gu[2];
+      if (lora) shrink(h.data(), D, y.a_gu), gu[0] = delta(runs[0], y.b_g, 0), gu[1] = delta(runs[1], y.b_u, R);
+      be->ffn_glu(h.data(), 1, y.g, y.u, GateAct::SiLU, a.data(), lora ? gu : nullptr);
+      lap(2);
+      if (lora) shrink(a.data(), F, y.a_d);
+      be->matmul_add(a.data(), 1, y.d, x.data(), lora ? delta(runs[0], y.b_d, 0) : LoraDelta{});
+      lap(3);
+    }
+  };
+  for (auto _ : st) {
+    step(0);
+    step(1);
+    benchmark::DoNotOptimize(x.data());
+  }
+  const double calls = double(st.iterations()) * kLayers;
+  const char* names[4] = {"qkv", "wo", "gateup", "down"};
+  double tot[2] = {0, 0};
+  for (int op = 0; op < 4; ++op) {
+    st.counters[std::string("us_") + names[op]] = sec[0][op] / calls * 1e6;
+    st.counters[std::string("us_lora_") + names[op]] = sec[1][op] / calls * 1e6;
+    st.counters[std::string("x_") + names[op]] = sec[1][op] / sec[0][op];
+    tot[0] += sec[0][op], tot[1] += sec[1][op];
+  }
+  st.counters["x_step"] = tot[1] / tot[0];
+}
+BENCHMARK(BM_DecodeLayersLora)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // LoRA's shrink at decode (one row, one adapter): ya (N) = A (N, K) x, A in F16 as the engine
 // packs it, one call as the model makes per layer input. range: N (A's rows: 16 x the

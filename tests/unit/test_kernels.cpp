@@ -1298,27 +1298,37 @@ TEST_P(KernelTest, LoraShrinkFusedIntoTheProjection) {
 TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {
   auto native = backend_for(GetParam()), scalar = backend_for("scalar");
   std::mt19937 rng(19);
-  const int64_t M = 17, K = 64, N = 35, R = 16;
-  const QWeight W = make_weight(rng, GGMLType::Q8_0, N, K), A = make_weight(rng, GGMLType::F16, R, K),
-               B = make_weight(rng, GGMLType::F16, N, R);
-  const auto X = randv(rng, size_t(M * K));
-  auto run = [&](Backend& be, int64_t m0, int64_t n, std::vector<float>& Y) {
-    std::vector<float> ya(size_t(n * R));
-    const RunTarget t{0, n, be.prepare(A.view()), ya.data(), R, 0.75f};
-    be.matmul_runs(X.data() + m0 * K, K, &t, 1);
-    const LoraRun r{0, n, ya.data(), R, be.prepare(B.view())};
-    Y.assign(size_t(n * N), 0.0f);
-    be.matmul_add(X.data() + m0 * K, n, be.prepare(W.view()), Y.data(), LoraDelta{&r, 1});
-  };
-  std::vector<float> all, ref, one;
-  run(*native, 0, M, all);
-  run(*scalar, 0, M, ref);
-  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], ref[i]) << "vs scalar at " << i;
-  // (Runs of 1..4 rows: the epilogue's in-register path; M: the unpacked one.)
-  for (int64_t m = 0, n = 1; m < M; m += n, n = n % 4 + 1) {
-    run(*native, m, std::min(n, M - m), one);
-    for (size_t i = 0; i < one.size(); ++i)
-      ASSERT_EQ(one[i], all[size_t(m * N) + i]) << "rows " << m << "+" << n << " alone, at " << i;
+  const int64_t M = 17, K = 64, R = 16;
+  // N = 35: two work items; 200: thirteen groups, so one adapter's single-row expands share
+  // calls across items (the decode's expand queue), for matmul_add and for ffn_glu's gate/up.
+  for (const int64_t N : {int64_t(35), int64_t(200)}) {
+    const QWeight W = make_weight(rng, GGMLType::Q8_0, N, K), Wu = make_weight(rng, GGMLType::Q8_0, N, K),
+                  A = make_weight(rng, GGMLType::F16, 2 * R, K), B = make_weight(rng, GGMLType::F16, N, R),
+                  Bu = make_weight(rng, GGMLType::F16, N, R);
+    const auto X = randv(rng, size_t(M * K));
+    auto run = [&](Backend& be, int64_t m0, int64_t n, std::vector<float>& Y) {
+      std::vector<float> ya(size_t(n * 2 * R));
+      const RunTarget t{0, n, be.prepare(A.view()), ya.data(), 2 * R, 0.75f};
+      be.matmul_runs(X.data() + m0 * K, K, &t, 1);
+      const LoraRun r{0, n, ya.data(), 2 * R, be.prepare(B.view())}, ru{0, n, ya.data() + R, 2 * R, be.prepare(Bu.view())};
+      Y.assign(size_t(2 * n * N), 0.0f);
+      be.matmul_add(X.data() + m0 * K, n, be.prepare(W.view()), Y.data(), LoraDelta{&r, 1});
+      const LoraDelta gu[2] = {{&r, 1}, {&ru, 1}};
+      be.ffn_glu(X.data() + m0 * K, n, be.prepare(W.view()), be.prepare(Wu.view()), GateAct::SiLU, Y.data() + n * N, gu);
+    };
+    std::vector<float> all, ref, one;
+    run(*native, 0, M, all);
+    run(*scalar, 0, M, ref);
+    for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], ref[i]) << "N " << N << " vs scalar at " << i;
+    // (Runs of 1..4 rows: the epilogue's in-register path; M: the unpacked one.)
+    for (int64_t m = 0, n = 1; m < M; m += n, n = n % 4 + 1) {
+      const int64_t rows = std::min(n, M - m);
+      run(*native, m, rows, one);
+      for (int part = 0; part < 2; ++part)
+        for (int64_t i = 0; i < rows * N; ++i)
+          ASSERT_EQ(one[size_t(part * rows * N + i)], all[size_t(part * M * N + m * N + i)])
+              << "N " << N << (part ? " ffn_glu" : " matmul_add") << ", rows " << m << "+" << rows << " alone, at " << i;
+    }
   }
 }
 

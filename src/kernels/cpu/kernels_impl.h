@@ -298,47 +298,51 @@ struct Drivers {
   // output (mk_rows), then one add, so a row's result does not depend on the batch around it.
   // B's groups are read once per item whatever the run's rows.
   static constexpr int kLoraDirectRows = 4;
-  // (C holds the batch rows [r0, r0 + M): a row block of a large GEMM.)
-  static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t r0, int64_t M, float* C, int64_t ldc,
-                       Scratch& s) {
-    // Runs of one row each (decode, several adapters), packed B of one type and rank: up to
-    // kLoraDirectRows of them at once (Isa::gemv_runs: their chains side by side; the same
-    // chain per output as gemv_rows, so the same bits), the others one by one below.
-    [[maybe_unused]] int32_t pend[kLoraDirectRows];
-    [[maybe_unused]] int64_t pend_row[kLoraDirectRows];  // (the run's one row in the batch)
-    [[maybe_unused]] int np = 0;
-    [[maybe_unused]] auto flush = [&] {
+  // Single-row expands waiting for one Isa::gemv_runs call (up to kLoraDirectRows, each its own
+  // groups of B, its ya row and its C row; one B type, rank and group count per call). A
+  // decode's expands queue across the work items of a thread's run (gemm_run), so their chains
+  // go side by side whatever the adapters per item (one adapter: one expand per item, which
+  // alone is one latency-bound chain and a call's setup). A row's delta is the same bits
+  // whichever expands share its call.
+  struct ExpandQueue {
+    GGMLType type = GGMLType::F32;
+    int64_t R = 0;
+    int ng = 0, n = 0;
+    const uint8_t* g[kLoraDirectRows * kItemGroups];
+    const float* x[kLoraDirectRows];
+    float* c[kLoraDirectRows];
+    void push(const WeightView& B, int64_t n0, int ng_, const float* xr, float* cr) {
+      if (n > 0 && (B.type != type || B.n_cols != R || ng_ != ng)) flush();
+      type = B.type, R = B.n_cols, ng = ng_;
+      const uint64_t gb = group_bytes(B.type, B.n_cols);
+      for (int i = 0; i < ng; ++i) g[n * ng + i] = static_cast<const uint8_t*>(B.data) + uint64_t(n0 / kGroup + i) * gb;
+      x[n] = xr;
+      c[n++] = cr;
+      if (n == kLoraDirectRows) flush();
+    }
+    void flush() {
       if constexpr (requires { Isa::gemv_runs; }) {
-        if (np == 0) return;
-        const LoraRun& rp = d.runs[pend[0]];
-        const uint64_t gb = group_bytes(rp.B.type, rp.B.n_cols);
-        const uint8_t* g[kLoraDirectRows * kItemGroups];
-        const float* x[kLoraDirectRows];
-        for (int q = 0; q < np; ++q) {
-          const LoraRun& rq = d.runs[pend[q]];
-          for (int i = 0; i < ng; ++i) g[q * ng + i] = static_cast<const uint8_t*>(rq.B.data) + uint64_t(n0 / kGroup + i) * gb;
-          x[q] = rq.ya + (pend_row[q] - rq.m0) * rq.ldya;
-        }
+        if (n == 0) return;
         alignas(64) float dl[kLoraDirectRows * kItemGroups * kGroup];
-        Isa::gemv_runs(rp.B.type, g, ng, np, rp.B.n_cols, x, dl);
+        Isa::gemv_runs(type, g, ng, n, R, x, dl);
         const int w = ng * kGroup;
-        for (int q = 0; q < np; ++q) {
-          float* c = C + (pend_row[q] - r0) * ldc;
-          for (int j = 0; j < w; ++j) c[j] += dl[q * w + j];
-        }
-        np = 0;
+        for (int q = 0; q < n; ++q)
+          for (int j = 0; j < w; ++j) c[q][j] += dl[q * w + j];
+        n = 0;
       }
-    };
+    }
+  };
+  // (C holds the batch rows [r0, r0 + M): a row block of a large GEMM. Single-row runs go to
+  // q, which the caller flushes.)
+  static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t r0, int64_t M, float* C, int64_t ldc,
+                       Scratch& s, ExpandQueue& q) {
     for (int32_t r = 0; r < d.n; ++r) {
       const LoraRun& run = d.runs[r];
       const int64_t R = run.B.n_cols, lo = std::max<int64_t>(run.m0, r0), hi = std::min(r0 + M, run.m0 + run.n);
       if (hi <= lo) continue;
       if constexpr (requires { Isa::gemv_runs; }) {
         if (run.B.layout == WeightLayout::Packed && hi - lo == 1) {
-          if (np > 0 && (d.runs[pend[0]].B.type != run.B.type || d.runs[pend[0]].B.n_cols != R)) flush();
-          pend_row[np] = lo;
-          pend[np++] = r;
-          if (np == kLoraDirectRows) flush();
+          q.push(run.B, n0, ng, run.ya + (lo - run.m0) * run.ldya, C + (lo - r0) * ldc);
           continue;
         }
       }
@@ -361,7 +365,6 @@ struct Drivers {
       }
       for (int i = 0; i < ng; ++i) add_lora_unpacked(run, n0 + i * kGroup, lo, hi, C + i * kGroup, r0, ldc, s);
     }
-    flush();
   }
   // One run over one group through B's group unpacked to f32 (any rows; GGUF rows too).
   static void add_lora_unpacked(const LoraRun& run, int64_t n0, int64_t lo, int64_t hi, float* C, int64_t r0,
@@ -635,7 +638,9 @@ struct Drivers {
   // (gemm_run): every item's base product, then every item's expand, then every item's store.
   // Decode streams the base weights; an expand after each item (a short latency-bound chain
   // on B's groups) stalled that stream at every item, where after the run the expands of all
-  // its items overlap each other from cache. The same operations per item, so the same bits.
+  // its items overlap each other from cache; one ExpandQueue spans the run's items, so with one
+  // adapter (one single-row expand per source) up to kLoraDirectRows items' chains share a
+  // call. The same operations per item, so the same bits.
   static constexpr int64_t kLoraDeferRows = 16;
   // ready(): returns once the shrink the expands read is complete.
   template <class Ready>
@@ -651,10 +656,12 @@ struct Drivers {
       item(X, qa, 0, M, K, src, nsrc, s, s.run_c.data() + size_t(p - b) * per, ldc);
     }
     ready();
+    ExpandQueue q;
     for (int64_t p = b; p < end; ++p) {
       const int nsrc = item_sources(is, p, src);
-      add_lora(src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc, s);
+      add_lora(src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc, s, q);
     }
+    q.flush();
     for (int64_t p = b; p < end; ++p) {
       const int nsrc = item_sources(is, p, src);
       store_item(is, src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc);
@@ -712,12 +719,13 @@ struct Drivers {
     }
   }
   // The item's LoRA deltas into C (M, ldc), its product over the batch rows [r0, r0 + M).
-  static void add_lora(const Source* src, int nsrc, int64_t r0, int64_t M, float* C, int64_t ldc, Scratch& s) {
+  static void add_lora(const Source* src, int nsrc, int64_t r0, int64_t M, float* C, int64_t ldc, Scratch& s,
+                       ExpandQueue& q) {
     if (nsrc == 2 && src[0].seg == src[1].seg) {  // (two groups of one weight: expanded side by side)
-      if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, r0, M, C, ldc, s);
+      if (src[0].seg->lora.n > 0) add_lora(src[0].seg->lora, src[0].n0, 2, r0, M, C, ldc, s, q);
     } else {
       for (int i = 0; i < nsrc; ++i)
-        if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, 1, r0, M, C + i * kGroup, ldc, s);
+        if (src[i].seg->lora.n > 0) add_lora(src[i].seg->lora, src[i].n0, 1, r0, M, C + i * kGroup, ldc, s, q);
     }
   }
   // The epilogue: the item's product C (M, ldc) over the batch rows [r0, r0 + M) into its
@@ -764,7 +772,9 @@ struct Drivers {
     const int nsrc = item_sources(is, p, src);
     prefetch_lora(src, nsrc);
     item(X, qa, r0, M, K, src, nsrc, s, s.c.data(), ldc);
-    add_lora(src, nsrc, r0, M, s.c.data(), ldc, s);
+    ExpandQueue q;
+    add_lora(src, nsrc, r0, M, s.c.data(), ldc, s, q);
+    q.flush();
     store_item(is, src, nsrc, r0, M, s.c.data(), ldc);
   }
 };
