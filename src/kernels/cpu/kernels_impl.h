@@ -298,9 +298,9 @@ struct Drivers {
   // output (mk_rows), then one add, so a row's result does not depend on the batch around it.
   // B's groups are read once per item whatever the run's rows.
   static constexpr int kLoraDirectRows = 4;
-  // Single-row expands waiting for one Isa::gemv_runs call (up to kLoraDirectRows, each its own
-  // groups of B, its ya row and its C row; one B type, rank and group count per call). A
-  // decode's expands queue across the work items of a thread's run (gemm_run), so their chains
+  // Single-row expands waiting for one Isa::expand_runs call (or gemv_runs and an add): up to
+  // kLoraDirectRows, each its own groups of B, its ya row and its C row; one B type, rank and
+  // group count per call. A decode's expands queue across the work items of a thread's run (gemm_run), so their chains
   // go side by side whatever the adapters per item (one adapter: one expand per item, which
   // alone is one latency-bound chain and a call's setup). A row's delta is the same bits
   // whichever expands share its call.
@@ -321,17 +321,20 @@ struct Drivers {
       if (n == kLoraDirectRows) flush();
     }
     void flush() {
-      if constexpr (requires { Isa::gemv_runs; }) {
-        if (n == 0) return;
+      if (n == 0) return;
+      if constexpr (requires { Isa::expand_runs; }) {
+        Isa::expand_runs(type, g, ng, n, R, x, c);
+      } else if constexpr (requires { Isa::gemv_runs; }) {
         alignas(64) float dl[kLoraDirectRows * kItemGroups * kGroup];
         Isa::gemv_runs(type, g, ng, n, R, x, dl);
         const int w = ng * kGroup;
         for (int q = 0; q < n; ++q)
           for (int j = 0; j < w; ++j) c[q][j] += dl[q * w + j];
-        n = 0;
       }
+      n = 0;
     }
   };
+
   // (C holds the batch rows [r0, r0 + M): a row block of a large GEMM. Single-row runs go to
   // q, which the caller flushes.)
   static void add_lora(const LoraDelta& d, int64_t n0, int ng, int64_t r0, int64_t M, float* C, int64_t ldc,
