@@ -343,47 +343,60 @@ void BM_DecodeLayers(benchmark::State& st) {
 }
 BENCHMARK(BM_DecodeLayers)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// A decode step's GEMMs on the 110m shape (4 KV heads; Q8_0, 12 layers of distinct weights), the base's step
-// and the same step under a rank-16 F16 adapter on all seven weights (the engine's calls: one
-// fused shrink per input, then the projection with its deltas), alternated step by step so
-// that both see the same machine. Counters: us_<op> per call for each, and lora/base per op
-// and for the step (issue 17's 1-adapter decode cost, without the model around it).
+// A decode step's GEMMs on the 110m shape (4 KV heads; Q8_0, 12 layers of distinct weights) for
+// S sequences: the base's step, and the same step with each sequence under its own rank-16 F16
+// adapter on all seven weights (the engine's calls: one fused shrink per input, then the
+// projection with its deltas), alternated step by step so that both see the same machine.
+// range(0) = S (1, or 4: `bench lora`'s mixed batch). Counters: us_<op> per call of the base,
+// x_<op> adapted/base per op, x_step for the step (issue 17's decode cost without the model
+// around it).
 void BM_DecodeLayersLora(benchmark::State& st) {
   constexpr int kLayers = 12;
   constexpr int64_t D = 768, KV = 256, F = 2048, R = 16;
+  const int64_t S = st.range(0);
   const GGMLType t = GGMLType::Q8_0;
   auto be = make_backend("cpu", threads());
-  be->reserve(1);
+  be->reserve(S);
   std::vector<std::vector<uint8_t>> src;  // a copy per weight: prepare() packs a source once
-  src.reserve(size_t(kLayers) * 20);
+  src.reserve(size_t(kLayers) * size_t(7 + 11 * S));
   auto own = [&](GGMLType type, int64_t N, int64_t K) {
     src.push_back(make_weight(type, N, K).bytes);
     return be->prepare({type, src.back().data(), N, K});
   };
-  struct Layer {
-    WeightView q, k, v, o, g, u, d;
-    WeightView a_qkv, a_o, a_gu, a_d;         // stacked A (16 x the projections sharing an input, K)
+  struct Adapter {
+    WeightView a_qkv, a_o, a_gu, a_d;              // stacked A (16 x the projections sharing an input, K)
     WeightView b_q, b_k, b_v, b_o, b_g, b_u, b_d;  // B (N, 16)
   };
-  std::vector<Layer> L;
-  for (int l = 0; l < kLayers; ++l)
-    L.push_back({own(t, D, D), own(t, KV, D), own(t, KV, D), own(t, D, D), own(t, F, D), own(t, F, D), own(t, D, F),
-                 own(GGMLType::F16, 3 * R, D), own(GGMLType::F16, R, D), own(GGMLType::F16, 2 * R, D),
-                 own(GGMLType::F16, R, F), own(GGMLType::F16, D, R), own(GGMLType::F16, KV, R), own(GGMLType::F16, KV, R), own(GGMLType::F16, D, R), own(GGMLType::F16, F, R),
-                 own(GGMLType::F16, F, R), own(GGMLType::F16, D, R)});
-  std::vector<float> x(size_t(D), 0.1f), h(size_t(D), 0.2f), q(size_t(D), 0.0f), k(size_t(KV), 0.0f), v(size_t(KV), 0.0f),
-      a(size_t(F), 0.05f), ya(size_t(3 * R), 0.0f);
-  auto shrink = [&](const float* in, int64_t K, const WeightView& A) {
-    const RunTarget rt{0, 1, A, ya.data(), A.n_rows, 0.5f};
-    be->matmul_runs(in, K, &rt, 1, true);
+  struct Layer {
+    WeightView q, k, v, o, g, u, d;
+    std::vector<Adapter> ad;  // one per sequence
   };
-  auto delta = [&](LoraRun& r, const WeightView& B, int64_t col) {
-    r = {0, 1, ya.data() + col, 3 * R, B};
-    return LoraDelta{&r, 1};
+  std::vector<Layer> L;
+  const GGMLType f = GGMLType::F16;
+  for (int l = 0; l < kLayers; ++l) {
+    Layer y{own(t, D, D), own(t, KV, D), own(t, KV, D), own(t, D, D), own(t, F, D), own(t, F, D), own(t, D, F), {}};
+    for (int64_t i = 0; i < S; ++i)
+      y.ad.push_back({own(f, 3 * R, D), own(f, R, D), own(f, 2 * R, D), own(f, R, F), own(f, D, R), own(f, KV, R),
+                      own(f, KV, R), own(f, D, R), own(f, F, R), own(f, F, R), own(f, D, R)});
+    L.push_back(std::move(y));
+  }
+  const size_t s = size_t(S);
+  std::vector<float> x(s * D, 0.1f), h(s * D, 0.2f), q(s * D, 0.0f), k(s * KV, 0.0f), v(s * KV, 0.0f),
+      a(s * F, 0.05f), ya(s * 3 * R, 0.0f);
+  std::vector<RunTarget> rt(s);
+  // Each sequence's shrink of one input (its adapter's stacked A of that input: ad.*A).
+  auto shrink = [&](const Layer& y, const float* in, int64_t K, WeightView Adapter::*A) {
+    for (size_t i = 0; i < s; ++i) rt[i] = {int64_t(i), 1, y.ad[i].*A, ya.data() + i * 3 * R, 3 * R, 0.5f};
+    be->matmul_runs(in, K, rt.data(), int(S), true);
+  };
+  std::vector<LoraRun> runs(3 * s);
+  // Slot j's deltas (B = ad.*B, its ya columns from col).
+  auto delta = [&](const Layer& y, int j, WeightView Adapter::*B, int64_t col) {
+    for (size_t i = 0; i < s; ++i) runs[size_t(j) * s + i] = {int64_t(i), 1, ya.data() + i * 3 * R + col, 3 * R, y.ad[i].*B};
+    return LoraDelta{runs.data() + size_t(j) * s, int32_t(S)};
   };
   double sec[2][4] = {};
   auto step = [&](int lora) {
-    LoraRun runs[3];
     for (const Layer& y : L) {
       auto t0 = std::chrono::steady_clock::now();
       auto lap = [&](int op) {
@@ -393,20 +406,21 @@ void BM_DecodeLayersLora(benchmark::State& st) {
       };
       Backend::MatmulTarget tg[3] = {{y.q, q.data(), D}, {y.k, k.data(), KV}, {y.v, v.data(), KV}};
       if (lora) {
-        shrink(h.data(), D, y.a_qkv);
-        tg[0].lora = delta(runs[0], y.b_q, 0), tg[1].lora = delta(runs[1], y.b_k, R), tg[2].lora = delta(runs[2], y.b_v, 2 * R);
+        shrink(y, h.data(), D, &Adapter::a_qkv);
+        tg[0].lora = delta(y, 0, &Adapter::b_q, 0), tg[1].lora = delta(y, 1, &Adapter::b_k, R);
+        tg[2].lora = delta(y, 2, &Adapter::b_v, 2 * R);
       }
-      be->matmul_multi(h.data(), 1, tg, 3);
+      be->matmul_multi(h.data(), S, tg, 3);
       lap(0);
-      if (lora) shrink(h.data(), D, y.a_o);
-      be->matmul_add(h.data(), 1, y.o, x.data(), lora ? delta(runs[0], y.b_o, 0) : LoraDelta{});
+      if (lora) shrink(y, h.data(), D, &Adapter::a_o);
+      be->matmul_add(h.data(), S, y.o, x.data(), lora ? delta(y, 0, &Adapter::b_o, 0) : LoraDelta{});
       lap(1);
       LoraDelta gu[2];
-      if (lora) shrink(h.data(), D, y.a_gu), gu[0] = delta(runs[0], y.b_g, 0), gu[1] = delta(runs[1], y.b_u, R);
-      be->ffn_glu(h.data(), 1, y.g, y.u, GateAct::SiLU, a.data(), lora ? gu : nullptr);
+      if (lora) shrink(y, h.data(), D, &Adapter::a_gu), gu[0] = delta(y, 0, &Adapter::b_g, 0), gu[1] = delta(y, 1, &Adapter::b_u, R);
+      be->ffn_glu(h.data(), S, y.g, y.u, GateAct::SiLU, a.data(), lora ? gu : nullptr);
       lap(2);
-      if (lora) shrink(a.data(), F, y.a_d);
-      be->matmul_add(a.data(), 1, y.d, x.data(), lora ? delta(runs[0], y.b_d, 0) : LoraDelta{});
+      if (lora) shrink(y, a.data(), F, &Adapter::a_d);
+      be->matmul_add(a.data(), S, y.d, x.data(), lora ? delta(y, 0, &Adapter::b_d, 0) : LoraDelta{});
       lap(3);
     }
   };
@@ -426,7 +440,7 @@ void BM_DecodeLayersLora(benchmark::State& st) {
   }
   st.counters["x_step"] = tot[1] / tot[0];
 }
-BENCHMARK(BM_DecodeLayersLora)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeLayersLora)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // LoRA's shrink at decode (one row, one adapter): ya (N) = A (N, K) x, A in F16 as the engine
 // packs it, one call as the model makes per layer input. range: N (A's rows: 16 x the
