@@ -1299,9 +1299,11 @@ TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {
   auto native = backend_for(GetParam()), scalar = backend_for("scalar");
   std::mt19937 rng(19);
   const int64_t M = 17, K = 64, R = 16;
-  // N = 35: two work items; 200: thirteen groups, so one adapter's single-row expands share
-  // calls across items (the decode's expand queue), for matmul_add and for ffn_glu's gate/up.
-  for (const int64_t N : {int64_t(35), int64_t(200)}) {
+  // N = 35: two work items; 200, 288 and 1000: 13, 18 and 63 groups, so one adapter's single-row
+  // expands go over spans of items (runs of up to 16 items per thread: 4 at a time and a tail),
+  // for matmul_add, ffn_glu's gate/up and matmul_multi's two targets (each its own B: a span
+  // ends at a target's last item).
+  for (const int64_t N : {int64_t(35), int64_t(200), int64_t(288), int64_t(1000)}) {
     const QWeight W = make_weight(rng, GGMLType::Q8_0, N, K), Wu = make_weight(rng, GGMLType::Q8_0, N, K),
                   A = make_weight(rng, GGMLType::F16, 2 * R, K), B = make_weight(rng, GGMLType::F16, N, R),
                   Bu = make_weight(rng, GGMLType::F16, N, R);
@@ -1311,10 +1313,13 @@ TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {
       const RunTarget t{0, n, be.prepare(A.view()), ya.data(), 2 * R, 0.75f};
       be.matmul_runs(X.data() + m0 * K, K, &t, 1);
       const LoraRun r{0, n, ya.data(), 2 * R, be.prepare(B.view())}, ru{0, n, ya.data() + R, 2 * R, be.prepare(Bu.view())};
-      Y.assign(size_t(2 * n * N), 0.0f);
+      Y.assign(size_t(4 * n * N), 0.0f);
       be.matmul_add(X.data() + m0 * K, n, be.prepare(W.view()), Y.data(), LoraDelta{&r, 1});
       const LoraDelta gu[2] = {{&r, 1}, {&ru, 1}};
       be.ffn_glu(X.data() + m0 * K, n, be.prepare(W.view()), be.prepare(Wu.view()), GateAct::SiLU, Y.data() + n * N, gu);
+      Backend::MatmulTarget t2[2] = {{be.prepare(W.view()), Y.data() + 2 * n * N, N}, {be.prepare(Wu.view()), Y.data() + 3 * n * N, N}};
+      t2[0].lora = {&r, 1}, t2[1].lora = {&ru, 1};
+      be.matmul_multi(X.data() + m0 * K, n, t2, 2);
     };
     std::vector<float> all, ref, one;
     run(*native, 0, M, all);
@@ -1324,10 +1329,10 @@ TEST_P(KernelTest, LoraDeltaBitIdenticalAloneAndToScalar) {
     for (int64_t m = 0, n = 1; m < M; m += n, n = n % 4 + 1) {
       const int64_t rows = std::min(n, M - m);
       run(*native, m, rows, one);
-      for (int part = 0; part < 2; ++part)
+      for (int part = 0; part < 4; ++part)
         for (int64_t i = 0; i < rows * N; ++i)
           ASSERT_EQ(one[size_t(part * rows * N + i)], all[size_t(part * M * N + m * N + i)])
-              << "N " << N << (part ? " ffn_glu" : " matmul_add") << ", rows " << m << "+" << rows << " alone, at " << i;
+              << "N " << N << " part " << part << " (matmul_add, ffn_glu, matmul_multi x2), rows " << m << "+" << rows << " alone, at " << i;
     }
   }
 }

@@ -246,6 +246,54 @@ struct Avx512Isa : Avx2Isa {
     if (K == 16) return ng == 2 ? expand_n<T, 2, 16>(groups, nr, K, x, c) : expand_n<T, 1, 16>(groups, nr, K, x, c);
     ng == 2 ? expand_n<T, 2, 0>(groups, nr, K, x, c) : expand_n<T, 1, 0>(groups, nr, K, x, c);
   }
+  // LoRA's expand over n consecutive work items of one B for one row x (Drivers::expand_span):
+  // item i's ng (1 or 2) groups are B's groups g0 + i ng .. (contiguous, gb bytes each), and
+  // c + i ldi + 16 j (16) += x (K,) @ group j. The items go 4 at a time, one broadcast of x[k]
+  // for their 4 ng chains; each output the same fma chain as expand_runs (the same bits).
+  template <GGMLType T, int NI, int NG, int KC>
+  static void expand_items_t(const uint8_t* g, uint64_t gb, int64_t K, const float* x, float* c, int64_t ldi) {
+    __m512 acc[NI][NG];
+    for (int i = 0; i < NI; ++i)
+      for (int j = 0; j < NG; ++j) acc[i][j] = _mm512_setzero_ps();
+    const int64_t kn = KC > 0 ? KC : K;
+#pragma GCC unroll 16
+    for (int64_t k = 0; k < kn; ++k) {
+      const __m512 a = _mm512_set1_ps(x[k]);
+      for (int i = 0; i < NI; ++i)
+        for (int j = 0; j < NG; ++j) acc[i][j] = _mm512_fmadd_ps(a, wload<T>(g + uint64_t(i * NG + j) * gb, k), acc[i][j]);
+    }
+    for (int i = 0; i < NI; ++i)
+      for (int j = 0; j < NG; ++j)
+        _mm512_storeu_ps(c + i * ldi + 16 * j, _mm512_add_ps(_mm512_loadu_ps(c + i * ldi + 16 * j), acc[i][j]));
+  }
+  template <GGMLType T, int NG, int KC>
+  static void expand_items_n(const uint8_t* g, uint64_t gb, int64_t n, int64_t K, const float* x, float* c,
+                             int64_t ldi) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) expand_items_t<T, 4, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+    switch (n - i) {
+      case 1: return expand_items_t<T, 1, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+      case 2: return expand_items_t<T, 2, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+      case 3: return expand_items_t<T, 3, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+      default: return;
+    }
+  }
+  template <GGMLType T>
+  static void expand_items_typed(const uint8_t* g, uint64_t gb, int ng, int64_t n, int64_t K, const float* x,
+                                 float* c, int64_t ldi) {
+    if (K == 16)
+      return ng == 2 ? expand_items_n<T, 2, 16>(g, gb, n, K, x, c, ldi) : expand_items_n<T, 1, 16>(g, gb, n, K, x, c, ldi);
+    ng == 2 ? expand_items_n<T, 2, 0>(g, gb, n, K, x, c, ldi) : expand_items_n<T, 1, 0>(g, gb, n, K, x, c, ldi);
+  }
+  static void expand_items(GGMLType t, const uint8_t* g, uint64_t gb, int ng, int64_t n, int64_t K, const float* x,
+                           float* c, int64_t ldi) {
+    switch (t) {
+      case GGMLType::F32: return expand_items_typed<GGMLType::F32>(g, gb, ng, n, K, x, c, ldi);
+      case GGMLType::F16: return expand_items_typed<GGMLType::F16>(g, gb, ng, n, K, x, c, ldi);
+      case GGMLType::BF16: return expand_items_typed<GGMLType::BF16>(g, gb, ng, n, K, x, c, ldi);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
   static void expand_runs(GGMLType t, const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x,
                           float* const* c) {
     switch (t) {

@@ -673,15 +673,62 @@ struct Drivers {
       item(X, qa, 0, M, K, src, nsrc, s, s.run_c.data() + size_t(p - b) * per, ldc);
     }
     ready();
-    for (int64_t p = b; p < end; ++p) {
-      const int nsrc = item_sources(is, p, src);
-      add_lora(src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc, s, q);
-    }
+    for (int64_t p = b; p < end;) p = expand_span(is, p, end, M, ldc, s.run_c.data() + size_t(p - b) * per, per, s, q);
     q.flush();
     for (int64_t p = b; p < end; ++p) {
       const int nsrc = item_sources(is, p, src);
       store_item(is, src, nsrc, 0, M, s.run_c.data() + size_t(p - b) * per, ldc);
     }
+  }
+
+  // gemm_run's expands from item p (C at c, items per floats apart): with Isa::expand_items,
+  // the items from p on whose sources are the same segments, each run of their deltas one row
+  // of B's packed groups, in one call per source and run (one row's expands over consecutive
+  // groups of one B: one broadcast of ya per k for 4 items' chains, and the per-item
+  // bookkeeping once per span; the same chain per output as add_lora's, so the same bits);
+  // otherwise item p's add_lora. Returns the first item not done.
+  static int64_t expand_span(const ItemSpec& is, int64_t p, int64_t end, int64_t M, int64_t ldc, float* c,
+                             size_t per, Scratch& s, ExpandQueue& q) {
+    Source src[kItemGroups];
+    const int nsrc = item_sources(is, p, src);
+    if constexpr (requires { Isa::expand_items; }) {
+      // Units: (source, groups, column): SwiGLU's gate and up one group each; else one unit
+      // of the item's nsrc consecutive groups of one segment.
+      const int units = is.swiglu ? nsrc : 1, ng = is.swiglu ? 1 : nsrc;
+      bool direct = true;
+      for (int u = 0; u < units && direct; ++u) {
+        const LoraDelta& d = src[u].seg->lora;
+        for (int32_t r = 0; r < d.n && direct; ++r) {
+          const LoraRun& run = d.runs[r];
+          const int64_t lo = std::max<int64_t>(run.m0, 0), hi = std::min(M, run.m0 + run.n);
+          direct = hi <= lo || (hi - lo == 1 && run.B.layout == WeightLayout::Packed);
+        }
+      }
+      if (direct) {
+        int64_t e = p + 1;
+        for (Source nx[kItemGroups]; e < end; ++e) {
+          const int n2 = item_sources(is, e, nx);
+          bool same = n2 == nsrc;
+          for (int i = 0; i < n2 && same; ++i) same = nx[i].seg == src[i].seg;
+          if (!same) break;
+        }
+        for (int u = 0; u < units; ++u) {
+          const LoraDelta& d = src[u].seg->lora;
+          for (int32_t r = 0; r < d.n; ++r) {
+            const LoraRun& run = d.runs[r];
+            const int64_t lo = std::max<int64_t>(run.m0, 0);
+            if (std::min(M, run.m0 + run.n) <= lo) continue;
+            const uint64_t gb = q.bytes(run.B);
+            Isa::expand_items(run.B.type, static_cast<const uint8_t*>(run.B.data) + uint64_t(src[u].n0 / kGroup) * gb, gb,
+                              ng, e - p, run.B.n_cols, run.ya + (lo - run.m0) * run.ldya, c + lo * ldc + u * kGroup,
+                              int64_t(per));
+          }
+        }
+        return e;
+      }
+    }
+    add_lora(src, nsrc, 0, M, c, ldc, s, q);
+    return p + 1;
   }
 
   // Activation rows per block of a large GEMM. Each work item (32 output rows) reads every row
