@@ -254,6 +254,32 @@ struct Avx2Isa {
     FT_RUN_ST(0) FT_RUN_ST(1) FT_RUN_ST(2) FT_RUN_ST(3)
 #undef FT_RUN_ST
   }
+  // LoRA's expand over n consecutive work items of one B for one row x (Drivers::expand_span):
+  // item i's ng (1 or 2) groups are B's groups i ng .. from g (gb bytes each), and
+  // c + i ldi + 16 j (16) += x (K,) @ group j. Four groups per runs_t call (their chains side
+  // by side; the same chain per output as gemv_t), then one add: the queue path's bits.
+  static void expand_items(GGMLType t, const uint8_t* g, uint64_t gb, int ng, int64_t n, int64_t K, const float* x,
+                           float* c, int64_t ldi) {
+    const int64_t total = n * ng;
+    const float* xs[4] = {x, x, x, x};
+    for (int64_t q0 = 0; q0 < total; q0 += 4) {
+      const int nr = int(std::min<int64_t>(4, total - q0));
+      const uint8_t* gr[4];
+      for (int r = 0; r < nr; ++r) gr[r] = g + uint64_t(q0 + r) * gb;
+      alignas(32) float dl[4 * 16];
+      switch (nr) {
+        case 1: runs_t<1>(t, gr, K, xs, dl, 16); break;
+        case 2: runs_t<2>(t, gr, K, xs, dl, 16); break;
+        case 3: runs_t<3>(t, gr, K, xs, dl, 16); break;
+        default: runs_t<4>(t, gr, K, xs, dl, 16); break;
+      }
+      for (int r = 0; r < nr; ++r) {
+        float* cq = c + (q0 + r) / ng * ldi + 16 * ((q0 + r) % ng);
+        for (int j = 0; j < 16; j += 8)
+          _mm256_storeu_ps(cq + j, _mm256_add_ps(_mm256_loadu_ps(cq + j), _mm256_load_ps(dl + 16 * r + j)));
+      }
+    }
+  }
   static void gemv_runs(GGMLType t, const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x,
                         float* c) {
     for (int g = 0; g < ng; ++g) {

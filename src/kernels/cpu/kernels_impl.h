@@ -684,7 +684,7 @@ struct Drivers {
   // gemm_run's expands from item p (C at c, items per floats apart): with Isa::expand_items,
   // the items from p on whose sources are the same segments, each run of their deltas one row
   // of B's packed groups, in one call per source and run (one row's expands over consecutive
-  // groups of one B: one broadcast of ya per k for 4 items' chains, and the per-item
+  // groups of one B: on AVX-512 one broadcast of ya per k for 4 items' chains; the per-item
   // bookkeeping once per span; the same chain per output as add_lora's, so the same bits);
   // otherwise item p's add_lora. Returns the first item not done.
   static int64_t expand_span(const ItemSpec& is, int64_t p, int64_t end, int64_t M, int64_t ldc, float* c,
