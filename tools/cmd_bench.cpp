@@ -278,44 +278,62 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   lora->add_option("-p,--n-prompt", a.n_prompt, "Prompt tokens per sequence")->capture_default_str();
   lora->add_option("-n,--n-gen", a.n_gen, "Decode steps timed")->capture_default_str();
   lora->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
-  lora->add_option("-r,--reps", a.reps, "Repetitions, interleaved (best is reported)")->capture_default_str();
+  lora->add_option("-r,--reps", a.reps, "Repetitions (each: fresh prompts, then the steps; times summed)")->capture_default_str();
   lora->callback([&a] { a.mode = "lora"; });
   add_bench_serve(*c, a.serve, a.mode);
 }
 
 namespace {
 
-// Decode tokens/s of sequences decoding together (one row each, under adapters[i]), after a
-// prompt of n_prompt random tokens each; n_gen steps timed.
-double lora_decode_tps(Forward& fwd, const Model& m, const std::vector<const LoraAdapter*>& adapters, int64_t n_prompt,
-                       int64_t n_gen) {
-  const HParams& hp = m.hparams();
-  RuntimeConfig rt;
-  const int64_t S = int64_t(adapters.size());
-  KVCache kv(kv_cache_config(rt, hp, int32_t(S) * KVCache::blocks_for(n_prompt + n_gen + 1, rt.kv_block_size), false));
-  std::vector<float> logits(size_t(S) * size_t(hp.n_vocab));
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> tok(3, hp.n_tokens - 1);
+// Sequences decoding together (one row each, under adapters[i]) after a prompt of n_prompt
+// random tokens each: step() runs one timed decode step.
+struct LoraDecode {
+  Forward& fwd;
+  std::vector<const LoraAdapter*> adapters;
+  int64_t n_prompt, pos = 0;
+  KVCache kv;
+  std::vector<float> logits;
+  std::mt19937 rng{7};
+  std::uniform_int_distribution<int32_t> tok;
   Batch b;
-  for (int32_t s = 0; s < S; ++s) {
-    if (!kv.reserve(s, n_prompt + n_gen + 1)) fail("bench lora: KV cache too small");
-    for (int64_t c = 0; c < n_prompt; c += fwd.max_batch()) {
-      b.clear();
-      for (int64_t i = c; i < std::min(n_prompt, c + fwd.max_batch()); ++i)
-        b.add(tok(rng), int32_t(i), s, i == n_prompt - 1, adapters[size_t(s)]);
-      fwd.run(b, kv, logits.data());
+  double sec = 0;
+  int64_t tokens = 0;
+  LoraDecode(Forward& f, const Model& m, std::vector<const LoraAdapter*> ads, int64_t n_prompt_, int64_t n_gen)
+      : fwd(f),
+        adapters(std::move(ads)),
+        n_prompt(n_prompt_),
+        kv(kv_cache_config(RuntimeConfig{}, m.hparams(),
+                           int32_t(adapters.size()) * KVCache::blocks_for(n_prompt_ + n_gen + 1, RuntimeConfig{}.kv_block_size),
+                           false)),
+        logits(adapters.size() * size_t(m.hparams().n_vocab)),
+        tok(3, m.hparams().n_tokens - 1) {
+    for (int32_t s = 0; s < int32_t(adapters.size()); ++s) {
+      if (!kv.reserve(s, n_prompt + n_gen + 1)) fail("bench lora: KV cache too small");
+      for (int64_t c = 0; c < n_prompt; c += fwd.max_batch()) {
+        b.clear();
+        for (int64_t i = c; i < std::min(n_prompt, c + fwd.max_batch()); ++i)
+          b.add(tok(rng), int32_t(i), s, i == n_prompt - 1, adapters[size_t(s)]);
+        fwd.run(b, kv, logits.data());
+      }
     }
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t g = 0; g < n_gen; ++g) {
+  void step() {
     b.clear();
-    for (int32_t s = 0; s < S; ++s) b.add(tok(rng), int32_t(n_prompt + g), s, true, adapters[size_t(s)]);
+    for (int32_t s = 0; s < int32_t(adapters.size()); ++s)
+      b.add(tok(rng), int32_t(n_prompt + pos), s, true, adapters[size_t(s)]);
+    const auto t0 = std::chrono::steady_clock::now();
     fwd.run(b, kv, logits.data());
+    sec += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tokens += int64_t(adapters.size());
+    ++pos;
   }
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return double(S * n_gen) / sec;
-}
+  double tps() const { return double(tokens) / sec; }
+};
 
+// Each case against its base, decode steps alternated one by one (base, adapted, base, ...)
+// so that both see the same machine: the ratio is of the summed step times over every
+// repetition (on a shared machine, whole runs of one case after the other moved the ratio by
+// +-8% where this moves it by a few %).
 int bench_lora(const BenchArgs& a, int T) {
   const auto model = Model::load(a.model);
   auto be = make_backend("cpu", T);
@@ -327,26 +345,33 @@ int bench_lora(const BenchArgs& a, int T) {
   const int64_t S = int64_t(ads.size());
   Forward fwd(*model, *be, std::max<int64_t>(std::min<int64_t>(a.n_prompt, 512), S));
   fwd.enable_lora();
-  const std::vector<const LoraAdapter*> base1 = {nullptr}, one = {ads[0].get()}, baseS(size_t(S), nullptr);
   std::vector<const LoraAdapter*> mixed;
   for (const auto& p : ads) mixed.push_back(p.get());
-  double best[4] = {0, 0, 0, 0};
-  for (int r = 0; r < std::max(1, a.reps); ++r) {  // interleaved: drift on a shared machine hits all
-    best[0] = std::max(best[0], lora_decode_tps(fwd, *model, base1, a.n_prompt, a.n_gen));
-    best[1] = std::max(best[1], lora_decode_tps(fwd, *model, one, a.n_prompt, a.n_gen));
-    best[2] = std::max(best[2], lora_decode_tps(fwd, *model, baseS, a.n_prompt, a.n_gen));
-    best[3] = std::max(best[3], lora_decode_tps(fwd, *model, mixed, a.n_prompt, a.n_gen));
-  }
-  std::printf("model %s, %d thread(s), kernels %s, prompt %lld, %lld decode steps, best of %d\n", a.model.c_str(), T,
-              std::string(cpu_isa()).c_str(), (long long)a.n_prompt, (long long)a.n_gen, std::max(1, a.reps));
+  const std::vector<const LoraAdapter*> cases[4] = {{nullptr}, {ads[0].get()}, std::vector<const LoraAdapter*>(size_t(S), nullptr), mixed};
+  double sec[4] = {0, 0, 0, 0};
+  int64_t tokens[4] = {0, 0, 0, 0};
+  for (int r = 0; r < std::max(1, a.reps); ++r)
+    for (int pair = 0; pair < 2; ++pair) {
+      LoraDecode base(fwd, *model, cases[2 * pair], a.n_prompt, a.n_gen), lora(fwd, *model, cases[2 * pair + 1], a.n_prompt, a.n_gen);
+      base.step(), lora.step();  // (warm-up, not counted)
+      base.sec = lora.sec = 0, base.tokens = lora.tokens = 0;
+      for (int64_t g = 1; g < a.n_gen; ++g) base.step(), lora.step();
+      sec[2 * pair] += base.sec, sec[2 * pair + 1] += lora.sec;
+      tokens[2 * pair] += base.tokens, tokens[2 * pair + 1] += lora.tokens;
+    }
+  double tps[4];
+  for (int i = 0; i < 4; ++i) tps[i] = double(tokens[i]) / sec[i];
+  std::printf("model %s, %d thread(s), kernels %s, prompt %lld, %lld decode steps x %d, alternated with the base step by step\n",
+              a.model.c_str(), T, std::string(cpu_isa()).c_str(), (long long)a.n_prompt, (long long)a.n_gen,
+              std::max(1, a.reps));
   std::printf("adapter: rank %d, %d weights adapted (%s)\n", ads[0]->rank(), ads[0]->n_adapted(), a.lora[0].c_str());
   std::printf("%-40s %12s %8s\n", "case", "tokens/s", "vs base");
-  std::printf("%-40s %12.1f %8s\n", "base, 1 sequence", best[0], "1.000");
-  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", "1 adapter, 1 sequence", best[1], best[1] / best[0],
-              100 * (1 - best[1] / best[0]));
-  std::printf("%-40s %12.1f %8s\n", cat("base, ", S, " sequences").c_str(), best[2], "1.000");
-  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", cat(S, " sequences, ", S, " adapters").c_str(), best[3],
-              best[3] / best[2], 100 * (1 - best[3] / best[2]));
+  std::printf("%-40s %12.1f %8s\n", "base, 1 sequence", tps[0], "1.000");
+  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", "1 adapter, 1 sequence", tps[1], tps[1] / tps[0],
+              100 * (1 - tps[1] / tps[0]));
+  std::printf("%-40s %12.1f %8s\n", cat("base, ", S, " sequences").c_str(), tps[2], "1.000");
+  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", cat(S, " sequences, ", S, " adapters").c_str(), tps[3],
+              tps[3] / tps[2], 100 * (1 - tps[3] / tps[2]));
   return 0;
 }
 
