@@ -298,12 +298,6 @@ struct Drivers {
   // output (mk_rows), then one add, so a row's result does not depend on the batch around it.
   // B's groups are read once per item whatever the run's rows.
   static constexpr int kLoraDirectRows = 4;
-  // Single-row expands waiting for one Isa::expand_runs call (or gemv_runs and an add): up to
-  // kLoraDirectRows, each its own groups of B, its ya row and its C row; one B type, rank and
-  // group count per call. A decode's expands queue across the work items of a thread's run (gemm_run), so their chains
-  // go side by side whatever the adapters per item (one adapter: one expand per item, which
-  // alone is one latency-bound chain and a call's setup). A row's delta is the same bits
-  // whichever expands share its call.
   // group_bytes of the last (type, K) asked for: a decode's expands and B prefetches ask per
   // item for the same few (group_bytes looks the type up out of line and divides; memoized,
   // the 110m decode step under one adapter measured ~1% faster, BM_DecodeLayersLora).
@@ -316,6 +310,11 @@ struct Drivers {
       return gb;
     }
   };
+  // Single-row expands waiting for one Isa::expand_runs call (or gemv_runs and an add): up to
+  // kLoraDirectRows, each its own groups of B, its ya row and its C row; one B type, rank and
+  // group count per call. The expands that gemm_run's spans (expand_span) do not take queue
+  // across the items of a thread's run, so their chains go side by side whatever the adapters
+  // per item. A row's delta is the same bits whichever expands share its call.
   struct ExpandQueue {
     GGMLType type = GGMLType::F32;
     int64_t R = 0;
@@ -654,9 +653,8 @@ struct Drivers {
   // (gemm_run): every item's base product, then every item's expand, then every item's store.
   // Decode streams the base weights; an expand after each item (a short latency-bound chain
   // on B's groups) stalled that stream at every item, where after the run the expands of all
-  // its items overlap each other from cache; one ExpandQueue spans the run's items, so with one
-  // adapter (one single-row expand per source) up to kLoraDirectRows items' chains share a
-  // call. The same operations per item, so the same bits.
+  // its items overlap each other from cache (by spans of items, expand_span; the rest through
+  // one ExpandQueue per run). The same operations per item, so the same bits.
   static constexpr int64_t kLoraDeferRows = 16;
   // ready(): returns once the shrink the expands read is complete.
   template <class Ready>
