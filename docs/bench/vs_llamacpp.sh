@@ -6,7 +6,8 @@
 # Env: MODELS (dir for the generated files, default /tmp/ft-models), ISAS (default: all this
 # CPU runs), THREADS (2), SERVE=0 skips the server comparison.
 # Each of our ISA levels is compared with llama.cpp's build for the same level (FT_ISA=avx2 with
-# its haswell backend, avx_vnni with alderlake, avx512 with icelake): the reference loads the
+# its haswell backend, avx_vnni with alderlake, avx512 with the best this CPU runs: icelake, or
+# sapphirerapids with its AMX kernels where the CPU has AMX, as a user gets it): the reference loads the
 # best libggml-cpu-*.so found beside its executable, so each level runs from a folder holding a
 # copy of llama-bench and only that backend (the other libraries linked). The servers' TTFT
 # compares both engines at their best level.
@@ -27,8 +28,7 @@ ref_bench() {  # isa -> path of a llama-bench that loads the matching backend
   case "$1" in
     avx2) level=haswell ;;
     avx_vnni) level=alderlake ;;
-    avx512) level=icelake ;;
-    *) echo "$R/llama-bench"; return ;;
+    *) echo "$R/llama-bench"; return ;;  # avx512: the best the reference loads here
   esac
   [ -f "$R/libggml-cpu-$level.so" ] || { echo "$R/llama-bench"; return; }
   local d="${TMPDIR:-/tmp}/ft-llama-$level"

@@ -15,6 +15,7 @@ struct CpuFeatures {
   bool avx = false, fma = false, f16c = false, avx2 = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512vnni = false;
   bool avxvnni = false;
+  bool amx_int8 = false;  // AMX-TILE + AMX-INT8, with the tile state saved by the OS (XCR0 17, 18)
 };
 
 inline CpuFeatures read_cpu_features() {
@@ -39,6 +40,8 @@ inline CpuFeatures read_cpu_features() {
   f.avx512bw = f.avx512f && (b & (1u << 30));
   f.avx512vl = f.avx512f && (b & (1u << 31));
   f.avx512vnni = f.avx512f && (c & (1u << 11));
+  const bool tile_state = (xcr0_lo & 0x60000u) == 0x60000u;  // XTILECFG and XTILEDATA
+  f.amx_int8 = tile_state && (d & (1u << 24)) && (d & (1u << 25));
   const unsigned max_sub7 = a;
   if (max_sub7 >= 1) {
     __cpuid_count(7, 1, a, b, c, d);

@@ -48,7 +48,7 @@ uint16_t load_u16(const uint8_t* p) {
 }
 
 // Every instruction set the kernels have; a test on one this CPU lacks is skipped, saying so.
-const char* const kIsas[] = {"scalar", "avx2", "avx_vnni", "avx512"};
+const char* const kIsas[] = {"scalar", "avx2", "avx_vnni", "avx512", "amx"};
 
 bool cpu_has(std::string_view isa) {
   const auto v = cpu_isas();

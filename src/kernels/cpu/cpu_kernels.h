@@ -78,12 +78,23 @@ struct IsaKernels {
 
 // Instruction-set levels of the fast kernels, slowest first. Scalar: portable C++. Avx2: AVX2 +
 // FMA + F16C. AvxVnni: Avx2 + AVX-VNNI (256-bit vpdpbusd), e.g. Alder Lake, Zen 5. Avx512:
-// Avx2 + AVX-512 F/BW/VL/DQ + VNNI (512-bit vpdpbusd), e.g. Ice Lake, Zen 4 and later. Every
-// level includes Avx2, but not each other: Ice Lake has Avx512 without AvxVnni, Alder Lake the
-// reverse, so a CPU's set of levels is not a prefix of this list (cpu_supports).
-enum class IsaLevel : int { Scalar, Avx2, AvxVnni, Avx512 };
-constexpr IsaLevel kIsaLevels[] = {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::AvxVnni, IsaLevel::Avx512};
+// Avx2 + AVX-512 F/BW/VL/DQ + VNNI (512-bit vpdpbusd), e.g. Ice Lake, Zen 4 and later. Amx:
+// Avx512 + AMX-TILE/INT8 (the quantized GEMM's 16-row tiles on tdpbsud), Sapphire Rapids and
+// later. Every level includes Avx2, but not each other: Ice Lake has Avx512 without AvxVnni,
+// Alder Lake the reverse, so a CPU's set of levels is not a prefix of this list (cpu_supports).
+enum class IsaLevel : int { Scalar, Avx2, AvxVnni, Avx512, Amx };
+constexpr IsaLevel kIsaLevels[] = {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::AvxVnni, IsaLevel::Avx512,
+                                   IsaLevel::Amx};
 const char* isa_name(IsaLevel l);
+// An AMX tile configuration (ldtilecfg's 64 bytes; palette 1): tile t has rows[t] rows of
+// colsb[t] bytes. Per thread: amx.cpp's kernels load theirs once per thread, and bench peak's
+// probe puts back the one it found.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
 // Whether this CPU and OS support a level (cpuid; the OS saves the vector state).
 bool cpu_supports(IsaLevel l);
 // The fastest level cpu_supports (the last one in kIsaLevels).
@@ -111,6 +122,7 @@ AttentionFn avx512_attention();
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx_vnni_kernels();
 const IsaKernels& avx512_kernels();
+const IsaKernels& amx_kernels();
 
 // K is processed in chunks of kKC (a multiple of every block size): one chunk of a group's
 // weights, unpacked to f32, is what the micro-kernel streams (kKC * kGroup floats).

@@ -3,6 +3,8 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -17,18 +19,39 @@ const char* isa_name(IsaLevel l) {
     case IsaLevel::Avx2: return "avx2";
     case IsaLevel::AvxVnni: return "avx_vnni";
     case IsaLevel::Avx512: return "avx512";
+    case IsaLevel::Amx: return "amx";
   }
   return "?";
 }
 
+namespace {
+// Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per
+// process; its threads share it): without it the first tile instruction is a SIGILL.
+bool tile_state_granted() {
+#if defined(__linux__) && defined(__x86_64__)
+  static const bool granted = [] {
+    constexpr long kArchGetXcompPerm = 0x1022, kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+    unsigned long bits = 0;
+    return syscall(SYS_arch_prctl, kArchGetXcompPerm, &bits) == 0 && (bits & (1ul << kXfeatureXtiledata));
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 bool cpu_supports(IsaLevel l) {
   const CpuFeatures& f = cpu_features();
   const bool avx2 = f.avx2 && f.fma && f.f16c;
+  const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
   switch (l) {
     case IsaLevel::Scalar: return true;
     case IsaLevel::Avx2: return avx2;
     case IsaLevel::AvxVnni: return avx2 && f.avxvnni;
-    case IsaLevel::Avx512: return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
+    case IsaLevel::Avx512: return avx512;
+    case IsaLevel::Amx: return avx512 && f.amx_int8 && tile_state_granted();
   }
   return false;
 }
@@ -43,6 +66,7 @@ IsaLevel cpu_best_isa() {
 const IsaKernels& kernels_for(IsaLevel l) {
   switch (l) {
     case IsaLevel::Avx512: return avx512_kernels();
+    case IsaLevel::Amx: return amx_kernels();
     case IsaLevel::Avx2: return avx2_kernels();
     case IsaLevel::AvxVnni: return avx_vnni_kernels();
     case IsaLevel::Scalar: break;
@@ -52,6 +76,7 @@ const IsaKernels& kernels_for(IsaLevel l) {
 
 AttentionFn attention_for(IsaLevel l) {
   switch (l) {
+    case IsaLevel::Amx:  // (the tiles serve only the quantized GEMM)
     case IsaLevel::Avx512: return avx512_attention();
     case IsaLevel::AvxVnni:  // (the AVX2 attention: its int8 Q.K is a small part of the step)
     case IsaLevel::Avx2: return avx2_attention();

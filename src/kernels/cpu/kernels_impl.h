@@ -238,8 +238,18 @@ struct Drivers {
           }
           int_weights_at(src[i], k0, len, s.v[i], s.s1[i], s.s2[i], s.raw);
         }
-        const int64_t rows = me - mb, n_tiles = (rows + kMRInt - 1) / kMRInt;
-        for (int64_t t = 0, m0 = mb; t < n_tiles; ++t) {
+        const int16_t* V[kItemGroups] = {s.v[0], s.v[1]};
+        const float* S1[kItemGroups] = {s.s1[0], s.s1[1]};
+        const float* S2[kItemGroups] = {s.s2[0], s.s2[1]};
+        int64_t m_tiles = mb;  // (rows before it done by the Isa's matrix tiles, where it has them)
+        if constexpr (requires { Isa::mk_int_tiles; }) {
+          const int64_t r = r0 + mb;
+          m_tiles += Isa::mk_int_tiles(type, qa.xq8.data() + r * K + k0, K, qa.dx.data() + r * nkb + k0 / kQBlock,
+                                       qa.xs.data() + r * nkb + k0 / kQBlock, nkb, me - mb, V, S1, S2, ns, len,
+                                       C + mb * ldc, ldc, k0 == 0);
+        }
+        const int64_t rows = me - m_tiles, n_tiles = (rows + kMRInt - 1) / kMRInt;
+        for (int64_t t = 0, m0 = m_tiles; t < n_tiles; ++t) {
           const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));
           IntRows xr;
           for (int j = 0; j < mr; ++j) {
@@ -248,9 +258,6 @@ struct Drivers {
             xr.dx[j] = qa.dx.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
             xr.xs[j] = qa.xs.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
           }
-          const int16_t* V[kItemGroups] = {s.v[0], s.v[1]};
-          const float* S1[kItemGroups] = {s.s1[0], s.s1[1]};
-          const float* S2[kItemGroups] = {s.s2[0], s.s2[1]};
           Isa::mk_int(mr, xr, type, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
           m0 += mr;
         }

@@ -141,6 +141,38 @@ __attribute__((noipa)) int int8_loop_avx512(int64_t iters) {
   return _mm512_reduce_add_epi32(t);
 }
 #pragma GCC pop_options
+// AMX-INT8: 4 independent tdpbusd (16 x 16 int32 += 16 x 64 u8 . 64 x 16 s8: 16,384 products
+// each) on 2 A and 2 B tiles. The thread's tile configuration (the kernels' own, amx.cpp) is
+// saved and put back.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+__attribute__((noipa)) int int8_loop_amx(int64_t iters) {
+  cpu::TileConfig saved, c;
+  _tile_storeconfig(&saved);
+  for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+  alignas(64) static const int8_t ab[16 * 64] = {3};
+  alignas(64) int32_t out[16 * 16];
+  _tile_loadd(4, ab, 64);
+  _tile_loadd(5, ab, 64);
+  _tile_loadd(6, ab, 64);
+  _tile_loadd(7, ab, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  if (saved.palette) _tile_loadconfig(&saved);
+  else _tile_release();
+  return out[0];
+}
+#pragma GCC pop_options
 #undef FT_ACC12
 #undef FT_EACH12
 #undef FT_KEEP12
@@ -201,6 +233,7 @@ cpu::IsaLevel level_or_best(std::string_view isa) {
 
 double measure_fma_peak_gflops(int threads, double seconds, std::string_view isa) {
   switch (level_or_best(isa)) {
+    case cpu::IsaLevel::Amx:
     case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 16 * 2, fma_loop_avx512);
     case cpu::IsaLevel::Avx2:
     case cpu::IsaLevel::AvxVnni: return measure_loop(threads, seconds, 12 * 8 * 2, fma_loop_avx2);
@@ -211,6 +244,7 @@ double measure_fma_peak_gflops(int threads, double seconds, std::string_view isa
 
 double measure_int8_peak_gops(int threads, double seconds, std::string_view isa) {
   switch (level_or_best(isa)) {
+    case cpu::IsaLevel::Amx: return measure_loop(threads, seconds, 4 * 16 * 16 * 64 * 2, int8_loop_amx);
     case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 64 * 2, int8_loop_avx512);
     case cpu::IsaLevel::AvxVnni: return measure_loop(threads, seconds, 12 * 32 * 2, int8_loop_avx_vnni);
     case cpu::IsaLevel::Avx2: return measure_loop(threads, seconds, 12 * 32 * 2, int8_loop_avx2);

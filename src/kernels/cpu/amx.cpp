@@ -1,0 +1,182 @@
+// AVX-512 + AMX-INT8 instantiation of the fast-kernel drivers (Sapphire Rapids and later): the
+// avx512 kernels, with the quantized GEMM's 16-row tiles on the tile unit. Compiled for those
+// extensions whatever the build flags; only called after cpu_supports(Amx), which has asked Linux
+// for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM).
+//
+// One tdpbssd multiplies a 16-row tile of int8 activations (A: 16 rows x 32 k, the quantized rows
+// as they are, K bytes apart) by one 32-block of a group's unpacked quads (B: 8 quads x 16 weight
+// rows x 4 k: packed.h's quad layout as unpack_int gives it, here as signed v = u - bias): C (16 x
+// 16 int32) holds each (row, weight row)'s exact sum I of v xq over the block, the integer every
+// other path forms. The block's epilogue is the avx512 GEMM's (mk_q_t) without its bias term:
+// y = fma(float(I), s1 * dx, y) [y = fma(float(sum xq), s2 * dx, y)], so every output has the
+// bits of every other path (tested against the scalar ISA like the rest). C goes through memory
+// (a tile store, then vector loads): per 32-block and 16 x 16 outputs, one tile product against
+// 16 rows of convert, multiply and fma, which bound the kernel (README: "AMX tiles").
+// Standard headers come first so their inline functions are not compiled for AVX-512 here.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/quant.h"
+#include "kernels/cpu/rowwise.h"
+#include "kernels/cpu/thread_pool.h"  // (before the target pragma: its std headers stay baseline)
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
+// reports falsely (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/cpu/kernels_impl.h"
+#include "kernels/cpu/isa_avx2.h"
+#include "kernels/cpu/isa_avx512.h"
+
+namespace ft::cpu {
+namespace {
+
+struct AmxIsa : Avx512Isa {
+  static constexpr int kTileRows = 16;
+
+  // Tiles 0 and 3: A (16 rows x 32 bytes); 1 and 4: B (8 quads x 64 bytes); 2 and 5: C (16 x 16
+  // int32). Consecutive blocks alternate between the two sets, so the tile unit overlaps them.
+  // Loaded once per thread (nothing else in this process configures tiles but bench peak's
+  // probe, which puts this one back).
+  static void configure_tiles() {
+    thread_local bool configured = false;
+    if (configured) return;
+    TileConfig c;
+    for (int t : {0, 3}) c.rows[t] = kTileRows, c.colsb[t] = kQBlock;
+    for (int t : {1, 4}) c.rows[t] = kQBlock / 4, c.colsb[t] = 4 * kGroup;
+    for (int t : {2, 5}) c.rows[t] = kTileRows, c.colsb[t] = 4 * kGroup;
+    _tile_loadconfig(&c);
+    configured = true;
+  }
+
+  // The GEMM's chunk as Avx512Isa unpacks it, with the quad types' bytes as signed v = u - bias
+  // (Q8_0 q, Q4_0 q - 8, Q4_K q): tdpbssd's C is then the block's exact sum of v xq, I itself.
+  // (Q6_K keeps its int16 pairs for the vector tiles.)
+  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
+                         float* S2) {
+    Avx512Isa::unpack_int(t, group, k0, len, V, S1, S2);
+    if (!is_quad_type(t)) return;
+    const __m512i bias = _mm512_set1_epi8(char(t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0));
+    uint8_t* v = reinterpret_cast<uint8_t*>(V);
+    for (int64_t i = 0; i < len / kQBlock * kQBlock * kGroup; i += 64)
+      _mm512_storeu_si512(v + i, _mm512_sub_epi8(_mm512_loadu_si512(v + i), bias));
+  }
+
+  // One 32-block's products: C (tile TC, stored to c32: 16 x 16 int32) = A (TA: 16 rows of xq8,
+  // ldx apart) x B (TB: 512 bytes of signed quads at v). (A macro: GCC's tile intrinsics paste
+  // the tile number into the instruction's text, so it must be a literal.)
+#define FT_BLOCK_PRODUCTS(TA, TB, TC, xq8, ldx, v, c32) \
+  do {                                                  \
+    _tile_loadd(TA, xq8, ldx);                          \
+    _tile_loadd(TB, v, 4 * kGroup);                     \
+    _tile_zero(TC);                                     \
+    _tile_dpbssd(TC, TA, TB);                           \
+    _tile_stored(TC, c32, 4 * kGroup);                  \
+  } while (0)
+  static void block_products(int64_t kb, const int8_t* x, int64_t ldx, const uint8_t* v, int32_t* c32) {
+    x += kb * kQBlock, v += kb * kQBlock * kGroup, c32 += kb * kTileRows * kGroup;
+    if (kb % 2 == 0) FT_BLOCK_PRODUCTS(0, 1, 2, x, ldx, v, c32);
+    else FT_BLOCK_PRODUCTS(3, 4, 5, x, ldx, v, c32);
+  }
+#undef FT_BLOCK_PRODUCTS
+
+  // A unit: NR (<= 16; nr when 0) rows x one group over the chunk's nb blocks.
+  struct Unit {
+    const int8_t* x;  // its rows' int8 activations from the chunk's k0, ldx apart
+    int64_t ldx;
+    const uint8_t* v;  // its group's signed quads (unpack_int)
+    int nr;
+  };
+  // Unit's outputs (mk_q_t's epilogue per block, in k order): c (nr rows, ldc) (+)= y, y =
+  // fma(float(I), s1 * dx, y) [then y = fma(float(xs), s2 * dx, y)], I from its blocks' C in c32.
+  // After each block's epilogue the next unit's products of that block are issued (when next.x)
+  // into c32_next: the tile unit computes them while the vector units run this epilogue (whole
+  // units one after the other leave each side idle in turn: a tile store holds retirement until
+  // its product is done).
+  template <int NR>
+  static void unit(const Unit& u, const int32_t* c32, int64_t nb, const float* dx, const int32_t* xs, int64_t ldb,
+                   const float* s1, const float* s2, float* c, int64_t ldc, bool first, const Unit& next,
+                   int32_t* c32_next) {
+    const int nr = NR ? NR : u.nr;
+    __m512 y[kTileRows];
+#pragma GCC unroll 16
+    for (int i = 0; i < kTileRows; ++i)
+      if (i < nr) y[i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc);
+    for (int64_t kb = 0; kb < nb; ++kb) {
+      if (next.x) block_products(kb, next.x, next.ldx, next.v, c32_next);
+      const __m512 s1v = _mm512_loadu_ps(s1 + kGroup * kb);
+      const __m512 s2v = s2 ? _mm512_loadu_ps(s2 + kGroup * kb) : _mm512_setzero_ps();
+      const int32_t* ck = c32 + kb * kTileRows * kGroup;
+#pragma GCC unroll 16
+      for (int i = 0; i < kTileRows; ++i) {
+        if (i >= nr) break;
+        const __m512 d = _mm512_set1_ps(dx[i * ldb + kb]);
+        y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(ck + i * kGroup)), _mm512_mul_ps(s1v, d), y[i]);
+        if (s2) y[i] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * ldb + kb])), _mm512_mul_ps(s2v, d), y[i]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < kTileRows; ++i)
+      if (i < nr) _mm512_storeu_ps(c + i * ldc, y[i]);
+  }
+
+  // The driver's tile hook (kernels_impl.h, int_item): C (rows, ldc)[:, 16g : 16g + 16] (+)= rows
+  // of quantized activations x ng groups over one K chunk as unpack_int gives it (V, S1, S2; y
+  // starts at 0 when first, else from C). xq8 (rows, ldx) from the chunk's k0; dx, xs (rows, ldb)
+  // from block k0 / 32. Returns the rows it did: all, or 0 for a type off the quad layout (Q6_K),
+  // which the vector tiles take. Units of 16 rows (the last one's rows copied into a zero-padded
+  // tile) x one group, software-pipelined (unit).
+  static int64_t mk_int_tiles(GGMLType t, const int8_t* xq8, int64_t ldx, const float* dx, const int32_t* xs,
+                              int64_t ldb, int64_t rows, const int16_t* const* V, const float* const* S1,
+                              const float* const* S2, int ng, int64_t len, float* c, int64_t ldc, bool first) {
+    if (!is_quad_type(t)) return 0;
+    configure_tiles();
+    const bool with_s2 = t == GGMLType::Q4_K;
+    const int64_t nb = len / kQBlock, n_tiles = (rows + kTileRows - 1) / kTileRows, n_units = n_tiles * ng;
+    alignas(64) int32_t c32[2][kKC / kQBlock * kTileRows * kGroup];
+    alignas(64) int8_t pad[kTileRows * kKC];  // the last tile's rows when fewer than 16
+    const int tail = int(rows - (n_tiles - 1) * kTileRows);
+    if (tail < kTileRows) {
+      std::memset(pad, 0, sizeof pad);
+      for (int i = 0; i < tail; ++i) std::memcpy(pad + i * kKC, xq8 + ((n_tiles - 1) * kTileRows + i) * ldx, size_t(len));
+    }
+    auto unit_of = [&](int64_t u) {
+      const int64_t tile = u / ng;
+      const uint8_t* v = reinterpret_cast<const uint8_t*>(V[u % ng]);
+      if (tile == n_tiles - 1 && tail < kTileRows) return Unit{pad, kKC, v, tail};
+      return Unit{xq8 + tile * kTileRows * ldx, ldx, v, kTileRows};
+    };
+    // Unit 0's products alone, then each unit's epilogue with the next one's products.
+    Unit cur = unit_of(0);
+    for (int64_t kb = 0; kb < nb; ++kb) block_products(kb, cur.x, cur.ldx, cur.v, c32[0]);
+    for (int64_t u = 0; u < n_units; ++u) {
+      const Unit next = u + 1 < n_units ? unit_of(u + 1) : Unit{nullptr, 0, nullptr, 0};
+      const int64_t m0 = u / ng * kTileRows;
+      const int g = int(u % ng);
+      const float* s2 = with_s2 ? S2[g] : nullptr;
+      float* cu = c + m0 * ldc + kGroup * g;
+      if (cur.nr == kTileRows)
+        unit<kTileRows>(cur, c32[u % 2], nb, dx + m0 * ldb, xs + m0 * ldb, ldb, S1[g], s2, cu, ldc, first, next, c32[(u + 1) % 2]);
+      else
+        unit<0>(cur, c32[u % 2], nb, dx + m0 * ldb, xs + m0 * ldb, ldb, S1[g], s2, cu, ldc, first, next, c32[(u + 1) % 2]);
+      cur = next;
+    }
+    return rows;
+  }
+};
+
+}  // namespace
+
+const IsaKernels& amx_kernels() { return make_table<AmxIsa>("amx"); }
+
+}  // namespace ft::cpu

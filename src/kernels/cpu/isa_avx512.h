@@ -1,0 +1,731 @@
+// The AVX-512 (F/BW/VL/DQ + VNNI) inner kernels of the fast-kernel drivers (kernels_impl.h), as
+// one Isa class derived from Avx2Isa. Included only by translation units compiled for AVX-512 (or
+// a superset): avx512.cpp instantiates the drivers with it, amx.cpp derives its own Isa from it.
+// Everything is in an anonymous namespace (see isa_avx2.h). Include after isa_avx2.h, under the
+// includer's `#pragma GCC target`.
+// Quantized Q8_0/Q4_0/Q4_K weights take the integer path on vpdpbusd (u8 weights x s8
+// activations, 64 products per instruction) over the quad layout of packed.h, and so does Q6_K
+// over its own quad variant (small M; its GEMM unpacks to int16 pairs for vpdpwssd); the float
+// types on 512-bit FMA. Attention: attention_avx512.cpp.
+#pragma once
+
+namespace ft::cpu {
+namespace {
+
+struct Avx512Isa : Avx2Isa {
+  static constexpr int kMRInt = 6;        // 6 rows x 2 groups: 12 int32 + 12 f32 accumulators
+
+  static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
+                        int64_t K, uint8_t* out) {
+    if (t == GGMLType::Q6_K) return pack_rows_q6k_quad(rows, row_bytes, n_rows, K, out);
+    pack_rows_quad(t, rows, row_bytes, n_rows, K, out);
+  }
+
+  // ---- Float weights (F32/F16/BF16) on 512-bit FMA: one register = a group's 16 rows at one k.
+  // Each output is one fma chain over k in order, as on every ISA (bit-identical results).
+  static constexpr int kMR = 12;  // 12 rows x 2 groups: 24 accumulators of the 32 registers
+
+  // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x[i] (len,) @ w[g] (len, 16) for g < NG, from 0
+  // when first, else from C.
+  template <int MR, int NG>
+  static void mkf_t(const float* const* x, const float* const* w, int64_t len, float* c,
+                    int64_t ldc, bool first) {
+    __m512 acc[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g)
+        acc[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    for (int64_t k = 0; k < len; ++k) {
+      __m512 b[NG];
+      for (int g = 0; g < NG; ++g) b[g] = _mm512_loadu_ps(w[g] + 16 * k);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 a = _mm512_set1_ps(x[i][k]);
+        for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_fmadd_ps(a, b[g], acc[i][g]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, acc[i][g]);
+  }
+  template <int NG>
+  static void mkf(int mr, const float* const* x, const float* const* w, int64_t len, float* c,
+                  int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mkf_t<1, NG>(x, w, len, c, ldc, first);
+      case 2: return mkf_t<2, NG>(x, w, len, c, ldc, first);
+      case 3: return mkf_t<3, NG>(x, w, len, c, ldc, first);
+      case 4: return mkf_t<4, NG>(x, w, len, c, ldc, first);
+      case 5: return mkf_t<5, NG>(x, w, len, c, ldc, first);
+      case 6: return mkf_t<6, NG>(x, w, len, c, ldc, first);
+      case 7: return mkf_t<7, NG>(x, w, len, c, ldc, first);
+      case 8: return mkf_t<8, NG>(x, w, len, c, ldc, first);
+      case 9: return mkf_t<9, NG>(x, w, len, c, ldc, first);
+      case 10: return mkf_t<10, NG>(x, w, len, c, ldc, first);
+      case 11: return mkf_t<11, NG>(x, w, len, c, ldc, first);
+      default: return mkf_t<12, NG>(x, w, len, c, ldc, first);
+    }
+  }
+  static void mk_rows(int mr, const float* const* x, const float* w, int64_t len, float* c,
+                      int64_t ldc, bool first) {
+    mkf<1>(mr, x, &w, len, c, ldc, first);
+  }
+  static void mk_rows_n(int mr, const float* const* x, const float* const* w, int ng, int64_t len,
+                        float* c, int64_t ldc, bool first) {
+    if (ng == 2) return mkf<2>(mr, x, w, len, c, ldc, first);
+    mkf<1>(mr, x, w, len, c, ldc, first);
+  }
+
+  // A group's 16 f32 weights at k from the panel layout, converted exactly as dequantize_row.
+  template <GGMLType T>
+  static __m512 wload(const uint8_t* g, int64_t k) {
+    if constexpr (T == GGMLType::F32) return _mm512_loadu_ps(reinterpret_cast<const float*>(g) + 16 * k);
+    if constexpr (T == GGMLType::F16) return h16(g + 32 * k);
+    if constexpr (T == GGMLType::BF16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32 * k))), 16));
+  }
+  // Small M (decode): C (MR, ldc)[:, 16g : 16g + 16] = x (MR, ldx) @ group_g^T over all of K.
+  template <GGMLType T, int MR, int NG>
+  static void gemvf_t(const uint8_t* const* groups, int64_t K, const float* x, int64_t ldx,
+                      float* c, int64_t ldc) {
+    __m512 acc[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_setzero_ps();
+    constexpr int64_t kBytesPerK = T == GGMLType::F32 ? 64 : 32;  // a group's 16 weights at k
+    const int64_t past = past_end<NG>(groups, K * kBytesPerK);
+    for (int64_t k = 0; k < K; ++k) {
+      if ((k * kBytesPerK) % 64 == 0)  // each stream's next lines, as the integer GEMV does
+        for (int g = 0; g < NG; ++g) {
+          int64_t off = k * kBytesPerK + kPrefetch;
+          if (off >= K * kBytesPerK) off += past;
+          _mm_prefetch(reinterpret_cast<const char*>(groups[g]) + off, _MM_HINT_T0);
+        }
+      __m512 b[NG];
+      for (int g = 0; g < NG; ++g) b[g] = wload<T>(groups[g], k);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 a = _mm512_set1_ps(x[i * ldx + k]);
+        for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_fmadd_ps(a, b[g], acc[i][g]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, acc[i][g]);
+  }
+  // Float weights take this path up to 8 rows (speculative verification's k + 1): one tile
+  // (8 rows x 2 groups: 16 accumulators), so the weights are read and converted once.
+  static constexpr int64_t kFusedMaxMFloat = 8;
+  template <GGMLType T, int NG>
+  static void gemvf(const uint8_t* const* groups, int64_t K, const float* x, int64_t M, float* c,
+                    int64_t ldc) {
+    for (int64_t m = 0; m < M;) {
+      switch (std::min<int64_t>(M - m, 8)) {
+        case 1: gemvf_t<T, 1, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 1; break;
+        case 2: gemvf_t<T, 2, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 2; break;
+        case 3: gemvf_t<T, 3, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 3; break;
+        case 4: gemvf_t<T, 4, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 4; break;
+        case 5: gemvf_t<T, 5, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 5; break;
+        case 6: gemvf_t<T, 6, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 6; break;
+        case 7: gemvf_t<T, 7, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 7; break;
+        default: gemvf_t<T, 8, NG>(groups, K, x + m * K, K, c + m * ldc, ldc); m += 8; break;
+      }
+    }
+  }
+  template <GGMLType T>
+  static void gemvf_n(const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t M,
+                      float* c, int64_t ldc) {
+    if (ng == 2) return gemvf<T, 2>(groups, K, x, M, c, ldc);
+    gemvf<T, 1>(groups, K, x, M, c, ldc);
+  }
+  // LoRA's expand (Drivers::add_lora): c (mr, 16 ng) = x (mr, ldx) @ [group_0 .. group_ng-1]
+  // (K, 16 each), mr <= 4, ng <= 2.
+  template <GGMLType T, int NG>
+  static void gemvf_rows(const uint8_t* const* groups, int64_t K, const float* x, int64_t ldx, int mr, float* c) {
+    switch (mr) {
+      case 1: return gemvf_t<T, 1, NG>(groups, K, x, ldx, c, 16 * NG);
+      case 2: return gemvf_t<T, 2, NG>(groups, K, x, ldx, c, 16 * NG);
+      case 3: return gemvf_t<T, 3, NG>(groups, K, x, ldx, c, 16 * NG);
+      case 4: return gemvf_t<T, 4, NG>(groups, K, x, ldx, c, 16 * NG);
+      default: fail("gemv_rows: ", mr, " rows (1..4)");
+    }
+  }
+  template <GGMLType T>
+  static void gemvf_rows_n(const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t ldx, int mr,
+                           float* c) {
+    if (ng == 2) return gemvf_rows<T, 2>(groups, K, x, ldx, mr, c);
+    gemvf_rows<T, 1>(groups, K, x, ldx, mr, c);
+  }
+  // LoRA's expand over nr single-row runs at once (Drivers::add_lora, a decode batch mixing
+  // adapters): c (nr, 16 ng) row r = x[r] (K,) @ [groups[r ng] .. groups[r ng + ng - 1]], each
+  // run its own B; nr <= 4, ng <= 2. The same fma chain per output as gemvf_t (over k in order
+  // from 0), the runs' chains side by side (independent: up to 8 in flight instead of 2).
+  template <GGMLType T, int NR, int NG>
+  static void gemvf_runs_t(const uint8_t* const* groups, int64_t K, const float* const* x, float* c) {
+    __m512 acc[NR][NG];
+    for (int r = 0; r < NR; ++r)
+      for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_setzero_ps();
+    constexpr int64_t kBytesPerK = T == GGMLType::F32 ? 64 : 32;  // a group's 16 weights at k
+    for (int64_t k = 0; k < K; ++k)
+      for (int r = 0; r < NR; ++r) {
+        // (LoRA's shrink streams A's groups over K = dim from memory; the expand's K = rank
+        // never reaches kPrefetch.)
+        if ((k * kBytesPerK) % 64 == 0 && k * kBytesPerK + kPrefetch < K * kBytesPerK)
+          for (int g = 0; g < NG; ++g)
+            _mm_prefetch(reinterpret_cast<const char*>(groups[r * NG + g]) + k * kBytesPerK + kPrefetch, _MM_HINT_T0);
+        const __m512 a = _mm512_set1_ps(x[r][k]);
+        for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_fmadd_ps(a, wload<T>(groups[r * NG + g], k), acc[r][g]);
+      }
+    for (int r = 0; r < NR; ++r)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + r * 16 * NG + 16 * g, acc[r][g]);
+  }
+  template <GGMLType T, int NG>
+  static void gemvf_runs_n(const uint8_t* const* groups, int nr, int64_t K, const float* const* x, float* c) {
+    switch (nr) {
+      case 1: return gemvf_runs_t<T, 1, NG>(groups, K, x, c);
+      case 2: return gemvf_runs_t<T, 2, NG>(groups, K, x, c);
+      case 3: return gemvf_runs_t<T, 3, NG>(groups, K, x, c);
+      case 4: return gemvf_runs_t<T, 4, NG>(groups, K, x, c);
+      default: fail("gemv_runs: ", nr, " runs (1..4)");
+    }
+  }
+  template <GGMLType T>
+  static void gemvf_runs(const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x, float* c) {
+    if (ng == 2) return gemvf_runs_n<T, 2>(groups, nr, K, x, c);
+    gemvf_runs_n<T, 1>(groups, nr, K, x, c);
+  }
+  // LoRA's expand over nr single-row runs, added in place (Drivers::ExpandQueue): for run r,
+  // c[r] (16 ng) += x[r] (K,) @ [groups[r ng] .. groups[r ng + ng - 1]], nr <= 4, ng <= 2.
+  // The same fma chain per output as gemvf_runs_t (over k in order from 0; K = 16, the usual
+  // rank, unrolled), then one add into c: the bits of gemv_runs and an add. (Calls of up to 8
+  // runs measured ~1% slower on the 110m decode step than of 4, Zen 5.)
+  template <GGMLType T, int NR, int NG, int KC>
+  static void expand_t(const uint8_t* const* groups, int64_t K, const float* const* x, float* const* c) {
+    __m512 acc[NR][NG];
+    for (int r = 0; r < NR; ++r)
+      for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_setzero_ps();
+    const int64_t kn = KC > 0 ? KC : K;
+#pragma GCC unroll 16
+    for (int64_t k = 0; k < kn; ++k)
+      for (int r = 0; r < NR; ++r) {
+        const __m512 a = _mm512_set1_ps(x[r][k]);
+        for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_fmadd_ps(a, wload<T>(groups[r * NG + g], k), acc[r][g]);
+      }
+    for (int r = 0; r < NR; ++r)
+      for (int g = 0; g < NG; ++g)
+        _mm512_storeu_ps(c[r] + 16 * g, _mm512_add_ps(_mm512_loadu_ps(c[r] + 16 * g), acc[r][g]));
+  }
+  template <GGMLType T, int NG, int KC>
+  static void expand_n(const uint8_t* const* groups, int nr, int64_t K, const float* const* x, float* const* c) {
+    switch (nr) {
+      case 1: return expand_t<T, 1, NG, KC>(groups, K, x, c);
+      case 2: return expand_t<T, 2, NG, KC>(groups, K, x, c);
+      case 3: return expand_t<T, 3, NG, KC>(groups, K, x, c);
+      case 4: return expand_t<T, 4, NG, KC>(groups, K, x, c);
+      default: fail("expand_runs: ", nr, " runs (1..4)");
+    }
+  }
+  template <GGMLType T>
+  static void expand_typed(const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x,
+                           float* const* c) {
+    if (K == 16) return ng == 2 ? expand_n<T, 2, 16>(groups, nr, K, x, c) : expand_n<T, 1, 16>(groups, nr, K, x, c);
+    ng == 2 ? expand_n<T, 2, 0>(groups, nr, K, x, c) : expand_n<T, 1, 0>(groups, nr, K, x, c);
+  }
+  // LoRA's expand over n consecutive work items of one B for one row x (Drivers::expand_span):
+  // item i's ng (1 or 2) groups are B's groups g0 + i ng .. (contiguous, gb bytes each), and
+  // c + i ldi + 16 j (16) += x (K,) @ group j. The items go 4 at a time, one broadcast of x[k]
+  // for their 4 ng chains; each output the same fma chain as expand_runs (the same bits).
+  template <GGMLType T, int NI, int NG, int KC>
+  static void expand_items_t(const uint8_t* g, uint64_t gb, int64_t K, const float* x, float* c, int64_t ldi) {
+    __m512 acc[NI][NG];
+    for (int i = 0; i < NI; ++i)
+      for (int j = 0; j < NG; ++j) acc[i][j] = _mm512_setzero_ps();
+    const int64_t kn = KC > 0 ? KC : K;
+#pragma GCC unroll 16
+    for (int64_t k = 0; k < kn; ++k) {
+      const __m512 a = _mm512_set1_ps(x[k]);
+      for (int i = 0; i < NI; ++i)
+        for (int j = 0; j < NG; ++j) acc[i][j] = _mm512_fmadd_ps(a, wload<T>(g + uint64_t(i * NG + j) * gb, k), acc[i][j]);
+    }
+    for (int i = 0; i < NI; ++i)
+      for (int j = 0; j < NG; ++j)
+        _mm512_storeu_ps(c + i * ldi + 16 * j, _mm512_add_ps(_mm512_loadu_ps(c + i * ldi + 16 * j), acc[i][j]));
+  }
+  template <GGMLType T, int NG, int KC>
+  static void expand_items_n(const uint8_t* g, uint64_t gb, int64_t n, int64_t K, const float* x, float* c,
+                             int64_t ldi) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) expand_items_t<T, 4, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+    switch (n - i) {
+      case 1: return expand_items_t<T, 1, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+      case 2: return expand_items_t<T, 2, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+      case 3: return expand_items_t<T, 3, NG, KC>(g + uint64_t(i * NG) * gb, gb, K, x, c + i * ldi, ldi);
+      default: return;
+    }
+  }
+  template <GGMLType T>
+  static void expand_items_typed(const uint8_t* g, uint64_t gb, int ng, int64_t n, int64_t K, const float* x,
+                                 float* c, int64_t ldi) {
+    if (K == 16)
+      return ng == 2 ? expand_items_n<T, 2, 16>(g, gb, n, K, x, c, ldi) : expand_items_n<T, 1, 16>(g, gb, n, K, x, c, ldi);
+    ng == 2 ? expand_items_n<T, 2, 0>(g, gb, n, K, x, c, ldi) : expand_items_n<T, 1, 0>(g, gb, n, K, x, c, ldi);
+  }
+  static void expand_items(GGMLType t, const uint8_t* g, uint64_t gb, int ng, int64_t n, int64_t K, const float* x,
+                           float* c, int64_t ldi) {
+    switch (t) {
+      case GGMLType::F32: return expand_items_typed<GGMLType::F32>(g, gb, ng, n, K, x, c, ldi);
+      case GGMLType::F16: return expand_items_typed<GGMLType::F16>(g, gb, ng, n, K, x, c, ldi);
+      case GGMLType::BF16: return expand_items_typed<GGMLType::BF16>(g, gb, ng, n, K, x, c, ldi);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+  static void expand_runs(GGMLType t, const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x,
+                          float* const* c) {
+    switch (t) {
+      case GGMLType::F32: return expand_typed<GGMLType::F32>(groups, ng, nr, K, x, c);
+      case GGMLType::F16: return expand_typed<GGMLType::F16>(groups, ng, nr, K, x, c);
+      case GGMLType::BF16: return expand_typed<GGMLType::BF16>(groups, ng, nr, K, x, c);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+  static void gemv_runs(GGMLType t, const uint8_t* const* groups, int ng, int nr, int64_t K, const float* const* x,
+                        float* c) {
+    switch (t) {
+      case GGMLType::F32: return gemvf_runs<GGMLType::F32>(groups, ng, nr, K, x, c);
+      case GGMLType::F16: return gemvf_runs<GGMLType::F16>(groups, ng, nr, K, x, c);
+      case GGMLType::BF16: return gemvf_runs<GGMLType::BF16>(groups, ng, nr, K, x, c);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+  static void gemv_rows(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t ldx,
+                        int mr, float* c) {
+    switch (t) {
+      case GGMLType::F32: return gemvf_rows_n<GGMLType::F32>(groups, ng, K, x, ldx, mr, c);
+      case GGMLType::F16: return gemvf_rows_n<GGMLType::F16>(groups, ng, K, x, ldx, mr, c);
+      case GGMLType::BF16: return gemvf_rows_n<GGMLType::BF16>(groups, ng, K, x, ldx, mr, c);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+  // ng (1 or 2) groups of the same float type, consecutive in C (16 columns each).
+  static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
+                   int64_t M, float* c, int64_t ldc) {
+    switch (t) {
+      case GGMLType::F32: return gemvf_n<GGMLType::F32>(groups, ng, K, x, M, c, ldc);
+      case GGMLType::F16: return gemvf_n<GGMLType::F16>(groups, ng, K, x, M, c, ldc);
+      case GGMLType::BF16: return gemvf_n<GGMLType::BF16>(groups, ng, K, x, M, c, ldc);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+
+  // A group's prefetches run kPrefetch past its end (group_bytes), into the next group in
+  // memory: the group this thread reads next (a thread takes runs of consecutive items), except
+  // where an item's two groups are consecutive groups of one matrix, whose first group's
+  // overshoot lands in the second (being read) and leaves the next item's second group to start
+  // cold, a full DRAM latency at each item. There both go one group further (the return value:
+  // bytes to add to an offset past the end). SwiGLU's items (gate j, up j) need nothing.
+  template <int NG>
+  static int64_t past_end(const uint8_t* const* groups, int64_t group_bytes) {
+    return NG == 2 && groups[1] == groups[0] + group_bytes ? group_bytes : 0;
+  }
+  static void prefetch_block(const uint8_t* g, int64_t kb, int bytes_per_32, int64_t group_bytes, int64_t past) {
+    int64_t off = (kb + 1) * bytes_per_32 + kPrefetch;
+    if (off >= group_bytes) off += past;
+    for (int o = 0; o < bytes_per_32; o += 64) _mm_prefetch(reinterpret_cast<const char*>(g) + off + o, _MM_HINT_T0);
+  }
+
+  // ---- Integer path ----
+  static __m512 h16(const uint8_t* p) {  // 16 f16 -> f32
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 u8f16(const uint8_t* p) {  // 16 uint8 -> f32
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m512i ld(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static __m512i bcast4(const int8_t* x) {  // x[0..3] into every 32-bit lane
+    int32_t v;
+    std::memcpy(&v, x, 4);
+    return _mm512_set1_epi32(v);
+  }
+
+  // Decoders of the quad layout: begin(kb) moves to 32-block kb, scales() gives its s1 (and s2)
+  // for the 16 rows, quads(P, w0, w1) quads 2P and 2P + 1 (k = 8P .. 8P + 7) as u8, 16 rows x 4 k.
+  // u = v + kBias.
+  struct QDecQ8_0 {
+    static constexpr int kBias = 128, kBytesPer32 = 544;
+    static constexpr bool kS2 = false, kSub16 = false;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    void quads(int P, __m512i& w0, __m512i& w1) const {
+      w0 = ld(blk + 32 + 128 * P);
+      w1 = ld(blk + 32 + 128 * P + 64);
+    }
+  };
+  static void nibble_quads(const uint8_t* p, __m512i& w0, __m512i& w1) {
+    const __m512i b = ld(p), m = _mm512_set1_epi8(0x0F);
+    w0 = _mm512_and_si512(b, m);
+    w1 = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
+  }
+  struct QDecQ4_0 {
+    static constexpr int kBias = 8, kBytesPer32 = 288;
+    static constexpr bool kS2 = false, kSub16 = false;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
+  };
+  struct QDecQ4_K : Q4KCursor {
+    static constexpr int kBias = 0, kBytesPer32 = 296;  // (on average)
+    static constexpr bool kS2 = true, kSub16 = false;
+    void scales(__m512& s1, __m512& s2) const {
+      s1 = _mm512_mul_ps(h16(blk + Q4KBlock::kD), u8f16(blk + Q4KBlock::kSc + 16 * sb));
+      s2 = _mm512_castsi512_ps(_mm512_xor_si512(
+          _mm512_set1_epi32(int32_t(0x80000000u)),
+          _mm512_castps_si512(_mm512_mul_ps(h16(blk + Q4KBlock::kDmin), u8f16(blk + Q4KBlock::kM + 16 * sb)))));
+    }
+    void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
+  };
+  // Q6_K's quad variant (packed.h): per half block h (kSub16), quads(h, w) gives its 4 quads as
+  // u = q in [0, 63] (I_h = sum u xq - kBias X_h), sc(h) its 16 rows' int8 scales as int32.
+  struct QDecQ6_K : Q6KQuadCursor {
+    static constexpr int kBias = 32, kBytesPer32 = Q6KBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSub16 = true;
+    void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q6KBlock::kD); }
+    __m512i sc(int h) const {
+      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16)));
+    }
+    void quads(int h, __m512i w[4]) const {
+      const __m512i b0 = ld(ql + 128 * h), b1 = ld(ql + 128 * h + 64), H = ld(qh + 64 * h);
+      const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+      // (16-bit shifts: the and keeps bits 4-5 of each byte, which came from the same byte.)
+      // w = (nibble & 0x0F) | field: ternary logic 0xEC = (A & C) | B.
+      w[0] = _mm512_ternarylogic_epi32(b0, _mm512_and_si512(_mm512_slli_epi16(H, 4), m30), m4, 0xEC);
+      w[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b0, 4), _mm512_and_si512(_mm512_slli_epi16(H, 2), m30), m4, 0xEC);
+      w[2] = _mm512_ternarylogic_epi32(b1, _mm512_and_si512(H, m30), m4, 0xEC);
+      w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), m4, 0xEC);
+    }
+  };
+  template <class F>
+  static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
+    switch (t) {
+      case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
+      case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
+      case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
+      case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
+      default: return false;
+    }
+  }
+
+  // Small M: C (MR, ldc)[:, 16g : 16g + 16] (+)= NG groups' 16 rows (g < NG, all of one
+  // type) over 32-blocks [kb0, kb1) of K (from 0 when first, else from C), straight from the
+  // packed bytes. Per 32-block and row: I = sum u xq - B sum xq (exact; the dpbusd chain starts
+  // from -B sum xq), then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)):
+  // mk_int's sums. Two groups share each activation broadcast, each its own chain (12 chains
+  // at 6 rows); one group splits its chain into even and odd quads (two chains per row).
+  // Q6_K (D::kSub16): per half block h the chain starts from -32 X_h (X_0 = xs0, X_1 = xs -
+  // xs0) and I = sc_0 I_0 + sc_1 I_1 (exact), then the same y = fma(float(I), s1 * dx, y).
+  template <int MR, int NG, class D>
+  static void gemv_q_t(const D* dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
+                       const float* dx, const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc, bool first) {
+    __m512 y[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    if (kb0 == 0)
+      for (int g = 0; g < NG; ++g) prefetch_start(dec[g].g, D::kBytesPer32);
+    D d[NG];
+    const uint8_t* gp[NG];
+    for (int g = 0; g < NG; ++g) d[g] = dec[g], gp[g] = dec[g].g;
+    const int64_t gbytes = nkb * D::kBytesPer32, past = past_end<NG>(gp, gbytes);
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
+      for (int g = 0; g < NG; ++g) {
+        prefetch_block(d[g].g, kb, D::kBytesPer32, gbytes, past);
+        d[g].begin(kb);
+      }
+      if constexpr (D::kSub16) {
+        __m512i I[MR][NG];
+        for (int h = 0; h < 2; ++h) {
+          __m512i a[MR][NG];
+          for (int i = 0; i < MR; ++i) {
+            const int32_t X0 = xs0[i * nkb + kb], X = h == 0 ? X0 : xs[i * nkb + kb] - X0;
+            for (int g = 0; g < NG; ++g) a[i][g] = _mm512_set1_epi32(-D::kBias * X);
+          }
+          __m512i w[NG][4];
+          for (int g = 0; g < NG; ++g) d[g].quads(h, w[g]);
+          for (int t = 0; t < 4; ++t)
+            for (int i = 0; i < MR; ++i) {
+              const __m512i xb = bcast4(xq + i * ldx + kb * kQBlock + 16 * h + 4 * t);
+              for (int g = 0; g < NG; ++g) a[i][g] = _mm512_dpbusd_epi32(a[i][g], w[g][t], xb);
+            }
+          for (int g = 0; g < NG; ++g) {
+            const __m512i sc = d[g].sc(h);
+            for (int i = 0; i < MR; ++i) {
+              const __m512i p = _mm512_mullo_epi32(a[i][g], sc);
+              I[i][g] = h == 0 ? p : _mm512_add_epi32(I[i][g], p);
+            }
+          }
+        }
+        for (int g = 0; g < NG; ++g) {
+          __m512 s1, s2;
+          d[g].scales(s1, s2);
+          for (int i = 0; i < MR; ++i)
+            y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i][g]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * nkb + kb])), y[i][g]);
+        }
+      } else {
+        __m512i a[MR][2];
+        for (int i = 0; i < MR; ++i) {
+          a[i][0] = D::kBias != 0 ? _mm512_set1_epi32(-D::kBias * xs[i * nkb + kb]) : _mm512_setzero_si512();
+          a[i][1] = NG == 2 ? a[i][0] : _mm512_setzero_si512();
+        }
+        for (int P = 0; P < 4; ++P) {
+          __m512i w[NG][2];
+          for (int g = 0; g < NG; ++g) d[g].quads(P, w[g][0], w[g][1]);
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
+            const __m512i x0 = bcast4(x), x1 = bcast4(x + 4);
+            if constexpr (NG == 2) {
+              for (int g = 0; g < 2; ++g)
+                a[i][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[i][g], w[g][0], x0), w[g][1], x1);
+            } else {
+              a[i][0] = _mm512_dpbusd_epi32(a[i][0], w[0][0], x0);
+              a[i][1] = _mm512_dpbusd_epi32(a[i][1], w[0][1], x1);
+            }
+          }
+        }
+        for (int g = 0; g < NG; ++g) {
+          __m512 s1, s2 = _mm512_setzero_ps();
+          d[g].scales(s1, s2);
+          for (int i = 0; i < MR; ++i) {
+            const __m512i I = NG == 2 ? a[i][g] : _mm512_add_epi32(a[i][0], a[i][1]);
+            const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
+            y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, dv), y[i][g]);
+            if constexpr (D::kS2)
+              y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, dv), y[i][g]);
+          }
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
+  }
+  // Quad types take this path up to kFusedMaxMQuad rows (the scheduler's small prefill chunks):
+  // one group's packed bytes (18-50 KB) stay in L1/L2 for every tile of rows after the first,
+  // and each tile keeps its sums in registers over all of K (no unpacked copy, no C reloads).
+  static constexpr int64_t kFusedMaxMQuad = 32;
+  static bool fused_int(GGMLType t, int64_t M) {
+    return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kFusedMaxMQuad);
+  }
+  // ng (1 or 2) groups of type t (consecutive in C, 16 columns each) x M rows of qa.
+  static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa,
+                         int64_t M, float* c, int64_t ldc) {
+    const int64_t nkb = K / kQBlock;
+    const bool quad = with_qdecoder(t, groups[0], [&](auto dec0) {
+      using D = decltype(dec0);
+      const D dec[2] = {dec0, D{ng > 1 ? groups[1] : groups[0]}};
+      // Decode: one tile, all of K. More rows: tiles of at most 6 rows, split evenly (16 -> 6 +
+      // 5 + 5), all of them over one chunk of K before the next, so the chunk is read from
+      // memory once while the next one is prefetched.
+      const int64_t n_tiles = (M + 5) / 6;
+      const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
+      for (int64_t kb0 = 0; kb0 < nkb; kb0 += chunk) {
+        const int64_t kb1 = std::min(nkb, kb0 + chunk);
+        if (n_tiles > 1 && kb1 < nkb)
+          for (int g = 0; g < ng; ++g)
+            prefetch_bytes(dec[g].g + kb1 * D::kBytesPer32, (std::min(nkb, kb1 + chunk) - kb1) * D::kBytesPer32);
+        for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
+          const int64_t mr = M / n_tiles + (tile < M % n_tiles ? 1 : 0);
+          const int8_t* x = qa.xq8.data() + m * K;
+          const float* dx = qa.dx.data() + m * nkb;
+          const int32_t* xs = qa.xs.data() + m * nkb;
+          const int32_t* xs0 = qa.xs0.data() + m * nkb;
+          float* cm = c + m * ldc;
+          const bool first = kb0 == 0;
+          auto run = [&](auto ng_c) {
+            constexpr int NG = decltype(ng_c)::value;
+            switch (mr) {
+              case 1: return gemv_q_t<1, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 2: return gemv_q_t<2, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 3: return gemv_q_t<3, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 4: return gemv_q_t<4, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 5: return gemv_q_t<5, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              default: return gemv_q_t<6, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+            }
+          };
+          if (ng == 2) run(std::integral_constant<int, 2>{});
+          else run(std::integral_constant<int, 1>{});
+          m += mr;
+        }
+      }
+    });
+    if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
+  }
+
+  // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
+  // int16 scratch's bytes), S1, S2 (len / 32, 16); Q6_K as unpack_group_int gives it.
+  static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
+                         float* S1, float* S2) {
+    if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
+    uint8_t* v = reinterpret_cast<uint8_t*>(V);
+    const bool quad = with_qdecoder(t, group, [&](auto dec) {
+      if constexpr (!decltype(dec)::kSub16) {
+        for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+          dec.begin(k0 / kQBlock + kb);
+          __m512 s1, s2 = _mm512_setzero_ps();
+          dec.scales(s1, s2);
+          _mm512_storeu_ps(S1 + 16 * kb, s1);
+          _mm512_storeu_ps(S2 + 16 * kb, s2);
+          for (int P = 0; P < 4; ++P) {
+            __m512i w0, w1;
+            dec.quads(P, w0, w1);
+            _mm512_storeu_si512(v + kb * 512 + 128 * P, w0);
+            _mm512_storeu_si512(v + kb * 512 + 128 * P + 64, w1);
+          }
+        }
+      }
+    });
+    if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
+  }
+  // Q6_K's chunk as the pair layout's unpacker gives it (packed.h: V = [len / 32][16 pairs][16
+  // rows][2] int16 v = (q - 32) * sc, S1 = d, S2 = 0), from the quad variant: quad Q's dword r
+  // (row r, k = 4Q .. 4Q + 3) splits into pairs 2Q (bytes 0, 1) and 2Q + 1 (bytes 2, 3).
+  static void unpack_q6k(const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    const QDecQ6_K dec0{{group}};
+    // Bytes 0, 1 (pair 2Q) or 2, 3 (pair 2Q + 1) of each dword, zero-extended to int16 lanes
+    // (vpshufb indexes bytes of its 128-bit lane: dword d's are 4d .. 4d + 3; 0x80 gives 0).
+    const __m512i pick0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
+    const __m512i pick1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
+    const __m512i bias = _mm512_set1_epi16(32);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      QDecQ6_K dec = dec0;
+      dec.begin(k0 / kQBlock + kb);
+      __m512 s1, s2;
+      dec.scales(s1, s2);
+      _mm512_storeu_ps(S1 + 16 * kb, s1);
+      _mm512_storeu_ps(S2 + 16 * kb, _mm512_setzero_ps());
+      int16_t* v = V + kb * kQBlock * kGroup;
+      for (int h = 0; h < 2; ++h) {
+        const __m512i sc32 = dec.sc(h);  // row r's scale in both int16 halves of dword r
+        const __m512i sc = _mm512_or_si512(_mm512_and_si512(sc32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc32, 16));
+        __m512i w[4];
+        dec.quads(h, w);
+        for (int t = 0; t < 4; ++t) {
+          const int p = 2 * (4 * h + t);
+          const __m512i p0 = _mm512_shuffle_epi8(w[t], pick0), p1 = _mm512_shuffle_epi8(w[t], pick1);
+          _mm512_storeu_si512(v + 2 * kGroup * p, _mm512_mullo_epi16(_mm512_sub_epi16(p0, bias), sc));
+          _mm512_storeu_si512(v + 2 * kGroup * (p + 1), _mm512_mullo_epi16(_mm512_sub_epi16(p1, bias), sc));
+        }
+      }
+    }
+  }
+
+  // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR activation rows x NG groups over one K chunk of
+  // unpacked quads (unpack_int): per 32-block exact int32 sums I = sum u xq - bias * sum xq,
+  // then y = fma(float(I), s1 * dx, y) [and y = fma(float(sum xq), s2 * dx, y) when S2]; y
+  // starts at 0 when first, else from C. (mk_int1's and gemv_q_t's sums.)
+  template <int MR, int NG>
+  static void mk_q_t(const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
+                     const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+    __m512 y[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g)
+        y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      __m512i a[MR][NG];
+      for (int i = 0; i < MR; ++i)
+        for (int g = 0; g < NG; ++g) a[i][g] = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        __m512i w[NG];
+        for (int g = 0; g < NG; ++g) w[g] = ld(V[g] + kb * 512 + 64 * p);
+        for (int i = 0; i < MR; ++i) {
+          const __m512i xb = bcast4(x.xq8[i] + kb * kQBlock + 4 * p);
+          for (int g = 0; g < NG; ++g) a[i][g] = _mm512_dpbusd_epi32(a[i][g], w[g], xb);
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m512 d = _mm512_set1_ps(x.dx[i][kb]);
+        const __m512i bv = _mm512_set1_epi32(bias * x.xs[i][kb]);
+        for (int g = 0; g < NG; ++g) {
+          const __m512i I = _mm512_sub_epi32(a[i][g], bv);
+          y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
+          if (S2)
+            y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(x.xs[i][kb])),
+                                      _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
+  }
+  template <int NG>
+  static void mk_q(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
+                   const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_q_t<1, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 2: return mk_q_t<2, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 3: return mk_q_t<3, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 4: return mk_q_t<4, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 5: return mk_q_t<5, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+      default: return mk_q_t<6, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+    }
+  }
+  // The pair layout's unpacked chunk (Q6_K: V = [len / 32][16 pairs][16 rows][2] int16, v = (q -
+  // 32) * sc, so no bias and no S2): C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x NG groups, one
+  // vpdpwssd (16 rows x 2 k, exact int32 sums: |v| <= 4096) per pair and row, then the same
+  // y = fma(float(I), s1 * dx, y) per 32-block as Avx2Isa::mk_int_t.
+  template <int MR, int NG>
+  static void mk_w_t(const IntRows& x, const int16_t* const* V, const float* const* S1, int64_t len, float* c,
+                     int64_t ldc, bool first) {
+    __m512 y[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g)
+        y[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      __m512i a[MR][NG];
+      for (int i = 0; i < MR; ++i)
+        for (int g = 0; g < NG; ++g) a[i][g] = _mm512_setzero_si512();
+      for (int p = 0; p < 16; ++p) {
+        __m512i w[NG];
+        for (int g = 0; g < NG; ++g) w[g] = _mm512_loadu_si512(V[g] + kb * kQBlock * kGroup + 2 * kGroup * p);
+        for (int i = 0; i < MR; ++i) {
+          int32_t xv;
+          std::memcpy(&xv, x.xq[i] + kb * kQBlock + 2 * p, 4);
+          const __m512i xb = _mm512_set1_epi32(xv);
+          for (int g = 0; g < NG; ++g) a[i][g] = _mm512_dpwssd_epi32(a[i][g], w[g], xb);
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m512 d = _mm512_set1_ps(x.dx[i][kb]);
+        for (int g = 0; g < NG; ++g)
+          y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[i][g]), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
+  }
+  template <int NG>
+  static void mk_w(int mr, const IntRows& x, const int16_t* const* V, const float* const* S1, int64_t len, float* c,
+                   int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_w_t<1, NG>(x, V, S1, len, c, ldc, first);
+      case 2: return mk_w_t<2, NG>(x, V, S1, len, c, ldc, first);
+      case 3: return mk_w_t<3, NG>(x, V, S1, len, c, ldc, first);
+      case 4: return mk_w_t<4, NG>(x, V, S1, len, c, ldc, first);
+      case 5: return mk_w_t<5, NG>(x, V, S1, len, c, ldc, first);
+      default: return mk_w_t<6, NG>(x, V, S1, len, c, ldc, first);
+    }
+  }
+  static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
+                     const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
+                     int64_t ldc, bool first) {
+    if (!is_quad_type(t)) {  // Q6_K: int16 pairs (vpdpwssd)
+      if (ng == 2) return mk_w<2>(mr, x, V, S1, len, c, ldc, first);
+      return mk_w<1>(mr, x, V, S1, len, c, ldc, first);
+    }
+    const int bias = t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0;
+    const uint8_t* v[2] = {reinterpret_cast<const uint8_t*>(V[0]),
+                           reinterpret_cast<const uint8_t*>(ng > 1 ? V[1] : V[0])};
+    const float* s2[2] = {S2[0], ng > 1 ? S2[1] : S2[0]};
+    const float* const* s2p = t == GGMLType::Q4_K ? s2 : nullptr;
+    if (ng == 2) return mk_q<2>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
+    mk_q<1>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
+  }
+};
+
+}  // namespace
+}  // namespace ft::cpu
