@@ -133,6 +133,17 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.priority = in.priority;
   r.t.tokenize_ms = in.tokenize_ms;
   if (profile::enabled()) r.trace_arrival_ns = in.trace_arrival_ns > 0 ? in.trace_arrival_ns : profile::now_ns();
+  if (reqs_.empty() && idle_since_ >= 0) {
+    r.follow_up = r.t.arrival_ms >= idle_since_ && r.t.arrival_ms - idle_since_ < cfg_.follow_up_ms;
+    // The same client's next request: when the request it follows is the only arrival in the
+    // window, that one was the client's first, not another client's (one client at a time shows
+    // no traffic at all). With others in the window it stays: it may have been anyone's.
+    const double now = now_();
+    std::erase_if(past_arrivals_, [&](double a) { return now - a > cfg_.arrival_window_ms; });
+    if (r.follow_up && past_arrivals_.size() == 1 && past_arrivals_.back() == idle_by_arrival_) past_arrivals_.clear();
+    follow_ups_.emplace_back(idle_since_, std::min(cfg_.follow_up_ms, std::max(0.0, now - idle_since_)));
+    idle_since_ = -1;
+  }
   reqs_.emplace(id, std::move(r));
 }
 
@@ -158,7 +169,8 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   kv_.release(r.seq);
   r.adapter.reset();  // before the event: a client told it finished may unload the adapter at once
   if (drafter_) drafter_->release(r.seq);
-  if (!r.forked) past_arrivals_.push_back(r.t.arrival_ms);
+  const bool counted = !r.forked && !r.follow_up;
+  if (counted) past_arrivals_.push_back(r.t.arrival_ms);
   r.t.finish_ms = now_();
   ++counters_.finished;
   if (why == FinishReason::Cancelled) ++counters_.cancelled;
@@ -189,6 +201,10 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
     if (r.trace_first_token_ns > 0) profile::async_span("decode", "request", r.id, t_first, t_end);
   }
   reqs_.erase(r.id);
+  if (reqs_.empty()) {
+    idle_since_ = now_();
+    idle_by_arrival_ = counted ? r.t.arrival_ms : -1;
+  }
 }
 
 void EngineCore::finish_fork(Req::PendingFork& f, const Req& parent, FinishReason why, const std::string& error) {
@@ -361,6 +377,9 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
   std::erase_if(past_arrivals_, [&](double a) { return t0 - a > cfg_.arrival_window_ms; });
   in.past_arrivals_ms.assign(past_arrivals_.begin(), past_arrivals_.end());
   in.observed_since_ms = started_ms_;
+  const double observed_from = std::max(started_ms_, t0 - cfg_.arrival_window_ms);
+  while (!follow_ups_.empty() && follow_ups_.front().first < observed_from) follow_ups_.pop_front();
+  for (const auto& [from, ms] : follow_ups_) in.unobserved_ms += ms;
   in.requests.reserve(reqs_.size());
   for (const auto& [id, r] : reqs_) {
     const bool decoding = r.admitted && r.n_generated > 0 && int64_t(r.tokens.size()) - r.n_computed == 1;

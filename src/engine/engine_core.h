@@ -12,6 +12,7 @@
 #include <span>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -286,6 +287,7 @@ class EngineCore {
     uint64_t salt = 0;  // its prefix-cache key space (KVCache: prefix_salt of the adapter)
     bool speculate = false;
     bool forked = false;  // a fork of another request (not an arrival of its own)
+    bool follow_up = false;  // arrived within cfg.follow_up_ms of the engine going idle
     std::vector<int32_t> draft;  // this step's draft tokens (after its pending token)
     std::vector<float> draft_q;  // the draft model's distributions of them (n_tokens each)
     int32_t steps_without_draft = 0;  // auto k: a request whose drafts did not pay probes again
@@ -316,6 +318,11 @@ class EngineCore {
   PredictionErrorHistogram errors_;
   double started_ms_ = 0;              // engine clock at construction (arrivals observed since)
   std::deque<double> past_arrivals_;  // arrival times of finished requests, within the arrival window
+  // When the engine last went idle (no request unfinished; < 0: busy, or never was), the arrival
+  // the request finishing then put in past_arrivals_ (< 0: none), and the follow-up windows
+  // since (when each began, its length): SchedulerInput::unobserved_ms.
+  double idle_since_ = -1, idle_by_arrival_ = -1;
+  std::deque<std::pair<double, double>> follow_ups_;
   int64_t n_ctx_;
   std::function<bool(int32_t)> is_eog_;
   std::function<double()> now_;

@@ -136,10 +136,10 @@ StepPlan plan_step(const SchedulerInput& in) {
     }
     // Expected arrivals (an arrival waits for the whole step): the step within which one arrives
     // with probability at most arrival_risk, but no shorter than a share of the smallest TTFT budget.
-    const double observed_ms = std::min(cfg.arrival_window_ms, in.now_ms - in.observed_since_ms);
+    const double observed_ms = std::min(cfg.arrival_window_ms, in.now_ms - in.observed_since_ms) - in.unobserved_ms;
     const auto n_past = std::count_if(in.past_arrivals_ms.begin(), in.past_arrivals_ms.end(),
                                       [&](double a) { return in.now_ms - a <= cfg.arrival_window_ms; });
-    if (n_past > 0)
+    if (n_past > 0 && observed_ms > 0)
       cap_ms = std::min(cap_ms, std::max(cfg.arrival_risk * observed_ms / double(n_past),
                                          cfg.slack_share * cfg.ttft_slo_base_ms));
     // A step that can finish a request's prefill (its first token ends the step) takes what that
