@@ -99,8 +99,8 @@ struct AmxIsa : Avx512Isa {
   };
   // Unit's outputs (mk_q_t's epilogue per block, in k order): c (nr rows, ldc) (+)= y, y =
   // fma(float(I), s1 * dx, y) [then y = fma(float(xs), s2 * dx, y)], I from its blocks' C in c32.
-  // After each block's epilogue the next unit's products of that block are issued (when next.x)
-  // into c32_next: the tile unit computes them while the vector units run this epilogue (whole
+  // Before each block's epilogue the next unit's product of that block is issued (when next.x)
+  // into c32_next: the tile unit computes it while the vector units run this epilogue (whole
   // units one after the other leave each side idle in turn: a tile store holds retirement until
   // its product is done).
   template <int NR>
