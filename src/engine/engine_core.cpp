@@ -200,10 +200,11 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
     if (r.trace_scheduled_ns > 0) profile::async_span("prefill", "request", r.id, t_sched, t_first);
     if (r.trace_first_token_ns > 0) profile::async_span("decode", "request", r.id, t_first, t_end);
   }
-  reqs_.erase(r.id);
+  const double counted_arrival = counted ? r.t.arrival_ms : -1;
+  reqs_.erase(r.id);  // (r is gone)
   if (reqs_.empty()) {
     idle_since_ = now_();
-    idle_by_arrival_ = counted ? r.t.arrival_ms : -1;
+    idle_by_arrival_ = counted_arrival;
   }
 }
 
