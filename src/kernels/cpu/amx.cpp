@@ -146,9 +146,14 @@ struct AmxIsa : Avx512Isa {
     alignas(64) int32_t c32[2][kKC / kQBlock * kTileRows * kGroup];
     alignas(64) int8_t pad[kTileRows * kKC];  // the last tile's rows when fewer than 16
     const int tail = int(rows - (n_tiles - 1) * kTileRows);
-    if (tail < kTileRows) {
-      std::memset(pad, 0, sizeof pad);
-      for (int i = 0; i < tail; ++i) std::memcpy(pad + i * kKC, xq8 + ((n_tiles - 1) * kTileRows + i) * ldx, size_t(len));
+    if (tail < kTileRows) {  // (vector copies, not memcpy: TSan intercepts libc calls even here)
+      for (int i = 0; i < kTileRows; ++i)
+        for (int64_t k = 0; k < kKC; k += kQBlock) {
+          const __m256i v = i < tail && k < len
+                                ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq8 + ((n_tiles - 1) * kTileRows + i) * ldx + k))
+                                : _mm256_setzero_si256();
+          _mm256_store_si256(reinterpret_cast<__m256i*>(pad + i * kKC + k), v);
+        }
     }
     auto unit_of = [&](int64_t u) {
       const int64_t tile = u / ng;
