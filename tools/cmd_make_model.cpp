@@ -29,7 +29,7 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--lora-rank", a.lora_rank, "Also write a random LoRA adapter of this rank (--lora-out)");
   c->add_option("--lora-out", a.lora_out, "The adapter's GGUF (llama.cpp's adapter format)");
   c->add_option("--lora-alpha", a.lora_alpha, "adapter.lora.alpha (scale = alpha / rank; default 2 x rank)");
-  c->add_option("--lora-type", a.lora_type, "Type of the adapter's tensors: f32, f16, q8_0")->capture_default_str();
+  c->add_option("--lora-type", a.lora_type, "Type of the adapter's tensors: f32, f16, q8_0 (B in f16 where its rows of rank are not whole blocks)")->capture_default_str();
   c->add_option("--lora-seed", a.lora_seed, "The adapter's random seed (another seed, another adapter)")
       ->capture_default_str();
   c->add_option("--merged-out", a.merged_out, "Also write the model with the adapter merged (W + alpha/rank B A)");

@@ -344,10 +344,11 @@ void BM_DecodeLayers(benchmark::State& st) {
 BENCHMARK(BM_DecodeLayers)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A decode step's GEMMs on the 110m shape (4 KV heads; Q8_0, 12 layers of distinct weights) for
-// S sequences: the base's step, and the same step with each sequence under its own rank-16 F16
+// S sequences: the base's step, and the same step with each sequence under its own rank-16
 // adapter on all seven weights (the engine's calls: one fused shrink per input, then the
 // projection with its deltas), alternated step by step so that both see the same machine.
-// range(0) = S (1, or 4: `bench lora`'s mixed batch). Counters: us_<op> per call of the base,
+// range(0) = S (1, or 4: `bench lora`'s mixed batch); range(1): the A's type, 0 F16, 1 Q8_0 (a
+// Q8_0 adapter as llama.cpp's converter writes rank 16: its B's stay F16). Counters: us_<op> per call of the base,
 // x_<op> adapted/base per op, x_step for the step (issue 17's decode cost without the model
 // around it).
 void BM_DecodeLayersLora(benchmark::State& st) {
@@ -372,11 +373,11 @@ void BM_DecodeLayersLora(benchmark::State& st) {
     std::vector<Adapter> ad;  // one per sequence
   };
   std::vector<Layer> L;
-  const GGMLType f = GGMLType::F16;
+  const GGMLType f = GGMLType::F16, fa = st.range(1) ? GGMLType::Q8_0 : f;
   for (int l = 0; l < kLayers; ++l) {
     Layer y{own(t, D, D), own(t, KV, D), own(t, KV, D), own(t, D, D), own(t, F, D), own(t, F, D), own(t, D, F), {}};
     for (int64_t i = 0; i < S; ++i)
-      y.ad.push_back({own(f, 3 * R, D), own(f, R, D), own(f, 2 * R, D), own(f, R, F), own(f, D, R), own(f, KV, R),
+      y.ad.push_back({own(fa, 3 * R, D), own(fa, R, D), own(fa, 2 * R, D), own(fa, R, F), own(f, D, R), own(f, KV, R),
                       own(f, KV, R), own(f, D, R), own(f, F, R), own(f, F, R), own(f, D, R)});
     L.push_back(std::move(y));
   }
@@ -440,7 +441,13 @@ void BM_DecodeLayersLora(benchmark::State& st) {
   }
   st.counters["x_step"] = tot[1] / tot[0];
 }
-BENCHMARK(BM_DecodeLayersLora)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeLayersLora)
+    ->Args({1, 0})
+    ->Args({4, 0})
+    ->Args({1, 1})
+    ->Args({4, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // LoRA's shrink at decode (one row, one adapter): ya (N) = A (N, K) x, A in F16 as the engine
 // packs it, one call as the model makes per layer input. range: N (A's rows: 16 x the

@@ -77,13 +77,13 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
     float scale = 1.0f;
   };
   std::vector<std::array<SlotSrc, kLoraSlots>> src(size_t(hp.n_layers));
-  // A tensor's rows as stored: F16 as is, anything else (F32, Q8_0) as f32, times mul.
+  // A tensor's rows as stored when `to` is its type (then mul is 1), else as f32 times mul.
   auto copy_rows = [&](const GGUFTensorInfo* t, GGMLType to, float mul, std::vector<uint8_t>& out) {
     const uint64_t n0 = t->ne[0], rows = t->ne[1];
     const std::optional<uint64_t> rb = row_bytes(t->type, n0);
     if (!rb) fail(P, ": tensor '", t->name, "': a row of ", n0, " is not whole ", type_traits(t->type).name, " blocks");
     const size_t at = out.size();
-    if (to == GGMLType::F16) {  // (only from F16: the bytes themselves)
+    if (to == t->type) {  // (the bytes themselves)
       out.insert(out.end(), t->data, t->data + rows * *rb);
       return;
     }
@@ -153,8 +153,9 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
   }
 
   // Stack the A's of each input's slots (a fused tensor's one A once): rows in slot order.
-  // F16 when every A is F16 and the scales are equal (applied to ya); else f32 with unequal
-  // scales folded into their rows.
+  // Their own type when every A has it (F16 or Q8_0; Q8_0 then runs on the integer path, int8
+  // activations as the base's quantized weights have) and the scales are equal (applied to
+  // ya); else f32, with unequal scales folded into their rows.
   ad->stacks_.resize(size_t(hp.n_layers));
   ad->deltas_.resize(size_t(hp.n_layers));
   for (int32_t il = 0; il < hp.n_layers; ++il) {
@@ -167,14 +168,14 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
           parts.push_back(&L[s]);
       }
       if (parts.empty()) continue;
-      bool f16 = true, same_scale = true;
+      bool same_type = true, same_scale = true;
       int64_t rows = 0;
       for (const SlotSrc* p : parts) {
-        f16 = f16 && p->a->type == GGMLType::F16;
+        same_type = same_type && p->a->type == parts[0]->a->type;
         same_scale = same_scale && p->scale == parts[0]->scale;
         rows += int64_t(p->a->ne[1]);
       }
-      const GGMLType type = f16 && same_scale ? GGMLType::F16 : GGMLType::F32;
+      const GGMLType type = same_type && same_scale ? parts[0]->a->type : GGMLType::F32;
       std::vector<uint8_t> bytes;
       std::vector<int32_t> col(parts.size());
       for (size_t i = 0, r = 0; i < parts.size(); r += size_t(parts[i]->a->ne[1]), ++i) {

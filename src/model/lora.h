@@ -15,8 +15,11 @@
 //     (Backend::matmul_runs) for every adapter in the batch;
 //   expand: each projection's GEMM adds ya's columns of its slot times B^T in its epilogue
 //     (LoraDelta), before the bias, RoPE, gate activation or residual add, which stay fused.
-// F16 tensors stay F16 (half the bytes a decode step reads); F32 and Q8_0 become F32 (Q8_0's
-// B of rank < 32 has no packed layout). prepare() puts A and B in the backend's packed layout.
+// F16 tensors stay F16 (half the bytes a decode step reads); a Q8_0 A stays Q8_0 (the shrink
+// on the integer path, int8 activations as for the base's quantized weights; llama.cpp's
+// converter writes rank-16 adapters at --outtype q8_0 as Q8_0 A's and F16 B's, whose rows of 16
+// are not whole blocks); a Q8_0 B becomes F32 (the epilogue's expand is float). prepare() puts
+// A and B in the backend's packed layout.
 #pragma once
 #include <atomic>
 #include <cstdint>

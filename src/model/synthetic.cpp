@@ -280,9 +280,9 @@ void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptio
   if (opt.rank < 1 || opt.rank > 4096) fail("synthetic LoRA: rank must be in [1, 4096], got ", opt.rank);
   if (opt.type != GGMLType::F32 && opt.type != GGMLType::F16 && opt.type != GGMLType::Q8_0)
     fail("synthetic LoRA: type ", type_traits(opt.type).name, " is not supported (f32, f16, q8_0)");
-  if (!row_bytes(opt.type, uint64_t(opt.rank)))
-    fail("synthetic LoRA: rank ", opt.rank, " is not a multiple of the ", type_traits(opt.type).name,
-         " block size ", type_traits(opt.type).block_size, " (B's rows are rank long)");
+  // B's rows are rank long: where they are not whole blocks of the type, F16 (as llama.cpp's
+  // converter falls back for such tensors: a rank-16 adapter at --outtype q8_0).
+  const GGMLType type_b = row_bytes(opt.type, uint64_t(opt.rank)) ? opt.type : GGMLType::F16;
   const auto base = GGUFFile::open(base_path);
   const std::string arch = base->require_str("general.architecture");
   const ArchSpec* spec = find_arch(arch);
@@ -311,17 +311,19 @@ void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptio
     std::vector<uint8_t> bytes(t.data, t.data + t.n_bytes);
     if (adapted.count(t.name) && t.ne.size() == 2) {
       const uint64_t in = t.ne[0], out = t.ne[1];
+      if (!row_bytes(opt.type, in))
+        fail("synthetic LoRA: ", t.name, ": rows of ", in, " are not whole ", type_traits(opt.type).name, " blocks");
       const TensorPlan pa{t.name + ".lora_a", {in, r}, opt.type, 0.0f, 1.0f / std::sqrt(float(in))};
-      const TensorPlan pb{t.name + ".lora_b", {r, out}, opt.type, 0.0f, 0.25f / std::sqrt(float(r))};
+      const TensorPlan pb{t.name + ".lora_b", {r, out}, type_b, 0.0f, 0.25f / std::sqrt(float(r))};
       std::vector<uint8_t> a = generate(pa, opt.seed ^ 0x4C6F5241ull, 2 * k);
       std::vector<uint8_t> b = generate(pb, opt.seed ^ 0x4C6F5241ull, 2 * k + 1);
       ++k;
       if (!merged_path.empty()) {
         // W + scale * B A, from the stored A and B (what a loader dequantizes).
         std::vector<float> fa(in * r), fb(r * out), w(in);
-        const uint64_t rba = *row_bytes(opt.type, in), rbb = *row_bytes(opt.type, r), rbw = *row_bytes(t.type, in);
+        const uint64_t rba = *row_bytes(opt.type, in), rbb = *row_bytes(type_b, r), rbw = *row_bytes(t.type, in);
         for (uint64_t i = 0; i < r; ++i) dequantize_row(opt.type, a.data() + i * rba, fa.data() + i * in, int64_t(in));
-        for (uint64_t o = 0; o < out; ++o) dequantize_row(opt.type, b.data() + o * rbb, fb.data() + o * r, int64_t(r));
+        for (uint64_t o = 0; o < out; ++o) dequantize_row(type_b, b.data() + o * rbb, fb.data() + o * r, int64_t(r));
         for (uint64_t o = 0; o < out; ++o) {
           dequantize_row(t.type, bytes.data() + o * rbw, w.data(), int64_t(in));
           for (uint64_t i = 0; i < r; ++i) {

@@ -996,11 +996,11 @@ void check_lora(Backend& be, bool reference) {
     GGMLType ta, tb;
     float scale;
   };
-  const RunSpec specs[] = {{0, 4, 3, GGMLType::F32, GGMLType::F32, 0.5f},
-                           {7, 1, 16, GGMLType::F16, GGMLType::F16, 2.0f},
-                           {9, 13, 5, GGMLType::BF16, GGMLType::BF16, -1.25f}};
+  const std::vector<RunSpec> float_specs = {{0, 4, 3, GGMLType::F32, GGMLType::F32, 0.5f},
+                                            {7, 1, 16, GGMLType::F16, GGMLType::F16, 2.0f},
+                                            {9, 13, 5, GGMLType::BF16, GGMLType::BF16, -1.25f}};
   // (Runs of up to 4 rows take the epilogue's in-register path, longer ones the unpacked one.)
-  const int64_t M = 23, N = 21, ld = 19;  // rows 4, 5, 6, 8, 22: the base
+  const int64_t M = 23, N = 21, ld = 19;  // rows 4, 5, 6, 8, 22: the base (4-5: a Q8_0 A's run where K allows)
   // (The reference backend reads GGUF rows only, and multiplies quantized weights by f32 x, not
   // the integer path kernel_x models.)
   for (const bool packed : {false, true}) {
@@ -1009,6 +1009,10 @@ void check_lora(Backend& be, bool reference) {
     for (const GGMLType tw : {GGMLType::F32, GGMLType::Q4_0}) {
       if (tw != GGMLType::F32 && reference) continue;
       const int64_t K = tw == GGMLType::F32 ? 37 : 64;
+      // A Q8_0 A (the shrink on the integer path, from row 4: its rows of qa) needs K in whole
+      // blocks; the reference backend multiplies quantized weights by f32 x (not kernel_x's).
+      std::vector<RunSpec> specs = float_specs;
+      if (K % 32 == 0 && !reference) specs.push_back({4, 2, 16, GGMLType::Q8_0, GGMLType::F16, 1.5f});
       const auto X = randv(rng, size_t(M * K));
       std::vector<const QWeight*> A, Bg, Bu;
       for (const RunSpec& r : specs) {
@@ -1114,7 +1118,8 @@ TEST(ReferenceBackend, LoraShrinkAndEpilogueDeltas) { check_lora(*make_backend("
 // matmul_runs with few work items (decode: one adapter's shrink is one or two items of two
 // groups) gives each thread one group of A's rows per item so none idles; where every target
 // is one row of packed A of one type (decode), an ISA with gemv_runs takes up to 4 (target,
-// group) pairs per call, their chains side by side. Those paths, at 2 and 3 threads, on odd shapes (A rows not a multiple of 16, K odd, F32/F16/BF16, packed and GGUF
+// group) pairs per call, their chains side by side (a Q8_0 A: the integer path over the targets'
+// rows of the quantized X, K 64). Those paths, at 2 and 3 threads, on odd shapes (A rows not a multiple of 16, K odd, F32/F16/BF16/Q8_0, packed and GGUF
 // rows, runs of 1-3 rows at odd offsets): ya within |scale| * the GEMM bound (K + 8) 2^-24
 // sum|x a| of the double reference (one fma chain over K, then the scale), and bit-identical to
 // the scalar ISA's at 1 thread (two groups per item: the same chains, so the same bits).
@@ -1138,14 +1143,20 @@ TEST_P(KernelTest, LoraShrinkOneGroupPerItem) {
        {4, 1, 16, GGMLType::F16, 0.75f}},
       {{0, 1, 16, GGMLType::F32, 1.0f}, {1, 1, 16, GGMLType::F32, 0.5f}, {2, 1, 16, GGMLType::F32, -1.0f},
        {3, 1, 16, GGMLType::F32, 3.0f}, {5, 1, 9, GGMLType::F32, 1.5f}},
+      // Q8_0 A's (K in whole blocks only): the integer path over the targets' rows of the
+      // quantized X; a decode batch (one row each: one call per target and two groups).
+      {{1, 3, 37, GGMLType::Q8_0, 0.5f}},
+      {{0, 1, 48, GGMLType::Q8_0, 1.0f}, {1, 1, 48, GGMLType::Q8_0, -0.5f}, {2, 1, 37, GGMLType::Q8_0, 2.0f},
+       {4, 1, 16, GGMLType::Q8_0, 0.75f}},
   };
   const int64_t M = 6, ld = 53;
   for (const int threads : {2, 3})
     for (const bool packed : {false, true})
-      for (const int64_t K : {int64_t(37), int64_t(53)}) {
+      for (const int64_t K : {int64_t(37), int64_t(53), int64_t(64)}) {
         auto be = backend_for(GetParam(), threads);
         const auto X = randv(rng, size_t(M * K));
         for (size_t c = 0; c < cases.size(); ++c) {
+          if (K % 32 != 0 && cases[c][0].ta == GGMLType::Q8_0) continue;
           std::vector<const QWeight*> A;
           std::vector<RunTarget> t, ts;
           std::vector<float> ya(size_t(M * ld), 777.0f), ys(size_t(M * ld), 777.0f);
@@ -1228,69 +1239,80 @@ TEST_P(KernelTest, LoraSingleRowRunsToScalar) {
 // gemv_runs, at decode: every target one row) and gives the bits of the separate call, for
 // matmul_add, matmul_multi (Q/K/V's three deltas reading one stacked ya) and ffn_glu; ya is
 // NaN before each call, so an expand that ran before the shrink finished shows. Four adapters
-// on rows 0-3 and one on two rows (4-5: not the decode shape, so a separate pass), at 2 threads.
+// on rows 0-3 and one on two rows (4-5: not the decode shape, so a separate pass), at 2 threads;
+// F16 and Q8_0 A's (the integer path: the projection's quantized X where it is the shrink's X,
+// else the shrink's own, quantized first: another X), over
+// Q8_0 and F16 base weights (then X is quantized for the shrink alone).
 TEST_P(KernelTest, LoraShrinkFusedIntoTheProjection) {
   auto be = backend_for(GetParam(), 2);
   std::mt19937 rng(37);
   std::deque<QWeight> keep;
   const int64_t K = 1024, N = 96, R = 16, S = 3 * R;  // S: the stacked ya of Q, K, V
   const auto X = randv(rng, size_t(6 * K));
-  const QWeight& Wq = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
-  const QWeight& Wk = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
-  const QWeight& Wv = keep.emplace_back(make_weight(rng, GGMLType::Q8_0, N, K));
-  struct Adapter {
-    const QWeight* A;    // (S, K)
-    const QWeight* B[3];  // (N, R)
-  };
-  std::vector<Adapter> ad;
-  for (int i = 0; i < 4; ++i)
-    ad.push_back({&keep.emplace_back(make_weight(rng, GGMLType::F16, S, K)),
-                  {&keep.emplace_back(make_weight(rng, GGMLType::F16, N, R)),
-                   &keep.emplace_back(make_weight(rng, GGMLType::F16, N, R)),
-                   &keep.emplace_back(make_weight(rng, GGMLType::F16, N, R))}});
-  for (const int64_t M : {int64_t(1), int64_t(4), int64_t(6)}) {
-    auto run = [&](bool fuse) {
-      std::vector<float> ya(size_t(M * S), std::numeric_limits<float>::quiet_NaN()), out;
-      std::vector<RunTarget> t;
-      std::vector<LoraRun> r[3];
-      for (int64_t m = 0; m < std::min<int64_t>(M, 4); ++m) {
-        const Adapter& a = ad[size_t(m)];
-        t.push_back({m, 1, be->prepare(a.A->view()), ya.data() + m * S, S, 0.5f});
-        for (int j = 0; j < 3; ++j) r[j].push_back({m, 1, ya.data() + m * S + j * R, S, be->prepare(a.B[j]->view())});
+  const auto X_elsewhere = randv(rng, size_t(6 * K));  // (other values: a shrink reading the projection's qa shows)
+  for (const GGMLType tw : {GGMLType::Q8_0, GGMLType::F16})
+    for (const GGMLType ta : {GGMLType::F16, GGMLType::Q8_0})
+      for (const bool same_x : {true, false}) {
+        if (!same_x && ta != GGMLType::Q8_0) continue;
+        const QWeight& Wq = keep.emplace_back(make_weight(rng, tw, N, K));
+        const QWeight& Wk = keep.emplace_back(make_weight(rng, tw, N, K));
+        const QWeight& Wv = keep.emplace_back(make_weight(rng, tw, N, K));
+        struct Adapter {
+          const QWeight* A;    // (S, K)
+          const QWeight* B[3];  // (N, R)
+        };
+        std::vector<Adapter> ad;
+        for (int i = 0; i < 4; ++i)
+          ad.push_back({&keep.emplace_back(make_weight(rng, ta, S, K)),
+                        {&keep.emplace_back(make_weight(rng, GGMLType::F16, N, R)),
+                         &keep.emplace_back(make_weight(rng, GGMLType::F16, N, R)),
+                         &keep.emplace_back(make_weight(rng, GGMLType::F16, N, R))}});
+        const std::string what = cat(GetParam(), " W ", type_traits(tw).name, " A ", type_traits(ta).name,
+                                     same_x ? "" : " (the shrink's X elsewhere)");
+        for (const int64_t M : {int64_t(1), int64_t(4), int64_t(6)}) {
+          auto run = [&](bool fuse) {
+            std::vector<float> ya(size_t(M * S), std::numeric_limits<float>::quiet_NaN()), out;
+            std::vector<RunTarget> t;
+            std::vector<LoraRun> r[3];
+            for (int64_t m = 0; m < std::min<int64_t>(M, 4); ++m) {
+              const Adapter& a = ad[size_t(m)];
+              t.push_back({m, 1, be->prepare(a.A->view()), ya.data() + m * S, S, 0.5f});
+              for (int j = 0; j < 3; ++j) r[j].push_back({m, 1, ya.data() + m * S + j * R, S, be->prepare(a.B[j]->view())});
+            }
+            if (M > 4) {  // (a 2-row run of adapter 0)
+              t.push_back({4, 2, be->prepare(ad[0].A->view()), ya.data() + 4 * S, S, 0.5f});
+              for (int j = 0; j < 3; ++j) r[j].push_back({4, 2, ya.data() + 4 * S + j * R, S, be->prepare(ad[0].B[j]->view())});
+            }
+            const LoraDelta d[3] = {{r[0].data(), int32_t(r[0].size())}, {r[1].data(), int32_t(r[1].size())},
+                                    {r[2].data(), int32_t(r[2].size())}};
+            auto shrink = [&] {
+              std::fill(ya.begin(), ya.end(), std::numeric_limits<float>::quiet_NaN());
+              be->matmul_runs(same_x ? X.data() : X_elsewhere.data(), K, t.data(), int(t.size()), fuse);
+            };
+            std::vector<float> y(size_t(M * N), 0.25f);
+            shrink();
+            be->matmul_add(X.data(), M, be->prepare(Wq.view()), y.data(), d[0]);
+            out.insert(out.end(), y.begin(), y.end());
+            std::vector<float> q(size_t(M * N)), k(size_t(M * N)), v(size_t(M * N));
+            Backend::MatmulTarget mt[3] = {{be->prepare(Wq.view()), q.data(), N}, {be->prepare(Wk.view()), k.data(), N},
+                                           {be->prepare(Wv.view()), v.data(), N}};
+            for (int j = 0; j < 3; ++j) mt[j].lora = d[j];
+            shrink();
+            be->matmul_multi(X.data(), M, mt, 3);
+            for (const auto* p : {&q, &k, &v}) out.insert(out.end(), p->begin(), p->end());
+            std::vector<float> g(size_t(M * N));
+            shrink();
+            be->ffn_glu(X.data(), M, be->prepare(Wq.view()), be->prepare(Wk.view()), GateAct::SiLU, g.data(), d);
+            out.insert(out.end(), g.begin(), g.end());
+            return out;
+          };
+          const std::vector<float> sep = run(false), fused = run(true);
+          for (size_t i = 0; i < sep.size(); ++i) {
+            ASSERT_FALSE(std::isnan(sep[i])) << what << " M " << M << " at " << i;
+            ASSERT_EQ(fused[i], sep[i]) << what << " M " << M << " at " << i;
+          }
+        }
       }
-      if (M > 4) {  // (a 2-row run of adapter 0)
-        t.push_back({4, 2, be->prepare(ad[0].A->view()), ya.data() + 4 * S, S, 0.5f});
-        for (int j = 0; j < 3; ++j) r[j].push_back({4, 2, ya.data() + 4 * S + j * R, S, be->prepare(ad[0].B[j]->view())});
-      }
-      const LoraDelta d[3] = {{r[0].data(), int32_t(r[0].size())}, {r[1].data(), int32_t(r[1].size())},
-                              {r[2].data(), int32_t(r[2].size())}};
-      auto shrink = [&] {
-        std::fill(ya.begin(), ya.end(), std::numeric_limits<float>::quiet_NaN());
-        be->matmul_runs(X.data(), K, t.data(), int(t.size()), fuse);
-      };
-      std::vector<float> y(size_t(M * N), 0.25f);
-      shrink();
-      be->matmul_add(X.data(), M, be->prepare(Wq.view()), y.data(), d[0]);
-      out.insert(out.end(), y.begin(), y.end());
-      std::vector<float> q(size_t(M * N)), k(size_t(M * N)), v(size_t(M * N));
-      Backend::MatmulTarget mt[3] = {{be->prepare(Wq.view()), q.data(), N}, {be->prepare(Wk.view()), k.data(), N},
-                                     {be->prepare(Wv.view()), v.data(), N}};
-      for (int j = 0; j < 3; ++j) mt[j].lora = d[j];
-      shrink();
-      be->matmul_multi(X.data(), M, mt, 3);
-      for (const auto* p : {&q, &k, &v}) out.insert(out.end(), p->begin(), p->end());
-      std::vector<float> g(size_t(M * N));
-      shrink();
-      be->ffn_glu(X.data(), M, be->prepare(Wq.view()), be->prepare(Wk.view()), GateAct::SiLU, g.data(), d);
-      out.insert(out.end(), g.begin(), g.end());
-      return out;
-    };
-    const std::vector<float> sep = run(false), fused = run(true);
-    for (size_t i = 0; i < sep.size(); ++i) {
-      ASSERT_FALSE(std::isnan(sep[i])) << GetParam() << " M " << M << " at " << i;
-      ASSERT_EQ(fused[i], sep[i]) << GetParam() << " M " << M << " at " << i;
-    }
-  }
 }
 
 // A row's LoRA delta does not depend on the rows around it (the numerics contract of the GEMM

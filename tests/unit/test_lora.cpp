@@ -95,6 +95,13 @@ std::vector<int32_t> prompt(int n, int salt) {
 // logits (|l| ~ 1-10) move by ~1e-5..1e-4. 2e-3 is 20x that and still 100x below the adapters'
 // own effect on the logits (checked: each adapter moves them by > 0.2).
 constexpr float kTol = 2e-3f;
+// A Q8_0 A runs on the integer path (lora.h), as the base's Q8_0 weights do and as llama.cpp's
+// CPU backend multiplies any Q8_0 matrix: x rounded to int8 per 32-block, each element by at
+// most 1/254 of its block's largest |x|, which moves ya by well under 1%; through the layers
+// the logits then differ from the merged model's by a small fraction of the adapter's own
+// effect (measured 0.4-0.9%): the bound is 2% of it (a wrong row, scale or block of the
+// shrink moves them by ~100%).
+constexpr float kIntShrinkTol = 0.02f;
 
 struct LoraCase {
   const char* arch;
@@ -125,17 +132,18 @@ TEST_P(AdapterVsMerged, SameLogitsAndGreedyTokens) {
   const GenOut with = generate(*m, *be, {{p, a.get()}}, 12);
   const GenOut ref = generate(*mm, *be, {{p, nullptr}}, 12);
   const GenOut plain = generate(*m, *be, {{p, nullptr}}, 12);
-  const float d = max_diff(with.rows[0], ref.rows[0]);
+  const float d = max_diff(with.rows[0], ref.rows[0]), effect = max_diff(with.rows[0], plain.rows[0]);
   std::printf("[ %s %s rank %d ] max |adapter - merged| logit difference %.3g; vs the base %.3g\n", c.arch, c.lora_type,
-              c.rank, double(d), double(max_diff(with.rows[0], plain.rows[0])));
-  EXPECT_LT(d, kTol);
+              c.rank, double(d), double(effect));
+  EXPECT_LT(d, lo.type == GGMLType::Q8_0 ? kIntShrinkTol * effect : kTol);
   EXPECT_EQ(with.tokens[0], ref.tokens[0]);
   EXPECT_GT(max_diff(with.rows[0], plain.rows[0]), 100 * kTol) << "the adapter changes nothing";
 }
 
 INSTANTIATE_TEST_SUITE_P(Lora, AdapterVsMerged,
                          ::testing::Values(LoraCase{"llama", "f32", 16}, LoraCase{"llama", "f16", 8},
-                                           LoraCase{"llama", "q8_0", 32}, LoraCase{"qwen2", "f32", 16},
+                                           LoraCase{"llama", "q8_0", 32}, LoraCase{"llama", "q8_0", 16},
+                                           LoraCase{"qwen2", "f32", 16},
                                            LoraCase{"gemma2", "f32", 4}, LoraCase{"phi3", "f16", 16}),
                          [](const auto& info) {
                            return std::string(info.param.arch) + "_" + info.param.lora_type + "_r" +
@@ -264,7 +272,7 @@ TEST(Lora, BadAdapterFilesAreClearErrors) {
   });
   EXPECT_NE(load_error(bad.path(), *m).find("not a LoRA tensor"), std::string::npos);
   // Unsupported tensor types are named.
-  EXPECT_THROW(write_synthetic_lora(base.path(), {.rank = 16, .type = GGMLType::Q8_0}, bad.path()), Error);  // B rows of 16
+  EXPECT_THROW(write_synthetic_lora(base.path(), {.rank = 16, .type = GGMLType::Q4_0}, bad.path()), Error);
 }
 
 TEST(Lora, ForwardRefusesAdaptersUntilEnabled) {

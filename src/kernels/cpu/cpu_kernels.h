@@ -71,9 +71,12 @@ struct IsaKernels {
                QAct& qa, int threads, const ShrinkJob* shrink);
   // Sizes each worker thread's scratch for up to max_rows activation rows.
   void (*reserve)(int64_t max_rows, int threads);
-  // Backend::matmul_runs: target i's rows of X times segs[i] (its A, float types; Y, ldy and
-  // scale from t[i]), all targets' work items in one parallel pass.
-  void (*gemm_runs)(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n, int threads);
+  // Backend::matmul_runs: target i's rows of X times segs[i] (its A: a float type, or a
+  // quantized one on the integer path; Y, ldy and scale from t[i]), all targets' work items in
+  // one parallel pass. qa: X's rows quantized where quantized, else scratch they are quantized
+  // into (where an A is quantized).
+  void (*gemm_runs)(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n, int threads,
+                    QAct& qa, bool quantized);
 };
 
 // Instruction-set levels of the fast kernels, slowest first. Scalar: portable C++. Avx2: AVX2 +

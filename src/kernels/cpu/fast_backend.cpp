@@ -202,8 +202,8 @@ class CpuFastBackend final : public Backend {
     if (runs_.size() < size_t(n)) runs_.resize(size_t(n));
     for (int i = 0; i < n; ++i) {
       const WeightView& A = t[i].A;
-      if (A.type != GGMLType::F32 && A.type != GGMLType::F16 && A.type != GGMLType::BF16)
-        fail("matmul_runs: target ", i, ": A must be a float type, got ", type_traits(A.type).name);
+      if (A.type != GGMLType::F32 && A.type != GGMLType::F16 && A.type != GGMLType::BF16 && !cpu::is_int_type(A.type))
+        fail("matmul_runs: target ", i, ": A of type ", type_traits(A.type).name, " is not supported");
       if (A.n_cols != K) fail("matmul_runs: target ", i, " has K ", A.n_cols, ", X has ", K);
       if (t[i].m0 < 0 || t[i].n < 0 || t[i].ldy < A.n_rows)
         fail("matmul_runs: target ", i, ": rows [", t[i].m0, ", ", t[i].m0 + t[i].n, "), ldy ", t[i].ldy);
@@ -215,7 +215,7 @@ class CpuFastBackend final : public Backend {
       pending_ = true;
       return;
     }
-    k_.gemm_runs(X, K, t, runs_.data(), n, threads_);
+    k_.gemm_runs(X, K, t, runs_.data(), n, threads_, qa_, false);
   }
 
   void add_bias(float* Y, int64_t M, int64_t N, const float* bias) override { rowwise::add_bias(Y, M, N, bias); }

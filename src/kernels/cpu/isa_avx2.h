@@ -705,15 +705,16 @@ struct Avx2Isa {
     return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kQuadMaxM);
   }
   // Up to 2 rows: gemv_quad_t, y in registers; 3 to kQuadMaxM: gemv_quad_m_t, one pass.
-  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t M,
+  // (Rows [r0, r0 + M) of qa.)
+  static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t r0, int64_t M,
                        float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
     const bool quad = with_quad_decoder(t, group, [&](auto dec) {
       for (int64_t m = 0; m < M; m += kQuadMaxM) {  // (one tile unless M > kQuadMaxM)
-        const int8_t* x = qa.xq8.data() + m * K;
-        const float* dx = qa.dx.data() + m * nkb;
-        const int32_t* xs = qa.xs.data() + m * nkb;
-        const int32_t* xs0 = qa.xs0.data() + m * nkb;
+        const int8_t* x = qa.xq8.data() + (r0 + m) * K;
+        const float* dx = qa.dx.data() + (r0 + m) * nkb;
+        const int32_t* xs = qa.xs.data() + (r0 + m) * nkb;
+        const int32_t* xs0 = qa.xs0.data() + (r0 + m) * nkb;
         float* cm = c + m * ldc;
         switch (std::min<int64_t>(M - m, kQuadMaxM)) {
           case 1: gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, xs0, nkb, cm, ldc, true); break;

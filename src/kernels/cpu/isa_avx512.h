@@ -511,9 +511,9 @@ struct Avx512Isa : Avx2Isa {
   static bool fused_int(GGMLType t, int64_t M) {
     return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kFusedMaxMQuad);
   }
-  // ng (1 or 2) groups of type t (consecutive in C, 16 columns each) x M rows of qa.
+  // ng (1 or 2) groups of type t (consecutive in C, 16 columns each) x rows [r0, r0 + M) of qa.
   static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa,
-                         int64_t M, float* c, int64_t ldc) {
+                         int64_t r0, int64_t M, float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
     const bool quad = with_qdecoder(t, groups[0], [&](auto dec0) {
       using D = decltype(dec0);
@@ -530,10 +530,10 @@ struct Avx512Isa : Avx2Isa {
             prefetch_bytes(dec[g].g + kb1 * D::kBytesPer32, (std::min(nkb, kb1 + chunk) - kb1) * D::kBytesPer32);
         for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
           const int64_t mr = M / n_tiles + (tile < M % n_tiles ? 1 : 0);
-          const int8_t* x = qa.xq8.data() + m * K;
-          const float* dx = qa.dx.data() + m * nkb;
-          const int32_t* xs = qa.xs.data() + m * nkb;
-          const int32_t* xs0 = qa.xs0.data() + m * nkb;
+          const int8_t* x = qa.xq8.data() + (r0 + m) * K;
+          const float* dx = qa.dx.data() + (r0 + m) * nkb;
+          const int32_t* xs = qa.xs.data() + (r0 + m) * nkb;
+          const int32_t* xs0 = qa.xs0.data() + (r0 + m) * nkb;
           float* cm = c + m * ldc;
           const bool first = kb0 == 0;
           auto run = [&](auto ng_c) {

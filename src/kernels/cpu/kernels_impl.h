@@ -207,19 +207,19 @@ struct Drivers {
     const int64_t nkb = K / kQBlock;
     if constexpr (Isa::kFusedMaxM > 0) {
       // Small M (decode; and, where the Isa says so, small prefill chunks): straight from the
-      // packed bytes, all of K, no unpacked copy. (Row blocks are never this small, r0 is 0 here;
-      // either path gives the same bits.)
-      bool fused = r0 == 0 && M <= Isa::kFusedMaxM;
-      if constexpr (requires { Isa::fused_int(type, M); }) fused = r0 == 0 && Isa::fused_int(type, M);
+      // packed bytes, all of K, no unpacked copy. (Either path gives the same bits; r0 > 0 here:
+      // a LoRA shrink's run of rows, gemm_runs.)
+      bool fused = M <= Isa::kFusedMaxM;
+      if constexpr (requires { Isa::fused_int(type, M); }) fused = Isa::fused_int(type, M);
       for (int i = 0; i < ns; ++i) fused = fused && src[i].seg->packed;
       if (fused) {
         if constexpr (requires { Isa::gemv_int_n; }) {  // (the item's groups in one pass)
           const uint8_t* groups[kItemGroups];
           for (int i = 0; i < ns; ++i) groups[i] = src[i].group();
-          Isa::gemv_int_n(type, groups, ns, K, qa, M, C, ldc);
+          Isa::gemv_int_n(type, groups, ns, K, qa, r0, M, C, ldc);
         } else {
           for (int i = 0; i < ns; ++i)
-            Isa::gemv_int(type, src[i].group(), K, qa, M, C + i * kGroup, ldc);
+            Isa::gemv_int(type, src[i].group(), K, qa, r0, M, C + i * kGroup, ldc);
         }
         return;
       }
@@ -421,18 +421,20 @@ struct Drivers {
   // Backend::matmul_runs. Work items: (target, block of kMC rows, gpi groups of A's rows), so
   // one parallel pass covers every adapter's shrink; each item is a float_item over the
   // target's rows (the same numerics as gemm: one fma chain over K per output, whatever gpi),
-  // then scaled. gpi = kItemGroups (the X rows loaded once serve both) unless that leaves fewer
+  // or for a quantized A (a Q8_0 adapter) an int_item over those rows of qa, then scaled. gpi = kItemGroups (the X rows loaded once serve both) unless that leaves fewer
   // than two items per thread (decode: one adapter's O or down shrink is one group, its gate/up
   // two, one item), then one group per item so no thread idles while another does two.
   struct RunsPlan {
     const float* X;
+    const QAct& qa;
     int64_t K;
     const RunTarget* t;
     const GemmSeg* segs;
     int n, threads, gpi;
     int64_t n_items = 0;
-    RunsPlan(const float* X_, int64_t K_, const RunTarget* t_, const GemmSeg* s_, int n_, int threads_)
-        : X(X_), K(K_), t(t_), segs(s_), n(n_), threads(threads_) {
+    RunsPlan(const float* X_, const QAct& qa_, int64_t K_, const RunTarget* t_, const GemmSeg* s_, int n_,
+             int threads_)
+        : X(X_), qa(qa_), K(K_), t(t_), segs(s_), n(n_), threads(threads_) {
       int64_t n_pairs = 0;
       for (int i = 0; i < n; ++i)
         n_pairs += (t[i].n + kMC - 1) / kMC * ((n_groups(segs[i].n_rows) + kItemGroups - 1) / kItemGroups);
@@ -480,7 +482,8 @@ struct Drivers {
       const int64_t ldc = kItemGroups * kGroup;
       Scratch& s = scratch();
       if (s.c.size() < size_t(rows * ldc)) s.c.resize(size_t(rows * ldc));
-      float_item(X + (t[i].m0 + mb) * K, rows, K, src, ns, s, s.c.data(), ldc);
+      if (is_int_type(segs[i].type)) int_item(qa, t[i].m0 + mb, rows, K, src, ns, s, s.c.data(), ldc);
+      else float_item(X + (t[i].m0 + mb) * K, rows, K, src, ns, s, s.c.data(), ldc);
       for (int64_t m = 0; m < rows; ++m)
         for (int q = 0; q < ns; ++q) {
           const float* c = s.c.data() + m * ldc + q * kGroup;
@@ -489,40 +492,64 @@ struct Drivers {
         }
     }
   };
+  // (quantized: qa holds X's rows the targets read, where an A is quantized; else they are
+  // quantized into it first.)
   static void gemm_runs(const float* X, int64_t K, const RunTarget* t, const GemmSeg* segs, int n,
-                        int threads) {
+                        int threads, QAct& qa, bool quantized) {
+    if (!quantized && any_int_run(segs, n)) {
+      int64_t rows = 0;
+      for (int i = 0; i < n; ++i) rows = std::max(rows, t[i].m0 + t[i].n);
+      quantize(X, rows, K, qa, threads);
+    }
     if constexpr (requires { Isa::gemv_runs; }) {
       DecodeShrink d;
-      if (d.init({X, K, t, segs, n}, threads)) {
+      if (d.init({X, K, t, segs, n}, threads, &qa)) {
         parallel_for(d.calls, threads, 1, [&](int64_t c) { d.run(c); });
         return;
       }
     }
-    const RunsPlan plan(X, K, t, segs, n, threads);
+    const RunsPlan plan(X, qa, K, t, segs, n, threads);
     parallel_for(plan.n_items, threads, 1, [&](int64_t p) { plan.run(p); });
   }
-  // Decode (every target one row; every A packed, of one float type): the shrink's (target,
-  // group) pairs in calls of up to kLoraDirectRows pairs to Isa::gemv_runs, their fma chains
-  // side by side (the same chain per output as float_item's GEMV: the same bits). One adapter's
-  // shrink (1-3 groups per input) is then one call; as RunsPlan's items, each group was a lone
-  // latency-bound chain over K, two of QKV's three on one thread. More pairs (adapters mixed):
-  // calls of equal size, a multiple of `threads`.
+  static bool any_int_run(const GemmSeg* segs, int n) {
+    for (int i = 0; i < n; ++i)
+      if (is_int_type(segs[i].type)) return true;
+    return false;
+  }
+  // Decode (every target one row; every A packed, of one type): for a float type the shrink's
+  // (target, group) pairs in calls of up to kLoraDirectRows pairs to Isa::gemv_runs, their fma
+  // chains side by side (the same chain per output as float_item's GEMV: the same bits). One
+  // adapter's shrink (1-3 groups per input) is then one call; as RunsPlan's items, each group
+  // was a lone latency-bound chain over K, two of QKV's three on one thread. More pairs
+  // (adapters mixed): calls of equal size, a multiple of `threads`. A quantized type: one call
+  // per target and two groups, the integer GEMV over the target's row of qa (int_item's fused
+  // path, as RunsPlan's items: the same bits).
   struct DecodeShrink {
     ShrinkJob j{};
+    const QAct* qa = nullptr;
+    bool quant = false;
     int64_t np = 0, calls = 0;
-    // False where this does not apply.
-    bool init(const ShrinkJob& job, int threads) {
+    static int64_t pairs_of(const GemmSeg& g, bool quant) {
+      const int64_t G = n_groups(g.n_rows);
+      return quant ? (G + kItemGroups - 1) / kItemGroups : G;
+    }
+    // False where this does not apply. (q: X quantized, for a quantized A.)
+    bool init(const ShrinkJob& job, int threads, const QAct* q) {
       j = job;
+      qa = q;
       np = 0;
+      quant = j.n > 0 && is_int_type(j.segs[0].type);
+      if (quant && !qa) return false;
       for (int i = 0; i < j.n; ++i) {
         if (j.t[i].n != 1 || !j.segs[i].packed || j.segs[i].type != j.segs[0].type) return false;
-        np += n_groups(j.segs[i].n_rows);
+        np += pairs_of(j.segs[i], quant);
       }
-      calls = (np + kLoraDirectRows - 1) / kLoraDirectRows;
-      if (calls > 1 && threads > 1) calls = std::min(np, (calls + threads - 1) / threads * threads);
+      calls = quant ? np : (np + kLoraDirectRows - 1) / kLoraDirectRows;
+      if (!quant && calls > 1 && threads > 1) calls = std::min(np, (calls + threads - 1) / threads * threads);
       return np > 0;
     }
     void run(int64_t c) const {
+      if (quant) return run_int(c);
       const int64_t q0 = np * c / calls, q1 = np * (c + 1) / calls;
       const uint8_t* g[kLoraDirectRows];
       const float* x[kLoraDirectRows];
@@ -546,6 +573,26 @@ struct Drivers {
         const int cnt = int(std::min<int64_t>(kGroup, j.segs[ti[k]].n_rows - n0[k]));
         for (int e = 0; e < cnt; ++e) r.Y[n0[k] + e] = r.scale * out[k * kGroup + e];
       }
+    }
+    // Call c of a quantized A: target i's groups [u kItemGroups, (u + 1) kItemGroups).
+    void run_int(int64_t c) const {
+      int i = 0;
+      int64_t u = c;
+      while (u >= pairs_of(j.segs[i], true)) u -= pairs_of(j.segs[i], true), ++i;
+      const GemmSeg& g = j.segs[i];
+      Source src[kItemGroups];
+      int ns = 0;
+      for (int k = 0; k < kItemGroups; ++k) {
+        const int64_t n0 = (u * kItemGroups + k) * kGroup;
+        if (n0 >= g.n_rows) break;
+        src[ns] = {&g, n0, int(std::min<int64_t>(kGroup, g.n_rows - n0))};
+        Isa::prefetch_bytes(src[ns++].group(), std::min<int64_t>(int64_t(g.row_bytes), kRunsPrefetch));
+      }
+      alignas(64) float out[kItemGroups * kGroup];
+      const RunTarget& r = j.t[i];
+      int_item(*qa, r.m0, 1, j.K, src, ns, scratch(), out, kItemGroups * kGroup);
+      for (int k = 0; k < ns; ++k)
+        for (int e = 0; e < src[k].cnt; ++e) r.Y[src[k].n0 + e] = r.scale * out[k * kGroup + e];
     }
   };
   static constexpr int64_t kRunsPrefetch = 2048;  // bytes of each A group's head (gemm_runs)
@@ -591,7 +638,20 @@ struct Drivers {
       n_items += swiglu ? G : (G + kItemGroups - 1) / kItemGroups;
     }
     const int64_t ldc = kItemGroups * kGroup;
-    bool any_int = false;
+    // A shrink of quantized A's (Q8_0 adapters) reads X's rows quantized: this call's qa where
+    // its X is this call's (LoRA: the projection's input), else its own pass first, before qa
+    // becomes this call's.
+    bool shrink_int = false;
+    if (shrink && any_int_run(shrink->segs, shrink->n)) {
+      bool shares = shrink->X == X && shrink->K == K;
+      for (int i = 0; i < shrink->n; ++i) shares = shares && shrink->t[i].m0 + shrink->t[i].n <= M;
+      if (!shares) {
+        gemm_runs(shrink->X, shrink->K, shrink->t, shrink->segs, shrink->n, threads, qa, false);
+        shrink = nullptr;
+      }
+      shrink_int = shrink != nullptr;
+    }
+    bool any_int = shrink_int;
     for (int i = 0; i < n_segs; ++i) any_int = any_int || is_int_type(segs[i].type);
     if (any_int) quantize(X, M, K, qa, threads);
     // Small M (decode, speculative verification, small chunks) streams weights from memory:
@@ -623,7 +683,7 @@ struct Drivers {
       // parallel region, whose one-call latency-bound chains left the other threads idle.
       DecodeShrink d;
       bool fused = false;
-      if constexpr (requires { Isa::gemv_runs; }) fused = deferred && d.init(*shrink, 1);
+      if constexpr (requires { Isa::gemv_runs; }) fused = deferred && d.init(*shrink, 1, &qa);
       if (fused) {
         std::atomic<int64_t> next_call{0}, done{0}, next{0};
         parallel(threads, [&](int, int) {
@@ -642,7 +702,7 @@ struct Drivers {
         });
         return;
       }
-      gemm_runs(shrink->X, shrink->K, shrink->t, shrink->segs, shrink->n, threads);
+      gemm_runs(shrink->X, shrink->K, shrink->t, shrink->segs, shrink->n, threads, qa, true);
     }
     if (deferred) {
       parallel_for_runs(n_items, threads, run,
