@@ -44,6 +44,16 @@ namespace {
 struct AmxIsa : Avx512Isa {
   static constexpr int kTileRows = 16;
 
+  // The rows from which gemv_int_n (the driver's fused path, M <= 32 for the quad types) runs
+  // Q8_0 on the tiles straight from the packed bytes. Measured on a 1.1B Q8_0 model (`run -b`,
+  // 5 alternated pairs): 32-row chunks 1.065x the vector GEMV's prefill rate; 16 and 24 rows
+  // 0.97x (weights from memory at every step; in cache, BM_GemmPct, the tiles were 1.3-1.5x
+  // at 16-32 rows). The row blocks' tiles (unpacked chunks, mk_int_tiles) at 16-32 rows: Q4_0
+  // 0.88x at 24 rows, Q8_0 no faster in cache; Q4_0 straight from its nibbles (split per block
+  // and tile) no faster than the vector GEMV in cache.
+  static constexpr int64_t kDirectMinRows = 32;
+  static constexpr int64_t kPrefetchChunks = 2;  // (gemv_int_n's tiles)
+
   // Tiles 0 and 3: A (16 rows x 32 bytes); 1 and 4: B (8 quads x 64 bytes); 2 and 5: C (16 x 16
   // int32). Consecutive blocks alternate between the two sets, so the tile unit overlaps them.
   // Loaded once per thread (nothing else in this process configures tiles but bench peak's
@@ -89,6 +99,86 @@ struct AmxIsa : Avx512Isa {
     else FT_BLOCK_PRODUCTS(3, 4, 5, x, ldx, v, c32);
   }
 #undef FT_BLOCK_PRODUCTS
+
+  // Q8_0 straight from a packed group: per 32-block f16 d[16], then u[8 quads][16 rows][4] with u
+  // = q + 128 (packed.h), which is B's layout: tdpbsud (signed A, unsigned B) gives C = sum u xq,
+  // and I = C - 128 X (X = the block's sum of xq, qa.xs), the exact integer.
+#define FT_BLOCK_PRODUCTS_U(TA, TB, TC, xq8, ldx, b, c32) \
+  do {                                                    \
+    _tile_loadd(TA, xq8, ldx);                            \
+    _tile_loadd(TB, b, 4 * kGroup);                       \
+    _tile_zero(TC);                                       \
+    _tile_dpbsud(TC, TA, TB);                             \
+    _tile_stored(TC, c32, 4 * kGroup);                    \
+  } while (0)
+  static void block_products_q8(int64_t kb, const int8_t* x, int64_t ldx, const uint8_t* blocks, int32_t* c32) {
+    x += kb * kQBlock, c32 += kb * kTileRows * kGroup;
+    const uint8_t* b = blocks + kb * QDecQ8_0::kBytesPer32 + 2 * kGroup;
+    if (kb % 2 == 0) FT_BLOCK_PRODUCTS_U(0, 1, 2, x, ldx, b, c32);
+    else FT_BLOCK_PRODUCTS_U(3, 4, 5, x, ldx, b, c32);
+  }
+#undef FT_BLOCK_PRODUCTS_U
+
+  // gemv_int_n (the driver's fused path): full tiles of 16 rows of Q8_0 as above, the rest of
+  // the rows and other types as Avx512Isa. Units of 16 rows x one group over chunks of
+  // kKC / 32 blocks, pipelined as mk_int_tiles' (the next unit's product of each block issued
+  // before this unit's epilogue of it); the epilogue is mk_q_t's: y = fma(float(I), d * dx, y).
+  static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
+                         int64_t M, float* c, int64_t ldc) {
+    const int64_t full = t == GGMLType::Q8_0 && M >= kDirectMinRows ? M / kTileRows * kTileRows : 0;
+    if (full < M) Avx512Isa::gemv_int_n(t, groups, ng, K, qa, r0 + full, M - full, c + full * ldc, ldc);
+    if (full == 0) return;
+    configure_tiles();
+    const int64_t nkb = K / kQBlock, n_units = full / kTileRows * ng;
+    constexpr int64_t kChunk = kKC / kQBlock;
+    alignas(64) int32_t c32[2][kChunk * kTileRows * kGroup];
+    struct U {
+      const int8_t* x = nullptr;  // the tile's rows of xq8 from the chunk
+      const uint8_t* b = nullptr;  // the group's packed blocks from the chunk
+    };
+    for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunk) {
+      const int64_t nb = std::min(kChunk, nkb - kb0);
+      // The groups' bytes kPrefetchChunks chunks ahead (from memory at the scheduler's chunk
+      // sizes, where a step streams every weight: without, the tiles waited on each chunk).
+      for (int64_t a = kb0 == 0 ? 1 : kPrefetchChunks; a <= kPrefetchChunks; ++a) {
+        const int64_t pb = kb0 + a * kChunk;
+        if (pb >= nkb) break;
+        for (int g = 0; g < ng; ++g)
+          prefetch_bytes(groups[g] + pb * QDecQ8_0::kBytesPer32, std::min(kChunk, nkb - pb) * QDecQ8_0::kBytesPer32);
+      }
+      auto unit_of = [&](int64_t u) {
+        return U{qa.xq8.data() + (r0 + u / ng * kTileRows) * K + kb0 * kQBlock,
+                 groups[u % ng] + kb0 * QDecQ8_0::kBytesPer32};
+      };
+      U cur = unit_of(0);
+      for (int64_t kb = 0; kb < nb; ++kb) block_products_q8(kb, cur.x, K, cur.b, c32[0]);
+      for (int64_t u = 0; u < n_units; ++u) {
+        const U next = u + 1 < n_units ? unit_of(u + 1) : U{};
+        const int64_t m0 = u / ng * kTileRows;
+        const float* dx = qa.dx.data() + (r0 + m0) * nkb + kb0;
+        const int32_t* xs = qa.xs.data() + (r0 + m0) * nkb + kb0;
+        float* cu = c + m0 * ldc + kGroup * (u % ng);
+        __m512 y[kTileRows];
+#pragma GCC unroll 16
+        for (int i = 0; i < kTileRows; ++i) y[i] = kb0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(cu + i * ldc);
+        for (int64_t kb = 0; kb < nb; ++kb) {
+          if (next.x) block_products_q8(kb, next.x, K, next.b, c32[(u + 1) % 2]);
+          const __m512 s1v = h16(cur.b + kb * QDecQ8_0::kBytesPer32);
+          const int32_t* ck = c32[u % 2] + kb * kTileRows * kGroup;
+#pragma GCC unroll 16
+          for (int i = 0; i < kTileRows; ++i) {
+            const __m512 d = _mm512_set1_ps(dx[i * nkb + kb]);
+            const __m512i I = _mm512_sub_epi32(_mm512_load_si512(ck + i * kGroup),
+                                               _mm512_set1_epi32(QDecQ8_0::kBias * xs[i * nkb + kb]));
+            y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1v, d), y[i]);
+          }
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < kTileRows; ++i) _mm512_storeu_ps(cu + i * ldc, y[i]);
+        cur = next;
+      }
+    }
+  }
 
   // A unit: NR (<= 16; nr when 0) rows x one group over the chunk's nb blocks.
   struct Unit {
