@@ -83,41 +83,32 @@ struct AmxIsa : Avx512Isa {
   }
 
   // One 32-block's products: C (tile TC, stored to c32: 16 x 16 int32) = A (TA: 16 rows of xq8,
-  // ldx apart) x B (TB: 512 bytes of signed quads at v). (A macro: GCC's tile intrinsics paste
-  // the tile number into the instruction's text, so it must be a literal.)
-#define FT_BLOCK_PRODUCTS(TA, TB, TC, xq8, ldx, v, c32) \
-  do {                                                  \
-    _tile_loadd(TA, xq8, ldx);                          \
-    _tile_loadd(TB, v, 4 * kGroup);                     \
-    _tile_zero(TC);                                     \
-    _tile_dpbssd(TC, TA, TB);                           \
-    _tile_stored(TC, c32, 4 * kGroup);                  \
+  // ldx apart) x B (TB: 512 bytes of quads at v), by DP: tdpbssd for signed quads, tdpbsud for
+  // unsigned ones. (A macro: GCC's tile intrinsics paste the tile number into the instruction's
+  // text, so it must be a literal.)
+#define FT_BLOCK_PRODUCTS(DP, TA, TB, TC, xq8, ldx, v, c32) \
+  do {                                                      \
+    _tile_loadd(TA, xq8, ldx);                              \
+    _tile_loadd(TB, v, 4 * kGroup);                         \
+    _tile_zero(TC);                                         \
+    DP(TC, TA, TB);                                         \
+    _tile_stored(TC, c32, 4 * kGroup);                      \
   } while (0)
   static void block_products(int64_t kb, const int8_t* x, int64_t ldx, const uint8_t* v, int32_t* c32) {
     x += kb * kQBlock, v += kb * kQBlock * kGroup, c32 += kb * kTileRows * kGroup;
-    if (kb % 2 == 0) FT_BLOCK_PRODUCTS(0, 1, 2, x, ldx, v, c32);
-    else FT_BLOCK_PRODUCTS(3, 4, 5, x, ldx, v, c32);
+    if (kb % 2 == 0) FT_BLOCK_PRODUCTS(_tile_dpbssd, 0, 1, 2, x, ldx, v, c32);
+    else FT_BLOCK_PRODUCTS(_tile_dpbssd, 3, 4, 5, x, ldx, v, c32);
   }
-#undef FT_BLOCK_PRODUCTS
-
   // Q8_0 straight from a packed group: per 32-block f16 d[16], then u[8 quads][16 rows][4] with u
   // = q + 128 (packed.h), which is B's layout: tdpbsud (signed A, unsigned B) gives C = sum u xq,
   // and I = C - 128 X (X = the block's sum of xq, qa.xs), the exact integer.
-#define FT_BLOCK_PRODUCTS_U(TA, TB, TC, xq8, ldx, b, c32) \
-  do {                                                    \
-    _tile_loadd(TA, xq8, ldx);                            \
-    _tile_loadd(TB, b, 4 * kGroup);                       \
-    _tile_zero(TC);                                       \
-    _tile_dpbsud(TC, TA, TB);                             \
-    _tile_stored(TC, c32, 4 * kGroup);                    \
-  } while (0)
   static void block_products_q8(int64_t kb, const int8_t* x, int64_t ldx, const uint8_t* blocks, int32_t* c32) {
     x += kb * kQBlock, c32 += kb * kTileRows * kGroup;
     const uint8_t* b = blocks + kb * QDecQ8_0::kBytesPer32 + 2 * kGroup;
-    if (kb % 2 == 0) FT_BLOCK_PRODUCTS_U(0, 1, 2, x, ldx, b, c32);
-    else FT_BLOCK_PRODUCTS_U(3, 4, 5, x, ldx, b, c32);
+    if (kb % 2 == 0) FT_BLOCK_PRODUCTS(_tile_dpbsud, 0, 1, 2, x, ldx, b, c32);
+    else FT_BLOCK_PRODUCTS(_tile_dpbsud, 3, 4, 5, x, ldx, b, c32);
   }
-#undef FT_BLOCK_PRODUCTS_U
+#undef FT_BLOCK_PRODUCTS
 
   // gemv_int_n (the driver's fused path): full tiles of 16 rows of Q8_0 as above, the rest of
   // the rows and other types as Avx512Isa. Units of 16 rows x one group over chunks of
