@@ -421,8 +421,9 @@ struct Drivers {
   // Backend::matmul_runs. Work items: (target, block of kMC rows, gpi groups of A's rows), so
   // one parallel pass covers every adapter's shrink; each item is a float_item over the
   // target's rows (the same numerics as gemm: one fma chain over K per output, whatever gpi),
-  // or for a quantized A (a Q8_0 adapter) an int_item over those rows of qa, then scaled. gpi = kItemGroups (the X rows loaded once serve both) unless that leaves fewer
-  // than two items per thread (decode: one adapter's O or down shrink is one group, its gate/up
+  // or for a quantized A (a Q8_0 adapter) an int_item over those rows of qa, then scaled. gpi =
+  // kItemGroups (the X rows loaded once serve both) unless that leaves fewer than two items per
+  // thread (decode: one adapter's O or down shrink is one group, its gate/up
   // two, one item), then one group per item so no thread idles while another does two.
   struct RunsPlan {
     const float* X;
@@ -503,7 +504,7 @@ struct Drivers {
     }
     if constexpr (requires { Isa::gemv_runs; }) {
       DecodeShrink d;
-      if (d.init({X, K, t, segs, n}, threads, &qa)) {
+      if (d.init({X, K, t, segs, n}, threads, qa)) {
         parallel_for(d.calls, threads, 1, [&](int64_t c) { d.run(c); });
         return;
       }
@@ -526,20 +527,19 @@ struct Drivers {
   // path, as RunsPlan's items: the same bits).
   struct DecodeShrink {
     ShrinkJob j{};
-    const QAct* qa = nullptr;
+    const QAct* qa = nullptr;  // X quantized (gemm_runs, gemm: always there)
     bool quant = false;
     int64_t np = 0, calls = 0;
     static int64_t pairs_of(const GemmSeg& g, bool quant) {
       const int64_t G = n_groups(g.n_rows);
       return quant ? (G + kItemGroups - 1) / kItemGroups : G;
     }
-    // False where this does not apply. (q: X quantized, for a quantized A.)
-    bool init(const ShrinkJob& job, int threads, const QAct* q) {
+    // False where this does not apply. (q: X quantized, read for a quantized A.)
+    bool init(const ShrinkJob& job, int threads, const QAct& q) {
       j = job;
-      qa = q;
+      qa = &q;
       np = 0;
       quant = j.n > 0 && is_int_type(j.segs[0].type);
-      if (quant && !qa) return false;
       for (int i = 0; i < j.n; ++i) {
         if (j.t[i].n != 1 || !j.segs[i].packed || j.segs[i].type != j.segs[0].type) return false;
         np += pairs_of(j.segs[i], quant);
@@ -651,9 +651,7 @@ struct Drivers {
       }
       shrink_int = shrink != nullptr;
     }
-    bool any_int = shrink_int;
-    for (int i = 0; i < n_segs; ++i) any_int = any_int || is_int_type(segs[i].type);
-    if (any_int) quantize(X, M, K, qa, threads);
+    if (shrink_int || any_int_run(segs, n_segs)) quantize(X, M, K, qa, threads);
     // Small M (decode, speculative verification, small chunks) streams weights from memory:
     // each thread takes runs of consecutive items, each run one ascending stream (what the
     // prefetchers follow). A run's start pays a memory latency and the prefetchers' ramp, so a
@@ -683,7 +681,7 @@ struct Drivers {
       // parallel region, whose one-call latency-bound chains left the other threads idle.
       DecodeShrink d;
       bool fused = false;
-      if constexpr (requires { Isa::gemv_runs; }) fused = deferred && d.init(*shrink, 1, &qa);
+      if constexpr (requires { Isa::gemv_runs; }) fused = deferred && d.init(*shrink, 1, qa);
       if (fused) {
         std::atomic<int64_t> next_call{0}, done{0}, next{0};
         parallel(threads, [&](int, int) {
