@@ -50,9 +50,13 @@ struct AmxIsa : Avx512Isa {
   // 0.97x (weights from memory at every step; in cache, BM_GemmPct, the tiles were 1.3-1.5x
   // at 16-32 rows). The row blocks' tiles (unpacked chunks, mk_int_tiles) at 16-32 rows: Q4_0
   // 0.88x at 24 rows, Q8_0 no faster in cache; Q4_0 straight from its nibbles (split per block
-  // and tile) no faster than the vector GEMV in cache.
+  // and tile) no faster than the vector GEMV in cache. Once neither path burst-prefetched its
+  // next chunk (below; Avx512Isa::gemv_int_n), the tiles from 8 rows (the last tile's rows
+  // padded) ran 0.85x the vector GEMV at 8 rows, even at 16, 0.96x at 24, 1.0-1.03x at 32.
   static constexpr int64_t kDirectMinRows = 32;
-  static constexpr int64_t kPrefetchChunks = 2;  // (gemv_int_n's tiles)
+  // How far ahead gemv_int_n's tiles ask for a group's blocks (8: 4.3 KB of Q8_0; at 16 and 32
+  // rows 1.04-1.14x faster than 4, 16 or 24).
+  static constexpr int64_t kPrefetchBlocks = 8;
 
   // Tiles 0 and 3: A (16 rows x 32 bytes); 1 and 4: B (8 quads x 64 bytes); 2 and 5: C (16 x 16
   // int32). Consecutive blocks alternate between the two sets, so the tile unit overlaps them.
@@ -114,6 +118,10 @@ struct AmxIsa : Avx512Isa {
   // the rows and other types as Avx512Isa. Units of 16 rows x one group over chunks of
   // kKC / 32 blocks, pipelined as mk_int_tiles' (the next unit's product of each block issued
   // before this unit's epilogue of it); the epilogue is mk_q_t's: y = fma(float(I), d * dx, y).
+  // At these sizes a step streams every weight from memory: the first row tile's units ask for
+  // their group's block kPrefetchBlocks ahead as they reach each block, spread through the
+  // compute (the next chunks asked for at once at each chunk's start kept the tiles waiting:
+  // 1.15-1.2x slower at 32 rows on a 1.1B Q8_0 model).
   static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                          int64_t M, float* c, int64_t ldc) {
     const int64_t full = t == GGMLType::Q8_0 && M >= kDirectMinRows ? M / kTileRows * kTileRows : 0;
@@ -129,14 +137,8 @@ struct AmxIsa : Avx512Isa {
     };
     for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunk) {
       const int64_t nb = std::min(kChunk, nkb - kb0);
-      // The groups' bytes kPrefetchChunks chunks ahead (from memory at the scheduler's chunk
-      // sizes, where a step streams every weight: without, the tiles waited on each chunk).
-      for (int64_t a = kb0 == 0 ? 1 : kPrefetchChunks; a <= kPrefetchChunks; ++a) {
-        const int64_t pb = kb0 + a * kChunk;
-        if (pb >= nkb) break;
-        for (int g = 0; g < ng; ++g)
-          prefetch_bytes(groups[g] + pb * QDecQ8_0::kBytesPer32, std::min(kChunk, nkb - pb) * QDecQ8_0::kBytesPer32);
-      }
+      if (kb0 == 0)
+        for (int g = 0; g < ng; ++g) prefetch_bytes(groups[g], std::min(kPrefetchBlocks, nkb) * QDecQ8_0::kBytesPer32);
       auto unit_of = [&](int64_t u) {
         return U{qa.xq8.data() + (r0 + u / ng * kTileRows) * K + kb0 * kQBlock,
                  groups[u % ng] + kb0 * QDecQ8_0::kBytesPer32};
@@ -152,7 +154,11 @@ struct AmxIsa : Avx512Isa {
         __m512 y[kTileRows];
 #pragma GCC unroll 16
         for (int i = 0; i < kTileRows; ++i) y[i] = kb0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(cu + i * ldc);
+        // (the first row tile's units: their group's block kb0 + kb + kPrefetchBlocks at block kb)
+        const int64_t n_ahead = u < ng ? std::clamp<int64_t>(nkb - kb0 - kPrefetchBlocks, 0, nb) : 0;
         for (int64_t kb = 0; kb < nb; ++kb) {
+          if (kb < n_ahead)
+            prefetch_bytes(groups[u] + (kb0 + kb + kPrefetchBlocks) * QDecQ8_0::kBytesPer32, QDecQ8_0::kBytesPer32);
           if (next.x) block_products_q8(kb, next.x, K, next.b, c32[(u + 1) % 2]);
           const __m512 s1v = h16(cur.b + kb * QDecQ8_0::kBytesPer32);
           const int32_t* ck = c32[u % 2] + kb * kTileRows * kGroup;
