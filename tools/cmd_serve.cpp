@@ -61,8 +61,7 @@ void tp_agree(Communicator& tp, F&& fn) {
   }
   if (!tp.all_ok(err.empty())) {
     // Each rank says its error before any exits: mpirun ends the others at the first non-zero exit.
-    if (!err.empty()) std::fprintf(stderr, "firsttoken: error: %s\n", err.c_str());
-    std::fflush(stderr);
+    if (!err.empty()) say_error(err);
     tp.all_ok(false);  // (a barrier: every rank has printed)
     fail(err.empty() ? cat("rank ", tp.rank(), " of ", tp.size(), ": another rank failed to start (its error says why)")
                      : std::string("tensor parallelism: start-up failed (the error above)"));

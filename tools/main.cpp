@@ -41,8 +41,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("profile")) return ft::tools::cmd_profile(profile);
     if (app.got_subcommand("perplexity")) return ft::tools::cmd_perplexity(perplexity);
   } catch (const ft::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "firsttoken: error: %s\n", e.what());
+    ft::say_error(e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -1,5 +1,6 @@
 // Error type and helpers shared by every module.
 #pragma once
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,14 @@ std::string cat(const Args&... args) {
 template <class... Args>
 [[noreturn]] void fail(const Args&... args) {
   throw Error(cat(args...));
+}
+
+// How the CLI says an Error on stderr, flushed (also each rank of a multi-process job, before the
+// barrier after which any may exit: mpirun ends the others at the first non-zero exit).
+inline void say_error(const std::string& what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "firsttoken: error: %s\n", what.c_str());
+  std::fflush(stderr);
 }
 
 }  // namespace ft

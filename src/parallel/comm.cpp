@@ -113,10 +113,14 @@ std::unique_ptr<Communicator> Communicator::start(int tp, int pp) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   if (const char* t = std::getenv("FT_MPI_TIMEOUT_S")) c->timeout_s_ = std::atof(t);
   if (c->size_ != size) {
-    const int world = c->size_;
-    c.reset();  // finalizes: every rank sees the same mismatch and stops the same way
-    fail("parallelism: tp_size x pp_size = ", tp, " x ", pp, " = ", size, " but the job has ", world,
-         " MPI ranks (start it with mpirun -n ", size, ")");
+    // Every rank sees the same mismatch and says it before any exits (mpirun ends the others at
+    // the first non-zero exit, which took a rank's message with it now and then): each prints,
+    // then a barrier, then finalizes and stops, as tp_agree (serve) does.
+    say_error(cat("parallelism: tp_size x pp_size = ", tp, " x ", pp, " = ", size, " but the job has ", c->size_,
+                  " MPI ranks (start it with mpirun -n ", size, ")"));
+    MPI_Barrier(MPI_COMM_WORLD);
+    c.reset();  // (finalizes)
+    fail("parallelism: start-up failed (the error above)");
   }
   c->tp_ = tp;
   c->impl_ = std::make_unique<Impl>();
