@@ -115,10 +115,11 @@ std::unique_ptr<Communicator> Communicator::start(int tp, int pp) {
   if (c->size_ != size) {
     // Every rank sees the same mismatch and says it before any exits (mpirun ends the others at
     // the first non-zero exit, which took a rank's message with it now and then): each prints,
-    // then a barrier, then finalizes and stops, as tp_agree (serve) does.
+    // then all_ok's barrier (timed, as every collective here), then finalizes and stops, as
+    // tp_agree (serve) does.
     say_error(cat("parallelism: tp_size x pp_size = ", tp, " x ", pp, " = ", size, " but the job has ", c->size_,
                   " MPI ranks (start it with mpirun -n ", size, ")"));
-    MPI_Barrier(MPI_COMM_WORLD);
+    c->all_ok(false);
     c.reset();  // (finalizes)
     fail("parallelism: start-up failed (the error above)");
   }
