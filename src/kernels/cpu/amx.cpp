@@ -45,18 +45,22 @@ struct AmxIsa : Avx512Isa {
   static constexpr int kTileRows = 16;
 
   // The rows from which gemv_int_n (the driver's fused path, M <= 32 for the quad types) runs
-  // Q8_0 on the tiles straight from the packed bytes. Measured on a 1.1B Q8_0 model (`run -b`,
-  // 5 alternated pairs): 32-row chunks 1.065x the vector GEMV's prefill rate; 16 and 24 rows
-  // 0.97x (weights from memory at every step; in cache, BM_GemmPct, the tiles were 1.3-1.5x
-  // at 16-32 rows). The row blocks' tiles (unpacked chunks, mk_int_tiles) at 16-32 rows: Q4_0
-  // 0.88x at 24 rows, Q8_0 no faster in cache; Q4_0 straight from its nibbles (split per block
-  // and tile) no faster than the vector GEMV in cache. Once neither path burst-prefetched its
-  // next chunk (below; Avx512Isa::gemv_int_n), the tiles from 8 rows (the last tile's rows
-  // padded) ran 0.85x the vector GEMV at 8 rows, even at 16, 0.96x at 24, 1.0-1.03x at 32.
-  static constexpr int64_t kDirectMinRows = 32;
-  // How far ahead gemv_int_n's tiles ask for a group's blocks (8: 4.3 KB of Q8_0; at 16 and 32
-  // rows 1.04-1.14x faster than 4, 16 or 24).
-  static constexpr int64_t kPrefetchBlocks = 8;
+  // on the tiles (direct_tiles). Measured on the 1.1B files (`run -b`, alternated pairs):
+  // Q8_0 from its packed bytes at 32 rows 1.065x the vector GEMV's prefill rate; at 16 and 24
+  // rows 0.9-0.97x (its weights, 34 bytes per 32, stream from memory at every step, and the
+  // vector GEMV streams them better); unpacked as the nibble types are, 0.9-1.0x at 32 rows.
+  // Q4_0 and Q4_K (unpacked to signed quads a chunk ahead) 1.07-1.14x at 16 and 32 rows.
+  // Tried and not kept: the row blocks' tiles (mk_int_tiles, unpacked per call) at 16-32 rows,
+  // Q4_0 0.88x at 24 rows; the tiles from 8 rows (the last tile's rows padded) 0.85x at 8 rows.
+  static int64_t direct_min_rows(GGMLType t) {
+    return t == GGMLType::Q8_0 ? 32 : t == GGMLType::Q4_0 || t == GGMLType::Q4_K ? 16 : kNever;
+  }
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  // How far past the block being read direct_tiles asks for a group's weights: Q8_0 8 blocks
+  // ahead of its products (4.3 KB; at 16 and 32 rows 1.04-1.14x faster than 4, 16 or 24); the
+  // nibble types 4 past the block being unpacked, itself a chunk ahead (8 and 16 were 4-12% slower).
+  template <class D>
+  static constexpr int64_t kPrefetchBlocks = std::is_same_v<D, QDecQ8_0> ? 0 : 4;
 
   // Tiles 0 and 3: A (16 rows x 32 bytes); 1 and 4: B (8 quads x 64 bytes); 2 and 5: C (16 x 16
   // int32). Consecutive blocks alternate between the two sets, so the tile unit overlaps them.
@@ -103,76 +107,141 @@ struct AmxIsa : Avx512Isa {
     if (kb % 2 == 0) FT_BLOCK_PRODUCTS(_tile_dpbssd, 0, 1, 2, x, ldx, v, c32);
     else FT_BLOCK_PRODUCTS(_tile_dpbssd, 3, 4, 5, x, ldx, v, c32);
   }
-  // Q8_0 straight from a packed group: per 32-block f16 d[16], then u[8 quads][16 rows][4] with u
-  // = q + 128 (packed.h), which is B's layout: tdpbsud (signed A, unsigned B) gives C = sum u xq,
-  // and I = C - 128 X (X = the block's sum of xq, qa.xs), the exact integer.
-  static void block_products_q8(int64_t kb, const int8_t* x, int64_t ldx, const uint8_t* blocks, int32_t* c32) {
-    x += kb * kQBlock, c32 += kb * kTileRows * kGroup;
-    const uint8_t* b = blocks + kb * QDecQ8_0::kBytesPer32 + 2 * kGroup;
-    if (kb % 2 == 0) FT_BLOCK_PRODUCTS(_tile_dpbsud, 0, 1, 2, x, ldx, b, c32);
-    else FT_BLOCK_PRODUCTS(_tile_dpbsud, 3, 4, 5, x, ldx, b, c32);
-  }
 #undef FT_BLOCK_PRODUCTS
 
-  // gemv_int_n (the driver's fused path): full tiles of 16 rows of Q8_0 as above, the rest of
-  // the rows and other types as Avx512Isa. Units of 16 rows x one group over chunks of
-  // kKC / 32 blocks, pipelined as mk_int_tiles' (the next unit's product of each block issued
-  // before this unit's epilogue of it); the epilogue is mk_q_t's: y = fma(float(I), d * dx, y).
-  // At these sizes a step streams every weight from memory: the first row tile's units ask for
-  // their group's block kPrefetchBlocks ahead as they reach each block, spread through the
-  // compute (the next chunks asked for at once at each chunk's start kept the tiles waiting:
-  // 1.15-1.2x slower at 32 rows on a 1.1B Q8_0 model).
+  // gemv_int_n (the driver's fused path): full tiles of 16 rows from direct_min_rows(t) on
+  // (direct_tiles), the rest of the rows and other types as Avx512Isa.
   static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                          int64_t M, float* c, int64_t ldc) {
-    const int64_t full = t == GGMLType::Q8_0 && M >= kDirectMinRows ? M / kTileRows * kTileRows : 0;
+    const int64_t full = M >= direct_min_rows(t) && ng <= kMaxGroups ? M / kTileRows * kTileRows : 0;
     if (full < M) Avx512Isa::gemv_int_n(t, groups, ng, K, qa, r0 + full, M - full, c + full * ldc, ldc);
     if (full == 0) return;
+    with_qdecoder(t, groups[0], [&](auto dec0) {
+      using D = decltype(dec0);
+      if constexpr (!D::kSub16) direct_tiles<D>(groups, ng, K, qa, r0, full, c, ldc);
+    });
+  }
+  static constexpr int kMaxGroups = 2;  // (the driver's kItemGroups)
+
+  // Rows [r0, r0 + full) (full a multiple of 16) of qa against ng (<= 2) packed groups of one
+  // quad type D, straight from the packed bytes: C (full, ldc)[:, 16g : 16g + 16] = y.
+  // Units of 16 rows x one group over chunks of kKC / 32 blocks, pipelined as mk_int_tiles'
+  // (the next unit's product of each block issued before this unit's epilogue of it).
+  // - Q8_0: B is the packed quads themselves (u = q + 128; tdpbsud: signed A, unsigned B), and
+  //   I = C - 128 X (X = the block's sum of xq, qa.xs);
+  // - Q4_0, Q4_K: the first row tile's units unpack their group's next chunk as they go, block by
+  //   block, into signed quads v = u - B (vb; tdpbssd), so C is I itself and the epilogue has no
+  //   bias term (it bounds the tiles: 1.3x faster in cache without it).
+  // The epilogue is mk_q_t's: y = fma(float(I), s1 * dx, y) [then y = fma(float(X), s2 * dx, y)].
+  // At these sizes a step streams every weight from memory: the first row tile's units ask for
+  // their group's blocks ahead (kPrefetchBlocks) as they reach each block, spread through the
+  // compute (the next chunks asked for at once at each chunk's start kept the tiles waiting:
+  // 1.15-1.2x slower at 32 rows on a 1.1B Q8_0 model; running the streams on into the next
+  // item's groups, as the vector GEMV's do, made no difference).
+  template <class D>
+  static void direct_tiles(const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
+                           int64_t full, float* c, int64_t ldc) {
+    constexpr bool kRaw = std::is_same_v<D, QDecQ8_0>;
     configure_tiles();
-    const int64_t nkb = K / kQBlock, n_units = full / kTileRows * ng;
+    const int64_t nkb = K / kQBlock, n_units = full / kTileRows * ng, gbytes = nkb * D::kBytesPer32;
     constexpr int64_t kChunk = kKC / kQBlock;
+    const __m512i bias = _mm512_set1_epi8(char(D::kBias));
     alignas(64) int32_t c32[2][kChunk * kTileRows * kGroup];
-    struct U {
-      const int8_t* x = nullptr;  // the tile's rows of xq8 from the chunk
-      const uint8_t* b = nullptr;  // the group's packed blocks from the chunk
+    // The unpacked types' chunks, per parity of the chunk and group: signed quads and scales.
+    constexpr int64_t kVb = kRaw ? 1 : kChunk * kQBlock * kGroup, kSb = kRaw ? 1 : kChunk * kGroup;
+    alignas(64) int8_t vb[2][kMaxGroups][kVb];
+    alignas(64) float s1b[2][kMaxGroups][kSb], s2b[2][kMaxGroups][D::kS2 ? kSb : 1];
+    auto unpack = [&](int p, int g, int64_t kb) {  // block kb (of K) into its chunk's slot
+      if constexpr (!kRaw) {
+        D d{groups[g]};
+        d.begin(kb);
+        const int64_t j = kb % kChunk;
+        __m512 s1, s2 = _mm512_setzero_ps();
+        d.scales(s1, s2);
+        _mm512_store_ps(s1b[p][g] + kGroup * j, s1);
+        if constexpr (D::kS2) _mm512_store_ps(s2b[p][g] + kGroup * j, s2);
+        for (int P = 0; P < 4; ++P) {
+          __m512i w0, w1;
+          d.quads(P, w0, w1);
+          _mm512_store_si512(vb[p][g] + j * kQBlock * kGroup + 128 * P, _mm512_sub_epi8(w0, bias));
+          _mm512_store_si512(vb[p][g] + j * kQBlock * kGroup + 128 * P + 64, _mm512_sub_epi8(w1, bias));
+        }
+      }
     };
+    struct U {
+      const int8_t* x = nullptr;  // the unit's rows of xq8 from the chunk
+      const int8_t* v = nullptr;  // its group's quads from the chunk (block kb at v + kb * kVStride)
+    };
+    constexpr int64_t kVStride = kRaw ? D::kBytesPer32 : kQBlock * kGroup;
+    auto unit_of = [&](int64_t kb0, int p, int64_t u) {
+      const int g = int(u % ng);
+      return U{qa.xq8.data() + (r0 + u / ng * kTileRows) * K + kb0 * kQBlock,
+               kRaw ? reinterpret_cast<const int8_t*>(groups[g] + kb0 * D::kBytesPer32 + 2 * kGroup) : vb[p][g]};
+    };
+    // Block kb of unit u's products into c32u.
+    auto products = [&](const U& u, int64_t kb, int32_t* c32u) {
+      const int8_t* x = u.x + kb * kQBlock;
+      const int8_t* v = u.v + kb * kVStride;
+      int32_t* ck = c32u + kb * kTileRows * kGroup;
+      // (GCC's tile intrinsics paste the tile number into the instruction: literals only)
+      if (kb % 2 == 0) {
+        _tile_loadd(0, x, K);
+        _tile_loadd(1, v, 4 * kGroup);
+        _tile_zero(2);
+        if constexpr (kRaw) _tile_dpbsud(2, 0, 1);
+        else _tile_dpbssd(2, 0, 1);
+        _tile_stored(2, ck, 4 * kGroup);
+      } else {
+        _tile_loadd(3, x, K);
+        _tile_loadd(4, v, 4 * kGroup);
+        _tile_zero(5);
+        if constexpr (kRaw) _tile_dpbsud(5, 3, 4);
+        else _tile_dpbssd(5, 3, 4);
+        _tile_stored(5, ck, 4 * kGroup);
+      }
+    };
+    for (int g = 0; g < ng; ++g) {
+      prefetch_bytes(groups[g], std::min(kChunk + kPrefetchBlocks<D>, nkb) * D::kBytesPer32);
+      for (int64_t kb = 0; kb < std::min(kChunk, nkb); ++kb) unpack(0, g, kb);
+    }
     for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunk) {
-      const int64_t nb = std::min(kChunk, nkb - kb0);
-      if (kb0 == 0)
-        for (int g = 0; g < ng; ++g) prefetch_bytes(groups[g], std::min(kPrefetchBlocks, nkb) * QDecQ8_0::kBytesPer32);
-      auto unit_of = [&](int64_t u) {
-        return U{qa.xq8.data() + (r0 + u / ng * kTileRows) * K + kb0 * kQBlock,
-                 groups[u % ng] + kb0 * QDecQ8_0::kBytesPer32};
-      };
-      U cur = unit_of(0);
-      for (int64_t kb = 0; kb < nb; ++kb) block_products_q8(kb, cur.x, K, cur.b, c32[0]);
+      const int p = int(kb0 / kChunk % 2);
+      const int64_t nb = std::min(kChunk, nkb - kb0), nb_next = std::clamp<int64_t>(nkb - kb0 - kChunk, 0, kChunk);
+      const U first = unit_of(kb0, p, 0);
+      for (int64_t kb = 0; kb < nb; ++kb) products(first, kb, c32[0]);
       for (int64_t u = 0; u < n_units; ++u) {
-        const U next = u + 1 < n_units ? unit_of(u + 1) : U{};
+        const U next = u + 1 < n_units ? unit_of(kb0, p, u + 1) : U{};
         const int64_t m0 = u / ng * kTileRows;
+        const int g = int(u % ng);
         const float* dx = qa.dx.data() + (r0 + m0) * nkb + kb0;
         const int32_t* xs = qa.xs.data() + (r0 + m0) * nkb + kb0;
-        float* cu = c + m0 * ldc + kGroup * (u % ng);
+        float* cu = c + m0 * ldc + kGroup * g;
         __m512 y[kTileRows];
 #pragma GCC unroll 16
         for (int i = 0; i < kTileRows; ++i) y[i] = kb0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(cu + i * ldc);
-        // (the first row tile's units: their group's block kb0 + kb + kPrefetchBlocks at block kb)
-        const int64_t n_ahead = u < ng ? std::clamp<int64_t>(nkb - kb0 - kPrefetchBlocks, 0, nb) : 0;
         for (int64_t kb = 0; kb < nb; ++kb) {
-          if (kb < n_ahead)
-            prefetch_bytes(groups[u] + (kb0 + kb + kPrefetchBlocks) * QDecQ8_0::kBytesPer32, QDecQ8_0::kBytesPer32);
-          if (next.x) block_products_q8(kb, next.x, K, next.b, c32[(u + 1) % 2]);
-          const __m512 s1v = h16(cur.b + kb * QDecQ8_0::kBytesPer32);
+          if (u < ng) {
+            const int64_t kn = kb0 + kChunk + kb;
+            const int64_t off = (kn + kPrefetchBlocks<D>) * D::kBytesPer32;
+            if (off < gbytes) prefetch_bytes(groups[g] + off, D::kBytesPer32);
+            if (kb < nb_next) unpack(p ^ 1, g, kn);
+          }
+          if (next.x) products(next, kb, c32[(u + 1) % 2]);
+          const __m512 s1v = kRaw ? h16(groups[g] + (kb0 + kb) * D::kBytesPer32) : _mm512_load_ps(s1b[p][g] + kGroup * kb);
           const int32_t* ck = c32[u % 2] + kb * kTileRows * kGroup;
 #pragma GCC unroll 16
           for (int i = 0; i < kTileRows; ++i) {
             const __m512 d = _mm512_set1_ps(dx[i * nkb + kb]);
-            const __m512i I = _mm512_sub_epi32(_mm512_load_si512(ck + i * kGroup),
-                                               _mm512_set1_epi32(QDecQ8_0::kBias * xs[i * nkb + kb]));
+            __m512i I = _mm512_load_si512(ck + i * kGroup);
+            if constexpr (kRaw) I = _mm512_sub_epi32(I, _mm512_set1_epi32(D::kBias * xs[i * nkb + kb]));
             y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1v, d), y[i]);
+            if constexpr (D::kS2)
+              y[i] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])),
+                                     _mm512_mul_ps(_mm512_load_ps(s2b[p][g] + kGroup * kb), d), y[i]);
           }
         }
 #pragma GCC unroll 16
         for (int i = 0; i < kTileRows; ++i) _mm512_storeu_ps(cu + i * ldc, y[i]);
-        cur = next;
       }
     }
   }
