@@ -107,7 +107,6 @@ struct AmxIsa : Avx512Isa {
     if (kb % 2 == 0) FT_BLOCK_PRODUCTS(_tile_dpbssd, 0, 1, 2, x, ldx, v, c32);
     else FT_BLOCK_PRODUCTS(_tile_dpbssd, 3, 4, 5, x, ldx, v, c32);
   }
-#undef FT_BLOCK_PRODUCTS
 
   // gemv_int_n (the driver's fused path): full tiles of 16 rows from direct_min_rows(t) on
   // (direct_tiles), the rest of the rows and other types as Avx512Isa.
@@ -183,21 +182,12 @@ struct AmxIsa : Avx512Isa {
       const int8_t* x = u.x + kb * kQBlock;
       const int8_t* v = u.v + kb * kVStride;
       int32_t* ck = c32u + kb * kTileRows * kGroup;
-      // (GCC's tile intrinsics paste the tile number into the instruction: literals only)
       if (kb % 2 == 0) {
-        _tile_loadd(0, x, K);
-        _tile_loadd(1, v, 4 * kGroup);
-        _tile_zero(2);
-        if constexpr (kRaw) _tile_dpbsud(2, 0, 1);
-        else _tile_dpbssd(2, 0, 1);
-        _tile_stored(2, ck, 4 * kGroup);
+        if constexpr (kRaw) FT_BLOCK_PRODUCTS(_tile_dpbsud, 0, 1, 2, x, K, v, ck);
+        else FT_BLOCK_PRODUCTS(_tile_dpbssd, 0, 1, 2, x, K, v, ck);
       } else {
-        _tile_loadd(3, x, K);
-        _tile_loadd(4, v, 4 * kGroup);
-        _tile_zero(5);
-        if constexpr (kRaw) _tile_dpbsud(5, 3, 4);
-        else _tile_dpbssd(5, 3, 4);
-        _tile_stored(5, ck, 4 * kGroup);
+        if constexpr (kRaw) FT_BLOCK_PRODUCTS(_tile_dpbsud, 3, 4, 5, x, K, v, ck);
+        else FT_BLOCK_PRODUCTS(_tile_dpbssd, 3, 4, 5, x, K, v, ck);
       }
     };
     for (int g = 0; g < ng; ++g) {
@@ -245,6 +235,8 @@ struct AmxIsa : Avx512Isa {
       }
     }
   }
+
+#undef FT_BLOCK_PRODUCTS
 
   // A unit: NR (<= 16; nr when 0) rows x one group over the chunk's nb blocks.
   struct Unit {
