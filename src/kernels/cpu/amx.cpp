@@ -49,7 +49,8 @@ struct AmxIsa : Avx512Isa {
   // Q8_0 from its packed bytes at 32 rows 1.065x the vector GEMV's prefill rate; at 16 and 24
   // rows 0.9-0.97x (its weights, 34 bytes per 32, stream from memory at every step, and the
   // vector GEMV streams them better); unpacked as the nibble types are, 0.9-1.0x at 32 rows.
-  // Q4_0 and Q4_K (unpacked to signed quads a chunk ahead) 1.07-1.14x at 16 and 32 rows.
+  // Q4_0 and Q4_K (unpacked to signed quads a chunk ahead): Q4_0 1.12x at 16 rows and 1.16x at
+  // 32, Q4_K 1.0x at 16 and 1.12x at 32 (3 rounds; README "Small chunks, third pass").
   // Tried and not kept: the row blocks' tiles (mk_int_tiles, unpacked per call) at 16-32 rows,
   // Q4_0 0.88x at 24 rows; the tiles from 8 rows (the last tile's rows padded) 0.85x at 8 rows.
   static int64_t direct_min_rows(GGMLType t) {
