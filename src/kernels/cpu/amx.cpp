@@ -52,7 +52,8 @@ struct AmxIsa : Avx512Isa {
   // Q4_0 and Q4_K (unpacked to signed quads a chunk ahead): Q4_0 1.12x at 16 rows and 1.16x at
   // 32, Q4_K 1.0x at 16 and 1.12x at 32 (3 rounds; README "Small chunks, third pass").
   // Tried and not kept: the row blocks' tiles (mk_int_tiles, unpacked per call) at 16-32 rows,
-  // Q4_0 0.88x at 24 rows; the tiles from 8 rows (the last tile's rows padded) 0.85x at 8 rows.
+  // Q4_0 0.88x at 24 rows; the tiles from 8 rows (the last tile's rows padded) 0.85x at 8 rows;
+  // Q8_0 from 16 rows with its last tile on tiles 6 and 7: 0.97x at 16 and 24 rows, 1.04x at 28.
   static int64_t direct_min_rows(GGMLType t) {
     return t == GGMLType::Q8_0 ? 32 : t == GGMLType::Q4_0 || t == GGMLType::Q4_K ? 16 : kNever;
   }
@@ -67,15 +68,19 @@ struct AmxIsa : Avx512Isa {
   // int32). Consecutive blocks alternate between the two sets, so the tile unit overlaps them.
   // Loaded once per thread (nothing else in this process configures tiles but bench peak's
   // probe, which puts this one back).
-  static void configure_tiles() {
-    thread_local bool configured = false;
-    if (configured) return;
+  // Tiles 6 and 7: A and C of a last tile of tail_rows (< 16) rows (direct_tiles; 0: any).
+  static void configure_tiles(int tail_rows = 0) {
+    thread_local int configured_tail = 0;  // (0: not configured yet)
+    if (configured_tail && (tail_rows == 0 || tail_rows == configured_tail)) return;
+    const int tail = tail_rows ? tail_rows : kTileRows;
     TileConfig c;
     for (int t : {0, 3}) c.rows[t] = kTileRows, c.colsb[t] = kQBlock;
     for (int t : {1, 4}) c.rows[t] = kQBlock / 4, c.colsb[t] = 4 * kGroup;
     for (int t : {2, 5}) c.rows[t] = kTileRows, c.colsb[t] = 4 * kGroup;
+    c.rows[6] = uint8_t(tail), c.colsb[6] = kQBlock;
+    c.rows[7] = uint8_t(tail), c.colsb[7] = 4 * kGroup;
     _tile_loadconfig(&c);
-    configured = true;
+    configured_tail = tail;
   }
 
   // The GEMM's chunk as Avx512Isa unpacks it, with the quad types' bytes as signed v = u - bias
@@ -109,22 +114,29 @@ struct AmxIsa : Avx512Isa {
     else FT_BLOCK_PRODUCTS(_tile_dpbssd, 3, 4, 5, x, ldx, v, c32);
   }
 
-  // gemv_int_n (the driver's fused path): full tiles of 16 rows from direct_min_rows(t) on
-  // (direct_tiles), the rest of the rows and other types as Avx512Isa.
+  // gemv_int_n (the driver's fused path): tiles of 16 rows from direct_min_rows(t) on
+  // (direct_tiles; a last tile of kMinTailRows or more too), the rest of the rows and other
+  // types as Avx512Isa.
   static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                          int64_t M, float* c, int64_t ldc) {
-    const int64_t full = M >= direct_min_rows(t) && ng <= kMaxGroups ? M / kTileRows * kTileRows : 0;
-    if (full < M) Avx512Isa::gemv_int_n(t, groups, ng, K, qa, r0 + full, M - full, c + full * ldc, ldc);
-    if (full == 0) return;
+    const bool tiles = M >= direct_min_rows(t) && ng <= kMaxGroups;
+    const int64_t on_tiles = !tiles ? 0 : M % kTileRows >= kMinTailRows ? M : M / kTileRows * kTileRows;
+    if (on_tiles < M) Avx512Isa::gemv_int_n(t, groups, ng, K, qa, r0 + on_tiles, M - on_tiles, c + on_tiles * ldc, ldc);
+    if (on_tiles == 0) return;
     with_qdecoder(t, groups[0], [&](auto dec0) {
       using D = decltype(dec0);
-      if constexpr (!D::kSub16) direct_tiles<D>(groups, ng, K, qa, r0, full, c, ldc);
+      if constexpr (!D::kSub16) direct_tiles<D>(groups, ng, K, qa, r0, on_tiles, c, ldc);
     });
   }
   static constexpr int kMaxGroups = 2;  // (the driver's kItemGroups)
+  // A last tile of fewer than 16 rows runs on the tiles (6 and 7, configured to its rows) from
+  // this many rows, the vector GEMV below: Q4_0 at 24 rows 1.11x, 28 rows 1.03x, 20 rows 1.0x;
+  // Q4_K 1.01x at 24 and 28, 0.95x at 20 (`run -b` on the 1.1B files, 5 alternated rounds).
+  static constexpr int64_t kMinTailRows = 8;
 
-  // Rows [r0, r0 + full) (full a multiple of 16) of qa against ng (<= 2) packed groups of one
-  // quad type D, straight from the packed bytes: C (full, ldc)[:, 16g : 16g + 16] = y.
+  // Rows [r0, r0 + rows) of qa against ng (<= 2) packed groups of one quad type D, straight
+  // from the packed bytes: C (rows, ldc)[:, 16g : 16g + 16] = y. A last tile of fewer than 16
+  // rows runs on tiles 6 and 7, configured to its rows (no padded copy).
   // Units of 16 rows x one group over chunks of kKC / 32 blocks, pipelined as mk_int_tiles'
   // (the next unit's product of each block issued before this unit's epilogue of it).
   // - Q8_0: B is the packed quads themselves (u = q + 128; tdpbsud: signed A, unsigned B), and
@@ -140,10 +152,11 @@ struct AmxIsa : Avx512Isa {
   // item's groups, as the vector GEMV's do, made no difference).
   template <class D>
   static void direct_tiles(const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
-                           int64_t full, float* c, int64_t ldc) {
+                           int64_t rows, float* c, int64_t ldc) {
     constexpr bool kRaw = std::is_same_v<D, QDecQ8_0>;
-    configure_tiles();
-    const int64_t nkb = K / kQBlock, n_units = full / kTileRows * ng, gbytes = nkb * D::kBytesPer32;
+    const int64_t n_tiles = (rows + kTileRows - 1) / kTileRows, tail = rows - (n_tiles - 1) * kTileRows;
+    configure_tiles(int(tail));
+    const int64_t nkb = K / kQBlock, n_units = n_tiles * ng, gbytes = nkb * D::kBytesPer32;
     constexpr int64_t kChunk = kKC / kQBlock;
     const __m512i bias = _mm512_set1_epi8(char(D::kBias));
     alignas(64) int32_t c32[2][kChunk * kTileRows * kGroup];
@@ -170,12 +183,13 @@ struct AmxIsa : Avx512Isa {
     };
     struct U {
       const int8_t* x = nullptr;  // the unit's rows of xq8 from the chunk
+      bool tail = false;          // a last tile of fewer than 16 rows (tiles 6 and 7)
       const int8_t* v = nullptr;  // its group's quads from the chunk (block kb at v + kb * kVStride)
     };
     constexpr int64_t kVStride = kRaw ? D::kBytesPer32 : kQBlock * kGroup;
     auto unit_of = [&](int64_t kb0, int p, int64_t u) {
       const int g = int(u % ng);
-      return U{qa.xq8.data() + (r0 + u / ng * kTileRows) * K + kb0 * kQBlock,
+      return U{qa.xq8.data() + (r0 + u / ng * kTileRows) * K + kb0 * kQBlock, u / ng == n_tiles - 1 && tail < kTileRows,
                kRaw ? reinterpret_cast<const int8_t*>(groups[g] + kb0 * D::kBytesPer32 + 2 * kGroup) : vb[p][g]};
     };
     // Block kb of unit u's products into c32u.
@@ -183,7 +197,15 @@ struct AmxIsa : Avx512Isa {
       const int8_t* x = u.x + kb * kQBlock;
       const int8_t* v = u.v + kb * kVStride;
       int32_t* ck = c32u + kb * kTileRows * kGroup;
-      if (kb % 2 == 0) {
+      if (u.tail) {  // (one A and C pair: the B tiles still alternate)
+        if (kb % 2 == 0) {
+          if constexpr (kRaw) FT_BLOCK_PRODUCTS(_tile_dpbsud, 6, 1, 7, x, K, v, ck);
+          else FT_BLOCK_PRODUCTS(_tile_dpbssd, 6, 1, 7, x, K, v, ck);
+        } else {
+          if constexpr (kRaw) FT_BLOCK_PRODUCTS(_tile_dpbsud, 6, 4, 7, x, K, v, ck);
+          else FT_BLOCK_PRODUCTS(_tile_dpbssd, 6, 4, 7, x, K, v, ck);
+        }
+      } else if (kb % 2 == 0) {
         if constexpr (kRaw) FT_BLOCK_PRODUCTS(_tile_dpbsud, 0, 1, 2, x, K, v, ck);
         else FT_BLOCK_PRODUCTS(_tile_dpbssd, 0, 1, 2, x, K, v, ck);
       } else {
@@ -200,7 +222,9 @@ struct AmxIsa : Avx512Isa {
       const int64_t nb = std::min(kChunk, nkb - kb0), nb_next = std::clamp<int64_t>(nkb - kb0 - kChunk, 0, kChunk);
       const U first = unit_of(kb0, p, 0);
       for (int64_t kb = 0; kb < nb; ++kb) products(first, kb, c32[0]);
-      for (int64_t u = 0; u < n_units; ++u) {
+      // Unit u's epilogue over the chunk (NR rows; 0: nr), the next unit's products under it.
+      auto epilogue = [&]<int NR>(int64_t u, int nr) {
+        const int n = NR ? NR : nr;
         const U next = u + 1 < n_units ? unit_of(kb0, p, u + 1) : U{};
         const int64_t m0 = u / ng * kTileRows;
         const int g = int(u % ng);
@@ -209,7 +233,8 @@ struct AmxIsa : Avx512Isa {
         float* cu = c + m0 * ldc + kGroup * g;
         __m512 y[kTileRows];
 #pragma GCC unroll 16
-        for (int i = 0; i < kTileRows; ++i) y[i] = kb0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(cu + i * ldc);
+        for (int i = 0; i < kTileRows; ++i)
+          if (i < n) y[i] = kb0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(cu + i * ldc);
         for (int64_t kb = 0; kb < nb; ++kb) {
           if (u < ng) {
             const int64_t kn = kb0 + kChunk + kb;
@@ -222,6 +247,7 @@ struct AmxIsa : Avx512Isa {
           const int32_t* ck = c32[u % 2] + kb * kTileRows * kGroup;
 #pragma GCC unroll 16
           for (int i = 0; i < kTileRows; ++i) {
+            if (i >= n) break;
             const __m512 d = _mm512_set1_ps(dx[i * nkb + kb]);
             __m512i I = _mm512_load_si512(ck + i * kGroup);
             if constexpr (kRaw) I = _mm512_sub_epi32(I, _mm512_set1_epi32(D::kBias * xs[i * nkb + kb]));
@@ -232,7 +258,12 @@ struct AmxIsa : Avx512Isa {
           }
         }
 #pragma GCC unroll 16
-        for (int i = 0; i < kTileRows; ++i) _mm512_storeu_ps(cu + i * ldc, y[i]);
+        for (int i = 0; i < kTileRows; ++i)
+          if (i < n) _mm512_storeu_ps(cu + i * ldc, y[i]);
+      };
+      for (int64_t u = 0; u < n_units; ++u) {
+        if (u / ng < n_tiles - 1 || tail == kTileRows) epilogue.template operator()<kTileRows>(u, kTileRows);
+        else epilogue.template operator()<0>(u, int(tail));
       }
     }
   }
