@@ -830,7 +830,7 @@ TEST_P(KernelTest, GemmBitIdenticalToScalar) {
     const int64_t K = tc.Ks.back(), N = 37;
     const QWeight W = make_weight(rng, tc.type, N, K);
     for (bool pack : {true, false})
-      for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 24, 31, 32, 33, 250}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 24, 31, 32, 33, 40, 47, 250}) {
         const auto X = randv(rng, size_t(M * K));
         std::vector<float> a(size_t(M * N)), b(size_t(M * N));
         native->matmul(X.data(), M, pack ? native->prepare(W.view()) : W.view(), a.data());

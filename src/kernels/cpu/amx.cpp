@@ -58,11 +58,20 @@ struct AmxIsa : Avx512Isa {
     return t == GGMLType::Q8_0 ? 32 : t == GGMLType::Q4_0 || t == GGMLType::Q4_K ? 16 : kNever;
   }
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  // The fused path (gemv_int_n) takes every M from direct_min_rows(t) on, where the GEMM path's
+  // row blocks (mk_int_tiles, unpacked per call with the bias in the epilogue) were slower at
+  // every size measured (`run -b` on the 1.1B files, 2 alternated rounds): Q4_0 1.2-1.3x at 40
+  // rows, 1.1x at 64 and 96, 1.0-1.2x at 128, 1.05-1.16x at 480; Q4_K 1.15x at 40, 1.1x at
+  // 64-128, 1.04x at 480; Q8_0 (unpacked) 1.15-1.2x at 40-64, 1.1x at 96-128, 0.97-1.02x at 480.
+  static bool fused_int(GGMLType t, int64_t M) { return Avx512Isa::fused_int(t, M) || M >= direct_min_rows(t); }
+  // Q8_0 runs from its packed bytes (tdpbsud, bias in the epilogue) up to this many rows, unpacked
+  // to signed quads as the nibble types beyond: at 40-128 rows unpacked 1.0-1.2x (2 rounds).
+  static constexpr int64_t kQ8RawMaxRows = 32;
   // How far past the block being read direct_tiles asks for a group's weights: Q8_0 8 blocks
   // ahead of its products (4.3 KB; at 16 and 32 rows 1.04-1.14x faster than 4, 16 or 24); the
   // nibble types 4 past the block being unpacked, itself a chunk ahead (8 and 16 were 4-12% slower).
-  template <class D>
-  static constexpr int64_t kPrefetchBlocks = std::is_same_v<D, QDecQ8_0> ? 0 : 4;
+  template <bool kRaw>
+  static constexpr int64_t kPrefetchBlocks = kRaw ? 0 : 4;
 
   // Tiles 0 and 3: A (16 rows x 32 bytes); 1 and 4: B (8 quads x 64 bytes); 2 and 5: C (16 x 16
   // int32). Consecutive blocks alternate between the two sets, so the tile unit overlaps them.
@@ -125,7 +134,10 @@ struct AmxIsa : Avx512Isa {
     if (on_tiles == 0) return;
     with_qdecoder(t, groups[0], [&](auto dec0) {
       using D = decltype(dec0);
-      if constexpr (!D::kSub16) direct_tiles<D>(groups, ng, K, qa, r0, on_tiles, c, ldc);
+      if constexpr (std::is_same_v<D, QDecQ8_0>) {
+        if (on_tiles <= kQ8RawMaxRows) return direct_tiles<D, true>(groups, ng, K, qa, r0, on_tiles, c, ldc);
+      }
+      if constexpr (!D::kSub16) direct_tiles<D, false>(groups, ng, K, qa, r0, on_tiles, c, ldc);
     });
   }
   static constexpr int kMaxGroups = 2;  // (the driver's kItemGroups)
@@ -150,10 +162,10 @@ struct AmxIsa : Avx512Isa {
   // compute (the next chunks asked for at once at each chunk's start kept the tiles waiting:
   // 1.15-1.2x slower at 32 rows on a 1.1B Q8_0 model; running the streams on into the next
   // item's groups, as the vector GEMV's do, made no difference).
-  template <class D>
+  template <class D, bool kRaw>
   static void direct_tiles(const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                            int64_t rows, float* c, int64_t ldc) {
-    constexpr bool kRaw = std::is_same_v<D, QDecQ8_0>;
+    static_assert(!kRaw || std::is_same_v<D, QDecQ8_0>);
     const int64_t n_tiles = (rows + kTileRows - 1) / kTileRows, tail = rows - (n_tiles - 1) * kTileRows;
     configure_tiles(int(tail));
     const int64_t nkb = K / kQBlock, n_units = n_tiles * ng, gbytes = nkb * D::kBytesPer32;
@@ -214,7 +226,7 @@ struct AmxIsa : Avx512Isa {
       }
     };
     for (int g = 0; g < ng; ++g) {
-      prefetch_bytes(groups[g], std::min(kChunk + kPrefetchBlocks<D>, nkb) * D::kBytesPer32);
+      prefetch_bytes(groups[g], std::min(kChunk + kPrefetchBlocks<kRaw>, nkb) * D::kBytesPer32);
       for (int64_t kb = 0; kb < std::min(kChunk, nkb); ++kb) unpack(0, g, kb);
     }
     for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunk) {
@@ -238,7 +250,7 @@ struct AmxIsa : Avx512Isa {
         for (int64_t kb = 0; kb < nb; ++kb) {
           if (u < ng) {
             const int64_t kn = kb0 + kChunk + kb;
-            const int64_t off = (kn + kPrefetchBlocks<D>) * D::kBytesPer32;
+            const int64_t off = (kn + kPrefetchBlocks<kRaw>) * D::kBytesPer32;
             if (off < gbytes) prefetch_bytes(groups[g] + off, D::kBytesPer32);
             if (kb < nb_next) unpack(p ^ 1, g, kn);
           }
