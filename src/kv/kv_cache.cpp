@@ -38,7 +38,8 @@ KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg), geo_(cfg.geometry()) {
       layer_bytes_ > std::numeric_limits<size_t>::max() / uint64_t(cfg.n_layers))
     fail("KV cache: ", cfg.n_blocks, " blocks do not fit in memory");
   arena_bytes_ = layer_bytes_ * uint64_t(cfg.n_layers);
-  mem_ = MappedMemory(arena_bytes_, "KV cache");  // attention streams the pools: on huge pages
+  // (Attention streams the pools: on huge pages, allocated now, not on a request's first write.)
+  mem_ = MappedMemory(arena_bytes_, "KV cache", MappedMemory::Prefault::Yes);
   arena_ = mem_.data();
   blocks_.resize(size_t(cfg.n_blocks));
   free_.reserve(size_t(cfg.n_blocks));

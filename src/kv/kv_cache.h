@@ -65,6 +65,7 @@ class KVCache {
   int64_t capacity_tokens() const { return int64_t(cfg_.n_blocks) * cfg_.block_size; }
   // Whether the kernel accepted MADV_HUGEPAGE for the pools (THP "madvise" or "always").
   bool huge_pages() const { return mem_.huge_pages(); }
+  const MappedMemory& memory() const { return mem_; }  // the arena (prefaulted at construction)
   // "N tokens (M MiB, DTYPE, B-token blocks)"
   std::string summary() const;
 

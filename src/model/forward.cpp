@@ -66,7 +66,7 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   const int32_t widths[] = {hp.dim, hp.dim, hp.q_dim(), hp.kv_dim(), hp.kv_dim(), hp.q_dim(), hp.ffn_dim};
   uint64_t floats = 0;
   for (const int32_t w : widths) floats += (uint64_t(M) * uint64_t(w) + 15) / 16 * 16;  // 64-byte aligned each
-  scratch_ = MappedMemory(floats * sizeof(float), "forward: activation scratch");
+  scratch_ = MappedMemory(floats * sizeof(float), "forward: activation scratch", MappedMemory::Prefault::Yes);
   float* next = reinterpret_cast<float*>(scratch_.data());
   for (size_t i = 0; i < std::size(bufs); ++i) {
     *bufs[i] = next;
