@@ -167,7 +167,7 @@ struct AmxIsa : Avx512Isa {
                            int64_t rows, float* c, int64_t ldc) {
     static_assert(!kRaw || std::is_same_v<D, QDecQ8_0>);
     const int64_t n_tiles = (rows + kTileRows - 1) / kTileRows, tail = rows - (n_tiles - 1) * kTileRows;
-    configure_tiles(int(tail));
+    configure_tiles(tail < kTileRows ? int(tail) : 0);  // (0: full tiles only, any tail config will do)
     const int64_t nkb = K / kQBlock, n_units = n_tiles * ng, gbytes = nkb * D::kBytesPer32;
     constexpr int64_t kChunk = kKC / kQBlock;
     const __m512i bias = _mm512_set1_epi8(char(D::kBias));
