@@ -18,8 +18,14 @@ namespace ft {
 
 class Engine::ModelExecutor final : public StepExecutor {
  public:
+  // Steps run between the blocks of another (EngineCore::between_blocks) hold at most this many
+  // tokens: short prompts (a longer one waits for the next step).
+  static constexpr int64_t kBetweenMaxBatch = 256;
   ModelExecutor(const Model& m, Backend& be, int64_t max_batch, int64_t n_ctx, TpLeader* tp)
       : model_(m), fwd_(m, be, max_batch, n_ctx), tp_(tp) {
+    // One process only (a step between blocks would need every rank); FT_STEP_YIELD=0: none.
+    if (!tp_ && env_switch_on("FT_STEP_YIELD"))
+      between_ = std::make_unique<Forward>(m, be, std::min(max_batch, kBetweenMaxBatch), n_ctx);
     if (tp_) attach(fwd_, tp_->comm());
     // Pipeline parallel: one step in flight per stage (FT_PP_STEPS_IN_FLIGHT=1: one at a time).
     if (const int pp = tp_ ? tp_->comm().pp_size() : 1; pp > 1) {
@@ -44,10 +50,23 @@ class Engine::ModelExecutor final : public StepExecutor {
   int32_t n_vocab() const override { return model_.hparams().n_vocab; }
   int32_t n_tokens() const override { return model_.hparams().n_tokens; }
   Forward& fwd() { return fwd_; }
+  // Yield points: after each attention and each FFN block but the last; as equal parts of a
+  // step's time the layers (an FFN block, the longer of a layer's two, is at most ~2/3 of it).
+  int32_t step_blocks() const override { return between_ ? model_.hparams().n_layers : 0; }
+  int64_t between_max_batch() const override { return between_ ? between_->max_batch() : 0; }
+  void forward_between(const Batch& batch, KVCache& kv, float* logits) override { between_->run(batch, kv, logits); }
+  void set_between_blocks(std::function<void()> f) {
+    if (between_) fwd_.set_between_blocks(std::move(f));
+  }
+  void enable_lora() {
+    fwd_.enable_lora();
+    if (between_) between_->enable_lora();
+  }
 
  private:
   const Model& model_;
   Forward fwd_;
+  std::unique_ptr<Forward> between_;  // steps between fwd_'s blocks: activations of their own
   TpLeader* tp_;
   int32_t in_flight_ = 1;
   std::deque<int64_t> rows_;  // per step in flight, oldest first: its logits rows
@@ -302,6 +321,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   }
   core_ = std::make_unique<EngineCore>(*kv_, *exec_, sched_cfg_, cost, n_ctx_, std::move(is_eog),
                                        [this] { return now_ms(); });
+  exec_->set_between_blocks([this] { between_blocks(); });
   if (cfg.spec.enabled()) {
     cfg.spec.validate();
     if (cfg.spec.method == SpecMethod::Draft) {
@@ -465,7 +485,7 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
     tasks_.push_back([this, a, done] {
       try {
         a->prepare(*backend_);
-        exec_->fwd().enable_lora();
+        exec_->enable_lora();
         done->set_value();
       } catch (...) {
         done->set_exception(std::current_exception());
@@ -531,6 +551,29 @@ void Engine::shutdown() {
   }
 }
 
+void Engine::add_to_core(std::deque<Pending>& adds) {
+  for (auto& p : adds) {
+    try {
+      core_->add(p.id, p.req, p.cb);  // copies: p stays whole for reject()
+    } catch (const std::exception& e) {  // validated at submit: an allocation failure
+      std::fprintf(stderr, "firsttoken: request %llu rejected: %s\n", (unsigned long long)p.id, e.what());
+      reject(p, e.what());
+    }
+  }
+  adds.clear();
+}
+
+void Engine::between_blocks() {
+  std::deque<Pending> adds;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    adds.swap(incoming_);
+    for (const Pending& p : adds) queue_snapshot_.push_back(p.queued);  // in the core from now on
+  }
+  add_to_core(adds);
+  core_->between_blocks();
+}
+
 void Engine::loop() {
   profile::set_thread_name("engine");
   std::deque<Pending> adds;
@@ -552,15 +595,7 @@ void Engine::loop() {
     tasks.clear();
     // Nothing thrown here leaves the thread: a request that fails to start fails alone (its
     // callback hears why); a failed step fails the requests in flight and the engine goes on.
-    for (auto& p : adds) {
-      try {
-        core_->add(p.id, p.req, p.cb);  // copies: p stays whole for reject()
-      } catch (const std::exception& e) {  // validated at submit: an allocation failure
-        std::fprintf(stderr, "firsttoken: request %llu rejected: %s\n", (unsigned long long)p.id, e.what());
-        reject(p, e.what());
-      }
-    }
-    adds.clear();
+    add_to_core(adds);
     try {
       for (uint64_t id : cancels) core_->cancel(id);
       if (!core_->step() && tp_) tp_->drain();  // (no forward this turn: nothing drives MPI's progress)

@@ -162,6 +162,10 @@ class Engine {
   };
   // Finishes a request the core could not take (Error, with why) through its callback.
   void reject(Pending& p, const std::string& why);
+  // Into the core (a failure rejects that request alone); then cleared.
+  void add_to_core(std::deque<Pending>& adds);
+  // The hook between the blocks of a step (EngineCore::between_blocks), what arrived since added first.
+  void between_blocks();
   std::deque<Pending> incoming_;
   std::vector<uint64_t> cancels_;
   std::vector<std::function<void()>> tasks_;  // run on the engine thread between steps

@@ -358,7 +358,30 @@ void EngineCore::finish_in_flight() {
   while (!in_flight_.empty()) finish_step(0, false);
 }
 
-bool EngineCore::begin_step(double t0, int64_t p0) {
+void EngineCore::between_blocks() {
+  const int64_t cap = exec_.between_max_batch();
+  if (!running_ || between_ || cap <= 0 || !in_flight_.empty()) return;
+  bool waits = false;  // (the plan is made only when someone could be in it)
+  for (const auto& [id, r] : reqs_)
+    waits |= !r.in_flight && !decoding(r) && int64_t(r.tokens.size()) - r.n_computed <= cap;
+  if (!waits) return;
+  const double t0 = now_();
+  const int64_t p0 = profile::enabled() ? profile::now_ns() : 0;
+  between_ = true;
+  struct Reset {
+    EngineCore& c;
+    double t0;
+    ~Reset() {
+      c.between_ = false;
+      c.between_ms_ += c.now_() - t0;
+    }
+  } reset{*this, t0};
+  if (!begin_step(t0, p0, true)) return;
+  ++counters_.between_steps;
+  finish_step(p0, true);
+}
+
+bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   const bool prof = p0 != 0;
   const int32_t limit = std::max(1, exec_.max_in_flight());
   // The decoding requests not in flight that this step may carry: a group of ceil(decoding /
@@ -368,6 +391,23 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
   for (const auto& [id, r] : reqs_) n_decoding += r.admitted && r.n_generated > 0;
   int64_t group = (n_decoding + limit - 1) / limit;
   int32_t hidden = 0;
+  // Between blocks: the running step's requests are in flight; decodes and prompts longer than
+  // the executor takes there wait for the next step.
+  const int64_t between_cap = between ? exec_.between_max_batch() : 0;
+  // ... and so do LoRA requests, unless their adapter runs already and none waits for a slot
+  // (scheduler.h step 3's cap and order, over the requests in flight too).
+  std::vector<const LoraAdapter*> adapters;
+  bool slot_waits = false;
+  if (between) {
+    for (const auto& [id, r] : reqs_)
+      if (r.admitted && r.adapter && std::find(adapters.begin(), adapters.end(), r.adapter.get()) == adapters.end())
+        adapters.push_back(r.adapter.get());
+    for (const auto& [id, r] : reqs_)
+      slot_waits |= !r.admitted && r.adapter && std::find(adapters.begin(), adapters.end(), r.adapter.get()) == adapters.end();
+  }
+  auto adapter_waits = [&](const Req& r) {
+    return r.adapter && (slot_waits || std::find(adapters.begin(), adapters.end(), r.adapter.get()) == adapters.end());
+  };
 
   SchedulerInput in;
   in.now_ms = t0;
@@ -375,6 +415,8 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
   in.cost = cost_.model();
   in.cfg = cfg_;
   in.drafts_from_model = spec_.method == SpecMethod::Draft;
+  if (between) in.cfg.max_batch_tokens = std::min<int64_t>(in.cfg.max_batch_tokens, between_cap);
+  else if (limit == 1) in.step_blocks = exec_.step_blocks();
   std::erase_if(past_arrivals_, [&](double a) { return t0 - a > cfg_.arrival_window_ms; });
   in.past_arrivals_ms.assign(past_arrivals_.begin(), past_arrivals_.end());
   in.observed_since_ms = started_ms_;
@@ -383,8 +425,9 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
   for (const auto& [from, ms] : follow_ups_) in.unobserved_ms += ms;
   in.requests.reserve(reqs_.size());
   for (const auto& [id, r] : reqs_) {
-    const bool decoding = r.admitted && r.n_generated > 0 && int64_t(r.tokens.size()) - r.n_computed == 1;
-    if (r.in_flight || (decoding && group-- <= 0)) {
+    const bool dec = decoding(r);
+    if (r.in_flight || (between && (dec || int64_t(r.tokens.size()) - r.n_computed > between_cap || adapter_waits(r))) ||
+        (dec && group-- <= 0)) {
       hidden += r.admitted ? 1 + int32_t(r.forks.size()) : 0;
       continue;
     }
@@ -423,6 +466,18 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
   }
   in.cfg.max_num_seqs = std::max(0, in.cfg.max_num_seqs - hidden);
   StepPlan plan = plan_step(in);
+  if (between) {
+    // Prefill only, and it gives someone a first token (or it waits for the next step); and
+    // sooner than the running step would end: what it delays each first token of that step by
+    // is less than the wait it saves (a short prompt arriving in a short prompt's step waits).
+    bool finishes = false;
+    for (const PrefillChunk& c : plan.prefill)
+      for (const SchedRequest& s : in.requests) finishes |= s.id == c.id && c.n_tokens == s.pending();
+    const double left_ms = running_end_ms_ + between_ms_ - t0;
+    if (!finishes || !plan.preempt.empty() || !plan.decode.empty() ||
+        (running_firsts_ > 0 && plan.predicted_ms * double(running_firsts_) >= left_ms))
+      return false;
+  }
   group_decodes_by_adapter(plan);
 
   StepRecord rec;
@@ -489,7 +544,8 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
   f.prompt_rows.clear();
   std::vector<RowGroup>& groups = f.groups;
   std::vector<PromptRows>& prompt_rows = f.prompt_rows;
-  batch_.clear();
+  Batch& batch = between ? between_batch_ : batch_;
+  batch.clear();
   size_t n_rows = 0;
   std::vector<Req*> decodes;
   int64_t draft_rows = 0;
@@ -501,9 +557,9 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
     if (i < plan.decode_draft.size()) draft_pairs += draft_attn_pairs(r.n_computed, plan.decode_draft[i]);
     if (g == 0) ++r.steps_without_draft; else r.steps_without_draft = 0;
     reserve(r, r.n_computed + 1 + g, "decode");
-    batch_.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true, r.adapter.get());
+    batch.add(r.tokens[size_t(r.n_computed)], int32_t(r.n_computed), r.seq, true, r.adapter.get());
     for (int32_t j = 0; j < g; ++j)
-      batch_.add(r.draft[size_t(j)], int32_t(r.n_computed + 1 + j), r.seq, true, r.adapter.get());
+      batch.add(r.draft[size_t(j)], int32_t(r.n_computed + 1 + j), r.seq, true, r.adapter.get());
     groups.push_back({&r, n_rows, g + 1});
     n_rows += size_t(g) + 1;
     decodes.push_back(&r);
@@ -526,7 +582,7 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
       // A prompt position not scored yet (what a preempted request scored is kept): its row
       // predicts the token at pos + 1.
       const bool score = scoring && pos >= int64_t(r.prompt_lp.size()) && pos < r.n_prompt - 1;
-      batch_.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last || score, r.adapter.get());
+      batch.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, last || score, r.adapter.get());
       if (score) {
         if (prompt_rows.empty() || prompt_rows.back().r != &r) prompt_rows.push_back({&r, n_rows, pos, 0});
         ++prompt_rows.back().n;
@@ -543,14 +599,36 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
     chunks.emplace_back(&r, len);
     rec.chunks.push_back(len);
   }
-  if (batch_.size() == 0) return false;
+  if (batch.size() == 0) return false;
   f.logits.resize(n_rows * size_t(exec_.n_vocab()));
 
   const double tf = now_();
   const int64_t pf0 = prof ? profile::now_ns() : 0;
-  exec_.begin(batch_, kv_, f.logits.data());
-  if (prof && limit > 1) profile::complete("forward", "engine", pf0, profile::now_ns(), profile::Args().i("tokens", batch_.size()));
-  f.begin_ms = now_() - tf;
+  if (between) {
+    exec_.forward_between(batch, kv_, f.logits.data());
+  } else {
+    // Steps run between its blocks leave its requests out (in flight until it began) and their
+    // time out of its forward's.
+    running_firsts_ = 0;
+    for (Req* r : decodes) r->in_flight = true;
+    for (auto& [r, len] : chunks) {
+      r->in_flight = true;
+      running_firsts_ += r->n_computed + len == int64_t(r->tokens.size());
+    }
+    running_end_ms_ = tf + plan.predicted_ms;
+    between_ms_ = 0;
+    running_ = true;
+    struct Reset {
+      bool& running;
+      ~Reset() { running = false; }
+    } reset{running_};
+    exec_.begin(batch, kv_, f.logits.data());
+    for (auto& [r, len] : chunks) r->in_flight = false;  // (those with rows are again, below)
+  }
+  if (prof && limit > 1) profile::complete("forward", "engine", pf0, profile::now_ns(), profile::Args().i("tokens", batch.size()));
+  f.begin_ms = now_() - tf - (between ? 0 : between_ms_);
+  f.between = between;
+  rec.between = between;
   f.p_forward = pf0;
   st.schedule_ms += std::max(0.0, tf - t0 - propose_ms);
   if (prof) profile::complete("schedule", "engine", p0, pf0);
@@ -571,7 +649,7 @@ bool EngineCore::begin_step(double t0, int64_t p0) {
   for (PromptRows& p : prompt_rows) p.r->in_flight = true;
   f.rec = std::move(rec);
   f.n_rows = n_rows;
-  f.tokens = batch_.size();
+  f.tokens = batch.size();
   f.draft_rows = draft_rows;
   f.draft_pairs = draft_pairs;
   f.attn_pairs = plan.attn_pairs;
@@ -602,7 +680,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
 
   const double tw = now_();
   const int64_t pw0 = prof ? profile::now_ns() : 0;
-  exec_.finish(f.logits.data());
+  if (!f.between) exec_.finish(f.logits.data());
   const int64_t pf1 = prof ? profile::now_ns() : 0;
   const double t1 = now_();
   if (prof) profile::complete("forward", "engine", merged ? f.p_forward : pw0, pf1, profile::Args().i("tokens", f.tokens));
@@ -780,6 +858,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
     if (std::isfinite(rec.step_cap_ms) && rec.step_cap_ms > 0) a.d("step_cap_ms", rec.step_cap_ms);
     a.i("running", rec.n_running).i("waiting", rec.n_waiting).i("preempted", rec.n_preempted);
     if (!merged) a.i("in_flight", int64_t(in_flight_.size()) + 1);  // (overlapped: this turn began another step)
+    if (rec.between) a.i("between_blocks", 1);
     profile::complete("step", "engine", p_step, p1, a, "chunks", chunks);
     profile::counter("kv_blocks", p1,
                      profile::Args().i("used", kv_.used_blocks()).i("prefix_cached", kv_.cached_blocks())

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/speculative.h"
@@ -132,6 +133,7 @@ struct StepRecord {
   int32_t n_waiting = 0;
   int32_t kv_used_blocks = 0;
   int32_t n_preempted = 0;
+  bool between = false;  // ran between the blocks of another step (EngineCore::between_blocks)
 };
 
 // Runs one forward over a batch; the real one wraps Forward, the simulation a fake model.
@@ -152,6 +154,17 @@ class StepExecutor {
   virtual int32_t max_in_flight() const { return 1; }
   virtual void begin(const Batch& batch, KVCache& kv, float* logits) { forward(batch, kv, logits); }
   virtual void finish(float* /*logits*/) {}
+  // Steps inside a step: an executor that yields calls EngineCore::between_blocks between the
+  // blocks of the steps it begins (one process: no pipeline). step_blocks: how many blocks a
+  // step is cut into, as equal parts of its time (SchedulerInput::step_blocks; 0: it does not
+  // yield); between_max_batch: the most tokens a step run from there may hold.
+  virtual int32_t step_blocks() const { return 0; }
+  virtual int64_t between_max_batch() const { return 0; }
+  // A whole step run from between two blocks of a begun one, on activations of its own (its
+  // logits written before it returns); its sequences are none of the begun step's.
+  virtual void forward_between(const Batch& /*batch*/, KVCache& /*kv*/, float* /*logits*/) {
+    fail("engine: this executor does not run steps between blocks");
+  }
 };
 
 // Where a speculating engine's time goes (ms on the engine thread, summed over steps; `bench
@@ -213,6 +226,7 @@ struct EngineCounters {
   uint64_t cancelled = 0;
   uint64_t preemptions = 0;
   uint64_t steps = 0;
+  uint64_t between_steps = 0;  // of those, run between the blocks of another (between_blocks)
   uint64_t max_steps_in_flight = 0;  // the most steps begun and not finished at once (overlap: > 1)
 };
 
@@ -240,6 +254,12 @@ class EngineCore {
   bool step();
   // Finishes every step in flight (before the engine stops: their rows must be taken).
   void finish_in_flight();
+  // Called by the executor between two blocks of the step it runs (StepExecutor::step_blocks):
+  // when requests not in that step wait with at most between_max_batch() tokens pending, a step
+  // of theirs runs now, planned as any (prefill only; it must finish one's prefill, or it does
+  // not run), so a short prompt arriving during a long step gets its first token after the
+  // block running then, not after the step. One level: not from inside such a step.
+  void between_blocks();
   int32_t steps_in_flight() const { return int32_t(in_flight_.size()); }
 
   int32_t n_running() const;
@@ -310,6 +330,10 @@ class EngineCore {
   // Whether its prompt is still being scored (prompt_logprobs, before its first token): no prefix
   // cache, logits at every prompt position.
   static bool scoring_prompt(const Req& r) { return r.prompt_logprobs >= 0 && r.n_generated == 0; }
+  // Whether it is decoding: one token pending after its first (SchedRequest::decoding).
+  static bool decoding(const Req& r) {
+    return r.admitted && r.n_generated > 0 && int64_t(r.tokens.size()) - r.n_computed == 1;
+  }
 
   KVCache& kv_;
   StepExecutor& exec_;
@@ -357,15 +381,24 @@ class EngineCore {
     double draft_pairs = 0, attn_pairs = 0;
     double begin_ms = 0;        // the forward's first half
     int64_t p_forward = 0;      // profiler clock at its start
+    bool between = false;       // run by forward_between (its logits are there when it returns)
   };
-  // Plans and begins a step; false when nothing can run now.
-  bool begin_step(double t0, int64_t p0);
+  // Plans and begins a step; false when nothing can run now. between: a step between the
+  // blocks of the one running (between_blocks).
+  bool begin_step(double t0, int64_t p0, bool between = false);
   // Finishes the oldest step in flight. p_step: the turn's profiler start (0: not profiling);
   // merged: the step was begun in this turn (one forward span, as before the split).
   void finish_step(int64_t p_step, bool merged);
   std::deque<Flight> in_flight_;  // oldest first
   std::vector<Flight> spare_flights_;  // finished ones, their buffers kept
   std::vector<float> fork_logits_;  // this step's forks' rows (copies of their parent's raw row)
+  // between_blocks: a step's forward is running (steps may run between its blocks), one of those
+  // is, and their time so far (taken out of the running step's forward time); the running
+  // step's predicted end (without them) and its first tokens.
+  bool running_ = false, between_ = false;
+  double between_ms_ = 0, running_end_ms_ = 0;
+  int64_t running_firsts_ = 0;
+  Batch between_batch_;  // (batch_ is the running step's)
   SpecConfig spec_;
   Drafter* drafter_ = nullptr;
 };

@@ -124,24 +124,27 @@ StepPlan plan_step(const SchedulerInput& in) {
   } else {
     // The step's time cap (scheduler.h), then the largest budget within it, assuming the chunk
     // goes to the first candidate (its context determines the attention cost).
-    double cap_ms = kInf;
-    if (n_decode > 0) {
-      cap_ms = cfg.step_latency_target_ms;
-    } else if (!cands.empty()) {
+    // What an arrival may wait for: the step running when it comes, or its block when steps yield.
+    const bool yields = in.step_blocks > 0;
+    double wait_ms = kInf;
+    if (n_decode == 0 && !cands.empty()) {
       // No longer than the quiet has lasted (the newest waiting request's wait). Requests that
       // stay waiting behind lose nothing by a longer step.
       double newest = cands.front()->arrival_ms;
       for (const auto* r : cands) newest = std::max(newest, r->arrival_ms);
-      cap_ms = std::max(in.now_ms - newest, cfg.step_latency_target_ms);
+      wait_ms = std::max(in.now_ms - newest, yields ? cfg.block_wait_ms : cfg.step_latency_target_ms);
     }
-    // Expected arrivals (an arrival waits for the whole step): the step within which one arrives
-    // with probability at most arrival_risk, but no shorter than a share of the smallest TTFT budget.
+    // Expected arrivals: the step within which one arrives with probability at most
+    // arrival_risk, but no shorter than a share of the smallest TTFT budget; or the block wait.
     const double observed_ms = std::min(cfg.arrival_window_ms, in.now_ms - in.observed_since_ms) - in.unobserved_ms;
     const auto n_past = std::count_if(in.past_arrivals_ms.begin(), in.past_arrivals_ms.end(),
                                       [&](double a) { return in.now_ms - a <= cfg.arrival_window_ms; });
     if (n_past > 0 && observed_ms > 0)
-      cap_ms = std::min(cap_ms, std::max(cfg.arrival_risk * observed_ms / double(n_past),
-                                         cfg.slack_share * cfg.ttft_slo_base_ms));
+      wait_ms = std::min(wait_ms, yields ? cfg.block_wait_ms
+                                         : std::max(cfg.arrival_risk * observed_ms / double(n_past),
+                                                    cfg.slack_share * cfg.ttft_slo_base_ms));
+    double cap_ms = std::min(n_decode > 0 ? cfg.step_latency_target_ms : kInf,
+                             yields ? wait_ms * double(in.step_blocks) : wait_ms);
     // A step that can finish a request's prefill (its first token ends the step) takes what that
     // needs; others' chunks fill it only up to a share of its time to its deadline, at most the
     // target: a short prompt arriving during a long one's prefill gets a short step, and a long

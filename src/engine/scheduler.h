@@ -32,6 +32,12 @@
 //  - for expected arrivals (a Poisson rate lambda, SchedulerInput::past_arrivals_ms) the step
 //    within which one arrives with probability at most arrival_risk (arrival_risk / lambda),
 //    since an arrival waits for the whole step, but not below slack_share x ttft_slo_base_ms;
+//  - when steps yield between their blocks (SchedulerInput::step_blocks > 0: a short prompt
+//    arriving mid-step runs in a step of its own between two blocks, EngineCore::between_blocks),
+//    an arrival waits for a block, not the step: the two rules above bound a block instead, the
+//    quiet's from block_wait_ms rather than the target, and expected arrivals' to block_wait_ms,
+//    so a step holds step_blocks of those (a long prompt's chunks grow without making arrivals
+//    wait: the decodes' target still holds);
 //  - for each request whose prefill the step can finish (its first token ends the step), a share
 //    (slack_share) of its time to its deadline, with decodes running or not: a short prompt
 //    arriving during a long one's prefill gets a short step of its own, not a chunk of the long
@@ -96,6 +102,9 @@ struct SchedulerConfig {
   // A step that finishes a request's prefill may take at most this share of its time to its
   // deadline (the rest is for arrivals that go before it).
   double slack_share = 0.25;
+  // Steps that yield between their blocks: an arrival waits at most about this for the block
+  // running when it comes (the budget's rules above).
+  double block_wait_ms = 10;
   // Admission (0 = off): refuse a request whose predicted TTFT under the current queue exceeds
   // this factor x its TTFT budget (deadline - arrival).
   double reject_late_factor = 0;
@@ -153,6 +162,9 @@ struct SchedulerInput {
   SchedulerConfig cfg;
   // Drafts come from a draft model: k forwards of its own before the step, outside `cost`.
   bool drafts_from_model = false;
+  // The step yields between its blocks (StepExecutor::step_blocks): their number, as equal parts
+  // of its time for an arrival's wait; 0: an arrival waits for the whole step.
+  int32_t step_blocks = 0;
 };
 
 struct PrefillChunk {

@@ -190,12 +190,18 @@ int64_t Forward::begin(const Batch& b, KVCache& kv) {
     link_->recv_prev(x_, M * D);  // (the scale is the first stage's: x arrives scaled)
   }
   if (fused_rope_) be_.rope_table(b.pos.data(), M, rope_, rope_cs_.data());
+  const bool yields = between_ && !link_ && !reduce_;
   for (int32_t il = 0; il < hp.n_layers; ++il) {
     be_.set_layer(hp.first_layer + il);
     attention_block(il, b, kv, M);
     if (link_) link_->progress();
+    if (yields) {
+      between_();
+      be_.set_layer(hp.first_layer + il);  // (a step run there set its own)
+    }
     ffn_block(il, M);
     if (link_) link_->progress();
+    if (yields && il + 1 < hp.n_layers) between_();
   }
   be_.set_layer(-1);
   if (link_ && !link_->last_stage()) link_->send_next(x_, M * D);

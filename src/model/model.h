@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -219,6 +220,12 @@ class Forward {
   // Pipeline parallelism over a staged model (Model::stage): where the stage's input comes from
   // and its output goes (StageLink). Null: the whole model here. Not with LoRA either.
   void set_stage_link(StageLink* l);
+  // Called on the calling thread between the blocks of every step begun here (after each
+  // attention block, and after each FFN block but the last), when one process runs the whole
+  // model (no stage link or reducer). It may run a step of other sequences on another Forward
+  // (this one's activations stay as they are; nothing of the backend's is live between blocks)
+  // and must not touch this step's sequences. Empty: none.
+  void set_between_blocks(std::function<void()> f) { between_ = std::move(f); }
   // The activation scratch: its bytes, and whether it is on huge pages.
   const MappedMemory& scratch() const { return scratch_; }
 
@@ -236,6 +243,7 @@ class Forward {
 
   const Model& model_;
   Backend& be_;
+  std::function<void()> between_;
   // The model's weights with every matmul weight in the backend's preferred layout (prepare()).
   ModelWeights w_;
   int64_t max_batch_;

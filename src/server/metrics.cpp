@@ -100,6 +100,9 @@ std::string ServerMetrics::render(const EngineMetrics& m) const {
   counter("firsttoken:num_preemptions_total", "Requests preempted (KV freed, recomputed later).",
           double(m.counters.preemptions));
   counter("firsttoken:engine_steps_total", "Engine steps (forward passes).", double(m.counters.steps));
+  counter("firsttoken:engine_between_block_steps_total",
+          "Engine steps run between two blocks of a longer one (short prompts' first tokens; of engine_steps_total).",
+          double(m.counters.between_steps));
   gauge("firsttoken:engine_max_steps_in_flight",
         "The most engine steps in flight at once since start (pipeline parallel: up to pp_size, decode steps "
         "overlapped across stages; else 1).",

@@ -173,6 +173,48 @@ TEST(Engine, CancelFreesAllBlocks) {
   EXPECT_EQ(m.counters.cancelled, 1u);
 }
 
+// Short prompts submitted while a long prompt's step runs go between the blocks of that step
+// (the engine takes them in there: EngineCore::between_blocks, on a Forward of their own), and
+// every request still gets exactly what it gets alone.
+TEST(Engine, ShortPromptsRunBetweenTheBlocksOfALongStep) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const int32_t V = model->hparams().n_vocab;
+  std::vector<Job> jobs = {mixed_jobs(V, 2, 5)[1]};  // 500 tokens
+  jobs[0].max_tokens = 16;
+  std::mt19937 rng(3);
+  for (int k = 0; k < 40; ++k) {
+    Job j{{1}, 3};
+    for (int i = 0; i < 4; ++i) j.prompt.push_back(int32_t(3 + rng() % uint32_t(V - 3)));
+    jobs.push_back(std::move(j));
+  }
+  Engine alone_engine(*model, config(256), {});
+  const auto alone = run_jobs(alone_engine, jobs, false);
+  Engine engine(*model, config(0), {});  // unchunked: the long prompt in one step
+  std::vector<Outcome> got(jobs.size());
+  std::vector<EventStream> streams(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EngineRequest r;
+    r.prompt = jobs[i].prompt;
+    r.max_tokens = jobs[i].max_tokens;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    engine.submit(std::move(r), streams[i].callback());
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EngineEvent ev;
+    while (streams[i].next(ev, &got[i].timings)) {
+      if (ev.kind == EngineEvent::Kind::Token) got[i].tokens.push_back(ev.token);
+      else got[i].reason = ev.reason;
+    }
+  }
+  expect_same_tokens(got, alone);
+  const EngineMetrics m = settled_metrics(engine, jobs.size());
+  EXPECT_GT(m.counters.between_steps, 0u);
+  EXPECT_EQ(m.kv_used_blocks, 0);
+}
+
 // Prefix caching, preemption and chunked prefill, per KV cache type.
 class KvTypes : public ::testing::TestWithParam<GGMLType> {};
 

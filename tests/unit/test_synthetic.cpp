@@ -498,6 +498,62 @@ TEST(MappedMemory, PrefaultedPagesAreResident) {
   EXPECT_EQ(in_act, of_act);
 }
 
+// A step between the blocks of another (Forward::set_between_blocks, the engine's
+// EngineCore::between_blocks) runs on a Forward of its own: the running step's logits and its
+// own are bit for bit those of each run alone, for the float and integer paths (the backend
+// holds nothing between blocks). Running it on the same Forward instead changes them (the
+// check can fail).
+TEST(Forward, StepsBetweenBlocksLeaveEveryStepExact) {
+  for (const GGMLType type : {GGMLType::F32, GGMLType::Q8_0, GGMLType::Q4_0}) {
+    SCOPED_TRACE(std::string(type_traits(type).name));
+    SyntheticOptions opt;
+    opt.shape = "tiny";
+    opt.type = type;
+    TempFile tmp("between-tiny.gguf");
+    write_synthetic_model(opt, tmp.path());
+    const auto model = Model::load(tmp.path());
+    const HParams& hp = model->hparams();
+    auto be = make_backend("cpu", 2);
+    Forward main(*model, *be, 40), other(*model, *be, 16);
+    // seq 0: a 37-token prompt in `main`; seqs 1 and 2: 9 and 5 tokens, each a step of `other`.
+    std::vector<Batch> batches(3);
+    const int64_t lens[3] = {37, 9, 5};
+    for (int s = 0; s < 3; ++s)
+      for (int64_t i = 0; i < lens[s]; ++i)
+        batches[size_t(s)].add(int32_t((i * 7 + s * 13 + 1) % hp.n_vocab), int32_t(i), s, true);
+    auto fresh_kv = [&] {
+      auto kv = std::make_unique<KVCache>(KVCacheConfig{hp.n_layers, hp.kv_dim(), 16, 16, true, hp.n_kv_heads});
+      for (int s = 0; s < 3; ++s) EXPECT_TRUE(kv->reserve(s, lens[s]));
+      return kv;
+    };
+    auto logits = [&](int s) { return std::vector<float>(size_t(lens[s] * hp.n_vocab)); };
+    std::vector<std::vector<float>> alone = {logits(0), logits(1), logits(2)}, got = alone, clobbered = alone;
+    {
+      auto kv = fresh_kv();
+      for (int s = 0; s < 3; ++s) (s == 0 ? main : other).run(batches[size_t(s)], *kv, alone[size_t(s)].data());
+    }
+    for (Forward* nested : {&other, &main}) {
+      auto& out = nested == &other ? got : clobbered;
+      auto kv = fresh_kv();
+      int calls = 0;
+      bool inside = false;
+      main.set_between_blocks([&] {
+        if (inside) return;  // (the same Forward's own steps call it too)
+        inside = true;
+        ++calls;
+        if (calls == 1) nested->run(batches[1], *kv, out[1].data());
+        if (calls == 2 * hp.n_layers - 2) nested->run(batches[2], *kv, out[2].data());
+        inside = false;
+      });
+      main.run(batches[0], *kv, out[0].data());
+      main.set_between_blocks({});
+      EXPECT_EQ(calls, 2 * hp.n_layers - 1);  // after every block but the last
+    }
+    for (int s = 0; s < 3; ++s) EXPECT_EQ(got[size_t(s)], alone[size_t(s)]) << "sequence " << s;
+    EXPECT_NE(clobbered[0], alone[0]);
+  }
+}
+
 TEST(MappedMemory, ForwardScratchHoldsEveryActivation) {
   SyntheticOptions opt;
   opt.shape = "tiny";
