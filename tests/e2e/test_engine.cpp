@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -45,8 +46,9 @@ EngineConfig config(int64_t chunk, bool prefix_caching = true, uint64_t kv_bytes
   return c;
 }
 
-// Submits every job at once (concurrent) or one after another (alone), greedy.
-std::vector<Outcome> run_jobs(Engine& engine, const std::vector<Job>& jobs, bool concurrent) {
+// Submits every job at once (concurrent: gap apart) or one after another (alone), greedy.
+std::vector<Outcome> run_jobs(Engine& engine, const std::vector<Job>& jobs, bool concurrent,
+                              std::chrono::microseconds gap = {}) {
   std::vector<Outcome> out(jobs.size());
   std::vector<EventStream> streams(jobs.size());
   auto submit = [&](size_t i) {
@@ -65,7 +67,10 @@ std::vector<Outcome> run_jobs(Engine& engine, const std::vector<Job>& jobs, bool
     }
   };
   if (concurrent) {
-    for (size_t i = 0; i < jobs.size(); ++i) submit(i);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      submit(i);
+      if (gap.count() > 0) std::this_thread::sleep_for(gap);
+    }
     for (size_t i = 0; i < jobs.size(); ++i) drain(i);
   } else {
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -191,25 +196,7 @@ TEST(Engine, ShortPromptsRunBetweenTheBlocksOfALongStep) {
   Engine alone_engine(*model, config(256), {});
   const auto alone = run_jobs(alone_engine, jobs, false);
   Engine engine(*model, config(0), {});  // unchunked: the long prompt in one step
-  std::vector<Outcome> got(jobs.size());
-  std::vector<EventStream> streams(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    EngineRequest r;
-    r.prompt = jobs[i].prompt;
-    r.max_tokens = jobs[i].max_tokens;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0;
-    engine.submit(std::move(r), streams[i].callback());
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    EngineEvent ev;
-    while (streams[i].next(ev, &got[i].timings)) {
-      if (ev.kind == EngineEvent::Kind::Token) got[i].tokens.push_back(ev.token);
-      else got[i].reason = ev.reason;
-    }
-  }
-  expect_same_tokens(got, alone);
+  expect_same_tokens(run_jobs(engine, jobs, true, std::chrono::microseconds(100)), alone);
   const EngineMetrics m = settled_metrics(engine, jobs.size());
   EXPECT_GT(m.counters.between_steps, 0u);
   EXPECT_EQ(m.kv_used_blocks, 0);
