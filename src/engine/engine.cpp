@@ -55,7 +55,7 @@ class Engine::ModelExecutor final : public StepExecutor {
   int32_t step_blocks() const override { return between_ ? model_.hparams().n_layers : 0; }
   int64_t between_max_batch() const override { return between_ ? between_->max_batch() : 0; }
   void forward_between(const Batch& batch, KVCache& kv, float* logits) override { between_->run(batch, kv, logits); }
-  void set_between_blocks(std::function<void()> f) {
+  void set_between_blocks(std::function<void(double)> f) {
     if (between_) fwd_.set_between_blocks(std::move(f));
   }
   void enable_lora() {
@@ -321,7 +321,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   }
   core_ = std::make_unique<EngineCore>(*kv_, *exec_, sched_cfg_, cost, n_ctx_, std::move(is_eog),
                                        [this] { return now_ms(); });
-  exec_->set_between_blocks([this] { between_blocks(); });
+  exec_->set_between_blocks([this](double done) { between_blocks(done); });
   if (cfg.spec.enabled()) {
     cfg.spec.validate();
     if (cfg.spec.method == SpecMethod::Draft) {
@@ -563,7 +563,7 @@ void Engine::add_to_core(std::deque<Pending>& adds) {
   adds.clear();
 }
 
-void Engine::between_blocks() {
+void Engine::between_blocks(double done) {
   std::deque<Pending> adds;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -571,7 +571,7 @@ void Engine::between_blocks() {
     for (const Pending& p : adds) queue_snapshot_.push_back(p.queued);  // in the core from now on
   }
   add_to_core(adds);
-  core_->between_blocks();
+  core_->between_blocks(done);
 }
 
 void Engine::loop() {

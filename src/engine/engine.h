@@ -165,7 +165,7 @@ class Engine {
   // Into the core (a failure rejects that request alone); then cleared.
   void add_to_core(std::deque<Pending>& adds);
   // The hook between the blocks of a step (EngineCore::between_blocks), what arrived since added first.
-  void between_blocks();
+  void between_blocks(double done);
   std::deque<Pending> incoming_;
   std::vector<uint64_t> cancels_;
   std::vector<std::function<void()>> tasks_;  // run on the engine thread between steps

@@ -358,9 +358,10 @@ void EngineCore::finish_in_flight() {
   while (!in_flight_.empty()) finish_step(0, false);
 }
 
-void EngineCore::between_blocks() {
+void EngineCore::between_blocks(double done) {
   const int64_t cap = exec_.between_max_batch();
-  if (!running_ || between_ || cap <= 0 || !in_flight_.empty()) return;
+  if (!running_ || between_ || cap <= 0 || !in_flight_.empty() || !(done > 0 && done < 1)) return;
+  running_done_ = done;
   bool waits = false;  // (the plan is made only when someone could be in it)
   for (const auto& [id, r] : reqs_)
     waits |= !r.in_flight && !decoding(r) && int64_t(r.tokens.size()) - r.n_computed <= cap;
@@ -470,10 +471,11 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     // Prefill only, and it gives someone a first token (or it waits for the next step); and
     // sooner than the running step would end: what it delays each first token of that step by
     // is less than the wait it saves (a short prompt arriving in a short prompt's step waits).
+    // The running step's time left: at the rate of its blocks so far.
     bool finishes = false;
     for (const PrefillChunk& c : plan.prefill)
       for (const SchedRequest& s : in.requests) finishes |= s.id == c.id && c.n_tokens == s.pending();
-    const double left_ms = running_end_ms_ + between_ms_ - t0;
+    const double left_ms = (t0 - running_start_ms_ - between_ms_) * (1 - running_done_) / running_done_;
     if (!finishes || !plan.preempt.empty() || !plan.decode.empty() ||
         (running_firsts_ > 0 && plan.predicted_ms * double(running_firsts_) >= left_ms))
       return false;
@@ -615,7 +617,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
       r->in_flight = true;
       running_firsts_ += r->n_computed + len == int64_t(r->tokens.size());
     }
-    running_end_ms_ = tf + plan.predicted_ms;
+    running_start_ms_ = tf;
     between_ms_ = 0;
     running_ = true;
     struct Reset {

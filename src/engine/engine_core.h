@@ -254,12 +254,13 @@ class EngineCore {
   bool step();
   // Finishes every step in flight (before the engine stops: their rows must be taken).
   void finish_in_flight();
-  // Called by the executor between two blocks of the step it runs (StepExecutor::step_blocks):
+  // Called by the executor between two blocks of the step it runs (StepExecutor::step_blocks;
+  // done: the share of its blocks done, from which its time left is estimated):
   // when requests not in that step wait with at most between_max_batch() tokens pending, a step
   // of theirs runs now, planned as any (prefill only; it must finish one's prefill, or it does
   // not run), so a short prompt arriving during a long step gets its first token after the
   // block running then, not after the step. One level: not from inside such a step.
-  void between_blocks();
+  void between_blocks(double done);
   int32_t steps_in_flight() const { return int32_t(in_flight_.size()); }
 
   int32_t n_running() const;
@@ -393,10 +394,10 @@ class EngineCore {
   std::vector<Flight> spare_flights_;  // finished ones, their buffers kept
   std::vector<float> fork_logits_;  // this step's forks' rows (copies of their parent's raw row)
   // between_blocks: a step's forward is running (steps may run between its blocks), one of those
-  // is, and their time so far (taken out of the running step's forward time); the running
-  // step's predicted end (without them) and its first tokens.
+  // is, and their time so far (taken out of the running step's forward time); when the running
+  // step's forward began, the share of its blocks done and its first tokens.
   bool running_ = false, between_ = false;
-  double between_ms_ = 0, running_end_ms_ = 0;
+  double between_ms_ = 0, running_start_ms_ = 0, running_done_ = 0;
   int64_t running_firsts_ = 0;
   Batch between_batch_;  // (batch_ is the running step's)
   SpecConfig spec_;

@@ -196,12 +196,12 @@ int64_t Forward::begin(const Batch& b, KVCache& kv) {
     attention_block(il, b, kv, M);
     if (link_) link_->progress();
     if (yields) {
-      between_();
+      between_(double(2 * il + 1) / double(2 * hp.n_layers));
       be_.set_layer(hp.first_layer + il);  // (a step run there set its own)
     }
     ffn_block(il, M);
     if (link_) link_->progress();
-    if (yields && il + 1 < hp.n_layers) between_();
+    if (yields && il + 1 < hp.n_layers) between_(double(il + 1) / double(hp.n_layers));
   }
   be_.set_layer(-1);
   if (link_ && !link_->last_stage()) link_->send_next(x_, M * D);

@@ -224,8 +224,9 @@ class Forward {
   // attention block, and after each FFN block but the last), when one process runs the whole
   // model (no stage link or reducer). It may run a step of other sequences on another Forward
   // (this one's activations stay as they are; nothing of the backend's is live between blocks)
-  // and must not touch this step's sequences. Empty: none.
-  void set_between_blocks(std::function<void()> f) { between_ = std::move(f); }
+  // and must not touch this step's sequences. Its argument: the share of the step's blocks done.
+  // Empty: none.
+  void set_between_blocks(std::function<void(double)> f) { between_ = std::move(f); }
   // The activation scratch: its bytes, and whether it is on huge pages.
   const MappedMemory& scratch() const { return scratch_; }
 
@@ -243,7 +244,7 @@ class Forward {
 
   const Model& model_;
   Backend& be_;
-  std::function<void()> between_;
+  std::function<void(double)> between_;
   // The model's weights with every matmul weight in the backend's preferred layout (prepare()).
   ModelWeights w_;
   int64_t max_batch_;

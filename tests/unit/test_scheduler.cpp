@@ -422,7 +422,7 @@ class FakeExecutor : public StepExecutor {
  public:
   FakeExecutor(double* clock, CostModel cost, int window = 0) : clock_(clock), cost_(cost), window_(window) {}
   // Steps that yield: `blocks` equal parts of a step's time, between_() called between them.
-  void yield_between(int32_t blocks, int64_t max_batch, std::function<void()> between) {
+  void yield_between(int32_t blocks, int64_t max_batch, std::function<void(double)> between) {
     blocks_ = blocks;
     between_max_ = max_batch;
     between_ = std::move(between);
@@ -467,7 +467,7 @@ class FakeExecutor : public StepExecutor {
       running_seqs_.assign(b.seq.begin(), b.seq.end());
       for (int32_t k = 0; k < blocks_; ++k) {
         *clock_ += ms / blocks_;
-        if (k + 1 < blocks_) between_();
+        if (k + 1 < blocks_) between_(double(k + 1) / blocks_);
       }
       inside_ = false;
       running_seqs_.clear();
@@ -485,7 +485,7 @@ class FakeExecutor : public StepExecutor {
   int window_;
   int32_t blocks_ = 0;
   int64_t between_max_ = 0;
-  std::function<void()> between_;
+  std::function<void(double)> between_;
   bool inside_ = false;
   std::vector<int32_t> running_seqs_;
 };
@@ -582,9 +582,9 @@ SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int
     }
   };
   if (step_blocks > 0)
-    exec.yield_between(step_blocks, 256, [&] {
+    exec.yield_between(step_blocks, 256, [&](double done) {
       if (closed_gap_ms < 0) arrivals();
-      core.between_blocks();
+      core.between_blocks(done);
     });
   for (int guard = 0; guard < 1000000; ++guard) {
     arrivals();

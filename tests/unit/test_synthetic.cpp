@@ -537,9 +537,11 @@ TEST(Forward, StepsBetweenBlocksLeaveEveryStepExact) {
       auto kv = fresh_kv();
       int calls = 0;
       bool inside = false;
-      main.set_between_blocks([&] {
+      std::vector<double> dones;
+      main.set_between_blocks([&](double done) {
         if (inside) return;  // (the same Forward's own steps call it too)
         inside = true;
+        dones.push_back(done);
         ++calls;
         if (calls == 1) nested->run(batches[1], *kv, out[1].data());
         if (calls == 2 * hp.n_layers - 2) nested->run(batches[2], *kv, out[2].data());
@@ -548,6 +550,7 @@ TEST(Forward, StepsBetweenBlocksLeaveEveryStepExact) {
       main.run(batches[0], *kv, out[0].data());
       main.set_between_blocks({});
       EXPECT_EQ(calls, 2 * hp.n_layers - 1);  // after every block but the last
+      for (int k = 0; k < calls; ++k) EXPECT_DOUBLE_EQ(dones[size_t(k)], double(k + 1) / (2 * hp.n_layers));
     }
     for (int s = 0; s < 3; ++s) EXPECT_EQ(got[size_t(s)], alone[size_t(s)]) << "sequence " << s;
     EXPECT_NE(clobbered[0], alone[0]);
