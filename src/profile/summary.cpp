@@ -142,12 +142,17 @@ Summary summarize(const json& trace) {
   std::sort(forwards.begin(), forwards.end(), by_ts);
   std::sort(inner.begin(), inner.end(), by_ts);
   constexpr double kEps = 0.002;  // us: the file's timestamps are rounded to ns
+  // The innermost span of `outer` holding sp (not sp itself). A step between the blocks of
+  // another (and its forward) lies inside that one's span: what follows it there belongs to the
+  // outer one, a few spans back.
   auto inside = [&](const std::vector<const Span*>& outer, const Span& sp) -> const Span* {
     auto it = std::upper_bound(outer.begin(), outer.end(), sp.ts + kEps,
                                [](double t, const Span* o) { return t < o->ts; });
-    if (it == outer.begin()) return nullptr;
-    const Span* o = *(it - 1);
-    return sp.end() <= o->end() + kEps ? o : nullptr;
+    for (int back = 0; it != outer.begin() && back < 64; ++back) {
+      const Span* o = *--it;
+      if (o != &sp && sp.end() <= o->end() + kEps) return o;
+    }
+    return nullptr;
   };
 
   // Steps.
@@ -156,7 +161,12 @@ Summary summarize(const json& trace) {
   double tokens = 0, decode = 0, prefill = 0, err = 0;
   int64_t n_err = 0;
   for (const Span* st : steps) {
-    s.step_ms += st->dur / 1e3;
+    if (num(st->args, "between_blocks") > 0) {  // (inside another step's span: its time is there)
+      ++s.between_steps;
+      s.between_ms += st->dur / 1e3;
+    } else {
+      s.step_ms += st->dur / 1e3;
+    }
     step_durs.push_back(st->dur / 1e3);
     tokens += num(st->args, "tokens");
     decode += num(st->args, "n_decode");
@@ -224,7 +234,14 @@ Summary summarize(const json& trace) {
   std::sort(s.ops.begin(), s.ops.end(), [](const OpRow& a, const OpRow& b) { return a.total_ms > b.total_ms; });
   s.layers.assign(layers.begin(), layers.end());
 
-  // Idle gaps between ops inside each forward pass.
+  // Idle gaps between ops inside each forward pass (a step between its blocks is one of them).
+  for (const Span* st : steps)
+    if (num(st->args, "between_blocks") > 0)
+      if (const Span* o = inside(forwards, *st)) {
+        const size_t fi = size_t(std::lower_bound(forwards.begin(), forwards.end(), o, by_ts) - forwards.begin());
+        auto& ops = ops_of_forward[fi];
+        ops.insert(std::upper_bound(ops.begin(), ops.end(), st, by_ts), st);
+      }
   std::vector<double> gaps;
   for (size_t fi = 0; fi < forwards.size(); ++fi) {
     const auto& ops = ops_of_forward[fi];
@@ -238,14 +255,17 @@ Summary summarize(const json& trace) {
   }
   s.op_gaps = make_dist(gaps);
 
-  // Idle gaps between steps.
+  // Idle gaps between steps (those between blocks are inside one).
+  std::vector<const Span*> outer_steps;
+  for (const Span* st : steps)
+    if (num(st->args, "between_blocks") == 0) outer_steps.push_back(st);
   std::vector<double> sg, sg_pending;
   std::vector<StepGap> all_gaps;
-  for (size_t i = 1; i < steps.size(); ++i) {
-    const Span* a = steps[i - 1];
+  for (size_t i = 1; i < outer_steps.size(); ++i) {
+    const Span* a = outer_steps[i - 1];
     StepGap g;
     g.at_ms = a->end() / 1e3;
-    g.ms = std::max(0.0, steps[i]->ts - a->end()) / 1e3;
+    g.ms = std::max(0.0, outer_steps[i]->ts - a->end()) / 1e3;
     g.pending = num(a->args, "running") + num(a->args, "waiting") > 0;
     sg.push_back(g.ms);
     if (g.pending) sg_pending.push_back(g.ms);
@@ -388,6 +408,13 @@ std::string format_summary(const Summary& s, int top_n) {
                   (long long)s.steps, s.tokens_per_step, s.decode_per_step, s.prefill_per_step, s.step_dur.mean,
                   s.step_dur.p50, s.step_dur.p99, s.step_dur.max);
     line(buf);
+    if (s.between_steps > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  of those, %lld ran between the blocks of another step (short prompts' first tokens): %.2f ms, "
+                    "mean %.3f ms",
+                    (long long)s.between_steps, s.between_ms, s.between_ms / double(s.between_steps));
+      line(buf);
+    }
     if (s.comm_per_step.count > 0) {
       std::snprintf(buf, sizeof buf,
                     "  communication (MPI allreduce, broadcast, pipeline send/recv) per step: mean %.3f ms (%s), "

@@ -40,7 +40,9 @@ struct Summary {
   int engine_tid = -1;
   // Steps.
   int64_t steps = 0;
-  double step_ms = 0;              // sum of step durations (engine busy)
+  double step_ms = 0;              // sum of step durations (engine busy; a step between blocks counts in its outer one)
+  int64_t between_steps = 0;       // of the steps, run between the blocks of another (EngineCore::between_blocks)
+  double between_ms = 0;           // their durations
   double engine_window_ms = 0;     // first step start to last step end
   double tokens_per_step = 0, decode_per_step = 0, prefill_per_step = 0;
   Dist step_dur;

@@ -221,6 +221,42 @@ TEST(ProfileSummary, OpsGapsAndSteps) {
   EXPECT_THROW(profile::summarize(json::array()), Error);
 }
 
+// A step between the blocks of another (EngineCore::between_blocks) lies inside that one's span:
+// counted apart (its time is in the outer step's), the outer step's ops after it still belong to
+// the outer step, it is no idle gap of the outer forward, and the gap to the next step is the
+// outer one's.
+TEST(ProfileSummary, StepsBetweenBlocks) {
+  auto x = [](const char* name, const char* cat, double ts, double dur, json args = json::object()) {
+    return json{{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"pid", 1}, {"tid", 2}, {"args", args}};
+  };
+  json evs = json::array();
+  evs.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 2}, {"args", {{"name", "engine"}}}});
+  evs.push_back(x("step", "engine", 0, 200, {{"tokens", 300}, {"prefill_tokens", 300}, {"running", 1}}));
+  evs.push_back(x("forward", "engine", 10, 180));
+  evs.push_back(x("gemm.wq", "op", 10, 50));
+  evs.push_back(x("step", "engine", 60, 40, {{"tokens", 40}, {"prefill_tokens", 40}, {"between_blocks", 1}, {"running", 2}}));
+  evs.push_back(x("forward", "engine", 65, 30));
+  evs.push_back(x("gemm.wq", "op", 65, 30));
+  evs.push_back(x("gemm.w_down", "op", 100, 90));
+  evs.push_back(x("step", "engine", 250, 50, {{"tokens", 2}, {"n_decode", 2}, {"running", 2}}));
+  evs.push_back(x("forward", "engine", 250, 50));
+  evs.push_back(x("gemm.wq", "op", 250, 50));
+  const profile::Summary s = profile::summarize(json{{"traceEvents", evs}});
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_EQ(s.between_steps, 1);
+  EXPECT_NEAR(s.between_ms, 0.04, 1e-12);
+  EXPECT_NEAR(s.step_ms, 0.25, 1e-12);
+  EXPECT_NEAR(s.outside_steps_ms, 0, 1e-12);
+  double ops = 0;
+  for (const profile::OpRow& r : s.ops) ops += r.total_ms;
+  EXPECT_NEAR(ops, 0.22, 1e-12);
+  EXPECT_NEAR(s.op_gaps.sum, 0, 1e-12);
+  EXPECT_EQ(s.step_gaps.count, 1);
+  EXPECT_NEAR(s.step_gaps.sum, 0.05, 1e-12);
+  const std::string text = profile::format_summary(s);
+  EXPECT_NE(text.find("of those, 1 ran between the blocks of another step"), std::string::npos) << text;
+}
+
 // Tensor/pipeline parallelism: MPI spans (category "comm") inside steps count as communication
 // per step (a step without any counts 0), are rows of the op table, and are not idle gaps.
 TEST(ProfileSummary, CommunicationPerStep) {
@@ -354,7 +390,8 @@ void expect_engine_content(const json& doc, int n_layers, int n_requests) {
       int64_t sum = a["n_decode"].get<int64_t>();
       for (const json& c : a["chunks"]) sum += c.get<int64_t>();
       EXPECT_EQ(sum, a["tokens"].get<int64_t>()) << e;
-      mixed |= a["n_decode"].get<int>() > 0 && !a["chunks"].empty();
+      // (or a prompt ran between the blocks of a step: EngineCore::between_blocks)
+      mixed |= (a["n_decode"].get<int>() > 0 && !a["chunks"].empty()) || a.value("between_blocks", 0) > 0;
       steps.emplace_back(e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>());
     }
     if (e["cat"] == "op" && e["args"].contains("layer")) layers_of[e["name"]].insert(e["args"]["layer"].get<int>());
@@ -369,7 +406,7 @@ void expect_engine_content(const json& doc, int n_layers, int n_requests) {
   }
   EXPECT_FALSE(steps.empty());
   if (n_requests > 1) {
-    EXPECT_TRUE(mixed) << "no step carried both decodes and prefill chunks";
+    EXPECT_TRUE(mixed) << "no step carried both decodes and prefill chunks, nor ran between another's blocks";
   }
   for (const char* op : kLayerOps) {
     EXPECT_EQ(int(layers_of[op].size()), n_layers) << op;
