@@ -466,6 +466,7 @@ uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
   const uint64_t id = next_id_;
   next_id_ += 1 + req.forks.size();  // its forks' ids follow
   incoming_.push_back({id, std::move(req), std::move(cb), queued});
+  has_incoming_.store(true, std::memory_order_release);
   cv_.notify_one();
   return id;
 }
@@ -564,13 +565,16 @@ void Engine::add_to_core(std::deque<Pending>& adds) {
 }
 
 void Engine::between_blocks(double done) {
-  std::deque<Pending> adds;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    adds.swap(incoming_);
-    for (const Pending& p : adds) queue_snapshot_.push_back(p.queued);  // in the core from now on
+  if (has_incoming_.load(std::memory_order_acquire)) {  // (no lock taken between blocks otherwise)
+    std::deque<Pending> adds;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      adds.swap(incoming_);
+      has_incoming_.store(false, std::memory_order_relaxed);
+      for (const Pending& p : adds) queue_snapshot_.push_back(p.queued);  // in the core from now on
+    }
+    add_to_core(adds);
   }
-  add_to_core(adds);
   core_->between_blocks(done);
 }
 
@@ -587,6 +591,7 @@ void Engine::loop() {
       cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !tasks_.empty() || !core_->idle(); });
       tasks.swap(tasks_);
       adds.swap(incoming_);
+      has_incoming_.store(false, std::memory_order_relaxed);
       for (const Pending& p : adds) queue_snapshot_.push_back(p.queued);  // in the core from now on
       cancels.swap(cancels_);
       if (stop_) break;

@@ -167,6 +167,7 @@ class Engine {
   // The hook between the blocks of a step (EngineCore::between_blocks), what arrived since added first.
   void between_blocks(double done);
   std::deque<Pending> incoming_;
+  std::atomic<bool> has_incoming_{false};  // incoming_ is not empty (set and cleared under mu_)
   std::vector<uint64_t> cancels_;
   std::vector<std::function<void()>> tasks_;  // run on the engine thread between steps
   mutable std::mutex adapters_mu_;
