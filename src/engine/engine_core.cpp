@@ -360,7 +360,9 @@ void EngineCore::finish_in_flight() {
 
 void EngineCore::between_blocks(double done) {
   const int64_t cap = exec_.between_max_batch();
-  if (!running_ || between_ || cap <= 0 || !in_flight_.empty() || !(done > 0 && done < 1)) return;
+  if (!running_ || between_ || cap <= 0 || !in_flight_.empty() || !(done > 0 && done < 1) ||
+      between_ms_ >= cfg_.step_latency_target_ms)
+    return;
   running_done_ = done;
   bool waits = false;  // (the plan is made only when someone could be in it)
   for (const auto& [id, r] : reqs_)

@@ -259,7 +259,9 @@ class EngineCore {
   // when requests not in that step wait with at most between_max_batch() tokens pending, a step
   // of theirs runs now, planned as any (prefill only; it must finish one's prefill, or it does
   // not run), so a short prompt arriving during a long step gets its first token after the
-  // block running then, not after the step. One level: not from inside such a step.
+  // block running then, not after the step. One level: not from inside such a step. Once the
+  // steps run inside one step took step_latency_target_ms, no more start there (a flood of
+  // short prompts could otherwise hold a step, and its decodes, for one step per block).
   void between_blocks(double done);
   int32_t steps_in_flight() const { return int32_t(in_flight_.size()); }
 
