@@ -4,30 +4,44 @@
 //
 // Features of a step: 1, tokens (prefill and decode rows alike: each is one row of the same
 // GEMMs), attention pairs (Σ over the step's tokens of the positions each attends to, which is
-// also what the step reads of the KV cache). The weights are fitted by recursive least squares
+// also what the step reads of the KV cache), and how cold the machine is: a step begun as the
+// engine turns busy after an idle gap runs slower, by warm_up_ms x exp(-busy ms / kWarmUpTauMs)
+// (on a shared Xeon a decode step right after a second of idle took 1.6x its time once warm, back
+// within ~30 ms of busy time, as a plain loop reading 16 MB does: the memory path, not our code).
+// The weights are fitted by recursive least squares
 // with exponential forgetting on the relative error (each step weighs 1/measured², so short and
 // long steps count alike), with Huber-clipped residuals (a step 3 robust scales off moves the fit
 // as if it were 3 scales off) and non-negative coefficients. The start-up calibration is the prior.
 #pragma once
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 
 namespace ft {
 
-// Predicted forward time of one step: base + per_token * tokens + per_attn * attention pairs.
+// Warm-up: an idle gap between steps of at least kWarmUpIdleMs starts a busy period; a step begun
+// `busy` ms into one is exp(-busy / kWarmUpTauMs) cold (1 at its start).
+inline constexpr double kWarmUpIdleMs = 20, kWarmUpTauMs = 15;
+inline double warm_up_coldness(double busy_ms) { return std::exp(-std::max(0.0, busy_ms) / kWarmUpTauMs); }
+
+// Predicted forward time of one step: base + per_token * tokens + per_attn * attention pairs
+// + warm_up * cold (cold: of the step predicted, 0 = warm; a copy of the model carries it).
 struct CostModel {
   double base_ms = 1.0;
   double per_token_ms = 0.1;
   double per_attn_ms = 0.0;  // per (query token x context position)
+  double warm_up_ms = 0.0;   // extra time of a step begun fully cold
+  double cold = 0;
   double predict(int64_t tokens, double attn_pairs) const {
-    return base_ms + per_token_ms * double(tokens) + per_attn_ms * attn_pairs;
+    return base_ms + per_token_ms * double(tokens) + per_attn_ms * attn_pairs + warm_up_ms * cold;
   }
 };
 
 struct CostModelLearning {
   double forgetting = 0.995;   // per step: ~200 steps of memory
   double prior_variance = 1;   // P0 (relative-error units): how far the first steps may move the prior
-  double max_variance = 100;   // bound on P's trace (no wind-up when a feature is not excited)
+  double max_variance = 100;   // bound on each coefficient's variance (no wind-up when a feature is not excited)
   double huber_k = 3;          // residuals beyond k robust scales are clipped
   double min_scale = 0.02;     // the robust scale's floor (relative error)
 };
@@ -35,16 +49,16 @@ struct CostModelLearning {
 class OnlineCostModel {
  public:
   explicit OnlineCostModel(const CostModel& prior = {}, const CostModelLearning& l = {});
-  // One measured step (forward_ms > 0; others are ignored).
-  void observe(int64_t tokens, double attn_pairs, double forward_ms);
+  // One measured step (forward_ms > 0; others are ignored); cold: warm_up_coldness at its start.
+  void observe(int64_t tokens, double attn_pairs, double forward_ms, double cold = 0);
   const CostModel& model() const { return model_; }
   uint64_t observations() const { return n_; }
 
  private:
-  static constexpr int K = 3;
+  static constexpr int K = 4;
   // Features are scaled to comparable magnitudes (a step's tokens in hundreds, pairs in 1e5s) so
   // that P stays well conditioned.
-  static constexpr std::array<double, K> kScale = {1.0, 256.0, 65536.0};
+  static constexpr std::array<double, K> kScale = {1.0, 256.0, 65536.0, 1.0};
   void publish();
   CostModelLearning l_;
   std::array<double, K> theta_{};        // coefficients on scaled features

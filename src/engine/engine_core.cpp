@@ -416,6 +416,8 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   in.now_ms = t0;
   in.free_blocks = kv_.free_blocks();
   in.cost = cost_.model();
+  if (!between && t0 - last_forward_end_ms_ >= kWarmUpIdleMs) busy_since_ms_ = t0;
+  in.cost.cold = warm_up_coldness(t0 - busy_since_ms_);
   in.cfg = cfg_;
   in.drafts_from_model = spec_.method == SpecMethod::Draft;
   if (between) in.cfg.max_batch_tokens = std::min<int64_t>(in.cfg.max_batch_tokens, between_cap);
@@ -487,6 +489,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   StepRecord rec;
   rec.start_ms = t0;
   rec.predicted_ms = plan.predicted_ms;
+  rec.cold = in.cost.cold;
   rec.step_cap_ms = plan.step_cap_ms;
   rec.prefill_budget = plan.prefill_budget;
   rec.n_preempted = int32_t(plan.preempt.size());
@@ -687,6 +690,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
   if (!f.between) exec_.finish(f.logits.data());
   const int64_t pf1 = prof ? profile::now_ns() : 0;
   const double t1 = now_();
+  last_forward_end_ms_ = std::max(last_forward_end_ms_, t1);
   if (prof) profile::complete("forward", "engine", merged ? f.p_forward : pw0, pf1, profile::Args().i("tokens", f.tokens));
   // The forward's time: both halves (overlapped, the second is the wait for the later stages'
   // part, less what this rank ran meanwhile).
@@ -704,7 +708,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
     // Draft rows are learned as free: on a memory-bound decode they nearly are (scoring 5
     // positions ~1.2x one), and counted as tokens they would pull the fitted cost per token
     // below a prefill chunk's, so chunks would outgrow their step cap (and arrivals wait).
-    cost_.observe(f.tokens - f.draft_rows, f.attn_pairs - f.draft_pairs, rec.forward_ms);
+    cost_.observe(f.tokens - f.draft_rows, f.attn_pairs - f.draft_pairs, rec.forward_ms, rec.cold);
   }
 
   // Sample one token for every row group (a speculating decode: verify its drafts in order, then
@@ -863,6 +867,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
     a.i("running", rec.n_running).i("waiting", rec.n_waiting).i("preempted", rec.n_preempted);
     if (!merged) a.i("in_flight", int64_t(in_flight_.size()) + 1);  // (overlapped: this turn began another step)
     if (rec.between) a.i("between_blocks", 1);
+    if (rec.cold >= 0.01) a.d("cold", rec.cold);
     profile::complete("step", "engine", p_step, p1, a, "chunks", chunks);
     profile::counter("kv_blocks", p1,
                      profile::Args().i("used", kv_.used_blocks()).i("prefix_cached", kv_.cached_blocks())

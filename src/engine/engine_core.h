@@ -134,6 +134,7 @@ struct StepRecord {
   int32_t kv_used_blocks = 0;
   int32_t n_preempted = 0;
   bool between = false;  // ran between the blocks of another step (EngineCore::between_blocks)
+  double cold = 0;       // warm_up_coldness at its start (the cost model's feature)
 };
 
 // Runs one forward over a batch; the real one wraps Forward, the simulation a fake model.
@@ -400,6 +401,8 @@ class EngineCore {
   // step's forward began, the share of its blocks done and its first tokens.
   bool running_ = false, between_ = false;
   double between_ms_ = 0, running_start_ms_ = 0, running_done_ = 0;
+  // The busy period the engine is in (warm_up_coldness): its start, and the last forward's end.
+  double busy_since_ms_ = 0, last_forward_end_ms_ = -1e300;
   int64_t running_firsts_ = 0;
   Batch between_batch_;  // (batch_ is the running step's)
   SpecConfig spec_;

@@ -30,7 +30,7 @@ inline bool enabled() noexcept { return detail::g_enabled.load(std::memory_order
 // Steady clock, nanoseconds.
 int64_t now_ns() noexcept;
 
-constexpr int kMaxArgs = 12;  // (an engine step has up to 12)
+constexpr int kMaxArgs = 14;  // (an engine step has up to 13)
 constexpr size_t kChunkEvents = 4096;
 constexpr size_t kMaxEventsPerThread = 1u << 21;  // ~2M events (~500 MiB) per thread at most
 

@@ -195,11 +195,16 @@ TEST(Engine, ShortPromptsRunBetweenTheBlocksOfALongStep) {
   }
   Engine alone_engine(*model, config(256), {});
   const auto alone = run_jobs(alone_engine, jobs, false);
-  Engine engine(*model, config(0), {});  // unchunked: the long prompt in one step
-  expect_same_tokens(run_jobs(engine, jobs, true, std::chrono::microseconds(100)), alone);
-  const EngineMetrics m = settled_metrics(engine, jobs.size());
+  // A loaded machine may run the long step before the shorts arrive: up to 5 rounds, each on an
+  // engine of its own (unchunked: the long prompt in one step; not from the prefix cache).
+  EngineMetrics m;
+  for (int round = 0; round < 5 && m.counters.between_steps == 0; ++round) {
+    Engine engine(*model, config(0), {});
+    expect_same_tokens(run_jobs(engine, jobs, true, std::chrono::microseconds(100)), alone);
+    m = settled_metrics(engine, jobs.size());
+    EXPECT_EQ(m.kv_used_blocks, 0);
+  }
   EXPECT_GT(m.counters.between_steps, 0u);
-  EXPECT_EQ(m.kv_used_blocks, 0);
 }
 
 // Prefix caching, preemption and chunked prefill, per KV cache type.

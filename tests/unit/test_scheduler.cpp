@@ -392,6 +392,46 @@ TEST(CostModelLearning, OneOutlierBarelyMovesIt) {
   EXPECT_EQ(m.observations(), 301u);
 }
 
+// A machine that warms up after idle (decode steps 1.6x slower right after a second idle on a
+// shared Xeon): the warm-up is learned as its own feature, so the cold steps' error falls to the
+// noise, where a model without it misses them by a third.
+TEST(CostModelLearning, LearnsTheWarmUpOfACoolMachine) {
+  const CostModel truth{2.5, 0.25, 2e-4, 4.0};
+  OnlineCostModel with(CostModel{2.5, 0.25, 2e-4}), without(CostModel{2.5, 0.25, 2e-4});
+  uint64_t h = 5;
+  auto uniform = [&] {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    return double(h >> 11) * 0x1.0p-53;
+  };
+  double err_with = 0, err_without = 0;
+  int n = 0;
+  for (int k = 0; k < 150; ++k) {  // busy periods: a short prompt, then its decodes
+    double busy = 0;
+    for (int i = 0; i < 17; ++i) {
+      const int64_t tokens = i == 0 ? 30 + int64_t(uniform() * 30) : 1;
+      const double pairs = i == 0 ? double(tokens * (tokens + 1) / 2) : 60.0 + i;
+      CostModel at = truth;
+      at.cold = warm_up_coldness(busy);
+      const double measured = at.predict(tokens, pairs) * (1 + 0.05 * (uniform() - 0.5));
+      if (k >= 100 && at.cold > 0.1) {
+        CostModel w = with.model(), wo = without.model();
+        w.cold = at.cold;
+        err_with += std::abs(w.predict(tokens, pairs) - measured) / measured;
+        err_without += std::abs(wo.predict(tokens, pairs) - measured) / measured;
+        ++n;
+      }
+      with.observe(tokens, pairs, measured, at.cold);
+      without.observe(tokens, pairs, measured);
+      busy += measured;
+    }
+  }
+  ASSERT_GT(n, 100);
+  EXPECT_LT(err_with / n, 0.04);
+  EXPECT_GT(err_without / n, 0.1);  // (the test can fail)
+  EXPECT_NEAR(with.model().warm_up_ms, truth.warm_up_ms, 0.2 * truth.warm_up_ms);
+  EXPECT_EQ(with.model().cold, 0);  // the model learned carries no step's coldness
+}
+
 TEST(CostModelLearning, PredictionErrorHistogramBuckets) {
   PredictionErrorHistogram h;
   h.observe(0.005);
@@ -436,7 +476,9 @@ class FakeExecutor : public StepExecutor {
       for (int32_t q : running_seqs_) EXPECT_NE(b.seq[size_t(i)], q);
     const bool was = inside_;
     inside_ = false;
+    nested_ = true;
     forward(b, kv, logits);
+    nested_ = false;
     inside_ = was;
     ++between_forwards;
   }
@@ -461,7 +503,9 @@ class FakeExecutor : public StepExecutor {
       for (int32_t t = 0; t < kVocab; ++t) l[t] = 0;
       l[h % kVocab] = 1;
     }
-    const double ms = cost_.predict(b.size(), pairs);
+    double ms = cost_.predict(b.size(), pairs);
+    if (!nested_ && *clock_ - last_end_ >= kWarmUpIdleMs) busy_since_ = *clock_;
+    ms += warm_up_ms_ * warm_up_coldness(*clock_ - busy_since_);
     if (yields) {
       inside_ = true;
       running_seqs_.assign(b.seq.begin(), b.seq.end());
@@ -474,9 +518,13 @@ class FakeExecutor : public StepExecutor {
     } else {
       *clock_ += ms;
     }
+    if (!nested_) last_end_ = *clock_;
     ++forwards;
   }
   int32_t n_vocab() const override { return kVocab; }
+  // A machine that warms up: a step begun `busy` ms after an idle gap of kWarmUpIdleMs or more
+  // takes ms x warm_up_coldness(busy) longer.
+  void warm_up(double ms) { warm_up_ms_ = ms; }
   int forwards = 0, between_forwards = 0;
 
  private:
@@ -486,8 +534,9 @@ class FakeExecutor : public StepExecutor {
   int32_t blocks_ = 0;
   int64_t between_max_ = 0;
   std::function<void(double)> between_;
-  bool inside_ = false;
+  bool inside_ = false, nested_ = false;
   std::vector<int32_t> running_seqs_;
+  double warm_up_ms_ = 0, busy_since_ = 0, last_end_ = -1e300;
 };
 
 // What the fake model generates for a prompt, computed directly.
@@ -532,13 +581,14 @@ std::vector<int32_t> make_prompt(int64_t n, int seed) {
 // closed_gap_ms >= 0: one client in a closed loop, each request (in arrival order, the first at
 // its arrival_ms) sent that long after the last one finished. step_blocks > 0: steps yield
 // between that many blocks (arrivals added there, then EngineCore::between_blocks), steps
-// between blocks of up to 256 tokens.
+// between blocks of up to 256 tokens. warm_up_ms: the fake machine warms up (FakeExecutor::warm_up).
 SimResult simulate(const std::vector<SimRequest>& reqs, SchedulerConfig cfg, int32_t kv_blocks,
                    bool prefix_caching = true, const CostModel& cost = {5.0, 0.1, 1e-5},
                    const std::optional<CostModel>& prior = std::nullopt, const SpecConfig& spec = {},
-                   int window = 0, double closed_gap_ms = -1, int32_t step_blocks = 0) {
+                   int window = 0, double closed_gap_ms = -1, int32_t step_blocks = 0, double warm_up_ms = 0) {
   double clock = 0;
   FakeExecutor exec(&clock, cost, window);
+  exec.warm_up(warm_up_ms);
   KVCacheConfig kc;
   kc.n_layers = 1;
   kc.kv_dim = 1;
@@ -881,6 +931,28 @@ TEST(Simulation, StepsBetweenBlocksDoNotStarveTheStepTheyRunIn) {
   // A decode step (<= the target) plus steps inside it that started before they took the
   // target (215 ms here when they may start at every block).
   EXPECT_LE(worst, 2 * cfg.step_latency_target_ms + longest_between + 1e-6);
+}
+
+// The engine tells each step how cold the machine is (the busy time since its last idle gap),
+// so on a machine that warms up the cold steps are predicted as well as the warm ones.
+TEST(Simulation, CostModelLearnsHowTheMachineWarmsUp) {
+  std::vector<SimRequest> reqs;
+  for (int k = 0; k < 120; ++k) reqs.push_back({500.0 * k, make_prompt(30 + k % 17, 6000 + k), 16});
+  const CostModel cost{3.0, 0.5, 1e-4};
+  const SimResult res = simulate(reqs, SchedulerConfig{}, 4000, true, cost, std::nullopt, {}, 0, -1, 0, 6.0);
+  expect_complete_and_correct(reqs, res);
+  double err = 0, cold_err = 0;
+  int n = 0, n_cold = 0;
+  for (size_t i = res.steps.size() / 2; i < res.steps.size(); ++i) {
+    const StepRecord& s = res.steps[i];
+    const double e = std::abs(s.predicted_ms - s.forward_ms) / s.forward_ms;
+    err += e, ++n;
+    if (s.cold > 0.5) cold_err += e, ++n_cold;
+  }
+  ASSERT_GE(n_cold, 50);  // each prompt's step is begun cold
+  EXPECT_LT(cold_err / n_cold, 0.02);
+  EXPECT_LT(err / n, 0.02);
+  EXPECT_NEAR(res.learned.warm_up_ms, 6.0, 0.6);
 }
 
 // The learned cost model: a prior 3x off (a noisy start-up) is corrected within the run, so the
