@@ -152,28 +152,46 @@ struct Avx512Attn {
     return _mm512_maskz_mov_ps(__mmask16(~underflow), y);
   }
 
-  // See ScalarAttn::softmax.
-  static void softmax(float* S, int ldS, int rows, float* m, float* l, float* alpha) {
+  // See ScalarAttn::softmax. R rows at a time, interleaved: each row's chain (max, exp, sum)
+  // is long and serial, R of them overlap; each row's operations are those of one row alone.
+  // alpha = 1 without calling exp where the row's maximum did not move (exp(0) is 1 exactly;
+  // a row with nothing unmasked yet has l = 0 and O = 0, which alpha 1 keeps as 0 does).
+  template <int R>
+  static void softmax_rows(float* S, int ldS, float* m, float* l, float* alpha) {
     const float ninf = -std::numeric_limits<float>::infinity();
-    for (int r = 0; r < rows; ++r) {
-      float* s = S + r * ldS;
-      __m512 v[4];
-      for (int t = 0; t < 4; ++t) v[t] = _mm512_loadu_ps(s + 16 * t);
-      const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3])));
-      const float mn = std::max(m[r], mx), mu = mn == ninf ? 0.0f : mn;
-      const __m512 mub = _mm512_set1_ps(mu);
-      __m512 sum = _mm512_setzero_ps();
+    __m512 v[R][4], sum[R];
+    float mn[R], mu[R];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) v[i][t] = _mm512_loadu_ps(S + i * ldS + 16 * t);
+      const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v[i][0], v[i][1]), _mm512_max_ps(v[i][2], v[i][3])));
+      mn[i] = std::max(m[i], mx);
+      mu[i] = mn[i] == ninf ? 0.0f : mn[i];
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const __m512 mub = _mm512_set1_ps(mu[i]);
+      sum[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
-        const __m512 p = exp16(_mm512_sub_ps(v[t], mub));
-        _mm512_storeu_ps(s + 16 * t, p);
-        sum = _mm512_add_ps(sum, p);
+        const __m512 p = exp16(_mm512_sub_ps(v[i][t], mub));
+        _mm512_storeu_ps(S + i * ldS + 16 * t, p);
+        sum[i] = _mm512_add_ps(sum[i], p);
       }
-      alpha[r] = std::exp(m[r] - mu);
-      l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
-      m[r] = mn;
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      alpha[i] = mn[i] == m[i] ? 1.0f : std::exp(m[i] - mu[i]);
+      l[i] = l[i] * alpha[i] + _mm512_reduce_add_ps(sum[i]);
+      m[i] = mn[i];
     }
   }
-
+  static void softmax(float* S, int ldS, int rows, float* m, float* l, float* alpha) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) softmax_rows<4>(S + r * ldS, ldS, m + r, l + r, alpha + r);
+    for (; r < rows; ++r) softmax_rows<1>(S + r * ldS, ldS, m + r, l + r, alpha + r);
+  }
   // One V row -> f32 (head_dim,), 16 at a time (the tail masked).
   static void v_row(const KVGeometry& g, const uint8_t* row, float* v) {
     const int hd = g.head_dim;
