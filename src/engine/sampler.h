@@ -83,6 +83,10 @@ class Sampler {
   // Steps 1-6 of the pipeline: the kept candidates cand_[0, n) with unnormalised probabilities
   // prob_[0, n) of total `sum` (greedy: the argmax alone). Returns n.
   size_t distribution(const float* logits, double& sum);
+  // prob_[i] = exp((logit of cand_[i] - max_logit) / temperature), i < n (all_in_order: cand_
+  // is every token in id order).
+  void exp_of_candidates(size_t n, float max_logit, bool all_in_order);
+  double sum_of_probs(size_t n) const;   // Σ prob_[0, n), in double
   double uniform();                      // [0, 1) from the top 53 bits of one draw
   int32_t draw(size_t n, double sum);    // step 7 over cand_/prob_
   void write_probs(size_t n, double sum, float* probs) const;

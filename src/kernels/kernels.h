@@ -183,6 +183,10 @@ std::string_view cpu_isa();
 std::vector<std::string_view> cpu_isas();
 // Forces `name` (one of cpu_isas()) for backends made afterwards; "" = back to FT_ISA / the best.
 void set_cpu_isa(std::string_view name);
+// out[i] = exp((x[i] - shift) / div) for i < n (out may be x): exp as the kernels' own
+// (rowwise::exp_cephes: within 2 ulp of std::exp, exactly 0 below -87.3; the same bits on every
+// instruction set), 8 lanes at a time where the CPU has AVX2. The sampler's softmax.
+void exp_shifted(const float* x, int64_t n, float shift, float div, float* out);
 // Weight types the "cpu" backend multiplies with int8 dot products (its integer path).
 bool is_int8_weight_type(GGMLType t);
 

@@ -34,6 +34,7 @@
 #include "core/fp16.h"
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/cpu/cpu_kernels.h"  // exp_shifted_for, isa_name
 #include "kernels/cpu/packed.h"  // panel_type, convert_rows
 #include "kernels/cpu/rowwise.h"  // exp_cephes, silu
 #include "test_util.h"
@@ -692,6 +693,35 @@ TEST(Rowwise, ExpCephesWithinTwoUlpOfExp) {
   EXPECT_EQ(rowwise::exp_cephes(-87.5f), 0.0f);
   EXPECT_EQ(rowwise::exp_cephes(-INFINITY), 0.0f);
   EXPECT_NEAR(rowwise::silu(-200.0f), 0.0f, 1e-35f);  // (-200 / exp(hi): exp clamps, finite)
+}
+
+// exp_shifted (the sampler's softmax) on every ISA gives exp_cephes((x - shift) / div)'s bits,
+// odd lengths (vector tails), values below exp's range (exactly 0) and out == x included.
+TEST_P(KernelTest, ExpShiftedBitIdenticalToScalar) {
+  cpu::IsaLevel level = cpu::IsaLevel::Scalar;
+  for (cpu::IsaLevel l : cpu::kIsaLevels)
+    if (std::string_view(cpu::isa_name(l)) == GetParam()) level = l;
+  const cpu::ExpShiftedFn f = cpu::exp_shifted_for(level);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-40, 12);
+  for (const int64_t n : {1, 7, 8, 9, 31, 1001}) {
+    std::vector<float> x(static_cast<size_t>(n)), out(x.size());
+    for (auto& v : x) v = u(rng);
+    x[0] = -1e4f;  // (x - shift) / div far below -87.3
+    for (const float div : {1.0f, 0.7f}) {
+      f(x.data(), n, 11.5f, div, out.data());
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(out[size_t(i)], rowwise::exp_cephes((x[size_t(i)] - 11.5f) / div)) << GetParam() << " n " << n << " i " << i;
+      EXPECT_EQ(out[0], 0.0f);
+      std::vector<float> in_place = x;
+      f(in_place.data(), n, 11.5f, div, in_place.data());
+      EXPECT_EQ(in_place, out);
+    }
+  }
+  std::vector<float> x = {0.25f, -3.0f}, out(2);
+  exp_shifted(x.data(), 2, 0.25f, 2.0f, out.data());  // (the dispatched one)
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], rowwise::exp_cephes(-3.25f / 2.0f));
 }
 
 // The SwiGLU epilogue of every ISA (its vector silu) gives the scalar path's bits, for gates

@@ -25,4 +25,12 @@ namespace ft::cpu {
 
 const IsaKernels& avx2_kernels() { return make_table<Avx2Isa>("avx2"); }
 
+void avx2_exp_shifted(const float* x, int64_t n, float shift, float div, float* out) {
+  const __m256 s = _mm256_set1_ps(shift), d = _mm256_set1_ps(div);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, exp256(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), s), d)));
+  rowwise::exp_shifted(x + i, n - i, shift, div, out + i);
+}
+
 }  // namespace ft::cpu

@@ -122,6 +122,10 @@ AttentionFn attention_for(IsaLevel l);
 AttentionFn scalar_attention();
 AttentionFn avx2_attention();
 AttentionFn avx512_attention();
+// ft::exp_shifted per level (every level but Scalar has AVX2: exp256; the same bits).
+using ExpShiftedFn = void (*)(const float* x, int64_t n, float shift, float div, float* out);
+ExpShiftedFn exp_shifted_for(IsaLevel l);
+void avx2_exp_shifted(const float* x, int64_t n, float shift, float div, float* out);
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx_vnni_kernels();
 const IsaKernels& avx512_kernels();

@@ -10,6 +10,7 @@
 
 #include "core/cpu_features.h"
 #include "core/mapped_memory.h"
+#include "kernels/cpu/rowwise.h"
 
 namespace ft::cpu {
 
@@ -85,6 +86,10 @@ AttentionFn attention_for(IsaLevel l) {
   return scalar_attention();
 }
 
+ExpShiftedFn exp_shifted_for(IsaLevel l) {
+  return l == IsaLevel::Scalar ? &rowwise::exp_shifted : &avx2_exp_shifted;
+}
+
 uint8_t* alloc_streamed(uint64_t bytes) {
   const uint64_t align = bytes >= kHugePage ? kHugePage : 64, size = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(size_t(align), size_t(size));
@@ -95,3 +100,12 @@ uint8_t* alloc_streamed(uint64_t bytes) {
 }
 
 }  // namespace ft::cpu
+
+namespace ft {
+
+void exp_shifted(const float* x, int64_t n, float shift, float div, float* out) {
+  static const cpu::ExpShiftedFn f = cpu::exp_shifted_for(cpu::cpu_best_isa());  // (the same bits on each)
+  f(x, n, shift, div, out);
+}
+
+}  // namespace ft

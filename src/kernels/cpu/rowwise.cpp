@@ -122,6 +122,10 @@ void softcap(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
 }
 
+void exp_shifted(const float* x, int64_t n, float shift, float div, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = exp_cephes((x[i] - shift) / div);
+}
+
 void scale(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }

@@ -60,6 +60,8 @@ inline float gelu_tanh(float x) {
 inline float gate_act(GateAct act, float x) { return act == GateAct::GeluTanh ? gelu_tanh(x) : silu(x); }
 void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n);
 void softcap(float* x, int64_t n, float cap);
+// The contract of ft::exp_shifted (kernels.h), scalar: out[i] = exp_cephes((x[i] - shift) / div).
+void exp_shifted(const float* x, int64_t n, float shift, float div, float* out);
 void scale(float* x, int64_t n, float s);
 void add(float* y, const float* x, int64_t M, int64_t n);
 
