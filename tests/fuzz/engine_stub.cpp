@@ -1,9 +1,11 @@
-// The Engine calls of server/generation.cpp, for fuzz_api, which links the request parser without
-// the engine (see CMakeLists.txt). Parsing never submits: reaching one of these is a bug.
+// The Engine calls of server/generation.cpp and the kernel the sampler calls (sampler.cpp), for
+// fuzz_api, which links the request parser without the engine or the kernels (see CMakeLists.txt).
+// Parsing never submits nor samples: reaching one of these is a bug.
 #include <cstdio>
 #include <cstdlib>
 
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 
 namespace ft {
 
@@ -19,6 +21,11 @@ void Engine::cancel(uint64_t) {
 
 std::shared_ptr<const LoraAdapter> Engine::find_adapter(const std::string&) const {
   std::fputs("engine_stub: Engine::find_adapter reached from the request parser\n", stderr);
+  std::abort();
+}
+
+void exp_shifted(const float*, int64_t, float, float, float*) {
+  std::fputs("engine_stub: exp_shifted (sampling) reached from the request parser\n", stderr);
   std::abort();
 }
 
