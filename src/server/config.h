@@ -6,6 +6,7 @@
 //   {"scheduler": {"prefill_chunk_size": "auto" | 0 (no chunking) | N, "step_latency_target_ms": N,
 //                  "max_num_seqs": N, "max_batch_tokens": N, "ttft_slo_base_ms": N,
 //                  "ttft_slo_stretch": N, "reject_late_factor": N, "max_active_adapters": N,
+//                  "max_auto_chunk": N,
 //                  "enable_speculative_decoding": false},
 //    "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
 //    "server": {"host", "port", "binary_port", "max_queue", "threads", "http_threads", "max_body_bytes",
@@ -66,6 +67,7 @@ struct ServeConfig {
   double step_latency_target_ms = SchedulerConfig{}.step_latency_target_ms;
   int32_t max_num_seqs = SchedulerConfig{}.max_num_seqs;
   int64_t max_batch_tokens = SchedulerConfig{}.max_batch_tokens;
+  int64_t max_auto_chunk = SchedulerConfig{}.max_auto_chunk;
   double ttft_slo_base_ms = SchedulerConfig{}.ttft_slo_base_ms;
   double ttft_slo_stretch = SchedulerConfig{}.ttft_slo_stretch;
   double reject_late_factor = SchedulerConfig{}.reject_late_factor;  // 0 = off

@@ -852,7 +852,12 @@ TEST(ServerConfig, OneDeclarationPerSetting) {
   EXPECT_EQ(e.scheduler.chunk_size, base.scheduler.chunk_size);
   EXPECT_EQ(e.scheduler.max_num_seqs, base.scheduler.max_num_seqs);
   EXPECT_EQ(e.scheduler.max_batch_tokens, base.scheduler.max_batch_tokens);
+  EXPECT_EQ(e.scheduler.max_auto_chunk, base.scheduler.max_auto_chunk);
   EXPECT_DOUBLE_EQ(e.scheduler.step_latency_target_ms, base.scheduler.step_latency_target_ms);
+  ServeConfig chunked;  // the largest auto chunk, from the file (below min_chunk: refused)
+  apply_config_json(json::parse(R"({"scheduler": {"max_auto_chunk": 256}})"), chunked);
+  EXPECT_EQ(to_engine_config(chunked).scheduler.max_auto_chunk, 256);
+  EXPECT_THROW(apply_config_json(json::parse(R"({"scheduler": {"max_auto_chunk": 8}})"), chunked), Error);
   EXPECT_EQ(e.runtime.kv_block_size, base.runtime.kv_block_size);
   EXPECT_EQ(e.runtime.kv_type, base.runtime.kv_type);
   EXPECT_EQ(e.kv_memory_bytes, base.kv_memory_bytes);
