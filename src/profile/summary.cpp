@@ -139,6 +139,9 @@ Summary summarize(const json& trace) {
   }
   auto by_ts = [](const Span* a, const Span* b) { return a->ts < b->ts; };
   std::sort(steps.begin(), steps.end(), by_ts);
+  // Steps run between the blocks of another lie inside that one's span (EngineCore::between_blocks).
+  std::vector<const Span*> outer_steps, between_steps;
+  for (const Span* st : steps) (num(st->args, "between_blocks") > 0 ? between_steps : outer_steps).push_back(st);
   std::sort(forwards.begin(), forwards.end(), by_ts);
   std::sort(inner.begin(), inner.end(), by_ts);
   constexpr double kEps = 0.002;  // us: the file's timestamps are rounded to ns
@@ -157,16 +160,13 @@ Summary summarize(const json& trace) {
 
   // Steps.
   s.steps = int64_t(steps.size());
+  s.between_steps = int64_t(between_steps.size());
+  for (const Span* st : outer_steps) s.step_ms += st->dur / 1e3;
+  for (const Span* st : between_steps) s.between_ms += st->dur / 1e3;  // (inside an outer step's time)
   std::vector<double> step_durs;
   double tokens = 0, decode = 0, prefill = 0, err = 0;
   int64_t n_err = 0;
   for (const Span* st : steps) {
-    if (num(st->args, "between_blocks") > 0) {  // (inside another step's span: its time is there)
-      ++s.between_steps;
-      s.between_ms += st->dur / 1e3;
-    } else {
-      s.step_ms += st->dur / 1e3;
-    }
     step_durs.push_back(st->dur / 1e3);
     tokens += num(st->args, "tokens");
     decode += num(st->args, "n_decode");
@@ -235,13 +235,12 @@ Summary summarize(const json& trace) {
   s.layers.assign(layers.begin(), layers.end());
 
   // Idle gaps between ops inside each forward pass (a step between its blocks is one of them).
-  for (const Span* st : steps)
-    if (num(st->args, "between_blocks") > 0)
-      if (const Span* o = inside(forwards, *st)) {
-        const size_t fi = size_t(std::lower_bound(forwards.begin(), forwards.end(), o, by_ts) - forwards.begin());
-        auto& ops = ops_of_forward[fi];
-        ops.insert(std::upper_bound(ops.begin(), ops.end(), st, by_ts), st);
-      }
+  for (const Span* st : between_steps)
+    if (const Span* o = inside(forwards, *st)) {
+      const size_t fi = size_t(std::lower_bound(forwards.begin(), forwards.end(), o, by_ts) - forwards.begin());
+      auto& ops = ops_of_forward[fi];
+      ops.insert(std::upper_bound(ops.begin(), ops.end(), st, by_ts), st);
+    }
   std::vector<double> gaps;
   for (size_t fi = 0; fi < forwards.size(); ++fi) {
     const auto& ops = ops_of_forward[fi];
@@ -256,9 +255,6 @@ Summary summarize(const json& trace) {
   s.op_gaps = make_dist(gaps);
 
   // Idle gaps between steps (those between blocks are inside one).
-  std::vector<const Span*> outer_steps;
-  for (const Span* st : steps)
-    if (num(st->args, "between_blocks") == 0) outer_steps.push_back(st);
   std::vector<double> sg, sg_pending;
   std::vector<StepGap> all_gaps;
   for (size_t i = 1; i < outer_steps.size(); ++i) {
