@@ -1,7 +1,11 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
 
 #include "core/error.h"
 #include "kernels/kernels.h"  // exp_shifted
@@ -10,13 +14,52 @@ namespace ft {
 
 namespace {
 // max of x (n > 0, no NaN): four running maxima, so the comparisons do not wait on each other.
+// (The loops below are written for the compiler's vectorizer: fixed-width blocks of 16,
+// maxps's own a > b ? a : b, 32-bit counters.)
 float max_of(const float* x, size_t n) {
-  float m[4] = {x[0], x[0], x[0], x[0]};
+  // (GCC and clang vector extensions: the vectorizer leaves a max of 16 lanes scalar.)
+  typedef float F4 __attribute__((vector_size(16)));
+  F4 m[4];
+  for (auto& v : m) v = F4{x[0], x[0], x[0], x[0]};
   size_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (size_t k = 0; k < 4; ++k) m[k] = std::max(m[k], x[i + k]);
-  for (; i < n; ++i) m[0] = std::max(m[0], x[i]);
-  return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+  for (; i + 16 <= n; i += 16)
+    for (size_t k = 0; k < 4; ++k) {
+      F4 v;
+      std::memcpy(&v, x + i + 4 * k, sizeof v);
+      m[k] = m[k] > v ? m[k] : v;
+    }
+  float r = x[0];
+  for (const F4& v : m)
+    for (int k = 0; k < 4; ++k) r = std::max(r, v[k]);
+  for (; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+// The first i with x[i] == v (n if none), v not NaN: blocks of 16 compared at once as bits (a
+// float compare is not vectorized there), then the one block. Zero compares equal to -0, which
+// has other bits: found one by one.
+size_t index_of(const float* x, size_t n, float v) {
+  size_t i = 0;
+  if (v != 0.0f) {
+    const uint32_t vb = std::bit_cast<uint32_t>(v);
+    for (; i + 16 <= n; i += 16) {
+      uint32_t hit = 0;
+      for (size_t k = 0; k < 16; ++k) hit |= uint32_t(std::bit_cast<uint32_t>(x[i + k]) == vb);
+      if (hit) break;
+    }
+  }
+  while (i < n && x[i] != v) ++i;
+  return i;
+}
+// How many of x[0, n) are finite (exponent bits not all ones), without a branch per token.
+size_t count_finite(const float* x, size_t n) {
+  uint32_t c[16] = {};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (size_t k = 0; k < 16; ++k) c[k] += (std::bit_cast<uint32_t>(x[i + k]) & 0x7f800000u) != 0x7f800000u;
+  size_t total = 0;
+  for (; i < n; ++i) total += std::isfinite(x[i]);
+  for (size_t k = 0; k < 16; ++k) total += c[k];
+  return total;
 }
 }  // namespace
 
@@ -77,10 +120,16 @@ void Sampler::accept(int32_t token) {
 
 size_t Sampler::distribution(const float* logits, double& sum) {
   const SamplingParams& p = params_;
-  std::copy(logits, logits + n_vocab_, work_.begin());
+  const bool repetition = p.repetition_penalty != 1.0f && p.penalty_last_n != 0 && !history_.empty();
+  const bool presence = (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && !generated_.empty();
+  logit_ = logits;  // read in place unless a penalty changes it
 
-  // 1. Penalties.
-  if (p.repetition_penalty != 1.0f && p.penalty_last_n != 0) {
+  // 1. Penalties (on a copy).
+  if (repetition || presence) {
+    std::copy(logits, logits + n_vocab_, work_.begin());
+    logit_ = work_.data();
+  }
+  if (repetition) {
     const size_t window = p.penalty_last_n < 0
                               ? history_.size()
                               : std::min(history_.size(), size_t(p.penalty_last_n));
@@ -94,33 +143,36 @@ size_t Sampler::distribution(const float* logits, double& sum) {
     }
     for (auto it = first; it != history_.end(); ++it) seen_[size_t(*it)] = 0;
   }
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+  if (presence) {
     for (int32_t t : generated_) {
       const int32_t c = counts_[size_t(t)];
       work_[size_t(t)] -= float(c) * p.frequency_penalty + p.presence_penalty;
     }
   }
 
-  // Candidates: tokens with a finite logit (NaN and -inf are never drawn).
-  size_t n = 0;
-  for (int32_t t = 0; t < n_vocab_; ++t) {
-    if (std::isfinite(work_[size_t(t)])) cand_[n++] = t;
-  }
+  // Candidates: tokens with a finite logit (NaN and -inf are never drawn). Usually every token:
+  // counted first, and only otherwise collected one by one.
+  const float* w = logit_;
+  size_t n = count_finite(w, size_t(n_vocab_));
   if (n == 0) fail("sampler: no finite logits (all NaN or -inf)");
+  // Every token a candidate: cand_ is 0..n-1 (filled below unless greedy), and maxima are taken
+  // straight from the logits.
+  const bool all = n == size_t(n_vocab_);
+  if (!all) {
+    n = 0;
+    for (int32_t t = 0; t < n_vocab_; ++t)
+      if (std::isfinite(w[size_t(t)])) cand_[n++] = t;
+  }
   // Higher logit first; equal logits by lower id, so every ordering is a total order.
-  const auto by_logit = [this](int32_t a, int32_t b) {
-    const float la = work_[size_t(a)], lb = work_[size_t(b)];
+  const auto by_logit = [w](int32_t a, int32_t b) {
+    const float la = w[size_t(a)], lb = w[size_t(b)];
     return la > lb || (la == lb && a < b);
   };
-
-  // Every token a candidate: cand_ is 0..n-1, and maxima are taken straight from work_.
-  const bool all = n == size_t(n_vocab_);
 
   // 2. Greedy: a point mass on the argmax.
   if (p.temperature <= 0.0f) {
     if (all) {
-      const float mx = max_of(work_.data(), n);
-      cand_[0] = int32_t(std::find(work_.begin(), work_.begin() + std::ptrdiff_t(n), mx) - work_.begin());
+      cand_[0] = int32_t(index_of(w, n, max_of(w, n)));
     } else {
       cand_[0] = *std::min_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
     }
@@ -128,6 +180,8 @@ size_t Sampler::distribution(const float* logits, double& sum) {
     sum = 1.0;
     return 1;
   }
+
+  if (all) std::iota(cand_.begin(), cand_.end(), 0);
 
   // 3. top_k: the k best candidates, sorted.
   bool sorted = false;
@@ -143,9 +197,9 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   // small model's decode step).
   float max_logit = -INFINITY;
   if (all && !sorted) {
-    max_logit = max_of(work_.data(), n);
+    max_logit = max_of(w, n);
   } else {
-    for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, work_[size_t(cand_[i])]);
+    for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, w[size_t(cand_[i])]);
   }
   exp_of_candidates(n, max_logit, all && !sorted);
   sum = sum_of_probs(n);
@@ -191,9 +245,9 @@ size_t Sampler::distribution(const float* logits, double& sum) {
 }
 
 void Sampler::exp_of_candidates(size_t n, float max_logit, bool all_in_order) {
-  const float* x = work_.data();
+  const float* x = logit_;
   if (!all_in_order) {
-    for (size_t i = 0; i < n; ++i) prob_[i] = work_[size_t(cand_[i])];
+    for (size_t i = 0; i < n; ++i) prob_[i] = logit_[size_t(cand_[i])];
     x = prob_.data();
   }
   exp_shifted(x, int64_t(n), max_logit, params_.temperature, prob_.data());

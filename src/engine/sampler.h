@@ -99,6 +99,7 @@ class Sampler {
   std::vector<int32_t> generated_;  // distinct generated tokens, in first-seen order
   // Scratch, n_vocab each, allocated once.
   std::vector<float> work_;       // penalised logits
+  const float* logit_ = nullptr;  // this call's logits: the caller's, or work_ when penalised
   std::vector<uint8_t> seen_;     // marks tokens already penalised in the repetition window
   std::vector<int32_t> cand_;     // candidate token ids
   std::vector<float> prob_;       // unnormalised probabilities, indexed like cand_

@@ -49,6 +49,27 @@ TEST(Sampler, GreedyTiesPickLowestId) {
   EXPECT_EQ(s.sample(logits.data()), 3);
 }
 
+// The greedy pick scans in blocks of 16 (sampler.cpp: index_of, count_finite): the maximum at
+// every position of odd-sized vocabularies, tied later or not, among NaN and infinities or not.
+TEST(Sampler, GreedyFindsTheFirstMaximumAtEveryPosition) {
+  for (int n : {1, 2, 15, 16, 17, 31, 33, 100}) {
+    for (int at = 0; at < n; ++at) {
+      for (int variant = 0; variant < 3; ++variant) {
+        auto logits = random_logits(n, uint32_t(n * 131 + at));
+        logits[size_t(at)] = 10.0f;
+        if (variant >= 1 && at + 3 < n) logits[size_t(at + 3)] = 10.0f;  // a tie after it
+        if (variant == 2) {  // non-finite values before and after it, never picked
+          if (at > 0) logits[size_t(at - 1)] = std::nanf("");
+          if (at + 1 < n) logits[size_t(at + 1)] = INFINITY;
+          if (at + 2 < n) logits[size_t(at + 2)] = -INFINITY;
+        }
+        Sampler s(greedy(), n);
+        ASSERT_EQ(s.sample(logits.data()), at) << "n " << n << " variant " << variant;
+      }
+    }
+  }
+}
+
 TEST(Sampler, DoesNotModifyLogits) {
   auto logits = random_logits(100, 3);
   const auto copy = logits;
