@@ -13,11 +13,9 @@
 namespace ft {
 
 namespace {
-// max of x (n > 0, no NaN): four running maxima, so the comparisons do not wait on each other.
-// (The loops below are written for the compiler's vectorizer: fixed-width blocks of 16,
-// maxps's own a > b ? a : b, 32-bit counters.)
+// max of x (n > 0, no NaN): 16 running maxima in four 4-lane vectors (GCC and clang vector
+// extensions: the vectorizer leaves a max over 16 lanes scalar).
 float max_of(const float* x, size_t n) {
-  // (GCC and clang vector extensions: the vectorizer leaves a max of 16 lanes scalar.)
   typedef float F4 __attribute__((vector_size(16)));
   F4 m[4];
   for (auto& v : m) v = F4{x[0], x[0], x[0], x[0]};
@@ -122,13 +120,10 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   const SamplingParams& p = params_;
   const bool repetition = p.repetition_penalty != 1.0f && p.penalty_last_n != 0 && !history_.empty();
   const bool presence = (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && !generated_.empty();
-  logit_ = logits;  // read in place unless a penalty changes it
 
-  // 1. Penalties (on a copy).
-  if (repetition || presence) {
-    std::copy(logits, logits + n_vocab_, work_.begin());
-    logit_ = work_.data();
-  }
+  // 1. Penalties, on a copy (otherwise the logits are read in place).
+  if (repetition || presence) std::copy(logits, logits + n_vocab_, work_.begin());
+  const float* w = repetition || presence ? work_.data() : logits;
   if (repetition) {
     const size_t window = p.penalty_last_n < 0
                               ? history_.size()
@@ -152,7 +147,6 @@ size_t Sampler::distribution(const float* logits, double& sum) {
 
   // Candidates: tokens with a finite logit (NaN and -inf are never drawn). Usually every token:
   // counted first, and only otherwise collected one by one.
-  const float* w = logit_;
   size_t n = count_finite(w, size_t(n_vocab_));
   if (n == 0) fail("sampler: no finite logits (all NaN or -inf)");
   // Every token a candidate: cand_ is 0..n-1 (filled below unless greedy), and maxima are taken
@@ -201,7 +195,7 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   } else {
     for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, w[size_t(cand_[i])]);
   }
-  exp_of_candidates(n, max_logit, all && !sorted);
+  exp_of_candidates(w, n, max_logit, all && !sorted);
   sum = sum_of_probs(n);
 
   // 5. top_p over the probability-sorted candidates (probabilities are monotone in the logits,
@@ -209,7 +203,7 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   if (p.top_p < 1.0f && n > 1) {
     if (!sorted) {
       std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
-      exp_of_candidates(n, max_logit, false);
+      exp_of_candidates(w, n, max_logit, false);
       sorted = true;
     }
     const double target = double(p.top_p) * sum;
@@ -244,10 +238,10 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   return n;
 }
 
-void Sampler::exp_of_candidates(size_t n, float max_logit, bool all_in_order) {
-  const float* x = logit_;
+void Sampler::exp_of_candidates(const float* logits, size_t n, float max_logit, bool all_in_order) {
+  const float* x = logits;
   if (!all_in_order) {
-    for (size_t i = 0; i < n; ++i) prob_[i] = logit_[size_t(cand_[i])];
+    for (size_t i = 0; i < n; ++i) prob_[i] = logits[size_t(cand_[i])];
     x = prob_.data();
   }
   exp_shifted(x, int64_t(n), max_logit, params_.temperature, prob_.data());

@@ -83,9 +83,9 @@ class Sampler {
   // Steps 1-6 of the pipeline: the kept candidates cand_[0, n) with unnormalised probabilities
   // prob_[0, n) of total `sum` (greedy: the argmax alone). Returns n.
   size_t distribution(const float* logits, double& sum);
-  // prob_[i] = exp((logit of cand_[i] - max_logit) / temperature), i < n (all_in_order: cand_
+  // prob_[i] = exp((logits[cand_[i]] - max_logit) / temperature), i < n (all_in_order: cand_
   // is every token in id order).
-  void exp_of_candidates(size_t n, float max_logit, bool all_in_order);
+  void exp_of_candidates(const float* logits, size_t n, float max_logit, bool all_in_order);
   double sum_of_probs(size_t n) const;   // Σ prob_[0, n), in double
   double uniform();                      // [0, 1) from the top 53 bits of one draw
   int32_t draw(size_t n, double sum);    // step 7 over cand_/prob_
@@ -99,7 +99,6 @@ class Sampler {
   std::vector<int32_t> generated_;  // distinct generated tokens, in first-seen order
   // Scratch, n_vocab each, allocated once.
   std::vector<float> work_;       // penalised logits
-  const float* logit_ = nullptr;  // this call's logits: the caller's, or work_ when penalised
   std::vector<uint8_t> seen_;     // marks tokens already penalised in the repetition window
   std::vector<int32_t> cand_;     // candidate token ids
   std::vector<float> prob_;       // unnormalised probabilities, indexed like cand_
