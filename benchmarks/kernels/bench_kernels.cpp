@@ -246,6 +246,15 @@ void VerifyArgs(benchmark::internal::Benchmark* b) {
   for (const int64_t m : {1, 5}) b->Args({m, 2560, 2048})->Args({m, 2048, 2048})->Args({m, 11264, 2048})->Args({m, 2048, 5632});
   b->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
+// The read probe itself (bench peak's, over 256 MiB), as a benchmark: run it interleaved with
+// the GEMVs from memory (--benchmark_enable_random_interleaving) for their W_GBs over the probe's
+// in the same minutes, as this machine's bandwidth moves 2x between minutes.
+void BM_ReadProbe(benchmark::State& st) {
+  double best = 0;
+  for (auto _ : st) best = std::max(best, measure_read_bandwidth_gbs(threads(), size_t(256) << 20, 1));
+  st.counters["W_GBs"] = best;
+}
+BENCHMARK(BM_ReadProbe)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0_verify, ft::GGMLType::Q4_0)->Apply(VerifyArgs);
 // A decode GEMV's fixed cost per call: time against N at K = 2048 (fit t = a + bytes / bw).
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0_size, ft::GGMLType::Q4_0)
@@ -271,6 +280,13 @@ FT_TYPE_BENCH(q8_0, Q8_0)
 FT_TYPE_BENCH(q4_0, Q4_0)
 FT_TYPE_BENCH(q4_k, Q4_K)
 FT_TYPE_BENCH(q6_k, Q6_K)
+// A decode GEMV's compute rate: one row, ~0.5-0.6 MB of weights (in L2), FT_BENCH_THREADS=1
+// for one core's rate (W_GBs) against what one core streams from memory (bench peak -t 1).
+BENCHMARK_CAPTURE(BM_GemmPct, l2_q4_0, ft::GGMLType::Q4_0)->Args({1, 512, 2048})->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmPct, l2_q8_0, ft::GGMLType::Q8_0)->Args({1, 256, 2048})->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmPct, l2_q4_k, ft::GGMLType::Q4_K)->Args({1, 512, 2048})->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmPct, l2_q6_k, ft::GGMLType::Q6_K)->Args({1, 384, 2048})->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmPct, l2_f16, ft::GGMLType::F16)->Args({1, 128, 2048})->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmPct, q8_0_large_m, ft::GGMLType::Q8_0)->Apply(LargeMArgs);
 BENCHMARK_CAPTURE(BM_GemmPct, f16_large_m, ft::GGMLType::F16)->Apply(LargeMArgs);
 #ifdef FT_HAVE_OPENBLAS

@@ -743,6 +743,38 @@ TEST_P(KernelTest, SwigluEpilogueBitIdenticalToScalar) {
   }
 }
 
+// Decode with float weights takes two work items (4 groups) per pass where both have two
+// groups (Drivers::gemv_items): enough rows that threads' runs hold pairs, an odd group count
+// (the last item alone), pairs across the Q/K/V targets' boundaries and SwiGLU's (gate, up)
+// items. Every output is the scalar path's bits.
+TEST_P(KernelTest, DecodeFloatItemPairsBitIdenticalToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(29);
+  const int64_t K = 72;
+  for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16}) {
+    for (int64_t N : {197, 256}) {
+      const QWeight Wq = make_weight(rng, t, N, K), Wk = make_weight(rng, t, 48, K), Wv = make_weight(rng, t, 80, K),
+                    Wu = make_weight(rng, t, N, K);
+      const auto X = randv(rng, size_t(K), 4.0f);
+      const auto bias = randv(rng, size_t(N));
+      auto run = [&](Backend& be, std::vector<float>& y) {
+        const int64_t ld = N + 48 + 80;
+        y.assign(size_t(ld + 2 * N), 0.5f);
+        const Backend::MatmulTarget tg[3] = {{be.prepare(Wq.view()), y.data(), ld, bias.data()},
+                                             {be.prepare(Wk.view()), y.data() + N, ld, nullptr},
+                                             {be.prepare(Wv.view()), y.data() + N + 48, ld, nullptr}};
+        be.matmul_multi(X.data(), 1, tg, 3);
+        be.matmul_add(X.data(), 1, be.prepare(Wu.view()), y.data() + ld);
+        be.ffn_glu(X.data(), 1, be.prepare(Wq.view()), be.prepare(Wu.view()), GateAct::SiLU, y.data() + ld + N);
+      };
+      std::vector<float> a, b;
+      run(*native, a);
+      run(*scalar, b);
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << type_traits(t).name << " N=" << N << " at " << i;
+    }
+  }
+}
+
 TEST(KvLayout, StoreLoadWithinEachTypesRounding) {
   std::mt19937 rng(5);
   for (GGMLType type : kKvTypes)

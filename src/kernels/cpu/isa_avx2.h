@@ -295,9 +295,56 @@ struct Avx2Isa {
       }
     }
   }
-  // ng (1 or 2) groups of the same type, consecutive in C (16 columns each).
+  // M = 1 over four groups (Drivers::gemm: two work items at decode): eight chains, as the two
+  // FMA pipes at a latency of 4 keep eight in flight.
+  static constexpr int kGemvFloatGroups = 4;
+  // Half h (8 weights) of a group's 16 at k, as for_k converts them.
+  template <GGMLType T>
+  static __m256 half_at(const uint8_t* g, int64_t k, int h) {
+    if constexpr (T == GGMLType::F32) return _mm256_loadu_ps(reinterpret_cast<const float*>(g) + 16 * k + 8 * h);
+    if constexpr (T == GGMLType::F16) return h8(g + 32 * k + 16 * h);
+    if constexpr (T == GGMLType::BF16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 * k + 16 * h));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    }
+  }
+  template <GGMLType T>
+  static void gemv_1x4_t(const uint8_t* const* groups, int64_t K, const float* x, float* c) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const uint8_t *g0 = groups[0], *g1 = groups[1], *g2 = groups[2], *g3 = groups[3];
+    for (int64_t k = 0; k < K; ++k) {  // (each weight loaded next to its fma: 17 live registers otherwise)
+      const __m256 xv = _mm256_broadcast_ss(x + k);
+      a0 = _mm256_fmadd_ps(xv, half_at<T>(g0, k, 0), a0);
+      a1 = _mm256_fmadd_ps(xv, half_at<T>(g0, k, 1), a1);
+      a2 = _mm256_fmadd_ps(xv, half_at<T>(g1, k, 0), a2);
+      a3 = _mm256_fmadd_ps(xv, half_at<T>(g1, k, 1), a3);
+      a4 = _mm256_fmadd_ps(xv, half_at<T>(g2, k, 0), a4);
+      a5 = _mm256_fmadd_ps(xv, half_at<T>(g2, k, 1), a5);
+      a6 = _mm256_fmadd_ps(xv, half_at<T>(g3, k, 0), a6);
+      a7 = _mm256_fmadd_ps(xv, half_at<T>(g3, k, 1), a7);
+    }
+    _mm256_storeu_ps(c, a0);  // (stores one by one: an array of the eight kept them in memory in the loop)
+    _mm256_storeu_ps(c + 8, a1);
+    _mm256_storeu_ps(c + 16, a2);
+    _mm256_storeu_ps(c + 24, a3);
+    _mm256_storeu_ps(c + 32, a4);
+    _mm256_storeu_ps(c + 40, a5);
+    _mm256_storeu_ps(c + 48, a6);
+    _mm256_storeu_ps(c + 56, a7);
+  }
+  static void gemv_1x4(GGMLType t, const uint8_t* const* groups, int64_t K, const float* x, float* c) {
+    switch (t) {
+      case GGMLType::F32: return gemv_1x4_t<GGMLType::F32>(groups, K, x, c);
+      case GGMLType::F16: return gemv_1x4_t<GGMLType::F16>(groups, K, x, c);
+      case GGMLType::BF16: return gemv_1x4_t<GGMLType::BF16>(groups, K, x, c);
+      default: fail("fast kernels: unsupported packed weight type ", int(t));
+    }
+  }
+  // ng (1 or 2; 4 at one row) groups of the same type, consecutive in C (16 columns each).
   static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
                    int64_t M, float* c, int64_t ldc) {
+    if (ng == 4 && M == 1) return gemv_1x4(t, groups, K, x, c);
+    if (ng > 2) fail("gemv: ", ng, " groups at ", M, " rows");
     if (ng == 2 && M == 1) return gemv_1x2(t, groups, K, x, c);
     for (int g = 0; g < ng; ++g) {
       float* cg = c + 16 * g;

@@ -90,12 +90,13 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_setzero_ps();
     constexpr int64_t kBytesPerK = T == GGMLType::F32 ? 64 : 32;  // a group's 16 weights at k
-    const int64_t past = past_end<NG>(groups, K * kBytesPerK);
+    int64_t past[NG];
+    past_end<NG>(groups, K * kBytesPerK, past);
     for (int64_t k = 0; k < K; ++k) {
       if ((k * kBytesPerK) % 64 == 0)  // each stream's next lines, as the integer GEMV does
         for (int g = 0; g < NG; ++g) {
           int64_t off = k * kBytesPerK + kPrefetch;
-          if (off >= K * kBytesPerK) off += past;
+          if (off >= K * kBytesPerK) off += past[g];
           _mm_prefetch(reinterpret_cast<const char*>(groups[g]) + off, _MM_HINT_T0);
         }
       __m512 b[NG];
@@ -127,9 +128,16 @@ struct Avx512Isa : Avx2Isa {
       }
     }
   }
+  // One row takes up to kGemvFloatGroups groups per pass (Drivers::gemm: two work items at
+  // decode): an output's chain issues one fma per fma latency, so a pass of 2 groups (2 chains)
+  // left the FMA pipes idle 3 cycles in 4; 4 groups ran 1.8x faster with the weights in L2
+  // (Zen 5, F16).
+  static constexpr int kGemvFloatGroups = 4;
   template <GGMLType T>
   static void gemvf_n(const uint8_t* const* groups, int ng, int64_t K, const float* x, int64_t M,
                       float* c, int64_t ldc) {
+    if (ng == 4 && M == 1) return gemvf_t<T, 1, 4>(groups, K, x, K, c, ldc);
+    if (ng > 2) fail("gemv: ", ng, " groups at ", M, " rows");
     if (ng == 2) return gemvf<T, 2>(groups, K, x, M, c, ldc);
     gemvf<T, 1>(groups, K, x, M, c, ldc);
   }
@@ -301,7 +309,7 @@ struct Avx512Isa : Avx2Isa {
       default: fail("fast kernels: unsupported packed weight type ", int(t));
     }
   }
-  // ng (1 or 2) groups of the same float type, consecutive in C (16 columns each).
+  // ng (1 or 2; 4 at one row) groups of the same float type, consecutive in C (16 columns each).
   static void gemv(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const float* x,
                    int64_t M, float* c, int64_t ldc) {
     switch (t) {
@@ -314,13 +322,21 @@ struct Avx512Isa : Avx2Isa {
 
   // A group's prefetches run kPrefetch past its end (group_bytes), into the next group in
   // memory: the group this thread reads next (a thread takes runs of consecutive items), except
-  // where an item's two groups are consecutive groups of one matrix, whose first group's
-  // overshoot lands in the second (being read) and leaves the next item's second group to start
-  // cold, a full DRAM latency at each item. There both go one group further (the return value:
-  // bytes to add to an offset past the end). SwiGLU's items (gate j, up j) need nothing.
+  // where the pass reads n consecutive groups of one matrix (an item's two; two items' four),
+  // whose overshoot would land in a group being read and leave the next pass's to start cold, a
+  // full DRAM latency at each pass. There each goes n - 1 groups further (past[g]: bytes to add
+  // to an offset past the end): into its counterpart of the next pass. (SwiGLU's gate j, up j:
+  // n = 1; two such items: gate j, up j, gate j + 1, up j + 1, n = 2.)
   template <int NG>
-  static int64_t past_end(const uint8_t* const* groups, int64_t group_bytes) {
-    return NG == 2 && groups[1] == groups[0] + group_bytes ? group_bytes : 0;
+  static void past_end(const uint8_t* const* groups, int64_t group_bytes, int64_t* past) {
+    for (int g = 0; g < NG; ++g) {
+      int n = 0;
+      for (int h = 0; h < NG; ++h) {
+        const int64_t d = groups[h] - groups[g];
+        n += d % group_bytes == 0 && d / group_bytes >= 1 - NG && d / group_bytes <= NG - 1;
+      }
+      past[g] = (n - 1) * group_bytes;
+    }
   }
   static void prefetch_block(const uint8_t* g, int64_t kb, int bytes_per_32, int64_t group_bytes, int64_t past) {
     int64_t off = (kb + 1) * bytes_per_32 + kPrefetch;
@@ -432,10 +448,12 @@ struct Avx512Isa : Avx2Isa {
     D d[NG];
     const uint8_t* gp[NG];
     for (int g = 0; g < NG; ++g) d[g] = dec[g], gp[g] = dec[g].g;
-    const int64_t gbytes = nkb * D::kBytesPer32, past = past_end<NG>(gp, gbytes);
+    const int64_t gbytes = nkb * D::kBytesPer32;
+    int64_t past[NG];
+    past_end<NG>(gp, gbytes, past);
     for (int64_t kb = kb0; kb < kb1; ++kb) {
       for (int g = 0; g < NG; ++g) {
-        prefetch_block(d[g].g, kb, D::kBytesPer32, gbytes, past);
+        prefetch_block(d[g].g, kb, D::kBytesPer32, gbytes, past[g]);
         d[g].begin(kb);
       }
       if constexpr (D::kSub16) {

@@ -707,6 +707,14 @@ struct Drivers {
                         [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end, [] {}); });
       return;
     }
+    if constexpr (requires { Isa::kGemvFloatGroups; }) {
+      if (M == 1 && !lora) {  // (runs of an even number of items, so that every item pairs)
+        parallel_for_runs(n_items, threads, run + (run & 1), [&](int64_t b, int64_t end) {
+          for (int64_t p = b; p < end;) p += gemv_items(X, K, is, qa, ldc, p, end);
+        });
+        return;
+      }
+    }
     parallel_for(n_items * n_blocks, threads, run, [&](int64_t pb) {
       const int64_t blk = pb / n_items, p = pb % n_items;
       const int64_t r0 = M * blk / n_blocks, rows = M * (blk + 1) / n_blocks - r0;
@@ -888,6 +896,27 @@ struct Drivers {
                                g.rope_cs + (r0 + m) * g.rope_n_rot);
       }
     }
+  }
+  // Decode (M = 1, no LoRA): items p and p + 1 (< end) in one pass where both are two packed
+  // groups of one float type (Isa::kGemvFloatGroups: their four fma chains side by side, each
+  // output's chain unchanged, so the same bits), else item p alone. Returns the items done.
+  static int64_t gemv_items(const float* X, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc, int64_t p,
+                            int64_t end) {
+    Source src[2 * kItemGroups];
+    bool pair = p + 1 < end && item_sources(is, p, src) == 2 && item_sources(is, p + 1, src + 2) == 2;
+    for (int i = 0; pair && i < 4; ++i)
+      pair = src[i].seg->packed && src[i].seg->type == src[0].seg->type && !is_int_type(src[i].seg->type);
+    if (!pair) {
+      gemm_item(X, 0, 1, K, is, qa, ldc, p);
+      return 1;
+    }
+    const uint8_t* groups[4];
+    for (int i = 0; i < 4; ++i) groups[i] = src[i].group();
+    alignas(64) float c[4 * kGroup];
+    Isa::gemv(src[0].seg->type, groups, 4, K, X, 1, c, 4 * kGroup);
+    store_item(is, src, 2, 0, 1, c, ldc);
+    store_item(is, src + 2, 2, 0, 1, c + 2 * kGroup, ldc);
+    return 2;
   }
   // Work item p over the batch rows [r0, r0 + M) (a row block of a large GEMM, or all of them).
   static void gemm_item(const float* X, int64_t r0, int64_t M, int64_t K, const ItemSpec& is, const QAct& qa,
