@@ -708,7 +708,9 @@ struct Drivers {
       return;
     }
     if constexpr (requires { Isa::kGemvFloatGroups; }) {
-      if (M == 1 && !lora) {  // (runs of an even number of items, so that every item pairs)
+      bool float_packed = false;
+      for (int i = 0; i < n_segs; ++i) float_packed = float_packed || (segs[i].packed && !is_int_type(segs[i].type));
+      if (M == 1 && !lora && float_packed) {  // (runs of an even number of items, so that every item pairs)
         parallel_for_runs(n_items, threads, run + (run & 1), [&](int64_t b, int64_t end) {
           for (int64_t p = b; p < end;) p += gemv_items(X, K, is, qa, ldc, p, end);
         });
