@@ -904,20 +904,23 @@ struct Drivers {
   // output's chain unchanged, so the same bits), else item p alone. Returns the items done.
   static int64_t gemv_items(const float* X, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc, int64_t p,
                             int64_t end) {
-    Source src[2 * kItemGroups];
-    bool pair = p + 1 < end && item_sources(is, p, src) == 2 && item_sources(is, p + 1, src + 2) == 2;
-    for (int i = 0; pair && i < 4; ++i)
+    constexpr int n = 2 * kItemGroups;  // (the pass's groups)
+    static_assert(Isa::kGemvFloatGroups == n);
+    Source src[n];
+    bool pair = p + 1 < end && item_sources(is, p, src) == kItemGroups &&
+                item_sources(is, p + 1, src + kItemGroups) == kItemGroups;
+    for (int i = 0; pair && i < n; ++i)
       pair = src[i].seg->packed && src[i].seg->type == src[0].seg->type && !is_int_type(src[i].seg->type);
     if (!pair) {
       gemm_item(X, 0, 1, K, is, qa, ldc, p);
       return 1;
     }
-    const uint8_t* groups[4];
-    for (int i = 0; i < 4; ++i) groups[i] = src[i].group();
-    alignas(64) float c[4 * kGroup];
-    Isa::gemv(src[0].seg->type, groups, 4, K, X, 1, c, 4 * kGroup);
-    store_item(is, src, 2, 0, 1, c, ldc);
-    store_item(is, src + 2, 2, 0, 1, c + 2 * kGroup, ldc);
+    const uint8_t* groups[n];
+    for (int i = 0; i < n; ++i) groups[i] = src[i].group();
+    alignas(64) float c[n * kGroup];
+    Isa::gemv(src[0].seg->type, groups, n, K, X, 1, c, n * kGroup);
+    store_item(is, src, kItemGroups, 0, 1, c, ldc);
+    store_item(is, src + kItemGroups, kItemGroups, 0, 1, c + kItemGroups * kGroup, ldc);
     return 2;
   }
   // Work item p over the batch rows [r0, r0 + M) (a row block of a large GEMM, or all of them).
