@@ -134,15 +134,15 @@ StepPlan plan_step(const SchedulerInput& in) {
       for (const auto* r : cands) newest = std::max(newest, r->arrival_ms);
       wait_ms = std::max(in.now_ms - newest, yields ? cfg.block_wait_ms : cfg.step_latency_target_ms);
     }
-    // Expected arrivals: the step within which one arrives with probability at most
-    // arrival_risk, but no shorter than a share of the smallest TTFT budget; or the block wait.
+    // Expected arrivals: the step (when steps yield, the block) within which one arrives with
+    // probability at most arrival_risk, but no shorter than a share of the smallest TTFT budget
+    // (when steps yield, than the block wait).
     const double observed_ms = std::min(cfg.arrival_window_ms, in.now_ms - in.observed_since_ms) - in.unobserved_ms;
     const auto n_past = std::count_if(in.past_arrivals_ms.begin(), in.past_arrivals_ms.end(),
                                       [&](double a) { return in.now_ms - a <= cfg.arrival_window_ms; });
     if (n_past > 0 && observed_ms > 0)
-      wait_ms = std::min(wait_ms, yields ? cfg.block_wait_ms
-                                         : std::max(cfg.arrival_risk * observed_ms / double(n_past),
-                                                    cfg.slack_share * cfg.ttft_slo_base_ms));
+      wait_ms = std::min(wait_ms, std::max(cfg.arrival_risk * observed_ms / double(n_past),
+                                           yields ? cfg.block_wait_ms : cfg.slack_share * cfg.ttft_slo_base_ms));
     double cap_ms = std::min(n_decode > 0 ? cfg.step_latency_target_ms : kInf,
                              yields ? wait_ms * double(in.step_blocks) : wait_ms);
     // A step that can finish a request's prefill (its first token ends the step) takes what that

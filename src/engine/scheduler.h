@@ -35,9 +35,11 @@
 //  - when steps yield between their blocks (SchedulerInput::step_blocks > 0: a short prompt
 //    arriving mid-step runs in a step of its own between two blocks, EngineCore::between_blocks),
 //    an arrival waits for a block, not the step: the two rules above bound a block instead, the
-//    quiet's from block_wait_ms rather than the target, and expected arrivals' to block_wait_ms,
-//    so a step holds step_blocks of those (a long prompt's chunks grow without making arrivals
-//    wait: the decodes' target still holds);
+//    quiet's from block_wait_ms rather than the target, and expected arrivals' not below
+//    block_wait_ms rather than the share of the TTFT budget, so a step holds step_blocks of those
+//    (a long prompt's chunks grow without making arrivals wait: the decodes' target still holds;
+//    and a rare arrival, such as the other of two long prompts sent together, does not cut the
+//    step to step_blocks x block_wait_ms);
 //  - for each request whose prefill the step can finish (its first token ends the step), a share
 //    (slack_share) of its time to its deadline, with decodes running or not: a short prompt
 //    arriving during a long one's prefill gets a short step of its own, not a chunk of the long

@@ -161,17 +161,27 @@ TEST(PlanStep, AutoChunkIsAsLargeAsTheTargetAllows) {
 }
 
 // Steps that yield between their blocks (SchedulerInput::step_blocks): an arrival waits for a
-// block, so the arrival rules bound a block: a step holds step_blocks of them (block_wait_ms each
-// while arrivals are expected, the quiet's wait from block_wait_ms), and decodes keep the target.
+// block, so the arrival rules bound a block: a step holds step_blocks of them (while arrivals are
+// expected, each within arrival_risk / rate but not below block_wait_ms; the quiet's wait from
+// block_wait_ms), and decodes keep the target.
 TEST(PlanStep, StepsThatYieldBoundABlockNotTheStep) {
   auto busy = input({waiting(1, 5000)}, 1000);
   busy.now_ms = 1000;
   for (int k = 0; k < 10; ++k) busy.past_arrivals_ms.push_back(100.0 * k);
   EXPECT_NEAR(plan_step(busy).step_cap_ms, 50, 1e-9);  // an arrival waits for the step: arrival_risk's
-  busy.step_blocks = 6;
+  busy.step_blocks = 2;
   const StepPlan p = plan_step(busy);
-  EXPECT_NEAR(p.step_cap_ms, 6 * busy.cfg.block_wait_ms, 1e-9);
-  EXPECT_EQ(p.prefill[0].n_tokens, int64_t((6 * busy.cfg.block_wait_ms - 5) / 0.1 + 1e-6));
+  EXPECT_NEAR(p.step_cap_ms, 2 * 50, 1e-9);  // ...or for a block of that
+  EXPECT_EQ(p.prefill[0].n_tokens, int64_t((2 * 50 - 5) / 0.1 + 1e-6));
+  // Arrivals ten times as frequent: blocks of block_wait_ms (the floor), not arrival_risk's 5 ms.
+  for (int k = 0; k < 90; ++k) busy.past_arrivals_ms.push_back(100.0 * k / 9);
+  EXPECT_NEAR(plan_step(busy).step_cap_ms, 2 * busy.cfg.block_wait_ms, 1e-9);
+  // One arrival in the window (the other of two long prompts sent together, now finished): blocks
+  // of arrival_risk / rate = 500 ms, not block_wait_ms; the step is the largest efficient chunk.
+  busy.past_arrivals_ms = {900};
+  busy.step_blocks = 12;
+  EXPECT_NEAR(plan_step(busy).step_cap_ms, 12 * 500, 1e-9);
+  EXPECT_EQ(plan_step(busy).prefill[0].n_tokens, 1024);
   // The quiet: just arrived, a block of block_wait_ms; after 80 ms, blocks of 80 ms (the largest
   // efficient chunk then).
   auto quiet = input({waiting(1, 5000)}, 1000);
@@ -779,16 +789,22 @@ TEST(Simulation, BurstOfLongPromptsStaysNearTwiceIsolated) {
   // one's 16 decode steps) and a slow one (0.75 ms a token: ~2 s, as the 110m model on 2 vCPUs):
   // there the second prompt prefills mostly alone after the first one finishes, and the first
   // one's arrival must not count as busy traffic (steps of 50-150 ms instead of large chunks).
+  // Both with steps that run to their end and with steps that yield between 12 blocks (there the
+  // first one's arrival must not cut the second's steps to 12 x block_wait_ms either).
   for (const CostModel& cost : {CostModel{5.0, 0.1, 1e-5}, CostModel{5.0, 0.75, 1e-5}}) {
-    const SimResult res = simulate(reqs, cfg, 4000, true, cost), s = simulate(reqs, small, 4000, true, cost);
-    expect_complete_and_correct(reqs, res);
-    for (uint64_t id = 1; id <= reqs.size(); ++id) {
-      const double alone = ttft_alone(reqs[id - 1], cfg, cost);
-      std::printf("%.2f ms/token, burst request %d: TTFT %.3fx alone (chunks of 32: %.3fx)\n", cost.per_token_ms,
-                  int(id), res.timings.at(id).ttft_ms() / alone, s.timings.at(id).ttft_ms() / alone);
-      EXPECT_LE(res.timings.at(id).ttft_ms(), (id % 2 == 1 ? 1.2 : 2.1) * alone) << id;
-      if (id % 2 == 0) {
-        EXPECT_GT(s.timings.at(id).ttft_ms(), 2.1 * alone) << id;
+    for (const int32_t blocks : {0, 12}) {
+      const SimResult res = simulate(reqs, cfg, 4000, true, cost, std::nullopt, {}, 0, -1, blocks),
+                      s = simulate(reqs, small, 4000, true, cost, std::nullopt, {}, 0, -1, blocks);
+      expect_complete_and_correct(reqs, res);
+      for (uint64_t id = 1; id <= reqs.size(); ++id) {
+        const double alone = ttft_alone(reqs[id - 1], cfg, cost);
+        std::printf("%.2f ms/token, %d blocks, burst request %d: TTFT %.3fx alone (chunks of 32: %.3fx)\n",
+                    cost.per_token_ms, int(blocks), int(id), res.timings.at(id).ttft_ms() / alone,
+                    s.timings.at(id).ttft_ms() / alone);
+        EXPECT_LE(res.timings.at(id).ttft_ms(), (id % 2 == 1 ? 1.2 : 2.1) * alone) << id;
+        if (id % 2 == 0) {
+          EXPECT_GT(s.timings.at(id).ttft_ms(), 2.1 * alone) << id;
+        }
       }
     }
   }
