@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mapped_memory.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kernels.h"
 #include "kernels/peak.h"
@@ -147,6 +148,47 @@ void BM_FlashAttention(benchmark::State& st) {
   st.counters["GFLOPs"] = gflops;
   st.counters["pct_peak"] = 100 * gflops / peak_gflops();
 }
+
+// A decode's attention from memory, as the 110m model runs it (12 heads of 64, one query, its
+// K/V in 16 layers of distinct memory: 2,700 positions = 8.3 MB a layer in f16, past the L3 of
+// the two cores; on huge pages, as the KV cache's pools): W_GBs = K/V bytes read per second, to set
+// against BM_ReadProbe.
+// range(0) = positions, range(1) = KV type, range(2) = 1: blocks in a shuffled order.
+void BM_DecodeAttentionFromMemory(benchmark::State& st) {
+  const int32_t ctx = int32_t(st.range(0)), H = 12, D = 64, BS = 16, kLayers = 16;
+  const int32_t nb = (ctx + BS - 1) / BS;
+  const KVGeometry geo{GGMLType(st.range(1)), H, D, BS};
+  std::vector<MappedMemory> k, v;  // (on huge pages, as the KV cache's pools)
+  std::vector<int32_t> table(static_cast<size_t>(nb));
+  for (int32_t i = 0; i < nb; ++i) table[size_t(i)] = i;
+  if (st.range(2)) std::shuffle(table.begin(), table.end(), std::mt19937(3));
+  std::vector<KVLayerView> views;
+  for (int l = 0; l < kLayers; ++l) {
+    k.emplace_back(uint64_t(nb) * H * geo.k_head_bytes(), "bench K");
+    v.emplace_back(uint64_t(nb) * H * geo.v_head_bytes(), "bench V");
+    std::memset(k.back().data(), 0x3c, k.back().size());  // f16/bf16 ~1, q8 small
+    std::memset(v.back().data(), 0x3c, v.back().size());
+    views.push_back({geo, k.back().data(), v.back().data(), table.data()});
+  }
+  std::vector<float> q(size_t(H) * D, 0.01f), out(q.size());
+  const int32_t n_ctx = ctx;
+  const AttentionShape s{H, H, D, 1.0f / std::sqrt(float(D))};
+  auto be = make_backend("cpu", threads());
+  double secs = 0;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int l = 0; l < kLayers; ++l) be->attention(q.data(), 1, &views[size_t(l)], &n_ctx, s, out.data());
+    benchmark::DoNotOptimize(out.data());
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double bytes = double(kLayers) * double(nb) * H * double(geo.k_head_bytes() + geo.v_head_bytes());
+  st.counters["W_GBs"] = bytes * double(st.iterations()) / secs / 1e9;
+  st.counters["us_layer"] = secs / double(st.iterations()) / kLayers * 1e6;
+}
+BENCHMARK(BM_DecodeAttentionFromMemory)
+    ->ArgsProduct({{270, 2700}, {int(GGMLType::F16), int(GGMLType::Q8_0)}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Prefill shapes of TinyLlama (QKV-sized 2048x2048, FFN 5632x2048, down 2048x5632) and decode;
 // on the 2048x2048 shape also the adaptive scheduler's chunk sizes (16-128 rows: compare their
