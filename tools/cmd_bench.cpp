@@ -384,12 +384,14 @@ int cmd_bench(const BenchArgs& a) {
   if (a.mode == "lora") return bench_lora(a, T);
   if (a.mode == "peak") {
     // Every ceiling of every instruction set this CPU has, 1..T threads.
-    std::printf("%-8s %-8s %16s %16s %16s\n", "threads", "isa", "fp32 GFLOP/s", "int8 GOP/s", "read GB/s");
+    std::printf("%-8s %-12s %16s %16s %16s %16s\n", "threads", "isa", "fp32 GFLOP/s", "bf16 GFLOP/s", "int8 GOP/s",
+                "read GB/s");
     for (int t = 1; t <= T; ++t) {
       const double bw = measure_read_bandwidth_gbs(t);
       for (std::string_view isa : cpu_isas())
-        std::printf("%-8d %-8s %16.1f %16.1f %16.1f\n", t, std::string(isa).c_str(),
-                    measure_fma_peak_gflops(t, 0.3, isa), measure_int8_peak_gops(t, 0.3, isa), bw);
+        std::printf("%-8d %-12s %16.1f %16.1f %16.1f %16.1f\n", t, std::string(isa).c_str(),
+                    measure_fma_peak_gflops(t, 0.3, isa), measure_bf16_peak_gflops(t, 0.3, isa),
+                    measure_int8_peak_gops(t, 0.3, isa), bw);
     }
     std::string names;
     for (std::string_view isa : cpu_isas()) names += std::string(names.empty() ? "" : "|") + std::string(isa);
@@ -416,18 +418,23 @@ int cmd_bench(const BenchArgs& a) {
   // attention (QK^T and PV: 4 * n_ctx * head_dim per query head); the output projection for
   // the logit rows. Decode bytes: every weight read once per token, K/V rows read (and the
   // new row written), the embedding row.
-  double layer_flops_per_tok = 0, int_flops_per_tok = 0;
+  double layer_flops_per_tok = 0, int_flops_per_tok = 0, bf16_flops_per_tok = 0;
   uint64_t layer_bytes = 0;
   for (const LayerWeights& L : w.layers) {
     for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
       layer_flops_per_tok += matmul_flops(*v, 1);
       if (is_int8_weight_type(v->type)) int_flops_per_tok += matmul_flops(*v, 1);
+      if (v->type == GGMLType::BF16) bf16_flops_per_tok += matmul_flops(*v, 1);
       layer_bytes += weight_bytes(*v);
     }
   }
   // Prefill of a model whose matmuls are mostly quantized runs on int8 dot products: its
-  // ceiling is the int8 peak, else the fp32 FMA peak (of the instruction set in use).
+  // ceiling is the int8 peak; mostly BF16, on an instruction set with bf16 dot products, the
+  // bf16 peak; else the fp32 FMA peak (of the instruction set in use).
+  const std::string isa(a.backend == "cpu" ? cpu_isa() : "scalar");
   const bool int8_prefill = a.backend == "cpu" && int_flops_per_tok * 2 > layer_flops_per_tok;
+  const bool bf16_prefill = a.backend == "cpu" && bf16_flops_per_tok * 2 > layer_flops_per_tok &&
+                            measure_bf16_peak_gflops(1, 0.01, isa) > 0;
   const double attn_flops_per_pair = 4.0 * hp.head_dim * hp.n_heads;  // per (query, key) per layer
   const double out_flops = matmul_flops(w.output, 1);
   const uint64_t out_bytes = weight_bytes(w.output);
@@ -436,10 +443,11 @@ int cmd_bench(const BenchArgs& a) {
 
   // The ceilings are measured again around every repetition and the best kept: on a shared
   // machine one unlucky measurement would understate the ceiling and overstate our share of it.
-  const std::string isa(a.backend == "cpu" ? cpu_isa() : "scalar");
   double peak = 0, bw = 0;
   auto measure_ceilings = [&] {
-    const double p = int8_prefill ? measure_int8_peak_gops(T, 0.3, isa) : measure_fma_peak_gflops(T, 0.3, isa);
+    const double p = int8_prefill   ? measure_int8_peak_gops(T, 0.3, isa)
+                     : bf16_prefill ? measure_bf16_peak_gflops(T, 0.3, isa)
+                                    : measure_fma_peak_gflops(T, 0.3, isa);
     peak = std::max(peak, p);
     bw = std::max(bw, measure_read_bandwidth_gbs(T));
   };
@@ -485,7 +493,8 @@ int cmd_bench(const BenchArgs& a) {
               hp.name.c_str(), T, a.backend.c_str(), isa.c_str(), std::string(kv_type_name(kv.config().type)).c_str(),
               kv_row_bytes);
   std::printf("machine: %s peak %.1f G%s/s (%s), read bandwidth %.1f GB/s\n",
-              int8_prefill ? "int8 dot-product" : "fp32 FMA", peak, int8_prefill ? "OP" : "FLOP",
+              int8_prefill ? "int8 dot-product" : bf16_prefill ? "bf16 dot-product" : "fp32 FMA", peak,
+              int8_prefill ? "OP" : "FLOP",
               isa.c_str(), bw);
   std::printf("prefill pp%lld: %.2f tokens/s, %.1f GFLOP/s = %.1f%% of peak (%.3f s)\n",
               (long long)a.n_prompt, P / best_pp, pp_gflops, 100 * pp_gflops / peak, best_pp);

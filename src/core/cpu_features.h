@@ -15,6 +15,7 @@ struct CpuFeatures {
   bool avx = false, fma = false, f16c = false, avx2 = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512vnni = false;
   bool avxvnni = false;
+  bool avx512bf16 = false;  // vdpbf16ps and the conversions (CPUID 7.1 EAX bit 5)
   bool amx_int8 = false;  // AMX-TILE + AMX-INT8, with the tile state saved by the OS (XCR0 17, 18)
 };
 
@@ -46,6 +47,7 @@ inline CpuFeatures read_cpu_features() {
   if (max_sub7 >= 1) {
     __cpuid_count(7, 1, a, b, c, d);
     f.avxvnni = f.avx2 && (a & (1u << 4));
+    f.avx512bf16 = f.avx512f && (a & (1u << 5));
   }
 #endif
   return f;

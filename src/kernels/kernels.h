@@ -174,7 +174,8 @@ std::unique_ptr<Backend> make_backend(std::string_view name, int threads);
 // xq (K,), dx (K/32,), xsum (K/32,).
 void quantize_activations(const float* x, int64_t K, int16_t* xq, float* dx, int32_t* xsum);
 
-// Instruction set a "cpu" backend made now uses: "avx512" (AVX-512 F/BW/VL/DQ + VNNI),
+// Instruction set a "cpu" backend made now uses: "amx", "avx512_bf16" (avx512 + AVX512_BF16),
+// "avx512" (AVX-512 F/BW/VL/DQ + VNNI),
 // "avx_vnni" (AVX2 + AVX-VNNI), "avx2" (AVX2 + FMA + F16C) or "scalar": the CPU's best, or the
 // one the environment variable FT_ISA names (a name the CPU cannot run is an error), or
 // set_cpu_isa's.

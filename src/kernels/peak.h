@@ -16,6 +16,11 @@ double measure_fma_peak_gflops(int threads, double seconds = 0.3, std::string_vi
 // 0 for "scalar". "" = the CPU's best.
 double measure_int8_peak_gops(int threads, double seconds = 0.3, std::string_view isa = "");
 
+// GFLOP/s (a multiply-add counts 2) of bf16 pair products summed into f32 (vdpbf16ps, 32 per
+// instruction), as BF16 weights use them on "avx512_bf16" and "amx"; 0 for other sets. "" = the
+// CPU's best.
+double measure_bf16_peak_gflops(int threads, double seconds = 0.3, std::string_view isa = "");
+
 // GB/s (1e9 bytes) of `threads` threads reading disjoint parts of a `bytes` buffer (far larger
 // than the caches), best of `reps` passes.
 double measure_read_bandwidth_gbs(int threads, size_t bytes = size_t(1) << 29, int reps = 5);

@@ -49,7 +49,7 @@ uint16_t load_u16(const uint8_t* p) {
 }
 
 // Every instruction set the kernels have; a test on one this CPU lacks is skipped, saying so.
-const char* const kIsas[] = {"scalar", "avx2", "avx_vnni", "avx512", "amx"};
+const char* const kIsas[] = {"scalar", "avx2", "avx_vnni", "avx512", "avx512_bf16", "amx"};
 
 bool cpu_has(std::string_view isa) {
   const auto v = cpu_isas();
@@ -97,11 +97,19 @@ bool int_path(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K;
 }
 
-// The activations as the kernels multiply them: x itself, or on the integer path dx * xq.
-std::vector<double> kernel_x(const float* X, int64_t M, int64_t K, GGMLType t) {
+// x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
+// ties to even, a denormal to zero.
+float bf16_round(float x) {
+  if (std::fabs(x) < std::numeric_limits<float>::min()) return std::copysign(0.0f, x);
+  return bf16_to_f32(f32_to_bf16(x));
+}
+
+// The activations as the kernels multiply them: x itself, rounded to bf16 for BF16 weights
+// (matmul; not LoRA's shrink, matmul_runs: bf16_x false), or on the integer path dx * xq.
+std::vector<double> kernel_x(const float* X, int64_t M, int64_t K, GGMLType t, bool bf16_x = true) {
   std::vector<double> x(size_t(M * K));
   if (!int_path(t)) {
-    for (size_t i = 0; i < x.size(); ++i) x[i] = X[i];
+    for (size_t i = 0; i < x.size(); ++i) x[i] = t == GGMLType::BF16 && bf16_x ? bf16_round(X[i]) : X[i];
     return x;
   }
   std::vector<int16_t> xq(static_cast<size_t>(K));
@@ -126,8 +134,9 @@ double q4k_min(const QWeight& W, int64_t n, int64_t k) {
 
 // y[m][n] = sum_k x[m][k] w[n][k] in double with x as the kernels see it (kernel_x), and the
 // magnitude sum_k |x w| for the tolerance.
-void ref_gemm(const float* X, int64_t M, const QWeight& W, std::vector<double>& y, std::vector<double>& mag) {
-  const std::vector<double> x = kernel_x(X, M, W.K, W.type);
+void ref_gemm(const float* X, int64_t M, const QWeight& W, std::vector<double>& y, std::vector<double>& mag,
+              bool bf16_x = true) {
+  const std::vector<double> x = kernel_x(X, M, W.K, W.type, bf16_x);
   y.assign(size_t(M * W.N), 0);
   mag.assign(size_t(M * W.N), 0);
   for (int64_t m = 0; m < M; ++m)
@@ -153,7 +162,7 @@ struct TypeCase {
 
 std::vector<TypeCase> type_cases() {
   return {{GGMLType::F32, {1, 13, 64, 520}},  {GGMLType::F16, {7, 64, 300}},
-          {GGMLType::BF16, {9, 256, 264}},    {GGMLType::Q8_0, {32, 96, 544}},
+          {GGMLType::BF16, {9, 256, 265}},    {GGMLType::Q8_0, {32, 96, 544}},
           {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
           {GGMLType::Q6_K, {256, 768}}};
 }
@@ -216,6 +225,7 @@ TEST(CpuFeatures, AgreeWithTheCompilersDetection) {
   EXPECT_EQ(f.avx512dq, bool(__builtin_cpu_supports("avx512dq")));
   EXPECT_EQ(f.avx512vnni, bool(__builtin_cpu_supports("avx512vnni")));
   EXPECT_EQ(f.avxvnni, bool(__builtin_cpu_supports("avxvnni")));
+  EXPECT_EQ(f.avx512bf16, bool(__builtin_cpu_supports("avx512bf16")));
 }
 #endif
 
@@ -903,6 +913,59 @@ TEST_P(KernelTest, GemmBitIdenticalToScalar) {
   }
 }
 
+// BF16 weights on the numerics of vdpbf16ps (kernels_impl.h), on the values random data never
+// gives: denormal weights and activations (taken as zero), partial sums that fall below 2^-126
+// (flushed to zero), activations on a rounding tie, an odd K. Each ISA gives the scalar path's
+// bits: the vector ones emulate the instruction (MXCSR flushes their FMAs) or run it
+// (avx512_bf16), the scalar one spells it out.
+TEST_P(KernelTest, Bf16WeightsSpecialValuesBitIdenticalToScalar) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(17);
+  const int64_t N = 33;
+  for (int64_t K : {67, 300}) {
+    QWeight W{GGMLType::BF16, N, K, std::vector<uint8_t>(size_t(N * K * 2)), {}};
+    for (int64_t i = 0; i < N * K; ++i) {
+      const uint32_t r = rng();
+      // 1 in 8 a denormal (exponent 0); rows n % 3 == 0 tiny (~2^-64), the others ~1.
+      float v = std::ldexp(float(int(r % 2001) - 1000) / 1000.0f, (i / K) % 3 == 0 ? -64 : 0);
+      uint16_t b = f32_to_bf16(v);
+      if (r % 8 == 0) b = uint16_t((b & 0x8000u) | (1 + (r >> 16) % 127));
+      std::memcpy(W.bytes.data() + 2 * i, &b, 2);
+    }
+    for (int64_t M : {1, 3, 13}) {
+      std::vector<float> X(size_t(M * K));
+      for (size_t i = 0; i < X.size(); ++i) {
+        const uint32_t r = rng();
+        // rows m % 2 == 1 tiny (~2^-64: with the tiny weight rows, products below 2^-126)
+        float v = std::ldexp(float(int(r % 2001) - 1000) / 1000.0f, (i / size_t(K)) % 2 ? -64 : 0);
+        if (r % 16 == 1) v = std::ldexp(float(int(r >> 8 & 1023) - 512), -140);  // denormal
+        if (r % 16 == 2) {  // a tie: halfway between two bf16
+          uint32_t u;
+          std::memcpy(&u, &v, 4);
+          u = (u & 0xffff0000u) | 0x8000u;
+          std::memcpy(&v, &u, 4);
+        }
+        X[i] = v;
+      }
+      for (bool pack : {true, false}) {
+        std::vector<float> a(size_t(M * N)), b(size_t(M * N));
+        native->matmul(X.data(), M, pack ? native->prepare(W.view()) : W.view(), a.data());
+        scalar->matmul(X.data(), M, pack ? scalar->prepare(W.view()) : W.view(), b.data());
+        int flushed = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          ASSERT_EQ(a[i], b[i]) << "K=" << K << " M=" << M << " packed " << pack << " at " << i;
+          ASSERT_EQ(std::signbit(a[i]), std::signbit(b[i])) << "K=" << K << " M=" << M << " at " << i;
+          flushed += a[i] == 0.0f;
+        }
+        // (the tiny x tiny outputs: every partial sum below 2^-126, flushed)
+        if (M > 1) {
+          EXPECT_GT(flushed, 0) << "K=" << K << " M=" << M;
+        }
+      }
+    }
+  }
+}
+
 // The integer path's activation quantization (vectorized per ISA) on the blocks random data
 // never gives: zeros, ties at the rounding midpoint, values far below and above 1, one block's
 // max on its last element, and rows holding inf or NaN. Each ISA's GEMM gives the scalar path's
@@ -1092,7 +1155,7 @@ void check_lora(Backend& be, bool reference) {
       for (size_t i = 0; i < std::size(specs); ++i) {
         const RunSpec& r = specs[i];
         std::vector<double> ref, mag;
-        ref_gemm(X.data() + r.m0 * K, r.n, *A[i], ref, mag);
+        ref_gemm(X.data() + r.m0 * K, r.n, *A[i], ref, mag, false);
         for (int64_t m = 0; m < r.n; ++m) {
           run_of[size_t(r.m0 + m)] = int(i);
           for (int64_t j = 0; j < r.rank; ++j) {
@@ -1237,7 +1300,7 @@ TEST_P(KernelTest, LoraShrinkOneGroupPerItem) {
           for (size_t i = 0; i < cases[c].size(); ++i) {
             const Spec& sp = cases[c][i];
             std::vector<double> ref, mag;
-            ref_gemm(X.data() + sp.m0 * K, sp.n, *A[i], ref, mag);
+            ref_gemm(X.data() + sp.m0 * K, sp.n, *A[i], ref, mag, false);
             for (int64_t m = 0; m < sp.n; ++m)
               for (int64_t j = 0; j < sp.rank; ++j) {
                 const size_t k = size_t(m * sp.rank + j);

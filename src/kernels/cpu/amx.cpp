@@ -27,7 +27,7 @@
 #include "kernels/cpu/rowwise.h"
 #include "kernels/cpu/thread_pool.h"  // (before the target pragma: its std headers stay baseline)
 
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8")
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
 // reports falsely (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -37,11 +37,12 @@
 #include "kernels/cpu/kernels_impl.h"
 #include "kernels/cpu/isa_avx2.h"
 #include "kernels/cpu/isa_avx512.h"
+#include "kernels/cpu/isa_avx512_bf16.h"
 
 namespace ft::cpu {
 namespace {
 
-struct AmxIsa : Avx512Isa {
+struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU has AVX512_BF16)
   static constexpr int kTileRows = 16;
 
   // The rows from which gemv_int_n (the driver's fused path, M <= 32 for the quad types) runs

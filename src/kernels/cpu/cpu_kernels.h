@@ -41,10 +41,19 @@ struct QAct {
   std::vector<float> dx;    // (M, K / 32)
   std::vector<int32_t> xs;  // (M, K / 32): each block's sum of xq
   std::vector<int32_t> xs0;  // (M, K / 32): the sum of its first 16 (Q6_K's half-block scales)
+  // BF16 weights' activations (Drivers::round_bf16): X rounded to bf16, K padded to even (Kp)
+  // with a zero, as f32 (xbf, (M, Kp)), the same with each pair's two swapped (xbs), and as
+  // pairs (xbp, (M, Kp / 2): k = 2p low, 2p + 1 high).
+  std::vector<float> xbf, xbs;
+  std::vector<uint32_t> xbp;
   void reserve(int64_t max_rows, int64_t max_k) {
     const size_t n = size_t(max_rows * max_k), nb = n / 32;
     if (xq.size() < n) { xq.resize(n); xq8.resize(n); }
     if (dx.size() < nb) { dx.resize(nb); xs.resize(nb); xs0.resize(nb); }
+  }
+  void reserve_bf16(int64_t rows, int64_t K) {
+    const size_t n = size_t(rows * (K + (K & 1)));
+    if (xbf.size() < n) { xbf.resize(n); xbs.resize(n); xbp.resize(n / 2); }
   }
 };
 
@@ -81,13 +90,14 @@ struct IsaKernels {
 
 // Instruction-set levels of the fast kernels, slowest first. Scalar: portable C++. Avx2: AVX2 +
 // FMA + F16C. AvxVnni: Avx2 + AVX-VNNI (256-bit vpdpbusd), e.g. Alder Lake, Zen 5. Avx512:
-// Avx2 + AVX-512 F/BW/VL/DQ + VNNI (512-bit vpdpbusd), e.g. Ice Lake, Zen 4 and later. Amx:
+// Avx2 + AVX-512 F/BW/VL/DQ + VNNI (512-bit vpdpbusd), e.g. Ice Lake, Zen 4 and later.
+// Avx512Bf16: Avx512 + AVX512_BF16 (BF16 weights on vdpbf16ps), Zen 4 and later, Cooper Lake. Amx:
 // Avx512 + AMX-TILE/INT8 (the quantized GEMM's 16-row tiles on tdpbsud), Sapphire Rapids and
 // later. Every level includes Avx2, but not each other: Ice Lake has Avx512 without AvxVnni,
 // Alder Lake the reverse, so a CPU's set of levels is not a prefix of this list (cpu_supports).
-enum class IsaLevel : int { Scalar, Avx2, AvxVnni, Avx512, Amx };
+enum class IsaLevel : int { Scalar, Avx2, AvxVnni, Avx512, Avx512Bf16, Amx };
 constexpr IsaLevel kIsaLevels[] = {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::AvxVnni, IsaLevel::Avx512,
-                                   IsaLevel::Amx};
+                                   IsaLevel::Avx512Bf16, IsaLevel::Amx};
 const char* isa_name(IsaLevel l);
 // An AMX tile configuration (ldtilecfg's 64 bytes; palette 1): tile t has rows[t] rows of
 // colsb[t] bytes. Per thread: amx.cpp's kernels load theirs once per thread, and bench peak's
@@ -129,6 +139,7 @@ void avx2_exp_shifted(const float* x, int64_t n, float shift, float div, float* 
 const IsaKernels& avx2_kernels();
 const IsaKernels& avx_vnni_kernels();
 const IsaKernels& avx512_kernels();
+const IsaKernels& avx512_bf16_kernels();
 const IsaKernels& amx_kernels();
 
 // K is processed in chunks of kKC (a multiple of every block size): one chunk of a group's

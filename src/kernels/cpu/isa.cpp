@@ -20,6 +20,7 @@ const char* isa_name(IsaLevel l) {
     case IsaLevel::Avx2: return "avx2";
     case IsaLevel::AvxVnni: return "avx_vnni";
     case IsaLevel::Avx512: return "avx512";
+    case IsaLevel::Avx512Bf16: return "avx512_bf16";
     case IsaLevel::Amx: return "amx";
   }
   return "?";
@@ -52,7 +53,8 @@ bool cpu_supports(IsaLevel l) {
     case IsaLevel::Avx2: return avx2;
     case IsaLevel::AvxVnni: return avx2 && f.avxvnni;
     case IsaLevel::Avx512: return avx512;
-    case IsaLevel::Amx: return avx512 && f.amx_int8 && tile_state_granted();
+    case IsaLevel::Avx512Bf16: return avx512 && f.avx512bf16;
+    case IsaLevel::Amx: return avx512 && f.avx512bf16 && f.amx_int8 && tile_state_granted();
   }
   return false;
 }
@@ -67,6 +69,7 @@ IsaLevel cpu_best_isa() {
 const IsaKernels& kernels_for(IsaLevel l) {
   switch (l) {
     case IsaLevel::Avx512: return avx512_kernels();
+    case IsaLevel::Avx512Bf16: return avx512_bf16_kernels();
     case IsaLevel::Amx: return amx_kernels();
     case IsaLevel::Avx2: return avx2_kernels();
     case IsaLevel::AvxVnni: return avx_vnni_kernels();
@@ -78,6 +81,7 @@ const IsaKernels& kernels_for(IsaLevel l) {
 AttentionFn attention_for(IsaLevel l) {
   switch (l) {
     case IsaLevel::Amx:  // (the tiles serve only the quantized GEMM)
+    case IsaLevel::Avx512Bf16:  // (vdpbf16ps serves only BF16 weights)
     case IsaLevel::Avx512: return avx512_attention();
     case IsaLevel::AvxVnni:  // (the AVX2 attention: its int8 Q.K is a small part of the step)
     case IsaLevel::Avx2: return avx2_attention();

@@ -308,6 +308,83 @@ struct Avx2Isa {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
     }
   }
+  // BF16 weights on the numerics of vdpbf16ps (kernels_impl.h: bf16_item), emulated: per pair
+  // of k the odd one's fma, then the even one's (MXCSR flushes denormals: bf16_item's scope).
+  // Per group, tiles of up to 4 rows: 8 accumulators, the pair's 4 weight halves, 2 broadcasts.
+  static constexpr int kMRBf16 = 4;
+  static constexpr bool kBf16Panels = true;  // (Drivers::bf16_panels beyond one tile)
+  template <int MR>
+  static void mkb_t(const float* const* x, const uint8_t* w, int64_t len, float* c, int64_t ldc, bool first) {
+    __m256 acc[MR][2];
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h) acc[i][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8 * h);
+    int64_t k = 0;
+    for (; k + 1 < len; k += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(w) + 32 * k + kPrefetch, _MM_HINT_T0);
+      const __m256 wo0 = half_at<GGMLType::BF16>(w, k + 1, 0), wo1 = half_at<GGMLType::BF16>(w, k + 1, 1);
+      const __m256 we0 = half_at<GGMLType::BF16>(w, k, 0), we1 = half_at<GGMLType::BF16>(w, k, 1);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 xo = _mm256_broadcast_ss(x[i] + k + 1), xe = _mm256_broadcast_ss(x[i] + k);
+        acc[i][0] = _mm256_fmadd_ps(xe, we0, _mm256_fmadd_ps(xo, wo0, acc[i][0]));
+        acc[i][1] = _mm256_fmadd_ps(xe, we1, _mm256_fmadd_ps(xo, wo1, acc[i][1]));
+      }
+    }
+    if (k < len) {  // (K odd: the last k's pair is a zero)
+      const __m256 we0 = half_at<GGMLType::BF16>(w, k, 0), we1 = half_at<GGMLType::BF16>(w, k, 1), z = _mm256_setzero_ps();
+      for (int i = 0; i < MR; ++i) {
+        const __m256 xe = _mm256_broadcast_ss(x[i] + k);
+        acc[i][0] = _mm256_fmadd_ps(xe, we0, _mm256_add_ps(acc[i][0], z));
+        acc[i][1] = _mm256_fmadd_ps(xe, we1, _mm256_add_ps(acc[i][1], z));
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + i * ldc + 8 * h, acc[i][h]);
+  }
+  // One row over NG groups (decode: up to two work items' four): 2 NG chains side by side, each
+  // weight loaded beside its fma (as gemv_1x4_t: all of them at once would spill).
+  template <int NG>
+  static void mkb_1_t(const float* x, const uint8_t* const* w, int64_t len, float* c, bool first) {
+    __m256 acc[NG][2];
+    for (int g = 0; g < NG; ++g)
+      for (int h = 0; h < 2; ++h) acc[g][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + 16 * g + 8 * h);
+    int64_t k = 0;
+    for (; k + 1 < len; k += 2) {
+      const __m256 xo = _mm256_broadcast_ss(x + k + 1), xe = _mm256_broadcast_ss(x + k);
+      for (int g = 0; g < NG; ++g) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[g]) + 32 * k + kPrefetch, _MM_HINT_T0);
+        for (int h = 0; h < 2; ++h)
+          acc[g][h] = _mm256_fmadd_ps(xe, half_at<GGMLType::BF16>(w[g], k, h),
+                                      _mm256_fmadd_ps(xo, half_at<GGMLType::BF16>(w[g], k + 1, h), acc[g][h]));
+      }
+    }
+    if (k < len) {
+      const __m256 xe = _mm256_broadcast_ss(x + k), z = _mm256_setzero_ps();
+      for (int g = 0; g < NG; ++g)
+        for (int h = 0; h < 2; ++h)
+          acc[g][h] = _mm256_fmadd_ps(xe, half_at<GGMLType::BF16>(w[g], k, h), _mm256_add_ps(acc[g][h], z));
+    }
+    for (int g = 0; g < NG; ++g)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + 16 * g + 8 * h, acc[g][h]);
+  }
+  static void mk_bf16(int mr, const float* const* xf, const uint32_t* const*, const uint8_t* const* w, int ng,
+                      int64_t len, float* c, int64_t ldc, bool first) {
+    if (mr == 1 && ng > 1) {
+      switch (ng) {
+        case 2: return mkb_1_t<2>(xf[0], w, len, c, first);
+        case 3: return mkb_1_t<3>(xf[0], w, len, c, first);
+        default: return mkb_1_t<4>(xf[0], w, len, c, first);
+      }
+    }
+    for (int g = 0; g < ng; ++g) {
+      float* cg = c + g * kGroup;
+      switch (mr) {
+        case 1: mkb_t<1>(xf, w[g], len, cg, ldc, first); break;
+        case 2: mkb_t<2>(xf, w[g], len, cg, ldc, first); break;
+        case 3: mkb_t<3>(xf, w[g], len, cg, ldc, first); break;
+        default: mkb_t<4>(xf, w[g], len, cg, ldc, first); break;
+      }
+    }
+  }
   template <GGMLType T>
   static void gemv_1x4_t(const uint8_t* const* groups, int64_t K, const float* x, float* c) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;

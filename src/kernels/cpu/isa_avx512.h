@@ -73,6 +73,84 @@ struct Avx512Isa : Avx2Isa {
     mkf<1>(mr, x, w, len, c, ldc, first);
   }
 
+  // BF16 weights on the numerics of vdpbf16ps (kernels_impl.h: bf16_item), emulated as Avx2Isa
+  // does: per pair of k the odd one's fma, then the even one's. Up to 12 rows x 2 groups.
+  static constexpr int kMRBf16 = 12;
+  // (12 x 32 tiles convert each pair once per 24 chains: measured on the Zen 5 as fast as the
+  // f32 GEMM's panels, which Avx2Isa's 4-row tiles need.)
+  static constexpr bool kBf16Panels = false;
+  static __m512 bf16_at(const uint8_t* g, int64_t k) {  // a group's 16 bf16 at k -> f32
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32 * k))), 16));
+  }
+  template <int MR, int NG>
+  static void mkb_t(const float* const* x, const uint8_t* const* w, int64_t len, float* c, int64_t ldc, bool first) {
+    __m512 acc[MR][NG];
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) acc[i][g] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * g);
+    int64_t past[NG];  // (decode's consecutive groups: prefetches past one run into the next's)
+    past_end<NG>(w, 32 * len, past);
+    int64_t k = 0;
+    for (; k + 1 < len; k += 2) {
+      for (int g = 0; g < NG; ++g) {
+        int64_t off = 32 * k + kPrefetch;
+        if (off >= 32 * len) off += past[g];
+        _mm_prefetch(reinterpret_cast<const char*>(w[g]) + off, _MM_HINT_T0);
+      }
+      for (int64_t kk = k + 1; kk >= k; --kk) {  // (the odd k, then the even one)
+        __m512 b[NG];
+        for (int g = 0; g < NG; ++g) b[g] = bf16_at(w[g], kk);
+        for (int i = 0; i < MR; ++i) {
+          const __m512 a = _mm512_set1_ps(x[i][kk]);
+          for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_fmadd_ps(a, b[g], acc[i][g]);
+        }
+      }
+    }
+    if (k < len) {  // (K odd: the last k's pair is a zero)
+      for (int g = 0; g < NG; ++g) {
+        const __m512 we = bf16_at(w[g], k);
+        for (int i = 0; i < MR; ++i)
+          acc[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(x[i][k]), we, _mm512_add_ps(acc[i][g], _mm512_setzero_ps()));
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, acc[i][g]);
+  }
+  // Tiles of up to kMRBf16 rows for a kernel template K<MR, NG> (this one, and Avx512Bf16Isa's).
+  template <template <int, int> class Kern, class... A>
+  static void bf16_tile(int mr, int ng, A... a) {
+    auto run = [&](auto ngc) {
+      constexpr int NG = decltype(ngc)::value;
+      switch (mr) {
+        case 1: return Kern<1, NG>::run(a...);
+        case 2: return Kern<2, NG>::run(a...);
+        case 3: return Kern<3, NG>::run(a...);
+        case 4: return Kern<4, NG>::run(a...);
+        case 5: return Kern<5, NG>::run(a...);
+        case 6: return Kern<6, NG>::run(a...);
+        case 7: return Kern<7, NG>::run(a...);
+        case 8: return Kern<8, NG>::run(a...);
+        case 9: return Kern<9, NG>::run(a...);
+        case 10: return Kern<10, NG>::run(a...);
+        case 11: return Kern<11, NG>::run(a...);
+        default: return Kern<12, NG>::run(a...);
+      }
+    };
+    if (ng == 4 && mr == 1) return Kern<1, 4>::run(a...);  // (decode: two work items' groups)
+    if (ng == 2) run(std::integral_constant<int, 2>{});
+    else run(std::integral_constant<int, 1>{});
+  }
+  template <int MR, int NG>
+  struct EmulatedBf16 {
+    static void run(const float* const* xf, const uint32_t* const*, const uint8_t* const* w, int64_t len, float* c,
+                    int64_t ldc, bool first) {
+      mkb_t<MR, NG>(xf, w, len, c, ldc, first);
+    }
+  };
+  static void mk_bf16(int mr, const float* const* xf, const uint32_t* const* xp, const uint8_t* const* w, int ng,
+                      int64_t len, float* c, int64_t ldc, bool first) {
+    bf16_tile<EmulatedBf16>(mr, ng, xf, xp, w, len, c, ldc, first);
+  }
+
   // A group's 16 f32 weights at k from the panel layout, converted exactly as dequantize_row.
   template <GGMLType T>
   static __m512 wload(const uint8_t* g, int64_t k) {

@@ -7,7 +7,11 @@
 //   F32/F16/BF16 weights: every output is ONE fused multiply-add chain over k in order, weights
 //   dequantized to f32 exactly as dequantize_row does;
 //   quantized weights: the integer path of packed.h (int8 activations, exact integer block sums,
-//   one fma chain over 32-blocks in order).
+//   one fma chain over 32-blocks in order);
+//   BF16 weights: AVX-512 BF16's vdpbf16ps, which every ISA computes or emulates bit for bit:
+//   x rounded to bf16 (round_bf16), then one f32 chain per output over the pairs of k in order,
+//   y = fma(x[2p+1], w[2p+1], y); y = fma(x[2p], w[2p], y), denormal inputs and results flushed
+//   to zero (an odd K's last k pairs with a zero: y = y + 0 first).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -87,6 +91,68 @@ struct Drivers {
       }
     });
   }
+
+  // X (M, K) -> qa.xbf, qa.xbp (QAct): each x rounded to the nearest bf16, ties to even, a
+  // denormal to zero (as vcvtneps2bf16 does), a NaN kept quiet; a zero after an odd K.
+  static void round_bf16(const float* X, int64_t M, int64_t K, QAct& q, int threads) {
+    const int64_t Kp = K + (K & 1);
+    q.reserve_bf16(M, K);
+    parallel_for_static(M, M * K >= (1 << 16) ? threads : 1, [&](int64_t m) {
+      // (Branch-free bit operations, so that the compiler vectorizes them for the ISA: a
+      // prefill's GEMMs round every activation once per call.)
+      const float* x = X + m * K;
+      float* f = q.xbf.data() + m * Kp;
+      for (int64_t k = 0; k < K; ++k) {
+        uint32_t u;
+        std::memcpy(&u, x + k, 4);
+        u = bf16_bits_daz(u);
+        std::memcpy(f + k, &u, 4);
+      }
+      if (K & 1) f[K] = 0;
+      if constexpr (kBf16Panels) {
+        float* fs = q.xbs.data() + m * Kp;
+        for (int64_t k = 0; k < Kp; k += 2) fs[k] = f[k + 1], fs[k + 1] = f[k];
+      }
+      if constexpr (kBf16Dot) {  // (the pairs: for vdpbf16ps)
+        uint32_t* p = q.xbp.data() + m * Kp / 2;
+        for (int64_t k = 0; k < Kp; k += 2) {
+          uint32_t lo, hi;
+          std::memcpy(&lo, f + k, 4);
+          std::memcpy(&hi, f + k + 1, 4);
+          p[k / 2] = lo >> 16 | (hi & 0xffff0000u);
+        }
+      }
+    });
+  }
+  // The f32 bits of x rounded to bf16 as round_bf16 says. (Not core/fp16.h's: this file is
+  // compiled once per ISA, each copy its own.)
+  static uint32_t bf16_bits_daz(uint32_t u) {
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) & 0xffff0000u;
+    const uint32_t nan = (u | 0x00400000u) & 0xffff0000u;  // (quiet)
+    const uint32_t zero = u & 0x80000000u;
+    return (u & 0x7f800000u) == 0 ? zero : (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  }
+  // MXCSR's flush-to-zero and denormals-are-zero for a scope where `on` (x86): the f32 FMAs of
+  // the ISAs that emulate vdpbf16ps then flush as it does. Held by each thread for a whole GEMM
+  // with BF16 weights (gemm: parallel_for_runs_in), epilogues included, on every ISA alike: a
+  // change of MXCSR waits for the loads in flight (one per work item made the 5632 x 2048
+  // decode GEMV 1.5x slower on the Zen 5).
+  struct FlushDenormals {
+#if defined(__x86_64__) || defined(__i386__)
+    bool on;
+    unsigned saved = 0;
+    explicit FlushDenormals(bool on_) : on(on_) {
+      if (on) saved = __builtin_ia32_stmxcsr(), __builtin_ia32_ldmxcsr(saved | 0x8040u);
+    }
+    ~FlushDenormals() {
+      if (on) __builtin_ia32_ldmxcsr(saved);
+    }
+#else
+    explicit FlushDenormals(bool) {}
+#endif
+    FlushDenormals(const FlushDenormals&) = delete;
+    FlushDenormals& operator=(const FlushDenormals&) = delete;
+  };
 
   static void reserve(int64_t max_rows, int threads) {
     parallel(threads, [&](int, int) {
@@ -265,21 +331,130 @@ struct Drivers {
     }
   }
 
+  // BF16 weights (qa: X as round_bf16 gives it): C as float_item, on the numerics of vdpbf16ps
+  // (see the top of this file), whatever M, chunk or ISA. Every M takes one path: Isa::mk_bf16
+  // straight from the packed bytes (a GGUF rows source is packed a chunk at a time first), rows
+  // in blocks of kMC, each block over K chunks of kKC (even: no pair is split), tiles of up to
+  // Isa::kMRBf16 rows; one tile of packed weights (decode) over all of K at once.
+  // Isa::mk_bf16(mr, xf, xp, w, ng, len, C, ldc, first): C (mr, ldc)[:, 16g : 16g + 16] (+)= the
+  // chain over k in [0, len) (len even, or odd at K's end) of rows xf[i] / xp[i] (bf16 as f32,
+  // as pairs, from the chunk's first k) and groups w[g] (packed.h, from the chunk's first k), for
+  // mr <= Isa::kMRBf16 and ng <= kItemGroups (4 at mr = 1: gemv_items).
+  static void bf16_item(const QAct& qa, int64_t r0, int64_t M, int64_t K, const Source* src, int ns,
+                        Scratch& s, float* C, int64_t ldc) {
+    static_assert(kKC % 2 == 0);  // (MXCSR: gemm's FlushDenormals)
+    const int64_t Kp = K + (K & 1);
+    if constexpr (kBf16Panels) {
+      if (M > Isa::kMRBf16) return bf16_panels(qa, r0, M, K, src, ns, s, C, ldc);
+    }
+    bool whole = M <= Isa::kMRBf16;
+    for (int i = 0; i < ns; ++i) whole = whole && src[i].seg->packed;
+    const int64_t kc = whole ? Kp : kKC;
+    for (int64_t mb = 0; mb < M; mb += kMC) {
+      const int64_t me = std::min(M, mb + kMC);
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t len = std::min(kc, K - k0);
+        const uint8_t* w[kItemGroups];
+        for (int i = 0; i < ns; ++i) {
+          const GemmSeg& g = *src[i].seg;
+          if (g.packed) {
+            w[i] = src[i].group() + uint64_t(k0) * packed_block_bytes(GGMLType::BF16);
+          } else {  // (a chunk of 16 rows' bf16: kKC * 32 bytes, inside w's f32 scratch)
+            uint8_t* out = reinterpret_cast<uint8_t*>(s.w[i]);
+            Isa::pack_rows(GGMLType::BF16, g.data + uint64_t(src[i].n0) * g.row_bytes + uint64_t(k0) * 2,
+                           g.row_bytes, src[i].cnt, len, out);
+            w[i] = out;
+          }
+        }
+        const int64_t rows = me - mb, n_tiles = (rows + Isa::kMRBf16 - 1) / Isa::kMRBf16;
+        for (int64_t t = 0, m0 = mb; t < n_tiles; ++t) {
+          const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));
+          const float* xf[Isa::kMRBf16];
+          const uint32_t* xp[Isa::kMRBf16];
+          for (int i = 0; i < mr; ++i) {
+            xf[i] = qa.xbf.data() + (r0 + m0 + i) * Kp + k0;
+            xp[i] = qa.xbp.data() + ((r0 + m0 + i) * Kp + k0) / 2;
+          }
+          Isa::mk_bf16(mr, xf, xp, w, ns, len, C + m0 * ldc, ldc, k0 == 0);
+          m0 += mr;
+        }
+      }
+    }
+  }
+
+  // Isa::kBf16Panels (ISAs that emulate vdpbf16ps): more rows than one tile take the f32 GEMM's
+  // micro-kernel (mk_rows) instead, over each K chunk unpacked to f32 with each pair's two k
+  // swapped (an odd chunk end's pair: its zero first) against qa.xbs: the same chain per output,
+  // the emulating kernels' conversions once per chunk rather than once per tile.
+  static constexpr bool kBf16Panels = [] {
+    if constexpr (requires { Isa::kBf16Panels; }) return Isa::kBf16Panels;
+    else return false;
+  }();
+  // Isa::kBf16Dot: mk_bf16 reads the activations as pairs (qa.xbp: vdpbf16ps), else as f32.
+  static constexpr bool kBf16Dot = [] {
+    if constexpr (requires { Isa::kBf16Dot; }) return Isa::kBf16Dot;
+    else return false;
+  }();
+  static void bf16_panels(const QAct& qa, int64_t r0, int64_t M, int64_t K, const Source* src, int ns,
+                          Scratch& s, float* C, int64_t ldc) {
+    const int64_t Kp = K + (K & 1);
+    for (int64_t mb = 0; mb < M; mb += kMC) {
+      const int64_t me = std::min(M, mb + kMC);
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t len = std::min(kKC, K - k0), lp = len + (len & 1);
+        const float* wp[kItemGroups];
+        for (int i = 0; i < ns; ++i) {
+          float* w = s.w[i];
+          const float* u = weights_at(src[i], k0, len, w, s.t);
+          if (u != w) std::memcpy(w, u, sizeof(float) * size_t(len * kGroup));
+          if (len & 1) {  // (lp <= kKC: kKC is even)
+            std::memcpy(w + len * kGroup, w + (len - 1) * kGroup, sizeof(float) * kGroup);
+            std::memset(w + (len - 1) * kGroup, 0, sizeof(float) * kGroup);
+          }
+          for (int64_t k = 0; k + 1 < len; k += 2)
+            for (int r = 0; r < kGroup; ++r) std::swap(w[k * kGroup + r], w[(k + 1) * kGroup + r]);
+          wp[i] = w;
+        }
+        const int64_t rows = me - mb, n_tiles = (rows + kMR - 1) / kMR;
+        for (int64_t t = 0, m0 = mb; t < n_tiles; ++t) {
+          const int mr = int(rows / n_tiles + (t < rows % n_tiles ? 1 : 0));
+          const float* xr[kMR];
+          for (int i = 0; i < mr; ++i) xr[i] = qa.xbs.data() + (r0 + m0 + i) * Kp + k0;
+          if constexpr (requires { Isa::mk_rows_n; }) {
+            Isa::mk_rows_n(mr, xr, wp, ns, lp, C + m0 * ldc, ldc, k0 == 0);
+          } else {
+            for (int i = 0; i < ns; ++i) Isa::mk_rows(mr, xr, wp[i], lp, C + m0 * ldc + i * kGroup, ldc, k0 == 0);
+          }
+          m0 += mr;
+        }
+      }
+    }
+  }
+
+  // Which path a weight type takes.
+  enum class Path { Float, Int, Bf16 };
+  static Path path_of(GGMLType t) {
+    return is_int_type(t) ? Path::Int : t == GGMLType::BF16 ? Path::Bf16 : Path::Float;
+  }
+  static bool any_bf16(const GemmSeg* segs, int n) {
+    for (int i = 0; i < n; ++i)
+      if (segs[i].type == GGMLType::BF16) return true;
+    return false;
+  }
+
   // Rows [r0, r0 + M) of X (and of qa) against the item's sources, into C (M, ldc).
   static void item(const float* X, const QAct& qa, int64_t r0, int64_t M, int64_t K, const Source* src,
                    int ns, Scratch& s, float* C, int64_t ldc) {
     X += r0 * K;
-    const bool int0 = is_int_type(src[0].seg->type);
+    const Path path = path_of(src[0].seg->type);
     bool same = true;
-    for (int i = 1; i < ns; ++i) same = same && is_int_type(src[i].seg->type) == int0;
+    for (int i = 1; i < ns; ++i) same = same && path_of(src[i].seg->type) == path;
     if (!same) {  // (SwiGLU's gate and up on different paths: one at a time)
-      for (int i = 0; i < ns; ++i) {
-        if (is_int_type(src[i].seg->type)) int_item(qa, r0, M, K, src + i, 1, s, C + i * kGroup, ldc);
-        else float_item(X, M, K, src + i, 1, s, C + i * kGroup, ldc);
-      }
+      for (int i = 0; i < ns; ++i) item(X - r0 * K, qa, r0, M, K, src + i, 1, s, C + i * kGroup, ldc);
       return;
     }
-    if (int0) return int_item(qa, r0, M, K, src, ns, s, C, ldc);
+    if (path == Path::Int) return int_item(qa, r0, M, K, src, ns, s, C, ldc);
+    if (path == Path::Bf16) return bf16_item(qa, r0, M, K, src, ns, s, C, ldc);
     float_item(X, M, K, src, ns, s, C, ldc);
   }
 
@@ -652,6 +827,8 @@ struct Drivers {
       shrink_int = shrink != nullptr;
     }
     if (shrink_int || any_int_run(segs, n_segs)) quantize(X, M, K, qa, threads);
+    const bool bf16 = any_bf16(segs, n_segs);  // (each thread in FlushDenormals(bf16) below)
+    if (bf16) round_bf16(X, M, K, qa, threads);
     // Small M (decode, speculative verification, small chunks) streams weights from memory:
     // each thread takes runs of consecutive items, each run one ascending stream (what the
     // prefetchers follow). A run's start pays a memory latency and the prefetchers' ramp, so a
@@ -695,6 +872,7 @@ struct Drivers {
           auto ready = [&] {
             while (done.load(std::memory_order_acquire) < d.calls) spin_pause();
           };
+          const FlushDenormals flush(bf16);  // (the base's runs only: the shrink is gemm_runs' numerics)
           for (int64_t b; (b = next.fetch_add(run, std::memory_order_relaxed)) < n_items;)
             gemm_run(X, M, K, is, qa, ldc, b, std::min(n_items, b + run), ready);
         });
@@ -703,21 +881,21 @@ struct Drivers {
       gemm_runs(shrink->X, shrink->K, shrink->t, shrink->segs, shrink->n, threads, qa, true);
     }
     if (deferred) {
-      parallel_for_runs(n_items, threads, run,
-                        [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end, [] {}); });
+      parallel_for_runs_in<FlushDenormals>(bf16, n_items, threads, run,
+                                           [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end, [] {}); });
       return;
     }
     if constexpr (requires { Isa::kGemvFloatGroups; }) {
       bool float_packed = false;
       for (int i = 0; i < n_segs; ++i) float_packed = float_packed || (segs[i].packed && !is_int_type(segs[i].type));
       if (M == 1 && !lora && float_packed) {  // (runs of an even number of items, so that every item pairs)
-        parallel_for_runs(n_items, threads, run + (run & 1), [&](int64_t b, int64_t end) {
+        parallel_for_runs_in<FlushDenormals>(bf16, n_items, threads, run + (run & 1), [&](int64_t b, int64_t end) {
           for (int64_t p = b; p < end;) p += gemv_items(X, K, is, qa, ldc, p, end);
         });
         return;
       }
     }
-    parallel_for(n_items * n_blocks, threads, run, [&](int64_t pb) {
+    parallel_for_in<FlushDenormals>(bf16, n_items * n_blocks, threads, run, [&](int64_t pb) {
       const int64_t blk = pb / n_items, p = pb % n_items;
       const int64_t r0 = M * blk / n_blocks, rows = M * (blk + 1) / n_blocks - r0;
       gemm_item(X, r0, rows, K, is, qa, ldc, p);
@@ -901,7 +1079,8 @@ struct Drivers {
   }
   // Decode (M = 1, no LoRA): items p and p + 1 (< end) in one pass where both are two packed
   // groups of one float type (Isa::kGemvFloatGroups: their four fma chains side by side, each
-  // output's chain unchanged, so the same bits), else item p alone. Returns the items done.
+  // output's chain unchanged, so the same bits; BF16 through bf16_item's kernel, mk_bf16), else
+  // item p alone. Returns the items done.
   static int64_t gemv_items(const float* X, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc, int64_t p,
                             int64_t end) {
     constexpr int n = 2 * kItemGroups;  // (the pass's groups)
@@ -910,7 +1089,7 @@ struct Drivers {
     bool pair = p + 1 < end && item_sources(is, p, src) == kItemGroups &&
                 item_sources(is, p + 1, src + kItemGroups) == kItemGroups;
     for (int i = 0; pair && i < n; ++i)
-      pair = src[i].seg->packed && src[i].seg->type == src[0].seg->type && !is_int_type(src[i].seg->type);
+      pair = src[i].seg->packed && src[i].seg->type == src[0].seg->type && path_of(src[i].seg->type) != Path::Int;
     if (!pair) {
       gemm_item(X, 0, 1, K, is, qa, ldc, p);
       return 1;
@@ -918,7 +1097,13 @@ struct Drivers {
     const uint8_t* groups[n];
     for (int i = 0; i < n; ++i) groups[i] = src[i].group();
     alignas(64) float c[n * kGroup];
-    Isa::gemv(src[0].seg->type, groups, n, K, X, 1, c, n * kGroup);
+    if (path_of(src[0].seg->type) == Path::Bf16) {
+      const float* xf = qa.xbf.data();
+      const uint32_t* xp = qa.xbp.data();
+      Isa::mk_bf16(1, &xf, &xp, groups, n, K, c, n * kGroup, true);
+    } else {
+      Isa::gemv(src[0].seg->type, groups, n, K, X, 1, c, n * kGroup);
+    }
     store_item(is, src, kItemGroups, 0, 1, c, ldc);
     store_item(is, src + kItemGroups, kItemGroups, 0, 1, c + kItemGroups * kGroup, ldc);
     return 2;

@@ -141,6 +141,27 @@ __attribute__((noipa)) int int8_loop_avx512(int64_t iters) {
   return _mm512_reduce_add_epi32(t);
 }
 #pragma GCC pop_options
+// AVX512_BF16: vdpbf16ps (32 bf16 products per instruction, summed into 16 f32).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+__attribute__((noipa)) float bf16_loop_avx512(int64_t iters) {
+#define FT_I(i) _mm512_set1_ps(0.01f * float(i))
+  FT_ACC12(__m512, FT_I);
+#undef FT_I
+  const __m512bh u = (__m512bh)_mm512_set1_epi32(0x3f803f80), v = (__m512bh)_mm512_set1_epi32(0x33d633d6);  // (1, 1e-7)
+  for (int64_t it = 0; it < iters; ++it) {
+#define FT_OP(a) a = _mm512_dpbf16_ps(a, u, v)
+    FT_EACH12(FT_OP);
+#undef FT_OP
+    FT_KEEP12("v");
+  }
+  __m512 t = a0;
+#define FT_OP(a) t = _mm512_add_ps(t, a)
+  FT_EACH12(FT_OP);
+#undef FT_OP
+  return _mm512_reduce_add_ps(t);
+}
+#pragma GCC pop_options
 // AMX-INT8: 4 independent tdpbusd (16 x 16 int32 += 16 x 64 u8 . 64 x 16 s8: 16,384 products
 // each) on 2 A and 2 B tiles. The thread's tile configuration (the kernels' own, amx.cpp) is
 // saved and put back.
@@ -234,6 +255,7 @@ cpu::IsaLevel level_or_best(std::string_view isa) {
 double measure_fma_peak_gflops(int threads, double seconds, std::string_view isa) {
   switch (level_or_best(isa)) {
     case cpu::IsaLevel::Amx:
+    case cpu::IsaLevel::Avx512Bf16:
     case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 16 * 2, fma_loop_avx512);
     case cpu::IsaLevel::Avx2:
     case cpu::IsaLevel::AvxVnni: return measure_loop(threads, seconds, 12 * 8 * 2, fma_loop_avx2);
@@ -242,9 +264,18 @@ double measure_fma_peak_gflops(int threads, double seconds, std::string_view isa
   return measure_loop(threads, seconds, 8 * 2, fma_loop_scalar);
 }
 
+double measure_bf16_peak_gflops(int threads, double seconds, std::string_view isa) {
+  switch (level_or_best(isa)) {
+    case cpu::IsaLevel::Amx:
+    case cpu::IsaLevel::Avx512Bf16: return measure_loop(threads, seconds, 12 * 32 * 2, bf16_loop_avx512);
+    default: return 0;
+  }
+}
+
 double measure_int8_peak_gops(int threads, double seconds, std::string_view isa) {
   switch (level_or_best(isa)) {
     case cpu::IsaLevel::Amx: return measure_loop(threads, seconds, 4 * 16 * 16 * 64 * 2, int8_loop_amx);
+    case cpu::IsaLevel::Avx512Bf16:
     case cpu::IsaLevel::Avx512: return measure_loop(threads, seconds, 12 * 64 * 2, int8_loop_avx512);
     case cpu::IsaLevel::AvxVnni: return measure_loop(threads, seconds, 12 * 32 * 2, int8_loop_avx_vnni);
     case cpu::IsaLevel::Avx2: return measure_loop(threads, seconds, 12 * 32 * 2, int8_loop_avx2);

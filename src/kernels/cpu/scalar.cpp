@@ -3,6 +3,7 @@
 // 8-lane summation order with plain arrays.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cpu/kernels_impl.h"
@@ -62,6 +63,35 @@ struct ScalarIsa {
     dequantize_row(t, src, dst, len);
   }
   static void prefetch_bytes(const uint8_t*, int64_t) {}
+
+  // BF16 weights (kernels_impl.h: bf16_item): the definition of vdpbf16ps's chain, with its
+  // flushes explicit (the FMA may be a library call that MXCSR does not reach).
+  static constexpr int kMRBf16 = 8;
+  static float flush(float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.0f, v) : v; }
+  static void mk_bf16(int mr, const float* const* xf, const uint32_t* const*, const uint8_t* const* w, int ng,
+                      int64_t len, float* c, int64_t ldc, bool first) {
+    for (int g = 0; g < ng; ++g)
+      for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < kGroup; ++j) {
+          auto wk = [&](int64_t k) {
+            uint16_t b;
+            std::memcpy(&b, w[g] + 32 * k + 2 * j, 2);
+            const uint32_t u = uint32_t(b) << 16;
+            float f;
+            std::memcpy(&f, &u, 4);
+            return flush(f);
+          };
+          float& out = c[i * ldc + g * kGroup + j];
+          float y = first ? 0.0f : out;
+          int64_t k = 0;
+          for (; k + 1 < len; k += 2) {
+            y = flush(std::fma(xf[i][k + 1], wk(k + 1), y));
+            y = flush(std::fma(xf[i][k], wk(k), y));
+          }
+          if (k < len) y = flush(std::fma(xf[i][k], wk(k), flush(y + 0.0f)));
+          out = y;
+        }
+  }
 };
 
 }  // namespace

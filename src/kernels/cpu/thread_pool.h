@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <utility>
 
 namespace ft::cpu {
 
@@ -44,29 +45,46 @@ void parallel(int nt, F&& fn) {
   run_region(std::max(1, nt), [](void* c, int t, int n) { (*static_cast<Fn*>(c))(t, n); }, &fn);
 }
 
+// No per-thread state (parallel_for_runs_in's default).
+struct NoScope {
+  template <class A>
+  explicit NoScope(const A&) {}
+};
+
 // fn(b, e) over [0, n) in runs [b, e) of `chunk` consecutive items, handed out in order to
 // whichever thread asks next (OpenMP's schedule(dynamic, chunk)); inline, run by run, when
-// nt <= 1 or n <= chunk.
-template <class F>
-void parallel_for_runs(int64_t n, int nt, int64_t chunk, F&& fn) {
+// nt <= 1 or n <= chunk. Each thread that takes runs holds a Scope(arg) around all of them
+// (a per-thread state such as an FP mode, set once per thread rather than once per run).
+template <class Scope, class A, class F>
+void parallel_for_runs_in(const A& arg, int64_t n, int nt, int64_t chunk, F&& fn) {
   chunk = std::max<int64_t>(1, chunk);
   if (nt <= 1 || n <= chunk) {
+    const Scope scope(arg);
     for (int64_t b = 0; b < n; b += chunk) fn(b, std::min(n, b + chunk));
     return;
   }
   std::atomic<int64_t> next{0};
   const int used = int(std::min<int64_t>(nt, (n + chunk - 1) / chunk));
   parallel(used, [&](int, int) {
+    const Scope scope(arg);
     for (int64_t b; (b = next.fetch_add(chunk, std::memory_order_relaxed)) < n;) fn(b, std::min(n, b + chunk));
   });
 }
-
-// fn(i) for every i in [0, n), in parallel_for_runs's runs.
 template <class F>
-void parallel_for(int64_t n, int nt, int64_t chunk, F&& fn) {
-  parallel_for_runs(n, nt, chunk, [&](int64_t b, int64_t e) {
+void parallel_for_runs(int64_t n, int nt, int64_t chunk, F&& fn) {
+  parallel_for_runs_in<NoScope>(0, n, nt, chunk, std::forward<F>(fn));
+}
+
+// fn(i) for every i in [0, n), in parallel_for_runs's runs (each thread in a Scope(arg)).
+template <class Scope, class A, class F>
+void parallel_for_in(const A& arg, int64_t n, int nt, int64_t chunk, F&& fn) {
+  parallel_for_runs_in<Scope>(arg, n, nt, chunk, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) fn(i);
   });
+}
+template <class F>
+void parallel_for(int64_t n, int nt, int64_t chunk, F&& fn) {
+  parallel_for_in<NoScope>(0, n, nt, chunk, std::forward<F>(fn));
 }
 
 // fn(i) for every i in [0, n), thread t taking the t-th contiguous nt-th (OpenMP's
