@@ -2,11 +2,11 @@
 # Ours vs llama.cpp (../shared/reference) on TinyLlama-1.1B-shaped files, back to back in one run:
 # prefill (pp512) and decode (tg32) per weight type and per instruction set this CPU has, then
 # the isolated TTFT of a ~960-token prompt through both servers. Prints markdown rows.
-#   docs/bench/vs_llamacpp.sh [TYPES...]        (default: q4_0 q8_0 q4_k_m f16)
+#   docs/bench/vs_llamacpp.sh [TYPES...]        (default: q4_0 q8_0 q4_k_m f16; also bf16, ...)
 # Env: MODELS (dir for the generated files, default /tmp/ft-models), ISAS (default: all this
 # CPU runs), THREADS (2), SERVE=0 skips the server comparison.
 # Each of our ISA levels is compared with llama.cpp's build for the same level (FT_ISA=avx2 with
-# its haswell backend, avx_vnni with alderlake, avx512 with the best this CPU runs: icelake, or
+# its haswell backend, avx_vnni with alderlake, avx512 and avx512_bf16 with the best this CPU runs: icelake, or
 # sapphirerapids with its AMX kernels where the CPU has AMX, as a user gets it): the reference loads the
 # best libggml-cpu-*.so found beside its executable, so each level runs from a folder holding a
 # copy of llama-bench and only that backend (the other libraries linked). The servers' TTFT

@@ -168,6 +168,14 @@ struct Avx2Isa {
       _mm256_storeu_ps(Wp + 16 * k + 8, b[1]);
     });
   }
+  // unpack with each pair's two k swapped (k0 even): k at k ^ 1 (Drivers::bf16_panels; an odd
+  // len's last k lands at len, its pair's other row left to the caller).
+  static void unpack_swapped(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp) {
+    for_k<1>(t, &group, k0, len, [Wp](int64_t k, const __m256* b) {
+      _mm256_storeu_ps(Wp + 16 * (k ^ 1), b[0]);
+      _mm256_storeu_ps(Wp + 16 * (k ^ 1) + 8, b[1]);
+    });
+  }
 
   // Small M (decode): C (M, ldc)[:, 16g : 16g+16] = X (M, ldx) @ group_g^T over all of K for
   // g < NG, weights dequantized in registers; the same chains as unpack + mk.

@@ -4,7 +4,7 @@
 //
 // Numerics contract (the same for every M, so a row's result does not depend on how many rows
 // are in the batch: chunked prefill == one batch, decode GEMV == prefill GEMM, bitwise):
-//   F32/F16/BF16 weights: every output is ONE fused multiply-add chain over k in order, weights
+//   F32/F16 weights: every output is ONE fused multiply-add chain over k in order, weights
 //   dequantized to f32 exactly as dequantize_row does;
 //   quantized weights: the integer path of packed.h (int8 activations, exact integer block sums,
 //   one fma chain over 32-blocks in order);
@@ -92,8 +92,9 @@ struct Drivers {
     });
   }
 
-  // X (M, K) -> qa.xbf, qa.xbp (QAct): each x rounded to the nearest bf16, ties to even, a
-  // denormal to zero (as vcvtneps2bf16 does), a NaN kept quiet; a zero after an odd K.
+  // X (M, K) -> qa.xbf (and qa.xbs where kBf16Panels, qa.xbp where kBf16Dot: QAct): each x
+  // rounded to the nearest bf16, ties to even, a denormal to zero (as vcvtneps2bf16 does), a NaN
+  // kept quiet; a zero after an odd K.
   static void round_bf16(const float* X, int64_t M, int64_t K, QAct& q, int threads) {
     const int64_t Kp = K + (K & 1);
     q.reserve_bf16(M, K);
@@ -405,14 +406,18 @@ struct Drivers {
         const float* wp[kItemGroups];
         for (int i = 0; i < ns; ++i) {
           float* w = s.w[i];
-          const float* u = weights_at(src[i], k0, len, w, s.t);
-          if (u != w) std::memcpy(w, u, sizeof(float) * size_t(len * kGroup));
-          if (len & 1) {  // (lp <= kKC: kKC is even)
-            std::memcpy(w + len * kGroup, w + (len - 1) * kGroup, sizeof(float) * kGroup);
-            std::memset(w + (len - 1) * kGroup, 0, sizeof(float) * kGroup);
+          bool swapped = false;
+          if constexpr (requires { Isa::unpack_swapped; }) {
+            if (src[i].seg->packed) Isa::unpack_swapped(GGMLType::BF16, src[i].group(), k0, len, w), swapped = true;
           }
-          for (int64_t k = 0; k + 1 < len; k += 2)
-            for (int r = 0; r < kGroup; ++r) std::swap(w[k * kGroup + r], w[(k + 1) * kGroup + r]);
+          if (!swapped) {
+            const float* u = weights_at(src[i], k0, len, w, s.t);
+            if (u != w) std::memcpy(w, u, sizeof(float) * size_t(len * kGroup));
+            if (len & 1) std::memcpy(w + len * kGroup, w + (len - 1) * kGroup, sizeof(float) * kGroup);
+            for (int64_t k = 0; k + 1 < len; k += 2)
+              for (int r = 0; r < kGroup; ++r) std::swap(w[k * kGroup + r], w[(k + 1) * kGroup + r]);
+          }
+          if (len & 1) std::memset(w + (len - 1) * kGroup, 0, sizeof(float) * kGroup);  // (lp <= kKC: even)
           wp[i] = w;
         }
         const int64_t rows = me - mb, n_tiles = (rows + kMR - 1) / kMR;
