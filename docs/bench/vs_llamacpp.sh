@@ -4,7 +4,7 @@
 # the isolated TTFT of a ~960-token prompt through both servers. Prints markdown rows.
 #   docs/bench/vs_llamacpp.sh [TYPES...]        (default: q4_0 q8_0 q4_k_m f16; also bf16, ...)
 # Env: MODELS (dir for the generated files, default /tmp/ft-models), ISAS (default: all this
-# CPU runs), THREADS (2), SERVE=0 skips the server comparison.
+# CPU runs), THREADS (2), SERVE=0 skips the server comparison, SERVE_TYPE its file (q4_0).
 # Each of our ISA levels is compared with llama.cpp's build for the same level (FT_ISA=avx2 with
 # its haswell backend, avx_vnni with alderlake, avx512 and avx512_bf16 with the best this CPU runs: icelake, or
 # sapphirerapids with its AMX kernels where the CPU has AMX, as a user gets it): the reference loads the
@@ -67,8 +67,9 @@ done
 
 [ "${SERVE:-1}" = 0 ] && exit 0
 # Isolated TTFT through the servers: ~960 random token ids, streamed, max_tokens 1, median of 3.
-f="$M/tinyllama-q4_0.gguf"
-[ -f "$f" ] || $FT make-model --shape tinyllama-1.1b --type q4_0 -o "$f" >/dev/null
+ST=${SERVE_TYPE:-q4_0}
+f="$M/tinyllama-$ST.gguf"
+[ -f "$f" ] || $FT make-model --shape tinyllama-1.1b --type "$ST" -o "$f" >/dev/null
 ttft() {  # port model -> "t1 t2 t3 median"
   python3 - "$1" "$2" <<'PY'
 import json, random, sys, time, urllib.request
@@ -95,8 +96,8 @@ $FT serve -m "$f" --port 8390 -c 4096 -t "$T" >/dev/null 2>&1 & P=$!; wait_up 83
 ours=$(ttft 8390 "$(basename "$f" .gguf)"); kill $P; wait $P || true
 "$R/llama-server" -m "$f" -t "$T" -c 4096 -np 1 --port 8391 >/dev/null 2>&1 & P=$!; wait_up 8391
 ref=$(ttft 8391 m); kill $P; wait $P || true
-python3 - "$ours" "$ref" <<'PY'
+python3 - "$ours" "$ref" "$ST" <<'PY'
 import sys
 o, r = sys.argv[1].split(), sys.argv[2].split()
-print(f"TTFT ~960 tokens, Q4_0: firsttoken {o[-1]} s ({', '.join(o[:-1])}), llama-server {r[-1]} s ({', '.join(r[:-1])}): ratio {float(o[-1])/float(r[-1]):.2f}")
+print(f"TTFT ~960 tokens, {sys.argv[3]}: firsttoken {o[-1]} s ({', '.join(o[:-1])}), llama-server {r[-1]} s ({', '.join(r[:-1])}): ratio {float(o[-1])/float(r[-1]):.2f}")
 PY
