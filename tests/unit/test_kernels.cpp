@@ -915,7 +915,8 @@ TEST_P(KernelTest, GemmBitIdenticalToScalar) {
 
 // BF16 weights on the numerics of vdpbf16ps (kernels_impl.h), on the values random data never
 // gives: denormal weights and activations (taken as zero), partial sums that fall below 2^-126
-// (flushed to zero), activations on a rounding tie, an odd K. Each ISA gives the scalar path's
+// (flushed to zero), activations on a rounding tie, an odd K; in one batch (M = 3) +-inf and a NaN
+// among the activations (NaN where the scalar path gives NaN). Each ISA gives the scalar path's
 // bits: the vector ones emulate the instruction (MXCSR flushes their FMAs) or run it
 // (avx512_bf16), the scalar one spells it out.
 TEST_P(KernelTest, Bf16WeightsSpecialValuesBitIdenticalToScalar) {
@@ -947,12 +948,24 @@ TEST_P(KernelTest, Bf16WeightsSpecialValuesBitIdenticalToScalar) {
         }
         X[i] = v;
       }
+      if (M == 3) {  // (row 0: +inf and a NaN whose payload is all below bf16's bits, which rounding
+                     // alone would make inf; row 2: -inf and the largest float, which rounds up to inf)
+        X[5] = std::numeric_limits<float>::infinity();
+        const uint32_t nan_bits = 0x7f800001u;
+        std::memcpy(&X[7], &nan_bits, 4);
+        X[size_t(2 * K + 1)] = -std::numeric_limits<float>::infinity();
+        X[size_t(2 * K + 9)] = std::numeric_limits<float>::max();
+      }
       for (bool pack : {true, false}) {
         std::vector<float> a(size_t(M * N)), b(size_t(M * N));
         native->matmul(X.data(), M, pack ? native->prepare(W.view()) : W.view(), a.data());
         scalar->matmul(X.data(), M, pack ? scalar->prepare(W.view()) : W.view(), b.data());
         int flushed = 0;
         for (size_t i = 0; i < a.size(); ++i) {
+          if (std::isnan(b[i])) {
+            ASSERT_TRUE(std::isnan(a[i])) << "K=" << K << " M=" << M << " packed " << pack << " at " << i;
+            continue;
+          }
           ASSERT_EQ(a[i], b[i]) << "K=" << K << " M=" << M << " packed " << pack << " at " << i;
           ASSERT_EQ(std::signbit(a[i]), std::signbit(b[i])) << "K=" << K << " M=" << M << " at " << i;
           flushed += a[i] == 0.0f;

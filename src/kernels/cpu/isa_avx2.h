@@ -320,6 +320,19 @@ struct Avx2Isa {
   // of k the odd one's fma, then the even one's (MXCSR flushes denormals: bf16_item's scope).
   // Per group, tiles of up to 4 rows: 8 accumulators, the pair's 4 weight halves, 2 broadcasts.
   static constexpr int kMRBf16 = 4;
+  // f[0..8) = x[0..8) rounded to bf16 as Drivers::bf16_bits_daz does (the same bits).
+  static void round_bf16_8(const float* x, float* f) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i hi = _mm256_set1_epi32(int32_t(0xffff0000u));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), hi);
+    const __m256i nan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), hi);
+    const __m256i zero = _mm256_and_si256(u, _mm256_set1_epi32(int32_t(0x80000000u)));
+    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    const __m256i is_den = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    const __m256i r = _mm256_blendv_epi8(_mm256_blendv_epi8(rounded, nan, is_nan), zero, is_den);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(f), r);
+  }
   static constexpr bool kBf16Panels = true;  // (Drivers::bf16_panels beyond one tile)
   template <int MR>
   static void mkb_t(const float* const* x, const uint8_t* w, int64_t len, float* c, int64_t ldc, bool first) {

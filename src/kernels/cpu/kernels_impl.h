@@ -103,7 +103,10 @@ struct Drivers {
       // prefill's GEMMs round every activation once per call.)
       const float* x = X + m * K;
       float* f = q.xbf.data() + m * Kp;
-      for (int64_t k = 0; k < K; ++k) {
+      int64_t k0 = 0;
+      if constexpr (requires { Isa::round_bf16_8; })  // (8 at a time; the rest below)
+        for (; k0 + 8 <= K; k0 += 8) Isa::round_bf16_8(x + k0, f + k0);
+      for (int64_t k = k0; k < K; ++k) {
         uint32_t u;
         std::memcpy(&u, x + k, 4);
         u = bf16_bits_daz(u);
