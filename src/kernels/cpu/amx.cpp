@@ -95,7 +95,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
 
   // The GEMM's chunk as Avx512Isa unpacks it, with the quad types' bytes as signed v = u - bias
   // (Q8_0 q, Q4_0 q - 8, Q4_K q): tdpbssd's C is then the block's exact sum of v xq, I itself.
-  // (Q6_K keeps its int16 pairs for the vector tiles.)
+  // (Q6_K: Avx512Isa's unpack_q6k, for the vector tiles.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
                          float* S2) {
     Avx512Isa::unpack_int(t, group, k0, len, V, S1, S2);

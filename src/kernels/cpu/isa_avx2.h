@@ -579,84 +579,6 @@ struct Avx2Isa {
 #endif
   }
 
-  static __m256i bcast_pair(const int16_t* x) {  // x[0], x[1] into every 32-bit lane
-    int32_t v;
-    std::memcpy(&v, x, 4);
-    return _mm256_set1_epi32(v);
-  }
-
-  // C (MR, ldc)[:, 0:16] (+)= the integer path over one K chunk (len / 32 blocks) of unpacked
-  // weights V, S1, S2 (S2 null: none): per block, exact int32 sums, then y = fma(I, s1 * dx, y)
-  // (and fma(X, s2 * dx, y)); y starts at 0 when first, else from C.
-  template <int MR>
-  static void mk_int_t(const IntRows& x, const int16_t* V, const float* S1, const float* S2,
-                       int64_t len, float* c, int64_t ldc, bool first) {
-    const int16_t* x0 = x.xq[0];
-    const int16_t* x1 = x.xq[MR > 1 ? 1 : 0];
-    const int16_t* x2 = x.xq[MR > 2 ? 2 : 0];
-    const int16_t* x3 = x.xq[MR > 3 ? 3 : 0];
-    const int16_t* x4 = x.xq[MR > 4 ? 4 : 0];
-    const int16_t* x5 = x.xq[MR > 5 ? 5 : 0];
-    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-      __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
-              a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
-      const int16_t* v = V + kb * kQBlock * kGroup;
-      const int64_t xo = kb * kQBlock;
-#define FT_MI(i)                                                                   \
-  if constexpr (MR > i) {                                                          \
-    const __m256i xb = bcast_pair(x##i + xo + 2 * p);                              \
-    a##i##0 = _mm256_add_epi32(a##i##0, _mm256_madd_epi16(w0, xb));                \
-    a##i##1 = _mm256_add_epi32(a##i##1, _mm256_madd_epi16(w1, xb));                \
-  }
-      for (int p = 0; p < 16; ++p) {
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * p));
-        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * p + 16));
-        FT_MI(0) FT_MI(1) FT_MI(2) FT_MI(3) FT_MI(4) FT_MI(5)
-      }
-#undef FT_MI
-      const __m256 s1lo = _mm256_loadu_ps(S1 + 16 * kb), s1hi = _mm256_loadu_ps(S1 + 16 * kb + 8);
-      const bool zero = first && kb == 0;
-#define FT_EP(i)                                                                           \
-  if constexpr (MR > i) {                                                                  \
-    const __m256 d = _mm256_set1_ps(x.dx[i][kb]);                                          \
-    float* ci = c + i * ldc;                                                               \
-    __m256 y0 = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);                          \
-    __m256 y1 = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8);                      \
-    y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a##i##0), _mm256_mul_ps(s1lo, d), y0);         \
-    y1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a##i##1), _mm256_mul_ps(s1hi, d), y1);         \
-    if (S2) {                                                                              \
-      const __m256 X = _mm256_set1_ps(float(x.xs[i][kb]));                                 \
-      y0 = _mm256_fmadd_ps(X, _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb), d), y0);        \
-      y1 = _mm256_fmadd_ps(X, _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8), d), y1);    \
-    }                                                                                      \
-    _mm256_storeu_ps(ci, y0);                                                              \
-    _mm256_storeu_ps(ci + 8, y1);                                                          \
-  }
-      FT_EP(0) FT_EP(1) FT_EP(2) FT_EP(3) FT_EP(4) FT_EP(5)
-#undef FT_EP
-    }
-  }
-  static void mk_int1(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
-                      int64_t len, float* c, int64_t ldc, bool first) {
-    switch (mr) {
-      case 1: return mk_int_t<1>(x, V, S1, S2, len, c, ldc, first);
-      case 2: return mk_int_t<2>(x, V, S1, S2, len, c, ldc, first);
-      case 3: return mk_int_t<3>(x, V, S1, S2, len, c, ldc, first);
-      case 4: return mk_int_t<4>(x, V, S1, S2, len, c, ldc, first);
-      case 5: return mk_int_t<5>(x, V, S1, S2, len, c, ldc, first);
-      default: return mk_int_t<6>(x, V, S1, S2, len, c, ldc, first);
-    }
-  }
-
-  // C (mr, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i], S1[i], S2[i]
-  // (all of type t; S2 read for Q4_K only).
-  static void mk_int_pair(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
-                          const float* const* S1, const float* const* S2, int ng, int64_t len,
-                          float* c, int64_t ldc, bool first) {
-    for (int i = 0; i < ng; ++i)
-      mk_int1(mr, x, V[i], S1[i], t == GGMLType::Q4_K ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
-  }
-
   // Small M (decode) on the integer path: C (M, ldc)[:, 0:16] = the group's 16 rows over all of
   // K, decoded straight from the packed bytes (no unpacked copy); the same sums as mk_int.
   static constexpr int kPrefetch = 2048;
@@ -902,14 +824,12 @@ struct Avx2Isa {
     });
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
-  // Q6_K's chunk as the pair layout's unpacker gives it (packed.h: V = [len / 32][16 pairs][16
-  // rows][2] int16 v = (q - 32) * sc, S1 = d, S2 = 0), from the quad variant: quad Q's dword r
-  // (k = 4Q .. 4Q + 3) splits into pairs 2Q (bytes 0, 1) and 2Q + 1 (bytes 2, 3).
+  // Q6_K's chunk for mk_q6 (kQ6Bytes per 32-block of V): [0, 512) its 8 quads as DecQ6_K gives
+  // them (quad 4hh + t: k = 16hh + 4t .. 16hh + 4t + 3; rows 0-7, then rows 8-15, 4 bytes each,
+  // u = q in [0, 63]), [512, 640) int32 sc[2 hh][16 rows]; S1 = d, S2 = 0.
+  static constexpr int64_t kQ6Bytes = 2 * kQBlock * kGroup;  // (the int16 scratch's bytes per block)
   static void unpack_q6k(const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
-    // (vpshufb indexes the bytes of its 128-bit lane: dword d's are 4d .. 4d + 3; 0x80 gives 0.)
-    const __m256i pick0 = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
-    const __m256i pick1 = _mm256_broadcastsi128_si256(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
-    const __m256i bias = _mm256_set1_epi16(32);
+    uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       DecQ6_K dec{{group}};
       dec.begin(k0 / kQBlock + kb);
@@ -919,21 +839,14 @@ struct Avx2Isa {
       _mm256_storeu_ps(S1 + 16 * kb + 8, b);
       _mm256_storeu_ps(S2 + 16 * kb, _mm256_setzero_ps());
       _mm256_storeu_ps(S2 + 16 * kb + 8, _mm256_setzero_ps());
-      int16_t* v = V + kb * kQBlock * kGroup;
+      uint8_t* vb = v + kb * kQ6Bytes;
       for (int hh = 0; hh < 2; ++hh)
         for (int h = 0; h < 2; ++h) {
-          const __m256i sc32 = dec.sc32(hh, h);  // row r's scale in both int16 halves of dword r
-          const __m256i sc = _mm256_or_si256(_mm256_and_si256(sc32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc32, 16));
           __m256i w[4];
           dec.quads6_h(hh, h, w);
-          for (int t = 0; t < 4; ++t) {
-            const int p = 2 * (4 * hh + t);
-            const __m256i p0 = _mm256_shuffle_epi8(w[t], pick0), p1 = _mm256_shuffle_epi8(w[t], pick1);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 2 * kGroup * p + 16 * h),
-                                _mm256_mullo_epi16(_mm256_sub_epi16(p0, bias), sc));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 2 * kGroup * (p + 1) + 16 * h),
-                                _mm256_mullo_epi16(_mm256_sub_epi16(p1, bias), sc));
-          }
+          for (int t = 0; t < 4; ++t)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 64 * (4 * hh + t) + 32 * h), w[t]);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 512 + 64 * hh + 32 * h), dec.sc32(hh, h));
         }
     }
   }
@@ -979,14 +892,58 @@ struct Avx2Isa {
       default: return mk_quad_t<4, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
     }
   }
+  // Q6_K's chunk (unpack_q6k): C (MR, ldc)[:, 0:16] (+)= MR rows; per 32-block and rows 8h..8h+7,
+  // I = sc_0 S_0 + sc_1 S_1 over the half blocks (half_sum: S_hh = sum u xq - 32 X_hh, exact;
+  // sub16_sums' sums), then y = fma(float(I), s1 * dx, y); y in C between blocks.
+  template <int MR>
+  static void mk_q6_t(const IntRows& x, const uint8_t* V, const float* S1, int64_t len, float* c, int64_t ldc,
+                      bool first) {
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      const uint8_t* vb = V + kb * kQ6Bytes;
+      const bool zero = first && kb == 0;
+      for (int h = 0; h < 2; ++h) {
+        __m256i I[MR];
+        for (int i = 0; i < MR; ++i) I[i] = _mm256_setzero_si256();
+        for (int hh = 0; hh < 2; ++hh) {
+          __m256i w[4];
+          for (int t = 0; t < 4; ++t)
+            w[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + 64 * (4 * hh + t) + 32 * h));
+          const __m256i sc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + 512 + 64 * hh + 32 * h));
+          for (int i = 0; i < MR; ++i) {
+            const int32_t X0 = x.xs0[i][kb];
+            const __m256i S = half_sum(w, x.xq8[i] + kb * kQBlock + 16 * hh, hh == 0 ? X0 : x.xs[i][kb] - X0);
+            I[i] = _mm256_add_epi32(I[i], _mm256_mullo_epi32(S, sc));
+          }
+        }
+        const __m256 s1 = _mm256_loadu_ps(S1 + 16 * kb + 8 * h);
+        for (int i = 0; i < MR; ++i) {
+          float* ci = c + i * ldc + 8 * h;
+          const __m256 y = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+          _mm256_storeu_ps(ci, _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1, _mm256_set1_ps(x.dx[i][kb])), y));
+        }
+      }
+    }
+  }
+  static void mk_q6(int mr, const IntRows& x, const uint8_t* V, const float* S1, int64_t len, float* c, int64_t ldc,
+                    bool first) {
+    switch (mr) {
+      case 1: return mk_q6_t<1>(x, V, S1, len, c, ldc, first);
+      case 2: return mk_q6_t<2>(x, V, S1, len, c, ldc, first);
+      case 3: return mk_q6_t<3>(x, V, S1, len, c, ldc, first);
+      default: return mk_q6_t<4>(x, V, S1, len, c, ldc, first);
+    }
+  }
   // C (mr <= 4, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i],
   // S1[i], S2[i] (all of type t; S2 read for Q4_K only).
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
-    if (!is_quad_type(t)) return mk_int_pair(mr, x, t, V, S1, S2, ng, len, c, ldc, first);
     for (int g = 0; g < ng; ++g) {
       const uint8_t* v = reinterpret_cast<const uint8_t*>(V[g]);
+      if (t == GGMLType::Q6_K) {
+        mk_q6(mr, x, v, S1[g], len, c + 16 * g, ldc, first);
+        continue;
+      }
       const float* s2 = t == GGMLType::Q4_K ? S2[g] : nullptr;
       if (t == GGMLType::Q8_0) mk_quad<true>(mr, x, 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
       else mk_quad<false>(mr, x, t == GGMLType::Q4_0 ? DecQ4_0::kBias : 0, v, S1[g], s2, len, c + 16 * g, ldc, first);

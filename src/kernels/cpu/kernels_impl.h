@@ -37,6 +37,7 @@ struct IntRows {
   const int8_t* xq8[kMaxIntRows];
   const float* dx[kMaxIntRows];
   const int32_t* xs[kMaxIntRows];
+  const int32_t* xs0[kMaxIntRows];  // (the sums of each block's first 16: Q6_K's half blocks)
 };
 
 // An Isa's optional properties (see Drivers): kInt8Act (activations also as int8), kMRInt.
@@ -327,6 +328,7 @@ struct Drivers {
             xr.xq8[j] = qa.xq8.data() + (r0 + m0 + j) * K + k0;
             xr.dx[j] = qa.dx.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
             xr.xs[j] = qa.xs.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
+            xr.xs0[j] = qa.xs0.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
           }
           Isa::mk_int(mr, xr, type, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
           m0 += mr;

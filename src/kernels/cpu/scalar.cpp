@@ -31,7 +31,6 @@ struct ScalarIsa {
                          float* S1, float* S2) {
     unpack_group_int(t, group, k0, len, V, S1, S2);
   }
-  // See Avx2Isa::mk_int_t.
   static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
                         int64_t K, uint8_t* out) {
     cpu::pack_rows(t, rows, row_bytes, n_rows, K, out);
@@ -42,6 +41,9 @@ struct ScalarIsa {
     for (int i = 0; i < ng; ++i)
       mk_int1(mr, x, V[i], S1[i], t == GGMLType::Q4_K ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
   }
+  // C (mr, ldc)[:, 0:16] (+)= the integer path over one K chunk of unpacked weights (packed.h's
+  // pair layout): per 32-block the exact int32 sum I, then y = fma(I, s1 * dx, y) (and
+  // fma(X, s2 * dx, y) where S2); y starts at 0 when first, else from C.
   static void mk_int1(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
                       int64_t len, float* c, int64_t ldc, bool first) {
     for (int i = 0; i < mr; ++i)
