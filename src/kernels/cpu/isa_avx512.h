@@ -620,10 +620,10 @@ struct Avx512Isa : Avx2Isa {
       // decode's do. (The next chunk asked for at once at each chunk's start made the 1.1B
       // model's 8-32-row prefill steps 1.06-1.28x slower on an Intel Xeon: the burst held the
       // compute back until its lines came.)
-      const int64_t n_tiles = (M + 5) / 6;
-      const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
       if constexpr (D::kSub16)
         if (M > kQ6ChunksAbove) return q6_chunks(groups, ng, K, qa, r0, M, c, ldc);
+      const int64_t n_tiles = (M + 5) / 6;
+      const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
       for (int64_t kb0 = 0; kb0 < nkb; kb0 += chunk) {
         const int64_t kb1 = std::min(nkb, kb0 + chunk);
         for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
@@ -800,7 +800,7 @@ struct Avx512Isa : Avx2Isa {
   // per 32-block and half h a chain of vpdpbusd from -32 X_h (X_0 = xs0, X_1 = xs - xs0), then
   // I = sc_0 I_0 + sc_1 I_1 (exact int32: |I_h| <= 16 * 63 * 127) and y = fma(float(I), s1 * dx,
   // y): gemv_q_t's sums. (Three accumulators per row and group: at 6 rows x 2 groups the compiler
-  // spills a few, still 1.06-1.15x faster than two tiles of 3 rows without spills.)
+  // spills a few; two tiles of 3 rows, which do not spill, ran 0.85-0.95x as fast.)
   template <int MR, int NG>
   static void mk_q6_t(const IntRows& x, const uint8_t* const* V, const float* const* S1, int64_t len, float* c,
                       int64_t ldc, bool first) {
