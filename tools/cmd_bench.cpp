@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "core/ab_arm.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "engine/engine.h"
@@ -269,6 +270,9 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   model->add_option("-r,--reps", a.reps, "Repetitions after a warm-up token (best is reported)")->capture_default_str();
   model->add_option("--backend", a.backend, "Backend: cpu or reference")->capture_default_str();
   model->add_option("--kv-type", a.kv_type, "KV cache element type: f16, bf16, q8_0 or f32")->capture_default_str();
+  model->add_flag("--ab", a.ab,
+                  "Alternate the A/B arm (core/ab_arm.h) between decode steps and print the arms' step times "
+                  "(an experiment's B over A, measured in the same minutes; without one, an A/A control)");
   add_spec_flags(model, a.spec);
   model->add_option("--prompt", a.prompt, "With --spec: a text prompt for the generation runs (default: -p random tokens)");
   model->callback([&a] { a.mode = "model"; });
@@ -454,6 +458,8 @@ int cmd_bench(const BenchArgs& a) {
   measure_ceilings();
 
   double best_pp = 1e30, best_tg = 1e30;
+  double ab_sec[2] = {0, 0};  // --ab: decode seconds and steps per arm, over every repetition
+  int64_t ab_steps[2] = {0, 0};
   Batch b;
   // Warm-up: one token touches every weight once (maps the file's pages, fills the TLB).
   if (!kv.reserve(0, n_ctx)) fail("bench: KV cache too small");
@@ -471,8 +477,14 @@ int cmd_bench(const BenchArgs& a) {
     for (int64_t i = 0; i < a.n_gen; ++i) {
       b.clear();
       b.add(tok(rng), int32_t(a.n_prompt + i), 0, true);
+      const int arm = a.ab ? ab_arm_of(i, rep) : 0;
+      g_ab_arm.store(arm, std::memory_order_relaxed);
+      const auto s0 = clock::now();
       fwd.run(b, kv, logits.data());
+      ab_sec[arm] += std::chrono::duration<double>(clock::now() - s0).count();
+      ++ab_steps[arm];
     }
+    g_ab_arm.store(0, std::memory_order_relaxed);
     best_tg = std::min(best_tg, std::chrono::duration<double>(clock::now() - t1).count());
     measure_ceilings();
   }
@@ -504,6 +516,11 @@ int cmd_bench(const BenchArgs& a) {
   std::printf("| %s | %.1f | %.1f%% | %.2f | %.1f%% |\n", hp.name.c_str(), P / best_pp,
               100 * pp_gflops / peak, a.n_gen > 0 ? double(a.n_gen) / best_tg : 0.0,
               100 * tg_gbs / bw);
+  if (a.ab && ab_steps[0] > 0 && ab_steps[1] > 0) {
+    const double ms_a = 1e3 * ab_sec[0] / double(ab_steps[0]), ms_b = 1e3 * ab_sec[1] / double(ab_steps[1]);
+    std::printf("decode A/B: B/A %.4f (A %.3f ms/step over %lld steps, B %.3f ms/step over %lld)\n", ms_b / ms_a,
+                ms_a, (long long)ab_steps[0], ms_b, (long long)ab_steps[1]);
+  }
   if (spec_from_flags(a.spec).enabled()) bench_spec(a, *model, T);
   return 0;
 }

@@ -92,6 +92,7 @@ struct BenchArgs {
   SpecArgs spec;
   std::string prompt;  // with --spec: a text prompt (the model's tokenizer) instead of random tokens
   std::vector<std::string> lora;  // bench lora: adapter files
+  bool ab = false;                // bench model --ab: decode steps alternate core/ab_arm.h's arm
   BenchServeArgs serve;
 };
 void add_bench(CLI::App& app, BenchArgs& a);

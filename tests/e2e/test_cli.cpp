@@ -7,12 +7,14 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "core/ab_arm.h"
 #include "gguf/gguf.h"
 #include "model/synthetic.h"
 #include "test_util.h"
@@ -115,6 +117,28 @@ TEST(Cli, MakeModelThenRun) {
   const Result bad = run_cli("make-model --shape nosuch -o " + quote(path));
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("tiny"), std::string::npos) << bad.err;  // lists the known shapes
+}
+
+// bench model --ab: decode steps alternate between the arms A B B A ..., the pattern inverted
+// every other repetition, so each arm gets half of the steps; one line gives B over A.
+TEST(Cli, BenchModelAbSplitsDecodeStepsBetweenArms) {
+  const int rep0[8] = {0, 1, 1, 0, 0, 1, 1, 0};
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(ab_arm_of(i, 0), rep0[i]) << i;
+    EXPECT_EQ(ab_arm_of(i, 1), 1 - rep0[i]) << i;
+  }
+  const test::TempFile model("tiny_ab.gguf");
+  write_synthetic_model(SyntheticOptions{}, model.path());
+  const Result r = run_cli("bench model -m " + quote(model.path()) + " -p 4 -n 5 -r 2 -t 1 --ab");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.out.find("decode A/B: B/A ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const double ratio = std::strtod(r.out.c_str() + at + 16, nullptr);
+  EXPECT_TRUE(ratio > 0.1 && ratio < 10) << r.out;  // (the same code in both arms)
+  // 5 steps in each of 2 repetitions: A B B A A, then B A A B B (5 each; 6 and 4 without the
+  // inversion).
+  EXPECT_NE(r.out.find("over 5 steps, B "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" over 5)"), std::string::npos) << r.out;
 }
 
 // A weight type the engine cannot compute with: inspect names the tensor and the type, run
