@@ -1,9 +1,14 @@
 // The fast kernels' worker pool (kernels/cpu/thread_pool.h): every item exactly once for any
-// (n, threads, chunk), one call per thread, nested regions inline, exceptions reach the caller,
-// concurrent callers, and regions after the workers went to sleep.
+// (n, threads, chunk), guided runs that shrink to one granule, one call per thread, nested
+// regions inline, exceptions reach the caller, concurrent callers, and regions after the
+// workers went to sleep.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <string>
+#include <utility>
 #include <chrono>
 #include <set>
 #include <stdexcept>
@@ -27,6 +32,55 @@ TEST(ThreadPool, ParallelForCoversEveryItemOnce) {
         parallel_for_static(n, nt, [&](int64_t i) { shits[size_t(i)].fetch_add(1); });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(shits[size_t(i)].load(), 1) << "static n=" << n << " nt=" << nt;
       }
+}
+
+TEST(ThreadPool, GuidedRunLength) {
+  EXPECT_EQ(guided_run(1000, 2, 64, 1), 64);  // capped at the chunk
+  EXPECT_EQ(guided_run(100, 2, 64, 1), 25);   // left / (2 threads)
+  EXPECT_EQ(guided_run(101, 2, 64, 1), 26);
+  EXPECT_EQ(guided_run(3, 2, 64, 1), 1);
+  EXPECT_EQ(guided_run(5, 2, 64, 2), 2);      // rounded up to the granule
+  EXPECT_EQ(guided_run(13, 2, 64, 2), 4);
+  EXPECT_EQ(guided_run(1, 4, 8, 2), 2);
+}
+
+// Guided runs: every item once, in ascending runs that tile [0, n), each at most the chunk and
+// a multiple of the granule (but the one that ends at n), never longer than the one before, the
+// last one a single granule (with two or more threads).
+TEST(ThreadPool, GuidedRunsCoverEveryItemOnceAndShrinkToAGranule) {
+  for (const int nt : {1, 2, 3})
+    for (const int64_t n : {0, 1, 2, 7, 64, 1001})
+      for (const int64_t chunk : {1, 3, 64})
+        for (const int64_t granule : {1, 2}) {
+          std::mutex mu;
+          std::vector<std::pair<int64_t, int64_t>> runs;
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+          parallel_for_guided_runs_in<NoScope>(0, n, nt, chunk, granule, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+            std::lock_guard lock(mu);
+            runs.emplace_back(b, e);
+          });
+          const std::string at = "n=" + std::to_string(n) + " nt=" + std::to_string(nt) + " chunk=" +
+                                 std::to_string(chunk) + " granule=" + std::to_string(granule);
+          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << at << " i=" << i;
+          std::sort(runs.begin(), runs.end());
+          const int64_t cap = (std::max(chunk, granule) + granule - 1) / granule * granule;
+          int64_t end = 0, prev = cap;
+          for (const auto& [b, e] : runs) {
+            ASSERT_EQ(b, end) << at;
+            ASSERT_GT(e, b) << at;
+            ASSERT_LE(e - b, prev) << at << " run at " << b;
+            if (e != n) {
+              ASSERT_EQ((e - b) % granule, 0) << at << " run at " << b;
+            }
+            prev = e - b;
+            end = e;
+          }
+          ASSERT_EQ(end, n) << at;
+          if (nt > 1 && n > granule) {
+            EXPECT_LE(runs.back().second - runs.back().first, granule) << at;
+          }
+        }
 }
 
 TEST(ThreadPool, ParallelRunsOncePerThreadOnDistinctThreads) {

@@ -843,7 +843,8 @@ struct Drivers {
     // each thread takes runs of consecutive items, each run one ascending stream (what the
     // prefetchers follow). A run's start pays a memory latency and the prefetchers' ramp, so a
     // run streams >= kRunBytes where the weights allow, with 2-8 runs per thread, so a thread
-    // that falls behind (preempted) is still evened out. Large M: one item at a time.
+    // that falls behind (preempted) is still evened out, and the last runs shrink to one item
+    // (parallel_for_guided_runs_in) so that the threads end together. Large M: one item at a time.
     int64_t run = 1;
     if (M <= 16) {
       uint64_t bytes = 0;
@@ -899,11 +900,17 @@ struct Drivers {
       bool float_packed = false;
       for (int i = 0; i < n_segs; ++i) float_packed = float_packed || (segs[i].packed && !is_int_type(segs[i].type));
       if (M == 1 && !lora && float_packed) {  // (runs of an even number of items, so that every item pairs)
-        parallel_for_runs_in<FlushDenormals>(bf16, n_items, threads, run + (run & 1), [&](int64_t b, int64_t end) {
+        parallel_for_guided_runs_in<FlushDenormals>(bf16, n_items, threads, run, 2, [&](int64_t b, int64_t end) {
           for (int64_t p = b; p < end;) p += gemv_items(X, K, is, qa, ldc, p, end);
         });
         return;
       }
+    }
+    if (M <= 16 && n_blocks == 1) {
+      parallel_for_guided_runs_in<FlushDenormals>(bf16, n_items, threads, run, 1, [&](int64_t b, int64_t end) {
+        for (int64_t p = b; p < end; ++p) gemm_item(X, 0, M, K, is, qa, ldc, p);
+      });
+      return;
     }
     parallel_for_in<FlushDenormals>(bf16, n_items * n_blocks, threads, run, [&](int64_t pb) {
       const int64_t blk = pb / n_items, p = pb % n_items;
