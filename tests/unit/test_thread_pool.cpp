@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
-#include <string>
-#include <utility>
 #include <chrono>
+#include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"

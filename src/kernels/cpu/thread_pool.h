@@ -51,30 +51,6 @@ struct NoScope {
   explicit NoScope(const A&) {}
 };
 
-// fn(b, e) over [0, n) in runs [b, e) of `chunk` consecutive items, handed out in order to
-// whichever thread asks next (OpenMP's schedule(dynamic, chunk)); inline, run by run, when
-// nt <= 1 or n <= chunk. Each thread that takes runs holds a Scope(arg) around all of them
-// (a per-thread state such as an FP mode, set once per thread rather than once per run).
-template <class Scope, class A, class F>
-void parallel_for_runs_in(const A& arg, int64_t n, int nt, int64_t chunk, F&& fn) {
-  chunk = std::max<int64_t>(1, chunk);
-  if (nt <= 1 || n <= chunk) {
-    const Scope scope(arg);
-    for (int64_t b = 0; b < n; b += chunk) fn(b, std::min(n, b + chunk));
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  const int used = int(std::min<int64_t>(nt, (n + chunk - 1) / chunk));
-  parallel(used, [&](int, int) {
-    const Scope scope(arg);
-    for (int64_t b; (b = next.fetch_add(chunk, std::memory_order_relaxed)) < n;) fn(b, std::min(n, b + chunk));
-  });
-}
-template <class F>
-void parallel_for_runs(int64_t n, int nt, int64_t chunk, F&& fn) {
-  parallel_for_runs_in<NoScope>(0, n, nt, chunk, std::forward<F>(fn));
-}
-
 // The next run's length in parallel_for_guided_runs_in: with `left` items left among `nt`
 // threads, ceil(left / (2 nt)) items, at most `chunk`, rounded up to a multiple of `granule`
 // (chunk is one).
@@ -83,7 +59,7 @@ inline int64_t guided_run(int64_t left, int nt, int64_t chunk, int64_t granule) 
   return std::max(granule, (std::min(chunk, share) + granule - 1) / granule * granule);
 }
 
-// parallel_for_runs_in with runs that shrink as the items run out (OpenMP's schedule(guided),
+// fn(b, e) over [0, n) in runs that shrink as the items run out (OpenMP's schedule(guided),
 // capped at `chunk`, a multiple of `granule`): runs of `chunk` while much is left, then
 // guided_run's, down to one granule, so the threads end within one small run of each other.
 // (A decode GEMV's runs stream >= 512 KB each: with fixed runs the two threads ended 6.6 us
@@ -110,6 +86,20 @@ void parallel_for_guided_runs_in(const A& arg, int64_t n, int nt, int64_t chunk,
       b = next.load(std::memory_order_relaxed);
     }
   });
+}
+
+// fn(b, e) over [0, n) in runs [b, e) of `chunk` consecutive items, handed out in order to
+// whichever thread asks next (OpenMP's schedule(dynamic, chunk)); inline, run by run, when
+// nt <= 1 or n <= chunk. Each thread that takes runs holds a Scope(arg) around all of them
+// (a per-thread state such as an FP mode, set once per thread rather than once per run).
+template <class Scope, class A, class F>
+void parallel_for_runs_in(const A& arg, int64_t n, int nt, int64_t chunk, F&& fn) {
+  chunk = std::max<int64_t>(1, chunk);  // (a granule of `chunk`: every run that long)
+  parallel_for_guided_runs_in<Scope>(arg, n, nt, chunk, chunk, std::forward<F>(fn));
+}
+template <class F>
+void parallel_for_runs(int64_t n, int nt, int64_t chunk, F&& fn) {
+  parallel_for_runs_in<NoScope>(0, n, nt, chunk, std::forward<F>(fn));
 }
 
 // fn(i) for every i in [0, n), in parallel_for_runs's runs (each thread in a Scope(arg)).
