@@ -1,5 +1,6 @@
 // The fast kernels' worker pool (kernels/cpu/thread_pool.h): every item exactly once for any
-// (n, threads, chunk), guided runs that shrink to one granule, one call per thread, nested
+// (n, threads, chunk), guided runs that shrink to one granule, split runs that stream each
+// thread's share and steal at the end, one call per thread, nested
 // regions inline, exceptions reach the caller, concurrent callers, and regions after the
 // workers went to sleep.
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -81,6 +83,68 @@ TEST(ThreadPool, GuidedRunsCoverEveryItemOnceAndShrinkToAGranule) {
             EXPECT_LE(runs.back().second - runs.back().first, granule) << at;
           }
         }
+}
+
+// Split runs: every item once, each run on a granule (its end too, but at n), and each
+// thread's own runs one ascending stream: a run that follows another of the same thread starts
+// where it ended, or else was taken from the back of another range.
+TEST(ThreadPool, SplitRunsCoverEveryItemOnceAsOneStreamPerThread) {
+  for (const int nt : {1, 2, 3, 5})
+    for (const int64_t n : {0, 1, 2, 7, 64, 1001})
+      for (const int64_t granule : {1, 2}) {
+        std::mutex mu;
+        std::vector<std::tuple<std::thread::id, int64_t, int64_t>> runs;  // (in call order)
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        parallel_for_split_runs_in<NoScope>(0, n, nt, granule, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+          std::lock_guard lock(mu);
+          runs.emplace_back(std::this_thread::get_id(), b, e);
+        });
+        const std::string at = "n=" + std::to_string(n) + " nt=" + std::to_string(nt) + " granule=" + std::to_string(granule);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << at << " i=" << i;
+        std::set<std::thread::id> threads;
+        for (const auto& [id, b, e] : runs) {
+          threads.insert(id);
+          ASSERT_GT(e, b) << at;
+          ASSERT_EQ(b % granule, 0) << at << " run at " << b;
+          if (e != n) {
+            ASSERT_EQ(e % granule, 0) << at << " run at " << b;
+          }
+        }
+        EXPECT_LE(int64_t(threads.size()), std::max<int64_t>(1, std::min<int64_t>(nt, n / granule))) << at;
+      }
+}
+
+// A thread slowed down on its range: the others, their ranges done, take its items from the
+// back, and its own runs stay one ascending stream from the range's front.
+TEST(ThreadPool, SplitRunsStealFromTheBackOfASlowThreadsRange) {
+  const int64_t n = 40;
+  std::mutex mu;
+  std::vector<std::tuple<std::thread::id, int64_t, int64_t>> runs;
+  parallel_for_split_runs_in<NoScope>(0, n, 2, 1, [&](int64_t b, int64_t e) {
+    {
+      std::lock_guard lock(mu);
+      runs.emplace_back(std::this_thread::get_id(), b, e);  // (in the order the runs start)
+    }
+    if (b < n / 2) std::this_thread::sleep_for(std::chrono::milliseconds(3 * (e - b)));  // (range 0 is slow)
+  });
+  std::set<std::thread::id> in_range0;
+  std::thread::id owner;  // (the thread that took item 0)
+  for (const auto& [id, b, e] : runs)
+    if (b == 0) owner = id;
+  int64_t owner_end = -1;
+  for (const auto& [id, b, e] : runs) {
+    if (b >= n / 2) continue;
+    in_range0.insert(id);
+    if (id != owner) continue;
+    EXPECT_EQ(b, std::max<int64_t>(0, owner_end)) << "the owner's runs: one ascending stream from 0";
+    owner_end = e;
+  }
+  EXPECT_EQ(in_range0.size(), 2u) << "the other thread took some of range 0";
+  for (const auto& [id, b, e] : runs)
+    if (b < n / 2 && id != owner) {
+      EXPECT_GE(b, owner_end) << "stolen runs lie behind the owner's";
+    }
 }
 
 TEST(ThreadPool, ParallelRunsOncePerThreadOnDistinctThreads) {

@@ -25,6 +25,9 @@ namespace ft::cpu {
 // forward pass is a few us; between two decode steps, sampling and scheduling: tens of us).
 inline constexpr int64_t kSpinUs = 200;
 
+// Threads up to which parallel_for_split_runs_in splits the items into per-thread ranges.
+inline constexpr int kMaxSplitRanges = 64;
+
 // One step of a spin-wait loop.
 inline void spin_pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -84,6 +87,51 @@ void parallel_for_guided_runs_in(const A& arg, int64_t n, int nt, int64_t chunk,
       if (!next.compare_exchange_weak(b, e, std::memory_order_relaxed)) continue;  // (b reloaded)
       fn(b, e);
       b = next.load(std::memory_order_relaxed);
+    }
+  });
+}
+
+// fn(b, e) over [0, n), thread t starting on the t-th contiguous nt-th of the items (its range,
+// bounds on granules) and taking ascending runs from its front, each half of what is left there
+// (a multiple of `granule`), so one thread's runs follow each other in memory as one stream and
+// the threads' streams start far apart, as a read probe's do. A thread whose range is done takes
+// runs of half what is left from the back of the next unfinished range, so the threads still end
+// within one small run of each other. (Decode GEMVs: 0.985x the step time of guided runs, which
+// hand out adjacent runs to the threads in turn; median of 12 --ab runs, Q4_0, Q8_0, Q4_K_M.)
+// Each thread takes runs in a Scope(arg). n must be below 2^32 (else guided runs).
+template <class Scope, class A, class F>
+void parallel_for_split_runs_in(const A& arg, int64_t n, int nt, int64_t granule, F&& fn) {
+  granule = std::max<int64_t>(1, granule);
+  const int used = int(std::min<int64_t>(std::max(1, nt), n / granule));
+  if (used <= 1 || n >= (int64_t(1) << 32) || used > kMaxSplitRanges) {
+    parallel_for_guided_runs_in<Scope>(arg, n, nt, std::max<int64_t>(1, n), granule, std::forward<F>(fn));
+    return;
+  }
+  struct alignas(64) Range {
+    std::atomic<uint64_t> front_back;  // (front | back << 32): [front, back) not yet taken
+  };
+  Range ranges[kMaxSplitRanges];
+  const int64_t granules = n / granule;
+  auto bound = [&](int t) { return t == used ? n : granules * t / used * granule; };
+  for (int t = 0; t < used; ++t)
+    ranges[t].front_back.store(uint64_t(bound(t)) | uint64_t(bound(t + 1)) << 32, std::memory_order_relaxed);
+  parallel(used, [&](int t, int) {
+    const Scope scope(arg);
+    for (int k = 0; k < used; ++k) {  // (k = 0: its own range, from the front; then others' backs)
+      std::atomic<uint64_t>& fb = ranges[(t + k) % used].front_back;
+      uint64_t cur = fb.load(std::memory_order_relaxed);
+      for (;;) {
+        const int64_t front = int64_t(cur & 0xffffffffu), back = int64_t(cur >> 32);
+        if (front >= back) break;
+        auto up = [&](int64_t x) { return (x + granule - 1) / granule * granule; };
+        const int64_t left = back - front, half = up((left + 1) / 2);
+        const int64_t b = k == 0 ? front : front + up(std::max<int64_t>(0, left - half));  // (on a granule)
+        const int64_t e = k == 0 ? std::min(back, front + half) : back;
+        const uint64_t next = k == 0 ? uint64_t(e) | uint64_t(back) << 32 : uint64_t(front) | uint64_t(b) << 32;
+        if (!fb.compare_exchange_weak(cur, next, std::memory_order_relaxed)) continue;  // (cur reloaded)
+        fn(b, e);
+        cur = fb.load(std::memory_order_relaxed);
+      }
     }
   });
 }
