@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -91,22 +92,30 @@ TEST(ThreadPool, GuidedRunsCoverEveryItemOnceAndShrinkToAGranule) {
 TEST(ThreadPool, SplitRunsCoverEveryItemOnceAsOneStreamPerThread) {
   for (const int nt : {1, 2, 3, 5})
     for (const int64_t n : {0, 1, 2, 7, 64, 1001})
-      for (const int64_t granule : {1, 2}) {
+      for (const int64_t granule : {1, 2})
+        for (const int64_t max_run : {int64_t(3), std::numeric_limits<int64_t>::max()}) {
         std::mutex mu;
         std::vector<std::tuple<std::thread::id, int64_t, int64_t>> runs;  // (in call order)
         std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-        parallel_for_split_runs_in<NoScope>(0, n, nt, granule, [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
-          std::lock_guard lock(mu);
-          runs.emplace_back(std::this_thread::get_id(), b, e);
-        });
-        const std::string at = "n=" + std::to_string(n) + " nt=" + std::to_string(nt) + " granule=" + std::to_string(granule);
+        parallel_for_split_runs_in<NoScope>(
+            0, n, nt, granule,
+            [&](int64_t b, int64_t e) {
+              for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+              std::lock_guard lock(mu);
+              runs.emplace_back(std::this_thread::get_id(), b, e);
+            },
+            max_run);
+        const std::string at = "n=" + std::to_string(n) + " nt=" + std::to_string(nt) + " granule=" + std::to_string(granule) +
+                               " max_run=" + std::to_string(max_run);
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << at << " i=" << i;
         std::set<std::thread::id> threads;
         for (const auto& [id, b, e] : runs) {
           threads.insert(id);
           ASSERT_GT(e, b) << at;
           ASSERT_EQ(b % granule, 0) << at << " run at " << b;
+          if (max_run < n) {
+            ASSERT_LE(e - b, (max_run + granule - 1) / granule * granule) << at << " run at " << b;
+          }
           if (e != n) {
             ASSERT_EQ(e % granule, 0) << at << " run at " << b;
           }

@@ -781,9 +781,9 @@ struct Drivers {
     }
   };
   static constexpr int64_t kRunsPrefetch = 2048;  // bytes of each A group's head (gemm_runs)
-  // Weight bytes a decode GEMV's run streams at least (gemm): measured on Zen 5 (Q4_0, K = 2048,
-  // alternated): 2 runs per thread against 8 made 1.2-2.4 MB weights 14-21% faster and left
-  // 4-9 MB ones within noise.
+  // Weight bytes a deferred LoRA GEMV's run streams at least (gemm): measured on Zen 5 (Q4_0,
+  // K = 2048, alternated, before split runs): 2 runs per thread against 8 made 1.2-2.4 MB
+  // weights 14-21% faster and left 4-9 MB ones within noise.
   static constexpr uint64_t kRunBytes = 512 << 10;
 
   // The expand's B groups for an item's output rows [n0, n0 + ng*kGroup), every run's, asked
@@ -840,23 +840,11 @@ struct Drivers {
     const bool bf16 = any_bf16(segs, n_segs);  // (each thread in FlushDenormals(bf16) below)
     if (bf16) round_bf16(X, M, K, qa, threads);
     // Small M (decode, speculative verification, small chunks) streams weights from memory:
-    // each thread takes runs of consecutive items, each run one ascending stream (what the
-    // prefetchers follow). A run's start pays a memory latency and the prefetchers' ramp, so a
-    // run streams >= kRunBytes where the weights allow, with 2-8 runs per thread, so a thread
-    // that falls behind (preempted) is still evened out, and the last runs shrink to one item
-    // (parallel_for_guided_runs_in) so that the threads end together. The plain GEMVs instead
-    // split the items into one contiguous range per thread, stealing at the end
-    // (parallel_for_split_runs_in). Large M: one item at a time.
-    int64_t run = 1;
-    if (M <= 16) {
-      uint64_t bytes = 0;
-      for (int i = 0; i < n_segs; ++i)
-        bytes += segs[i].packed ? uint64_t(n_groups(segs[i].n_rows)) * segs[i].row_bytes
-                                : uint64_t(segs[i].n_rows) * segs[i].row_bytes;
-      const int64_t nt = std::max(1, threads);
-      const int64_t per_thread = std::clamp<int64_t>(int64_t(bytes / (uint64_t(nt) * kRunBytes)), 2, 8);
-      run = std::max<int64_t>(1, (n_items + nt * per_thread - 1) / (nt * per_thread));
-    }
+    // each thread takes its own contiguous share of the items as one ascending stream (what
+    // the prefetchers follow; a run's start pays a memory latency and the prefetchers' ramp),
+    // and the threads that finish first take what is left from the others' backs in runs that
+    // shrink to one item, so that the threads end together (SplitRuns). Large M: one item at a
+    // time.
     // Large M: the rows in blocks (row_blocks), each block's items before the next block's, so
     // the threads work through one block at a time and its activations stay in their caches.
     const int64_t n_blocks = row_blocks(M, K);
@@ -864,6 +852,18 @@ struct Drivers {
     bool lora = false;
     for (int i = 0; i < n_segs; ++i) lora = lora || segs[i].lora.n > 0;
     const bool deferred = lora && M <= kLoraDeferRows && n_blocks == 1;
+    // A deferred run's items are revisited after it (expands, stores; their B groups prefetched
+    // before its base products): runs of ~kRunBytes of base weights each, 2-8 a thread.
+    int64_t lora_run = n_items;
+    if (deferred) {
+      uint64_t bytes = 0;
+      for (int i = 0; i < n_segs; ++i)
+        bytes += segs[i].packed ? uint64_t(n_groups(segs[i].n_rows)) * segs[i].row_bytes
+                                : uint64_t(segs[i].n_rows) * segs[i].row_bytes;
+      const int64_t nt = std::max(1, threads);
+      const int64_t per_thread = std::clamp<int64_t>(int64_t(bytes / (uint64_t(nt) * kRunBytes)), 2, 8);
+      lora_run = std::max<int64_t>(1, (n_items + nt * per_thread - 1) / (nt * per_thread));
+    }
     if (shrink) {
       // A decode shrink runs in this pass: its calls first, each on whichever thread takes it,
       // while the other threads already stream their base products; a run's expands wait for
@@ -871,10 +871,11 @@ struct Drivers {
       // parallel region, whose one-call latency-bound chains left the other threads idle.
       DecodeShrink d;
       bool fused = false;
-      if constexpr (requires { Isa::gemv_runs; }) fused = deferred && d.init(*shrink, 1, qa);
+      if constexpr (requires { Isa::gemv_runs; }) fused = deferred && SplitRuns::fits(n_items) && d.init(*shrink, 1, qa);
       if (fused) {
-        std::atomic<int64_t> next_call{0}, done{0}, next{0};
-        parallel(threads, [&](int, int) {
+        std::atomic<int64_t> next_call{0}, done{0};
+        SplitRuns runs(n_items, threads, 1, lora_run);
+        parallel(threads, [&](int t, int) {
           for (int64_t c; (c = next_call.fetch_add(1, std::memory_order_relaxed)) < d.calls;) {
             struct Done {  // (counted even if the call throws: no thread waits forever)
               std::atomic<int64_t>& n;
@@ -886,16 +887,16 @@ struct Drivers {
             while (done.load(std::memory_order_acquire) < d.calls) spin_pause();
           };
           const FlushDenormals flush(bf16);  // (the base's runs only: the shrink is gemm_runs' numerics)
-          for (int64_t b; (b = next.fetch_add(run, std::memory_order_relaxed)) < n_items;)
-            gemm_run(X, M, K, is, qa, ldc, b, std::min(n_items, b + run), ready);
+          runs.take(t, [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end, ready); });
         });
         return;
       }
       gemm_runs(shrink->X, shrink->K, shrink->t, shrink->segs, shrink->n, threads, qa, true);
     }
     if (deferred) {
-      parallel_for_runs_in<FlushDenormals>(bf16, n_items, threads, run,
-                                           [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end, [] {}); });
+      parallel_for_split_runs_in<FlushDenormals>(
+          bf16, n_items, threads, 1, [&](int64_t b, int64_t end) { gemm_run(X, M, K, is, qa, ldc, b, end, [] {}); },
+          lora_run);
       return;
     }
     if constexpr (requires { Isa::kGemvFloatGroups; }) {
@@ -909,16 +910,14 @@ struct Drivers {
       }
     }
     if (M <= 16 && n_blocks == 1) {
-      // (Runs not capped at `run` here: each thread streams its own contiguous share from its
-      // front, one stream with no cold starts between its runs. Capped guided runs -> uncapped
-      // guided: 0.987x the decode step time; -> split runs: a further 0.985x (median of 12 --ab
-      // runs over Q4_0, Q8_0 and Q4_K_M, 10 faster); the F16 GEMV above 0.975x, 3 of 3.)
+      // (Guided runs capped at kRunBytes -> uncapped guided runs: 0.987x the decode step time;
+      // -> split runs: see SplitRuns.)
       parallel_for_split_runs_in<FlushDenormals>(bf16, n_items, threads, 1, [&](int64_t b, int64_t end) {
         for (int64_t p = b; p < end; ++p) gemm_item(X, 0, M, K, is, qa, ldc, p);
       });
       return;
     }
-    parallel_for_in<FlushDenormals>(bf16, n_items * n_blocks, threads, run, [&](int64_t pb) {
+    parallel_for_in<FlushDenormals>(bf16, n_items * n_blocks, threads, 1, [&](int64_t pb) {
       const int64_t blk = pb / n_items, p = pb % n_items;
       const int64_t r0 = M * blk / n_blocks, rows = M * (blk + 1) / n_blocks - r0;
       gemm_item(X, r0, rows, K, is, qa, ldc, p);

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -91,48 +92,79 @@ void parallel_for_guided_runs_in(const A& arg, int64_t n, int nt, int64_t chunk,
   });
 }
 
-// fn(b, e) over [0, n), thread t starting on the t-th contiguous nt-th of the items (its range,
-// bounds on granules) and taking ascending runs from its front, each half of what is left there
-// (a multiple of `granule`), so one thread's runs follow each other in memory as one stream and
+// Split runs of [0, n): thread t starts on the t-th contiguous share of the items (its range,
+// bounded on granules) and takes ascending runs from its front, each half of what is left there
+// (a multiple of `granule`; at most max_run), so one thread's runs follow each other in memory as one stream and
 // the threads' streams start far apart, as a read probe's do. A thread whose range is done takes
 // runs of half what is left from the back of the next unfinished range, so the threads still end
-// within one small run of each other. (Decode GEMVs: 0.985x the step time of guided runs, which
-// hand out adjacent runs to the threads in turn; median of 12 --ab runs, Q4_0, Q8_0, Q4_K_M.)
-// Each thread takes runs in a Scope(arg). n must be below 2^32 (else guided runs).
-template <class Scope, class A, class F>
-void parallel_for_split_runs_in(const A& arg, int64_t n, int nt, int64_t granule, F&& fn) {
-  granule = std::max<int64_t>(1, granule);
-  const int used = int(std::min<int64_t>(std::max(1, nt), n / granule));
-  if (used <= 1 || n >= (int64_t(1) << 32) || used > kMaxSplitRanges) {
-    parallel_for_guided_runs_in<Scope>(arg, n, nt, std::max<int64_t>(1, n), granule, std::forward<F>(fn));
-    return;
+// within one small run of each other. Decode step time against guided runs (which hand out
+// adjacent runs to the threads in turn), --ab: tinyllama Q4_0, Q8_0, Q4_K_M 0.985x (median of
+// 12 runs, 10 faster), F16 0.99x; 110m Q8_0 0.89-0.92x (its GEMVs are small, 0.3-1.7 MB).
+// One object per parallel region, each of whose threads calls take(t, fn) once; n < 2^32 (fits).
+class SplitRuns {
+ public:
+  static bool fits(int64_t n) { return n >= 0 && n < (int64_t(1) << 32); }
+
+  // Front runs at most max_run items (rounded up to a granule): where a run's items are
+  // revisited after it (gemm_run's passes), so that they are still in cache.
+  SplitRuns(int64_t n, int nt, int64_t granule, int64_t max_run = std::numeric_limits<int64_t>::max())
+      : granule_(std::max<int64_t>(1, granule)),
+        max_run_(up(std::max<int64_t>(1, std::min(max_run, n)))),
+        ranges_used_(int(std::clamp<int64_t>(n / granule_, 1, std::clamp(nt, 1, kMaxSplitRanges)))) {
+    const int64_t granules = n / granule_;
+    auto bound = [&](int t) { return t == ranges_used_ ? n : granules * t / ranges_used_ * granule_; };
+    for (int t = 0; t < ranges_used_; ++t)
+      ranges_[t].front_back.store(uint64_t(bound(t)) | uint64_t(bound(t + 1)) << 32, std::memory_order_relaxed);
   }
-  struct alignas(64) Range {
-    std::atomic<uint64_t> front_back;  // (front | back << 32): [front, back) not yet taken
-  };
-  Range ranges[kMaxSplitRanges];
-  const int64_t granules = n / granule;
-  auto bound = [&](int t) { return t == used ? n : granules * t / used * granule; };
-  for (int t = 0; t < used; ++t)
-    ranges[t].front_back.store(uint64_t(bound(t)) | uint64_t(bound(t + 1)) << 32, std::memory_order_relaxed);
-  parallel(used, [&](int t, int) {
-    const Scope scope(arg);
-    for (int k = 0; k < used; ++k) {  // (k = 0: its own range, from the front; then others' backs)
-      std::atomic<uint64_t>& fb = ranges[(t + k) % used].front_back;
+
+  // fn(b, e) for each run that thread t takes, until no item is left. Threads t >= the ranges
+  // (more threads than items or than kMaxSplitRanges) only take from the others' backs.
+  template <class F>
+  void take(int t, F&& fn) {
+    const bool owner = t < ranges_used_;
+    for (int k = owner ? 0 : 1; k <= ranges_used_; ++k) {  // (k = 0: its own range, from the front)
+      std::atomic<uint64_t>& fb = ranges_[(t + k) % ranges_used_].front_back;
+      const bool front_run = owner && k == 0;
       uint64_t cur = fb.load(std::memory_order_relaxed);
       for (;;) {
         const int64_t front = int64_t(cur & 0xffffffffu), back = int64_t(cur >> 32);
         if (front >= back) break;
-        auto up = [&](int64_t x) { return (x + granule - 1) / granule * granule; };
-        const int64_t left = back - front, half = up((left + 1) / 2);
-        const int64_t b = k == 0 ? front : front + up(std::max<int64_t>(0, left - half));  // (on a granule)
-        const int64_t e = k == 0 ? std::min(back, front + half) : back;
-        const uint64_t next = k == 0 ? uint64_t(e) | uint64_t(back) << 32 : uint64_t(front) | uint64_t(b) << 32;
+        const int64_t left = back - front, half = std::min(max_run_, up((left + 1) / 2));
+        const int64_t b = front_run ? front : front + up(std::max<int64_t>(0, left - half));  // (on a granule)
+        const int64_t e = front_run ? std::min(back, front + half) : back;
+        const uint64_t next = front_run ? uint64_t(e) | uint64_t(back) << 32 : uint64_t(front) | uint64_t(b) << 32;
         if (!fb.compare_exchange_weak(cur, next, std::memory_order_relaxed)) continue;  // (cur reloaded)
         fn(b, e);
         cur = fb.load(std::memory_order_relaxed);
       }
     }
+  }
+
+ private:
+  int64_t up(int64_t x) const { return (x + granule_ - 1) / granule_ * granule_; }
+
+  struct alignas(64) Range {
+    std::atomic<uint64_t> front_back;  // (front | back << 32): [front, back) not yet taken
+  };
+  int64_t granule_, max_run_;
+  int ranges_used_;
+  Range ranges_[kMaxSplitRanges];
+};
+
+// fn(b, e) over [0, n) in SplitRuns' runs, each thread in a Scope(arg) (guided runs of at most
+// max_run where there is one thread or n does not fit).
+template <class Scope, class A, class F>
+void parallel_for_split_runs_in(const A& arg, int64_t n, int nt, int64_t granule, F&& fn,
+                                int64_t max_run = std::numeric_limits<int64_t>::max()) {
+  const int used = int(std::min<int64_t>(std::max(1, nt), n / std::max<int64_t>(1, granule)));
+  if (used <= 1 || !SplitRuns::fits(n)) {
+    parallel_for_guided_runs_in<Scope>(arg, n, nt, std::max<int64_t>(1, std::min(n, max_run)), granule, std::forward<F>(fn));
+    return;
+  }
+  SplitRuns runs(n, used, granule, max_run);
+  parallel(used, [&](int t, int) {
+    const Scope scope(arg);
+    runs.take(t, fn);
   });
 }
 
