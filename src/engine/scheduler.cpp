@@ -63,6 +63,41 @@ double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPref
   return t;
 }
 
+// Predicted time to finish r's prefill in chunks of `chunk` tokens, each step beside n_decode
+// decodes whose attention is decode_attn pairs.
+double prefill_in_chunks_ms(const CostModel& c, const SchedRequest& r, int64_t chunk, int64_t n_decode, double decode_attn) {
+  double t = 0;
+  for (int64_t done = r.n_computed, left = r.pending(); left > 0;) {
+    const int64_t n = std::min(chunk, left);
+    t += c.predict(n_decode + n, decode_attn + attn_pairs(done, n));
+    done += n, left -= n;
+  }
+  return t;
+}
+
+double deadline_step_ms(const SchedulerInput& in, const SchedRequest& r, int64_t n_decode, double decode_attn,
+                        int64_t max_chunk) {
+  const SchedulerConfig& cfg = in.cfg;
+  const double target = cfg.step_latency_target_ms, left_ms = r.deadline_ms - in.now_ms;
+  auto step_ms = [&](int64_t chunk) { return in.cost.predict(n_decode + chunk, decode_attn + attn_pairs(r.n_computed, chunk)); };
+  auto in_time = [&](int64_t chunk) { return prefill_in_chunks_ms(in.cost, r, chunk, n_decode, decode_attn) <= left_ms; };
+  // The chunk the target allows (at least min_chunk, as the budget gives), then the smallest
+  // larger one that finishes in time (binary search: fewer steps finish sooner).
+  int64_t lo = 0, hi = std::min(max_chunk, r.pending());
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (step_ms(mid) <= target) lo = mid; else hi = mid - 1;
+  }
+  lo = std::max(lo, std::min(cfg.min_chunk, r.pending()));
+  hi = std::min(max_chunk, r.pending());
+  if (lo >= hi || !std::isfinite(left_ms) || in_time(lo) || !in_time(hi)) return target;
+  while (hi - lo > 1) {  // (in_time(hi), not in_time(lo))
+    const int64_t mid = (lo + hi) / 2;
+    (in_time(mid) ? hi : lo) = mid;
+  }
+  return std::max(target, step_ms(hi));
+}
+
 StepPlan plan_step(const SchedulerInput& in) {
   const SchedulerConfig& cfg = in.cfg;
   StepPlan plan;
@@ -143,8 +178,12 @@ StepPlan plan_step(const SchedulerInput& in) {
     if (n_past > 0 && observed_ms > 0)
       wait_ms = std::min(wait_ms, std::max(cfg.arrival_risk * observed_ms / double(n_past),
                                            yields ? cfg.block_wait_ms : cfg.slack_share * cfg.ttft_slo_base_ms));
-    double cap_ms = std::min(n_decode > 0 ? cfg.step_latency_target_ms : kInf,
-                             yields ? wait_ms * double(in.step_blocks) : wait_ms);
+    // Decodes hold a step to their inter-token target, unless the first prefill in order would
+    // then miss its deadline: the smallest step that meets it (deadline_step_ms).
+    const double decode_cap_ms =
+        n_decode > 0 && !cands.empty() ? deadline_step_ms(in, *cands.front(), n_decode, attn, std::min(cfg.max_auto_chunk, cap))
+                                       : kInf;
+    double cap_ms = std::min(decode_cap_ms, yields ? wait_ms * double(in.step_blocks) : wait_ms);
     // A step that can finish a request's prefill (its first token ends the step) takes what that
     // needs; others' chunks fill it only up to a share of its time to its deadline, at most the
     // target: a short prompt arriving during a long one's prefill gets a short step, and a long

@@ -24,7 +24,10 @@
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
 // mode, the largest budget (at most max_auto_chunk) whose predicted
 // step time (CostModel) stays within the step's time cap (StepPlan::step_cap_ms):
-//  - decodes run: step_latency_target_ms (their inter-token latency);
+//  - decodes run: step_latency_target_ms (their inter-token latency), unless chunks of the
+//    size it allows would finish the first prefill in order after its deadline where larger ones
+//    would not: then the step of the smallest chunk that finishes in time (deadline_step_ms;
+//    the other of two long prompts sent together, beside the first one's decodes);
 //  - otherwise no longer than the quiet has lasted (the newest waiting request's wait: steps grow
 //    from the target while it lasts, so a request arriving early waits little), up to
 //    max_auto_chunk, the largest efficient chunk, so a prompt alone costs about what it costs
@@ -200,6 +203,17 @@ double draft_attn_pairs(int64_t n_computed, int32_t g);
 double predict_prefill_ms(const CostModel& c, int64_t n_computed, int64_t pending);
 // A request's TTFT budget when it names none.
 double default_ttft_slo_ms(const SchedulerConfig& cfg, const CostModel& c, int64_t n_prompt);
+// Predicted time to finish r's prefill in chunks of `chunk` tokens, each in a step beside
+// n_decode decodes whose attention is decode_attn pairs.
+double prefill_in_chunks_ms(const CostModel& c, const SchedRequest& r, int64_t chunk, int64_t n_decode,
+                            double decode_attn);
+// The time cap of a step beside n_decode decodes whose first prefill in order is r: the
+// inter-token target (step_latency_target_ms), or, where chunks of the size it allows would
+// finish r's prefill after its deadline and chunks of at most max_chunk would not, the step of
+// the smallest chunk that finishes in time (a first token due outweighs the decodes' target;
+// a deadline no chunk can meet does not).
+double deadline_step_ms(const SchedulerInput& in, const SchedRequest& r, int64_t n_decode, double decode_attn,
+                        int64_t max_chunk);
 
 // Admission by prediction: a queued prefill, as the engine last saw it.
 struct QueuedPrefill {
