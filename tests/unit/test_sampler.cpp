@@ -2,6 +2,7 @@
 // softmax, filters that must exclude tokens, penalties on hand-built logits, validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -200,6 +201,60 @@ TEST(Sampler, TopPExcludesTail) {
   EXPECT_GT(hits2[3], 0);
   EXPECT_EQ(hits2[0], 0);
   EXPECT_EQ(hits2[4], 0);
+}
+
+// top_p sorts only as far as its prefix reaches (partial sorts of a growing k): the kept set must
+// be the full sort's prefix whose mass first reaches top_p, with ties by lower id, for peaked
+// and flat distributions whose prefix ends within the first partial sort, past it, or at the
+// whole vocabulary, with and without non-finite logits. Reference: the top_p = 1 distribution
+// sorted in full here.
+TEST(Sampler, TopPKeepsTheSortedPrefixThatReachesIt) {
+  int checked = 0;
+  for (const int n : {300, 5000, 40000})
+    for (const float scale : {0.5f, 3.0f, 12.0f})
+      for (const bool ties : {false, true})
+        for (const bool holes : {false, true})
+          for (const float top_p : {0.3f, 0.9f, 0.999f}) {
+            std::vector<float> logits = random_logits(n, uint32_t(n) + uint32_t(scale * 10) + (ties ? 7 : 0), scale);
+            if (ties)
+              for (auto& x : logits) x = std::round(x * 2.0f) / 2.0f;
+            if (holes)
+              for (int i = 3; i < n; i += 97) logits[size_t(i)] = -INFINITY;
+            SamplingParams p;
+            p.temperature = 0.7f;
+            Sampler all(p, n);
+            std::vector<float> full(static_cast<size_t>(n)), kept(static_cast<size_t>(n));
+            all.sample(logits.data(), full.data());
+            p.top_p = top_p;
+            Sampler s(p, n);
+            s.sample(logits.data(), kept.data());
+            std::vector<int> order;
+            for (int i = 0; i < n; ++i)
+              if (std::isfinite(logits[size_t(i)])) order.push_back(i);
+            std::sort(order.begin(), order.end(), [&](int a, int b) {
+              return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+            });
+            double cum = 0;
+            size_t keep = 0;
+            while (keep < order.size() && cum < top_p) cum += full[size_t(order[keep++])];
+            const std::string at = "n=" + std::to_string(n) + " scale=" + std::to_string(scale) + " ties=" +
+                                   std::to_string(ties) + " holes=" + std::to_string(holes) + " top_p=" + std::to_string(top_p);
+            const double before = cum - full[size_t(order[keep - 1])];
+            if (std::abs(cum - top_p) < 3e-7 || std::abs(before - top_p) < 3e-7) continue;  // (at the rounding's mercy)
+            ++checked;
+            for (size_t i = 0; i < order.size(); ++i) {
+              const size_t t = size_t(order[i]);
+              if (i < keep) {
+                ASSERT_NEAR(kept[t], full[t] / cum, 1e-5 * full[t] / cum + 1e-12) << at << " rank " << i;
+              } else {
+                ASSERT_EQ(kept[t], 0.0f) << at << " rank " << i << " of " << keep << " kept";
+              }
+            }
+            if (n == 40000 && scale == 0.5f && top_p > 0.5f) {
+              EXPECT_GT(keep, 2048u) << at;  // (past the second partial sort)
+            }
+          }
+  EXPECT_GT(checked, 90);
 }
 
 TEST(Sampler, MinPExcludesUnlikely) {
