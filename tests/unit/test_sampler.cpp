@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -255,6 +256,39 @@ TEST(Sampler, TopPKeepsTheSortedPrefixThatReachesIt) {
             }
           }
   EXPECT_GT(checked, 90);
+}
+
+// top_k's heap selection (blocks of 16 skipped on their maximum): the kept set is the k best by
+// logit, ties to the lower id, for vocabularies that are and are not multiples of 16, ties
+// everywhere (logits on a 0.5 grid) and k from 1 to n - 1.
+TEST(Sampler, TopKKeepsTheKBestTiesToLowerIds) {
+  for (const int n : {17, 1000, 32003})
+    for (const bool ties : {false, true})
+      for (const int k : {1, 5, 40, 999, n - 1}) {
+        if (k >= n) continue;
+        std::vector<float> logits = random_logits(n, uint32_t(n) + uint32_t(k) + (ties ? 3 : 0), 4.0f);
+        if (ties)
+          for (auto& x : logits) x = std::round(x * 2.0f) / 2.0f;
+        SamplingParams p;
+        p.temperature = 1.0f;
+        p.top_k = k;
+        Sampler s(p, n);
+        std::vector<float> probs(static_cast<size_t>(n));
+        s.sample(logits.data(), probs.data());
+        std::vector<int> order(static_cast<size_t>(n));
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int a, int b) {
+          return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+        });
+        for (int i = 0; i < n; ++i) {
+          const size_t t = size_t(order[size_t(i)]);
+          if (i < k) {
+            ASSERT_GT(probs[t], 0.0f) << "n=" << n << " k=" << k << " ties=" << ties << " rank " << i;
+          } else {
+            ASSERT_EQ(probs[t], 0.0f) << "n=" << n << " k=" << k << " ties=" << ties << " rank " << i;
+          }
+        }
+      }
 }
 
 TEST(Sampler, MinPExcludesUnlikely) {
