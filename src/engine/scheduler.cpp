@@ -83,13 +83,14 @@ double deadline_step_ms(const SchedulerInput& in, const SchedRequest& r, int64_t
   auto in_time = [&](int64_t chunk) { return prefill_in_chunks_ms(in.cost, r, chunk, n_decode, decode_attn) <= left_ms; };
   // The chunk the target allows (at least min_chunk, as the budget gives), then the smallest
   // larger one that finishes in time (binary search: fewer steps finish sooner).
-  int64_t lo = 0, hi = std::min(max_chunk, r.pending());
+  const int64_t most = std::min(max_chunk, r.pending());
+  int64_t lo = 0, hi = most;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
     if (step_ms(mid) <= target) lo = mid; else hi = mid - 1;
   }
   lo = std::max(lo, std::min(cfg.min_chunk, r.pending()));
-  hi = std::min(max_chunk, r.pending());
+  hi = most;
   if (lo >= hi || !std::isfinite(left_ms) || in_time(lo) || !in_time(hi)) return target;
   while (hi - lo > 1) {  // (in_time(hi), not in_time(lo))
     const int64_t mid = (lo + hi) / 2;

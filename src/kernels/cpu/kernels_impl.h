@@ -851,9 +851,8 @@ struct Drivers {
     // each thread takes its own contiguous share of the items as one ascending stream (what
     // the prefetchers follow; a run's start pays a memory latency and the prefetchers' ramp),
     // and the threads that finish first take what is left from the others' backs in runs that
-    // shrink to one item, so that the threads end together (SplitRuns). Large M: one item at a
-    // time.
-    // Large M: the rows in blocks (row_blocks), each block's items before the next block's, so
+    // shrink to one item, so that the threads end together (SplitRuns).
+    // Large M: one item at a time, the rows in blocks (row_blocks), each block's items before the next block's, so
     // the threads work through one block at a time and its activations stay in their caches.
     const int64_t n_blocks = row_blocks(M, K);
     const ItemSpec is{segs, swiglu, act, ns, first, e};
