@@ -812,8 +812,9 @@ struct Drivers {
     // SwiGLU's gate and up do, where one stream left the prefetchers short (decode, `--ab`:
     // TinyLlama Q4_0's Wo items 0.92x the time, the 32,000-row output's 0.88x, Q/K/V's 0.96x;
     // decode steps 0.946-0.985x over Q4_0, Q8_0, Q4_K_M and 110m Q8_0, 7 of 7). The same
-    // sums per row, so the same bits. Set for the decode GEMVs (gemm, M <= 16); adapted weights
-    // keep consecutive pairs (LoRA's expands take an item's groups side by side).
+    // sums per row, so the same bits. Set for the GEMVs of <= 16 rows that gemv_items does not
+    // take (gemm); adapted weights keep consecutive pairs (LoRA's expands take an item's groups
+    // side by side). (gemv_items' four groups need no spread: four streams; spread, 1.00-1.05x.)
     bool spread = false;
   };
   static void gemm(const float* X, int64_t M, int64_t K, const GemmSeg* segs, int n_segs,
@@ -909,7 +910,9 @@ struct Drivers {
     if constexpr (requires { Isa::kGemvFloatGroups; }) {
       bool float_packed = false;
       for (int i = 0; i < n_segs; ++i) float_packed = float_packed || (segs[i].packed && !is_int_type(segs[i].type));
-      if (M == 1 && !lora && float_packed) {  // (runs of an even number of items, so that every item pairs)
+      bool int_packed = kGemvIntPairs;
+      for (int i = 0; i < n_segs; ++i) int_packed = int_packed && segs[i].packed && is_int_type(segs[i].type);
+      if (M == 1 && !lora && (float_packed || int_packed)) {  // (runs of an even number of items, so that every item pairs)
         parallel_for_split_runs_in<FlushDenormals>(bf16, n_items, threads, 2, [&](int64_t b, int64_t end) {
           for (int64_t p = b; p < end;) p += gemv_items(X, K, is, qa, ldc, p, end);
         });
@@ -1114,10 +1117,16 @@ struct Drivers {
       }
     }
   }
+  // Isa::gemv_int_n takes two items' groups at one row (Isa::kGemvIntGroups).
+  static constexpr bool kGemvIntPairs = [] {
+    if constexpr (requires { Isa::kGemvIntGroups; }) return Isa::kGemvIntGroups == 2 * kItemGroups;
+    else return false;
+  }();
   // Decode (M = 1, no LoRA): items p and p + 1 (< end) in one pass where both are two packed
-  // groups of one float type (Isa::kGemvFloatGroups: their four fma chains side by side, each
-  // output's chain unchanged, so the same bits; BF16 through bf16_item's kernel, mk_bf16), else
-  // item p alone. Returns the items done.
+  // groups of one type, float (Isa::kGemvFloatGroups: their four fma chains side by side, each
+  // output's chain unchanged, so the same bits; BF16 through bf16_item's kernel, mk_bf16) or
+  // integer (kGemvIntPairs: int_item's fused GEMV over four groups, each output's sums
+  // unchanged), else item p alone. Returns the items done.
   static int64_t gemv_items(const float* X, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc, int64_t p,
                             int64_t end) {
     constexpr int n = 2 * kItemGroups;  // (the pass's groups)
@@ -1126,7 +1135,8 @@ struct Drivers {
     bool pair = p + 1 < end && item_sources(is, p, src) == kItemGroups &&
                 item_sources(is, p + 1, src + kItemGroups) == kItemGroups;
     for (int i = 0; pair && i < n; ++i)
-      pair = src[i].seg->packed && src[i].seg->type == src[0].seg->type && path_of(src[i].seg->type) != Path::Int;
+      pair = src[i].seg->packed && src[i].seg->type == src[0].seg->type &&
+             (kGemvIntPairs || path_of(src[i].seg->type) != Path::Int);
     if (!pair) {
       gemm_item(X, 0, 1, K, is, qa, ldc, p);
       return 1;
@@ -1134,7 +1144,9 @@ struct Drivers {
     const uint8_t* groups[n];
     for (int i = 0; i < n; ++i) groups[i] = src[i].group();
     alignas(64) float c[n * kGroup];
-    if (path_of(src[0].seg->type) == Path::Bf16) {
+    if (path_of(src[0].seg->type) == Path::Int) {
+      if constexpr (kGemvIntPairs) Isa::gemv_int_n(src[0].seg->type, groups, n, K, qa, 0, 1, c, n * kGroup);
+    } else if (path_of(src[0].seg->type) == Path::Bf16) {
       const float* xf = qa.xbf.data();
       const uint32_t* xp = qa.xbp.data();
       Isa::mk_bf16(1, &xf, &xp, groups, n, K, c, n * kGroup, true);
