@@ -950,12 +950,23 @@ struct Drivers {
     Scratch& s = scratch();
     const size_t per = size_t(M * ldc);
     if (s.run_c.size() < per * size_t(end - b)) s.run_c.resize(per * size_t(end - b));
-    Source src[kItemGroups];
+    Source src[2 * kItemGroups];
     ExpandQueue q;
-    for (int64_t p = b; p < end; ++p) {
+    for (int64_t p = b; p < end;) {
+      float* c = s.run_c.data() + size_t(p - b) * per;
+      if constexpr (requires { Isa::kGemvFloatGroups; }) {
+        if (M == 1 && pair_sources(is, p, end, src)) {  // (one row: items p and p + 1's C side by side)
+          prefetch_lora(src, kItemGroups, q.bytes);
+          prefetch_lora(src + kItemGroups, kItemGroups, q.bytes);
+          pair_pass(X, K, src, qa, c);
+          p += 2;
+          continue;
+        }
+      }
       const int nsrc = item_sources(is, p, src);
       prefetch_lora(src, nsrc, q.bytes);
-      item(X, qa, 0, M, K, src, nsrc, s, s.run_c.data() + size_t(p - b) * per, ldc);
+      item(X, qa, 0, M, K, src, nsrc, s, c, ldc);
+      ++p;
     }
     ready();
     for (int64_t p = b; p < end;) p = expand_span(is, p, end, M, ldc, s.run_c.data() + size_t(p - b) * per, per, s, q);
@@ -1122,28 +1133,25 @@ struct Drivers {
     if constexpr (requires { Isa::kGemvIntGroups; }) return Isa::kGemvIntGroups == 2 * kItemGroups;
     else return false;
   }();
-  // Decode (M = 1, no LoRA): items p and p + 1 (< end) in one pass where both are two packed
-  // groups of one type, float (Isa::kGemvFloatGroups: their four fma chains side by side, each
-  // output's chain unchanged, so the same bits; BF16 through bf16_item's kernel, mk_bf16) or
-  // integer (kGemvIntPairs: int_item's fused GEMV over four groups, each output's sums
-  // unchanged), else item p alone. Returns the items done.
-  static int64_t gemv_items(const float* X, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc, int64_t p,
-                            int64_t end) {
-    constexpr int n = 2 * kItemGroups;  // (the pass's groups)
-    static_assert(Isa::kGemvFloatGroups == n);
-    Source src[n];
+  // Decode (M = 1): items p and p + 1 (< end) as one pass's groups (pair_pass) where both are
+  // two packed groups of one type, float (Isa::kGemvFloatGroups: their four fma chains side by
+  // side, each output's chain unchanged, so the same bits; BF16 through bf16_item's kernel,
+  // mk_bf16) or integer (kGemvIntPairs: int_item's fused GEMV over four groups, each output's
+  // sums unchanged). False: item p alone.
+  static bool pair_sources(const ItemSpec& is, int64_t p, int64_t end, Source* src) {
+    static_assert(Isa::kGemvFloatGroups == 2 * kItemGroups);
     bool pair = p + 1 < end && item_sources(is, p, src) == kItemGroups &&
                 item_sources(is, p + 1, src + kItemGroups) == kItemGroups;
-    for (int i = 0; pair && i < n; ++i)
+    for (int i = 0; pair && i < 2 * kItemGroups; ++i)
       pair = src[i].seg->packed && src[i].seg->type == src[0].seg->type &&
              (kGemvIntPairs || path_of(src[i].seg->type) != Path::Int);
-    if (!pair) {
-      gemm_item(X, 0, 1, K, is, qa, ldc, p);
-      return 1;
-    }
+    return pair;
+  }
+  // C (1, 2 kItemGroups kGroup) = X's row times pair_sources' groups: item p's C, then p + 1's.
+  static void pair_pass(const float* X, int64_t K, const Source* src, const QAct& qa, float* c) {
+    constexpr int n = 2 * kItemGroups;
     const uint8_t* groups[n];
     for (int i = 0; i < n; ++i) groups[i] = src[i].group();
-    alignas(64) float c[n * kGroup];
     if (path_of(src[0].seg->type) == Path::Int) {
       if constexpr (kGemvIntPairs) Isa::gemv_int_n(src[0].seg->type, groups, n, K, qa, 0, 1, c, n * kGroup);
     } else if (path_of(src[0].seg->type) == Path::Bf16) {
@@ -1153,6 +1161,18 @@ struct Drivers {
     } else {
       Isa::gemv(src[0].seg->type, groups, n, K, X, 1, c, n * kGroup);
     }
+  }
+  // Decode without LoRA: items p and p + 1 in one pass where they pair, else item p. Returns
+  // the items done.
+  static int64_t gemv_items(const float* X, int64_t K, const ItemSpec& is, const QAct& qa, int64_t ldc, int64_t p,
+                            int64_t end) {
+    Source src[2 * kItemGroups];
+    if (!pair_sources(is, p, end, src)) {
+      gemm_item(X, 0, 1, K, is, qa, ldc, p);
+      return 1;
+    }
+    alignas(64) float c[2 * kItemGroups * kGroup];
+    pair_pass(X, K, src, qa, c);
     store_item(is, src, kItemGroups, 0, 1, c, ldc);
     store_item(is, src + kItemGroups, kItemGroups, 0, 1, c + kItemGroups * kGroup, ldc);
     return 2;
