@@ -580,13 +580,19 @@ struct Avx512Isa : Avx2Isa {
             y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i][g]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * nkb + kb])), y[i][g]);
         }
       } else {
-        constexpr int NA = NG == 1 ? 2 : NG;  // (one group: even and odd quads' chains)
-        __m512i a[MR][NA];
+        // Chains per group: one group, two (its even and odd quads); Q4_K's four-group pass too
+        // (4 vpdpbusd deep a block, not 8: TinyLlama Q4_K_M's decode step 0.970-0.976x, `--ab`;
+        // Q4_0's and Q8_0's 1.02-1.05x, the extra add per block on their lighter decoders).
+        constexpr int NC = NG == 1 || (D::kS2 && MR == 1 && NG == kGemvIntGroups) ? 2 : 1;
+        __m512i a[MR][NG][NC];
         #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
-          a[i][0] = D::kBias != 0 ? _mm512_set1_epi32(-D::kBias * xs[i * nkb + kb]) : _mm512_setzero_si512();
+          const __m512i a0 = D::kBias != 0 ? _mm512_set1_epi32(-D::kBias * xs[i * nkb + kb]) : _mm512_setzero_si512();
           #pragma GCC unroll 8
-          for (int g = 1; g < NA; ++g) a[i][g] = NG > 1 ? a[i][0] : _mm512_setzero_si512();
+          for (int g = 0; g < NG; ++g) {
+            a[i][g][0] = a0;
+            if constexpr (NC == 2) a[i][g][NC - 1] = _mm512_setzero_si512();
+          }
         }
         #pragma GCC unroll 8
         for (int P = 0; P < 4; ++P) {
@@ -597,13 +603,10 @@ struct Avx512Isa : Avx2Isa {
           for (int i = 0; i < MR; ++i) {
             const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
             const __m512i x0 = bcast4(x), x1 = bcast4(x + 4);
-            if constexpr (NG > 1) {
-              #pragma GCC unroll 8
-              for (int g = 0; g < NG; ++g)
-                a[i][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[i][g], w[g][0], x0), w[g][1], x1);
-            } else {
-              a[i][0] = _mm512_dpbusd_epi32(a[i][0], w[0][0], x0);
-              a[i][1] = _mm512_dpbusd_epi32(a[i][1], w[0][1], x1);
+            #pragma GCC unroll 8
+            for (int g = 0; g < NG; ++g) {
+              a[i][g][0] = _mm512_dpbusd_epi32(a[i][g][0], w[g][0], x0);
+              a[i][g][NC - 1] = _mm512_dpbusd_epi32(a[i][g][NC - 1], w[g][1], x1);
             }
           }
         }
@@ -613,7 +616,7 @@ struct Avx512Isa : Avx2Isa {
           d[g].scales(s1, s2);
           #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) {
-            const __m512i I = NG > 1 ? a[i][g] : _mm512_add_epi32(a[i][0], a[i][1]);
+            const __m512i I = NC == 2 ? _mm512_add_epi32(a[i][g][0], a[i][g][1]) : a[i][g][0];
             const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
             y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, dv), y[i][g]);
             if constexpr (D::kS2)
