@@ -773,6 +773,75 @@ struct Avx2Isa {
   }
   // Up to 2 rows: gemv_quad_t, y in registers; 3 to kQuadMaxM: gemv_quad_m_t, one pass.
   // (Rows [r0, r0 + M) of qa.)
+  // One row, two groups of a quad type in one pass (C[0:16] the first, C[16:32] the second): the
+  // two weight streams at once, each group's sums and chain as gemv_quad_t<1>'s (the same bits).
+  template <class D>
+  static void gemv_quad2_t(const D (&dec)[2], int64_t nkb, const int8_t* xq, const float* dx, const int32_t* xs,
+                           float* c) {
+    D d[2] = {dec[0], dec[1]};
+    __m256 y[2][2];
+    for (int g = 0; g < 2; ++g) {
+      y[g][0] = y[g][1] = _mm256_setzero_ps();
+      prefetch_start(d[g].g, D::kBytesPer32);
+    }
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      __m256i a[2][2];
+      for (int g = 0; g < 2; ++g) {
+        prefetch_ahead(d[g].g, kb, D::kBytesPer32);
+        d[g].begin(kb);
+        a[g][0] = a[g][1] = _mm256_setzero_si256();
+      }
+      for (int P = 0; P < 4; ++P) {
+        const int8_t* x = xq + kb * kQBlock + 8 * P;
+        const __m256i x0 = bcast4(x), x1 = bcast4(x + 4);
+        for (int g = 0; g < 2; ++g)
+          for (int h = 0; h < 2; ++h) {
+            __m256i w[2];
+            d[g].quads_h(P, h, w);
+            a[g][h] = acc<D::kSignedQuads>(acc<D::kSignedQuads>(a[g][h], w[0], x0), w[1], x1);
+          }
+      }
+      const __m256 dv = _mm256_set1_ps(dx[kb]);
+      for (int g = 0; g < 2; ++g) {
+        __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        d[g].scales(s1[0], s1[1], s2[0], s2[1]);
+        for (int h = 0; h < 2; ++h) {
+          __m256i I = widen<D::kSignedQuads>(a[g][h]);
+          if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[kb]));
+          y[g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], dv), y[g][h]);
+          if constexpr (D::kS2)
+            y[g][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[kb])), _mm256_mul_ps(s2[h], dv), y[g][h]);
+        }
+      }
+    }
+    for (int g = 0; g < 2; ++g)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + 16 * g + 8 * h, y[g][h]);
+  }
+  // ng groups of type t (consecutive in C, 16 columns each) x rows [r0, r0 + M) of qa: two of a
+  // quad type at one row in one pass (gemv_quad2_t), else one at a time (gemv_int). A decode
+  // work item's two groups (spread half the weight apart) were two streams one after the other;
+  // at once, on a Zen 5 forced to these levels (`--ab`, TinyLlama decode step): avx2 Q4_0 0.78,
+  // 0.84, Q8_0 0.80, 0.81, Q4_K_M 1.01, 1.00; avx_vnni Q4_0 0.76, Q8_0 0.81. (Not yet measured
+  // on an AVX2-only CPU.)
+  static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
+                         int64_t M, float* c, int64_t ldc) {
+    if (ng == 2 && M == 1) {
+      const int64_t nkb = K / kQBlock;
+      const bool two = with_quad_decoder(t, groups[0], [&](auto dec0) {
+        using D = decltype(dec0);
+        if constexpr (!sub16_of<D>()) {
+          D dec[2] = {dec0, dec0};
+          dec[1].g = groups[1];
+          gemv_quad2_t(dec, nkb, qa.xq8.data() + r0 * K, qa.dx.data() + r0 * nkb, qa.xs.data() + r0 * nkb, c);
+          return;
+        }
+        for (int i = 0; i < 2; ++i) gemv_int(t, groups[i], K, qa, r0, M, c + i * kGroup, ldc);
+      });
+      if (!two) fail("fast kernels: ", int(t), " is not an integer type");
+      return;
+    }
+    for (int i = 0; i < ng; ++i) gemv_int(t, groups[i], K, qa, r0, M, c + i * kGroup, ldc);
+  }
   static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t r0, int64_t M,
                        float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
