@@ -652,58 +652,70 @@ struct Avx2Isa {
       }
     }
   }
-  // C (MR, ldc)[:, 0:16] (+)= the group's rows over 32-blocks [kb0, kb1) (from 0 when first).
-  template <int MR, class D>
-  static void gemv_quad_t(D dec, int64_t kb0, int64_t kb1, const int8_t* xq, int64_t ldx,
-                          const float* dx, const int32_t* xs, const int32_t* xs0, int64_t nkb, float* c,
-                          int64_t ldc, bool first) {
-    __m256 y[MR][2];
-    for (int i = 0; i < MR; ++i)
-      for (int h = 0; h < 2; ++h) y[i][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8 * h);
-    if (kb0 == 0) prefetch_start(dec.g, D::kBytesPer32);
-    for (int64_t kb = kb0; kb < kb1; ++kb) {
-      prefetch_ahead(dec.g, kb, D::kBytesPer32);
-      dec.begin(kb);
+  // C (MR, ldc)[:, 16g : 16g + 16] = NG groups' rows (g < NG, of one type, consecutive in C)
+  // over all of K, y in registers (MR NG <= 2). One row's two groups in one pass: two weight
+  // streams at once (decode: an item's two groups, spread half the weight apart). Each chain
+  // (int32 or int16 sums, acc) and its y update is the same at any MR and NG: the same bits.
+  // Q6_K (sub16): one group (sub16_sums).
+  template <int MR, int NG, class D>
+  static void gemv_quad_t(const D* dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
+                          const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc) {
+    static_assert(MR * NG <= 2 && (NG == 1 || !sub16_of<D>()));
+    D d[NG];
+    __m256 y[MR][NG][2];
+    for (int g = 0; g < NG; ++g) {
+      d[g] = dec[g];
+      prefetch_start(d[g].g, D::kBytesPer32);
+      for (int i = 0; i < MR; ++i) y[i][g][0] = y[i][g][1] = _mm256_setzero_ps();
+    }
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      for (int g = 0; g < NG; ++g) {
+        prefetch_ahead(d[g].g, kb, D::kBytesPer32);
+        d[g].begin(kb);
+      }
       if constexpr (sub16_of<D>()) {
         __m256 s1[2], s2[2];
-        dec.scales(s1[0], s1[1], s2[0], s2[1]);
+        d[0].scales(s1[0], s1[1], s2[0], s2[1]);
         for (int h = 0; h < 2; ++h) {
           __m256i I[MR];
-          sub16_sums<MR>(dec, h, kb, xq, ldx, xs, xs0, nkb, I);
+          sub16_sums<MR>(d[0], h, kb, xq, ldx, xs, xs0, nkb, I);
           for (int i = 0; i < MR; ++i)
-            y[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], _mm256_set1_ps(dx[i * nkb + kb])), y[i][h]);
+            y[i][0][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], _mm256_set1_ps(dx[i * nkb + kb])), y[i][0][h]);
         }
       } else {
-        __m256i a[MR][2];
-        for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
-        for (int P = 0; P < 4; ++P) {
-          __m256i w[2][2];
-          dec.quads(P, w);
+        __m256i a[MR][NG][2];
+        for (int i = 0; i < MR; ++i)
+          for (int g = 0; g < NG; ++g) a[i][g][0] = a[i][g][1] = _mm256_setzero_si256();
+        for (int P = 0; P < 4; ++P)
           for (int i = 0; i < MR; ++i) {
             const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
             const __m256i x0 = bcast4(x), x1 = bcast4(x + 4);
-            for (int h = 0; h < 2; ++h) {
-              a[i][h] = acc<D::kSignedQuads>(a[i][h], w[0][h], x0);
-              a[i][h] = acc<D::kSignedQuads>(a[i][h], w[1][h], x1);
-            }
+            for (int g = 0; g < NG; ++g)
+              for (int h = 0; h < 2; ++h) {
+                __m256i w[2];
+                d[g].quads_h(P, h, w);
+                a[i][g][h] = acc<D::kSignedQuads>(acc<D::kSignedQuads>(a[i][g][h], w[0], x0), w[1], x1);
+              }
           }
-        }
-        __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        dec.scales(s1[0], s1[1], s2[0], s2[1]);
-        for (int i = 0; i < MR; ++i) {
-          const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
-          for (int h = 0; h < 2; ++h) {
-            __m256i I = widen<D::kSignedQuads>(a[i][h]);
-            if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
-            y[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y[i][h]);
-            if constexpr (D::kS2)
-              y[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y[i][h]);
+        for (int g = 0; g < NG; ++g) {
+          __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+          d[g].scales(s1[0], s1[1], s2[0], s2[1]);
+          for (int i = 0; i < MR; ++i) {
+            const __m256 dv = _mm256_set1_ps(dx[i * nkb + kb]);
+            for (int h = 0; h < 2; ++h) {
+              __m256i I = widen<D::kSignedQuads>(a[i][g][h]);
+              if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
+              y[i][g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], dv), y[i][g][h]);
+              if constexpr (D::kS2)
+                y[i][g][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], dv), y[i][g][h]);
+            }
           }
         }
       }
     }
     for (int i = 0; i < MR; ++i)
-      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + i * ldc + 8 * h, y[i][h]);
+      for (int g = 0; g < NG; ++g)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + i * ldc + 16 * g + 8 * h, y[i][g][h]);
   }
   template <class F>
   static bool with_quad_decoder(GGMLType t, const uint8_t* group, F&& f) {
@@ -771,58 +783,15 @@ struct Avx2Isa {
   static bool fused_int(GGMLType t, int64_t M) {
     return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kQuadMaxM);
   }
-  // Up to 2 rows: gemv_quad_t, y in registers; 3 to kQuadMaxM: gemv_quad_m_t, one pass.
-  // (Rows [r0, r0 + M) of qa.)
-  // One row, two groups of a quad type in one pass (C[0:16] the first, C[16:32] the second): the
-  // two weight streams at once, each group's sums and chain as gemv_quad_t<1>'s (the same bits).
-  template <class D>
-  static void gemv_quad2_t(const D (&dec)[2], int64_t nkb, const int8_t* xq, const float* dx, const int32_t* xs,
-                           float* c) {
-    D d[2] = {dec[0], dec[1]};
-    __m256 y[2][2];
-    for (int g = 0; g < 2; ++g) {
-      y[g][0] = y[g][1] = _mm256_setzero_ps();
-      prefetch_start(d[g].g, D::kBytesPer32);
-    }
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      __m256i a[2][2];
-      for (int g = 0; g < 2; ++g) {
-        prefetch_ahead(d[g].g, kb, D::kBytesPer32);
-        d[g].begin(kb);
-        a[g][0] = a[g][1] = _mm256_setzero_si256();
-      }
-      for (int P = 0; P < 4; ++P) {
-        const int8_t* x = xq + kb * kQBlock + 8 * P;
-        const __m256i x0 = bcast4(x), x1 = bcast4(x + 4);
-        for (int g = 0; g < 2; ++g)
-          for (int h = 0; h < 2; ++h) {
-            __m256i w[2];
-            d[g].quads_h(P, h, w);
-            a[g][h] = acc<D::kSignedQuads>(acc<D::kSignedQuads>(a[g][h], w[0], x0), w[1], x1);
-          }
-      }
-      const __m256 dv = _mm256_set1_ps(dx[kb]);
-      for (int g = 0; g < 2; ++g) {
-        __m256 s1[2], s2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        d[g].scales(s1[0], s1[1], s2[0], s2[1]);
-        for (int h = 0; h < 2; ++h) {
-          __m256i I = widen<D::kSignedQuads>(a[g][h]);
-          if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[kb]));
-          y[g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], dv), y[g][h]);
-          if constexpr (D::kS2)
-            y[g][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[kb])), _mm256_mul_ps(s2[h], dv), y[g][h]);
-        }
-      }
-    }
-    for (int g = 0; g < 2; ++g)
-      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + 16 * g + 8 * h, y[g][h]);
-  }
   // ng groups of type t (consecutive in C, 16 columns each) x rows [r0, r0 + M) of qa: two of a
-  // quad type at one row in one pass (gemv_quad2_t), else one at a time (gemv_int). A decode
-  // work item's two groups (spread half the weight apart) were two streams one after the other;
-  // at once, on a Zen 5 forced to these levels (`--ab`, TinyLlama decode step): avx2 Q4_0 0.78,
-  // 0.84, Q8_0 0.80, 0.81, Q4_K_M 1.01, 1.00; avx_vnni Q4_0 0.76, Q8_0 0.81. (Not yet measured
-  // on an AVX2-only CPU.)
+  // quad type at one row in one pass (gemv_quad_t<1, 2>), else one at a time (gemv_int). A
+  // decode work item's two groups (spread half the weight apart) were two streams one after the
+  // other; at once, on a Zen 5 forced to these levels (`--ab`, TinyLlama decode step): avx2 Q4_0
+  // 0.78, 0.84, Q8_0 0.80, 0.81, Q4_K_M 1.01, 1.00; avx_vnni Q4_0 0.76, Q8_0 0.81. (Two items'
+  // four groups a call, as the AVX-512 levels take them, in one pass for Q8_0 and in two for
+  // Q4_K, against items one at a time: avx2 Q8_0 0.95-0.99, Q4_K_M 0.97-1.04, avx_vnni Q8_0
+  // 0.99-1.03, Q4_K_M 1.01-1.02, with an A/A control at 1.00-1.03: not kept. Four in one pass
+  // for every type: Q4_0 1.07-1.09, Q4_K_M 1.18-1.22 (16 registers: the sums and y spill).)
   static void gemv_int_n(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                          int64_t M, float* c, int64_t ldc) {
     if (ng == 2 && M == 1) {
@@ -832,7 +801,8 @@ struct Avx2Isa {
         if constexpr (!sub16_of<D>()) {
           D dec[2] = {dec0, dec0};
           dec[1].g = groups[1];
-          gemv_quad2_t(dec, nkb, qa.xq8.data() + r0 * K, qa.dx.data() + r0 * nkb, qa.xs.data() + r0 * nkb, c);
+          gemv_quad_t<1, 2>(dec, nkb, qa.xq8.data() + r0 * K, K, qa.dx.data() + r0 * nkb, qa.xs.data() + r0 * nkb,
+                            qa.xs0.data() + r0 * nkb, c, ldc);
           return;
         }
         for (int i = 0; i < 2; ++i) gemv_int(t, groups[i], K, qa, r0, M, c + i * kGroup, ldc);
@@ -842,6 +812,8 @@ struct Avx2Isa {
     }
     for (int i = 0; i < ng; ++i) gemv_int(t, groups[i], K, qa, r0, M, c + i * kGroup, ldc);
   }
+  // Up to 2 rows: gemv_quad_t, y in registers; 3 to kQuadMaxM: gemv_quad_m_t, one pass.
+  // (Rows [r0, r0 + M) of qa.)
   static void gemv_int(GGMLType t, const uint8_t* group, int64_t K, const QAct& qa, int64_t r0, int64_t M,
                        float* c, int64_t ldc) {
     const int64_t nkb = K / kQBlock;
@@ -853,8 +825,8 @@ struct Avx2Isa {
         const int32_t* xs0 = qa.xs0.data() + (r0 + m) * nkb;
         float* cm = c + m * ldc;
         switch (std::min<int64_t>(M - m, kQuadMaxM)) {
-          case 1: gemv_quad_t<1>(dec, 0, nkb, x, K, dx, xs, xs0, nkb, cm, ldc, true); break;
-          case 2: gemv_quad_t<2>(dec, 0, nkb, x, K, dx, xs, xs0, nkb, cm, ldc, true); break;
+          case 1: gemv_quad_t<1, 1>(&dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
+          case 2: gemv_quad_t<2, 1>(&dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
           case 3: gemv_quad_m_t<3>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
           case 4: gemv_quad_m_t<4>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
           case 5: gemv_quad_m_t<5>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
