@@ -345,47 +345,53 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
   return scale;
 }
 
-// ggml quantize_row_q4_K_ref: per 32-element sub-block a (scale, min) fit with 4-bit levels,
-// then scales and mins quantized to 6 bits against the block maxima (d = max_scale/63,
-// dmin = max_min/63), then levels recomputed against the stored (rounded) scales.
-void quant_q4_k(const float* x, BlockQ4_K* b, int64_t nb) {
-  uint8_t L[QK_K], Laux[32];
+// ggml quantize_row_q{4,5}_K_ref's levels of one 256-block: per 32-element sub-block a (scale,
+// min) fit with levels 0..nmax (fit_scale_min's rmin, nstep), then scales and mins quantized to
+// 6 bits against the block maxima (d = max_scale/63, dmin = max_min/63, into d, dmin, scales),
+// then the levels L[256] recomputed against the stored (rounded) scales.
+void fit_k_levels(const float* x, int nmax, float rmin, int nstep, uint8_t* L, uint8_t* d2, uint8_t* dmin2,
+                  uint8_t* scales12) {
+  uint8_t Laux[32];
   float weights[32], mins[8], scales[8];
-  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; ++j) {
-      const float* xs = x + 32 * j;
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-      scales[j] = fit_scale_min(32, 15, xs, weights, L + 32 * j, mins[j], Laux, -1.0f, 0.1f, 20);
-      max_scale = std::max(max_scale, scales[j]);
-      max_min = std::max(max_min, mins[j]);
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    uint8_t ls[8], lm[8];
-    for (int j = 0; j < 8; ++j) {
-      // Narrow before clamping, as ggml does (a negative fit would wrap, then clamp to 63).
-      ls[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
-      lm[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
-    }
-    pack_scale_min_k4(ls, lm, b[i].scales);
-    store_f16(b[i].d, max_scale / 63.0f);
-    store_f16(b[i].dmin, max_min / 63.0f);
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    const float* xs = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
+    scales[j] = fit_scale_min(32, nmax, xs, weights, L + 32 * j, mins[j], Laux, rmin, 0.1f, nstep);
+    max_scale = std::max(max_scale, scales[j]);
+    max_min = std::max(max_min, mins[j]);
+  }
+  const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+  uint8_t ls[8], lm[8];
+  for (int j = 0; j < 8; ++j) {
+    // Narrow before clamping, as ggml does (a negative fit would wrap, then clamp to 63).
+    ls[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
+    lm[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
+  }
+  pack_scale_min_k4(ls, lm, scales12);
+  store_f16(d2, max_scale / 63.0f);
+  store_f16(dmin2, max_min / 63.0f);
 
-    const float d_all = load_f16(b[i].d), dmin_all = load_f16(b[i].dmin);
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      blocks::scale_min_k4(j, b[i].scales, sc, m);
-      const float d = d_all * float(sc);
-      if (d == 0.0f) continue;  // keep the fitted levels, as ggml does
-      const float dm = dmin_all * float(m);
-      for (int l = 0; l < 32; ++l) {
-        L[32 * j + l] = uint8_t(std::clamp(nearest_int((x[32 * j + l] + dm) / d), 0, 15));
-      }
-    }
+  const float d_all = load_f16(d2), dmin_all = load_f16(dmin2);
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    blocks::scale_min_k4(j, scales12, sc, m);
+    const float d = d_all * float(sc);
+    if (d == 0.0f) continue;  // keep the fitted levels, as ggml does
+    const float dm = dmin_all * float(m);
+    for (int l = 0; l < 32; ++l) L[32 * j + l] = uint8_t(std::clamp(nearest_int((x[32 * j + l] + dm) / d), 0, nmax));
+  }
+}
+
+// ggml quantize_row_q4_K_ref: 4-bit levels (fit_k_levels), two sub-blocks' nibbles a 32 bytes.
+void quant_q4_k(const float* x, BlockQ4_K* b, int64_t nb) {
+  uint8_t L[QK_K];
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    fit_k_levels(x, 15, -1.0f, 20, L, b[i].d, b[i].dmin, b[i].scales);
     uint8_t* q = b[i].qs;
     for (int c = 0; c < QK_K; c += 64, q += 32) {
       for (int l = 0; l < 32; ++l) q[l] = uint8_t(L[c + l] | (L[c + l + 32] << 4));
@@ -693,40 +699,9 @@ void quant_q3_k(const float* x, blocks::Q3_K* b, int64_t nb) {
 
 // ggml quantize_row_q5_K_ref: Q4_K's scheme with 5-bit levels (the fit over 16 grids).
 void quant_q5_k(const float* x, blocks::Q5_K* b, int64_t nb) {
-  uint8_t L[QK_K], Laux[32];
-  float weights[32], mins[8], scales[8];
+  uint8_t L[QK_K];
   for (int64_t i = 0; i < nb; ++i, x += QK_K) {
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; ++j) {
-      const float* xs = x + 32 * j;
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-      scales[j] = fit_scale_min(32, 31, xs, weights, L + 32 * j, mins[j], Laux, -0.5f, 0.1f, 15);
-      max_scale = std::max(max_scale, scales[j]);
-      max_min = std::max(max_min, mins[j]);
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    uint8_t ls[8], lm[8];
-    for (int j = 0; j < 8; ++j) {
-      ls[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
-      lm[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
-    }
-    pack_scale_min_k4(ls, lm, b[i].scales);
-    store_f16(b[i].d, max_scale / 63.0f);
-    store_f16(b[i].dmin, max_min / 63.0f);
-    const float d_all = load_f16(b[i].d), dmin_all = load_f16(b[i].dmin);
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      blocks::scale_min_k4(j, b[i].scales, sc, m);
-      const float d = d_all * float(sc);
-      if (d == 0.0f) continue;
-      const float dm = dmin_all * float(m);
-      for (int l = 0; l < 32; ++l)
-        L[32 * j + l] = uint8_t(std::clamp(nearest_int((x[32 * j + l] + dm) / d), 0, 31));
-    }
+    fit_k_levels(x, 31, -0.5f, 15, L, b[i].d, b[i].dmin, b[i].scales);
     std::memset(b[i].qh, 0, 32);
     std::memset(b[i].qs, 0, QK_K / 2);
     for (int j = 0; j < 8; ++j)
