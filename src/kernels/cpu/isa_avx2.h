@@ -461,7 +461,9 @@ struct Avx2Isa {
   // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K (quad layout): quads(P, w) its quads 2P and
   // 2P + 1 as bytes (see the quad kernels below); Q6_K (its quad variant): quads6_h(hh, h, w)
   // the 4 quads of half block hh. (A constant kBias comes off the block's integer sum as
-  // kBias * sum xq, exactly.)
+  // kBias * sum xq, exactly.) Their methods are always inlined: GCC had left Q4_K's scales (and
+  // Q6_K's quads6_h) out of line, a call per 32-block and group across which every live vector
+  // register spilled (callgrind; TinyLlama Q4_K_M's decode step on `avx2` 0.7x, see README).
   static __m256 u8f(const uint8_t* p) {  // 8 uint8 -> f32
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
@@ -472,8 +474,8 @@ struct Avx2Isa {
     static constexpr bool kS2 = false;
     const uint8_t* g;
     const uint8_t* q = nullptr;
-    void begin(int64_t kb) { q = g + kb * kBlockBytes + 32; }
-    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+    [[gnu::always_inline]] void begin(int64_t kb) { q = g + kb * kBlockBytes + 32; }
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(q - 32);
       s1hi = h8(q - 16);
     }
@@ -482,7 +484,7 @@ struct Avx2Isa {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = true;  // quad layout: q + 128 bytes, used as signed q
     // Quad layout (packed.h): w[e][h] = quad 2P + e, rows 8h..8h+7, as int8 q.
-    void quads(int P, __m256i (&w)[2][2]) const {
+    [[gnu::always_inline]] void quads(int P, __m256i (&w)[2][2]) const {
       for (int h = 0; h < 2; ++h) {
         __m256i wh[2];
         quads_h(P, h, wh);
@@ -490,7 +492,7 @@ struct Avx2Isa {
       }
     }
     // Rows 8h..8h+7 only: w[e] = quad 2P + e.
-    void quads_h(int P, int h, __m256i (&w)[2]) const {
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
       const __m256i f = _mm256_set1_epi8(int8_t(0x80));
       for (int e = 0; e < 2; ++e)
         w[e] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
@@ -513,17 +515,17 @@ struct Avx2Isa {
   struct DecQ4_0 : DecBlock32<288> {
     static constexpr int kBias = 8;  // quads() give q; v = q - 8
     static constexpr bool kSignedQuads = false;
-    void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
-    void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
+    [[gnu::always_inline]] void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
   struct DecQ4_K : Q4KCursor {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false;
-    void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
-    void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
+    [[gnu::always_inline]] void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
     static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
-    void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
       const __m256 sign = _mm256_set1_ps(-0.0f);
       s1lo = _mm256_mul_ps(h8(blk + Q4KBlock::kD), u8f(blk + Q4KBlock::kSc + 16 * sb));
       s1hi = _mm256_mul_ps(h8(blk + Q4KBlock::kD + 16), u8f(blk + Q4KBlock::kSc + 16 * sb + 8));
@@ -538,14 +540,14 @@ struct Avx2Isa {
     static constexpr int kBias = 32;
     static constexpr int kBytesPer32 = Q6KBlock::kBytes / 8;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = false, kSignedQuads = false, kSub16 = true;
-    void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(blk + Q6KBlock::kD);
       s1hi = h8(blk + Q6KBlock::kD + 16);
     }
-    __m256i sc32(int hh, int h) const {
+    [[gnu::always_inline]] __m256i sc32(int hh, int h) const {
       return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + hh) * 16 + 8 * h)));
     }
-    void quads6_h(int hh, int h, __m256i (&w)[4]) const {
+    [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
       const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 128 * hh + 32 * h));
       const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 128 * hh + 64 + 32 * h));
       const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 64 * hh + 32 * h));

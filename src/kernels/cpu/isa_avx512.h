@@ -438,15 +438,15 @@ struct Avx512Isa : Avx2Isa {
 
   // Decoders of the quad layout: begin(kb) moves to 32-block kb, scales() gives its s1 (and s2)
   // for the 16 rows, quads(P, w0, w1) quads 2P and 2P + 1 (k = 8P .. 8P + 7) as u8, 16 rows x 4 k.
-  // u = v + kBias.
+  // u = v + kBias. (Methods always inlined, as Avx2Isa's decoders: QDecQ4_K's scales was a call.)
   struct QDecQ8_0 {
     static constexpr int kBias = 128, kBytesPer32 = 544;
     static constexpr bool kS2 = false, kSub16 = false;
     const uint8_t* g;
     const uint8_t* blk = nullptr;
-    void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
-    void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
-    void quads(int P, __m512i& w0, __m512i& w1) const {
+    [[gnu::always_inline]] void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
       w0 = ld(blk + 32 + 128 * P);
       w1 = ld(blk + 32 + 128 * P + 64);
     }
@@ -461,31 +461,31 @@ struct Avx512Isa : Avx2Isa {
     static constexpr bool kS2 = false, kSub16 = false;
     const uint8_t* g;
     const uint8_t* blk = nullptr;
-    void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
-    void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
-    void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
+    [[gnu::always_inline]] void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
   };
   struct QDecQ4_K : Q4KCursor {
     static constexpr int kBias = 0, kBytesPer32 = 296;  // (on average)
     static constexpr bool kS2 = true, kSub16 = false;
-    void scales(__m512& s1, __m512& s2) const {
+    [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const {
       s1 = _mm512_mul_ps(h16(blk + Q4KBlock::kD), u8f16(blk + Q4KBlock::kSc + 16 * sb));
       s2 = _mm512_castsi512_ps(_mm512_xor_si512(
           _mm512_set1_epi32(int32_t(0x80000000u)),
           _mm512_castps_si512(_mm512_mul_ps(h16(blk + Q4KBlock::kDmin), u8f16(blk + Q4KBlock::kM + 16 * sb)))));
     }
-    void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
   };
   // Q6_K's quad variant (packed.h): per half block h (kSub16), quads(h, w) gives its 4 quads as
   // u = q in [0, 63] (I_h = sum u xq - kBias X_h), sc(h) its 16 rows' int8 scales as int32.
   struct QDecQ6_K : Q6KQuadCursor {
     static constexpr int kBias = 32, kBytesPer32 = Q6KBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = true;
-    void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q6KBlock::kD); }
-    __m512i sc(int h) const {
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q6KBlock::kD); }
+    [[gnu::always_inline]] __m512i sc(int h) const {
       return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Q6KBlock::kSc + (2 * j + h) * 16)));
     }
-    void quads(int h, __m512i w[4]) const {
+    [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
       const __m512i b0 = ld(ql + 128 * h), b1 = ld(ql + 128 * h + 64), H = ld(qh + 64 * h);
       const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
       // (16-bit shifts: the and keeps bits 4-5 of each byte, which came from the same byte.)

@@ -72,7 +72,7 @@ struct Q4KCursor {
   const uint8_t* blk = nullptr;
   const uint8_t* q = nullptr;
   int sb = 0;
-  void begin(int64_t kb) {
+  [[gnu::always_inline]] void begin(int64_t kb) {
     blk = g + (kb / 8) * Q4KBlock::kBytes;
     sb = int(kb % 8);
     q = blk + Q4KBlock::kQ + 256 * sb;
@@ -94,7 +94,7 @@ struct Q6KQuadCursor {
   const uint8_t* ql = nullptr;
   const uint8_t* qh = nullptr;
   int j = 0;
-  void begin(int64_t kb) {
+  [[gnu::always_inline]] void begin(int64_t kb) {
     blk = g + (kb / 8) * Q6KBlock::kBytes;
     j = int(kb % 8);
     ql = blk + Q6KBlock::kQl + Q6KBlock::kQuadPer32 * j;
