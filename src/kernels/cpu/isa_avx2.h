@@ -458,8 +458,8 @@ struct Avx2Isa {
 
   // ---- Integer path (quantized weights, packed.h) ----
   // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
-  // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K (quad layout): quads(P, w) its quads 2P and
-  // 2P + 1 as bytes (see the quad kernels below); Q6_K (its quad variant): quads6_h(hh, h, w)
+  // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K (quad layout): quads_h(P, h, w) its quads 2P and
+  // 2P + 1 of rows 8h..8h+7 as bytes (see the quad kernels below); Q6_K (its quad variant): quads6_h(hh, h, w)
   // the 4 quads of half block hh. (A constant kBias comes off the block's integer sum as
   // kBias * sum xq, exactly.) Their methods are always inlined: GCC had left Q4_K's scales (and
   // Q6_K's quads6_h) out of line, a call per 32-block and group across which every live vector
@@ -483,45 +483,28 @@ struct Avx2Isa {
   struct DecQ8_0 : DecBlock32<544> {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = true;  // quad layout: q + 128 bytes, used as signed q
-    // Quad layout (packed.h): w[e][h] = quad 2P + e, rows 8h..8h+7, as int8 q.
-    [[gnu::always_inline]] void quads(int P, __m256i (&w)[2][2]) const {
-      for (int h = 0; h < 2; ++h) {
-        __m256i wh[2];
-        quads_h(P, h, wh);
-        w[0][h] = wh[0], w[1][h] = wh[1];
-      }
-    }
-    // Rows 8h..8h+7 only: w[e] = quad 2P + e.
+    // Quad layout (packed.h), rows 8h..8h+7: w[e] = quad 2P + e as int8 q.
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
       const __m256i f = _mm256_set1_epi8(int8_t(0x80));
       for (int e = 0; e < 2; ++e)
         w[e] = _mm256_xor_si256(f, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * (2 * P + e) + 32 * h)));
     }
   };
-  // Quad layout, nibble types: w[e][h] = quad 2P + e, rows 8h..8h+7, as u8 (0..15).
-  static void nibble_quads_h(const uint8_t* q, int P, int h, __m256i (&w)[2]) {  // rows 8h..8h+7
+  // Quad layout, nibble types, rows 8h..8h+7: w[e] = quad 2P + e as u8 (0..15).
+  static void nibble_quads_h(const uint8_t* q, int P, int h, __m256i (&w)[2]) {
     const __m256i m = _mm256_set1_epi8(0x0F);
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * P + 32 * h));
     w[0] = _mm256_and_si256(b, m);
     w[1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
   }
-  static void nibble_quads(const uint8_t* q, int P, __m256i (&w)[2][2]) {
-    for (int h = 0; h < 2; ++h) {
-      __m256i wh[2];
-      nibble_quads_h(q, P, h, wh);
-      w[0][h] = wh[0], w[1][h] = wh[1];
-    }
-  }
   struct DecQ4_0 : DecBlock32<288> {
-    static constexpr int kBias = 8;  // quads() give q; v = q - 8
+    static constexpr int kBias = 8;  // quads_h() give q; v = q - 8
     static constexpr bool kSignedQuads = false;
-    [[gnu::always_inline]] void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
   struct DecQ4_K : Q4KCursor {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false;
-    [[gnu::always_inline]] void quads(int P, __m256i (&w)[2][2]) const { nibble_quads(q, P, w); }
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
     static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
@@ -856,13 +839,13 @@ struct Avx2Isa {
         _mm256_storeu_ps(S1 + 16 * kb + 8, b);
         _mm256_storeu_ps(S2 + 16 * kb, c);
         _mm256_storeu_ps(S2 + 16 * kb + 8, d);
-        for (int P = 0; P < 4; ++P) {
-          __m256i w[2][2];
-          dec.quads(P, w);
-          for (int e = 0; e < 2; ++e)
-            for (int h = 0; h < 2; ++h)
-              _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + kb * 512 + 64 * (2 * P + e) + 32 * h), w[e][h]);
-        }
+        for (int P = 0; P < 4; ++P)
+          for (int h = 0; h < 2; ++h) {
+            __m256i w[2];
+            dec.quads_h(P, h, w);
+            for (int e = 0; e < 2; ++e)
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + kb * 512 + 64 * (2 * P + e) + 32 * h), w[e]);
+          }
       }
     });
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
