@@ -302,6 +302,7 @@ struct LoraDecode {
   Batch b;
   double sec = 0;
   int64_t tokens = 0;
+  std::vector<double> step_sec;  // each timed step's
   LoraDecode(Forward& f, const Model& m, std::vector<const LoraAdapter*> ads, int64_t n_prompt_, int64_t n_gen)
       : fwd(f),
         adapters(std::move(ads)),
@@ -327,7 +328,8 @@ struct LoraDecode {
       b.add(tok(rng), int32_t(n_prompt + pos), s, true, adapters[size_t(s)]);
     const auto t0 = std::chrono::steady_clock::now();
     fwd.run(b, kv, logits.data());
-    sec += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_sec.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    sec += step_sec.back();
     tokens += int64_t(adapters.size());
     ++pos;
   }
@@ -337,7 +339,9 @@ struct LoraDecode {
 // Each case against its base, decode steps alternated one by one (base, adapted, base, ...)
 // so that both see the same machine: the ratio is of the summed step times over every
 // repetition (on a shared machine, whole runs of one case after the other moved the ratio by
-// +-8% where this moves it by a few %).
+// +-8% where this moves it by a few %), and the median over adjacent pairs of base step time
+// over adapted step time: one preempted step (10-50 ms on this host, against ~1.5 ms steps)
+// moves a sum by up to 30% and the median not at all.
 int bench_lora(const BenchArgs& a, int T) {
   const auto model = Model::load(a.model);
   auto be = make_backend("cpu", T);
@@ -354,28 +358,32 @@ int bench_lora(const BenchArgs& a, int T) {
   const std::vector<const LoraAdapter*> cases[4] = {{nullptr}, {ads[0].get()}, std::vector<const LoraAdapter*>(size_t(S), nullptr), mixed};
   double sec[4] = {0, 0, 0, 0};
   int64_t tokens[4] = {0, 0, 0, 0};
+  std::vector<double> pair_ratio[2];  // per case pair: base step / adapted step
   for (int r = 0; r < std::max(1, a.reps); ++r)
     for (int pair = 0; pair < 2; ++pair) {
       LoraDecode base(fwd, *model, cases[2 * pair], a.n_prompt, a.n_gen), lora(fwd, *model, cases[2 * pair + 1], a.n_prompt, a.n_gen);
       base.step(), lora.step();  // (warm-up, not counted)
       base.sec = lora.sec = 0, base.tokens = lora.tokens = 0;
+      base.step_sec.clear(), lora.step_sec.clear();
       for (int64_t g = 1; g < a.n_gen; ++g) base.step(), lora.step();
+      for (size_t g = 0; g < base.step_sec.size(); ++g) pair_ratio[pair].push_back(base.step_sec[g] / lora.step_sec[g]);
       sec[2 * pair] += base.sec, sec[2 * pair + 1] += lora.sec;
       tokens[2 * pair] += base.tokens, tokens[2 * pair + 1] += lora.tokens;
     }
   double tps[4];
   for (int i = 0; i < 4; ++i) tps[i] = double(tokens[i]) / sec[i];
+  const double med[2] = {median(pair_ratio[0]), median(pair_ratio[1])};
   std::printf("model %s, %d thread(s), kernels %s, prompt %lld, %lld decode steps x %d, alternated with the base step by step\n",
               a.model.c_str(), T, std::string(cpu_isa()).c_str(), (long long)a.n_prompt, (long long)a.n_gen,
               std::max(1, a.reps));
   std::printf("adapter: rank %d, %d weights adapted (%s)\n", ads[0]->rank(), ads[0]->n_adapted(), a.lora[0].c_str());
-  std::printf("%-40s %12s %8s\n", "case", "tokens/s", "vs base");
-  std::printf("%-40s %12.1f %8s\n", "base, 1 sequence", tps[0], "1.000");
-  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", "1 adapter, 1 sequence", tps[1], tps[1] / tps[0],
-              100 * (1 - tps[1] / tps[0]));
-  std::printf("%-40s %12.1f %8s\n", cat("base, ", S, " sequences").c_str(), tps[2], "1.000");
-  std::printf("%-40s %12.1f %8.3f   (cost %.1f%%)\n", cat(S, " sequences, ", S, " adapters").c_str(), tps[3],
-              tps[3] / tps[2], 100 * (1 - tps[3] / tps[2]));
+  std::printf("%-40s %12s %8s %14s\n", "case", "tokens/s", "vs base", "median pair");
+  std::printf("%-40s %12.1f %8s %14s\n", "base, 1 sequence", tps[0], "1.000", "1.000");
+  std::printf("%-40s %12.1f %8.3f %14.3f   (cost %.1f%%, median %.1f%%)\n", "1 adapter, 1 sequence", tps[1],
+              tps[1] / tps[0], med[0], 100 * (1 - tps[1] / tps[0]), 100 * (1 - med[0]));
+  std::printf("%-40s %12.1f %8s %14s\n", cat("base, ", S, " sequences").c_str(), tps[2], "1.000", "1.000");
+  std::printf("%-40s %12.1f %8.3f %14.3f   (cost %.1f%%, median %.1f%%)\n", cat(S, " sequences, ", S, " adapters").c_str(),
+              tps[3], tps[3] / tps[2], med[1], 100 * (1 - tps[3] / tps[2]), 100 * (1 - med[1]));
   return 0;
 }
 
