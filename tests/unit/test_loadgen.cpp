@@ -11,6 +11,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -391,7 +395,43 @@ class FakeServer {
   std::vector<std::thread> conns_;  // only the accept thread adds; joined after it ends
 };
 
+// Aborts the test binary, naming the stage, if not destroyed within `limit`: once (2026-12-05,
+// the full suite at -j2) this test ran into ctest's 600 s limit and could not be reproduced in
+// 210 runs since, 150 of them beside the suite; a hang now fails in a minute and says where.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::seconds limit)
+      : thread_([this, limit] {
+          std::unique_lock lock(mutex_);
+          if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
+          std::fprintf(stderr, "watchdog: still in '%s' after %lld s\n", stage_, static_cast<long long>(limit.count()));
+          std::fflush(stderr);
+          std::abort();
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void stage(const char* s) {
+    std::lock_guard lock(mutex_);
+    stage_ = s;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  const char* stage_ = "start";
+  std::thread thread_;
+};
+
 TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
+  Watchdog watchdog(std::chrono::seconds(90));  // (destroyed last: covers the server's shutdown)
+  watchdog.stage("the open-loop run");
   FakeServer fake;
   LoadgenOptions o;
   o.url = parse_url(fake.url());
@@ -429,6 +469,7 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
   EXPECT_EQ(st[4].errors.at("http_503"), 1u);
 
   // Closed loop over the chat endpoint: exactly max_requests, at most `concurrency` at once.
+  watchdog.stage("the closed-loop run");
   o.chat = true;
   o.concurrency = 2;
   o.max_requests = 5;
@@ -440,6 +481,7 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
     EXPECT_TRUE(q.ok()) << q.error_message;
     EXPECT_EQ(q.chunks, 5);
   }
+  watchdog.stage("the fake server's shutdown");
 }
 
 TEST(Loadgen, UnreachableServerIsAnError) {
