@@ -211,8 +211,9 @@ struct Loadgen {
       launch();
     }
     if (opt.concurrency > 0 && in_flight == 0) next = total;  // out of time: nothing more starts
-    if (next >= total && in_flight == 0) progress.cancel();
+    if (all_done()) progress.cancel();
   }
+  bool all_done() const { return next >= total && in_flight == 0; }
 
   void print_progress(bool final) {
     if (!opt.progress) return;
@@ -227,9 +228,12 @@ struct Loadgen {
 
   void tick() {
     print_progress(false);
-    progress.expires_after(std::chrono::milliseconds(250));
+    progress.expires_after(secs(opt.progress_tick_s));
+    // (All done is checked here too: a cancel() does not reach a wait that has already
+    // expired and whose handler is queued, which then re-armed the timer forever: io.run()
+    // never returned. A 1 us tick hung every run, 250 ms about one run in ~200: tested.)
     progress.async_wait([this](beast::error_code ec) {
-      if (!ec) tick();
+      if (!ec && !all_done()) tick();
     });
   }
 };

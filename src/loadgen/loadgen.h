@@ -39,6 +39,7 @@ struct LoadgenOptions {
   double connect_timeout_s = 10;
   int32_t token_lo = 100, token_hi = 255;  // prompt token ids, inclusive
   bool progress = true;                 // the one-line progress bar on stderr
+  double progress_tick_s = 0.25;        // its refresh (the run's own timer, on or off)
   uint64_t prompt_salt = 0;             // 0 = a random one per run
 };
 

@@ -396,8 +396,8 @@ class FakeServer {
 };
 
 // Aborts the test binary, naming the stage, if not destroyed within `limit`: once (2026-12-05,
-// the full suite at -j2) this test ran into ctest's 600 s limit and could not be reproduced in
-// 210 runs since, 150 of them beside the suite; a hang now fails in a minute and says where.
+// the full suite at -j2) this test ran into ctest's 600 s limit (the progress timer's re-arm,
+// below); a hang now fails in 90 s and says where.
 class Watchdog {
  public:
   explicit Watchdog(std::chrono::seconds limit)
@@ -481,6 +481,12 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
     EXPECT_TRUE(q.ok()) << q.error_message;
     EXPECT_EQ(q.chunks, 5);
   }
+
+  // The run ends with its last request even when the progress timer's handler is already
+  // queued then (a 1 us tick: always): that handler once re-armed the timer forever.
+  watchdog.stage("a closed-loop run with a 1 us progress tick");
+  o.progress_tick_s = 1e-6;
+  EXPECT_EQ(run_loadgen(o).records.size(), 5u);
   watchdog.stage("the fake server's shutdown");
 }
 
