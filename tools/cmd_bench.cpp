@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -300,9 +301,7 @@ struct LoraDecode {
   std::mt19937 rng{7};
   std::uniform_int_distribution<int32_t> tok;
   Batch b;
-  double sec = 0;
-  int64_t tokens = 0;
-  std::vector<double> step_sec;  // each timed step's
+  std::vector<double> step_sec;  // each timed step's time
   LoraDecode(Forward& f, const Model& m, std::vector<const LoraAdapter*> ads, int64_t n_prompt_, int64_t n_gen)
       : fwd(f),
         adapters(std::move(ads)),
@@ -329,11 +328,10 @@ struct LoraDecode {
     const auto t0 = std::chrono::steady_clock::now();
     fwd.run(b, kv, logits.data());
     step_sec.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    sec += step_sec.back();
-    tokens += int64_t(adapters.size());
     ++pos;
   }
-  double tps() const { return double(tokens) / sec; }
+  double seconds() const { return std::accumulate(step_sec.begin(), step_sec.end(), 0.0); }
+  int64_t tokens() const { return int64_t(step_sec.size() * adapters.size()); }
 };
 
 // Each case against its base, decode steps alternated one by one (base, adapted, base, ...)
@@ -363,12 +361,11 @@ int bench_lora(const BenchArgs& a, int T) {
     for (int pair = 0; pair < 2; ++pair) {
       LoraDecode base(fwd, *model, cases[2 * pair], a.n_prompt, a.n_gen), lora(fwd, *model, cases[2 * pair + 1], a.n_prompt, a.n_gen);
       base.step(), lora.step();  // (warm-up, not counted)
-      base.sec = lora.sec = 0, base.tokens = lora.tokens = 0;
       base.step_sec.clear(), lora.step_sec.clear();
       for (int64_t g = 1; g < a.n_gen; ++g) base.step(), lora.step();
       for (size_t g = 0; g < base.step_sec.size(); ++g) pair_ratio[pair].push_back(base.step_sec[g] / lora.step_sec[g]);
-      sec[2 * pair] += base.sec, sec[2 * pair + 1] += lora.sec;
-      tokens[2 * pair] += base.tokens, tokens[2 * pair + 1] += lora.tokens;
+      sec[2 * pair] += base.seconds(), sec[2 * pair + 1] += lora.seconds();
+      tokens[2 * pair] += base.tokens(), tokens[2 * pair + 1] += lora.tokens();
     }
   double tps[4];
   for (int i = 0; i < 4; ++i) tps[i] = double(tokens[i]) / sec[i];
