@@ -1004,6 +1004,7 @@ struct Drivers {
   // 6 of 6 alternated rounds (`bench lora` medians, Zen 5; Q8_0 A's: within noise). False,
   // nothing done, where a group's delta is not one packed run.
   static bool pair_finish(const ItemSpec& is, const Source* src, float* c, int64_t ldc, ExpandQueue& q) {
+    if constexpr (!requires { Isa::gemv_runs; }) return false;  // (q expands through it: add_lora's rule)
     for (int i = 0; i < 2 * kItemGroups; ++i) {
       const LoraDelta& d = src[i].seg->lora;
       if (d.n > 1 || (d.n == 1 && d.runs[0].B.layout != WeightLayout::Packed)) return false;
