@@ -1001,8 +1001,9 @@ struct Drivers {
   // side by side in one call), then both items stored. finish's bits (the same chain per
   // output, then one add) at a fraction of its bookkeeping per pair (expand_span's spans are
   // one pair long here): one F16 adapter's decode 0.864-0.904 of the base against 0.856-0.903,
-  // 6 of 6 alternated rounds (`bench lora` medians, Zen 5; Q8_0 A's: within noise). False,
-  // nothing done, where a group's delta is not one packed run.
+  // 6 of 6 alternated rounds (`bench lora` medians, Zen 5; Q8_0 A's: within noise). Not
+  // add_lora per item (the same pushes, two groups each): 0.873-0.875 against 0.880-0.911, 5 of
+  // 5 rounds. False, nothing done, where a group's delta is not one packed run.
   static bool pair_finish(const ItemSpec& is, const Source* src, float* c, int64_t ldc, ExpandQueue& q) {
     if constexpr (!requires { Isa::gemv_runs; }) return false;  // (q expands through it: add_lora's rule)
     for (int i = 0; i < 2 * kItemGroups; ++i) {
