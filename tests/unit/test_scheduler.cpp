@@ -409,6 +409,41 @@ TEST(CostModelLearning, ConvergesFromABadPriorAndFollowsAChangeMidRun) {
   EXPECT_NEAR(m.model().per_attn_ms, after.per_attn_ms, 0.15 * after.per_attn_ms);
 }
 
+// One stream decoding for a long time: every step has 1 token, so base and per token are one
+// direction that the steps never split. The fit must stay there: each term of a step's
+// prediction within what a step measures, the error at the noise. (From a calibration that
+// clamped the base to 0, the previous fit ran away within 1,600 steps: 68 ms a token, 1e15
+// after 8,000.) Each request's first step begins cold; 2% of steps are 2x slower.
+TEST(CostModelLearning, DecodeOnlyTrafficStaysBounded) {
+  for (const CostModel& prior : {CostModel{0.0, 1.6, 1e-5}, CostModel{1.0, 0.1, 1e-5}, CostModel{0.0, 0.05, 1e-4}}) {
+    OnlineCostModel m(prior);
+    uint64_t h = 3;
+    auto uniform = [&] {
+      h = h * 6364136223846793005ull + 1442695040888963407ull;
+      return double(h >> 11) * 0x1.0p-53;
+    };
+    double err = 0, worst_term = 0;
+    int n = 0;
+    for (int req = 0; req < 100; ++req) {
+      for (int i = 0; i < 200; ++i) {
+        const double pairs = 17.0 + i;
+        double measured = (1.5 + 3e-4 * pairs) * (1 + 0.1 * (uniform() - 0.5));
+        if (uniform() < 0.02) measured *= 2;
+        const double cold = i == 0 ? 1.0 : warm_up_coldness(1.6 * i);
+        if (req >= 90) {
+          CostModel c = m.model();
+          c.cold = cold;
+          err += std::abs(c.predict(1, pairs) - measured) / measured, ++n;
+          worst_term = std::max({worst_term, c.base_ms, c.per_token_ms, c.per_attn_ms * pairs, c.warm_up_ms});
+        }
+        m.observe(1, pairs, measured, cold);
+      }
+    }
+    EXPECT_LT(err / n, 0.06) << prior.base_ms << " + " << prior.per_token_ms << " ms a token";
+    EXPECT_LT(worst_term, 3.0) << prior.base_ms << " + " << prior.per_token_ms << " ms a token";
+  }
+}
+
 TEST(CostModelLearning, OneOutlierBarelyMovesIt) {
   const CostModel truth{5.0, 0.1, 1e-5};
   OnlineCostModel m(truth);
