@@ -94,7 +94,7 @@ constexpr Field kFields[] = {
     {"suffix", kCmpl, Use::Handled},
     // OpenAI chat.
     {"messages", kChat, Use::Handled}, {"max_completion_tokens", kChat, Use::Handled},
-    {"top_logprobs", kChat, Use::Handled}, {"response_format", kChat, Use::Handled}, {"tools", kChat, Use::Handled},
+    {"top_logprobs", kChat, Use::Handled}, {"response_format", kBoth, Use::Handled}, {"tools", kChat, Use::Handled},
     {"tool_choice", kChat, Use::Handled}, {"functions", kChat, Use::Handled}, {"function_call", kChat, Use::Handled},
     {"modalities", kChat, Use::Handled}, {"audio", kChat, Use::Handled}, {"parallel_tool_calls", kChat, Use::Handled},
     {"store", kChat, Use::Ignored}, {"metadata", kChat, Use::Ignored}, {"service_tier", kChat, Use::Ignored},
@@ -227,24 +227,38 @@ void parse_grammar_fields(const json& j, ParsedRequest& r) {
   }
 }
 
-// response_format, tools and tool_choice (and their deprecated forms functions/function_call).
-void parse_structured(const json& j, ParsedRequest& r) {
-  if (j.contains("response_format")) {
-    const json& rf = j["response_format"];
-    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
-      bad("response_format", "'response_format' must be an object with a string 'type'");
-    const std::string type = rf["type"].get<std::string>();
-    if (type == "json_schema") {
-      if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
-        bad("response_format.json_schema", "'response_format.json_schema' must be an object");
-      const json& js = rf["json_schema"];
-      if (js.contains("schema") && !js["schema"].is_null() && !js["schema"].is_object() && !js["schema"].is_boolean())
-        bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be an object");
-    } else if (type != "text" && type != "json_object") {
-      bad("response_format.type", "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
-    }
-    if (type != "text") r.response_format = rf;
+// response_format (both endpoints: vLLM takes it on completions too): validated and kept in
+// r.response_format unless "text".
+void parse_response_format(const json& j, ParsedRequest& r) {
+  if (!j.contains("response_format")) return;
+  const json& rf = j["response_format"];
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    bad("response_format", "'response_format' must be an object with a string 'type'");
+  const std::string type = rf["type"].get<std::string>();
+  if (type == "json_schema") {
+    if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+      bad("response_format.json_schema", "'response_format.json_schema' must be an object");
+    const json& js = rf["json_schema"];
+    if (js.contains("schema") && !js["schema"].is_null() && !js["schema"].is_object() && !js["schema"].is_boolean())
+      bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be an object");
+  } else if (type != "text" && type != "json_object") {
+    bad("response_format.type", "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
   }
+  if (type != "text") r.response_format = rf;
+}
+
+// The grammar of r.response_format (set).
+std::string response_format_grammar(const ParsedRequest& r) {
+  const json& rf = r.response_format;
+  if (rf["type"] == "json_object") return json_object_gbnf();
+  const json& js = rf["json_schema"];
+  return schema_grammar(js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object(),
+                        "response_format.json_schema.schema");
+}
+
+// tools and tool_choice (and their deprecated forms functions/function_call), after
+// response_format: a forced call's grammar takes precedence over the format's.
+void parse_structured(const json& j, ParsedRequest& r) {
   json tools = json::array();
   if (j.contains("tools")) {
     const json& t = j["tools"];
@@ -309,14 +323,7 @@ void parse_structured(const json& j, ParsedRequest& r) {
     if (j.contains("parallel_tool_calls") && get_bool(j, "parallel_tool_calls") == false) calls["maxItems"] = 1;
     r.grammar = schema_grammar(calls, "tools");
   } else if (!r.response_format.is_null()) {
-    const json& rf = r.response_format;
-    if (rf["type"] == "json_object") {
-      r.grammar = json_object_gbnf();
-    } else {
-      const json& js = rf["json_schema"];
-      r.grammar = schema_grammar(js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object(),
-                                 "response_format.json_schema.schema");
-    }
+    r.grammar = response_format_grammar(r);
   }
 }
 
@@ -542,7 +549,12 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     if (r.echo) r.prompt_logprobs = r.logprobs;  // the prompt's tokens reported as the completion's
   }
   parse_grammar_fields(j, r);
+  parse_response_format(j, r);
+  if (!r.response_format.is_null() && !r.grammar.empty())
+    bad("response_format", "give 'response_format' or one of 'grammar', 'json_schema', 'guided_json', 'guided_choice', "
+                           "'guided_grammar', not both");
   if (kind == Endpoint::Chat) parse_structured(j, r);
+  else if (!r.response_format.is_null()) r.grammar = response_format_grammar(r);
   validate(r, model.n_vocab);
   return r;
 }

@@ -335,6 +335,20 @@ TEST(ServerParse, StructuredOutputBecomesAGrammar) {
              "response_format.json_schema.schema", "unknown type");
   expect_400(Endpoint::Completions, R"({"model":"stories260K","prompt":"x","grammar":"root ::= a","json_schema":{}})",
              "grammar", "at most one");
+  // Completions take response_format too (vLLM does): the same grammar as chat's, never ignored.
+  const std::string cmpl = R"({"model":"stories260K","prompt":"x",)";
+  EXPECT_EQ(parse_request(Endpoint::Completions, cmpl + R"("response_format":{"type":"json_object"}})", kModel).grammar,
+            json_object_gbnf());
+  const auto cjs = parse_request(Endpoint::Completions, cmpl + R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
+      "schema":{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]}}}})", kModel);
+  EXPECT_EQ(cjs.grammar, js.grammar);
+  EXPECT_TRUE(parse_request(Endpoint::Completions, cmpl + R"("response_format":{"type":"text"}})", kModel).grammar.empty());
+  expect_400(Endpoint::Completions, cmpl + R"("response_format":{"type":"json_schema","json_schema":{"schema":{"$ref":"#/nope"}}}})",
+             "response_format.json_schema.schema", "not supported");
+  // A format and a grammar field together: which one holds is not guessed.
+  for (const auto& kind : {Endpoint::Completions, Endpoint::Chat})
+    expect_400(kind, (kind == Endpoint::Chat ? chat : cmpl) + R"("guided_json":{"type":"integer"},"response_format":{"type":"json_object"}})",
+               "response_format", "not both");
 }
 
 TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
