@@ -399,13 +399,20 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
       r.prompt_tokens = get_token_ids(p, "prompt", model.n_vocab);
       r.prompt_kind = PromptKind::Tokens;
-    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      r.prompt_text = p[0].get<std::string>();
-    } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
-      r.prompt_tokens = get_token_ids(p[0], "prompt", model.n_vocab);
+    } else if (p.is_array() && !p.empty() && p[0].is_string()) {  // prompts: strings
+      for (size_t i = 0; i < p.size(); ++i) {
+        if (!p[i].is_string()) bad("prompt", "'prompt' must be an array of strings or of token id arrays, not both");
+        if (i > 0 && p[i].get_ref<const std::string&>().empty()) bad("prompt", cat("'prompt[", i, "]' is empty"));
+        (i == 0 ? r.prompt_text : r.more_texts.emplace_back()) = p[i].get<std::string>();
+      }
+    } else if (p.is_array() && !p.empty() && p[0].is_array()) {  // prompts: token id arrays
       r.prompt_kind = PromptKind::Tokens;
-    } else if (p.is_array() && p.size() > 1 && (p[0].is_string() || p[0].is_array())) {
-      bad("prompt", "batched prompts (more than one prompt per request) are not supported yet");
+      for (size_t i = 0; i < p.size(); ++i) {
+        const std::string pi = cat("prompt[", i, "]");
+        if (!p[i].is_array()) bad("prompt", "'prompt' must be an array of strings or of token id arrays, not both");
+        if (i > 0 && p[i].empty()) bad("prompt", "'" + pi + "' is empty");
+        (i == 0 ? r.prompt_tokens : r.more_tokens.emplace_back()) = get_token_ids(p[i], "prompt", model.n_vocab);
+      }
     } else {
       bad("prompt", "'prompt' must be a string or an array of token ids");
     }
@@ -547,6 +554,11 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   if (kind == Endpoint::Completions && j.contains("echo")) {
     r.echo = get_bool(j, "echo");
     if (r.echo) r.prompt_logprobs = r.logprobs;  // the prompt's tokens reported as the completion's
+  }
+  if (const size_t prompts = 1 + r.more_texts.size() + r.more_tokens.size(); prompts > 1) {
+    if (int64_t(prompts) * std::max(r.n, r.best_of) > kMaxBatchChoices)
+      bad("prompt", cat(prompts, " prompts x ", std::max(r.n, r.best_of), " choices each is more than ", kMaxBatchChoices,
+                        " choices in one request"));
   }
   parse_grammar_fields(j, r);
   parse_response_format(j, r);

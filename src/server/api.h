@@ -29,6 +29,8 @@ struct ModelInfo {
 };
 
 inline constexpr int64_t kCompletionsMaxTokens = 16;  // OpenAI's default for /v1/completions
+// A batched completions request: at most this many choices in all (prompts x max(n, best_of)).
+inline constexpr int64_t kMaxBatchChoices = 256;
 
 // A validated /v1/completions or /v1/chat/completions request: the generation (OpenAI's
 // sampling defaults; max_tokens absent: completions 16 cut to the context, chat the rest of the
@@ -43,6 +45,11 @@ struct ParsedRequest : GenerationRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: the prompt before each choice's text (with logprobs: its tokens' too)
   bool echo_only = false;      // echo with max_tokens 0: the prompt alone (its one generated token is dropped)
+  // Completions' prompt as an array of prompts: the second and later ones (the first is
+  // prompt_text / prompt_tokens, of the same kind), each generated as a request of its own with
+  // the same parameters; prompt i's choices are the response's i*n .. i*n + n - 1 (OpenAI's order).
+  std::vector<std::string> more_texts;
+  std::vector<std::vector<int32_t>> more_tokens;
   nlohmann::json response_format;  // {"type": "json_object" | "json_schema", ...}; null: text
   ToolChoice tool_choice = ToolChoice::None;
   std::string tool_name;           // Named: the function

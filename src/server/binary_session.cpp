@@ -31,7 +31,7 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
   void start() override { read_header(); }
   void on_shutdown() override {
     draining_ = true;
-    if (!gen_ && outq_.empty()) close();
+    if (gens_.empty() && outq_.empty()) close();
   }
 
  private:
@@ -124,7 +124,7 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     frame_timer_.cancel();
     std::vector<uint8_t> body = std::move(body_);  // released when handled: an idle connection holds no frame
     body_ = {};
-    if (gen_) {
+    if (!gens_.empty()) {
       spdlog::warn("binary protocol: a request arrived while one is generating; closing the connection");
       return gone();
     }
@@ -167,14 +167,14 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     g.stop = std::move(req.stop);
     g.logprobs = req.logprobs;
     g.name = cat("bin-", std::hex, 0x10000000u + srv_.next_id.fetch_add(1), " binary");
-    gen_ = Generation::start(srv_.gen, io_tokenizer(), std::move(g), std::make_shared<Reply>(*this, req.stream),
-                             post_to(shared_from_this()));
+    gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(g), std::make_shared<Reply>(*this, req.stream),
+                               post_to(shared_from_this()))};
   }
 
   // The last frame; the connection is free for the next request.
   void respond(const proto::Response& last) {
     enqueue(proto::encode_response(last));
-    gen_.reset();
+    gens_.clear();
   }
 
   void enqueue(std::string frame) {
@@ -185,7 +185,7 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
   void write_next() {
     if (outq_.empty() || closed_) {
       writing_ = false;
-      if (draining_ && !gen_) close();
+      if (draining_ && gens_.empty()) close();
       return;
     }
     profile::Scope sc("bin.write", "http");

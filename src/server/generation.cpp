@@ -208,6 +208,18 @@ ApiError submit_error(const Error& e) {
 std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, const Tokenizer& tok,
                                               GenerationRequest req, std::shared_ptr<GenerationSink> sink,
                                               Post post) {
+  auto gen = prepare(ctx, tok, std::move(req), std::move(sink), std::move(post));
+  gen->submit_prepared();
+  return gen;
+}
+
+Generation::~Generation() {
+  if (admitted_ && !submitted_ && !left_queue_ && ctx_.waiting) ctx_.waiting->fetch_sub(1);
+}
+
+std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, const Tokenizer& tok,
+                                                GenerationRequest req, std::shared_ptr<GenerationSink> sink,
+                                                Post post) {
   validate(req, ctx.n_vocab);
   const auto t0 = Clock::now();
   const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
@@ -249,9 +261,9 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
     throw ApiError(429, cat("too many requests are waiting (limit ", ctx.max_queue, "); retry later"), "",
                    "rate_limit_error", "queue_full");
   }
+  gen->admitted_ = true;  // (given back by the destructor if it is never submitted)
   EngineRequest& er = gen->proto_;
   if (!r.adapter.empty() && !(er.adapter = ctx.engine.find_adapter(r.adapter))) {
-    if (ctx.waiting) ctx.waiting->fetch_sub(1);
     throw ApiError(404, cat("The LoRA adapter '", r.adapter, "' is not loaded"), "model", "invalid_request_error",
                    "model_not_found");
   }
@@ -266,16 +278,15 @@ std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, cons
   er.ttft_slo_ms = r.ttft_slo_ms;
   er.priority = r.priority;
   gen->post_ = std::move(post);
-  try {
-    gen->submit();
-  } catch (const ApiError&) {
-    if (ctx.waiting) ctx.waiting->fetch_sub(1);
-    throw;
-  }
-  if (p_tok0 > 0)  // recorded once the engine's id is known, to tie it to the request's track
-    profile::complete("tokenize", "request", p_tok0, p_tok1,
-                      profile::Args().i("req", int64_t(gen->id())).i("tokens", gen->n_prompt_));
+  gen->p_tok0_ = p_tok0;
+  gen->p_tok1_ = p_tok1;
   return gen;
+}
+
+void Generation::submit_prepared() {
+  submit();
+  if (p_tok0_ > 0)  // recorded once the engine's id is known, to tie it to the request's track
+    profile::complete("tokenize", "request", p_tok0_, p_tok1_, profile::Args().i("req", int64_t(id())).i("tokens", n_prompt_));
 }
 
 void Generation::submit() {

@@ -201,6 +201,13 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // (the engine is shutting down).
   static std::shared_ptr<Generation> start(const GenerationContext& ctx, const Tokenizer& tok, GenerationRequest req,
                                            std::shared_ptr<GenerationSink> sink, Post post);
+  // start() in two halves, for a request of several prompts: prepare each (tokenize, validate,
+  // admit: whatever a bad prompt fails with, before any is submitted), then submit each. A
+  // prepared generation dropped unsubmitted gives its admission back.
+  static std::shared_ptr<Generation> prepare(const GenerationContext& ctx, const Tokenizer& tok, GenerationRequest req,
+                                             std::shared_ptr<GenerationSink> sink, Post post);
+  void submit_prepared();  // throws ApiError: 429 (DeadlineError), 503 (shutting down), 400
+  ~Generation();
   // Never throws: what fails while handling it fails this generation alone (the sink's on_error).
   void on_event(const Event& e);
   // The client left: cancel; the sink hears nothing more.
@@ -261,7 +268,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int64_t n_prompt_ = 0;
   int32_t n_done_ = 0;
   bool first_token_ = false;  // choice 0 has had a token
+  bool admitted_ = false;  // counted in ctx_.waiting (left_queue_: no longer)
   bool left_queue_ = false, responded_ = false, client_gone_ = false, shutdown_cancel_ = false;
+  int64_t p_tok0_ = 0, p_tok1_ = 0;  // profiler clock around tokenizing (0: not profiling)
 };
 
 }  // namespace ft::server

@@ -39,7 +39,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // Posted by the server on shutdown: idle connections close now, busy ones after their response.
   void on_shutdown() override {
     keep_alive_ = false;
-    if (!gen_ && !writing_) close();
+    if (gens_.empty() && !writing_) close();
   }
 
  private:
@@ -170,7 +170,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   void after_response() {
-    gen_.reset();
+    gens_.clear();
     if (linger_) return linger_close();
     if (!keep_alive_ || srv_.draining) return close();
     if (!outq_.empty()) return write_next();  // cannot happen: one response at a time
@@ -282,32 +282,47 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   // --- generation -------------------------------------------------------------------------
-  // The response of one generation: SSE chunks as its tokens come (stream), or one JSON body
-  // once every choice has finished.
-  class Reply : public GenerationSink {
+  // The response of a request's generations (one per prompt: PromptSink): SSE chunks as their
+  // tokens come (stream), or one JSON body once every choice of every prompt has finished.
+  class Reply {
    public:
     Reply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0),
           tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), echo_only_(pr.echo_only),
-          choices_(size_t(pr.n)), done_(size_t(pr.n)) {
-      if (pr.echo)  // the prompt as the client gave it
-        echo_ = pr.prompt_kind == PromptKind::Text ? pr.prompt_text : s.srv_.model.tokenizer->decode(pr.prompt_tokens);
+          n_(pr.n), usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
+          choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()) {
+      if (pr.echo) {  // each prompt as the client gave it
+        const Tokenizer& tok = *s.srv_.model.tokenizer;
+        echo_.push_back(pr.prompt_kind == PromptKind::Text ? pr.prompt_text : tok.decode(pr.prompt_tokens));
+        for (const std::string& t : pr.more_texts) echo_.push_back(t);
+        for (const std::vector<int32_t>& t : pr.more_tokens) echo_.push_back(tok.decode(t));
+      }
     }
-    void on_output(Output&& o) override {
+    void on_output(int32_t prompt, Output&& o) {
+      if (failed_) return;
+      o.index += prompt * n_;
       Choice& c = choices_[size_t(o.index)];
       if (echo_only_) drop_generated(o);
-      add_logprobs(c, o);
+      add_logprobs(c, prompt, o);
       emit(c, o.index, o.text, false);
     }
-    void on_finish(Output&& last, const Finish& fin) override {
+    void on_finish(int32_t prompt, Output&& last, const Finish& fin) {
+      if (failed_) return;
       Finish f = fin;
       if (echo_only_) {  // max_tokens 0: nothing was generated, as far as the client is concerned
         drop_generated(last);
         f.reason = "length";
         f.usage.completion_tokens = 0;
       }
+      // The request's usage and last choice: every prompt's.
+      usage_[size_t(prompt)] = f.usage;
+      if (f.last) --prompts_left_;
+      f.last = prompts_left_ == 0;
+      f.usage = {};
+      for (const Usage& u : usage_) f.usage.prompt_tokens += u.prompt_tokens, f.usage.completion_tokens += u.completion_tokens;
+      f.index += prompt * n_;
       Choice& c = choices_[size_t(f.index)];
-      add_logprobs(c, last);
+      add_logprobs(c, prompt, last);
       emit(c, f.index, last.text, true);
       // Tool calls: from the whole text (held back while streaming, except a named call's arguments).
       std::string reason = f.reason;
@@ -343,7 +358,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                          completion_response(meta_, json(std::move(done_)), f.usage)
                              .dump(-1, ' ', false, json::error_handler_t::replace));
     }
-    void on_error(const ApiError& e, const Usage&) override {
+    // A prompt's generation failed: so does the request (the other prompts' are cancelled).
+    void on_error(const ApiError& e) {
+      if (failed_) return;
+      failed_ = true;
+      s_.abandon_all();
       if (!stream_) return s_.send_error(e);
       // The headers are out: an SSE error event, which OpenAI clients raise as APIError.
       s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n" + std::string(kSseDone)) + http_chunk(""), true);
@@ -377,16 +396,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       o.logprobs.clear();
     }
     // The choice's logprobs, and with echo on its first output the prompt before its text.
-    void add_logprobs(Choice& c, Output& o) {
+    void add_logprobs(Choice& c, int32_t prompt, Output& o) {
       const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
       auto add = [&](const TokenLogprobs& t) {
         TokenLogprob x{tok.token_to_piece(t.token), t.logprob, {}};
         for (const auto& [id, lp] : t.top) x.top.emplace_back(tok.token_to_piece(id), lp);
         c.lp.push_back(std::move(x));
       };
-      if (echo_ && !c.echoed) {
+      if (!echo_.empty() && !c.echoed) {
         c.echoed = true;
-        o.text.insert(0, *echo_);
+        o.text.insert(0, echo_[size_t(prompt)]);
         const size_t first = c.lp.size();
         std::vector<int32_t> ids;
         size_t bytes = 0;
@@ -449,10 +468,26 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ToolChoice tool_choice_;
     std::string tool_name_;
     json tools_;
-    std::optional<std::string> echo_;  // echo: the prompt's text
-    bool echo_only_;                   // echo with max_tokens 0: the generated token is dropped
-    std::vector<Choice> choices_;
-    std::vector<json> done_;  // not streaming: the finished choices' JSON, by index
+    std::vector<std::string> echo_;  // echo: each prompt's text (none: no echo)
+    bool echo_only_;                 // echo with max_tokens 0: the generated token is dropped
+    int32_t n_;                      // choices per prompt
+    std::vector<Usage> usage_;       // per prompt, its latest
+    size_t prompts_left_;            // prompts whose last choice has not finished
+    bool failed_ = false;            // a prompt's generation failed: the response is out
+    std::vector<Choice> choices_;    // prompt i's choice j at i * n_ + j
+    std::vector<json> done_;         // not streaming: the finished choices' JSON, by index
+  };
+  // One prompt's generation, for its request's Reply.
+  class PromptSink : public GenerationSink {
+   public:
+    PromptSink(std::shared_ptr<Reply> r, int32_t prompt) : r_(std::move(r)), prompt_(prompt) {}
+    void on_output(Output&& o) override { r_->on_output(prompt_, std::move(o)); }
+    void on_finish(Output&& last, const Finish& f) override { r_->on_finish(prompt_, std::move(last), f); }
+    void on_error(const ApiError& e, const Usage&) override { r_->on_error(e); }
+
+   private:
+    std::shared_ptr<Reply> r_;
+    int32_t prompt_;
   };
 
   // A /v1/responses response: the Responses API's object, or its stream of typed events.
@@ -567,11 +602,36 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
-      gen_ = Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()));
+      gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
       reply->start();
     } else {
+      // One generation per prompt (a batched completions request has several). Every prompt is
+      // tokenized, validated and admitted before any is submitted, so a prompt refused (too
+      // long, the queue full) refuses the request with nothing run; a refusal at submission
+      // (shutting down) cancels the ones submitted before it.
       auto reply = std::make_shared<Reply>(*this, std::move(meta), pr);
-      gen_ = Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()));
+      const size_t k = 1 + pr.more_texts.size() + pr.more_tokens.size();
+      size_t submitted = 0;
+      try {
+        for (size_t i = 0; i < k; ++i) {
+          GenerationRequest g = static_cast<const GenerationRequest&>(pr);
+          if (i > 0) {
+            if (pr.prompt_kind == PromptKind::Tokens) g.prompt_tokens = pr.more_tokens[i - 1];
+            else g.prompt_text = pr.more_texts[i - 1];
+          }
+          if (k > 1) g.name += cat("[", i, "]");
+          gens_.push_back(Generation::prepare(srv_.gen, io_tokenizer(), std::move(g),
+                                              std::make_shared<PromptSink>(reply, int32_t(i)), post_to(shared_from_this())));
+        }
+        for (size_t i = 0; i < k; ++i) {
+          gens_[i]->submit_prepared();
+          submitted = i + 1;
+        }
+      } catch (...) {
+        for (size_t i = 0; i < submitted; ++i) gens_[i]->abandon();
+        gens_.clear();  // (the unsubmitted give their admission back)
+        throw;
+      }
       reply->start();
     }
     start_watch();

@@ -52,15 +52,19 @@ class Session : public Connection {
   explicit Session(Server::Impl& srv);
   ~Session() override;
   void on_deadline() final {
-    if (gen_) gen_->cancel_for_shutdown();
+    for (const auto& g : gens_) g->cancel_for_shutdown();
   }
 
  protected:
   // The client left or broke the protocol: cancel its request (its Finished event is still
   // accounted) and close.
   void gone() {
-    if (gen_) gen_->abandon();
+    abandon_all();
     close();
+  }
+  // Every generation of the request is cancelled; their sinks hear nothing more.
+  void abandon_all() {
+    for (const auto& g : gens_) g->abandon();
   }
   void close() {
     if (closed_) return;
@@ -71,7 +75,9 @@ class Session : public Connection {
   virtual void close_transport() = 0;  // shut the socket down both ways and close it
 
   Server::Impl& srv_;
-  std::shared_ptr<Generation> gen_;  // the request generating on this connection
+  // The request generating on this connection: one generation per prompt (a batched completions
+  // request has several), none between requests.
+  std::vector<std::shared_ptr<Generation>> gens_;
   std::deque<Out> outq_;
   std::string wbuf_;
   bool writing_ = false, closed_ = false;

@@ -108,7 +108,6 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Completions, R"({"model":"stories260K","prompt":""})", "prompt", "empty");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":[1,512]})", "prompt", "out of range");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":[1,-1]})", "prompt", "out of range");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":["a","b"]})", "prompt", "batched");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","max_tokens":"9"})", "max_tokens", "integer");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","max_tokens":0})", "max_tokens", "[1, 512]");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","max_tokens":1.5})", "max_tokens", "integer");
@@ -305,6 +304,39 @@ TEST(ServerParse, ChoicesAndEcho) {
   EXPECT_FALSE(parse_c({{"model", "stories260K"}, {"prompt", "x"}, {"echo", true}}).echo_only);
   expect_400(Endpoint::Completions, p + R"("max_tokens":0})", "max_tokens", "[1, 512]");
   expect_400(Endpoint::Completions, p + R"("echo":false,"max_tokens":0})", "max_tokens", "[1, 512]");
+}
+
+// Completions' prompt as an array of prompts (OpenAI's string[] and int[][]): the first is the
+// request's own prompt, the others more_texts / more_tokens, each generated with the same
+// parameters (http_session: one generation per prompt, prompt i's choices at i*n ..).
+TEST(ServerParse, BatchedPrompts) {
+  const auto texts = parse_c({{"model", "stories260K"}, {"prompt", {"Once", "upon", "a time"}}, {"n", 2}});
+  EXPECT_EQ(texts.prompt_kind, PromptKind::Text);
+  EXPECT_EQ(texts.prompt_text, "Once");
+  EXPECT_EQ(texts.more_texts, (std::vector<std::string>{"upon", "a time"}));
+  EXPECT_TRUE(texts.more_tokens.empty());
+  EXPECT_EQ(texts.n, 2);
+  const auto ids = parse_c({{"model", "stories260K"}, {"prompt", {{1, 2}, {3}, {4, 5, 6}}}});
+  EXPECT_EQ(ids.prompt_kind, PromptKind::Tokens);
+  EXPECT_EQ(ids.prompt_tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(ids.more_tokens, (std::vector<std::vector<int32_t>>{{3}, {4, 5, 6}}));
+  const auto one = parse_c({{"model", "stories260K"}, {"prompt", {"Once"}}});  // one prompt: no batch
+  EXPECT_EQ(one.prompt_text, "Once");
+  EXPECT_TRUE(one.more_texts.empty());
+  const std::string p = R"({"model":"stories260K",)";
+  expect_400(Endpoint::Completions, p + R"("prompt":["a",[1]]})", "prompt", "not both");
+  expect_400(Endpoint::Completions, p + R"("prompt":[[1],"a"]})", "prompt", "not both");
+  expect_400(Endpoint::Completions, p + R"("prompt":["a",""]})", "prompt", "'prompt[1]' is empty");
+  expect_400(Endpoint::Completions, p + R"("prompt":[[1],[]]})", "prompt", "'prompt[1]' is empty");
+  expect_400(Endpoint::Completions, p + R"("prompt":[[1],[100000]]})", "prompt", "out of range");
+  // At most kMaxBatchChoices choices in all, best_of's candidates counted.
+  json many = {{"model", "stories260K"}, {"prompt", json::array()}, {"n", 4}};
+  for (int64_t i = 0; i < kMaxBatchChoices / 4; ++i) many["prompt"].push_back("x");
+  EXPECT_EQ(parse_c(many).more_texts.size(), size_t(kMaxBatchChoices / 4 - 1));
+  many["prompt"].push_back("x");
+  expect_400(Endpoint::Completions, many.dump(), "prompt", "choices in one request");
+  expect_400(Endpoint::Completions, p + R"("prompt":["a","b","c"],"best_of":)" + std::to_string(kMaxBatchChoices / 3 + 1) + "}",
+             "prompt", "choices in one request");
 }
 
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {

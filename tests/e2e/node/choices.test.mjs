@@ -158,6 +158,75 @@ describe('choices and echo (stories260K)', { skip }, () => {
     assert.equal(content[0], content[1]);
   });
 
+  test('batched prompts (string[] and int[][]): prompt i\'s choices at i*n.., each its single answer; usage summed', async () => {
+    const prompts = [`${gold.prompt} a fox`, `${gold.prompt} a small red boat`, 'Lily and Ben'];
+    const req = { model: MODEL_ID, max_tokens: 8, temperature: 0 };
+    const singles = [];
+    for (const prompt of prompts) singles.push(await client.completions.create({ ...req, prompt }));
+    const r = await client.completions.create({ ...req, prompt: prompts, n: 2 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3, 4, 5]);
+    for (let i = 0; i < prompts.length; ++i)
+      for (const j of [0, 1]) {
+        assert.equal(r.choices[2 * i + j].text, singles[i].choices[0].text, `prompt ${i} choice ${j}`);
+        assert.equal(r.choices[2 * i + j].finish_reason, singles[i].choices[0].finish_reason);
+      }
+    const sum = (k) => singles.reduce((a, x) => a + x.usage[k], 0);
+    assert.equal(r.usage.prompt_tokens, sum('prompt_tokens'));  // each prompt once
+    assert.equal(r.usage.completion_tokens, 2 * sum('completion_tokens'));
+
+    // Token id arrays, echoed: each choice starts with its own prompt.
+    const ids = [await tokenize(prompts[0]), await tokenize(prompts[2])];
+    const t = await client.completions.create({ ...req, prompt: ids, echo: true });
+    assert.equal(t.choices.length, 2);
+    for (const i of [0, 1]) {
+      const one = await client.completions.create({ ...req, prompt: ids[i], echo: true });
+      assert.equal(t.choices[i].text, one.choices[0].text);
+    }
+
+    // Streamed: the same texts by index, one finish per choice, usage once and last.
+    const stream = await client.completions.create({ ...req, prompt: prompts, n: 2, stream: true, stream_options: { include_usage: true } });
+    const text = Array(6).fill(''), finish = Array.from({ length: 6 }, () => []);
+    let usage = null, after_usage = 0;
+    for await (const c of stream) {
+      if (usage) ++after_usage;
+      if (c.usage) usage = c.usage;
+      for (const ch of c.choices) {
+        text[ch.index] += ch.text;
+        if (ch.finish_reason) finish[ch.index].push(ch.finish_reason);
+      }
+    }
+    assert.deepEqual(text, r.choices.map((c) => c.text));
+    assert.deepEqual(finish, r.choices.map((c) => [c.finish_reason]));
+    assert.deepEqual(usage, r.usage);
+    assert.equal(after_usage, 0);
+
+    // A prompt that cannot be served refuses the request before any of its prompts runs.
+    const before = await metrics(server.url);
+    const long = Array(20000).fill(ids[0][1]);
+    await assert.rejects(client.completions.create({ ...req, prompt: [ids[0], long] }), (e) => e.status === 400 && /prompt|context/.test(e.message));
+    await assert.rejects(client.completions.create({ ...req, prompt: ['a', ''] }), (e) => e.status === 400 && e.param === 'prompt');
+    await waitMetrics(server.url, (x) => x['firsttoken:num_requests_running'] === 0 && x['firsttoken:num_requests_waiting'] === 0 &&
+      x['firsttoken:kv_cache_used_blocks'] === 0);
+    const after = await metrics(server.url);
+    assert.equal(after['firsttoken:generation_tokens_total'], before['firsttoken:generation_tokens_total']);
+    assert.equal(after['firsttoken:prefill_tokens_total'], before['firsttoken:prefill_tokens_total']);
+    assert.equal((await client.completions.create({ ...req, prompt: prompts.slice(0, 2) })).choices.length, 2);  // still serving
+
+    // The refused prompts' admissions are given back: with --max-queue 2, batches of two good
+    // prompts and a refused one, again and again, leave room for the next request.
+    const small = await startServer(['-m', MODEL, '--threads', '1', '--max-queue', '2']);
+    try {
+      const c2 = new (await import('openai')).default({ baseURL: `${small.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 120_000 });
+      for (let k = 0; k < 3; ++k)
+        await assert.rejects(c2.completions.create({ ...req, prompt: [ids[0], ids[1], long] }), (e) => e.status === 400);
+      await assert.rejects(c2.completions.create({ ...req, prompt: [ids[0], ids[1], ids[0]] }), (e) => e.status === 429);
+      assert.equal((await c2.completions.create({ ...req, prompt: ids })).choices.length, 2);
+    } finally {
+      const x = await small.stop();
+      assert.equal(x.code, 0, small.log());
+    }
+  });
+
   test('n > 1: a client that disconnects mid-stream cancels every choice and frees their KV blocks', async () => {
     const before = await metrics(server.url);
     const ac = new AbortController();
