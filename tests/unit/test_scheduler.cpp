@@ -376,17 +376,22 @@ TEST(PlanStep, AgedRequestGetsHalfTheBudget) {
 
 // ---- the learned cost model -----------------------------------------------------------------
 
+// Uniform numbers in [0, 1) from a seed (a 64-bit LCG): the synthetic traces' noise.
+struct Uniform {
+  uint64_t h;
+  double operator()() {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    return double(h >> 11) * 0x1.0p-53;
+  }
+};
+
 // Synthetic step traces: decode-like and prefill-like steps at random contexts, the measured time
 // the true model's x (1 + 5% noise), 2% of steps 4x slower (another process); the true costs
 // change mid-run (per token 1.8x, attention 2x, base 1.5x: a frequency drop, a neighbour).
 TEST(CostModelLearning, ConvergesFromABadPriorAndFollowsAChangeMidRun) {
   const CostModel before{4.0, 0.08, 2e-5}, after{6.0, 0.144, 4e-5};
   OnlineCostModel m(CostModel{12.0, 0.02, 0.0});  // a calibration taken at a bad moment
-  uint64_t h = 11;
-  auto uniform = [&] {
-    h = h * 6364136223846793005ull + 1442695040888963407ull;
-    return double(h >> 11) * 0x1.0p-53;
-  };
+  Uniform uniform{11};
   double err_before = 0, err_after = 0;
   int n_before = 0, n_after = 0;
   for (int i = 0; i < 4000; ++i) {
@@ -413,15 +418,12 @@ TEST(CostModelLearning, ConvergesFromABadPriorAndFollowsAChangeMidRun) {
 // direction that the steps never split. The fit must stay there: each term of a step's
 // prediction within what a step measures, the error at the noise. (From a calibration that
 // clamped the base to 0, the previous fit ran away within 1,600 steps: 68 ms a token in `serve`,
-// 1.7e15 after 1,400 in simulation; here its mean errors ended at 3e6 to 8e33 for all three priors.) Each request's first step begins cold; 2% of steps are 2x slower.
+// 1.7e15 after 1,400 in simulation; here its mean errors ended at 3e6 to 8e33 for all three
+// priors.) Each request's first step begins cold; 2% of steps are 2x slower.
 TEST(CostModelLearning, DecodeOnlyTrafficStaysBounded) {
   for (const CostModel& prior : {CostModel{0.0, 1.6, 1e-5}, CostModel{1.0, 0.1, 1e-5}, CostModel{0.0, 0.05, 1e-4}}) {
     OnlineCostModel m(prior);
-    uint64_t h = 3;
-    auto uniform = [&] {
-      h = h * 6364136223846793005ull + 1442695040888963407ull;
-      return double(h >> 11) * 0x1.0p-53;
-    };
+    Uniform uniform{3};
     double err = 0, worst_term = 0;
     int n = 0;
     for (int req = 0; req < 100; ++req) {
@@ -466,11 +468,7 @@ TEST(CostModelLearning, OneOutlierBarelyMovesIt) {
 TEST(CostModelLearning, LearnsTheWarmUpOfACoolMachine) {
   const CostModel truth{2.5, 0.25, 2e-4, 4.0};
   OnlineCostModel with(CostModel{2.5, 0.25, 2e-4}), without(CostModel{2.5, 0.25, 2e-4});
-  uint64_t h = 5;
-  auto uniform = [&] {
-    h = h * 6364136223846793005ull + 1442695040888963407ull;
-    return double(h >> 11) * 0x1.0p-53;
-  };
+  Uniform uniform{5};
   double err_with = 0, err_without = 0;
   int n = 0;
   for (int k = 0; k < 150; ++k) {  // busy periods: a short prompt, then its decodes

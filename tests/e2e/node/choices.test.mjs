@@ -16,6 +16,25 @@ const skip = skipReason();
 const HITS = 'firsttoken:prefix_cache_hits_total';
 const PREFILL = 'firsttoken:prefill_tokens_total';
 
+// A streamed completion with include_usage against the same request unstreamed (want): each
+// choice's text by its index, one finish per choice, the usage once and last.
+async function expectStreamed(stream, want) {
+  const text = want.choices.map(() => ''), finish = want.choices.map(() => []);
+  let usage = null, after_usage = 0;
+  for await (const c of stream) {
+    if (usage) ++after_usage;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      text[ch.index] += ch.text;
+      if (ch.finish_reason) finish[ch.index].push(ch.finish_reason);
+    }
+  }
+  assert.deepEqual(text, want.choices.map((c) => c.text));
+  assert.deepEqual(finish, want.choices.map((c) => [c.finish_reason]));
+  assert.deepEqual(usage, want.usage);
+  assert.equal(after_usage, 0);
+}
+
 describe('choices and echo (stories260K)', { skip }, () => {
   let server, client, gold;
 
@@ -130,21 +149,7 @@ describe('choices and echo (stories260K)', { skip }, () => {
   test('n > 1, streaming: chunks carry their choice index; one finish per choice; usage once, last', async () => {
     const prompt = `${gold.prompt} a cat`;
     const want = await client.completions.create({ model: MODEL_ID, prompt, n: 2, max_tokens: 10, temperature: 0 });
-    const stream = await client.completions.create({ model: MODEL_ID, prompt, n: 2, max_tokens: 10, temperature: 0, stream: true, stream_options: { include_usage: true } });
-    const text = ['', ''], finish = [[], []];
-    let usage = null, after_usage = 0;
-    for await (const c of stream) {
-      if (usage) ++after_usage;
-      if (c.usage) usage = c.usage;
-      for (const ch of c.choices) {
-        text[ch.index] += ch.text;
-        if (ch.finish_reason) finish[ch.index].push(ch.finish_reason);
-      }
-    }
-    assert.deepEqual(text, want.choices.map((c) => c.text));
-    assert.deepEqual(finish, want.choices.map((c) => [c.finish_reason]));
-    assert.deepEqual(usage, want.usage);
-    assert.equal(after_usage, 0);
+    await expectStreamed(await client.completions.create({ model: MODEL_ID, prompt, n: 2, max_tokens: 10, temperature: 0, stream: true, stream_options: { include_usage: true } }), want);
 
     const chat = await client.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: prompt }], n: 2, max_tokens: 6, temperature: 0, stream: true });
     const roles = new Set(), content = ['', ''];
@@ -184,21 +189,7 @@ describe('choices and echo (stories260K)', { skip }, () => {
     }
 
     // Streamed: the same texts by index, one finish per choice, usage once and last.
-    const stream = await client.completions.create({ ...req, prompt: prompts, n: 2, stream: true, stream_options: { include_usage: true } });
-    const text = Array(6).fill(''), finish = Array.from({ length: 6 }, () => []);
-    let usage = null, after_usage = 0;
-    for await (const c of stream) {
-      if (usage) ++after_usage;
-      if (c.usage) usage = c.usage;
-      for (const ch of c.choices) {
-        text[ch.index] += ch.text;
-        if (ch.finish_reason) finish[ch.index].push(ch.finish_reason);
-      }
-    }
-    assert.deepEqual(text, r.choices.map((c) => c.text));
-    assert.deepEqual(finish, r.choices.map((c) => [c.finish_reason]));
-    assert.deepEqual(usage, r.usage);
-    assert.equal(after_usage, 0);
+    await expectStreamed(await client.completions.create({ ...req, prompt: prompts, n: 2, stream: true, stream_options: { include_usage: true } }), r);
 
     // A prompt that cannot be served refuses the request before any of its prompts runs.
     const before = await metrics(server.url);
