@@ -89,24 +89,6 @@ GGMLType parse_kv_type(std::string_view name) {
 
 std::string_view kv_type_name(GGMLType t) { return type_traits(t).name; }
 
-uint64_t KVGeometry::elem_bytes() const {
-  switch (type) {
-    case GGMLType::F32: return 4;
-    case GGMLType::Q8_0: return 1;
-    default: return 2;
-  }
-}
-
-uint64_t KVGeometry::k_tile_bytes() const {
-  const uint64_t scales = type == GGMLType::Q8_0 ? uint64_t(q_blocks()) * kKvTile * sizeof(float) : 0;
-  return uint64_t(head_dim) * kKvTile * elem_bytes() + scales;
-}
-
-uint64_t KVGeometry::v_row_bytes() const {
-  const uint64_t scales = type == GGMLType::Q8_0 ? uint64_t(q_blocks()) * sizeof(float) : 0;
-  return uint64_t(head_dim) * elem_bytes() + scales;
-}
-
 void KVGeometry::validate() const {
   if (!is_kv_type(type)) fail("KV cache: type ", type_traits(type).name, " cannot be stored (f16, bf16, q8_0, f32)");
   if (n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0)
