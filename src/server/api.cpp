@@ -110,10 +110,10 @@ constexpr Field kFields[] = {
     {"guided_choice", kBoth, Use::Handled}, {"guided_grammar", kBoth, Use::Handled},
     {"guided_decoding_backend", kBoth, Use::Ignored},
     {"echo", kChat, Use::Ignored}, {"skip_special_tokens", kBoth, Use::Ignored},
-    {"spaces_between_special_tokens", kBoth, Use::Ignored}, {"include_stop_str_in_output", kBoth, Use::Ignored},
+    {"spaces_between_special_tokens", kBoth, Use::Ignored}, {"include_stop_str_in_output", kBoth, Use::Handled},
     {"add_special_tokens", kBoth, Use::Ignored}, {"continue_final_message", kChat, Use::Ignored},
     {"chat_template_kwargs", kChat, Use::Ignored}, {"documents", kChat, Use::Ignored},
-    {"truncate_prompt_tokens", kBoth, Use::Ignored}, {"prompt_logprobs", kBoth, Use::Ignored},
+    {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Ignored},
     {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
     {"return_tokens_as_token_ids", kBoth, Use::Ignored}, {"cache_salt", kBoth, Use::Ignored},
     {"cache_prompt", kBoth, Use::Ignored}, {"n_probs", kBoth, Use::Ignored}, {"typical_p", kBoth, Use::Ignored},
@@ -470,6 +470,13 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     r.seed_set = true;
   }
   if (j.contains("ignore_eos")) r.ignore_eos = get_bool(j, "ignore_eos");
+  if (j.contains("include_stop_str_in_output")) r.include_stop_str = get_bool(j, "include_stop_str_in_output");
+  // vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (k >= 1; -1: the context's worth).
+  if (j.contains("truncate_prompt_tokens")) {
+    const int64_t k = get_int(j, "truncate_prompt_tokens", -1, model.n_ctx);
+    if (k == 0) bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be >= 1, or -1 for the context's length");
+    r.truncate_prompt_tokens = k < 0 ? model.n_ctx : k;
+  }
   // Scheduling extensions: a TTFT deadline (ms from arrival) and vLLM's priority (lower first).
   if (j.contains("ttft_slo_ms")) {
     r.ttft_slo_ms = get_number(j, "ttft_slo_ms", 0, 1e9);

@@ -140,10 +140,13 @@ std::string StopMatcher::push(std::string_view text) {
   held_.append(text);
   if (stops_.empty()) return std::exchange(held_, {});
   size_t best = std::string::npos;
-  for (const auto& s : stops_) best = std::min(best, held_.find(s));
-  if (best != std::string::npos) {
+  const std::string* matched = nullptr;
+  for (const auto& s : stops_)
+    if (const size_t at = held_.find(s); at < best) best = at, matched = &s;
+  if (matched) {
     stopped_ = true;
     std::string out = held_.substr(0, best);
+    if (include_stop_) out += *matched;
     held_.clear();
     return out;
   }
@@ -186,7 +189,7 @@ std::shared_ptr<const GrammarVocab> GenerationContext::grammar_vocab() const {
 
 Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink)
     : ctx_(ctx), req_(std::move(req)), sink_(std::move(sink)) {
-  for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, req_.stop);
+  for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, req_.stop, req_.include_stop_str);
 }
 
 namespace {
@@ -240,6 +243,8 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   } catch (const Error& e) {
     throw ApiError(400, e.what(), prompt_param(req.prompt_kind));
   }
+  if (req.truncate_prompt_tokens > 0 && int64_t(prompt.size()) > req.truncate_prompt_tokens)  // its last tokens
+    prompt.erase(prompt.begin(), prompt.end() - req.truncate_prompt_tokens);
   const double tokenize_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
 

@@ -58,16 +58,19 @@ inline constexpr const char* kDeadlineUnmeetable = "deadline_unmeetable";
 
 // Matches stop strings on streamed text. push() returns the text that can be sent now: it holds
 // back a tail that could still become a stop string, and on a match returns the text before it
-// and drops the rest (the matched stop text is never returned).
+// (with include_stop, the matched stop string too: vLLM's include_stop_str_in_output) and drops
+// the rest. Of several matches the earliest wins, then the first in the list.
 class StopMatcher {
  public:
-  explicit StopMatcher(std::vector<std::string> stops = {}) : stops_(std::move(stops)) {}
+  explicit StopMatcher(std::vector<std::string> stops = {}, bool include_stop = false)
+      : stops_(std::move(stops)), include_stop_(include_stop) {}
   std::string push(std::string_view text);
   std::string flush();  // end of stream: the held-back tail
   bool stopped() const { return stopped_; }
 
  private:
   std::vector<std::string> stops_;
+  bool include_stop_;
   std::string held_;
   bool stopped_ = false;
 };
@@ -87,6 +90,8 @@ struct GenerationRequest {
   bool fit_max_tokens = false;         // a max_tokens past the context: cut to it (true) or 400 (false)
   bool ignore_eos = false;
   std::vector<std::string> stop;       // at most kMaxStops, non-empty
+  bool include_stop_str = false;       // a matched stop string ends the output, included (vLLM's include_stop_str_in_output)
+  int64_t truncate_prompt_tokens = 0;  // > 0: only the prompt's last this many tokens are used (vLLM's); 0: all
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
   int32_t prompt_logprobs = -1;        // -1: off; N >= 0: the same for the prompt's tokens (Output::prompt_logprobs)
   // Choices: n independent generations from the prompt (choice i samples with seed + i), one
@@ -224,7 +229,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
  private:
   struct Choice {
-    Choice(const Tokenizer& tok, const std::vector<std::string>& stops) : dec(tok), stop(stops) {}
+    Choice(const Tokenizer& tok, const std::vector<std::string>& stops, bool include_stop)
+        : dec(tok), stop(stops, include_stop) {}
     std::shared_ptr<GrammarProcessor> grammar;  // null: unconstrained
     StreamDecoder dec;
     StopMatcher stop;

@@ -339,6 +339,25 @@ TEST(ServerParse, BatchedPrompts) {
              "prompt", "choices in one request");
 }
 
+TEST(ServerParse, VllmPromptAndStopExtensions) {
+  const json base = {{"model", "stories260K"}, {"prompt", "Once"}};
+  EXPECT_FALSE(parse_c(base).include_stop_str);
+  EXPECT_EQ(parse_c(base).truncate_prompt_tokens, 0);
+  json j = base;
+  j["include_stop_str_in_output"] = true;
+  j["truncate_prompt_tokens"] = 5;
+  const auto r = parse_c(j);
+  EXPECT_TRUE(r.include_stop_str);
+  EXPECT_EQ(r.truncate_prompt_tokens, 5);
+  EXPECT_TRUE(r.ignored_fields.empty());  // both do something now
+  j["truncate_prompt_tokens"] = -1;  // the context's worth
+  EXPECT_EQ(parse_c(j).truncate_prompt_tokens, kModel.n_ctx);
+  const std::string p = R"({"model":"stories260K","prompt":"x",)";
+  expect_400(Endpoint::Completions, p + R"("truncate_prompt_tokens":0})", "truncate_prompt_tokens", ">= 1");
+  expect_400(Endpoint::Completions, p + R"("truncate_prompt_tokens":-2})", "truncate_prompt_tokens", "");
+  expect_400(Endpoint::Completions, p + R"("include_stop_str_in_output":"yes"})", "include_stop_str_in_output", "");
+}
+
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {
   const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)";
   const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
@@ -746,6 +765,17 @@ TEST(ServerStop, MatchesAcrossPiecesAndHoldsBackPrefixes) {
   EXPECT_EQ(none.push("abc"), "abc");
   StopMatcher first({"b", "abc"});  // the match that starts first wins, whatever the list order
   EXPECT_EQ(first.push("xabc"), "x");
+
+  // include_stop_str_in_output: the matched stop string ends the text (the earliest match; at
+  // one position, the first in the list); what follows it is still dropped.
+  StopMatcher inc({"b", "abc", "ab"}, true);
+  EXPECT_EQ(inc.push("xa"), "x");
+  EXPECT_EQ(inc.push("bcdef"), "abc");
+  EXPECT_TRUE(inc.stopped());
+  EXPECT_EQ(inc.flush(), "");
+  StopMatcher inc2({"\n\n"}, true);
+  EXPECT_EQ(inc2.push("one\n"), "one");
+  EXPECT_EQ(inc2.push("\ntwo"), "\n\n");
 }
 
 TEST(ServerMetrics, PrometheusText) {

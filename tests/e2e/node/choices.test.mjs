@@ -218,6 +218,30 @@ describe('choices and echo (stories260K)', { skip }, () => {
     }
   });
 
+  test("vLLM's truncate_prompt_tokens (the prompt's last k tokens) and include_stop_str_in_output", async () => {
+    const req = { model: MODEL_ID, max_tokens: 8, temperature: 0 };
+    const prompt = `${gold.prompt} a small red boat sailed on the river`;
+    const ids = await tokenize(prompt);
+    const r = await client.completions.create({ ...req, prompt, truncate_prompt_tokens: 5 });
+    assert.equal(r.usage.prompt_tokens, 5);
+    const tail = await client.completions.create({ ...req, prompt: ids.slice(-5) });
+    assert.equal(r.choices[0].text, tail.choices[0].text);
+    const all = await client.completions.create({ ...req, prompt, truncate_prompt_tokens: -1 });  // fits: all of it
+    assert.equal(all.usage.prompt_tokens, ids.length);
+
+    const plain = await client.completions.create({ ...req, prompt: gold.prompt, max_tokens: 24 });
+    const text = plain.choices[0].text;
+    const stop = text.slice(6, 9);
+    const at = text.indexOf(stop);
+    assert.ok(stop.length === 3 && at >= 0, JSON.stringify(text));
+    const cut = await client.completions.create({ ...req, prompt: gold.prompt, max_tokens: 24, stop: [stop] });
+    assert.equal(cut.choices[0].text, text.slice(0, at));
+    assert.equal(cut.choices[0].finish_reason, 'stop');
+    const kept = await client.completions.create({ ...req, prompt: gold.prompt, max_tokens: 24, stop: [stop], include_stop_str_in_output: true });
+    assert.equal(kept.choices[0].text, text.slice(0, at + stop.length));
+    assert.equal(kept.choices[0].finish_reason, 'stop');
+  });
+
   test('n > 1: a client that disconnects mid-stream cancels every choice and frees their KV blocks', async () => {
     const before = await metrics(server.url);
     const ac = new AbortController();
