@@ -111,7 +111,7 @@ constexpr Field kFields[] = {
     {"guided_decoding_backend", kBoth, Use::Ignored},
     {"echo", kChat, Use::Ignored}, {"skip_special_tokens", kBoth, Use::Ignored},
     {"spaces_between_special_tokens", kBoth, Use::Ignored}, {"include_stop_str_in_output", kBoth, Use::Handled},
-    {"add_special_tokens", kBoth, Use::Ignored}, {"continue_final_message", kChat, Use::Ignored},
+    {"add_special_tokens", kCmpl, Use::Handled}, {"add_special_tokens", kChat, Use::Ignored}, {"continue_final_message", kChat, Use::Handled},
     {"chat_template_kwargs", kChat, Use::Ignored}, {"documents", kChat, Use::Ignored},
     {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Ignored},
     {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
@@ -416,6 +416,8 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     } else {
       bad("prompt", "'prompt' must be a string or an array of token ids");
     }
+    // vLLM's add_special_tokens (completions): false = no BOS before a text prompt.
+    if (j.contains("add_special_tokens")) r.add_bos = get_bool(j, "add_special_tokens");
     if (j.contains("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
       bad("suffix", "'suffix' (insertion) is not supported");
   } else {
@@ -423,6 +425,14 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     if (!j.contains("messages")) bad("messages", "'messages' is required");
     r.messages = parse_messages(j["messages"], "messages");
     if (j.contains("add_generation_prompt")) r.add_generation_prompt = get_bool(j, "add_generation_prompt");
+    if (j.contains("continue_final_message") && get_bool(j, "continue_final_message")) {
+      if (r.messages.back().role != "assistant")
+        bad("continue_final_message", "'continue_final_message' needs the final message to be the assistant's");
+      if (j.contains("add_generation_prompt") && r.add_generation_prompt)
+        bad("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+      r.continue_final_message = true;
+      r.add_generation_prompt = false;
+    }
     if (j.contains("modalities")) {
       const json& m = j["modalities"];
       if (!m.is_array()) bad("modalities", "'modalities' must be an array");

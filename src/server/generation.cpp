@@ -194,6 +194,20 @@ Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std:
 
 namespace {
 
+// The chat prompt's text; with continue_final_message, cut after the final message's content
+// (vLLM's rule: its last occurrence in the rendering), whatever the template closes it with.
+std::string render_chat(const ChatTemplate& chat, const GenerationRequest& req) {
+  if (!req.continue_final_message) return chat.render(req.messages, req.tools, req.add_generation_prompt);
+  std::string text = chat.render(req.messages, req.tools, false);
+  const std::string& last = req.messages.back().content;
+  const size_t at = last.empty() ? std::string::npos : text.rfind(last);
+  if (at == std::string::npos)
+    throw ApiError(400, "continue_final_message: the chat template's rendering does not contain the final message's content",
+                   "continue_final_message");
+  text.resize(at + last.size());
+  return text;
+}
+
 // Engine::submit's refusals as the client sees them.
 ApiError submit_error(const Error& e) {
   if (const auto* late = dynamic_cast<const DeadlineError*>(&e)) {
@@ -230,8 +244,7 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   try {
     switch (req.prompt_kind) {
       case PromptKind::Chat:
-        prompt = tok.encode(ctx.chat.render(req.messages, req.tools, req.add_generation_prompt),
-                            /*add_bos=*/false, /*parse_special=*/true);
+        prompt = tok.encode(render_chat(ctx.chat, req), /*add_bos=*/false, /*parse_special=*/true);
         break;
       case PromptKind::Tokens:
         prompt = std::move(req.prompt_tokens);

@@ -108,6 +108,9 @@ struct GenerationRequest {
   int64_t min_tokens = 0;              // end-of-generation tokens and stop_token_ids are masked before this many
   std::vector<int32_t> stop_token_ids; // sampling one ends the generation ("stop"; the token is not output)
   bool add_generation_prompt = true;   // Chat: open the assistant's turn
+  // Chat (vLLM's continue_final_message): the final message, an assistant's, is left open and
+  // continued (rendered without a generation prompt, cut after its content).
+  bool continue_final_message = false;
   nlohmann::json tools;                // Chat: the function definitions the template shows (null: none)
   std::string grammar;                 // GBNF (engine/grammar.h) the output must match; "" = none
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line

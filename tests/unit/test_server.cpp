@@ -356,6 +356,18 @@ TEST(ServerParse, VllmPromptAndStopExtensions) {
   expect_400(Endpoint::Completions, p + R"("truncate_prompt_tokens":0})", "truncate_prompt_tokens", ">= 1");
   expect_400(Endpoint::Completions, p + R"("truncate_prompt_tokens":-2})", "truncate_prompt_tokens", "");
   expect_400(Endpoint::Completions, p + R"("include_stop_str_in_output":"yes"})", "include_stop_str_in_output", "");
+  EXPECT_TRUE(parse_c(base).add_bos);
+  j = base;
+  j["add_special_tokens"] = false;  // completions: no BOS before the text
+  EXPECT_FALSE(parse_c(j).add_bos);
+  // Chat: continue_final_message continues the final assistant message (no generation prompt).
+  const json msgs = {{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "Once"}}};
+  const auto c = parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"continue_final_message", true}});
+  EXPECT_TRUE(c.continue_final_message);
+  EXPECT_FALSE(c.add_generation_prompt);
+  EXPECT_TRUE(c.ignored_fields.empty());
+  const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)";
+  expect_400(Endpoint::Chat, chat + R"("continue_final_message":true})", "continue_final_message", "assistant");
 }
 
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {

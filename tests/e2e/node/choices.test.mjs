@@ -218,7 +218,7 @@ describe('choices and echo (stories260K)', { skip }, () => {
     }
   });
 
-  test("vLLM's truncate_prompt_tokens (the prompt's last k tokens) and include_stop_str_in_output", async () => {
+  test("vLLM's truncate_prompt_tokens (the prompt's last k tokens), add_special_tokens and include_stop_str_in_output", async () => {
     const req = { model: MODEL_ID, max_tokens: 8, temperature: 0 };
     const prompt = `${gold.prompt} a small red boat sailed on the river`;
     const ids = await tokenize(prompt);
@@ -228,6 +228,12 @@ describe('choices and echo (stories260K)', { skip }, () => {
     assert.equal(r.choices[0].text, tail.choices[0].text);
     const all = await client.completions.create({ ...req, prompt, truncate_prompt_tokens: -1 });  // fits: all of it
     assert.equal(all.usage.prompt_tokens, ids.length);
+    // add_special_tokens: false: no BOS before the text.
+    const plainIds = (await postJson(server.url, '/tokenize', { prompt, add_special_tokens: false })).json.tokens;
+    assert.equal(plainIds.length, ids.length - 1);
+    const nobos = await client.completions.create({ ...req, prompt, add_special_tokens: false });
+    assert.equal(nobos.usage.prompt_tokens, plainIds.length);
+    assert.equal(nobos.choices[0].text, (await client.completions.create({ ...req, prompt: plainIds })).choices[0].text);
 
     const plain = await client.completions.create({ ...req, prompt: gold.prompt, max_tokens: 24 });
     const text = plain.choices[0].text;
@@ -240,6 +246,23 @@ describe('choices and echo (stories260K)', { skip }, () => {
     const kept = await client.completions.create({ ...req, prompt: gold.prompt, max_tokens: 24, stop: [stop], include_stop_str_in_output: true });
     assert.equal(kept.choices[0].text, text.slice(0, at + stop.length));
     assert.equal(kept.choices[0].finish_reason, 'stop');
+  });
+
+  test("vLLM's continue_final_message: the assistant's last message continued, not closed", async () => {
+    const messages = [{ role: 'user', content: 'Tell me a story.' }, { role: 'assistant', content: 'Once upon a time, a little' }];
+    // The built-in chatml rendering, cut after the final message's content: no <|im_end|>, no new turn.
+    const text = '<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\nOnce upon a time, a little';
+    const ids = (await postJson(server.url, '/tokenize', { prompt: text, add_special_tokens: false })).json.tokens;
+    const want = await client.completions.create({ model: MODEL_ID, prompt: ids, max_tokens: 8, temperature: 0 });
+    const r = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 8, temperature: 0, continue_final_message: true });
+    assert.equal(r.usage.prompt_tokens, ids.length);
+    assert.equal(r.choices[0].message.content, want.choices[0].text);
+    const closed = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 8, temperature: 0, add_generation_prompt: false });
+    assert.ok(closed.usage.prompt_tokens > ids.length);  // (without it the message is closed)
+    await assert.rejects(client.chat.completions.create({ model: MODEL_ID, messages: messages.slice(0, 1), max_tokens: 4, continue_final_message: true }),
+      (e) => e.status === 400 && e.param === 'continue_final_message');
+    await assert.rejects(client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 4, continue_final_message: true, add_generation_prompt: true }),
+      (e) => e.status === 400 && e.param === 'continue_final_message');
   });
 
   test('n > 1: a client that disconnects mid-stream cancels every choice and frees their KV blocks', async () => {
