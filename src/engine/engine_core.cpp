@@ -123,7 +123,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.sampler->add_prompt(r.tokens);
   r.processor = std::move(in.logits_processor);
   r.adapter = std::move(in.adapter);
-  r.salt = prefix_salt(r.adapter ? r.adapter->uid() : 0);
+  r.salt = prefix_salt(r.adapter ? r.adapter->uid() : 0, in.cache_salt);
   r.speculate = spec_.enabled() && !r.processor;  // a processor sees one row at a time, in order
   r.cb = std::move(cb);
   for (size_t k = 0; k < in.forks.size(); ++k) r.forks.push_back({id + 1 + k, std::move(in.forks[k])});

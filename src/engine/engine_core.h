@@ -70,6 +70,9 @@ struct EngineRequest {
   std::shared_ptr<LogitsProcessor> logits_processor;  // null: the raw logits
   // The LoRA adapter it runs under (model/lora.h; null: the base). Held until it finishes.
   std::shared_ptr<const LoraAdapter> adapter;
+  // vLLM's cache_salt, hashed (0: none): the prefix cache shares blocks only between requests of
+  // the same salt (and adapter), so one tenant cannot learn another's prompts from hit timings.
+  uint64_t cache_salt = 0;
   // More choices of the same prompt (the server's `n`), sharing its one prefill: fork k is the
   // request with id (this one's) + 1 + k. When the prefill ends, each fork takes the prompt's KV
   // (KVCache::fork: full blocks shared, the last partial one copied) and samples its first token

@@ -20,10 +20,17 @@ uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens) {
   return h ? h : 1;
 }
 
-uint64_t prefix_salt(uint64_t uid) {
-  if (uid == 0) return 0;
-  const int32_t words[2] = {int32_t(uint32_t(uid)), int32_t(uint32_t(uid >> 32))};
-  return block_hash(0x4C6F5241ull /* "LoRA" */, words);
+uint64_t prefix_salt(uint64_t uid, uint64_t cache_salt) {
+  uint64_t salt = 0;
+  if (uid != 0) {
+    const int32_t words[2] = {int32_t(uint32_t(uid)), int32_t(uint32_t(uid >> 32))};
+    salt = block_hash(0x4C6F5241ull /* "LoRA" */, words);
+  }
+  if (cache_salt != 0) {
+    const int32_t words[2] = {int32_t(uint32_t(cache_salt)), int32_t(uint32_t(cache_salt >> 32))};
+    salt = block_hash(salt ^ 0x53616C74ull /* "Salt" */, words);
+  }
+  return salt;
 }
 
 KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg), geo_(cfg.geometry()) {

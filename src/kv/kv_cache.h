@@ -184,8 +184,9 @@ class KVCache {
 
 // Chained hash of one block: names the prefix ending with this block.
 uint64_t block_hash(uint64_t parent, std::span<const int32_t> block_tokens);
-// The prefix-cache salt of a LoRA adapter's uid (LoraAdapter::uid; 0, the base, -> 0): nonzero
-// and well mixed for any other uid.
-uint64_t prefix_salt(uint64_t adapter_uid);
+// The prefix-cache salt of a LoRA adapter's uid (LoraAdapter::uid; 0, the base, -> 0) and a
+// request's cache salt (EngineRequest::cache_salt; 0: none): 0 for the base without a salt,
+// nonzero and well mixed for anything else.
+uint64_t prefix_salt(uint64_t adapter_uid, uint64_t cache_salt = 0);
 
 }  // namespace ft

@@ -115,7 +115,7 @@ constexpr Field kFields[] = {
     {"chat_template_kwargs", kChat, Use::Ignored}, {"documents", kChat, Use::Ignored},
     {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Ignored},
     {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
-    {"return_tokens_as_token_ids", kBoth, Use::Ignored}, {"cache_salt", kBoth, Use::Ignored},
+    {"return_tokens_as_token_ids", kBoth, Use::Ignored}, {"cache_salt", kBoth, Use::Handled},
     {"cache_prompt", kBoth, Use::Ignored}, {"n_probs", kBoth, Use::Ignored}, {"typical_p", kBoth, Use::Ignored},
     {"repeat_last_n", kBoth, Use::Ignored}, {"penalize_nl", kBoth, Use::Ignored}, {"mirostat", kBoth, Use::Ignored},
     {"mirostat_tau", kBoth, Use::Ignored}, {"mirostat_eta", kBoth, Use::Ignored}, {"samplers", kBoth, Use::Ignored},
@@ -480,6 +480,10 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     r.seed_set = true;
   }
   if (j.contains("ignore_eos")) r.ignore_eos = get_bool(j, "ignore_eos");
+  if (j.contains("cache_salt")) {
+    r.cache_salt = get_string(j, "cache_salt", "cache_salt");
+    if (r.cache_salt.empty()) bad("cache_salt", "'cache_salt' must be a non-empty string");
+  }
   if (j.contains("include_stop_str_in_output")) r.include_stop_str = get_bool(j, "include_stop_str_in_output");
   // vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (k >= 1; -1: the context's worth).
   if (j.contains("truncate_prompt_tokens")) {

@@ -295,6 +295,7 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   er.prompt_logprobs = r.prompt_logprobs;
   er.ttft_slo_ms = r.ttft_slo_ms;
   er.priority = r.priority;
+  if (!r.cache_salt.empty()) er.cache_salt = std::max<uint64_t>(1, std::hash<std::string>{}(r.cache_salt));
   gen->post_ = std::move(post);
   gen->p_tok0_ = p_tok0;
   gen->p_tok1_ = p_tok1;

@@ -115,6 +115,7 @@ struct GenerationRequest {
   std::string grammar;                 // GBNF (engine/grammar.h) the output must match; "" = none
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
   std::string adapter;                 // a loaded LoRA adapter's name (Engine::load_adapter); "" = the base
+  std::string cache_salt;              // vLLM's: prefix-cache blocks are shared only under the same salt; "" = none
 };
 
 // id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).

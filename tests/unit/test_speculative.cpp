@@ -317,6 +317,26 @@ TEST(KVCacheFork, RollbackAfterAForkStopsAtTheSharedBlocks) {
   EXPECT_EQ(kv.free_blocks(), 8);
 }
 
+// Salts (prefix_salt): the base unsalted is 0; an adapter, a request's cache_salt, or both, each
+// a key space of its own, so a prompt published under one is found under it alone.
+TEST(KVCacheFork, SaltsAreSeparateKeySpaces) {
+  const std::vector<uint64_t> salts = {prefix_salt(0), prefix_salt(7), prefix_salt(0, 99), prefix_salt(7, 99),
+                                       prefix_salt(0, 98), prefix_salt(8, 99)};
+  EXPECT_EQ(salts[0], 0u);
+  for (size_t i = 0; i < salts.size(); ++i)
+    for (size_t j = i + 1; j < salts.size(); ++j) EXPECT_NE(salts[i], salts[j]) << i << " " << j;
+  KVCache kv(fork_config(8, true));
+  std::vector<int32_t> toks(32);
+  for (int i = 0; i < 32; ++i) toks[size_t(i)] = 5 * i + 2;
+  ASSERT_EQ(kv.attach_prefix(1, toks, 32, salts[2]), 0);
+  ASSERT_TRUE(kv.reserve(1, 32));
+  write_positions(kv, 1, 0, 32, 0);
+  kv.publish(1, toks, 32);  // under salts[2]: attach_prefix's
+  kv.release(1);
+  for (size_t i = 0; i < salts.size(); ++i)
+    EXPECT_EQ(kv.prefix_hit(toks, 32, salts[i]).tokens, i == 2 ? 32 : 0) << i;
+}
+
 TEST(KVCacheFork, PrefixCacheRefcountsAndChainStayRight) {
   KVCache kv(fork_config(8, true));
   std::vector<int32_t> toks(64);

@@ -265,6 +265,23 @@ describe('choices and echo (stories260K)', { skip }, () => {
       (e) => e.status === 400 && e.param === 'continue_final_message');
   });
 
+  test("vLLM's cache_salt: prefix-cache blocks are shared only under the same salt", async () => {
+    const prompt = `${gold.prompt} the salty sea was wide and blue and the little fish swam in it all day long`;
+    const req = { model: MODEL_ID, prompt, max_tokens: 2, temperature: 0 };
+    const hits = async () => (await metrics(server.url))[HITS];
+    const h0 = await hits();
+    const a = await client.completions.create({ ...req, cache_salt: 'tenant-a' });
+    const h1 = await hits();
+    assert.equal(h1, h0);  // a fresh prompt
+    await client.completions.create({ ...req, cache_salt: 'tenant-b' });
+    await client.completions.create(req);  // no salt: the unsalted key space
+    assert.equal(await hits(), h1);
+    const again = await client.completions.create({ ...req, cache_salt: 'tenant-a' });
+    assert.ok(await hits() > h1);
+    assert.equal(again.choices[0].text, a.choices[0].text);
+    await assert.rejects(client.completions.create({ ...req, cache_salt: '' }), (e) => e.status === 400 && e.param === 'cache_salt');
+  });
+
   test('n > 1: a client that disconnects mid-stream cancels every choice and frees their KV blocks', async () => {
     const before = await metrics(server.url);
     const ac = new AbortController();
