@@ -2,7 +2,8 @@
 // trips, and the Verifier refusing malformed bytes), then a server running in this process on
 // stories260K driven by the C++ client: greedy text equals the golden continuation (streamed and
 // not, text and token-id prompts), errors as a last frame, and malformed frames closing only
-// their own connection while another stream completes.
+// their own connection while another stream completes. The same server's HTTP front end takes
+// a batched completions request (HttpBatchedPrompts: here so that the sanitizers run it).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -259,6 +260,103 @@ class BinaryServer : public ::testing::Test {
   std::string greedy_text_;
   std::vector<int32_t> greedy_tokens_, prompt_tokens_;
 };
+
+// One HTTP/1.1 POST on a connection of its own (Connection: close): the response's status and
+// body (raw: a stream's chunk framing included). abort_after > 0: the client leaves once that
+// many bytes came.
+std::pair<int, std::string> http_post(int port, const std::string& path, const std::string& body, size_t abort_after = 0) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    if (fd >= 0) close(fd);
+    return {-1, ""};
+  }
+  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n" +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  for (size_t off = 0; off < req.size();) {
+    const ssize_t n = send(fd, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    off += size_t(n);
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) {
+    out.append(buf, size_t(n));
+    if (abort_after > 0 && out.size() >= abort_after) break;
+  }
+  close(fd);
+  const size_t sp = out.find(' '), head = out.find("\r\n\r\n");
+  if (sp == std::string::npos || head == std::string::npos) return {-1, out};
+  return {std::atoi(out.c_str() + sp + 1), out.substr(head + 4)};
+}
+// The JSON of each SSE event in a streamed body ("data: {...}"; [DONE] left out).
+std::vector<json> sse_events(const std::string& body) {
+  std::vector<json> ev;
+  for (size_t at = 0; (at = body.find("data: {", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    ev.push_back(json::parse(body.substr(at + 6, end - at - 6)));
+    at = end;
+  }
+  return ev;
+}
+
+// Completions' batched prompts through the HTTP front end (here under the sanitizers too): one
+// generation per prompt, prompt i's choices at i*n.., each its prompt's single answer, streamed
+// and not; a refused prompt refuses the whole request before anything runs; a client leaving a
+// batched stream cancels every prompt's generation; the server goes on serving.
+TEST_F(BinaryServer, HttpBatchedPrompts) {
+  const int hp = server_->port();
+  ASSERT_GT(hp, 0);
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog"};
+  std::vector<std::string> single;
+  for (const std::string& p : prompts) {
+    const auto [st, body] = http_post(hp, "/v1/completions", json{{"model", "stories260K"}, {"prompt", p}, {"max_tokens", 12}, {"temperature", 0}}.dump());
+    ASSERT_EQ(st, 200) << body;
+    single.push_back(json::parse(body)["choices"][0]["text"]);
+  }
+  const json req = {{"model", "stories260K"}, {"prompt", prompts}, {"max_tokens", 12}, {"temperature", 0}, {"n", 2}};
+  const auto [st, body] = http_post(hp, "/v1/completions", req.dump());
+  ASSERT_EQ(st, 200) << body;
+  const json r = json::parse(body);
+  ASSERT_EQ(r["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["text"], single[size_t(i / 2)]) << i;
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 4 * 12);
+
+  json sreq = req;
+  sreq["stream"] = true;
+  const auto [sst, sbody] = http_post(hp, "/v1/completions", sreq.dump());
+  ASSERT_EQ(sst, 200);
+  std::vector<std::string> text(4);
+  int finishes = 0;
+  for (const json& e : sse_events(sbody))
+    for (const json& c : e["choices"]) {
+      text[c["index"].get<size_t>()] += c["text"].get<std::string>();
+      finishes += !c["finish_reason"].is_null();
+    }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(text[size_t(i)], single[size_t(i / 2)]) << i;
+  EXPECT_EQ(finishes, 4);
+
+  // A prompt past the context refuses the request; nothing of it runs.
+  const auto [bst, bbody] = http_post(hp, "/v1/completions",
+                                      json{{"model", "stories260K"}, {"prompt", {prompt_tokens_, std::vector<int32_t>(size_t(engine_->n_ctx()) + 1, prompt_tokens_.back())}}, {"max_tokens", 4}}.dump());
+  EXPECT_EQ(bst, 400) << bbody;
+  // A client leaving a batched stream: every prompt's generation is cancelled.
+  json leave = sreq;
+  leave["max_tokens"] = 400;
+  leave["ignore_eos"] = true;
+  EXPECT_EQ(http_post(hp, "/v1/completions", leave.dump(), 3000).first, 200);
+  for (int i = 0; i < 500 && engine_->metrics().running + engine_->metrics().waiting > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto [ast, abody] = http_post(hp, "/v1/completions", json{{"model", "stories260K"}, {"prompt", prompts[0]}, {"max_tokens", 12}, {"temperature", 0}}.dump());
+  EXPECT_EQ(ast, 200);
+  EXPECT_EQ(json::parse(abody)["choices"][0]["text"], single[0]);
+}
 
 TEST_F(BinaryServer, StreamedGreedyTextEqualsGolden) {
   client::BinaryClient c("127.0.0.1", port(), 60);
