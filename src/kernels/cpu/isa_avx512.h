@@ -405,12 +405,19 @@ struct Avx512Isa : Avx2Isa {
   // full DRAM latency at each pass. There each goes n - 1 groups further (past[g]: bytes to add
   // to an offset past the end): into its counterpart of the next pass. (SwiGLU's gate j, up j:
   // n = 1; two such items: gate j, up j, gate j + 1, up j + 1, n = 2.)
-  // The two layouts passes read are checked first, consecutive groups and SwiGLU's two items
-  // (gate j, up j, gate j + 1, up j + 1, the matrices further apart than a pass): the count over
-  // every pair (32 64-bit divisions at four groups, ~32 ns) was ~2% of the 110m decode's kernel
-  // samples (`perf`), whose K = 768 calls are short; the checks take ~2 ns.
+  // One or two groups are two compares; of four, the two layouts passes read are checked first,
+  // consecutive groups and SwiGLU's two items (gate j, up j, gate j + 1, up j + 1, the matrices
+  // further apart than a pass). The count over every pair (32 64-bit divisions at four groups,
+  // ~32 ns) was ~2% of the 110m decode's kernel samples (`perf`), whose K = 768 calls are short;
+  // the checks take ~2 ns. (The same offsets as the count on 600K random layouts.)
   template <int NG>
   static void past_end(const uint8_t* const* groups, int64_t group_bytes, int64_t* past) {
+    if constexpr (NG <= 2) {  // (n = 2 where two groups are 0 or 1 group apart)
+      const int64_t d = groups[NG - 1] - groups[0];
+      const int n = NG == 2 && (d == 0 || d == group_bytes || d == -group_bytes) ? 2 : 1;
+      for (int g = 0; g < NG; ++g) past[g] = (n - 1) * group_bytes;
+      return;
+    }
     bool consecutive = true;
     for (int h = 1; h < NG; ++h) consecutive = consecutive && groups[h] == groups[0] + h * group_bytes;
     bool gate_up = false;
