@@ -27,13 +27,18 @@ constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/met
 // before penalties, temperature and filters), for the sampled token and the n most likely ones
 // (tokens a processor masked out, -inf, are never among them).
 void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, float& logprob,
-                   std::vector<std::pair<int32_t, float>>& top) {
+                   std::vector<std::pair<int32_t, float>>& top, int32_t* rank = nullptr) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int32_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
   double sum = 0;
   for (int32_t i = 0; i < V; ++i) sum += std::exp(double(logits[i] - mx));
   const float log_z = mx + float(std::log(sum));
   logprob = logits[token] - log_z;
+  if (rank) {
+    int32_t above = 0;
+    for (int32_t i = 0; i < V; ++i) above += logits[i] > logits[token];
+    *rank = 1 + above;
+  }
   top.clear();
   if (n <= 0) return;
   // Keep the n best in a small sorted list (n <= kMaxLogprobs).
@@ -723,7 +728,8 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
       const int32_t next = p.r->tokens[size_t(p.pos + k + 1)];
       TokenLogprobs& t = p.r->prompt_lp.emplace_back();
       t.token = next;
-      fill_logprobs(f.logits.data() + (p.first + size_t(k)) * V, int32_t(NT), next, p.r->prompt_logprobs, t.logprob, t.top);
+      fill_logprobs(f.logits.data() + (p.first + size_t(k)) * V, int32_t(NT), next, p.r->prompt_logprobs, t.logprob, t.top,
+                    &t.rank);
     }
   struct Emit {
     Req* r;

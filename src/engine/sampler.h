@@ -45,6 +45,7 @@ struct TokenLogprobs {
   int32_t token = -1;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
+  int32_t rank = 0;  // 1 + how many tokens have a higher logit (vLLM's rank); 0: not computed
 };
 
 // Validates ranges (temperature >= 0 and finite, top_p in (0,1], min_p in [0,1], top_k >= 0,

@@ -109,13 +109,13 @@ constexpr Field kFields[] = {
     {"grammar", kBoth, Use::Handled}, {"json_schema", kBoth, Use::Handled}, {"guided_json", kBoth, Use::Handled},
     {"guided_choice", kBoth, Use::Handled}, {"guided_grammar", kBoth, Use::Handled},
     {"guided_decoding_backend", kBoth, Use::Ignored},
-    {"echo", kChat, Use::Ignored}, {"skip_special_tokens", kBoth, Use::Ignored},
+    {"echo", kChat, Use::Ignored}, {"skip_special_tokens", kBoth, Use::Handled},
     {"spaces_between_special_tokens", kBoth, Use::Ignored}, {"include_stop_str_in_output", kBoth, Use::Handled},
     {"add_special_tokens", kCmpl, Use::Handled}, {"add_special_tokens", kChat, Use::Ignored}, {"continue_final_message", kChat, Use::Handled},
     {"chat_template_kwargs", kChat, Use::Ignored}, {"documents", kChat, Use::Ignored},
-    {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Ignored},
+    {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Handled},
     {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
-    {"return_tokens_as_token_ids", kBoth, Use::Ignored}, {"cache_salt", kBoth, Use::Handled},
+    {"return_tokens_as_token_ids", kBoth, Use::Handled}, {"cache_salt", kBoth, Use::Handled},
     {"cache_prompt", kBoth, Use::Ignored}, {"n_probs", kBoth, Use::Ignored}, {"typical_p", kBoth, Use::Ignored},
     {"repeat_last_n", kBoth, Use::Ignored}, {"penalize_nl", kBoth, Use::Ignored}, {"mirostat", kBoth, Use::Ignored},
     {"mirostat_tau", kBoth, Use::Ignored}, {"mirostat_eta", kBoth, Use::Ignored}, {"samplers", kBoth, Use::Ignored},
@@ -576,6 +576,17 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     r.echo = get_bool(j, "echo");
     if (r.echo) r.prompt_logprobs = r.logprobs;  // the prompt's tokens reported as the completion's
   }
+  if (j.contains("prompt_logprobs")) {  // vLLM's rules: -1 is the whole vocabulary; > 0 not with stream
+    const int32_t n = int32_t(get_int(j, "prompt_logprobs", -1, kMaxLogprobs));
+    if (n < 0) bad("prompt_logprobs", cat("'prompt_logprobs' -1 (the whole vocabulary) is not supported; at most ", kMaxLogprobs));
+    if (r.stream && n > 0) bad("prompt_logprobs", "'prompt_logprobs' are not available when 'stream' is true");
+    if (!r.stream) {
+      r.report_prompt_logprobs = n;
+      r.prompt_logprobs = std::max(r.prompt_logprobs, n);
+    }
+  }
+  if (j.contains("return_tokens_as_token_ids")) r.tokens_as_ids = get_bool(j, "return_tokens_as_token_ids");
+  if (j.contains("skip_special_tokens")) r.skip_special_tokens = get_bool(j, "skip_special_tokens");
   if (const size_t prompts = 1 + r.more_texts.size() + r.more_tokens.size(); prompts > 1) {
     if (int64_t(prompts) * std::max(r.n, r.best_of) > kMaxBatchChoices)
       bad("prompt", cat(prompts, " prompts x ", std::max(r.n, r.best_of), " choices each is more than ", kMaxBatchChoices,

@@ -45,6 +45,12 @@ struct ParsedRequest : GenerationRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: the prompt before each choice's text (with logprobs: its tokens' too)
   bool echo_only = false;      // echo with max_tokens 0: the prompt alone (its one generated token is dropped)
+  // vLLM's prompt_logprobs = N (-1: off): each prompt token's logprob, rank and N best
+  // alternatives, in the response (completions: each choice's "prompt_logprobs"; chat: the
+  // response's), never streamed. GenerationRequest::prompt_logprobs is what the engine scores:
+  // the larger of this and echo's.
+  int32_t report_prompt_logprobs = -1;
+  bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
   // Completions' prompt as an array of prompts: the second and later ones (the first is
   // prompt_text / prompt_tokens, of the same kind), each generated as a request of its own with
   // the same parameters; prompt i's choices are the response's i*n .. i*n + n - 1 (OpenAI's order).

@@ -189,7 +189,7 @@ std::shared_ptr<const GrammarVocab> GenerationContext::grammar_vocab() const {
 
 Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink)
     : ctx_(ctx), req_(std::move(req)), sink_(std::move(sink)) {
-  for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, req_.stop, req_.include_stop_str);
+  for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, req_.stop, req_.include_stop_str, !req_.skip_special_tokens);
 }
 
 namespace {

@@ -91,6 +91,7 @@ struct GenerationRequest {
   bool ignore_eos = false;
   std::vector<std::string> stop;       // at most kMaxStops, non-empty
   bool include_stop_str = false;       // a matched stop string ends the output, included (vLLM's include_stop_str_in_output)
+  bool skip_special_tokens = true;     // false: control tokens (other than the one that ends it) are output as their text
   int64_t truncate_prompt_tokens = 0;  // > 0: only the prompt's last this many tokens are used (vLLM's); 0: all
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
   int32_t prompt_logprobs = -1;        // -1: off; N >= 0: the same for the prompt's tokens (Output::prompt_logprobs)
@@ -233,8 +234,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
  private:
   struct Choice {
-    Choice(const Tokenizer& tok, const std::vector<std::string>& stops, bool include_stop)
-        : dec(tok), stop(stops, include_stop) {}
+    Choice(const Tokenizer& tok, const std::vector<std::string>& stops, bool include_stop, bool keep_special)
+        : dec(tok, keep_special), stop(stops, include_stop) {}
     std::shared_ptr<GrammarProcessor> grammar;  // null: unconstrained
     StreamDecoder dec;
     StopMatcher stop;

@@ -289,8 +289,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     Reply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0),
           tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), echo_only_(pr.echo_only),
-          n_(pr.n), usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
-          choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()) {
+          echo_alternatives_(pr.logprobs), report_prompt_logprobs_(pr.report_prompt_logprobs),
+          tokens_as_ids_(pr.tokens_as_ids), n_(pr.n), usage_(1 + pr.more_texts.size() + pr.more_tokens.size()),
+          prompts_left_(usage_.size()), choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()),
+          prompt_logprobs_(usage_.size()) {
       if (pr.echo) {  // each prompt as the client gave it
         const Tokenizer& tok = *s.srv_.model.tokenizer;
         echo_.push_back(pr.prompt_kind == PromptKind::Text ? pr.prompt_text : tok.decode(pr.prompt_tokens));
@@ -353,10 +355,13 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       done_[size_t(f.index)] =
           completion_choice(meta_.kind, f.index, c.text, reason, logprobs_ ? logprobs_json(meta_.kind, c.lp) : json(nullptr), calls);
-      if (f.last)
-        s_.send_response(200, "application/json",
-                         completion_response(meta_, json(std::move(done_)), f.usage)
-                             .dump(-1, ' ', false, json::error_handler_t::replace));
+      // vLLM's prompt_logprobs: completions' per choice, chat's once for the response.
+      if (report_prompt_logprobs_ >= 0 && meta_.kind == Endpoint::Completions)
+        done_[size_t(f.index)]["prompt_logprobs"] = prompt_logprobs_[size_t(prompt)];
+      if (!f.last) return;
+      json body = completion_response(meta_, json(std::move(done_)), f.usage);
+      if (report_prompt_logprobs_ >= 0 && meta_.kind == Endpoint::Chat) body["prompt_logprobs"] = prompt_logprobs_[0];
+      s_.send_response(200, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace));
     }
     // A prompt's generation failed: so does the request (the other prompts' are cancelled).
     void on_error(const ApiError& e) {
@@ -395,12 +400,19 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       o.tokens.clear();
       o.logprobs.clear();
     }
-    // The choice's logprobs, and with echo on its first output the prompt before its text.
+    // A token as logprobs name it: its piece, or "token_id:N" (vLLM's return_tokens_as_token_ids).
+    std::string token_name(int32_t id) const {
+      return tokens_as_ids_ ? cat("token_id:", id) : s_.srv_.model.tokenizer->token_to_piece(id);
+    }
+    // The choice's logprobs, and with echo on its first output the prompt before its text. A
+    // prompt's first output also carries its prompt_logprobs.
     void add_logprobs(Choice& c, int32_t prompt, Output& o) {
       const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
-      auto add = [&](const TokenLogprobs& t) {
-        TokenLogprob x{tok.token_to_piece(t.token), t.logprob, {}};
-        for (const auto& [id, lp] : t.top) x.top.emplace_back(tok.token_to_piece(id), lp);
+      if (report_prompt_logprobs_ >= 0 && !o.prompt_logprobs.empty() && prompt_logprobs_[size_t(prompt)].is_null())
+        prompt_logprobs_[size_t(prompt)] = vllm_prompt_logprobs(o.prompt_logprobs);
+      auto add = [&](const TokenLogprobs& t, size_t alternatives) {
+        TokenLogprob x{token_name(t.token), t.logprob, {}};
+        for (size_t k = 0; k < std::min(alternatives, t.top.size()); ++k) x.top.emplace_back(token_name(t.top[k].first), t.top[k].second);
         c.lp.push_back(std::move(x));
       };
       if (!echo_.empty() && !c.echoed) {
@@ -410,7 +422,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         std::vector<int32_t> ids;
         size_t bytes = 0;
         for (const TokenLogprobs& t : o.prompt_logprobs) {
-          add(t);
+          add(t, size_t(echo_alternatives_));  // (the engine scored max(logprobs, prompt_logprobs))
           ids.push_back(t.token);
           bytes += c.lp.back().text.size();
         }
@@ -424,7 +436,28 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           break;
         }
       }
-      for (const TokenLogprobs& t : o.logprobs) add(t);
+      for (const TokenLogprobs& t : o.logprobs) add(t, t.top.size());
+    }
+    // vLLM's prompt_logprobs: null for the first token (nothing precedes it), then per token
+    // {"<id>": {"logprob", "rank", "decoded_token"}}, the token itself first, then its
+    // report_prompt_logprobs_ best alternatives (ranks 1..; -inf as -9999, vLLM's clamp).
+    json vllm_prompt_logprobs(const std::vector<TokenLogprobs>& lps) const {
+      json out = json::array();
+      for (const TokenLogprobs& t : lps) {
+        if (std::isnan(t.logprob)) {
+          out.push_back(nullptr);
+          continue;
+        }
+        json pos = json::object();
+        auto entry = [&](int32_t id, float lp, int32_t rank) {
+          pos[std::to_string(id)] = {{"logprob", std::max(lp, -9999.0f)}, {"rank", rank}, {"decoded_token", token_name(id)}};
+        };
+        entry(t.token, t.logprob, t.rank);
+        for (size_t k = 0; k < std::min(size_t(report_prompt_logprobs_), t.top.size()); ++k)
+          if (t.top[k].first != t.token) entry(t.top[k].first, t.top[k].second, int32_t(k + 1));
+        out.push_back(std::move(pos));
+      }
+      return out;
     }
     // Sends (streaming) or appends text. A streamed chunk carries the logprobs of the tokens since
     // the previous chunk; final: send them even without text (held-back bytes, a stop).
@@ -470,12 +503,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     json tools_;
     std::vector<std::string> echo_;  // echo: each prompt's text (none: no echo)
     bool echo_only_;                 // echo with max_tokens 0: the generated token is dropped
+    int32_t echo_alternatives_;      // echo: alternatives per prompt token (the request's logprobs)
+    int32_t report_prompt_logprobs_; // vLLM's prompt_logprobs (-1: off)
+    bool tokens_as_ids_;             // vLLM's return_tokens_as_token_ids
     int32_t n_;                      // choices per prompt
     std::vector<Usage> usage_;       // per prompt, its latest
     size_t prompts_left_;            // prompts whose last choice has not finished
     bool failed_ = false;            // a prompt's generation failed: the response is out
     std::vector<Choice> choices_;    // prompt i's choice j at i * n_ + j
     std::vector<json> done_;         // not streaming: the finished choices' JSON, by index
+    std::vector<json> prompt_logprobs_;  // per prompt, vLLM's prompt_logprobs once its first output came
   };
   // One prompt's generation, for its request's Reply.
   class PromptSink : public GenerationSink {

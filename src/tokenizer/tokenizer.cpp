@@ -502,7 +502,7 @@ std::string_view Tokenizer::model_name() const { return impl_->vocab->model_name
 std::string_view Tokenizer::pre_name() const { return impl_->vocab->pre_name; }
 
 std::string StreamDecoder::push(TokenId id) {
-  pending_ += tok_->token_to_piece(id);
+  pending_ += keep_special_ && tok_->is_control(id) ? tok_->token_text(id) : tok_->token_to_piece(id);
   const size_t ready = pending_.size() - tok::incomplete_utf8_tail(pending_);
   std::string out = pending_.substr(0, ready);
   pending_.erase(0, ready);

@@ -63,14 +63,17 @@ class Tokenizer {
 // Streaming detokenizer: push token ids as they are generated, get back only text that is
 // complete UTF-8; a partial multi-byte sequence is held until its last byte arrives. It streams a
 // continuation, so nothing is stripped: a generated "▁there" yields " there".
+// keep_special: control tokens come out as their vocabulary text ("<|im_end|>"), not as nothing
+// (vLLM's skip_special_tokens = false).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok) : tok_(&tok) {}
+  explicit StreamDecoder(const Tokenizer& tok, bool keep_special = false) : tok_(&tok), keep_special_(keep_special) {}
   std::string push(TokenId id);
   std::string flush();  // whatever is held (possibly invalid UTF-8 at end of stream)
 
  private:
   const Tokenizer* tok_;
+  bool keep_special_;
   std::string pending_;
 };
 

@@ -191,11 +191,12 @@ TEST(ServerParse, EveryOpenAIFieldIsAccepted) {
   EXPECT_TRUE(r.response_format.is_null());
   EXPECT_EQ(r.tool_choice, ToolChoice::None);
   EXPECT_FALSE(r.seed_set);
+  EXPECT_TRUE(r.skip_special_tokens);
   EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
   const std::set<std::string> ignored(r.ignored_fields.begin(), r.ignored_fields.end());
   for (const char* f : {"store", "metadata", "service_tier", "prompt_cache_key",
                         "reasoning_effort", "verbosity", "safety_identifier", "prediction", "web_search_options",
-                        "user", "skip_special_tokens", "chat_template_kwargs", "cache_prompt"})
+                        "user", "chat_template_kwargs", "cache_prompt"})
     EXPECT_TRUE(ignored.count(f)) << f;
 
   const json cmpl = json::parse(R"({"model": "stories260K", "prompt": "x", "suffix": null, "echo": false,
@@ -368,6 +369,46 @@ TEST(ServerParse, VllmPromptAndStopExtensions) {
   EXPECT_TRUE(c.ignored_fields.empty());
   const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)";
   expect_400(Endpoint::Chat, chat + R"("continue_final_message":true})", "continue_final_message", "assistant");
+}
+
+TEST(ServerParse, VllmPromptLogprobsAndTokenFields) {
+  const json base = {{"model", "stories260K"}, {"prompt", "Once"}};
+  EXPECT_EQ(parse_c(base).report_prompt_logprobs, -1);
+  EXPECT_EQ(parse_c(base).prompt_logprobs, -1);
+  EXPECT_FALSE(parse_c(base).tokens_as_ids);
+  EXPECT_TRUE(parse_c(base).skip_special_tokens);
+  json j = base;
+  j["prompt_logprobs"] = 3;
+  j["return_tokens_as_token_ids"] = true;
+  j["skip_special_tokens"] = false;
+  auto r = parse_c(j);
+  EXPECT_EQ(r.report_prompt_logprobs, 3);
+  EXPECT_EQ(r.prompt_logprobs, 3);  // the engine scores the prompt
+  EXPECT_TRUE(r.tokens_as_ids);
+  EXPECT_FALSE(r.skip_special_tokens);
+  EXPECT_TRUE(r.ignored_fields.empty());
+  // With echo the engine scores the larger of the two; each is reported with its own count.
+  j["echo"] = true;
+  j["logprobs"] = 5;
+  r = parse_c(j);
+  EXPECT_EQ(r.prompt_logprobs, 5);
+  EXPECT_EQ(r.report_prompt_logprobs, 3);
+  j["logprobs"] = 1;
+  EXPECT_EQ(parse_c(j).prompt_logprobs, 3);
+  // Streamed: 0 is accepted and reports nothing (vLLM's rule), more is refused.
+  j = base;
+  j["stream"] = true;
+  j["prompt_logprobs"] = 0;
+  EXPECT_EQ(parse_c(j).report_prompt_logprobs, -1);
+  EXPECT_EQ(parse_c(j).prompt_logprobs, -1);
+  const json msgs = {{{"role", "user"}, {"content", "x"}}};
+  EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"prompt_logprobs", 0}}).report_prompt_logprobs, 0);
+  const std::string p = R"({"model":"stories260K","prompt":"x",)";
+  expect_400(Endpoint::Completions, p + R"("stream":true,"prompt_logprobs":1})", "prompt_logprobs", "stream");
+  expect_400(Endpoint::Completions, p + R"("prompt_logprobs":-1})", "prompt_logprobs", "whole vocabulary");
+  expect_400(Endpoint::Completions, p + R"("prompt_logprobs":21})", "prompt_logprobs", "");
+  expect_400(Endpoint::Completions, p + R"("prompt_logprobs":"2"})", "prompt_logprobs", "");
+  expect_400(Endpoint::Completions, p + R"("skip_special_tokens":1})", "skip_special_tokens", "");
 }
 
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {

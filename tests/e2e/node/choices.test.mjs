@@ -358,6 +358,59 @@ describe('choices and echo (stories260K)', { skip }, () => {
     for (const c of two.choices) assert.equal(c.text, echoed.choices[0].text);
   });
 
+  test("vLLM's prompt_logprobs (ranks, alternatives, echo's numbers), return_tokens_as_token_ids, skip_special_tokens", async () => {
+    const ids = await tokenize(`${gold.prompt} there was a big red ball`);
+    const P = ids.length;
+    const req = { model: MODEL_ID, prompt: ids, max_tokens: 2, temperature: 0 };
+    const echoed = await client.completions.create({ ...req, echo: true, logprobs: 5, max_tokens: 0 });
+    const elp = echoed.choices[0].logprobs;
+    const r = await client.completions.create({ ...req, prompt_logprobs: 3, n: 2 });
+    const plp = r.choices[0].prompt_logprobs;
+    assert.equal(plp.length, P);
+    assert.equal(plp[0], null);
+    let ranked_out = 0;
+    for (let i = 1; i < P; ++i) {
+      const pos = plp[i], own = pos[String(ids[i])];
+      assert.ok(own, `position ${i}: the prompt token itself`);
+      assert.ok(Math.abs(own.logprob - elp.token_logprobs[i]) < 1e-5, `position ${i}: ${own.logprob} vs echo's ${elp.token_logprobs[i]}`);
+      if (i >= 2) assert.equal(own.decoded_token, elp.tokens[i]);  // (echo trims the first piece's space)
+      // The alternatives are echo's best 3, ranks 1..3 in order; the token's own rank is its place.
+      const echo_best = Object.values(elp.top_logprobs[i]).sort((a, b) => b - a);
+      const alts = Object.entries(pos).filter(([id]) => id !== String(ids[i]) || own.rank <= 3).map(([, v]) => v);
+      alts.sort((a, b) => a.rank - b.rank);
+      assert.deepEqual(alts.map((v) => v.rank), [1, 2, 3], `position ${i}`);
+      for (let k = 0; k < 3; ++k) assert.ok(Math.abs(alts[k].logprob - echo_best[k]) < 1e-5, `position ${i} rank ${k + 1}`);
+      if (own.rank > 3) {
+        ++ranked_out;
+        assert.ok(own.logprob < alts[2].logprob, `position ${i}: rank ${own.rank} above the third best`);
+      }
+      assert.equal(own.rank === 1, own.logprob >= echo_best[0] - 1e-6, `position ${i}: rank 1 iff the best`);
+    }
+    assert.ok(ranked_out >= 1, 'some prompt token outside the best 3 (its rank > 3)');
+    assert.deepEqual(r.choices[1].prompt_logprobs, plp);  // every choice of the prompt carries them
+    const plain = await client.completions.create(req);
+    assert.equal(r.choices[0].text, plain.choices[0].text);
+    assert.equal(plain.choices[0].prompt_logprobs, undefined);
+    // Chat: once, for the response.
+    const chat = await client.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'Hi' }],
+      max_tokens: 2, temperature: 0, prompt_logprobs: 0 });
+    assert.equal(chat.prompt_logprobs.length, chat.usage.prompt_tokens);
+    assert.ok(chat.prompt_logprobs.slice(1).every((pos) => Object.keys(pos).length === 1));
+    // Streamed: more than 0 is refused (vLLM's rule).
+    await assert.rejects(client.completions.create({ ...req, stream: true, prompt_logprobs: 1 }), (e) => e.status === 400);
+
+    // return_tokens_as_token_ids: echo's tokens are the prompt's ids.
+    const as_ids = await client.completions.create({ ...req, echo: true, logprobs: 1, return_tokens_as_token_ids: true });
+    assert.deepEqual(as_ids.choices[0].logprobs.tokens.slice(0, P), ids.map((t) => `token_id:${t}`));
+    for (const top of as_ids.choices[0].logprobs.top_logprobs.slice(1))
+      for (const k of Object.keys(top)) assert.match(k, /^token_id:\d+$/);
+
+    // skip_special_tokens: false outputs a control token's text (BOS forced by logit_bias).
+    const bos = { ...req, max_tokens: 3, logit_bias: { [ids[0]]: 100 } };
+    assert.equal((await client.completions.create(bos)).choices[0].text, '');
+    assert.equal((await client.completions.create({ ...bos, skip_special_tokens: false })).choices[0].text, '<s><s><s>');
+  });
+
   test("echo's prompt logprobs are the model's own predictions: each equals a generation from the prompt's prefix", async () => {
     const ids = await tokenize(`${gold.prompt} there was a big red ball in the garden`);
     const r = await client.completions.create({ model: MODEL_ID, prompt: ids, max_tokens: 1, temperature: 0, echo: true, logprobs: 5 });
