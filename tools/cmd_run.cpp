@@ -28,6 +28,14 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("--top-k", s.top_k, "Top-k (0 = off)")->capture_default_str();
   c->add_option("--top-p", s.top_p, "Top-p (1 = off)")->capture_default_str();
   c->add_option("--min-p", s.min_p, "Min-p (0 = off)")->capture_default_str();
+  c->add_option("--typical", s.typical_p, "Locally typical sampling, p (1 = off)")->capture_default_str();
+  c->add_option("--dynatemp-range", s.dynatemp_range, "Dynamic temperature range (0 = off)")->capture_default_str();
+  c->add_option("--dynatemp-exp", s.dynatemp_exponent, "Dynamic temperature exponent")->capture_default_str();
+  c->add_option("--mirostat", s.mirostat, "Mirostat 1 or 2 (0 = off; replaces top-k/top-p/min-p/typical)")->capture_default_str();
+  c->add_option("--mirostat-ent", s.mirostat_tau, "Mirostat target entropy (tau)")->capture_default_str();
+  c->add_option("--mirostat-lr", s.mirostat_eta, "Mirostat learning rate (eta)")->capture_default_str();
+  c->add_option("--min-keep", s.min_keep, "Tokens top-p, min-p and typical keep at least")->capture_default_str();
+  c->add_option("--repeat-last-n", s.penalty_last_n, "Repetition penalty window (0 = off, -1 = all)")->capture_default_str();
   c->add_option("--repeat-penalty", s.repetition_penalty, "Repetition penalty (1 = off)")->capture_default_str();
   c->add_option("--presence-penalty", s.presence_penalty, "Presence penalty")->capture_default_str();
   c->add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty")->capture_default_str();

@@ -129,7 +129,8 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.processor = std::move(in.logits_processor);
   r.adapter = std::move(in.adapter);
   r.salt = prefix_salt(r.adapter ? r.adapter->uid() : 0, in.cache_salt);
-  r.speculate = spec_.enabled() && !r.processor;  // a processor sees one row at a time, in order
+  // A processor sees one row at a time, in order; a stateful sampler draws every token itself.
+  r.speculate = spec_.enabled() && !r.processor && !r.sampler->stateful();
   r.cb = std::move(cb);
   for (size_t k = 0; k < in.forks.size(); ++k) r.forks.push_back({id + 1 + k, std::move(in.forks[k])});
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
@@ -270,7 +271,7 @@ std::vector<EngineCore::Req*> EngineCore::spawn_forks(Req& r) {
     c.processor = std::move(pf.f.logits_processor);
     c.adapter = r.adapter;
     c.salt = r.salt;
-    c.speculate = spec_.enabled() && !c.processor;
+    c.speculate = spec_.enabled() && !c.processor && !c.sampler->stateful();
     c.forked = true;
     c.cb = std::move(pf.f.cb);
     c.t = r.t;

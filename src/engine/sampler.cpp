@@ -63,6 +63,11 @@ size_t count_finite(const float* x, size_t n) {
   for (size_t k = 0; k < 16; ++k) total += c[k];
   return total;
 }
+// Higher logit first; equal logits by lower id, so every ordering is a total order.
+bool better(const float* logits, int32_t a, int32_t b) {
+  const float la = logits[size_t(a)], lb = logits[size_t(b)];
+  return la > lb || (la == lb && a < b);
+}
 }  // namespace
 
 void validate(const SamplingParams& p) {
@@ -89,10 +94,27 @@ void validate(const SamplingParams& p) {
   if (p.penalty_last_n < -1) {
     fail("sampling: penalty_last_n must be >= -1 (-1 = all, 0 = off), got ", p.penalty_last_n);
   }
+  if (!(p.typical_p > 0.0f && p.typical_p <= 1.0f)) {
+    fail("sampling: typical_p must be in (0, 1] (1 = off), got ", p.typical_p);
+  }
+  if (!(p.dynatemp_range >= 0.0f) || !std::isfinite(p.dynatemp_range)) {
+    fail("sampling: dynatemp_range must be finite and >= 0 (0 = off), got ", p.dynatemp_range);
+  }
+  if (!(p.dynatemp_exponent >= 0.0f) || !std::isfinite(p.dynatemp_exponent)) {
+    fail("sampling: dynatemp_exponent must be finite and >= 0, got ", p.dynatemp_exponent);
+  }
+  if (p.mirostat < 0 || p.mirostat > 2) fail("sampling: mirostat must be 0 (off), 1 or 2, got ", p.mirostat);
+  if (!(p.mirostat_tau >= 0.0f) || !std::isfinite(p.mirostat_tau)) {
+    fail("sampling: mirostat_tau must be finite and >= 0, got ", p.mirostat_tau);
+  }
+  if (!(p.mirostat_eta >= 0.0f) || !std::isfinite(p.mirostat_eta)) {
+    fail("sampling: mirostat_eta must be finite and >= 0, got ", p.mirostat_eta);
+  }
+  if (p.min_keep < 0) fail("sampling: min_keep must be >= 0, got ", p.min_keep);
 }
 
 Sampler::Sampler(const SamplingParams& p, int n_vocab)
-    : params_(p), n_vocab_(n_vocab), rng_(p.seed) {
+    : params_(p), n_vocab_(n_vocab), rng_(p.seed), temperature_(p.temperature), mu_(2.0f * p.mirostat_tau) {
   validate(p);
   if (n_vocab <= 0) fail("sampler: n_vocab must be > 0, got ", n_vocab);
   const size_t n = size_t(n_vocab);
@@ -161,11 +183,7 @@ size_t Sampler::distribution(const float* logits, double& sum) {
     for (int32_t t = 0; t < n_vocab_; ++t)
       if (std::isfinite(w[size_t(t)])) cand_[n++] = t;
   }
-  // Higher logit first; equal logits by lower id, so every ordering is a total order.
-  const auto by_logit = [w](int32_t a, int32_t b) {
-    const float la = w[size_t(a)], lb = w[size_t(b)];
-    return la > lb || (la == lb && a < b);
-  };
+  const auto by_logit = [w](int32_t a, int32_t b) { return better(w, a, b); };
 
   // 2. Greedy: a point mass on the argmax.
   if (p.temperature <= 0.0f) {
@@ -181,9 +199,9 @@ size_t Sampler::distribution(const float* logits, double& sum) {
 
   if (all) std::iota(cand_.begin(), cand_.end(), 0);
 
-  // 3. top_k: the k best candidates, sorted.
+  // 3. top_k: the k best candidates, sorted (not under mirostat, which truncates by itself).
   bool sorted = false;
-  if (p.top_k > 0 && size_t(p.top_k) < n) {
+  if (p.top_k > 0 && size_t(p.top_k) < n && p.mirostat == 0) {
     const auto k = std::ptrdiff_t(p.top_k);
     if (all) {
       // std::partial_sort's heap selection, with a test on the logits alone for the tokens that
@@ -226,8 +244,18 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   } else {
     for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, w[size_t(cand_[i])]);
   }
+  temperature_ = p.temperature;
+  if (p.dynatemp_range > 0.0f) dynamic_temperature(w, n, max_logit, all && !sorted);
   exp_of_candidates(w, n, max_logit, all && !sorted);
   sum = sum_of_probs(n);
+  if (p.mirostat != 0) return mirostat(w, n, sum, max_logit, sorted);
+  const size_t need = std::min(n, size_t(std::max(p.min_keep, 1)));  // what each filter keeps at least
+
+  // 4b. typical_p: the candidates nearest the entropy in surprise, as many as reach the mass.
+  if (p.typical_p < 1.0f && n > 1) {
+    n = typical(w, n, sum);
+    sorted = true;
+  }
 
   // 5. top_p over the probability-sorted candidates (probabilities are monotone in the logits,
   // so sorting by logit is sorting by probability), sorted only as far as the kept prefix
@@ -236,15 +264,8 @@ size_t Sampler::distribution(const float* logits, double& sum) {
   // took ~3 ms a token, longer than a small model's whole decode step).
   if (p.top_p < 1.0f && n > 1) {
     const double target = double(p.top_p) * sum;
-    for (size_t k = sorted ? n : std::min(n, kTopPFirst);; k = std::min(n, k * kTopPGrowth)) {
-      if (!sorted) {
-        if (k < n) {
-          std::partial_sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(k), cand_.begin() + std::ptrdiff_t(n), by_logit);
-        } else {
-          std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
-        }
-        exp_of_candidates(w, k, max_logit, false);
-      }
+    for (size_t k = sorted ? n : std::min(n, std::max(kTopPFirst, need));; k = std::min(n, k * kTopPGrowth)) {
+      if (!sorted) sort_prefix(w, k, n, max_logit);
       double cum = 0.0;
       size_t keep = 0;
       for (size_t i = 0; i < k && keep == 0; ++i) {
@@ -252,6 +273,7 @@ size_t Sampler::distribution(const float* logits, double& sum) {
         if (cum >= target) keep = i + 1;
       }
       if (keep > 0 || k == n) {
+        for (; keep > 0 && keep < need; ++keep) cum += prob_[keep];  // min_keep
         n = keep > 0 ? keep : n;
         sum = cum;  // mass of the kept prefix
         break;
@@ -259,22 +281,124 @@ size_t Sampler::distribution(const float* logits, double& sum) {
     }
   }
 
-  // 6. min_p relative to the most likely token (whose unnormalised probability is exp(0) = 1).
+  // 6. min_p relative to the most likely token (whose unnormalised probability is exp(0) = 1;
+  // dynatemp's too: the shift is the maximum's at any temperature).
   if (p.min_p > 0.0f) {
-    size_t kept = 0;
-    double kept_sum = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      if (prob_[i] >= p.min_p) {  // p_i / p_max >= min_p
-        cand_[kept] = cand_[i];
-        prob_[kept] = prob_[i];
-        kept_sum += prob_[i];
-        ++kept;
+    size_t passing = 0;
+    for (size_t i = 0; i < n; ++i) passing += prob_[i] >= p.min_p;  // p_i / p_max >= min_p
+    if (passing < need) {  // min_keep: the best `need` instead
+      if (!sorted) sort_prefix(w, need, n, max_logit);
+      n = need;
+      sum = sum_of_probs(n);
+    } else {
+      size_t kept = 0;
+      double kept_sum = 0.0;
+      for (size_t i = 0; i < n; ++i) {
+        if (prob_[i] >= p.min_p) {
+          cand_[kept] = cand_[i];
+          prob_[kept] = prob_[i];
+          kept_sum += prob_[i];
+          ++kept;
+        }
       }
+      n = kept;  // >= 1: the maximum has prob_ 1 >= min_p
+      sum = kept_sum;
     }
-    n = kept;  // >= 1: the maximum has prob_ 1 >= min_p
-    sum = kept_sum;
   }
   return n;
+}
+
+void Sampler::sort_prefix(const float* logits, size_t k, size_t n, float max_logit) {
+  const auto by_logit = [logits](int32_t a, int32_t b) { return better(logits, a, b); };
+  if (k < n) {
+    std::partial_sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(k), cand_.begin() + std::ptrdiff_t(n), by_logit);
+  } else {
+    std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
+  }
+  exp_of_candidates(logits, k, max_logit, false);
+}
+
+// llama.cpp's temp_ext: the entropy H of the candidates at temperature 1 over its maximum
+// log(n) sets t = lo + (hi - lo) (H / log n)^exponent, lo = max(0, T - range), hi = T + range.
+void Sampler::dynamic_temperature(const float* logits, size_t n, float max_logit, bool all_in_order) {
+  if (n <= 1) return;
+  temperature_ = 1.0f;
+  exp_of_candidates(logits, n, max_logit, all_in_order);
+  const double s = sum_of_probs(n);
+  double h = 0;  // -sum (p/s) log(p/s) = log s - sum p log p / s
+  for (size_t i = 0; i < n; ++i)
+    if (prob_[i] > 0) h -= double(prob_[i]) * std::log(double(prob_[i]));
+  h = h / s + std::log(s);
+  const double lo = std::max(0.0, double(params_.temperature) - params_.dynatemp_range);
+  const double hi = double(params_.temperature) + params_.dynatemp_range;
+  const double t = lo + (hi - lo) * std::pow(std::clamp(h / std::log(double(n)), 0.0, 1.0), double(params_.dynatemp_exponent));
+  temperature_ = float(std::max(t, 1e-6));  // (0: the maximum alone, as greedy)
+}
+
+// Locally typical sampling: with p normalised and H = -sum p log p, candidates in increasing
+// |-log p - H| until their mass exceeds typical_p (at least min_keep), then back in logit order.
+size_t Sampler::typical(const float* logits, size_t n, double& sum) {
+  double h = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double q = double(prob_[i]) / sum;
+    if (q > 0) h -= q * std::log(q);
+  }
+  struct C {
+    double score;
+    int32_t id;
+    float prob;
+  };
+  std::vector<C> c(n);
+  for (size_t i = 0; i < n; ++i) {
+    const double q = double(prob_[i]) / sum;
+    c[i] = {q > 0 ? std::abs(-std::log(q) - h) : INFINITY, cand_[i], prob_[i]};
+  }
+  std::sort(c.begin(), c.end(), [](const C& a, const C& b) { return a.score < b.score || (a.score == b.score && a.id < b.id); });
+  const size_t need = std::min(n, size_t(std::max(params_.min_keep, 1)));
+  const double target = double(params_.typical_p) * sum;
+  double cum = 0;
+  size_t keep = n;
+  for (size_t i = 0; i < n; ++i) {
+    cum += c[i].prob;
+    if (cum > target && i + 1 >= need) {
+      keep = i + 1;
+      break;
+    }
+  }
+  std::sort(c.begin(), c.begin() + std::ptrdiff_t(keep), [logits](const C& a, const C& b) { return better(logits, a.id, b.id); });
+  for (size_t i = 0; i < keep; ++i) cand_[i] = c[i].id, prob_[i] = c[i].prob;
+  sum = sum_of_probs(keep);
+  return keep;
+}
+
+// Mirostat (Basu et al. 2021, llama.cpp's versions). 2: the candidates of surprise
+// -log2 p <= mu (at least the best). 1: the best k, k from the Zipf exponent s estimated on the
+// best 100: k = (e 2^mu / (1 - V^-e))^(1/s), e = s - 1. sample() then moves mu by eta times
+// the drawn token's surprise (in the kept, renormalised distribution) minus tau.
+size_t Sampler::mirostat(const float* logits, size_t n, double& sum, float max_logit, bool sorted) {
+  size_t k = 1;
+  if (params_.mirostat == 2) {
+    const double bound = sum * std::exp2(-double(mu_));
+    k = 0;
+    for (size_t i = 0; i < n; ++i) k += double(prob_[i]) >= bound;
+    k = std::max<size_t>(k, 1);
+  } else if (n > 1) {
+    const size_t m = std::min<size_t>(n, 100);
+    if (!sorted) sort_prefix(logits, m, n, max_logit);
+    double ti_bi = 0, ti_sq = 0;
+    for (size_t i = 0; i + 1 < m && prob_[i + 1] > 0; ++i) {
+      const double t = std::log(double(i + 2) / double(i + 1));
+      ti_bi += t * std::log(double(prob_[i]) / double(prob_[i + 1]));
+      ti_sq += t * t;
+    }
+    const double s_hat = ti_sq > 0 ? ti_bi / ti_sq : 1.0;
+    const double e = s_hat - 1;
+    const double kk = std::pow(e * std::exp2(double(mu_)) / (1 - std::pow(double(n_vocab_), -e)), 1 / s_hat);
+    k = std::isfinite(kk) && kk >= 1 ? size_t(std::min(kk, double(n))) : 1;
+  }
+  if (!sorted) sort_prefix(logits, k, n, max_logit);
+  sum = sum_of_probs(k);
+  return k;
 }
 
 void Sampler::exp_of_candidates(const float* logits, size_t n, float max_logit, bool all_in_order) {
@@ -283,7 +407,7 @@ void Sampler::exp_of_candidates(const float* logits, size_t n, float max_logit, 
     for (size_t i = 0; i < n; ++i) prob_[i] = logits[size_t(cand_[i])];
     x = prob_.data();
   }
-  exp_shifted(x, int64_t(n), max_logit, params_.temperature, prob_.data());
+  exp_shifted(x, int64_t(n), max_logit, temperature_, prob_.data());
 }
 
 double Sampler::sum_of_probs(size_t n) const {
@@ -298,15 +422,15 @@ double Sampler::sum_of_probs(size_t n) const {
 
 double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 
-int32_t Sampler::draw(size_t n, double sum) {
+size_t Sampler::draw(size_t n, double sum) {
   // u in [0,1) from the top 53 bits, then the first candidate whose cumulative mass exceeds u * sum.
   const double target = uniform() * sum;
   double cum = 0.0;
   for (size_t i = 0; i < n; ++i) {
     cum += prob_[i];
-    if (cum > target) return cand_[i];
+    if (cum > target) return i;
   }
-  return cand_[n - 1];  // rounding left target at the very end of the mass
+  return n - 1;  // rounding left target at the very end of the mass
 }
 
 void Sampler::write_probs(size_t n, double sum, float* probs) const {
@@ -320,7 +444,10 @@ int32_t Sampler::sample(const float* logits, float* probs) {
   if (probs) write_probs(n, sum, probs);
   // 7. Draw (greedy: the argmax, no randomness consumed).
   if (params_.temperature <= 0.0f) return cand_[0];
-  return draw(n, sum);
+  const size_t i = draw(n, sum);
+  if (params_.mirostat != 0)
+    mu_ -= params_.mirostat_eta * (float(-std::log2(double(prob_[i]) / sum)) - params_.mirostat_tau);
+  return cand_[i];
 }
 
 int32_t Sampler::verify(const float* logits, int32_t draft, const float* q, bool& accepted) {
@@ -352,9 +479,9 @@ int32_t Sampler::verify(const float* logits, int32_t draft, const float* q, bool
   }
   if (!(rsum > 0)) {  // p <= q everywhere yet rejected: only by rounding; p itself is then exact
     n = distribution(logits, sum);
-    return draw(n, sum);
+    return cand_[draw(n, sum)];
   }
-  return draw(n, rsum);
+  return cand_[draw(n, rsum)];
 }
 
 }  // namespace ft

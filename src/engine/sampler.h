@@ -31,6 +31,14 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // OpenAI semantics, over generated tokens only
   int penalty_last_n = 64;          // window of the repetition penalty; 0 = off, -1 = all history
   uint64_t seed = 0xF1257;          // same seed + same logits -> same choices
+  // llama.cpp's samplers, each on the tempered distribution as top_p and min_p are here:
+  float typical_p = 1.0f;           // 1 = off; locally typical sampling (Meister et al. 2022)
+  float dynatemp_range = 0.0f;      // 0 = off; temperature in [t - range, t + range] by the entropy
+  float dynatemp_exponent = 1.0f;   //   (normalised entropy ^ exponent)
+  int mirostat = 0;                 // 0 = off, 1 or 2 (Basu et al. 2021): replaces top_k/top_p/min_p/typical_p
+  float mirostat_tau = 5.0f;        //   target surprise, bits
+  float mirostat_eta = 0.1f;        //   learning rate
+  int min_keep = 0;                 // top_p, min_p and typical_p keep at least this many (0: 1)
   bool operator==(const SamplingParams&) const = default;
 };
 
@@ -48,9 +56,10 @@ struct TokenLogprobs {
   int32_t rank = 0;  // 1 + how many tokens have a higher logit (vLLM's rank); 0: not computed
 };
 
-// Validates ranges (temperature >= 0 and finite, top_p in (0,1], min_p in [0,1], top_k >= 0,
-// penalties finite, repetition_penalty > 0, penalty_last_n >= -1); throws ft::Error naming the
-// field and the value otherwise.
+// Validates ranges (temperature >= 0 and finite, top_p and typical_p in (0,1], min_p in [0,1],
+// top_k >= 0, penalties finite, repetition_penalty > 0, penalty_last_n >= -1, mirostat 0-2 with
+// tau and eta finite and >= 0, dynatemp range and exponent finite and >= 0, min_keep >= 0);
+// throws ft::Error naming the field and the value otherwise.
 void validate(const SamplingParams& p);
 
 class Sampler {
@@ -75,6 +84,10 @@ class Sampler {
   int32_t verify(const float* logits, int32_t draft, const float* q, bool& accepted);
   // Records a generated token (repetition history and presence/frequency counts).
   void accept(int32_t token);
+  // Whether sample() carries state from one token to the next beyond accept()'s (mirostat's
+  // surprise target): such a sampler draws every token itself, so it is not given drafts to verify.
+  bool stateful() const { return params_.mirostat != 0; }
+  float mirostat_mu() const { return mu_; }
 
   const SamplingParams& params() const { return params_; }
   int n_vocab() const { return n_vocab_; }
@@ -88,8 +101,14 @@ class Sampler {
   // is every token in id order).
   void exp_of_candidates(const float* logits, size_t n, float max_logit, bool all_in_order);
   double sum_of_probs(size_t n) const;   // Σ prob_[0, n), in double
+  // Steps of distribution() over cand_/prob_[0, n) of total sum; each returns the new n.
+  void dynamic_temperature(const float* logits, size_t n, float max_logit, bool all_in_order);
+  size_t typical(const float* logits, size_t n, double& sum);
+  size_t mirostat(const float* logits, size_t n, double& sum, float max_logit, bool sorted);
+  // The best k candidates by logit, in order, with their probabilities (k <= n).
+  void sort_prefix(const float* logits, size_t k, size_t n, float max_logit);
   double uniform();                      // [0, 1) from the top 53 bits of one draw
-  int32_t draw(size_t n, double sum);    // step 7 over cand_/prob_
+  size_t draw(size_t n, double sum);     // step 7 over cand_/prob_: the index drawn
   void write_probs(size_t n, double sum, float* probs) const;
 
   SamplingParams params_;
@@ -103,6 +122,8 @@ class Sampler {
   std::vector<uint8_t> seen_;     // marks tokens already penalised in the repetition window
   std::vector<int32_t> cand_;     // candidate token ids
   std::vector<float> prob_;       // unnormalised probabilities, indexed like cand_
+  float temperature_ = 0;         // this token's (dynatemp moves it)
+  float mu_ = 0;                  // mirostat: the surprise bound, 2 tau at first
 };
 
 }  // namespace ft

@@ -116,13 +116,13 @@ constexpr Field kFields[] = {
     {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Handled},
     {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
     {"return_tokens_as_token_ids", kBoth, Use::Handled}, {"cache_salt", kBoth, Use::Handled},
-    {"cache_prompt", kBoth, Use::Ignored}, {"n_probs", kBoth, Use::Ignored}, {"typical_p", kBoth, Use::Ignored},
-    {"repeat_last_n", kBoth, Use::Ignored}, {"penalize_nl", kBoth, Use::Ignored}, {"mirostat", kBoth, Use::Ignored},
-    {"mirostat_tau", kBoth, Use::Ignored}, {"mirostat_eta", kBoth, Use::Ignored}, {"samplers", kBoth, Use::Ignored},
-    {"dynatemp_range", kBoth, Use::Ignored}, {"dynatemp_exponent", kBoth, Use::Ignored},
+    {"cache_prompt", kBoth, Use::Ignored}, {"n_probs", kBoth, Use::Ignored}, {"typical_p", kBoth, Use::Handled},
+    {"repeat_last_n", kBoth, Use::Handled}, {"penalize_nl", kBoth, Use::Ignored}, {"mirostat", kBoth, Use::Handled},
+    {"mirostat_tau", kBoth, Use::Handled}, {"mirostat_eta", kBoth, Use::Handled}, {"samplers", kBoth, Use::Ignored},
+    {"dynatemp_range", kBoth, Use::Handled}, {"dynatemp_exponent", kBoth, Use::Handled},
     {"id_slot", kBoth, Use::Ignored}, {"t_max_predict_ms", kBoth, Use::Ignored}, {"n_keep", kBoth, Use::Ignored},
     {"timings_per_token", kBoth, Use::Ignored}, {"return_progress", kBoth, Use::Ignored},
-    {"post_sampling_probs", kBoth, Use::Ignored}, {"min_keep", kBoth, Use::Ignored},
+    {"post_sampling_probs", kBoth, Use::Ignored}, {"min_keep", kBoth, Use::Handled},
 };
 
 const Field* find_field(std::string_view key, Endpoint kind) {
@@ -475,6 +475,18 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     r.sampling.repetition_penalty = float(get_number(j, rp, 0, 10));
     if (r.sampling.repetition_penalty <= 0) bad(rp, cat("'", rp, "' must be > 0"));
   }
+  // llama.cpp's samplers (engine/sampler.h; the same ranges as its server).
+  if (j.contains("typical_p")) {
+    r.sampling.typical_p = float(get_number(j, "typical_p", 0, 1));
+    if (r.sampling.typical_p <= 0) bad("typical_p", "'typical_p' must be in (0, 1]");
+  }
+  if (j.contains("repeat_last_n")) r.sampling.penalty_last_n = int(get_int(j, "repeat_last_n", -1, model.n_ctx));
+  if (j.contains("mirostat")) r.sampling.mirostat = int(get_int(j, "mirostat", 0, 2));
+  if (j.contains("mirostat_tau")) r.sampling.mirostat_tau = float(get_number(j, "mirostat_tau", 0, 100));
+  if (j.contains("mirostat_eta")) r.sampling.mirostat_eta = float(get_number(j, "mirostat_eta", 0, 1));
+  if (j.contains("dynatemp_range")) r.sampling.dynatemp_range = float(get_number(j, "dynatemp_range", 0, 10));
+  if (j.contains("dynatemp_exponent")) r.sampling.dynatemp_exponent = float(get_number(j, "dynatemp_exponent", 0, 100));
+  if (j.contains("min_keep")) r.sampling.min_keep = int(get_int(j, "min_keep", 0, model.n_vocab));
   if (j.contains("seed")) {
     r.sampling.seed = uint64_t(get_int(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
     r.seed_set = true;

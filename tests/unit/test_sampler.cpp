@@ -420,6 +420,180 @@ void expect_invalid(const SamplingParams& p, const std::string& field) {
   EXPECT_THROW(Sampler(p, 10), Error) << field;
 }
 
+// The distribution at temperature t over every token, in double (a reference of its own).
+std::vector<double> softmax_at(const std::vector<float>& logits, double t) {
+  double mx = -INFINITY;
+  for (float x : logits) mx = std::max(mx, double(x));
+  std::vector<double> q(logits.size());
+  double s = 0;
+  for (size_t i = 0; i < q.size(); ++i) s += q[i] = std::exp((double(logits[i]) - mx) / t);
+  for (double& x : q) x /= s;
+  return q;
+}
+double entropy_of(const std::vector<double>& q) {
+  double h = 0;
+  for (double x : q)
+    if (x > 0) h -= x * std::log(x);
+  return h;
+}
+// kept: the tokens a filter keeps; want: q restricted to them, renormalised; got: the sampler's.
+void expect_restricted(const std::vector<double>& q, const std::vector<bool>& kept, const std::vector<float>& got,
+                       const std::string& at) {
+  double mass = 0;
+  for (size_t i = 0; i < q.size(); ++i) mass += kept[i] ? q[i] : 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (!kept[i]) {
+      ASSERT_EQ(got[i], 0.0f) << at << " token " << i;
+    } else {
+      ASSERT_NEAR(got[i], q[i] / mass, 2e-5 * q[i] / mass + 1e-9) << at << " token " << i;
+    }
+  }
+}
+
+// typical_p: with q the tempered distribution and H its entropy, the tokens in increasing
+// |-log q - H| (ties by id) until their mass exceeds typical_p; at least min_keep.
+TEST(Sampler, TypicalPKeepsTheTokensNearestTheEntropy) {
+  int checked = 0;
+  for (const int n : {50, 1000, 32003})
+    for (const float scale : {1.0f, 4.0f, 12.0f})
+      for (const float typical : {0.2f, 0.5f, 0.95f})
+        for (const int min_keep : {0, 7}) {
+          const std::vector<float> logits = random_logits(n, uint32_t(n) * 3 + uint32_t(scale), scale);
+          const std::vector<double> q = softmax_at(logits, 0.8);
+          const double h = entropy_of(q);
+          std::vector<int> order(static_cast<size_t>(n));
+          std::iota(order.begin(), order.end(), 0);
+          auto score = [&](int i) { return std::abs(-std::log(q[size_t(i)]) - h); };
+          std::sort(order.begin(), order.end(), [&](int a, int b) { return score(a) < score(b) || (score(a) == score(b) && a < b); });
+          std::vector<bool> kept(static_cast<size_t>(n), false);
+          double cum = 0;
+          bool edge = false;
+          for (size_t i = 0; i < order.size(); ++i) {
+            kept[size_t(order[i])] = true;
+            cum += q[size_t(order[i])];
+            edge = edge || std::abs(cum - typical) < 1e-6;
+            if (cum > typical && int(i) + 1 >= std::max(min_keep, 1)) break;
+          }
+          if (edge) continue;  // (at the rounding's mercy)
+          SamplingParams p;
+          p.temperature = 0.8f;
+          p.typical_p = typical;
+          p.min_keep = min_keep;
+          Sampler smp(p, n);
+          std::vector<float> got(static_cast<size_t>(n));
+          smp.sample(logits.data(), got.data());
+          expect_restricted(q, kept, got, "n=" + std::to_string(n) + " scale=" + std::to_string(scale) +
+                                               " typical=" + std::to_string(typical) + " min_keep=" + std::to_string(min_keep));
+          ++checked;
+        }
+  EXPECT_GT(checked, 45);
+}
+
+// dynatemp: t = lo + (hi - lo) (H1 / log n)^exponent, H1 the entropy at temperature 1: a flat
+// distribution samples hotter than a peaked one.
+TEST(Sampler, DynamicTemperatureFollowsTheEntropy) {
+  for (const float scale : {0.2f, 3.0f, 30.0f})
+    for (const float exponent : {0.5f, 1.0f, 2.0f}) {
+      const int n = 777;
+      const std::vector<float> logits = random_logits(n, 99, scale);
+      const double norm = entropy_of(softmax_at(logits, 1.0)) / std::log(double(n));
+      const double lo = 0.3, hi = 1.5;  // temperature 0.9, range 0.6
+      const double t = lo + (hi - lo) * std::pow(norm, double(exponent));
+      SamplingParams p;
+      p.temperature = 0.9f;
+      p.dynatemp_range = 0.6f;
+      p.dynatemp_exponent = exponent;
+      Sampler smp(p, n);
+      std::vector<float> got(static_cast<size_t>(n));
+      smp.sample(logits.data(), got.data());
+      expect_restricted(softmax_at(logits, t), std::vector<bool>(size_t(n), true), got,
+                        "scale=" + std::to_string(scale) + " exponent=" + std::to_string(exponent));
+    }
+}
+
+// min_keep: top_p, min_p (and typical_p, above) keep at least this many, the best by logit.
+TEST(Sampler, MinKeepHoldsTheBestFew) {
+  const int n = 3000;
+  const std::vector<float> logits = random_logits(n, 5, 12.0f);
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  const std::vector<double> q = softmax_at(logits, 1.0);
+  for (const int which : {0, 1}) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    (which == 0 ? p.top_p : p.min_p) = which == 0 ? 0.001f : 0.999f;  // alone: the best token only
+    for (const int min_keep : {0, 1, 5, 300}) {
+      p.min_keep = min_keep;
+      Sampler smp(p, n);
+      std::vector<float> got(static_cast<size_t>(n));
+      smp.sample(logits.data(), got.data());
+      std::vector<bool> kept(static_cast<size_t>(n), false);
+      for (int i = 0; i < std::max(min_keep, 1); ++i) kept[size_t(order[size_t(i)])] = true;
+      expect_restricted(q, kept, got, std::string(which == 0 ? "top_p" : "min_p") + " min_keep=" + std::to_string(min_keep));
+    }
+  }
+}
+
+// Mirostat 2: the tokens of surprise -log2 q <= mu (mu = 2 tau at first); then each draw moves mu
+// by eta (surprise in the kept distribution - tau), which holds the mean surprise at tau.
+// Mirostat 1: the best k, k from the Zipf exponent fitted on the best 100 (llama.cpp's formula).
+TEST(Sampler, MirostatTruncatesBySurpriseAndHoldsItsTarget) {
+  const int n = 2000;  // a Zipf distribution of exponent 1.1 over shuffled ids, slightly perturbed
+  std::vector<float> logits(static_cast<size_t>(n));
+  std::vector<int> rank(static_cast<size_t>(n));
+  std::iota(rank.begin(), rank.end(), 1);
+  std::shuffle(rank.begin(), rank.end(), std::mt19937(7));
+  const std::vector<float> noise = random_logits(n, 13, 0.05f);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = -1.1f * std::log(float(rank[i])) + noise[i];
+  const std::vector<double> q = softmax_at(logits, 1.0);
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  for (const int version : {1, 2}) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.mirostat = version;
+    p.mirostat_tau = 3.0f;
+    p.mirostat_eta = 0.1f;
+    p.top_k = 1;  // ignored under mirostat
+    p.seed = 42;
+    Sampler smp(p, n);
+    EXPECT_TRUE(smp.stateful());
+    EXPECT_FLOAT_EQ(smp.mirostat_mu(), 6.0f);
+    std::vector<bool> kept(static_cast<size_t>(n), false);
+    if (version == 2) {
+      for (int i = 0; i < n; ++i) kept[size_t(i)] = -std::log2(q[size_t(i)]) <= 6.0;
+    } else {
+      double ti_bi = 0, ti_sq = 0;
+      for (int i = 0; i < 99; ++i) {
+        const double t = std::log(double(i + 2) / double(i + 1));
+        ti_bi += t * std::log(q[size_t(order[size_t(i)])] / q[size_t(order[size_t(i + 1)])]);
+        ti_sq += t * t;
+      }
+      const double s_hat = ti_bi / ti_sq, e = s_hat - 1;
+      const int k = int(std::pow(e * std::exp2(6.0) / (1 - std::pow(double(n), -e)), 1 / s_hat));
+      ASSERT_GE(k, 2);
+      ASSERT_LT(k, n / 2);
+      for (int i = 0; i < k; ++i) kept[size_t(order[size_t(i)])] = true;
+    }
+    std::vector<float> got(static_cast<size_t>(n));
+    int32_t t = smp.sample(logits.data(), got.data());
+    expect_restricted(q, kept, got, "mirostat " + std::to_string(version) + ", first token");
+    // The feedback: mu moves by eta times each draw's surprise error; the mean surprise nears tau.
+    double mu = 6.0, surprise_sum = 0;
+    const int steps = 4000;
+    for (int step = 0; step < steps; ++step) {
+      if (step > 0) t = smp.sample(logits.data(), got.data());
+      const double s = -std::log2(double(got[size_t(t)]));
+      surprise_sum += s;
+      mu -= 0.1 * (s - 3.0);
+      ASSERT_NEAR(smp.mirostat_mu(), mu, 1e-3 * std::max(1.0, std::abs(mu))) << "step " << step;
+    }
+    EXPECT_NEAR(surprise_sum / steps, 3.0, version == 2 ? 0.05 : 0.1) << "mirostat " << version;
+  }
+}
+
 TEST(Sampler, ValidateRejectsBadValues) {
   EXPECT_NO_THROW(validate(SamplingParams{}));
   EXPECT_NO_THROW(validate(greedy()));
@@ -445,6 +619,14 @@ TEST(Sampler, ValidateRejectsBadValues) {
   expect_invalid(with([](SamplingParams& p) { p.frequency_penalty = -INFINITY; }),
                  "frequency_penalty");
   expect_invalid(with([](SamplingParams& p) { p.penalty_last_n = -2; }), "penalty_last_n");
+  expect_invalid(with([](SamplingParams& p) { p.typical_p = 0.0f; }), "typical_p");
+  expect_invalid(with([](SamplingParams& p) { p.typical_p = 1.5f; }), "typical_p");
+  expect_invalid(with([](SamplingParams& p) { p.dynatemp_range = -1.0f; }), "dynatemp_range");
+  expect_invalid(with([](SamplingParams& p) { p.dynatemp_exponent = NAN; }), "dynatemp_exponent");
+  expect_invalid(with([](SamplingParams& p) { p.mirostat = 3; }), "mirostat");
+  expect_invalid(with([](SamplingParams& p) { p.mirostat_tau = -1.0f; }), "mirostat_tau");
+  expect_invalid(with([](SamplingParams& p) { p.mirostat_eta = INFINITY; }), "mirostat_eta");
+  expect_invalid(with([](SamplingParams& p) { p.min_keep = -1; }), "min_keep");
   // Boundaries that are valid.
   EXPECT_NO_THROW(validate(with([](SamplingParams& p) {
     p.top_p = 1.0f;

@@ -411,6 +411,28 @@ TEST(ServerParse, VllmPromptLogprobsAndTokenFields) {
   expect_400(Endpoint::Completions, p + R"("skip_special_tokens":1})", "skip_special_tokens", "");
 }
 
+TEST(ServerParse, LlamaCppSamplers) {
+  const json j = {{"model", "stories260K"}, {"prompt", "Once"}, {"typical_p", 0.7}, {"repeat_last_n", -1},
+                  {"mirostat", 2}, {"mirostat_tau", 4.5}, {"mirostat_eta", 0.2}, {"dynatemp_range", 0.5},
+                  {"dynatemp_exponent", 2}, {"min_keep", 3}};
+  const auto r = parse_c(j);
+  EXPECT_FLOAT_EQ(r.sampling.typical_p, 0.7f);
+  EXPECT_EQ(r.sampling.penalty_last_n, -1);
+  EXPECT_EQ(r.sampling.mirostat, 2);
+  EXPECT_FLOAT_EQ(r.sampling.mirostat_tau, 4.5f);
+  EXPECT_FLOAT_EQ(r.sampling.mirostat_eta, 0.2f);
+  EXPECT_FLOAT_EQ(r.sampling.dynatemp_range, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.dynatemp_exponent, 2.0f);
+  EXPECT_EQ(r.sampling.min_keep, 3);
+  EXPECT_TRUE(r.ignored_fields.empty());
+  const std::string p = R"({"model":"stories260K","prompt":"x",)";
+  expect_400(Endpoint::Completions, p + R"("typical_p":0})", "typical_p", "(0, 1]");
+  expect_400(Endpoint::Completions, p + R"("mirostat":3})", "mirostat", "");
+  expect_400(Endpoint::Completions, p + R"("mirostat_tau":-1})", "mirostat_tau", "");
+  expect_400(Endpoint::Completions, p + R"("repeat_last_n":-2})", "repeat_last_n", "");
+  expect_400(Endpoint::Completions, p + R"("min_keep":1.5})", "min_keep", "");
+}
+
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {
   const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)";
   const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",

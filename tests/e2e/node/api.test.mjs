@@ -178,6 +178,24 @@ describe('serve stories260K', { skip }, () => {
     assert.ok(a.choices[0].text.length > 0);
   });
 
+  test("llama.cpp's samplers act: mirostat at tau 0 is greedy, typical_p keeps one token whatever the seed", async () => {
+    const req = { model: MODEL_ID, prompt: gold.prompt, max_tokens: 40, temperature: 1 };
+    const texts = async (extra) => Promise.all([1, 2, 3].map(async (seed) =>
+      (await client.completions.create({ ...req, ...extra, seed })).choices[0].text));
+    const free = await texts({});
+    assert.ok(new Set(free).size > 1, 'sampling at temperature 1 differs between seeds');
+    // Mirostat 2 with tau 0: mu stays 0, so only tokens of surprise 0 bits (the best alone) remain.
+    for (const t of await texts({ mirostat: 2, mirostat_tau: 0, mirostat_eta: 0.1 })) assert.equal(t, gold.greedy_text.slice(0, t.length));
+    // typical_p near 0: one token a step (the nearest the entropy), so every seed says the same.
+    const typical = await texts({ typical_p: 0.001 });
+    assert.equal(new Set(typical).size, 1, typical.join(' | '));
+    // With min_keep 50 it samples again.
+    assert.ok(new Set(await texts({ typical_p: 0.001, min_keep: 50 })).size > 1);
+    // Mirostat 2 at a usual tau still samples, and reproducibly.
+    const m = await texts({ mirostat: 2, mirostat_tau: 5 });
+    assert.deepEqual(await texts({ mirostat: 2, mirostat_tau: 5 }), m);
+  });
+
   test('GET /v1/models, /health; POST /tokenize, /detokenize', async () => {
     const models = await client.models.list();
     assert.deepEqual(models.data.map((m) => m.id), [MODEL_ID]);
