@@ -1,5 +1,6 @@
 #include "engine/json_schema.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -29,23 +30,6 @@ json-object ::= "{" ws ( json-string ws ":" ws json-value ws ( "," ws json-strin
 json-array ::= "[" ws ( json-value ws ( "," ws json-value ws )* )? "]"
 )";
 
-// A GBNF literal for the bytes of s.
-std::string literal(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20 || c == 0x7F) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02X", c);
-      out += b;
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
 
 class Compiler {
  public:
@@ -117,13 +101,13 @@ class Compiler {
   }
 
   std::string body_for(const json& s, const std::string& path, int depth) {
-    if (s.contains("const")) return literal(s["const"].dump());
+    if (s.contains("const")) return gbnf_literal(s["const"].dump());
     if (s.contains("enum")) {
       const json& e = s["enum"];
       if (!e.is_array() || e.empty()) bad(path, "'enum' must be a non-empty array");
-      std::string out;
-      for (size_t k = 0; k < e.size(); ++k) out += (k ? " | " : "") + literal(e[k].dump());
-      return add_rule(out);
+      std::vector<std::string> values;
+      for (const json& v : e) values.push_back(v.dump());
+      return choice_gbnf(std::move(values), [this](const std::string& body) { return add_rule(body); });
     }
     if (s.contains("anyOf")) return alternatives(s["anyOf"], path, "anyOf", depth);
     if (s.contains("oneOf")) return alternatives(s["oneOf"], path, "oneOf", depth);
@@ -221,7 +205,7 @@ class Compiler {
     std::vector<std::pair<std::string, bool>> kvs;  // (rule text of "key": value, required)
     for (const auto& [k, v] : s["properties"].items()) {
       const std::string val = rule_for(v, path + "/properties/" + k, depth + 1);
-      kvs.emplace_back(literal(json(k).dump()) + " ws \":\" ws " + val + " ws", required.count(k) > 0);
+      kvs.emplace_back(gbnf_literal(json(k).dump()) + " ws \":\" ws " + val + " ws", required.count(k) > 0);
       required.erase(k);
     }
     if (!required.empty()) bad(path, "'required' names '" + *required.begin() + "', which is not in 'properties'");
@@ -255,6 +239,68 @@ class Compiler {
 };
 
 }  // namespace
+
+std::string gbnf_literal(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c == 0x7F) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02X", c);
+      out += b;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+namespace {
+// The trie node of sorted, distinct c[lo, hi), which share their first d bytes: the edge to
+// their longest common prefix, then (where they part) a rule of one alternative per next byte,
+// optional where one of them ends there.
+std::string trie_node(const std::vector<std::string>& c, size_t lo, size_t hi, size_t d, int level,
+                      const std::function<std::string(const std::string&)>& add_rule) {
+  if (level >= kMaxChoiceNesting)
+    fail("choices: more than ", kMaxChoiceNesting, " of them are prefixes of one another");
+  const std::string &first = c[lo], &last = c[hi - 1];
+  size_t l = d;
+  while (l < first.size() && l < last.size() && first[l] == last[l]) ++l;
+  std::string out = l > d ? gbnf_literal(first.substr(d, l - d)) : std::string();
+  size_t i = lo;
+  const bool ends_here = first.size() == l;  // (sorted: the one that ends is first)
+  if (ends_here) ++i;
+  if (i == hi) return out.empty() ? "\"\"" : out;
+  std::string alts;
+  while (i < hi) {
+    size_t j = i + 1;
+    while (j < hi && c[j][l] == c[i][l]) ++j;
+    alts += (alts.empty() ? "" : " | ") + trie_node(c, i, j, l, level + 1, add_rule);
+    i = j;
+  }
+  return (out.empty() ? "" : out + " ") + add_rule(alts) + (ends_here ? "?" : "");
+}
+}  // namespace
+
+std::string choice_gbnf(std::vector<std::string> choices, const std::function<std::string(const std::string&)>& add_rule) {
+  if (choices.empty()) fail("choices: none given");
+  std::sort(choices.begin(), choices.end());
+  choices.erase(std::unique(choices.begin(), choices.end()), choices.end());
+  return trie_node(choices, 0, choices.size(), 0, 0, add_rule);
+}
+
+std::string choice_grammar(std::vector<std::string> choices) {
+  std::string rules;
+  int n = 0;
+  const std::string root = choice_gbnf(std::move(choices), [&](const std::string& body) {
+    const std::string name = "choice" + std::to_string(n++);
+    rules += name + " ::= " + body + "\n";
+    return name;
+  });
+  return "root ::= " + root + "\n" + rules;
+}
 
 std::string json_schema_to_gbnf(const json& schema) { return Compiler(schema).run(); }
 

@@ -9,7 +9,9 @@
 // Output is compact JSON-with-optional-whitespace: no whitespace before the first byte or after
 // the last, so the grammar ends exactly where the value does.
 #pragma once
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,5 +23,19 @@ std::string json_schema_to_gbnf(const nlohmann::json& schema);
 
 // Any JSON object (response_format json_object).
 std::string json_object_gbnf();
+
+// A GBNF literal for the bytes of s ("..." with \, " and control bytes escaped).
+std::string gbnf_literal(const std::string& s);
+
+// Exactly one of `choices` (byte strings; duplicates and order do not matter) as a GBNF
+// expression, factored as a trie: a literal per edge, a rule per node where choices part. The
+// matcher then keeps one parse per distinct prefix however many choices share it (a flat
+// alternation of 100,000 literals after a common prefix kept 100,000 parses: "too ambiguous").
+// add_rule(body) registers a rule and returns its name. Throws ft::Error when more than
+// kMaxChoiceNesting choices are prefixes of one another (each is a level of the trie).
+inline constexpr int kMaxChoiceNesting = 1000;
+std::string choice_gbnf(std::vector<std::string> choices, const std::function<std::string(const std::string&)>& add_rule);
+// A whole grammar (root ::= one of choices): vLLM's guided_choice.
+std::string choice_grammar(std::vector<std::string> choices);
 
 }  // namespace ft

@@ -203,27 +203,16 @@ void parse_grammar_fields(const json& j, ParsedRequest& r) {
   if (j.contains("guided_choice")) {
     const json& c = j["guided_choice"];
     if (!c.is_array() || c.empty()) bad("guided_choice", "'guided_choice' must be a non-empty array of strings");
-    json any = json::array();
+    std::vector<std::string> choices;
     for (const json& x : c) {
       if (!x.is_string()) bad("guided_choice", "'guided_choice' must be a non-empty array of strings");
-      any.push_back(x);
+      choices.push_back(x.get<std::string>());
     }
-    std::string g = "root ::= ";
-    for (size_t k = 0; k < any.size(); ++k) {
-      g += k ? " | \"" : "\"";
-      for (unsigned char ch : any[k].get<std::string>()) {
-        if (ch == '"' || ch == '\\') g += '\\';
-        if (ch < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\x%02X", ch);
-          g += b;
-        } else {
-          g += char(ch);
-        }
-      }
-      g += "\"";
+    try {
+      r.grammar = choice_grammar(std::move(choices));
+    } catch (const Error& e) {
+      bad("guided_choice", e.what());
     }
-    r.grammar = g + "\n";
   }
 }
 

@@ -102,6 +102,69 @@ TEST(Grammar, MaskAllowsExactlyTheTokensTheGrammarAccepts) {
   EXPECT_FALSE(m.accept_bytes("x"));
 }
 
+// choice_grammar's trie against membership: over random sets of short strings on a two-letter
+// alphabet (shared prefixes, choices that are prefixes of others, duplicates, the empty string),
+// every string up to one byte longer is matched whole iff it is a choice, and accepted as a
+// prefix iff it begins some choice.
+TEST(Grammar, ChoicesMatchExactlyTheirSet) {
+  std::mt19937 rng(3);
+  std::vector<std::string> all{""};
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].size() < 7) all.push_back(all[i] + "a"), all.push_back(all[i] + "b");
+  for (int round = 0; round < 40; ++round) {
+    std::vector<std::string> choices;
+    const int n = 1 + int(rng() % 12);
+    for (int k = 0; k < n; ++k) choices.push_back(all[rng() % (all.size() / 2)]);  // (up to 6 bytes)
+    const std::string g = choice_grammar(choices);
+    for (const std::string& s : all) {
+      const bool member = std::find(choices.begin(), choices.end(), s) != choices.end();
+      bool prefix = false;
+      for (const std::string& c : choices) prefix = prefix || c.compare(0, s.size(), s) == 0;
+      GrammarMatcher m(Grammar::parse(g), small_vocab());
+      const bool accepted = m.accept_bytes(s);
+      ASSERT_EQ(accepted, prefix) << g << "'" << s << "'";
+      ASSERT_EQ(accepted && m.complete(), member) << g << "'" << s << "'";
+    }
+  }
+}
+
+// 100,000 choices after one prefix (a flat alternation kept a parse for each: "too ambiguous"),
+// as guided_choice and as a JSON schema enum; choices nested 1,001 deep are a clear error.
+TEST(Grammar, ManyChoicesWithACommonPrefix) {
+  std::vector<std::string> ids;
+  json values = json::array();
+  for (int i = 0; i < 100000; ++i) {
+    char b[32];
+    std::snprintf(b, sizeof b, "item-%05d", i);
+    ids.push_back(b);
+    values.push_back(b);
+  }
+  const auto g = Grammar::parse(choice_grammar(ids));
+  for (const char* s : {"item-00000", "item-54321", "item-99999"}) {
+    GrammarMatcher m(g, small_vocab());
+    EXPECT_TRUE(m.accept_bytes(s) && m.complete()) << s;
+  }
+  for (const char* s : {"item-0000", "item-1234x", "item-999999", "item-"}) {
+    GrammarMatcher m(g, small_vocab());
+    EXPECT_FALSE(m.accept_bytes(s) && m.complete()) << s;
+  }
+  const json schema = {{"type", "object"}, {"properties", {{"id", {{"enum", values}}}}}, {"required", {"id"}}};
+  EXPECT_TRUE(schema_matches(schema, R"({"id": "item-31415"})"));
+  EXPECT_FALSE(schema_matches(schema, R"({"id": "item-3141"})"));
+  std::vector<std::string> nested;
+  for (int k = 1; k <= kMaxChoiceNesting + 1; ++k) nested.push_back(std::string(size_t(k), 'a'));
+  try {
+    choice_grammar(nested);
+    ADD_FAILURE() << "choices nested " << nested.size() << " deep were taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prefixes of one another"), std::string::npos) << e.what();
+  }
+  nested.pop_back();
+  EXPECT_NO_THROW(choice_grammar(nested));
+  EXPECT_TRUE(matches(choice_grammar({""}), ""));
+  EXPECT_FALSE(matches(choice_grammar({""}), "a"));
+}
+
 TEST(Grammar, JsonSchemaSubset) {
   const json person = json::parse(R"({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
     "title": "Person", "properties": {"name": {"type": "string", "description": "x"}, "age": {"type": "integer"},
