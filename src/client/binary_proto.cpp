@@ -77,7 +77,9 @@ std::string encode_request(const Request& r) {
   if (!r.stop.empty()) stop = b.CreateVectorOfStrings(r.stop);
   const SamplingParams& s = r.sampling;
   const auto sampling = fbs::CreateSampling(b, s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty,
-                                            s.presence_penalty, s.frequency_penalty, s.seed, r.seed_set);
+                                            s.presence_penalty, s.frequency_penalty, s.seed, r.seed_set, s.typical_p,
+                                            s.dynatemp_range, s.dynatemp_exponent, s.mirostat, s.mirostat_tau,
+                                            s.mirostat_eta, s.min_keep, s.penalty_last_n);
   b.Finish(fbs::CreateRequest(b, tokens, text, r.add_bos, sampling, r.max_tokens, stop, r.stream, r.ignore_eos,
                               r.logprobs));
   return frame(b);
@@ -130,6 +132,14 @@ bool decode_request(const uint8_t* data, size_t n, Request& out) {
     p.frequency_penalty = s->frequency_penalty().value_or(p.frequency_penalty);
     p.seed = s->seed().value_or(p.seed);
     out.seed_set = s->seed_set();
+    p.typical_p = s->typical_p().value_or(p.typical_p);
+    p.dynatemp_range = s->dynatemp_range().value_or(p.dynatemp_range);
+    p.dynatemp_exponent = s->dynatemp_exponent().value_or(p.dynatemp_exponent);
+    p.mirostat = s->mirostat().value_or(p.mirostat);
+    p.mirostat_tau = s->mirostat_tau().value_or(p.mirostat_tau);
+    p.mirostat_eta = s->mirostat_eta().value_or(p.mirostat_eta);
+    p.min_keep = s->min_keep().value_or(p.min_keep);
+    p.penalty_last_n = s->penalty_last_n().value_or(p.penalty_last_n);
   }
   out.max_tokens = r->max_tokens();
   if (r->stop())

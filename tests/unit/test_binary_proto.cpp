@@ -54,6 +54,14 @@ TEST(BinaryProtoCodec, RequestRoundTrip) {
   r.sampling.presence_penalty = 0.5f;
   r.sampling.frequency_penalty = -0.5f;
   r.sampling.seed = 0xFFFFFFFFFFFFull;
+  r.sampling.typical_p = 0.7f;
+  r.sampling.dynatemp_range = 0.3f;
+  r.sampling.dynatemp_exponent = 2.0f;
+  r.sampling.mirostat = 2;
+  r.sampling.mirostat_tau = 4.0f;
+  r.sampling.mirostat_eta = 0.2f;
+  r.sampling.min_keep = 3;
+  r.sampling.penalty_last_n = -1;
   r.seed_set = true;
   r.max_tokens = 1000;
   r.stop = {"\n", "The end"};
@@ -74,6 +82,7 @@ TEST(BinaryProtoCodec, RequestRoundTrip) {
   EXPECT_EQ(d.sampling.presence_penalty, 0.5f);
   EXPECT_EQ(d.sampling.frequency_penalty, -0.5f);
   EXPECT_EQ(d.sampling.seed, r.sampling.seed);
+  EXPECT_EQ(d.sampling, r.sampling);  // every field, llama.cpp's samplers included
   EXPECT_TRUE(d.seed_set);
   EXPECT_EQ(d.max_tokens, 1000);
   EXPECT_EQ(d.stop, r.stop);
