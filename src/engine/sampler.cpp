@@ -394,7 +394,7 @@ size_t Sampler::mirostat(const float* logits, size_t n, double& sum, float max_l
     const double s_hat = ti_sq > 0 ? ti_bi / ti_sq : 1.0;
     const double e = s_hat - 1;
     const double kk = std::pow(e * std::exp2(double(mu_)) / (1 - std::pow(double(n_vocab_), -e)), 1 / s_hat);
-    k = std::isfinite(kk) && kk >= 1 ? size_t(std::min(kk, double(n))) : 1;
+    k = kk >= double(n) ? n : kk >= 1 ? size_t(kk) : 1;  // (NaN, at s = 1 exactly: 1; +inf: all)
   }
   if (!sorted) sort_prefix(logits, k, n, max_logit);
   sum = sum_of_probs(k);
