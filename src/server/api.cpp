@@ -31,6 +31,12 @@ json parse_json_object(std::string_view body) {
   return j;
 }
 
+bool get_bool(const json& j, const char* name) {
+  const json& v = j.at(name);
+  if (!v.is_boolean()) bad(name, cat("'", name, "' must be a boolean"));
+  return v.get<bool>();
+}
+
 namespace {
 
 double get_number(const json& j, const char* name, double lo, double hi) {
@@ -49,12 +55,6 @@ int64_t get_int(const json& j, const char* name, int64_t lo, int64_t hi) {
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi) bad(name, cat("'", name, "' must be in [", lo, ", ", hi, "], got ", x));
   return x;
-}
-
-bool get_bool(const json& j, const char* name) {
-  const json& v = j.at(name);
-  if (!v.is_boolean()) bad(name, cat("'", name, "' must be a boolean"));
-  return v.get<bool>();
 }
 
 std::string get_string(const json& j, const char* name, const std::string& param) {

@@ -82,6 +82,8 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& messages, const st
 // The body's "model" against the served one or a loaded LoRA adapter: 404 model_not_found when it
 // is neither; 400 when it is not a string, or absent and required.
 void check_model(const nlohmann::json& body, const ModelInfo& model, bool required);
+// body[name] as a boolean; otherwise ApiError (400) naming it. (name must be present.)
+bool get_bool(const nlohmann::json& body, const char* name);
 
 // POST /v1/responses, mapped onto a chat request (the same generation path): input (a string or
 // items: messages with input_text/output_text parts, function_call, function_call_output),

@@ -222,6 +222,28 @@ ApiError submit_error(const Error& e) {
 
 }  // namespace
 
+std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req) {
+  std::vector<int32_t> prompt;
+  try {
+    switch (req.prompt_kind) {
+      case PromptKind::Chat:
+        prompt = tok.encode(render_chat(ctx.chat, req), /*add_bos=*/false, /*parse_special=*/true);
+        break;
+      case PromptKind::Tokens:
+        prompt = req.prompt_tokens;
+        break;
+      case PromptKind::Text:
+        prompt = tok.encode(req.prompt_text, req.add_bos && tok.add_bos_default(), /*parse_special=*/true);
+        break;
+    }
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), prompt_param(req.prompt_kind));
+  }
+  if (req.truncate_prompt_tokens > 0 && int64_t(prompt.size()) > req.truncate_prompt_tokens)  // its last tokens
+    prompt.erase(prompt.begin(), prompt.end() - req.truncate_prompt_tokens);
+  return prompt;
+}
+
 std::shared_ptr<Generation> Generation::start(const GenerationContext& ctx, const Tokenizer& tok,
                                               GenerationRequest req, std::shared_ptr<GenerationSink> sink,
                                               Post post) {
@@ -240,24 +262,7 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   validate(req, ctx.n_vocab);
   const auto t0 = Clock::now();
   const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
-  std::vector<int32_t> prompt;
-  try {
-    switch (req.prompt_kind) {
-      case PromptKind::Chat:
-        prompt = tok.encode(render_chat(ctx.chat, req), /*add_bos=*/false, /*parse_special=*/true);
-        break;
-      case PromptKind::Tokens:
-        prompt = std::move(req.prompt_tokens);
-        break;
-      case PromptKind::Text:
-        prompt = tok.encode(req.prompt_text, req.add_bos && tok.add_bos_default(), /*parse_special=*/true);
-        break;
-    }
-  } catch (const Error& e) {
-    throw ApiError(400, e.what(), prompt_param(req.prompt_kind));
-  }
-  if (req.truncate_prompt_tokens > 0 && int64_t(prompt.size()) > req.truncate_prompt_tokens)  // its last tokens
-    prompt.erase(prompt.begin(), prompt.end() - req.truncate_prompt_tokens);
+  std::vector<int32_t> prompt = prompt_tokens(ctx, tok, req);
   const double tokenize_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
 

@@ -190,6 +190,11 @@ struct GenerationContext {
   const char* emit_span = nullptr;          // profiler span around each event's handling; null: none
 };
 
+// The request's prompt as token ids, as a generation would run it: a chat rendered with ctx.chat,
+// text tokenized (BOS by add_bos), truncate_prompt_tokens applied. Throws ApiError (400) naming
+// the prompt's param.
+std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req);
+
 using Post = std::function<void(std::function<void()>)>;
 
 class Generation : public std::enable_shared_from_this<Generation> {

@@ -86,24 +86,46 @@ void unload_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   out.send_response(200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' removed successfully."));
 }
 
+// POST /tokenize in vLLM's dialect ({"prompt"} or {"messages"} as chat takes them, rendered with
+// the chat template; "return_token_strs") and llama.cpp's ({"content"}, "add_special",
+// "with_pieces": tokens as {"id", "piece"}). Both answers' fields: tokens, count, max_model_len.
 json tokenize(const Server::Impl& srv, const RouteRequest& req) {
-  const json j = parse_json_object(req.body);
-  for (const auto& [k, v] : j.items())
-    if (k != "prompt" && k != "add_special_tokens" && k != "model")
-      throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
-  check_model(j, srv.info, false);
-  if (!j.contains("prompt") || !j["prompt"].is_string()) throw ApiError(400, "'prompt' must be a string", "prompt");
-  bool add_special = true;
-  if (j.contains("add_special_tokens")) {
-    if (!j["add_special_tokens"].is_boolean())
-      throw ApiError(400, "'add_special_tokens' must be a boolean", "add_special_tokens");
-    add_special = j["add_special_tokens"].get<bool>();
-  }
+  json j = parse_json_object(req.body);
   const Tokenizer& tok = io_tokenizer();
-  const auto ids = tok.encode(j["prompt"].get<std::string>(), add_special && tok.add_bos_default(), true);
-  return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", srv.info.n_ctx}};
+  std::vector<int32_t> ids;
+  const bool strs = j.contains("return_token_strs") && get_bool(j, "return_token_strs");
+  const bool pieces = j.contains("with_pieces") && get_bool(j, "with_pieces");
+  if (j.contains("messages")) {  // a chat, parsed as /v1/chat/completions parses it
+    j.erase("return_token_strs");
+    j.erase("with_pieces");
+    if (!j.contains("model")) j["model"] = srv.info.id;
+    ids = prompt_tokens(srv.gen, tok, parse_request(Endpoint::Chat, j.dump(), srv.info));
+  } else {
+    for (const auto& [k, v] : j.items())
+      if (k != "prompt" && k != "content" && k != "add_special_tokens" && k != "add_special" && k != "model" &&
+          k != "return_token_strs" && k != "with_pieces")
+        throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
+    check_model(j, srv.info, false);
+    const char* text = j.contains("prompt") ? "prompt" : "content";
+    if (!j.contains(text) || !j[text].is_string()) throw ApiError(400, "'prompt' (or 'content') must be a string", text);
+    bool add_special = true;
+    for (const char* k : {"add_special_tokens", "add_special"})
+      if (j.contains(k)) add_special = get_bool(j, k);
+    ids = tok.encode(j[text].get<std::string>(), add_special && tok.add_bos_default(), true);
+  }
+  json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", srv.info.n_ctx}};
+  if (strs) {
+    out["token_strs"] = json::array();
+    for (int32_t id : ids) out["token_strs"].push_back(tok.token_text(id));
+  }
+  if (pieces) {
+    out["tokens"] = json::array();
+    for (int32_t id : ids) out["tokens"].push_back({{"id", id}, {"piece", tok.token_to_piece(id)}});
+  }
+  return out;
 }
 
+// POST /detokenize: {"tokens"} -> the text as "prompt" (vLLM) and "content" (llama.cpp).
 json detokenize(const Server::Impl& srv, const RouteRequest& req) {
   const json j = parse_json_object(req.body);
   for (const auto& [k, v] : j.items())
@@ -115,7 +137,8 @@ json detokenize(const Server::Impl& srv, const RouteRequest& req) {
     if (!t.is_number_integer()) throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
     ids.push_back(check_token_id(t.get<int64_t>(), srv.info.n_vocab, "tokens"));
   }
-  return {{"prompt", io_tokenizer().decode(ids)}};
+  const std::string text = io_tokenizer().decode(ids);
+  return {{"prompt", text}, {"content", text}};
 }
 
 const Route kRoutes[] = {

@@ -206,6 +206,27 @@ describe('serve stories260K', { skip }, () => {
     assert.deepEqual(t.json.tokens, gold.prompt_tokens);  // with BOS, like `firsttoken run`
     const d = await postJson(server.url, '/detokenize', { tokens: gold.prompt_tokens });
     assert.equal(d.json.prompt, gold.prompt);
+    assert.equal(d.json.content, gold.prompt);  // llama.cpp's name
+    // llama.cpp's dialect: content, add_special, with_pieces.
+    const l = await postJson(server.url, '/tokenize', { content: gold.prompt, with_pieces: true });
+    assert.deepEqual(l.json.tokens.map((p) => p.id), gold.prompt_tokens);
+    assert.equal(l.json.tokens.map((p) => p.piece).join('').trim(), gold.prompt);
+    const nobos = await postJson(server.url, '/tokenize', { content: gold.prompt, add_special: false });
+    assert.deepEqual(nobos.json.tokens, gold.prompt_tokens.slice(1));
+    // vLLM's: return_token_strs (the vocabulary's strings), and a chat's messages as the chat
+    // endpoint renders them: the same count as its usage.prompt_tokens.
+    const s = await postJson(server.url, '/tokenize', { prompt: gold.prompt, return_token_strs: true });
+    assert.equal(s.json.token_strs.length, gold.prompt_tokens.length);
+    assert.ok(s.json.token_strs.slice(1).join('').includes('\u2581'), s.json.token_strs.join('|'));  // SentencePiece's space
+    const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Tell me a story.' }];
+    const c = await postJson(server.url, '/tokenize', { messages, return_token_strs: true });
+    assert.equal(c.status, 200, JSON.stringify(c.json));
+    const chat = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 1, temperature: 0 });
+    assert.equal(c.json.count, chat.usage.prompt_tokens);
+    const open = await postJson(server.url, '/tokenize', { messages, add_generation_prompt: false });
+    assert.ok(open.json.count < c.json.count, `${open.json.count} vs ${c.json.count}`);
+    assert.equal((await postJson(server.url, '/tokenize', { messages: 'x' })).status, 400);
+    assert.equal((await postJson(server.url, '/tokenize', { content: 1 })).status, 400);
   });
 
   test('GET /metrics: Prometheus names and counts', async () => {
