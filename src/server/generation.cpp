@@ -135,14 +135,38 @@ uint64_t draw_seed() {
   return rng();
 }
 
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
+    : stops_(std::move(stops)), state_(stops_.size(), 0), include_stop_(include_stop) {
+  for (const std::string& s : stops_) {
+    std::vector<size_t>& f = fail_.emplace_back(s.size(), 0);  // f[i]: s[0, i]'s longest proper border
+    for (size_t i = 1, q = 0; i < s.size(); ++i) {
+      while (q > 0 && s[i] != s[q]) q = f[q - 1];
+      if (s[i] == s[q]) ++q;
+      f[i] = q;
+    }
+  }
+}
+
 std::string StopMatcher::push(std::string_view text) {
   if (stopped_) return {};
+  const size_t fresh = held_.size();  // held_ holds no whole stop string: matches end in text
   held_.append(text);
   if (stops_.empty()) return std::exchange(held_, {});
   size_t best = std::string::npos;
   const std::string* matched = nullptr;
-  for (const auto& s : stops_)
-    if (const size_t at = held_.find(s); at < best) best = at, matched = &s;
+  for (size_t k = 0; k < stops_.size(); ++k) {
+    const std::string& s = stops_[k];
+    size_t q = state_[k];
+    for (size_t i = fresh; i < held_.size(); ++i) {
+      while (q > 0 && held_[i] != s[q]) q = fail_[k][q - 1];
+      if (held_[i] == s[q]) ++q;
+      if (q == s.size()) {  // its first match, so its earliest
+        if (i + 1 - s.size() < best) best = i + 1 - s.size(), matched = &s;
+        break;
+      }
+    }
+    state_[k] = q;
+  }
   if (matched) {
     stopped_ = true;
     std::string out = held_.substr(0, best);
@@ -151,13 +175,7 @@ std::string StopMatcher::push(std::string_view text) {
     return out;
   }
   // Hold back the longest tail that is a proper prefix of some stop string.
-  size_t keep = 0;
-  for (const auto& s : stops_)
-    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n)
-      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
-        keep = n;
-        break;
-      }
+  const size_t keep = *std::max_element(state_.begin(), state_.end());
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;

@@ -49,7 +49,7 @@ struct ApiError : std::runtime_error {
 // A 400 naming the request's offending param.
 [[noreturn]] inline void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
 
-inline constexpr size_t kMaxStops = 4;
+inline constexpr size_t kMaxStops = 256;  // stop strings a request may give (OpenAI's 4; vLLM sets none)
 inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)
 // ApiError::code of a request that failed while generating (the engine's FinishReason::Error).
 inline constexpr const char* kGenerationFailed = "generation_failed";
@@ -59,17 +59,20 @@ inline constexpr const char* kDeadlineUnmeetable = "deadline_unmeetable";
 // Matches stop strings on streamed text. push() returns the text that can be sent now: it holds
 // back a tail that could still become a stop string, and on a match returns the text before it
 // (with include_stop, the matched stop string too: vLLM's include_stop_str_in_output) and drops
-// the rest. Of several matches the earliest wins, then the first in the list.
+// the rest. Of several matches the earliest wins, then the first in the list. Each stop string
+// is followed by a Knuth-Morris-Pratt automaton, so a byte costs O(1) a stop string (amortised)
+// however long the strings are.
 class StopMatcher {
  public:
-  explicit StopMatcher(std::vector<std::string> stops = {}, bool include_stop = false)
-      : stops_(std::move(stops)), include_stop_(include_stop) {}
+  explicit StopMatcher(std::vector<std::string> stops = {}, bool include_stop = false);
   std::string push(std::string_view text);
   std::string flush();  // end of stream: the held-back tail
   bool stopped() const { return stopped_; }
 
  private:
   std::vector<std::string> stops_;
+  std::vector<std::vector<size_t>> fail_;  // per stop string: KMP's failure function
+  std::vector<size_t> state_;              // per stop string: its longest prefix the text ends with
   bool include_stop_;
   std::string held_;
   bool stopped_ = false;

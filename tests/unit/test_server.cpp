@@ -3,6 +3,8 @@
 // tests/e2e/node with the official openai client.)
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <limits>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -122,7 +124,13 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","seed":"7"})", "seed", "integer");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":5})", "stop", "string or an array");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":["a",1]})", "stop", "string or an array");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":["a","b","c","d","e"]})", "stop", "at most 4");
+  {
+    json many = {{"model", "stories260K"}, {"prompt", "x"}, {"stop", json::array()}};
+    for (size_t k = 0; k < kMaxStops; ++k) many["stop"].push_back("s" + std::to_string(k));
+    EXPECT_EQ(parse_request(E::Completions, many.dump(), kModel).stop.size(), kMaxStops);
+    many["stop"].push_back("one more");
+    expect_400(E::Completions, many.dump(), "stop", "at most " + std::to_string(kMaxStops));
+  }
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":""})", "stop", "empty");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream":"yes"})", "stream", "boolean");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream_options":{"include_usage":true}})",
@@ -851,6 +859,65 @@ TEST(ServerStop, MatchesAcrossPiecesAndHoldsBackPrefixes) {
   StopMatcher inc2({"\n\n"}, true);
   EXPECT_EQ(inc2.push("one\n"), "one");
   EXPECT_EQ(inc2.push("\ntwo"), "\n\n");
+}
+
+// The KMP matcher against the plain rule (find each stop in all held text, the earliest start
+// wins, then list order; hold back the longest tail that begins a stop string), on random texts
+// in random pieces over a 3-letter alphabet, so that stop strings overlap, nest and repeat.
+TEST(ServerStop, EqualsThePlainRuleOnRandomPieces) {
+  struct Plain {
+    std::vector<std::string> stops;
+    bool include;
+    std::string held;
+    bool stopped = false;
+    std::string push(const std::string& text) {
+      if (stopped) return {};
+      held += text;
+      size_t best = std::string::npos;
+      const std::string* matched = nullptr;
+      for (const auto& s : stops)
+        if (const size_t at = held.find(s); at < best) best = at, matched = &s;
+      if (matched) {
+        stopped = true;
+        return held.substr(0, best) + (include ? *matched : "");
+      }
+      size_t keep = 0;
+      for (const auto& s : stops)
+        for (size_t n = std::min(s.size() - 1, held.size()); n > keep; --n)
+          if (held.compare(held.size() - n, n, s, 0, n) == 0) keep = std::max(keep, n);
+      std::string out = held.substr(0, held.size() - keep);
+      held.erase(0, held.size() - keep);
+      return out;
+    }
+  };
+  std::mt19937 rng(11);
+  auto word = [&](size_t max_len) {
+    std::string w(1 + rng() % max_len, 'a');
+    for (char& c : w) c = char('a' + rng() % 3);
+    return w;
+  };
+  int stopped = 0;
+  for (int round = 0; round < 3000; ++round) {
+    std::vector<std::string> stops;
+    for (size_t k = 0, n = 1 + rng() % 4; k < n; ++k) stops.push_back(word(round % 2 ? 3 : 8));
+    const bool include = rng() % 2;
+    StopMatcher m(stops, include);
+    Plain p{stops, include, {}};
+    std::string got, want;
+    for (int piece = 0; piece < 12; ++piece) {
+      const std::string t = word(4);
+      got += m.push(t);
+      want += p.push(t);
+      ASSERT_EQ(got, want) << "round " << round;
+    }
+    ASSERT_EQ(m.stopped(), p.stopped);
+    stopped += p.stopped;
+    got += m.flush();
+    if (!p.stopped) want += p.held;
+    ASSERT_EQ(got, want);
+  }
+  EXPECT_GT(stopped, 500);
+  EXPECT_LT(stopped, 2900);
 }
 
 TEST(ServerMetrics, PrometheusText) {
