@@ -258,29 +258,44 @@ std::string gbnf_literal(const std::string& s) {
 }
 
 namespace {
+// The bytes of the UTF-8 character that starts with b (1 for a stray byte).
+size_t utf8_len(unsigned char b) { return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
+
 // The trie node of sorted, distinct c[lo, hi), which share their first d bytes: the edge to
-// their longest common prefix, then (where they part) a rule of one alternative per next byte,
-// optional where one of them ends there.
+// their longest common prefix, then (where they part) a rule of one alternative per next
+// character, optional where one of them ends there. Edges end on character boundaries: the
+// grammar reads a literal's bytes as UTF-8. (Choices that are not UTF-8 part by bytes where
+// characters would not part them, and the grammar refuses them with a clear error.)
 std::string trie_node(const std::vector<std::string>& c, size_t lo, size_t hi, size_t d, int level,
                       const std::function<std::string(const std::string&)>& add_rule) {
   if (level >= kMaxChoiceNesting)
-    fail("choices: more than ", kMaxChoiceNesting, " of them are prefixes of one another");
+    fail("choices: they part at more than ", kMaxChoiceNesting, " points along one choice (e.g. choices that are prefixes of one another)");
   const std::string &first = c[lo], &last = c[hi - 1];
-  size_t l = d;
-  while (l < first.size() && l < last.size() && first[l] == last[l]) ++l;
+  size_t raw = d;
+  while (raw < first.size() && raw < last.size() && first[raw] == last[raw]) ++raw;
+  const bool ends_here = first.size() == raw;  // (sorted: the one that ends is first)
+  // The next character of each (after the ones that end), grouped: at l, by characters; at the
+  // common prefix itself, by bytes, when characters do not part them.
+  auto parts = [&](size_t l, bool by_char) {
+    std::vector<std::pair<size_t, size_t>> g;
+    for (size_t i = ends_here && l == raw ? lo + 1 : lo; i < hi;) {
+      const size_t n = by_char ? utf8_len(static_cast<unsigned char>(c[i][l])) : 1;
+      size_t j = i + 1;
+      while (j < hi && c[j].compare(l, n, c[i], l, n) == 0) ++j;
+      g.emplace_back(i, j);
+      i = j;
+    }
+    return g;
+  };
+  size_t l = raw;
+  while (l > d && l < first.size() && (static_cast<unsigned char>(first[l]) & 0xC0) == 0x80) --l;
+  std::vector<std::pair<size_t, size_t>> groups = parts(l, true);
+  if (groups.size() == 1 && l != raw) groups = parts(l = raw, false);  // (not UTF-8: progress by bytes)
   std::string out = l > d ? gbnf_literal(first.substr(d, l - d)) : std::string();
-  size_t i = lo;
-  const bool ends_here = first.size() == l;  // (sorted: the one that ends is first)
-  if (ends_here) ++i;
-  if (i == hi) return out.empty() ? "\"\"" : out;
+  if (groups.empty()) return out.empty() ? "\"\"" : out;
   std::string alts;
-  while (i < hi) {
-    size_t j = i + 1;
-    while (j < hi && c[j][l] == c[i][l]) ++j;
-    alts += (alts.empty() ? "" : " | ") + trie_node(c, i, j, l, level + 1, add_rule);
-    i = j;
-  }
-  return (out.empty() ? "" : out + " ") + add_rule(alts) + (ends_here ? "?" : "");
+  for (const auto& [i, j] : groups) alts += (alts.empty() ? "" : " | ") + trie_node(c, i, j, l, level + 1, add_rule);
+  return (out.empty() ? "" : out + " ") + add_rule(alts) + (ends_here && l == raw ? "?" : "");
 }
 }  // namespace
 

@@ -245,7 +245,7 @@ size_t Sampler::distribution(const float* logits, double& sum) {
     for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, w[size_t(cand_[i])]);
   }
   temperature_ = p.temperature;
-  if (p.dynatemp_range > 0.0f) dynamic_temperature(w, n, max_logit, all && !sorted);
+  if (p.dynatemp_range > 0.0f && p.mirostat == 0) dynamic_temperature(w, n, max_logit, all && !sorted);
   exp_of_candidates(w, n, max_logit, all && !sorted);
   sum = sum_of_probs(n);
   if (p.mirostat != 0) return mirostat(w, n, sum, max_logit, sorted);
@@ -281,11 +281,12 @@ size_t Sampler::distribution(const float* logits, double& sum) {
     }
   }
 
-  // 6. min_p relative to the most likely token (whose unnormalised probability is exp(0) = 1;
-  // dynatemp's too: the shift is the maximum's at any temperature).
+  // 6. min_p relative to the most likely candidate: exp(0) = 1 unless typical_p dropped it (the
+  // candidates are then sorted, so it is the first).
   if (p.min_p > 0.0f) {
+    const float bound = p.min_p * (sorted ? prob_[0] : 1.0f);
     size_t passing = 0;
-    for (size_t i = 0; i < n; ++i) passing += prob_[i] >= p.min_p;  // p_i / p_max >= min_p
+    for (size_t i = 0; i < n; ++i) passing += prob_[i] >= bound;  // p_i / p_max >= min_p
     if (passing < need) {  // min_keep: the best `need` instead
       if (!sorted) sort_prefix(w, need, n, max_logit);
       n = need;
@@ -294,14 +295,14 @@ size_t Sampler::distribution(const float* logits, double& sum) {
       size_t kept = 0;
       double kept_sum = 0.0;
       for (size_t i = 0; i < n; ++i) {
-        if (prob_[i] >= p.min_p) {
+        if (prob_[i] >= bound) {
           cand_[kept] = cand_[i];
           prob_[kept] = prob_[i];
           kept_sum += prob_[i];
           ++kept;
         }
       }
-      n = kept;  // >= 1: the maximum has prob_ 1 >= min_p
+      n = kept;  // >= 1: the maximum passes
       sum = kept_sum;
     }
   }
@@ -332,7 +333,7 @@ void Sampler::dynamic_temperature(const float* logits, size_t n, float max_logit
   const double lo = std::max(0.0, double(params_.temperature) - params_.dynatemp_range);
   const double hi = double(params_.temperature) + params_.dynatemp_range;
   const double t = lo + (hi - lo) * std::pow(std::clamp(h / std::log(double(n)), 0.0, 1.0), double(params_.dynatemp_exponent));
-  temperature_ = float(std::max(t, 1e-6));  // (0: the maximum alone, as greedy)
+  temperature_ = float(std::clamp(t, 1e-6, 1e30));  // (0: the maximum alone, as greedy)
 }
 
 // Locally typical sampling: with p normalised and H = -sum p log p, candidates in increasing
@@ -343,29 +344,31 @@ size_t Sampler::typical(const float* logits, size_t n, double& sum) {
     const double q = double(prob_[i]) / sum;
     if (q > 0) h -= q * std::log(q);
   }
-  struct C {
-    double score;
-    int32_t id;
-    float prob;
-  };
-  std::vector<C> c(n);
+  std::vector<Typical>& c = typical_;
+  c.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const double q = double(prob_[i]) / sum;
     c[i] = {q > 0 ? std::abs(-std::log(q) - h) : INFINITY, cand_[i], prob_[i]};
   }
-  std::sort(c.begin(), c.end(), [](const C& a, const C& b) { return a.score < b.score || (a.score == b.score && a.id < b.id); });
+  const auto nearer = [](const Typical& a, const Typical& b) { return a.score < b.score || (a.score == b.score && a.id < b.id); };
   const size_t need = std::min(n, size_t(std::max(params_.min_keep, 1)));
   const double target = double(params_.typical_p) * sum;
-  double cum = 0;
+  // The nearest first, sorted only as far as the kept prefix reaches (top_p's growth).
   size_t keep = n;
-  for (size_t i = 0; i < n; ++i) {
-    cum += c[i].prob;
-    if (cum > target && i + 1 >= need) {
-      keep = i + 1;
-      break;
+  for (size_t k = std::min(n, std::max(kTopPFirst, need)), done = 0;; k = std::min(n, k * kTopPGrowth)) {
+    std::partial_sort(c.begin() + std::ptrdiff_t(done), c.begin() + std::ptrdiff_t(k), c.end(), nearer);
+    double cum = 0;
+    for (size_t i = 0; i < k; ++i) {
+      cum += c[i].prob;
+      if (cum > target && i + 1 >= need) {
+        keep = i + 1;
+        break;
+      }
     }
+    if (keep < n || k == n) break;
+    done = k;
   }
-  std::sort(c.begin(), c.begin() + std::ptrdiff_t(keep), [logits](const C& a, const C& b) { return better(logits, a.id, b.id); });
+  std::sort(c.begin(), c.begin() + std::ptrdiff_t(keep), [logits](const Typical& a, const Typical& b) { return better(logits, a.id, b.id); });
   for (size_t i = 0; i < keep; ++i) cand_[i] = c[i].id, prob_[i] = c[i].prob;
   sum = sum_of_probs(keep);
   return keep;

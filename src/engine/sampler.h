@@ -122,6 +122,12 @@ class Sampler {
   std::vector<uint8_t> seen_;     // marks tokens already penalised in the repetition window
   std::vector<int32_t> cand_;     // candidate token ids
   std::vector<float> prob_;       // unnormalised probabilities, indexed like cand_
+  struct Typical {                // typical_p's candidates: |surprise - entropy|, id, probability
+    double score;
+    int32_t id;
+    float prob;
+  };
+  std::vector<Typical> typical_;  // (scratch)
   float temperature_ = 0;         // this token's (dynatemp moves it)
   float mu_ = 0;                  // mirostat: the surprise bound, 2 tau at first
 };

@@ -281,6 +281,13 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   const auto t0 = Clock::now();
   const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
   std::vector<int32_t> prompt = prompt_tokens(ctx, tok, req);
+  if (req.prompt_logprobs >= 0) {  // every choice reports them: the response's size, bounded
+    const int64_t entries = int64_t(std::max(req.n, req.best_of)) * int64_t(prompt.size()) * (req.prompt_logprobs + 1);
+    if (entries > kMaxPromptLogprobEntries)
+      bad("prompt_logprobs", cat("the prompt's logprobs (echo or prompt_logprobs) would be ", entries,
+                                 " entries (choices x prompt tokens x (alternatives + 1)), more than ",
+                                 kMaxPromptLogprobEntries, "; ask fewer choices or alternatives"));
+  }
   const double tokenize_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
 

@@ -51,6 +51,8 @@ struct ApiError : std::runtime_error {
 
 inline constexpr size_t kMaxStops = 256;  // stop strings a request may give (OpenAI's 4; vLLM sets none)
 inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)
+// A response's prompt logprobs at most (choices x prompt tokens x (alternatives + 1)): ~60 MB of JSON.
+inline constexpr int64_t kMaxPromptLogprobEntries = int64_t(1) << 20;
 // ApiError::code of a request that failed while generating (the engine's FinishReason::Error).
 inline constexpr const char* kGenerationFailed = "generation_failed";
 // ApiError::code of a 429 from admission by prediction (--reject-late).

@@ -102,28 +102,40 @@ TEST(Grammar, MaskAllowsExactlyTheTokensTheGrammarAccepts) {
   EXPECT_FALSE(m.accept_bytes("x"));
 }
 
-// choice_grammar's trie against membership: over random sets of short strings on a two-letter
-// alphabet (shared prefixes, choices that are prefixes of others, duplicates, the empty string),
-// every string up to one byte longer is matched whole iff it is a choice, and accepted as a
-// prefix iff it begins some choice.
+// choice_grammar's trie against membership: over random sets of short strings (shared prefixes,
+// choices that are prefixes of others, duplicates, the empty string), every string up to one
+// character longer is matched whole iff it is a choice, and accepted as a prefix iff it begins
+// some choice; on ASCII and on characters whose UTF-8 shares lead bytes (é è: C3 A9 / C3 A8;
+// 是 星: E6 98 AF / E6 98 9F), so that choices part inside a character.
 TEST(Grammar, ChoicesMatchExactlyTheirSet) {
   std::mt19937 rng(3);
-  std::vector<std::string> all{""};
-  for (size_t i = 0; i < all.size(); ++i)
-    if (all[i].size() < 7) all.push_back(all[i] + "a"), all.push_back(all[i] + "b");
-  for (int round = 0; round < 40; ++round) {
-    std::vector<std::string> choices;
-    const int n = 1 + int(rng() % 12);
-    for (int k = 0; k < n; ++k) choices.push_back(all[rng() % (all.size() / 2)]);  // (up to 6 bytes)
-    const std::string g = choice_grammar(choices);
-    for (const std::string& s : all) {
-      const bool member = std::find(choices.begin(), choices.end(), s) != choices.end();
-      bool prefix = false;
-      for (const std::string& c : choices) prefix = prefix || c.compare(0, s.size(), s) == 0;
-      GrammarMatcher m(Grammar::parse(g), small_vocab());
-      const bool accepted = m.accept_bytes(s);
-      ASSERT_EQ(accepted, prefix) << g << "'" << s << "'";
-      ASSERT_EQ(accepted && m.complete(), member) << g << "'" << s << "'";
+  for (const std::vector<std::string>& alphabet : {std::vector<std::string>{"a", "b"},
+                                                  std::vector<std::string>{"a", "\xC3\xA9", "\xC3\xA8", "\xE6\x98\xAF", "\xE6\x98\x9F"}}) {
+    const size_t max_len = alphabet.size() == 2 ? 6 : 3;
+    std::vector<std::string> all{""};
+    std::vector<size_t> len{0};
+    for (size_t i = 0; i < all.size(); ++i)
+      if (len[i] <= max_len)
+        for (const std::string& ch : alphabet) all.push_back(all[i] + ch), len.push_back(len[i] + 1);
+    std::vector<std::string> shorter;
+    for (size_t i = 0; i < all.size(); ++i)
+      if (len[i] < max_len + 1) shorter.push_back(all[i]);
+    for (int round = 0; round < 40; ++round) {
+      std::vector<std::string> choices;
+      const int n = 1 + int(rng() % 12);
+      for (int k = 0; k < n; ++k) choices.push_back(shorter[rng() % shorter.size()]);
+      const std::string g = choice_grammar(choices);
+      for (const std::string& s : all) {
+        for (const std::string& t : {s, s + "\xC3", s + "\xE6\x98"}) {  // whole characters, then a character's first bytes
+          const bool member = std::find(choices.begin(), choices.end(), t) != choices.end();
+          bool prefix = false;
+          for (const std::string& c : choices) prefix = prefix || c.compare(0, t.size(), t) == 0;
+          GrammarMatcher m(Grammar::parse(g), small_vocab());
+          const bool accepted = m.accept_bytes(t);
+          ASSERT_EQ(accepted, prefix) << g << "'" << t << "'";
+          ASSERT_EQ(accepted && m.complete(), member) << g << "'" << t << "'";
+        }
+      }
     }
   }
 }
@@ -162,6 +174,7 @@ TEST(Grammar, ManyChoicesWithACommonPrefix) {
   nested.pop_back();
   EXPECT_NO_THROW(choice_grammar(nested));
   EXPECT_TRUE(matches(choice_grammar({""}), ""));
+  EXPECT_TRUE(matches(json_schema_to_gbnf(json::parse(R"({"enum": ["café", "cafè", "是", "星"]})")), "\"cafè\""));
   EXPECT_FALSE(matches(choice_grammar({""}), "a"));
 }
 

@@ -489,6 +489,27 @@ TEST(Sampler, TypicalPKeepsTheTokensNearestTheEntropy) {
   EXPECT_GT(checked, 45);
 }
 
+// typical_p can drop the most likely token (its surprise far below the entropy); min_p then
+// measures against the best one left, as llama.cpp's does, not against the dropped one.
+TEST(Sampler, MinPAfterTypicalIsRelativeToTheBestKept) {
+  const int n = 1001;  // one token of p 0.4, 1,000 of p 0.0006: entropy 4.82 nats, surprises 0.92 and 7.42
+  std::vector<float> logits(static_cast<size_t>(n), std::log(0.0006f));
+  logits[0] = std::log(0.4f);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.typical_p = 0.3003f;  // 501 of the small ones (their surprise is nearer the entropy)
+  for (const float min_p : {0.0f, 0.5f}) {
+    p.min_p = min_p;
+    Sampler smp(p, n);
+    std::vector<float> got(static_cast<size_t>(n));
+    smp.sample(logits.data(), got.data());
+    EXPECT_EQ(got[0], 0.0f) << "min_p " << min_p;
+    int kept = 0;
+    for (int i = 1; i < n; ++i) kept += got[size_t(i)] > 0;
+    EXPECT_EQ(kept, 501) << "min_p " << min_p;
+  }
+}
+
 // dynatemp: t = lo + (hi - lo) (H1 / log n)^exponent, H1 the entropy at temperature 1: a flat
 // distribution samples hotter than a peaked one.
 TEST(Sampler, DynamicTemperatureFollowsTheEntropy) {

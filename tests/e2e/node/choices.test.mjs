@@ -398,6 +398,14 @@ describe('choices and echo (stories260K)', { skip }, () => {
     assert.ok(chat.prompt_logprobs.slice(1).every((pos) => Object.keys(pos).length === 1));
     // Streamed: more than 0 is refused (vLLM's rule).
     await assert.rejects(client.completions.create({ ...req, stream: true, prompt_logprobs: 1 }), (e) => e.status === 400);
+    // Every choice carries them: a response past 2^20 entries is refused before any work.
+    const long = (await tokenize(`${gold.prompt} there was a dog`.repeat(60))).slice(0, 400);
+    assert.equal(long.length, 400);
+    await assert.rejects(client.completions.create({ ...req, prompt: long, n: 128, prompt_logprobs: 20 }),
+      (e) => e.status === 400 && e.param === 'prompt_logprobs' && /entries/.test(e.message));
+    await assert.rejects(client.completions.create({ ...req, prompt: long, n: 128, echo: true, logprobs: 20 }),
+      (e) => e.status === 400 && /entries/.test(e.message));
+    assert.equal((await client.completions.create({ ...req, prompt: long, n: 2, prompt_logprobs: 20 })).choices.length, 2);
 
     // return_tokens_as_token_ids: echo's tokens are the prompt's ids.
     const as_ids = await client.completions.create({ ...req, echo: true, logprobs: 1, return_tokens_as_token_ids: true });
