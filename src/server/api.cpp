@@ -407,8 +407,10 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     }
     // vLLM's add_special_tokens (completions): false = no BOS before a text prompt.
     if (j.contains("add_special_tokens")) r.add_bos = get_bool(j, "add_special_tokens");
-    if (j.contains("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
-      bad("suffix", "'suffix' (insertion) is not supported");
+    if (j.contains("suffix")) {  // fill in the middle: prompt_tokens() checks the model can
+      r.suffix = get_string(j, "suffix", "suffix");
+      if (!r.suffix.empty() && j.contains("echo") && j["echo"] == true) bad("suffix", "'echo' cannot be used with 'suffix'");
+    }
   } else {
     r.prompt_kind = PromptKind::Chat;
     if (!j.contains("messages")) bad("messages", "'messages' is required");

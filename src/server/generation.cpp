@@ -242,6 +242,26 @@ ApiError submit_error(const Error& e) {
 
 std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req) {
   std::vector<int32_t> prompt;
+  if (!req.suffix.empty() && req.prompt_kind != PromptKind::Chat) {  // fill in the middle
+    if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
+      throw ApiError(400, "'suffix' needs a model with fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
+                     "suffix");
+    if (req.add_bos && tok.add_bos_default()) prompt.push_back(tok.bos());
+    prompt.push_back(tok.fim_prefix());
+    if (req.prompt_kind == PromptKind::Tokens) {
+      prompt.insert(prompt.end(), req.prompt_tokens.begin(), req.prompt_tokens.end());
+    } else {
+      const std::vector<int32_t> pre = tok.encode(req.prompt_text, false, /*parse_special=*/true);
+      prompt.insert(prompt.end(), pre.begin(), pre.end());
+    }
+    prompt.push_back(tok.fim_suffix());
+    const std::vector<int32_t> suf = tok.encode(req.suffix, false, /*parse_special=*/true);
+    prompt.insert(prompt.end(), suf.begin(), suf.end());
+    prompt.push_back(tok.fim_middle());
+    if (req.truncate_prompt_tokens > 0 && int64_t(prompt.size()) > req.truncate_prompt_tokens)
+      throw ApiError(400, "'truncate_prompt_tokens' would cut a fill-in-the-middle prompt", "truncate_prompt_tokens");
+    return prompt;
+  }
   try {
     switch (req.prompt_kind) {
       case PromptKind::Chat:

@@ -88,6 +88,10 @@ struct GenerationRequest {
   std::string prompt_text;             // Text: tokenized here, special tokens parsed
   bool add_bos = true;                 // Text: BOS first when the vocabulary wants it
   std::vector<int32_t> prompt_tokens;  // Tokens: used as given (no BOS)
+  // Text or Tokens (completions' suffix): fill in the middle, the prompt is what comes before
+  // the insertion and this what comes after ([BOS] <fim_prefix> prompt <fim_suffix> suffix
+  // <fim_middle>, the PSM order); "" = none.
+  std::string suffix;
   std::vector<ChatMessage> messages;   // Chat: rendered with the served chat format
   SamplingParams sampling;
   bool seed_set = false;               // false: start() draws a seed

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <span>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -97,6 +98,15 @@ constexpr std::string_view kEogTexts[] = {
     "<|eom_id|>",      "</s>",       "<EOT>",    "<|end_of_text|>",        "<end_of_utterance>",
     "<|return|>",      "<|call|>",   "<eos>",    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
 };
+
+// Fill-in-the-middle tokens by text where the file names none (llama.cpp's lists): StarCoder,
+// Qwen, CodeGemma-style, DeepSeek Coder, CodeLlama.
+constexpr std::string_view kFimPreTexts[] = {"<fim_prefix>", "<|fim_prefix|>", "<fim-prefix>",
+                                             "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>", "<PRE>", "\xE2\x96\x81<PRE>"};
+constexpr std::string_view kFimSufTexts[] = {"<fim_suffix>", "<|fim_suffix|>", "<fim-suffix>",
+                                             "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>", "<SUF>", "\xE2\x96\x81<SUF>"};
+constexpr std::string_view kFimMidTexts[] = {"<fim_middle>", "<|fim_middle|>", "<fim-middle>",
+                                             "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>", "<MID>", "\xE2\x96\x81<MID>"};
 
 const GGUFValue& require_array(const GGUFFile& f, std::string_view key) {
   const GGUFValue* v = f.find(key);
@@ -343,6 +353,17 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
   v->eot = read_id("tokenizer.ggml.eot_token_id", -1);
   v->eom = read_id("tokenizer.ggml.eom_token_id", -1);
   v->unk = read_id("tokenizer.ggml.unknown_token_id", spm ? 0 : -1);
+  // FIM: the file's ids (today's keys, then the older prefix/suffix/middle ones), else by text.
+  const auto fim = [&](const char* key, const char* old_key, std::span<const std::string_view> texts) {
+    TokenId id = read_id(key, -1);
+    if (id < 0) id = read_id(old_key, -1);
+    for (TokenId t = 0; id < 0 && t < TokenId(n); ++t)
+      if (std::find(texts.begin(), texts.end(), v->text[t]) != texts.end()) id = t;
+    return id;
+  };
+  v->fim_pre = fim("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id", kFimPreTexts);
+  v->fim_suf = fim("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id", kFimSufTexts);
+  v->fim_mid = fim("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id", kFimMidTexts);
   // Padding is never produced by the tokenizer; some converters write an id one past the
   // vocabulary, so an unusable value just means "none".
   {
@@ -482,6 +503,10 @@ int32_t Tokenizer::n_vocab() const { return impl_->vocab->n_vocab(); }
 TokenId Tokenizer::bos() const { return impl_->vocab->bos; }
 TokenId Tokenizer::eos() const { return impl_->vocab->eos; }
 bool Tokenizer::add_bos_default() const { return impl_->vocab->add_bos; }
+
+TokenId Tokenizer::fim_prefix() const { return impl_->vocab->fim_pre; }
+TokenId Tokenizer::fim_suffix() const { return impl_->vocab->fim_suf; }
+TokenId Tokenizer::fim_middle() const { return impl_->vocab->fim_mid; }
 
 bool Tokenizer::is_eog(TokenId id) const {
   const Vocab& v = *impl_->vocab;

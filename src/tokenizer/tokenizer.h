@@ -47,6 +47,11 @@ class Tokenizer {
   TokenId bos() const;  // -1 when none
   TokenId eos() const;  // -1 when none
   bool add_bos_default() const;
+  // Fill-in-the-middle tokens (the file's ids, else found by their text: <fim_prefix>,
+  // <|fim_prefix|>, <PRE>, ...); -1 when the vocabulary has none.
+  TokenId fim_prefix() const;
+  TokenId fim_suffix() const;
+  TokenId fim_middle() const;
   bool is_eog(TokenId id) const;  // EOS, EOT, EOM and other end-of-generation tokens
   bool is_control(TokenId id) const;
   const std::string& token_text(TokenId id) const;  // the vocabulary string as stored

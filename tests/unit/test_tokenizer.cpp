@@ -3,6 +3,8 @@
 // metadata errors).
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -277,6 +279,39 @@ TEST(Tokenizer, RandomTextsRoundTripOnEveryVocab) {
         for (const TokenId id : tok.encode(any, true, parse_special))
           ASSERT_TRUE(id >= 0 && id < tok.n_vocab()) << name << " " << escaped(any);
     }
+  }
+  if (vocabs == 0) GTEST_SKIP() << "no shared vocabularies";
+}
+
+// Fill-in-the-middle tokens, found by their text where the file names no ids: StarCoder's and
+// Refact's <fim_prefix>/<fim_suffix>/<fim_middle>, DeepSeek Coder's <｜fim▁begin｜>/<｜fim▁hole｜>/
+// <｜fim▁end｜>; none in Llama's vocabularies.
+TEST(Tokenizer, FillInTheMiddleTokens) {
+  int vocabs = 0;
+  for (const auto& [name, pre, suf, mid] : std::vector<std::array<std::string, 4>>{
+           {"starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"},
+           {"refact", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"},
+           {"deepseek-coder", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>",
+            "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>"},
+           {"llama-spm", "", "", ""},
+           {"llama-bpe", "", "", ""}}) {
+    const std::string path = test::shared_file("tokenizer/ggml-vocab-" + name + ".gguf");
+    if (path.empty()) continue;
+    ++vocabs;
+    const Tokenizer& tok = load_vocab(path);
+    if (pre.empty()) {
+      EXPECT_EQ(tok.fim_prefix(), -1) << name;
+      EXPECT_EQ(tok.fim_suffix(), -1) << name;
+      EXPECT_EQ(tok.fim_middle(), -1) << name;
+      continue;
+    }
+    ASSERT_GE(tok.fim_prefix(), 0) << name;
+    ASSERT_GE(tok.fim_suffix(), 0) << name;
+    ASSERT_GE(tok.fim_middle(), 0) << name;
+    EXPECT_EQ(tok.token_text(tok.fim_prefix()), pre) << name;
+    EXPECT_EQ(tok.token_text(tok.fim_suffix()), suf) << name;
+    EXPECT_EQ(tok.token_text(tok.fim_middle()), mid) << name;
+    EXPECT_EQ(tok.encode(pre, false, true), std::vector<TokenId>{tok.fim_prefix()}) << name;  // (special text: the token)
   }
   if (vocabs == 0) GTEST_SKIP() << "no shared vocabularies";
 }

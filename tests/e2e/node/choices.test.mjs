@@ -10,7 +10,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
-import { MODEL, MODEL_ID, golden, metrics, postJson, skipReason, startServer, waitLog, waitMetrics } from './helpers.mjs';
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+
+import { BINARY, MODEL, MODEL_ID, SHARED, golden, metrics, postJson, skipReason, startServer, waitLog, waitMetrics } from './helpers.mjs';
 
 const skip = skipReason();
 const HITS = 'firsttoken:prefix_cache_hits_total';
@@ -439,3 +442,50 @@ describe('choices and echo (stories260K)', { skip }, () => {
   });
 });
 
+
+// Completions' suffix (fill in the middle) on a model with StarCoder's vocabulary: the prompt is
+// <fim_prefix> prompt <fim_suffix> suffix <fim_middle> (the PSM order), so the completion equals
+// the one of that token sequence given as ids; a model without FIM tokens refuses it (400).
+const STARCODER = join(SHARED, 'tokenizer/ggml-vocab-starcoder.gguf');
+describe('fill in the middle (suffix)', { skip: skip || (!existsSync(STARCODER) && `${STARCODER} absent`) }, () => {
+  let dir, server, plain;
+  before(async () => {
+    dir = mkdtempSync(join(tmpdir(), `ft-fim-${process.pid}-`));
+    const r = spawnSync(BINARY, ['make-model', '--shape', 'tiny', '--type', 'q8_0', '--vocab', STARCODER, '-o', join(dir, 'coder.gguf')],
+      { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    server = await startServer(['-m', join(dir, 'coder.gguf'), '--served-model-name', 'coder', '-t', '1']);
+    plain = await startServer(['-m', MODEL, '-t', '1']);
+  });
+  after(async () => {
+    for (const s of [server, plain]) if (s) assert.equal((await s.stop()).code, 0, s.log());
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('the prompt is <fim_prefix> prompt <fim_suffix> suffix <fim_middle>; without FIM tokens a 400', async () => {
+    const ids = async (content, add_special = false) =>
+      (await postJson(server.url, '/tokenize', { content, add_special })).json.tokens;
+    const [pre] = await ids('<fim_prefix>'), [suf] = await ids('<fim_suffix>'), [mid] = await ids('<fim_middle>');
+    assert.ok(pre !== suf && suf !== mid && mid !== pre, `${pre} ${suf} ${mid}`);
+    const prefix = 'def add(a, b):\n    ', suffix = '\n    return c\n';
+    const want = [pre, ...(await ids(prefix)), suf, ...(await ids(suffix)), mid];
+    const req = { model: 'coder', max_tokens: 8, temperature: 0, ignore_eos: true };
+    const fim = await postJson(server.url, '/v1/completions', { ...req, prompt: prefix, suffix });
+    assert.equal(fim.status, 200, fim.text);
+    assert.equal(fim.json.usage.prompt_tokens, want.length);
+    const explicit = await postJson(server.url, '/v1/completions', { ...req, prompt: want });
+    assert.equal(fim.json.choices[0].text, explicit.json.choices[0].text);
+    // Token ids as the prefix, and an empty suffix is no insertion at all.
+    const fromIds = await postJson(server.url, '/v1/completions', { ...req, prompt: await ids(prefix), suffix });
+    assert.equal(fromIds.json.choices[0].text, fim.json.choices[0].text);
+    const none = await postJson(server.url, '/v1/completions', { ...req, prompt: prefix, suffix: '' });
+    assert.equal(none.json.usage.prompt_tokens, (await ids(prefix, true)).length);
+    // Refusals: echo with a suffix; a model without FIM tokens.
+    const echo = await postJson(server.url, '/v1/completions', { ...req, prompt: prefix, suffix, echo: true });
+    assert.equal(echo.status, 400);
+    const r = await postJson(plain.url, '/v1/completions', { model: MODEL_ID, prompt: 'Once', suffix: ' the end.', max_tokens: 4 });
+    assert.equal(r.status, 400);
+    assert.equal(r.json.error.param, 'suffix');
+    assert.match(r.json.error.message, /fill-in-the-middle/);
+  });
+});
