@@ -248,7 +248,10 @@ TEST(ServerParse, UnbuildableValuesAre400NamingTheParam) {
              "messages[0].content[0].type", "not supported");
   expect_400(E::Chat, chat + R"("audio":{"voice":"alloy","format":"mp3"}})", "audio", "not supported");
   expect_400(E::Chat, chat + R"("modalities":["text","audio"]})", "modalities", "text");
-  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","suffix":"end"})", "suffix", "not supported");
+  // suffix parses (whether the model can fill in the middle is prompt_tokens()'s call); not with echo.
+  EXPECT_EQ(parse_request(E::Completions, R"({"model":"stories260K","prompt":"x","suffix":"end"})", kModel).suffix, "end");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","suffix":"end","echo":true})", "suffix", "echo");
+  expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","suffix":3})", "suffix", "string");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","use_beam_search":true})", "use_beam_search", "not supported");
   expect_400(E::Chat, chat + R"("logit_bias":{"x":1}})", "logit_bias", "token ids");
   expect_400(E::Chat, chat + R"("logit_bias":{"512":1}})", "logit_bias", "out of range");
