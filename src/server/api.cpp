@@ -112,7 +112,7 @@ constexpr Field kFields[] = {
     {"echo", kChat, Use::Ignored}, {"skip_special_tokens", kBoth, Use::Handled},
     {"spaces_between_special_tokens", kBoth, Use::Ignored}, {"include_stop_str_in_output", kBoth, Use::Handled},
     {"add_special_tokens", kCmpl, Use::Handled}, {"add_special_tokens", kChat, Use::Ignored}, {"continue_final_message", kChat, Use::Handled},
-    {"chat_template_kwargs", kChat, Use::Ignored}, {"documents", kChat, Use::Ignored},
+    {"chat_template_kwargs", kChat, Use::Handled}, {"documents", kChat, Use::Handled},
     {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Handled},
     {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
     {"return_tokens_as_token_ids", kBoth, Use::Handled}, {"cache_salt", kBoth, Use::Handled},
@@ -423,6 +423,19 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
         bad("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
       r.continue_final_message = true;
       r.add_generation_prompt = false;
+    }
+    // vLLM's: variables for the chat template (Llama 3.1's date_string, Qwen3's enable_thinking)
+    // and RAG documents (Command R's); a template that does not use them ignores them.
+    if (j.contains("chat_template_kwargs")) {
+      if (!j["chat_template_kwargs"].is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      for (const auto& [k, v] : j["chat_template_kwargs"].items())
+        if (k == "messages" || k == "tools" || k == "add_generation_prompt" || k == "bos_token" || k == "eos_token" || k == "documents")
+          bad("chat_template_kwargs", cat("'chat_template_kwargs' cannot set '", k, "' (the request's own field)"));
+      r.template_vars = j["chat_template_kwargs"];
+    }
+    if (j.contains("documents")) {
+      if (!j["documents"].is_array()) bad("documents", "'documents' must be an array");
+      r.template_vars["documents"] = j["documents"];
     }
     if (j.contains("modalities")) {
       const json& m = j["modalities"];

@@ -215,8 +215,8 @@ namespace {
 // The chat prompt's text; with continue_final_message, cut after the final message's content
 // (vLLM's rule: its last occurrence in the rendering), whatever the template closes it with.
 std::string render_chat(const ChatTemplate& chat, const GenerationRequest& req) {
-  if (!req.continue_final_message) return chat.render(req.messages, req.tools, req.add_generation_prompt);
-  std::string text = chat.render(req.messages, req.tools, false);
+  if (!req.continue_final_message) return chat.render(req.messages, req.tools, req.add_generation_prompt, req.template_vars);
+  std::string text = chat.render(req.messages, req.tools, false, req.template_vars);
   const std::string& last = req.messages.back().content;
   const size_t at = last.empty() ? std::string::npos : text.rfind(last);
   if (at == std::string::npos)

@@ -122,6 +122,7 @@ struct GenerationRequest {
   // continued (rendered without a generation prompt, cut after its content).
   bool continue_final_message = false;
   nlohmann::json tools;                // Chat: the function definitions the template shows (null: none)
+  nlohmann::json template_vars;        // Chat: more template variables (vLLM's chat_template_kwargs, documents); null: none
   std::string grammar;                 // GBNF (engine/grammar.h) the output must match; "" = none
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
   std::string adapter;                 // a loaded LoRA adapter's name (Engine::load_adapter); "" = the base

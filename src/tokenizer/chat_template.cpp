@@ -347,16 +347,25 @@ ChatTemplate ChatTemplate::for_model(const Tokenizer& tok, std::string_view sour
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
-                                 bool add_generation_prompt) const {
+                                 bool add_generation_prompt, const nlohmann::json& extra) const {
   if (jinja_) {
+    auto context = [&](bool object_arguments) {
+      nlohmann::json ctx = chat_template_context(messages, tools, add_generation_prompt, bos_, eos_, object_arguments);
+      if (extra.is_object())
+        for (const auto& [k, v] : extra.items()) {
+          if (ctx.contains(k) || k == "tools") fail("chat template variables: '", k, "' is set by the request itself");
+          ctx[k] = v;
+        }
+      return ctx;
+    };
     try {
-      return jinja_->render(chat_template_context(messages, tools, add_generation_prompt, bos_, eos_));
+      return jinja_->render(context(true));
     } catch (const jinja::Raised&) {
       throw;
     } catch (const Error&) {
       const bool calls = std::any_of(messages.begin(), messages.end(), [](const auto& m) { return !m.tool_calls.empty(); });
       if (!calls) throw;
-      return jinja_->render(chat_template_context(messages, tools, add_generation_prompt, bos_, eos_, false));
+      return jinja_->render(context(false));
     }
   }
   return render_chat(format_, messages, add_generation_prompt, bos_, eos_);

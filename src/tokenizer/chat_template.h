@@ -119,8 +119,11 @@ class ChatTemplate {
   // template's own raise_exception included) when the conversation cannot be rendered. A Jinja
   // template that fails on tool calls with object arguments is given them as JSON text (templates
   // differ: Llama 3.1 indexes them, DeepSeek and Functionary concatenate them).
+  // extra (an object or null): more variables for a Jinja template (vLLM's chat_template_kwargs,
+  // e.g. Llama 3.1's date_string; its documents); it cannot set the ones above (ft::Error). The
+  // built-in formats have none.
   std::string render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
-                     bool add_generation_prompt) const;
+                     bool add_generation_prompt, const nlohmann::json& extra = nullptr) const;
   bool is_jinja() const { return jinja_ != nullptr; }
   ChatFormat format() const { return format_; }  // the built-in one (used when !is_jinja())
   std::string describe() const;                  // "the model's Jinja template" | "built-in llama3"

@@ -139,6 +139,36 @@ TEST(ChatTemplate, GemmaAndPhi3BuiltinsMatchTheirJinjaTemplates) {
   }
 }
 
+// More template variables (vLLM's chat_template_kwargs and documents): Llama 3.1's date_string
+// (its default "26 Jul 2024" otherwise), Command R7B's documents (a tool-result turn of them);
+// a variable the request sets itself cannot be replaced.
+TEST(ChatTemplate, ExtraVariablesReachTheTemplate) {
+  const std::vector<ChatMessage> msgs = {{"user", "Hi"}};
+  {
+    FT_REQUIRE_SHARED(path, "templates/meta-llama-Llama-3.1-8B-Instruct.jinja");
+    std::string warning;
+    const ChatTemplate t = ChatTemplate::from_gguf(test::read_file(path), "<|begin_of_text|>", "<|eot_id|>", warning);
+    ASSERT_TRUE(t.is_jinja()) << warning;
+    EXPECT_NE(t.render(msgs, nullptr, true).find("Today Date: 26 Jul 2024\n"), std::string::npos);
+    const std::string dated = t.render(msgs, nullptr, true, {{"date_string", "05 Dec 2026"}});
+    EXPECT_NE(dated.find("Today Date: 05 Dec 2026\n"), std::string::npos) << dated;
+    EXPECT_EQ(dated.find("26 Jul 2024"), std::string::npos);
+    EXPECT_THROW(t.render(msgs, nullptr, true, {{"messages", nlohmann::json::array()}}), Error);
+    EXPECT_THROW(t.render(msgs, nullptr, true, {{"tools", nlohmann::json::array()}}), Error);
+  }
+  {
+    FT_REQUIRE_SHARED(path, "templates/CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja");
+    std::string warning;
+    const ChatTemplate t = ChatTemplate::from_gguf(test::read_file(path), "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", warning);
+    ASSERT_TRUE(t.is_jinja()) << warning;
+    const nlohmann::json docs = {{"documents", {{{"title", "Tides"}, {"text", "The moon pulls the sea."}}}}};
+    const std::string with = t.render(msgs, nullptr, true, docs);
+    EXPECT_NE(with.find("The moon pulls the sea."), std::string::npos) << with;
+    EXPECT_NE(with.find("direct-injected-document"), std::string::npos);
+    EXPECT_EQ(t.render(msgs, nullptr, true).find("direct-injected-document"), std::string::npos);
+  }
+}
+
 TEST(ChatTemplate, UserOnlyConversations) {
   const std::vector<ChatMessage> one = {{"user", "Hi"}};
   EXPECT_EQ(render_chat(ChatFormat::Llama2, one, true, "<s>", "</s>"), "<s>[INST] Hi [/INST]");

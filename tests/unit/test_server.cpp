@@ -200,11 +200,12 @@ TEST(ServerParse, EveryOpenAIFieldIsAccepted) {
   EXPECT_EQ(r.tool_choice, ToolChoice::None);
   EXPECT_FALSE(r.seed_set);
   EXPECT_TRUE(r.skip_special_tokens);
+  EXPECT_EQ(r.template_vars, json({{"x", 1}}));  // chat_template_kwargs
   EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
   const std::set<std::string> ignored(r.ignored_fields.begin(), r.ignored_fields.end());
   for (const char* f : {"store", "metadata", "service_tier", "prompt_cache_key",
                         "reasoning_effort", "verbosity", "safety_identifier", "prediction", "web_search_options",
-                        "user", "chat_template_kwargs", "cache_prompt"})
+                        "user", "cache_prompt"})
     EXPECT_TRUE(ignored.count(f)) << f;
 
   const json cmpl = json::parse(R"({"model": "stories260K", "prompt": "x", "suffix": null, "echo": false,
@@ -442,6 +443,18 @@ TEST(ServerParse, LlamaCppSamplers) {
   expect_400(Endpoint::Completions, p + R"("mirostat_tau":-1})", "mirostat_tau", "");
   expect_400(Endpoint::Completions, p + R"("repeat_last_n":-2})", "repeat_last_n", "");
   expect_400(Endpoint::Completions, p + R"("min_keep":1.5})", "min_keep", "");
+}
+
+TEST(ServerParse, ChatTemplateVariables) {
+  const json msgs = {{{"role", "user"}, {"content", "x"}}};
+  const auto r = parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"chat_template_kwargs", {{"enable_thinking", false}}},
+                             {"documents", {{{"text", "d"}}}}});
+  EXPECT_EQ(r.template_vars, json({{"enable_thinking", false}, {"documents", {{{"text", "d"}}}}}));
+  EXPECT_TRUE(r.ignored_fields.empty());
+  const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)";
+  expect_400(Endpoint::Chat, chat + R"("chat_template_kwargs":[1]})", "chat_template_kwargs", "object");
+  expect_400(Endpoint::Chat, chat + R"("chat_template_kwargs":{"messages":[]}})", "chat_template_kwargs", "messages");
+  expect_400(Endpoint::Chat, chat + R"("documents":{"a":1}})", "documents", "array");
 }
 
 TEST(ServerParse, StructuredOutputBecomesAGrammar) {
