@@ -105,6 +105,7 @@ constexpr Field kFields[] = {
     {"top_k", kBoth, Use::Handled}, {"min_p", kBoth, Use::Handled}, {"repetition_penalty", kBoth, Use::Handled},
     {"repeat_penalty", kBoth, Use::Handled}, {"ignore_eos", kBoth, Use::Handled}, {"min_tokens", kBoth, Use::Handled},
     {"stop_token_ids", kBoth, Use::Handled}, {"n_predict", kBoth, Use::Handled},
+    {"allowed_token_ids", kBoth, Use::Handled}, {"bad_words", kBoth, Use::Handled},
     {"add_generation_prompt", kChat, Use::Handled}, {"use_beam_search", kBoth, Use::Handled},
     {"grammar", kBoth, Use::Handled}, {"json_schema", kBoth, Use::Handled}, {"guided_json", kBoth, Use::Handled},
     {"guided_choice", kBoth, Use::Handled}, {"guided_grammar", kBoth, Use::Handled},
@@ -519,6 +520,23 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     for (const json& t : j["stop_token_ids"]) {
       if (!t.is_number_integer()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
       r.stop_token_ids.push_back(check_token_id(t.get<int64_t>(), model.n_vocab, "stop_token_ids"));
+    }
+  }
+  // vLLM's allowed_token_ids (only these may be sampled) and bad_words (never generated).
+  if (j.contains("allowed_token_ids")) {
+    const json& a = j["allowed_token_ids"];
+    if (!a.is_array() || a.empty()) bad("allowed_token_ids", "'allowed_token_ids' must be a non-empty array of token ids");
+    for (const json& t : a) {
+      if (!t.is_number_integer()) bad("allowed_token_ids", "'allowed_token_ids' must be a non-empty array of token ids");
+      r.allowed_token_ids.push_back(check_token_id(t.get<int64_t>(), model.n_vocab, "allowed_token_ids"));
+    }
+  }
+  if (j.contains("bad_words")) {
+    const json& w = j["bad_words"];
+    if (!w.is_array()) bad("bad_words", "'bad_words' must be an array of strings");
+    for (const json& x : w) {
+      if (!x.is_string()) bad("bad_words", "'bad_words' must be an array of strings");
+      r.bad_words.push_back(x.get<std::string>());
     }
   }
   if (j.contains("stream")) r.stream = get_bool(j, "stream");

@@ -53,6 +53,10 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
     if (!std::isfinite(b)) bad("logit_bias", "'logit_bias' values must be finite");
   }
   for (const int32_t t : r.stop_token_ids) check_token_id(t, n_vocab, "stop_token_ids");
+  for (const int32_t t : r.allowed_token_ids) check_token_id(t, n_vocab, "allowed_token_ids");
+  if (r.bad_words.size() > kMaxBadWords) bad("bad_words", cat("'bad_words' may hold at most ", kMaxBadWords, " words"));
+  for (const auto& w : r.bad_words)
+    if (w.empty()) bad("bad_words", "bad words must not be empty");
   if (r.min_tokens < 0) bad("min_tokens", cat("'min_tokens' must be >= 0, got ", r.min_tokens));
   if (r.max_tokens && r.min_tokens > *r.max_tokens)
     bad("min_tokens", cat("'min_tokens' (", r.min_tokens, ") must not exceed 'max_tokens' (", *r.max_tokens, ")"));
@@ -92,21 +96,37 @@ int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t
 namespace {
 
 // logit_bias, then min_tokens: the stop tokens (end-of-generation and stop_token_ids) at -inf while
-// fewer than min_tokens have been generated.
+// fewer than min_tokens have been generated; then allowed_token_ids and bad words.
 class RequestLogits : public LogitsProcessor {
  public:
   RequestLogits(std::vector<std::pair<int32_t, float>> bias, int64_t min_tokens, std::vector<int32_t> stops,
+                const std::vector<int32_t>& allowed, std::vector<std::vector<int32_t>> bad,
                 std::shared_ptr<GrammarProcessor> grammar)
-      : bias_(std::move(bias)), min_tokens_(min_tokens), stops_(std::move(stops)), grammar_(std::move(grammar)) {}
+      : bias_(std::move(bias)), min_tokens_(min_tokens), stops_(std::move(stops)), bad_(std::move(bad)), grammar_(std::move(grammar)) {
+    if (!allowed.empty()) {
+      allowed_.assign(size_t(*std::max_element(allowed.begin(), allowed.end())) + 1, 0);
+      for (const int32_t t : allowed) allowed_[size_t(t)] = 1;
+    }
+  }
   void apply(float* logits, int32_t n_vocab, int64_t n_generated) override {
+    constexpr float kNever = -std::numeric_limits<float>::infinity();
     for (const auto& [t, b] : bias_)
       if (t < n_vocab) logits[t] += b;
     if (n_generated < min_tokens_)
       for (const int32_t t : stops_)
-        if (t < n_vocab) logits[t] = -std::numeric_limits<float>::infinity();
+        if (t < n_vocab) logits[t] = kNever;
+    if (!allowed_.empty())
+      for (int32_t t = 0; t < n_vocab; ++t)
+        if (size_t(t) >= allowed_.size() || !allowed_[size_t(t)]) logits[t] = kNever;
+    for (const std::vector<int32_t>& w : bad_) {  // the last token, where the output ends with the rest
+      const size_t k = w.size() - 1;
+      if (k <= out_.size() && std::equal(w.begin(), w.end() - 1, out_.end() - std::ptrdiff_t(k)) && w.back() < n_vocab)
+        logits[w.back()] = kNever;
+    }
     if (grammar_ && grammar_->done_after() < 0) grammar_->apply(logits, n_vocab, n_generated);  // last: bias cannot undo it
   }
   void accept(int32_t token) override {
+    if (!bad_.empty()) out_.push_back(token);
     if (grammar_ && grammar_->done_after() < 0) grammar_->accept(token);  // past its end the output is cut anyway
   }
 
@@ -114,20 +134,42 @@ class RequestLogits : public LogitsProcessor {
   std::vector<std::pair<int32_t, float>> bias_;
   int64_t min_tokens_;
   std::vector<int32_t> stops_;
+  std::vector<uint8_t> allowed_;          // per token: may be sampled (empty: all may)
+  std::vector<std::vector<int32_t>> bad_;  // token sequences never completed
+  std::vector<int32_t> out_;              // generated so far (with bad words)
   std::shared_ptr<GrammarProcessor> grammar_;
 };
 
 }  // namespace
 
 std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
-                                                       std::shared_ptr<GrammarProcessor> grammar) {
-  if (r.logit_bias.empty() && r.min_tokens == 0 && !grammar) return nullptr;
+                                                       std::shared_ptr<GrammarProcessor> grammar,
+                                                       std::vector<std::vector<int32_t>> bad_word_ids) {
+  if (r.logit_bias.empty() && r.min_tokens == 0 && !grammar && r.allowed_token_ids.empty() && bad_word_ids.empty())
+    return nullptr;
   std::vector<int32_t> stops;
   if (r.min_tokens > 0) {
     if (!r.ignore_eos) stops = eog_ids;
     stops.insert(stops.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
   }
-  return std::make_shared<RequestLogits>(r.logit_bias, r.min_tokens, std::move(stops), std::move(grammar));
+  return std::make_shared<RequestLogits>(r.logit_bias, r.min_tokens, std::move(stops), r.allowed_token_ids,
+                                         std::move(bad_word_ids), std::move(grammar));
+}
+
+std::vector<std::vector<int32_t>> bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& word : words) {
+    const std::string_view w = std::string_view(word).substr(std::min(word.find_first_not_of(' '), word.size()));
+    if (w.empty()) continue;
+    std::vector<int32_t> plain = tok.encode(w, false, false);
+    std::vector<int32_t> spaced = tok.encode(" " + std::string(w), false, false);
+    // (vLLM's rule. SentencePiece's own space prefix makes plain the word's start already, and
+    // its spaced form one token longer: not taken.)
+    const bool other = !spaced.empty() && !plain.empty() && spaced.size() == plain.size() && spaced.front() != plain.front();
+    if (!plain.empty()) out.push_back(std::move(plain));
+    if (other) out.push_back(std::move(spaced));
+  }
+  return out;
 }
 
 uint64_t draw_seed() {
@@ -361,6 +403,7 @@ void Generation::submit_prepared() {
 void Generation::submit() {
   EngineRequest er = std::move(proto_);
   EventCallback cb0;
+  const std::vector<std::vector<int32_t>> bad_words = bad_word_ids(ctx_.tokenizer, req_.bad_words);
   for (int32_t i = 0; i < n_candidates(); ++i) {
     Choice& c = choices_[size_t(i)];
     try {
@@ -375,7 +418,7 @@ void Generation::submit() {
       if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
       post([gen, e = std::move(e)] { gen->on_event(e); });
     };
-    auto processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar);
+    auto processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar, bad_words);
     if (i == 0) {
       er.logits_processor = std::move(processor);
       cb0 = std::move(cb);

@@ -49,6 +49,7 @@ struct ApiError : std::runtime_error {
 // A 400 naming the request's offending param.
 [[noreturn]] inline void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
 
+inline constexpr size_t kMaxBadWords = 256;  // GenerationRequest::bad_words
 inline constexpr size_t kMaxStops = 256;  // stop strings a request may give (OpenAI's 4; vLLM sets none)
 inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)
 // A response's prompt logprobs at most (choices x prompt tokens x (alternatives + 1)): ~60 MB of JSON.
@@ -117,6 +118,10 @@ struct GenerationRequest {
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to its logit before sampling
   int64_t min_tokens = 0;              // end-of-generation tokens and stop_token_ids are masked before this many
   std::vector<int32_t> stop_token_ids; // sampling one ends the generation ("stop"; the token is not output)
+  std::vector<int32_t> allowed_token_ids;  // vLLM's: non-empty = only these may be sampled
+  // vLLM's bad_words: never generated. Each is tokenized as it is and after a space (at a word's
+  // start); its last token is masked wherever the output ends with the ones before it.
+  std::vector<std::string> bad_words;
   bool add_generation_prompt = true;   // Chat: open the assistant's turn
   // Chat (vLLM's continue_final_message): the final message, an assistant's, is left open and
   // continued (rendered without a generation prompt, cut after its content).
@@ -141,9 +146,14 @@ void validate(const GenerationRequest& r, int32_t n_vocab);
 // fit and fit_max_tokens is off.
 int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx);
 // What shapes the request's logits before sampling (logit_bias; min_tokens masking eog_ids and
-// stop_token_ids; then the grammar's mask), or null when nothing does.
+// stop_token_ids; allowed_token_ids; bad_words, as bad_word_ids tokenized them; then the
+// grammar's mask), or null when nothing does.
 std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
-                                                       std::shared_ptr<GrammarProcessor> grammar = nullptr);
+                                                       std::shared_ptr<GrammarProcessor> grammar = nullptr,
+                                                       std::vector<std::vector<int32_t>> bad_word_ids = {});
+// vLLM's bad_words as token sequences: each word as it is and, where that makes another first
+// token of the same length, after a space (so it is caught at a word's start and within text).
+std::vector<std::vector<int32_t>> bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words);
 // A random seed, for a request that gave none.
 uint64_t draw_seed();
 

@@ -936,6 +936,37 @@ TEST(ServerStop, EqualsThePlainRuleOnRandomPieces) {
   EXPECT_LT(stopped, 2900);
 }
 
+// allowed_token_ids masks every other token; a bad word's last token is masked exactly where
+// the output ends with the tokens before it (a one-token word: always).
+TEST(ServerLogits, AllowedTokensAndBadWords) {
+  constexpr int32_t V = 10;
+  const float kNever = -std::numeric_limits<float>::infinity();
+  auto run = [&](LogitsProcessor& p, int64_t n) {
+    std::vector<float> l(V, 0.0f);
+    p.apply(l.data(), V, n);
+    std::vector<int32_t> masked;
+    for (int32_t t = 0; t < V; ++t)
+      if (l[size_t(t)] == kNever) masked.push_back(t);
+    return masked;
+  };
+  GenerationRequest r;
+  r.allowed_token_ids = {2, 5};
+  auto allowed = make_logits_processor(r, {});
+  ASSERT_TRUE(allowed);
+  EXPECT_EQ(run(*allowed, 0), (std::vector<int32_t>{0, 1, 3, 4, 6, 7, 8, 9}));  // (9: above every allowed id)
+  r.allowed_token_ids.clear();
+  EXPECT_FALSE(make_logits_processor(r, {}));
+  auto bad = make_logits_processor(r, {}, nullptr, {{7}, {1, 2, 3}});
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(run(*bad, 0), (std::vector<int32_t>{7}));
+  bad->accept(1);
+  EXPECT_EQ(run(*bad, 1), (std::vector<int32_t>{7}));
+  bad->accept(2);
+  EXPECT_EQ(run(*bad, 2), (std::vector<int32_t>{3, 7}));  // 1 2 so far: 3 would complete the word
+  bad->accept(4);
+  EXPECT_EQ(run(*bad, 3), (std::vector<int32_t>{7}));
+}
+
 TEST(ServerMetrics, PrometheusText) {
   Histogram h({0.001, 0.01, 0.1});
   h.observe(0.0005);

@@ -196,6 +196,30 @@ describe('serve stories260K', { skip }, () => {
     assert.deepEqual(await texts({ mirostat: 2, mirostat_tau: 5 }), m);
   });
 
+  test("vLLM's allowed_token_ids and bad_words: sampled tokens stay in the set; a word in the greedy text is never written", async () => {
+    const ids = (await postJson(server.url, '/tokenize', { prompt: ' the little dog', add_special_tokens: false })).json.tokens;
+    const allowed = [...new Set(ids)];
+    const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 30, temperature: 1, seed: 3,
+      allowed_token_ids: allowed, logprobs: 0, return_tokens_as_token_ids: true });
+    const got = r.choices[0].logprobs.tokens.map((t) => Number(t.slice('token_id:'.length)));
+    assert.equal(got.length, 30);
+    for (const t of got) assert.ok(allowed.includes(t), `${t} not in ${allowed}`);
+    // A word the greedy text has (several tokens in this vocabulary), banned.
+    let word = null;
+    for (const w of gold.greedy_text.split(/\s+/).filter((x) => /^[a-z]{4,}$/.test(x)))
+      if ((await postJson(server.url, '/tokenize', { prompt: w, add_special_tokens: false })).json.tokens.length >= 2) {
+        word = w;
+        break;
+      }
+    assert.ok(word, `no word of several tokens in: ${gold.greedy_text}`);
+    const req = { model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0 };
+    assert.ok((await client.completions.create(req)).choices[0].text.includes(word));
+    const banned = (await client.completions.create({ ...req, bad_words: [word] })).choices[0].text;
+    assert.ok(!banned.includes(word), banned);
+    assert.equal((await postJson(server.url, '/v1/completions', { ...req, allowed_token_ids: [] })).status, 400);
+    assert.equal((await postJson(server.url, '/v1/completions', { ...req, bad_words: [3] })).status, 400);
+  });
+
   test('GET /v1/models, /health; POST /tokenize, /detokenize', async () => {
     const models = await client.models.list();
     assert.deepEqual(models.data.map((m) => m.id), [MODEL_ID]);
