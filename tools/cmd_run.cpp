@@ -156,6 +156,7 @@ int cmd_run(const RunArgs& a) {
   Inbox inbox;  // outlives the engine, whose callback posts to it
   Engine engine(*model, cfg, [&tok](int32_t t) { return tok.is_eog(t); });
   std::fprintf(stderr, "[firsttoken] %s\n", engine.kv_summary().c_str());
+  if (const std::string w = engine.context_warning(); !w.empty()) std::fprintf(stderr, "[firsttoken] warning: %s\n", w.c_str());
   if (!engine.weights_summary().empty()) std::fprintf(stderr, "[firsttoken] %s\n", engine.weights_summary().c_str());
   if (!a.lora.empty()) {
     engine.load_adapter("lora", a.lora);

@@ -194,6 +194,7 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   spdlog::info("kernels: {} (this CPU runs {}; FT_ISA forces a lower one)", cpu_isa(),
                cpu_isas().back());
   spdlog::info("{}", engine.kv_summary());
+  if (const std::string w = engine.context_warning(); !w.empty()) spdlog::warn("{}", w);
   if (const std::string& w = engine.weights_summary(); !w.empty()) {
     if (w.starts_with("warning")) spdlog::warn("{}", w);
     else spdlog::info("{}", w);

@@ -273,6 +273,12 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   kc.n_blocks = int32_t(std::min<uint64_t>(kv_bytes / block_bytes, 1u << 30));
   if (kc.n_blocks < kMinKvBlocks)
     fail("KV cache memory of ", kv_bytes, " bytes holds fewer than ", kMinKvBlocks, " blocks of ", block_bytes, " bytes");
+  // A context the cache cannot hold is one no request could use (chat's default max_tokens, the
+  // rest of it, would be refused as never fitting): the served context is what the cache holds.
+  if (const int64_t holds = int64_t(kc.n_blocks) * B; holds < n_ctx_) {
+    ctx_cut_from_ = n_ctx_;
+    n_ctx_ = holds;
+  }
   kv_ = std::make_unique<KVCache>(kc);
 
   backend_ = make_backend(cfg.runtime.backend, resolve_threads(cfg.runtime.threads));
@@ -360,6 +366,12 @@ std::string lock_weights(const Model& model, Backend& backend) {
   } catch (const Error& e) {
     return cat("warning: --mlock: ", e.what(), "; the weights stay pageable");
   }
+}
+
+std::string Engine::context_warning() const {
+  if (ctx_cut_from_ == 0) return "";
+  return cat("the KV cache holds ", n_ctx_, " tokens, fewer than the context of ", ctx_cut_from_,
+             ": serving a context of ", n_ctx_, " tokens (raise --kv-memory or lower --ctx)");
 }
 
 std::string Engine::kv_summary() const {

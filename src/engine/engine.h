@@ -125,7 +125,10 @@ class Engine {
 
   EngineMetrics metrics() const;
   std::vector<StepRecord> recent_steps(size_t max) const;
+  // Positions per sequence: the configured context (RuntimeConfig::n_ctx, else the model's), cut
+  // to what the KV cache holds; context_warning() says so when it was cut ("" otherwise).
   int64_t n_ctx() const { return n_ctx_; }
+  std::string context_warning() const;
   // "KV cache: N tokens (M MiB, DTYPE, B-token blocks)[, huge pages ...]": the start-up line.
   std::string kv_summary() const;
   // With RuntimeConfig::mlock: "weights locked in RAM (mlock): N MiB" or the warning saying why
@@ -142,6 +145,7 @@ class Engine {
 
   const Model& model_;
   int64_t n_ctx_ = 0;
+  int64_t ctx_cut_from_ = 0;  // the context before the KV cache cut it (0: not cut)
   SchedulerConfig sched_cfg_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<TpLeader> tp_;  // tensor parallelism: the workers' steps

@@ -490,6 +490,18 @@ TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
   const uint64_t block = KVCache::block_bytes(kv_cache_config(one.runtime, model->hparams(), 0, false));
   EXPECT_EQ(one.kv_memory_bytes, 256 / 16 * block);
   EXPECT_EQ(single_request_config(*model, 4, 64, 2).kv_memory_bytes, 2 * one.kv_memory_bytes / 16);
+  // A KV cache smaller than the context: the context served is what it holds (a request of the
+  // rest of a larger one would never fit), and the warning says so.
+  c = config(64, true, 8 * block);
+  c.runtime.n_ctx = 1024;
+  {
+    Engine small(*model, c, {});
+    EXPECT_EQ(small.n_ctx(), 8 * 16);
+    EXPECT_NE(small.context_warning().find("fewer than the context of 1024"), std::string::npos) << small.context_warning();
+  }
+  c.runtime.n_ctx = 64;
+  EXPECT_EQ(Engine(*model, c, {}).n_ctx(), 64);
+  EXPECT_EQ(Engine(*model, c, {}).context_warning(), "");
   // A context the metadata may claim (2^24 positions: ~20 GiB of this model's KV) is capped like
   // serve's default, not allocated.
   const uint64_t capped = single_request_config(*model, int64_t(1) << 24, 64, 2).kv_memory_bytes;
