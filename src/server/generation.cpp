@@ -46,8 +46,12 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
   }
   if (r.max_tokens && *r.max_tokens < 1) bad("max_tokens", cat("'max_tokens' must be at least 1, got ", *r.max_tokens));
   if (r.stop.size() > kMaxStops) bad("stop", cat("'stop' may hold at most ", kMaxStops, " strings"));
-  for (const auto& x : r.stop)
+  size_t stop_bytes = 0, bad_bytes = 0;
+  for (const auto& x : r.stop) {
     if (x.empty()) bad("stop", "stop strings must not be empty");
+    stop_bytes += x.size();
+  }
+  if (stop_bytes > kMaxStopBytes) bad("stop", cat("stop strings of ", stop_bytes, " bytes in all: at most ", kMaxStopBytes));
   for (const auto& [t, b] : r.logit_bias) {
     check_token_id(t, n_vocab, "logit_bias");
     if (!std::isfinite(b)) bad("logit_bias", "'logit_bias' values must be finite");
@@ -55,8 +59,11 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
   for (const int32_t t : r.stop_token_ids) check_token_id(t, n_vocab, "stop_token_ids");
   for (const int32_t t : r.allowed_token_ids) check_token_id(t, n_vocab, "allowed_token_ids");
   if (r.bad_words.size() > kMaxBadWords) bad("bad_words", cat("'bad_words' may hold at most ", kMaxBadWords, " words"));
-  for (const auto& w : r.bad_words)
+  for (const auto& w : r.bad_words) {
     if (w.empty()) bad("bad_words", "bad words must not be empty");
+    bad_bytes += w.size();
+  }
+  if (bad_bytes > kMaxStopBytes) bad("bad_words", cat("bad words of ", bad_bytes, " bytes in all: at most ", kMaxStopBytes));
   if (r.min_tokens < 0) bad("min_tokens", cat("'min_tokens' must be >= 0, got ", r.min_tokens));
   if (r.max_tokens && r.min_tokens > *r.max_tokens)
     bad("min_tokens", cat("'min_tokens' (", r.min_tokens, ") must not exceed 'max_tokens' (", *r.max_tokens, ")"));
@@ -180,11 +187,11 @@ uint64_t draw_seed() {
 StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
     : stops_(std::move(stops)), state_(stops_.size(), 0), include_stop_(include_stop) {
   for (const std::string& s : stops_) {
-    std::vector<size_t>& f = fail_.emplace_back(s.size(), 0);  // f[i]: s[0, i]'s longest proper border
+    std::vector<uint32_t>& f = fail_.emplace_back(s.size(), 0);  // f[i]: s[0, i]'s longest proper border
     for (size_t i = 1, q = 0; i < s.size(); ++i) {
       while (q > 0 && s[i] != s[q]) q = f[q - 1];
       if (s[i] == s[q]) ++q;
-      f[i] = q;
+      f[i] = uint32_t(q);
     }
   }
 }

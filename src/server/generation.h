@@ -50,6 +50,9 @@ struct ApiError : std::runtime_error {
 [[noreturn]] inline void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
 
 inline constexpr size_t kMaxBadWords = 256;  // GenerationRequest::bad_words
+// Bytes of all stop strings, and of all bad words, a request may give (every choice holds its own
+// matcher of them).
+inline constexpr size_t kMaxStopBytes = 64 * 1024;
 inline constexpr size_t kMaxStops = 256;  // stop strings a request may give (OpenAI's 4; vLLM sets none)
 inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)
 // A response's prompt logprobs at most (choices x prompt tokens x (alternatives + 1)): ~60 MB of JSON.
@@ -74,7 +77,7 @@ class StopMatcher {
 
  private:
   std::vector<std::string> stops_;
-  std::vector<std::vector<size_t>> fail_;  // per stop string: KMP's failure function
+  std::vector<std::vector<uint32_t>> fail_;  // per stop string: KMP's failure function
   std::vector<size_t> state_;              // per stop string: its longest prefix the text ends with
   bool include_stop_;
   std::string held_;

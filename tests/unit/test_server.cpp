@@ -130,6 +130,10 @@ TEST(ServerParse, BadInputIs400NamingTheParam) {
     EXPECT_EQ(parse_request(E::Completions, many.dump(), kModel).stop.size(), kMaxStops);
     many["stop"].push_back("one more");
     expect_400(E::Completions, many.dump(), "stop", "at most " + std::to_string(kMaxStops));
+    many["stop"] = {std::string(kMaxStopBytes / 2, 'a'), std::string(kMaxStopBytes / 2 + 1, 'b')};
+    expect_400(E::Completions, many.dump(), "stop", "bytes in all");
+    many["stop"] = {std::string(kMaxStopBytes / 2, 'a')};
+    EXPECT_EQ(parse_request(E::Completions, many.dump(), kModel).stop.size(), 1u);
   }
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stop":""})", "stop", "empty");
   expect_400(E::Completions, R"({"model":"stories260K","prompt":"x","stream":"yes"})", "stream", "boolean");
