@@ -392,7 +392,6 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     } else if (p.is_array() && !p.empty() && p[0].is_string()) {  // prompts: strings
       for (size_t i = 0; i < p.size(); ++i) {
         if (!p[i].is_string()) bad("prompt", "'prompt' must be an array of strings or of token id arrays, not both");
-        if (i > 0 && p[i].get_ref<const std::string&>().empty()) bad("prompt", cat("'prompt[", i, "]' is empty"));
         (i == 0 ? r.prompt_text : r.more_texts.emplace_back()) = p[i].get<std::string>();
       }
     } else if (p.is_array() && !p.empty() && p[0].is_array()) {  // prompts: token id arrays

@@ -33,8 +33,7 @@ int32_t check_token_id(int64_t id, int32_t n_vocab, const std::string& param) {
 void validate(const GenerationRequest& r, int32_t n_vocab) {
   const char* param = prompt_param(r.prompt_kind);
   switch (r.prompt_kind) {
-    case PromptKind::Text:
-      if (r.prompt_text.empty()) bad(param, "'prompt' is empty");
+    case PromptKind::Text:  // "" is a document's start (OpenAI's): BOS alone, where the vocabulary adds one
       break;
     case PromptKind::Tokens:
       if (r.prompt_tokens.empty()) bad(param, "'prompt' is empty");
@@ -328,6 +327,7 @@ std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer
   }
   if (req.truncate_prompt_tokens > 0 && int64_t(prompt.size()) > req.truncate_prompt_tokens)  // its last tokens
     prompt.erase(prompt.begin(), prompt.end() - req.truncate_prompt_tokens);
+  if (prompt.empty()) throw ApiError(400, "'prompt' is empty (and no BOS token starts it)", prompt_param(req.prompt_kind));
   return prompt;
 }
 

@@ -40,6 +40,17 @@ describe('serve stories260K', { skip }, () => {
     assert.deepEqual(r.usage, { prompt_tokens: gold.prompt_tokens.length, completion_tokens: 100, total_tokens: gold.prompt_tokens.length + 100 });
   });
 
+  test("an empty prompt is a document's start (BOS alone, OpenAI's rule); without BOS a 400", async () => {
+    const r = await client.completions.create({ model: MODEL_ID, prompt: '', max_tokens: 5, temperature: 0 });
+    assert.equal(r.usage.prompt_tokens, 1);
+    assert.equal(r.usage.completion_tokens, 5);
+    const bos = await client.completions.create({ model: MODEL_ID, prompt: [gold.prompt_tokens[0]], max_tokens: 5, temperature: 0 });
+    assert.equal(r.choices[0].text, bos.choices[0].text);
+    const none = await postJson(server.url, '/v1/completions', { model: MODEL_ID, prompt: '', max_tokens: 5, add_special_tokens: false });
+    assert.equal(none.status, 400);
+    assert.match(none.json.error.message, /empty/);
+  });
+
   test('completion from token ids equals completion from text', async () => {
     const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt_tokens, max_tokens: 100, temperature: 0 });
     assert.equal(r.choices[0].text, gold.greedy_text);
