@@ -116,7 +116,7 @@ constexpr Field kFields[] = {
     {"chat_template_kwargs", kChat, Use::Handled}, {"documents", kChat, Use::Handled},
     {"truncate_prompt_tokens", kBoth, Use::Handled}, {"prompt_logprobs", kBoth, Use::Handled},
     {"priority", kBoth, Use::Handled}, {"ttft_slo_ms", kBoth, Use::Handled}, {"request_id", kBoth, Use::Ignored}, {"length_penalty", kBoth, Use::Ignored},
-    {"return_tokens_as_token_ids", kBoth, Use::Handled}, {"cache_salt", kBoth, Use::Handled},
+    {"return_tokens_as_token_ids", kBoth, Use::Handled}, {"return_token_ids", kBoth, Use::Handled}, {"cache_salt", kBoth, Use::Handled},
     {"cache_prompt", kBoth, Use::Ignored}, {"n_probs", kBoth, Use::Ignored}, {"typical_p", kBoth, Use::Handled},
     {"repeat_last_n", kBoth, Use::Handled}, {"penalize_nl", kBoth, Use::Ignored}, {"mirostat", kBoth, Use::Handled},
     {"mirostat_tau", kBoth, Use::Handled}, {"mirostat_eta", kBoth, Use::Handled}, {"samplers", kBoth, Use::Ignored},
@@ -619,6 +619,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     }
   }
   if (j.contains("return_tokens_as_token_ids")) r.tokens_as_ids = get_bool(j, "return_tokens_as_token_ids");
+  if (j.contains("return_token_ids")) r.return_token_ids = get_bool(j, "return_token_ids");
   if (j.contains("skip_special_tokens")) r.skip_special_tokens = get_bool(j, "skip_special_tokens");
   if (const size_t prompts = 1 + r.more_texts.size() + r.more_tokens.size(); prompts > 1) {
     if (int64_t(prompts) * std::max(r.n, r.best_of) > kMaxBatchChoices)

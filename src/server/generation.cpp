@@ -385,6 +385,7 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
                    "model_not_found");
   }
   gen->prompt0_ = prompt.front();  // resolve_max_tokens: not empty
+  if (gen->req_.return_token_ids) gen->prompt_ids_ = prompt;
   er.prompt = std::move(prompt);
   er.sampling = r.sampling;
   er.max_tokens = max_tokens;
@@ -481,6 +482,7 @@ Output Generation::output(int32_t i) {
   if (c.first_output) {
     c.first_output = false;
     if (req_.prompt_logprobs >= 0) o.prompt_logprobs = prompt_lp_;
+    o.prompt_ids = prompt_ids_;
   }
   return o;
 }
@@ -509,13 +511,17 @@ void Generation::handle(const Event& e) {
     if (!req_.name.empty() && spdlog::should_log(spdlog::level::trace))
       spdlog::trace("{} token {} {}", req_.name, e.token,
                     nlohmann::json(tok.token_to_piece(e.token)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    if (tok.is_eog(e.token) && !req_.ignore_eos) return;  // not output, and no logprob (OpenAI)
+    if (tok.is_eog(e.token) && !req_.ignore_eos) {  // not output, and no logprob (OpenAI); its id on request
+      if (req_.return_token_ids) c.end_token = e.token;
+      return;
+    }
     if (std::find(req_.stop_token_ids.begin(), req_.stop_token_ids.end(), e.token) != req_.stop_token_ids.end()) {
       ctx_.engine.cancel(c.engine_id);  // a stop token: not output, like an end-of-generation one
       c.finish = "stop";
       Output o = output(i);
       o.text = c.stop.push(c.dec.flush());
       if (!c.stop.stopped()) o.text += c.stop.flush();
+      if (req_.return_token_ids) o.tokens.push_back(e.token);
       return finish(i, std::move(o), nullptr);
     }
     Output o = output(i);
@@ -546,6 +552,7 @@ void Generation::handle(const Event& e) {
       Output o = output(i);
       o.text = c.stop.push(c.dec.flush());
       if (!c.stop.stopped()) o.text += c.stop.flush();
+      if (c.end_token >= 0) o.tokens.push_back(c.end_token);
       c.finish = c.stop.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
       finish(i, std::move(o), e.timings.get());
     }

@@ -105,6 +105,9 @@ struct GenerationRequest {
   std::vector<std::string> stop;       // at most kMaxStops, non-empty
   bool include_stop_str = false;       // a matched stop string ends the output, included (vLLM's include_stop_str_in_output)
   bool skip_special_tokens = true;     // false: control tokens (other than the one that ends it) are output as their text
+  // vLLM's return_token_ids: a choice's first Output carries the prompt's ids (Output::prompt_ids)
+  // and Output::tokens keeps the token that ends a choice (end-of-generation, stop_token_ids).
+  bool return_token_ids = false;
   int64_t truncate_prompt_tokens = 0;  // > 0: only the prompt's last this many tokens are used (vLLM's); 0: all
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
   int32_t prompt_logprobs = -1;        // -1: off; N >= 0: the same for the prompt's tokens (Output::prompt_logprobs)
@@ -169,6 +172,7 @@ struct Output {
   // A choice's first output, with prompt_logprobs: every prompt token, the first one's logprob
   // NaN (nothing precedes it: OpenAI's null) and no alternatives.
   std::vector<TokenLogprobs> prompt_logprobs;
+  std::vector<int32_t> prompt_ids;  // a choice's first output, with return_token_ids: the prompt as run
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;
@@ -273,6 +277,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     int64_t n_tokens = 0;
     double logprob_sum = 0;     // of its sampled tokens (best_of's ranking)
     std::string finish;  // "stop" | "length" once decided
+    int32_t end_token = -1;     // with return_token_ids: the end-of-generation token that ended it
     // best_of: its outputs, held until every candidate has finished.
     std::vector<Output> held;
     std::shared_ptr<RequestTimings> timings;
@@ -304,6 +309,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool submitted_ = false;
   std::vector<TokenLogprobs> prompt_lp_;  // with prompt_logprobs: from choice 0's first event
   int32_t prompt0_ = -1;  // the prompt's first token
+  std::vector<int32_t> prompt_ids_;  // with return_token_ids: the prompt as run
   int64_t n_prompt_ = 0;
   int32_t n_done_ = 0;
   bool first_token_ = false;  // choice 0 has had a token

@@ -290,9 +290,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0),
           tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), echo_only_(pr.echo_only),
           echo_alternatives_(pr.logprobs), report_prompt_logprobs_(pr.report_prompt_logprobs),
-          tokens_as_ids_(pr.tokens_as_ids), n_(pr.n), usage_(1 + pr.more_texts.size() + pr.more_tokens.size()),
-          prompts_left_(usage_.size()), choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()),
-          prompt_logprobs_(usage_.size()) {
+          tokens_as_ids_(pr.tokens_as_ids), token_ids_(pr.return_token_ids), n_(pr.n),
+          usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
+          choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()), prompt_logprobs_(usage_.size()),
+          prompt_ids_(usage_.size()) {
       if (pr.echo) {  // each prompt as the client gave it
         const Tokenizer& tok = *s.srv_.model.tokenizer;
         echo_.push_back(pr.prompt_kind == PromptKind::Text ? pr.prompt_text : tok.decode(pr.prompt_tokens));
@@ -306,6 +307,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       Choice& c = choices_[size_t(o.index)];
       if (echo_only_) drop_generated(o);
       add_logprobs(c, prompt, o);
+      add_ids(c, prompt, o);
       emit(c, o.index, o.text, false);
     }
     void on_finish(int32_t prompt, Output&& last, const Finish& fin) {
@@ -325,6 +327,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       f.index += prompt * n_;
       Choice& c = choices_[size_t(f.index)];
       add_logprobs(c, prompt, last);
+      add_ids(c, prompt, last);
       emit(c, f.index, last.text, true);
       // Tool calls: from the whole text (held back while streaming, except a named call's arguments).
       std::string reason = f.reason;
@@ -347,7 +350,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         reason = "tool_calls";
       }
       if (stream_) {
-        std::string sse = sse_event(stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index));
+        json chunk = stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index);
+        take_ids(c, prompt, chunk);
+        std::string sse = sse_event(chunk);
         if (!f.last) return s_.enqueue(http_chunk(sse), false);
         if (include_usage_) sse += sse_event(usage_chunk(meta_, f.usage));
         sse += kSseDone;
@@ -355,12 +360,19 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       done_[size_t(f.index)] =
           completion_choice(meta_.kind, f.index, c.text, reason, logprobs_ ? logprobs_json(meta_.kind, c.lp) : json(nullptr), calls);
-      // vLLM's prompt_logprobs: completions' per choice, chat's once for the response.
+      // vLLM's prompt_logprobs and return_token_ids: completions' per choice, chat's prompt once
+      // for the response.
       if (report_prompt_logprobs_ >= 0 && meta_.kind == Endpoint::Completions)
         done_[size_t(f.index)]["prompt_logprobs"] = prompt_logprobs_[size_t(prompt)];
+      if (token_ids_) {
+        json& choice = done_[size_t(f.index)];
+        take_ids(c, prompt, choice);
+        if (meta_.kind == Endpoint::Chat) choice.erase("prompt_token_ids");
+      }
       if (!f.last) return;
       json body = completion_response(meta_, json(std::move(done_)), f.usage);
       if (report_prompt_logprobs_ >= 0 && meta_.kind == Endpoint::Chat) body["prompt_logprobs"] = prompt_logprobs_[0];
+      if (token_ids_ && meta_.kind == Endpoint::Chat) body["prompt_token_ids"] = prompt_ids_[0];
       s_.send_response(200, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace));
     }
     // A prompt's generation failed: so does the request (the other prompts' are cancelled).
@@ -394,11 +406,29 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       std::vector<TokenLogprob> lp;     // not yet sent (streaming) / all of them (not streaming)
       int64_t lp_offset = 0;            // completions' text_offset of lp[0]
       std::string text;                 // not streaming: the whole completion
+      std::vector<int32_t> ids;         // return_token_ids: not yet sent (streaming) / all of them
+      bool prompt_ids_sent = false;
     };
     static void drop_generated(Output& o) {
       o.text.clear();
       o.tokens.clear();
       o.logprobs.clear();
+    }
+    // vLLM's return_token_ids: the choice's ids not yet sent, and its prompt's once.
+    void add_ids(Choice& c, int32_t prompt, const Output& o) {
+      if (!token_ids_) return;
+      if (!o.prompt_ids.empty() && prompt_ids_[size_t(prompt)].empty()) prompt_ids_[size_t(prompt)] = o.prompt_ids;
+      c.ids.insert(c.ids.end(), o.tokens.begin(), o.tokens.end());
+    }
+    // Moves them into a choice (non-streamed) or a chunk: "token_ids", and "prompt_token_ids" with
+    // the choice's first (completions: in the choice; a chat chunk: at its top).
+    void take_ids(Choice& c, int32_t prompt, json& into) {
+      if (!token_ids_) return;
+      json& choice = into.contains("choices") ? into["choices"][0] : into;
+      choice["token_ids"] = std::exchange(c.ids, {});
+      if (c.prompt_ids_sent) return;
+      c.prompt_ids_sent = true;
+      (meta_.kind == Endpoint::Chat && into.contains("choices") ? into : choice)["prompt_token_ids"] = prompt_ids_[size_t(prompt)];
     }
     // A token as logprobs name it: its piece, or "token_id:N" (vLLM's return_tokens_as_token_ids).
     std::string token_name(int32_t id) const {
@@ -492,7 +522,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         for (const auto& t : c.lp) c.lp_offset += int64_t(t.text.size());
         c.lp.clear();
       }
-      s_.enqueue(http_chunk(sse_event(stream_chunk(meta_, text, false, "", include_usage_, lp, index))), false);
+      json chunk = stream_chunk(meta_, text, false, "", include_usage_, lp, index);
+      take_ids(c, index / n_, chunk);
+      s_.enqueue(http_chunk(sse_event(chunk)), false);
     }
 
     HttpSession& s_;  // alive while events are handled: each posted event holds the session
@@ -506,6 +538,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     int32_t echo_alternatives_;      // echo: alternatives per prompt token (the request's logprobs)
     int32_t report_prompt_logprobs_; // vLLM's prompt_logprobs (-1: off)
     bool tokens_as_ids_;             // vLLM's return_tokens_as_token_ids
+    bool token_ids_;                 // vLLM's return_token_ids
     int32_t n_;                      // choices per prompt
     std::vector<Usage> usage_;       // per prompt, its latest
     size_t prompts_left_;            // prompts whose last choice has not finished
@@ -513,6 +546,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::vector<Choice> choices_;    // prompt i's choice j at i * n_ + j
     std::vector<json> done_;         // not streaming: the finished choices' JSON, by index
     std::vector<json> prompt_logprobs_;  // per prompt, vLLM's prompt_logprobs once its first output came
+    std::vector<std::vector<int32_t>> prompt_ids_;  // per prompt, with return_token_ids
   };
   // One prompt's generation, for its request's Reply.
   class PromptSink : public GenerationSink {

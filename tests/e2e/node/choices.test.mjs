@@ -422,6 +422,49 @@ describe('choices and echo (stories260K)', { skip }, () => {
     assert.equal((await client.completions.create({ ...bos, skip_special_tokens: false })).choices[0].text, '<s><s><s>');
   });
 
+  test("vLLM's return_token_ids: the prompt's ids and each choice's, streamed as deltas; the ending token kept", async () => {
+    const ids = await tokenize(gold.prompt);
+    const req = { model: MODEL_ID, prompt: gold.prompt, max_tokens: 12, temperature: 0, return_token_ids: true };
+    const r = await client.completions.create({ ...req, n: 2 });
+    for (const c of r.choices) {
+      assert.deepEqual(c.prompt_token_ids, ids);
+      assert.equal(c.token_ids.length, 12);
+      const text = (await postJson(server.url, '/detokenize', { tokens: c.token_ids })).json.prompt;
+      assert.equal(text.trim(), c.text.trim());
+    }
+    // Streamed: the deltas add up, the prompt's ids come once.
+    let streamed = [], prompts = 0;
+    for await (const c of await client.completions.create({ ...req, stream: true })) {
+      for (const ch of c.choices) {
+        streamed.push(...(ch.token_ids ?? []));
+        if (ch.prompt_token_ids) ++prompts, assert.deepEqual(ch.prompt_token_ids, ids);
+      }
+    }
+    assert.deepEqual(streamed, r.choices[0].token_ids);
+    assert.equal(prompts, 1);
+    // The token that ends a choice is an id too (not text): end-of-generation, a stop token.
+    const eos = await client.completions.create({ ...req, logit_bias: { 2: 100 } });
+    assert.deepEqual(eos.choices[0].token_ids, [2]);
+    assert.equal(eos.choices[0].text, '');
+    const stop = await client.completions.create({ ...req, stop_token_ids: [r.choices[0].token_ids[3]] });
+    assert.deepEqual(stop.choices[0].token_ids, r.choices[0].token_ids.slice(0, 4));
+    // Chat: the prompt's ids once for the response (streamed: in a chunk's top level).
+    const messages = [{ role: 'user', content: 'Tell me a story.' }];
+    const chat = await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 6, temperature: 0, return_token_ids: true });
+    assert.equal(chat.prompt_token_ids.length, chat.usage.prompt_tokens);
+    assert.equal(chat.choices[0].token_ids.length, chat.usage.completion_tokens);
+    let chat_ids = [], chat_prompt = null;
+    for await (const c of await client.chat.completions.create({ model: MODEL_ID, messages, max_tokens: 6, temperature: 0,
+      return_token_ids: true, stream: true })) {
+      if (c.prompt_token_ids) chat_prompt = c.prompt_token_ids;
+      for (const ch of c.choices) chat_ids.push(...(ch.token_ids ?? []));
+    }
+    assert.deepEqual(chat_prompt, chat.prompt_token_ids);
+    assert.deepEqual(chat_ids, chat.choices[0].token_ids);
+    const plain = await client.completions.create({ ...req, return_token_ids: undefined });
+    assert.equal(plain.choices[0].token_ids, undefined);
+  });
+
   test("echo's prompt logprobs are the model's own predictions: each equals a generation from the prompt's prefix", async () => {
     const ids = await tokenize(`${gold.prompt} there was a big red ball in the garden`);
     const r = await client.completions.create({ model: MODEL_ID, prompt: ids, max_tokens: 1, temperature: 0, echo: true, logprobs: 5 });
