@@ -173,9 +173,27 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   served.tokenizer = &tok;
   served.id = id;
   std::string warning;
-  served.chat = ChatTemplate::for_model(tok, model->file().get_str("tokenizer.chat_template", ""), std::nullopt, warning);
+  const std::string template_source =
+      cfg.chat_template_file.empty() ? model->file().get_str("tokenizer.chat_template", "") : server::read_text_file(cfg.chat_template_file, "chat template file");
+  served.chat = ChatTemplate::for_model(tok, template_source, std::nullopt, warning);
   if (!warning.empty()) spdlog::warn("{}", warning);
-  spdlog::info("chat template: {}", served.chat.describe());
+  spdlog::info("chat template: {}{}", served.chat.describe(), cfg.chat_template_file.empty() ? "" : " (" + cfg.chat_template_file + ")");
+  // Reasoning: R1-style <think>...</think> split off into reasoning_content; open at the output's
+  // start where the template's generation turn ends with <think> (a probe conversation shows it).
+  if (cfg.reasoning_format != "auto" && cfg.reasoning_format != "deepseek" && cfg.reasoning_format != "none")
+    fail("--reasoning-format must be auto, deepseek or none, got '", cfg.reasoning_format, "'");
+  served.reasoning = cfg.reasoning_format == "deepseek" ||
+                     (cfg.reasoning_format == "auto" && served.chat.is_jinja() && template_source.find("<think>") != std::string::npos);
+  if (served.reasoning) {
+    try {
+      std::string probe = served.chat.render({{"user", "x"}}, nullptr, true);
+      while (!probe.empty() && std::isspace(static_cast<unsigned char>(probe.back()))) probe.pop_back();
+      served.reasoning_open = probe.ends_with("<think>");
+    } catch (const Error&) {
+    }
+    spdlog::info("reasoning: text before </think> goes to reasoning_content{}",
+                 served.reasoning_open ? " (the template opens <think> for the model)" : "");
+  }
 
   if (!a.profile.empty()) profile::start(a.profile);  // before the engine: its backend gets wrapped
   EngineConfig ecfg = server::to_engine_config(cfg);

@@ -255,12 +255,6 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   n_ctx_ = resolve_n_ctx(cfg.runtime, hp);
   sched_cfg_ = cfg.scheduler;
   if (sched_cfg_.max_num_seqs < 1) fail("max_num_seqs must be at least 1");
-  // A step holds a whole prompt chunk (no chunking: a whole context) and a decode token per sequence.
-  if (const int64_t chunk = sched_cfg_.chunk_size == 0 ? n_ctx_ : sched_cfg_.chunk_size; chunk > 0)
-    sched_cfg_.max_batch_tokens = std::max<int64_t>(sched_cfg_.max_batch_tokens, chunk + sched_cfg_.max_num_seqs);
-  if (sched_cfg_.max_batch_tokens < sched_cfg_.max_num_seqs + 1)
-    fail("max_batch_tokens (", sched_cfg_.max_batch_tokens, ") must exceed max_num_seqs (",
-         sched_cfg_.max_num_seqs, ")");
   const int32_t B = cfg.runtime.kv_block_size;
   if (B < 1) fail("KV block size must be positive");
   sched_cfg_.block_size = B;
@@ -279,6 +273,12 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     ctx_cut_from_ = n_ctx_;
     n_ctx_ = holds;
   }
+  // A step holds a whole prompt chunk (no chunking: a whole context) and a decode token per sequence.
+  if (const int64_t chunk = sched_cfg_.chunk_size == 0 ? n_ctx_ : sched_cfg_.chunk_size; chunk > 0)
+    sched_cfg_.max_batch_tokens = std::max<int64_t>(sched_cfg_.max_batch_tokens, chunk + sched_cfg_.max_num_seqs);
+  if (sched_cfg_.max_batch_tokens < sched_cfg_.max_num_seqs + 1)
+    fail("max_batch_tokens (", sched_cfg_.max_batch_tokens, ") must exceed max_num_seqs (",
+         sched_cfg_.max_num_seqs, ")");
   kv_ = std::make_unique<KVCache>(kc);
 
   backend_ = make_backend(cfg.runtime.backend, resolve_threads(cfg.runtime.threads));

@@ -749,6 +749,44 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   }
 }
 
+ReasoningSplit::Parts ReasoningSplit::push(std::string_view text, bool final) {
+  static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+  held_.append(text);
+  Parts out;
+  if (state_ == State::Start) {  // "<think>" first (after whitespace), or content throughout
+    const size_t lead = std::min(held_.find_first_not_of(" \t\r\n"), held_.size());
+    const std::string_view rest = std::string_view(held_).substr(lead);
+    if (rest.starts_with(kOpen)) {
+      held_.erase(0, lead + kOpen.size());
+      state_ = State::Reasoning;
+    } else if (!final && kOpen.starts_with(rest)) {
+      return out;  // (may still become "<think>")
+    } else {
+      state_ = State::Content;
+    }
+  }
+  if (state_ == State::Reasoning) {
+    reasoned_ = true;
+    if (const size_t at = held_.find(kClose); at != std::string::npos) {
+      out.reasoning = held_.substr(0, at);
+      held_.erase(0, at + kClose.size());
+      state_ = State::Content;
+    } else {
+      size_t keep = 0;  // the longest tail that begins "</think>"
+      for (size_t n = std::min(kClose.size() - 1, held_.size()); n > 0 && !final; --n)
+        if (kClose.starts_with(std::string_view(held_).substr(held_.size() - n))) {
+          keep = n;
+          break;
+        }
+      out.reasoning = held_.substr(0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      return out;
+    }
+  }
+  out.content = std::exchange(held_, {});
+  return out;
+}
+
 json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},

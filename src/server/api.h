@@ -115,6 +115,27 @@ struct TokenLogprob {
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;
 };
+// A reasoning model's output split as DeepSeek R1's is written (llama.cpp's reasoning_format
+// deepseek, vLLM's deepseek_r1 parser): what comes before "</think>" is reasoning, what follows it
+// is content. The reasoning opens with a "<think>" at the output's start, or is already open when
+// the prompt's generation turn ended with one (open_at_start: R1's templates). push() takes text
+// as it streams and returns what can be released of each; a tail that may still become a tag is
+// held back until the next push or the end (final). Without "<think>" it is all content.
+class ReasoningSplit {
+ public:
+  explicit ReasoningSplit(bool open_at_start) : state_(open_at_start ? State::Reasoning : State::Start) {}
+  struct Parts {
+    std::string reasoning, content;
+  };
+  Parts push(std::string_view text, bool final);
+  bool reasoned() const { return reasoned_; }  // a reasoning part was seen (it may be empty)
+
+ private:
+  enum class State { Start, Reasoning, Content } state_;
+  std::string held_;
+  bool reasoned_ = false;
+};
+
 // The choice's "logprobs" object for these tokens.
 //   completions: {"tokens": [text], "token_logprobs": [lp], "top_logprobs": [{text: lp}],
 //                 "text_offset": [byte offset of each token in the completion, from text_offset0]}

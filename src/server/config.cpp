@@ -69,6 +69,12 @@ const ServeSetting kSettings[] = {
      &ServeConfig::api_key},
     {"server.allowed_origins", "--allowed-origins", "CORS: comma-separated origins browsers may call from ('*' = any)",
      &ServeConfig::allowed_origins},
+    {"server.chat_template_file", "--chat-template-file", "A Jinja chat template to serve instead of the model's",
+     &ServeConfig::chat_template_file},
+    {"server.reasoning_format", "--reasoning-format",
+     "Chat's reasoning (text before </think>) as message.reasoning_content: deepseek, none, or auto (deepseek when the "
+     "chat template writes <think>)",
+     &ServeConfig::reasoning_format},
     {"server.context_length", "-c,--ctx", "Context length (0 = the model's)", &ServeConfig::context_length, 0,
      1 << 24},
     {"parallel_config.tp_size", "--tp",
@@ -214,12 +220,16 @@ void check_parallel(const ServeConfig& c) {
     fail("LoRA adapters with pipeline parallelism (pp_size ", c.pp_size, ") are not supported yet");
 }
 
-void apply_config_file(const std::string& path, ServeConfig& cfg) {
-  std::ifstream f(path);
-  if (!f) fail(path, ": cannot open the config file");
+std::string read_text_file(const std::string& path, std::string_view what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(path, ": cannot open the ", what);
   std::stringstream ss;
   ss << f.rdbuf();
-  const json doc = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  return ss.str();
+}
+
+void apply_config_file(const std::string& path, ServeConfig& cfg) {
+  const json doc = json::parse(read_text_file(path, "config file"), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) fail(path, ": not valid JSON");
   try {
     apply_config_json(doc, cfg);

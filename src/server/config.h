@@ -13,7 +13,7 @@
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "frame_timeout_s", "max_connections",
 //               "log_level", "model", "served_model_name", "context_length", "binary_port_any",
-//               "api_key", "allowed_origins", "mlock"},
+//               "api_key", "allowed_origins", "mlock", "chat_template_file", "reasoning_format"},
 //    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
 //                 "dtype": "f16" | "bf16" | "q8_0" | "f32"},
 //    "speculative": {"method": "ngram" | "draft", "draft_model": "draft.gguf",
@@ -58,6 +58,8 @@ struct ServeConfig {
   std::string log_level = "info";
   std::string api_key;            // non-empty: every route but /health and /metrics needs "Authorization: Bearer KEY"
   std::string allowed_origins;    // CORS: comma-separated origins ("*" = any); empty = no CORS headers
+  std::string chat_template_file; // a Jinja chat template served instead of the model's; empty = the model's
+  std::string reasoning_format = "auto";  // auto | deepseek | none (ReasoningSplit)
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // parallel_config
   int tp_size = 1;  // tensor-parallel ranks (MPI)
@@ -108,6 +110,8 @@ void check_range(const ServeSetting& s, const ServeConfig& c, const std::string&
 void apply_config_json(const nlohmann::json& doc, ServeConfig& cfg);
 // ft::Error saying "not supported yet" for what parallelism cannot run with (LoRA adapters).
 void check_parallel(const ServeConfig& cfg);
+// A whole file's bytes; ft::Error "PATH: cannot open the WHAT".
+std::string read_text_file(const std::string& path, std::string_view what);
 // Reads and applies FILE (ft::Error naming the file on I/O or JSON errors).
 void apply_config_file(const std::string& path, ServeConfig& cfg);
 // The engine's settings (speculation: SpecConfig, validated; the draft model is loaded by the caller).

@@ -106,7 +106,7 @@ namespace {
 class RequestLogits : public LogitsProcessor {
  public:
   RequestLogits(std::vector<std::pair<int32_t, float>> bias, int64_t min_tokens, std::vector<int32_t> stops,
-                const std::vector<int32_t>& allowed, std::vector<std::vector<int32_t>> bad,
+                const std::vector<int32_t>& allowed, std::shared_ptr<const BadWordIds> bad,
                 std::shared_ptr<GrammarProcessor> grammar)
       : bias_(std::move(bias)), min_tokens_(min_tokens), stops_(std::move(stops)), bad_(std::move(bad)), grammar_(std::move(grammar)) {
     if (!allowed.empty()) {
@@ -124,7 +124,7 @@ class RequestLogits : public LogitsProcessor {
     if (!allowed_.empty())
       for (int32_t t = 0; t < n_vocab; ++t)
         if (size_t(t) >= allowed_.size() || !allowed_[size_t(t)]) logits[t] = kNever;
-    for (const std::vector<int32_t>& w : bad_) {  // the last token, where the output ends with the rest
+    for (const std::vector<int32_t>& w : bad_ ? *bad_ : BadWordIds{}) {  // the last token, where the output ends with the rest
       const size_t k = w.size() - 1;
       if (k <= out_.size() && std::equal(w.begin(), w.end() - 1, out_.end() - std::ptrdiff_t(k)) && w.back() < n_vocab)
         logits[w.back()] = kNever;
@@ -132,7 +132,7 @@ class RequestLogits : public LogitsProcessor {
     if (grammar_ && grammar_->done_after() < 0) grammar_->apply(logits, n_vocab, n_generated);  // last: bias cannot undo it
   }
   void accept(int32_t token) override {
-    if (!bad_.empty()) out_.push_back(token);
+    if (bad_) out_.push_back(token);
     if (grammar_ && grammar_->done_after() < 0) grammar_->accept(token);  // past its end the output is cut anyway
   }
 
@@ -141,7 +141,7 @@ class RequestLogits : public LogitsProcessor {
   int64_t min_tokens_;
   std::vector<int32_t> stops_;
   std::vector<uint8_t> allowed_;          // per token: may be sampled (empty: all may)
-  std::vector<std::vector<int32_t>> bad_;  // token sequences never completed
+  std::shared_ptr<const BadWordIds> bad_;  // token sequences never completed (null: none)
   std::vector<int32_t> out_;              // generated so far (with bad words)
   std::shared_ptr<GrammarProcessor> grammar_;
 };
@@ -150,25 +150,25 @@ class RequestLogits : public LogitsProcessor {
 
 std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
                                                        std::shared_ptr<GrammarProcessor> grammar,
-                                                       std::vector<std::vector<int32_t>> bad_word_ids) {
-  if (r.logit_bias.empty() && r.min_tokens == 0 && !grammar && r.allowed_token_ids.empty() && bad_word_ids.empty())
-    return nullptr;
+                                                       std::shared_ptr<const BadWordIds> bad_words) {
+  if (bad_words && bad_words->empty()) bad_words = nullptr;
+  if (r.logit_bias.empty() && r.min_tokens == 0 && !grammar && r.allowed_token_ids.empty() && !bad_words) return nullptr;
   std::vector<int32_t> stops;
   if (r.min_tokens > 0) {
     if (!r.ignore_eos) stops = eog_ids;
     stops.insert(stops.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
   }
   return std::make_shared<RequestLogits>(r.logit_bias, r.min_tokens, std::move(stops), r.allowed_token_ids,
-                                         std::move(bad_word_ids), std::move(grammar));
+                                         std::move(bad_words), std::move(grammar));
 }
 
-std::vector<std::vector<int32_t>> bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words) {
-  std::vector<std::vector<int32_t>> out;
-  for (const std::string& word : words) {
-    const std::string_view w = std::string_view(word).substr(std::min(word.find_first_not_of(' '), word.size()));
+BadWordIds bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words) {
+  BadWordIds out;
+  for (const std::string& word : words) {  // (left-stripped of whitespace, as vLLM's lstrip())
+    const std::string_view w = std::string_view(word).substr(std::min(word.find_first_not_of(" \t\n\r\f\v"), word.size()));
     if (w.empty()) continue;
-    std::vector<int32_t> plain = tok.encode(w, false, false);
-    std::vector<int32_t> spaced = tok.encode(" " + std::string(w), false, false);
+    std::vector<int32_t> plain = tok.encode(w, false, true);
+    std::vector<int32_t> spaced = tok.encode(" " + std::string(w), false, true);
     // (vLLM's rule. SentencePiece's own space prefix makes plain the word's start already, and
     // its spaced form one token longer: not taken.)
     const bool other = !spaced.empty() && !plain.empty() && spaced.size() == plain.size() && spaced.front() != plain.front();
@@ -183,37 +183,43 @@ uint64_t draw_seed() {
   return rng();
 }
 
-StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
-    : stops_(std::move(stops)), state_(stops_.size(), 0), include_stop_(include_stop) {
-  for (const std::string& s : stops_) {
-    std::vector<uint32_t>& f = fail_.emplace_back(s.size(), 0);  // f[i]: s[0, i]'s longest proper border
+std::shared_ptr<const StopMatcher::Patterns> StopMatcher::compile(std::vector<std::string> stops) {
+  auto p = std::make_shared<Patterns>();
+  for (const std::string& s : stops) {
+    std::vector<uint32_t>& f = p->fail.emplace_back(s.size(), 0);  // f[i]: s[0, i]'s longest proper border
     for (size_t i = 1, q = 0; i < s.size(); ++i) {
       while (q > 0 && s[i] != s[q]) q = f[q - 1];
       if (s[i] == s[q]) ++q;
       f[i] = uint32_t(q);
     }
   }
+  p->stops = std::move(stops);
+  return p;
 }
+
+StopMatcher::StopMatcher(std::shared_ptr<const Patterns> patterns, bool include_stop)
+    : p_(std::move(patterns)), state_(p_->stops.size(), 0), include_stop_(include_stop) {}
 
 std::string StopMatcher::push(std::string_view text) {
   if (stopped_) return {};
   const size_t fresh = held_.size();  // held_ holds no whole stop string: matches end in text
   held_.append(text);
-  if (stops_.empty()) return std::exchange(held_, {});
+  const std::vector<std::string>& stops = p_->stops;
+  if (stops.empty()) return std::exchange(held_, {});
   size_t best = std::string::npos;
   const std::string* matched = nullptr;
-  for (size_t k = 0; k < stops_.size(); ++k) {
-    const std::string& s = stops_[k];
+  for (size_t k = 0; k < stops.size(); ++k) {
+    const std::string& s = stops[k];
     size_t q = state_[k];
     for (size_t i = fresh; i < held_.size(); ++i) {
-      while (q > 0 && held_[i] != s[q]) q = fail_[k][q - 1];
+      while (q > 0 && held_[i] != s[q]) q = p_->fail[k][q - 1];
       if (held_[i] == s[q]) ++q;
       if (q == s.size()) {  // its first match, so its earliest
         if (i + 1 - s.size() < best) best = i + 1 - s.size(), matched = &s;
         break;
       }
     }
-    state_[k] = q;
+    state_[k] = uint32_t(q);
   }
   if (matched) {
     stopped_ = true;
@@ -255,7 +261,8 @@ std::shared_ptr<const GrammarVocab> GenerationContext::grammar_vocab() const {
 
 Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink)
     : ctx_(ctx), req_(std::move(req)), sink_(std::move(sink)) {
-  for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, req_.stop, req_.include_stop_str, !req_.skip_special_tokens);
+  const auto stops = StopMatcher::compile(req_.stop);
+  for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, stops, req_.include_stop_str, !req_.skip_special_tokens);
 }
 
 namespace {
@@ -294,7 +301,7 @@ std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer
     if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
       throw ApiError(400, "'suffix' needs a model with fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
                      "suffix");
-    if (req.add_bos && tok.add_bos_default()) prompt.push_back(tok.bos());
+    if (req.prompt_kind == PromptKind::Text && req.add_bos && tok.add_bos_default()) prompt.push_back(tok.bos());
     prompt.push_back(tok.fim_prefix());
     if (req.prompt_kind == PromptKind::Tokens) {
       prompt.insert(prompt.end(), req.prompt_tokens.begin(), req.prompt_tokens.end());
@@ -350,13 +357,6 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   const auto t0 = Clock::now();
   const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
   std::vector<int32_t> prompt = prompt_tokens(ctx, tok, req);
-  if (req.prompt_logprobs >= 0) {  // every choice reports them: the response's size, bounded
-    const int64_t entries = int64_t(std::max(req.n, req.best_of)) * int64_t(prompt.size()) * (req.prompt_logprobs + 1);
-    if (entries > kMaxPromptLogprobEntries)
-      bad("prompt_logprobs", cat("the prompt's logprobs (echo or prompt_logprobs) would be ", entries,
-                                 " entries (choices x prompt tokens x (alternatives + 1)), more than ",
-                                 kMaxPromptLogprobEntries, "; ask fewer choices or alternatives"));
-  }
   const double tokenize_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
 
@@ -385,7 +385,8 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
                    "model_not_found");
   }
   gen->prompt0_ = prompt.front();  // resolve_max_tokens: not empty
-  if (gen->req_.return_token_ids) gen->prompt_ids_ = prompt;
+  if (gen->req_.return_token_ids) gen->prompt_ids_ = std::make_shared<const std::vector<int32_t>>(prompt);
+  if (!gen->req_.bad_words.empty()) gen->bad_words_ = std::make_shared<const BadWordIds>(bad_word_ids(tok, gen->req_.bad_words));
   er.prompt = std::move(prompt);
   er.sampling = r.sampling;
   er.max_tokens = max_tokens;
@@ -411,7 +412,6 @@ void Generation::submit_prepared() {
 void Generation::submit() {
   EngineRequest er = std::move(proto_);
   EventCallback cb0;
-  const std::vector<std::vector<int32_t>> bad_words = bad_word_ids(ctx_.tokenizer, req_.bad_words);
   for (int32_t i = 0; i < n_candidates(); ++i) {
     Choice& c = choices_[size_t(i)];
     try {
@@ -426,7 +426,7 @@ void Generation::submit() {
       if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
       post([gen, e = std::move(e)] { gen->on_event(e); });
     };
-    auto processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar, bad_words);
+    auto processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar, bad_words_);
     if (i == 0) {
       er.logits_processor = std::move(processor);
       cb0 = std::move(cb);

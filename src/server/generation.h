@@ -70,15 +70,22 @@ inline constexpr const char* kDeadlineUnmeetable = "deadline_unmeetable";
 // however long the strings are.
 class StopMatcher {
  public:
-  explicit StopMatcher(std::vector<std::string> stops = {}, bool include_stop = false);
+  // The stop strings and their automata (KMP's failure functions), shared by a request's choices.
+  struct Patterns {
+    std::vector<std::string> stops;
+    std::vector<std::vector<uint32_t>> fail;
+  };
+  static std::shared_ptr<const Patterns> compile(std::vector<std::string> stops);
+  explicit StopMatcher(std::vector<std::string> stops = {}, bool include_stop = false)
+      : StopMatcher(compile(std::move(stops)), include_stop) {}
+  StopMatcher(std::shared_ptr<const Patterns> patterns, bool include_stop);
   std::string push(std::string_view text);
   std::string flush();  // end of stream: the held-back tail
   bool stopped() const { return stopped_; }
 
  private:
-  std::vector<std::string> stops_;
-  std::vector<std::vector<uint32_t>> fail_;  // per stop string: KMP's failure function
-  std::vector<size_t> state_;              // per stop string: its longest prefix the text ends with
+  std::shared_ptr<const Patterns> p_;
+  std::vector<uint32_t> state_;  // per stop string: its longest prefix the text ends with
   bool include_stop_;
   std::string held_;
   bool stopped_ = false;
@@ -154,12 +161,13 @@ int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t
 // What shapes the request's logits before sampling (logit_bias; min_tokens masking eog_ids and
 // stop_token_ids; allowed_token_ids; bad_words, as bad_word_ids tokenized them; then the
 // grammar's mask), or null when nothing does.
+using BadWordIds = std::vector<std::vector<int32_t>>;
 std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
                                                        std::shared_ptr<GrammarProcessor> grammar = nullptr,
-                                                       std::vector<std::vector<int32_t>> bad_word_ids = {});
+                                                       std::shared_ptr<const BadWordIds> bad_words = nullptr);
 // vLLM's bad_words as token sequences: each word as it is and, where that makes another first
 // token of the same length, after a space (so it is caught at a word's start and within text).
-std::vector<std::vector<int32_t>> bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words);
+BadWordIds bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words);
 // A random seed, for a request that gave none.
 uint64_t draw_seed();
 
@@ -172,7 +180,7 @@ struct Output {
   // A choice's first output, with prompt_logprobs: every prompt token, the first one's logprob
   // NaN (nothing precedes it: OpenAI's null) and no alternatives.
   std::vector<TokenLogprobs> prompt_logprobs;
-  std::vector<int32_t> prompt_ids;  // a choice's first output, with return_token_ids: the prompt as run
+  std::shared_ptr<const std::vector<int32_t>> prompt_ids;  // a choice's first output, with return_token_ids: the prompt as run
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;
@@ -259,6 +267,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
   uint64_t id() const { return choices_.front().engine_id; }  // choice 0's engine request
   int64_t n_prompt() const { return n_prompt_; }
+  // Entries of prompt logprobs its response reports (every choice: prompt tokens x (alternatives
+  // + 1)); a request's, summed over its prompts, is at most kMaxPromptLogprobEntries.
+  int64_t prompt_logprob_entries() const {
+    return req_.prompt_logprobs < 0 ? 0 : int64_t(n_candidates()) * n_prompt_ * (req_.prompt_logprobs + 1);
+  }
   bool responded() const { return responded_; }
 
   // For start() (make_shared); ctx must outlive the generation.
@@ -266,8 +279,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
  private:
   struct Choice {
-    Choice(const Tokenizer& tok, const std::vector<std::string>& stops, bool include_stop, bool keep_special)
-        : dec(tok, keep_special), stop(stops, include_stop) {}
+    Choice(const Tokenizer& tok, std::shared_ptr<const StopMatcher::Patterns> stops, bool include_stop, bool keep_special)
+        : dec(tok, keep_special), stop(std::move(stops), include_stop) {}
     std::shared_ptr<GrammarProcessor> grammar;  // null: unconstrained
     StreamDecoder dec;
     StopMatcher stop;
@@ -309,7 +322,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool submitted_ = false;
   std::vector<TokenLogprobs> prompt_lp_;  // with prompt_logprobs: from choice 0's first event
   int32_t prompt0_ = -1;  // the prompt's first token
-  std::vector<int32_t> prompt_ids_;  // with return_token_ids: the prompt as run
+  std::shared_ptr<const std::vector<int32_t>> prompt_ids_;  // with return_token_ids: the prompt as run
+  std::shared_ptr<const BadWordIds> bad_words_;               // bad_word_ids of the request's bad_words
   int64_t n_prompt_ = 0;
   int32_t n_done_ = 0;
   bool first_token_ = false;  // choice 0 has had a token

@@ -294,6 +294,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
           choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()), prompt_logprobs_(usage_.size()),
           prompt_ids_(usage_.size()) {
+      if (meta_.kind == Endpoint::Chat && s.srv_.model.reasoning)
+        for (Choice& c : choices_)
+          c.think.emplace(s.srv_.model.reasoning_open && pr.add_generation_prompt && !pr.continue_final_message);
       if (pr.echo) {  // each prompt as the client gave it
         const Tokenizer& tok = *s.srv_.model.tokenizer;
         echo_.push_back(pr.prompt_kind == PromptKind::Text ? pr.prompt_text : tok.decode(pr.prompt_tokens));
@@ -308,7 +311,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (echo_only_) drop_generated(o);
       add_logprobs(c, prompt, o);
       add_ids(c, prompt, o);
-      emit(c, o.index, o.text, false);
+      emit(c, o.index, think(c, o.index, o.text, false), false);
     }
     void on_finish(int32_t prompt, Output&& last, const Finish& fin) {
       if (failed_) return;
@@ -328,7 +331,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       Choice& c = choices_[size_t(f.index)];
       add_logprobs(c, prompt, last);
       add_ids(c, prompt, last);
-      emit(c, f.index, last.text, true);
+      emit(c, f.index, think(c, f.index, last.text, true), true);
       // Tool calls: from the whole text (held back while streaming, except a named call's arguments).
       std::string reason = f.reason;
       json calls = nullptr;
@@ -360,6 +363,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       done_[size_t(f.index)] =
           completion_choice(meta_.kind, f.index, c.text, reason, logprobs_ ? logprobs_json(meta_.kind, c.lp) : json(nullptr), calls);
+      if (c.think && c.think->reasoned()) done_[size_t(f.index)]["message"]["reasoning_content"] = c.reasoning;
       // vLLM's prompt_logprobs and return_token_ids: completions' per choice, chat's prompt once
       // for the response.
       if (report_prompt_logprobs_ >= 0 && meta_.kind == Endpoint::Completions)
@@ -408,16 +412,40 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       std::string text;                 // not streaming: the whole completion
       std::vector<int32_t> ids;         // return_token_ids: not yet sent (streaming) / all of them
       bool prompt_ids_sent = false;
+      std::optional<ReasoningSplit> think;  // a reasoning model's chat (ServedModel::reasoning)
+      std::string reasoning;            // not streaming: the whole reasoning
     };
     static void drop_generated(Output& o) {
       o.text.clear();
       o.tokens.clear();
       o.logprobs.clear();
     }
+    // A reasoning model's text (chat, ReasoningSplit): its reasoning streams as delta.reasoning_content
+    // (with the logprobs and ids so far) or is kept for message.reasoning_content; returns the
+    // content, for emit().
+    std::string think(Choice& c, int32_t index, const std::string& text, bool final) {
+      if (!c.think) return text;
+      ReasoningSplit::Parts parts = c.think->push(text, final);
+      if (parts.reasoning.empty()) return std::move(parts.content);
+      if (!stream_) {
+        c.reasoning += parts.reasoning;
+        return std::move(parts.content);
+      }
+      json lp = nullptr;
+      if (logprobs_) {
+        lp = logprobs_json(meta_.kind, c.lp, c.lp_offset);
+        c.lp.clear();
+      }
+      json chunk = stream_chunk(meta_, "", false, "", include_usage_, lp, index);
+      chunk["choices"][0]["delta"] = {{"reasoning_content", parts.reasoning}};
+      take_ids(c, index / n_, chunk);
+      s_.enqueue(http_chunk(sse_event(chunk)), false);
+      return std::move(parts.content);
+    }
     // vLLM's return_token_ids: the choice's ids not yet sent, and its prompt's once.
     void add_ids(Choice& c, int32_t prompt, const Output& o) {
       if (!token_ids_) return;
-      if (!o.prompt_ids.empty() && prompt_ids_[size_t(prompt)].empty()) prompt_ids_[size_t(prompt)] = o.prompt_ids;
+      if (o.prompt_ids && prompt_ids_[size_t(prompt)].empty()) prompt_ids_[size_t(prompt)] = *o.prompt_ids;
       c.ids.insert(c.ids.end(), o.tokens.begin(), o.tokens.end());
     }
     // Moves them into a choice (non-streamed) or a chunk: "token_ids", and "prompt_token_ids" with
@@ -694,6 +722,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           gens_.push_back(Generation::prepare(srv_.gen, io_tokenizer(), std::move(g),
                                               std::make_shared<PromptSink>(reply, int32_t(i)), post_to(shared_from_this())));
         }
+        int64_t entries = 0;  // every choice reports its prompt's logprobs: the response's size, bounded
+        for (const auto& gen : gens_) entries += gen->prompt_logprob_entries();
+        if (entries > kMaxPromptLogprobEntries)
+          bad("prompt_logprobs", cat("the prompts' logprobs (echo or prompt_logprobs) would be ", entries,
+                                     " entries (choices x prompt tokens x (alternatives + 1)), more than ",
+                                     kMaxPromptLogprobEntries, "; ask fewer choices or alternatives"));
         for (size_t i = 0; i < k; ++i) {
           gens_[i]->submit_prepared();
           submitted = i + 1;

@@ -29,6 +29,10 @@ struct ServedModel {
   const Tokenizer* tokenizer = nullptr;  // immutable; copied once per I/O thread
   std::string id;                        // what clients send as "model"
   ChatTemplate chat;
+  // Chat responses split R1-style reasoning into reasoning_content (ReasoningSplit), open at the
+  // output's start when the template's generation turn ends with "<think>".
+  bool reasoning = false;
+  bool reasoning_open = false;
 };
 
 class Server {

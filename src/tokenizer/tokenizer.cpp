@@ -97,6 +97,7 @@ constexpr std::string_view kEogTexts[] = {
     "<|eot_id|>",      "<|im_end|>", "<|end|>",  "<end_of_turn>",          "<|endoftext|>",
     "<|eom_id|>",      "</s>",       "<EOT>",    "<|end_of_text|>",        "<end_of_utterance>",
     "<|return|>",      "<|call|>",   "<eos>",    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+    "\xE2\x96\x81<EOT>",  // CodeLlama's, after its infill
 };
 
 // Fill-in-the-middle tokens by text where the file names none (llama.cpp's lists): StarCoder,
@@ -355,8 +356,12 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
   v->unk = read_id("tokenizer.ggml.unknown_token_id", spm ? 0 : -1);
   // FIM: the file's ids (today's keys, then the older prefix/suffix/middle ones), else by text.
   const auto fim = [&](const char* key, const char* old_key, std::span<const std::string_view> texts) {
-    TokenId id = read_id(key, -1);
-    if (id < 0) id = read_id(old_key, -1);
+    const auto optional_id = [&](const char* k) {  // (an unusable id: none, as llama.cpp takes it)
+      const int64_t id = f.get_i64(k, -1);
+      return id >= 0 && id < int64_t(n) ? TokenId(id) : TokenId(-1);
+    };
+    TokenId id = optional_id(key);
+    if (id < 0) id = optional_id(old_key);
     for (TokenId t = 0; id < 0 && t < TokenId(n); ++t)
       if (std::find(texts.begin(), texts.end(), v->text[t]) != texts.end()) id = t;
     return id;

@@ -3,17 +3,19 @@
 // tests/e2e/node with the official openai client.)
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include <limits>
+#include <random>
 #include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/json_schema.h"
+#include "gguf/gguf.h"
 #include "server/api.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ft::server {
 namespace {
@@ -960,7 +962,7 @@ TEST(ServerLogits, AllowedTokensAndBadWords) {
   EXPECT_EQ(run(*allowed, 0), (std::vector<int32_t>{0, 1, 3, 4, 6, 7, 8, 9}));  // (9: above every allowed id)
   r.allowed_token_ids.clear();
   EXPECT_FALSE(make_logits_processor(r, {}));
-  auto bad = make_logits_processor(r, {}, nullptr, {{7}, {1, 2, 3}});
+  auto bad = make_logits_processor(r, {}, nullptr, std::make_shared<const BadWordIds>(BadWordIds{{7}, {1, 2, 3}}));
   ASSERT_TRUE(bad);
   EXPECT_EQ(run(*bad, 0), (std::vector<int32_t>{7}));
   bad->accept(1);
@@ -969,6 +971,69 @@ TEST(ServerLogits, AllowedTokensAndBadWords) {
   EXPECT_EQ(run(*bad, 2), (std::vector<int32_t>{3, 7}));  // 1 2 so far: 3 would complete the word
   bad->accept(4);
   EXPECT_EQ(run(*bad, 3), (std::vector<int32_t>{7}));
+}
+
+// ReasoningSplit against the plain rule on whole texts, for every way of cutting them into
+// pieces: open (or "<think>" first, after whitespace) -> reasoning up to "</think>", content
+// after it; otherwise all content.
+TEST(ServerReasoning, SplitsAsTheWholeTextWouldInAnyPieces) {
+  auto plain = [](std::string t, bool open) -> std::pair<std::string, std::string> {
+    if (!open) {
+      const size_t lead = std::min(t.find_first_not_of(" \t\r\n"), t.size());
+      if (t.compare(lead, 7, "<think>") != 0) return {"", t};
+      t.erase(0, lead + 7);
+    }
+    const size_t at = t.find("</think>");
+    if (at == std::string::npos) return {t, ""};
+    return {t.substr(0, at), t.substr(at + 8)};
+  };
+  const std::vector<std::string> texts = {"Let me see.\n</think>\n\nYes.", "<think>hm</think>ok", "  \n<think>a</think>b</think>c",
+                                          "no tags at all", "<thin", "</thi", "a</think", "<think>", "", "x<think>y</think>z",
+                                          "</think>only content", "<<think>>", "\n\n"};
+  std::mt19937 rng(5);
+  for (const std::string& t : texts)
+    for (const bool open : {false, true})
+      for (int round = 0; round < 50; ++round) {
+        ReasoningSplit split(open);
+        std::string reasoning, content;
+        for (size_t i = 0; i <= t.size();) {
+          const size_t n = round == 0 ? t.size() : rng() % 4;
+          const bool last = i + n >= t.size();
+          const auto parts = split.push(std::string_view(t).substr(i, n), last);
+          reasoning += parts.reasoning;
+          content += parts.content;
+          if (last) break;
+          i += n;
+        }
+        const auto [want_r, want_c] = plain(t, open);
+        ASSERT_EQ(reasoning, want_r) << "'" << t << "' open " << open << " round " << round;
+        ASSERT_EQ(content, want_c) << "'" << t << "' open " << open << " round " << round;
+      }
+}
+
+// bad_word_ids on real vocabularies: byte-level BPE takes the word and its spaced form (another
+// first token, as long); SentencePiece's own space prefix makes the plain form a word's start.
+TEST(ServerLogits, BadWordsAsTokenSequences) {
+  int vocabs = 0;
+  for (const char* name : {"ggml-vocab-gpt-2", "ggml-vocab-llama-spm"}) {
+    const std::string path = test::shared_file(std::string("tokenizer/") + name + ".gguf");
+    if (path.empty()) continue;
+    ++vocabs;
+    const Tokenizer tok = Tokenizer::from_gguf(*GGUFFile::open(path));
+    BadWordIds want;  // vLLM's rule, spelled out: the spaced form where it is as long and starts elsewhere
+    for (const char* w : {"hello", "unbelievably"}) {
+      const auto plain = tok.encode(w, false, true), spaced = tok.encode(std::string(" ") + w, false, true);
+      want.push_back(plain);
+      if (spaced.size() == plain.size() && spaced.front() != plain.front()) want.push_back(spaced);
+    }
+    EXPECT_EQ(bad_word_ids(tok, {"  hello", "\tunbelievably"}), want) << name;
+    if (tok.model_name() == "gpt2") {
+      EXPECT_EQ(want[1], tok.encode(" hello", false, true));  // (the word alone and after a space)
+    } else {
+      EXPECT_EQ(want.size(), 2u);  // SentencePiece's own space prefix: the plain form starts a word
+    }
+  }
+  if (vocabs == 0) GTEST_SKIP() << "no shared vocabularies";
 }
 
 TEST(ServerMetrics, PrometheusText) {

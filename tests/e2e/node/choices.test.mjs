@@ -532,3 +532,40 @@ describe('fill in the middle (suffix)', { skip: skip || (!existsSync(STARCODER) 
     assert.match(r.json.error.message, /fill-in-the-middle/);
   });
 });
+
+// A reasoning model's chat (R1's template, which opens <think> for the model): the text before
+// </think> comes as message.reasoning_content / delta.reasoning_content, the rest as content;
+// --reasoning-format none leaves it all content. (The output is forced by guided_choice.)
+const R1 = join(SHARED, 'templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja');
+describe('reasoning_content (R1 template)', { skip: skip || (!existsSync(R1) && `${R1} absent`) }, () => {
+  let r1, none, client;
+  before(async () => {
+    const OpenAI = (await import('openai')).default;
+    r1 = await startServer(['-m', MODEL, '-t', '1', '--chat-template-file', R1]);
+    none = await startServer(['-m', MODEL, '-t', '1', '--chat-template-file', R1, '--reasoning-format', 'none']);
+    client = (s) => new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 120_000 });
+  });
+  after(async () => {
+    for (const s of [r1, none]) if (s) assert.equal((await s.stop()).code, 0, s.log());
+  });
+
+  test('reasoning before </think>, content after it; streamed as deltas of each; off with none', async () => {
+    const output = 'Let me see.\n</think>\n\nThe answer.';
+    const req = { model: MODEL_ID, messages: [{ role: 'user', content: 'Hi' }], guided_choice: [output], max_tokens: 80 };
+    const r = await client(r1).chat.completions.create(req);
+    assert.equal(r.choices[0].message.reasoning_content, 'Let me see.\n');
+    assert.equal(r.choices[0].message.content, '\n\nThe answer.');
+    let reasoning = '', content = '', order = [];
+    for await (const c of await client(r1).chat.completions.create({ ...req, stream: true })) {
+      const d = c.choices[0]?.delta ?? {};
+      if (d.reasoning_content) reasoning += d.reasoning_content, order.push('r');
+      if (d.content) content += d.content, order.push('c');
+    }
+    assert.equal(reasoning, 'Let me see.\n');
+    assert.equal(content, '\n\nThe answer.');
+    assert.ok(order.lastIndexOf('r') < order.indexOf('c'), order.join(''));
+    const plain = await client(none).chat.completions.create(req);
+    assert.equal(plain.choices[0].message.content, output);
+    assert.equal(plain.choices[0].message.reasoning_content, undefined);
+  });
+});
