@@ -499,9 +499,10 @@ TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
     EXPECT_EQ(small.n_ctx(), 8 * 16);
     EXPECT_NE(small.context_warning().find("fewer than the context of 1024"), std::string::npos) << small.context_warning();
   }
-  c.scheduler.chunk_size = 0;  // unchunked: a step holds a whole context, the one served
+  c.scheduler.chunk_size = 0;  // unchunked: a step holds a whole context, the one served (not 1024)
+  c.scheduler.max_batch_tokens = c.scheduler.max_num_seqs + 1;
   EXPECT_EQ(Engine(*model, c, {}).scheduler_config().max_batch_tokens, 8 * 16 + c.scheduler.max_num_seqs);
-  c.scheduler.chunk_size = 64;
+  c.scheduler = config(64).scheduler;
   c.runtime.n_ctx = 64;
   EXPECT_EQ(Engine(*model, c, {}).n_ctx(), 64);
   EXPECT_EQ(Engine(*model, c, {}).context_warning(), "");
