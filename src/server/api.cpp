@@ -451,13 +451,14 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
                                                                                  : "max_tokens";
   // Completions' echo may ask for no tokens (max_tokens 0): the prompt alone, scored with logprobs.
   const bool echo = kind == Endpoint::Completions && j.contains("echo") && j["echo"] == true;
-  if (j.contains(mt) && !(std::string_view(mt) == "n_predict" && j[mt] == -1)) {  // llama.cpp: -1 = no limit
+  const bool no_limit = std::string_view(mt) == "n_predict" && j.contains(mt) && j[mt] == -1;  // llama.cpp's: the rest of the context
+  if (j.contains(mt) && !no_limit) {
     r.max_tokens = get_int(j, mt, echo ? 0 : 1, model.n_ctx);
     if (*r.max_tokens == 0) {  // the engine computes the prompt's last position anyway: one token, dropped
       r.max_tokens = 1;
       r.echo_only = true;
     }
-  } else if (kind == Endpoint::Completions) {
+  } else if (kind == Endpoint::Completions && !no_limit) {
     r.max_tokens = kCompletionsMaxTokens;
     r.fit_max_tokens = true;
   }
@@ -785,6 +786,57 @@ ReasoningSplit::Parts ReasoningSplit::push(std::string_view text, bool final) {
   }
   out.content = std::exchange(held_, {});
   return out;
+}
+
+ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model) {
+  json j = parse_json_object(body);
+  for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
+  if (!j.contains("model")) j["model"] = model.id;
+  if (j.contains("n") && j["n"] != 1) bad("n", "llama.cpp's /completion makes one completion ('n' must be 1)");
+  if (j.contains("seed") && j["seed"].is_number_integer() && j["seed"].get<int64_t>() == -1) j.erase("seed");  // -1: random
+  if (j.contains("logit_bias") && j["logit_bias"].is_array()) {  // [[id, bias | false], ...]
+    json object = json::object();
+    for (const json& e : j["logit_bias"]) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !(e[1].is_number() || e[1] == false))
+        bad("logit_bias", "'logit_bias' must be [[token id, bias or false], ...] or an object");
+      object[std::to_string(e[0].get<int64_t>())] = e[1] == false ? json(-100) : e[1];
+    }
+    j["logit_bias"] = object;
+  }
+  const bool tokens = j.contains("return_tokens") && get_bool(j, "return_tokens");
+  j.erase("return_tokens");
+  if (!j.contains("n_predict") && !j.contains("max_tokens")) j["n_predict"] = -1;  // llama.cpp's default: the rest of the context
+  ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model);
+  r.kind = Endpoint::Native;
+  r.return_token_ids = tokens;
+  if (!r.more_texts.empty() || !r.more_tokens.empty()) bad("prompt", "llama.cpp's /completion takes one prompt");
+  return r;
+}
+
+json native_chunk(const std::string& model, const std::string& content, const std::vector<int32_t>& tokens, bool stop,
+                  int64_t predicted, int64_t evaluated, const std::string& stop_type, const std::string& stopping_word,
+                  const NativeTimings* t) {
+  json j = {{"index", 0}, {"content", content}, {"tokens", tokens}, {"id_slot", 0}, {"stop", stop}, {"model", model}};
+  if (!stop) return j;
+  j["tokens_predicted"] = predicted;
+  j["tokens_evaluated"] = evaluated;
+  j["stop_type"] = stop_type;
+  j["stopping_word"] = stopping_word;
+  j["truncated"] = false;
+  j["has_new_line"] = content.find('\n') != std::string::npos;
+  if (t) {
+    auto per = [](double ms, int64_t n) { return n > 0 ? ms / double(n) : 0.0; };
+    auto rate = [](double ms, int64_t n) { return ms > 0 ? 1e3 * double(n) / ms : 0.0; };
+    j["tokens_cached"] = t->cached_n;
+    j["timings"] = {{"prompt_n", t->prompt_n},       {"prompt_ms", t->prompt_ms},
+                    {"prompt_per_token_ms", per(t->prompt_ms, t->prompt_n)},
+                    {"prompt_per_second", rate(t->prompt_ms, t->prompt_n)},
+                    {"predicted_n", t->predicted_n}, {"predicted_ms", t->predicted_ms},
+                    {"predicted_per_token_ms", per(t->predicted_ms, t->predicted_n)},
+                    {"predicted_per_second", rate(t->predicted_ms, t->predicted_n)},
+                    {"cache_n", t->cached_n}};
+  }
+  return j;
 }
 
 json usage_json(const Usage& u) {

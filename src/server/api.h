@@ -17,7 +17,7 @@ namespace ft::server {
 // The JSON body of an error: param/code are null when empty.
 std::string error_body(const ApiError& e);
 
-enum class Endpoint { Completions, Chat, Responses };
+enum class Endpoint { Completions, Chat, Responses, Native };  // Native: llama.cpp's /completion
 
 // What parsing needs to know about the served model.
 struct ModelInfo {
@@ -92,6 +92,21 @@ bool get_bool(const nlohmann::json& body, const char* name);
 // json_schema). Stored conversations (previous_response_id, conversation), background runs and
 // built-in tools are 400 "... is not supported".
 ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model);
+// llama.cpp's native POST /completion: {"prompt": text | token ids, "n_predict", "stream", its
+// sampling fields, "logit_bias" as [[id, bias | false], ...] or an object, "seed" (-1: random),
+// "return_tokens"} parsed as a completions request of one choice; "model" optional.
+ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model);
+// Its response, or a streamed piece of it: {"index", "content", "tokens" (ids, with return_tokens),
+// "id_slot", "stop", "model"}, and once stop: "tokens_predicted", "tokens_evaluated", "stop_type"
+// ("eos" | "word" | "limit"), "stopping_word", "truncated", "has_new_line", with timings
+// "tokens_cached" and "timings" (prompt_n, prompt_ms, predicted_n, predicted_ms, ... cache_n).
+struct NativeTimings {
+  int64_t prompt_n = 0, cached_n = 0, predicted_n = 0;
+  double prompt_ms = 0, predicted_ms = 0;
+};
+nlohmann::json native_chunk(const std::string& model, const std::string& content, const std::vector<int32_t>& tokens,
+                            bool stop, int64_t predicted, int64_t evaluated, const std::string& stop_type = "none",
+                            const std::string& stopping_word = "", const NativeTimings* timings = nullptr);
 
 // Parses a JSON body into an object (400 on malformed JSON or a non-object).
 nlohmann::json parse_json_object(std::string_view body);

@@ -223,6 +223,7 @@ std::string StopMatcher::push(std::string_view text) {
   }
   if (matched) {
     stopped_ = true;
+    matched_ = matched;
     std::string out = held_.substr(0, best);
     if (include_stop_) out += *matched;
     held_.clear();
@@ -575,7 +576,7 @@ void Generation::finish(int32_t i, Output&& last, const RequestTimings* t) {
     return all ? deliver_best() : void();
   }
   if (all) responded_ = true;
-  sink_->on_finish(std::move(last), Finish{i, all, c.finish, usage(), t});
+  sink_->on_finish(std::move(last), Finish{i, all, c.finish, usage(), t, std::string(c.stop.matched())});
 }
 
 void Generation::deliver_best() {
@@ -594,7 +595,7 @@ void Generation::deliver_best() {
     Output last = std::move(c.held.back());
     c.held.pop_back();
     for (Output& o : c.held) sink_->on_output(std::move(o));
-    sink_->on_finish(std::move(last), Finish{k, k + 1 == req_.n, c.finish, u, c.timings.get()});
+    sink_->on_finish(std::move(last), Finish{k, k + 1 == req_.n, c.finish, u, c.timings.get(), std::string(c.stop.matched())});
   }
 }
 

@@ -82,9 +82,11 @@ class StopMatcher {
   std::string push(std::string_view text);
   std::string flush();  // end of stream: the held-back tail
   bool stopped() const { return stopped_; }
+  std::string_view matched() const { return matched_ ? std::string_view(*matched_) : std::string_view(); }  // "" until stopped
 
  private:
   std::shared_ptr<const Patterns> p_;
+  const std::string* matched_ = nullptr;  // the stop string that ended it
   std::vector<uint32_t> state_;  // per stop string: its longest prefix the text ends with
   bool include_stop_;
   std::string held_;
@@ -194,6 +196,7 @@ struct Finish {
   std::string reason;                       // "stop" | "length"
   Usage usage;                              // the request's so far: the prompt once, every choice's tokens
   const RequestTimings* timings = nullptr;  // null when a stop string ends it before the engine does
+  std::string stop_word;                    // the stop string that ended it ("" when none did)
 };
 
 class GenerationSink {

@@ -589,6 +589,59 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     int32_t prompt_;
   };
 
+  // llama.cpp's native /completion response: one JSON object, or a stream of its pieces (SSE
+  // "data:" lines, no [DONE]), the last with stop true and the figures.
+  class NativeReply : public GenerationSink {
+   public:
+    NativeReply(HttpSession& s, const ParsedRequest& pr)
+        : s_(s), model_(pr.model), stream_(pr.stream), tokens_(pr.return_token_ids) {}
+    void start() {
+      if (stream_) s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_), false);
+    }
+    void on_output(Output&& o) override {
+      if (!stream_) {
+        text_ += o.text;
+        if (tokens_) ids_.insert(ids_.end(), o.tokens.begin(), o.tokens.end());
+        return;
+      }
+      if (o.text.empty() && !(tokens_ && !o.tokens.empty())) return;
+      s_.enqueue(http_chunk(sse_event(native_chunk(model_, o.text, tokens_ ? o.tokens : std::vector<int32_t>{}, false, 0, 0))), false);
+    }
+    void on_finish(Output&& last, const Finish& f) override {
+      const std::string type = f.reason == "length" ? "limit" : !f.stop_word.empty() ? "word" : "eos";
+      NativeTimings t;
+      t.predicted_n = f.usage.completion_tokens;
+      if (f.timings) {
+        t.cached_n = f.timings->cached_tokens;
+        t.prompt_ms = f.timings->prefill_ms();
+        t.predicted_ms = f.timings->decode_ms();
+      }
+      t.prompt_n = f.usage.prompt_tokens - t.cached_n;
+      if (!stream_) {
+        text_ += last.text;
+        if (tokens_) ids_.insert(ids_.end(), last.tokens.begin(), last.tokens.end());
+        return s_.send_json(native_chunk(model_, text_, ids_, true, f.usage.completion_tokens, f.usage.prompt_tokens, type,
+                                         f.stop_word, &t));
+      }
+      std::string out;
+      if (!last.text.empty() || (tokens_ && !last.tokens.empty()))
+        out += sse_event(native_chunk(model_, last.text, tokens_ ? last.tokens : std::vector<int32_t>{}, false, 0, 0));
+      out += sse_event(native_chunk(model_, "", {}, true, f.usage.completion_tokens, f.usage.prompt_tokens, type, f.stop_word, &t));
+      s_.enqueue(http_chunk(out) + http_chunk(""), true);
+    }
+    void on_error(const ApiError& e, const Usage&) override {
+      if (!stream_) return s_.send_error(e);
+      s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n") + http_chunk(""), true);
+    }
+
+   private:
+    HttpSession& s_;
+    std::string model_;
+    bool stream_, tokens_;
+    std::string text_;          // not streaming: the whole content
+    std::vector<int32_t> ids_;  // not streaming, with return_tokens
+  };
+
   // A /v1/responses response: the Responses API's object, or its stream of typed events.
   class ResponsesReply : public GenerationSink {
    public:
@@ -689,7 +742,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   };
 
   void generate(Endpoint kind, const std::string& body) override {
-    ParsedRequest pr = kind == Endpoint::Responses ? parse_responses_request(body, srv_.info) : parse_request(kind, body, srv_.info);
+    ParsedRequest pr = kind == Endpoint::Responses ? parse_responses_request(body, srv_.info)
+                       : kind == Endpoint::Native  ? parse_native_request(body, srv_.info)
+                                                   : parse_request(kind, body, srv_.info);
     const uint64_t n = srv_.next_id.fetch_add(1);
     const char* prefix = kind == Endpoint::Chat ? "chatcmpl-" : kind == Endpoint::Responses ? "resp_" : "cmpl-";
     // "model" names the base or a LoRA adapter (vLLM's convention); responses echo it.
@@ -701,6 +756,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
+      gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
+      reply->start();
+    } else if (kind == Endpoint::Native) {
+      auto reply = std::make_shared<NativeReply>(*this, pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
       reply->start();
     } else {

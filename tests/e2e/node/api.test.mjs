@@ -231,6 +231,48 @@ describe('serve stories260K', { skip }, () => {
     assert.equal((await postJson(server.url, '/v1/completions', { ...req, bad_words: [3] })).status, 400);
   });
 
+  test("llama.cpp's native /completion: content, stop_type, figures; streamed pieces; its logit_bias and seed forms", async () => {
+    const oai = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 12, temperature: 0 });
+    const r = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 12, temperature: 0, seed: -1 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.content, oai.choices[0].text);
+    assert.equal(r.json.stop, true);
+    assert.equal(r.json.stop_type, 'limit');
+    assert.equal(r.json.tokens_predicted, 12);
+    assert.equal(r.json.tokens_evaluated, gold.prompt_tokens.length);
+    assert.equal(r.json.timings.prompt_n + r.json.timings.cache_n, gold.prompt_tokens.length);
+    assert.equal(r.json.timings.predicted_n, 12);
+    assert.ok(r.json.timings.predicted_ms > 0);
+    // Streamed: the pieces add up; the last has stop and the figures; no [DONE] (llama.cpp's).
+    const res = await fetch(`${server.url}/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: gold.prompt, n_predict: 12, temperature: 0, stream: true, return_tokens: true }) });
+    const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+    assert.ok(!events.includes('[DONE]'));
+    const chunks = events.map((e) => JSON.parse(e));
+    assert.equal(chunks.map((c) => c.content).join(''), r.json.content);
+    assert.equal(chunks.flatMap((c) => c.tokens).length, 12);
+    assert.deepEqual(chunks.map((c) => c.stop), [...Array(chunks.length - 1).fill(false), true]);
+    assert.equal(chunks.at(-1).tokens_predicted, 12);
+    // A stop word; end of generation forced by a bias; a token banned by [id, false].
+    const word = r.json.content.trim().split(/\s+/)[2];
+    const w = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 12, temperature: 0, stop: [word] });
+    assert.equal(w.json.stop_type, 'word');
+    assert.equal(w.json.stopping_word, word);
+    assert.equal(w.json.content, r.json.content.slice(0, r.json.content.indexOf(word)));
+    const eos = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 12, logit_bias: [[2, 100]] });
+    assert.equal(eos.json.stop_type, 'eos');
+    assert.equal(eos.json.content, '');
+    const first = (await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 1, temperature: 0, return_tokens: true })).json.tokens[0];
+    const banned = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 1, temperature: 0,
+      logit_bias: [[first, false]], return_tokens: true });
+    assert.notEqual(banned.json.tokens[0], first);
+    assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, n: 2 })).status, 400);
+    assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, logit_bias: [[1]] })).status, 400);
+    // n_predict -1 (also on /v1/completions): the rest of the context, not OpenAI's 16.
+    const open = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, n_predict: -1, temperature: 0 });
+    assert.ok(open.usage.completion_tokens > 16 || open.choices[0].finish_reason === 'stop', JSON.stringify(open.usage));
+  });
+
   test('GET /v1/models, /health; POST /tokenize, /detokenize', async () => {
     const models = await client.models.list();
     assert.deepEqual(models.data.map((m) => m.id), [MODEL_ID]);
