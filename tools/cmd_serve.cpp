@@ -176,6 +176,8 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   const std::string template_source =
       cfg.chat_template_file.empty() ? model->file().get_str("tokenizer.chat_template", "") : server::read_text_file(cfg.chat_template_file, "chat template file");
   served.chat = ChatTemplate::for_model(tok, template_source, std::nullopt, warning);
+  if (!cfg.chat_template_file.empty() && !served.chat.is_jinja())
+    fail(cfg.chat_template_file, ": not a chat template this server can run: ", warning);
   if (!warning.empty()) spdlog::warn("{}", warning);
   spdlog::info("chat template: {}{}", served.chat.describe(), cfg.chat_template_file.empty() ? "" : " (" + cfg.chat_template_file + ")");
   // Reasoning: R1-style <think>...</think> split off into reasoning_content; open at the output's
@@ -183,7 +185,7 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   if (cfg.reasoning_format != "auto" && cfg.reasoning_format != "deepseek" && cfg.reasoning_format != "none")
     fail("--reasoning-format must be auto, deepseek or none, got '", cfg.reasoning_format, "'");
   served.reasoning = cfg.reasoning_format == "deepseek" ||
-                     (cfg.reasoning_format == "auto" && served.chat.is_jinja() && template_source.find("<think>") != std::string::npos);
+                     (cfg.reasoning_format == "auto" && served.chat.is_jinja() && template_source.find("think>") != std::string::npos);
   if (served.reasoning) {
     try {
       std::string probe = served.chat.render({{"user", "x"}}, nullptr, true);

@@ -805,10 +805,22 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   }
   const bool tokens = j.contains("return_tokens") && get_bool(j, "return_tokens");
   j.erase("return_tokens");
-  if (!j.contains("n_predict") && !j.contains("max_tokens")) j["n_predict"] = -1;  // llama.cpp's default: the rest of the context
+  // n_predict: -1 (or absent, or below) the rest of the context; a cap, not a promise (a prompt
+  // plus it past the context stops at the context's end, as llama.cpp's does).
+  const char* np = j.contains("n_predict") ? "n_predict" : "max_tokens";
+  if (!j.contains(np) || (j[np].is_number_integer() && j[np].get<int64_t>() < 0)) j[np] = -1;
+  if (j[np].is_number_integer() && j[np].get<int64_t>() > model.n_ctx) j[np] = model.n_ctx;
+  // llama.cpp's sampling defaults where the request sets none (its CLI's, as `run` has them).
+  if (!j.contains("temperature")) j["temperature"] = kCliSampling.temperature;
+  if (!j.contains("top_k")) j["top_k"] = kCliSampling.top_k;
+  if (!j.contains("top_p")) j["top_p"] = kCliSampling.top_p;
+  if (!j.contains("min_p")) j["min_p"] = kCliSampling.min_p;
+  for (const char* k : {"echo", "logprobs", "prompt_logprobs", "best_of", "suffix"})
+    if (j.contains(k)) bad(k, cat("'", k, "' is not taken by llama.cpp's /completion (use /v1/completions)"));
   ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model);
   r.kind = Endpoint::Native;
   r.return_token_ids = tokens;
+  r.fit_max_tokens = true;
   if (!r.more_texts.empty() || !r.more_tokens.empty()) bad("prompt", "llama.cpp's /completion takes one prompt");
   return r;
 }

@@ -1,5 +1,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <ctime>
 #include <deque>
 #include <optional>
@@ -294,9 +295,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
           choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()), prompt_logprobs_(usage_.size()),
           prompt_ids_(usage_.size()) {
+      // (A grammar constrains the output from its first token: reasoning only where it writes
+      // "<think>" itself, never open from the start.)
       if (meta_.kind == Endpoint::Chat && s.srv_.model.reasoning)
         for (Choice& c : choices_)
-          c.think.emplace(s.srv_.model.reasoning_open && pr.add_generation_prompt && !pr.continue_final_message);
+          c.think.emplace(s.srv_.model.reasoning_open && pr.add_generation_prompt && !pr.continue_final_message &&
+                          pr.grammar.empty());
       if (pr.echo) {  // each prompt as the client gave it
         const Tokenizer& tok = *s.srv_.model.tokenizer;
         echo_.push_back(pr.prompt_kind == PromptKind::Text ? pr.prompt_text : tok.decode(pr.prompt_tokens));
@@ -592,13 +596,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // llama.cpp's native /completion response: one JSON object, or a stream of its pieces (SSE
   // "data:" lines, no [DONE]), the last with stop true and the figures.
   class NativeReply : public GenerationSink {
+    using Clock = std::chrono::steady_clock;
+
    public:
     NativeReply(HttpSession& s, const ParsedRequest& pr)
-        : s_(s), model_(pr.model), stream_(pr.stream), tokens_(pr.return_token_ids) {}
+        : s_(s), model_(pr.model), stream_(pr.stream), tokens_(pr.return_token_ids), t0_(Clock::now()) {}
     void start() {
       if (stream_) s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_), false);
     }
     void on_output(Output&& o) override {
+      if (!first_) first_ = Clock::now();
       if (!stream_) {
         text_ += o.text;
         if (tokens_) ids_.insert(ids_.end(), o.tokens.begin(), o.tokens.end());
@@ -615,6 +622,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         t.cached_n = f.timings->cached_tokens;
         t.prompt_ms = f.timings->prefill_ms();
         t.predicted_ms = f.timings->decode_ms();
+      } else {  // a stop string (or a grammar's end) ended it before the engine did: this reply's clock
+        const auto now = Clock::now(), first = first_.value_or(now);
+        t.prompt_ms = std::chrono::duration<double, std::milli>(first - t0_).count();
+        t.predicted_ms = std::chrono::duration<double, std::milli>(now - first).count();
       }
       t.prompt_n = f.usage.prompt_tokens - t.cached_n;
       if (!stream_) {
@@ -640,6 +651,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     bool stream_, tokens_;
     std::string text_;          // not streaming: the whole content
     std::vector<int32_t> ids_;  // not streaming, with return_tokens
+    Clock::time_point t0_;                   // (timings without the engine's: from the request)
+    std::optional<Clock::time_point> first_;  // the first output
   };
 
   // A /v1/responses response: the Responses API's object, or its stream of typed events.

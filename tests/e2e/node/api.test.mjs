@@ -259,6 +259,10 @@ describe('serve stories260K', { skip }, () => {
     assert.equal(w.json.stop_type, 'word');
     assert.equal(w.json.stopping_word, word);
     assert.equal(w.json.content, r.json.content.slice(0, r.json.content.indexOf(word)));
+    assert.ok(w.json.timings.prompt_ms > 0 && w.json.timings.predicted_ms > 0, JSON.stringify(w.json.timings));  // (ended here, not by the engine)
+    // A cap, not a promise: n_predict past the context stops at its end; echo and logprobs are not its.
+    assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 1e9, temperature: 0 })).status, 200);
+    assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, echo: true })).status, 400);
     const eos = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 12, logit_bias: [[2, 100]] });
     assert.equal(eos.json.stop_type, 'eos');
     assert.equal(eos.json.content, '');

@@ -552,7 +552,8 @@ describe('reasoning_content (R1 template)', { skip: skip || (!existsSync(R1) && 
   });
 
   test('reasoning before </think>, content after it; streamed as deltas of each; off with none', async () => {
-    const output = 'Let me see.\n</think>\n\nThe answer.';
+    // (Under a grammar the reasoning is not open from the start: the output opens it itself.)
+    const output = '<think>Let me see.\n</think>\n\nThe answer.';
     const req = { model: MODEL_ID, messages: [{ role: 'user', content: 'Hi' }], guided_choice: [output], max_tokens: 80 };
     const r = await client(r1).chat.completions.create(req);
     assert.equal(r.choices[0].message.reasoning_content, 'Let me see.\n');
@@ -569,5 +570,11 @@ describe('reasoning_content (R1 template)', { skip: skip || (!existsSync(R1) && 
     const plain = await client(none).chat.completions.create(req);
     assert.equal(plain.choices[0].message.content, output);
     assert.equal(plain.choices[0].message.reasoning_content, undefined);
+    // A grammar's JSON (here a forced tool call's) is content, though the template opens <think>.
+    const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { x: { type: 'integer' } }, required: ['x'] } } }];
+    const call = await client(r1).chat.completions.create({ model: MODEL_ID, messages: req.messages, tools, tool_choice: 'required',
+      parallel_tool_calls: false, max_tokens: 100, temperature: 0 });
+    assert.equal(call.choices[0].message.reasoning_content, undefined);
+    assert.equal(call.choices[0].message.tool_calls[0].function.name, 'f');
   });
 });
