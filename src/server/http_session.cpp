@@ -435,16 +435,19 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         c.reasoning += parts.reasoning;
         return std::move(parts.content);
       }
-      json lp = nullptr;
-      if (logprobs_) {
-        lp = logprobs_json(meta_.kind, c.lp, c.lp_offset);
-        c.lp.clear();
-      }
-      json chunk = stream_chunk(meta_, "", false, "", include_usage_, lp, index);
+      json chunk = stream_chunk(meta_, "", false, "", include_usage_, take_logprobs(c), index);
       chunk["choices"][0]["delta"] = {{"reasoning_content", parts.reasoning}};
       take_ids(c, index / n_, chunk);
       s_.enqueue(http_chunk(sse_event(chunk)), false);
       return std::move(parts.content);
+    }
+    // A streamed chunk's logprobs: the choice's since the previous chunk (null when not asked).
+    json take_logprobs(Choice& c) {
+      if (!logprobs_) return nullptr;
+      json lp = logprobs_json(meta_.kind, c.lp, c.lp_offset);
+      for (const auto& t : c.lp) c.lp_offset += int64_t(t.text.size());
+      c.lp.clear();
+      return lp;
     }
     // vLLM's return_token_ids: the choice's ids not yet sent, and its prompt's once.
     void add_ids(Choice& c, int32_t prompt, const Output& o) {
@@ -548,13 +551,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         return;
       }
       if (text.empty() && !(final && !c.lp.empty())) return;
-      json lp = nullptr;
-      if (logprobs_) {
-        lp = logprobs_json(meta_.kind, c.lp, c.lp_offset);
-        for (const auto& t : c.lp) c.lp_offset += int64_t(t.text.size());
-        c.lp.clear();
-      }
-      json chunk = stream_chunk(meta_, text, false, "", include_usage_, lp, index);
+      json chunk = stream_chunk(meta_, text, false, "", include_usage_, take_logprobs(c), index);
       take_ids(c, index / n_, chunk);
       s_.enqueue(http_chunk(sse_event(chunk)), false);
     }
