@@ -197,6 +197,8 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
                  served.reasoning_open ? " (the template opens <think> for the model)" : "");
   }
 
+  served.pooling = server::resolve_pooling(cfg.pooling, *model);
+
   if (!a.profile.empty()) profile::start(a.profile);  // before the engine: its backend gets wrapped
   EngineConfig ecfg = server::to_engine_config(cfg);
   ecfg.tp = tp;

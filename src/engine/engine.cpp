@@ -33,28 +33,31 @@ class Engine::ModelExecutor final : public StepExecutor {
       in_flight_ = std::clamp(e ? std::atoi(e) : pp, 1, pp);
     }
   }
-  void forward(const Batch& batch, KVCache& kv, float* logits) override {
-    begin(batch, kv, logits);
-    finish(logits);
+  void forward(const Batch& batch, KVCache& kv, float* logits, float* hidden) override {
+    begin(batch, kv, logits, hidden);
+    finish(logits, hidden);
   }
   int32_t max_in_flight() const override { return in_flight_; }
-  void begin(const Batch& batch, KVCache& kv, float*) override {
+  void begin(const Batch& batch, KVCache& kv, float*, float*) override {
     if (tp_) tp_->send_step(batch, kv);  // the workers run the same step on their shards
     rows_.push_back(fwd_.begin(batch, kv));
   }
-  void finish(float* logits) override {
-    const int64_t n = rows_.front();
+  void finish(float* logits, float* hidden) override {
+    const Forward::Rows n = rows_.front();
     rows_.pop_front();
-    fwd_.finish(n, logits);
+    fwd_.finish(n, logits, hidden);
   }
   int32_t n_vocab() const override { return model_.hparams().n_vocab; }
   int32_t n_tokens() const override { return model_.hparams().n_tokens; }
+  int32_t n_embd() const override { return model_.hparams().dim; }
   Forward& fwd() { return fwd_; }
   // Yield points: after each attention and each FFN block but the last; as equal parts of a
   // step's time the layers (an FFN block, the longer of a layer's two, is at most ~2/3 of it).
   int32_t step_blocks() const override { return between_ ? model_.hparams().n_layers : 0; }
   int64_t between_max_batch() const override { return between_ ? between_->max_batch() : 0; }
-  void forward_between(const Batch& batch, KVCache& kv, float* logits) override { between_->run(batch, kv, logits); }
+  void forward_between(const Batch& batch, KVCache& kv, float* logits, float* hidden) override {
+    between_->run(batch, kv, logits, hidden);
+  }
   void set_between_blocks(std::function<void(double)> f) {
     if (between_) fwd_.set_between_blocks(std::move(f));
   }
@@ -69,7 +72,7 @@ class Engine::ModelExecutor final : public StepExecutor {
   std::unique_ptr<Forward> between_;  // steps between fwd_'s blocks: activations of their own
   TpLeader* tp_;
   int32_t in_flight_ = 1;
-  std::deque<int64_t> rows_;  // per step in flight, oldest first: its logits rows
+  std::deque<Forward::Rows> rows_;  // per step in flight, oldest first: its output rows
 };
 
 // The draft model of speculative decoding (engine_core.h's Drafter): its own Forward and paged KV
@@ -420,7 +423,7 @@ CostModel Engine::calibrate() {
     Batch b;
     for (int64_t i = 0; i < n; ++i) b.add(int32_t(1 + (i % 7)), int32_t(start + i), kSeq, i == n - 1);
     const double t = now_ms();
-    exec_->forward(b, *kv_, logits.data());  // (tensor parallel: on every rank)
+    exec_->forward(b, *kv_, logits.data(), nullptr);  // (tensor parallel: on every rank)
     return now_ms() - t;
   };
   CostModel c;

@@ -20,6 +20,16 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
+const char* pooling_name(Pooling p) {
+  switch (p) {
+    case Pooling::None: return "none";
+    case Pooling::Mean: return "mean";
+    case Pooling::Cls: return "cls";
+    case Pooling::Last: return "last";
+  }
+  return "?";
+}
+
 namespace {
 constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/metrics
 
@@ -91,18 +101,26 @@ void EngineCore::validate(const EngineRequest& r) const {
   const int32_t V = exec_.n_tokens();
   for (int32_t t : r.prompt)
     if (t < 0 || t >= V) fail("prompt token id ", t, " is out of range [0, ", V, ")");
-  if (r.max_tokens < 1) fail("max_tokens must be at least 1, got ", r.max_tokens);
+  const bool embeds = r.pooling != Pooling::None;
+  if (embeds) {
+    if (exec_.n_embd() <= 0) fail("this engine computes no embeddings");
+    if (!r.forks.empty() || r.logprobs >= 0 || r.prompt_logprobs >= 0 || r.logits_processor)
+      fail("an embedding samples nothing: no choices, logprobs or logits processor");
+  } else if (r.max_tokens < 1) {
+    fail("max_tokens must be at least 1, got ", r.max_tokens);
+  }
+  const int64_t generated = embeds ? 0 : r.max_tokens;
   if (r.adapter && cfg_.max_active_adapters < 1)
     fail("LoRA adapters are off (max_active_adapters is 0); the request names adapter ", r.adapter->path());
   if (r.logprobs > kMaxLogprobs) fail("logprobs must be at most ", kMaxLogprobs, ", got ", r.logprobs);
   if (r.prompt_logprobs > kMaxLogprobs) fail("prompt_logprobs must be at most ", kMaxLogprobs, ", got ", r.prompt_logprobs);
   ft::validate(r.sampling);
-  if (n > n_ctx_ || r.max_tokens > n_ctx_ - n)  // no n + max_tokens: max_tokens may be near INT64_MAX
-    fail("the prompt (", n, " tokens) plus max_tokens (", r.max_tokens, ") exceeds the context length of ",
-         n_ctx_, " tokens");
-  const int32_t need = KVCache::blocks_for(n + r.max_tokens, kv_.config().block_size);
+  if (n > n_ctx_ || generated > n_ctx_ - n)  // no n + max_tokens: max_tokens may be near INT64_MAX
+    fail("the prompt (", n, " tokens)", embeds ? "" : cat(" plus max_tokens (", r.max_tokens, ")"),
+         " exceeds the context length of ", n_ctx_, " tokens");
+  const int32_t need = KVCache::blocks_for(n + generated, kv_.config().block_size);
   if (need > kv_.total_blocks())
-    fail("the request needs ", need, " KV cache blocks (", n + r.max_tokens, " tokens) but the cache has only ",
+    fail("the request needs ", need, " KV cache blocks (", n + generated, " tokens) but the cache has only ",
          kv_.total_blocks(), "; it can never fit");
 }
 
@@ -119,8 +137,9 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.seq = int32_t(id & 0x7fffffff);
   r.n_prompt = int64_t(in.prompt.size());
   r.tokens = std::move(in.prompt);
-  r.tokens.reserve(size_t(r.n_prompt + in.max_tokens));
-  r.max_tokens = in.max_tokens;
+  r.pooling = in.pooling;
+  r.max_tokens = r.pooling == Pooling::None ? in.max_tokens : 0;
+  r.tokens.reserve(size_t(r.n_prompt + r.max_tokens));
   r.ignore_eos = in.ignore_eos;
   r.logprobs = in.logprobs;
   r.prompt_logprobs = in.prompt_logprobs;
@@ -130,7 +149,7 @@ void EngineCore::add(uint64_t id, EngineRequest in, EventCallback cb) {
   r.adapter = std::move(in.adapter);
   r.salt = prefix_salt(r.adapter ? r.adapter->uid() : 0, in.cache_salt);
   // A processor sees one row at a time, in order; a stateful sampler draws every token itself.
-  r.speculate = spec_.enabled() && !r.processor && !r.sampler->stateful();
+  r.speculate = spec_.enabled() && !r.processor && !r.sampler->stateful() && r.pooling == Pooling::None;
   r.cb = std::move(cb);
   for (size_t k = 0; k < in.forks.size(); ++k) r.forks.push_back({id + 1 + k, std::move(in.forks[k])});
   r.t.arrival_ms = in.arrival_ms >= 0 ? in.arrival_ms : now_();
@@ -171,6 +190,8 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
         if (g.r == &r) g.r = nullptr;
       for (PromptRows& p : f.prompt_rows)
         if (p.r == &r) p.r = nullptr;
+      for (PromptRows& p : f.hidden_rows)
+        if (p.r == &r) p.r = nullptr;
     }
   kv_.release(r.seq);
   r.adapter.reset();  // before the event: a client told it finished may unload the adapter at once
@@ -188,6 +209,10 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   ev.error = error;
   ev.n_prompt = r.n_prompt;
   ev.n_generated = r.n_generated;
+  if (r.pooling != Pooling::None && why == FinishReason::Stop) {
+    ev.embedding.resize(r.pool.size());
+    for (size_t d = 0; d < r.pool.size(); ++d) ev.embedding[d] = float(r.pool[d] / double(r.pooled));
+  }
   ev.timings = &r.t;
   emit(r, ev);
   for (Req::PendingFork& f : r.forks) finish_fork(f, r, why, error);  // it never reached its first token
@@ -304,6 +329,8 @@ void EngineCore::preempt(Req& r) {
   if (drafter_) drafter_->release(r.seq);
   r.admitted = false;
   r.n_computed = 0;
+  r.pool.clear();  // (recomputed from the start)
+  r.pooled = 0;
   ++r.t.preemptions;
   ++counters_.preemptions;
 }
@@ -451,7 +478,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     if (r.admitted) {
       s.blocks_held = KVCache::blocks_for(kv_.capacity(r.seq), cfg_.block_size);
       s.blocks_shared = kv_.shared_blocks(r.seq);
-    } else if (!scoring_prompt(r)) {  // what admission would attach: at least the last token is computed (its logits)
+    } else if (!computes_whole_prompt(r)) {  // what admission would attach: at least the last token is computed (its logits)
       const KVCache::PrefixHit hit = kv_.prefix_hit(r.tokens, s.n_tokens - 1, r.salt);
       s.n_computed = hit.tokens;
       s.hit_blocks = hit.blocks;
@@ -511,12 +538,12 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   for (uint64_t id : plan.admit) {
     Req& r = reqs_.at(id);
     // A prompt being scored attaches nothing (max 0), but its blocks still publish under its salt.
-    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, scoring_prompt(r) ? 0 : int64_t(r.tokens.size()) - 1, r.salt);
+    r.n_computed = kv_.attach_prefix(r.seq, r.tokens, computes_whole_prompt(r) ? 0 : int64_t(r.tokens.size()) - 1, r.salt);
     if (r.t.preemptions == 0) r.t.cached_tokens = r.n_computed;
   }
   for (uint64_t id : plan.admit) {
     Req& r = reqs_.at(id);
-    reserve(r, int64_t(r.tokens.size()) + 1, "admission");
+    reserve(r, int64_t(r.tokens.size()) + (r.pooling == Pooling::None), "admission");  // (+ a first token's)
     r.admitted = true;
     r.admit_order = ++admit_counter_;
   }
@@ -555,11 +582,12 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   }
   f.groups.clear();
   f.prompt_rows.clear();
+  f.hidden_rows.clear();
   std::vector<RowGroup>& groups = f.groups;
   std::vector<PromptRows>& prompt_rows = f.prompt_rows;
   Batch& batch = between ? between_batch_ : batch_;
   batch.clear();
-  size_t n_rows = 0;
+  size_t n_rows = 0, n_hidden = 0;
   std::vector<Req*> decodes;
   int64_t draft_rows = 0;
   double draft_pairs = 0;  // of plan.attn_pairs, the granted drafts'
@@ -589,7 +617,18 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     const bool scoring = scoring_prompt(r);
     if (scoring) len = std::min(len, kPromptLogprobsRows);
     reserve(r, r.n_computed + len, "prefill");
-    for (int64_t i = 0; i < len; ++i) {
+    for (int64_t i = 0; r.pooling != Pooling::None && i < len; ++i) {
+      // An embedding's rows: those it pools, and always its last position (whose row ends it).
+      const int64_t pos = r.n_computed + i;
+      const bool take = r.pooling == Pooling::Mean || pos == n - 1 || (r.pooling == Pooling::Cls && pos == 0);
+      batch.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, take ? kOutHidden : kOutNone, r.adapter.get());
+      if (!take) continue;
+      if (f.hidden_rows.empty() || f.hidden_rows.back().r != &r || f.hidden_rows.back().pos + f.hidden_rows.back().n != pos)
+        f.hidden_rows.push_back({&r, n_hidden, pos, 0});
+      ++f.hidden_rows.back().n;
+      ++n_hidden;
+    }
+    for (int64_t i = 0; r.pooling == Pooling::None && i < len; ++i) {
       const int64_t pos = r.n_computed + i;
       const bool last = pos == n - 1;
       // A prompt position not scored yet (what a preempted request scored is kept): its row
@@ -614,11 +653,12 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   }
   if (batch.size() == 0) return false;
   f.logits.resize(n_rows * size_t(exec_.n_vocab()));
+  f.hidden.resize(n_hidden * size_t(exec_.n_embd()));
 
   const double tf = now_();
   const int64_t pf0 = prof ? profile::now_ns() : 0;
   if (between) {
-    exec_.forward_between(batch, kv_, f.logits.data());
+    exec_.forward_between(batch, kv_, f.logits.data(), f.hidden.data());
   } else {
     // Steps run between its blocks leave its requests out (in flight until it began) and their
     // time out of its forward's.
@@ -635,7 +675,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
       bool& running;
       ~Reset() { running = false; }
     } reset{running_};
-    exec_.begin(batch, kv_, f.logits.data());
+    exec_.begin(batch, kv_, f.logits.data(), f.hidden.data());
     for (auto& [r, len] : chunks) r->in_flight = false;  // (those with rows are again, below)
   }
   if (prof && limit > 1) profile::complete("forward", "engine", pf0, profile::now_ns(), profile::Args().i("tokens", batch.size()));
@@ -660,6 +700,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   }
   for (RowGroup& g : groups) g.r->in_flight = true;
   for (PromptRows& p : prompt_rows) p.r->in_flight = true;
+  for (PromptRows& p : f.hidden_rows) p.r->in_flight = true;
   f.rec = std::move(rec);
   f.n_rows = n_rows;
   f.tokens = batch.size();
@@ -684,6 +725,8 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
     if (g.r) g.r->in_flight = false;
   for (PromptRows& p : prompt_rows)
     if (p.r) p.r->in_flight = false;
+  for (PromptRows& p : f.hidden_rows)
+    if (p.r) p.r->in_flight = false;
   // Back to the spare list whatever happens below (its buffers are reused).
   struct Spare {
     EngineCore& c;
@@ -693,7 +736,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
 
   const double tw = now_();
   const int64_t pw0 = prof ? profile::now_ns() : 0;
-  if (!f.between) exec_.finish(f.logits.data());
+  if (!f.between) exec_.finish(f.logits.data(), f.hidden.data());
   const int64_t pf1 = prof ? profile::now_ns() : 0;
   const double t1 = now_();
   last_forward_end_ms_ = std::max(last_forward_end_ms_, t1);
@@ -732,6 +775,27 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
       fill_logprobs(f.logits.data() + (p.first + size_t(k)) * V, int32_t(NT), next, p.r->prompt_logprobs, t.logprob, t.top,
                     &t.rank);
     }
+  // Embeddings: their rows pooled (sums in double, in position order); one whose last position
+  // came finishes.
+  std::vector<uint64_t> embedded;
+  const size_t E = size_t(exec_.n_embd());
+  for (const PromptRows& h : f.hidden_rows) {
+    if (!h.r) continue;
+    Req& r = *h.r;
+    if (r.pool.empty()) r.pool.assign(E, 0.0);
+    for (int64_t k = 0; k < h.n; ++k) {
+      const int64_t pos = h.pos + k;
+      if (r.pooling == Pooling::Last ? pos != r.n_prompt - 1 : r.pooling == Pooling::Cls && pos != 0) continue;
+      const float* row = f.hidden.data() + (h.first + size_t(k)) * E;
+      for (size_t d = 0; d < E; ++d) r.pool[d] += double(row[d]);
+      ++r.pooled;
+    }
+    if (h.pos + h.n == r.n_prompt) {
+      r.t.first_token_ms = t1;  // (its result: the TTFT metrics count it as a first token)
+      r.trace_first_token_ns = prof ? pf1 : 0;
+      embedded.push_back(r.id);
+    }
+  }
   struct Emit {
     Req* r;
     const float* logits;  // its row (after the request's processor)
@@ -845,6 +909,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
       kv_.publish(g.r->seq, g.r->tokens, g.r->n_computed);
     }
   for (auto& [id, why] : done) finish(reqs_.at(id), why);
+  for (uint64_t id : embedded) finish(reqs_.at(id), FinishReason::Stop);
   for (auto& [id, why] : failed) finish(reqs_.at(id), FinishReason::Error, cat("generation failed: ", why));
 
   st.emit_ms += now_() - ts1;

@@ -47,6 +47,11 @@ class LogitsProcessor {
   virtual void accept(int32_t token) = 0;
 };
 
+// An embedding request's pooling (EngineRequest::pooling): what one vector of the prompt's
+// final-norm hidden states (dim floats each) it gets. None: a generation.
+enum class Pooling : uint8_t { None, Mean /* of every position */, Cls /* the first position's */, Last /* the last's */ };
+const char* pooling_name(Pooling p);
+
 struct EngineEvent;
 // Called on the engine thread; must not block.
 using EventCallback = std::function<void(const EngineEvent&)>;
@@ -87,6 +92,11 @@ struct EngineRequest {
     EventCallback cb;
   };
   std::vector<Fork> forks;
+  // An embedding instead of a generation: the prompt is prefilled and the request finishes
+  // (Stop) with EngineEvent::embedding, the pooled final-norm hidden states (unnormalized);
+  // nothing is sampled (no forks, logprobs or processor; max_tokens is not used). Mean and Cls
+  // skip the prefix cache (their positions need hidden states); Last may take it.
+  Pooling pooling = Pooling::None;
 };
 
 // Per-request timing breakdown (ms; times are on the engine clock, relative to its start).
@@ -121,6 +131,7 @@ struct EngineEvent {
   std::string error;                         // Finished(Error): why
   int64_t n_prompt = 0;                      // Finished
   int64_t n_generated = 0;                   // Finished
+  std::vector<float> embedding;              // Finished(Stop) of an embedding (EngineRequest::pooling)
   const RequestTimings* timings = nullptr;   // valid during the callback
 };
 
@@ -144,20 +155,23 @@ struct StepRecord {
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
-  // logits: one row of n_vocab() per batch entry with want_logits, in batch order.
-  virtual void forward(const Batch& batch, KVCache& kv, float* logits) = 0;
+  // logits: one row of n_vocab() per batch entry that wants them (kOutLogits), in batch order;
+  // hidden: one row of n_embd() per kOutHidden entry (its final-norm hidden state), in batch order.
+  virtual void forward(const Batch& batch, KVCache& kv, float* logits, float* hidden) = 0;
   virtual int32_t n_vocab() const = 0;
   // Ids a prompt may hold and sampling may pick: [0, n_tokens()), a prefix of the row (the rest
   // is vocabulary padding with no token).
   virtual int32_t n_tokens() const { return n_vocab(); }
+  // The width of a hidden row (embeddings, EngineRequest::pooling); 0: none computed here.
+  virtual int32_t n_embd() const { return 0; }
   // Steps that may be in flight at once (pipeline parallelism: one per stage), 1: none overlap.
-  // forward() in two halves: begin runs a step up to the wait for its logits rows (batch and kv
-  // as in forward), finish waits for the oldest begun step's and writes its logits; finishes come
+  // forward() in two halves: begin runs a step up to the wait for its output rows (batch and kv
+  // as in forward), finish waits for the oldest begun step's and writes its rows; finishes come
   // in begin order, with at most max_in_flight() begun steps unfinished. The engine core never
   // puts a sequence in two steps in flight (its next token is sampled from the first one's rows).
   virtual int32_t max_in_flight() const { return 1; }
-  virtual void begin(const Batch& batch, KVCache& kv, float* logits) { forward(batch, kv, logits); }
-  virtual void finish(float* /*logits*/) {}
+  virtual void begin(const Batch& batch, KVCache& kv, float* logits, float* hidden) { forward(batch, kv, logits, hidden); }
+  virtual void finish(float* /*logits*/, float* /*hidden*/) {}
   // Steps inside a step: an executor that yields calls EngineCore::between_blocks between the
   // blocks of the steps it begins (one process: no pipeline). step_blocks: how many blocks a
   // step is cut into, as equal parts of its time (SchedulerInput::step_blocks; 0: it does not
@@ -165,8 +179,8 @@ class StepExecutor {
   virtual int32_t step_blocks() const { return 0; }
   virtual int64_t between_max_batch() const { return 0; }
   // A whole step run from between two blocks of a begun one, on activations of its own (its
-  // logits written before it returns); its sequences are none of the begun step's.
-  virtual void forward_between(const Batch& /*batch*/, KVCache& /*kv*/, float* /*logits*/) {
+  // rows written before it returns); its sequences are none of the begun step's.
+  virtual void forward_between(const Batch& /*batch*/, KVCache& /*kv*/, float* /*logits*/, float* /*hidden*/) {
     fail("engine: this executor does not run steps between blocks");
   }
 };
@@ -298,6 +312,9 @@ class EngineCore {
     int32_t logprobs = -1;
     int32_t prompt_logprobs = -1;
     std::vector<TokenLogprobs> prompt_lp;  // scored so far: prompt_lp[k] is prompt token k + 1
+    Pooling pooling = Pooling::None;
+    std::vector<double> pool;  // an embedding's sum of the hidden rows it pools so far (empty: none yet)
+    int64_t pooled = 0;        // ... and their count
     bool admitted = false;
     bool in_flight = false;  // its logits rows are in a step in flight
     uint64_t admit_order = 0;
@@ -337,6 +354,11 @@ class EngineCore {
   // Whether its prompt is still being scored (prompt_logprobs, before its first token): no prefix
   // cache, logits at every prompt position.
   static bool scoring_prompt(const Req& r) { return r.prompt_logprobs >= 0 && r.n_generated == 0; }
+  // Whether every prompt position must be computed here (no prefix cache): a prompt being scored,
+  // or an embedding pooled over its positions.
+  static bool computes_whole_prompt(const Req& r) {
+    return scoring_prompt(r) || r.pooling == Pooling::Mean || r.pooling == Pooling::Cls;
+  }
   // Whether it is decoding: one token pending after its first (SchedRequest::decoding).
   static bool decoding(const Req& r) {
     return r.admitted && r.n_generated > 0 && int64_t(r.tokens.size()) - r.n_computed == 1;
@@ -381,8 +403,10 @@ class EngineCore {
   struct Flight {
     StepRecord rec;
     std::vector<float> logits;  // (rows, n_vocab)
+    std::vector<float> hidden;  // (hidden rows, n_embd): embeddings' positions
     std::vector<RowGroup> groups;
     std::vector<PromptRows> prompt_rows;
+    std::vector<PromptRows> hidden_rows;  // embeddings' rows: first indexes hidden
     size_t n_rows = 0;
     int64_t tokens = 0, draft_rows = 0;
     double draft_pairs = 0, attn_pairs = 0;

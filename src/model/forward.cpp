@@ -173,9 +173,11 @@ void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, co
   be_.add(x_, h_, M, hp.dim);
 }
 
-void Forward::run(const Batch& b, KVCache& kv, float* logits) { finish(begin(b, kv), logits); }
+void Forward::run(const Batch& b, KVCache& kv, float* logits, float* hidden) {
+  finish(begin(b, kv), logits, hidden);
+}
 
-int64_t Forward::begin(const Batch& b, KVCache& kv) {
+Forward::Rows Forward::begin(const Batch& b, KVCache& kv) {
   validate(b, kv);
   lora_segments(b);
   const HParams& hp = model_.hparams();
@@ -205,27 +207,38 @@ int64_t Forward::begin(const Batch& b, KVCache& kv) {
   }
   be_.set_layer(-1);
   if (link_ && !link_->last_stage()) link_->send_next(x_, M * D);
-  // Gather the rows that want logits, then norm and project only those.
-  int64_t n_out = 0;
+  // Gather the output rows (logits rows, then hidden ones, each in batch order; the hidden
+  // ones through h_, free now), then norm only those and project the logits rows.
+  Rows rows;
+  const bool here = !link_ || link_->last_stage();
+  for (int64_t i = 0; i < M; ++i)
+    if (b.want_logits[size_t(i)] == kOutHidden && here)
+      std::memcpy(h_ + rows.hidden++ * D, x_ + i * D, size_t(D) * sizeof(float));
+    else
+      rows.hidden += b.want_logits[size_t(i)] == kOutHidden;
   for (int64_t i = 0; i < M; ++i) {
-    if (!b.want_logits[size_t(i)]) continue;
-    if (n_out != i && (!link_ || link_->last_stage()))
-      std::memcpy(x_ + n_out * D, x_ + i * D, size_t(D) * sizeof(float));
-    ++n_out;
+    if (b.want_logits[size_t(i)] != kOutLogits) continue;
+    if (rows.logits != i && here) std::memcpy(x_ + rows.logits * D, x_ + i * D, size_t(D) * sizeof(float));
+    ++rows.logits;
   }
+  if (rows.hidden > 0 && here) std::memcpy(x_ + rows.logits * D, h_, size_t(rows.hidden * D) * sizeof(float));
+  const int64_t n_out = rows.logits + rows.hidden;
   if (n_out > 0 && link_ && link_->last_stage()) link_->send_head(x_, n_out * D);  // (the last stage has no head)
-  return n_out;
+  return rows;
 }
 
-void Forward::finish(int64_t n_out, float* logits) {
-  if (n_out == 0 || !logits || (link_ && link_->last_stage())) return;
+void Forward::finish(Rows rows, float* logits, float* hidden) {
+  const int64_t n_out = rows.logits + rows.hidden;
+  if (n_out == 0 || (!logits && !hidden) || (link_ && link_->last_stage())) return;
   const HParams& hp = model_.hparams();
   const ModelWeights& w = w_;
   const int64_t D = hp.dim;
   if (link_) link_->recv_tail(x_, n_out * D);  // the last stage's output rows
   be_.rmsnorm(x_, w.output_norm, h_, n_out, D, hp.rms_eps);
-  be_.matmul(h_, n_out, w.output, logits);
-  if (hp.final_softcap > 0) be_.softcap(logits, n_out * hp.n_vocab, hp.final_softcap);
+  if (hidden && rows.hidden > 0) std::memcpy(hidden, h_ + rows.logits * D, size_t(rows.hidden * D) * sizeof(float));
+  if (!logits || rows.logits == 0) return;
+  be_.matmul(h_, rows.logits, w.output, logits);
+  if (hp.final_softcap > 0) be_.softcap(logits, rows.logits * hp.n_vocab, hp.final_softcap);
 }
 
 }  // namespace ft

@@ -99,6 +99,10 @@ constexpr LoraInput lora_input(LoraSlot s) {
                                : LoraInput::GateUp;
 }
 
+// What the forward pass outputs for a batch entry (Batch::want_logits): nothing, its logits, or
+// its hidden state after the final norm (an embedding's row: dim floats, the lm head's input).
+enum BatchOut : uint8_t { kOutNone = 0, kOutLogits = 1, kOutHidden = 2 };
+
 // One forward pass's input: entry i is token tokens[i] at position pos[i] of sequence seq[i].
 // Entries of one sequence appear in increasing position order; their KV cache must hold
 // positions [0, pos] (KVCache::reserve) before the call. lora[i]: the adapter entry i runs
@@ -106,14 +110,15 @@ constexpr LoraInput lora_input(LoraSlot s) {
 // of one adapter are best kept together.
 struct Batch {
   std::vector<int32_t> tokens, pos, seq;
-  std::vector<uint8_t> want_logits;  // 1 where logits are wanted
+  std::vector<uint8_t> want_logits;  // a BatchOut per entry
   std::vector<const LoraAdapter*> lora;
   void clear() { tokens.clear(); pos.clear(); seq.clear(); want_logits.clear(); lora.clear(); }
-  void add(int32_t token, int32_t position, int32_t sequence, bool logits, const LoraAdapter* adapter = nullptr) {
+  // out: a BatchOut (true: kOutLogits).
+  void add(int32_t token, int32_t position, int32_t sequence, uint8_t out, const LoraAdapter* adapter = nullptr) {
     tokens.push_back(token);
     pos.push_back(position);
     seq.push_back(sequence);
-    want_logits.push_back(logits ? 1 : 0);
+    want_logits.push_back(out);
     lora.push_back(adapter);
   }
   int64_t size() const { return int64_t(tokens.size()); }
@@ -196,18 +201,23 @@ class Forward {
   // n_ctx: the positions per sequence it will run with (0: the model's trained context); picks
   // the long or short rope factors of long-context models, as llama.cpp does.
   Forward(const Model& model, Backend& backend, int64_t max_batch, int64_t n_ctx = 0);
-  // Writes the batch's K/V into kv and the logits of entries with want_logits (in batch order,
-  // n_vocab floats each) into logits (null: none computed, a tensor-parallel worker's pass).
-  // Throws ft::Error on an invalid batch.
-  void run(const Batch& batch, KVCache& kv, float* logits);
+  // Writes the batch's K/V into kv, the logits of entries that want them (kOutLogits, in batch
+  // order, n_vocab floats each) into logits, and the final-norm hidden states of kOutHidden
+  // entries (in batch order, dim floats each) into hidden. Both null: nothing computed (a
+  // tensor-parallel worker's pass). Throws ft::Error on an invalid batch.
+  void run(const Batch& batch, KVCache& kv, float* logits, float* hidden = nullptr);
+  // The batch's output rows: logits rows first, then hidden ones (as begin gathers them).
+  struct Rows {
+    int64_t logits = 0, hidden = 0;
+  };
   // run() in two halves: begin runs the layers (and a stage's sends) and returns the batch's
-  // logits rows; finish(rows, logits) waits for them (the last stage's, under pipeline
-  // parallelism) and computes the logits. With a stage link on a first stage, other steps' begins
-  // may come between a begin and its finish (its hidden state is sent, a copy: the scratch is free
-  // again), finishes in begin order (rank 0 overlapping decode steps across stages); otherwise
-  // finish follows its begin.
-  int64_t begin(const Batch& batch, KVCache& kv);
-  void finish(int64_t rows, float* logits);
+  // output rows; finish(rows, logits, hidden) waits for them (the last stage's, under pipeline
+  // parallelism) and computes the logits and hidden rows. With a stage link on a first stage,
+  // other steps' begins may come between a begin and its finish (its hidden state is sent, a
+  // copy: the scratch is free again), finishes in begin order (rank 0 overlapping decode steps
+  // across stages); otherwise finish follows its begin.
+  Rows begin(const Batch& batch, KVCache& kv);
+  void finish(Rows rows, float* logits, float* hidden = nullptr);
   int64_t max_batch() const { return max_batch_; }
   // Sizes the scratch LoRA adapters need (ya = A x per row, up to kMaxLoraStack wide, and the
   // per-segment descriptors), so batches with adapters run without allocating. Until

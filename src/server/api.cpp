@@ -5,6 +5,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <utility>
 #include <limits>
 #include <optional>
@@ -364,6 +366,44 @@ void check_model(const json& j, const ModelInfo& model, bool required) {
                    "model", "invalid_request_error", "model_not_found");
 }
 
+namespace {
+// A completions prompt or an embeddings input p (param names it): a string, token ids, or an
+// array of either (the first into prompt_text / prompt_tokens, the rest into more_texts /
+// more_tokens).
+void parse_prompts(const json& p, const std::string& param, int32_t n_vocab, ParsedRequest& r) {
+  const std::string either = cat("'", param, "' must be an array of strings or of token id arrays, not both");
+  if (p.is_string()) {
+    r.prompt_text = p.get<std::string>();
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    r.prompt_tokens = get_token_ids(p, param, n_vocab);
+    r.prompt_kind = PromptKind::Tokens;
+  } else if (p.is_array() && !p.empty() && p[0].is_string()) {  // prompts: strings
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (!p[i].is_string()) bad(param, either);
+      (i == 0 ? r.prompt_text : r.more_texts.emplace_back()) = p[i].get<std::string>();
+    }
+  } else if (p.is_array() && !p.empty() && p[0].is_array()) {  // prompts: token id arrays
+    r.prompt_kind = PromptKind::Tokens;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const std::string pi = cat(param, "[", i, "]");
+      if (!p[i].is_array()) bad(param, either);
+      if (i > 0 && p[i].empty()) bad(param, "'" + pi + "' is empty");
+      (i == 0 ? r.prompt_tokens : r.more_tokens.emplace_back()) = get_token_ids(p[i], param, n_vocab);
+    }
+  } else {
+    bad(param, cat("'", param, "' must be a string or an array of token ids"));
+  }
+}
+
+// vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (k >= 1; -1: the context's worth).
+void parse_truncate(const json& j, const ModelInfo& model, ParsedRequest& r) {
+  if (!j.contains("truncate_prompt_tokens")) return;
+  const int64_t k = get_int(j, "truncate_prompt_tokens", -1, model.n_ctx);
+  if (k == 0) bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be >= 1, or -1 for the context's length");
+  r.truncate_prompt_tokens = k < 0 ? model.n_ctx : k;
+}
+}  // namespace
+
 ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model) {
   json j = parse_json_object(body);
   ParsedRequest r;
@@ -383,28 +423,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
 
   if (kind == Endpoint::Completions) {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
-    const json& p = j["prompt"];
-    if (p.is_string()) {
-      r.prompt_text = p.get<std::string>();
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      r.prompt_tokens = get_token_ids(p, "prompt", model.n_vocab);
-      r.prompt_kind = PromptKind::Tokens;
-    } else if (p.is_array() && !p.empty() && p[0].is_string()) {  // prompts: strings
-      for (size_t i = 0; i < p.size(); ++i) {
-        if (!p[i].is_string()) bad("prompt", "'prompt' must be an array of strings or of token id arrays, not both");
-        (i == 0 ? r.prompt_text : r.more_texts.emplace_back()) = p[i].get<std::string>();
-      }
-    } else if (p.is_array() && !p.empty() && p[0].is_array()) {  // prompts: token id arrays
-      r.prompt_kind = PromptKind::Tokens;
-      for (size_t i = 0; i < p.size(); ++i) {
-        const std::string pi = cat("prompt[", i, "]");
-        if (!p[i].is_array()) bad("prompt", "'prompt' must be an array of strings or of token id arrays, not both");
-        if (i > 0 && p[i].empty()) bad("prompt", "'" + pi + "' is empty");
-        (i == 0 ? r.prompt_tokens : r.more_tokens.emplace_back()) = get_token_ids(p[i], "prompt", model.n_vocab);
-      }
-    } else {
-      bad("prompt", "'prompt' must be a string or an array of token ids");
-    }
+    parse_prompts(j["prompt"], "prompt", model.n_vocab, r);
     // vLLM's add_special_tokens (completions): false = no BOS before a text prompt.
     if (j.contains("add_special_tokens")) r.add_bos = get_bool(j, "add_special_tokens");
     if (j.contains("suffix")) {  // fill in the middle: prompt_tokens() checks the model can
@@ -502,12 +521,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     if (r.cache_salt.empty()) bad("cache_salt", "'cache_salt' must be a non-empty string");
   }
   if (j.contains("include_stop_str_in_output")) r.include_stop_str = get_bool(j, "include_stop_str_in_output");
-  // vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (k >= 1; -1: the context's worth).
-  if (j.contains("truncate_prompt_tokens")) {
-    const int64_t k = get_int(j, "truncate_prompt_tokens", -1, model.n_ctx);
-    if (k == 0) bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be >= 1, or -1 for the context's length");
-    r.truncate_prompt_tokens = k < 0 ? model.n_ctx : k;
-  }
+  parse_truncate(j, model, r);
   // Scheduling extensions: a TTFT deadline (ms from arrival) and vLLM's priority (lower first).
   if (j.contains("ttft_slo_ms")) {
     r.ttft_slo_ms = get_number(j, "ttft_slo_ms", 0, 1e9);
@@ -823,6 +837,94 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   r.fit_max_tokens = true;
   if (!r.more_texts.empty() || !r.more_tokens.empty()) bad("prompt", "llama.cpp's /completion takes one prompt");
   return r;
+}
+
+ParsedRequest parse_embeddings_request(std::string_view body, const ModelInfo& model) {
+  json j = parse_json_object(body);
+  for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
+  ParsedRequest r;
+  r.kind = Endpoint::Embeddings;
+  r.embed = true;
+  for (const auto& [key, v] : j.items()) {
+    static constexpr std::string_view kKnown[] = {"input", "model", "encoding_format", "dimensions", "user",
+                                                  "truncate_prompt_tokens", "add_special_tokens", "normalize",
+                                                  "embd_normalize", "priority", "cache_salt"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) r.unknown_fields.push_back(key);
+  }
+  check_model(j, model, false);
+  r.model = j.contains("model") ? j["model"].get<std::string>() : model.id;
+  if (!j.contains("input")) bad("input", "'input' is required");
+  parse_prompts(j["input"], "input", model.n_vocab, r);
+  if (const size_t n = 1 + r.more_texts.size() + r.more_tokens.size(); n > size_t(kMaxEmbeddingInputs))
+    bad("input", cat("'input' has ", n, " entries; at most ", kMaxEmbeddingInputs, " may be embedded in one request"));
+  if (j.contains("encoding_format")) {
+    const std::string f = get_string(j, "encoding_format", "encoding_format");
+    if (f != "float" && f != "base64") bad("encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+    r.base64 = f == "base64";
+  }
+  if (j.contains("dimensions") && get_int(j, "dimensions", 1, INT32_MAX) != model.n_embd)
+    bad("dimensions", cat("this model's embeddings have ", model.n_embd, " dimensions; 'dimensions' cannot change that"));
+  if (j.contains("add_special_tokens")) r.add_bos = get_bool(j, "add_special_tokens");
+  if (j.contains("normalize")) r.embd_normalize = get_bool(j, "normalize") ? 2 : -1;  // vLLM's
+  if (j.contains("embd_normalize")) r.embd_normalize = int32_t(get_int(j, "embd_normalize", -1, 64));  // llama.cpp's
+  parse_truncate(j, model, r);
+  if (j.contains("priority")) r.priority = int32_t(get_int(j, "priority", INT32_MIN, INT32_MAX));
+  if (j.contains("cache_salt")) {
+    r.cache_salt = get_string(j, "cache_salt", "cache_salt");
+    if (r.cache_salt.empty()) bad("cache_salt", "'cache_salt' must be a non-empty string");
+  }
+  validate(r, model.n_vocab);
+  return r;
+}
+
+void normalize_embedding(std::vector<float>& v, int32_t norm) {
+  double sum = 0;
+  if (norm < 0) return;
+  if (norm == 0) {  // the largest magnitude -> 32760 (llama.cpp: an int16 range)
+    for (float x : v) sum = std::max(sum, double(std::fabs(x)));
+    sum /= 32760.0;
+  } else if (norm == 2) {
+    for (float x : v) sum += double(x) * double(x);
+    sum = std::sqrt(sum);
+  } else {
+    for (float x : v) sum += std::pow(double(std::fabs(x)), double(norm));
+    sum = std::pow(sum, 1.0 / double(norm));
+  }
+  const double scale = sum > 0 ? 1.0 / sum : 0.0;
+  for (float& x : v) x = float(double(x) * scale);
+}
+
+std::string base64_floats(const std::vector<float>& v) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::vector<unsigned char> bytes(v.size() * 4);
+  for (size_t i = 0; i < v.size(); ++i) {  // little-endian, whatever the host
+    uint32_t u;
+    std::memcpy(&u, &v[i], 4);
+    for (int b = 0; b < 4; ++b) bytes[4 * i + size_t(b)] = static_cast<unsigned char>(u >> (8 * b));
+  }
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t w = uint32_t(bytes[i]) << 16;
+    if (n > 1) w |= uint32_t(bytes[i + 1]) << 8;
+    if (n > 2) w |= uint32_t(bytes[i + 2]);
+    for (size_t k = 0; k < 4; ++k) out += k <= n ? kAlphabet[(w >> (18 - 6 * k)) & 63] : '=';
+  }
+  return out;
+}
+
+json embeddings_response(const std::string& model, const std::vector<std::vector<float>>& vectors, bool base64,
+                         int64_t prompt_tokens) {
+  json data = json::array();
+  for (size_t i = 0; i < vectors.size(); ++i)
+    data.push_back({{"object", "embedding"},
+                    {"index", i},
+                    {"embedding", base64 ? json(base64_floats(vectors[i])) : json(vectors[i])}});
+  return {{"object", "list"},
+          {"data", std::move(data)},
+          {"model", model},
+          {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}};
 }
 
 json native_chunk(const std::string& model, const std::string& content, const std::vector<int32_t>& tokens, bool stop,

@@ -17,7 +17,8 @@ namespace ft::server {
 // The JSON body of an error: param/code are null when empty.
 std::string error_body(const ApiError& e);
 
-enum class Endpoint { Completions, Chat, Responses, Native };  // Native: llama.cpp's /completion
+// Native: llama.cpp's /completion; Embeddings: /v1/embeddings.
+enum class Endpoint { Completions, Chat, Responses, Native, Embeddings };
 
 // What parsing needs to know about the served model.
 struct ModelInfo {
@@ -26,11 +27,13 @@ struct ModelInfo {
   int32_t n_vocab = 0;
   // Whether a LoRA adapter of this name is loaded (clients may send it as "model"); null: none.
   std::function<bool(const std::string&)> has_adapter;
+  int32_t n_embd = 0;  // an embedding's dimensions
 };
 
 inline constexpr int64_t kCompletionsMaxTokens = 16;  // OpenAI's default for /v1/completions
 // A batched completions request: at most this many choices in all (prompts x max(n, best_of)).
 inline constexpr int64_t kMaxBatchChoices = 256;
+inline constexpr int64_t kMaxEmbeddingInputs = 2048;  // an embeddings request's inputs (OpenAI's limit)
 
 // A validated /v1/completions or /v1/chat/completions request: the generation (OpenAI's
 // sampling defaults; max_tokens absent: completions 16 cut to the context, chat the rest of the
@@ -62,6 +65,10 @@ struct ParsedRequest : GenerationRequest {
   // Responses API: what the response object echoes of the request (tools and tool_choice as
   // given, parallel_tool_calls, text, instructions, sampling, limits, metadata).
   nlohmann::json responses_echo = nlohmann::json::object();
+  bool base64 = false;  // embeddings: encoding_format "base64" (little-endian float32s)
+  // embeddings: llama.cpp's embd_normalize: -1 none, 0 max-abs to 32760, 2 euclidean (the
+  // default), p > 0 the p-norm; vLLM's normalize false = -1.
+  int32_t embd_normalize = 2;
   // Fields that are neither OpenAI's nor a known vLLM/llama.cpp extension (the server warns), and
   // known ones that mean nothing here (the server logs them at debug).
   std::vector<std::string> unknown_fields, ignored_fields;
@@ -96,6 +103,19 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
 // sampling fields, "logit_bias" as [[id, bias | false], ...] or an object, "seed" (-1: random),
 // "return_tokens"} parsed as a completions request of one choice; "model" optional.
 ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model);
+// POST /v1/embeddings (OpenAI's, with vLLM's and llama.cpp's extensions): input (a string, token
+// ids, or an array of up to kMaxEmbeddingInputs of either; each its own generation, pooled by the
+// server's --pooling), model (optional), encoding_format (float | base64), dimensions (only the
+// model's own), add_special_tokens, truncate_prompt_tokens, normalize / embd_normalize, priority,
+// cache_salt. Other fields are listed in unknown_fields.
+ParsedRequest parse_embeddings_request(std::string_view body, const ModelInfo& model);
+// v scaled by its norm (ParsedRequest::embd_normalize; -1: unchanged; a zero vector stays zero).
+void normalize_embedding(std::vector<float>& v, int32_t norm);
+// v's float32s, little-endian, in base64 (OpenAI's encoding_format "base64").
+std::string base64_floats(const std::vector<float>& v);
+// {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}.
+nlohmann::json embeddings_response(const std::string& model, const std::vector<std::vector<float>>& vectors, bool base64,
+                                   int64_t prompt_tokens);
 // Its response, or a streamed piece of it: {"index", "content", "tokens" (ids, with return_tokens),
 // "id_slot", "stop", "model"}, and once stop: "tokens_predicted", "tokens_evaluated", "stop_type"
 // ("eos" | "word" | "limit"), "stopping_word", "truncated", "has_new_line", with timings

@@ -75,6 +75,10 @@ const ServeSetting kSettings[] = {
      "Chat's reasoning (text before </think>) as message.reasoning_content: deepseek, none, or auto (deepseek when the "
      "chat template writes <think>)",
      &ServeConfig::reasoning_format},
+    {"server.pooling", "--pooling",
+     "/v1/embeddings' pooling of the prompt's final-norm hidden states: mean, cls, last, or auto (the file's "
+     "<arch>.pooling_type, else last)",
+     &ServeConfig::pooling},
     {"server.context_length", "-c,--ctx", "Context length (0 = the model's)", &ServeConfig::context_length, 0,
      1 << 24},
     {"parallel_config.tp_size", "--tp",

@@ -13,7 +13,7 @@
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "frame_timeout_s", "max_connections",
 //               "log_level", "model", "served_model_name", "context_length", "binary_port_any",
-//               "api_key", "allowed_origins", "mlock", "chat_template_file", "reasoning_format"},
+//               "api_key", "allowed_origins", "mlock", "chat_template_file", "reasoning_format", "pooling"},
 //    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
 //                 "dtype": "f16" | "bf16" | "q8_0" | "f32"},
 //    "speculative": {"method": "ngram" | "draft", "draft_model": "draft.gguf",
@@ -60,6 +60,7 @@ struct ServeConfig {
   std::string allowed_origins;    // CORS: comma-separated origins ("*" = any); empty = no CORS headers
   std::string chat_template_file; // a Jinja chat template served instead of the model's; empty = the model's
   std::string reasoning_format = "auto";  // auto | deepseek | none (ReasoningSplit)
+  std::string pooling = "auto";           // /v1/embeddings: auto | mean | cls | last (server::resolve_pooling)
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // parallel_config
   int tp_size = 1;  // tensor-parallel ranks (MPI)

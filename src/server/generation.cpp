@@ -21,7 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const char* prompt_param(PromptKind k) { return k == PromptKind::Chat ? "messages" : "prompt"; }
+const char* prompt_param(const GenerationRequest& r) {
+  return r.embed ? "input" : r.prompt_kind == PromptKind::Chat ? "messages" : "prompt";
+}
 
 }  // namespace
 
@@ -31,7 +33,7 @@ int32_t check_token_id(int64_t id, int32_t n_vocab, const std::string& param) {
 }
 
 void validate(const GenerationRequest& r, int32_t n_vocab) {
-  const char* param = prompt_param(r.prompt_kind);
+  const char* param = prompt_param(r);
   switch (r.prompt_kind) {
     case PromptKind::Text:  // "" is a document's start (OpenAI's): BOS alone, where the vocabulary adds one
       break;
@@ -81,7 +83,7 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
 }
 
 int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx) {
-  const char* param = prompt_param(r.prompt_kind);
+  const char* param = prompt_param(r);
   if (n_prompt < 1) bad(param, "the prompt is empty");
   if (n_prompt >= n_ctx)
     bad(param, cat("This model's maximum context length is ", n_ctx, " tokens; the prompt has ", n_prompt,
@@ -331,11 +333,11 @@ std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer
         break;
     }
   } catch (const Error& e) {
-    throw ApiError(400, e.what(), prompt_param(req.prompt_kind));
+    throw ApiError(400, e.what(), prompt_param(req));
   }
   if (req.truncate_prompt_tokens > 0 && int64_t(prompt.size()) > req.truncate_prompt_tokens)  // its last tokens
     prompt.erase(prompt.begin(), prompt.end() - req.truncate_prompt_tokens);
-  if (prompt.empty()) throw ApiError(400, "'prompt' is empty (and no BOS token starts it)", prompt_param(req.prompt_kind));
+  if (prompt.empty()) throw ApiError(400, cat("'", prompt_param(req), "' is empty (and no BOS token starts it)"), prompt_param(req));
   return prompt;
 }
 
@@ -364,7 +366,10 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   auto gen = std::make_shared<Generation>(ctx, std::move(req), std::move(sink));
   GenerationRequest& r = gen->req_;
   gen->n_prompt_ = int64_t(prompt.size());
-  const int64_t max_tokens = resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
+  if (r.embed && gen->n_prompt_ > ctx.n_ctx)
+    bad(prompt_param(r), cat("This model's maximum context length is ", ctx.n_ctx, " tokens; the input has ",
+                             gen->n_prompt_, " tokens"));
+  const int64_t max_tokens = r.embed ? 0 : resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
   if (!r.seed_set) r.sampling.seed = draw_seed();
   if (!r.grammar.empty()) {
     try {
@@ -395,6 +400,7 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   er.tokenize_ms = tokenize_ms;
   er.logprobs = gen->ranking() ? std::max(r.logprobs, 0) : r.logprobs;  // best_of ranks by logprob
   er.prompt_logprobs = r.prompt_logprobs;
+  if (r.embed) er.pooling = ctx.pooling;
   er.ttft_slo_ms = r.ttft_slo_ms;
   er.priority = r.priority;
   if (!r.cache_salt.empty()) er.cache_salt = std::max<uint64_t>(1, std::hash<std::string>{}(r.cache_salt));
@@ -423,11 +429,12 @@ void Generation::submit() {
     // Runs on the engine thread: copy the event and post it to the consumer. (post holds the
     // consumer, which holds this generation: the engine drops each callback at its choice's finish.)
     EventCallback cb = [gen = shared_from_this(), i, post = post_](const EngineEvent& ev) {
-      Event e{i, ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error, ev.prompt_logprobs};
+      Event e{i, ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error, ev.prompt_logprobs,
+              ev.embedding};
       if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
       post([gen, e = std::move(e)] { gen->on_event(e); });
     };
-    auto processor = make_logits_processor(req_, ctx_.eog_ids, c.grammar, bad_words_);
+    auto processor = req_.embed ? nullptr : make_logits_processor(req_, ctx_.eog_ids, c.grammar, bad_words_);
     if (i == 0) {
       er.logits_processor = std::move(processor);
       cb0 = std::move(cb);
@@ -554,6 +561,7 @@ void Generation::handle(const Event& e) {
       o.text = c.stop.push(c.dec.flush());
       if (!c.stop.stopped()) o.text += c.stop.flush();
       if (c.end_token >= 0) o.tokens.push_back(c.end_token);
+      o.embedding = e.embedding;
       c.finish = c.stop.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
       finish(i, std::move(o), e.timings.get());
     }

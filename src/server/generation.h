@@ -147,6 +147,9 @@ struct GenerationRequest {
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
   std::string adapter;                 // a loaded LoRA adapter's name (Engine::load_adapter); "" = the base
   std::string cache_salt;              // vLLM's: prefix-cache blocks are shared only under the same salt; "" = none
+  // An embedding, not a generation: the prompt's hidden states pooled as GenerationContext::pooling
+  // says (Output::embedding at the finish); nothing is sampled, so the prompt may fill the context.
+  bool embed = false;
 };
 
 // id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).
@@ -186,6 +189,7 @@ struct Output {
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;
+  std::vector<float> embedding;  // an embedding's (GenerationRequest::embed), at its finish: pooled, unnormalized
 };
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
@@ -220,6 +224,7 @@ struct GenerationContext {
   std::shared_ptr<const GrammarVocab> grammar_vocab() const;
   int64_t n_ctx = 0;
   int32_t n_vocab = 0;
+  Pooling pooling = Pooling::Last;  // embeddings' (GenerationRequest::embed)
   std::atomic<int64_t>* waiting = nullptr;  // requests with no token or finish yet; null: no admission limit
   int64_t max_queue = 0;
   ServerMetrics* metrics = nullptr;         // null: no metrics
@@ -248,6 +253,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::shared_ptr<RequestTimings> timings;  // Finished only
     std::string error;                        // Finished(Error): why
     std::vector<TokenLogprobs> prompt_logprobs;
+    std::vector<float> embedding;
   };
 
   // tok: the calling thread's tokenizer. Throws ApiError: 400 (invalid), 429 (queue full), 503

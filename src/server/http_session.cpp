@@ -590,6 +590,49 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     int32_t prompt_;
   };
 
+  // /v1/embeddings' response: one JSON body once every input's embedding has come (each input
+  // its own generation), normalized as the request says; the first failure fails the request.
+  class EmbeddingsReply {
+   public:
+    EmbeddingsReply(HttpSession& s, const ParsedRequest& pr)
+        : s_(s), model_(pr.model), base64_(pr.base64), norm_(pr.embd_normalize),
+          vectors_(1 + pr.more_texts.size() + pr.more_tokens.size()), left_(vectors_.size()) {}
+    void on_finish(int32_t input, Output&& last, const Finish& f) {
+      if (failed_) return;
+      normalize_embedding(last.embedding, norm_);
+      vectors_[size_t(input)] = std::move(last.embedding);
+      prompt_tokens_ += f.usage.prompt_tokens;
+      if (--left_ == 0) s_.send_json(embeddings_response(model_, vectors_, base64_, prompt_tokens_));
+    }
+    void on_error(const ApiError& e) {
+      if (failed_) return;
+      failed_ = true;
+      s_.abandon_all();
+      s_.send_error(e);
+    }
+
+   private:
+    HttpSession& s_;
+    std::string model_;
+    bool base64_;
+    int32_t norm_;
+    std::vector<std::vector<float>> vectors_;  // by input
+    size_t left_;
+    int64_t prompt_tokens_ = 0;
+    bool failed_ = false;
+  };
+  class InputSink : public GenerationSink {
+   public:
+    InputSink(std::shared_ptr<EmbeddingsReply> r, int32_t input) : r_(std::move(r)), input_(input) {}
+    void on_output(Output&&) override {}  // (an embedding has no tokens)
+    void on_finish(Output&& last, const Finish& f) override { r_->on_finish(input_, std::move(last), f); }
+    void on_error(const ApiError& e, const Usage&) override { r_->on_error(e); }
+
+   private:
+    std::shared_ptr<EmbeddingsReply> r_;
+    int32_t input_;
+  };
+
   // llama.cpp's native /completion response: one JSON object, or a stream of its pieces (SSE
   // "data:" lines, no [DONE]), the last with stop true and the figures.
   class NativeReply : public GenerationSink {
@@ -752,16 +795,23 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   };
 
   void generate(Endpoint kind, const std::string& body) override {
-    ParsedRequest pr = kind == Endpoint::Responses ? parse_responses_request(body, srv_.info)
-                       : kind == Endpoint::Native  ? parse_native_request(body, srv_.info)
-                                                   : parse_request(kind, body, srv_.info);
+    ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info)
+                       : kind == Endpoint::Native     ? parse_native_request(body, srv_.info)
+                       : kind == Endpoint::Embeddings ? parse_embeddings_request(body, srv_.info)
+                                                      : parse_request(kind, body, srv_.info);
     const uint64_t n = srv_.next_id.fetch_add(1);
-    const char* prefix = kind == Endpoint::Chat ? "chatcmpl-" : kind == Endpoint::Responses ? "resp_" : "cmpl-";
+    const char* prefix = kind == Endpoint::Chat        ? "chatcmpl-"
+                         : kind == Endpoint::Responses  ? "resp_"
+                         : kind == Endpoint::Embeddings ? "embd-"
+                                                        : "cmpl-";
     // "model" names the base or a LoRA adapter (vLLM's convention); responses echo it.
     if (pr.model != srv_.info.id) pr.adapter = pr.model;
     ResponseMeta meta{kind, cat(prefix, std::hex, 0x10000000u + n), int64_t(std::time(nullptr)), pr.model};
     pr.name = (request_id_.empty() ? meta.id : request_id_) +
-              (kind == Endpoint::Chat ? " chat" : kind == Endpoint::Responses ? " response" : " completion");
+              (kind == Endpoint::Chat         ? " chat"
+               : kind == Endpoint::Responses  ? " response"
+               : kind == Endpoint::Embeddings ? " embedding"
+                                              : " completion");
     for (const auto& f : pr.unknown_fields) spdlog::warn("{}: ignoring the unknown field '{}'", pr.name, f);
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
     if (kind == Endpoint::Responses) {
@@ -773,11 +823,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
       reply->start();
     } else {
-      // One generation per prompt (a batched completions request has several). Every prompt is
-      // tokenized, validated and admitted before any is submitted, so a prompt refused (too
-      // long, the queue full) refuses the request with nothing run; a refusal at submission
-      // (shutting down) cancels the ones submitted before it.
-      auto reply = std::make_shared<Reply>(*this, std::move(meta), pr);
+      // One generation per prompt (a batched completions request has several; embeddings one
+      // per input). Every prompt is tokenized, validated and admitted before any is submitted, so
+      // a prompt refused (too long, the queue full) refuses the request with nothing run; a
+      // refusal at submission (shutting down) cancels the ones submitted before it.
+      std::shared_ptr<Reply> reply;
+      std::shared_ptr<EmbeddingsReply> embeddings;
+      if (kind == Endpoint::Embeddings) embeddings = std::make_shared<EmbeddingsReply>(*this, pr);
+      else reply = std::make_shared<Reply>(*this, std::move(meta), pr);
       const size_t k = 1 + pr.more_texts.size() + pr.more_tokens.size();
       size_t submitted = 0;
       try {
@@ -788,8 +841,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
             else g.prompt_text = pr.more_texts[i - 1];
           }
           if (k > 1) g.name += cat("[", i, "]");
-          gens_.push_back(Generation::prepare(srv_.gen, io_tokenizer(), std::move(g),
-                                              std::make_shared<PromptSink>(reply, int32_t(i)), post_to(shared_from_this())));
+          std::shared_ptr<GenerationSink> sink;
+          if (embeddings) sink = std::make_shared<InputSink>(embeddings, int32_t(i));
+          else sink = std::make_shared<PromptSink>(reply, int32_t(i));
+          gens_.push_back(Generation::prepare(srv_.gen, io_tokenizer(), std::move(g), std::move(sink), post_to(shared_from_this())));
         }
         int64_t entries = 0;  // every choice reports its prompt's logprobs: the response's size, bounded
         for (const auto& gen : gens_) entries += gen->prompt_logprob_entries();
@@ -806,7 +861,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         gens_.clear();  // (the unsubmitted give their admission back)
         throw;
       }
-      reply->start();
+      if (reply) reply->start();
     }
     start_watch();
   }

@@ -162,6 +162,8 @@ const Route kRoutes[] = {
      [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Responses, req.body); }},
     {"/v1/chat/completions", http::verb::post,
      [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Chat, req.body); }},
+    {"/v1/embeddings", http::verb::post,
+     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Embeddings, req.body); }},
     // llama.cpp's native completion (both of its paths).
     {"/completion", http::verb::post,
      [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Native, req.body); }},

@@ -42,6 +42,23 @@ void enable_fast_open(tcp::acceptor& a) {
 }
 }  // namespace
 
+Pooling resolve_pooling(const std::string& setting, const Model& model) {
+  if (setting == "mean") return Pooling::Mean;
+  if (setting == "cls") return Pooling::Cls;
+  if (setting == "last") return Pooling::Last;
+  if (setting != "auto") fail("--pooling must be auto, mean, cls or last, got '", setting, "'");
+  const std::string key = model.hparams().arch_name + ".pooling_type";
+  switch (const int64_t t = model.file().get_i64(key, 3)) {
+    case 1: return Pooling::Mean;
+    case 2: return Pooling::Cls;
+    case 3: return Pooling::Last;
+    default:  // (none, rank: not an embedding this server makes; generation must not fail for it)
+      spdlog::warn("{} = {}: not a pooling this server has (mean 1, cls 2, last 3); /v1/embeddings pools the last "
+                   "position (--pooling sets another)", key, t);
+      return Pooling::Last;
+  }
+}
+
 const Tokenizer& io_tokenizer() { return *t_tok; }
 void set_io_tokenizer(const Tokenizer* tok) { t_tok = tok; }
 
@@ -50,6 +67,8 @@ Server::Impl::Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
   info.id = m.id;
   info.n_ctx = gen.n_ctx;
   info.n_vocab = gen.n_vocab;
+  info.n_embd = m.model ? m.model->hparams().dim : 0;
+  gen.pooling = m.pooling;
   info.has_adapter = [&e](const std::string& name) { return e.find_adapter(name) != nullptr; };
   gen.waiting = &waiting;
   gen.max_queue = cfg.max_queue;

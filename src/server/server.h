@@ -33,7 +33,14 @@ struct ServedModel {
   // output's start when the template's generation turn ends with "<think>".
   bool reasoning = false;
   bool reasoning_open = false;
+  Pooling pooling = Pooling::Last;  // /v1/embeddings' (resolve_pooling)
 };
+
+// The pooling of /v1/embeddings: setting "mean" | "cls" | "last", or "auto": the file's
+// <arch>.pooling_type (llama.cpp's numbering: 1 mean, 2 cls, 3 last), else last (what vLLM pools
+// a generative model's embeddings with; also, with a warning, for the file's none or rank).
+// ft::Error on another setting.
+Pooling resolve_pooling(const std::string& setting, const Model& model);
 
 class Server {
  public:

@@ -472,6 +472,100 @@ TEST(Engine, PromptLogprobsMatchADirectForward) {
 // One rule for every front end: a step holds a whole fixed chunk (unchunked: a whole context) and
 // a decode token per sequence; `run`'s single-request engine asks for no more than that, with KV
 // for exactly one context (at least the engine's minimum of blocks).
+// Embeddings (EngineRequest::pooling) are the model's final-norm hidden states: a direct forward
+// whose batch mixes logits, hidden and no-output rows gives each row what an all-logits or
+// all-hidden batch gives it (the rows are gathered right), and the engine's pooled vector under any
+// chunking, next to generations, equals the pooling of the direct forward's hidden rows.
+TEST(Engine, EmbeddingsPoolTheHiddenStatesOfADirectForward) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const HParams& hp = model->hparams();
+  const int64_t D = hp.dim, V = hp.n_vocab;
+  std::vector<int32_t> prompt = mixed_jobs(hp.n_vocab, 2, 33)[1].prompt;
+  prompt.resize(150);
+  const int64_t P = int64_t(prompt.size());
+
+  const EngineConfig base = config(256);
+  auto be = make_backend(base.runtime.backend, 2);
+  Forward fwd(*model, *be, P);
+  // out[i]: what row i asks for (a fixed mix), then every row hidden, then every row logits.
+  auto direct = [&](auto out_of, std::vector<float>& logits, std::vector<float>& hidden) {
+    KVCache kv(kv_cache_config(base.runtime, hp, KVCache::blocks_for(P, base.runtime.kv_block_size), false));
+    EXPECT_TRUE(kv.reserve(0, P));
+    Batch b;
+    int64_t nl = 0, nh = 0;
+    for (int64_t i = 0; i < P; ++i) {
+      const uint8_t o = out_of(i);
+      b.add(prompt[size_t(i)], int32_t(i), 0, o);
+      nl += o == kOutLogits;
+      nh += o == kOutHidden;
+    }
+    logits.assign(size_t(nl * V), 0.0f);
+    hidden.assign(size_t(nh * D), 0.0f);
+    fwd.run(b, kv, logits.data(), hidden.data());
+  };
+  std::vector<float> all_logits, all_hidden, mixed_logits, mixed_hidden, unused;
+  direct([](int64_t) { return kOutHidden; }, unused, all_hidden);
+  direct([](int64_t) { return kOutLogits; }, all_logits, unused);
+  auto mix = [](int64_t i) { return uint8_t(i % 5 == 0 ? kOutNone : i % 3 == 0 ? kOutLogits : kOutHidden); };
+  direct(mix, mixed_logits, mixed_hidden);
+  int64_t nl = 0, nh = 0;
+  for (int64_t i = 0; i < P; ++i) {
+    const uint8_t o = mix(i);
+    for (int64_t d = 0; o == kOutHidden && d < D; ++d)
+      ASSERT_NEAR(mixed_hidden[size_t(nh * D + d)], all_hidden[size_t(i * D + d)], 1e-4f) << "row " << i;
+    for (int64_t v = 0; o == kOutLogits && v < V; ++v)
+      ASSERT_NEAR(mixed_logits[size_t(nl * V + v)], all_logits[size_t(i * V + v)], 1e-4f) << "row " << i;
+    nl += o == kOutLogits;
+    nh += o == kOutHidden;
+  }
+  auto pooled = [&](Pooling p) {
+    std::vector<double> sum(size_t(D), 0.0);
+    const int64_t from = p == Pooling::Last ? P - 1 : 0, to = p == Pooling::Cls ? 1 : P;
+    for (int64_t i = from; i < to; ++i)
+      for (int64_t d = 0; d < D; ++d) sum[size_t(d)] += all_hidden[size_t(i * D + d)];
+    std::vector<float> v(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) v[size_t(d)] = float(sum[size_t(d)] / double(to - from));
+    return v;
+  };
+
+  for (const int64_t chunk : {int64_t(256), int64_t(7)}) {
+    Engine engine(*model, config(chunk), {});
+    for (Pooling p : {Pooling::Mean, Pooling::Cls, Pooling::Last}) {
+      SCOPED_TRACE(cat("chunk ", chunk, " pooling ", pooling_name(p)));
+      EngineRequest g;  // a generation alongside
+      g.prompt = std::vector<int32_t>(prompt.begin(), prompt.begin() + 40);
+      g.max_tokens = 20;
+      g.sampling.temperature = 0;
+      EventStream gs;
+      engine.submit(g, gs.callback());
+      EngineRequest r;
+      r.prompt = prompt;
+      r.pooling = p;
+      EventStream s;
+      engine.submit(r, s.callback());
+      EngineEvent ev;
+      std::vector<float> got;
+      bool token = false;
+      while (s.next(ev)) {
+        token |= ev.kind == EngineEvent::Kind::Token;
+        if (ev.kind == EngineEvent::Kind::Finished) {
+          EXPECT_EQ(ev.reason, FinishReason::Stop) << ev.error;
+          got = ev.embedding;
+        }
+      }
+      EXPECT_FALSE(token);
+      int gen_tokens = 0;
+      while (gs.next(ev)) gen_tokens += ev.kind == EngineEvent::Kind::Token;
+      EXPECT_EQ(gen_tokens, 20);
+      const std::vector<float> want = pooled(p);
+      ASSERT_EQ(got.size(), want.size());
+      for (int64_t d = 0; d < D; ++d) EXPECT_NEAR(got[size_t(d)], want[size_t(d)], 1e-4f) << "dimension " << d;
+    }
+    EXPECT_EQ(settled_metrics(engine, 6).kv_used_blocks, 0);
+  }
+}
+
 TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
   const auto model = Model::load(path);

@@ -519,6 +519,13 @@ uint64_t mix(uint64_t h, uint64_t x) {
   return h * 0xBF58476D1CE4E5B9ull;
 }
 
+// The fake models' hidden state at a position (embeddings): kEmbd values from the hash of the
+// tokens up to it.
+constexpr int32_t kEmbd = 6;
+void fake_hidden(uint64_t h, float* out) {
+  for (int32_t d = 0; d < kEmbd; ++d) out[d] = float((h >> (8 * d)) & 0xff) - 127.5f;
+}
+
 // The fake model: stores each token in the cache (kv_dim 1), and the next token after position
 // p is a hash of the tokens at 0..p (window > 0: at p-window+1..p) read back through the block
 // table. Advances the virtual clock by the synthetic cost of the step. A small window makes the
@@ -535,7 +542,7 @@ class FakeExecutor : public StepExecutor {
   }
   int32_t step_blocks() const override { return blocks_; }
   int64_t between_max_batch() const override { return between_max_; }
-  void forward_between(const Batch& b, KVCache& kv, float* logits) override {
+  void forward_between(const Batch& b, KVCache& kv, float* logits, float* hidden) override {
     EXPECT_TRUE(inside_) << "a step between blocks outside a step";
     EXPECT_LE(b.size(), between_max_);
     for (int64_t i = 0; i < b.size(); ++i)  // none of the running step's sequences
@@ -543,12 +550,12 @@ class FakeExecutor : public StepExecutor {
     const bool was = inside_;
     inside_ = false;
     nested_ = true;
-    forward(b, kv, logits);
+    forward(b, kv, logits, hidden);
     nested_ = false;
     inside_ = was;
     ++between_forwards;
   }
-  void forward(const Batch& b, KVCache& kv, float* logits) override {
+  void forward(const Batch& b, KVCache& kv, float* logits, float* hidden) override {
     const bool yields = blocks_ > 0 && between_ && !inside_;
     double pairs = 0;
     for (int64_t i = 0; i < b.size(); ++i) {
@@ -556,7 +563,7 @@ class FakeExecutor : public StepExecutor {
       kv.write(0, b.seq[size_t(i)], b.pos[size_t(i)], &t, &t);
       pairs += b.pos[size_t(i)] + 1;
     }
-    size_t row = 0;
+    size_t row = 0, hidden_row = 0;
     for (int64_t i = 0; i < b.size(); ++i) {
       if (!b.want_logits[size_t(i)]) continue;
       uint64_t h = 1;
@@ -564,6 +571,10 @@ class FakeExecutor : public StepExecutor {
         float t;
         kv.read(0, b.seq[size_t(i)], p, &t, nullptr);
         h = mix(h, uint64_t(t));
+      }
+      if (b.want_logits[size_t(i)] == kOutHidden) {
+        fake_hidden(h, hidden + hidden_row++ * kEmbd);
+        continue;
       }
       float* l = logits + row++ * kVocab;
       for (int32_t t = 0; t < kVocab; ++t) l[t] = 0;
@@ -588,6 +599,7 @@ class FakeExecutor : public StepExecutor {
     ++forwards;
   }
   int32_t n_vocab() const override { return kVocab; }
+  int32_t n_embd() const override { return kEmbd; }
   // A machine that warms up: a step begun `busy` ms after an idle gap of kWarmUpIdleMs or more
   // takes ms x warm_up_coldness(busy) longer.
   void warm_up(double ms) { warm_up_ms_ = ms; }
@@ -1276,7 +1288,7 @@ class MarkovExecutor : public StepExecutor {
  public:
   static constexpr int32_t V = 4;
   static float logit(int32_t from, int32_t to) { return float((from * 3 + to * 5) % 7) * 0.35f - float(to == from) * 0.5f; }
-  void forward(const Batch& b, KVCache& kv, float* logits) override {
+  void forward(const Batch& b, KVCache& kv, float* logits, float*) override {
     for (int64_t i = 0; i < b.size(); ++i) {
       const float t = float(b.tokens[size_t(i)]);
       kv.write(0, b.seq[size_t(i)], b.pos[size_t(i)], &t, &t);
@@ -1409,12 +1421,12 @@ TEST(EngineCore, CancelFreesBlocksAndRejectsWhatCanNeverFit) {
 class PipelinedExecutor : public StepExecutor {
  public:
   explicit PipelinedExecutor(int32_t depth) : depth_(depth) {}
-  void forward(const Batch& b, KVCache& kv, float* logits) override {
-    begin(b, kv, logits);
-    finish(logits);
+  void forward(const Batch& b, KVCache& kv, float* logits, float* hidden) override {
+    begin(b, kv, logits, hidden);
+    finish(logits, hidden);
   }
   int32_t max_in_flight() const override { return depth_; }
-  void begin(const Batch& b, KVCache& kv, float*) override {
+  void begin(const Batch& b, KVCache& kv, float*, float*) override {
     EXPECT_LT(int32_t(flights_.size()), depth_);
     Flight f;
     for (int64_t i = 0; i < b.size(); ++i) {
@@ -1432,24 +1444,31 @@ class PipelinedExecutor : public StepExecutor {
         kv.read(0, seq, p, &t, nullptr);
         h = mix(h, uint64_t(t));
       }
+      if (b.want_logits[size_t(i)] == kOutHidden) {
+        f.hidden.resize(f.hidden.size() + kEmbd);
+        fake_hidden(h, f.hidden.data() + f.hidden.size() - kEmbd);
+        continue;
+      }
       f.logits.resize(f.logits.size() + kVocab, 0.0f);
       f.logits[f.logits.size() - kVocab + h % kVocab] = 1;
     }
     flights_.push_back(std::move(f));
     max_seen = std::max(max_seen, int32_t(flights_.size()));
   }
-  void finish(float* logits) override {
+  void finish(float* logits, float* hidden) override {
     ASSERT_FALSE(flights_.empty());
     std::copy(flights_.front().logits.begin(), flights_.front().logits.end(), logits);
+    std::copy(flights_.front().hidden.begin(), flights_.front().hidden.end(), hidden);
     flights_.pop_front();
   }
   int32_t n_vocab() const override { return kVocab; }
+  int32_t n_embd() const override { return kEmbd; }
   int32_t max_seen = 0;
 
  private:
   struct Flight {
     std::set<int32_t> seqs;
-    std::vector<float> logits;
+    std::vector<float> logits, hidden;
   };
   int32_t depth_;
   std::deque<Flight> flights_;
@@ -1510,6 +1529,156 @@ TEST(EngineCore, OverlappedStepsGiveTheSameTokens) {
   }
 }
 
+// The fake models' embedding of a prompt, computed directly: its pooled hidden states.
+std::vector<float> expected_embedding(const std::vector<int32_t>& prompt, Pooling pooling) {
+  std::vector<double> sum(kEmbd, 0.0);
+  int64_t n = 0;
+  uint64_t h = 1;
+  float row[kEmbd];
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    h = mix(h, uint64_t(prompt[p]));
+    if (pooling == Pooling::Cls ? p != 0 : pooling == Pooling::Last && p + 1 != prompt.size()) continue;
+    fake_hidden(h, row);
+    for (int32_t d = 0; d < kEmbd; ++d) sum[size_t(d)] += double(row[d]);
+    ++n;
+  }
+  std::vector<float> out(kEmbd);
+  for (int32_t d = 0; d < kEmbd; ++d) out[size_t(d)] = float(sum[size_t(d)] / double(n));
+  return out;
+}
+
+// Embeddings among generations: every chunk size, one or two steps in flight, preemptions on a
+// small cache and prompts sharing a prefix: each embedding is its prompt's pooled hidden states
+// exactly, nothing is sampled for it, and the generations' tokens are what they are alone.
+TEST(EngineCoreEmbeddings, PoolEveryChunkingPreemptionAndOverlapExactly) {
+  const std::vector<int32_t> shared = make_prompt(40, 9);
+  int64_t embedding_preemptions = 0;
+  for (Pooling pooling : {Pooling::Mean, Pooling::Cls, Pooling::Last})
+    for (int32_t depth : {1, 2})
+      for (int64_t chunk : {int64_t(5), int64_t(64)}) {
+        SCOPED_TRACE(cat(pooling_name(pooling), " depth ", depth, " chunk ", chunk));
+        double clock = 0;
+        PipelinedExecutor exec(depth);
+        KVCache kv({1, 1, 16, 24, true});  // 384 positions: fewer than everyone's at once
+        SchedulerConfig cfg;
+        cfg.chunk_size = chunk;
+        EngineCore core(kv, exec, cfg, CostModel{}, 1 << 16, {}, [&] { return clock; });
+        std::map<uint64_t, std::vector<int32_t>> out;
+        std::map<uint64_t, EngineEvent> fin;
+        std::map<uint64_t, std::vector<int32_t>> prompts;
+        std::map<uint64_t, RequestTimings> timings;
+        auto cb = [&](const EngineEvent& ev) {
+          if (ev.kind == EngineEvent::Kind::Token) return out[ev.id].push_back(ev.token);
+          fin[ev.id] = ev;
+          timings[ev.id] = *ev.timings;
+        };
+        for (uint64_t k = 0; k < 12; ++k) {
+          EngineRequest r;
+          r.prompt = k % 3 == 0 ? shared : std::vector<int32_t>{};
+          const auto tail = make_prompt(20 + 17 * int64_t(k), int(k));
+          r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+          prompts[k + 1] = r.prompt;
+          if (k % 2 == 1) {
+            r.pooling = pooling;
+          } else {
+            r.max_tokens = 60;
+            r.sampling.temperature = 0;
+          }
+          core.add(k + 1, r, cb);
+          if (k == 5) {  // the rest arrive later (the first ones' blocks are in the prefix cache then)
+            for (int t = 0; t < 30 && !core.idle(); ++t) ASSERT_TRUE(core.step());
+          }
+        }
+        for (int guard = 0; guard < 100000 && !core.idle(); ++guard) {
+          ASSERT_TRUE(core.step());
+          clock += 1;
+        }
+        ASSERT_TRUE(core.idle());
+        for (uint64_t id = 1; id <= 12; ++id) {
+          ASSERT_TRUE(fin.count(id)) << id;
+          if (id % 2 == 0) {  // an embedding
+            EXPECT_EQ(fin[id].reason, FinishReason::Stop) << id;
+            EXPECT_EQ(fin[id].n_generated, 0) << id;
+            EXPECT_FALSE(out.count(id)) << "request " << id << " sampled a token";
+            EXPECT_EQ(fin[id].embedding, expected_embedding(prompts[id], pooling)) << id;
+            if (pooling != Pooling::Last) {
+              EXPECT_EQ(timings[id].cached_tokens, 0) << id;
+            }
+            embedding_preemptions += timings[id].preemptions;
+          } else {
+            EXPECT_EQ(fin[id].reason, FinishReason::Length) << id;
+            EXPECT_TRUE(fin[id].embedding.empty());
+            EXPECT_EQ(out[id], expected_output(prompts[id], 60)) << id;
+          }
+        }
+        EXPECT_EQ(kv.used_blocks(), 0);
+      }
+  EXPECT_GT(embedding_preemptions, 0) << "no embedding was preempted: the test does not cover recomputing one";
+}
+
+// Last pooling takes the prefix cache (one position is computed); Mean and Cls never do. Either
+// way the same prompt gives the same embedding.
+TEST(EngineCoreEmbeddings, OnlyLastPoolingTakesThePrefixCache) {
+  for (Pooling pooling : {Pooling::Mean, Pooling::Cls, Pooling::Last}) {
+    SCOPED_TRACE(pooling_name(pooling));
+    double clock = 0;
+    FakeExecutor exec(&clock, CostModel{});
+    KVCache kv({1, 1, 16, 40, true});
+    EngineCore core(kv, exec, SchedulerConfig{}, CostModel{}, 1000, {}, [&] { return clock; });
+    std::vector<std::vector<float>> got;
+    std::vector<int64_t> cached;
+    EngineRequest r;
+    r.prompt = make_prompt(100, 3);
+    r.pooling = pooling;
+    for (uint64_t id = 1; id <= 2; ++id) {
+      core.add(id, r, [&](const EngineEvent& ev) {
+        ASSERT_EQ(ev.kind, EngineEvent::Kind::Finished);
+        got.push_back(ev.embedding);
+        cached.push_back(ev.timings->cached_tokens);
+      });
+      while (!core.idle()) ASSERT_TRUE(core.step());
+    }
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0], expected_embedding(r.prompt, pooling));
+    EXPECT_EQ(got[1], got[0]);
+    EXPECT_EQ(cached[0], 0);
+    EXPECT_EQ(cached[1], pooling == Pooling::Last ? 96 : 0);
+  }
+}
+
+TEST(EngineCoreEmbeddings, RefusesWhatSamplesAndTakesAWholeContext) {
+  double clock = 0;
+  FakeExecutor exec(&clock, CostModel{});
+  KVCache kv({1, 1, 16, 10, true});
+  EngineCore core(kv, exec, SchedulerConfig{}, CostModel{}, 64, {}, [&] { return clock; });
+  EngineRequest r;
+  r.prompt = make_prompt(64, 1);  // the whole context: nothing is generated after it
+  r.pooling = Pooling::Mean;
+  r.max_tokens = 0;
+  EXPECT_NO_THROW(core.validate(r));
+  for (int what = 0; what < 3; ++what) {
+    EngineRequest b = r;
+    if (what == 0) b.logprobs = 1;
+    if (what == 1) b.prompt_logprobs = 0;
+    if (what == 2) b.forks.push_back({});
+    EXPECT_THROW(core.validate(b), Error) << what;
+  }
+  r.prompt = make_prompt(65, 1);
+  EXPECT_THROW(core.validate(r), Error);
+  MarkovExecutor markov;  // computes no hidden rows
+  EngineCore other(kv, markov, SchedulerConfig{}, CostModel{}, 64, {}, [&] { return clock; });
+  r.prompt = {1, 2, 3};
+  try {
+    other.validate(r);
+    ADD_FAILURE() << "an embedding on an executor without hidden rows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no embeddings"), std::string::npos) << e.what();
+  }
+  r.pooling = Pooling::None;
+  r.max_tokens = 1;
+  EXPECT_NO_THROW(other.validate(r));
+}
+
 TEST(EngineCore, ReportsLogprobsOfTheModelDistribution) {
   double clock = 0;
   CostModel cost;
@@ -1548,7 +1717,7 @@ TEST(EngineCore, ReportsLogprobsOfTheModelDistribution) {
 class PaddedExecutor : public StepExecutor {
  public:
   static constexpr int32_t kRow = 12, kTokens = 8;
-  void forward(const Batch& b, KVCache& kv, float* logits) override {
+  void forward(const Batch& b, KVCache& kv, float* logits, float*) override {
     size_t row = 0;
     for (int64_t i = 0; i < b.size(); ++i) {
       const size_t e = size_t(i);

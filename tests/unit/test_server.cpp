@@ -507,6 +507,103 @@ TEST(ServerParse, StructuredOutputBecomesAGrammar) {
                "response_format", "not both");
 }
 
+TEST(ServerEmbeddings, ParseInputsAndOptions) {
+  const ModelInfo m{"stories260K", 512, 512, {}, 64};
+  auto parse = [&](const json& j) { return parse_embeddings_request(j.dump(), m); };
+  ParsedRequest r = parse({{"input", "hello"}, {"model", "stories260K"}});
+  EXPECT_TRUE(r.embed);
+  EXPECT_EQ(r.kind, Endpoint::Embeddings);
+  EXPECT_EQ(r.prompt_kind, PromptKind::Text);
+  EXPECT_EQ(r.prompt_text, "hello");
+  EXPECT_FALSE(r.base64);
+  EXPECT_EQ(r.embd_normalize, 2);
+  EXPECT_EQ(r.model, "stories260K");
+  EXPECT_EQ(parse({{"input", "x"}}).model, "stories260K");  // model optional
+  r = parse({{"input", {"a", "b", "c"}}, {"encoding_format", "base64"}, {"dimensions", 64}, {"user", "u"}});
+  EXPECT_EQ(r.prompt_text, "a");
+  EXPECT_EQ(r.more_texts, (std::vector<std::string>{"b", "c"}));
+  EXPECT_TRUE(r.base64);
+  r = parse({{"input", {1, 2, 3}}, {"normalize", false}, {"add_special_tokens", false}, {"truncate_prompt_tokens", 2}});
+  EXPECT_EQ(r.prompt_kind, PromptKind::Tokens);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.embd_normalize, -1);
+  EXPECT_FALSE(r.add_bos);
+  EXPECT_EQ(r.truncate_prompt_tokens, 2);
+  r = parse({{"input", {{1, 2}, {3}}}, {"embd_normalize", 1}, {"frobnicate", 1}});
+  EXPECT_EQ(r.more_tokens, (std::vector<std::vector<int32_t>>{{3}}));
+  EXPECT_EQ(r.embd_normalize, 1);
+  EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
+  json many = json::array();
+  for (int i = 0; i < kMaxEmbeddingInputs; ++i) many.push_back("x");
+  EXPECT_EQ(parse({{"input", many}}).more_texts.size(), size_t(kMaxEmbeddingInputs - 1));
+  many.push_back("x");
+  const std::vector<std::pair<json, std::string>> bad_ones = {
+      {{{"model", "stories260K"}}, "input"},
+      {{{"input", 5}}, "input"},
+      {{{"input", json::array()}}, "input"},
+      {{{"input", {"a", 1}}}, "input"},
+      {{{"input", {1, 99999}}}, "input"},
+      {{{"input", many}}, "input"},
+      {{{"input", "x"}, {"encoding_format", "int8"}}, "encoding_format"},
+      {{{"input", "x"}, {"dimensions", 32}}, "dimensions"},
+      {{{"input", "x"}, {"embd_normalize", -2}}, "embd_normalize"},
+      {{{"input", "x"}, {"truncate_prompt_tokens", 0}}, "truncate_prompt_tokens"},
+  };
+  for (const auto& [j, param] : bad_ones) {
+    try {
+      parse(j);
+      ADD_FAILURE() << "accepted: " << j.dump();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << j.dump();
+      EXPECT_EQ(e.param, param) << j.dump() << ": " << e.what();
+    }
+  }
+  try {
+    parse({{"input", "x"}, {"model", "other"}});
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 404);
+  }
+}
+
+TEST(ServerEmbeddings, NormsAndEncoding) {
+  std::vector<float> v = {3, -4, 0};
+  normalize_embedding(v, 2);
+  EXPECT_EQ(v, (std::vector<float>{0.6f, -0.8f, 0.0f}));
+  v = {3, -4, 0};
+  normalize_embedding(v, 1);  // taxicab
+  EXPECT_FLOAT_EQ(v[0], 3.0f / 7);
+  EXPECT_FLOAT_EQ(v[1], -4.0f / 7);
+  v = {3, -4, 0};
+  normalize_embedding(v, 0);  // the largest magnitude to 32760
+  EXPECT_FLOAT_EQ(v[1], -32760.0f);
+  EXPECT_FLOAT_EQ(v[0], 3.0f * 32760 / 4);
+  v = {3, -4, 0};
+  normalize_embedding(v, 3);
+  const double p3 = std::cbrt(27.0 + 64.0);
+  EXPECT_FLOAT_EQ(v[0], float(3 / p3));
+  v = {3, -4, 0};
+  normalize_embedding(v, -1);
+  EXPECT_EQ(v, (std::vector<float>{3, -4, 0}));
+  v = {0, 0};
+  normalize_embedding(v, 2);  // a zero vector stays zero (no NaN)
+  EXPECT_EQ(v, (std::vector<float>{0, 0}));
+  // base64 of little-endian float32s, checked against the bytes decoded by hand: 1.0f = 00 00 80 3F.
+  EXPECT_EQ(base64_floats({1.0f}), "AACAPw==");
+  EXPECT_EQ(base64_floats({1.0f, -2.0f}), "AACAPwAAAMA=");  // -2.0f = 00 00 00 C0
+  EXPECT_EQ(base64_floats({1.0f, -2.0f, 0.5f}), "AACAPwAAAMAAAAA/");  // 0.5f = 00 00 00 3F
+  EXPECT_EQ(base64_floats({}), "");
+  const json body = embeddings_response("m", {{1.0f, 2.0f}, {3.0f, 4.0f}}, false, 7);
+  EXPECT_EQ(body["object"], "list");
+  EXPECT_EQ(body["model"], "m");
+  ASSERT_EQ(body["data"].size(), 2u);
+  EXPECT_EQ(body["data"][1]["object"], "embedding");
+  EXPECT_EQ(body["data"][1]["index"], 1);
+  EXPECT_EQ(body["data"][1]["embedding"], json({3.0, 4.0}));
+  EXPECT_EQ(body["usage"], json({{"prompt_tokens", 7}, {"total_tokens", 7}}));
+  EXPECT_EQ(embeddings_response("m", {{1.0f}}, true, 1)["data"][0]["embedding"], "AACAPw==");
+}
+
 TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
   const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather"}},{"type":"function","function":{"name":"f"}}])");
   const auto one = [&](ToolChoice c, const std::string& text) { return extract_tool_calls(c, "get_weather", tools, text); };

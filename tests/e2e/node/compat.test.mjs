@@ -1,7 +1,7 @@
 // What ordinary client requests need beyond plain chat, through the official openai client on
 // stories260K: every OpenAI field accepted, structured output (json_schema) and tool calls by
 // constrained decoding (plain and streamed, with the tool result sent back), the Responses API
-// (plain and streamed), GET /v1/models/{id}, --api-key, CORS and X-Request-Id.
+// (plain and streamed), embeddings, GET /v1/models/{id}, --api-key, CORS and X-Request-Id.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
@@ -170,6 +170,39 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     }
     assert.deepEqual(done.tools, rtools);
     assert.equal(done.output.find((o) => o.type === 'function_call').arguments, args);
+  });
+
+  test('embeddings: the base64 and float forms agree; unit norm; one vector per input, in order', async () => {
+    const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+    const input = ['Once upon a time', 'There was a little cat', 'Once upon a time'];
+    const r = await client.embeddings.create({ model: MODEL_ID, input });  // (the client asks base64 and decodes it)
+    assert.equal(r.object, 'list');
+    assert.equal(r.data.length, 3);
+    const dim = r.data[0].embedding.length;
+    assert.ok(dim > 0);
+    for (const [i, d] of r.data.entries()) {
+      assert.equal(d.index, i);
+      assert.equal(d.embedding.length, dim);
+      assert.ok(Math.abs(norm(d.embedding) - 1) < 1e-5, `norm ${norm(d.embedding)}`);
+    }
+    assert.deepEqual(r.data[2].embedding, r.data[0].embedding);  // the same text, the same vector
+    assert.notDeepEqual(r.data[1].embedding, r.data[0].embedding);
+    assert.ok(r.usage.prompt_tokens > 0);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens);
+    const f = await client.embeddings.create({ model: MODEL_ID, input: input[1], encoding_format: 'float', dimensions: dim });
+    assert.deepEqual(f.data[0].embedding, Array.from(new Float32Array(r.data[1].embedding)));
+    // vLLM's normalize: false gives the raw pooled state; the same direction.
+    const raw = await postJson(server.url, '/v1/embeddings', { input: input[1], normalize: false },
+                               { authorization: `Bearer ${KEY}` });
+    assert.equal(raw.status, 200, raw.text);
+    const v = raw.json.data[0].embedding, n = norm(v);
+    assert.ok(Math.abs(n - 1) > 1e-3, `raw norm ${n}`);
+    v.forEach((x, i) => assert.ok(Math.abs(x / n - f.data[0].embedding[i]) < 1e-5));
+    await assert.rejects(client.embeddings.create({ model: MODEL_ID, input: 'x', dimensions: dim + 1 }),
+                         (e) => e.status === 400 && e.param === 'dimensions');
+    await assert.rejects(client.embeddings.create({ model: MODEL_ID, input: 'x '.repeat(5000) }),
+                         (e) => e.status === 400 && e.param === 'input');
+    await assert.rejects(client.embeddings.create({ model: 'other', input: 'x' }), (e) => e.status === 404);
   });
 
   test('GET /v1/models/{id}; an unknown model is 404', async () => {

@@ -1,6 +1,7 @@
 // LangChain JS (`@langchain/openai` ChatOpenAI) against `firsttoken serve` on stories260K: chat,
 // streaming, withStructuredOutput (json_schema and function calling) parsed by its zod schema, a
-// tool round trip (forced call, ToolMessage, answer; plain and streamed) and the Responses API.
+// tool round trip (forced call, ToolMessage, answer; plain and streamed), the Responses API and
+// OpenAIEmbeddings.
 // The model is tiny and random: structure is forced by the server's constrained decoding, and
 // the tests check well-formedness, not content. No network: LangChain's token counting (a
 // tokenizer table fetched from the web) is never reached, and refuseNetwork() proves it.
@@ -14,14 +15,14 @@ process.env.LANGSMITH_TRACING = 'false';  // no tracing to a LangSmith server
 process.env.LANGCHAIN_TRACING_V2 = 'false';
 
 describe('LangChain JS (stories260K)', { skip }, () => {
-  let server, refused, ChatOpenAI, HumanMessage, tool, z;
+  let server, refused, ChatOpenAI, OpenAIEmbeddings, HumanMessage, tool, z;
   const chat = (fields = {}) =>
     new ChatOpenAI({ model: MODEL_ID, apiKey: 'unused', configuration: { baseURL: `${server.url}/v1` },
                      temperature: 0, maxRetries: 0, timeout: 120_000, ...fields });
 
   before(async () => {
     refused = refuseNetwork();
-    ({ ChatOpenAI } = await import('@langchain/openai'));
+    ({ ChatOpenAI, OpenAIEmbeddings } = await import('@langchain/openai'));
     ({ HumanMessage } = await import('@langchain/core/messages'));
     ({ tool } = await import('@langchain/core/tools'));
     ({ z } = await import('zod'));
@@ -37,6 +38,15 @@ describe('LangChain JS (stories260K)', { skip }, () => {
   const pet = () => z.object({ name: z.string().max(12), age: z.number().int(), kind: z.enum(['cat', 'dog']) });
   const weather = () => tool(async ({ city }) => JSON.stringify({ city, temp: 21 }), {
     name: 'get_weather', description: 'Weather in a city', schema: z.object({ city: z.string().max(16) }),
+  });
+
+  test('OpenAIEmbeddings: embedDocuments and embedQuery, one unit vector per text', async () => {
+    const emb = new OpenAIEmbeddings({ model: MODEL_ID, apiKey: 'unused', configuration: { baseURL: `${server.url}/v1` },
+                                       maxRetries: 0, batchSize: 2 });
+    const docs = await emb.embedDocuments(['Once upon a time', 'a cat', 'a dog']);  // two requests of 2 and 1
+    assert.equal(docs.length, 3);
+    for (const d of docs) assert.ok(Math.abs(Math.hypot(...d) - 1) < 1e-5);
+    assert.deepEqual(await emb.embedQuery('a dog'), docs[2]);
   });
 
   test('invoke and stream: text and usage', async () => {
