@@ -20,6 +20,7 @@
 #include "model/synthetic.h"
 #include "profile/trace.h"
 #include "server/config.h"
+#include "server/generation.h"
 #include "server/server.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -187,17 +188,19 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   served.reasoning = cfg.reasoning_format == "deepseek" ||
                      (cfg.reasoning_format == "auto" && served.chat.is_jinja() && template_source.find("think>") != std::string::npos);
   if (served.reasoning) {
+    bool opens = false;  // (for the log: each request's own prompt decides)
     try {
-      std::string probe = served.chat.render({{"user", "x"}}, nullptr, true);
-      while (!probe.empty() && std::isspace(static_cast<unsigned char>(probe.back()))) probe.pop_back();
-      served.reasoning_open = probe.ends_with("<think>");
+      opens = server::ends_in_reasoning(served.chat.render({{"user", "x"}}, nullptr, true));
     } catch (const Error&) {
     }
     spdlog::info("reasoning: text before </think> goes to reasoning_content{}",
-                 served.reasoning_open ? " (the template opens <think> for the model)" : "");
+                 opens ? " (the template opens <think> for the model)" : "");
   }
 
   served.pooling = server::resolve_pooling(cfg.pooling, *model);
+  if (served.pooling == Pooling::Cls && tok.add_bos_default())
+    spdlog::warn("embeddings pool the first position (cls) of a causal model whose prompts start with BOS: every "
+                 "input gets the same vector (--pooling last or mean)");
 
   if (!a.profile.empty()) profile::start(a.profile);  // before the engine: its backend gets wrapped
   EngineConfig ecfg = server::to_engine_config(cfg);

@@ -490,6 +490,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     s.admit_order = r.admit_order;
     s.adapter = r.adapter ? r.adapter->uid() : 0;
     s.n_forks = int32_t(r.forks.size());
+    s.first_tokens = first_tokens(r);
     if (r.speculate && s.decoding()) {
       Req& m = reqs_.at(id);
       const int32_t k = spec_k(m);
@@ -543,7 +544,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   }
   for (uint64_t id : plan.admit) {
     Req& r = reqs_.at(id);
-    reserve(r, int64_t(r.tokens.size()) + (r.pooling == Pooling::None), "admission");  // (+ a first token's)
+    reserve(r, int64_t(r.tokens.size()) + first_tokens(r), "admission");
     r.admitted = true;
     r.admit_order = ++admit_counter_;
   }
@@ -620,7 +621,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     for (int64_t i = 0; r.pooling != Pooling::None && i < len; ++i) {
       // An embedding's rows: those it pools, and always its last position (whose row ends it).
       const int64_t pos = r.n_computed + i;
-      const bool take = r.pooling == Pooling::Mean || pos == n - 1 || (r.pooling == Pooling::Cls && pos == 0);
+      const bool take = pools(r, pos) || pos == n - 1;
       batch.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, take ? kOutHidden : kOutNone, r.adapter.get());
       if (!take) continue;
       if (f.hidden_rows.empty() || f.hidden_rows.back().r != &r || f.hidden_rows.back().pos + f.hidden_rows.back().n != pos)
@@ -785,7 +786,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
     if (r.pool.empty()) r.pool.assign(E, 0.0);
     for (int64_t k = 0; k < h.n; ++k) {
       const int64_t pos = h.pos + k;
-      if (r.pooling == Pooling::Last ? pos != r.n_prompt - 1 : r.pooling == Pooling::Cls && pos != 0) continue;
+      if (!pools(r, pos)) continue;
       const float* row = f.hidden.data() + (h.first + size_t(k)) * E;
       for (size_t d = 0; d < E; ++d) r.pool[d] += double(row[d]);
       ++r.pooled;

@@ -316,7 +316,7 @@ class EngineCore {
     std::vector<double> pool;  // an embedding's sum of the hidden rows it pools so far (empty: none yet)
     int64_t pooled = 0;        // ... and their count
     bool admitted = false;
-    bool in_flight = false;  // its logits rows are in a step in flight
+    bool in_flight = false;  // its output rows (logits, hidden) are in a step in flight
     uint64_t admit_order = 0;
     double deadline_ms = 0;
     int32_t priority = 0;
@@ -359,6 +359,13 @@ class EngineCore {
   static bool computes_whole_prompt(const Req& r) {
     return scoring_prompt(r) || r.pooling == Pooling::Mean || r.pooling == Pooling::Cls;
   }
+  // Positions admission reserves past the prompt (SchedRequest::first_tokens).
+  static int32_t first_tokens(const Req& r) { return r.pooling == Pooling::None ? 1 : 0; }
+  // Whether an embedding pools the hidden state of prompt position pos.
+  static bool pools(const Req& r, int64_t pos) {
+    return r.pooling == Pooling::Mean || (r.pooling == Pooling::Cls && pos == 0) ||
+           (r.pooling == Pooling::Last && pos == r.n_prompt - 1);
+  }
   // Whether it is decoding: one token pending after its first (SchedRequest::decoding).
   static bool decoding(const Req& r) {
     return r.admitted && r.n_generated > 0 && int64_t(r.tokens.size()) - r.n_computed == 1;
@@ -392,8 +399,9 @@ class EngineCore {
     size_t first;
     int32_t n;
   };
-  // Rows of prompt positions being scored (prompt_logprobs): the request, its first row, the
-  // position of that row, how many.
+  // Rows of consecutive prompt positions: being scored (prompt_logprobs; first: a logits row) or
+  // pooled (an embedding's; first: a hidden row). The request, its first row, the position of
+  // that row, how many.
   struct PromptRows {
     Req* r;
     size_t first;

@@ -256,7 +256,7 @@ StepPlan plan_step(const SchedulerInput& in) {
       if (n_running >= cfg.max_num_seqs || !adapter_admits(r)) return 0;
       // Admission attaches the cached prefix and reserves the rest of the sequence plus the first
       // generated token. A preemption this step may have made hit blocks idle: count them all.
-      const int64_t need = blocks(r->n_tokens + 1, cfg.block_size) - r->hit_blocks +
+      const int64_t need = blocks(r->n_tokens + r->first_tokens, cfg.block_size) - r->hit_blocks +
                            (plan.preempt.empty() ? r->hit_idle_blocks : r->hit_blocks);
       if (need > free_blocks) return 0;
       free_blocks -= need + std::min<int64_t>(r->n_forks, free_blocks - need);  // its forks' blocks, when free

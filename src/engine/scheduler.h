@@ -139,6 +139,9 @@ struct SchedRequest {
   // decode's). Admission and the step that ends its prefill keep those slots and blocks free when
   // they can (never a reason to wait: a fork without room recomputes instead).
   int32_t n_forks = 0;
+  // Positions admission reserves past the prompt: a first generated token's (0: an embedding,
+  // which generates none).
+  int32_t first_tokens = 1;
   int64_t pending() const { return n_tokens - n_computed; }
   bool decoding() const { return admitted && n_generated > 0 && pending() == 1; }
 };

@@ -527,7 +527,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     r.ttft_slo_ms = get_number(j, "ttft_slo_ms", 0, 1e9);
     if (r.ttft_slo_ms <= 0) bad("ttft_slo_ms", "'ttft_slo_ms' must be > 0");
   }
-  if (j.contains("priority")) r.priority = int32_t(get_int(j, "priority", -(1 << 30), 1 << 30));
+  if (j.contains("priority")) r.priority = int32_t(get_int(j, "priority", -kPriorityBound, kPriorityBound));
   if (j.contains("min_tokens")) r.min_tokens = get_int(j, "min_tokens", 0, model.n_ctx);
   if (j.contains("stop_token_ids")) {
     if (!j["stop_token_ids"].is_array()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
@@ -868,7 +868,7 @@ ParsedRequest parse_embeddings_request(std::string_view body, const ModelInfo& m
   if (j.contains("normalize")) r.embd_normalize = get_bool(j, "normalize") ? 2 : -1;  // vLLM's
   if (j.contains("embd_normalize")) r.embd_normalize = int32_t(get_int(j, "embd_normalize", -1, 64));  // llama.cpp's
   parse_truncate(j, model, r);
-  if (j.contains("priority")) r.priority = int32_t(get_int(j, "priority", INT32_MIN, INT32_MAX));
+  if (j.contains("priority")) r.priority = int32_t(get_int(j, "priority", -kPriorityBound, kPriorityBound));
   if (j.contains("cache_salt")) {
     r.cache_salt = get_string(j, "cache_salt", "cache_salt");
     if (r.cache_salt.empty()) bad("cache_salt", "'cache_salt' must be a non-empty string");
@@ -914,13 +914,31 @@ std::string base64_floats(const std::vector<float>& v) {
   return out;
 }
 
+namespace {
+// f as the double nearest its shortest decimal form, which JSON prints in that form: a float
+// widened as it is prints up to 17 digits, twice the bytes. (Read back as a float, the same f.)
+double shortest(float f) {
+  char buf[48];
+  const auto end = std::to_chars(buf, buf + sizeof buf, f).ptr;
+  double d = f;
+  std::from_chars(buf, end, d);
+  return d;
+}
+}  // namespace
+
 json embeddings_response(const std::string& model, const std::vector<std::vector<float>>& vectors, bool base64,
                          int64_t prompt_tokens) {
   json data = json::array();
-  for (size_t i = 0; i < vectors.size(); ++i)
-    data.push_back({{"object", "embedding"},
-                    {"index", i},
-                    {"embedding", base64 ? json(base64_floats(vectors[i])) : json(vectors[i])}});
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    json e;
+    if (base64) {
+      e = base64_floats(vectors[i]);
+    } else {
+      e = json::array();
+      for (float x : vectors[i]) e.push_back(shortest(x));
+    }
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(e)}});
+  }
   return {{"object", "list"},
           {"data", std::move(data)},
           {"model", model},
@@ -1011,6 +1029,12 @@ json completion_choice(Endpoint kind, int32_t index, const std::string& text, co
     return {{"index", index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   }
   return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
+}
+
+json stop_reason_json(const Finish& f) {
+  if (!f.stop_word.empty()) return f.stop_word;
+  if (f.stop_token >= 0) return f.stop_token;
+  return nullptr;
 }
 
 json completion_response(const ResponseMeta& m, json choices, const Usage& u) {

@@ -34,6 +34,7 @@ inline constexpr int64_t kCompletionsMaxTokens = 16;  // OpenAI's default for /v
 // A batched completions request: at most this many choices in all (prompts x max(n, best_of)).
 inline constexpr int64_t kMaxBatchChoices = 256;
 inline constexpr int64_t kMaxEmbeddingInputs = 2048;  // an embeddings request's inputs (OpenAI's limit)
+inline constexpr int64_t kPriorityBound = int64_t(1) << 30;  // vLLM's priority field: within +-this
 
 // A validated /v1/completions or /v1/chat/completions request: the generation (OpenAI's
 // sampling defaults; max_tokens absent: completions 16 cut to the context, chat the rest of the
@@ -183,6 +184,9 @@ nlohmann::json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& tok
 // tool_calls_json): the message's calls, its content null when text is empty.
 nlohmann::json completion_choice(Endpoint kind, int32_t index, const std::string& text, const std::string& finish_reason,
                                  const nlohmann::json& logprobs = nullptr, const nlohmann::json& tool_calls = nullptr);
+// vLLM's stop_reason of a finished choice: the stop string or stop_token_ids entry that ended it,
+// else null (an end-of-generation token, a length limit).
+nlohmann::json stop_reason_json(const Finish& f);
 // Non-streaming body of these choices (completion_choice's, in index order).
 nlohmann::json completion_response(const ResponseMeta& m, nlohmann::json choices, const Usage& u);
 // ... of one choice (index 0).

@@ -38,7 +38,7 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
     case PromptKind::Text:  // "" is a document's start (OpenAI's): BOS alone, where the vocabulary adds one
       break;
     case PromptKind::Tokens:
-      if (r.prompt_tokens.empty()) bad(param, "'prompt' is empty");
+      if (r.prompt_tokens.empty()) bad(param, cat("'", param, "' is empty"));
       for (const int32_t t : r.prompt_tokens) check_token_id(t, n_vocab, param);
       break;
     case PromptKind::Chat:
@@ -298,7 +298,13 @@ ApiError submit_error(const Error& e) {
 
 }  // namespace
 
-std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req) {
+bool ends_in_reasoning(std::string_view rendered) {
+  while (!rendered.empty() && std::isspace(static_cast<unsigned char>(rendered.back()))) rendered.remove_suffix(1);
+  return rendered.ends_with("<think>");
+}
+
+std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req,
+                                   std::string* rendered) {
   std::vector<int32_t> prompt;
   if (!req.suffix.empty() && req.prompt_kind != PromptKind::Chat) {  // fill in the middle
     if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
@@ -322,9 +328,12 @@ std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer
   }
   try {
     switch (req.prompt_kind) {
-      case PromptKind::Chat:
-        prompt = tok.encode(render_chat(ctx.chat, req), /*add_bos=*/false, /*parse_special=*/true);
+      case PromptKind::Chat: {
+        const std::string text = render_chat(ctx.chat, req);
+        prompt = tok.encode(text, /*add_bos=*/false, /*parse_special=*/true);
+        if (rendered) *rendered = text;
         break;
+      }
       case PromptKind::Tokens:
         prompt = req.prompt_tokens;
         break;
@@ -359,13 +368,15 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   validate(req, ctx.n_vocab);
   const auto t0 = Clock::now();
   const int64_t p_tok0 = profile::enabled() ? profile::now_ns() : 0;
-  std::vector<int32_t> prompt = prompt_tokens(ctx, tok, req);
+  std::string rendered;
+  std::vector<int32_t> prompt = prompt_tokens(ctx, tok, req, &rendered);
   const double tokenize_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const int64_t p_tok1 = profile::enabled() ? profile::now_ns() : 0;
 
   auto gen = std::make_shared<Generation>(ctx, std::move(req), std::move(sink));
   GenerationRequest& r = gen->req_;
   gen->n_prompt_ = int64_t(prompt.size());
+  gen->opens_reasoning_ = ends_in_reasoning(rendered);
   if (r.embed && gen->n_prompt_ > ctx.n_ctx)
     bad(prompt_param(r), cat("This model's maximum context length is ", ctx.n_ctx, " tokens; the input has ",
                              gen->n_prompt_, " tokens"));
@@ -379,12 +390,12 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
     }
   }
 
-  if (ctx.waiting && ctx.waiting->fetch_add(1) >= ctx.max_queue) {
+  if (gen->req_.queue_slot && ctx.waiting && ctx.waiting->fetch_add(1) >= ctx.max_queue) {
     ctx.waiting->fetch_sub(1);
     throw ApiError(429, cat("too many requests are waiting (limit ", ctx.max_queue, "); retry later"), "",
                    "rate_limit_error", "queue_full");
   }
-  gen->admitted_ = true;  // (given back by the destructor if it is never submitted)
+  gen->admitted_ = gen->req_.queue_slot;  // (given back by the destructor if it is never submitted)
   EngineRequest& er = gen->proto_;
   if (!r.adapter.empty() && !(er.adapter = ctx.engine.find_adapter(r.adapter))) {
     throw ApiError(404, cat("The LoRA adapter '", r.adapter, "' is not loaded"), "model", "invalid_request_error",
@@ -500,7 +511,7 @@ void Generation::handle(const Event& e) {
   if (ctx_.emit_span) sc.emplace(ctx_.emit_span, "http");
   if (!left_queue_) {
     left_queue_ = true;
-    if (ctx_.waiting) ctx_.waiting->fetch_sub(1);
+    if (admitted_ && ctx_.waiting) ctx_.waiting->fetch_sub(1);
   }
   const int32_t i = e.index;
   Choice& c = choices_[size_t(i)];
@@ -526,6 +537,7 @@ void Generation::handle(const Event& e) {
     if (std::find(req_.stop_token_ids.begin(), req_.stop_token_ids.end(), e.token) != req_.stop_token_ids.end()) {
       ctx_.engine.cancel(c.engine_id);  // a stop token: not output, like an end-of-generation one
       c.finish = "stop";
+      c.stop_token = e.token;
       Output o = output(i);
       o.text = c.stop.push(c.dec.flush());
       if (!c.stop.stopped()) o.text += c.stop.flush();
@@ -584,7 +596,7 @@ void Generation::finish(int32_t i, Output&& last, const RequestTimings* t) {
     return all ? deliver_best() : void();
   }
   if (all) responded_ = true;
-  sink_->on_finish(std::move(last), Finish{i, all, c.finish, usage(), t, std::string(c.stop.matched())});
+  sink_->on_finish(std::move(last), Finish{i, all, c.finish, usage(), t, std::string(c.stop.matched()), c.stop_token});
 }
 
 void Generation::deliver_best() {
@@ -603,7 +615,7 @@ void Generation::deliver_best() {
     Output last = std::move(c.held.back());
     c.held.pop_back();
     for (Output& o : c.held) sink_->on_output(std::move(o));
-    sink_->on_finish(std::move(last), Finish{k, k + 1 == req_.n, c.finish, u, c.timings.get(), std::string(c.stop.matched())});
+    sink_->on_finish(std::move(last), Finish{k, k + 1 == req_.n, c.finish, u, c.timings.get(), std::string(c.stop.matched()), c.stop_token});
   }
 }
 

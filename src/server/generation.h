@@ -150,6 +150,10 @@ struct GenerationRequest {
   // An embedding, not a generation: the prompt's hidden states pooled as GenerationContext::pooling
   // says (Output::embedding at the finish); nothing is sampled, so the prompt may fill the context.
   bool embed = false;
+  // Counts against the server's max_queue (admission). False: an embeddings request's input after
+  // its first, which counts for the whole request (up to kMaxEmbeddingInputs inputs, more than a
+  // queue may hold).
+  bool queue_slot = true;
 };
 
 // id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).
@@ -201,6 +205,7 @@ struct Finish {
   Usage usage;                              // the request's so far: the prompt once, every choice's tokens
   const RequestTimings* timings = nullptr;  // null when a stop string ends it before the engine does
   std::string stop_word;                    // the stop string that ended it ("" when none did)
+  int32_t stop_token = -1;                  // the stop_token_ids entry that ended it (-1 when none did)
 };
 
 class GenerationSink {
@@ -233,10 +238,15 @@ struct GenerationContext {
   const char* emit_span = nullptr;          // profiler span around each event's handling; null: none
 };
 
-// The request's prompt as token ids, as a generation would run it: a chat rendered with ctx.chat,
-// text tokenized (BOS by add_bos), truncate_prompt_tokens applied. Throws ApiError (400) naming
-// the prompt's param.
-std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req);
+// The request's prompt as token ids, as a generation would run it: a chat rendered with ctx.chat
+// (the text into *rendered when given), text tokenized (BOS by add_bos), truncate_prompt_tokens
+// applied. Throws ApiError (400) naming the prompt's param.
+std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req,
+                                   std::string* rendered = nullptr);
+// Whether a rendered chat prompt ends inside a reasoning block: its last non-space text is
+// "<think>" (DeepSeek R1's templates, and templates that open it on request, e.g. by
+// chat_template_kwargs), so the model's output starts as reasoning.
+bool ends_in_reasoning(std::string_view rendered);
 
 using Post = std::function<void(std::function<void()>)>;
 
@@ -282,6 +292,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     return req_.prompt_logprobs < 0 ? 0 : int64_t(n_candidates()) * n_prompt_ * (req_.prompt_logprobs + 1);
   }
   bool responded() const { return responded_; }
+  // A chat whose rendered prompt ends_in_reasoning.
+  bool opens_reasoning() const { return opens_reasoning_; }
 
   // For start() (make_shared); ctx must outlive the generation.
   Generation(const GenerationContext& ctx, GenerationRequest req, std::shared_ptr<GenerationSink> sink);
@@ -300,6 +312,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     double logprob_sum = 0;     // of its sampled tokens (best_of's ranking)
     std::string finish;  // "stop" | "length" once decided
     int32_t end_token = -1;     // with return_token_ids: the end-of-generation token that ended it
+    int32_t stop_token = -1;    // the stop_token_ids entry that ended it
     // best_of: its outputs, held until every candidate has finished.
     std::vector<Output> held;
     std::shared_ptr<RequestTimings> timings;
@@ -336,6 +349,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int64_t n_prompt_ = 0;
   int32_t n_done_ = 0;
   bool first_token_ = false;  // choice 0 has had a token
+  bool opens_reasoning_ = false;
   bool admitted_ = false;  // counted in ctx_.waiting (left_queue_: no longer)
   bool left_queue_ = false, responded_ = false, client_gone_ = false, shutdown_cancel_ = false;
   int64_t p_tok0_ = 0, p_tok1_ = 0;  // profiler clock around tokenizing (0: not profiling)

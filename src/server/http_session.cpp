@@ -1,5 +1,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cmath>
 #include <chrono>
 #include <ctime>
 #include <deque>
@@ -295,12 +296,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
           choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()), prompt_logprobs_(usage_.size()),
           prompt_ids_(usage_.size()) {
-      // (A grammar constrains the output from its first token: reasoning only where it writes
-      // "<think>" itself, never open from the start.)
       if (meta_.kind == Endpoint::Chat && s.srv_.model.reasoning)
-        for (Choice& c : choices_)
-          c.think.emplace(s.srv_.model.reasoning_open && pr.add_generation_prompt && !pr.continue_final_message &&
-                          pr.grammar.empty());
+        for (Choice& c : choices_) c.think.emplace(false);  // (open_reasoning: whether it starts open)
+      grammar_ = !pr.grammar.empty();
       if (pr.echo) {  // each prompt as the client gave it
         const Tokenizer& tok = *s.srv_.model.tokenizer;
         echo_.push_back(pr.prompt_kind == PromptKind::Text ? pr.prompt_text : tok.decode(pr.prompt_tokens));
@@ -358,6 +356,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       if (stream_) {
         json chunk = stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index);
+        chunk["choices"][0]["stop_reason"] = stop_reason_json(f);
         take_ids(c, prompt, chunk);
         std::string sse = sse_event(chunk);
         if (!f.last) return s_.enqueue(http_chunk(sse), false);
@@ -367,6 +366,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       done_[size_t(f.index)] =
           completion_choice(meta_.kind, f.index, c.text, reason, logprobs_ ? logprobs_json(meta_.kind, c.lp) : json(nullptr), calls);
+      done_[size_t(f.index)]["stop_reason"] = stop_reason_json(f);
       if (c.think && c.think->reasoned()) done_[size_t(f.index)]["message"]["reasoning_content"] = c.reasoning;
       // vLLM's prompt_logprobs and return_token_ids: completions' per choice, chat's prompt once
       // for the response.
@@ -391,6 +391,13 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!stream_) return s_.send_error(e);
       // The headers are out: an SSE error event, which OpenAI clients raise as APIError.
       s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n" + std::string(kSseDone)) + http_chunk(""), true);
+    }
+    // Whether the output starts inside the reasoning (Generation::opens_reasoning: the rendered
+    // prompt ends with "<think>"), before any output. Under a grammar never: it constrains the
+    // output from its first token, so reasoning only where the output writes "<think>" itself.
+    void open_reasoning(bool open) {
+      for (Choice& c : choices_)
+        if (c.think) c.think.emplace(open && !grammar_);
     }
     // The SSE head, and chat's first chunk per choice (the role, empty content), before any
     // token. Streamed tool calls: required/auto text is held back (auto: while it may be a call); a
@@ -564,6 +571,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     json tools_;
     std::vector<std::string> echo_;  // echo: each prompt's text (none: no echo)
     bool echo_only_;                 // echo with max_tokens 0: the generated token is dropped
+    bool grammar_ = false;           // a grammar constrains the output
     int32_t echo_alternatives_;      // echo: alternatives per prompt token (the request's logprobs)
     int32_t report_prompt_logprobs_; // vLLM's prompt_logprobs (-1: off)
     bool tokens_as_ids_;             // vLLM's return_tokens_as_token_ids
@@ -599,6 +607,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           vectors_(1 + pr.more_texts.size() + pr.more_tokens.size()), left_(vectors_.size()) {}
     void on_finish(int32_t input, Output&& last, const Finish& f) {
       if (failed_) return;
+      for (float x : last.embedding)
+        if (!std::isfinite(x))
+          return on_error(ApiError(500, cat("the embedding of input ", input, " is not finite (the model's hidden state overflowed)"),
+                                   "", "server_error", kGenerationFailed));
       normalize_embedding(last.embedding, norm_);
       vectors_[size_t(input)] = std::move(last.embedding);
       prompt_tokens_ += f.usage.prompt_tokens;
@@ -841,6 +853,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
             else g.prompt_text = pr.more_texts[i - 1];
           }
           if (k > 1) g.name += cat("[", i, "]");
+          g.queue_slot = !embeddings || i == 0;
           std::shared_ptr<GenerationSink> sink;
           if (embeddings) sink = std::make_shared<InputSink>(embeddings, int32_t(i));
           else sink = std::make_shared<PromptSink>(reply, int32_t(i));
@@ -861,7 +874,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         gens_.clear();  // (the unsubmitted give their admission back)
         throw;
       }
-      if (reply) reply->start();
+      if (reply) {
+        reply->open_reasoning(gens_.front()->opens_reasoning());  // (chat: one prompt)
+        reply->start();
+      }
     }
     start_watch();
   }

@@ -43,9 +43,8 @@ void enable_fast_open(tcp::acceptor& a) {
 }  // namespace
 
 Pooling resolve_pooling(const std::string& setting, const Model& model) {
-  if (setting == "mean") return Pooling::Mean;
-  if (setting == "cls") return Pooling::Cls;
-  if (setting == "last") return Pooling::Last;
+  for (Pooling p : {Pooling::Mean, Pooling::Cls, Pooling::Last})
+    if (setting == pooling_name(p)) return p;
   if (setting != "auto") fail("--pooling must be auto, mean, cls or last, got '", setting, "'");
   const std::string key = model.hparams().arch_name + ".pooling_type";
   switch (const int64_t t = model.file().get_i64(key, 3)) {

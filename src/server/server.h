@@ -30,9 +30,8 @@ struct ServedModel {
   std::string id;                        // what clients send as "model"
   ChatTemplate chat;
   // Chat responses split R1-style reasoning into reasoning_content (ReasoningSplit), open at the
-  // output's start when the template's generation turn ends with "<think>".
+  // output's start when the request's rendered prompt ends with "<think>" (Generation::opens_reasoning).
   bool reasoning = false;
-  bool reasoning_open = false;
   Pooling pooling = Pooling::Last;  // /v1/embeddings' (resolve_pooling)
 };
 

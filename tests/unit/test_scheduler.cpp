@@ -1649,13 +1649,18 @@ TEST(EngineCoreEmbeddings, OnlyLastPoolingTakesThePrefixCache) {
 TEST(EngineCoreEmbeddings, RefusesWhatSamplesAndTakesAWholeContext) {
   double clock = 0;
   FakeExecutor exec(&clock, CostModel{});
-  KVCache kv({1, 1, 16, 10, true});
+  KVCache kv({1, 1, 16, 4, true});  // exactly the context
   EngineCore core(kv, exec, SchedulerConfig{}, CostModel{}, 64, {}, [&] { return clock; });
   EngineRequest r;
-  r.prompt = make_prompt(64, 1);  // the whole context: nothing is generated after it
+  r.prompt = make_prompt(64, 1);  // the whole context and cache: nothing is generated after it
   r.pooling = Pooling::Mean;
   r.max_tokens = 0;
   EXPECT_NO_THROW(core.validate(r));
+  std::vector<float> got;
+  core.add(1, r, [&](const EngineEvent& ev) { got = ev.embedding; });
+  for (int guard = 0; guard < 100 && !core.idle(); ++guard) ASSERT_TRUE(core.step());
+  ASSERT_TRUE(core.idle()) << "a whole-context embedding was never admitted";
+  EXPECT_EQ(got, expected_embedding(r.prompt, Pooling::Mean));
   for (int what = 0; what < 3; ++what) {
     EngineRequest b = r;
     if (what == 0) b.logprobs = 1;

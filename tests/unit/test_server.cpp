@@ -602,6 +602,11 @@ TEST(ServerEmbeddings, NormsAndEncoding) {
   EXPECT_EQ(body["data"][1]["embedding"], json({3.0, 4.0}));
   EXPECT_EQ(body["usage"], json({{"prompt_tokens", 7}, {"total_tokens", 7}}));
   EXPECT_EQ(embeddings_response("m", {{1.0f}}, true, 1)["data"][0]["embedding"], "AACAPw==");
+  // Floats print in their shortest form (not the widened double's 17 digits) and read back exactly.
+  const std::vector<float> odd = {0.1f, -1.0f / 3, 1e-30f, 3.4e38f};
+  const json printed = json::parse(embeddings_response("m", {odd}, false, 1).dump());
+  EXPECT_NE(embeddings_response("m", {odd}, false, 1).dump().find("[0.1,"), std::string::npos);
+  for (size_t i = 0; i < odd.size(); ++i) EXPECT_EQ(printed["data"][0]["embedding"][i].get<float>(), odd[i]) << i;
 }
 
 TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {

@@ -84,15 +84,26 @@ describe('serve stories260K', { skip }, () => {
     const r = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stop: [' little', 'zzz'] });
     assert.equal(r.choices[0].text, gold.greedy_text.slice(0, cut));
     assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.choices[0].stop_reason, ' little');  // vLLM's: which stop ended it
     assert.ok(r.usage.completion_tokens < 100 && r.usage.completion_tokens > 0, JSON.stringify(r.usage));
     const stream = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stop: ' little', stream: true });
-    let text = '', finish = null;
+    let text = '', finish = null, reason;
     for await (const c of stream) {
       text += c.choices[0].text;
       finish = c.choices[0].finish_reason ?? finish;
+      if (c.choices[0].finish_reason) reason = c.choices[0].stop_reason;
     }
     assert.equal(text, gold.greedy_text.slice(0, cut));
     assert.equal(finish, 'stop');
+    assert.equal(reason, ' little');
+    // A stop token's id; a length limit's null.
+    const ids = (await postJson(server.url, '/tokenize', { prompt: gold.greedy_text, add_special_tokens: false })).json.tokens;
+    const t = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stop_token_ids: [ids[2]] });
+    assert.equal(t.choices[0].finish_reason, 'stop');
+    assert.equal(t.choices[0].stop_reason, ids[2]);
+    const len = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 3, temperature: 0 });
+    assert.equal(len.choices[0].finish_reason, 'length');
+    assert.equal(len.choices[0].stop_reason, null);
   });
 
   test('chat, non-streaming and streaming agree; role chunk first; usage', async () => {

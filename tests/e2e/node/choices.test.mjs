@@ -578,3 +578,43 @@ describe('reasoning_content (R1 template)', { skip: skip || (!existsSync(R1) && 
     assert.equal(call.choices[0].message.tool_calls[0].function.name, 'f');
   });
 });
+
+// A template that opens the reasoning on request (DeepSeek V3.1's way: chat_template_kwargs
+// thinking): each request's own rendered prompt decides whether the output starts as reasoning.
+// (No grammar here, which would keep it closed: stories260K's greedy text, with no </think>, is
+// all reasoning when the prompt opens it, all content otherwise.)
+describe('reasoning opened per request (chat_template_kwargs)', { skip }, () => {
+  let server, dir, client;
+  before(async () => {
+    const OpenAI = (await import('openai')).default;
+    dir = mkdtempSync(join(tmpdir(), 'ft-think-'));
+    const template = join(dir, 'thinking.jinja');
+    writeFileSync(template, "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}" +
+      "{% if add_generation_prompt %}<|assistant|>{% if thinking %}<think>\n{% else %}</think>{% endif %}{% endif %}");
+    server = await startServer(['-m', MODEL, '-t', '1', '--chat-template-file', template]);
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 120_000 });
+  });
+  after(async () => {
+    if (server) assert.equal((await server.stop()).code, 0, server.log());
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('thinking on: the output is reasoning_content; off: content', async () => {
+    const req = { model: MODEL_ID, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 12, temperature: 0 };
+    const on = await client.chat.completions.create({ ...req, chat_template_kwargs: { thinking: true } });
+    assert.ok(on.choices[0].message.reasoning_content.length > 0, JSON.stringify(on.choices[0].message));
+    assert.equal(on.choices[0].message.content, '');
+    let streamed = '', content = '';
+    for await (const c of await client.chat.completions.create({ ...req, chat_template_kwargs: { thinking: true }, stream: true })) {
+      streamed += c.choices[0]?.delta?.reasoning_content ?? '';
+      content += c.choices[0]?.delta?.content ?? '';
+    }
+    assert.equal(streamed, on.choices[0].message.reasoning_content);
+    assert.equal(content, '');
+    for (const kwargs of [{ thinking: false }, undefined]) {
+      const off = await client.chat.completions.create({ ...req, chat_template_kwargs: kwargs });
+      assert.ok(off.choices[0].message.content.length > 0);
+      assert.equal(off.choices[0].message.reasoning_content, undefined);
+    }
+  });
+});
