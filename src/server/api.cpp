@@ -821,7 +821,10 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   j.erase("return_tokens");
   // n_predict: -1 (or absent, or below) the rest of the context; a cap, not a promise (a prompt
   // plus it past the context stops at the context's end, as llama.cpp's does).
-  const char* np = j.contains("n_predict") ? "n_predict" : "max_tokens";
+  // (As n_predict, which parse_request takes as -1: max_tokens, OpenAI's, has no -1.)
+  if (!j.contains("n_predict") && j.contains("max_tokens")) j["n_predict"] = j["max_tokens"];
+  j.erase("max_tokens");
+  const char* np = "n_predict";
   if (!j.contains(np) || (j[np].is_number_integer() && j[np].get<int64_t>() < 0)) j[np] = -1;
   if (j[np].is_number_integer() && j[np].get<int64_t>() > model.n_ctx) j[np] = model.n_ctx;
   // llama.cpp's sampling defaults where the request sets none (its CLI's, as `run` has them).
@@ -836,6 +839,30 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   r.return_token_ids = tokens;
   r.fit_max_tokens = true;
   if (!r.more_texts.empty() || !r.more_tokens.empty()) bad("prompt", "llama.cpp's /completion takes one prompt");
+  return r;
+}
+
+ParsedRequest parse_infill_request(std::string_view body, const ModelInfo& model) {
+  json j = parse_json_object(body);
+  for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
+  InfillParts parts;
+  if (j.contains("input_prefix")) parts.prefix = get_string(j, "input_prefix", "input_prefix");
+  if (j.contains("input_suffix")) parts.suffix = get_string(j, "input_suffix", "input_suffix");
+  if (j.contains("input_extra")) {
+    const json& extra = j["input_extra"];
+    const char* shape = "'input_extra' must be an array of {\"filename\": string, \"text\": string} objects";
+    if (!extra.is_array()) bad("input_extra", shape);
+    for (const json& chunk : extra) {
+      if (!chunk.is_object() || !chunk.contains("text") || !chunk["text"].is_string() ||
+          (chunk.contains("filename") && !chunk["filename"].is_string()))
+        bad("input_extra", shape);
+      parts.extra.emplace_back(chunk.value("filename", std::string("tmp")), chunk["text"].get<std::string>());
+    }
+  }
+  for (const char* k : {"input_prefix", "input_suffix", "input_extra"}) j.erase(k);
+  if (!j.contains("prompt")) j["prompt"] = "";
+  ParsedRequest r = parse_native_request(j.dump(), model);
+  r.infill = std::move(parts);
   return r;
 }
 

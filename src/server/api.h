@@ -17,8 +17,8 @@ namespace ft::server {
 // The JSON body of an error: param/code are null when empty.
 std::string error_body(const ApiError& e);
 
-// Native: llama.cpp's /completion; Embeddings: /v1/embeddings.
-enum class Endpoint { Completions, Chat, Responses, Native, Embeddings };
+// Native: llama.cpp's /completion, Infill its /infill; Embeddings: /v1/embeddings.
+enum class Endpoint { Completions, Chat, Responses, Native, Infill, Embeddings };
 
 // What parsing needs to know about the served model.
 struct ModelInfo {
@@ -104,6 +104,11 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
 // sampling fields, "logit_bias" as [[id, bias | false], ...] or an object, "seed" (-1: random),
 // "return_tokens"} parsed as a completions request of one choice; "model" optional.
 ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model);
+// llama.cpp's POST /infill: its /completion request (parse_native_request; "prompt" optional, ""
+// when absent) with "input_prefix", "input_suffix" (strings, "" when absent) and "input_extra"
+// ([{"filename", "text"}]) into GenerationRequest::infill. The request's kind stays Native: the
+// answer is /completion's.
+ParsedRequest parse_infill_request(std::string_view body, const ModelInfo& model);
 // POST /v1/embeddings (OpenAI's, with vLLM's and llama.cpp's extensions): input (a string, token
 // ids, or an array of up to kMaxEmbeddingInputs of either; each its own generation, pooled by the
 // server's --pooling), model (optional), encoding_format (float | base64), dimensions (only the

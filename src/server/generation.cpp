@@ -298,6 +298,45 @@ ApiError submit_error(const Error& e) {
 
 }  // namespace
 
+std::vector<int32_t> infill_prompt(const FimIds& fim, const std::function<std::vector<int32_t>(std::string_view)>& encode,
+                                   const InfillParts& parts, const std::vector<int32_t>& prompt, int64_t n_ctx,
+                                   int64_t n_predict) {
+  constexpr int64_t kBatch = 2048;  // llama.cpp's default n_batch, which its budgets are shares of
+  const int64_t n_batch = std::min(kBatch, n_ctx);
+  auto append = [](std::vector<int32_t>& to, const std::vector<int32_t>& ids) { to.insert(to.end(), ids.begin(), ids.end()); };
+  std::vector<int32_t> extra;
+  if (fim.rep >= 0) {
+    extra.push_back(fim.rep);
+    append(extra, encode("myproject\n"));
+  }
+  for (const auto& [filename, text] : parts.extra) {
+    if (fim.sep >= 0) {
+      extra.push_back(fim.sep);
+      append(extra, encode(filename + "\n"));
+    } else {
+      append(extra, encode("\n\n--- snippet ---\n\n"));
+    }
+    append(extra, encode(text));
+  }
+  if (fim.sep >= 0) {
+    extra.push_back(fim.sep);
+    append(extra, encode("filename\n"));
+  }
+  const std::vector<int32_t> pre = encode(parts.prefix), suf = encode(parts.suffix);
+  const int64_t n_pre = std::min<int64_t>(int64_t(pre.size()), 3 * (n_batch / 4));
+  const int64_t n_suf = std::min<int64_t>(int64_t(suf.size()), std::max<int64_t>(0, n_batch / 4 - (2 + int64_t(prompt.size()))));
+  const int64_t n_extra = std::min<int64_t>(int64_t(extra.size()), std::max<int64_t>(0, n_ctx - n_batch - 2 * n_predict));
+  std::vector<int32_t> out(extra.end() - n_extra, extra.end());
+  if (fim.bos >= 0) out.push_back(fim.bos);
+  out.push_back(fim.pre);
+  out.insert(out.end(), pre.end() - n_pre, pre.end());
+  append(out, prompt);
+  out.push_back(fim.suf);
+  out.insert(out.end(), suf.begin(), suf.begin() + n_suf);
+  out.push_back(fim.mid);
+  return out;
+}
+
 bool ends_in_reasoning(std::string_view rendered) {
   while (!rendered.empty() && std::isspace(static_cast<unsigned char>(rendered.back()))) rendered.remove_suffix(1);
   return rendered.ends_with("<think>");
@@ -306,6 +345,17 @@ bool ends_in_reasoning(std::string_view rendered) {
 std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req,
                                    std::string* rendered) {
   std::vector<int32_t> prompt;
+  if (req.infill) {  // llama.cpp's /infill
+    if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
+      throw ApiError(400, "/infill needs a model with fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
+                     "input_prefix");
+    const std::vector<int32_t> own = req.prompt_kind == PromptKind::Tokens ? req.prompt_tokens
+                                                                            : tok.encode(req.prompt_text, false, /*parse_special=*/true);
+    const FimIds fim{tok.fim_prefix(), tok.fim_suffix(), tok.fim_middle(), tok.fim_repo(), tok.fim_file_sep(),
+                     tok.add_bos_default() ? tok.bos() : -1};
+    return infill_prompt(fim, [&](std::string_view s) { return tok.encode(s, false, /*parse_special=*/false); },
+                         *req.infill, own, ctx.n_ctx, std::clamp<int64_t>(req.max_tokens.value_or(0), 0, ctx.n_ctx));
+  }
   if (!req.suffix.empty() && req.prompt_kind != PromptKind::Chat) {  // fill in the middle
     if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
       throw ApiError(400, "'suffix' needs a model with fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
@@ -344,6 +394,10 @@ std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer
   } catch (const Error& e) {
     throw ApiError(400, e.what(), prompt_param(req));
   }
+  // An embedding model's vocabulary may end a text with EOS too (llama.cpp's add_special), whose
+  // state last pooling takes.
+  if (req.embed && req.prompt_kind == PromptKind::Text && req.add_bos && tok.add_eos_default() && tok.eos() >= 0)
+    prompt.push_back(tok.eos());
   if (req.truncate_prompt_tokens > 0 && int64_t(prompt.size()) > req.truncate_prompt_tokens)  // its last tokens
     prompt.erase(prompt.begin(), prompt.end() - req.truncate_prompt_tokens);
   if (prompt.empty()) throw ApiError(400, cat("'", prompt_param(req), "' is empty (and no BOS token starts it)"), prompt_param(req));

@@ -95,6 +95,28 @@ class StopMatcher {
 
 enum class PromptKind { Text, Tokens, Chat };
 
+// llama.cpp's /infill: the text before and after the insertion, and other files of the project
+// as (filename, text), put before them.
+struct InfillParts {
+  std::string prefix, suffix;
+  std::vector<std::pair<std::string, std::string>> extra;
+};
+// The fill-in-the-middle tokens infill_prompt uses (-1: none; pre, suf, mid are required).
+struct FimIds {
+  int32_t pre = -1, suf = -1, mid = -1, rep = -1, sep = -1;
+  int32_t bos = -1;  // put before the prefix when >= 0 (the vocabulary adds one)
+};
+// llama.cpp's format_infill (its server's /infill prompt), repository-level where the vocabulary
+// has the tokens:
+//   [rep "myproject\n"] ([sep filename "\n"] | "\n\n--- snippet ---\n\n") text ... [sep "filename\n"]
+//   [bos] pre prefix prompt suf suffix mid
+// encode: text -> ids, special tokens not parsed. The prefix keeps its last 3/4 of n_batch tokens,
+// the suffix its first n_batch/4 - (2 + prompt's), the extra part its last n_ctx - n_batch -
+// 2 n_predict (all at least 0), where n_batch = min(2048, n_ctx), llama.cpp's default batch.
+std::vector<int32_t> infill_prompt(const FimIds& fim, const std::function<std::vector<int32_t>(std::string_view)>& encode,
+                                   const InfillParts& parts, const std::vector<int32_t>& prompt, int64_t n_ctx,
+                                   int64_t n_predict);
+
 // What every front end parses into.
 struct GenerationRequest {
   PromptKind prompt_kind = PromptKind::Text;
@@ -147,6 +169,9 @@ struct GenerationRequest {
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line
   std::string adapter;                 // a loaded LoRA adapter's name (Engine::load_adapter); "" = the base
   std::string cache_salt;              // vLLM's: prefix-cache blocks are shared only under the same salt; "" = none
+  // llama.cpp's /infill: the prompt (prompt_text / prompt_tokens) continues parts.prefix, and
+  // prompt_tokens() builds the whole with infill_prompt.
+  std::optional<InfillParts> infill;
   // An embedding, not a generation: the prompt's hidden states pooled as GenerationContext::pooling
   // says (Output::embedding at the finish); nothing is sampled, so the prompt may fill the context.
   bool embed = false;

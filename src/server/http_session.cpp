@@ -809,6 +809,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   void generate(Endpoint kind, const std::string& body) override {
     ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info)
                        : kind == Endpoint::Native     ? parse_native_request(body, srv_.info)
+                       : kind == Endpoint::Infill     ? parse_infill_request(body, srv_.info)
                        : kind == Endpoint::Embeddings ? parse_embeddings_request(body, srv_.info)
                                                       : parse_request(kind, body, srv_.info);
     const uint64_t n = srv_.next_id.fetch_add(1);
@@ -830,7 +831,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
       reply->start();
-    } else if (kind == Endpoint::Native) {
+    } else if (kind == Endpoint::Native || kind == Endpoint::Infill) {
       auto reply = std::make_shared<NativeReply>(*this, pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
       reply->start();

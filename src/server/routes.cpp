@@ -169,6 +169,8 @@ const Route kRoutes[] = {
      [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Native, req.body); }},
     {"/completions", http::verb::post,
      [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Native, req.body); }},
+    {"/infill", http::verb::post,
+     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Infill, req.body); }},
 };
 
 }  // namespace

@@ -106,6 +106,8 @@ constexpr std::string_view kFimPreTexts[] = {"<fim_prefix>", "<|fim_prefix|>", "
                                              "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>", "<PRE>", "\xE2\x96\x81<PRE>"};
 constexpr std::string_view kFimSufTexts[] = {"<fim_suffix>", "<|fim_suffix|>", "<fim-suffix>",
                                              "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>", "<SUF>", "\xE2\x96\x81<SUF>"};
+constexpr std::string_view kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
+constexpr std::string_view kFimSepTexts[] = {"<|file_sep|>"};
 constexpr std::string_view kFimMidTexts[] = {"<fim_middle>", "<|fim_middle|>", "<fim-middle>",
                                              "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>", "<MID>", "\xE2\x96\x81<MID>"};
 
@@ -369,6 +371,8 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
   v->fim_pre = fim("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id", kFimPreTexts);
   v->fim_suf = fim("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id", kFimSufTexts);
   v->fim_mid = fim("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id", kFimMidTexts);
+  v->fim_rep = fim("tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_rep_token_id", kFimRepTexts);
+  v->fim_sep = fim("tokenizer.ggml.fim_sep_token_id", "tokenizer.ggml.fim_sep_token_id", kFimSepTexts);
   // Padding is never produced by the tokenizer; some converters write an id one past the
   // vocabulary, so an unusable value just means "none".
   {
@@ -387,7 +391,7 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
                    "'tokenizer.ggml.eos_token_id' is not set");
 
   v->eog.assign(n, 0);
-  for (const TokenId id : {v->eos, v->eot, v->eom})
+  for (const TokenId id : {v->eos, v->eot, v->eom, v->fim_rep, v->fim_sep})
     if (id >= 0) v->eog[id] = 1;
   for (TokenId id = 0; id < TokenId(n); ++id) {
     if (v->type[id] != TokenType::CONTROL) continue;
@@ -512,6 +516,9 @@ bool Tokenizer::add_bos_default() const { return impl_->vocab->add_bos; }
 TokenId Tokenizer::fim_prefix() const { return impl_->vocab->fim_pre; }
 TokenId Tokenizer::fim_suffix() const { return impl_->vocab->fim_suf; }
 TokenId Tokenizer::fim_middle() const { return impl_->vocab->fim_mid; }
+TokenId Tokenizer::fim_repo() const { return impl_->vocab->fim_rep; }
+TokenId Tokenizer::fim_file_sep() const { return impl_->vocab->fim_sep; }
+bool Tokenizer::add_eos_default() const { return impl_->vocab->add_eos; }
 
 bool Tokenizer::is_eog(TokenId id) const {
   const Vocab& v = *impl_->vocab;

@@ -52,6 +52,11 @@ class Tokenizer {
   TokenId fim_prefix() const;
   TokenId fim_suffix() const;
   TokenId fim_middle() const;
+  // Repository-level FIM (Qwen2.5-Coder's <|repo_name|>, <|file_sep|>; llama.cpp's lists): -1 when
+  // none. Both end a generation, as llama.cpp has them.
+  TokenId fim_repo() const;
+  TokenId fim_file_sep() const;
+  bool add_eos_default() const;  // tokenizer.ggml.add_eos_token: EOS after a prompt (embedding models)
   bool is_eog(TokenId id) const;  // EOS, EOT, EOM and other end-of-generation tokens
   bool is_control(TokenId id) const;
   const std::string& token_text(TokenId id) const;  // the vocabulary string as stored

@@ -229,6 +229,7 @@ struct Vocab {
 
   TokenId bos = -1, eos = -1, eot = -1, eom = -1, unk = -1, pad = -1;
   TokenId fim_pre = -1, fim_suf = -1, fim_mid = -1;  // fill in the middle; -1: none
+  TokenId fim_rep = -1, fim_sep = -1;  // repository-level FIM: repository name, file separator; -1: none
   bool add_bos = false;
   bool add_eos = false;
   bool add_space_prefix = false;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <variant>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -563,6 +564,66 @@ TEST(ServerEmbeddings, ParseInputsAndOptions) {
     ADD_FAILURE();
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 404);
+  }
+}
+
+// llama.cpp's format_infill, on a fake vocabulary (a byte is its own id; FIM ids from 1000).
+TEST(ServerInfill, PromptAsLlamaCppFormatsIt) {
+  auto encode = [](std::string_view s) { return std::vector<int32_t>(s.begin(), s.end()); };
+  auto ids = [&](std::initializer_list<std::variant<int32_t, std::string>> parts) {
+    std::vector<int32_t> out;
+    for (const auto& p : parts) {
+      if (std::holds_alternative<int32_t>(p)) out.push_back(std::get<int32_t>(p));
+      else for (unsigned char c : std::get<std::string>(p)) out.push_back(c);
+    }
+    return out;
+  };
+  const InfillParts parts{"abc", "xyz", {{"f.py", "EX"}, {"g.py", "YZ"}}};
+  const std::vector<int32_t> prompt = {7, 8};
+  // Repository-level (rep and sep tokens), with BOS.
+  FimIds fim{1000, 1001, 1002, 1003, 1004, 1005};
+  EXPECT_EQ(infill_prompt(fim, encode, parts, prompt, 4096, 10),
+            ids({1003, "myproject\n", 1004, "f.py\n", "EX", 1004, "g.py\n", "YZ", 1004, "filename\n", 1005, 1000, "abc", 7, 8,
+                 1001, "xyz", 1002}));
+  // Without them: the snippet separator; no BOS.
+  fim = {1000, 1001, 1002, -1, -1, -1};
+  EXPECT_EQ(infill_prompt(fim, encode, parts, prompt, 4096, 10),
+            ids({"\n\n--- snippet ---\n\n", "EX", "\n\n--- snippet ---\n\n", "YZ", 1000, "abc", 7, 8, 1001, "xyz", 1002}));
+  // Budgets (n_batch = n_ctx = 40): the prefix's last 30, the suffix's first 10 - (2 + 2), no room
+  // for the extra part; with a larger context, the extra part's last n_ctx - n_batch - 2 n_predict.
+  const std::string longp(50, 'p'), longs = "0123456789abcdefghij";
+  const InfillParts big{longp, longs, {{"f", "EXTRA"}}};
+  EXPECT_EQ(infill_prompt(fim, encode, big, prompt, 40, 0),
+            ids({1000, std::string(30, 'p'), 7, 8, 1001, "012345", 1002}));
+  const std::vector<int32_t> wide = infill_prompt(fim, encode, big, {}, 2048 + 4 + 2 * 3, 3);
+  EXPECT_EQ(std::vector<int32_t>(wide.begin(), wide.begin() + 5), ids({"XTRA", 1000}));  // the extra part's last 4
+}
+
+TEST(ServerInfill, ParsesLlamaCppsFields) {
+  const ModelInfo m{"stories260K", 512, 512, {}, 64};
+  ParsedRequest r = parse_infill_request(
+      json({{"input_prefix", "def f():"}, {"input_suffix", "\n"}, {"input_extra", {{{"filename", "a.py"}, {"text", "x = 1"}}, {{"text", "y"}}}},
+            {"n_predict", 8}}).dump(), m);
+  ASSERT_TRUE(r.infill);
+  EXPECT_EQ(r.kind, Endpoint::Native);
+  EXPECT_EQ(r.infill->prefix, "def f():");
+  EXPECT_EQ(r.infill->suffix, "\n");
+  ASSERT_EQ(r.infill->extra.size(), 2u);
+  EXPECT_EQ(r.infill->extra[0], (std::pair<std::string, std::string>{"a.py", "x = 1"}));
+  EXPECT_EQ(r.infill->extra[1].first, "tmp");  // llama.cpp's default name
+  EXPECT_EQ(r.prompt_text, "");
+  EXPECT_EQ(r.max_tokens, 8);
+  r = parse_infill_request(R"({"prompt": [5, 6]})", m);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(r.infill->prefix, "");
+  for (const char* body : {R"({"input_extra": {"text": "x"}})", R"({"input_extra": [{"filename": "a"}]})",
+                           R"({"input_extra": [{"text": 1}]})", R"({"input_prefix": 3})"}) {
+    try {
+      parse_infill_request(body, m);
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+    }
   }
 }
 

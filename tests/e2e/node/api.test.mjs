@@ -273,6 +273,12 @@ describe('serve stories260K', { skip }, () => {
     assert.ok(w.json.timings.prompt_ms > 0 && w.json.timings.predicted_ms > 0, JSON.stringify(w.json.timings));  // (ended here, not by the engine)
     // A cap, not a promise: n_predict past the context stops at its end; echo and logprobs are not its.
     assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 1e9, temperature: 0 })).status, 200);
+    // Without n_predict (or with OpenAI's max_tokens): the rest of the context, and a cap.
+    const unbounded = await postJson(server.url, '/completion', { prompt: gold.prompt, temperature: 0 });
+    assert.equal(unbounded.status, 200, unbounded.text);
+    assert.ok(unbounded.json.tokens_predicted > 12, unbounded.text);
+    const capped = await postJson(server.url, '/completion', { prompt: gold.prompt, max_tokens: 5, temperature: 0 });
+    assert.equal(capped.json.tokens_predicted, 5, capped.text);
     assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, echo: true })).status, 400);
     const eos = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 12, logit_bias: [[2, 100]] });
     assert.equal(eos.json.stop_type, 'eos');

@@ -499,7 +499,8 @@ describe('fill in the middle (suffix)', { skip: skip || (!existsSync(STARCODER) 
     const r = spawnSync(BINARY, ['make-model', '--shape', 'tiny', '--type', 'q8_0', '--vocab', STARCODER, '-o', join(dir, 'coder.gguf')],
       { encoding: 'utf8' });
     assert.equal(r.status, 0, r.stderr);
-    server = await startServer(['-m', join(dir, 'coder.gguf'), '--served-model-name', 'coder', '-t', '1']);
+    // (-c 4096: /infill gives other files what the context holds past llama.cpp's 2048-token batch)
+    server = await startServer(['-m', join(dir, 'coder.gguf'), '--served-model-name', 'coder', '-t', '1', '-c', '4096']);
     plain = await startServer(['-m', MODEL, '-t', '1']);
   });
   after(async () => {
@@ -532,6 +533,30 @@ describe('fill in the middle (suffix)', { skip: skip || (!existsSync(STARCODER) 
     assert.equal(r.status, 400);
     assert.equal(r.json.error.param, 'suffix');
     assert.match(r.json.error.message, /fill-in-the-middle/);
+  });
+
+  test("llama.cpp's /infill: input_extra as snippets, then <fim_prefix> prefix prompt <fim_suffix> suffix <fim_middle>", async () => {
+    // (This vocabulary has no repository tokens llama.cpp knows: other files go in as snippets.)
+    const ids = async (content) => (await postJson(server.url, '/tokenize', { content, add_special: false })).json.tokens;
+    const [pre] = await ids('<fim_prefix>'), [suf] = await ids('<fim_suffix>'), [mid] = await ids('<fim_middle>');
+    const snippet = await ids('\n\n--- snippet ---\n\n');
+    const body = { input_prefix: 'def add(a, b):\n    ', input_suffix: '\n    return c\n', prompt: 'c =',
+                   input_extra: [{ filename: 'util.py', text: 'def sub(a, b):\n    return a - b\n' }],
+                   n_predict: 8, temperature: 0, ignore_eos: true };
+    const want = [...snippet, ...(await ids(body.input_extra[0].text)), pre, ...(await ids(body.input_prefix)), ...(await ids(body.prompt)),
+                  suf, ...(await ids(body.input_suffix)), mid];
+    const r = await postJson(server.url, '/infill', body);
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.tokens_evaluated, want.length);
+    assert.equal(r.json.tokens_predicted, 8);
+    const explicit = await postJson(server.url, '/completion', { prompt: want, n_predict: 8, temperature: 0, ignore_eos: true });
+    assert.equal(r.json.content, explicit.json.content);
+    const bad = await postJson(server.url, '/infill', { ...body, input_extra: [{ filename: 'x' }] });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.json.error.param, 'input_extra');
+    const none = await postJson(plain.url, '/infill', { input_prefix: 'Once', input_suffix: ' end.', n_predict: 4 });
+    assert.equal(none.status, 400);
+    assert.match(none.json.error.message, /fill-in-the-middle/);
   });
 });
 
