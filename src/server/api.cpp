@@ -662,14 +662,23 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
                                        "temperature", "top_p", "tools", "tool_choice", "text", "parallel_tool_calls",
                                        "store", "metadata", "user", "reasoning", "truncation", "include", "service_tier",
                                        "prompt_cache_key", "safety_identifier", "top_logprobs", "max_tool_calls",
-                                       "background", "seed", "top_k", "min_p", "repetition_penalty", "stop"};
+                                       "background", "seed", "top_k", "min_p", "repetition_penalty", "stop",
+                                       "chat_template_kwargs"};
   json chat = json::object();
   std::vector<std::string> unknown;
   for (const auto& [k, v] : j.items())
     if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) unknown.push_back(k);
   for (const char* k : {"model", "stream", "temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "stop",
-                        "parallel_tool_calls"})
+                        "parallel_tool_calls", "chat_template_kwargs"})
     if (j.contains(k)) chat[k] = j[k];
+  // reasoning.effort reaches the template as reasoning_effort (gpt-oss's templates read it), unless
+  // chat_template_kwargs sets it.
+  if (j.contains("reasoning") && j["reasoning"].is_object() && j["reasoning"].contains("effort") &&
+      j["reasoning"]["effort"].is_string()) {
+    if (!chat.contains("chat_template_kwargs")) chat["chat_template_kwargs"] = json::object();
+    if (chat["chat_template_kwargs"].is_object() && !chat["chat_template_kwargs"].contains("reasoning_effort"))
+      chat["chat_template_kwargs"]["reasoning_effort"] = j["reasoning"]["effort"];
+  }
   if (j.contains("max_output_tokens")) chat["max_completion_tokens"] = j["max_output_tokens"];
   if (j.contains("stream") && j["stream"] == true) chat["stream_options"] = {{"include_usage", true}};
 
@@ -1290,6 +1299,12 @@ json responses_message_item(const std::string& id, const std::string& text, cons
   json content = json::array();
   if (status != "in_progress") content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", json::array()}});
   return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"}, {"content", content}};
+}
+
+json responses_reasoning_item(const std::string& id, const std::string& text, const std::string& status) {
+  json content = json::array();
+  if (status != "in_progress") content.push_back({{"type", "reasoning_text"}, {"text", text}});
+  return {{"type", "reasoning"}, {"id", id}, {"status", status}, {"summary", json::array()}, {"content", content}};
 }
 
 json responses_call_item(const ToolCall& c, const std::string& status) {

@@ -215,6 +215,9 @@ nlohmann::json responses_object(const ResponseMeta& m, const std::string& status
                                 const nlohmann::json& request = nlohmann::json::object());
 nlohmann::json responses_message_item(const std::string& id, const std::string& text, const std::string& status);
 nlohmann::json responses_call_item(const ToolCall& c, const std::string& status);
+// A reasoning model's thinking: {"type": "reasoning", "id", "status", "summary": [], "content":
+// [{"type": "reasoning_text", "text"}]} (content empty while in progress).
+nlohmann::json responses_reasoning_item(const std::string& id, const std::string& text, const std::string& status);
 std::string responses_event(const std::string& type, nlohmann::json data, int64_t sequence_number);
 
 // "data: {json}\n\n" and "data: [DONE]\n\n".

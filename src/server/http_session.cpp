@@ -708,11 +708,21 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   };
 
   // A /v1/responses response: the Responses API's object, or its stream of typed events.
+  // The Responses API's answer (one response object, or its typed events). A reasoning model's
+  // text before </think> becomes a reasoning item (content [reasoning_text]) ahead of the message,
+  // streamed as response.reasoning_text.delta events.
   class ResponsesReply : public GenerationSink {
    public:
     ResponsesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
-          tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)) {}
+          tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
+          grammar_(!pr.grammar.empty()) {
+      if (s.srv_.model.reasoning) think_.emplace(false);
+    }
+    // As Reply::open_reasoning: whether the output starts inside the reasoning.
+    void open_reasoning(bool open) {
+      if (think_) think_.emplace(open && !grammar_);
+    }
     void start() {
       if (!stream_) return;
       const json r = responses_object(meta_, "in_progress", json::array(), nullptr, "", echo_);
@@ -722,42 +732,51 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_) + http_chunk(out), false);
     }
     void on_output(Output&& o) override {
-      if (o.text.empty()) return;
-      text_ += o.text;
-      if (!stream_ || tool_choice_ != ToolChoice::None) return;  // calls: sent whole at the end
-      std::string out = open_message();
-      out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
-                                               {"delta", o.text}, {"logprobs", json::array()}});
-      s_.enqueue(http_chunk(out), false);
+      const ReasoningSplit::Parts p = split(o.text, false);
+      std::string out = reason(p.reasoning);
+      if (!p.content.empty()) {
+        text_ += p.content;
+        if (stream_ && tool_choice_ == ToolChoice::None) {  // (calls: sent whole at the end)
+          out += close_reasoning();
+          out += open_message();
+          out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_index()}, {"content_index", 0},
+                                                   {"delta", p.content}, {"logprobs", json::array()}});
+        }
+      }
+      if (!out.empty()) s_.enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
-      const std::string tail = last.text;
+      const ReasoningSplit::Parts p = split(last.text, true);
+      std::string out = reason(p.reasoning);
+      const std::string& tail = p.content;
       text_ += tail;
       FoundToolCalls found = tool_choice_ == ToolChoice::None ? FoundToolCalls{{}, text_}
                                                               : extract_tool_calls(tool_choice_, tool_name_, tools_, text_);
       const bool has_message = !found.content.empty() || found.calls.empty();
       json output = json::array();
+      const bool reasoned = think_ && think_->reasoned();
+      if (reasoned) output.push_back(responses_reasoning_item(rs_id_, reasoning_, "completed"));
       if (has_message) output.push_back(responses_message_item(msg_id_, found.content, "completed"));
       for (const ToolCall& c : found.calls) output.push_back(responses_call_item(c, "completed"));
       const bool incomplete = f.reason == "length";
       const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &f.usage,
                                       incomplete ? "max_output_tokens" : "", echo_);
       if (!stream_) return s_.send_json(r);
-      std::string out;
-      int64_t index = 0;
+      out += close_reasoning();
+      int64_t index = msg_index();
       if (has_message) {
         const bool streamed = message_open_;
         out += open_message();
         const std::string rest = streamed ? tail : found.content;  // what no delta carried yet
         if (!rest.empty())
-          out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
+          out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0},
                                                    {"delta", rest}, {"logprobs", json::array()}});
         const json part = {{"type", "output_text"}, {"text", found.content}, {"annotations", json::array()}};
-        out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
+        out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0},
                                                 {"text", found.content}, {"logprobs", json::array()}});
-        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0}, {"part", part}});
-        out += ev("response.output_item.done", {{"output_index", 0}, {"item", output[0]}});
-        index = 1;
+        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+        out += ev("response.output_item.done", {{"output_index", index}, {"item", output[size_t(index)]}});
+        ++index;
       }
       for (const ToolCall& c : found.calls) {
         json item = responses_call_item(c, "in_progress");
@@ -782,14 +801,42 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
 
    private:
     std::string ev(const std::string& type, json data) { return responses_event(type, std::move(data), seq_++); }
+    ReasoningSplit::Parts split(const std::string& text, bool final) {
+      if (!think_) return {"", text};
+      return think_->push(text, final);
+    }
+    // The message's place in the output: after the reasoning item when there is one (the
+    // reasoning comes first, so this is settled by the message's first text).
+    int64_t msg_index() const { return think_ && think_->reasoned() ? 1 : 0; }
+    // Reasoning text: kept, and streamed (the item's opening events first).
+    std::string reason(const std::string& text) {
+      reasoning_ += text;
+      if (!stream_ || (text.empty() && !(think_ && think_->reasoned()))) return "";
+      std::string out;
+      if (!reasoning_open_) {
+        reasoning_open_ = true;
+        out += ev("response.output_item.added", {{"output_index", 0}, {"item", responses_reasoning_item(rs_id_, "", "in_progress")}});
+      }
+      if (!text.empty())
+        out += ev("response.reasoning_text.delta", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0}, {"delta", text}});
+      return out;
+    }
+    // The reasoning item's closing events, once (before the message's).
+    std::string close_reasoning() {
+      if (!reasoning_open_ || reasoning_closed_) return "";
+      reasoning_closed_ = true;
+      std::string out = ev("response.reasoning_text.done", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0}, {"text", reasoning_}});
+      out += ev("response.output_item.done", {{"output_index", 0}, {"item", responses_reasoning_item(rs_id_, reasoning_, "completed")}});
+      return out;
+    }
     // The message item's opening events, once.
     std::string open_message() {
       if (message_open_) return "";
       message_open_ = true;
       std::string out =  // (sequenced: see start())
-          ev("response.output_item.added", {{"output_index", 0}, {"item", responses_message_item(msg_id_, "", "in_progress")}});
+          ev("response.output_item.added", {{"output_index", msg_index()}, {"item", responses_message_item(msg_id_, "", "in_progress")}});
       out += ev("response.content_part.added",
-                {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0},
+                {{"item_id", msg_id_}, {"output_index", msg_index()}, {"content_index", 0},
                  {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
       return out;
     }
@@ -801,8 +848,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::string tool_name_;
     json tools_;
     json echo_;  // the request's fields its response object echoes
-    std::string msg_id_, text_;
-    bool message_open_ = false;
+    std::string msg_id_, rs_id_, text_, reasoning_;
+    bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
+    std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
+    bool message_open_ = false, reasoning_open_ = false, reasoning_closed_ = false;
     int64_t seq_ = 0;
   };
 
@@ -830,6 +879,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
+      reply->open_reasoning(gens_.front()->opens_reasoning());
       reply->start();
     } else if (kind == Endpoint::Native || kind == Endpoint::Infill) {
       auto reply = std::make_shared<NativeReply>(*this, pr);

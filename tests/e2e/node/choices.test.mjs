@@ -642,4 +642,29 @@ describe('reasoning opened per request (chat_template_kwargs)', { skip }, () => 
       assert.equal(off.choices[0].message.reasoning_content, undefined);
     }
   });
+
+  test('the Responses API: a reasoning item (reasoning_text) before the message; streamed as reasoning_text deltas', async () => {
+    const req = { model: MODEL_ID, input: 'Once upon a time', max_output_tokens: 12, temperature: 0 };
+    const chat = await client.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 12, temperature: 0, chat_template_kwargs: { thinking: true } });
+    const r = await client.responses.create({ ...req, chat_template_kwargs: { thinking: true } });
+    assert.deepEqual(r.output.map((o) => o.type), ['reasoning', 'message']);
+    assert.equal(r.output[0].content[0].type, 'reasoning_text');
+    assert.equal(r.output[0].content[0].text, chat.choices[0].message.reasoning_content);
+    assert.equal(r.output[1].content[0].text, '');
+    const events = [];
+    for await (const e of await client.responses.create({ ...req, chat_template_kwargs: { thinking: true }, stream: true })) events.push(e);
+    const deltas = events.filter((e) => e.type === 'response.reasoning_text.delta').map((e) => e.delta).join('');
+    assert.equal(deltas, r.output[0].content[0].text);
+    const added = events.filter((e) => e.type === 'response.output_item.added').map((e) => [e.output_index, e.item.type]);
+    assert.deepEqual(added, [[0, 'reasoning'], [1, 'message']]);
+    const done = events.find((e) => e.type === 'response.incomplete').response;  // (max_output_tokens)
+    const strip = (output) => output.map(({ id, ...rest }) => rest);  // (ids are per response)
+    assert.deepEqual(strip(done.output), strip(r.output));
+    const itemDone = events.filter((e) => e.type === 'response.output_item.done').map((e) => e.item);
+    assert.deepEqual(strip(itemDone), strip(r.output));
+    const plain = await client.responses.create(req);  // not opened: the message alone
+    assert.deepEqual(plain.output.map((o) => o.type), ['message']);
+    assert.ok(plain.output[0].content[0].text.length > 0);
+  });
 });
