@@ -1,7 +1,8 @@
 // LlamaIndex TS (`@llamaindex/openai`: OpenAI and OpenAIResponses) against `firsttoken serve` on
 // stories260K: chat, streaming, structured output (responseFormat, a json_schema; and exec's
 // format_output tool) parsed by its zod schema, a tool round trip (exec: a forced call and its
-// executed result, then the answer; plain and streamed) on Chat Completions and the Responses API (OpenAIResponses).
+// executed result, then the answer; plain and streamed) on Chat Completions and the Responses API (OpenAIResponses),
+// and OpenAIEmbedding.
 // The model is tiny and random: structure is forced by the server's constrained decoding, and the
 // tests check well-formedness, not content. refuseNetwork() proves nothing leaves the machine.
 import assert from 'node:assert/strict';
@@ -39,6 +40,15 @@ describe('LlamaIndex (stories260K)', { skip }, () => {
     execute: ({ city }) => JSON.stringify({ city, temp: 21 }),
   });
   const apis = [['chat completions', chatLlm], ['responses', responsesLlm]];
+
+  test('OpenAIEmbedding: text and query embeddings, one unit vector per text', async () => {
+    const emb = new li.OpenAIEmbedding({ model: MODEL_ID, apiKey: 'unused', baseURL: `${server.url}/v1`, maxRetries: 0,
+                                         embedBatchSize: 2 });
+    const texts = await emb.getTextEmbeddings(['Once upon a time', 'a cat', 'a dog']);
+    assert.equal(texts.length, 3);
+    for (const v of texts) assert.ok(Math.abs(Math.hypot(...v) - 1) < 1e-5);
+    assert.deepEqual(await emb.getQueryEmbedding({ type: 'text', text: 'a cat' }), texts[1]);
+  });
 
   test('chat and streamed chat', async () => {
     for (const [what, llm] of apis) {
