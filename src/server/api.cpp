@@ -830,11 +830,14 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   j.erase("return_tokens");
   // n_predict: -1 (or absent, or below) the rest of the context; a cap, not a promise (a prompt
   // plus it past the context stops at the context's end, as llama.cpp's does).
-  // (As n_predict, which parse_request takes as -1: max_tokens, OpenAI's, has no -1.)
+  // max_tokens is taken as n_predict (n_predict wins when both are given, as llama.cpp's), whose -1
+  // parse_request takes. 0: the prompt evaluated, nothing generated (one token, dropped: echo_only).
   if (!j.contains("n_predict") && j.contains("max_tokens")) j["n_predict"] = j["max_tokens"];
   j.erase("max_tokens");
   const char* np = "n_predict";
   if (!j.contains(np) || (j[np].is_number_integer() && j[np].get<int64_t>() < 0)) j[np] = -1;
+  const bool eval_only = j[np] == 0;
+  if (eval_only) j[np] = 1;
   if (j[np].is_number_integer() && j[np].get<int64_t>() > model.n_ctx) j[np] = model.n_ctx;
   // llama.cpp's sampling defaults where the request sets none (its CLI's, as `run` has them).
   if (!j.contains("temperature")) j["temperature"] = kCliSampling.temperature;
@@ -845,6 +848,7 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
     if (j.contains(k)) bad(k, cat("'", k, "' is not taken by llama.cpp's /completion (use /v1/completions)"));
   ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model);
   r.kind = Endpoint::Native;
+  r.echo_only = eval_only;
   r.return_token_ids = tokens;
   r.fit_max_tokens = true;
   if (!r.more_texts.empty() || !r.more_tokens.empty()) bad("prompt", "llama.cpp's /completion takes one prompt");
@@ -869,6 +873,8 @@ ParsedRequest parse_infill_request(std::string_view body, const ModelInfo& model
     }
   }
   for (const char* k : {"input_prefix", "input_suffix", "input_extra"}) j.erase(k);
+  if (j.contains("truncate_prompt_tokens"))  // (its own budgets cut the parts)
+    bad("truncate_prompt_tokens", "'truncate_prompt_tokens' is not taken by /infill");
   if (!j.contains("prompt")) j["prompt"] = "";
   ParsedRequest r = parse_native_request(j.dump(), model);
   r.infill = std::move(parts);

@@ -48,7 +48,7 @@ struct ParsedRequest : GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: the prompt before each choice's text (with logprobs: its tokens' too)
-  bool echo_only = false;      // echo with max_tokens 0: the prompt alone (its one generated token is dropped)
+  bool echo_only = false;      // echo with max_tokens 0 (native: n_predict 0): the prompt alone (its one generated token is dropped)
   // vLLM's prompt_logprobs = N (-1: off): each prompt token's logprob, rank and N best
   // alternatives, in the response (completions: each choice's "prompt_logprobs"; chat: the
   // response's), never streamed. GenerationRequest::prompt_logprobs is what the engine scores:

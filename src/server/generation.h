@@ -110,9 +110,13 @@ struct FimIds {
 // has the tokens:
 //   [rep "myproject\n"] ([sep filename "\n"] | "\n\n--- snippet ---\n\n") text ... [sep "filename\n"]
 //   [bos] pre prefix prompt suf suffix mid
-// encode: text -> ids, special tokens not parsed. The prefix keeps its last 3/4 of n_batch tokens,
+// encode: text -> ids, special tokens not parsed. The prefix keeps its last 3/4 of n_batch tokens
+// (fewer when the prompt leaves less of n_batch),
 // the suffix its first n_batch/4 - (2 + prompt's), the extra part its last n_ctx - n_batch -
-// 2 n_predict (all at least 0), where n_batch = min(2048, n_ctx), llama.cpp's default batch.
+// 2 n_predict (all at least 0), where n_batch = min(2048, n_ctx - reserve), llama.cpp's default
+// batch where the context has room for it, reserve = the FIM tokens, BOS and max(1, n_predict)
+// generated tokens; and the extra part at most what the context leaves past the rest and those.
+// Only a prompt longer than the context makes the whole longer than n_ctx - max(1, n_predict).
 std::vector<int32_t> infill_prompt(const FimIds& fim, const std::function<std::vector<int32_t>(std::string_view)>& encode,
                                    const InfillParts& parts, const std::vector<int32_t>& prompt, int64_t n_ctx,
                                    int64_t n_predict);
@@ -175,8 +179,8 @@ struct GenerationRequest {
   // An embedding, not a generation: the prompt's hidden states pooled as GenerationContext::pooling
   // says (Output::embedding at the finish); nothing is sampled, so the prompt may fill the context.
   bool embed = false;
-  // Counts against the server's max_queue (admission). False: an embeddings request's input after
-  // its first, which counts for the whole request (up to kMaxEmbeddingInputs inputs, more than a
+  // Counts against the server's max_queue (admission). False: an embeddings request's input but
+  // its last, which counts for the whole request (up to kMaxEmbeddingInputs inputs, more than a
   // queue may hold).
   bool queue_slot = true;
 };

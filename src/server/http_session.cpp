@@ -321,6 +321,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (echo_only_) {  // max_tokens 0: nothing was generated, as far as the client is concerned
         drop_generated(last);
         f.reason = "length";
+        f.stop_word.clear();
+        f.stop_token = -1;
         f.usage.completion_tokens = 0;
       }
       // The request's usage and last choice: every prompt's.
@@ -652,12 +654,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
 
    public:
     NativeReply(HttpSession& s, const ParsedRequest& pr)
-        : s_(s), model_(pr.model), stream_(pr.stream), tokens_(pr.return_token_ids), t0_(Clock::now()) {}
+        : s_(s), model_(pr.model), stream_(pr.stream), tokens_(pr.return_token_ids), eval_only_(pr.echo_only),
+          t0_(Clock::now()) {}
     void start() {
       if (stream_) s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_), false);
     }
     void on_output(Output&& o) override {
       if (!first_) first_ = Clock::now();
+      if (eval_only_) return;
       if (!stream_) {
         text_ += o.text;
         if (tokens_) ids_.insert(ids_.end(), o.tokens.begin(), o.tokens.end());
@@ -666,7 +670,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (o.text.empty() && !(tokens_ && !o.tokens.empty())) return;
       s_.enqueue(http_chunk(sse_event(native_chunk(model_, o.text, tokens_ ? o.tokens : std::vector<int32_t>{}, false, 0, 0))), false);
     }
-    void on_finish(Output&& last, const Finish& f) override {
+    void on_finish(Output&& last, const Finish& fin) override {
+      Finish f = fin;
+      if (eval_only_) {  // n_predict 0: the prompt evaluated, nothing generated (its one token dropped)
+        last = Output{};
+        f.reason = "length";
+        f.stop_word.clear();
+        f.usage.completion_tokens = 0;
+      }
       const std::string type = f.reason == "length" ? "limit" : !f.stop_word.empty() ? "word" : "eos";
       NativeTimings t;
       t.predicted_n = f.usage.completion_tokens;
@@ -701,13 +712,13 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     HttpSession& s_;
     std::string model_;
     bool stream_, tokens_;
+    bool eval_only_;            // n_predict 0 (ParsedRequest::echo_only): no content
     std::string text_;          // not streaming: the whole content
     std::vector<int32_t> ids_;  // not streaming, with return_tokens
     Clock::time_point t0_;                   // (timings without the engine's: from the request)
     std::optional<Clock::time_point> first_;  // the first output
   };
 
-  // A /v1/responses response: the Responses API's object, or its stream of typed events.
   // The Responses API's answer (one response object, or its typed events). A reasoning model's
   // text before </think> becomes a reasoning item (content [reasoning_text]) ahead of the message,
   // streamed as response.reasoning_text.delta events.
@@ -904,7 +915,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
             else g.prompt_text = pr.more_texts[i - 1];
           }
           if (k > 1) g.name += cat("[", i, "]");
-          g.queue_slot = !embeddings || i == 0;
+          g.queue_slot = !embeddings || i + 1 == k;  // (admitted last, it leaves the queue last)
           std::shared_ptr<GenerationSink> sink;
           if (embeddings) sink = std::make_shared<InputSink>(embeddings, int32_t(i));
           else sink = std::make_shared<PromptSink>(reply, int32_t(i));

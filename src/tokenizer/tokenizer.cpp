@@ -363,7 +363,7 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
       return id >= 0 && id < int64_t(n) ? TokenId(id) : TokenId(-1);
     };
     TokenId id = optional_id(key);
-    if (id < 0) id = optional_id(old_key);
+    if (id < 0 && old_key) id = optional_id(old_key);
     for (TokenId t = 0; id < 0 && t < TokenId(n); ++t)
       if (std::find(texts.begin(), texts.end(), v->text[t]) != texts.end()) id = t;
     return id;
@@ -371,8 +371,8 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
   v->fim_pre = fim("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id", kFimPreTexts);
   v->fim_suf = fim("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id", kFimSufTexts);
   v->fim_mid = fim("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id", kFimMidTexts);
-  v->fim_rep = fim("tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_rep_token_id", kFimRepTexts);
-  v->fim_sep = fim("tokenizer.ggml.fim_sep_token_id", "tokenizer.ggml.fim_sep_token_id", kFimSepTexts);
+  v->fim_rep = fim("tokenizer.ggml.fim_rep_token_id", nullptr, kFimRepTexts);
+  v->fim_sep = fim("tokenizer.ggml.fim_sep_token_id", nullptr, kFimSepTexts);
   // Padding is never produced by the tokenizer; some converters write an id one past the
   // vocabulary, so an unusable value just means "none".
   {

@@ -589,12 +589,21 @@ TEST(ServerInfill, PromptAsLlamaCppFormatsIt) {
   fim = {1000, 1001, 1002, -1, -1, -1};
   EXPECT_EQ(infill_prompt(fim, encode, parts, prompt, 4096, 10),
             ids({"\n\n--- snippet ---\n\n", "EX", "\n\n--- snippet ---\n\n", "YZ", 1000, "abc", 7, 8, 1001, "xyz", 1002}));
-  // Budgets (n_batch = n_ctx = 40): the prefix's last 30, the suffix's first 10 - (2 + 2), no room
-  // for the extra part; with a larger context, the extra part's last n_ctx - n_batch - 2 n_predict.
+  // Budgets (n_ctx 40: n_batch = 40 - 3 FIM tokens - 1 generated = 36): the prefix's last 27, the
+  // suffix's first 9 - (2 + 2), the extra part's last 2 (what the whole leaves of the context but
+  // a token); with a larger context, the extra part's last n_ctx - n_batch - 2 n_predict.
   const std::string longp(50, 'p'), longs = "0123456789abcdefghij";
   const InfillParts big{longp, longs, {{"f", "EXTRA"}}};
-  EXPECT_EQ(infill_prompt(fim, encode, big, prompt, 40, 0),
-            ids({1000, std::string(30, 'p'), 7, 8, 1001, "012345", 1002}));
+  const std::vector<int32_t> small = infill_prompt(fim, encode, big, prompt, 40, 0);
+  EXPECT_EQ(small, ids({"RA", 1000, std::string(27, 'p'), 7, 8, 1001, "01234", 1002}));
+  EXPECT_LE(small.size(), 39u);
+  for (int64_t n_ctx : {8, 16, 40, 100, 2047, 2100})  // the whole fits, whatever the context
+    for (int64_t n_predict : {0, 1, 5}) {
+      const InfillParts huge{std::string(3000, 'p'), std::string(3000, 's'), {{"f", std::string(3000, 'e')}}};
+      EXPECT_LE(int64_t(infill_prompt(fim, encode, huge, prompt, n_ctx, n_predict).size()),
+                std::max<int64_t>(n_ctx - std::max<int64_t>(1, n_predict), 2 + 3))  // (a tiny context: the prompt and FIM tokens)
+          << n_ctx << " " << n_predict;
+    }
   const std::vector<int32_t> wide = infill_prompt(fim, encode, big, {}, 2048 + 4 + 2 * 3, 3);
   EXPECT_EQ(std::vector<int32_t>(wide.begin(), wide.begin() + 5), ids({"XTRA", 1000}));  // the extra part's last 4
 }
@@ -613,9 +622,12 @@ TEST(ServerInfill, ParsesLlamaCppsFields) {
   EXPECT_EQ(r.infill->extra[1].first, "tmp");  // llama.cpp's default name
   EXPECT_EQ(r.prompt_text, "");
   EXPECT_EQ(r.max_tokens, 8);
-  r = parse_infill_request(R"({"prompt": [5, 6]})", m);
+  EXPECT_FALSE(r.echo_only);
+  r = parse_infill_request(R"({"prompt": [5, 6], "n_predict": 0})", m);
   EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{5, 6}));
   EXPECT_EQ(r.infill->prefix, "");
+  EXPECT_TRUE(r.echo_only);  // n_predict 0: evaluated, nothing generated (one token, dropped)
+  EXPECT_EQ(r.max_tokens, 1);
   for (const char* body : {R"({"input_extra": {"text": "x"}})", R"({"input_extra": [{"filename": "a"}]})",
                            R"({"input_extra": [{"text": 1}]})", R"({"input_prefix": 3})"}) {
     try {

@@ -551,6 +551,12 @@ describe('fill in the middle (suffix)', { skip: skip || (!existsSync(STARCODER) 
     assert.equal(r.json.tokens_predicted, 8);
     const explicit = await postJson(server.url, '/completion', { prompt: want, n_predict: 8, temperature: 0, ignore_eos: true });
     assert.equal(r.json.content, explicit.json.content);
+    // llama.vim's cache warm-up: n_predict 0, the prompt evaluated and nothing generated.
+    const warm = await postJson(server.url, '/infill', { ...body, n_predict: 0 });
+    assert.equal(warm.status, 200, warm.text);
+    assert.equal(warm.json.content, '');
+    assert.equal(warm.json.tokens_predicted, 0);
+    assert.equal(warm.json.stop_type, 'limit');
     const bad = await postJson(server.url, '/infill', { ...body, input_extra: [{ filename: 'x' }] });
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'input_extra');
