@@ -2,7 +2,8 @@
 """Chaos/soak test of `firsttoken serve` over HTTP and the binary protocol (Python 3 stdlib only).
 
 For --seconds, client threads send a mix of requests: streaming and non-streaming completions and
-chats over HTTP, streaming and non-streaming requests over the binary port, requests cancelled
+chats over HTTP, embeddings (some left by their client at once), streaming and non-streaming
+requests over the binary port, requests cancelled
 mid-stream (HTTP and binary), slow clients (a request written a few bytes at a time, a stream read
 slowly), half-open clients (a header or frame that never completes, a request then a half-close).
 Then an overload burst (more concurrent requests than --max-queue, more connections than
@@ -303,6 +304,45 @@ def http_cancel(port):
         s.close()
 
 
+def http_embeddings(port, leave=False):
+    """/v1/embeddings of 1-8 inputs (text or token ids): one unit vector per input, in order. leave:
+    the client resets the connection once the request is sent (its inputs are cancelled)."""
+    n = random.randint(1, 8)
+    inputs = [("Once upon a time %d " % random.randint(0, 999)) * random.randint(1, 4) for _ in range(n)]
+    if random.random() < 0.3:
+        inputs = [[random.randint(3, 250) for _ in range(random.randint(1, 40))] for _ in range(n)]  # (the tiny model: 260 ids)
+    body = json.dumps({"model": MODEL, "input": inputs, "encoding_format": "float"})
+    if leave:
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        try:
+            s.sendall(raw_post("/v1/embeddings", body.encode()))
+            time.sleep(random.random() * 0.05)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return "left"
+        finally:
+            s.close()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status in (429, 503):
+            check_error_body(r.status, dict(r.getheaders()), r.read(), "/v1/embeddings")
+            return str(r.status)
+        if r.status != 200:
+            raise Failure("/v1/embeddings: status %d: %r" % (r.status, r.read()[:300]))
+        j = json.loads(r.read())
+        if [d["index"] for d in j["data"]] != list(range(n)):
+            raise Failure("/v1/embeddings: %d inputs, data %r" % (n, [d.get("index") for d in j["data"]]))
+        dims = {len(d["embedding"]) for d in j["data"]}
+        for d in j["data"]:
+            norm = sum(x * x for x in d["embedding"]) ** 0.5
+            if len(dims) != 1 or abs(norm - 1) > 1e-4:
+                raise Failure("/v1/embeddings: dimensions %r, norm %f" % (dims, norm))
+        return "ok"
+    finally:
+        c.close()
+
+
 def slow_writer(port):
     """A non-streamed request written a few bytes at a time (well within the header timeout)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -395,8 +435,12 @@ def mixed_load(srv, tally, seconds, n_threads):
         rnd = random.Random(seed)
         while time.time() < stop_at:
             r = rnd.random()
-            if r < 0.18:
+            if r < 0.13:
                 run_one(tally, "http_completion", lambda: http_request(srv.port, False, False, rnd.randint(1, 24)))
+            elif r < 0.16:
+                run_one(tally, "http_embeddings", lambda: http_embeddings(srv.port))
+            elif r < 0.18:
+                run_one(tally, "http_embeddings_left", lambda: http_embeddings(srv.port, leave=True))
             elif r < 0.36:
                 run_one(tally, "http_chat_stream", lambda: http_request(srv.port, True, True, rnd.randint(1, 32)))
             elif r < 0.44:
