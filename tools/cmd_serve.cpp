@@ -177,6 +177,7 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   const std::string template_source =
       cfg.chat_template_file.empty() ? model->file().get_str("tokenizer.chat_template", "") : server::read_text_file(cfg.chat_template_file, "chat template file");
   served.chat = ChatTemplate::for_model(tok, template_source, std::nullopt, warning);
+  if (served.chat.is_jinja()) served.chat_template_source = template_source;
   if (!cfg.chat_template_file.empty() && !served.chat.is_jinja())
     fail(cfg.chat_template_file, ": not a chat template this server can run: ", warning);
   if (!warning.empty()) spdlog::warn("{}", warning);

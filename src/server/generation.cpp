@@ -268,10 +268,6 @@ Generation::Generation(const GenerationContext& ctx, GenerationRequest req, std:
   for (int32_t i = 0; i < n_candidates(); ++i) choices_.emplace_back(ctx.tokenizer, stops, req_.include_stop_str, !req_.skip_special_tokens);
 }
 
-namespace {
-
-// The chat prompt's text; with continue_final_message, cut after the final message's content
-// (vLLM's rule: its last occurrence in the rendering), whatever the template closes it with.
 std::string render_chat(const ChatTemplate& chat, const GenerationRequest& req) {
   if (!req.continue_final_message) return chat.render(req.messages, req.tools, req.add_generation_prompt, req.template_vars);
   std::string text = chat.render(req.messages, req.tools, false, req.template_vars);
@@ -283,6 +279,8 @@ std::string render_chat(const ChatTemplate& chat, const GenerationRequest& req) 
   text.resize(at + last.size());
   return text;
 }
+
+namespace {
 
 // Engine::submit's refusals as the client sees them.
 ApiError submit_error(const Error& e) {

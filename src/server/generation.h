@@ -272,6 +272,11 @@ struct GenerationContext {
 // applied. Throws ApiError (400) naming the prompt's param.
 std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req,
                                    std::string* rendered = nullptr);
+// A chat request's prompt text (its messages, tools and template_vars through chat); with
+// continue_final_message, cut after the final message's content (vLLM's rule: its last occurrence
+// in the rendering), whatever the template closes it with. Throws ApiError (400) when that content
+// is not in the rendering, ft::Error when the template fails.
+std::string render_chat(const ChatTemplate& chat, const GenerationRequest& req);
 // Whether a rendered chat prompt ends inside a reasoning block: its last non-space text is
 // "<think>" (DeepSeek R1's templates, and templates that open it on request, e.g. by
 // chat_template_kwargs), so the model's output starts as reasoning.

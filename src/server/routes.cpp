@@ -141,6 +141,39 @@ json detokenize(const Server::Impl& srv, const RouteRequest& req) {
   return {{"prompt", text}, {"content", text}};
 }
 
+// llama.cpp's GET /props: what its web UI and clients read of a server (the context, the sampling
+// a /completion gets by default, the slots, the model file, the chat template).
+json props(const Server::Impl& srv) {
+  const SamplingParams& d = kCliSampling;
+  const json params = {{"n_predict", -1}, {"temperature", d.temperature}, {"top_k", d.top_k}, {"top_p", d.top_p},
+                       {"min_p", d.min_p}, {"typical_p", d.typical_p}, {"dynatemp_range", d.dynatemp_range},
+                       {"dynatemp_exponent", d.dynatemp_exponent}, {"repeat_last_n", d.penalty_last_n},
+                       {"repeat_penalty", d.repetition_penalty}, {"presence_penalty", d.presence_penalty},
+                       {"frequency_penalty", d.frequency_penalty}, {"mirostat", d.mirostat},
+                       {"mirostat_tau", d.mirostat_tau}, {"mirostat_eta", d.mirostat_eta}, {"min_keep", d.min_keep},
+                       {"stop", json::array()}, {"ignore_eos", false}, {"stream", false}, {"n_probs", 0}};
+  return {{"default_generation_settings", {{"id", 0}, {"n_ctx", srv.info.n_ctx}, {"params", params}}},
+          {"total_slots", srv.engine.scheduler_config().max_num_seqs},
+          {"model_path", srv.cfg.model},
+          {"model_alias", srv.info.id},
+          {"chat_template", srv.model.chat_template_source},
+          {"modalities", {{"vision", false}, {"audio", false}}},
+          {"build_info", "firsttoken"}};
+}
+
+// llama.cpp's POST /apply-template: a chat request's messages (and tools, chat_template_kwargs, ...)
+// rendered as /v1/chat/completions would run them -> {"prompt": text}.
+json apply_template(const Server::Impl& srv, const RouteRequest& req) {
+  json j = parse_json_object(req.body);
+  if (!j.contains("model")) j["model"] = srv.info.id;
+  const ParsedRequest pr = parse_request(Endpoint::Chat, j.dump(), srv.info);
+  try {
+    return {{"prompt", render_chat(srv.gen.chat, pr)}};
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "messages");
+  }
+}
+
 const Route kRoutes[] = {
     {"/health", http::verb::get, [](Server::Impl&, Responder& out, const RouteRequest&) { out.send_json({{"status", "ok"}}); }},
     {"/v1/models", http::verb::get, [](Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(models(srv)); }},
@@ -154,6 +187,9 @@ const Route kRoutes[] = {
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(tokenize(srv, req)); }},
     {"/detokenize", http::verb::post,
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(detokenize(srv, req)); }},
+    {"/props", http::verb::get, [](Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(props(srv)); }},
+    {"/apply-template", http::verb::post,
+     [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(apply_template(srv, req)); }},
     {"/v1/load_lora_adapter", http::verb::post, load_lora},
     {"/v1/unload_lora_adapter", http::verb::post, unload_lora},
     {"/v1/completions", http::verb::post,

@@ -33,6 +33,7 @@ struct ServedModel {
   // output's start when the request's rendered prompt ends with "<think>" (Generation::opens_reasoning).
   bool reasoning = false;
   Pooling pooling = Pooling::Last;  // /v1/embeddings' (resolve_pooling)
+  std::string chat_template_source = {};  // the Jinja source chat renders with ("": a built-in format); GET /props
 };
 
 // The pooling of /v1/embeddings: setting "mean" | "cls" | "last", or "auto": the file's

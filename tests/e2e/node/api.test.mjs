@@ -78,6 +78,25 @@ describe('serve stories260K', { skip }, () => {
     assert.deepEqual(usage, { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 });
   });
 
+  test("llama.cpp's GET /props and POST /apply-template", async () => {
+    const p = await fetch(`${server.url}/props`).then((r) => r.json());
+    const models = await fetch(`${server.url}/v1/models`).then((r) => r.json());
+    assert.equal(p.default_generation_settings.n_ctx, models.data[0].max_model_len);
+    assert.equal(p.default_generation_settings.params.top_k, 40);  // /completion's defaults
+    assert.ok(p.total_slots >= 1);
+    assert.equal(p.model_path, MODEL);
+    assert.equal(typeof p.chat_template, 'string');
+    const messages = [{ role: 'user', content: 'Tell me a story' }];
+    const t = await postJson(server.url, '/apply-template', { messages });
+    assert.equal(t.status, 200, t.text);
+    assert.ok(t.json.prompt.includes('Tell me a story'));
+    // The chat endpoint runs exactly that text.
+    const ids = (await postJson(server.url, '/tokenize', { prompt: t.json.prompt, add_special_tokens: false })).json.tokens;
+    const chat = await postJson(server.url, '/v1/chat/completions', { model: MODEL_ID, messages, max_tokens: 1 });
+    assert.equal(chat.json.usage.prompt_tokens, ids.length);
+    assert.equal((await postJson(server.url, '/apply-template', { messages: [] })).status, 400);
+  });
+
   test('stop strings: text before the first match, finish_reason stop (both modes)', async () => {
     const cut = gold.greedy_text.indexOf(' little');
     assert.ok(cut > 0);
