@@ -562,6 +562,8 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       if (v.is_null()) continue;
       if (k == "include_usage") {
         r.include_usage = get_bool(so, "include_usage");
+      } else if (k == "continuous_usage_stats") {
+        r.continuous_usage = get_bool(so, "continuous_usage_stats");
       } else if (k == "include_obfuscation") {
         get_bool(so, "include_obfuscation");  // no obfuscation padding is ever added
       } else {

@@ -47,6 +47,9 @@ struct ParsedRequest : GenerationRequest {
   std::string model;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries the
+  // usage so far (the prompts', and the tokens streamed until then).
+  bool continuous_usage = false;
   bool echo = false;           // completions: the prompt before each choice's text (with logprobs: its tokens' too)
   bool echo_only = false;      // echo with max_tokens 0 (native: n_predict 0): the prompt alone (its one generated token is dropped)
   // vLLM's prompt_logprobs = N (-1: off): each prompt token's logprob, rank and N best

@@ -289,7 +289,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   class Reply {
    public:
     Reply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
-        : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage), logprobs_(pr.logprobs >= 0),
+        : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage),
+          continuous_usage_(pr.include_usage && pr.continuous_usage), logprobs_(pr.logprobs >= 0),
           tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), echo_only_(pr.echo_only),
           echo_alternatives_(pr.logprobs), report_prompt_logprobs_(pr.report_prompt_logprobs),
           tokens_as_ids_(pr.tokens_as_ids), token_ids_(pr.return_token_ids), n_(pr.n),
@@ -308,6 +309,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     }
     void on_output(int32_t prompt, Output&& o) {
       if (failed_) return;
+      if (!echo_only_) ++streamed_tokens_;
       o.index += prompt * n_;
       Choice& c = choices_[size_t(o.index)];
       if (echo_only_) drop_generated(o);
@@ -358,6 +360,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       if (stream_) {
         json chunk = stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index);
+        if (continuous_usage_) chunk["usage"] = usage_json(f.usage);
         chunk["choices"][0]["stop_reason"] = stop_reason_json(f);
         take_ids(c, prompt, chunk);
         std::string sse = sse_event(chunk);
@@ -394,6 +397,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // The headers are out: an SSE error event, which OpenAI clients raise as APIError.
       s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n" + std::string(kSseDone)) + http_chunk(""), true);
     }
+    // Every prompt's tokens, once all are prepared (continuous_usage_stats).
+    void set_prompt_tokens(int64_t n) { prompt_tokens_ = n; }
     // Whether the output starts inside the reasoning (Generation::opens_reasoning: the rendered
     // prompt ends with "<think>"), before any output. Under a grammar never: it constrains the
     // output from its first token, so reasoning only where the output writes "<think>" itself.
@@ -556,18 +561,26 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           delta = {{"index", 0}, {"id", new_tool_call_id()},
                    {"type", "function"}, {"function", {{"name", tool_name_}, {"arguments", text}}}};
         }
-        s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, json::array({delta}), include_usage_, index))), false);
+        json chunk = tool_calls_chunk(meta_, json::array({delta}), include_usage_, index);
+        if (continuous_usage_) chunk["usage"] = usage_so_far();
+        s_.enqueue(http_chunk(sse_event(chunk)), false);
         return;
       }
       if (text.empty() && !(final && !c.lp.empty())) return;
       json chunk = stream_chunk(meta_, text, false, "", include_usage_, take_logprobs(c), index);
+      if (continuous_usage_) chunk["usage"] = usage_so_far();
       take_ids(c, index / n_, chunk);
       s_.enqueue(http_chunk(sse_event(chunk)), false);
     }
 
+    // continuous_usage_stats: the prompts' tokens (every prompt's, from set_prompt_tokens) and
+    // the generated tokens streamed so far.
+    json usage_so_far() const { return usage_json({prompt_tokens_, streamed_tokens_}); }
+
     HttpSession& s_;  // alive while events are handled: each posted event holds the session
     ResponseMeta meta_;
-    bool stream_, include_usage_, logprobs_;
+    bool stream_, include_usage_, continuous_usage_, logprobs_;
+    int64_t prompt_tokens_ = 0, streamed_tokens_ = 0;
     ToolChoice tool_choice_;
     std::string tool_name_;
     json tools_;
@@ -937,6 +950,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         throw;
       }
       if (reply) {
+        int64_t prompt_tokens = 0;
+        for (const auto& gen : gens_) prompt_tokens += gen->n_prompt();
+        reply->set_prompt_tokens(prompt_tokens);
         reply->open_reasoning(gens_.front()->opens_reasoning());  // (chat: one prompt)
         reply->start();
       }

@@ -78,6 +78,27 @@ describe('serve stories260K', { skip }, () => {
     assert.deepEqual(usage, { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 });
   });
 
+  test("vLLM's continuous_usage_stats: every streamed chunk carries the usage so far", async () => {
+    const chunks = [];
+    for await (const c of await client.chat.completions.create({
+      model: MODEL_ID, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, temperature: 0, ignore_eos: true,
+      stream: true, stream_options: { include_usage: true, continuous_usage_stats: true } })) chunks.push(c);
+    const final = chunks.at(-1).usage;
+    assert.equal(final.completion_tokens, 8);
+    const content = chunks.filter((c) => c.choices.length && c.choices[0].delta.content);
+    assert.ok(content.length >= 4, JSON.stringify(chunks));
+    let last = 0;
+    for (const c of content) {
+      assert.equal(c.usage.prompt_tokens, final.prompt_tokens);
+      assert.ok(c.usage.completion_tokens >= last && c.usage.completion_tokens <= 8, JSON.stringify(c.usage));
+      assert.equal(c.usage.total_tokens, c.usage.prompt_tokens + c.usage.completion_tokens);
+      last = c.usage.completion_tokens;
+    }
+    assert.ok(last >= content.length - 1);
+    const finish = chunks.find((c) => c.choices.length && c.choices[0].finish_reason);
+    assert.deepEqual(finish.usage, final);
+  });
+
   test("llama.cpp's GET /props and POST /apply-template", async () => {
     const p = await fetch(`${server.url}/props`).then((r) => r.json());
     const models = await fetch(`${server.url}/v1/models`).then((r) => r.json());
