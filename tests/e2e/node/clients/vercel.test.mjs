@@ -1,7 +1,8 @@
 // The Vercel AI SDK (`ai` with `@ai-sdk/openai-compatible` and `@ai-sdk/openai`) against
 // `firsttoken serve` on stories260K: generateText, streamText, generateObject parsed by its zod
 // schema, a tool round trip (a forced call, its executed result, an answer: one two-step
-// generateText) on Chat Completions, and the same through the Responses API (`openai.responses`).
+// generateText) on Chat Completions, and the same through the Responses API (`openai.responses`);
+// embed and embedMany.
 // The model is tiny and random: structure is forced by the server's constrained decoding, and the
 // tests check well-formedness, not content. refuseNetwork() proves nothing leaves the machine.
 import assert from 'node:assert/strict';
@@ -48,6 +49,18 @@ describe('Vercel AI SDK (stories260K)', { skip }, () => {
     ['openai chat', openai.chat(MODEL_ID)],
     ['openai responses', openai.responses(MODEL_ID)],
   ];
+
+  test('embed and embedMany, through both providers: one unit vector per value, in order', async () => {
+    for (const model of [compatible.textEmbeddingModel(MODEL_ID), openai.embedding(MODEL_ID)]) {
+      const many = await ai.embedMany({ model, values: ['Once upon a time', 'a cat', 'a dog'], maxRetries: 0 });
+      assert.equal(many.embeddings.length, 3);
+      for (const v of many.embeddings) assert.ok(Math.abs(Math.hypot(...v) - 1) < 1e-5);
+      assert.ok(many.usage.tokens > 0);
+      const one = await ai.embed({ model, value: 'a cat', maxRetries: 0 });
+      assert.deepEqual(one.embedding.map(Math.fround), many.embeddings[1].map(Math.fround));
+      assert.ok(ai.cosineSimilarity(one.embedding, many.embeddings[1]) > 0.999999);
+    }
+  });
 
   test('generateText and streamText: text and usage', async () => {
     for (const [what, model] of models()) {
