@@ -848,6 +848,15 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   if (!j.contains("min_p")) j["min_p"] = kCliSampling.min_p;
   for (const char* k : {"echo", "logprobs", "prompt_logprobs", "best_of", "suffix"})
     if (j.contains(k)) bad(k, cat("'", k, "' is not taken by llama.cpp's /completion (use /v1/completions)"));
+  // n_probs: each token's logprob and its n best alternatives (completion_probabilities), from the
+  // model's distribution; llama.cpp's post-sampling form is not made.
+  if (j.contains("post_sampling_probs") && get_bool(j, "post_sampling_probs"))
+    bad("post_sampling_probs", "'post_sampling_probs' is not supported: n_probs reports the model's logprobs");
+  j.erase("post_sampling_probs");
+  if (j.contains("n_probs")) {
+    if (const int64_t n = get_int(j, "n_probs", 0, kMaxLogprobs); n > 0) j["logprobs"] = n;
+    j.erase("n_probs");
+  }
   ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model);
   r.kind = Endpoint::Native;
   r.echo_only = eval_only;
@@ -987,6 +996,23 @@ json embeddings_response(const std::string& model, const std::vector<std::vector
           {"data", std::move(data)},
           {"model", model},
           {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}};
+}
+
+json native_probs(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps) {
+  auto entry = [&](int32_t id, float lp) {
+    const std::string piece = tok.token_to_piece(id);
+    json bytes = json::array();
+    for (unsigned char c : piece) bytes.push_back(int(c));
+    return json{{"id", id}, {"token", piece}, {"bytes", std::move(bytes)}, {"logprob", lp}};
+  };
+  json out = json::array();
+  for (const TokenLogprobs& t : lps) {
+    json e = entry(t.token, t.logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(id, lp));
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 json native_chunk(const std::string& model, const std::string& content, const std::vector<int32_t>& tokens, bool stop,

@@ -129,6 +129,9 @@ nlohmann::json embeddings_response(const std::string& model, const std::vector<s
 // "id_slot", "stop", "model"}, and once stop: "tokens_predicted", "tokens_evaluated", "stop_type"
 // ("eos" | "word" | "limit"), "stopping_word", "truncated", "has_new_line", with timings
 // "tokens_cached" and "timings" (prompt_n, prompt_ms, predicted_n, predicted_ms, ... cache_n).
+// Its completion_probabilities (n_probs) of these tokens: [{"id", "token", "bytes", "logprob",
+// "top_logprobs": [{"id", "token", "bytes", "logprob"}]}] (token: the piece, bytes its raw bytes).
+nlohmann::json native_probs(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps);
 struct NativeTimings {
   int64_t prompt_n = 0, cached_n = 0, predicted_n = 0;
   double prompt_ms = 0, predicted_ms = 0;

@@ -668,7 +668,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
    public:
     NativeReply(HttpSession& s, const ParsedRequest& pr)
         : s_(s), model_(pr.model), stream_(pr.stream), tokens_(pr.return_token_ids), eval_only_(pr.echo_only),
-          t0_(Clock::now()) {}
+          probs_(pr.logprobs >= 0), t0_(Clock::now()) {}
     void start() {
       if (stream_) s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_), false);
     }
@@ -678,10 +678,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!stream_) {
         text_ += o.text;
         if (tokens_) ids_.insert(ids_.end(), o.tokens.begin(), o.tokens.end());
+        if (probs_) lps_.insert(lps_.end(), o.logprobs.begin(), o.logprobs.end());
         return;
       }
-      if (o.text.empty() && !(tokens_ && !o.tokens.empty())) return;
-      s_.enqueue(http_chunk(sse_event(native_chunk(model_, o.text, tokens_ ? o.tokens : std::vector<int32_t>{}, false, 0, 0))), false);
+      if (o.text.empty() && !(tokens_ && !o.tokens.empty()) && !(probs_ && !o.logprobs.empty())) return;
+      s_.enqueue(http_chunk(sse_event(piece(o))), false);
     }
     void on_finish(Output&& last, const Finish& fin) override {
       Finish f = fin;
@@ -707,12 +708,15 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!stream_) {
         text_ += last.text;
         if (tokens_) ids_.insert(ids_.end(), last.tokens.begin(), last.tokens.end());
-        return s_.send_json(native_chunk(model_, text_, ids_, true, f.usage.completion_tokens, f.usage.prompt_tokens, type,
-                                         f.stop_word, &t));
+        if (probs_) lps_.insert(lps_.end(), last.logprobs.begin(), last.logprobs.end());
+        json body = native_chunk(model_, text_, ids_, true, f.usage.completion_tokens, f.usage.prompt_tokens, type,
+                                 f.stop_word, &t);
+        if (probs_) body["completion_probabilities"] = native_probs(*s_.srv_.model.tokenizer, lps_);
+        return s_.send_json(body);
       }
       std::string out;
-      if (!last.text.empty() || (tokens_ && !last.tokens.empty()))
-        out += sse_event(native_chunk(model_, last.text, tokens_ ? last.tokens : std::vector<int32_t>{}, false, 0, 0));
+      if (!last.text.empty() || (tokens_ && !last.tokens.empty()) || (probs_ && !last.logprobs.empty()))
+        out += sse_event(piece(last));
       out += sse_event(native_chunk(model_, "", {}, true, f.usage.completion_tokens, f.usage.prompt_tokens, type, f.stop_word, &t));
       s_.enqueue(http_chunk(out) + http_chunk(""), true);
     }
@@ -725,7 +729,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     HttpSession& s_;
     std::string model_;
     bool stream_, tokens_;
+    // A streamed piece: its text, and its tokens (return_tokens) and probabilities (n_probs).
+    json piece(const Output& o) const {
+      json j = native_chunk(model_, o.text, tokens_ ? o.tokens : std::vector<int32_t>{}, false, 0, 0);
+      if (probs_) j["completion_probabilities"] = native_probs(*s_.srv_.model.tokenizer, o.logprobs);
+      return j;
+    }
+
     bool eval_only_;            // n_predict 0 (ParsedRequest::echo_only): no content
+    bool probs_;                // n_probs
+    std::vector<TokenLogprobs> lps_;  // not streaming, with n_probs
     std::string text_;          // not streaming: the whole content
     std::vector<int32_t> ids_;  // not streaming, with return_tokens
     Clock::time_point t0_;                   // (timings without the engine's: from the request)

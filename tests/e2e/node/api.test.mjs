@@ -78,6 +78,30 @@ describe('serve stories260K', { skip }, () => {
     assert.deepEqual(usage, { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 });
   });
 
+  test("llama.cpp's n_probs: completion_probabilities per token, streamed with its piece; the model's logprobs", async () => {
+    const body = { prompt: gold.prompt, n_predict: 6, temperature: 0, n_probs: 3, ignore_eos: true };
+    const r = await postJson(server.url, '/completion', body);
+    assert.equal(r.status, 200, r.text);
+    const probs = r.json.completion_probabilities;
+    assert.equal(probs.length, 6);
+    const oai = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 6, temperature: 0, logprobs: 3,
+                                                  ignore_eos: true });
+    for (const [k, p] of probs.entries()) {
+      assert.equal(p.top_logprobs.length, 3);
+      assert.equal(p.top_logprobs[0].id, p.id);  // greedy: the best one
+      assert.equal(p.token, oai.choices[0].logprobs.tokens[k]);
+      assert.ok(Math.abs(p.logprob - oai.choices[0].logprobs.token_logprobs[k]) < 1e-5);
+      assert.deepEqual(p.bytes, [...Buffer.from(p.token)]);
+    }
+    assert.equal(probs.map((p) => p.token).join(''), r.json.content);
+    const res = await fetch(`${server.url}/completion`, { method: 'POST', headers: { 'content-type': 'application/json' },
+                                                          body: JSON.stringify({ ...body, stream: true }) });
+    const streamed = (await res.text()).split('\n').filter((l) => l.startsWith('data: '))
+      .flatMap((l) => JSON.parse(l.slice(6)).completion_probabilities ?? []);
+    assert.deepEqual(streamed, probs);
+    assert.equal((await postJson(server.url, '/completion', { ...body, post_sampling_probs: true })).status, 400);
+  });
+
   test("vLLM's continuous_usage_stats: every streamed chunk carries the usage so far", async () => {
     const chunks = [];
     for await (const c of await client.chat.completions.create({
