@@ -185,7 +185,9 @@ INSTANTIATE_TEST_SUITE_P(Golden, TpForward,
                          });
 
 // The engine on rank 0 (scheduler, prefix cache, several sequences per step) sending its steps to
-// a worker: the same greedy tokens as one process's engine.
+// a worker: the same greedy tokens as one process's engine, and the same embeddings (mean and last
+// pooling, their hidden rows gathered on the last stage and sent back with the logits rows): equal
+// under PP alone, within kFloatTol of the largest |value| with TP.
 TEST(TpEngine, ConcurrentRequestsMatchOneProcess) {
   FT_REQUIRE_GROUP();
   FT_REQUIRE_SHARED(path, "models/synth-llama-f32.gguf");  // float weights: no int8 near-ties
@@ -206,7 +208,13 @@ TEST(TpEngine, ConcurrentRequestsMatchOneProcess) {
     Engine engine(m, c, [](int32_t) { return false; });
     // The first prompt has 2 more choices (EngineRequest::forks): their KV forked from its, the
     // partial block's copy replayed on the workers.
-    std::vector<EventStream> streams(prompts.size() + 2);
+    std::vector<EventStream> streams(prompts.size() + 2), embeds(2);
+    for (size_t i = 0; i < embeds.size(); ++i) {  // embeddings among the generations
+      EngineRequest r;
+      r.prompt = prompts[i + 1];
+      r.pooling = i == 0 ? Pooling::Mean : Pooling::Last;
+      engine.submit(std::move(r), embeds[i].callback());
+    }
     for (size_t i = 0; i < prompts.size(); ++i) {
       EngineRequest r;
       r.prompt = prompts[i];
@@ -223,17 +231,36 @@ TEST(TpEngine, ConcurrentRequestsMatchOneProcess) {
       while (streams[i].next(ev))
         if (ev.kind == EngineEvent::Kind::Token) out[i].push_back(ev.token);
     }
+    std::vector<std::vector<float>> vecs(embeds.size());
+    for (size_t i = 0; i < embeds.size(); ++i) {
+      EngineEvent ev;
+      while (embeds[i].next(ev))
+        if (ev.kind == EngineEvent::Kind::Finished) vecs[i] = ev.embedding;
+    }
     engine.shutdown();  // stops the worker
-    return out;
+    return std::make_pair(out, vecs);
   };
   auto shard = Model::load(path);
   split_model(*shard, *g_comm);
   if (g_comm->rank() == 0) {
     const auto full = Model::load(path);
-    const auto one = run(*full, nullptr);
+    const auto [one, one_vecs] = run(*full, nullptr);
     const CommStats before = g_comm->stats();
-    const auto tp = run(*shard, g_comm.get());
+    const auto [tp, tp_vecs] = run(*shard, g_comm.get());
     EXPECT_EQ(one, tp);
+    for (size_t i = 0; i < one_vecs.size(); ++i) {
+      ASSERT_EQ(one_vecs[i].size(), size_t(shard->hparams().dim)) << "embedding " << i;
+      ASSERT_EQ(tp_vecs[i].size(), one_vecs[i].size()) << "embedding " << i;
+      float scale = 0;
+      for (float x : one_vecs[i]) scale = std::max(scale, std::fabs(x));
+      for (size_t d = 0; d < one_vecs[i].size(); ++d) {
+        if (g_comm->tp_size() > 1) {
+          EXPECT_NEAR(tp_vecs[i][d], one_vecs[i][d], kFloatTol * scale) << "embedding " << i << " [" << d << "]";
+        } else {
+          EXPECT_EQ(tp_vecs[i][d], one_vecs[i][d]) << "embedding " << i << " [" << d << "]";
+        }
+      }
+    }
     for (const auto& t : tp) EXPECT_EQ(t.size(), 20u);
     EXPECT_EQ(tp[3], tp[0]);  // greedy choices of one prompt
     EXPECT_EQ(tp[4], tp[0]);
