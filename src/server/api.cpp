@@ -819,12 +819,31 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   if (!j.contains("model")) j["model"] = model.id;
   if (j.contains("n") && j["n"] != 1) bad("n", "llama.cpp's /completion makes one completion ('n' must be 1)");
   if (j.contains("seed") && j["seed"].is_number_integer() && j["seed"].get<int64_t>() == -1) j.erase("seed");  // -1: random
-  if (j.contains("logit_bias") && j["logit_bias"].is_array()) {  // [[id, bias | false], ...]
+  // logit_bias as [[id or text, bias | false], ...] or {"id or text": bias}: ids go to
+  // parse_request's object; a text's tokens get its bias (GenerationRequest::logit_bias_text).
+  std::vector<std::pair<std::string, float>> text_bias;
+  if (j.contains("logit_bias") && (j["logit_bias"].is_array() || j["logit_bias"].is_object())) {
+    const char* shape = "'logit_bias' must be [[token id or text, bias or false], ...] or an object";
     json object = json::object();
-    for (const json& e : j["logit_bias"]) {
-      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !(e[1].is_number() || e[1] == false))
-        bad("logit_bias", "'logit_bias' must be [[token id, bias or false], ...] or an object");
-      object[std::to_string(e[0].get<int64_t>())] = e[1] == false ? json(-100) : e[1];
+    auto add = [&](const json& key, const json& bias) {
+      if (!(bias.is_number() || bias == false)) bad("logit_bias", shape);
+      const json b = bias == false ? json(-100) : bias;
+      if (key.is_number_integer()) return void(object[std::to_string(key.get<int64_t>())] = b);
+      std::string k = key.get<std::string>();
+      int64_t id = 0;
+      if (const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id); ec == std::errc() && end == k.data() + k.size())
+        return void(object[k] = b);
+      if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100 || b.get<double>() > 100)
+        bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+      text_bias.emplace_back(std::move(k), float(b.get<double>()));
+    };
+    if (j["logit_bias"].is_array()) {
+      for (const json& e : j["logit_bias"]) {
+        if (!e.is_array() || e.size() != 2 || !(e[0].is_number_integer() || e[0].is_string())) bad("logit_bias", shape);
+        add(e[0], e[1]);
+      }
+    } else {
+      for (const auto& [k, v] : j["logit_bias"].items()) add(json(k), v);
     }
     j["logit_bias"] = object;
   }
@@ -859,6 +878,7 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   }
   ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model);
   r.kind = Endpoint::Native;
+  r.logit_bias_text = std::move(text_bias);
   r.echo_only = eval_only;
   r.return_token_ids = tokens;
   r.fit_max_tokens = true;

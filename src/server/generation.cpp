@@ -461,6 +461,8 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   }
   gen->prompt0_ = prompt.front();  // resolve_max_tokens: not empty
   if (gen->req_.return_token_ids) gen->prompt_ids_ = std::make_shared<const std::vector<int32_t>>(prompt);
+  for (const auto& [text, bias] : gen->req_.logit_bias_text)
+    for (const int32_t id : tok.encode(text, false, /*parse_special=*/false)) gen->req_.logit_bias.emplace_back(id, bias);
   if (!gen->req_.bad_words.empty()) gen->bad_words_ = std::make_shared<const BadWordIds>(bad_word_ids(tok, gen->req_.bad_words));
   er.prompt = std::move(prompt);
   er.sampling = r.sampling;

@@ -157,6 +157,9 @@ struct GenerationRequest {
   double ttft_slo_ms = 0;              // extension: the TTFT deadline from arrival; 0 = the server's default
   int32_t priority = 0;                // extension (vLLM's): lower is scheduled first
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to its logit before sampling
+  // llama.cpp's logit_bias by text: every token of the text (tokenized as it is, special tokens
+  // not parsed) gets the bias; prepare() adds them to logit_bias.
+  std::vector<std::pair<std::string, float>> logit_bias_text;
   int64_t min_tokens = 0;              // end-of-generation tokens and stop_token_ids are masked before this many
   std::vector<int32_t> stop_token_ids; // sampling one ends the generation ("stop"; the token is not output)
   std::vector<int32_t> allowed_token_ids;  // vLLM's: non-empty = only these may be sampled

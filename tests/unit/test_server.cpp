@@ -608,6 +608,28 @@ TEST(ServerInfill, PromptAsLlamaCppFormatsIt) {
   EXPECT_EQ(std::vector<int32_t>(wide.begin(), wide.begin() + 5), ids({"XTRA", 1000}));  // the extra part's last 4
 }
 
+TEST(ServerNative, LogitBiasByIdAndText) {
+  const ModelInfo m{"stories260K", 512, 512, {}, 64};
+  ParsedRequest r = parse_native_request(R"({"prompt": "x", "logit_bias": [[5, 1.5], ["Hello", false], ["7", -2]]})", m);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{5, 1.5f}, {7, -2.0f}}));
+  EXPECT_EQ(r.logit_bias_text, (std::vector<std::pair<std::string, float>>{{"Hello", -100.0f}}));
+  r = parse_native_request(R"({"prompt": "x", "logit_bias": {"9": 3, "world": -1}})", m);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{9, 3.0f}}));
+  EXPECT_EQ(r.logit_bias_text, (std::vector<std::pair<std::string, float>>{{"world", -1.0f}}));
+  EXPECT_EQ(parse_native_request(R"({"prompt": "x", "n_probs": 3})", m).logprobs, 3);
+  EXPECT_EQ(parse_native_request(R"({"prompt": "x"})", m).logprobs, -1);
+  for (const char* body : {R"({"prompt": "x", "logit_bias": [["a", "b"]]})", R"({"prompt": "x", "logit_bias": [[[1], 1]]})",
+                           R"({"prompt": "x", "logit_bias": {"a": 500}})", R"({"prompt": "x", "logit_bias": [[999, 1]]})",
+                           R"({"prompt": "x", "n_probs": 99})", R"({"prompt": "x", "post_sampling_probs": true})"}) {
+    try {
+      parse_native_request(body, m);
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+    }
+  }
+}
+
 TEST(ServerInfill, ParsesLlamaCppsFields) {
   const ModelInfo m{"stories260K", 512, 512, {}, 64};
   ParsedRequest r = parse_infill_request(

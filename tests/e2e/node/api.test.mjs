@@ -351,6 +351,14 @@ describe('serve stories260K', { skip }, () => {
     const banned = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 1, temperature: 0,
       logit_bias: [[first, false]], return_tokens: true });
     assert.notEqual(banned.json.tokens[0], first);
+    // By text: every token of the text gets the bias (array and object forms).
+    const piece = (await postJson(server.url, '/detokenize', { tokens: [first] })).json.content.trim();
+    const byText = [[[piece, false]], { [piece]: -100 }];
+    for (const logit_bias of byText) {
+      const t = await postJson(server.url, '/completion', { prompt: gold.prompt, n_predict: 1, temperature: 0, logit_bias, return_tokens: true });
+      assert.equal(t.status, 200, t.text);
+      assert.notEqual(t.json.tokens[0], first, JSON.stringify(logit_bias));
+    }
     assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, n: 2 })).status, 400);
     assert.equal((await postJson(server.url, '/completion', { prompt: gold.prompt, logit_bias: [[1]] })).status, 400);
     // n_predict -1 (also on /v1/completions): the rest of the context, not OpenAI's 16.
