@@ -1344,7 +1344,7 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
     r["usage"] = {{"input_tokens", u->prompt_tokens},
                   {"input_tokens_details", {{"cached_tokens", 0}}},
                   {"output_tokens", u->completion_tokens},
-                  {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                  {"output_tokens_details", {{"reasoning_tokens", u->reasoning_tokens}}},
                   {"total_tokens", u->prompt_tokens + u->completion_tokens}};
   return r;
 }

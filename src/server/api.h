@@ -176,6 +176,7 @@ class ReasoningSplit {
   };
   Parts push(std::string_view text, bool final);
   bool reasoned() const { return reasoned_; }  // a reasoning part was seen (it may be empty)
+  bool in_reasoning() const { return state_ == State::Reasoning; }
 
  private:
   enum class State { Start, Reasoning, Content } state_;

@@ -300,9 +300,10 @@ std::vector<int32_t> infill_prompt(const FimIds& fim, const std::function<std::v
                                    const InfillParts& parts, const std::vector<int32_t>& prompt, int64_t n_ctx,
                                    int64_t n_predict) {
   constexpr int64_t kBatch = 2048;  // llama.cpp's default n_batch, which its budgets are shares of
-  // ... less what the FIM tokens, BOS and the first generated tokens need where the context is
-  // shorter (llama.cpp's own budgets could overrun it).
-  const int64_t reserve = 3 + (fim.bos >= 0) + std::max<int64_t>(1, n_predict);
+  // ... less what the FIM tokens, BOS and a first generated token need where the context is
+  // shorter (llama.cpp's own budgets could overrun it). (Not all of n_predict: a cap, which the
+  // context's end cuts, as llama.cpp's does; reserving it could leave no room for the code.)
+  const int64_t reserve = 3 + (fim.bos >= 0) + 1;
   const int64_t n_batch = std::max<int64_t>(0, std::min(kBatch, n_ctx - reserve));
   auto append = [](std::vector<int32_t>& to, const std::vector<int32_t>& ids) { to.insert(to.end(), ids.begin(), ids.end()); };
   std::vector<int32_t> extra;
@@ -327,8 +328,8 @@ std::vector<int32_t> infill_prompt(const FimIds& fim, const std::function<std::v
   const int64_t n_pre = std::min<int64_t>(int64_t(pre.size()),  // (and room for the prompt, which continues it)
                                           std::max<int64_t>(0, std::min<int64_t>(3 * (n_batch / 4), n_batch - int64_t(prompt.size()))));
   const int64_t n_suf = std::min<int64_t>(int64_t(suf.size()), std::max<int64_t>(0, n_batch / 4 - (2 + int64_t(prompt.size()))));
-  const int64_t core = n_pre + n_suf + int64_t(prompt.size()) + reserve - std::max<int64_t>(1, n_predict);
-  const int64_t room = std::min(n_ctx - n_batch - 2 * n_predict, n_ctx - core - std::max<int64_t>(1, n_predict));
+  const int64_t core = n_pre + n_suf + int64_t(prompt.size()) + reserve - 1;
+  const int64_t room = std::min(n_ctx - n_batch - 2 * n_predict, n_ctx - core - 1);
   const int64_t n_extra = std::min<int64_t>(int64_t(extra.size()), std::max<int64_t>(0, room));
   std::vector<int32_t> out(extra.end() - n_extra, extra.end());
   if (fim.bos >= 0) out.push_back(fim.bos);

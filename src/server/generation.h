@@ -114,9 +114,9 @@ struct FimIds {
 // (fewer when the prompt leaves less of n_batch),
 // the suffix its first n_batch/4 - (2 + prompt's), the extra part its last n_ctx - n_batch -
 // 2 n_predict (all at least 0), where n_batch = min(2048, n_ctx - reserve), llama.cpp's default
-// batch where the context has room for it, reserve = the FIM tokens, BOS and max(1, n_predict)
-// generated tokens; and the extra part at most what the context leaves past the rest and those.
-// Only a prompt longer than the context makes the whole longer than n_ctx - max(1, n_predict).
+// batch where the context has room for it, reserve = the FIM tokens, BOS and one generated token;
+// and the extra part at most what the context leaves past the rest and that token. Only a prompt
+// longer than the context makes the whole longer than n_ctx - 1.
 std::vector<int32_t> infill_prompt(const FimIds& fim, const std::function<std::vector<int32_t>(std::string_view)>& encode,
                                    const InfillParts& parts, const std::vector<int32_t>& prompt, int64_t n_ctx,
                                    int64_t n_predict);
@@ -229,6 +229,7 @@ struct Output {
 };
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t reasoning_tokens = 0;  // of completion_tokens, a reasoning model's before </think> (where counted)
 };
 struct Finish {
   int32_t index = 0;                        // the choice that finished

@@ -309,9 +309,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     }
     void on_output(int32_t prompt, Output&& o) {
       if (failed_) return;
-      if (!echo_only_) ++streamed_tokens_;
       o.index += prompt * n_;
       Choice& c = choices_[size_t(o.index)];
+      if (!echo_only_) ++c.generated;
       if (echo_only_) drop_generated(o);
       add_logprobs(c, prompt, o);
       add_ids(c, prompt, o);
@@ -335,6 +335,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       for (const Usage& u : usage_) f.usage.prompt_tokens += u.prompt_tokens, f.usage.completion_tokens += u.completion_tokens;
       f.index += prompt * n_;
       Choice& c = choices_[size_t(f.index)];
+      c.generated += int64_t(last.tokens.size());
       add_logprobs(c, prompt, last);
       add_ids(c, prompt, last);
       emit(c, f.index, think(c, f.index, last.text, true), true);
@@ -351,7 +352,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           c.held.reset();
           if (!found.content.empty()) emit(c, f.index, found.content, false);
           if (stream_ && !calls.is_null())
-            s_.enqueue(http_chunk(sse_event(tool_calls_chunk(meta_, calls, include_usage_, f.index))), false);
+            s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
         } else {
           c.text = found.content;
         }
@@ -359,8 +360,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         reason = "tool_calls";
       }
       if (stream_) {
-        json chunk = stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index);
-        if (continuous_usage_) chunk["usage"] = usage_json(f.usage);
+        json chunk = with_usage(stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index), f.index);
         chunk["choices"][0]["stop_reason"] = stop_reason_json(f);
         take_ids(c, prompt, chunk);
         std::string sse = sse_event(chunk);
@@ -397,8 +397,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // The headers are out: an SSE error event, which OpenAI clients raise as APIError.
       s_.enqueue(http_chunk("data: " + error_body(e) + "\n\n" + std::string(kSseDone)) + http_chunk(""), true);
     }
-    // Every prompt's tokens, once all are prepared (continuous_usage_stats).
-    void set_prompt_tokens(int64_t n) { prompt_tokens_ = n; }
+    // Each prompt's tokens, once all are prepared (continuous_usage_stats).
+    void set_prompt_tokens(std::vector<int64_t> n) { prompt_tokens_ = std::move(n); }
     // Whether the output starts inside the reasoning (Generation::opens_reasoning: the rendered
     // prompt ends with "<think>"), before any output. Under a grammar never: it constrains the
     // output from its first token, so reasoning only where the output writes "<think>" itself.
@@ -416,7 +416,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_);
       if (meta_.kind == Endpoint::Chat)
         for (size_t i = 0; i < choices_.size(); ++i)
-          head += http_chunk(sse_event(stream_chunk(meta_, "", true, "", include_usage_, nullptr, int32_t(i))));
+          head += http_chunk(sse_event(with_usage(stream_chunk(meta_, "", true, "", include_usage_, nullptr, int32_t(i)), int32_t(i))));
       s_.enqueue(std::move(head), false);
     }
 
@@ -432,6 +432,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       bool prompt_ids_sent = false;
       std::optional<ReasoningSplit> think;  // a reasoning model's chat (ServedModel::reasoning)
       std::string reasoning;            // not streaming: the whole reasoning
+      int64_t generated = 0;            // tokens out so far (continuous_usage_stats)
     };
     static void drop_generated(Output& o) {
       o.text.clear();
@@ -449,7 +450,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         c.reasoning += parts.reasoning;
         return std::move(parts.content);
       }
-      json chunk = stream_chunk(meta_, "", false, "", include_usage_, take_logprobs(c), index);
+      json chunk = with_usage(stream_chunk(meta_, "", false, "", include_usage_, take_logprobs(c), index), index);
       chunk["choices"][0]["delta"] = {{"reasoning_content", parts.reasoning}};
       take_ids(c, index / n_, chunk);
       s_.enqueue(http_chunk(sse_event(chunk)), false);
@@ -561,26 +562,27 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           delta = {{"index", 0}, {"id", new_tool_call_id()},
                    {"type", "function"}, {"function", {{"name", tool_name_}, {"arguments", text}}}};
         }
-        json chunk = tool_calls_chunk(meta_, json::array({delta}), include_usage_, index);
-        if (continuous_usage_) chunk["usage"] = usage_so_far();
-        s_.enqueue(http_chunk(sse_event(chunk)), false);
+        s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, json::array({delta}), include_usage_, index), index))), false);
         return;
       }
       if (text.empty() && !(final && !c.lp.empty())) return;
-      json chunk = stream_chunk(meta_, text, false, "", include_usage_, take_logprobs(c), index);
-      if (continuous_usage_) chunk["usage"] = usage_so_far();
+      json chunk = with_usage(stream_chunk(meta_, text, false, "", include_usage_, take_logprobs(c), index), index);
       take_ids(c, index / n_, chunk);
       s_.enqueue(http_chunk(sse_event(chunk)), false);
     }
 
-    // continuous_usage_stats: the prompts' tokens (every prompt's, from set_prompt_tokens) and
-    // the generated tokens streamed so far.
-    json usage_so_far() const { return usage_json({prompt_tokens_, streamed_tokens_}); }
+    // continuous_usage_stats (vLLM's, per choice): a streamed chunk of choice `index` carries its
+    // prompt's tokens and the choice's generated so far.
+    json with_usage(json chunk, int32_t index) const {
+      if (continuous_usage_)
+        chunk["usage"] = usage_json({prompt_tokens_.empty() ? 0 : prompt_tokens_[size_t(index / n_)], choices_[size_t(index)].generated});
+      return chunk;
+    }
 
     HttpSession& s_;  // alive while events are handled: each posted event holds the session
     ResponseMeta meta_;
     bool stream_, include_usage_, continuous_usage_, logprobs_;
-    int64_t prompt_tokens_ = 0, streamed_tokens_ = 0;
+    std::vector<int64_t> prompt_tokens_;  // per prompt (set_prompt_tokens)
     ToolChoice tool_choice_;
     std::string tool_name_;
     json tools_;
@@ -708,10 +710,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!stream_) {
         text_ += last.text;
         if (tokens_) ids_.insert(ids_.end(), last.tokens.begin(), last.tokens.end());
-        if (probs_) lps_.insert(lps_.end(), last.logprobs.begin(), last.logprobs.end());
+        if (probs_) {
+          lps_.insert(lps_.end(), last.logprobs.begin(), last.logprobs.end());
+          // Stopped by a stop string: as many entries dropped at the end as it has tokens
+          // (llama.cpp's rule: they made the cut text).
+          if (!f.stop_word.empty())
+            lps_.resize(lps_.size() - std::min(lps_.size(), io_tokenizer().encode(f.stop_word, false, false).size()));
+        }
         json body = native_chunk(model_, text_, ids_, true, f.usage.completion_tokens, f.usage.prompt_tokens, type,
                                  f.stop_word, &t);
-        if (probs_) body["completion_probabilities"] = native_probs(*s_.srv_.model.tokenizer, lps_);
+        if (probs_) body["completion_probabilities"] = native_probs(io_tokenizer(), lps_);
         return s_.send_json(body);
       }
       std::string out;
@@ -732,7 +740,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     // A streamed piece: its text, and its tokens (return_tokens) and probabilities (n_probs).
     json piece(const Output& o) const {
       json j = native_chunk(model_, o.text, tokens_ ? o.tokens : std::vector<int32_t>{}, false, 0, 0);
-      if (probs_) j["completion_probabilities"] = native_probs(*s_.srv_.model.tokenizer, o.logprobs);
+      if (probs_) j["completion_probabilities"] = native_probs(io_tokenizer(), o.logprobs);
       return j;
     }
 
@@ -770,11 +778,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     }
     void on_output(Output&& o) override {
       const ReasoningSplit::Parts p = split(o.text, false);
+      // (a token whose text went to the reasoning, or is held inside it)
+      if (p.content.empty() && think_ && (think_->in_reasoning() || !p.reasoning.empty()))
+        reasoning_tokens_ += int64_t(o.tokens.size());
       std::string out = reason(p.reasoning);
       if (!p.content.empty()) {
         text_ += p.content;
+        if (stream_) out += close_reasoning();
         if (stream_ && tool_choice_ == ToolChoice::None) {  // (calls: sent whole at the end)
-          out += close_reasoning();
           out += open_message();
           out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_index()}, {"content_index", 0},
                                                    {"delta", p.content}, {"logprobs", json::array()}});
@@ -796,7 +807,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (has_message) output.push_back(responses_message_item(msg_id_, found.content, "completed"));
       for (const ToolCall& c : found.calls) output.push_back(responses_call_item(c, "completed"));
       const bool incomplete = f.reason == "length";
-      const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &f.usage,
+      Usage usage = f.usage;
+      usage.reasoning_tokens = reasoning_tokens_;
+      const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
                                       incomplete ? "max_output_tokens" : "", echo_);
       if (!stream_) return s_.send_json(r);
       out += close_reasoning();
@@ -853,6 +866,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!reasoning_open_) {
         reasoning_open_ = true;
         out += ev("response.output_item.added", {{"output_index", 0}, {"item", responses_reasoning_item(rs_id_, "", "in_progress")}});
+        out += ev("response.content_part.added", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0},
+                                                  {"part", {{"type", "reasoning_text"}, {"text", ""}}}});
       }
       if (!text.empty())
         out += ev("response.reasoning_text.delta", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0}, {"delta", text}});
@@ -863,6 +878,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!reasoning_open_ || reasoning_closed_) return "";
       reasoning_closed_ = true;
       std::string out = ev("response.reasoning_text.done", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0}, {"text", reasoning_}});
+      out += ev("response.content_part.done", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0},
+                                               {"part", {{"type", "reasoning_text"}, {"text", reasoning_}}}});
       out += ev("response.output_item.done", {{"output_index", 0}, {"item", responses_reasoning_item(rs_id_, reasoning_, "completed")}});
       return out;
     }
@@ -889,6 +906,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
     std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
     bool message_open_ = false, reasoning_open_ = false, reasoning_closed_ = false;
+    int64_t reasoning_tokens_ = 0;  // usage's output_tokens_details
     int64_t seq_ = 0;
   };
 
@@ -963,9 +981,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         throw;
       }
       if (reply) {
-        int64_t prompt_tokens = 0;
-        for (const auto& gen : gens_) prompt_tokens += gen->n_prompt();
-        reply->set_prompt_tokens(prompt_tokens);
+        std::vector<int64_t> prompt_tokens;
+        for (const auto& gen : gens_) prompt_tokens.push_back(gen->n_prompt());
+        reply->set_prompt_tokens(std::move(prompt_tokens));
         reply->open_reasoning(gens_.front()->opens_reasoning());  // (chat: one prompt)
         reply->start();
       }

@@ -600,9 +600,16 @@ TEST(ServerInfill, PromptAsLlamaCppFormatsIt) {
   for (int64_t n_ctx : {8, 16, 40, 100, 2047, 2100})  // the whole fits, whatever the context
     for (int64_t n_predict : {0, 1, 5}) {
       const InfillParts huge{std::string(3000, 'p'), std::string(3000, 's'), {{"f", std::string(3000, 'e')}}};
-      EXPECT_LE(int64_t(infill_prompt(fim, encode, huge, prompt, n_ctx, n_predict).size()),
-                std::max<int64_t>(n_ctx - std::max<int64_t>(1, n_predict), 2 + 3))  // (a tiny context: the prompt and FIM tokens)
+      const std::vector<int32_t> got = infill_prompt(fim, encode, huge, prompt, n_ctx, n_predict);
+      EXPECT_LE(int64_t(got.size()), std::max<int64_t>(n_ctx - 1, 2 + 3))  // (a tiny context: the prompt and FIM tokens)
           << n_ctx << " " << n_predict;
+      if (n_ctx >= 40) {  // code kept, whatever n_predict
+        EXPECT_GT(std::count(got.begin(), got.end(), int32_t('p')), 0) << n_ctx;
+      }
+    }
+  for (int64_t n_predict : {int64_t(0), int64_t(4000)}) {  // n_predict does not take the code's room
+    const InfillParts code{"prefix", "suffix", {}};
+    EXPECT_EQ(infill_prompt(fim, encode, code, {}, 4096, n_predict), ids({1000, "prefix", 1001, "suffix", 1002})) << n_predict;
     }
   const std::vector<int32_t> wide = infill_prompt(fim, encode, big, {}, 2048 + 4 + 2 * 3, 3);
   EXPECT_EQ(std::vector<int32_t>(wide.begin(), wide.begin() + 5), ids({"XTRA", 1000}));  // the extra part's last 4

@@ -100,27 +100,34 @@ describe('serve stories260K', { skip }, () => {
       .flatMap((l) => JSON.parse(l.slice(6)).completion_probabilities ?? []);
     assert.deepEqual(streamed, probs);
     assert.equal((await postJson(server.url, '/completion', { ...body, post_sampling_probs: true })).status, 400);
+    // Stopped by a stop string: its tokens' entries dropped (llama.cpp's rule), the rest kept.
+    const word = probs[4].token.trim();
+    const cut = await postJson(server.url, '/completion', { ...body, stop: [word] });
+    assert.equal(cut.json.stop_type, 'word', cut.text);
+    assert.ok(cut.json.completion_probabilities.length < 6);
+    assert.deepEqual(cut.json.completion_probabilities, probs.slice(0, cut.json.completion_probabilities.length));
   });
 
-  test("vLLM's continuous_usage_stats: every streamed chunk carries the usage so far", async () => {
+  test("vLLM's continuous_usage_stats: every streamed chunk carries its choice's usage so far", async () => {
     const chunks = [];
     for await (const c of await client.chat.completions.create({
-      model: MODEL_ID, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, temperature: 0, ignore_eos: true,
-      stream: true, stream_options: { include_usage: true, continuous_usage_stats: true } })) chunks.push(c);
+      model: MODEL_ID, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, temperature: 0.8, seed: 3,
+      ignore_eos: true, n: 2, stream: true, stream_options: { include_usage: true, continuous_usage_stats: true } })) chunks.push(c);
     const final = chunks.at(-1).usage;
-    assert.equal(final.completion_tokens, 8);
-    const content = chunks.filter((c) => c.choices.length && c.choices[0].delta.content);
-    assert.ok(content.length >= 4, JSON.stringify(chunks));
-    let last = 0;
-    for (const c of content) {
+    assert.equal(final.completion_tokens, 16);  // (the request's: both choices)
+    const last = [0, 0];
+    let contents = 0;
+    for (const c of chunks.slice(0, -1)) {
+      const i = c.choices[0].index;
+      assert.ok(c.usage, JSON.stringify(c));  // every chunk, the role chunks too
       assert.equal(c.usage.prompt_tokens, final.prompt_tokens);
-      assert.ok(c.usage.completion_tokens >= last && c.usage.completion_tokens <= 8, JSON.stringify(c.usage));
+      assert.ok(c.usage.completion_tokens >= last[i] && c.usage.completion_tokens <= 8, JSON.stringify(c.usage));
       assert.equal(c.usage.total_tokens, c.usage.prompt_tokens + c.usage.completion_tokens);
-      last = c.usage.completion_tokens;
+      last[i] = c.usage.completion_tokens;
+      contents += c.choices[0].delta.content ? 1 : 0;
     }
-    assert.ok(last >= content.length - 1);
-    const finish = chunks.find((c) => c.choices.length && c.choices[0].finish_reason);
-    assert.deepEqual(finish.usage, final);
+    assert.ok(contents >= 8, JSON.stringify(chunks));
+    assert.deepEqual(last, [8, 8]);  // each choice's finish chunk: all its tokens
   });
 
   test("llama.cpp's GET /props and POST /apply-template", async () => {

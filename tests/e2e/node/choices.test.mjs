@@ -669,6 +669,11 @@ describe('reasoning opened per request (chat_template_kwargs)', { skip }, () => 
     assert.deepEqual(strip(done.output), strip(r.output));
     const itemDone = events.filter((e) => e.type === 'response.output_item.done').map((e) => e.item);
     assert.deepEqual(strip(itemDone), strip(r.output));
+    assert.ok(r.usage.output_tokens_details.reasoning_tokens > 0 && r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens,
+              JSON.stringify(r.usage));
+    const parts = events.filter((e) => e.type.startsWith('response.content_part.')).map((e) => [e.type, e.output_index, e.part.type]);
+    assert.deepEqual(parts, [['response.content_part.added', 0, 'reasoning_text'], ['response.content_part.done', 0, 'reasoning_text'],
+                             ['response.content_part.added', 1, 'output_text'], ['response.content_part.done', 1, 'output_text']]);
     const plain = await client.responses.create(req);  // not opened: the message alone
     assert.deepEqual(plain.output.map((o) => o.type), ['message']);
     assert.ok(plain.output[0].content[0].text.length > 0);
