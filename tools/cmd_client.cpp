@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -235,6 +236,7 @@ void add_client(CLI::App& app, ClientArgs& a) {
   c->add_option("--temp", a.temperature, "Temperature (default 0 = greedy)");
   c->add_option("--seed", a.seed, "Sampling seed (default: the server draws one)")->each([&a](const std::string&) { a.seed_set = true; });
   c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating past end-of-generation tokens");
+  c->add_flag("--embed", a.embed, "Print the prompt's embedding (the server's --pooling, L2-normalized) instead of generating");
   c->add_flag("--stats", a.stats, "Print usage and timings to stderr at the end");
   c->add_flag("--bench", a.bench,
               "Benchmark: encode+decode of a 1000-token request and streamed response, JSON vs FlatBuffers; "
@@ -277,8 +279,21 @@ int cmd_client(const ClientArgs& a) {
   req.seed_set = a.seed_set;
   req.ignore_eos = a.ignore_eos;
   req.stream = true;
+  req.embed = a.embed;
 
   client::BinaryClient c(a.host, a.port);
+  if (a.embed) {  // one line: the vector's values, space-separated, shortest form
+    const proto::Response last = c.generate(req);
+    if (!last.error.empty()) fail("the server answered: ", last.error);
+    std::string line;
+    char buf[32];
+    for (float x : last.embedding) {
+      if (!line.empty()) line += ' ';
+      line.append(buf, size_t(std::to_chars(buf, buf + sizeof buf, x).ptr - buf));
+    }
+    std::puts(line.c_str());
+    return 0;
+  }
   if (!a.prompt.empty()) std::fputs(a.prompt.c_str(), stdout);
   const proto::Response last = c.generate(req, [](const proto::Response& r) {
     std::fwrite(r.text.data(), 1, r.text.size(), stdout);

@@ -116,6 +116,7 @@ struct ClientArgs {
   float temperature = 0;
   uint64_t seed = 0;
   bool seed_set = false, ignore_eos = false, stats = false;
+  bool embed = false;  // --embed: the prompt's embedding (one line of floats), not a generation
   bool bench = false;  // --bench: JSON vs FlatBuffers codec costs, and TTFT when ports are given
   int http_port = 0, reps = 50;
 };

@@ -81,7 +81,7 @@ std::string encode_request(const Request& r) {
                                             s.dynatemp_range, s.dynatemp_exponent, s.mirostat, s.mirostat_tau,
                                             s.mirostat_eta, s.min_keep, s.penalty_last_n);
   b.Finish(fbs::CreateRequest(b, tokens, text, r.add_bos, sampling, r.max_tokens, stop, r.stream, r.ignore_eos,
-                              r.logprobs));
+                              r.logprobs, r.embed));
   return frame(b);
 }
 
@@ -108,8 +108,10 @@ std::string encode_response(const Response& r) {
     const Timings& t = r.timings;
     timings = fbs::CreateTimings(b, t.tokenize, t.queue, t.prefill, t.ttft, t.decode, t.total);
   }
+  fb::Offset<fb::Vector<float>> embedding;
+  if (!r.embedding.empty()) embedding = b.CreateVector(r.embedding);
   b.Finish(fbs::CreateResponse(b, tokens, text, r.last, finish_enum(r.finish), r.prompt_tokens, r.completion_tokens,
-                               timings, error, logprobs));
+                               timings, error, logprobs, embedding));
   return frame(b);
 }
 
@@ -147,6 +149,7 @@ bool decode_request(const uint8_t* data, size_t n, Request& out) {
   out.stream = r->stream();
   out.ignore_eos = r->ignore_eos();
   out.logprobs = r->logprobs();
+  out.embed = r->embed();
   return true;
 }
 
@@ -172,6 +175,7 @@ bool decode_response(const uint8_t* data, size_t n, Response& out) {
       if (t->top())
         for (const fbs::Alternative* a : *t->top()) x.top.emplace_back(a->token(), a->logprob());
     }
+  if (r->embedding()) out.embedding.assign(r->embedding()->begin(), r->embedding()->end());
   return true;
 }
 

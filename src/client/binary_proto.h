@@ -26,6 +26,7 @@ struct Request {
   bool stream = true;
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: off; N: each token's logprob and its N best alternatives
+  bool embed = false;     // the prompt's embedding (Response::embedding), not a generation
 };
 
 struct Timings {  // ms
@@ -41,6 +42,7 @@ struct Response {
   Timings timings;
   std::string error;  // final frame of a failed request
   std::vector<TokenLogprobs> logprobs;  // one per token, when requested
+  std::vector<float> embedding;         // last, of an embed request: L2-normalized
 };
 
 std::string encode_request(const Request& r);

@@ -54,6 +54,10 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
       r_.finish = f.reason;
       r_.prompt_tokens = f.usage.prompt_tokens;
       r_.completion_tokens = f.usage.completion_tokens;
+      if (!last.embedding.empty()) {
+        r_.embedding = std::move(last.embedding);
+        normalize_embedding(r_.embedding, 2);  // (the HTTP API's default)
+      }
       if (const RequestTimings* t = f.timings)
         r_.timings = {t->tokenize_ms, t->queue_ms(), t->prefill_ms(), t->ttft_ms(), t->decode_ms(), t->total_ms()};
       s_.respond(r_);
@@ -166,7 +170,8 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     g.ignore_eos = req.ignore_eos;
     g.stop = std::move(req.stop);
     g.logprobs = req.logprobs;
-    g.name = cat("bin-", std::hex, 0x10000000u + srv_.next_id.fetch_add(1), " binary");
+    g.embed = req.embed;
+    g.name = cat("bin-", std::hex, 0x10000000u + srv_.next_id.fetch_add(1), req.embed ? " binary embedding" : " binary");
     gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(g), std::make_shared<Reply>(*this, req.stream),
                                post_to(shared_from_this()))};
   }

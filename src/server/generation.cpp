@@ -634,6 +634,13 @@ void Generation::handle(const Event& e) {
       o.text = c.stop.push(c.dec.flush());
       if (!c.stop.stopped()) o.text += c.stop.flush();
       if (c.end_token >= 0) o.tokens.push_back(c.end_token);
+      for (float x : e.embedding)
+        if (!std::isfinite(x)) {
+          fail(ApiError(500, "the embedding is not finite (the model's hidden state overflowed)", "", "server_error",
+                        kGenerationFailed));
+          if (e.timings) account(i, *e.timings, FinishReason::Error);
+          return;
+        }
       o.embedding = e.embedding;
       c.finish = c.stop.stopped() || e.reason == FinishReason::Stop ? "stop" : "length";
       finish(i, std::move(o), e.timings.get());

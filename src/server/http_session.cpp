@@ -624,10 +624,6 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           vectors_(1 + pr.more_texts.size() + pr.more_tokens.size()), left_(vectors_.size()) {}
     void on_finish(int32_t input, Output&& last, const Finish& f) {
       if (failed_) return;
-      for (float x : last.embedding)
-        if (!std::isfinite(x))
-          return on_error(ApiError(500, cat("the embedding of input ", input, " is not finite (the model's hidden state overflowed)"),
-                                   "", "server_error", kGenerationFailed));
       normalize_embedding(last.embedding, norm_);
       vectors_[size_t(input)] = std::move(last.embedding);
       prompt_tokens_ += f.usage.prompt_tokens;

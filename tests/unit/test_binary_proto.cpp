@@ -367,6 +367,45 @@ TEST_F(BinaryServer, HttpBatchedPrompts) {
   EXPECT_EQ(json::parse(abody)["choices"][0]["text"], single[0]);
 }
 
+// Embeddings on both front ends (here so that the sanitizers run them): the binary protocol's
+// final frame carries the same unit vector as /v1/embeddings for the same text, and from ids;
+// a batched HTTP request of several inputs gives each what it gives alone.
+TEST_F(BinaryServer, EmbeddingsOnBothFrontEnds) {
+  client::BinaryClient c("127.0.0.1", port(), 60);
+  proto::Request r;
+  r.text = "Once upon a time";
+  r.embed = true;
+  r.stream = true;
+  int frames = 0;
+  const proto::Response last = c.generate(r, [&](const proto::Response&) { ++frames; });
+  ASSERT_TRUE(last.error.empty()) << last.error;
+  EXPECT_EQ(frames, 1);  // the final frame alone: nothing is generated
+  EXPECT_EQ(last.finish, "stop");
+  EXPECT_EQ(last.completion_tokens, 0);
+  ASSERT_EQ(last.embedding.size(), size_t(model_->hparams().dim));
+  double norm = 0;
+  for (float x : last.embedding) norm += double(x) * x;
+  EXPECT_NEAR(norm, 1.0, 1e-5);
+  proto::Request ids = r;
+  ids.text.clear();
+  ids.tokens = tok_->encode("Once upon a time", true, true);
+  EXPECT_EQ(c.generate(ids).embedding, last.embedding);
+
+  const int hp = server_->port();
+  const std::vector<std::string> inputs = {"The little dog", "Once upon a time", "A"};
+  const auto [st, body] = http_post(hp, "/v1/embeddings", json{{"input", inputs}, {"encoding_format", "float"}}.dump());
+  ASSERT_EQ(st, 200) << body;
+  const json j = json::parse(body);
+  ASSERT_EQ(j["data"].size(), 3u);
+  EXPECT_EQ(j["data"][1]["embedding"].get<std::vector<float>>(), last.embedding);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    proto::Request one = r;
+    one.text = inputs[i];
+    EXPECT_EQ(j["data"][i]["embedding"].get<std::vector<float>>(), c.generate(one).embedding) << i;
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"].get<int64_t>(), j["usage"]["total_tokens"].get<int64_t>());
+}
+
 TEST_F(BinaryServer, StreamedGreedyTextEqualsGolden) {
   client::BinaryClient c("127.0.0.1", port(), 60);
   std::string text;
