@@ -615,6 +615,19 @@ TEST(ServerInfill, PromptAsLlamaCppFormatsIt) {
   EXPECT_EQ(std::vector<int32_t>(wide.begin(), wide.begin() + 5), ids({"XTRA", 1000}));  // the extra part's last 4
 }
 
+// Each body is a 400 from parse.
+void expect_refused(ParsedRequest (*parse)(std::string_view, const ModelInfo&), const ModelInfo& m,
+                    std::initializer_list<const char*> bodies) {
+  for (const char* body : bodies) {
+    try {
+      parse(body, m);
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+    }
+  }
+}
+
 TEST(ServerNative, LogitBiasByIdAndText) {
   const ModelInfo m{"stories260K", 512, 512, {}, 64};
   ParsedRequest r = parse_native_request(R"({"prompt": "x", "logit_bias": [[5, 1.5], ["Hello", false], ["7", -2]]})", m);
@@ -625,16 +638,10 @@ TEST(ServerNative, LogitBiasByIdAndText) {
   EXPECT_EQ(r.logit_bias_text, (std::vector<std::pair<std::string, float>>{{"world", -1.0f}}));
   EXPECT_EQ(parse_native_request(R"({"prompt": "x", "n_probs": 3})", m).logprobs, 3);
   EXPECT_EQ(parse_native_request(R"({"prompt": "x"})", m).logprobs, -1);
-  for (const char* body : {R"({"prompt": "x", "logit_bias": [["a", "b"]]})", R"({"prompt": "x", "logit_bias": [[[1], 1]]})",
-                           R"({"prompt": "x", "logit_bias": {"a": 500}})", R"({"prompt": "x", "logit_bias": [[999, 1]]})",
-                           R"({"prompt": "x", "n_probs": 99})", R"({"prompt": "x", "post_sampling_probs": true})"}) {
-    try {
-      parse_native_request(body, m);
-      ADD_FAILURE() << "accepted: " << body;
-    } catch (const ApiError& e) {
-      EXPECT_EQ(e.status, 400) << body;
-    }
-  }
+  expect_refused(parse_native_request, m,
+                 {R"({"prompt": "x", "logit_bias": [["a", "b"]]})", R"({"prompt": "x", "logit_bias": [[[1], 1]]})",
+                  R"({"prompt": "x", "logit_bias": {"a": 500}})", R"({"prompt": "x", "logit_bias": [[999, 1]]})",
+                  R"({"prompt": "x", "n_probs": 99})", R"({"prompt": "x", "post_sampling_probs": true})"});
 }
 
 TEST(ServerInfill, ParsesLlamaCppsFields) {
@@ -657,15 +664,9 @@ TEST(ServerInfill, ParsesLlamaCppsFields) {
   EXPECT_EQ(r.infill->prefix, "");
   EXPECT_TRUE(r.echo_only);  // n_predict 0: evaluated, nothing generated (one token, dropped)
   EXPECT_EQ(r.max_tokens, 1);
-  for (const char* body : {R"({"input_extra": {"text": "x"}})", R"({"input_extra": [{"filename": "a"}]})",
-                           R"({"input_extra": [{"text": 1}]})", R"({"input_prefix": 3})"}) {
-    try {
-      parse_infill_request(body, m);
-      ADD_FAILURE() << "accepted: " << body;
-    } catch (const ApiError& e) {
-      EXPECT_EQ(e.status, 400) << body;
-    }
-  }
+  expect_refused(parse_infill_request, m,
+                 {R"({"input_extra": {"text": "x"}})", R"({"input_extra": [{"filename": "a"}]})",
+                  R"({"input_extra": [{"text": 1}]})", R"({"input_prefix": 3})"});
 }
 
 TEST(ServerEmbeddings, NormsAndEncoding) {
