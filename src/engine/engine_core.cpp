@@ -618,20 +618,20 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     const bool scoring = scoring_prompt(r);
     if (scoring) len = std::min(len, kPromptLogprobsRows);
     reserve(r, r.n_computed + len, "prefill");
-    for (int64_t i = 0; r.pooling != Pooling::None && i < len; ++i) {
-      // An embedding's rows: those it pools, and always its last position (whose row ends it).
-      const int64_t pos = r.n_computed + i;
-      const bool take = pools(r, pos) || pos == n - 1;
-      batch.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, take ? kOutHidden : kOutNone, r.adapter.get());
-      if (!take) continue;
-      if (f.hidden_rows.empty() || f.hidden_rows.back().r != &r || f.hidden_rows.back().pos + f.hidden_rows.back().n != pos)
-        f.hidden_rows.push_back({&r, n_hidden, pos, 0});
-      ++f.hidden_rows.back().n;
-      ++n_hidden;
-    }
-    for (int64_t i = 0; r.pooling == Pooling::None && i < len; ++i) {
+    for (int64_t i = 0; i < len; ++i) {
       const int64_t pos = r.n_computed + i;
       const bool last = pos == n - 1;
+      if (r.pooling != Pooling::None) {
+        // An embedding's rows: those it pools, and always its last position (whose row ends it).
+        const bool take = pools(r, pos) || last;
+        batch.add(r.tokens[size_t(pos)], int32_t(pos), r.seq, take ? kOutHidden : kOutNone, r.adapter.get());
+        if (!take) continue;
+        if (f.hidden_rows.empty() || f.hidden_rows.back().r != &r || f.hidden_rows.back().pos + f.hidden_rows.back().n != pos)
+          f.hidden_rows.push_back({&r, n_hidden, pos, 0});
+        ++f.hidden_rows.back().n;
+        ++n_hidden;
+        continue;
+      }
       // A prompt position not scored yet (what a preempted request scored is kept): its row
       // predicts the token at pos + 1.
       const bool score = scoring && pos >= int64_t(r.prompt_lp.size()) && pos < r.n_prompt - 1;

@@ -328,7 +328,7 @@ std::vector<int32_t> infill_prompt(const FimIds& fim, const std::function<std::v
   const int64_t n_pre = std::min<int64_t>(int64_t(pre.size()),  // (and room for the prompt, which continues it)
                                           std::max<int64_t>(0, std::min<int64_t>(3 * (n_batch / 4), n_batch - int64_t(prompt.size()))));
   const int64_t n_suf = std::min<int64_t>(int64_t(suf.size()), std::max<int64_t>(0, n_batch / 4 - (2 + int64_t(prompt.size()))));
-  const int64_t core = n_pre + n_suf + int64_t(prompt.size()) + reserve - 1;
+  const int64_t core = 3 + (fim.bos >= 0) + n_pre + int64_t(prompt.size()) + n_suf;  // all but the extra part
   const int64_t room = std::min(n_ctx - n_batch - 2 * n_predict, n_ctx - core - 1);
   const int64_t n_extra = std::min<int64_t>(int64_t(extra.size()), std::max<int64_t>(0, room));
   std::vector<int32_t> out(extra.end() - n_extra, extra.end());
@@ -347,13 +347,20 @@ bool ends_in_reasoning(std::string_view rendered) {
   return rendered.ends_with("<think>");
 }
 
+namespace {
+// A 400 naming param (what: the feature, for the message) when the vocabulary has no FIM tokens.
+void require_fim(const Tokenizer& tok, const std::string& what, const char* param) {
+  if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
+    throw ApiError(400, what + " needs a model with fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
+                   param);
+}
+}  // namespace
+
 std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer& tok, const GenerationRequest& req,
                                    std::string* rendered) {
   std::vector<int32_t> prompt;
   if (req.infill) {  // llama.cpp's /infill
-    if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
-      throw ApiError(400, "/infill needs a model with fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
-                     "input_prefix");
+    require_fim(tok, "/infill", "input_prefix");
     const std::vector<int32_t> own = req.prompt_kind == PromptKind::Tokens ? req.prompt_tokens
                                                                             : tok.encode(req.prompt_text, false, /*parse_special=*/true);
     const FimIds fim{tok.fim_prefix(), tok.fim_suffix(), tok.fim_middle(), tok.fim_repo(), tok.fim_file_sep(),
@@ -362,9 +369,7 @@ std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer
                          *req.infill, own, ctx.n_ctx, std::clamp<int64_t>(req.max_tokens.value_or(0), 0, ctx.n_ctx));
   }
   if (!req.suffix.empty() && req.prompt_kind != PromptKind::Chat) {  // fill in the middle
-    if (tok.fim_prefix() < 0 || tok.fim_suffix() < 0 || tok.fim_middle() < 0)
-      throw ApiError(400, "'suffix' needs a model with fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
-                     "suffix");
+    require_fim(tok, "'suffix'", "suffix");
     if (req.prompt_kind == PromptKind::Text && req.add_bos && tok.add_bos_default()) prompt.push_back(tok.bos());
     prompt.push_back(tok.fim_prefix());
     if (req.prompt_kind == PromptKind::Tokens) {

@@ -174,6 +174,12 @@ json apply_template(const Server::Impl& srv, const RouteRequest& req) {
   }
 }
 
+// A route that generates: the HTTP session's one generation path, as endpoint E.
+template <Endpoint E>
+void generate(Server::Impl&, Responder& out, const RouteRequest& req) {
+  out.generate(E, req.body);
+}
+
 const Route kRoutes[] = {
     {"/health", http::verb::get, [](Server::Impl&, Responder& out, const RouteRequest&) { out.send_json({{"status", "ok"}}); }},
     {"/v1/models", http::verb::get, [](Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(models(srv)); }},
@@ -192,21 +198,14 @@ const Route kRoutes[] = {
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(apply_template(srv, req)); }},
     {"/v1/load_lora_adapter", http::verb::post, load_lora},
     {"/v1/unload_lora_adapter", http::verb::post, unload_lora},
-    {"/v1/completions", http::verb::post,
-     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Completions, req.body); }},
-    {"/v1/responses", http::verb::post,
-     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Responses, req.body); }},
-    {"/v1/chat/completions", http::verb::post,
-     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Chat, req.body); }},
-    {"/v1/embeddings", http::verb::post,
-     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Embeddings, req.body); }},
-    // llama.cpp's native completion (both of its paths).
-    {"/completion", http::verb::post,
-     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Native, req.body); }},
-    {"/completions", http::verb::post,
-     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Native, req.body); }},
-    {"/infill", http::verb::post,
-     [](Server::Impl&, Responder& out, const RouteRequest& req) { out.generate(Endpoint::Infill, req.body); }},
+    {"/v1/completions", http::verb::post, generate<Endpoint::Completions>},
+    {"/v1/responses", http::verb::post, generate<Endpoint::Responses>},
+    {"/v1/chat/completions", http::verb::post, generate<Endpoint::Chat>},
+    {"/v1/embeddings", http::verb::post, generate<Endpoint::Embeddings>},
+    // llama.cpp's native completion (both of its paths) and fill-in-the-middle.
+    {"/completion", http::verb::post, generate<Endpoint::Native>},
+    {"/completions", http::verb::post, generate<Endpoint::Native>},
+    {"/infill", http::verb::post, generate<Endpoint::Infill>},
 };
 
 }  // namespace
