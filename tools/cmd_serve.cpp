@@ -172,7 +172,9 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   server::ServedModel served;
   served.model = model.get();
   served.tokenizer = &tok;
-  served.id = id;
+  const std::vector<std::string> names = server::parse_served_names(id);
+  served.id = names.front();
+  served.aliases.assign(names.begin() + 1, names.end());
   std::string warning;
   const std::string template_source =
       cfg.chat_template_file.empty() ? model->file().get_str("tokenizer.chat_template", "") : server::read_text_file(cfg.chat_template_file, "chat template file");
@@ -226,7 +228,8 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
     else spdlog::info("{}", w);
   }
   for (const auto& [name, path] : cfg.adapters) {
-    if (name == served.id) fail("LoRA adapter '", name, "': the base model's name");
+    if (name == served.id || std::find(served.aliases.begin(), served.aliases.end(), name) != served.aliases.end())
+      fail("LoRA adapter '", name, "': a name of the base model");
     const auto ad = engine.load_adapter(name, path);
     spdlog::info("LoRA adapter '{}': {} (rank {}, {} weights adapted, scale {:.3g})", name, path, ad->rank(),
                  ad->n_adapted(), ad->scale());

@@ -353,17 +353,18 @@ std::vector<ChatMessage> parse_messages(const json& m, const std::string& param)
   return out;
 }
 
-void check_model(const json& j, const ModelInfo& model, bool required) {
+std::string check_model(const json& j, const ModelInfo& model, bool required) {
   if (!j.contains("model") || j["model"].is_null()) {
     if (required) bad("model", "'model' is required");
-    return;
+    return model.id;
   }
   if (!j["model"].is_string()) bad("model", "'model' must be a string");
-  const std::string id = j["model"].get<std::string>();
+  const std::string id = model.canonical(j["model"].get<std::string>());
   if (id != model.id && !(model.has_adapter && model.has_adapter(id)))
     throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + model.id +
                             "' and its LoRA adapters (GET /v1/models)",
                    "model", "invalid_request_error", "model_not_found");
+  return id;
 }
 
 namespace {
@@ -418,8 +419,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
     else if (f->use == Use::Ignored) r.ignored_fields.push_back(key);
   }
 
-  check_model(j, model, true);
-  r.model = j["model"].get<std::string>();
+  r.model = check_model(j, model, true);
 
   if (kind == Endpoint::Completions) {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
@@ -924,8 +924,7 @@ ParsedRequest parse_embeddings_request(std::string_view body, const ModelInfo& m
                                                   "embd_normalize", "priority", "cache_salt"};
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) r.unknown_fields.push_back(key);
   }
-  check_model(j, model, false);
-  r.model = j.contains("model") ? j["model"].get<std::string>() : model.id;
+  r.model = check_model(j, model, false);
   if (!j.contains("input")) bad("input", "'input' is required");
   parse_prompts(j["input"], "input", model.n_vocab, r);
   if (const size_t n = 1 + r.more_texts.size() + r.more_tokens.size(); n > size_t(kMaxEmbeddingInputs))
@@ -1367,8 +1366,12 @@ json responses_call_item(const ToolCall& c, const std::string& status) {
 }
 
 std::string responses_event(const std::string& type, json data, int64_t sequence_number) {
-  data["type"] = type;
   data["sequence_number"] = sequence_number;
+  return typed_event(type, std::move(data));
+}
+
+std::string typed_event(const std::string& type, json data) {
+  data["type"] = type;
   return "event: " + type + "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
@@ -1428,16 +1431,23 @@ std::string cors_allow_origin(std::string_view allowed, std::string_view origin)
   return "";
 }
 
-bool authorized(std::string_view api_key, std::string_view authorization) {
+namespace {
+// given == api_key in time independent of where they differ; never for an empty key.
+bool key_matches(std::string_view api_key, std::string_view given) {
+  unsigned diff = given.size() != api_key.size();
+  for (size_t k = 0; k < given.size(); ++k) diff |= unsigned(uint8_t(given[k]) ^ uint8_t(api_key[k % std::max<size_t>(1, api_key.size())]));
+  return diff == 0 && !api_key.empty();
+}
+}  // namespace
+
+bool authorized(std::string_view api_key, std::string_view authorization, std::string_view x_api_key) {
+  if (!x_api_key.empty() && key_matches(api_key, x_api_key)) return true;
   constexpr std::string_view kBearer = "Bearer ";
   if (authorization.size() < kBearer.size()) return false;
   for (size_t k = 0; k < kBearer.size(); ++k)  // the scheme is case-insensitive
     if (std::tolower(static_cast<unsigned char>(authorization[k])) != std::tolower(static_cast<unsigned char>(kBearer[k])))
       return false;
-  const std::string_view given = authorization.substr(kBearer.size());
-  unsigned diff = given.size() != api_key.size();
-  for (size_t k = 0; k < given.size(); ++k) diff |= unsigned(uint8_t(given[k]) ^ uint8_t(api_key[k % std::max<size_t>(1, api_key.size())]));
-  return diff == 0 && !api_key.empty();
+  return key_matches(api_key, authorization.substr(kBearer.size()));
 }
 
 std::string request_id(std::string_view h) {

@@ -2,6 +2,7 @@
 // formatting, raw HTTP/1.1 response framing. No sockets here, so all of it
 // is unit-tested directly (tests/unit/test_server.cpp); the sessions only route and move bytes.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -17,8 +18,9 @@ namespace ft::server {
 // The JSON body of an error: param/code are null when empty.
 std::string error_body(const ApiError& e);
 
-// Native: llama.cpp's /completion, Infill its /infill; Embeddings: /v1/embeddings.
-enum class Endpoint { Completions, Chat, Responses, Native, Infill, Embeddings };
+// Native: llama.cpp's /completion, Infill its /infill; Embeddings: /v1/embeddings; Messages:
+// Anthropic's /v1/messages.
+enum class Endpoint { Completions, Chat, Responses, Native, Infill, Embeddings, Messages };
 
 // What parsing needs to know about the served model.
 struct ModelInfo {
@@ -28,6 +30,11 @@ struct ModelInfo {
   // Whether a LoRA adapter of this name is loaded (clients may send it as "model"); null: none.
   std::function<bool(const std::string&)> has_adapter;
   int32_t n_embd = 0;  // an embedding's dimensions
+  std::vector<std::string> aliases = {};  // other names of the served model (--served-model-name NAME,ALIAS)
+  // name as the model's id when it is one of its aliases, else name.
+  std::string canonical(const std::string& name) const {
+    return std::find(aliases.begin(), aliases.end(), name) != aliases.end() ? id : name;
+  }
 };
 
 inline constexpr int64_t kCompletionsMaxTokens = 16;  // OpenAI's default for /v1/completions
@@ -90,9 +97,10 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
 // Throws ApiError (400) naming param[i]... .
 std::vector<ChatMessage> parse_messages(const nlohmann::json& messages, const std::string& param);
 
-// The body's "model" against the served one or a loaded LoRA adapter: 404 model_not_found when it
-// is neither; 400 when it is not a string, or absent and required.
-void check_model(const nlohmann::json& body, const ModelInfo& model, bool required);
+// The body's "model" against the served one (its id or an alias) or a loaded LoRA adapter: 404
+// model_not_found when it is neither; 400 when it is not a string, or absent and required.
+// Returns the name requests carry: the id for an alias or an absent model, else the name.
+std::string check_model(const nlohmann::json& body, const ModelInfo& model, bool required);
 // body[name] as a boolean; otherwise ApiError (400) naming it. (name must be present.)
 bool get_bool(const nlohmann::json& body, const char* name);
 
@@ -226,6 +234,40 @@ nlohmann::json responses_call_item(const ToolCall& c, const std::string& status)
 // [{"type": "reasoning_text", "text"}]} (content empty while in progress).
 nlohmann::json responses_reasoning_item(const std::string& id, const std::string& text, const std::string& status);
 std::string responses_event(const std::string& type, nlohmann::json data, int64_t sequence_number);
+// A typed SSE event (the Responses and Messages APIs'): "event: TYPE\ndata: {json with type}\n\n".
+std::string typed_event(const std::string& type, nlohmann::json data);
+
+// --- Anthropic's Messages API ------------------------------------------------------------
+// POST /v1/messages (and /v1/messages/count_tokens: count_only, max_tokens not required), mapped
+// onto a chat request (the same generation path): model, max_tokens (a cap: cut to the context,
+// as llama.cpp does), messages (user/assistant turns; content a string or blocks: text, tool_use,
+// tool_result, thinking (dropped: earlier reasoning is not re-read); consecutive turns of one role
+// combined, as Anthropic does; a final assistant turn is a prefill the answer continues), system
+// (a string or text blocks), stop_sequences, stream, temperature, top_p, top_k, tools ({"name",
+// "description", "input_schema"}), tool_choice (auto, any, tool, none; disable_parallel_tool_use),
+// thinking (enabled/disabled: the template's enable_thinking), output_format / output_config.format
+// (json_schema). Images, documents, server tools and MCP servers are 400 "... not supported".
+// The vLLM / llama.cpp sampling extensions (seed, min_p, repetition_penalty, chat_template_kwargs,
+// priority, ttft_slo_ms) pass through; other fields are listed in unknown_fields.
+ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& model, bool count_only = false);
+// Anthropic's error: {"type": "error", "error": {"type", "message"}}, its type from the status
+// (invalid_request_error, authentication_error, not_found_error, rate_limit_error, api_error, ...).
+std::string anthropic_error_body(const ApiError& e);
+const char* anthropic_error_type(int status);
+// Why a message ended: "end_turn", "max_tokens", "stop_sequence" (sequence: the stop string) or
+// "tool_use" (tool_use: the answer holds calls).
+struct MessagesStop {
+  std::string reason;
+  nlohmann::json sequence = nullptr;
+};
+MessagesStop messages_stop(const Finish& f, bool tool_use);
+// {"input_tokens", "output_tokens"}.
+nlohmann::json messages_usage(const Usage& u);
+// The message object: {"id", "type": "message", "role": "assistant", "model", "content",
+// "stop_reason", "stop_sequence", "usage"} (stop null: in progress, message_start's).
+nlohmann::json messages_response(const ResponseMeta& m, nlohmann::json content, const MessagesStop* stop, const Usage& u);
+// A call as a content block: {"type": "tool_use", "id": "toolu_...", "name", "input": its arguments}.
+nlohmann::json messages_tool_use_block(const ToolCall& c);
 
 // "data: {json}\n\n" and "data: [DONE]\n\n".
 std::string sse_event(const nlohmann::json& j);
@@ -260,8 +302,9 @@ nlohmann::json tool_calls_chunk(const ResponseMeta& m, const nlohmann::json& too
 // The Access-Control-Allow-Origin value for a request from `origin` under --allowed-origins
 // (comma-separated; "*" = any), or "" when it is not allowed.
 std::string cors_allow_origin(std::string_view allowed, std::string_view origin);
-// Whether an Authorization header carries "Bearer <api_key>" (compared in constant time).
-bool authorized(std::string_view api_key, std::string_view authorization);
+// Whether a request carries the key: an Authorization header "Bearer <api_key>" (OpenAI's
+// clients) or an x-api-key header "<api_key>" (Anthropic's), compared in constant time.
+bool authorized(std::string_view api_key, std::string_view authorization, std::string_view x_api_key = {});
 // An X-Request-Id to echo and log: as given when it is 1..128 of [A-Za-z0-9._:-], else "".
 std::string request_id(std::string_view header);
 

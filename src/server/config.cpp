@@ -1,5 +1,6 @@
 #include "server/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <type_traits>
@@ -37,7 +38,8 @@ std::string as_str(const json& v, const std::string& key) {
 const ServeSetting kSettings[] = {
     {"server.model", "-m,--model", "GGUF model file (default: a built-in synthetic 'tiny' model, random weights)",
      &ServeConfig::model},
-    {"server.served_model_name", "--served-model-name", "Model id clients send (default: the file's stem)",
+    {"server.served_model_name", "--served-model-name", "Model id clients send (default: the file's stem); NAME,ALIAS,...: "
+     "further names clients may send (e.g. the names Claude Code asks for); answers name NAME",
      &ServeConfig::served_model_name},
     {"server.host", "--host", "Address to listen on", &ServeConfig::host},
     {"server.port", "--port", "Port (0 = any free port, printed at start)", &ServeConfig::port, 0, 65535},
@@ -269,6 +271,20 @@ std::pair<std::string, std::string> parse_lora_flag(const std::string& s) {
   if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
     fail("--lora '", s, "': expected NAME=FILE (the name clients send as \"model\", the adapter GGUF)");
   return {s.substr(0, eq), s.substr(eq + 1)};
+}
+
+std::vector<std::string> parse_served_names(const std::string& s) {
+  std::vector<std::string> names;
+  for (size_t at = 0;;) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    const std::string name = s.substr(at, comma - at);
+    if (name.empty()) fail("--served-model-name '", s, "': an empty name (expected NAME[,ALIAS...])");
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      fail("--served-model-name '", s, "': '", name, "' given twice");
+    names.push_back(name);
+    if (comma == s.size()) return names;
+    at = comma + 1;
+  }
 }
 
 SpecConfig to_spec_config(const ServeConfig& c) {

@@ -120,5 +120,7 @@ EngineConfig to_engine_config(const ServeConfig& cfg);
 SpecConfig to_spec_config(const ServeConfig& cfg);
 // "NAME=FILE" (serve --lora) -> (NAME, FILE); ft::Error when either side is empty.
 std::pair<std::string, std::string> parse_lora_flag(const std::string& s);
+// served_model_name "NAME[,ALIAS...]" -> the names, NAME first; ft::Error for an empty or repeated one.
+std::vector<std::string> parse_served_names(const std::string& s);
 
 }  // namespace ft::server

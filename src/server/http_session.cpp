@@ -219,11 +219,13 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   void send_error(const ApiError& e) {
     if (e.status == 429) {
       srv_.metrics.count_rejected();
-      return send_response(e.status, "application/json", error_body(e), retry_after(e));
+      return send_response(e.status, "application/json", body_of(e), retry_after(e));
     }
     srv_.metrics.count_error();
-    send_response(e.status, "application/json", error_body(e));
+    send_response(e.status, "application/json", body_of(e));
   }
+  // An error's body in the current request's API: Anthropic's for /v1/messages*, else OpenAI's.
+  std::string body_of(const ApiError& e) const { return anthropic_ ? anthropic_error_body(e) : error_body(e); }
 
   // --- routing ----------------------------------------------------------------------------
   void handle(const http::request<http::string_body>& req) {
@@ -235,7 +237,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     header_ns_ = 0;
     std::string_view target(req.target().data(), req.target().size());
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-    const auto header = [&](http::field f) {
+    anthropic_ = target.starts_with("/v1/messages");
+    const auto header = [&](auto f) {  // (a field, or a name Beast has no field for)
       auto it = req.find(f);
       return it == req.end() ? std::string_view{} : std::string_view(it->value().data(), it->value().size());
     };
@@ -253,14 +256,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       return enqueue(cat("HTTP/1.1 204 No Content\r\nServer: firsttoken\r\nConnection: ",
                          keep_alive_ && !srv_.draining ? "keep-alive" : "close", "\r\n", headers_,
                          "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: ",
-                         want.empty() ? std::string_view("Authorization, Content-Type, X-Request-Id") : want,
+                         want.empty() ? std::string_view("Authorization, Content-Type, X-Request-Id, x-api-key, anthropic-version") : want,
                          "\r\nAccess-Control-Max-Age: 600\r\n\r\n"),
                      true);
     }
     try {
       if (!srv_.cfg.api_key.empty() && target != "/health" && target != "/metrics" &&
-          !authorized(srv_.cfg.api_key, header(http::field::authorization)))
-        throw ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", "",
+          !authorized(srv_.cfg.api_key, header(http::field::authorization), header("x-api-key")))
+        throw ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'", "",
                        "invalid_request_error", "invalid_api_key");
       if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error", "server_shutdown");
       const Route* route = find_route(target);
@@ -270,7 +273,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         srv_.metrics.count_error();
         const ApiError e(405, cat("method ", std::string(req.method_string()), " is not allowed on ", target), "",
                          "invalid_request_error", "method_not_allowed");
-        return send_response(405, "application/json", error_body(e),
+        return send_response(405, "application/json", body_of(e),
                              cat("Allow: ", std::string(http::to_string(route->method)), "\r\n"));
       }
       const std::string_view tail = route->path.ends_with('*') ? target.substr(route->path.size() - 1) : std::string_view{};
@@ -906,8 +909,146 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     int64_t seq_ = 0;
   };
 
+  // Anthropic's Messages API answer: one message object, or its typed events (message_start,
+  // then content blocks, each content_block_start / _delta... / _stop: thinking, text, tool_use;
+  // then message_delta with the stop reason and usage, and message_stop). A reasoning model's
+  // text before </think> is a thinking block (its signature empty: nothing here verifies one).
+  // Tool calls are found as chat's are: text that may be a call is held back, the calls sent whole
+  // at the end as tool_use blocks.
+  class MessagesReply : public GenerationSink {
+   public:
+    MessagesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
+        : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
+          tools_(pr.tools), grammar_(!pr.grammar.empty()) {
+      if (tool_choice_ != ToolChoice::None) held_.emplace();
+      if (s.srv_.model.reasoning) think_.emplace(false);
+    }
+    // As Reply::open_reasoning: whether the output starts inside the reasoning.
+    void open_reasoning(bool open) {
+      if (think_) think_.emplace(open && !grammar_);
+    }
+    void start(int64_t prompt_tokens) {
+      if (!stream_) return;
+      std::string out = typed_event("message_start", {{"message", messages_response(meta_, json::array(), nullptr, {prompt_tokens, 0})}});
+      out += typed_event("ping", json::object());
+      s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_) + http_chunk(out), false);
+    }
+    void on_output(Output&& o) override {
+      const ReasoningSplit::Parts p = split(o.text, false);
+      std::string out = thinking(p.reasoning);
+      out += content(p.content, false);
+      if (!out.empty()) s_.enqueue(http_chunk(out), false);
+    }
+    void on_finish(Output&& last, const Finish& f) override {
+      const ReasoningSplit::Parts p = split(last.text, true);
+      std::string out = thinking(p.reasoning);
+      out += content(p.content, true);
+      std::vector<ToolCall> calls;
+      if (held_ || (!stream_ && tool_choice_ != ToolChoice::None)) {  // the whole text, or all that was held
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, held_ ? *held_ : text_);
+        calls = std::move(found.calls);
+        if (held_) {
+          held_.reset();
+          out += content(found.content, true);
+        } else {
+          text_ = std::move(found.content);
+        }
+      }
+      const MessagesStop stop = messages_stop(f, !calls.empty());
+      if (!stream_) {
+        json blocks = json::array();
+        if (!reasoning_.empty()) blocks.push_back({{"type", "thinking"}, {"thinking", reasoning_}, {"signature", ""}});
+        if (!text_.empty() || (calls.empty() && blocks.empty())) blocks.push_back({{"type", "text"}, {"text", text_}});
+        for (const ToolCall& c : calls) blocks.push_back(messages_tool_use_block(c));
+        return s_.send_json(messages_response(meta_, std::move(blocks), &stop, f.usage));
+      }
+      out += close_block();
+      for (const ToolCall& c : calls) {
+        json block = messages_tool_use_block(c);
+        const std::string input = block["input"].dump();
+        block["input"] = json::object();
+        const int64_t index = next_index_++;
+        out += typed_event("content_block_start", {{"index", index}, {"content_block", block}});
+        out += typed_event("content_block_delta", {{"index", index}, {"delta", {{"type", "input_json_delta"}, {"partial_json", input}}}});
+        out += typed_event("content_block_stop", {{"index", index}});
+      }
+      out += typed_event("message_delta", {{"delta", {{"stop_reason", stop.reason}, {"stop_sequence", stop.sequence}}},
+                                           {"usage", messages_usage(f.usage)}});
+      out += typed_event("message_stop", json::object());
+      s_.enqueue(http_chunk(out) + http_chunk(""), true);
+    }
+    void on_error(const ApiError& e, const Usage&) override {
+      if (!stream_) return s_.send_error(e);
+      const std::string out = typed_event("error", {{"error", {{"type", anthropic_error_type(e.status)}, {"message", e.what()}}}});
+      s_.enqueue(http_chunk(out) + http_chunk(""), true);
+    }
+
+   private:
+    enum class Block { None, Thinking, Text };
+    ReasoningSplit::Parts split(const std::string& text, bool final) {
+      if (!think_) return {"", text};
+      return think_->push(text, final);
+    }
+    // Opens a block of this kind (closing the open one) unless it is the open one.
+    std::string open_block(Block kind) {
+      if (open_ == kind) return "";
+      std::string out = close_block();
+      open_ = kind;
+      const json block = kind == Block::Thinking ? json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                                                 : json{{"type", "text"}, {"text", ""}};
+      out += typed_event("content_block_start", {{"index", next_index_}, {"content_block", block}});
+      return out;
+    }
+    std::string close_block() {
+      if (open_ == Block::None) return "";
+      open_ = Block::None;
+      return typed_event("content_block_stop", {{"index", next_index_++}});
+    }
+    std::string thinking(const std::string& text) {
+      if (text.empty()) return "";
+      reasoning_ += text;
+      if (!stream_) return "";
+      std::string out = open_block(Block::Thinking);
+      out += typed_event("content_block_delta", {{"index", next_index_}, {"delta", {{"type", "thinking_delta"}, {"thinking", text}}}});
+      return out;
+    }
+    // Content text: held back while it may be a tool call (auto; every call form holds it all),
+    // else streamed in a text block or kept for the message.
+    std::string content(const std::string& text, bool final) {
+      if (held_) {
+        *held_ += text;
+        if (final || tool_choice_ != ToolChoice::Auto || may_start_tool_call(*held_)) return "";
+        std::string out = std::move(*held_);  // plain text after all
+        held_.reset();
+        return content(out, final);
+      }
+      if (!stream_) {
+        text_ += text;
+        return "";
+      }
+      if (text.empty()) return "";
+      std::string out = open_block(Block::Text);
+      out += typed_event("content_block_delta", {{"index", next_index_}, {"delta", {{"type", "text_delta"}, {"text", text}}}});
+      return out;
+    }
+
+    HttpSession& s_;
+    ResponseMeta meta_;
+    bool stream_;
+    ToolChoice tool_choice_;
+    std::string tool_name_;
+    json tools_;
+    bool grammar_;                         // a grammar constrains the output (reasoning never open from the start)
+    std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
+    std::optional<std::string> held_;      // content held back while it may be tool calls
+    std::string text_, reasoning_;         // not streaming: the message's text and thinking
+    Block open_ = Block::None;             // streaming: the block being written (its index next_index_)
+    int64_t next_index_ = 0;               // streaming: the open block's index, else the next one's
+  };
+
   void generate(Endpoint kind, const std::string& body) override {
     ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info)
+                       : kind == Endpoint::Messages   ? parse_messages_request(body, srv_.info)
                        : kind == Endpoint::Native     ? parse_native_request(body, srv_.info)
                        : kind == Endpoint::Infill     ? parse_infill_request(body, srv_.info)
                        : kind == Endpoint::Embeddings ? parse_embeddings_request(body, srv_.info)
@@ -916,6 +1057,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     const char* prefix = kind == Endpoint::Chat        ? "chatcmpl-"
                          : kind == Endpoint::Responses  ? "resp_"
                          : kind == Endpoint::Embeddings ? "embd-"
+                         : kind == Endpoint::Messages   ? "msg_"
                                                         : "cmpl-";
     // "model" names the base or a LoRA adapter (vLLM's convention); responses echo it.
     if (pr.model != srv_.info.id) pr.adapter = pr.model;
@@ -924,6 +1066,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
               (kind == Endpoint::Chat         ? " chat"
                : kind == Endpoint::Responses  ? " response"
                : kind == Endpoint::Embeddings ? " embedding"
+               : kind == Endpoint::Messages   ? " message"
                                               : " completion");
     for (const auto& f : pr.unknown_fields) spdlog::warn("{}: ignoring the unknown field '{}'", pr.name, f);
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
@@ -932,6 +1075,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
       reply->open_reasoning(gens_.front()->opens_reasoning());
       reply->start();
+    } else if (kind == Endpoint::Messages) {
+      auto reply = std::make_shared<MessagesReply>(*this, std::move(meta), pr);
+      gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
+      reply->open_reasoning(gens_.front()->opens_reasoning());
+      reply->start(gens_.front()->n_prompt());
     } else if (kind == Endpoint::Native || kind == Endpoint::Infill) {
       auto reply = std::make_shared<NativeReply>(*this, pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
@@ -997,6 +1145,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   bool watching_ = false, resume_after_watch_ = false, keep_alive_ = true;
   std::string headers_;     // "Name: value\r\n" lines every response to the current request carries
   std::string request_id_;  // the current request's X-Request-Id ("" = none)
+  bool anthropic_ = false;  // the current request is Anthropic's Messages API: its error format
 };
 
 // A connection refused over --max-connections: the 503 goes out at once (its request is never

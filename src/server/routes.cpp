@@ -39,7 +39,7 @@ json models(const Server::Impl& srv) {
 }
 
 json model(const Server::Impl& srv, std::string_view id) {
-  if (id == srv.info.id) return model_card(srv);
+  if (srv.info.canonical(std::string(id)) == srv.info.id) return model_card(srv);
   if (const auto a = srv.engine.find_adapter(std::string(id))) return adapter_card(srv, std::string(id), *a);
   throw ApiError(404, cat("The model '", id, "' does not exist; this server serves '", srv.info.id, "'"), "model",
                  "invalid_request_error", "model_not_found");
@@ -60,7 +60,7 @@ void load_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
     if (k != "lora_name" && k != "lora_path" && k != "load_inplace")
       throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
   const std::string name = lora_field(j, "lora_name"), path = lora_field(j, "lora_path");
-  if (name == srv.info.id) throw ApiError(400, cat("'", name, "' is the base model's name"), "lora_name");
+  if (srv.info.canonical(name) == srv.info.id) throw ApiError(400, cat("'", name, "' is the base model's name"), "lora_name");
   try {
     srv.engine.load_adapter(name, path);
   } catch (const Error& e) {
@@ -174,6 +174,12 @@ json apply_template(const Server::Impl& srv, const RouteRequest& req) {
   }
 }
 
+// Anthropic's POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would run it
+// (system, messages, tools through the chat template) -> {"input_tokens": n}.
+json count_tokens(const Server::Impl& srv, const RouteRequest& req) {
+  return {{"input_tokens", prompt_tokens(srv.gen, io_tokenizer(), parse_messages_request(req.body, srv.info, true)).size()}};
+}
+
 // A route that generates: the HTTP session's one generation path, as endpoint E.
 template <Endpoint E>
 void generate(Server::Impl&, Responder& out, const RouteRequest& req) {
@@ -202,6 +208,9 @@ const Route kRoutes[] = {
     {"/v1/responses", http::verb::post, generate<Endpoint::Responses>},
     {"/v1/chat/completions", http::verb::post, generate<Endpoint::Chat>},
     {"/v1/embeddings", http::verb::post, generate<Endpoint::Embeddings>},
+    {"/v1/messages", http::verb::post, generate<Endpoint::Messages>},  // Anthropic's
+    {"/v1/messages/count_tokens", http::verb::post,
+     [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(count_tokens(srv, req)); }},
     // llama.cpp's native completion (both of its paths) and fill-in-the-middle.
     {"/completion", http::verb::post, generate<Endpoint::Native>},
     {"/completions", http::verb::post, generate<Endpoint::Native>},

@@ -64,6 +64,7 @@ void set_io_tokenizer(const Tokenizer* tok) { t_tok = tok; }
 Server::Impl::Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
     : engine(e), model(m), cfg(c), gen(e, *m.tokenizer, m.chat) {
   info.id = m.id;
+  info.aliases = m.aliases;
   info.n_ctx = gen.n_ctx;
   info.n_vocab = gen.n_vocab;
   info.n_embd = m.model ? m.model->hparams().dim : 0;

@@ -16,6 +16,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "server/config.h"
@@ -34,6 +35,7 @@ struct ServedModel {
   bool reasoning = false;
   Pooling pooling = Pooling::Last;  // /v1/embeddings' (resolve_pooling)
   std::string chat_template_source = {};  // the Jinja source chat renders with ("": a built-in format); GET /props
+  std::vector<std::string> aliases = {};  // other names clients may send for id (answers name id)
 };
 
 // The pooling of /v1/embeddings: setting "mean" | "cls" | "last", or "auto": the file's

@@ -2,7 +2,7 @@
 """Chaos/soak test of `firsttoken serve` over HTTP and the binary protocol (Python 3 stdlib only).
 
 For --seconds, client threads send a mix of requests: streaming and non-streaming completions and
-chats over HTTP, embeddings (some left by their client at once), streaming and non-streaming
+chats over HTTP, Anthropic messages, embeddings (some left by their client at once), streaming and non-streaming
 requests over the binary port, requests cancelled
 mid-stream (HTTP and binary), slow clients (a request written a few bytes at a time, a stream read
 slowly), half-open clients (a header or frame that never completes, a request then a half-close).
@@ -343,6 +343,61 @@ def http_embeddings(port, leave=False):
         c.close()
 
 
+def http_messages(port, stream):
+    """Anthropic's /v1/messages: a message (text blocks, a stop_reason, usage within max_tokens), or
+    its events in order to message_stop (or an error event: cancelled at shutdown); 429/503 in
+    Anthropic's error shape with Retry-After."""
+    max_tokens = random.randint(1, 24)
+    body = json.dumps({"model": MODEL, "max_tokens": max_tokens, "stream": stream, "system": "Be brief.",
+                       "messages": [{"role": "user", "content": "Tell me about %d dogs." % random.randint(1, 99)}]})
+    path = "/v1/messages"
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("POST", path, body, {"Content-Type": "application/json", "anthropic-version": "2023-06-01"})
+        r = c.getresponse()
+        if r.status in (429, 503):
+            raw = r.read()
+            j = json.loads(raw)
+            if j.get("type") != "error" or "message" not in j.get("error", {}):
+                raise Failure("%s: %d without an Anthropic error object: %r" % (path, r.status, raw[:200]))
+            if r.status == 429 and "retry-after" not in {k.lower() for k in dict(r.getheaders())}:
+                raise Failure("%s: 429 without Retry-After" % path)
+            return str(r.status)
+        if r.status != 200:
+            raise Failure("%s: status %d: %r" % (path, r.status, r.read()[:300]))
+        if not stream:
+            j = json.loads(r.read())
+            if j.get("type") != "message" or j.get("stop_reason") not in ("end_turn", "max_tokens") or \
+                    any(b.get("type") != "text" for b in j["content"]) or j["usage"]["output_tokens"] > max_tokens:
+                raise Failure("%s: bad message %r" % (path, j))
+            return "ok"
+        events, event = [], None
+        while True:
+            line = r.readline()
+            if not line:
+                raise Failure("%s: stream ended after %r without message_stop" % (path, events[-3:]))
+            line = line.strip()
+            if line.startswith(b"event: "):
+                event = line[7:].decode()
+            elif line.startswith(b"data: "):
+                j = json.loads(line[6:])
+                if j.get("type") != event:
+                    raise Failure("%s: event %r carries type %r" % (path, event, j.get("type")))
+                events.append(event)
+                if event == "error":
+                    r.read()
+                    return "stream_error"
+                if event == "message_stop":
+                    r.read()
+                    if events[0] != "message_start" or events[-2] != "message_delta":
+                        raise Failure("%s: events out of order: %r" % (path, events))
+                    return "ok"
+            elif line:
+                raise Failure("%s: not an SSE line: %r" % (path, line[:200]))
+    finally:
+        c.close()
+
+
 def slow_writer(port):
     """A non-streamed request written a few bytes at a time (well within the header timeout)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -435,8 +490,10 @@ def mixed_load(srv, tally, seconds, n_threads):
         rnd = random.Random(seed)
         while time.time() < stop_at:
             r = rnd.random()
-            if r < 0.13:
+            if r < 0.10:
                 run_one(tally, "http_completion", lambda: http_request(srv.port, False, False, rnd.randint(1, 24)))
+            elif r < 0.13:
+                run_one(tally, "http_messages", lambda: http_messages(srv.port, rnd.random() < 0.5))
             elif r < 0.16:
                 run_one(tally, "http_embeddings", lambda: http_embeddings(srv.port))
             elif r < 0.18:

@@ -847,6 +847,169 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   EXPECT_NE(e.find("\"sequence_number\":3"), std::string::npos);
 }
 
+TEST(ServerMessagesApi, MapsOntoAChatRequest) {
+  const auto r = parse_messages_request(R"({"model": "stories260K", "max_tokens": 100000, "system": [{"type": "text",
+      "text": "Be brief", "cache_control": {"type": "ephemeral"}}], "messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "user", "content": [{"type": "text", "text": "In Paris."}]},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "x"},
+          {"type": "text", "text": "Let me look."},
+          {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+          {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+          {"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": "noon"}]},
+          {"type": "text", "text": "And?"}]}],
+    "tools": [{"name": "get_weather", "description": "w", "input_schema": {"type": "object"}},
+              {"name": "get_time", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "tool", "name": "get_weather"}, "stop_sequences": ["\n\n"], "temperature": 0.5,
+    "top_k": 5, "stream": true, "metadata": {"user_id": "u"}, "thinking": {"type": "enabled", "budget_tokens": 2048}})",
+                                        kModel);
+  EXPECT_EQ(r.kind, Endpoint::Messages);
+  ASSERT_EQ(r.messages.size(), 6u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "Be brief");
+  EXPECT_EQ(r.messages[1].role, "user");
+  EXPECT_EQ(r.messages[1].content, "Weather?\n\nIn Paris.");  // consecutive user turns: one turn
+  EXPECT_EQ(r.messages[2].role, "assistant");
+  EXPECT_EQ(r.messages[2].content, "Let me look.");            // (the earlier thinking dropped)
+  ASSERT_EQ(r.messages[2].tool_calls.size(), 2u);
+  EXPECT_EQ(r.messages[2].tool_calls[0].id, "toolu_1");
+  EXPECT_EQ(r.messages[2].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(r.messages[2].tool_calls[0].arguments), json::parse(R"({"city": "Paris"})"));
+  EXPECT_EQ(r.messages[3].role, "tool");
+  EXPECT_EQ(r.messages[3].tool_call_id, "toolu_1");
+  EXPECT_EQ(r.messages[3].name, "get_weather");
+  EXPECT_EQ(r.messages[3].content, "sunny");
+  EXPECT_EQ(r.messages[4].content, "noon");
+  EXPECT_EQ(r.messages[4].name, "get_time");
+  EXPECT_EQ(r.messages[5].role, "user");
+  EXPECT_EQ(r.messages[5].content, "And?");
+  EXPECT_EQ(*r.max_tokens, kModel.n_ctx);  // a cap, cut to the context
+  EXPECT_TRUE(r.fit_max_tokens);
+  EXPECT_EQ(r.tool_choice, ToolChoice::Named);
+  EXPECT_EQ(r.tool_name, "get_weather");
+  EXPECT_FALSE(r.grammar.empty());
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n\n"});
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 5);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.template_vars["enable_thinking"], true);
+  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_TRUE(r.unknown_fields.empty());
+
+  // tool_choice any: one or more calls (grammar); disable_parallel_tool_use: one.
+  const std::string tools = R"("tools": [{"name": "f", "input_schema": {"type": "object"}}])";
+  const auto any = [&](const std::string& extra) {
+    return parse_messages_request(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], )" +
+                                      tools + extra + "}", kModel);
+  };
+  EXPECT_EQ(any("").tool_choice, ToolChoice::Auto);  // tools without a choice: auto
+  EXPECT_EQ(any(R"(, "tool_choice": {"type": "none"})").tool_choice, ToolChoice::None);
+  EXPECT_EQ(any(R"(, "tool_choice": {"type": "any"})").tool_choice, ToolChoice::Required);
+  EXPECT_EQ(any(R"(, "tool_choice": {"type": "any"})").grammar.find("{0,0}"), std::string::npos);
+  EXPECT_NE(any(R"(, "tool_choice": {"type": "any", "disable_parallel_tool_use": true})").grammar.find("{0,0}"), std::string::npos);
+  // A final assistant turn is a prefill; structured output; thinking disabled; count_tokens needs no max_tokens.
+  const auto pre = parse_messages_request(R"({"model": "stories260K", "max_tokens": 5, "messages": [
+      {"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}],
+      "output_format": {"type": "json_schema", "schema": {"type": "object"}}, "thinking": {"type": "disabled"},
+      "chat_template_kwargs": {"thinking": true}, "seed": 3, "anthropic_beta": 1})", kModel);
+  EXPECT_TRUE(pre.continue_final_message);
+  EXPECT_FALSE(pre.add_generation_prompt);
+  EXPECT_FALSE(pre.grammar.empty());
+  EXPECT_EQ(pre.template_vars["enable_thinking"], false);
+  EXPECT_EQ(pre.template_vars["thinking"], true);  // chat_template_kwargs wins
+  EXPECT_EQ(pre.sampling.seed, 3u);
+  EXPECT_EQ(pre.unknown_fields, std::vector<std::string>{"anthropic_beta"});
+  EXPECT_FALSE(parse_messages_request(R"({"model": "stories260K", "messages": [{"role": "user", "content": "x"}],
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}})", kModel, true).grammar.empty());
+
+  const auto bad = [](const std::string& body, const std::string& param, int status = 400) {
+    try {
+      parse_messages_request(body, kModel);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, status) << body;
+      EXPECT_EQ(e.param, param) << e.what();
+    }
+  };
+  const std::string m = R"("model": "stories260K", "messages": [{"role": "user", "content": "x"}])";
+  bad("{" + m + "}", "max_tokens");
+  bad("{" + m + R"(, "max_tokens": 0})", "max_tokens");
+  bad("{" + m + R"(, "max_tokens": "5"})", "max_tokens");
+  bad(R"({"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})", "model", 404);
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": []})", "messages");
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})", "messages[0].role");
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image",
+      "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]})", "messages[0].content[0].type");
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use",
+      "id": "a", "name": "f", "input": {}}]}]})", "messages[0].content[0].type");
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]})",
+      "messages[0].content[0].tool_use_id");
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result",
+      "tool_use_id": "a", "content": [{"type": "image"}]}]}]})", "messages[0].content[0].content[0].type");
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "user", "content": "x"},
+      {"role": "assistant", "content": ""}]})", "messages");
+  bad("{" + m + R"(, "max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})", "tools[0].type");
+  bad("{" + m + R"(, "max_tokens": 5, "tools": [{"name": "f"}], "tool_choice": {"type": "tool"}})", "tool_choice");
+  bad("{" + m + R"(, "max_tokens": 5, "tools": [{"name": "f"}], "tool_choice": {"type": "tool", "name": "g"}})", "tool_choice");
+  bad("{" + m + R"(, "max_tokens": 5, "stop_sequences": "x"})", "stop_sequences");
+  bad("{" + m + R"(, "max_tokens": 5, "stop_sequences": [1]})", "stop_sequences");
+  bad("{" + m + R"(, "max_tokens": 5, "thinking": true})", "thinking");
+  bad("{" + m + R"(, "max_tokens": 5, "output_format": {"type": "json_object"}})", "output_format");
+  bad("{" + m + R"(, "max_tokens": 5, "mcp_servers": [{"url": "x"}]})", "mcp_servers");
+  bad("{" + m + R"(, "max_tokens": 5, "system": [{"type": "image"}]})", "system[0].type");
+}
+
+TEST(ServerParse, ModelAliases) {
+  ModelInfo m = kModel;
+  m.aliases = {"claude-sonnet-4-5", "gpt-4o"};
+  EXPECT_EQ(parse_request(Endpoint::Chat, R"({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})", m).model,
+            "stories260K");  // an alias is the model: answers and routing name its id
+  EXPECT_EQ(parse_messages_request(R"({"model": "claude-sonnet-4-5", "max_tokens": 1, "messages": [{"role": "user",
+      "content": "x"}]})", m).model, "stories260K");
+  EXPECT_EQ(check_model(json::object(), m, false), "stories260K");
+  EXPECT_THROW(check_model({{"model", "claude-haiku"}}, m, true), ApiError);
+  EXPECT_THROW(check_model({{"model", "claude-haiku"}}, kModel, true), ApiError);
+  EXPECT_EQ(parse_served_names("a"), std::vector<std::string>{"a"});
+  EXPECT_EQ(parse_served_names("a,b,c"), (std::vector<std::string>{"a", "b", "c"}));
+  for (const char* bad : {"", ",", "a,", ",a", "a,,b", "a,b,a"}) EXPECT_THROW(parse_served_names(bad), Error) << bad;
+}
+
+TEST(ServerMessagesApi, AnswerFormats) {
+  Finish f;
+  f.reason = "stop";
+  EXPECT_EQ(messages_stop(f, false).reason, "end_turn");
+  EXPECT_TRUE(messages_stop(f, false).sequence.is_null());
+  EXPECT_EQ(messages_stop(f, true).reason, "tool_use");
+  f.stop_word = "\n\n";
+  EXPECT_EQ(messages_stop(f, false).reason, "stop_sequence");
+  EXPECT_EQ(messages_stop(f, false).sequence, "\n\n");
+  f.reason = "length";
+  EXPECT_EQ(messages_stop(f, true).reason, "max_tokens");
+
+  const ResponseMeta m{Endpoint::Messages, "msg_1", 7, "stories260K"};
+  const MessagesStop stop{"end_turn"};
+  const json msg = messages_response(m, json::array({{{"type", "text"}, {"text", "Hi"}}}), &stop, {3, 4});
+  EXPECT_EQ(msg, json::parse(R"({"id": "msg_1", "type": "message", "role": "assistant", "model": "stories260K",
+      "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "stop_sequence": null,
+      "usage": {"input_tokens": 3, "output_tokens": 4}})"));
+  EXPECT_TRUE(messages_response(m, json::array(), nullptr, {3, 0})["stop_reason"].is_null());
+  EXPECT_EQ(messages_tool_use_block({"call_abc", "f", R"({"x": 1})"}),
+            json::parse(R"({"type": "tool_use", "id": "toolu_abc", "name": "f", "input": {"x": 1}})"));
+  EXPECT_EQ(messages_tool_use_block({"call_abc", "f", "not json"})["input"], json::object());
+
+  EXPECT_EQ(json::parse(anthropic_error_body(ApiError(404, "no such model", "model"))),
+            json::parse(R"({"type": "error", "error": {"type": "not_found_error", "message": "no such model"}})"));
+  EXPECT_STREQ(anthropic_error_type(400), "invalid_request_error");
+  EXPECT_STREQ(anthropic_error_type(401), "authentication_error");
+  EXPECT_STREQ(anthropic_error_type(429), "rate_limit_error");
+  EXPECT_STREQ(anthropic_error_type(500), "api_error");
+  EXPECT_STREQ(anthropic_error_type(503), "overloaded_error");
+  const std::string e = typed_event("content_block_stop", {{"index", 2}});
+  EXPECT_EQ(e, "event: content_block_stop\ndata: {\"index\":2,\"type\":\"content_block_stop\"}\n\n");
+}
+
 TEST(ServerAccess, ApiKeyCorsAndRequestId) {
   EXPECT_TRUE(authorized("sk-1", "Bearer sk-1"));
   EXPECT_TRUE(authorized("sk-1", "bearer sk-1"));
@@ -855,6 +1018,11 @@ TEST(ServerAccess, ApiKeyCorsAndRequestId) {
   EXPECT_FALSE(authorized("sk-1", "sk-1"));
   EXPECT_FALSE(authorized("sk-1", ""));
   EXPECT_FALSE(authorized("", "Bearer "));
+  EXPECT_TRUE(authorized("sk-1", "", "sk-1"));  // Anthropic's clients: x-api-key
+  EXPECT_TRUE(authorized("sk-1", "Bearer sk-1", "other"));
+  EXPECT_FALSE(authorized("sk-1", "", "sk-2"));
+  EXPECT_FALSE(authorized("sk-1", "", "Bearer sk-1"));
+  EXPECT_FALSE(authorized("", "", ""));
   EXPECT_EQ(cors_allow_origin("*", "https://a.example"), "*");
   EXPECT_EQ(cors_allow_origin("https://a.example, https://b.example", "https://b.example"), "https://b.example");
   EXPECT_EQ(cors_allow_origin("https://a.example", "https://evil.example"), "");

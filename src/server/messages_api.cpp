@@ -1,0 +1,273 @@
+// Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) as a chat request on
+// the one generation path: the request is translated into OpenAI's chat form and parsed by
+// parse_request, so every limit and check is the chat endpoint's; the answer's formatting is
+// here (api.h). Served as llama.cpp and vLLM serve it, for the Anthropic SDKs and Claude Code.
+#include <algorithm>
+#include <map>
+
+#include "server/api.h"
+
+namespace ft::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+// The text of an Anthropic text-only content (a string, or blocks of type "text"): what a
+// system prompt and a tool result may hold.
+std::string text_blocks(const json& c, const std::string& param) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad(param, "'" + param + "' must be a string or an array of content blocks");
+  std::string out;
+  for (size_t k = 0; k < c.size(); ++k) {
+    const json& b = c[k];
+    const std::string pb = cat(param, "[", k, "]");
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+      bad(pb, "'" + pb + "' must be an object with a string 'type'");
+    if (b["type"] != "text")
+      bad(pb + ".type", "content blocks of type '" + b["type"].get<std::string>() + "' are not supported here (text only)");
+    if (!b.contains("text") || !b["text"].is_string()) bad(pb + ".text", "'" + pb + ".text' must be a string");
+    out += b["text"].get<std::string>();
+  }
+  return out;
+}
+
+// One Anthropic turn into OpenAI chat messages: an assistant turn's tool_use blocks become its
+// tool_calls, a user turn's tool_result blocks tool messages (ahead of its text, as Anthropic
+// orders them). names: tool_use id -> function name, for the tool messages that answer them.
+void translate_turn(const json& msg, const std::string& pm, std::map<std::string, std::string>& names, json& out) {
+  if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string())
+    bad(pm, "'" + pm + "' must be an object with a string 'role'");
+  const std::string role = msg["role"].get<std::string>();
+  if (role != "user" && role != "assistant")
+    bad(pm + ".role", "role '" + role + "' is not supported (user, assistant; a system prompt is the top-level 'system')");
+  if (!msg.contains("content") || msg["content"].is_null()) bad(pm + ".content", "'" + pm + ".content' is required");
+  const json& c = msg["content"];
+  json turn = {{"role", role}};
+  if (c.is_string()) {
+    turn["content"] = c;
+  } else if (c.is_array()) {
+    std::string text;
+    json calls = json::array();
+    bool results = false;
+    for (size_t k = 0; k < c.size(); ++k) {
+      const json& b = c[k];
+      const std::string pb = cat(pm, ".content[", k, "]");
+      if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+        bad(pb, "'" + pb + "' must be an object with a string 'type'");
+      const std::string type = b["type"].get<std::string>();
+      auto need_string = [&](const char* key) {
+        if (!b.contains(key) || !b[key].is_string()) bad(cat(pb, ".", key), cat("'", pb, ".", key, "' must be a string"));
+        return b[key].get<std::string>();
+      };
+      if (type == "text") {
+        text += need_string("text");
+      } else if (type == "tool_use" && role == "assistant") {
+        const std::string id = need_string("id"), name = need_string("name");
+        const json input = b.contains("input") && !b["input"].is_null() ? b["input"] : json::object();
+        if (!input.is_object()) bad(pb + ".input", "'" + pb + ".input' must be an object");
+        names[id] = name;
+        calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", input.dump()}}}});
+      } else if (type == "tool_result" && role == "user") {
+        const std::string id = need_string("tool_use_id");
+        json tool = {{"role", "tool"}, {"tool_call_id", id},
+                     {"content", b.contains("content") && !b["content"].is_null() ? text_blocks(b["content"], pb + ".content") : ""}};
+        if (const auto it = names.find(id); it != names.end()) tool["name"] = it->second;
+        out.push_back(std::move(tool));
+        results = true;
+      } else if (type == "thinking" || type == "redacted_thinking") {
+        // (an earlier turn's reasoning: chat templates drop it from the history too)
+      } else {
+        bad(pb + ".type", "content blocks of type '" + type + "' are not supported" +
+                              (type == "tool_use" || type == "tool_result" ? " in a " + role + " turn" : " (this model reads text only)"));
+      }
+    }
+    if (role == "user" && text.empty() && results) return;  // only tool results
+    turn["content"] = calls.empty() || !text.empty() ? json(text) : json(nullptr);
+    if (!calls.empty()) turn["tool_calls"] = calls;
+  } else {
+    bad(pm + ".content", "'" + pm + ".content' must be a string or an array of content blocks");
+  }
+  // Consecutive turns of one role are one turn (Anthropic combines them).
+  if (!out.empty() && out.back()["role"] == role) {
+    json& prev = out.back();
+    const std::string a = prev["content"].is_string() ? prev["content"].get<std::string>() : "";
+    const std::string b = turn["content"].is_string() ? turn["content"].get<std::string>() : "";
+    const std::string sep = a.empty() || b.empty() ? "" : "\n\n";
+    prev["content"] = a + sep + b;
+    if (turn.contains("tool_calls")) {
+      if (!prev.contains("tool_calls")) prev["tool_calls"] = json::array();
+      for (const json& t : turn["tool_calls"]) prev["tool_calls"].push_back(t);
+    }
+    if (prev.contains("tool_calls") && prev["content"] == "") prev["content"] = nullptr;
+    return;
+  }
+  out.push_back(std::move(turn));
+}
+
+// Anthropic's structured output ({"type": "json_schema", "schema"}) as OpenAI's response_format.
+json response_format_of(const json& f, const std::string& param) {
+  if (!f.is_object() || f.value("type", "") != "json_schema" || !f.contains("schema"))
+    bad(param, "'" + param + "' must be {\"type\": \"json_schema\", \"schema\": {...}}");
+  return {{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", f["schema"]}}}};
+}
+
+}  // namespace
+
+ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& model, bool count_only) {
+  json j = parse_json_object(body);
+  for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
+  static const char* const kKnown[] = {
+      "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
+      "tools", "tool_choice", "metadata", "thinking", "service_tier", "output_format", "output_config",
+      "container", "mcp_servers", "context_management",
+      // vLLM / llama.cpp extensions, passed to the chat request as they are
+      "seed", "min_p", "repetition_penalty", "chat_template_kwargs", "priority", "ttft_slo_ms"};
+  std::vector<std::string> unknown;
+  for (const auto& [k, v] : j.items())
+    if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) unknown.push_back(k);
+  if (j.contains("mcp_servers") && !(j["mcp_servers"].is_array() && j["mcp_servers"].empty()))
+    bad("mcp_servers", "MCP servers are not supported (this server runs no tools)");
+  if (j.contains("container")) bad("container", "containers are not supported (this server runs no tools)");
+
+  json chat = json::object();
+  for (const char* k : {"model", "stream", "temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty",
+                        "chat_template_kwargs", "priority", "ttft_slo_ms"})
+    if (j.contains(k)) chat[k] = j[k];
+  if (j.contains("stream") && j["stream"] == true) chat["stream_options"] = {{"include_usage", true}};
+  if (j.contains("max_tokens")) {
+    const json& m = j["max_tokens"];
+    if (!m.is_number_integer() || (m.is_number_unsigned() ? m.get<uint64_t>() < 1 : m.get<int64_t>() < 1))
+      bad("max_tokens", "'max_tokens' must be an integer of at least 1");
+    // A cap: what the context cannot hold is cut (ParsedRequest::fit_max_tokens).
+    chat["max_tokens"] = m.is_number_unsigned() ? int64_t(std::min<uint64_t>(m.get<uint64_t>(), uint64_t(model.n_ctx)))
+                                                : std::min<int64_t>(m.get<int64_t>(), model.n_ctx);
+  } else if (!count_only) {
+    bad("max_tokens", "'max_tokens' is required");
+  }
+  if (j.contains("stop_sequences")) {
+    if (!j["stop_sequences"].is_array()) bad("stop_sequences", "'stop_sequences' must be an array of strings");
+    chat["stop"] = j["stop_sequences"];
+  }
+
+  json messages = json::array();
+  if (j.contains("system")) messages.push_back({{"role", "system"}, {"content", text_blocks(j["system"], "system")}});
+  if (!j.contains("messages")) bad("messages", "'messages' is required");
+  const json& in = j["messages"];
+  if (!in.is_array() || in.empty()) bad("messages", "'messages' must be a non-empty array");
+  std::map<std::string, std::string> names;
+  for (size_t i = 0; i < in.size(); ++i) translate_turn(in[i], cat("messages[", i, "]"), names, messages);
+  // A final assistant turn is a prefill: the answer continues it.
+  if (const json& last = messages.back(); last["role"] == "assistant") {
+    if (last.contains("tool_calls") || !last["content"].is_string() || last["content"] == "")
+      bad("messages", "a final assistant turn must be text (a prefill the answer continues)");
+    chat["continue_final_message"] = true;
+    chat["add_generation_prompt"] = false;
+  }
+  chat["messages"] = messages;
+
+  if (j.contains("tools")) {
+    if (!j["tools"].is_array()) bad("tools", "'tools' must be an array");
+    json tools = json::array();
+    for (size_t i = 0; i < j["tools"].size(); ++i) {
+      const json& t = j["tools"][i];
+      const std::string p = cat("tools[", i, "]");
+      if (!t.is_object()) bad(p, "'" + p + "' must be an object");
+      if (t.contains("type") && t["type"] != "custom")
+        bad(p + ".type", "only custom tools ({\"name\", \"input_schema\"}) are supported (this server runs no tools)");
+      if (!t.contains("name") || !t["name"].is_string()) bad(p + ".name", "'" + p + ".name' must be a string");
+      json f = {{"name", t["name"]}, {"parameters", t.contains("input_schema") ? t["input_schema"] : json::object()}};
+      if (t.contains("description")) f["description"] = t["description"];
+      tools.push_back({{"type", "function"}, {"function", f}});
+    }
+    chat["tools"] = tools;
+  }
+  if (j.contains("tool_choice")) {
+    const json& c = j["tool_choice"];
+    const std::string type = c.is_object() && c.contains("type") && c["type"].is_string() ? c["type"].get<std::string>() : "";
+    if (type == "auto" || type == "none") {
+      chat["tool_choice"] = type;
+    } else if (type == "any") {
+      chat["tool_choice"] = "required";
+    } else if (type == "tool" && c.contains("name") && c["name"].is_string()) {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", c["name"]}}}};
+    } else {
+      bad("tool_choice", "'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": ...}");
+    }
+    if (c.contains("disable_parallel_tool_use") && c["disable_parallel_tool_use"].is_boolean())
+      chat["parallel_tool_calls"] = !c["disable_parallel_tool_use"].get<bool>();
+  }
+  // Extended thinking: the template's switch (Qwen3's enable_thinking, DeepSeek V3.1's thinking),
+  // unless chat_template_kwargs sets it; a budget has no effect here.
+  if (j.contains("thinking")) {
+    const json& t = j["thinking"];
+    if (!t.is_object() || !t.contains("type") || !t["type"].is_string())
+      bad("thinking", "'thinking' must be {\"type\": \"enabled\" | \"disabled\", ...}");
+    const bool on = t["type"] != "disabled";
+    if (!chat.contains("chat_template_kwargs")) chat["chat_template_kwargs"] = json::object();
+    if (json& kw = chat["chat_template_kwargs"]; kw.is_object())
+      for (const char* k : {"enable_thinking", "thinking"})
+        if (!kw.contains(k)) kw[k] = on;
+  }
+  if (j.contains("output_format")) chat["response_format"] = response_format_of(j["output_format"], "output_format");
+  if (j.contains("output_config") && j["output_config"].is_object() && j["output_config"].contains("format"))
+    chat["response_format"] = response_format_of(j["output_config"]["format"], "output_config.format");
+
+  try {
+    ParsedRequest r = parse_request(Endpoint::Chat, chat.dump(), model);
+    r.kind = Endpoint::Messages;
+    r.fit_max_tokens = true;
+    r.unknown_fields = unknown;
+    return r;
+  } catch (ApiError& e) {  // name the Messages API's params
+    if (e.param == "stop") e.param = "stop_sequences";
+    if (e.param.rfind("response_format", 0) == 0) e.param = j.contains("output_format") ? "output_format" : "output_config.format";
+    throw;
+  }
+}
+
+const char* anthropic_error_type(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: case 431: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+std::string anthropic_error_body(const ApiError& e) {
+  const json body = {{"type", "error"}, {"error", {{"type", anthropic_error_type(e.status)}, {"message", e.what()}}}};
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+MessagesStop messages_stop(const Finish& f, bool tool_use) {
+  if (f.reason == "length") return {"max_tokens"};
+  if (tool_use) return {"tool_use"};
+  if (!f.stop_word.empty()) return {"stop_sequence", f.stop_word};
+  return {"end_turn"};
+}
+
+json messages_usage(const Usage& u) { return {{"input_tokens", u.prompt_tokens}, {"output_tokens", u.completion_tokens}}; }
+
+json messages_response(const ResponseMeta& m, json content, const MessagesStop* stop, const Usage& u) {
+  return {{"id", m.id},
+          {"type", "message"},
+          {"role", "assistant"},
+          {"model", m.model},
+          {"content", std::move(content)},
+          {"stop_reason", stop ? json(stop->reason) : json(nullptr)},
+          {"stop_sequence", stop ? stop->sequence : json(nullptr)},
+          {"usage", messages_usage(u)}};
+}
+
+json messages_tool_use_block(const ToolCall& c) {
+  json input = json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+  if (input.is_discarded()) input = json::object();
+  const std::string id = c.id.rfind("call_", 0) == 0 ? "toolu_" + c.id.substr(5) : c.id;
+  return {{"type", "tool_use"}, {"id", id}, {"name", c.name}, {"input", std::move(input)}};
+}
+
+}  // namespace ft::server
