@@ -172,7 +172,8 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   server::ServedModel served;
   served.model = model.get();
   served.tokenizer = &tok;
-  const std::vector<std::string> names = server::parse_served_names(id);
+  // (a file's stem is one name, commas and all)
+  const std::vector<std::string> names = cfg.served_model_name.empty() ? std::vector<std::string>{id} : server::parse_served_names(id);
   served.id = names.front();
   served.aliases.assign(names.begin() + 1, names.end());
   std::string warning;

@@ -665,13 +665,13 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
                                        "store", "metadata", "user", "reasoning", "truncation", "include", "service_tier",
                                        "prompt_cache_key", "safety_identifier", "top_logprobs", "max_tool_calls",
                                        "background", "seed", "top_k", "min_p", "repetition_penalty", "stop",
-                                       "chat_template_kwargs"};
+                                       "chat_template_kwargs", "guided_choice", "guided_json", "grammar"};
   json chat = json::object();
   std::vector<std::string> unknown;
   for (const auto& [k, v] : j.items())
     if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) unknown.push_back(k);
   for (const char* k : {"model", "stream", "temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "stop",
-                        "parallel_tool_calls", "chat_template_kwargs"})
+                        "parallel_tool_calls", "chat_template_kwargs", "guided_choice", "guided_json", "grammar"})
     if (j.contains(k)) chat[k] = j[k];
   // reasoning.effort reaches the template as reasoning_effort (gpt-oss's templates read it), unless
   // chat_template_kwargs sets it.
@@ -1261,10 +1261,11 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
       return {std::move(calls), std::string(trim_ws(t.substr(0, b)))};
     }
   }
-  if (t.starts_with("<function=")) {  // <function=NAME>{args}</function>, repeated
+  if (const size_t b = t.find("<function="); b != std::string_view::npos) {  // <function=NAME>{args}</function>, repeated
+    const std::string_view calls = t.substr(b);
     size_t pos = 0;
-    while (pos < t.size()) {
-      const std::string_view rest = trim_ws(t.substr(pos));
+    while (pos < calls.size()) {
+      const std::string_view rest = trim_ws(calls.substr(pos));
       if (rest.empty()) break;
       if (!rest.starts_with("<function=")) return {{}, std::string(text)};
       const size_t gt = rest.find('>');
@@ -1275,8 +1276,9 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
       if (!known_tool(tools, name) || json::parse(args.begin(), args.end(), nullptr, false).is_discarded())
         return {{}, std::string(text)};
       f.calls.push_back({new_tool_call_id(), name, std::string(args)});
-      pos = size_t(rest.data() - t.data()) + (end == std::string_view::npos ? rest.size() : end + 11);
+      pos = size_t(rest.data() - calls.data()) + (end == std::string_view::npos ? rest.size() : end + 11);
     }
+    f.content = std::string(trim_ws(t.substr(0, b)));
     return f;
   }
   if (t.starts_with("{") || t.starts_with("[")) {
@@ -1294,6 +1296,32 @@ bool may_start_tool_call(std::string_view text) {
   for (std::string_view m : kMarkers)
     if (t.substr(0, m.size()) == m.substr(0, std::min(m.size(), t.size()))) return true;
   return false;
+}
+
+std::string ToolCallHold::push(std::string_view text) {
+  held_.append(text);
+  if (in_call_) return "";
+  if (!past_start_) {
+    if (may_start_tool_call(held_)) return "";
+    past_start_ = true;
+  }
+  size_t cut = held_.size();
+  for (std::string_view m : kMarkers)
+    if (const size_t at = held_.find(m); at != std::string::npos && at < cut) {
+      cut = at;
+      in_call_ = true;
+    }
+  if (!in_call_)  // a tail that may become a marker
+    for (std::string_view m : kMarkers)
+      for (size_t n = std::min(m.size() - 1, held_.size()); n > 0; --n)
+        if (std::string_view(held_).substr(held_.size() - n) == m.substr(0, n)) {
+          cut = std::min(cut, held_.size() - n);
+          break;
+        }
+  while (cut > 0 && std::isspace(static_cast<unsigned char>(held_[cut - 1]))) --cut;
+  std::string out = held_.substr(0, cut);
+  held_.erase(0, cut);
+  return out;
 }
 
 json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -247,8 +248,9 @@ std::string typed_event(const std::string& type, nlohmann::json data);
 // "description", "input_schema"}), tool_choice (auto, any, tool, none; disable_parallel_tool_use),
 // thinking (enabled/disabled: the template's enable_thinking), output_format / output_config.format
 // (json_schema). Images, documents, server tools and MCP servers are 400 "... not supported".
-// The vLLM / llama.cpp sampling extensions (seed, min_p, repetition_penalty, chat_template_kwargs,
-// priority, ttft_slo_ms) pass through; other fields are listed in unknown_fields.
+// The vLLM / llama.cpp sampling and structured-output extensions (seed, min_p, repetition_penalty,
+// chat_template_kwargs, priority, ttft_slo_ms, guided_choice, guided_json, grammar) pass through;
+// other fields are listed in unknown_fields.
 ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& model, bool count_only = false);
 // Anthropic's error: {"type": "error", "error": {"type", "message"}}, its type from the status
 // (invalid_request_error, authentication_error, not_found_error, rate_limit_error, api_error, ...).
@@ -279,7 +281,8 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // Auto: the formats models emit on their own: <tool_call>{"name", "arguments"}</tool_call>
 // (Hermes, Qwen2.5; repeated), [TOOL_CALLS][...] (Mistral), <|python_tag|>{...} and a whole
 // output {"name", "parameters" | "arguments"} or an array of them (Llama 3.x), and
-// <function=NAME>{...}</function> (Functionary); a call naming no function of `tools` is not one.
+// <function=NAME>{...}</function> (Functionary); text may precede a marker's calls (it is the
+// content); a call naming no function of `tools` is not one.
 // Arguments come back as JSON text; ids are "call_" + 24 hex digits.
 struct FoundToolCalls {
   std::vector<ToolCall> calls;
@@ -290,6 +293,25 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
 // Auto: whether streamed text must be held back because it may be the start of a tool call
 // (its first non-space bytes are, or may become, one of the markers above, "{" or "[").
 bool may_start_tool_call(std::string_view text);
+// A streamed generation's text under a tool choice: what may go out as content at once, and what
+// is held back for extract_tool_calls at the end. Auto: the output's start while it may be a call
+// (may_start_tool_call: the JSON forms are whole outputs), then, once it is text, everything from
+// the first call marker on (text before a call streams, as vLLM's and llama.cpp's parsers stream
+// it), and meanwhile a tail that may become a marker and trailing whitespace (around a call it is
+// not content). Required and Named (all): everything.
+class ToolCallHold {
+ public:
+  explicit ToolCallHold(bool all = false) : in_call_(all) {}
+  // Appends text; returns the part that may be released now (maybe empty).
+  std::string push(std::string_view text);
+  // What is held (at the end: the text to look for calls in), leaving nothing held.
+  std::string take() { return std::exchange(held_, {}); }
+
+ private:
+  std::string held_;
+  bool past_start_ = false;  // the output's start was text, not a call
+  bool in_call_;             // a marker came (or all): everything from it is held
+};
 // A fresh tool-call id: "call_" + 24 hex digits.
 std::string new_tool_call_id();
 // [{"id", "type": "function", "function": {"name", "arguments"}}] (streamed: with "index" too).

@@ -277,7 +277,9 @@ std::vector<std::string> parse_served_names(const std::string& s) {
   std::vector<std::string> names;
   for (size_t at = 0;;) {
     const size_t comma = std::min(s.find(',', at), s.size());
-    const std::string name = s.substr(at, comma - at);
+    std::string name = s.substr(at, comma - at);
+    name.erase(0, std::min(name.find_first_not_of(' '), name.size()));  // "a, b": the names a and b
+    name.erase(std::min(name.find_last_not_of(' ') + 1, name.size()));
     if (name.empty()) fail("--served-model-name '", s, "': an empty name (expected NAME[,ALIAS...])");
     if (std::find(names.begin(), names.end(), name) != names.end())
       fail("--served-model-name '", s, "': '", name, "' given twice");

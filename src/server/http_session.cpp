@@ -52,6 +52,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (srv_.draining) return close();
     parser_.emplace();
     headers_.clear();  // an error before handle() (413, 431) carries nothing of the previous request
+    anthropic_ = false;
     parser_->body_limit(srv_.cfg.max_body_bytes);
     parser_->header_limit(16 * 1024);
     stream_.expires_after(secs(srv_.cfg.header_timeout_s));
@@ -63,6 +64,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (ec) return on_read_error(ec);
     if (profile::enabled()) header_ns_ = profile::now_ns();
     const auto& h = parser_->get();
+    anthropic_ = is_anthropic(std::string_view(h.target().data(), h.target().size()));  // (a 413 below speaks its API)
     if (auto it = h.find(http::field::content_length); it != h.end()) {
       uint64_t n = 0;
       try {
@@ -224,6 +226,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     srv_.metrics.count_error();
     send_response(e.status, "application/json", body_of(e));
   }
+  static bool is_anthropic(std::string_view target) { return target.starts_with("/v1/messages"); }
   // An error's body in the current request's API: Anthropic's for /v1/messages*, else OpenAI's.
   std::string body_of(const ApiError& e) const { return anthropic_ ? anthropic_error_body(e) : error_body(e); }
 
@@ -237,7 +240,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     header_ns_ = 0;
     std::string_view target(req.target().data(), req.target().size());
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-    anthropic_ = target.starts_with("/v1/messages");
+    anthropic_ = is_anthropic(target);
     const auto header = [&](auto f) {  // (a field, or a name Beast has no field for)
       auto it = req.find(f);
       return it == req.end() ? std::string_view{} : std::string_view(it->value().data(), it->value().size());
@@ -342,23 +345,22 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       add_logprobs(c, prompt, last);
       add_ids(c, prompt, last);
       emit(c, f.index, think(c, f.index, last.text, true), true);
-      // Tool calls: from the whole text (held back while streaming, except a named call's arguments).
+      // Tool calls: from the whole text, or streaming from what was held back (the text before a
+      // call went out as content; a named call's arguments stream).
       std::string reason = f.reason;
       json calls = nullptr;
       if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, c.held ? *c.held : c.text);
+        std::string text = c.held ? c.held->take() : std::string();
+        c.held.reset();
+        if (!stream_) text = std::exchange(c.text, {}) + text;
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
           if (reason == "stop") reason = "tool_calls";
         }
-        if (c.held) {
-          c.held.reset();
-          if (!found.content.empty()) emit(c, f.index, found.content, false);
-          if (stream_ && !calls.is_null())
-            s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
-        } else {
-          c.text = found.content;
-        }
+        if (!found.content.empty()) emit(c, f.index, found.content, false);
+        if (stream_ && !calls.is_null())
+          s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
       } else if (tool_choice_ == ToolChoice::Named && reason == "stop") {
         reason = "tool_calls";
       }
@@ -410,11 +412,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         if (c.think) c.think.emplace(open && !grammar_);
     }
     // The SSE head, and chat's first chunk per choice (the role, empty content), before any
-    // token. Streamed tool calls: required/auto text is held back (auto: while it may be a call); a
+    // token. Tool calls: required/auto text is held back (auto: what is or may become a call); a
     // named call's arguments stream as they come.
     void start() {
       if (tool_choice_ == ToolChoice::Required || tool_choice_ == ToolChoice::Auto)
-        for (Choice& c : choices_) c.held.emplace();
+        for (Choice& c : choices_) c.held.emplace(tool_choice_ == ToolChoice::Required);
       if (!stream_) return;
       std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_);
       if (meta_.kind == Endpoint::Chat)
@@ -425,7 +427,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
 
    private:
     struct Choice {
-      std::optional<std::string> held;  // text held back while it may be tool calls
+      std::optional<ToolCallHold> held;  // text held back while it is or may become tool calls
       bool call_started = false;        // streaming a named call: its first delta is out
       bool echoed = false;              // echo: the prompt went out (with its first output)
       std::vector<TokenLogprob> lp;     // not yet sent (streaming) / all of them (not streaming)
@@ -546,13 +548,13 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     // the previous chunk; final: send them even without text (held-back bytes, a stop).
     void emit(Choice& c, int32_t index, const std::string& text, bool final) {
       if (c.held) {
-        *c.held += text;
-        if (final || tool_choice_ != ToolChoice::Auto || may_start_tool_call(*c.held)) return;
-        // Plain text after all: what was held goes out as content, the rest streams.
-        std::string out = std::move(*c.held);
-        c.held.reset();
-        return emit(c, index, out, final);
+        const std::string out = c.held->push(text);  // (what cannot be a call)
+        if (!out.empty()) send(c, index, out, final);
+        return;
       }
+      send(c, index, text, final);
+    }
+    void send(Choice& c, int32_t index, const std::string& text, bool final) {
       if (!stream_) {
         c.text += text;
         return;
@@ -762,6 +764,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
           grammar_(!pr.grammar.empty()) {
       if (s.srv_.model.reasoning) think_.emplace(false);
+      if (tool_choice_ != ToolChoice::None) held_.emplace(tool_choice_ != ToolChoice::Auto);
     }
     // As Reply::open_reasoning: whether the output starts inside the reasoning.
     void open_reasoning(bool open) {
@@ -782,29 +785,34 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         reasoning_tokens_ += int64_t(o.tokens.size());
       std::string out = reason(p.reasoning);
       if (!p.content.empty()) {
-        text_ += p.content;
         if (stream_) out += close_reasoning();
-        if (stream_ && tool_choice_ == ToolChoice::None) {  // (calls: sent whole at the end)
-          out += open_message();
-          out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_index()}, {"content_index", 0},
-                                                   {"delta", p.content}, {"logprobs", json::array()}});
-        }
+        out += message_text(held_ ? held_->push(p.content) : p.content);
       }
       if (!out.empty()) s_.enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
       const ReasoningSplit::Parts p = split(last.text, true);
       std::string out = reason(p.reasoning);
-      const std::string& tail = p.content;
-      text_ += tail;
-      FoundToolCalls found = tool_choice_ == ToolChoice::None ? FoundToolCalls{{}, text_}
-                                                              : extract_tool_calls(tool_choice_, tool_name_, tools_, text_);
-      const bool has_message = !found.content.empty() || found.calls.empty();
+      if (stream_ && !p.content.empty()) out += close_reasoning();
+      out += message_text(held_ ? held_->push(p.content) : p.content);
+      // Calls: in the whole text, or streaming in what was held back (the text before a call went
+      // out as the message's).
+      std::vector<ToolCall> calls;
+      if (held_) {
+        std::string text = held_->take();
+        held_.reset();
+        if (!stream_) text = std::exchange(text_, {}) + text;
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text);
+        calls = std::move(found.calls);
+        if (stream_ && !found.content.empty()) out += close_reasoning();
+        out += message_text(found.content);
+      }
+      const bool has_message = !text_.empty() || calls.empty();
       json output = json::array();
       const bool reasoned = think_ && think_->reasoned();
       if (reasoned) output.push_back(responses_reasoning_item(rs_id_, reasoning_, "completed"));
-      if (has_message) output.push_back(responses_message_item(msg_id_, found.content, "completed"));
-      for (const ToolCall& c : found.calls) output.push_back(responses_call_item(c, "completed"));
+      if (has_message) output.push_back(responses_message_item(msg_id_, text_, "completed"));
+      for (const ToolCall& c : calls) output.push_back(responses_call_item(c, "completed"));
       const bool incomplete = f.reason == "length";
       Usage usage = f.usage;
       usage.reasoning_tokens = reasoning_tokens_;
@@ -814,20 +822,15 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       out += close_reasoning();
       int64_t index = msg_index();
       if (has_message) {
-        const bool streamed = message_open_;
-        out += open_message();
-        const std::string rest = streamed ? tail : found.content;  // what no delta carried yet
-        if (!rest.empty())
-          out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0},
-                                                   {"delta", rest}, {"logprobs", json::array()}});
-        const json part = {{"type", "output_text"}, {"text", found.content}, {"annotations", json::array()}};
+        out += open_message();  // (an empty message's: no delta opened it)
+        const json part = {{"type", "output_text"}, {"text", text_}, {"annotations", json::array()}};
         out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0},
-                                                {"text", found.content}, {"logprobs", json::array()}});
+                                                {"text", text_}, {"logprobs", json::array()}});
         out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0}, {"part", part}});
         out += ev("response.output_item.done", {{"output_index", index}, {"item", output[size_t(index)]}});
         ++index;
       }
-      for (const ToolCall& c : found.calls) {
+      for (const ToolCall& c : calls) {
         json item = responses_call_item(c, "in_progress");
         const std::string item_id = item["id"].get<std::string>();
         item["arguments"] = "";
@@ -882,6 +885,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       out += ev("response.output_item.done", {{"output_index", 0}, {"item", responses_reasoning_item(rs_id_, reasoning_, "completed")}});
       return out;
     }
+    // Message text: kept, and streamed as a delta (the message's opening events first).
+    std::string message_text(const std::string& text) {
+      if (text.empty()) return "";
+      text_ += text;
+      if (!stream_) return "";
+      std::string out = open_message();
+      out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_index()}, {"content_index", 0},
+                                               {"delta", text}, {"logprobs", json::array()}});
+      return out;
+    }
     // The message item's opening events, once.
     std::string open_message() {
       if (message_open_) return "";
@@ -901,8 +914,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::string tool_name_;
     json tools_;
     json echo_;  // the request's fields its response object echoes
-    std::string msg_id_, rs_id_, text_, reasoning_;
+    std::string msg_id_, rs_id_, text_, reasoning_;  // text_: the message's so far
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
+    std::optional<ToolCallHold> held_;  // with tools: text held back while it is or may become a call
     std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
     bool message_open_ = false, reasoning_open_ = false, reasoning_closed_ = false;
     int64_t reasoning_tokens_ = 0;  // usage's output_tokens_details
@@ -920,7 +934,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     MessagesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
           tools_(pr.tools), grammar_(!pr.grammar.empty()) {
-      if (tool_choice_ != ToolChoice::None) held_.emplace();
+      if (tool_choice_ != ToolChoice::None) held_.emplace(tool_choice_ != ToolChoice::Auto);
       if (s.srv_.model.reasoning) think_.emplace(false);
     }
     // As Reply::open_reasoning: whether the output starts inside the reasoning.
@@ -936,23 +950,21 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     void on_output(Output&& o) override {
       const ReasoningSplit::Parts p = split(o.text, false);
       std::string out = thinking(p.reasoning);
-      out += content(p.content, false);
+      out += content(p.content);
       if (!out.empty()) s_.enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
       const ReasoningSplit::Parts p = split(last.text, true);
       std::string out = thinking(p.reasoning);
-      out += content(p.content, true);
+      out += content(p.content);
       std::vector<ToolCall> calls;
-      if (held_ || (!stream_ && tool_choice_ != ToolChoice::None)) {  // the whole text, or all that was held
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, held_ ? *held_ : text_);
+      if (held_) {  // the whole text, or streaming what was held back (the text before a call went out)
+        std::string text = held_->take();
+        held_.reset();
+        if (!stream_) text = std::exchange(text_, {}) + text;
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text);
         calls = std::move(found.calls);
-        if (held_) {
-          held_.reset();
-          out += content(found.content, true);
-        } else {
-          text_ = std::move(found.content);
-        }
+        out += content(found.content);
       }
       const MessagesStop stop = messages_stop(f, !calls.empty());
       if (!stream_) {
@@ -962,6 +974,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         for (const ToolCall& c : calls) blocks.push_back(messages_tool_use_block(c));
         return s_.send_json(messages_response(meta_, std::move(blocks), &stop, f.usage));
       }
+      if (next_index_ == 0 && open_ == Block::None && calls.empty()) out += open_block(Block::Text);  // (as unstreamed: one text block)
       out += close_block();
       for (const ToolCall& c : calls) {
         json block = messages_tool_use_block(c);
@@ -1012,16 +1025,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       out += typed_event("content_block_delta", {{"index", next_index_}, {"delta", {{"type", "thinking_delta"}, {"thinking", text}}}});
       return out;
     }
-    // Content text: held back while it may be a tool call (auto; every call form holds it all),
-    // else streamed in a text block or kept for the message.
-    std::string content(const std::string& text, bool final) {
-      if (held_) {
-        *held_ += text;
-        if (final || tool_choice_ != ToolChoice::Auto || may_start_tool_call(*held_)) return "";
-        std::string out = std::move(*held_);  // plain text after all
-        held_.reset();
-        return content(out, final);
-      }
+    // Content text: what is or may become a tool call held back (ToolCallHold), the rest streamed
+    // in a text block or kept for the message.
+    std::string content(const std::string& text) { return plain(held_ ? held_->push(text) : text); }
+    std::string plain(const std::string& text) {
       if (!stream_) {
         text_ += text;
         return "";
@@ -1040,7 +1047,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     json tools_;
     bool grammar_;                         // a grammar constrains the output (reasoning never open from the start)
     std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
-    std::optional<std::string> held_;      // content held back while it may be tool calls
+    std::optional<ToolCallHold> held_;     // content held back while it is or may become tool calls
     std::string text_, reasoning_;         // not streaming: the message's text and thinking
     Block open_ = Block::None;             // streaming: the block being written (its index next_index_)
     int64_t next_index_ = 0;               // streaming: the open block's index, else the next one's

@@ -70,8 +70,12 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
         calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", input.dump()}}}});
       } else if (type == "tool_result" && role == "user") {
         const std::string id = need_string("tool_use_id");
-        json tool = {{"role", "tool"}, {"tool_call_id", id},
-                     {"content", b.contains("content") && !b["content"].is_null() ? text_blocks(b["content"], pb + ".content") : ""}};
+        std::string result = b.contains("content") && !b["content"].is_null() ? text_blocks(b["content"], pb + ".content") : "";
+        if (b.contains("is_error") && !b["is_error"].is_null()) {
+          if (!b["is_error"].is_boolean()) bad(pb + ".is_error", "'" + pb + ".is_error' must be a boolean");
+          if (b["is_error"] == true) result = "Error: " + result;  // (a chat template has no field for it)
+        }
+        json tool = {{"role", "tool"}, {"tool_call_id", id}, {"content", result}};
         if (const auto it = names.find(id); it != names.end()) tool["name"] = it->second;
         out.push_back(std::move(tool));
         results = true;
@@ -107,7 +111,7 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
 
 // Anthropic's structured output ({"type": "json_schema", "schema"}) as OpenAI's response_format.
 json response_format_of(const json& f, const std::string& param) {
-  if (!f.is_object() || f.value("type", "") != "json_schema" || !f.contains("schema"))
+  if (!f.is_object() || !f.contains("type") || f["type"] != "json_schema" || !f.contains("schema"))
     bad(param, "'" + param + "' must be {\"type\": \"json_schema\", \"schema\": {...}}");
   return {{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", f["schema"]}}}};
 }
@@ -122,7 +126,8 @@ ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& mod
       "tools", "tool_choice", "metadata", "thinking", "service_tier", "output_format", "output_config",
       "container", "mcp_servers", "context_management",
       // vLLM / llama.cpp extensions, passed to the chat request as they are
-      "seed", "min_p", "repetition_penalty", "chat_template_kwargs", "priority", "ttft_slo_ms"};
+      "seed", "min_p", "repetition_penalty", "chat_template_kwargs", "priority", "ttft_slo_ms", "guided_choice",
+      "guided_json", "grammar"};
   std::vector<std::string> unknown;
   for (const auto& [k, v] : j.items())
     if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) unknown.push_back(k);
@@ -132,7 +137,7 @@ ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& mod
 
   json chat = json::object();
   for (const char* k : {"model", "stream", "temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty",
-                        "chat_template_kwargs", "priority", "ttft_slo_ms"})
+                        "chat_template_kwargs", "priority", "ttft_slo_ms", "guided_choice", "guided_json", "grammar"})
     if (j.contains(k)) chat[k] = j[k];
   if (j.contains("stream") && j["stream"] == true) chat["stream_options"] = {{"include_usage", true}};
   if (j.contains("max_tokens")) {
@@ -198,17 +203,19 @@ ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& mod
       chat["parallel_tool_calls"] = !c["disable_parallel_tool_use"].get<bool>();
   }
   // Extended thinking: the template's switch (Qwen3's enable_thinking, DeepSeek V3.1's thinking),
-  // unless chat_template_kwargs sets it; a budget has no effect here.
+  // off unless asked for (Anthropic's default), unless chat_template_kwargs sets it; a budget has
+  // no effect here.
+  bool thinking = false;
   if (j.contains("thinking")) {
     const json& t = j["thinking"];
     if (!t.is_object() || !t.contains("type") || !t["type"].is_string())
       bad("thinking", "'thinking' must be {\"type\": \"enabled\" | \"disabled\", ...}");
-    const bool on = t["type"] != "disabled";
-    if (!chat.contains("chat_template_kwargs")) chat["chat_template_kwargs"] = json::object();
-    if (json& kw = chat["chat_template_kwargs"]; kw.is_object())
-      for (const char* k : {"enable_thinking", "thinking"})
-        if (!kw.contains(k)) kw[k] = on;
+    thinking = t["type"] != "disabled";
   }
+  if (!chat.contains("chat_template_kwargs")) chat["chat_template_kwargs"] = json::object();
+  if (json& kw = chat["chat_template_kwargs"]; kw.is_object())
+    for (const char* k : {"enable_thinking", "thinking"})
+      if (!kw.contains(k)) kw[k] = thinking;
   if (j.contains("output_format")) chat["response_format"] = response_format_of(j["output_format"], "output_format");
   if (j.contains("output_config") && j["output_config"].is_object() && j["output_config"].contains("format"))
     chat["response_format"] = response_format_of(j["output_config"]["format"], "output_config.format");

@@ -761,6 +761,52 @@ TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
   EXPECT_TRUE(chunk.contains("usage"));
 }
 
+// Streamed text under tool_choice auto, cut into random pieces: what is released is the text before
+// the first call marker (its trailing whitespace held), what is held is the rest, so that the
+// released text and the calls found in the held text are what the whole text gives; a plain text
+// is released whole but for its trailing whitespace and a tail that may become a marker.
+TEST(ServerToolCalls, HeldFromTheFirstMarkerInAnyPieces) {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather"}}])");
+  const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  struct Case {
+    std::string text, released;
+    size_t calls;
+  };
+  const Case cases[] = {
+      {"Let me check.\n" + call, "Let me check.", 1},
+      {"Hi <tool_ca there", "Hi <tool_ca there", 0},              // a marker's prefix that did not become one
+      {"A [TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {}}]", "A", 1},
+      {"B <function=get_weather>{\"city\": \"Lima\"}</function>", "B", 1},
+      {"Plain text, no call at all.  ", "Plain text, no call at all.", 0},
+      {"Ends in a partial <tool_c", "Ends in a partial", 0},
+      {"  " + call, "", 1},                                      // a call at the start: nothing released
+      {"{\"name\": \"get_weather\", \"arguments\": {}}", "", 1},  // JSON as the whole output (Llama 3.x)
+      {"x <tool_call>{broken</tool_call>", "x", 0},
+  };
+  std::mt19937 rng(7);
+  for (const Case& c : cases)
+    for (int round = 0; round < 50; ++round) {
+      ToolCallHold hold;
+      std::string released;
+      for (size_t at = 0; at < c.text.size();) {
+        const size_t n = std::min<size_t>(c.text.size() - at, 1 + rng() % 7);
+        released += hold.push(std::string_view(c.text).substr(at, n));
+        at += n;
+      }
+      const std::string held = hold.take();
+      ASSERT_EQ(released + held, c.text);
+      EXPECT_EQ(released, c.released) << c.text;
+      const FoundToolCalls found = extract_tool_calls(ToolChoice::Auto, "", tools, held);
+      EXPECT_EQ(found.calls.size(), c.calls) << c.text;
+      // The same calls as in the whole text, and no call marker ever released.
+      EXPECT_EQ(extract_tool_calls(ToolChoice::Auto, "", tools, c.text).calls.size(), c.calls) << c.text;
+      EXPECT_EQ(released.find("<tool_call>"), std::string::npos);
+    }
+  ToolCallHold all(true);  // required / named: everything
+  EXPECT_EQ(all.push("Plain text."), "");
+  EXPECT_EQ(all.take(), "Plain text.");
+}
+
 TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   const auto r = parse_responses_request(R"({"model": "stories260K", "instructions": "Be brief", "input": [
       {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
@@ -914,6 +960,13 @@ TEST(ServerMessagesApi, MapsOntoAChatRequest) {
       {"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}],
       "output_format": {"type": "json_schema", "schema": {"type": "object"}}, "thinking": {"type": "disabled"},
       "chat_template_kwargs": {"thinking": true}, "seed": 3, "anthropic_beta": 1})", kModel);
+  // Thinking is off unless asked for (Anthropic's default); a failed tool's result says so.
+  const auto plain = parse_messages_request(R"({"model": "stories260K", "max_tokens": 5, "messages": [
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "ENOENT", "is_error": true},
+      {"type": "text", "text": "go on"}]}]})", kModel);
+  EXPECT_EQ(plain.template_vars["enable_thinking"], false);
+  EXPECT_EQ(plain.template_vars["thinking"], false);
+  EXPECT_EQ(plain.messages[0].content, "Error: ENOENT");
   EXPECT_TRUE(pre.continue_final_message);
   EXPECT_FALSE(pre.add_generation_prompt);
   EXPECT_FALSE(pre.grammar.empty());
@@ -957,6 +1010,10 @@ TEST(ServerMessagesApi, MapsOntoAChatRequest) {
   bad("{" + m + R"(, "max_tokens": 5, "stop_sequences": [1]})", "stop_sequences");
   bad("{" + m + R"(, "max_tokens": 5, "thinking": true})", "thinking");
   bad("{" + m + R"(, "max_tokens": 5, "output_format": {"type": "json_object"}})", "output_format");
+  bad("{" + m + R"(, "max_tokens": 5, "output_format": {"type": 1, "schema": {}}})", "output_format");
+  bad("{" + m + R"(, "max_tokens": 5, "output_config": {"format": {"type": []}}})", "output_config.format");
+  bad(R"({"model": "stories260K", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result",
+      "tool_use_id": "a", "is_error": "yes"}]}]})", "messages[0].content[0].is_error");
   bad("{" + m + R"(, "max_tokens": 5, "mcp_servers": [{"url": "x"}]})", "mcp_servers");
   bad("{" + m + R"(, "max_tokens": 5, "system": [{"type": "image"}]})", "system[0].type");
 }
@@ -973,7 +1030,8 @@ TEST(ServerParse, ModelAliases) {
   EXPECT_THROW(check_model({{"model", "claude-haiku"}}, kModel, true), ApiError);
   EXPECT_EQ(parse_served_names("a"), std::vector<std::string>{"a"});
   EXPECT_EQ(parse_served_names("a,b,c"), (std::vector<std::string>{"a", "b", "c"}));
-  for (const char* bad : {"", ",", "a,", ",a", "a,,b", "a,b,a"}) EXPECT_THROW(parse_served_names(bad), Error) << bad;
+  EXPECT_EQ(parse_served_names(" a , b"), (std::vector<std::string>{"a", "b"}));
+  for (const char* bad : {"", ",", "a,", ",a", "a,,b", "a,b,a", "a, ", "a, a"}) EXPECT_THROW(parse_served_names(bad), Error) << bad;
 }
 
 TEST(ServerMessagesApi, AnswerFormats) {

@@ -110,6 +110,53 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     assert.equal(typeof JSON.parse(calls[0].arguments).city, 'string');
   });
 
+  // A model that writes text, then a call (Qwen's and Hermes' habit): the text streams as content as
+  // it comes, the call is held back and sent as a call, on chat and the Responses API alike.
+  // (The output is forced by guided_choice; the tool choice is auto.)
+  test('text before a tool call streams as content, the call comes as a call (auto; chat and Responses)', async () => {
+    const preamble = 'Let me check the weather.';
+    const output = `${preamble}\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>`;
+    const req = { model: MODEL_ID, messages: user('Weather?'), tools, max_tokens: 300, guided_choice: [output] };
+    const whole = await client.chat.completions.create(req);
+    assert.equal(whole.choices[0].message.content, preamble);
+    assert.equal(whole.choices[0].finish_reason, 'tool_calls');
+    assert.deepEqual(JSON.parse(whole.choices[0].message.tool_calls[0].function.arguments), { city: 'Paris' });
+    const pieces = [];
+    let calls = null, finish = null;
+    for await (const chunk of await client.chat.completions.create({ ...req, stream: true })) {
+      const c = chunk.choices[0];
+      if (!c) continue;
+      if (c.delta.content) {
+        assert.equal(calls, null, 'content after the call');
+        pieces.push(c.delta.content);
+      }
+      if (c.delta.tool_calls) calls = c.delta.tool_calls;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+    assert.equal(pieces.join(''), preamble);
+    assert.ok(pieces.length > 1, `the text came in ${pieces.length} piece(s)`);
+    assert.equal(finish, 'tool_calls');
+    assert.equal(calls[0].function.name, 'get_weather');
+    assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: 'Paris' });
+
+    const rtools = [{ type: 'function', name: 'get_weather', parameters: tools[0].function.parameters }];
+    const rreq = { model: MODEL_ID, input: 'Weather?', tools: rtools, max_output_tokens: 300, guided_choice: [output] };
+    const r = await client.responses.create(rreq);
+    assert.deepEqual(r.output.map((o) => o.type), ['message', 'function_call']);
+    assert.equal(r.output_text, preamble);
+    const deltas = [];
+    let done = null;
+    for await (const ev of await client.responses.create({ ...rreq, stream: true })) {
+      if (ev.type === 'response.output_text.delta') deltas.push(ev.delta);
+      if (ev.type === 'response.output_item.added' && ev.item.type === 'function_call') assert.equal(deltas.join(''), preamble);
+      if (ev.type === 'response.completed') done = ev.response;
+    }
+    assert.ok(deltas.length > 1, `the text came in ${deltas.length} delta(s)`);
+    assert.deepEqual(done.output.map((o) => o.type), ['message', 'function_call']);
+    assert.equal(done.output[0].content[0].text, preamble);
+    assert.deepEqual(JSON.parse(done.output[1].arguments), { city: 'Paris' });
+  });
+
   test('the Responses API: plain and streamed, on the same generation path', async () => {
     const r = await client.responses.create({ model: MODEL_ID, input: 'Once upon a time', max_output_tokens: 12, temperature: 0 });
     assert.equal(r.object, 'response');

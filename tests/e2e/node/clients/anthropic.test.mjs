@@ -189,6 +189,33 @@ describe('Anthropic SDK (stories260K)', { skip }, () => {
     }
   });
 
+  test('text before a tool call: a text block streamed as it comes, then the tool_use block (auto)', async () => {
+    const preamble = 'Let me check the weather.';
+    const output = `${preamble}\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>`;
+    const tools = [{ name: 'get_weather', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }];
+    const params = { model: MODEL_ID, max_tokens: 300, tools, messages: [{ role: 'user', content: 'Weather?' }], guided_choice: [output] };
+    const m = await client.messages.create(params);
+    assert.equal(m.stop_reason, 'tool_use');
+    assert.deepEqual(m.content.map((b) => b.type), ['text', 'tool_use']);
+    assert.equal(m.content[0].text, preamble);
+    assert.deepEqual(m.content[1].input, { city: 'Paris' });
+    const stream = client.messages.stream(params);
+    const pieces = [];
+    let callStarted = false;
+    stream.on('streamEvent', (ev) => {
+      if (ev.type === 'content_block_start' && ev.content_block.type === 'tool_use') callStarted = true;
+      if (ev.type === 'content_block_delta' && ev.delta.type === 'text_delta') {
+        assert.ok(!callStarted, 'text after the call');
+        pieces.push(ev.delta.text);
+      }
+    });
+    const final = await stream.finalMessage();
+    assert.equal(pieces.join(''), preamble);
+    assert.ok(pieces.length > 1, `the text came in ${pieces.length} piece(s)`);
+    assert.deepEqual(final.content.map((b) => [b.type, b.text ?? b.input]), [['text', preamble], ['tool_use', { city: 'Paris' }]]);
+    assert.equal(final.stop_reason, 'tool_use');
+  });
+
   test('errors in Anthropic\'s shape: the client\'s classes; the key in x-api-key or as a bearer token', async () => {
     await assert.rejects(client.messages.create({ model: 'claude-haiku-4-5', max_tokens: 5, messages }),
       (e) => e instanceof Anthropic.NotFoundError && e.error?.error?.type === 'not_found_error');
