@@ -998,6 +998,33 @@ double shortest(float f) {
 }
 }  // namespace
 
+ParsedRequest parse_native_embeddings_request(std::string_view body, const ModelInfo& model) {
+  json j = parse_json_object(body);
+  const bool content = j.contains("content") && !j.contains("input");
+  if (content) {
+    j["input"] = std::move(j["content"]);
+    j.erase("content");
+  }
+  try {
+    ParsedRequest r = parse_embeddings_request(j.dump(), model);
+    r.llama_embeddings = true;
+    return r;
+  } catch (ApiError& e) {  // (named as the request named it)
+    if (content && e.param.rfind("input", 0) == 0) e.param = "content" + e.param.substr(5);
+    throw;
+  }
+}
+
+json llama_embeddings_response(const std::vector<std::vector<float>>& vectors) {
+  json out = json::array();
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    json v = json::array();
+    for (float x : vectors[i]) v.push_back(shortest(x));
+    out.push_back({{"index", i}, {"embedding", json::array({std::move(v)})}});
+  }
+  return out;
+}
+
 json embeddings_response(const std::string& model, const std::vector<std::vector<float>>& vectors, bool base64,
                          int64_t prompt_tokens) {
   json data = json::array();
@@ -1224,7 +1251,7 @@ constexpr std::string_view kMarkers[] = {"<tool_call>", "[TOOL_CALLS]", "<|pytho
 }  // namespace
 
 FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_name, const json& tools,
-                                  std::string_view text) {
+                                  std::string_view text, bool held) {
   FoundToolCalls f;
   if (choice == ToolChoice::Named) {
     f.calls.push_back({new_tool_call_id(), tool_name, std::string(trim_ws(text))});
@@ -1235,6 +1262,11 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
     return f;
   }
   const std::string_view t = trim_ws(text);
+  // A whole output of JSON calls (Llama 3.x), before the markers: its strings may hold them.
+  if (t.starts_with("{") || t.starts_with("[")) {
+    f.calls = calls_from_text(t, tools);
+    if (!f.calls.empty()) return f;
+  }
   // <tool_call>{...}</tool_call> blocks, with text around them.
   if (t.find("<tool_call>") != std::string_view::npos) {
     std::string content;
@@ -1252,6 +1284,11 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
     }
     content += t.substr(std::min(pos, t.size()));
     f.content = std::string(trim_ws(content));
+    if (held && !f.content.empty()) {  // the whitespace between the released text and this content
+      const std::string_view lead = text.substr(0, size_t(t.data() - text.data()));
+      content.erase(content.find_last_not_of(" \t\r\n") + 1);
+      f.content = std::string(lead) + content;
+    }
     return f;
   }
   for (std::string_view marker : {std::string_view("[TOOL_CALLS]"), std::string_view("<|python_tag|>")}) {
@@ -1281,10 +1318,6 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
     f.content = std::string(trim_ws(t.substr(0, b)));
     return f;
   }
-  if (t.starts_with("{") || t.starts_with("[")) {
-    f.calls = calls_from_text(t, tools);
-    if (!f.calls.empty()) return f;
-  }
   f.content = std::string(text);
   return f;
 }
@@ -1299,15 +1332,23 @@ bool may_start_tool_call(std::string_view text) {
 }
 
 std::string ToolCallHold::push(std::string_view text) {
+  const size_t before = held_.size();
   held_.append(text);
   if (in_call_) return "";
+  size_t ws = 0;  // text's trailing whitespace
+  while (ws < text.size() && std::isspace(static_cast<unsigned char>(text[text.size() - 1 - ws]))) ++ws;
+  ws_tail_ = ws == text.size() ? ws_tail_ + ws : ws;
   if (!past_start_) {
-    if (may_start_tool_call(held_)) return "";
+    if (ws_tail_ == held_.size() || may_start_tool_call(held_)) return "";
     past_start_ = true;
   }
+  // A whole marker ends in the new text (what was held before held none).
+  constexpr size_t kLongest = std::max_element(std::begin(kMarkers), std::end(kMarkers),
+                                               [](auto a, auto b) { return a.size() < b.size(); })->size();
+  const size_t from = before > kLongest ? before - kLongest : 0;
   size_t cut = held_.size();
   for (std::string_view m : kMarkers)
-    if (const size_t at = held_.find(m); at != std::string::npos && at < cut) {
+    if (const size_t at = held_.find(m, from); at != std::string::npos && at < cut) {
       cut = at;
       in_call_ = true;
     }
@@ -1318,9 +1359,12 @@ std::string ToolCallHold::push(std::string_view text) {
           cut = std::min(cut, held_.size() - n);
           break;
         }
+  if (cut == held_.size()) cut -= ws_tail_;  // trailing whitespace (around a call it is not content)
   while (cut > 0 && std::isspace(static_cast<unsigned char>(held_[cut - 1]))) --cut;
   std::string out = held_.substr(0, cut);
   held_.erase(0, cut);
+  ws_tail_ = std::min(ws_tail_, held_.size());
+  released_ = released_ || !out.empty();
   return out;
 }
 

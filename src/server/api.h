@@ -19,9 +19,10 @@ namespace ft::server {
 // The JSON body of an error: param/code are null when empty.
 std::string error_body(const ApiError& e);
 
-// Native: llama.cpp's /completion, Infill its /infill; Embeddings: /v1/embeddings; Messages:
+// Native: llama.cpp's /completion, Infill its /infill; Embeddings: /v1/embeddings,
+// NativeEmbeddings llama.cpp's /embedding (parsed into an Embeddings request); Messages:
 // Anthropic's /v1/messages.
-enum class Endpoint { Completions, Chat, Responses, Native, Infill, Embeddings, Messages };
+enum class Endpoint { Completions, Chat, Responses, Native, Infill, Embeddings, NativeEmbeddings, Messages };
 
 // What parsing needs to know about the served model.
 struct ModelInfo {
@@ -78,6 +79,7 @@ struct ParsedRequest : GenerationRequest {
   // given, parallel_tool_calls, text, instructions, sampling, limits, metadata).
   nlohmann::json responses_echo = nlohmann::json::object();
   bool base64 = false;  // embeddings: encoding_format "base64" (little-endian float32s)
+  bool llama_embeddings = false;  // embeddings: llama.cpp's /embedding answer (llama_embeddings_response)
   // embeddings: llama.cpp's embd_normalize: -1 none, 0 max-abs to 32760, 2 euclidean (the
   // default), p > 0 the p-norm; vLLM's normalize false = -1.
   int32_t embd_normalize = 2;
@@ -127,6 +129,11 @@ ParsedRequest parse_infill_request(std::string_view body, const ModelInfo& model
 // model's own), add_special_tokens, truncate_prompt_tokens, normalize / embd_normalize, priority,
 // cache_salt. Other fields are listed in unknown_fields.
 ParsedRequest parse_embeddings_request(std::string_view body, const ModelInfo& model);
+// llama.cpp's POST /embedding (and /embeddings): its "content" (or "input") as /v1/embeddings'
+// input, its embd_normalize; answered by llama_embeddings_response.
+ParsedRequest parse_native_embeddings_request(std::string_view body, const ModelInfo& model);
+// [{"index", "embedding": [[floats]]}]: llama.cpp's /embedding answer, one pooled vector per input.
+nlohmann::json llama_embeddings_response(const std::vector<std::vector<float>>& vectors);
 // v scaled by its norm (ParsedRequest::embd_normalize; -1: unchanged; a zero vector stays zero).
 void normalize_embedding(std::vector<float>& v, int32_t norm);
 // v's float32s, little-endian, in base64 (OpenAI's encoding_format "base64").
@@ -288,8 +295,11 @@ struct FoundToolCalls {
   std::vector<ToolCall> calls;
   std::string content;  // the text outside the calls (all of it when there are none)
 };
+// held: text that a stream held back (ToolCallHold::take) after releasing what came before it:
+// the content keeps the whitespace between that and the calls ("Hello" released, then "\n\n<tool_call>
+// ...</tool_call>\n\nBye": "\n\n\n\nBye"), so released + content is the whole text's content.
 FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_name, const nlohmann::json& tools,
-                                  std::string_view text);
+                                  std::string_view text, bool held = false);
 // Auto: whether streamed text must be held back because it may be the start of a tool call
 // (its first non-space bytes are, or may become, one of the markers above, "{" or "[").
 bool may_start_tool_call(std::string_view text);
@@ -304,13 +314,20 @@ class ToolCallHold {
   explicit ToolCallHold(bool all = false) : in_call_(all) {}
   // Appends text; returns the part that may be released now (maybe empty).
   std::string push(std::string_view text);
-  // What is held (at the end: the text to look for calls in), leaving nothing held.
-  std::string take() { return std::exchange(held_, {}); }
+  // What is held (at the end: the text to look for calls in, extract_tool_calls' held), leaving
+  // nothing held.
+  std::string take() {
+    ws_tail_ = 0;
+    return std::exchange(held_, {});
+  }
+  bool released() const { return released_; }  // some text went out
 
  private:
   std::string held_;
+  size_t ws_tail_ = 0;       // held_'s trailing whitespace (kept as it grows: each byte is looked at once)
   bool past_start_ = false;  // the output's start was text, not a call
   bool in_call_;             // a marker came (or all): everything from it is held
+  bool released_ = false;
 };
 // A fresh tool-call id: "call_" + 24 hex digits.
 std::string new_tool_call_id();

@@ -264,7 +264,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                      true);
     }
     try {
-      if (!srv_.cfg.api_key.empty() && target != "/health" && target != "/metrics" &&
+      if (!srv_.cfg.api_key.empty() && target != "/health" && target != "/v1/health" && target != "/metrics" &&
           !authorized(srv_.cfg.api_key, header(http::field::authorization), header("x-api-key")))
         throw ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'", "",
                        "invalid_request_error", "invalid_api_key");
@@ -350,15 +350,17 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       std::string reason = f.reason;
       json calls = nullptr;
       if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
+        const bool released = c.held && c.held->released();
         std::string text = c.held ? c.held->take() : std::string();
         c.held.reset();
         if (!stream_) text = std::exchange(c.text, {}) + text;
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text);
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text, stream_ && released);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
           if (reason == "stop") reason = "tool_calls";
         }
         if (!found.content.empty()) emit(c, f.index, found.content, false);
+        if (stream_) send(c, f.index, "", true);  // (the logprobs of tokens whose text was held)
         if (stream_ && !calls.is_null())
           s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
       } else if (tool_choice_ == ToolChoice::Named && reason == "stop") {
@@ -625,14 +627,15 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   class EmbeddingsReply {
    public:
     EmbeddingsReply(HttpSession& s, const ParsedRequest& pr)
-        : s_(s), model_(pr.model), base64_(pr.base64), norm_(pr.embd_normalize),
+        : s_(s), model_(pr.model), base64_(pr.base64), llama_(pr.llama_embeddings), norm_(pr.embd_normalize),
           vectors_(1 + pr.more_texts.size() + pr.more_tokens.size()), left_(vectors_.size()) {}
     void on_finish(int32_t input, Output&& last, const Finish& f) {
       if (failed_) return;
       normalize_embedding(last.embedding, norm_);
       vectors_[size_t(input)] = std::move(last.embedding);
       prompt_tokens_ += f.usage.prompt_tokens;
-      if (--left_ == 0) s_.send_json(embeddings_response(model_, vectors_, base64_, prompt_tokens_));
+      if (--left_ != 0) return;
+      s_.send_json(llama_ ? llama_embeddings_response(vectors_) : embeddings_response(model_, vectors_, base64_, prompt_tokens_));
     }
     void on_error(const ApiError& e) {
       if (failed_) return;
@@ -644,7 +647,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
    private:
     HttpSession& s_;
     std::string model_;
-    bool base64_;
+    bool base64_, llama_;  // llama_: llama.cpp's /embedding answer
     int32_t norm_;
     std::vector<std::vector<float>> vectors_;  // by input
     size_t left_;
@@ -799,10 +802,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // out as the message's).
       std::vector<ToolCall> calls;
       if (held_) {
+        const bool released = held_->released();
         std::string text = held_->take();
         held_.reset();
         if (!stream_) text = std::exchange(text_, {}) + text;
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text);
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text, stream_ && released);
         calls = std::move(found.calls);
         if (stream_ && !found.content.empty()) out += close_reasoning();
         out += message_text(found.content);
@@ -959,10 +963,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       out += content(p.content);
       std::vector<ToolCall> calls;
       if (held_) {  // the whole text, or streaming what was held back (the text before a call went out)
+        const bool released = held_->released();
         std::string text = held_->take();
         held_.reset();
         if (!stream_) text = std::exchange(text_, {}) + text;
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text);
+        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text, stream_ && released);
         calls = std::move(found.calls);
         out += content(found.content);
       }
@@ -1059,11 +1064,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                        : kind == Endpoint::Native     ? parse_native_request(body, srv_.info)
                        : kind == Endpoint::Infill     ? parse_infill_request(body, srv_.info)
                        : kind == Endpoint::Embeddings ? parse_embeddings_request(body, srv_.info)
+                       : kind == Endpoint::NativeEmbeddings ? parse_native_embeddings_request(body, srv_.info)
                                                       : parse_request(kind, body, srv_.info);
     const uint64_t n = srv_.next_id.fetch_add(1);
     const char* prefix = kind == Endpoint::Chat        ? "chatcmpl-"
                          : kind == Endpoint::Responses  ? "resp_"
-                         : kind == Endpoint::Embeddings ? "embd-"
+                         : pr.kind == Endpoint::Embeddings ? "embd-"
                          : kind == Endpoint::Messages   ? "msg_"
                                                         : "cmpl-";
     // "model" names the base or a LoRA adapter (vLLM's convention); responses echo it.
@@ -1072,7 +1078,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     pr.name = (request_id_.empty() ? meta.id : request_id_) +
               (kind == Endpoint::Chat         ? " chat"
                : kind == Endpoint::Responses  ? " response"
-               : kind == Endpoint::Embeddings ? " embedding"
+               : pr.kind == Endpoint::Embeddings ? " embedding"
                : kind == Endpoint::Messages   ? " message"
                                               : " completion");
     for (const auto& f : pr.unknown_fields) spdlog::warn("{}: ignoring the unknown field '{}'", pr.name, f);
@@ -1098,7 +1104,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // refusal at submission (shutting down) cancels the ones submitted before it.
       std::shared_ptr<Reply> reply;
       std::shared_ptr<EmbeddingsReply> embeddings;
-      if (kind == Endpoint::Embeddings) embeddings = std::make_shared<EmbeddingsReply>(*this, pr);
+      if (pr.kind == Endpoint::Embeddings) embeddings = std::make_shared<EmbeddingsReply>(*this, pr);
       else reply = std::make_shared<Reply>(*this, std::move(meta), pr);
       const size_t k = 1 + pr.more_texts.size() + pr.more_tokens.size();
       size_t submitted = 0;

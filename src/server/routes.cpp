@@ -15,18 +15,29 @@ namespace {
 namespace http = boost::beast::http;
 using json = nlohmann::json;
 
+// OpenAI's model object, with vLLM's max_model_len and Anthropic's type, display_name and
+// created_at (its clients list models from the same route).
 json model_card(const Server::Impl& srv) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char created_at[32];
+  std::strftime(created_at, sizeof created_at, "%Y-%m-%dT%H:%M:%SZ", &utc);
   return {{"id", srv.info.id},
           {"object", "model"},
-          {"created", int64_t(std::time(nullptr))},
+          {"created", int64_t(now)},
           {"owned_by", "firsttoken"},
-          {"max_model_len", srv.info.n_ctx}};
+          {"max_model_len", srv.info.n_ctx},
+          {"type", "model"},
+          {"display_name", srv.info.id},
+          {"created_at", created_at}};
 }
 
 // A LoRA adapter's card: vLLM's shape (root = its file, parent = the base model).
 json adapter_card(const Server::Impl& srv, const std::string& name, const LoraAdapter& a) {
   json c = model_card(srv);
   c["id"] = name;
+  c["display_name"] = name;
   c["root"] = a.path();
   c["parent"] = srv.info.id;
   return c;
@@ -35,7 +46,8 @@ json adapter_card(const Server::Impl& srv, const std::string& name, const LoraAd
 json models(const Server::Impl& srv) {
   json data = json::array({model_card(srv)});
   for (const auto& [name, a] : srv.engine.adapters()) data.push_back(adapter_card(srv, name, *a));
-  return {{"object", "list"}, {"data", data}};
+  // (Anthropic's page fields: one page)
+  return {{"object", "list"}, {"data", data}, {"has_more", false}, {"first_id", data.front()["id"]}, {"last_id", data.back()["id"]}};
 }
 
 json model(const Server::Impl& srv, std::string_view id) {
@@ -180,6 +192,9 @@ json count_tokens(const Server::Impl& srv, const RouteRequest& req) {
   return {{"input_tokens", prompt_tokens(srv.gen, io_tokenizer(), parse_messages_request(req.body, srv.info, true)).size()}};
 }
 
+void health(Server::Impl&, Responder& out, const RouteRequest&) { out.send_json({{"status", "ok"}}); }
+void list_models(Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(models(srv)); }
+
 // A route that generates: the HTTP session's one generation path, as endpoint E.
 template <Endpoint E>
 void generate(Server::Impl&, Responder& out, const RouteRequest& req) {
@@ -187,8 +202,10 @@ void generate(Server::Impl&, Responder& out, const RouteRequest& req) {
 }
 
 const Route kRoutes[] = {
-    {"/health", http::verb::get, [](Server::Impl&, Responder& out, const RouteRequest&) { out.send_json({{"status", "ok"}}); }},
-    {"/v1/models", http::verb::get, [](Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(models(srv)); }},
+    {"/health", http::verb::get, health},
+    {"/v1/health", http::verb::get, health},  // (llama.cpp serves both paths, and /models)
+    {"/v1/models", http::verb::get, list_models},
+    {"/models", http::verb::get, list_models},
     {"/v1/models/*", http::verb::get,
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(model(srv, req.tail)); }},
     {"/metrics", http::verb::get,
@@ -207,7 +224,11 @@ const Route kRoutes[] = {
     {"/v1/completions", http::verb::post, generate<Endpoint::Completions>},
     {"/v1/responses", http::verb::post, generate<Endpoint::Responses>},
     {"/v1/chat/completions", http::verb::post, generate<Endpoint::Chat>},
+    {"/chat/completions", http::verb::post, generate<Endpoint::Chat>},  // (llama.cpp serves both paths)
     {"/v1/embeddings", http::verb::post, generate<Endpoint::Embeddings>},
+    // llama.cpp's own embeddings answer, on both of its paths.
+    {"/embedding", http::verb::post, generate<Endpoint::NativeEmbeddings>},
+    {"/embeddings", http::verb::post, generate<Endpoint::NativeEmbeddings>},
     {"/v1/messages", http::verb::post, generate<Endpoint::Messages>},  // Anthropic's
     {"/v1/messages/count_tokens", http::verb::post,
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(count_tokens(srv, req)); }},

@@ -1,6 +1,7 @@
-// libFuzzer target: the OpenAI request parser (server/api.cpp) on arbitrary bodies, as the HTTP
-// session uses it: byte 0 picks the endpoint (bit 1: /v1/embeddings, else bit 0: chat or
-// completions), the rest is the body. A bad body must be an
+// libFuzzer target: the OpenAI request parser (server/api.cpp) and Anthropic's (messages_api.cpp)
+// on arbitrary bodies, as the HTTP session uses them: byte 0 picks the endpoint (bit 2:
+// /v1/messages, with bit 3 its count_tokens; else bit 1: /v1/embeddings, with bit 3 llama.cpp's
+// /embedding; else bit 0: chat or completions), the rest is the body. A bad body must be an
 // ApiError with a 4xx status, whose error body (what the client gets) is valid JSON; a body that
 // parses gives a request whose values are in the ranges the engine takes, and its response
 // chunks serialize.
@@ -21,16 +22,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Endpoint kind = data[0] & 1 ? Endpoint::Chat : Endpoint::Completions;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   const ft::server::ModelInfo model{"m", 64, 512, {}, 16};
+  bool anthropic = false;
   try {
+    if (data[0] & 4) {
+      anthropic = true;
+      const bool count_only = data[0] & 8;
+      const ft::server::ParsedRequest r = ft::server::parse_messages_request(body, model, count_only);
+      FT_FUZZ_CHECK(r.model == model.id && r.kind == Endpoint::Messages && r.fit_max_tokens && !r.messages.empty());
+      FT_FUZZ_CHECK(count_only || (r.max_tokens && *r.max_tokens >= 1 && *r.max_tokens <= model.n_ctx));
+      for (const auto& m : r.messages) FT_FUZZ_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool");
+      const ft::server::ResponseMeta meta{Endpoint::Messages, "msg_1", 0, r.model};
+      const ft::server::MessagesStop stop{"end_turn"};
+      nlohmann::json blocks = nlohmann::json::array({{{"type", "text"}, {"text", r.messages.back().content}}});
+      for (const auto& c : r.messages.front().tool_calls) blocks.push_back(ft::server::messages_tool_use_block(c));
+      (void)ft::server::typed_event("message_start", {{"message", ft::server::messages_response(meta, blocks, &stop, {1, 1})}});
+      return 0;
+    }
     if (data[0] & 2) {
-      const ft::server::ParsedRequest r = ft::server::parse_embeddings_request(body, model);
+      const ft::server::ParsedRequest r = data[0] & 8 ? ft::server::parse_native_embeddings_request(body, model)
+                                                      : ft::server::parse_embeddings_request(body, model);
       FT_FUZZ_CHECK(r.model == model.id && r.embed);
       FT_FUZZ_CHECK(int64_t(1 + r.more_texts.size() + r.more_tokens.size()) <= ft::server::kMaxEmbeddingInputs);
       for (const int32_t id : r.prompt_tokens) FT_FUZZ_CHECK(id >= 0 && id < model.n_vocab);
       FT_FUZZ_CHECK(r.embd_normalize >= -1);
       std::vector<float> v(16, 0.25f);
       ft::server::normalize_embedding(v, r.embd_normalize);
-      (void)ft::server::embeddings_response(r.model, {v}, r.base64, 1).dump();
+      (void)(r.llama_embeddings ? ft::server::llama_embeddings_response({v}) : ft::server::embeddings_response(r.model, {v}, r.base64, 1)).dump();
       return 0;
     }
     const ft::server::ParsedRequest r = ft::server::parse_request(kind, body, model);
@@ -44,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)ft::server::sse_event(ft::server::stream_chunk(meta, text, true, "", r.include_usage));
   } catch (const ApiError& e) {
     FT_FUZZ_CHECK(e.status >= 400 && e.status < 500);
-    FT_FUZZ_CHECK(nlohmann::json::accept(ft::server::error_body(e)));
+    FT_FUZZ_CHECK(nlohmann::json::accept(anthropic ? ft::server::anthropic_error_body(e) : ft::server::error_body(e)));
   }
   return 0;
 }

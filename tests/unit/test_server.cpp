@@ -669,6 +669,26 @@ TEST(ServerInfill, ParsesLlamaCppsFields) {
                   R"({"input_extra": [{"text": 1}]})", R"({"input_prefix": 3})"});
 }
 
+TEST(ServerEmbeddings, LlamaCppsEmbeddingRoute) {
+  const auto r = parse_native_embeddings_request(R"({"content": ["a", "b"], "embd_normalize": -1})", kModel);
+  EXPECT_EQ(r.kind, Endpoint::Embeddings);
+  EXPECT_TRUE(r.llama_embeddings);
+  EXPECT_EQ(r.prompt_text, "a");
+  EXPECT_EQ(r.more_texts, std::vector<std::string>{"b"});
+  EXPECT_EQ(r.embd_normalize, -1);
+  EXPECT_TRUE(r.unknown_fields.empty());
+  EXPECT_EQ(parse_native_embeddings_request(R"({"input": "x"})", kModel).prompt_text, "x");
+  EXPECT_FALSE(parse_embeddings_request(R"({"input": "x"})", kModel).llama_embeddings);
+  try {
+    parse_native_embeddings_request(R"({"content": 5})", kModel);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "content");  // named as the request named it
+  }
+  EXPECT_EQ(llama_embeddings_response({{0.5f, -1.0f}, {0.25f, 0.0f}}),
+            json::parse(R"([{"index": 0, "embedding": [[0.5, -1.0]]}, {"index": 1, "embedding": [[0.25, 0.0]]}])"));
+}
+
 TEST(ServerEmbeddings, NormsAndEncoding) {
   std::vector<float> v = {3, -4, 0};
   normalize_embedding(v, 2);
@@ -782,6 +802,10 @@ TEST(ServerToolCalls, HeldFromTheFirstMarkerInAnyPieces) {
       {"  " + call, "", 1},                                      // a call at the start: nothing released
       {"{\"name\": \"get_weather\", \"arguments\": {}}", "", 1},  // JSON as the whole output (Llama 3.x)
       {"x <tool_call>{broken</tool_call>", "x", 0},
+      {"Hello\n\n" + call + "\n\nBye", "Hello", 1},                // text after the call
+      {"A " + call + " B " + call + " C", "A", 2},
+      // A whole output of JSON whose string holds a marker: the call, as unstreamed.
+      {"{\"name\": \"get_weather\", \"arguments\": {\"city\": \"<function=x>\"}}", "", 1},
   };
   std::mt19937 rng(7);
   for (const Case& c : cases)
@@ -796,12 +820,22 @@ TEST(ServerToolCalls, HeldFromTheFirstMarkerInAnyPieces) {
       const std::string held = hold.take();
       ASSERT_EQ(released + held, c.text);
       EXPECT_EQ(released, c.released) << c.text;
-      const FoundToolCalls found = extract_tool_calls(ToolChoice::Auto, "", tools, held);
+      const FoundToolCalls found = extract_tool_calls(ToolChoice::Auto, "", tools, held, hold.released());
       EXPECT_EQ(found.calls.size(), c.calls) << c.text;
-      // The same calls as in the whole text, and no call marker ever released.
-      EXPECT_EQ(extract_tool_calls(ToolChoice::Auto, "", tools, c.text).calls.size(), c.calls) << c.text;
+      // The same calls and content as the whole text's, and no call marker ever released.
+      const FoundToolCalls whole = extract_tool_calls(ToolChoice::Auto, "", tools, c.text);
+      EXPECT_EQ(whole.calls.size(), c.calls) << c.text;
+      EXPECT_EQ(released + found.content, whole.content) << c.text;
       EXPECT_EQ(released.find("<tool_call>"), std::string::npos);
     }
+  // A long run of whitespace costs its length once (each push looks at its own bytes).
+  ToolCallHold ws;
+  std::string out;
+  out += ws.push("Text");
+  for (int i = 0; i < 200000; ++i) out += ws.push(" ");
+  out += ws.push("more");
+  EXPECT_EQ(out + ws.take(), "Text" + std::string(200000, ' ') + "more");
+  EXPECT_EQ(out.size(), 200008u);  // (all released once text follows the run)
   ToolCallHold all(true);  // required / named: everything
   EXPECT_EQ(all.push("Plain text."), "");
   EXPECT_EQ(all.take(), "Plain text.");

@@ -406,6 +406,37 @@ describe('serve stories260K', { skip }, () => {
     assert.equal((await postJson(server.url, '/tokenize', { content: 1 })).status, 400);
   });
 
+  test("llama.cpp's paths: /models, /v1/health, /chat/completions; /embedding(s) in its answer's form", async () => {
+    const v1 = await (await fetch(`${server.url}/v1/models`)).json();
+    const bare = await (await fetch(`${server.url}/models`)).json();
+    assert.deepEqual(bare.data.map((m) => m.id), v1.data.map((m) => m.id));
+    // (Anthropic's list fields too: its client reads the same route)
+    assert.equal(v1.has_more, false);
+    assert.equal(v1.first_id, MODEL_ID);
+    assert.equal(v1.data[0].type, 'model');
+    assert.match(v1.data[0].created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+    assert.equal((await fetch(`${server.url}/v1/health`)).status, 200);
+    const req = { model: MODEL_ID, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 6, temperature: 0 };
+    const a = await postJson(server.url, '/chat/completions', req);
+    const b = await postJson(server.url, '/v1/chat/completions', req);
+    assert.equal(a.json.choices[0].message.content, b.json.choices[0].message.content);
+    const inputs = ['Once upon a time', 'a cat'];
+    const oai = await postJson(server.url, '/v1/embeddings', { input: inputs });
+    for (const path of ['/embedding', '/embeddings']) {
+      for (const body of [{ content: inputs }, { input: inputs }]) {
+        const r = await postJson(server.url, path, body);
+        assert.equal(r.status, 200, r.text);
+        assert.deepEqual(r.json.map((e) => e.index), [0, 1]);
+        assert.deepEqual(r.json.map((e) => e.embedding), oai.json.data.map((d) => [d.embedding]));
+      }
+    }
+    const one = await postJson(server.url, '/embedding', { content: 'a cat', embd_normalize: -1 });
+    assert.ok(Math.abs(Math.hypot(...one.json[0].embedding[0]) - 1) > 1e-3);  // not normalized, as asked
+    const bad = await postJson(server.url, '/embedding', { content: 5 });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.json.error.param, 'content');
+  });
+
   test('GET /metrics: Prometheus names and counts', async () => {
     const m = await metrics(server.url);
     for (const name of ['firsttoken:num_requests_running', 'firsttoken:num_requests_waiting', 'firsttoken:kv_cache_usage_perc',

@@ -157,6 +157,19 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     assert.deepEqual(JSON.parse(done.output[1].arguments), { city: 'Paris' });
   });
 
+  test('tools offered (auto) with logprobs: every token\'s logprobs reach the stream, held text or not', async () => {
+    const base = { model: MODEL_ID, messages: user('Once upon a time'), tools, max_tokens: 16, temperature: 0, logprobs: true };
+    const text = (await client.chat.completions.create(base)).choices[0].message.content;
+    const word = text.trim().split(/\s+/)[2];
+    for (const extra of [{}, { stop: [` ${word}`] }]) {  // (a stop string: its tokens' text is never released)
+      const whole = await client.chat.completions.create({ ...base, ...extra });
+      let n = 0;
+      for await (const chunk of await client.chat.completions.create({ ...base, ...extra, stream: true }))
+        n += chunk.choices[0]?.logprobs?.content?.length ?? 0;
+      assert.equal(n, whole.choices[0].logprobs.content.length, JSON.stringify(extra));
+    }
+  });
+
   test('the Responses API: plain and streamed, on the same generation path', async () => {
     const r = await client.responses.create({ model: MODEL_ID, input: 'Once upon a time', max_output_tokens: 12, temperature: 0 });
     assert.equal(r.object, 'response');

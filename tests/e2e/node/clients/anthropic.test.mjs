@@ -103,6 +103,9 @@ describe('Anthropic SDK (stories260K)', { skip }, () => {
     assert.equal(card.id, MODEL_ID);
     const list = await (await fetch(`${server.url}/v1/models`, { headers: auth })).json();
     assert.deepEqual(list.data.map((m) => m.id), [MODEL_ID]);
+    const models = [];
+    for await (const m of client.models.list()) models.push([m.id, m.type, m.display_name]);  // (the client's pages)
+    assert.deepEqual(models, [[MODEL_ID, 'model', MODEL_ID]]);
   });
 
   test('stop_sequences: the text before the first match, stop_reason stop_sequence naming it', async () => {
