@@ -135,9 +135,8 @@ const Field* find_field(std::string_view key, Endpoint kind) {
   return nullptr;
 }
 
-// Content as text: a string, null, or an array of parts. Text parts ("text", and the Responses
-// API's "input_text"/"output_text") are concatenated; "refusal" parts carry no prompt text;
-// anything else (images, audio, files) cannot be built here.
+}  // namespace
+
 std::string content_text(const json& c, const std::string& param) {
   if (c.is_string()) return c.get<std::string>();
   if (c.is_null()) return "";
@@ -158,6 +157,8 @@ std::string content_text(const json& c, const std::string& param) {
   }
   return out;
 }
+
+namespace {
 
 // One OpenAI tool call: {"id", "type": "function", "function": {"name", "arguments": JSON text}}
 // (arguments given as an object are accepted and serialised).
@@ -704,16 +705,17 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
         messages.push_back({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}});
       } else if (type == "function_call") {
         if (!item.contains("name") || !item["name"].is_string()) bad(p + ".name", "'" + p + ".name' must be a string");
-        const json call = {{"id", item.value("call_id", "")},
+        // (the values as given: the chat parser checks their types)
+        const json call = {{"id", item.contains("call_id") ? item["call_id"] : json("")},
                            {"type", "function"},
-                           {"function", {{"name", item["name"]}, {"arguments", item.value("arguments", "{}")}}}};
+                           {"function", {{"name", item["name"]}, {"arguments", item.contains("arguments") ? item["arguments"] : json("{}")}}}};
         if (!messages.empty() && messages.back()["role"] == "assistant" && messages.back().contains("tool_calls"))
           messages.back()["tool_calls"].push_back(call);  // parallel calls: one assistant turn
         else
           messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
       } else if (type == "function_call_output") {
         const json& out = item.contains("output") ? item["output"] : json("");
-        messages.push_back({{"role", "tool"}, {"tool_call_id", item.value("call_id", "")},
+        messages.push_back({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
                             {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
       } else if (type == "item_reference") {  // what a client sends for earlier items when it assumes store: true
         bad(p + ".type", "input items of type 'item_reference' are not supported (this server stores no responses: "
@@ -731,9 +733,9 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
     json tools = json::array();
     for (size_t i = 0; i < j["tools"].size(); ++i) {
       const json& t = j["tools"][i];
-      if (!t.is_object() || t.value("type", "") != "function")
+      if (!t.is_object() || !t.contains("type") || t["type"] != "function")
         bad(cat("tools[", i, "]"), "only tools of type 'function' are supported (no built-in tools here)");
-      json f = {{"name", t.value("name", "")}};
+      json f = {{"name", t.contains("name") ? t["name"] : json("")}};
       for (const char* k : {"description", "parameters", "strict"})
         if (t.contains(k)) f[k] = t[k];
       tools.push_back({{"type", "function"}, {"function", f}});
@@ -746,9 +748,10 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   }
   if (j.contains("text") && j["text"].is_object() && j["text"].contains("format")) {
     const json& f = j["text"]["format"];
-    if (f.is_object() && f.value("type", "") == "json_schema")
+    if (f.is_object() && f.contains("type") && f["type"] == "json_schema")
       chat["response_format"] = {{"type", "json_schema"},
-                                 {"json_schema", {{"name", f.value("name", "output")}, {"schema", f.value("schema", json::object())}}}};
+                                 {"json_schema", {{"name", f.contains("name") ? f["name"] : json("output")},
+                                                  {"schema", f.contains("schema") ? f["schema"] : json::object()}}}};
     else if (f.is_object())
       chat["response_format"] = f;
   }

@@ -95,6 +95,10 @@ struct ParsedRequest : GenerationRequest {
 // listed in unknown_fields, not refused (vLLM's behaviour). Chat's top_logprobs needs logprobs: true.
 ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model);
 
+// Content as text: a string, null, or an array of parts (blocks). Text parts ("text", and the
+// Responses API's "input_text"/"output_text") are concatenated; "refusal" parts carry no prompt
+// text; anything else (images, audio, files) is a 400 naming param[i].type: it cannot be built here.
+std::string content_text(const nlohmann::json& c, const std::string& param);
 // OpenAI messages -> ChatMessage: content as a string or text parts; roles system, developer
 // (= system), user, assistant (with tool_calls / function_call), tool, function (= tool).
 // Throws ApiError (400) naming param[i]... .

@@ -290,6 +290,18 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   // --- generation -------------------------------------------------------------------------
+  // A choice's tool calls at its end, and the content still to give. Streaming: found in what
+  // `held` kept back (the text before it went out); else in the whole text, of which `kept` holds
+  // what was released (taken).
+  static FoundToolCalls finish_calls(std::optional<ToolCallHold>& held, std::string& kept, bool stream, ToolChoice choice,
+                                     const std::string& name, const json& tools) {
+    const bool released = held && held->released();
+    std::string text = held ? held->take() : std::string();
+    held.reset();
+    if (!stream) text = std::exchange(kept, {}) + text;
+    return extract_tool_calls(choice, name, tools, text, stream && released);
+  }
+
   // The response of a request's generations (one per prompt: PromptSink): SSE chunks as their
   // tokens come (stream), or one JSON body once every choice of every prompt has finished.
   class Reply {
@@ -350,11 +362,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       std::string reason = f.reason;
       json calls = nullptr;
       if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
-        const bool released = c.held && c.held->released();
-        std::string text = c.held ? c.held->take() : std::string();
-        c.held.reset();
-        if (!stream_) text = std::exchange(c.text, {}) + text;
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text, stream_ && released);
+        FoundToolCalls found = finish_calls(c.held, c.text, stream_, tool_choice_, tool_name_, tools_);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
           if (reason == "stop") reason = "tool_calls";
@@ -802,11 +810,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // out as the message's).
       std::vector<ToolCall> calls;
       if (held_) {
-        const bool released = held_->released();
-        std::string text = held_->take();
-        held_.reset();
-        if (!stream_) text = std::exchange(text_, {}) + text;
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text, stream_ && released);
+        FoundToolCalls found = finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_);
         calls = std::move(found.calls);
         if (stream_ && !found.content.empty()) out += close_reasoning();
         out += message_text(found.content);
@@ -963,11 +967,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       out += content(p.content);
       std::vector<ToolCall> calls;
       if (held_) {  // the whole text, or streaming what was held back (the text before a call went out)
-        const bool released = held_->released();
-        std::string text = held_->take();
-        held_.reset();
-        if (!stream_) text = std::exchange(text_, {}) + text;
-        FoundToolCalls found = extract_tool_calls(tool_choice_, tool_name_, tools_, text, stream_ && released);
+        FoundToolCalls found = finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_);
         calls = std::move(found.calls);
         out += content(found.content);
       }

@@ -13,25 +13,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// The text of an Anthropic text-only content (a string, or blocks of type "text"): what a
-// system prompt and a tool result may hold.
-std::string text_blocks(const json& c, const std::string& param) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(param, "'" + param + "' must be a string or an array of content blocks");
-  std::string out;
-  for (size_t k = 0; k < c.size(); ++k) {
-    const json& b = c[k];
-    const std::string pb = cat(param, "[", k, "]");
-    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
-      bad(pb, "'" + pb + "' must be an object with a string 'type'");
-    if (b["type"] != "text")
-      bad(pb + ".type", "content blocks of type '" + b["type"].get<std::string>() + "' are not supported here (text only)");
-    if (!b.contains("text") || !b["text"].is_string()) bad(pb + ".text", "'" + pb + ".text' must be a string");
-    out += b["text"].get<std::string>();
-  }
-  return out;
-}
-
 // One Anthropic turn into OpenAI chat messages: an assistant turn's tool_use blocks become its
 // tool_calls, a user turn's tool_result blocks tool messages (ahead of its text, as Anthropic
 // orders them). names: tool_use id -> function name, for the tool messages that answer them.
@@ -70,7 +51,7 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
         calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", input.dump()}}}});
       } else if (type == "tool_result" && role == "user") {
         const std::string id = need_string("tool_use_id");
-        std::string result = b.contains("content") && !b["content"].is_null() ? text_blocks(b["content"], pb + ".content") : "";
+        std::string result = b.contains("content") && !b["content"].is_null() ? content_text(b["content"], pb + ".content") : "";
         if (b.contains("is_error") && !b["is_error"].is_null()) {
           if (!b["is_error"].is_boolean()) bad(pb + ".is_error", "'" + pb + ".is_error' must be a boolean");
           if (b["is_error"] == true) result = "Error: " + result;  // (a chat template has no field for it)
@@ -156,7 +137,7 @@ ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& mod
   }
 
   json messages = json::array();
-  if (j.contains("system")) messages.push_back({{"role", "system"}, {"content", text_blocks(j["system"], "system")}});
+  if (j.contains("system")) messages.push_back({{"role", "system"}, {"content", content_text(j["system"], "system")}});
   if (!j.contains("messages")) bad("messages", "'messages' is required");
   const json& in = j["messages"];
   if (!in.is_array() || in.empty()) bad("messages", "'messages' must be a non-empty array");

@@ -1,7 +1,8 @@
 // libFuzzer target: the OpenAI request parser (server/api.cpp) and Anthropic's (messages_api.cpp)
 // on arbitrary bodies, as the HTTP session uses them: byte 0 picks the endpoint (bit 2:
-// /v1/messages, with bit 3 its count_tokens; else bit 1: /v1/embeddings, with bit 3 llama.cpp's
-// /embedding; else bit 0: chat or completions), the rest is the body. A bad body must be an
+// /v1/messages, with bit 3 its count_tokens; else bits 0, 1 and 3: /v1/responses; else bit 1:
+// /v1/embeddings, with bit 3 llama.cpp's /embedding; else bit 0: chat or completions), the rest is
+// the body. A bad body must be an
 // ApiError with a 4xx status, whose error body (what the client gets) is valid JSON; a body that
 // parses gives a request whose values are in the ranges the engine takes, and its response
 // chunks serialize.
@@ -36,6 +37,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       nlohmann::json blocks = nlohmann::json::array({{{"type", "text"}, {"text", r.messages.back().content}}});
       for (const auto& c : r.messages.front().tool_calls) blocks.push_back(ft::server::messages_tool_use_block(c));
       (void)ft::server::typed_event("message_start", {{"message", ft::server::messages_response(meta, blocks, &stop, {1, 1})}});
+      return 0;
+    }
+    if ((data[0] & 3) == 3 && (data[0] & 8)) {  // the Responses API
+      const ft::server::ParsedRequest r = ft::server::parse_responses_request(body, model);
+      FT_FUZZ_CHECK(r.model == model.id && r.kind == Endpoint::Responses && !r.messages.empty());
+      const ft::server::ResponseMeta meta{Endpoint::Responses, "resp_1", 0, r.model};
+      const ft::server::Usage u{1, 1};
+      (void)ft::server::responses_object(meta, "completed", nlohmann::json::array(), &u, "", r.responses_echo).dump();
       return 0;
     }
     if (data[0] & 2) {

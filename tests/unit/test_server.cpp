@@ -885,6 +885,12 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   bad(R"({"model": "stories260K", "input": [{"role": "robot", "content": "x"}]})", "input[0].role");
   bad(R"({"model": "stories260K", "input": "x", "max_output_tokens": 0})", "max_output_tokens");
   bad(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "fc_1"}]})", "input[0].type");
+  // Wrong types are a 400 naming them (not a JSON type error, which would be a 500).
+  bad(R"({"model": "stories260K", "input": "x", "tools": [{"type": 1, "name": "f"}]})", "tools[0]");
+  bad(R"({"model": "stories260K", "input": "x", "tools": [{"type": "function", "name": 7}]})", "tools[0]");
+  bad(R"({"model": "stories260K", "input": [{"type": "function_call", "call_id": 5, "name": "f"}]})", "input[0].tool_calls[0].id");
+  bad(R"({"model": "stories260K", "input": [{"type": "function_call_output", "call_id": [], "output": "x"}]})",
+      "input[0].tool_call_id");
   try {  // the Vercel AI SDK's default (store: true) sends these: the error says what to do instead
     parse_responses_request(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "fc_1"}]})", kModel);
   } catch (const ApiError& e) {
