@@ -287,11 +287,11 @@ void parse_structured(const json& j, ParsedRequest& r) {
       r.tool_choice = ToolChoice::Auto;
     } else if (c == "required") {
       r.tool_choice = ToolChoice::Required;
-    } else if (c.is_object() && ((c.contains("function") && c["function"].is_object() && c["function"].contains("name") &&
-                                  c["function"]["name"].is_string()) ||
-                                 (c.contains("name") && c["name"].is_string()))) {
+    } else if (const bool fn = c.is_object() && c.contains("function") && c["function"].is_object() &&
+                               c["function"].contains("name") && c["function"]["name"].is_string();
+               fn || (c.is_object() && c.contains("name") && c["name"].is_string())) {
       r.tool_choice = ToolChoice::Named;
-      r.tool_name = (c.contains("function") ? c["function"]["name"] : c["name"]).get<std::string>();
+      r.tool_name = (fn ? c["function"]["name"] : c["name"]).get<std::string>();  // (the one checked)
     } else {
       bad(key, cat("'", key, "' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}"));
     }
@@ -1003,7 +1003,7 @@ double shortest(float f) {
 
 ParsedRequest parse_native_embeddings_request(std::string_view body, const ModelInfo& model) {
   json j = parse_json_object(body);
-  const bool content = j.contains("content") && !j.contains("input");
+  const bool content = j.contains("content") && (!j.contains("input") || j["input"].is_null());
   if (content) {
     j["input"] = std::move(j["content"]);
     j.erase("content");
@@ -1265,6 +1265,13 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
     return f;
   }
   const std::string_view t = trim_ws(text);
+  // The content around calls: trimmed; held (a stream's rest), with the whitespace that separates
+  // it from the text released before it.
+  const auto content_of = [&](std::string_view c) {
+    if (!held || trim_ws(c).empty()) return std::string(trim_ws(c));
+    while (std::isspace(static_cast<unsigned char>(c.back()))) c.remove_suffix(1);
+    return std::string(text.substr(0, size_t(t.data() - text.data()))) + std::string(c);
+  };
   // A whole output of JSON calls (Llama 3.x), before the markers: its strings may hold them.
   if (t.starts_with("{") || t.starts_with("[")) {
     f.calls = calls_from_text(t, tools);
@@ -1286,19 +1293,14 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
       pos = e == std::string_view::npos ? t.size() : e + 12;
     }
     content += t.substr(std::min(pos, t.size()));
-    f.content = std::string(trim_ws(content));
-    if (held && !f.content.empty()) {  // the whitespace between the released text and this content
-      const std::string_view lead = text.substr(0, size_t(t.data() - text.data()));
-      content.erase(content.find_last_not_of(" \t\r\n") + 1);
-      f.content = std::string(lead) + content;
-    }
+    f.content = content_of(content);
     return f;
   }
   for (std::string_view marker : {std::string_view("[TOOL_CALLS]"), std::string_view("<|python_tag|>")}) {
     if (const size_t b = t.find(marker); b != std::string_view::npos) {
       auto calls = calls_from_text(trim_ws(t.substr(b + marker.size())), tools);
       if (calls.empty()) return {{}, std::string(text)};
-      return {std::move(calls), std::string(trim_ws(t.substr(0, b)))};
+      return {std::move(calls), content_of(t.substr(0, b))};
     }
   }
   if (const size_t b = t.find("<function="); b != std::string_view::npos) {  // <function=NAME>{args}</function>, repeated
@@ -1318,20 +1320,11 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
       f.calls.push_back({new_tool_call_id(), name, std::string(args)});
       pos = size_t(rest.data() - calls.data()) + (end == std::string_view::npos ? rest.size() : end + 11);
     }
-    f.content = std::string(trim_ws(t.substr(0, b)));
+    f.content = content_of(t.substr(0, b));
     return f;
   }
   f.content = std::string(text);
   return f;
-}
-
-bool may_start_tool_call(std::string_view text) {
-  const std::string_view t = trim_ws(text);
-  if (t.empty()) return true;  // nothing but whitespace yet
-  if (t[0] == '{' || t[0] == '[') return true;
-  for (std::string_view m : kMarkers)
-    if (t.substr(0, m.size()) == m.substr(0, std::min(m.size(), t.size()))) return true;
-  return false;
 }
 
 std::string ToolCallHold::push(std::string_view text) {
@@ -1342,7 +1335,20 @@ std::string ToolCallHold::push(std::string_view text) {
   while (ws < text.size() && std::isspace(static_cast<unsigned char>(text[text.size() - 1 - ws]))) ++ws;
   ws_tail_ = ws == text.size() ? ws_tail_ + ws : ws;
   if (!past_start_) {
-    if (ws_tail_ == held_.size() || may_start_tool_call(held_)) return "";
+    if (ws_tail_ == held_.size()) return "";  // nothing but whitespace yet
+    // JSON or a whole marker first: a call (or not) to be told at the end; held whole from here
+    // (so later pushes cost only their own bytes).
+    const std::string_view t = std::string_view(held_).substr(held_.find_first_not_of(" \t\n\v\f\r"));
+    bool call = t[0] == '{' || t[0] == '[', prefix = false;
+    for (std::string_view m : kMarkers) {
+      call = call || t.starts_with(m);
+      prefix = prefix || m.starts_with(t);
+    }
+    if (call) {
+      in_call_ = true;
+      return "";
+    }
+    if (prefix) return "";  // a marker's first bytes
     past_start_ = true;
   }
   // A whole marker ends in the new text (what was held before held none).

@@ -304,12 +304,10 @@ struct FoundToolCalls {
 // ...</tool_call>\n\nBye": "\n\n\n\nBye"), so released + content is the whole text's content.
 FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_name, const nlohmann::json& tools,
                                   std::string_view text, bool held = false);
-// Auto: whether streamed text must be held back because it may be the start of a tool call
-// (its first non-space bytes are, or may become, one of the markers above, "{" or "[").
-bool may_start_tool_call(std::string_view text);
 // A streamed generation's text under a tool choice: what may go out as content at once, and what
 // is held back for extract_tool_calls at the end. Auto: the output's start while it may be a call
-// (may_start_tool_call: the JSON forms are whole outputs), then, once it is text, everything from
+// (all of it when its first non-space bytes are "{", "[" or a marker: the JSON forms are whole
+// outputs; while they may become a marker), then, once it is text, everything from
 // the first call marker on (text before a call streams, as vLLM's and llama.cpp's parsers stream
 // it), and meanwhile a tail that may become a marker and trailing whitespace (around a call it is
 // not content). Required and Named (all): everything.

@@ -763,12 +763,24 @@ TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
   EXPECT_EQ(r.content, R"({"name": "unknown", "arguments": {}})");
   EXPECT_TRUE(one(ToolChoice::Auto, "<tool_call>{not json</tool_call>").calls.empty());
 
-  EXPECT_TRUE(may_start_tool_call("  "));
-  EXPECT_TRUE(may_start_tool_call(" <tool_"));
-  EXPECT_TRUE(may_start_tool_call("{\"na"));
-  EXPECT_TRUE(may_start_tool_call("[TOOL"));
-  EXPECT_FALSE(may_start_tool_call("Hello"));
-  EXPECT_FALSE(may_start_tool_call("<b>"));
+  // A named choice whose "function" is not {"name": string} names the call by its top-level "name"
+  // (a malformed one read through a const object was undefined behaviour).
+  for (const char* choice : {R"({"type": "function", "function": {}, "name": "get_weather"})",
+                             R"({"function": "x", "name": "get_weather"})", R"({"function": {"name": 5}, "name": "get_weather"})"}) {
+    const auto p = parse_chat({{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                               {"tools", tools}, {"tool_choice", json::parse(choice)}});
+    EXPECT_EQ(p.tool_choice, ToolChoice::Named) << choice;
+    EXPECT_EQ(p.tool_name, "get_weather") << choice;
+  }
+  // A stream's start: held while it is or may become a call.
+  const auto released = [](const std::string& start) { return ToolCallHold().push(start); };
+  EXPECT_EQ(released("  "), "");
+  EXPECT_EQ(released(" <tool_"), "");
+  EXPECT_EQ(released("{\"na"), "");
+  EXPECT_EQ(released("[TOOL"), "");
+  EXPECT_EQ(released("<|python_tag|>{"), "");
+  EXPECT_EQ(released("Hello"), "Hello");
+  EXPECT_EQ(released(" <b>"), " <b>");
 
   const ResponseMeta m{Endpoint::Chat, "chatcmpl-1", 7, "stories260K"};
   const json calls = tool_calls_json({{"call_1", "f", "{}"}});
@@ -804,6 +816,7 @@ TEST(ServerToolCalls, HeldFromTheFirstMarkerInAnyPieces) {
       {"x <tool_call>{broken</tool_call>", "x", 0},
       {"Hello\n\n" + call + "\n\nBye", "Hello", 1},                // text after the call
       {"A " + call + " B " + call + " C", "A", 2},
+      {"Hello <function=x> is syntax. <|python_tag|>{\"name\": \"get_weather\", \"parameters\": {}}", "Hello", 1},
       // A whole output of JSON whose string holds a marker: the call, as unstreamed.
       {"{\"name\": \"get_weather\", \"arguments\": {\"city\": \"<function=x>\"}}", "", 1},
   };
