@@ -64,7 +64,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (ec) return on_read_error(ec);
     if (profile::enabled()) header_ns_ = profile::now_ns();
     const auto& h = parser_->get();
-    anthropic_ = is_anthropic(std::string_view(h.target().data(), h.target().size()));  // (a 413 below speaks its API)
+    anthropic_ = is_anthropic(h);  // (a 413 below speaks its API)
     if (auto it = h.find(http::field::content_length); it != h.end()) {
       uint64_t n = 0;
       try {
@@ -226,8 +226,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     srv_.metrics.count_error();
     send_response(e.status, "application/json", body_of(e));
   }
-  static bool is_anthropic(std::string_view target) { return target.starts_with("/v1/messages"); }
-  // An error's body in the current request's API: Anthropic's for /v1/messages*, else OpenAI's.
+  // Whether a request speaks Anthropic's API: /v1/messages*, or any route asked by its clients
+  // (they send anthropic-version: GET /v1/models from its SDK), whose errors they parse.
+  template <class Header>
+  static bool is_anthropic(const Header& h) {
+    const std::string_view target(h.target().data(), h.target().size());
+    return target.starts_with("/v1/messages") || h.find("anthropic-version") != h.end();
+  }
+  // An error's body in the current request's API: Anthropic's for its clients (is_anthropic), else OpenAI's.
   std::string body_of(const ApiError& e) const { return anthropic_ ? anthropic_error_body(e) : error_body(e); }
 
   // --- routing ----------------------------------------------------------------------------
@@ -240,7 +246,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     header_ns_ = 0;
     std::string_view target(req.target().data(), req.target().size());
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-    anthropic_ = is_anthropic(target);
+    anthropic_ = is_anthropic(req);
     const auto header = [&](auto f) {  // (a field, or a name Beast has no field for)
       auto it = req.find(f);
       return it == req.end() ? std::string_view{} : std::string_view(it->value().data(), it->value().size());

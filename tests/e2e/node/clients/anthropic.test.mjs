@@ -231,6 +231,11 @@ describe('Anthropic SDK (stories260K)', { skip }, () => {
     const wrong = new Anthropic({ baseURL: server.url, apiKey: 'sk-wrong', maxRetries: 0 });
     await assert.rejects(wrong.messages.create({ model: MODEL_ID, max_tokens: 5, messages }),
       (e) => e instanceof Anthropic.AuthenticationError && e.error?.error?.type === 'authentication_error');
+    // Its other routes answer it in its shape too (it sends anthropic-version).
+    await assert.rejects(wrong.models.list(),
+      (e) => e instanceof Anthropic.AuthenticationError && e.error?.error?.type === 'authentication_error');
+    await assert.rejects(client.models.retrieve('claude-haiku-4-5'),
+      (e) => e instanceof Anthropic.NotFoundError && e.error?.error?.type === 'not_found_error');
     // The key as a bearer token works too (authToken: Authorization), and on OpenAI's routes x-api-key does.
     const bearer = new Anthropic({ baseURL: server.url, apiKey: null, authToken: KEY, maxRetries: 0 });
     const m = await bearer.messages.create({ model: MODEL_ID, max_tokens: 3, temperature: 0, messages });
