@@ -48,9 +48,15 @@ int cmd_inspect(const InspectArgs& a) {
                 hp.arch_name.c_str(), hp.dim, hp.n_layers, hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.ffn_dim,
                 hp.n_vocab, hp.ctx_len, double(hp.rope.freq_base), hp.tied_embeddings ? "tied" : "separate",
                 double(m->weight_bytes()) / (1 << 20));
-    if (hp.sliding_window > 0)
-      std::printf("  sliding window %d on %s layers\n", hp.sliding_window,
-                  hp.swa_layers == SwaLayers::Even ? "even" : "all");
+    if (hp.sliding_window > 0) {
+      if (hp.swa_layers == SwaLayers::Period)
+        std::printf("  sliding window %d on every layer but %d, %d, %d, ... (global)\n", hp.sliding_window,
+                    hp.swa_period - 1, 2 * hp.swa_period - 1, 3 * hp.swa_period - 1);
+      else
+        std::printf("  sliding window %d on all layers\n", hp.sliding_window);
+      if (hp.swa_rope_base > 0)
+        std::printf("  windowed layers: rope base %g, unscaled\n", double(hp.swa_rope_base));
+    }
     if (hp.attn_softcap > 0 || hp.final_softcap > 0)
       std::printf("  soft caps: attention scores %g, final logits %g\n", double(hp.attn_softcap),
                   double(hp.final_softcap));

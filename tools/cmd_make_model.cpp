@@ -22,6 +22,10 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--vocab", a.vocab, "GGUF to take the tokenizer from (default: built-in byte-level vocab)");
   c->add_option("--arch", a.arch, "Architecture: " + known_archs())->capture_default_str();
   c->add_option("--seed", a.seed, "Random seed")->capture_default_str();
+  c->add_option("--layers", a.layers, "Layers (default: the shape's)");
+  c->add_option("--head-dim", a.head_dim, "Width of an attention head (default: dim / heads; else written as key_length)");
+  c->add_option("--window", a.window, "Sliding window of the architecture's windowed layers (default: the architecture's)");
+  c->add_option("--rope-scale", a.rope_scale, "Linear RoPE scaling factor (rope.scaling.factor; default: none)");
   c->add_option("-o,--out", a.out, "Output file")->required();
   c->add_option("--draft-out", a.draft_out,
                 "Also write the same weights (same seed) at --draft-type: a draft model for speculative decoding");
@@ -56,6 +60,10 @@ int cmd_make_model(const MakeModelArgs& a) {
   opt.seed = a.seed;
   opt.vocab_path = a.vocab;
   opt.arch = a.arch;
+  opt.n_layers = a.layers;
+  opt.head_dim = a.head_dim;
+  opt.sliding_window = a.window;
+  opt.rope_scale = a.rope_scale;
   const bool tty = isatty(STDERR_FILENO);
   write_synthetic_model(opt, a.out, [tty](float frac) {
     if (tty) std::fprintf(stderr, "\rwriting... %3.0f%%", double(frac) * 100);

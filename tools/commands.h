@@ -50,6 +50,8 @@ struct MakeModelArgs {
   std::string shape = "tiny", type = "f32", vocab, arch = "llama", out;
   std::string draft_type, draft_out;  // also write the same weights at another type (a speculative draft)
   uint64_t seed = 1234;
+  int32_t layers = 0, head_dim = 0, window = 0;  // SyntheticOptions' overrides (0: the shape's, the arch's)
+  float rope_scale = 0;
   // A random LoRA adapter for the model written (model/synthetic.h write_synthetic_lora).
   int32_t lora_rank = 0;  // 0 = none
   float lora_alpha = 0;   // 0 = 2 x rank

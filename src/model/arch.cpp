@@ -35,6 +35,12 @@ const TensorSpec kQkvBias[] = {
   {"blk.{i}.attn_k.bias",        Role::Bk,         "bk",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
   {"blk.{i}.attn_v.bias",        Role::Bv,         "bv",          E::KvDim,   E::KvDim, false, T::F32,    true,  false, Init::Bias},
 };
+// Qwen3, Gemma 3: each q and k head RMS-normed (one (head_dim,) weight for all heads) before RoPE;
+// after attn_v (with_qk_norm).
+const TensorSpec kQkNorm[] = {
+  {"blk.{i}.attn_q_norm.weight", Role::QNorm,      "q_norm",      E::HeadDim, E::HeadDim, false, T::F32,  true,  false, Init::Norm},
+  {"blk.{i}.attn_k_norm.weight", Role::KNorm,      "k_norm",      E::HeadDim, E::HeadDim, false, T::F32,  true,  false, Init::Norm},
+};
 // Gemma 2: Llama's tensors (q_dim = heads * key_length, not dim) with a norm after attention and
 // one after the FFN (gemma2_tensors inserts them after wo and w_down).
 const TensorSpec kPostAttnNorm =
@@ -82,30 +88,41 @@ std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
   return out;
 }
 
-std::vector<TensorSpec> with_qkv_bias(std::span<const TensorSpec> base) {
+// base with the tensors `extra` inserted after attn_v.
+std::vector<TensorSpec> after_wv(std::span<const TensorSpec> base, std::span<const TensorSpec> extra) {
   std::vector<TensorSpec> out;
   for (const TensorSpec& t : base) {
     out.push_back(t);
-    if (t.role == Role::Wv) out.insert(out.end(), std::begin(kQkvBias), std::end(kQkvBias));
+    if (t.role == Role::Wv) out.insert(out.end(), extra.begin(), extra.end());
   }
   return out;
 }
 
 std::span<const ArchSpec> archs() {
-  static const std::vector<TensorSpec> qwen2 = with_qkv_bias(kLlama);
+  static const std::vector<TensorSpec> qwen2 = after_wv(kLlama, kQkvBias);
+  static const std::vector<TensorSpec> qwen3 = after_wv(kLlama, kQkNorm);
   static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
+  static const std::vector<TensorSpec> gemma3_t = after_wv(gemma2_t, kQkNorm);
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
   // Gemma 2's defaults are llama.cpp's when the keys are absent (window 4096, caps 50 and 30).
   // Its norm weights are stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is
   // the plain x / rms(x) * weight.
-  static const ArchFeatures gemma2{.ffn_act = GateAct::GeluTanh, .embd_scale = true,
-                                   .query_scale = QueryScale::Gemma2, .softcap = true, .attn_softcap = 50.0f,
-                                   .final_softcap = 30.0f, .swa = SwaLayers::Even, .sliding_window = 4096};
+  static const ArchFeatures gemma2{.ffn_act = GateAct::GeluTanh, .embd_scale = true, .dim_per_head_scale_layers = 46,
+                                   .softcap = true, .attn_softcap = 50.0f, .final_softcap = 30.0f,
+                                   .swa = SwaLayers::Period, .swa_period = 2, .sliding_window = 4096};
+  // Gemma 3 (llama.cpp's rules, as Gemma 2's): no soft caps; five windowed layers, then a global
+  // one; the windowed layers rotate with base 10000 unscaled, the global ones with the file's
+  // base and linear scaling; norms (q/k too) stored as 1 + w.
+  static const ArchFeatures gemma3{.ffn_act = GateAct::GeluTanh, .embd_scale = true, .dim_per_head_scale_layers = 62,
+                                   .swa = SwaLayers::Period, .swa_period = 6, .sliding_window = 4096,
+                                   .swa_rope_base = 1e4f};
   static const ArchFeatures phi3{.swa = SwaLayers::All};
   static const ArchSpec a[] = {
       {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama},
       {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
+      {"qwen3", Arch::Qwen3, 1e-6f, 1e6f, RopeStyle::Halves, qwen3},
       {"gemma2", Arch::Gemma2, 1e-6f, 1e4f, RopeStyle::Halves, gemma2_t, gemma2},
+      {"gemma3", Arch::Gemma3, 1e-6f, 1e6f, RopeStyle::Halves, gemma3_t, gemma3},
       {"phi3", Arch::Phi3, 1e-5f, 1e4f, RopeStyle::Halves, phi3_t, phi3},
   };
   return a;
@@ -137,6 +154,7 @@ int64_t extent(Extent e, const HParams& hp) {
     case Extent::QDim: return hp.q_dim();
     case Extent::KvDim: return hp.kv_dim();
     case Extent::QkvDim: return int64_t(hp.q_dim()) + 2 * int64_t(hp.kv_dim());
+    case Extent::HeadDim: return hp.head_dim;
     case Extent::Ffn: return hp.ffn_dim;
     case Extent::Ffn2: return 2 * int64_t(hp.ffn_dim);
     case Extent::Vocab: return hp.n_vocab;
@@ -171,6 +189,8 @@ WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
     case Role::Bq: return {nullptr, &L->bq};
     case Role::Bk: return {nullptr, &L->bk};
     case Role::Bv: return {nullptr, &L->bv};
+    case Role::QNorm: return {nullptr, &L->q_norm};
+    case Role::KNorm: return {nullptr, &L->k_norm};
     case Role::Wo: return {&L->wo, nullptr};
     case Role::FfnNorm: return {nullptr, &L->ffn_norm};
     case Role::WGate: return {&L->w_gate, nullptr};

@@ -18,11 +18,11 @@ namespace ft {
 // of them (fused_views), never copies.
 enum class Role {
   TokenEmbd, OutputNorm, Output, RopeFreqs, RopeLong, RopeShort,
-  AttnNorm, Wq, Wk, Wv, WQkv, Bq, Bk, Bv, Wo, AttnPostNorm,
+  AttnNorm, Wq, Wk, Wv, WQkv, Bq, Bk, Bv, QNorm, KNorm, Wo, AttnPostNorm,
   FfnNorm, WGate, WUp, WGateUp, WDown, FfnPostNorm
 };
 // A shape dimension, from the hyperparameters. QkvDim = q_dim + 2 kv_dim, Ffn2 = 2 ffn.
-enum class Extent { Dim, QDim, KvDim, QkvDim, Ffn, Ffn2, Vocab, RotHalf };
+enum class Extent { Dim, QDim, KvDim, QkvDim, HeadDim, Ffn, Ffn2, Vocab, RotHalf };
 enum class TypeClass { Weight /* any supported weight type */, F32 };
 // How the synthetic writer fills a tensor: matrices ~ N(0, 1/fan_in), norms ~ 1 + noise, biases
 // ~ small noise; in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
@@ -45,20 +45,20 @@ struct TensorSpec {
   bool synthetic = true;     // written by the synthetic writer
 };
 
-// How an architecture's query is scaled in attention: 1/sqrt(head_dim), or Gemma 2's
-// 1/sqrt(query_pre_attn_scalar), which GGUF does not store: llama.cpp (b4748) keys it by model
-// size, head_dim for 2B/9B (26/42 layers) and dim/heads for 27B (46 layers).
-enum class QueryScale { HeadDim, Gemma2 };
-
 // The forward differences of an architecture, as data (model/forward.cpp reads them from HParams).
 struct ArchFeatures {
   GateAct ffn_act = GateAct::SiLU;
   bool embd_scale = false;             // embeddings * sqrt(dim)
-  QueryScale query_scale = QueryScale::HeadDim;
+  // The query's scale is 1/sqrt(head_dim), but 1/sqrt(dim / heads) for a model of this many
+  // layers (0: none): Gemma's 1/sqrt(query_pre_attn_scalar), which GGUF does not store, keyed by
+  // model size as llama.cpp does (the 27B: gemma2 46 layers, gemma3 62).
+  int32_t dim_per_head_scale_layers = 0;
   bool softcap = false;                // reads {arch}.attn_logit_softcapping / final_logit_softcapping
   float attn_softcap = 0, final_softcap = 0;  //   defaults when those keys are absent
   SwaLayers swa = SwaLayers::None;     // layers with {arch}.attention.sliding_window
+  int32_t swa_period = 0;              //   SwaLayers::Period's period (HParams::windowed)
   int32_t sliding_window = 0;          //   default when that key is absent (0: none)
+  float swa_rope_base = 0;             // > 0: the windowed layers' RoPE base, unscaled (HParams)
 };
 
 struct ArchSpec {

@@ -9,6 +9,9 @@
 //   phi3:   Q/K/V and gate/up are row views of fused tensors (the same GEMM calls); every layer
 //           windowed; long/short rope factors chosen by the context (constructor).
 //   qwen2:  Q/K/V biases in the GEMM epilogue.
+//   qwen3, gemma3: each q and k head RMS-normed (q_norm, k_norm) before RoPE.
+//   gemma3: gemma2's post-norms, GELU and embedding scale, no soft caps; five windowed layers
+//           then a global one, the windowed ones rotating with their own base (rope_swa_).
 // Pipeline parallelism (StageLink, Model::stage): the layers are the stage's; the first stage
 // embeds, the others receive x from the previous stage; all but the last send x on (posted: the
 // next step may start here while the next stage runs this one; progress() between blocks lets
@@ -54,6 +57,11 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
     const int64_t ctx = n_ctx > 0 ? n_ctx : model.hparams().ctx_len;
     rope_.freq_factors = ctx > model.hparams().rope_ctx_orig && w_.rope_long ? w_.rope_long : w_.rope_short;
   }
+  rope_swa_ = rope_;
+  if (model.hparams().swa_rope_base > 0) {
+    rope_swa_.freq_base = model.hparams().swa_rope_base;
+    rope_swa_.freq_scale = 1.0f;
+  }
   // (Fused tensors: the row views are what the GEMMs read, so those are prepared.)
   for (LayerWeights& L : w_.layers)
     for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *v = be_.prepare(*v);
@@ -74,8 +82,11 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   }
   views_.resize(M);
   // Interleaved (llama) pairs stay inside the GEMM epilogue's 16-column groups; neox-style
-  // halves pairs do not, so Qwen2 keeps the separate RoPE pass.
-  fused_rope_ = rope_.style == RopeStyle::Interleaved && hp.head_dim % 16 == 0 && rope_.n_rot % 2 == 0;
+  // halves pairs do not, so Qwen2 keeps the separate RoPE pass, as do q/k norms (before RoPE)
+  // and per-layer RoPE bases (one table per batch).
+  const bool qk_norm = !w_.layers.empty() && (w_.layers[0].q_norm || w_.layers[0].k_norm);
+  fused_rope_ = rope_.style == RopeStyle::Interleaved && hp.head_dim % 16 == 0 && rope_.n_rot % 2 == 0 && !qk_norm &&
+                hp.swa_rope_base == 0;
   if (fused_rope_) rope_cs_.resize(M * size_t(rope_.n_rot));
   n_ctx_.resize(M);
   logit_rows_.reserve(M);
@@ -122,8 +133,11 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     be_.matmul_multi(h_, M, t, 3);
   } else {
     be_.matmul_multi(h_, M, t, 3);
-    be_.rope(q_, M, hp.n_heads, hp.head_dim, b.pos.data(), rope_);
-    be_.rope(k_, M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope_);
+    if (L.q_norm) be_.rmsnorm(q_, L.q_norm, q_, M * hp.n_heads, hp.head_dim, hp.rms_eps);  // (in place: row by row)
+    if (L.k_norm) be_.rmsnorm(k_, L.k_norm, k_, M * hp.n_kv_heads, hp.head_dim, hp.rms_eps);
+    const RopeParams& rope = hp.windowed(hp.first_layer + il) ? rope_swa_ : rope_;
+    be_.rope(q_, M, hp.n_heads, hp.head_dim, b.pos.data(), rope);
+    be_.rope(k_, M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope);
   }
   // Every entry's K/V goes into the cache first (in its stored type), so entries of one sequence
   // in this batch see each other (causally, through n_ctx = pos + 1).

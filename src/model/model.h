@@ -16,9 +16,11 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Gemma2, Phi3 };
-// Which layers attend through the sliding window (HParams::sliding_window).
-enum class SwaLayers { None, All, Even /* gemma2: layers 0, 2, 4, ... */ };
+enum class Arch { Llama, Qwen2, Qwen3, Gemma2, Gemma3, Phi3 };
+// Which layers attend through the sliding window (HParams::sliding_window): none, all, or
+// those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
+// period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
+enum class SwaLayers { None, All, Period };
 
 // Immutable, from GGUF metadata (see model_spec.cpp for keys and defaults).
 struct HParams {
@@ -45,13 +47,17 @@ struct HParams {
   float final_softcap = 0;        // the same on the logits (gemma2)
   int32_t sliding_window = 0;     // > 0: windowed layers see only the last this many positions
   SwaLayers swa_layers = SwaLayers::None;
+  int32_t swa_period = 0;         // SwaLayers::Period's period
+  float swa_rope_base = 0;        // > 0: windowed layers rotate with this base and no scaling (gemma3: 10000)
   int32_t rope_ctx_orig = 0;      // phi3 long-context: above it the long rope factors apply
   int32_t first_layer = 0;        // pipeline stage (Model::stage): the file's index of layers[0]
   std::string name;  // general.name
   // The window layer il attends through (0: the whole causal context).
   int32_t layer_window(int32_t il) const {
-    const bool w = swa_layers == SwaLayers::All || (swa_layers == SwaLayers::Even && il % 2 == 0);
-    return w ? sliding_window : 0;
+    return windowed(il) ? sliding_window : 0;
+  }
+  bool windowed(int32_t il) const {
+    return swa_layers == SwaLayers::All || (swa_layers == SwaLayers::Period && il % swa_period != swa_period - 1);
   }
   // In 64 bits, then narrowed: Model::load refuses widths beyond int32 (model_spec.cpp check_sizes).
   int32_t q_dim() const { return int32_t(int64_t(n_heads) * head_dim); }
@@ -65,6 +71,8 @@ struct LayerWeights {
   const float* bq = nullptr;         // qwen2 only: (q_dim,), (kv_dim,), (kv_dim,)
   const float* bk = nullptr;
   const float* bv = nullptr;
+  const float* q_norm = nullptr;     // qwen3, gemma3: (head_dim,) RMSNorm of each q and k head, before RoPE
+  const float* k_norm = nullptr;
   WeightView wo;                     // (dim, q_dim)
   const float* attn_post_norm = nullptr;  // gemma2: on the attention output before the residual add (dim,)
   const float* ffn_norm = nullptr;   // (dim,)
@@ -265,6 +273,7 @@ class Forward {
         *gate_ = nullptr;
   std::vector<float> rope_cs_;  // (max_batch, n_rot): the batch's RoPE cos/sin, all layers
   RopeParams rope_;             // the model's, with the factors for this context
+  RopeParams rope_swa_;         // the windowed layers' (gemma3: their own base, unscaled; else rope_)
   bool fused_rope_ = false;
   std::vector<KVLayerView> views_;
   std::vector<int32_t> n_ctx_, logit_rows_;

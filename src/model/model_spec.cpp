@@ -17,6 +17,7 @@
 //   {arch}.rope.scaling.attn_factor    cos/sin * this (Phi-3 LongRoPE)  1
 //   {arch}.rope.scaling.original_context_length  above it the long rope factors apply  context_length
 //   {arch}.attention.sliding_window    window of the architecture's windowed layers  the architecture's
+//   {arch}.rope.freq_base_swa          the windowed layers' rope base, unscaled  the architecture's (gemma3 1e4; else none)
 //   {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping  (gemma2)  the architecture's
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
 //   tokenizer.ggml.tokens (its length)  n_tokens (<= n_vocab; the rest is padding)  n_vocab
@@ -170,8 +171,8 @@ HParams read_hparams(const GGUFFile& f) {
   const ArchFeatures& ft = spec->features;
   hp.ffn_act = ft.ffn_act;
   hp.embd_scale = ft.embd_scale ? std::sqrt(float(hp.dim)) : 1.0f;
-  const bool gemma2_27b = ft.query_scale == QueryScale::Gemma2 && hp.n_layers == 46;
-  hp.attn_scale = 1.0f / std::sqrt(float(gemma2_27b ? hp.dim / hp.n_heads : hp.head_dim));
+  const bool per_dim = ft.dim_per_head_scale_layers > 0 && hp.n_layers == ft.dim_per_head_scale_layers;
+  hp.attn_scale = 1.0f / std::sqrt(float(per_dim ? hp.dim / hp.n_heads : hp.head_dim));
   if (ft.softcap) {
     auto cap = [&](const char* key, float d) {
       const double v = f.get_f64(a + key, d);
@@ -183,6 +184,10 @@ HParams read_hparams(const GGUFFile& f) {
   }
   if (ft.swa != SwaLayers::None) {
     hp.swa_layers = ft.swa;
+    hp.swa_period = ft.swa_period;
+    hp.swa_rope_base = float(f.get_f64(a + "rope.freq_base_swa", ft.swa_rope_base));
+    if (hp.swa_rope_base != 0 && (!(hp.swa_rope_base > 1) || !std::isfinite(hp.swa_rope_base)))
+      fail(f.path(), ": key '", a, "rope.freq_base_swa': ", hp.swa_rope_base, " must be > 1");
     hp.sliding_window = f.has(a + "attention.sliding_window") ? opt("attention.sliding_window", 1) : ft.sliding_window;
     if (hp.sliding_window == 0) hp.swa_layers = SwaLayers::None;  // (phi3 without the key: none)
   }

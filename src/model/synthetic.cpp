@@ -198,16 +198,29 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   w.set("general.architecture", GGUFValue::of_str(opt.arch));
   w.set("general.name", GGUFValue::of_str(cat("synthetic-", s.name, "-", mix_name(opt.mix).empty() ? type_name : std::string(mix_name(opt.mix)), " (random weights)")));
   w.set("general.alignment", GGUFValue::of_u32(32));
-  const uint32_t head_dim = uint32_t(s.dim / s.n_heads);
+  if (opt.n_layers < 0 || opt.n_layers > 4096 || opt.head_dim < 0 || opt.head_dim > 4096 || opt.head_dim % 2 != 0 ||
+      opt.sliding_window < 0 || !(opt.rope_scale >= 0) || !std::isfinite(opt.rope_scale))
+    fail("synthetic model: layers and head width must be in [0, 4096] (an even width), the window and the RoPE "
+         "scale >= 0");
+  const int n_layers = opt.n_layers > 0 ? opt.n_layers : s.n_layers;
+  const uint32_t head_dim = uint32_t(opt.head_dim > 0 ? opt.head_dim : s.dim / s.n_heads);
   w.set(a + "context_length", GGUFValue::of_u32(uint32_t(s.ctx_len)));
   w.set(a + "embedding_length", GGUFValue::of_u32(uint32_t(s.dim)));
-  w.set(a + "block_count", GGUFValue::of_u32(uint32_t(s.n_layers)));
+  w.set(a + "block_count", GGUFValue::of_u32(uint32_t(n_layers)));
   w.set(a + "feed_forward_length", GGUFValue::of_u32(uint32_t(s.ffn_dim)));
   w.set(a + "attention.head_count", GGUFValue::of_u32(uint32_t(s.n_heads)));
   w.set(a + "attention.head_count_kv", GGUFValue::of_u32(uint32_t(s.n_kv_heads)));
   w.set(a + "attention.layer_norm_rms_epsilon", GGUFValue::of_f32(spec->rms_eps));
   w.set(a + "rope.freq_base", GGUFValue::of_f32(spec->rope_freq_base));
   w.set(a + "rope.dimension_count", GGUFValue::of_u32(head_dim));
+  if (head_dim != uint32_t(s.dim / s.n_heads)) {
+    w.set(a + "attention.key_length", GGUFValue::of_u32(head_dim));
+    w.set(a + "attention.value_length", GGUFValue::of_u32(head_dim));
+  }
+  if (opt.rope_scale > 0) {
+    w.set(a + "rope.scaling.type", GGUFValue::of_str("linear"));
+    w.set(a + "rope.scaling.factor", GGUFValue::of_f32(opt.rope_scale));
+  }
   const ArchFeatures& ft = spec->features;
   if (ft.softcap) {
     w.set(a + "attn_logit_softcapping", GGUFValue::of_f32(ft.attn_softcap));
@@ -215,7 +228,9 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   }
   if (ft.swa != SwaLayers::None)
     w.set(a + "attention.sliding_window",
-          GGUFValue::of_u32(uint32_t(ft.sliding_window > 0 ? ft.sliding_window : s.ctx_len / 2)));
+          GGUFValue::of_u32(uint32_t(opt.sliding_window > 0   ? opt.sliding_window
+                                     : ft.sliding_window > 0 ? ft.sliding_window
+                                                             : s.ctx_len / 2)));
   const uint64_t n_vocab = add_vocab(w, opt.vocab_path, s.n_vocab);
 
   // The architecture's tensors in its table's (llama.cpp's) order. ne = [row length (fan-in), rows].
@@ -229,12 +244,11 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   hp.rope.n_rot = int32_t(head_dim);
   if (opt.mix != SyntheticOptions::Mix::None && opt.type != parse_mix_name(mix_name(opt.mix))->base)
     fail("synthetic model: the ", mix_name(opt.mix), " mix needs type ", type_traits(parse_mix_name(mix_name(opt.mix))->base).name);
-  const int n_layers = s.n_layers;
   auto use_more_bits = [n_layers](int i) {  // llama.cpp's choice of Q6_K layers in Q4_K_M / Q5_K_M
     return i < n_layers / 8 || i >= 7 * n_layers / 8 || (i - n_layers / 8) % 3 == 2;
   };
   std::vector<TensorPlan> plan;
-  for_each_tensor(*spec, s.n_layers, [&](const TensorSpec& t, int32_t layer) {
+  for_each_tensor(*spec, n_layers, [&](const TensorSpec& t, int32_t layer) {
     if (!t.synthetic) return;
     std::string name = tensor_name(t, layer);
     const uint64_t rows = uint64_t(extent(t.rows, hp));

@@ -24,6 +24,13 @@ struct SyntheticOptions {
   // and a sliding window at llama.cpp's defaults), "phi3" (fused QKV and gate/up, a window of
   // half the context): the tensors of the architecture's table (model/arch.cpp).
   std::string arch = "llama";
+  // Overrides of the shape and the architecture's defaults (0: none), for tests that need more
+  // layers (gemma3's global layer is its sixth), a head width other than dim / heads (qwen3's
+  // attention.key_length), a window shorter than their prompts, or linear RoPE scaling.
+  int32_t n_layers = 0;
+  int32_t head_dim = 0;
+  int32_t sliding_window = 0;
+  float rope_scale = 0;  // rope.scaling.factor (type linear)
   // llama.cpp's "_M" mixes of the K types (llama_tensor_get_type, no importance matrix):
   //   Q4_K_M / Q5_K_M (type Q4_K / Q5_K): attn_v and ffn_down in Q6_K for the layers its
   //     use_more_bits picks, output in Q6_K;

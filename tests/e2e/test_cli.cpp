@@ -92,6 +92,7 @@ TEST(Cli, CorruptModelIsAClearError) {
     f << "GGUF\x03\x00\x00\x00 definitely not a model";
   }
   const Result r = run_cli("run -m " + quote(path) + " -p hi -n 4");
+  std::remove(path.c_str());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(r.out.empty());
   EXPECT_NE(r.err.find("firsttoken: error: " + path), std::string::npos) << r.err;

@@ -76,7 +76,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "gemma2", "phi3"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}) {
     for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
       out.push_back({"tiny", t, arch});
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
@@ -158,7 +158,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases
 // table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
 // are unique within an architecture.
 TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
-  for (const char* arch : {"llama", "qwen2", "gemma2", "phi3"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}) {
     const ArchSpec* spec = find_arch(arch);
     ASSERT_NE(spec, nullptr) << arch;
     SyntheticOptions opt;
@@ -183,7 +183,7 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
-  EXPECT_EQ(known_archs(), "llama, qwen2, gemma2, phi3");
+  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, gemma2, gemma3, phi3");
 }
 
 // Phi-3's fused tensors bind whole, and the per-projection weights are row views into them (no
@@ -231,9 +231,68 @@ TEST(Synthetic, FusedTensorsAreRowViewsAndFeaturesBind) {
   EXPECT_FLOAT_EQ(hp.final_softcap, 30.0f);
   EXPECT_EQ(hp.layer_window(0), 4096);
   EXPECT_EQ(hp.layer_window(1), 0);
+  EXPECT_EQ(hp.layer_window(2), 4096);
+  EXPECT_EQ(hp.swa_rope_base, 0.0f);
   for (const LayerWeights& L : m->weights().layers) {
     EXPECT_NE(L.attn_post_norm, nullptr);
     EXPECT_NE(L.ffn_post_norm, nullptr);
+    EXPECT_EQ(L.q_norm, nullptr);
+  }
+}
+
+// Qwen3: per-head q/k norms, no biases, a head width from key_length (Qwen3's 128 on every size,
+// whatever dim / heads is). Gemma 3: Gemma 2's tensors with q/k norms, no soft caps, five windowed
+// layers then a global one (llama.cpp's pattern), the windowed ones on RoPE base 10000 unscaled,
+// the 27B's (62 layers) query scale from dim / heads.
+TEST(Synthetic, Qwen3AndGemma3FeaturesBind) {
+  {
+    SyntheticOptions opt;
+    opt.arch = "qwen3";
+    opt.head_dim = 32;  // tiny: dim 64, 4 heads -> q_dim 128 != dim
+    TempFile tmp("qwen3_features.gguf");
+    write_synthetic_model(opt, tmp.path());
+    const auto m = Model::load(tmp.path());
+    const HParams& hp = m->hparams();
+    EXPECT_EQ(hp.head_dim, 32);
+    EXPECT_EQ(hp.q_dim(), 128);
+    EXPECT_EQ(hp.rope.style, RopeStyle::Halves);
+    EXPECT_FALSE(hp.qkv_bias);
+    EXPECT_EQ(hp.swa_layers, SwaLayers::None);
+    EXPECT_FLOAT_EQ(hp.attn_scale, 1.0f / std::sqrt(32.0f));
+    for (const LayerWeights& L : m->weights().layers) {
+      EXPECT_NE(L.q_norm, nullptr);
+      EXPECT_NE(L.k_norm, nullptr);
+      EXPECT_EQ(L.wq.n_rows, 128);
+      EXPECT_EQ(L.wo.n_cols, 128);
+    }
+    expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111, 35}));
+  }
+  for (const int layers : {7, 62}) {
+    SyntheticOptions opt;
+    opt.arch = "gemma3";
+    opt.n_layers = layers;
+    opt.head_dim = 32;  // != dim / heads (16), so the two query scales differ
+    opt.sliding_window = 8;
+    opt.rope_scale = 8;
+    TempFile tmp(cat("gemma3_features_", layers, ".gguf"));
+    write_synthetic_model(opt, tmp.path());
+    const auto m = Model::load(tmp.path());
+    const HParams& hp = m->hparams();
+    EXPECT_EQ(hp.n_layers, layers);
+    EXPECT_TRUE(hp.tied_embeddings);
+    EXPECT_EQ(hp.ffn_act, GateAct::GeluTanh);
+    EXPECT_FLOAT_EQ(hp.embd_scale, std::sqrt(float(hp.dim)));
+    EXPECT_EQ(hp.attn_softcap, 0.0f);
+    EXPECT_EQ(hp.final_softcap, 0.0f);
+    for (int il = 0; il < layers; ++il) EXPECT_EQ(hp.layer_window(il), il % 6 == 5 ? 0 : 8) << "layer " << il;
+    EXPECT_FLOAT_EQ(hp.swa_rope_base, 1e4f);
+    EXPECT_FLOAT_EQ(hp.rope.freq_base, 1e6f);
+    EXPECT_FLOAT_EQ(hp.rope.freq_scale, 1.0f / 8);
+    EXPECT_FLOAT_EQ(hp.attn_scale, 1.0f / std::sqrt(float(layers == 62 ? hp.dim / hp.n_heads : hp.head_dim)));
+    for (const LayerWeights& L : m->weights().layers) {
+      EXPECT_NE(L.q_norm, nullptr);
+      EXPECT_NE(L.attn_post_norm, nullptr);
+    }
   }
 }
 
