@@ -49,11 +49,15 @@ int cmd_inspect(const InspectArgs& a) {
                 hp.n_vocab, hp.ctx_len, double(hp.rope.freq_base), hp.tied_embeddings ? "tied" : "separate",
                 double(m->weight_bytes()) / (1 << 20));
     if (hp.sliding_window > 0) {
-      if (hp.swa_layers == SwaLayers::Period)
-        std::printf("  sliding window %d on every layer but %d, %d, %d, ... (global)\n", hp.sliding_window,
-                    hp.swa_period - 1, 2 * hp.swa_period - 1, 3 * hp.swa_period - 1);
-      else
+      if (hp.swa_layers == SwaLayers::Period) {
+        std::string global;
+        for (int32_t il = hp.swa_period - 1, n = 0; il < hp.n_layers && n < 4; il += hp.swa_period, ++n)
+          global += cat(n ? ", " : "", n == 3 ? "..." : std::to_string(il));
+        std::printf("  sliding window %d on every layer but %s (global)\n", hp.sliding_window,
+                    global.empty() ? "none" : global.c_str());
+      } else {
         std::printf("  sliding window %d on all layers\n", hp.sliding_window);
+      }
       if (hp.swa_rope_base > 0)
         std::printf("  windowed layers: rope base %g, unscaled\n", double(hp.swa_rope_base));
     }

@@ -112,7 +112,8 @@ std::span<const ArchSpec> archs() {
                                    .swa = SwaLayers::Period, .swa_period = 2, .sliding_window = 4096};
   // Gemma 3 (llama.cpp's rules, as Gemma 2's): no soft caps; five windowed layers, then a global
   // one; the windowed layers rotate with base 10000 unscaled, the global ones with the file's
-  // base and linear scaling; norms (q/k too) stored as 1 + w.
+  // base and linear scaling; norms (q/k too) stored as 1 + w. Defaults where a key is absent
+  // (real files carry both): the family's RoPE base 1e6 (as qwen2's table), Gemma 2's window.
   static const ArchFeatures gemma3{.ffn_act = GateAct::GeluTanh, .embd_scale = true, .dim_per_head_scale_layers = 62,
                                    .swa = SwaLayers::Period, .swa_period = 6, .sliding_window = 4096,
                                    .swa_rope_base = 1e4f};

@@ -16,8 +16,7 @@
 //   {arch}.rope.scaling.type/.factor   "linear": positions / factor; "none"/absent: 1
 //   {arch}.rope.scaling.attn_factor    cos/sin * this (Phi-3 LongRoPE)  1
 //   {arch}.rope.scaling.original_context_length  above it the long rope factors apply  context_length
-//   {arch}.attention.sliding_window    window of the architecture's windowed layers  the architecture's
-//   {arch}.rope.freq_base_swa          the windowed layers' rope base, unscaled  the architecture's (gemma3 1e4; else none)
+//   {arch}.attention.sliding_window    window of the architecture's windowed layers (0: none)  the architecture's
 //   {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping  (gemma2)  the architecture's
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
 //   tokenizer.ggml.tokens (its length)  n_tokens (<= n_vocab; the rest is padding)  n_vocab
@@ -185,10 +184,11 @@ HParams read_hparams(const GGUFFile& f) {
   if (ft.swa != SwaLayers::None) {
     hp.swa_layers = ft.swa;
     hp.swa_period = ft.swa_period;
-    hp.swa_rope_base = float(f.get_f64(a + "rope.freq_base_swa", ft.swa_rope_base));
-    if (hp.swa_rope_base != 0 && (!(hp.swa_rope_base > 1) || !std::isfinite(hp.swa_rope_base)))
-      fail(f.path(), ": key '", a, "rope.freq_base_swa': ", hp.swa_rope_base, " must be > 1");
-    hp.sliding_window = f.has(a + "attention.sliding_window") ? opt("attention.sliding_window", 1) : ft.sliding_window;
+    hp.swa_rope_base = ft.swa_rope_base;  // (llama.cpp's gemma3 rule: no key)
+    // A window of 0 is none: Phi-4's files (phi3) say so, llama.cpp's converter's mark of Phi-4.
+    const std::string window_key = a + "attention.sliding_window";
+    const uint64_t window = f.has(window_key) ? f.require_u64(window_key) : uint64_t(ft.sliding_window);
+    hp.sliding_window = window == 0 ? 0 : positive_i32(f, window_key, window);
     if (hp.sliding_window == 0) hp.swa_layers = SwaLayers::None;  // (phi3 without the key: none)
   }
   check_sizes(f, hp);

@@ -198,10 +198,14 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   w.set("general.architecture", GGUFValue::of_str(opt.arch));
   w.set("general.name", GGUFValue::of_str(cat("synthetic-", s.name, "-", mix_name(opt.mix).empty() ? type_name : std::string(mix_name(opt.mix)), " (random weights)")));
   w.set("general.alignment", GGUFValue::of_u32(32));
-  if (opt.n_layers < 0 || opt.n_layers > 4096 || opt.head_dim < 0 || opt.head_dim > 4096 || opt.head_dim % 2 != 0 ||
-      opt.sliding_window < 0 || !(opt.rope_scale >= 0) || !std::isfinite(opt.rope_scale))
-    fail("synthetic model: layers and head width must be in [0, 4096] (an even width), the window and the RoPE "
-         "scale >= 0");
+  if (opt.n_layers < 0 || opt.n_layers > 4096 || opt.head_dim < 0 || opt.head_dim > 4096 || opt.head_dim % 2 != 0)
+    fail("synthetic model: layers and head width must be in [0, 4096] (an even width)");
+  if (opt.sliding_window < 0 || opt.sliding_window > (1 << 24))
+    fail("synthetic model: the window must be in [0, 2^24]");
+  if (opt.rope_scale != 0 && !(opt.rope_scale >= 1e-6f && opt.rope_scale <= 1e6f))
+    fail("synthetic model: the RoPE scale must be in [1e-6, 1e6]");
+  if (opt.sliding_window > 0 && spec->features.swa == SwaLayers::None)
+    fail("synthetic model: architecture '", opt.arch, "' has no windowed layers");
   const int n_layers = opt.n_layers > 0 ? opt.n_layers : s.n_layers;
   const uint32_t head_dim = uint32_t(opt.head_dim > 0 ? opt.head_dim : s.dim / s.n_heads);
   w.set(a + "context_length", GGUFValue::of_u32(uint32_t(s.ctx_len)));

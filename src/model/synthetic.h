@@ -20,13 +20,15 @@ struct SyntheticOptions {
   // Optional GGUF whose tokenizer.* metadata is copied (its token count sets n_vocab);
   // empty -> a built-in byte-level "llama" vocabulary.
   std::string vocab_path;
-  // "llama", "qwen2" (adds Q/K/V biases), "gemma2" (post-norms, GELU, tied output, soft caps
-  // and a sliding window at llama.cpp's defaults), "phi3" (fused QKV and gate/up, a window of
-  // half the context): the tensors of the architecture's table (model/arch.cpp).
+  // "llama", "qwen2" (adds Q/K/V biases), "qwen3" (q/k norms), "gemma2" (post-norms, GELU, tied
+  // output, soft caps and a sliding window at llama.cpp's defaults), "gemma3" (gemma2's without
+  // soft caps, q/k norms, five windowed layers then a global one), "phi3" (fused QKV and gate/up,
+  // a window of half the context): the tensors of the architecture's table (model/arch.cpp).
   std::string arch = "llama";
   // Overrides of the shape and the architecture's defaults (0: none), for tests that need more
   // layers (gemma3's global layer is its sixth), a head width other than dim / heads (qwen3's
-  // attention.key_length), a window shorter than their prompts, or linear RoPE scaling.
+  // attention.key_length), a window shorter than their prompts (architectures with windowed
+  // layers only), or linear RoPE scaling.
   int32_t n_layers = 0;
   int32_t head_dim = 0;
   int32_t sliding_window = 0;

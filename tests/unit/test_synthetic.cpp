@@ -296,6 +296,29 @@ TEST(Synthetic, Qwen3AndGemma3FeaturesBind) {
   }
 }
 
+// Phi-4's files are phi3 with attention.sliding_window = 0 (llama.cpp's converter marks Phi-4 so):
+// no window, where a missing key is the same and any other value windows every layer.
+TEST(Synthetic, Phi3WindowOfZeroIsNone) {
+  SyntheticOptions opt;
+  opt.arch = "phi3";
+  TempFile src("phi4_src.gguf"), dst("phi4.gguf");
+  write_synthetic_model(opt, src.path());
+  {
+    const auto f = GGUFFile::open(src.path());
+    GGUFWriter w;
+    for (const auto& [k, v] : f->metadata()) w.set(k, k == "phi3.attention.sliding_window" ? GGUFValue::of_u32(0) : v);
+    for (const auto& t : f->tensors()) w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+    w.write(dst.path());
+  }
+  const auto windowed = Model::load(src.path());
+  EXPECT_GT(windowed->hparams().layer_window(0), 0);
+  const auto m = Model::load(dst.path());
+  EXPECT_EQ(m->hparams().sliding_window, 0);
+  EXPECT_EQ(m->hparams().swa_layers, SwaLayers::None);
+  EXPECT_EQ(m->hparams().layer_window(0), 0);
+  expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111, 35}));
+}
+
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
   TempFile a("seed_a.gguf"), b("seed_b.gguf"), c("seed_c.gguf");
   SyntheticOptions opt;
