@@ -275,6 +275,7 @@ void add_bench(CLI::App& app, BenchArgs& a) {
                   "Alternate the A/B arm (core/ab_arm.h) between decode steps and print the arms' step times "
                   "(an experiment's B over A, measured in the same minutes; without one, an A/A control)");
   add_spec_flags(model, a.spec);
+  add_rope_flags(model, a.rope);
   model->add_option("--prompt", a.prompt, "With --spec: a text prompt for the generation runs (default: -p random tokens)");
   model->callback([&a] { a.mode = "model"; });
   CLI::App* lora = c->add_subcommand("lora", "Decode speed with LoRA adapters vs the base: one sequence, and a batch mixing them");
@@ -409,7 +410,7 @@ int cmd_bench(const BenchArgs& a) {
     return 0;
   }
   using clock = std::chrono::steady_clock;
-  const auto model = Model::load(a.model);
+  const auto model = Model::load(a.model, a.rope);
   const HParams& hp = model->hparams();
   const ModelWeights& w = model->weights();
   if (a.n_prompt < 1 || a.n_gen < 0) fail("bench: -p must be >= 1 and -n >= 0");

@@ -25,7 +25,9 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--layers", a.layers, "Layers (default: the shape's)");
   c->add_option("--head-dim", a.head_dim, "Width of an attention head (default: dim / heads; else written as key_length)");
   c->add_option("--window", a.window, "Sliding window of the architecture's windowed layers (default: the architecture's)");
-  c->add_option("--rope-scale", a.rope_scale, "Linear RoPE scaling factor (rope.scaling.factor; default: none)");
+  c->add_option("--rope-scale", a.rope_scale, "RoPE scaling factor (rope.scaling.factor; default: none)");
+  c->add_option("--rope-scaling", a.rope_scaling, "--rope-scale's type: linear or yarn")->capture_default_str();
+  c->add_option("--yarn-orig-ctx", a.rope_orig_ctx, "rope.scaling.original_context_length (default: not written)");
   c->add_option("-o,--out", a.out, "Output file")->required();
   c->add_option("--draft-out", a.draft_out,
                 "Also write the same weights (same seed) at --draft-type: a draft model for speculative decoding");
@@ -64,6 +66,8 @@ int cmd_make_model(const MakeModelArgs& a) {
   opt.head_dim = a.head_dim;
   opt.sliding_window = a.window;
   opt.rope_scale = a.rope_scale;
+  opt.rope_scaling = a.rope_scaling;
+  opt.rope_orig_ctx = a.rope_orig_ctx;
   const bool tty = isatty(STDERR_FILENO);
   write_synthetic_model(opt, a.out, [tty](float frac) {
     if (tty) std::fprintf(stderr, "\rwriting... %3.0f%%", double(frac) * 100);

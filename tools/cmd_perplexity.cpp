@@ -50,6 +50,7 @@ void add_perplexity(CLI::App& app, PerplexityArgs& a) {
   c->add_option("-c,--ctx", a.ctx, "Tokens per window (0 = min(512, the model's context))")->capture_default_str();
   c->add_option("--chunks", a.max_windows, "At most this many windows (0 = all)")->capture_default_str();
   c->add_option("-t,--threads", a.threads, "Threads (0 = all cores)")->capture_default_str();
+  add_rope_flags(c, a.rope);
   c->add_option("--kv-type", a.kv_type, "KV cache element type: f16, bf16, q8_0 or f32")->capture_default_str();
   auto* save = c->add_option("--save-logits", a.save_logits, "Write every scored position's log-probabilities to FILE");
   c->add_option("--kl-base", a.kl_base, "Compare with a --save-logits FILE: KL divergence, top-1 agreement")
@@ -57,7 +58,7 @@ void add_perplexity(CLI::App& app, PerplexityArgs& a) {
 }
 
 int cmd_perplexity(const PerplexityArgs& a) {
-  const auto model = Model::load(a.model);
+  const auto model = Model::load(a.model, a.rope);
   const HParams& hp = model->hparams();
   const Tokenizer tok = Tokenizer::from_gguf(model->file());
   std::ifstream in(a.file, std::ios::binary);

@@ -53,6 +53,7 @@ void add_run(CLI::App& app, RunArgs& a) {
   c->add_option("--lora", a.lora, "LoRA adapter GGUF (llama.cpp's adapter format) to run under");
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE (see `firsttoken profile FILE`)");
   add_spec_flags(c, a.spec);
+  add_rope_flags(c, a.rope);
 }
 
 namespace {
@@ -114,7 +115,7 @@ int cmd_run(const RunArgs& a) {
   using clock = std::chrono::steady_clock;
   if (!a.profile.empty()) profile::start(a.profile);
   const auto t_load = clock::now();
-  const auto model = Model::load(a.model);
+  const auto model = Model::load(a.model, a.rope);
   const Tokenizer tok = Tokenizer::from_gguf(model->file());
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 

@@ -35,7 +35,7 @@ namespace {
 std::unique_ptr<Model> load_served_model(const server::ServeConfig& cfg, bool progress) {
   if (!cfg.model.empty()) {
     if (progress) std::fprintf(stderr, "loading %s...\n", cfg.model.c_str());
-    return Model::load(cfg.model);
+    return Model::load(cfg.model, cfg.rope);
   }
   const auto path = std::filesystem::temp_directory_path() /
                     ("firsttoken-serve-tiny-" + std::to_string(getpid()) + ".gguf");
@@ -109,6 +109,7 @@ void add_serve(CLI::App& app, ServeArgs& a) {
                 "LoRA adapter NAME=FILE (repeatable): clients pick it with \"model\": NAME (config: adapters)");
   c->add_option("--profile", a.profile, "Write a Chrome/Perfetto trace to FILE at shutdown (see `firsttoken profile FILE`)");
   add_spec_flags(c, a.spec);
+  add_rope_flags(c, a.rope);
 }
 
 int cmd_serve(const ServeArgs& a) {
@@ -120,6 +121,7 @@ int cmd_serve(const ServeArgs& a) {
     server::check_range(*s, cfg, o->get_name());
   }
   apply_spec_flags(a.spec, cfg);
+  cfg.rope = a.rope;
   for (const std::string& l : a.lora) cfg.adapters.push_back(server::parse_lora_flag(l));
   server::check_parallel(cfg);
   const auto level = spdlog::level::from_str(cfg.log_level);

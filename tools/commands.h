@@ -20,6 +20,10 @@ void apply_spec_flags(const SpecArgs& a, server::ServeConfig& c);
 // The flags alone (run, bench): a validated SpecConfig (off when none is given).
 SpecConfig spec_from_flags(const SpecArgs& a);
 
+// RoPE flags of run, serve, perplexity and bench model (llama.cpp's): --rope-scaling
+// none|linear|yarn, --rope-scale N, --rope-freq-base N, --yarn-orig-ctx N, over the file's keys.
+void add_rope_flags(CLI::App* c, RopeOverrides& r);
+
 struct RunArgs {
   std::string model, prompt, system, chat_format;
   int64_t n_predict = 128;
@@ -33,6 +37,7 @@ struct RunArgs {
   std::string profile;  // --profile FILE: write a Chrome/Perfetto trace
   std::string lora;     // --lora FILE: run under this LoRA adapter
   SpecArgs spec;
+  RopeOverrides rope;
 };
 void add_run(CLI::App& app, RunArgs& a);
 int cmd_run(const RunArgs& a);
@@ -42,6 +47,7 @@ struct PerplexityArgs {
   std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
   int64_t ctx = 0, max_windows = 0;
   int threads = 0;
+  RopeOverrides rope;
 };
 void add_perplexity(CLI::App& app, PerplexityArgs& a);
 int cmd_perplexity(const PerplexityArgs& a);
@@ -52,6 +58,8 @@ struct MakeModelArgs {
   uint64_t seed = 1234;
   int32_t layers = 0, head_dim = 0, window = 0;  // SyntheticOptions' overrides (0: the shape's, the arch's)
   float rope_scale = 0;
+  std::string rope_scaling = "linear";
+  int32_t rope_orig_ctx = 0;
   // A random LoRA adapter for the model written (model/synthetic.h write_synthetic_lora).
   int32_t lora_rank = 0;  // 0 = none
   float lora_alpha = 0;   // 0 = 2 x rank
@@ -92,6 +100,7 @@ struct BenchArgs {
   int threads = 0, reps = 1;
   std::string kv_type = std::string(kv_type_name(RuntimeConfig{}.kv_type));
   SpecArgs spec;
+  RopeOverrides rope;
   std::string prompt;  // with --spec: a text prompt (the model's tokenizer) instead of random tokens
   std::vector<std::string> lora;  // bench lora: adapter files
   bool ab = false;                // bench model --ab: decode steps alternate core/ab_arm.h's arm
@@ -107,6 +116,7 @@ struct ServeArgs {
   std::vector<std::pair<const server::ServeSetting*, CLI::Option*>> given;
   std::vector<std::string> lora;  // --lora NAME=FILE (repeatable): loaded after the config's adapters
   SpecArgs spec;
+  RopeOverrides rope;
 };
 void add_serve(CLI::App& app, ServeArgs& a);
 int cmd_serve(const ServeArgs& a);

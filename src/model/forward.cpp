@@ -58,9 +58,11 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
     rope_.freq_factors = ctx > model.hparams().rope_ctx_orig && w_.rope_long ? w_.rope_long : w_.rope_short;
   }
   rope_swa_ = rope_;
-  if (model.hparams().swa_rope_base > 0) {
+  if (model.hparams().swa_rope_base > 0) {  // (llama.cpp's gemma3: no factors; YaRN at scale 1 is none)
     rope_swa_.freq_base = model.hparams().swa_rope_base;
     rope_swa_.freq_scale = 1.0f;
+    rope_swa_.freq_factors = nullptr;
+    rope_swa_.attn_factor = rope_.attn_factor / model.hparams().yarn_mscale;
   }
   // (Fused tensors: the row views are what the GEMMs read, so those are prepared.)
   for (LayerWeights& L : w_.layers)

@@ -22,6 +22,16 @@ enum class Arch { Llama, Qwen2, Qwen3, Gemma2, Gemma3, Phi3 };
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
 enum class SwaLayers { None, All, Period };
 
+// RoPE settings given at load over the file's keys (llama.cpp's --rope-scaling, --rope-scale,
+// --rope-freq-base, --yarn-orig-ctx): e.g. YaRN for the long contexts that Qwen2.5 and Qwen3 are
+// released without (their cards: yarn, factor 4, original context 32768).
+struct RopeOverrides {
+  std::string scaling;   // "": the file's rope.scaling.type; "none", "linear" or "yarn"
+  float scale = 0;       // the context's expansion factor (rope.scaling.factor); 0: the file's
+  float freq_base = 0;   // 0: the file's rope.freq_base
+  int32_t orig_ctx = 0;  // YaRN's original context (rope.scaling.original_context_length); 0: the file's
+};
+
 // Immutable, from GGUF metadata (see model_spec.cpp for keys and defaults).
 struct HParams {
   Arch arch = Arch::Llama;
@@ -49,7 +59,13 @@ struct HParams {
   SwaLayers swa_layers = SwaLayers::None;
   int32_t swa_period = 0;         // SwaLayers::Period's period
   float swa_rope_base = 0;        // > 0: windowed layers rotate with this base and no scaling (gemma3: 10000)
-  int32_t rope_ctx_orig = 0;      // phi3 long-context: above it the long rope factors apply
+  int32_t rope_ctx_orig = 0;      // phi3 long-context: above it the long rope factors apply; YaRN's original context
+  // YaRN (rope.scaling.type "yarn"): its factor (0: none) and correction betas. Applied at bind
+  // as rope.freq_factors (each pair's interpolation ramp, times rope_freqs) and rope.attn_factor
+  // (times yarn_mscale = 1 + 0.1 ln(factor)), with freq_scale 1: llama.cpp's rope_yarn, folded.
+  float yarn_factor = 0;
+  float yarn_beta_fast = 32, yarn_beta_slow = 1;
+  float yarn_mscale = 1;
   int32_t first_layer = 0;        // pipeline stage (Model::stage): the file's index of layers[0]
   std::string name;  // general.name
   // The window layer il attends through (0: the whole causal context).
@@ -161,9 +177,9 @@ class StageLink {
 class Model {
  public:
   // Maps, validates and binds the file. Throws ft::Error naming file, key or tensor.
-  static std::unique_ptr<Model> load(const std::string& path);
+  static std::unique_ptr<Model> load(const std::string& path, const RopeOverrides& rope = {});
   // The same over a file already parsed (e.g. GGUFFile::parse of bytes in memory).
-  static std::unique_ptr<Model> bind(std::unique_ptr<GGUFFile> file);
+  static std::unique_ptr<Model> bind(std::unique_ptr<GGUFFile> file, const RopeOverrides& rope = {});
   const HParams& hparams() const { return hp_; }
   const ModelWeights& weights() const { return w_; }
   const GGUFFile& file() const { return *file_; }
@@ -196,6 +212,7 @@ class Model {
   std::unique_ptr<GGUFFile> file_;
   HParams hp_;
   ModelWeights w_;
+  std::vector<float> rope_factors_;  // YaRN's (n_rot/2,): hp_.rope.freq_factors points here
   uint64_t weight_bytes_ = 0;
   int shard_rank_ = 0, shard_count_ = 1;
   int stage_ = 0, stage_count_ = 1;

@@ -13,15 +13,18 @@
 //   {arch}.attention.layer_norm_rms_epsilon  rms_eps      the architecture's (arch.cpp)
 //   {arch}.rope.freq_base              rope base          the architecture's (arch.cpp)
 //   {arch}.rope.dimension_count        rotated dims       head_dim
-//   {arch}.rope.scaling.type/.factor   "linear": positions / factor; "none"/absent: 1
+//   {arch}.rope.scaling.type/.factor   "linear": positions / factor; "yarn": YaRN (HParams); "none"/absent: 1
+//   {arch}.rope.scaling.yarn_beta_fast/_slow  YaRN's correction betas   32, 1
 //   {arch}.rope.scaling.attn_factor    cos/sin * this (Phi-3 LongRoPE)  1
-//   {arch}.rope.scaling.original_context_length  above it the long rope factors apply  context_length
+//   {arch}.rope.scaling.original_context_length  above it the long rope factors apply; YaRN's  context_length
+// RopeOverrides (model.h) replace rope.scaling.type, .factor, .original_context_length and rope.freq_base.
 //   {arch}.attention.sliding_window    window of the architecture's windowed layers (0: none)  the architecture's
 //   {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping  (gemma2)  the architecture's
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
 //   tokenizer.ggml.tokens (its length)  n_tokens (<= n_vocab; the rest is padding)  n_vocab
 // Tensors: the architecture's table in model/arch.cpp (name, shape from the hyperparameters,
 // type class, optional); a matrix (rows, cols) is GGUF ne [cols, rows].
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -110,7 +113,7 @@ void check_sizes(const GGUFFile& f, const HParams& hp) {
          " tensors");
 }
 
-HParams read_hparams(const GGUFFile& f) {
+HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   HParams hp;
   hp.arch_name = f.require_str("general.architecture");
   const ArchSpec* spec = find_arch(hp.arch_name);
@@ -148,22 +151,41 @@ HParams read_hparams(const GGUFFile& f) {
   if (hp.rope.n_rot > hp.head_dim || hp.rope.n_rot % 2 != 0)
     fail(f.path(), ": key '", a, "rope.dimension_count': ", hp.rope.n_rot, " must be even and <= head dim ",
          hp.head_dim);
-  const std::string scaling = f.get_str(a + "rope.scaling.type", "none");
-  if (scaling == "linear") {
-    const double factor = f.get_f64(a + "rope.scaling.factor", 1.0);
-    const float scale = float(1.0 / factor);  // what the forward pass multiplies positions by
+  // (An override names its flag, a key its key.)
+  const std::string scaling = !ro.scaling.empty() ? ro.scaling : f.get_str(a + "rope.scaling.type", "none");
+  const std::string scaling_src = !ro.scaling.empty() ? "--rope-scaling" : cat("key '", a, "rope.scaling.type'");
+  const double factor = ro.scale != 0 ? double(ro.scale) : f.get_f64(a + "rope.scaling.factor", 1.0);
+  const std::string factor_src = ro.scale != 0 ? "--rope-scale" : cat("key '", a, "rope.scaling.factor'");
+  if (scaling == "linear" || scaling == "yarn") {
+    const float scale = float(1.0 / factor);  // what linear scaling multiplies positions by
     if (!(factor > 0) || !std::isfinite(factor) || !std::isfinite(scale) || !(scale > 0))
-      fail(f.path(), ": key '", a, "rope.scaling.factor': ", factor,
-           " must be finite and > 0 with a finite, non-zero inverse in float");
-    hp.rope.freq_scale = scale;
+      fail(f.path(), ": ", factor_src, ": ", factor, " must be finite and > 0 with a finite, non-zero inverse in float");
+    if (scaling == "linear") hp.rope.freq_scale = scale;
+    if (scaling == "yarn") {
+      if (!(factor >= 1)) fail(f.path(), ": ", factor_src, ": ", factor, ": YaRN's factor must be >= 1");
+      hp.yarn_factor = float(factor);
+      auto beta = [&](const char* key, float d) {
+        const double v = f.get_f64(a + key, d);
+        if (!(v > 0) || !std::isfinite(v)) fail(f.path(), ": key '", a, key, "': ", v, " must be finite and > 0");
+        return float(v);
+      };
+      hp.yarn_beta_fast = beta("rope.scaling.yarn_beta_fast", hp.yarn_beta_fast);
+      hp.yarn_beta_slow = beta("rope.scaling.yarn_beta_slow", hp.yarn_beta_slow);
+    }
   } else if (scaling != "none") {
-    fail(f.path(), ": key '", a, "rope.scaling.type': '", scaling, "' is not supported (none, linear)");
+    fail(f.path(), ": ", scaling_src, ": '", scaling, "' is not supported (none, linear, yarn)");
+  }
+  if (ro.freq_base != 0) {
+    if (!(ro.freq_base > 1) || !std::isfinite(ro.freq_base))
+      fail(f.path(), ": --rope-freq-base: ", ro.freq_base, " must be > 1");
+    hp.rope.freq_base = ro.freq_base;
   }
   if (const double af = f.get_f64(a + "rope.scaling.attn_factor", 1.0); !(af > 0) || !std::isfinite(af))
     fail(f.path(), ": key '", a, "rope.scaling.attn_factor': ", af, " must be finite and > 0");
   else
     hp.rope.attn_factor = float(af);
-  hp.rope_ctx_orig = opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
+  if (ro.orig_ctx < 0 || ro.orig_ctx > (1 << 24)) fail(f.path(), ": --yarn-orig-ctx: ", ro.orig_ctx, " out of range");
+  hp.rope_ctx_orig = ro.orig_ctx > 0 ? ro.orig_ctx : opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
   hp.qkv_bias = false;
   for (const TensorSpec& t : spec->tensors) hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
   // The architecture's forward differences (arch.h ArchFeatures).
@@ -195,16 +217,41 @@ HParams read_hparams(const GGUFFile& f) {
   return hp;
 }
 
+// YaRN as per-pair frequency divisors (llama.cpp's rope_yarn, ext_factor 1): pair i's angle is
+// theta_interp (1 - mix_i) + theta_extrap mix_i with theta_interp = theta_extrap / factor, where
+// mix_i ramps from 1 (pairs that turn fast: extrapolated, as trained) down to 0 (slow pairs:
+// interpolated) between the correction dims of beta_fast and beta_slow rotations over the original
+// context. That is theta_extrap / d_i with d_i = 1 / (1/factor (1 - mix_i) + mix_i), times the
+// file's rope_freqs divisor where it has one. (n_rot/2,)
+std::vector<float> yarn_factors(const HParams& hp, const float* rope_freqs) {
+  const int32_t n = hp.rope.n_rot;
+  const float base = hp.rope.freq_base, ctx = float(hp.rope_ctx_orig);
+  auto corr_dim = [&](float rotations) {
+    return float(n) * std::log(ctx / (rotations * 2.0f * float(M_PI))) / (2.0f * std::log(base));
+  };
+  const float low = std::max(0.0f, std::floor(corr_dim(hp.yarn_beta_fast)));
+  const float high = std::min(float(n - 1), std::ceil(corr_dim(hp.yarn_beta_slow)));
+  std::vector<float> d(size_t(n / 2));
+  for (int32_t i = 0; i < n / 2; ++i) {
+    const float y = (float(i) - low) / std::max(0.001f, high - low);
+    const float mix = 1.0f - std::clamp(y, 0.0f, 1.0f);
+    d[size_t(i)] = (rope_freqs ? rope_freqs[i] : 1.0f) / ((1.0f - mix) / hp.yarn_factor + mix);
+  }
+  return d;
+}
+
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path) { return bind(GGUFFile::open(path)); }
+std::unique_ptr<Model> Model::load(const std::string& path, const RopeOverrides& rope) {
+  return bind(GGUFFile::open(path), rope);
+}
 
-std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file) {
+std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file, const RopeOverrides& rope) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = std::move(file);
   const GGUFFile& f = *m->file_;
   HParams& hp = m->hp_;
-  hp = read_hparams(f);
+  hp = read_hparams(f, rope);
 
   const GGUFTensorInfo* emb = f.find_tensor("token_embd.weight");
   if (!emb) fail(f.path(), ": missing tensor 'token_embd.weight'");
@@ -240,6 +287,13 @@ std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file) {
   if (hp.tied_embeddings) w.output = w.token_embd;
   for (LayerWeights& L : w.layers) fused_views(L, hp);
   hp.rope.freq_factors = w.rope_freqs;  // (long/short factors: chosen by the Forward's context)
+  if (hp.yarn_factor > 0) {
+    if (w.rope_long || w.rope_short) fail(f.path(), ": YaRN over the file's long/short rope factors is not supported");
+    m->rope_factors_ = yarn_factors(hp, w.rope_freqs);
+    hp.rope.freq_factors = m->rope_factors_.data();
+    hp.yarn_mscale = 1.0f + 0.1f * std::log(hp.yarn_factor);
+    hp.rope.attn_factor *= hp.yarn_mscale;
+  }
   m->weight_bytes_ = b.bytes();
   return m;
 }

@@ -204,6 +204,9 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     fail("synthetic model: the window must be in [0, 2^24]");
   if (opt.rope_scale != 0 && !(opt.rope_scale >= 1e-6f && opt.rope_scale <= 1e6f))
     fail("synthetic model: the RoPE scale must be in [1e-6, 1e6]");
+  if (opt.rope_scaling != "linear" && opt.rope_scaling != "yarn")
+    fail("synthetic model: RoPE scaling '", opt.rope_scaling, "' (linear, yarn)");
+  if (opt.rope_orig_ctx < 0 || opt.rope_orig_ctx > (1 << 24)) fail("synthetic model: the original context must be in [0, 2^24]");
   if (opt.sliding_window > 0 && spec->features.swa == SwaLayers::None)
     fail("synthetic model: architecture '", opt.arch, "' has no windowed layers");
   const int n_layers = opt.n_layers > 0 ? opt.n_layers : s.n_layers;
@@ -222,9 +225,11 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     w.set(a + "attention.value_length", GGUFValue::of_u32(head_dim));
   }
   if (opt.rope_scale > 0) {
-    w.set(a + "rope.scaling.type", GGUFValue::of_str("linear"));
+    w.set(a + "rope.scaling.type", GGUFValue::of_str(opt.rope_scaling));
     w.set(a + "rope.scaling.factor", GGUFValue::of_f32(opt.rope_scale));
   }
+  if (opt.rope_orig_ctx > 0)
+    w.set(a + "rope.scaling.original_context_length", GGUFValue::of_u32(uint32_t(opt.rope_orig_ctx)));
   const ArchFeatures& ft = spec->features;
   if (ft.softcap) {
     w.set(a + "attn_logit_softcapping", GGUFValue::of_f32(ft.attn_softcap));

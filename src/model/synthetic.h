@@ -32,7 +32,9 @@ struct SyntheticOptions {
   int32_t n_layers = 0;
   int32_t head_dim = 0;
   int32_t sliding_window = 0;
-  float rope_scale = 0;  // rope.scaling.factor (type linear)
+  float rope_scale = 0;                 // rope.scaling.factor, of type rope_scaling
+  std::string rope_scaling = "linear";  // "linear" or "yarn"
+  int32_t rope_orig_ctx = 0;            // rope.scaling.original_context_length (0: not written)
   // llama.cpp's "_M" mixes of the K types (llama_tensor_get_type, no importance matrix):
   //   Q4_K_M / Q5_K_M (type Q4_K / Q5_K): attn_v and ffn_down in Q6_K for the layers its
   //     use_more_bits picks, output in Q6_K;

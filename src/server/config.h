@@ -77,6 +77,7 @@ struct ServeConfig {
   int64_t max_active_adapters = SchedulerConfig{}.max_active_adapters;
   // LoRA adapters to load at start: (name, GGUF path), from "adapters" and --lora NAME=FILE.
   std::vector<std::pair<std::string, std::string>> adapters;
+  RopeOverrides rope;  // --rope-scaling etc. (flags only: tools/rope_flags.cpp)
   // kv_cache
   uint64_t kv_memory_mib = EngineConfig{}.kv_memory_bytes >> 20;  // 0 = engine default (4 full contexts, at most kDefaultMaxKvBytes)
   int32_t kv_block_size = RuntimeConfig{}.kv_block_size;

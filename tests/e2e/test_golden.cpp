@@ -230,11 +230,15 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenTest);
 // ctest oracle_vs_reference_goldens (tests/oracle/README.md). Synthetic F32
 // files whose keys make each difference show: qwen3 with heads of 32 on dim 64 (q_dim != dim, as
 // Qwen3's key_length 128), gemma3 with 7 layers (layer 5 global, the others windowed: window 8
-// and prompts of 20 + 12 tokens cross it), linear RoPE scaling 8 (on the global layer only).
+// and prompts of 20 + 12 tokens cross it), linear RoPE scaling 8 (on the global layer only);
+// qwen3 under YaRN (factor 4 over an original context of 64, so that the ramp spans pairs 0-3 of
+// 16 and the attention factor 1.14 applies).
 struct OracleCase {
   const char* arch;
   int32_t layers, head_dim, window;
   float rope_scale;
+  const char* rope_scaling = "linear";
+  int32_t rope_orig_ctx = 0;
 };
 
 class OracleTest : public ::testing::TestWithParam<OracleCase> {};
@@ -248,8 +252,11 @@ TEST_P(OracleTest, LogitsGreedyAndChunking) {
   opt.head_dim = c.head_dim;
   opt.sliding_window = c.window;
   opt.rope_scale = c.rope_scale;
+  opt.rope_scaling = c.rope_scaling;
+  opt.rope_orig_ctx = c.rope_orig_ctx;
   opt.seed = 7;
-  test::TempFile file(cat("oracle_", c.arch, ".gguf")), golden(cat("oracle_", c.arch, ".golden.json"));
+  const std::string name = cat(c.arch, c.rope_orig_ctx ? "_yarn" : "");
+  test::TempFile file(cat("oracle_", name, ".gguf")), golden(cat("oracle_", name, ".golden.json"));
   write_synthetic_model(opt, file.path());
   const auto model = Model::load(file.path());
   // Two prompts of random ids (BOS first), each 20 tokens.
@@ -273,8 +280,11 @@ TEST_P(OracleTest, LogitsGreedyAndChunking) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NewerArchitectures, OracleTest,
-                         ::testing::Values(OracleCase{"qwen3", 3, 32, 0, 0}, OracleCase{"gemma3", 7, 32, 8, 8}),
-                         [](const auto& info) { return std::string(info.param.arch); });
+                         ::testing::Values(OracleCase{"qwen3", 3, 32, 0, 0}, OracleCase{"gemma3", 7, 32, 8, 8},
+                                           OracleCase{"qwen3", 3, 32, 0, 4, "yarn", 64}),
+                         [](const auto& info) {
+                           return cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "");
+                         });
 
 }  // namespace
 }  // namespace ft

@@ -300,13 +300,30 @@ class Model:
         self.freq_base = float(kv("rope.freq_base", base_d))
         self.n_rot = int(kv("rope.dimension_count", self.head_dim))
         self.freq_scale = 1.0
+        self.yarn = None  # (low, high, mscale) when rope.scaling.type is yarn
         st = kv("rope.scaling.type")
         if st == "linear":
             fac = float(kv("rope.scaling.factor", 1.0))
             if fac != 0.0:
                 self.freq_scale = 1.0 / fac
+        elif st == "yarn":
+            # YaRN as llama.cpp's rope_yarn computes it (ext_factor 1): per pair i, the angle mixes
+            # theta_interp = theta_extrap / factor and theta_extrap by a ramp between the correction
+            # dims of beta_fast / beta_slow rotations over the original context; cos and sin are
+            # scaled by 1 + 0.1 ln(factor).
+            fac = float(kv("rope.scaling.factor", 1.0))
+            orig = float(kv("rope.scaling.original_context_length", kv("context_length", 2048)))
+            beta_fast = float(kv("rope.scaling.yarn_beta_fast", 32.0))
+            beta_slow = float(kv("rope.scaling.yarn_beta_slow", 1.0))
+            self.freq_scale = 1.0 / fac
+
+            def corr_dim(rotations):
+                return self.n_rot * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(self.freq_base))
+            low = max(0.0, math.floor(corr_dim(beta_fast)))
+            high = min(self.n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+            self.yarn = (low, high, 1.0 + 0.1 * math.log(fac))
         elif st not in (None, "none"):
-            sys.stderr.write("warning: rope.scaling.type %r ignored (only 'linear' is implemented)\n" % st)
+            sys.stderr.write("warning: rope.scaling.type %r ignored (only 'linear' and 'yarn' are implemented)\n" % st)
         self.n_swa = int(kv("attention.sliding_window", 0) or 0)
         self.neox = neox
         self.act = silu if act == "silu" else (gelu_f16_table if emulate else gelu_tanh)
@@ -395,9 +412,9 @@ class Model:
             L.window = self.n_swa if swa else 0
             # rope
             if arch == "gemma3" and swa:
-                L.rope = (10000.0, 1.0)
+                L.rope = (10000.0, 1.0, None)
             else:
-                L.rope = (self.freq_base, self.freq_scale)
+                L.rope = (self.freq_base, self.freq_scale, self.yarn)
             self.layers.append(L)
 
         self.output_norm = g.flat("output_norm.weight")
@@ -417,18 +434,24 @@ class Model:
         return lambda v: v
 
     # ---- rope
-    def _cos_sin(self, p, base, scale):
-        key = (p, base, scale)
+    def _cos_sin(self, p, base, scale, yarn=None):
+        key = (p, base, scale, yarn)
         cs = self._rope_cache.get(key)
         if cs is None:
             half = self.n_rot // 2
             cos_l, sin_l = [], []
+            mscale = 1.0
             for i in range(half):
-                theta = p * scale * base ** (-2.0 * i / self.n_rot)
+                theta_extrap = p * base ** (-2.0 * i / self.n_rot)
                 if self.rope_factors is not None:
-                    theta /= self.rope_factors[i]
-                cos_l.append(math.cos(theta))
-                sin_l.append(math.sin(theta))
+                    theta_extrap /= self.rope_factors[i]
+                theta = scale * theta_extrap
+                if yarn is not None:
+                    low, high, mscale = yarn
+                    mix = 1.0 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))
+                    theta = theta * (1.0 - mix) + theta_extrap * mix
+                cos_l.append(math.cos(theta) * mscale)
+                sin_l.append(math.sin(theta) * mscale)
             cs = (cos_l, sin_l)
             self._rope_cache[key] = cs
         return cs
@@ -479,7 +502,7 @@ class Model:
         for il, L in enumerate(self.layers):
             kc = cache["k"][il]
             vc = cache["v"][il]
-            base, scale = L.rope
+            base, scale, yarn = L.rope
             new_q = []
             for i, x in enumerate(xs):
                 p = p0 + i
@@ -493,7 +516,7 @@ class Model:
                     k = add(k, L.bk)
                 if L.bv is not None:
                     v = add(v, L.bv)
-                cs = self._cos_sin(p, base, scale)
+                cs = self._cos_sin(p, base, scale, yarn)
                 qh = []
                 for j in range(H):
                     qj = q[j * hd:(j + 1) * hd]

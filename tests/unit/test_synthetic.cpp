@@ -319,6 +319,61 @@ TEST(Synthetic, Phi3WindowOfZeroIsNone) {
   expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111, 35}));
 }
 
+// YaRN from the file's keys and the same from load-time overrides (run/serve's --rope-scaling yarn
+// --rope-scale 4 --yarn-orig-ctx 64) give the same RoPE: divisors from 1 (pairs extrapolated, fast)
+// ramping to the factor (interpolated, slow), the attention factor 1 + 0.1 ln 4; linear and base
+// overrides; bad values name their flag.
+TEST(Synthetic, YarnFromKeysOrOverrides) {
+  SyntheticOptions opt;
+  opt.arch = "qwen3";
+  opt.head_dim = 32;
+  TempFile plain("rope_plain.gguf"), yarn("rope_yarn.gguf");
+  write_synthetic_model(opt, plain.path());
+  opt.rope_scale = 4;
+  opt.rope_scaling = "yarn";
+  opt.rope_orig_ctx = 64;
+  write_synthetic_model(opt, yarn.path());
+  const auto from_keys = Model::load(yarn.path());
+  const auto from_flags = Model::load(plain.path(), RopeOverrides{"yarn", 4, 0, 64});
+  for (const Model* m : {from_keys.get(), from_flags.get()}) {
+    const HParams& hp = m->hparams();
+    EXPECT_FLOAT_EQ(hp.yarn_factor, 4);
+    EXPECT_EQ(hp.rope_ctx_orig, 64);
+    EXPECT_FLOAT_EQ(hp.rope.freq_scale, 1);
+    EXPECT_FLOAT_EQ(hp.rope.attn_factor, 1 + 0.1f * std::log(4.0f));
+    ASSERT_NE(hp.rope.freq_factors, nullptr);
+    // n_rot 32: correction dims [0, 3] (ceil of 32 ln(64 / 2 pi) / (2 ln 1e6) = 2.69).
+    EXPECT_FLOAT_EQ(hp.rope.freq_factors[0], 1);
+    EXPECT_GT(hp.rope.freq_factors[2], 1);
+    EXPECT_LT(hp.rope.freq_factors[2], 4);
+    for (int i = 3; i < 16; ++i) EXPECT_FLOAT_EQ(hp.rope.freq_factors[i], 4) << i;
+  }
+  for (int i = 0; i < 16; ++i)
+    EXPECT_EQ(from_keys->hparams().rope.freq_factors[i], from_flags->hparams().rope.freq_factors[i]);
+  EXPECT_EQ(run_prompt(*from_keys, {1, 72, 108, 108, 111, 35}), run_prompt(*from_flags, {1, 72, 108, 108, 111, 35}));
+  EXPECT_NE(run_prompt(*from_keys, {1, 72, 108, 108, 111, 35}),
+            run_prompt(*Model::load(plain.path()), {1, 72, 108, 108, 111, 35}));
+  // The file's YaRN turned off, linear instead, another base.
+  EXPECT_EQ(Model::load(yarn.path(), RopeOverrides{"none"})->hparams().rope.freq_factors, nullptr);
+  const auto lin = Model::load(plain.path(), RopeOverrides{"linear", 8, 5e5f});
+  EXPECT_FLOAT_EQ(lin->hparams().rope.freq_scale, 1.0f / 8);
+  EXPECT_FLOAT_EQ(lin->hparams().rope.freq_base, 5e5f);
+  EXPECT_EQ(lin->hparams().yarn_factor, 0);
+  auto error = [&](const RopeOverrides& r) {
+    try {
+      Model::load(plain.path(), r);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  EXPECT_NE(error({"ntk"}).find("--rope-scaling: 'ntk' is not supported (none, linear, yarn)"), std::string::npos);
+  EXPECT_NE(error({"yarn", 0.5f}).find("--rope-scale: 0.5: YaRN's factor must be >= 1"), std::string::npos);
+  EXPECT_NE(error({"linear", -2}).find("--rope-scale"), std::string::npos);
+  EXPECT_NE(error({"", 0, 0.5f}).find("--rope-freq-base"), std::string::npos);
+  EXPECT_NE(error({"yarn", 4, 0, -1}).find("--yarn-orig-ctx"), std::string::npos);
+}
+
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
   TempFile a("seed_a.gguf"), b("seed_b.gguf"), c("seed_c.gguf");
   SyntheticOptions opt;
