@@ -429,15 +429,21 @@ int cmd_bench(const BenchArgs& a) {
   // the logit rows. Decode bytes: every weight read once per token, K/V rows read (and the
   // new row written), the embedding row.
   double layer_flops_per_tok = 0, int_flops_per_tok = 0, bf16_flops_per_tok = 0;
-  uint64_t layer_bytes = 0;
+  double layer_bytes_per_tok = 0;
+  auto count = [&](const WeightView& v, double share) {  // share: of the tokens that read it
+    layer_flops_per_tok += share * matmul_flops(v, 1);
+    if (is_int8_weight_type(v.type)) int_flops_per_tok += share * matmul_flops(v, 1);
+    if (v.type == GGMLType::BF16) bf16_flops_per_tok += share * matmul_flops(v, 1);
+    layer_bytes_per_tok += share * double(weight_bytes(v));
+  };
   for (const LayerWeights& L : w.layers) {
-    for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-      layer_flops_per_tok += matmul_flops(*v, 1);
-      if (is_int8_weight_type(v->type)) int_flops_per_tok += matmul_flops(*v, 1);
-      if (v->type == GGMLType::BF16) bf16_flops_per_tok += matmul_flops(*v, 1);
-      layer_bytes += weight_bytes(*v);
-    }
+    for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router})
+      if (v->data) count(*v, 1);
+    // A mixture of experts: a token runs n_experts_used of them (a decode step reads as many).
+    for (const LayerWeights::Expert& e : L.experts)
+      for (const WeightView* v : {&e.gate, &e.up, &e.down}) count(*v, double(hp.n_experts_used) / hp.n_experts);
   }
+  const uint64_t layer_bytes = uint64_t(layer_bytes_per_tok);
   // Prefill of a model whose matmuls are mostly quantized runs on int8 dot products: its
   // ceiling is the int8 peak; mostly BF16, on an instruction set with bf16 dot products, the
   // bf16 peak; else the fp32 FMA peak (of the instruction set in use).

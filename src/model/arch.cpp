@@ -41,6 +41,14 @@ const TensorSpec kQkNorm[] = {
   {"blk.{i}.attn_q_norm.weight", Role::QNorm,      "q_norm",      E::HeadDim, E::HeadDim, false, T::F32,  true,  false, Init::Norm},
   {"blk.{i}.attn_k_norm.weight", Role::KNorm,      "k_norm",      E::HeadDim, E::HeadDim, false, T::F32,  true,  false, Init::Norm},
 };
+// Qwen3 MoE: Qwen3's tensors with the dense FFN replaced by a router (F32, as llama.cpp's quantizer
+// leaves it) and the stacked experts' gate, up and down (qwen3moe_tensors).
+const TensorSpec kMoeFfn[] = {
+  {"blk.{i}.ffn_gate_inp.weight",  Role::MoeRouter, "moe_router",    E::Experts,   E::Dim,       true, T::F32,    true, false, Init::Matrix},
+  {"blk.{i}.ffn_gate_exps.weight", Role::WGateExps, "w_gate_exps",   E::ExpertFfn, E::Dim,       true, T::Weight, true, false, Init::Matrix, MoreBits::Never, true, true},
+  {"blk.{i}.ffn_up_exps.weight",   Role::WUpExps,   "w_up_exps",     E::ExpertFfn, E::Dim,       true, T::Weight, true, false, Init::Matrix, MoreBits::Never, true, true},
+  {"blk.{i}.ffn_down_exps.weight", Role::WDownExps, "w_down_exps",   E::Dim,       E::ExpertFfn, true, T::Weight, true, false, Init::Matrix, MoreBits::SomeLayers, true, true},
+};
 // Gemma 2: Llama's tensors (q_dim = heads * key_length, not dim) with a norm after attention and
 // one after the FFN (gemma2_tensors inserts them after wo and w_down).
 const TensorSpec kPostAttnNorm =
@@ -88,6 +96,17 @@ std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
   return out;
 }
 
+// base with its dense FFN (gate, up, down) replaced by the experts' (kMoeFfn), after ffn_norm.
+std::vector<TensorSpec> with_moe_ffn(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    if (t.role == Role::WGate || t.role == Role::WUp || t.role == Role::WDown) continue;
+    out.push_back(t);
+    if (t.role == Role::FfnNorm) out.insert(out.end(), std::begin(kMoeFfn), std::end(kMoeFfn));
+  }
+  return out;
+}
+
 // base with the tensors `extra` inserted after attn_v.
 std::vector<TensorSpec> after_wv(std::span<const TensorSpec> base, std::span<const TensorSpec> extra) {
   std::vector<TensorSpec> out;
@@ -101,6 +120,7 @@ std::vector<TensorSpec> after_wv(std::span<const TensorSpec> base, std::span<con
 std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> qwen2 = after_wv(kLlama, kQkvBias);
   static const std::vector<TensorSpec> qwen3 = after_wv(kLlama, kQkNorm);
+  static const std::vector<TensorSpec> qwen3moe = with_moe_ffn(qwen3);
   static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
   static const std::vector<TensorSpec> gemma3_t = after_wv(gemma2_t, kQkNorm);
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
@@ -122,6 +142,7 @@ std::span<const ArchSpec> archs() {
       {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama},
       {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
       {"qwen3", Arch::Qwen3, 1e-6f, 1e6f, RopeStyle::Halves, qwen3},
+      {"qwen3moe", Arch::Qwen3Moe, 1e-6f, 1e6f, RopeStyle::Halves, qwen3moe},
       {"gemma2", Arch::Gemma2, 1e-6f, 1e4f, RopeStyle::Halves, gemma2_t, gemma2},
       {"gemma3", Arch::Gemma3, 1e-6f, 1e6f, RopeStyle::Halves, gemma3_t, gemma3},
       {"phi3", Arch::Phi3, 1e-5f, 1e4f, RopeStyle::Halves, phi3_t, phi3},
@@ -160,6 +181,8 @@ int64_t extent(Extent e, const HParams& hp) {
     case Extent::Ffn2: return 2 * int64_t(hp.ffn_dim);
     case Extent::Vocab: return hp.n_vocab;
     case Extent::RotHalf: return hp.rope.n_rot / 2;
+    case Extent::Experts: return hp.n_experts;
+    case Extent::ExpertFfn: return hp.expert_ffn_dim;
   }
   return 0;
 }
@@ -197,6 +220,10 @@ WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
     case Role::WGate: return {&L->w_gate, nullptr};
     case Role::WUp: return {&L->w_up, nullptr};
     case Role::WDown: return {&L->w_down, nullptr};
+    case Role::MoeRouter: return {&L->moe_router, nullptr};
+    case Role::WGateExps: return {&L->gate_exps, nullptr};
+    case Role::WUpExps: return {&L->up_exps, nullptr};
+    case Role::WDownExps: return {&L->down_exps, nullptr};
   }
   return {};
 }
@@ -218,6 +245,13 @@ void fused_views(LayerWeights& L, const HParams& hp) {
   if (L.w_gate_up.data) {
     L.w_gate = row_view(L.w_gate_up, 0, hp.ffn_dim);
     L.w_up = row_view(L.w_gate_up, hp.ffn_dim, hp.ffn_dim);
+  }
+  if (L.gate_exps.data) {
+    L.experts.resize(size_t(hp.n_experts));
+    for (int32_t e = 0; e < hp.n_experts; ++e)
+      L.experts[size_t(e)] = {row_view(L.gate_exps, int64_t(e) * hp.expert_ffn_dim, hp.expert_ffn_dim),
+                              row_view(L.up_exps, int64_t(e) * hp.expert_ffn_dim, hp.expert_ffn_dim),
+                              row_view(L.down_exps, int64_t(e) * hp.dim, hp.dim)};
   }
 }
 

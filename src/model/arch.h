@@ -19,10 +19,12 @@ namespace ft {
 enum class Role {
   TokenEmbd, OutputNorm, Output, RopeFreqs, RopeLong, RopeShort,
   AttnNorm, Wq, Wk, Wv, WQkv, Bq, Bk, Bv, QNorm, KNorm, Wo, AttnPostNorm,
-  FfnNorm, WGate, WUp, WGateUp, WDown, FfnPostNorm
+  FfnNorm, WGate, WUp, WGateUp, WDown, FfnPostNorm,
+  MoeRouter, WGateExps, WUpExps, WDownExps  // mixture of experts: the router, the experts' stacked FFNs
 };
-// A shape dimension, from the hyperparameters. QkvDim = q_dim + 2 kv_dim, Ffn2 = 2 ffn.
-enum class Extent { Dim, QDim, KvDim, QkvDim, HeadDim, Ffn, Ffn2, Vocab, RotHalf };
+// A shape dimension, from the hyperparameters. QkvDim = q_dim + 2 kv_dim, Ffn2 = 2 ffn; Experts:
+// the expert count, ExpertFfn an expert's FFN width.
+enum class Extent { Dim, QDim, KvDim, QkvDim, HeadDim, Ffn, Ffn2, Vocab, RotHalf, Experts, ExpertFfn };
 enum class TypeClass { Weight /* any supported weight type */, F32 };
 // How the synthetic writer fills a tensor: matrices ~ N(0, 1/fan_in), norms ~ 1 + noise, biases
 // ~ small noise; in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
@@ -43,6 +45,9 @@ struct TensorSpec {
   Init init;
   MoreBits more_bits = MoreBits::Never;
   bool synthetic = true;     // written by the synthetic writer
+  // A stack of the experts' matrices: GGUF ne [cols, rows, n_experts], bound as one (n_experts *
+  // rows, cols) matrix whose rows [e rows, (e + 1) rows) are expert e's (fused_views' row views).
+  bool per_expert = false;
 };
 
 // The forward differences of an architecture, as data (model/forward.cpp reads them from HParams).

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -65,15 +66,20 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
     rope_swa_.attn_factor = rope_.attn_factor / model.hparams().yarn_mscale;
   }
   // (Fused tensors: the row views are what the GEMMs read, so those are prepared.)
-  for (LayerWeights& L : w_.layers)
-    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *v = be_.prepare(*v);
+  for (LayerWeights& L : w_.layers) {
+    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router})
+      if (v->data) *v = be_.prepare(*v);
+    for (LayerWeights::Expert& e : L.experts)  // (each expert's row views: the stacked tensors are never read whole)
+      for (WeightView* v : {&e.gate, &e.up, &e.down}) *v = be_.prepare(*v);
+  }
   if (w_.output.data) w_.output = be_.prepare(w_.output);  // token_embd stays in rows: embed() reads single rows
   // (A pipeline stage other than the first has neither: Model::stage dropped them.)
   const HParams& hp = model.hparams();
   const size_t M = size_t(max_batch);
   // (Each width < 2^31, max_batch checked by the engine: 7 * M * width floats fit in 64 bits.)
   float** const bufs[] = {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_};
-  const int32_t widths[] = {hp.dim, hp.dim, hp.q_dim(), hp.kv_dim(), hp.kv_dim(), hp.q_dim(), hp.ffn_dim};
+  const int32_t widths[] = {hp.dim, hp.dim, hp.q_dim(), hp.kv_dim(), hp.kv_dim(), hp.q_dim(),
+                            std::max(hp.ffn_dim, hp.expert_ffn_dim)};
   uint64_t floats = 0;
   for (const int32_t w : widths) floats += (uint64_t(M) * uint64_t(w) + 15) / 16 * 16;  // 64-byte aligned each
   scratch_ = MappedMemory(floats * sizeof(float), "forward: activation scratch", MappedMemory::Prefault::Yes);
@@ -83,6 +89,19 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
     next += (uint64_t(M) * uint64_t(widths[i]) + 15) / 16 * 16;
   }
   views_.resize(M);
+  if (hp.n_experts > 0) {
+    const size_t E = size_t(hp.n_experts), K = size_t(hp.n_experts_used), D = size_t(hp.dim);
+    moe_logits_.resize(M * E);
+    moe_in_.resize(M * D);
+    moe_out_.resize(M * D);
+    moe_sum_.resize(M * D);
+    moe_weight_.resize(M * K);
+    moe_choice_.resize(M * K);
+    moe_offsets_.resize(E + 1);
+    moe_fill_.resize(E);
+    moe_rows_.resize(M * K);
+    moe_row_weight_.resize(M * K);
+  }
   // Interleaved (llama) pairs stay inside the GEMM epilogue's 16-column groups; neox-style
   // halves pairs do not, so Qwen2 keeps the separate RoPE pass, as do q/k norms (before RoPE)
   // and per-layer RoPE bases (one table per batch).
@@ -160,6 +179,7 @@ void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
   be_.rmsnorm(x_, L.ffn_norm, h_, M, hp.dim, hp.rms_eps);
+  if (!L.experts.empty()) return moe_ffn(L, M);
   LoraDelta gu[2];
   if (lora_shrink(il, LoraInput::GateUp, h_, hp.dim)) {
     gu[0] = lora_delta(il, LoraSlot::Gate);
@@ -168,6 +188,67 @@ void Forward::ffn_block(int32_t il, int64_t M) {
   // act(h·W_gateᵀ [+ gate delta]) ⊙ (h·W_upᵀ [+ up delta])
   be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_, gu[0].n || gu[1].n ? gu : nullptr);
   residual_add(il, LoraSlot::Down, gate_, M, L.w_down, L.ffn_post_norm);  // x += [post_norm](that · W_downᵀ)
+}
+
+// Mixture of experts on h = rmsnorm(x) (M, dim): each row's n_experts_used best experts by the
+// router's logits h · W_routerᵀ (ties to the lower index), weighted by the softmax of those
+// logits (llama.cpp's softmax over all experts, renormalised over the chosen: the same), and
+// x += Σ w_e · W_down_e · (act(W_gate_e · h) ⊙ W_up_e · h). Each expert runs once over the rows
+// routed to it (gathered); each row adds its experts' terms in expert order, so a row's result
+// does not depend on the rest of the batch (chunking and batching change nothing).
+void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
+  const HParams& hp = model_.hparams();
+  const int64_t E = hp.n_experts, K = hp.n_experts_used, D = hp.dim;
+  be_.matmul(h_, M, L.moe_router, moe_logits_.data());
+  std::fill(moe_offsets_.begin(), moe_offsets_.end(), 0);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* l = moe_logits_.data() + m * E;
+    int32_t* c = moe_choice_.data() + m * K;
+    float* w = moe_weight_.data() + m * K;
+    for (int64_t j = 0; j < K; ++j) {  // selection of the K best (K is small: 2-8 of up to 256)
+      int32_t best = -1;
+      for (int32_t e = 0; e < E; ++e) {
+        if (std::find(c, c + j, e) != c + j) continue;
+        if (best < 0 || l[e] > l[best]) best = e;
+      }
+      c[j] = best;
+    }
+    float sum = 0;
+    for (int64_t j = 0; j < K; ++j) sum += w[j] = std::exp(l[c[j]] - l[c[0]]);
+    for (int64_t j = 0; j < K; ++j) {
+      w[j] /= sum;
+      ++moe_offsets_[size_t(c[j]) + 1];
+    }
+  }
+  for (int64_t e = 0; e < E; ++e) moe_offsets_[size_t(e) + 1] += moe_offsets_[size_t(e)];
+  {  // the rows of each expert, in row order, with their weights
+    std::vector<int32_t>& fill = moe_fill_;
+    std::copy(moe_offsets_.begin(), moe_offsets_.end() - 1, fill.begin());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = moe_choice_[size_t(m * K + j)];
+        moe_rows_[size_t(fill[size_t(e)])] = int32_t(m);
+        moe_row_weight_[size_t(fill[size_t(e)]++)] = moe_weight_[size_t(m * K + j)];
+      }
+  }
+  std::fill(moe_sum_.begin(), moe_sum_.begin() + M * D, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const int32_t r0 = moe_offsets_[size_t(e)], n = moe_offsets_[size_t(e) + 1] - r0;
+    if (n == 0) continue;
+    for (int32_t j = 0; j < n; ++j)
+      std::memcpy(moe_in_.data() + j * D, h_ + int64_t(moe_rows_[size_t(r0 + j)]) * D, size_t(D) * sizeof(float));
+    const LayerWeights::Expert& ex = L.experts[size_t(e)];
+    be_.ffn_glu(moe_in_.data(), n, ex.gate, ex.up, hp.ffn_act, gate_);
+    be_.matmul(gate_, n, ex.down, moe_out_.data());
+    for (int32_t j = 0; j < n; ++j) {
+      float* s = moe_sum_.data() + int64_t(moe_rows_[size_t(r0 + j)]) * D;
+      const float* y = moe_out_.data() + j * D;
+      const float w = moe_row_weight_[size_t(r0 + j)];
+      for (int64_t d = 0; d < D; ++d) s[d] += w * y[d];
+    }
+  }
+  if (L.ffn_post_norm) be_.rmsnorm(moe_sum_.data(), L.ffn_post_norm, moe_sum_.data(), M, D, hp.rms_eps);
+  be_.add(x_, moe_sum_.data(), M, D);
 }
 
 // x += a · Wᵀ, fused into the GEMM's epilogue; with a post-norm (gemma2) x += rmsnorm(a · Wᵀ).

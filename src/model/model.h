@@ -16,7 +16,7 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Qwen3, Gemma2, Gemma3, Phi3 };
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3 };
 // Which layers attend through the sliding window (HParams::sliding_window): none, all, or
 // those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
@@ -44,6 +44,10 @@ struct HParams {
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t ffn_dim = 0;
+  // Mixture of experts ({arch}.expert_count, .expert_used_count, .expert_feed_forward_length):
+  // each token's FFN is the sum of its n_experts_used best experts' (by the router), weighted by
+  // the softmax of their router logits. 0 experts: a dense FFN.
+  int32_t n_experts = 0, n_experts_used = 0, expert_ffn_dim = 0;
   int32_t ctx_len = 0;  // trained context
   float rms_eps = 1e-5f;
   RopeParams rope;
@@ -95,6 +99,14 @@ struct LayerWeights {
   WeightView w_gate, w_up;           // (ffn, dim)
   WeightView w_gate_up;              // phi3: the fused (2 ffn, dim), gate rows then up rows; w_gate/w_up are views
   WeightView w_down;                 // (dim, ffn)
+  // Mixture of experts (HParams::n_experts > 0) instead of w_gate/w_up/w_down: the router (n_experts,
+  // dim), the stacked experts (n_experts * expert_ffn, dim) x 2 and (n_experts * dim, expert_ffn),
+  // and each expert's row views of them (fused_views).
+  WeightView moe_router, gate_exps, up_exps, down_exps;
+  struct Expert {
+    WeightView gate, up, down;  // (expert_ffn, dim), (expert_ffn, dim), (dim, expert_ffn)
+  };
+  std::vector<Expert> experts;
   const float* ffn_post_norm = nullptr;   // gemma2: on the FFN output before the residual add (dim,)
 };
 
@@ -268,6 +280,7 @@ class Forward {
  private:
   void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
   void ffn_block(int32_t layer, int64_t M);
+  void moe_ffn(const LayerWeights& L, int64_t M);
   void residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W, const float* post_norm);
   void validate(const Batch& batch, const KVCache& kv) const;
   // LoRA (model/lora.cpp): the batch's runs of one adapter; the shrink of input `in` of layer
@@ -292,6 +305,13 @@ class Forward {
   RopeParams rope_;             // the model's, with the factors for this context
   RopeParams rope_swa_;         // the windowed layers' (gemma3: their own base, unscaled; else rope_)
   bool fused_rope_ = false;
+  // Mixture of experts (n_experts > 0; sized at construction): router logits (max_batch,
+  // n_experts); the rows routed to one expert gathered, and its output (max_batch, dim) each;
+  // the weighted sum (max_batch, dim); each row's choices (max_batch, n_experts_used) as
+  // (expert, weight); the rows of each expert in expert order (offsets (n_experts + 1,)).
+  std::vector<float> moe_logits_, moe_in_, moe_out_, moe_sum_, moe_weight_;
+  std::vector<int32_t> moe_choice_, moe_offsets_, moe_fill_, moe_rows_;
+  std::vector<float> moe_row_weight_;
   std::vector<KVLayerView> views_;
   std::vector<int32_t> n_ctx_, logit_rows_;
   struct LoraSegment {

@@ -6,6 +6,8 @@
 //   {arch}.embedding_length            dim                required
 //   {arch}.block_count                 n_layers           required
 //   {arch}.feed_forward_length         ffn_dim            required
+//   {arch}.expert_count, .expert_used_count  n_experts, n_experts_used  required where the table has experts
+//   {arch}.expert_feed_forward_length  expert_ffn_dim     ffn_dim
 //   {arch}.attention.head_count        n_heads            required
 //   {arch}.attention.head_count_kv     n_kv_heads         n_heads
 //   {arch}.attention.key_length        head_dim           dim / n_heads
@@ -63,6 +65,13 @@ class Binder {
     const GGUFTensorInfo* t = find(name, tc, {uint64_t(n_cols), uint64_t(n_rows)}, required);
     if (!t) return {};
     return WeightView{t->type, t->data, n_rows, n_cols};
+  }
+  // ne [n_cols, n_rows, n_experts] as one (n_experts * n_rows, n_cols) matrix (TensorSpec::per_expert).
+  WeightView experts(const std::string& name, TypeClass tc, int64_t n_rows, int64_t n_cols, int64_t n_experts,
+                     bool required) {
+    const GGUFTensorInfo* t = find(name, tc, {uint64_t(n_cols), uint64_t(n_rows), uint64_t(n_experts)}, required);
+    if (!t) return {};
+    return WeightView{t->type, t->data, n_experts * n_rows, n_cols};
   }
 
   const float* vector(const std::string& name, TypeClass tc, int64_t n, bool required) {
@@ -139,6 +148,15 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   hp.head_dim = opt("attention.key_length", uint64_t(hp.dim / hp.n_heads));
   if (f.has(a + "attention.value_length") && opt("attention.value_length", 1) != hp.head_dim)
     fail(f.path(), ": key '", a, "attention.value_length' differs from key_length (not supported)");
+  bool moe = false;
+  for (const TensorSpec& t : spec->tensors) moe = moe || t.per_expert;
+  if (moe) {
+    hp.n_experts = req("expert_count");
+    hp.n_experts_used = req("expert_used_count");
+    hp.expert_ffn_dim = opt("expert_feed_forward_length", uint64_t(hp.ffn_dim));
+    if (hp.n_experts_used > hp.n_experts)
+      fail(f.path(), ": key '", a, "expert_used_count': ", hp.n_experts_used, " exceeds expert_count ", hp.n_experts);
+  }
   hp.ctx_len = opt("context_length", 2048);
   hp.rms_eps = float(f.get_f64(a + "attention.layer_norm_rms_epsilon", spec->rms_eps));
   if (!(hp.rms_eps > 0) || !std::isfinite(hp.rms_eps))
@@ -277,7 +295,9 @@ std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file, const RopeOve
   for_each_tensor(arch_spec(hp.arch), hp.n_layers, [&](const TensorSpec& t, int32_t layer) {
     const std::string name = tensor_name(t, layer);
     const WeightSlot slot = weight_slot(w, t.role, layer);
-    if (t.matrix)
+    if (t.per_expert)
+      *slot.matrix = b.experts(name, t.type, extent(t.rows, hp), extent(t.cols, hp), hp.n_experts, !t.optional);
+    else if (t.matrix)
       *slot.matrix = b.matrix(name, t.type, extent(t.rows, hp), extent(t.cols, hp), !t.optional);
     else
       *slot.vector = b.vector(name, t.type, extent(t.rows, hp), !t.optional);

@@ -95,6 +95,8 @@ void Model::shard(int rank, int n) {
     if (v % n != 0)
       fail(file, ": tensor parallelism over ", n, " ranks needs ", what, " divisible by ", n, ", the model has ", v);
   };
+  if (hp.n_experts > 0)
+    fail(file, ": tensor parallelism over a mixture of experts (", hp.n_experts, " experts) is not supported");
   divides(hp.n_heads, "the attention heads");
   divides(hp.n_kv_heads, "the KV heads");
   divides(hp.ffn_dim, "the FFN width");

@@ -251,6 +251,16 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   hp.ffn_dim = s.ffn_dim;
   hp.n_vocab = int32_t(n_vocab);
   hp.rope.n_rot = int32_t(head_dim);
+  if (std::any_of(spec->tensors.begin(), spec->tensors.end(), [](const TensorSpec& t) { return t.per_expert; })) {
+    hp.n_experts = opt.n_experts > 0 ? opt.n_experts : 4;
+    hp.n_experts_used = opt.n_experts_used > 0 ? opt.n_experts_used : 2;
+    hp.expert_ffn_dim = s.ffn_dim;
+    if (hp.n_experts > 256 || hp.n_experts_used > hp.n_experts)
+      fail("synthetic model: experts must be at most 256, and those used at most the experts");
+    w.set(a + "expert_count", GGUFValue::of_u32(uint32_t(hp.n_experts)));
+    w.set(a + "expert_used_count", GGUFValue::of_u32(uint32_t(hp.n_experts_used)));
+    w.set(a + "expert_feed_forward_length", GGUFValue::of_u32(uint32_t(hp.expert_ffn_dim)));
+  }
   if (opt.mix != SyntheticOptions::Mix::None && opt.type != parse_mix_name(mix_name(opt.mix))->base)
     fail("synthetic model: the ", mix_name(opt.mix), " mix needs type ", type_traits(parse_mix_name(mix_name(opt.mix))->base).name);
   auto use_more_bits = [n_layers](int i) {  // llama.cpp's choice of Q6_K layers in Q4_K_M / Q5_K_M
@@ -266,8 +276,13 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
         const uint64_t fan_in = uint64_t(extent(t.cols, hp));
         const bool more_bits =
             t.more_bits == MoreBits::Always || (t.more_bits == MoreBits::SomeLayers && use_more_bits(layer));
-        const GGMLType type = mix_tensor_type(opt.mix, opt.type, t.role, t.more_bits == MoreBits::Always, more_bits, layer, n_layers);
-        plan.push_back({std::move(name), {fan_in, rows}, type, 0.0f, 1.0f / std::sqrt(float(fan_in))});
+        const GGMLType type =
+            t.type == TypeClass::F32
+                ? GGMLType::F32
+                : mix_tensor_type(opt.mix, opt.type, t.role, t.more_bits == MoreBits::Always, more_bits, layer, n_layers);
+        std::vector<uint64_t> ne = {fan_in, rows};
+        if (t.per_expert) ne.push_back(uint64_t(hp.n_experts));
+        plan.push_back({std::move(name), std::move(ne), type, 0.0f, 1.0f / std::sqrt(float(fan_in))});
         break;
       }
       case Init::Norm: plan.push_back({std::move(name), {rows}, GGMLType::F32, 1.0f, 0.05f}); break;
@@ -324,10 +339,11 @@ void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptio
   GGUFWriter merged;
   if (!merged_path.empty())
     for (const auto& [k, v] : base->metadata()) merged.set(k, v);
-  // The adapted matrices: every per-layer matrix of the table (attention and FFN).
+  // The adapted matrices: every per-layer matrix of the table (attention and FFN; not a mixture
+  // of experts' router or experts, which adapters do not reach: model/lora.h).
   std::map<std::string, bool> adapted;
   for_each_tensor(*spec, n_layers, [&](const TensorSpec& t, int32_t layer) {
-    if (t.matrix && t.per_layer) adapted[tensor_name(t, layer)] = true;
+    if (t.matrix && t.per_layer && !t.per_expert && t.role != Role::MoeRouter) adapted[tensor_name(t, layer)] = true;
   });
   uint64_t k = 0;
   for (const GGUFTensorInfo& t : base->tensors()) {

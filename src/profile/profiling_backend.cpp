@@ -44,6 +44,11 @@ class ProfilingBackend final : public Backend {
         add_weight(L.w_gate, "w_gate_up.gate");
         add_weight(L.w_up, "w_gate_up.up");
       }
+      for (const LayerWeights::Expert& e : L.experts) {  // (row views of the stacked tensors)
+        add_weight(e.gate, "w_gate_exps");
+        add_weight(e.up, "w_up_exps");
+        add_weight(e.down, "w_down_exps");
+      }
     }
     n_rmsnorm_ = intern("rmsnorm");
   }

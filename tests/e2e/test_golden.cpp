@@ -232,13 +232,15 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenTest);
 // Qwen3's key_length 128), gemma3 with 7 layers (layer 5 global, the others windowed: window 8
 // and prompts of 20 + 12 tokens cross it), linear RoPE scaling 8 (on the global layer only);
 // qwen3 under YaRN (factor 4 over an original context of 64, so that the ramp spans pairs 0-3 of
-// 16 and the attention factor 1.14 applies).
+// 16 and the attention factor 1.14 applies); qwen3moe with 8 experts, 3 used per token (llama.cpp's
+// softmax gating, renormalised over the chosen).
 struct OracleCase {
   const char* arch;
   int32_t layers, head_dim, window;
   float rope_scale;
   const char* rope_scaling = "linear";
   int32_t rope_orig_ctx = 0;
+  int32_t n_experts = 0, n_experts_used = 0;
 };
 
 class OracleTest : public ::testing::TestWithParam<OracleCase> {};
@@ -254,6 +256,8 @@ TEST_P(OracleTest, LogitsGreedyAndChunking) {
   opt.rope_scale = c.rope_scale;
   opt.rope_scaling = c.rope_scaling;
   opt.rope_orig_ctx = c.rope_orig_ctx;
+  opt.n_experts = c.n_experts;
+  opt.n_experts_used = c.n_experts_used;
   opt.seed = 7;
   const std::string name = cat(c.arch, c.rope_orig_ctx ? "_yarn" : "");
   test::TempFile file(cat("oracle_", name, ".gguf")), golden(cat("oracle_", name, ".golden.json"));
@@ -281,7 +285,8 @@ TEST_P(OracleTest, LogitsGreedyAndChunking) {
 
 INSTANTIATE_TEST_SUITE_P(NewerArchitectures, OracleTest,
                          ::testing::Values(OracleCase{"qwen3", 3, 32, 0, 0}, OracleCase{"gemma3", 7, 32, 8, 8},
-                                           OracleCase{"qwen3", 3, 32, 0, 4, "yarn", 64}),
+                                           OracleCase{"qwen3", 3, 32, 0, 4, "yarn", 64},
+                                           OracleCase{"qwen3moe", 3, 32, 0, 0, "linear", 0, 8, 3}),
                          [](const auto& info) {
                            return cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "");
                          });

@@ -151,6 +151,15 @@ class GGUF:
         fl = self.flat(name)
         return [fl[r * cols:(r + 1) * cols] for r in range(rows)]
 
+    def experts(self, name):
+        """A 3-D tensor ne=[in, out, n_expert] as a list per expert of `out` rows of `in` floats."""
+        ttype, ne, off = self.tensors[name]
+        if len(ne) != 3:
+            raise GGUFError("tensor %s: expected 3 dims, got %r" % (name, ne))
+        cols, rows, n_exp = ne
+        fl = self.flat(name)
+        return [[fl[(e * rows + r) * cols:(e * rows + r + 1) * cols] for r in range(rows)] for e in range(n_exp)]
+
     def row(self, name, r):
         """One row of a 2-D tensor (used for the token embedding lookup)."""
         ttype, ne, off = self.tensors[name]
@@ -256,6 +265,7 @@ ARCH_DEFAULTS = {
     "llama":  (1e-5, 10000.0,   False, "silu"),
     "qwen2":  (1e-6, 1000000.0, True,  "silu"),
     "qwen3":  (1e-6, 1000000.0, True,  "silu"),
+    "qwen3moe": (1e-6, 1000000.0, True, "silu"),
     "gemma2": (1e-6, 10000.0,   True,  "gelu"),
     "gemma3": (1e-6, 10000.0,   True,  "gelu"),
     "phi3":   (1e-5, 10000.0,   True,  "silu"),
@@ -381,7 +391,7 @@ class Model:
             L.wo = g.matrix(p + "attn_output.weight")
             L.ro = self._rin(p + "attn_output.weight")
             L.q_norm = L.k_norm = None
-            if arch in ("qwen3", "gemma3"):
+            if arch in ("qwen3", "qwen3moe", "gemma3"):
                 L.q_norm = g.flat(p + "attn_q_norm.weight")
                 L.k_norm = g.flat(p + "attn_k_norm.weight")
             L.post_attn_norm = L.post_ffw_norm = None
@@ -389,7 +399,13 @@ class Model:
                 L.post_attn_norm = g.flat(p + "post_attention_norm.weight")
                 L.post_ffw_norm = g.flat(p + "post_ffw_norm.weight")
             L.ffn_norm = g.flat(p + "ffn_norm.weight")
-            if arch == "phi3" and not g.has(p + "ffn_gate.weight"):
+            L.moe = None
+            if arch == "qwen3moe":
+                # mixture of experts: router (n_expert, dim); experts' gate/up (ff, dim), down (dim, ff)
+                L.moe = (g.matrix(p + "ffn_gate_inp.weight"), g.experts(p + "ffn_gate_exps.weight"),
+                         g.experts(p + "ffn_up_exps.weight"), g.experts(p + "ffn_down_exps.weight"),
+                         int(kv("expert_used_count")))
+            elif arch == "phi3" and not g.has(p + "ffn_gate.weight"):
                 up = g.matrix(p + "ffn_up.weight")
                 L.wgate, L.wup = up[:self.n_ff], up[self.n_ff:]
                 L.rg = L.ru = self._rin(p + "ffn_up.weight")
@@ -397,8 +413,9 @@ class Model:
                 L.wgate = g.matrix(p + "ffn_gate.weight")
                 L.wup = g.matrix(p + "ffn_up.weight")
                 L.rg, L.ru = self._rin(p + "ffn_gate.weight"), self._rin(p + "ffn_up.weight")
-            L.wdown = g.matrix(p + "ffn_down.weight")
-            L.rd = self._rin(p + "ffn_down.weight")
+            if L.moe is None:
+                L.wdown = g.matrix(p + "ffn_down.weight")
+                L.rd = self._rin(p + "ffn_down.weight")
 
             # sliding window
             swa = False
@@ -567,10 +584,30 @@ class Model:
                     a = rmsnorm(a, L.post_attn_norm, eps)
                 x = add(x, a)
                 h = rmsnorm(x, L.ffn_norm, eps)
-                gt = matvec(L.wgate, L.rg(h))
-                up = matvec(L.wup, L.ru(h))
                 act = self.act
-                f = matvec(L.wdown, L.rd([act(gv) * uv for gv, uv in zip(gt, up)]))
+                if L.moe is not None:
+                    # llama.cpp's build_moe_ffn (softmax gating, weights normalised): the softmax of
+                    # the router's logits over all experts, the k most probable experts (argsort,
+                    # descending), their probabilities renormalised to sum 1, and the sum of those
+                    # experts' FFNs weighted by them.
+                    router, gates, ups, downs, k = L.moe
+                    logits = matvec(router, h)
+                    mx = max(logits)
+                    probs = [math.exp(v - mx) for v in logits]
+                    z = sum(probs)
+                    probs = [v / z for v in probs]
+                    top = sorted(range(len(probs)), key=lambda e: -probs[e])[:k]
+                    wsum = sum(probs[e] for e in top)
+                    f = [0.0] * len(x)
+                    for e in top:
+                        gt = matvec(gates[e], h)
+                        up = matvec(ups[e], h)
+                        y = matvec(downs[e], [act(gv) * uv for gv, uv in zip(gt, up)])
+                        f = [fv + probs[e] / wsum * yv for fv, yv in zip(f, y)]
+                else:
+                    gt = matvec(L.wgate, L.rg(h))
+                    up = matvec(L.wup, L.ru(h))
+                    f = matvec(L.wdown, L.rd([act(gv) * uv for gv, uv in zip(gt, up)]))
                 if L.post_ffw_norm is not None:
                     f = rmsnorm(f, L.post_ffw_norm, eps)
                 new_xs.append(add(x, f))

@@ -144,6 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Lora, AdapterVsMerged,
                          ::testing::Values(LoraCase{"llama", "f32", 16}, LoraCase{"llama", "f16", 8},
                                            LoraCase{"llama", "q8_0", 32}, LoraCase{"llama", "q8_0", 16},
                                            LoraCase{"qwen2", "f32", 16}, LoraCase{"qwen3", "f32", 16},
+                                           LoraCase{"qwen3moe", "f32", 8},
                                            LoraCase{"gemma2", "f32", 4}, LoraCase{"gemma3", "f16", 8},
                                            LoraCase{"phi3", "f16", 16}),
                          [](const auto& info) {

@@ -76,7 +76,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}) {
     for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
       out.push_back({"tiny", t, arch});
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
@@ -127,10 +127,27 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
     EXPECT_NE(m->weights().layers[0].bq, nullptr);
   }
 
-  // Matrices in the requested type, vectors in F32.
+  // Matrices (a mixture of experts' stacks too) in the requested type; vectors and a router in F32.
   for (const auto& t : m->file().tensors()) {
     SCOPED_TRACE(t.name);
-    EXPECT_EQ(t.type, t.ne.size() == 2 ? c.type : GGMLType::F32);
+    const bool router = t.name.find("ffn_gate_inp") != std::string::npos;
+    EXPECT_EQ(t.type, t.ne.size() >= 2 && !router ? c.type : GGMLType::F32);
+  }
+  if (c.arch == "qwen3moe") {
+    EXPECT_EQ(hp.n_experts, 4);
+    EXPECT_EQ(hp.n_experts_used, 2);
+    EXPECT_EQ(hp.expert_ffn_dim, s->ffn_dim);
+    for (const LayerWeights& L : m->weights().layers) {
+      ASSERT_EQ(L.experts.size(), 4u);
+      EXPECT_EQ(L.w_gate.data, nullptr);
+      EXPECT_EQ(L.moe_router.n_rows, 4);
+      const uint64_t rb = *row_bytes(c.type, uint64_t(hp.dim));
+      for (size_t e = 0; e < 4; ++e) {  // row views of the stacks: expert e's rows
+        EXPECT_EQ(L.experts[e].gate.data, static_cast<const uint8_t*>(L.gate_exps.data) + e * s->ffn_dim * rb);
+        EXPECT_EQ(L.experts[e].down.n_rows, hp.dim);
+        EXPECT_EQ(L.experts[e].down.n_cols, s->ffn_dim);
+      }
+    }
   }
   // Weight statistics: matrix rows ~ N(0, 1/fan_in), norms ~ 1.
   const WeightView& wq = m->weights().layers[1].wq;
@@ -158,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases
 // table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
 // are unique within an architecture.
 TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
-  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}) {
     const ArchSpec* spec = find_arch(arch);
     ASSERT_NE(spec, nullptr) << arch;
     SyntheticOptions opt;
@@ -183,7 +200,7 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
-  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, gemma2, gemma3, phi3");
+  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3");
 }
 
 // Phi-3's fused tensors bind whole, and the per-projection weights are row views into them (no
@@ -372,6 +389,23 @@ TEST(Synthetic, YarnFromKeysOrOverrides) {
   EXPECT_NE(error({"linear", -2}).find("--rope-scale"), std::string::npos);
   EXPECT_NE(error({"", 0, 0.5f}).find("--rope-freq-base"), std::string::npos);
   EXPECT_NE(error({"yarn", 4, 0, -1}).find("--yarn-orig-ctx"), std::string::npos);
+}
+
+// Tensor parallelism splits the dense FFN's columns; a mixture of experts is refused, clearly.
+TEST(Synthetic, MixtureOfExpertsRefusesTensorParallelism) {
+  SyntheticOptions opt;
+  opt.arch = "qwen3moe";
+  TempFile tmp("moe_tp.gguf");
+  write_synthetic_model(opt, tmp.path());
+  const auto m = Model::load(tmp.path());
+  try {
+    m->shard(0, 2);
+    ADD_FAILURE() << "sharded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor parallelism over a mixture of experts (4 experts) is not supported"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
