@@ -124,7 +124,7 @@ void bench_spec(const BenchArgs& a, const Model& model, int T) {
   EngineConfig with = base;
   with.spec = spec;
   if (spec.method == SpecMethod::Draft) {
-    draft = load_draft_model(spec.draft_model, model);
+    draft = load_draft_model(spec.draft_model, model, a.rope);
     with.draft_model = draft.get();
   }
   std::printf("speculative %s (k = %s%d): greedy decode %lld tokens, prompt %zu tokens, %d interleaved pairs "

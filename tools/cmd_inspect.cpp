@@ -61,9 +61,12 @@ int cmd_inspect(const InspectArgs& a) {
       if (hp.swa_rope_base > 0)
         std::printf("  windowed layers: rope base %g, unscaled\n", double(hp.swa_rope_base));
     }
+    if (hp.n_experts > 0)
+      std::printf("  mixture of experts: %d experts of ffn %d, %d per token\n", hp.n_experts, hp.expert_ffn_dim,
+                  hp.n_experts_used);
     if (hp.yarn_factor > 0)
       std::printf("  rope scaling: yarn, factor %g over an original context of %d (attention factor %g)\n",
-                  double(hp.yarn_factor), hp.rope_ctx_orig, double(hp.yarn_mscale));
+                  double(hp.yarn_factor), hp.yarn_orig_ctx, double(hp.yarn_mscale));
     else if (hp.rope.freq_scale != 1.0f)
       std::printf("  rope scaling: linear, factor %g\n", double(1.0f / hp.rope.freq_scale));
     if (hp.attn_softcap > 0 || hp.final_softcap > 0)

@@ -28,6 +28,8 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--rope-scale", a.rope_scale, "RoPE scaling factor (rope.scaling.factor; default: none)");
   c->add_option("--rope-scaling", a.rope_scaling, "--rope-scale's type: linear or yarn")->capture_default_str();
   c->add_option("--yarn-orig-ctx", a.rope_orig_ctx, "rope.scaling.original_context_length (default: not written)");
+  c->add_option("--experts", a.experts, "A mixture of experts: experts per layer (qwen3moe: default 4; llama: Mixtral's form)");
+  c->add_option("--experts-used", a.experts_used, "Experts per token (default 2)");
   c->add_option("-o,--out", a.out, "Output file")->required();
   c->add_option("--draft-out", a.draft_out,
                 "Also write the same weights (same seed) at --draft-type: a draft model for speculative decoding");
@@ -68,6 +70,8 @@ int cmd_make_model(const MakeModelArgs& a) {
   opt.rope_scale = a.rope_scale;
   opt.rope_scaling = a.rope_scaling;
   opt.rope_orig_ctx = a.rope_orig_ctx;
+  opt.n_experts = a.experts;
+  opt.n_experts_used = a.experts_used;
   const bool tty = isatty(STDERR_FILENO);
   write_synthetic_model(opt, a.out, [tty](float frac) {
     if (tty) std::fprintf(stderr, "\rwriting... %3.0f%%", double(frac) * 100);

@@ -136,7 +136,7 @@ int cmd_run(const RunArgs& a) {
   cfg.spec = spec_from_flags(a.spec);
   std::unique_ptr<Model> draft;
   if (cfg.spec.method == SpecMethod::Draft) {
-    draft = load_draft_model(cfg.spec.draft_model, *model);
+    draft = load_draft_model(cfg.spec.draft_model, *model, a.rope);
     cfg.draft_model = draft.get();
   }
 

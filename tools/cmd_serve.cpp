@@ -213,7 +213,7 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
   ecfg.tp = tp;
   std::unique_ptr<Model> draft;
   if (ecfg.spec.method == SpecMethod::Draft) {
-    draft = load_draft_model(ecfg.spec.draft_model, *model);
+    draft = load_draft_model(ecfg.spec.draft_model, *model, cfg.rope);
     ecfg.draft_model = draft.get();
   }
   if (ecfg.spec.enabled())

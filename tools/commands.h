@@ -60,6 +60,7 @@ struct MakeModelArgs {
   float rope_scale = 0;
   std::string rope_scaling = "linear";
   int32_t rope_orig_ctx = 0;
+  int32_t experts = 0, experts_used = 0;
   // A random LoRA adapter for the model written (model/synthetic.h write_synthetic_lora).
   int32_t lora_rank = 0;  // 0 = none
   float lora_alpha = 0;   // 0 = 2 x rank

@@ -213,8 +213,8 @@ void check_same_vocabulary(const Model& target, const Model& draft) {
     fail(names, " differ in token count: ", draft.hparams().n_tokens, " vs ", target.hparams().n_tokens);
 }
 
-std::unique_ptr<Model> load_draft_model(const std::string& path, const Model& target) {
-  auto m = Model::load(path);
+std::unique_ptr<Model> load_draft_model(const std::string& path, const Model& target, const RopeOverrides& rope) {
+  auto m = Model::load(path, rope);
   check_same_vocabulary(target, *m);
   return m;
 }
@@ -294,9 +294,12 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     profile::set_meta("backend", backend_->name());
     profile::set_meta("threads", int64_t(backend_->threads()));
     profile::set_meta("weights_bytes", int64_t(model.weight_bytes()));
-    // Forward's activation scratch: x, h (dim), q, attn (q_dim), k, v (kv_dim), gate (ffn) per token.
+    // Forward's activation scratch: x, h (dim), q, attn (q_dim), k, v (kv_dim), gate (the wider FFN)
+    // per token; a mixture of experts' router logits, gathered rows, outputs and sums.
     profile::set_meta("activation_bytes",
-                      int64_t(4 * T * (2 * int64_t(hp.dim) + 2 * hp.q_dim() + 2 * hp.kv_dim() + hp.ffn_dim)));
+                      int64_t(4 * T * (2 * int64_t(hp.dim) + 2 * hp.q_dim() + 2 * hp.kv_dim() +
+                                       std::max(hp.ffn_dim, hp.expert_ffn_dim) +
+                                       (hp.n_experts > 0 ? hp.n_experts + 3 * int64_t(hp.dim) + 2 * hp.n_experts_used : 0))));
     profile::set_meta("logits_bytes", int64_t(4 * int64_t(sched_cfg_.max_num_seqs) * hp.n_vocab));
     profile::set_meta("max_batch_tokens", T);
     profile::set_meta("kv_total_blocks", int64_t(kc.n_blocks));

@@ -44,7 +44,9 @@ struct EngineConfig {
 
 // Loads a draft model for speculative decoding and checks it can draft for `target`: the same
 // vocabulary (tokenizer.ggml.tokens, entry by entry). ft::Error naming both files otherwise.
-std::unique_ptr<Model> load_draft_model(const std::string& path, const Model& target);
+// rope: the target's RoPE overrides, which the draft takes too (llama.cpp's server copies them):
+// a draft unscaled past its trained context would predict noise where the target runs YaRN.
+std::unique_ptr<Model> load_draft_model(const std::string& path, const Model& target, const RopeOverrides& rope = {});
 void check_same_vocabulary(const Model& target, const Model& draft);
 
 // The context an engine runs with: rt.n_ctx, or the model's when 0.

@@ -1,5 +1,6 @@
 #include "model/arch.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -96,11 +97,12 @@ std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
   return out;
 }
 
-// base with its dense FFN (gate, up, down) replaced by the experts' (kMoeFfn), after ffn_norm.
-std::vector<TensorSpec> with_moe_ffn(std::span<const TensorSpec> base) {
+// base with the experts' FFN (kMoeFfn) after ffn_norm, in place of its dense FFN or beside it
+// (keep_dense: a model of the architecture has one or the other, for_each_tensor).
+std::vector<TensorSpec> with_moe_ffn(std::span<const TensorSpec> base, bool keep_dense) {
   std::vector<TensorSpec> out;
   for (const TensorSpec& t : base) {
-    if (t.role == Role::WGate || t.role == Role::WUp || t.role == Role::WDown) continue;
+    if (!keep_dense && dense_ffn_role(t.role)) continue;
     out.push_back(t);
     if (t.role == Role::FfnNorm) out.insert(out.end(), std::begin(kMoeFfn), std::end(kMoeFfn));
   }
@@ -118,9 +120,10 @@ std::vector<TensorSpec> after_wv(std::span<const TensorSpec> base, std::span<con
 }
 
 std::span<const ArchSpec> archs() {
+  static const std::vector<TensorSpec> llama = with_moe_ffn(kLlama, true);  // (Mixtral: llama with experts)
   static const std::vector<TensorSpec> qwen2 = after_wv(kLlama, kQkvBias);
   static const std::vector<TensorSpec> qwen3 = after_wv(kLlama, kQkNorm);
-  static const std::vector<TensorSpec> qwen3moe = with_moe_ffn(qwen3);
+  static const std::vector<TensorSpec> qwen3moe = with_moe_ffn(qwen3, false);
   static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
   static const std::vector<TensorSpec> gemma3_t = after_wv(gemma2_t, kQkNorm);
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
@@ -139,7 +142,7 @@ std::span<const ArchSpec> archs() {
                                    .swa_rope_base = 1e4f};
   static const ArchFeatures phi3{.swa = SwaLayers::All};
   static const ArchSpec a[] = {
-      {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama},
+      {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, llama},
       {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
       {"qwen3", Arch::Qwen3, 1e-6f, 1e6f, RopeStyle::Halves, qwen3},
       {"qwen3moe", Arch::Qwen3Moe, 1e-6f, 1e6f, RopeStyle::Halves, qwen3moe},
@@ -151,6 +154,13 @@ std::span<const ArchSpec> archs() {
 }
 
 }  // namespace
+
+bool has_dense_ffn(const ArchSpec& a) {
+  return std::any_of(a.tensors.begin(), a.tensors.end(), [](const TensorSpec& t) { return dense_ffn_role(t.role); });
+}
+bool has_experts(const ArchSpec& a) {
+  return std::any_of(a.tensors.begin(), a.tensors.end(), [](const TensorSpec& t) { return expert_role(t.role); });
+}
 
 const ArchSpec* find_arch(std::string_view name) {
   for (const ArchSpec& a : archs())

@@ -86,14 +86,27 @@ std::string known_archs();  // "llama, qwen2"
 int64_t extent(Extent e, const HParams& hp);
 // The tensor's GGUF name for layer i (per-layer rows).
 std::string tensor_name(const TensorSpec& t, int32_t layer);
-// Calls f(spec, layer) for every tensor in file order (layer -1 for globals).
+// A table may list a dense FFN and a mixture of experts both (llama: Mixtral's files are llama
+// with experts); a model has one of them (HParams::n_experts > 0: the experts).
+constexpr bool dense_ffn_role(Role r) {
+  return r == Role::WGate || r == Role::WUp || r == Role::WDown || r == Role::WGateUp;
+}
+constexpr bool expert_role(Role r) {
+  return r == Role::MoeRouter || r == Role::WGateExps || r == Role::WUpExps || r == Role::WDownExps;
+}
+bool has_dense_ffn(const ArchSpec& a);
+bool has_experts(const ArchSpec& a);
+
+// Calls f(spec, layer) for every tensor of a model in file order (layer -1 for globals): of its
+// FFN kind only, the experts' where `experts`, else the dense one's.
 template <class F>
-void for_each_tensor(const ArchSpec& a, int32_t n_layers, F f) {
+void for_each_tensor(const ArchSpec& a, int32_t n_layers, bool experts, F f) {
+  auto in_model = [experts](const TensorSpec& t) { return experts ? !dense_ffn_role(t.role) : !expert_role(t.role); };
   size_t first_layer = 0;
   while (first_layer < a.tensors.size() && !a.tensors[first_layer].per_layer) f(a.tensors[first_layer++], -1);
   for (int32_t i = 0; i < n_layers; ++i)
     for (const TensorSpec& t : a.tensors.subspan(first_layer))
-      if (t.per_layer) f(t, i);
+      if (t.per_layer && in_model(t)) f(t, i);
   for (const TensorSpec& t : a.tensors.subspan(first_layer))
     if (!t.per_layer) f(t, -1);
 }

@@ -55,7 +55,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
 
   // The base's adaptable matrices by name: (role, layer).
   std::map<std::string, std::pair<const TensorSpec*, int32_t>> targets;
-  for_each_tensor(arch_spec(hp.arch), hp.n_layers, [&](const TensorSpec& t, int32_t layer) {
+  for_each_tensor(arch_spec(hp.arch), hp.n_layers, hp.n_experts > 0, [&](const TensorSpec& t, int32_t layer) {
     if (t.matrix) targets[tensor_name(t, layer)] = {&t, layer};
   });
   // Pair the tensors up: base name -> (A, B).

@@ -68,6 +68,7 @@ struct HParams {
   // as rope.freq_factors (each pair's interpolation ramp, times rope_freqs) and rope.attn_factor
   // (times yarn_mscale = 1 + 0.1 ln(factor)), with freq_scale 1: llama.cpp's rope_yarn, folded.
   float yarn_factor = 0;
+  int32_t yarn_orig_ctx = 0;  // its original context: --yarn-orig-ctx, else rope_ctx_orig
   float yarn_beta_fast = 32, yarn_beta_slow = 1;
   float yarn_mscale = 1;
   int32_t first_layer = 0;        // pipeline stage (Model::stage): the file's index of layers[0]

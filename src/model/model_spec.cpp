@@ -148,12 +148,13 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   hp.head_dim = opt("attention.key_length", uint64_t(hp.dim / hp.n_heads));
   if (f.has(a + "attention.value_length") && opt("attention.value_length", 1) != hp.head_dim)
     fail(f.path(), ": key '", a, "attention.value_length' differs from key_length (not supported)");
-  bool moe = false;
-  for (const TensorSpec& t : spec->tensors) moe = moe || t.per_expert;
-  if (moe) {
+  // Experts where the table has only experts, or the file counts them (llama: Mixtral).
+  if (has_experts(*spec) && (!has_dense_ffn(*spec) || f.get_u64(a + "expert_count", 0) > 0)) {
     hp.n_experts = req("expert_count");
     hp.n_experts_used = req("expert_used_count");
-    hp.expert_ffn_dim = opt("expert_feed_forward_length", uint64_t(hp.ffn_dim));
+    // (llama.cpp's default: Mixtral's experts are feed_forward_length wide; qwen3moe's n_ff / used)
+    hp.expert_ffn_dim = opt("expert_feed_forward_length",
+                            uint64_t(has_dense_ffn(*spec) ? hp.ffn_dim : std::max(1, hp.ffn_dim / hp.n_experts_used)));
     if (hp.n_experts_used > hp.n_experts)
       fail(f.path(), ": key '", a, "expert_used_count': ", hp.n_experts_used, " exceeds expert_count ", hp.n_experts);
   }
@@ -170,7 +171,9 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     fail(f.path(), ": key '", a, "rope.dimension_count': ", hp.rope.n_rot, " must be even and <= head dim ",
          hp.head_dim);
   // (An override names its flag, a key its key.)
-  const std::string scaling = !ro.scaling.empty() ? ro.scaling : f.get_str(a + "rope.scaling.type", "none");
+  // (--rope-scale alone scales as the file says, linearly where it says nothing: llama.cpp's rule.)
+  std::string scaling = !ro.scaling.empty() ? ro.scaling : f.get_str(a + "rope.scaling.type", "none");
+  if (ro.scaling.empty() && ro.scale != 0 && scaling == "none") scaling = "linear";
   const std::string scaling_src = !ro.scaling.empty() ? "--rope-scaling" : cat("key '", a, "rope.scaling.type'");
   const double factor = ro.scale != 0 ? double(ro.scale) : f.get_f64(a + "rope.scaling.factor", 1.0);
   const std::string factor_src = ro.scale != 0 ? "--rope-scale" : cat("key '", a, "rope.scaling.factor'");
@@ -203,7 +206,9 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   else
     hp.rope.attn_factor = float(af);
   if (ro.orig_ctx < 0 || ro.orig_ctx > (1 << 24)) fail(f.path(), ": --yarn-orig-ctx: ", ro.orig_ctx, " out of range");
-  hp.rope_ctx_orig = ro.orig_ctx > 0 ? ro.orig_ctx : opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
+  if (ro.scale < 0 || !std::isfinite(ro.scale)) fail(f.path(), ": --rope-scale: ", ro.scale, " must be finite and > 0");
+  hp.rope_ctx_orig = opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
+  hp.yarn_orig_ctx = ro.orig_ctx > 0 ? ro.orig_ctx : hp.rope_ctx_orig;  // (phi3's long/short switch keeps the file's)
   hp.qkv_bias = false;
   for (const TensorSpec& t : spec->tensors) hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
   // The architecture's forward differences (arch.h ArchFeatures).
@@ -243,7 +248,7 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
 // file's rope_freqs divisor where it has one. (n_rot/2,)
 std::vector<float> yarn_factors(const HParams& hp, const float* rope_freqs) {
   const int32_t n = hp.rope.n_rot;
-  const float base = hp.rope.freq_base, ctx = float(hp.rope_ctx_orig);
+  const float base = hp.rope.freq_base, ctx = float(hp.yarn_orig_ctx);
   auto corr_dim = [&](float rotations) {
     return float(n) * std::log(ctx / (rotations * 2.0f * float(M_PI))) / (2.0f * std::log(base));
   };
@@ -292,7 +297,7 @@ std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file, const RopeOve
   Binder b(f);
   ModelWeights& w = m->w_;
   w.layers.resize(size_t(hp.n_layers));
-  for_each_tensor(arch_spec(hp.arch), hp.n_layers, [&](const TensorSpec& t, int32_t layer) {
+  for_each_tensor(arch_spec(hp.arch), hp.n_layers, hp.n_experts > 0, [&](const TensorSpec& t, int32_t layer) {
     const std::string name = tensor_name(t, layer);
     const WeightSlot slot = weight_slot(w, t.role, layer);
     if (t.per_expert)

@@ -41,7 +41,8 @@ WeightView cols_of(const WeightView& W, int64_t c0, int64_t n, const char* what,
 
 uint64_t layer_bytes(const LayerWeights& L) {
   return view_bytes(L.wq) + view_bytes(L.wk) + view_bytes(L.wv) + view_bytes(L.wo) + view_bytes(L.w_gate) +
-         view_bytes(L.w_up) + view_bytes(L.w_down);
+         view_bytes(L.w_up) + view_bytes(L.w_down) + view_bytes(L.moe_router) + view_bytes(L.gate_exps) +
+         view_bytes(L.up_exps) + view_bytes(L.down_exps);
 }
 
 }  // namespace

@@ -251,7 +251,9 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   hp.ffn_dim = s.ffn_dim;
   hp.n_vocab = int32_t(n_vocab);
   hp.rope.n_rot = int32_t(head_dim);
-  if (std::any_of(spec->tensors.begin(), spec->tensors.end(), [](const TensorSpec& t) { return t.per_expert; })) {
+  const bool experts = opt.n_experts > 0 || !has_dense_ffn(*spec);
+  if (experts && !has_experts(*spec)) fail("synthetic model: architecture '", opt.arch, "' has no experts");
+  if (experts) {
     hp.n_experts = opt.n_experts > 0 ? opt.n_experts : 4;
     hp.n_experts_used = opt.n_experts_used > 0 ? opt.n_experts_used : 2;
     hp.expert_ffn_dim = s.ffn_dim;
@@ -267,7 +269,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     return i < n_layers / 8 || i >= 7 * n_layers / 8 || (i - n_layers / 8) % 3 == 2;
   };
   std::vector<TensorPlan> plan;
-  for_each_tensor(*spec, n_layers, [&](const TensorSpec& t, int32_t layer) {
+  for_each_tensor(*spec, n_layers, experts, [&](const TensorSpec& t, int32_t layer) {
     if (!t.synthetic) return;
     std::string name = tensor_name(t, layer);
     const uint64_t rows = uint64_t(extent(t.rows, hp));
@@ -342,7 +344,8 @@ void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptio
   // The adapted matrices: every per-layer matrix of the table (attention and FFN; not a mixture
   // of experts' router or experts, which adapters do not reach: model/lora.h).
   std::map<std::string, bool> adapted;
-  for_each_tensor(*spec, n_layers, [&](const TensorSpec& t, int32_t layer) {
+  for_each_tensor(*spec, n_layers, base->get_u64(arch + ".expert_count", 0) > 0 || !has_dense_ffn(*spec),
+                  [&](const TensorSpec& t, int32_t layer) {
     if (t.matrix && t.per_layer && !t.per_expert && t.role != Role::MoeRouter) adapted[tensor_name(t, layer)] = true;
   });
   uint64_t k = 0;

@@ -35,8 +35,9 @@ struct SyntheticOptions {
   float rope_scale = 0;                 // rope.scaling.factor, of type rope_scaling
   std::string rope_scaling = "linear";  // "linear" or "yarn"
   int32_t rope_orig_ctx = 0;            // rope.scaling.original_context_length (0: not written)
-  // Mixture-of-experts architectures (qwen3moe): experts per layer and used per token (0: 4 and
-  // 2); each expert's FFN is the shape's width.
+  // Mixture of experts (qwen3moe; llama with n_experts > 0, as Mixtral): experts per layer and
+  // used per token (0: 4 and 2 where the architecture has only experts); each expert's FFN is
+  // the shape's width.
   int32_t n_experts = 0, n_experts_used = 0;
   // llama.cpp's "_M" mixes of the K types (llama_tensor_get_type, no importance matrix):
   //   Q4_K_M / Q5_K_M (type Q4_K / Q5_K): attn_v and ffn_down in Q6_K for the layers its

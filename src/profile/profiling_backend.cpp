@@ -25,7 +25,7 @@ class ProfilingBackend final : public Backend {
   // token_embd, so a tied output is named "output".
   ProfilingBackend(std::unique_ptr<Backend> inner, const Model& model) : in_(std::move(inner)) {
     const HParams& hp = model.hparams();
-    for_each_tensor(arch_spec(hp.arch), hp.n_layers, [&](const TensorSpec& t, int32_t layer) {
+    for_each_tensor(arch_spec(hp.arch), hp.n_layers, hp.n_experts > 0, [&](const TensorSpec& t, int32_t layer) {
       const ConstWeightSlot s = weight_slot(model.weights(), t.role, layer);
       const std::string name(t.op_name);
       if (s.matrix)

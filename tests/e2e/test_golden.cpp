@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <numeric>
 #include <cstdio>
 
@@ -132,11 +133,27 @@ void check_golden(const Model& m, const json& doc, const std::string& model_name
                              m.hparams().n_kv_heads, RuntimeConfig{}.kv_type});
     const std::vector<float> logits = prompt_logits(m, tokens, 0, &kv);
 
+    // A mixture of experts' router near a tie (the oracle's router_margin: per position the
+    // smallest gap between the last chosen and the first unchosen expert's logit) may choose
+    // the other expert under our rounding: a jump of that position's logits and of every later
+    // one, not an error. Positions from the first gap below kRouterTie on are not compared. (Our
+    // logits are the same bits on every instruction set, so which positions those are does not
+    // depend on the machine; the oracle's gaps reach 1.4e-3 where we still agree.)
+    constexpr double kRouterTie = 1e-3;
+    size_t reliable = std::numeric_limits<size_t>::max();  // positions before it are compared
+    if (c.contains("router_margin"))
+      for (size_t p = 0; p < c["router_margin"].size(); ++p)
+        if (c["router_margin"][p].get<double>() < kRouterTie) {
+          reliable = p;
+          std::printf("[ %s: a router near-tie at position %zu: compared up to it ]\n", model_name.c_str(), p);
+          break;
+        }
+
     // Per position: same top-1, top-10 logits within tolerance.
     const auto& rows = c["top10_per_position"];
     ASSERT_EQ(rows.size(), tokens.size());
     double worst = 0, worst_abs = 0;
-    for (size_t p = 0; p < tokens.size(); ++p) {
+    for (size_t p = 0; p < std::min(tokens.size(), reliable); ++p) {
       const float* l = logits.data() + p * size_t(V);
       double max_abs = 0;
       for (const auto& e : rows[p]) max_abs = std::max(max_abs, std::abs(e[1].get<double>()));
@@ -164,7 +181,7 @@ void check_golden(const Model& m, const json& doc, const std::string& model_name
     std::vector<float> step_logits(logits.end() - V, logits.end());
     Batch b;
     size_t checked = 0;
-    for (size_t i = 0; i < expect.size(); ++i) {
+    for (size_t i = 0; i < expect.size() && tokens.size() + i - 1 < reliable; ++i) {
       const int32_t tok = argmax(step_logits.data(), V);
       if (!tol.exact_greedy) {
         std::vector<float> sorted(step_logits);
@@ -233,7 +250,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenTest);
 // and prompts of 20 + 12 tokens cross it), linear RoPE scaling 8 (on the global layer only);
 // qwen3 under YaRN (factor 4 over an original context of 64, so that the ramp spans pairs 0-3 of
 // 16 and the attention factor 1.14 applies); qwen3moe with 8 experts, 3 used per token (llama.cpp's
-// softmax gating, renormalised over the chosen).
+// softmax gating, renormalised over the chosen), and llama with experts (Mixtral's files) 8 of 2.
 struct OracleCase {
   const char* arch;
   int32_t layers, head_dim, window;
@@ -241,6 +258,7 @@ struct OracleCase {
   const char* rope_scaling = "linear";
   int32_t rope_orig_ctx = 0;
   int32_t n_experts = 0, n_experts_used = 0;
+  uint64_t seed = 7;  // (llama_moe: 10, whose routers have no near-tie on these prompts)
 };
 
 class OracleTest : public ::testing::TestWithParam<OracleCase> {};
@@ -258,8 +276,8 @@ TEST_P(OracleTest, LogitsGreedyAndChunking) {
   opt.rope_orig_ctx = c.rope_orig_ctx;
   opt.n_experts = c.n_experts;
   opt.n_experts_used = c.n_experts_used;
-  opt.seed = 7;
-  const std::string name = cat(c.arch, c.rope_orig_ctx ? "_yarn" : "");
+  opt.seed = c.seed;
+  const std::string name = cat(c.arch, c.rope_orig_ctx ? "_yarn" : "", c.n_experts ? "_moe" : "");
   test::TempFile file(cat("oracle_", name, ".gguf")), golden(cat("oracle_", name, ".golden.json"));
   write_synthetic_model(opt, file.path());
   const auto model = Model::load(file.path());
@@ -286,9 +304,11 @@ TEST_P(OracleTest, LogitsGreedyAndChunking) {
 INSTANTIATE_TEST_SUITE_P(NewerArchitectures, OracleTest,
                          ::testing::Values(OracleCase{"qwen3", 3, 32, 0, 0}, OracleCase{"gemma3", 7, 32, 8, 8},
                                            OracleCase{"qwen3", 3, 32, 0, 4, "yarn", 64},
-                                           OracleCase{"qwen3moe", 3, 32, 0, 0, "linear", 0, 8, 3}),
+                                           OracleCase{"qwen3moe", 3, 32, 0, 0, "linear", 0, 8, 3},
+                                           OracleCase{"llama", 3, 0, 0, 0, "linear", 0, 8, 2, 10}),
                          [](const auto& info) {
-                           return cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "");
+                           return cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "",
+                                      info.param.n_experts ? "_moe" : "");
                          });
 
 }  // namespace

@@ -57,7 +57,7 @@ void write_seed(const std::string& path, const char* arch_name, ft::GGMLType typ
   hp.dim = 8, hp.n_layers = 1, hp.n_heads = 2, hp.n_kv_heads = 1, hp.head_dim = 4, hp.ffn_dim = 16;
   hp.n_vocab = int32_t(tokens.size() + 2);  // padded: more embedding rows than tokens
   hp.rope.n_rot = 4;
-  ft::for_each_tensor(spec, 1, [&](const ft::TensorSpec& t, int32_t layer) {
+  ft::for_each_tensor(spec, 1, false, [&](const ft::TensorSpec& t, int32_t layer) {
     if (t.optional) return;
     const uint64_t rows = uint64_t(ft::extent(t.rows, hp)), cols = t.matrix ? uint64_t(ft::extent(t.cols, hp)) : 0;
     const ft::GGMLType ty = t.matrix && t.type == ft::TypeClass::Weight ? type : ft::GGMLType::F32;

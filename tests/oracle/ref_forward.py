@@ -400,7 +400,7 @@ class Model:
                 L.post_ffw_norm = g.flat(p + "post_ffw_norm.weight")
             L.ffn_norm = g.flat(p + "ffn_norm.weight")
             L.moe = None
-            if arch == "qwen3moe":
+            if g.has(p + "ffn_gate_inp.weight"):  # qwen3moe; llama with experts (Mixtral)
                 # mixture of experts: router (n_expert, dim); experts' gate/up (ff, dim), down (dim, ff)
                 L.moe = (g.matrix(p + "ffn_gate_inp.weight"), g.experts(p + "ffn_gate_exps.weight"),
                          g.experts(p + "ffn_up_exps.weight"), g.experts(p + "ffn_down_exps.weight"),
@@ -495,8 +495,11 @@ class Model:
     # ---- forward
     def new_cache(self):
         # per layer: list per KV head of [list of k vectors], [list of v vectors]
+        # router_margin: per position, the smallest gap over the layers between the k-th and the
+        # (k+1)-th router logit (mixtures of experts; where it is tiny, an engine's rounding may
+        # pick the other expert, a legitimate jump of that position's and the later logits)
         return {"n": 0, "k": [[[] for _ in range(self.Hkv)] for _ in range(self.n_layer)],
-                "v": [[[] for _ in range(self.Hkv)] for _ in range(self.n_layer)]}
+                "v": [[[] for _ in range(self.Hkv)] for _ in range(self.n_layer)], "router_margin": {}}
 
     def forward(self, tokens, cache, want="all"):
         """Process `tokens` at positions cache['n']...; returns logits rows
@@ -596,7 +599,11 @@ class Model:
                     probs = [math.exp(v - mx) for v in logits]
                     z = sum(probs)
                     probs = [v / z for v in probs]
-                    top = sorted(range(len(probs)), key=lambda e: -probs[e])[:k]
+                    order = sorted(range(len(logits)), key=lambda e: -logits[e])
+                    top = order[:k]
+                    if k < len(order):
+                        gap = logits[order[k - 1]] - logits[order[k]]
+                        cache["router_margin"][p] = min(gap, cache["router_margin"].get(p, gap))
                     wsum = sum(probs[e] for e in top)
                     f = [0.0] * len(x)
                     for e in top:
@@ -705,9 +712,11 @@ def make_golden(model, prompts, n_greedy):
             greedy.append(argmax(last))
             if step + 1 < n_greedy:
                 last = model.forward([greedy[-1]], cache, "last")[0]
-        cases.append({"prompt_tokens": toks, "n_vocab": model.n_vocab,
-                      "top10_per_position": [[[i, v] for i, v in row] for row in top10],
-                      "greedy_tokens": greedy})
+        case = {"prompt_tokens": toks, "n_vocab": model.n_vocab,
+                "top10_per_position": [[[i, v] for i, v in row] for row in top10], "greedy_tokens": greedy}
+        if cache["router_margin"]:  # (positions 0 .. prompt + greedy - 2: every position run)
+            case["router_margin"] = [cache["router_margin"][p] for p in sorted(cache["router_margin"])]
+        cases.append(case)
     return {"model": model.g.path, "reference": "tests/oracle/ref_forward.py", "cases": cases}
 
 

@@ -185,7 +185,7 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     const auto m = Model::load(tmp.path());
     std::vector<std::string> expected;
     std::set<const void*> slots;
-    for_each_tensor(*spec, m->hparams().n_layers, [&](const TensorSpec& t, int32_t layer) {
+    for_each_tensor(*spec, m->hparams().n_layers, m->hparams().n_experts > 0, [&](const TensorSpec& t, int32_t layer) {
       const ConstWeightSlot slot = weight_slot(m->weights(), t.role, layer);
       EXPECT_TRUE(slots.insert(slot.matrix ? static_cast<const void*>(slot.matrix) : slot.vector).second)
           << tensor_name(t, layer);
@@ -355,7 +355,7 @@ TEST(Synthetic, YarnFromKeysOrOverrides) {
   for (const Model* m : {from_keys.get(), from_flags.get()}) {
     const HParams& hp = m->hparams();
     EXPECT_FLOAT_EQ(hp.yarn_factor, 4);
-    EXPECT_EQ(hp.rope_ctx_orig, 64);
+    EXPECT_EQ(hp.yarn_orig_ctx, 64);
     EXPECT_FLOAT_EQ(hp.rope.freq_scale, 1);
     EXPECT_FLOAT_EQ(hp.rope.attn_factor, 1 + 0.1f * std::log(4.0f));
     ASSERT_NE(hp.rope.freq_factors, nullptr);
@@ -376,6 +376,9 @@ TEST(Synthetic, YarnFromKeysOrOverrides) {
   EXPECT_FLOAT_EQ(lin->hparams().rope.freq_scale, 1.0f / 8);
   EXPECT_FLOAT_EQ(lin->hparams().rope.freq_base, 5e5f);
   EXPECT_EQ(lin->hparams().yarn_factor, 0);
+  // --rope-scale alone: the file's type (yarn), or linear where the file has none (llama.cpp's rule).
+  EXPECT_FLOAT_EQ(Model::load(yarn.path(), RopeOverrides{"", 8})->hparams().yarn_factor, 8);
+  EXPECT_FLOAT_EQ(Model::load(plain.path(), RopeOverrides{"", 8})->hparams().rope.freq_scale, 1.0f / 8);
   auto error = [&](const RopeOverrides& r) {
     try {
       Model::load(plain.path(), r);
@@ -585,7 +588,7 @@ TEST(Synthetic, Q5KMAndQ3KMMixesMatchTheReference) {
     const ArchSpec* spec = find_arch("llama");
     ASSERT_NE(spec, nullptr);
     int checked = 0;
-    for_each_tensor(*spec, n, [&](const TensorSpec& t, int32_t layer) {
+    for_each_tensor(*spec, n, false, [&](const TensorSpec& t, int32_t layer) {
       if (t.init != Init::Matrix) return;
       const GGUFTensorInfo* info = ref->file().find_tensor(tensor_name(t, layer));
       if (!info) return;
