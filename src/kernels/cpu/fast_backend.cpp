@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -111,8 +112,8 @@ class CpuFastBackend final : public Backend {
     const GGMLType pt = cpu::panel_type(W.type);
     if (W.n_cols % cpu::block_len(pt) != 0) return W;
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Packed& p : packed_)
-      if (p.src == W.data && p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
+    for (auto [it, end] = packed_.equal_range(W.data); it != end; ++it)
+      if (const Packed& p = it->second; p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
         return {pt, p.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
     const uint64_t gb = cpu::group_bytes(pt, W.n_cols);
     const uint64_t bytes = gb * uint64_t(cpu::n_groups(W.n_rows));
@@ -133,15 +134,15 @@ class CpuFastBackend final : public Backend {
         k_.pack(pt, tmp.data(), rb, cnt, W.n_cols, out + uint64_t(g) * gb);
       }
     }
-    packed_.push_back({W.data, W.type, W.n_rows, W.n_cols, out, std::move(owner)});
+    const auto it = packed_.emplace(W.data, Packed{W.data, W.type, W.n_rows, W.n_cols, out, std::move(owner)});
     if (cpu::is_int_type(pt)) max_k_ = std::max(max_k_, W.n_cols);
-    return {pt, packed_.back().bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
+    return {pt, it->second.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
   }
 
   uint64_t lock_prepared() override {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t total = 0;
-    for (const Packed& p : packed_) {
+    for (const auto& [src, p] : packed_) {
       const uint64_t bytes = cpu::group_bytes(p.type, p.n_cols) * uint64_t(cpu::n_groups(p.n_rows));
       lock_memory(p.bytes, bytes, "the packed weights");
       total += bytes;
@@ -150,14 +151,12 @@ class CpuFastBackend final : public Backend {
   }
   bool has_copy_of(const void* src) const override {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Packed& p : packed_)
-      if (p.src == src) return true;
-    return false;
+    return packed_.count(src) > 0;
   }
 
   void release_prepared(const void* src) override {
     std::lock_guard<std::mutex> lock(mu_);
-    std::erase_if(packed_, [&](const Packed& p) { return p.src == src; });
+    packed_.erase(src);
   }
 
   void matmul(const float* X, int64_t M, const WeightView& W, float* Y) override {
@@ -290,7 +289,9 @@ class CpuFastBackend final : public Backend {
   const cpu::IsaKernels& k_;
   cpu::AttentionFn attention_;
   mutable std::mutex mu_;
-  std::vector<Packed> packed_;
+  // By source address: a mixture of experts prepares tens of thousands of views (Qwen3-30B-A3B:
+  // 48 layers x 128 experts x 3), which a list searched per prepare made quadratic.
+  std::unordered_multimap<const void*, Packed> packed_;
   std::shared_ptr<uint8_t> chunk_;  // alloc_packed's current chunk (chunk_used_ bytes taken)
   uint64_t chunk_used_ = 0;
   int64_t max_k_ = 0;  // largest K of a prepared integer-path weight
