@@ -36,6 +36,21 @@ constexpr const char* kLlama3 = FT_LLAMA3_LIKE("\\p{N}{1,3}");
 // Qwen2: as Llama 3 but one digit per piece.
 constexpr const char* kQwen2 = FT_LLAMA3_LIKE("\\p{N}");
 
+// GPT-4o's o200k (Phi-4, gpt-oss: "gpt-4o") and Mistral's Tekken ("tekken": Nemo, Small 3,
+// Devstral): letters split at lower-to-upper case changes, as their tokenizer.json says:
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+C?|
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*C?|
+//   DIGITS| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with C = (?i:'s|'t|'re|'ve|'m|'ll|'d) and DIGITS = \p{N}{1,3} for o200k, no C and DIGITS = \p{N}
+// for Tekken. (llama.cpp runs a std::regex stand-in for the case classes, letters that are not
+// a-z / not A-Z, which differs from these on non-ASCII cased letters; PCRE2 runs the originals.)
+#define FT_CASED_SPLIT(C, DIGITS)                                                                              \
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" C          \
+  "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" C "|" DIGITS \
+  "| ?[^" FT_WS "\\p{L}\\p{N}]+[\\r\\n/]*|" FT_S "*[\\r\\n]+|" FT_S "+(?!" FT_NOT_S ")|" FT_S "+"
+constexpr const char* kO200k = FT_CASED_SPLIT("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?", "\\p{N}{1,3}");
+constexpr const char* kTekken = FT_CASED_SPLIT("", "\\p{N}");
+
 // Cased letters (Unicode L&) as listed by DeepSeek LLM's tokenizer.
 constexpr const char* kDeepseekLetters =
     "\\x{41}-\\x{5A}\\x{61}-\\x{7A}\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}"
@@ -70,6 +85,8 @@ const std::vector<PreSpec>& specs() {
     const std::vector<std::string> gpt2 = {kGpt2};
     const std::vector<std::string> llama3 = {kLlama3};
     const std::vector<std::string> qwen2 = {kQwen2};
+    const std::vector<std::string> o200k = {kO200k};
+    const std::vector<std::string> tekken = {kTekken};
     const std::vector<std::string> starcoder = {"\\p{N}", kGpt2};
     const std::vector<std::string> deepseek_llm = {
         "[\\r\\n]",
@@ -104,6 +121,8 @@ const std::vector<PreSpec>& specs() {
         {"starcoder", false, starcoder},
         {"refact", false, starcoder},
         {"smollm", false, starcoder},
+        {"gpt-4o", false, o200k},
+        {"tekken", true, tekken},  // (llama.cpp: ignore_merges)
     };
   }();
   return all;

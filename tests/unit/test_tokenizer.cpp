@@ -168,10 +168,29 @@ TEST(PreTokenizer, Qwen2SplitsDigitsOneByOne) {
             (std::vector<std::string>{"abc", " ", "123", "45", " x"}));
 }
 
+// GPT-4o's o200k (Phi-4) and Mistral's Tekken split letters where lower case turns to upper
+// ("camelCase"), keep an upper run with the lower run that follows ("HTTPServer"), and differ in
+// contractions (o200k keeps "'s" on its word) and digits (o200k 1-3, Tekken 1). Expected pieces
+// derived by hand from their tokenizer.json regexes.
+TEST(PreTokenizer, O200kAndTekkenSplitAtCaseChanges) {
+  const std::string text = "Hello World's HTTPServer 12345\n\n  x camelCase";
+  EXPECT_EQ(tok::PreTokenizer("gpt-4o").split(text),
+            (std::vector<std::string>{"Hello", " World's", " HTTPServer", " ", "123", "45", "\n\n", " ", " x",
+                                      " camel", "Case"}));
+  EXPECT_EQ(tok::PreTokenizer("tekken").split(text),
+            (std::vector<std::string>{"Hello", " World", "'s", " HTTPServer", " ", "1", "2", "3", "4", "5", "\n\n",
+                                      " ", " x", " camel", "Case"}));
+  // Cased letters beyond ASCII are cased letters: "ÉCOLE" one upper run, "Élan" upper then lower.
+  EXPECT_EQ(tok::PreTokenizer("tekken").split("\xC3\x89" "COLE \xC3\x89" "lan"),
+            (std::vector<std::string>{"\xC3\x89" "COLE", " \xC3\x89" "lan"}));
+  EXPECT_TRUE(tok::PreTokenizer::is_known("tekken"));
+  EXPECT_TRUE(tok::PreTokenizer::is_known("gpt-4o"));
+}
+
 TEST(PreTokenizer, PiecesCoverTextAndSurviveInvalidUtf8) {
   const std::string text = "ok \xFF\xFE bad \xE2\x82 cut 123\xF0";
   for (const char* name : {"gpt-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder",
-                           "falcon", "starcoder", "refact", "mpt"}) {
+                           "falcon", "starcoder", "refact", "mpt", "gpt-4o", "tekken"}) {
     const tok::PreTokenizer pre(name);
     std::string joined;
     for (const auto& piece : pre.split(text)) {
