@@ -162,6 +162,10 @@ bool has_experts(const ArchSpec& a) {
   return std::any_of(a.tensors.begin(), a.tensors.end(), [](const TensorSpec& t) { return expert_role(t.role); });
 }
 
+bool file_has_experts(const ArchSpec& a, const GGUFFile& f) {
+  return has_experts(a) && (!has_dense_ffn(a) || f.get_u64(cat(a.name, ".expert_count"), 0) > 0);
+}
+
 const ArchSpec* find_arch(std::string_view name) {
   for (const ArchSpec& a : archs())
     if (a.name == name) return &a;

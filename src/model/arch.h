@@ -96,6 +96,12 @@ constexpr bool expert_role(Role r) {
 }
 bool has_dense_ffn(const ArchSpec& a);
 bool has_experts(const ArchSpec& a);
+// Whether a file of architecture a is a mixture of experts: a has only experts, or it has both and
+// the file counts experts ({arch}.expert_count > 0: Mixtral's llama files).
+bool file_has_experts(const ArchSpec& a, const GGUFFile& f);
+// llama.cpp's LLAMA_MAX_EXPERTS, and a bound on the experts a token uses (the largest released
+// models use 8-16).
+inline constexpr int32_t kMaxExperts = 512, kMaxExpertsUsed = 64;
 
 // Calls f(spec, layer) for every tensor of a model in file order (layer -1 for globals): of its
 // FFN kind only, the experts' where `experts`, else the dense one's.

@@ -148,10 +148,18 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   hp.head_dim = opt("attention.key_length", uint64_t(hp.dim / hp.n_heads));
   if (f.has(a + "attention.value_length") && opt("attention.value_length", 1) != hp.head_dim)
     fail(f.path(), ": key '", a, "attention.value_length' differs from key_length (not supported)");
-  // Experts where the table has only experts, or the file counts them (llama: Mixtral).
-  if (has_experts(*spec) && (!has_dense_ffn(*spec) || f.get_u64(a + "expert_count", 0) > 0)) {
+  if (file_has_experts(*spec, f)) {
     hp.n_experts = req("expert_count");
     hp.n_experts_used = req("expert_used_count");
+    if (hp.n_experts > kMaxExperts)
+      fail(f.path(), ": key '", a, "expert_count': ", hp.n_experts, " experts (at most ", kMaxExperts, ")");
+    if (hp.n_experts_used > kMaxExpertsUsed)
+      fail(f.path(), ": key '", a, "expert_used_count': ", hp.n_experts_used, " experts a token (at most ",
+           kMaxExpertsUsed, ")");
+    // The pre-2024 Mixtral files (one tensor per expert) as such, not as a missing stack.
+    if (f.find_tensor("blk.0.ffn_gate.0.weight") && !f.find_tensor("blk.0.ffn_gate_exps.weight"))
+      fail(f.path(), ": experts stored one tensor each (blk.N.ffn_gate.E.weight, before llama.cpp's 2024 format) "
+                     "are not supported: convert the file again");
     // (llama.cpp's default: Mixtral's experts are feed_forward_length wide; qwen3moe's n_ff / used)
     hp.expert_ffn_dim = opt("expert_feed_forward_length",
                             uint64_t(has_dense_ffn(*spec) ? hp.ffn_dim : std::max(1, hp.ffn_dim / hp.n_experts_used)));
@@ -207,6 +215,7 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     hp.rope.attn_factor = float(af);
   if (ro.orig_ctx < 0 || ro.orig_ctx > (1 << 24)) fail(f.path(), ": --yarn-orig-ctx: ", ro.orig_ctx, " out of range");
   if (ro.scale < 0 || !std::isfinite(ro.scale)) fail(f.path(), ": --rope-scale: ", ro.scale, " must be finite and > 0");
+  if (ro.scale != 0 && scaling == "none") fail(f.path(), ": --rope-scale with RoPE scaling 'none' (give linear or yarn)");
   hp.rope_ctx_orig = opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
   hp.yarn_orig_ctx = ro.orig_ctx > 0 ? ro.orig_ctx : hp.rope_ctx_orig;  // (phi3's long/short switch keeps the file's)
   hp.qkv_bias = false;

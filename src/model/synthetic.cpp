@@ -257,8 +257,8 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     hp.n_experts = opt.n_experts > 0 ? opt.n_experts : 4;
     hp.n_experts_used = opt.n_experts_used > 0 ? opt.n_experts_used : 2;
     hp.expert_ffn_dim = s.ffn_dim;
-    if (hp.n_experts > 256 || hp.n_experts_used > hp.n_experts)
-      fail("synthetic model: experts must be at most 256, and those used at most the experts");
+    if (hp.n_experts > kMaxExperts || hp.n_experts_used > std::min(hp.n_experts, kMaxExpertsUsed))
+      fail("synthetic model: at most ", kMaxExperts, " experts, of which at most ", kMaxExpertsUsed, " used");
     w.set(a + "expert_count", GGUFValue::of_u32(uint32_t(hp.n_experts)));
     w.set(a + "expert_used_count", GGUFValue::of_u32(uint32_t(hp.n_experts_used)));
     w.set(a + "expert_feed_forward_length", GGUFValue::of_u32(uint32_t(hp.expert_ffn_dim)));
@@ -344,8 +344,7 @@ void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptio
   // The adapted matrices: every per-layer matrix of the table (attention and FFN; not a mixture
   // of experts' router or experts, which adapters do not reach: model/lora.h).
   std::map<std::string, bool> adapted;
-  for_each_tensor(*spec, n_layers, base->get_u64(arch + ".expert_count", 0) > 0 || !has_dense_ffn(*spec),
-                  [&](const TensorSpec& t, int32_t layer) {
+  for_each_tensor(*spec, n_layers, file_has_experts(*spec, *base), [&](const TensorSpec& t, int32_t layer) {
     if (t.matrix && t.per_layer && !t.per_expert && t.role != Role::MoeRouter) adapted[tensor_name(t, layer)] = true;
   });
   uint64_t k = 0;

@@ -43,7 +43,9 @@ constexpr const char* kQwen2 = FT_LLAMA3_LIKE("\\p{N}");
 //   DIGITS| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 // with C = (?i:'s|'t|'re|'ve|'m|'ll|'d) and DIGITS = \p{N}{1,3} for o200k, no C and DIGITS = \p{N}
 // for Tekken. (llama.cpp runs a std::regex stand-in for the case classes, letters that are not
-// a-z / not A-Z, which differs from these on non-ASCII cased letters; PCRE2 runs the originals.)
+// a-z / not A-Z, which differs from these on non-ASCII cased letters and on combining marks
+// (\p{M}: Devanagari, Thai, Arabic vowel signs), which it does not count as letters; PCRE2 runs
+// the originals.)
 #define FT_CASED_SPLIT(C, DIGITS)                                                                              \
   "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" C          \
   "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" C "|" DIGITS \
@@ -78,6 +80,7 @@ struct PreSpec {
   const char* name;
   bool ignore_merges;
   std::vector<std::string> regexes;
+  bool add_bos = false;  // llama.cpp's default where tokenizer.ggml.add_bos_token is absent
 };
 
 const std::vector<PreSpec>& specs() {
@@ -107,9 +110,9 @@ const std::vector<PreSpec>& specs() {
         {"mpt", false, gpt2},
         {"phi-2", false, gpt2},
         {"olmo", false, gpt2},
-        {"llama-bpe", true, llama3},
-        {"llama3", true, llama3},
-        {"llama-v3", true, llama3},
+        {"llama-bpe", true, llama3, true},
+        {"llama3", true, llama3, true},
+        {"llama-v3", true, llama3, true},
         {"dbrx", false, llama3},
         {"smaug-bpe", false, llama3},
         {"qwen2", false, qwen2},
@@ -122,7 +125,7 @@ const std::vector<PreSpec>& specs() {
         {"refact", false, starcoder},
         {"smollm", false, starcoder},
         {"gpt-4o", false, o200k},
-        {"tekken", true, tekken},  // (llama.cpp: ignore_merges)
+        {"tekken", true, tekken, true},  // (llama.cpp: ignore_merges, add_bos)
     };
   }();
   return all;
@@ -191,6 +194,10 @@ struct PreTokenizer::Scratch {
 };
 
 bool PreTokenizer::is_known(std::string_view name) { return find_spec(name) != nullptr; }
+bool PreTokenizer::adds_bos(std::string_view name) {
+  const PreSpec* s = find_spec(name);
+  return s && s->add_bos;
+}
 
 PreTokenizer::PreTokenizer(std::string_view name) {
   const PreSpec* spec = find_spec(name);

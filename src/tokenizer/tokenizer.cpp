@@ -380,7 +380,7 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
     v->pad = pad >= 0 && pad < int64_t(n) ? TokenId(pad) : -1;
   }
 
-  v->add_bos = f.get_bool("tokenizer.ggml.add_bos_token", spm);
+  v->add_bos = f.get_bool("tokenizer.ggml.add_bos_token", spm || (tok::PreTokenizer::adds_bos(v->pre_name) && v->bos >= 0));
   v->add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
   v->add_space_prefix = spm && f.get_bool("tokenizer.ggml.add_space_prefix", true);
   if (v->add_bos && v->bos < 0)

@@ -185,6 +185,8 @@ class PreTokenizer {
  public:
   // Canonical pre-tokenizer names understood (tokenizer.ggml.pre values and aliases).
   static bool is_known(std::string_view name);
+  // Whether llama.cpp adds BOS for this pre-tokenizer when the file does not say (llama3, tekken).
+  static bool adds_bos(std::string_view name);
   // Throws ft::Error for an unknown name.
   explicit PreTokenizer(std::string_view name);
   PreTokenizer(const PreTokenizer& other);

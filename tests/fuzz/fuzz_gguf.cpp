@@ -20,9 +20,11 @@
 namespace {
 
 // A whole model of the architecture at toy size (dim 8, 1 layer, 2 heads, 1 KV head, ffn 16, a
-// vocabulary of `tokens`): every tensor its table lists, weights of `type`, zeros.
+// vocabulary of `tokens`; a mixture of experts: 2 of ffn 16, 1 used): every tensor its table
+// lists, weights of `type`, zeros. bpe_pre: the byte-level BPE pre-tokenizer (null: SentencePiece).
 void write_seed(const std::string& path, const char* arch_name, ft::GGMLType type, const std::vector<std::string>& tokens,
-                bool bpe) {
+                const char* bpe_pre) {
+  const bool bpe = bpe_pre != nullptr;
   using ft::GGUFValue;
   ft::GGUFWriter w;
   const std::string a = arch_name;
@@ -42,7 +44,7 @@ void write_seed(const std::string& path, const char* arch_name, ft::GGMLType typ
   types[1] = types[2] = 3;
   w.set("tokenizer.ggml.token_type", GGUFValue::of_i32_array(types));
   if (bpe) {
-    w.set("tokenizer.ggml.pre", GGUFValue::of_str("qwen2"));
+    w.set("tokenizer.ggml.pre", GGUFValue::of_str(bpe_pre));
     w.set("tokenizer.ggml.merges", GGUFValue::of_str_array({"h e", "l l", "he ll"}));
   } else {
     std::vector<float> scores(tokens.size());
@@ -57,12 +59,21 @@ void write_seed(const std::string& path, const char* arch_name, ft::GGMLType typ
   hp.dim = 8, hp.n_layers = 1, hp.n_heads = 2, hp.n_kv_heads = 1, hp.head_dim = 4, hp.ffn_dim = 16;
   hp.n_vocab = int32_t(tokens.size() + 2);  // padded: more embedding rows than tokens
   hp.rope.n_rot = 4;
-  ft::for_each_tensor(spec, 1, false, [&](const ft::TensorSpec& t, int32_t layer) {
+  if (ft::has_experts(spec) && !ft::has_dense_ffn(spec)) {
+    hp.n_experts = 2, hp.n_experts_used = 1, hp.expert_ffn_dim = 16;
+    w.set(a + ".expert_count", GGUFValue::of_u32(2));
+    w.set(a + ".expert_used_count", GGUFValue::of_u32(1));
+    w.set(a + ".expert_feed_forward_length", GGUFValue::of_u32(16));
+  }
+  ft::for_each_tensor(spec, 1, hp.n_experts > 0, [&](const ft::TensorSpec& t, int32_t layer) {
     if (t.optional) return;
     const uint64_t rows = uint64_t(ft::extent(t.rows, hp)), cols = t.matrix ? uint64_t(ft::extent(t.cols, hp)) : 0;
     const ft::GGMLType ty = t.matrix && t.type == ft::TypeClass::Weight ? type : ft::GGMLType::F32;
     std::vector<uint64_t> ne = t.matrix ? std::vector<uint64_t>{cols, rows} : std::vector<uint64_t>{rows};
-    w.add_tensor(ft::tensor_name(t, layer), ty, ne, std::vector<uint8_t>(*ft::row_bytes(ty, ne[0]) * (t.matrix ? rows : 1)));
+    const uint64_t n = t.per_expert ? uint64_t(hp.n_experts) : 1;
+    if (t.per_expert) ne.push_back(n);
+    w.add_tensor(ft::tensor_name(t, layer), ty, ne,
+                 std::vector<uint8_t>(*ft::row_bytes(ty, ne[0]) * (t.matrix ? rows : 1) * n));
   });
   w.write(path);
 }
@@ -74,9 +85,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (!dir) return 0;
   const std::string d = dir;
   write_seed(d + "/llama_spm_f32.gguf", "llama", ft::GGMLType::F32,
-             {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b", "\xe2\x96\x81" "a", "<0x0A>", "ab", "ba"}, false);
+             {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b", "\xe2\x96\x81" "a", "<0x0A>", "ab", "ba"}, nullptr);
   write_seed(d + "/qwen2_bpe_f16.gguf", "qwen2", ft::GGMLType::F16,
-             {"!", "<|im_start|>", "<|im_end|>", "h", "e", "l", "o", "he", "ll", "hell", "\xc4\xa0"}, true);
+             {"!", "<|im_start|>", "<|im_end|>", "h", "e", "l", "o", "he", "ll", "hell", "\xc4\xa0"}, "qwen2");
+  write_seed(d + "/qwen3moe_tekken_f32.gguf", "qwen3moe", ft::GGMLType::F32,
+             {"!", "<s>", "</s>", "h", "e", "l", "o", "he", "ll", "hell", "\xc4\xa0"}, "tekken");
   std::exit(0);
 }
 

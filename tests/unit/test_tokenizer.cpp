@@ -226,6 +226,26 @@ std::vector<uint8_t> vocab_with_pre(const GGUFFile& src, const std::string& pre)
   return w.to_bytes();
 }
 
+// Where a file does not say whether to add BOS, llama.cpp's default for its pre-tokenizer holds:
+// Llama 3's and Tekken's add it (Mistral Nemo / Small 3 files would lose it otherwise), the others
+// (byte-level BPE) do not.
+TEST(Tokenizer, AddBosDefaultFollowsThePreTokenizer) {
+  FT_REQUIRE_SHARED(path, "tokenizer/ggml-vocab-llama-bpe.gguf");
+  const auto src = GGUFFile::open(path);
+  for (const auto& [pre, adds] : {std::pair<const char*, bool>{"tekken", true}, {"llama-bpe", true},
+                                  {"gpt-4o", false}, {"qwen2", false}}) {
+    GGUFWriter w;
+    for (const auto& [key, value] : src->metadata())
+      if (key != "tokenizer.ggml.add_bos_token") w.set(key, value);
+    w.set("tokenizer.ggml.pre", GGUFValue::of_str(pre));
+    const auto bytes = w.to_bytes();
+    const auto file = GGUFFile::parse(bytes.data(), bytes.size(), pre);
+    const Tokenizer t = Tokenizer::from_gguf(*file);
+    EXPECT_EQ(t.add_bos_default(), adds) << pre;
+    EXPECT_EQ(t.encode("hi", true, false).size(), adds ? 2u : 1u) << pre;
+  }
+}
+
 TEST(Tokenizer, Qwen2PreTokenizerOnByteLevelVocab) {
   FT_REQUIRE_SHARED(path, "tokenizer/ggml-vocab-llama-bpe.gguf");
   const auto src = GGUFFile::open(path);
