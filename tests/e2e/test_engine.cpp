@@ -145,6 +145,30 @@ TEST_P(ConcurrentEqualsAlone, SyntheticQwen2Q8) {
   std::filesystem::remove(path);
 }
 
+// The newer architectures through the scheduler: a mixture of experts (8 experts, 2 a token:
+// rows of other requests in a batch must not change a row's experts or their sum) and Gemma 3's
+// window pattern (window 8, 7 layers: layer 5 global) with chunked, concurrent prefill.
+TEST_P(ConcurrentEqualsAlone, SyntheticQwen3MoeAndGemma3) {
+  for (const char* arch : {"qwen3moe", "gemma3"}) {
+    SCOPED_TRACE(arch);
+    const std::string path = testing::TempDir() + "ft_engine_" + arch + "_" + std::to_string(getpid()) + ".gguf";
+    SyntheticOptions opt;
+    opt.arch = arch;
+    opt.type = GGMLType::Q8_0;
+    opt.seed = 13;
+    if (opt.arch == "qwen3moe") opt.n_experts = 8;
+    if (opt.arch == "gemma3") opt.n_layers = 7, opt.sliding_window = 8;
+    write_synthetic_model(opt, path);
+    const auto model = Model::load(path);
+    const auto jobs = mixed_jobs(model->hparams().n_vocab, 12, 9);
+    Engine alone_engine(*model, config(256), {});
+    const auto alone = run_jobs(alone_engine, jobs, false);
+    Engine engine(*model, config(GetParam()), {});
+    expect_same_tokens(run_jobs(engine, jobs, true), alone);
+    std::filesystem::remove(path);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(ChunkSizes, ConcurrentEqualsAlone, ::testing::Values(-1, 0, 7, 64, 256),
                          [](const auto& info) {
                            return info.param < 0 ? std::string("auto") : "chunk" + std::to_string(info.param);
