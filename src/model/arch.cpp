@@ -141,6 +141,7 @@ std::span<const ArchSpec> archs() {
                                    .swa = SwaLayers::Period, .swa_period = 6, .sliding_window = 4096,
                                    .swa_rope_base = 1e4f};
   static const ArchFeatures phi3{.swa = SwaLayers::All};
+  static const ArchFeatures granite{.granite_scales = true};
   static const ArchSpec a[] = {
       {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, llama},
       {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
@@ -149,6 +150,8 @@ std::span<const ArchSpec> archs() {
       {"gemma2", Arch::Gemma2, 1e-6f, 1e4f, RopeStyle::Halves, gemma2_t, gemma2},
       {"gemma3", Arch::Gemma3, 1e-6f, 1e6f, RopeStyle::Halves, gemma3_t, gemma3},
       {"phi3", Arch::Phi3, 1e-5f, 1e4f, RopeStyle::Halves, phi3_t, phi3},
+      // IBM Granite 3.x: Llama's tensors and four multipliers (ArchFeatures::granite_scales).
+      {"granite", Arch::Granite, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama, granite},
   };
   return a;
 }

@@ -58,6 +58,9 @@ struct ArchFeatures {
   // layers (0: none): Gemma's 1/sqrt(query_pre_attn_scalar), which GGUF does not store, keyed by
   // model size as llama.cpp does (the 27B: gemma2 46 layers, gemma3 62).
   int32_t dim_per_head_scale_layers = 0;
+  // Granite's multipliers from its keys ({arch}.embedding_scale, .residual_scale,
+  // .attention.scale, .logit_scale), each 1 (the attention's: the head rule above) when absent.
+  bool granite_scales = false;
   bool softcap = false;                // reads {arch}.attn_logit_softcapping / final_logit_softcapping
   float attn_softcap = 0, final_softcap = 0;  //   defaults when those keys are absent
   SwaLayers swa = SwaLayers::None;     // layers with {arch}.attention.sliding_window

@@ -9,6 +9,8 @@
 //   phi3:   Q/K/V and gate/up are row views of fused tensors (the same GEMM calls); every layer
 //           windowed; long/short rope factors chosen by the context (constructor).
 //   qwen2:  Q/K/V biases in the GEMM epilogue.
+//   granite: x = embed * embedding_scale; x += residual_scale * block(..); logits / logit_scale;
+//            its own attention scale.
 //   qwen3, gemma3: each q and k head RMS-normed (q_norm, k_norm) before RoPE.
 //   gemma3: gemma2's post-norms, GELU and embedding scale, no soft caps; five windowed layers
 //           then a global one, the windowed ones rotating with their own base (rope_swa_).
@@ -257,7 +259,7 @@ void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, co
                            const float* post_norm) {
   const HParams& hp = model_.hparams();
   const LoraDelta d = lora_shrink(il, lora_input(s), a, W.n_cols) ? lora_delta(il, s) : LoraDelta{};
-  if (!post_norm && !reduce_) return be_.matmul_add(a, M, W, x_, d);
+  if (!post_norm && !reduce_ && hp.residual_scale == 1.0f) return be_.matmul_add(a, M, W, x_, d);
   if (d.n == 0) {
     be_.matmul(a, M, W, h_);
   } else {  // (never with reduce_: enable_lora refuses it)
@@ -267,6 +269,7 @@ void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, co
   }
   if (reduce_) reduce_->allreduce_sum(h_, M * hp.dim);  // tensor parallel: the ranks' partial sums
   if (post_norm) be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
+  if (hp.residual_scale != 1.0f) be_.scale(h_, M * hp.dim, hp.residual_scale);
   be_.add(x_, h_, M, hp.dim);
 }
 
@@ -335,6 +338,7 @@ void Forward::finish(Rows rows, float* logits, float* hidden) {
   if (hidden && rows.hidden > 0) std::memcpy(hidden, h_ + rows.logits * D, size_t(rows.hidden * D) * sizeof(float));
   if (!logits || rows.logits == 0) return;
   be_.matmul(h_, rows.logits, w.output, logits);
+  if (hp.logit_scale != 1.0f) be_.scale(logits, rows.logits * hp.n_vocab, 1.0f / hp.logit_scale);
   if (hp.final_softcap > 0) be_.softcap(logits, rows.logits * hp.n_vocab, hp.final_softcap);
 }
 

@@ -16,7 +16,7 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3 };
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite };
 // Which layers attend through the sliding window (HParams::sliding_window): none, all, or
 // those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
@@ -59,6 +59,8 @@ struct HParams {
   float attn_scale = 0;           // query scale in attention (1/sqrt(head_dim), or gemma2's)
   float attn_softcap = 0;         // scores -> cap * tanh(scores / cap) when > 0 (gemma2)
   float final_softcap = 0;        // the same on the logits (gemma2)
+  float residual_scale = 1.0f;    // each block's output * this before its residual add (granite)
+  float logit_scale = 1.0f;       // logits / this (granite)
   int32_t sliding_window = 0;     // > 0: windowed layers see only the last this many positions
   SwaLayers swa_layers = SwaLayers::None;
   int32_t swa_period = 0;         // SwaLayers::Period's period

@@ -226,6 +226,18 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   hp.embd_scale = ft.embd_scale ? std::sqrt(float(hp.dim)) : 1.0f;
   const bool per_dim = ft.dim_per_head_scale_layers > 0 && hp.n_layers == ft.dim_per_head_scale_layers;
   hp.attn_scale = 1.0f / std::sqrt(float(per_dim ? hp.dim / hp.n_heads : hp.head_dim));
+  if (ft.granite_scales) {
+    auto scale = [&](const char* key, float d) {
+      const double v = f.get_f64(a + key, d);
+      if (!(v > 0) || !std::isfinite(v) || !std::isfinite(float(v)) || !(float(v) > 0))
+        fail(f.path(), ": key '", a, key, "': ", v, " must be finite and > 0");
+      return float(v);
+    };
+    hp.embd_scale = scale("embedding_scale", 1.0f);
+    hp.residual_scale = scale("residual_scale", 1.0f);
+    hp.attn_scale = scale("attention.scale", hp.attn_scale);
+    hp.logit_scale = scale("logit_scale", 1.0f);
+  }
   if (ft.softcap) {
     auto cap = [&](const char* key, float d) {
       const double v = f.get_f64(a + key, d);

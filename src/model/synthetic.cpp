@@ -231,6 +231,12 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   if (opt.rope_orig_ctx > 0)
     w.set(a + "rope.scaling.original_context_length", GGUFValue::of_u32(uint32_t(opt.rope_orig_ctx)));
   const ArchFeatures& ft = spec->features;
+  if (ft.granite_scales) {  // (Granite 3.x 2B's values but the attention's, 1/head_dim as in its config)
+    w.set(a + "embedding_scale", GGUFValue::of_f32(12.0f));
+    w.set(a + "residual_scale", GGUFValue::of_f32(0.22f));
+    w.set(a + "attention.scale", GGUFValue::of_f32(1.0f / float(head_dim)));
+    w.set(a + "logit_scale", GGUFValue::of_f32(8.0f));
+  }
   if (ft.softcap) {
     w.set(a + "attn_logit_softcapping", GGUFValue::of_f32(ft.attn_softcap));
     w.set(a + "final_logit_softcapping", GGUFValue::of_f32(ft.final_softcap));

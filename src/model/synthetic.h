@@ -23,7 +23,8 @@ struct SyntheticOptions {
   // "llama", "qwen2" (adds Q/K/V biases), "qwen3" (q/k norms), "gemma2" (post-norms, GELU, tied
   // output, soft caps and a sliding window at llama.cpp's defaults), "gemma3" (gemma2's without
   // soft caps, q/k norms, five windowed layers then a global one), "phi3" (fused QKV and gate/up,
-  // a window of half the context): the tensors of the architecture's table (model/arch.cpp).
+  // a window of half the context), "granite" (Llama's with Granite's four multipliers): the
+  // tensors of the architecture's table (model/arch.cpp).
   std::string arch = "llama";
   // Overrides of the shape and the architecture's defaults (0: none), for tests that need more
   // layers (gemma3's global layer is its sixth), a head width other than dim / heads (qwen3's

@@ -250,7 +250,8 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenTest);
 // and prompts of 20 + 12 tokens cross it), linear RoPE scaling 8 (on the global layer only);
 // qwen3 under YaRN (factor 4 over an original context of 64, so that the ramp spans pairs 0-3 of
 // 16 and the attention factor 1.14 applies); qwen3moe with 8 experts, 3 used per token (llama.cpp's
-// softmax gating, renormalised over the chosen), and llama with experts (Mixtral's files) 8 of 2.
+// softmax gating, renormalised over the chosen), and llama with experts (Mixtral's files) 8 of 2;
+// granite with its four multipliers.
 struct OracleCase {
   const char* arch;
   int32_t layers, head_dim, window;
@@ -305,7 +306,8 @@ INSTANTIATE_TEST_SUITE_P(NewerArchitectures, OracleTest,
                          ::testing::Values(OracleCase{"qwen3", 3, 32, 0, 0}, OracleCase{"gemma3", 7, 32, 8, 8},
                                            OracleCase{"qwen3", 3, 32, 0, 4, "yarn", 64},
                                            OracleCase{"qwen3moe", 3, 32, 0, 0, "linear", 0, 8, 3},
-                                           OracleCase{"llama", 3, 0, 0, 0, "linear", 0, 8, 2, 10}),
+                                           OracleCase{"llama", 3, 0, 0, 0, "linear", 0, 8, 2, 10},
+                                           OracleCase{"granite", 3, 0, 0, 0}),
                          [](const auto& info) {
                            return cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "",
                                       info.param.n_experts ? "_moe" : "");

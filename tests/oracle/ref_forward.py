@@ -269,6 +269,7 @@ ARCH_DEFAULTS = {
     "gemma2": (1e-6, 10000.0,   True,  "gelu"),
     "gemma3": (1e-6, 10000.0,   True,  "gelu"),
     "phi3":   (1e-5, 10000.0,   True,  "silu"),
+    "granite": (1e-5, 10000.0,  False, "silu"),
 }
 
 
@@ -361,6 +362,15 @@ class Model:
         self.embd_name = "token_embd.weight"
         self.n_vocab = g.tensors[self.embd_name][1][1]
         self.embd_scale = math.sqrt(self.dim) if arch in ("gemma2", "gemma3") else 1.0
+        # Granite (llama.cpp's llm_build_granite): embeddings * embedding_scale, each block's
+        # output * residual_scale before its residual add, attention.scale as the query scale,
+        # logits / logit_scale.
+        self.residual_scale, self.logit_scale = 1.0, 1.0
+        if arch == "granite":
+            self.embd_scale = float(kv("embedding_scale", 1.0))
+            self.residual_scale = float(kv("residual_scale", 1.0))
+            self.kq_scale = float(kv("attention.scale", self.kq_scale))
+            self.logit_scale = float(kv("logit_scale", 1.0))
 
         self.layers = []
         for il in range(self.n_layer):
@@ -585,7 +595,7 @@ class Model:
                 a = matvec(L.wo, L.ro(att))
                 if L.post_attn_norm is not None:
                     a = rmsnorm(a, L.post_attn_norm, eps)
-                x = add(x, a)
+                x = add(x, [v * self.residual_scale for v in a])
                 h = rmsnorm(x, L.ffn_norm, eps)
                 act = self.act
                 if L.moe is not None:
@@ -617,7 +627,7 @@ class Model:
                     f = matvec(L.wdown, L.rd([act(gv) * uv for gv, uv in zip(gt, up)]))
                 if L.post_ffw_norm is not None:
                     f = rmsnorm(f, L.post_ffw_norm, eps)
-                new_xs.append(add(x, f))
+                new_xs.append(add(x, [v * self.residual_scale for v in f]))
             xs = new_xs
 
         cache["n"] = p0 + n
@@ -625,7 +635,7 @@ class Model:
         out = []
         for x in rows:
             h = rmsnorm(x, self.output_norm, eps)
-            lg = matvec(self.wout, self.rout(h))
+            lg = [v / self.logit_scale for v in matvec(self.wout, self.rout(h))]
             if self.final_cap is not None:
                 cap = self.final_cap
                 lg = [cap * math.tanh(v / cap) for v in lg]

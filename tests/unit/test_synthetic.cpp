@@ -76,7 +76,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite"}) {
     for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
       out.push_back({"tiny", t, arch});
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
@@ -175,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases
 // table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
 // are unique within an architecture.
 TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite"}) {
     const ArchSpec* spec = find_arch(arch);
     ASSERT_NE(spec, nullptr) << arch;
     SyntheticOptions opt;
@@ -200,7 +200,7 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
-  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3");
+  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, granite");
 }
 
 // Phi-3's fused tensors bind whole, and the per-projection weights are row views into them (no
