@@ -223,16 +223,14 @@ void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
     }
   }
   for (int64_t e = 0; e < E; ++e) moe_offsets_[size_t(e) + 1] += moe_offsets_[size_t(e)];
-  {  // the rows of each expert, in row order, with their weights
-    std::vector<int32_t>& fill = moe_fill_;
-    std::copy(moe_offsets_.begin(), moe_offsets_.end() - 1, fill.begin());
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t j = 0; j < K; ++j) {
-        const int32_t e = moe_choice_[size_t(m * K + j)];
-        moe_rows_[size_t(fill[size_t(e)])] = int32_t(m);
-        moe_row_weight_[size_t(fill[size_t(e)]++)] = moe_weight_[size_t(m * K + j)];
-      }
-  }
+  // The rows of each expert, in row order, with their weights (moe_fill_: each expert's next slot).
+  std::copy(moe_offsets_.begin(), moe_offsets_.end() - 1, moe_fill_.begin());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t slot = moe_fill_[size_t(moe_choice_[size_t(m * K + j)])]++;
+      moe_rows_[size_t(slot)] = int32_t(m);
+      moe_row_weight_[size_t(slot)] = moe_weight_[size_t(m * K + j)];
+    }
   std::fill(moe_sum_.begin(), moe_sum_.begin() + M * D, 0.0f);
   for (int64_t e = 0; e < E; ++e) {
     const int32_t r0 = moe_offsets_[size_t(e)], n = moe_offsets_[size_t(e) + 1] - r0;

@@ -129,44 +129,44 @@ TEST_P(ConcurrentEqualsAlone, Stories260K) {
   EXPECT_EQ(m.counters.finished, jobs.size());
 }
 
-TEST_P(ConcurrentEqualsAlone, SyntheticQwen2Q8) {
-  const std::string path = testing::TempDir() + "ft_engine_qwen2_q8_" + std::to_string(getpid()) + ".gguf";
-  SyntheticOptions opt;
-  opt.arch = "qwen2";
+// A synthetic Q8_0 model of opt (type and file set here): n_jobs mixed requests, concurrent at
+// chunk size `chunk`, get the tokens each gets alone.
+void expect_synthetic_concurrent_equals_alone(SyntheticOptions opt, int n_jobs, int64_t chunk) {
+  SCOPED_TRACE(opt.arch);
+  const std::string path = testing::TempDir() + "ft_engine_" + opt.arch + "_" + std::to_string(getpid()) + ".gguf";
   opt.type = GGMLType::Q8_0;
-  opt.seed = 11;
   write_synthetic_model(opt, path);
   const auto model = Model::load(path);
-  const auto jobs = mixed_jobs(model->hparams().n_vocab, 16, 9);
+  const auto jobs = mixed_jobs(model->hparams().n_vocab, n_jobs, 9);
   Engine alone_engine(*model, config(256), {});
   const auto alone = run_jobs(alone_engine, jobs, false);
-  Engine engine(*model, config(GetParam()), {});
+  Engine engine(*model, config(chunk), {});
   expect_same_tokens(run_jobs(engine, jobs, true), alone);
   std::filesystem::remove(path);
+}
+
+TEST_P(ConcurrentEqualsAlone, SyntheticQwen2Q8) {
+  SyntheticOptions opt;
+  opt.arch = "qwen2";
+  opt.seed = 11;
+  expect_synthetic_concurrent_equals_alone(opt, 16, GetParam());
 }
 
 // The newer architectures through the scheduler: a mixture of experts (8 experts, 2 a token:
 // rows of other requests in a batch must not change a row's experts or their sum) and Gemma 3's
 // window pattern (window 8, 7 layers: layer 5 global) with chunked, concurrent prefill.
 TEST_P(ConcurrentEqualsAlone, SyntheticQwen3MoeAndGemma3) {
-  for (const char* arch : {"qwen3moe", "gemma3"}) {
-    SCOPED_TRACE(arch);
-    const std::string path = testing::TempDir() + "ft_engine_" + arch + "_" + std::to_string(getpid()) + ".gguf";
-    SyntheticOptions opt;
-    opt.arch = arch;
-    opt.type = GGMLType::Q8_0;
-    opt.seed = 13;
-    if (opt.arch == "qwen3moe") opt.n_experts = 8;
-    if (opt.arch == "gemma3") opt.n_layers = 7, opt.sliding_window = 8;
-    write_synthetic_model(opt, path);
-    const auto model = Model::load(path);
-    const auto jobs = mixed_jobs(model->hparams().n_vocab, 12, 9);
-    Engine alone_engine(*model, config(256), {});
-    const auto alone = run_jobs(alone_engine, jobs, false);
-    Engine engine(*model, config(GetParam()), {});
-    expect_same_tokens(run_jobs(engine, jobs, true), alone);
-    std::filesystem::remove(path);
-  }
+  SyntheticOptions moe;
+  moe.arch = "qwen3moe";
+  moe.seed = 13;
+  moe.n_experts = 8;
+  expect_synthetic_concurrent_equals_alone(moe, 12, GetParam());
+  SyntheticOptions gemma3;
+  gemma3.arch = "gemma3";
+  gemma3.seed = 13;
+  gemma3.n_layers = 7;
+  gemma3.sliding_window = 8;
+  expect_synthetic_concurrent_equals_alone(gemma3, 12, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkSizes, ConcurrentEqualsAlone, ::testing::Values(-1, 0, 7, 64, 256),
