@@ -109,6 +109,7 @@ TEST(Grammar, MaskAllowsExactlyTheTokensTheGrammarAccepts) {
 // 是 星: E6 98 AF / E6 98 9F), so that choices part inside a character.
 TEST(Grammar, ChoicesMatchExactlyTheirSet) {
   std::mt19937 rng(3);
+  const std::shared_ptr<const GrammarVocab> vocab = small_vocab();
   for (const std::vector<std::string>& alphabet : {std::vector<std::string>{"a", "b"},
                                                   std::vector<std::string>{"a", "\xC3\xA9", "\xC3\xA8", "\xE6\x98\xAF", "\xE6\x98\x9F"}}) {
     const size_t max_len = alphabet.size() == 2 ? 6 : 3;
@@ -125,12 +126,13 @@ TEST(Grammar, ChoicesMatchExactlyTheirSet) {
       const int n = 1 + int(rng() % 12);
       for (int k = 0; k < n; ++k) choices.push_back(shorter[rng() % shorter.size()]);
       const std::string g = choice_grammar(choices);
+      const std::shared_ptr<const Grammar> grammar = Grammar::parse(g);
       for (const std::string& s : all) {
         for (const std::string& t : {s, s + "\xC3", s + "\xE6\x98"}) {  // whole characters, then a character's first bytes
           const bool member = std::find(choices.begin(), choices.end(), t) != choices.end();
           bool prefix = false;
           for (const std::string& c : choices) prefix = prefix || c.compare(0, t.size(), t) == 0;
-          GrammarMatcher m(Grammar::parse(g), small_vocab());
+          GrammarMatcher m(grammar, vocab);
           const bool accepted = m.accept_bytes(t);
           ASSERT_EQ(accepted, prefix) << g << "'" << t << "'";
           ASSERT_EQ(accepted && m.complete(), member) << g << "'" << t << "'";
