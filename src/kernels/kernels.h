@@ -32,11 +32,16 @@ struct AttentionShape {
   float scale = 0;  // usually 1/sqrt(head_dim)
   float softcap = 0;   // > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
   int32_t window = 0;  // > 0: a query with n_ctx sees only positions [n_ctx - window, n_ctx)
+  // (n_heads,) or null: query head h's sink logit, one more term exp(sinks[h] - max) in its
+  // softmax's denominator and none in its output (gpt-oss's learned attention sinks; unscaled).
+  const float* sinks = nullptr;
 };
 
 // The gate activation of a gated FFN, A = act(X Wg^T) * (X Wu^T): SiLU (SwiGLU: llama, qwen2,
-// phi3) or GELU in its tanh form (GeGLU: gemma2).
-enum class GateAct { SiLU, GeluTanh };
+// phi3) or GELU in its tanh form (GeGLU: gemma2). SwigluOai (gpt-oss's experts) is not of that
+// form: A = g' sigmoid(1.702 g') (u' + 1) with g' = min(g, 7), u' = clamp(u, -7, 7); only
+// Backend::glu computes it (ffn_glu's fused epilogue refuses it).
+enum class GateAct { SiLU, GeluTanh, SwigluOai };
 
 enum class RopeStyle { Interleaved /* llama: pairs (2i, 2i+1) */, Halves /* neox/qwen2: (i, i+d/2) */ };
 

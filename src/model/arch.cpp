@@ -50,6 +50,32 @@ const TensorSpec kMoeFfn[] = {
   {"blk.{i}.ffn_up_exps.weight",   Role::WUpExps,   "w_up_exps",     E::ExpertFfn, E::Dim,       true, T::Weight, true, false, Init::Matrix, MoreBits::Never, true, true},
   {"blk.{i}.ffn_down_exps.weight", Role::WDownExps, "w_down_exps",   E::Dim,       E::ExpertFfn, true, T::Weight, true, false, Init::Matrix, MoreBits::SomeLayers, true, true},
 };
+// gpt-oss (OpenAI's MoE): Qwen2's Q/K/V biases and an output bias, each query head's attention
+// sink, the pre-FFN norm under the name post_attention_norm, and a router and experts with biases.
+const TensorSpec kGptOss[] = {
+  {"token_embd.weight",              Role::TokenEmbd,     "token_embd",    E::Vocab,     E::Dim,       true,  T::Weight, false, false, Init::Matrix},
+  {"blk.{i}.attn_norm.weight",       Role::AttnNorm,      "attn_norm",     E::Dim,       E::Dim,       false, T::F32,    true,  false, Init::Norm},
+  {"blk.{i}.attn_q.weight",          Role::Wq,            "wq",            E::QDim,      E::Dim,       true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.attn_q.bias",            Role::Bq,            "bq",            E::QDim,      E::QDim,      false, T::F32,    true,  false, Init::Bias},
+  {"blk.{i}.attn_k.weight",          Role::Wk,            "wk",            E::KvDim,     E::Dim,       true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.attn_k.bias",            Role::Bk,            "bk",            E::KvDim,     E::KvDim,     false, T::F32,    true,  false, Init::Bias},
+  {"blk.{i}.attn_v.weight",          Role::Wv,            "wv",            E::KvDim,     E::Dim,       true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.attn_v.bias",            Role::Bv,            "bv",            E::KvDim,     E::KvDim,     false, T::F32,    true,  false, Init::Bias},
+  {"blk.{i}.attn_output.weight",     Role::Wo,            "wo",            E::Dim,       E::QDim,      true,  T::Weight, true,  false, Init::Matrix},
+  {"blk.{i}.attn_output.bias",       Role::Bo,            "bo",            E::Dim,       E::Dim,       false, T::F32,    true,  false, Init::Bias},
+  {"blk.{i}.attn_sinks.weight",      Role::AttnSinks,     "attn_sinks",    E::Heads,     E::Heads,     false, T::F32,    true,  false, Init::Sink},
+  {"blk.{i}.post_attention_norm.weight", Role::FfnNorm,   "ffn_norm",      E::Dim,       E::Dim,       false, T::F32,    true,  false, Init::Norm},
+  {"blk.{i}.ffn_gate_inp.weight",    Role::MoeRouter,     "moe_router",    E::Experts,   E::Dim,       true,  T::F32,    true,  false, Init::Matrix},
+  {"blk.{i}.ffn_gate_inp.bias",      Role::MoeRouterBias, "moe_router_b",  E::Experts,   E::Experts,   false, T::F32,    true,  false, Init::Bias},
+  {"blk.{i}.ffn_gate_exps.weight",   Role::WGateExps,     "w_gate_exps",   E::ExpertFfn, E::Dim,       true,  T::Weight, true,  false, Init::Matrix, MoreBits::Never, true, true},
+  {"blk.{i}.ffn_gate_exps.bias",     Role::BGateExps,     "b_gate_exps",   E::ExpertFfn, E::ExpertFfn, false, T::F32,    true,  false, Init::Bias,   MoreBits::Never, true, true},
+  {"blk.{i}.ffn_up_exps.weight",     Role::WUpExps,       "w_up_exps",     E::ExpertFfn, E::Dim,       true,  T::Weight, true,  false, Init::Matrix, MoreBits::Never, true, true},
+  {"blk.{i}.ffn_up_exps.bias",       Role::BUpExps,       "b_up_exps",     E::ExpertFfn, E::ExpertFfn, false, T::F32,    true,  false, Init::Bias,   MoreBits::Never, true, true},
+  {"blk.{i}.ffn_down_exps.weight",   Role::WDownExps,     "w_down_exps",   E::Dim,       E::ExpertFfn, true,  T::Weight, true,  false, Init::Matrix, MoreBits::SomeLayers, true, true},
+  {"blk.{i}.ffn_down_exps.bias",     Role::BDownExps,     "b_down_exps",   E::Dim,       E::Dim,       false, T::F32,    true,  false, Init::Bias,   MoreBits::Never, true, true},
+  {"output_norm.weight",             Role::OutputNorm,    "output_norm",   E::Dim,       E::Dim,       false, T::F32,    false, false, Init::Norm},
+  {"output.weight",                  Role::Output,        "output",        E::Vocab,     E::Dim,       true,  T::Weight, false, true,  Init::Matrix, MoreBits::Always},
+};
 // Gemma 2: Llama's tensors (q_dim = heads * key_length, not dim) with a norm after attention and
 // one after the FFN (gemma2_tensors inserts them after wo and w_down).
 const TensorSpec kPostAttnNorm =
@@ -142,6 +168,10 @@ std::span<const ArchSpec> archs() {
                                    .swa_rope_base = 1e4f};
   static const ArchFeatures phi3{.swa = SwaLayers::All};
   static const ArchFeatures granite{.granite_scales = true};
+  // gpt-oss (llama.cpp's openai-moe): even layers windowed (128 positions), the experts' clamped
+  // SwiGLU; RoPE with YaRN from the file's keys.
+  static const ArchFeatures gpt_oss{.ffn_act = GateAct::SwigluOai, .swa = SwaLayers::Period, .swa_period = 2,
+                                    .sliding_window = 128};
   static const ArchSpec a[] = {
       {"llama", Arch::Llama, 1e-5f, 1e4f, RopeStyle::Interleaved, llama},
       {"qwen2", Arch::Qwen2, 1e-6f, 1e6f, RopeStyle::Halves, qwen2},
@@ -152,6 +182,7 @@ std::span<const ArchSpec> archs() {
       {"phi3", Arch::Phi3, 1e-5f, 1e4f, RopeStyle::Halves, phi3_t, phi3},
       // IBM Granite 3.x: Llama's tensors and four multipliers (ArchFeatures::granite_scales).
       {"granite", Arch::Granite, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama, granite},
+      {"gpt-oss", Arch::GptOss, 1e-5f, 150000.0f, RopeStyle::Halves, kGptOss, gpt_oss},
   };
   return a;
 }
@@ -200,6 +231,7 @@ int64_t extent(Extent e, const HParams& hp) {
     case Extent::RotHalf: return hp.rope.n_rot / 2;
     case Extent::Experts: return hp.n_experts;
     case Extent::ExpertFfn: return hp.expert_ffn_dim;
+    case Extent::Heads: return hp.n_heads;
   }
   return 0;
 }
@@ -241,6 +273,12 @@ WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
     case Role::WGateExps: return {&L->gate_exps, nullptr};
     case Role::WUpExps: return {&L->up_exps, nullptr};
     case Role::WDownExps: return {&L->down_exps, nullptr};
+    case Role::Bo: return {nullptr, &L->bo};
+    case Role::AttnSinks: return {nullptr, &L->attn_sinks};
+    case Role::MoeRouterBias: return {nullptr, &L->moe_router_b};
+    case Role::BGateExps: return {nullptr, &L->gate_exps_b};
+    case Role::BUpExps: return {nullptr, &L->up_exps_b};
+    case Role::BDownExps: return {nullptr, &L->down_exps_b};
   }
   return {};
 }
@@ -265,10 +303,13 @@ void fused_views(LayerWeights& L, const HParams& hp) {
   }
   if (L.gate_exps.data) {
     L.experts.resize(size_t(hp.n_experts));
+    auto rows_of = [](const float* stack, int64_t e, int64_t n) { return stack ? stack + e * n : nullptr; };
     for (int32_t e = 0; e < hp.n_experts; ++e)
       L.experts[size_t(e)] = {row_view(L.gate_exps, int64_t(e) * hp.expert_ffn_dim, hp.expert_ffn_dim),
                               row_view(L.up_exps, int64_t(e) * hp.expert_ffn_dim, hp.expert_ffn_dim),
-                              row_view(L.down_exps, int64_t(e) * hp.dim, hp.dim)};
+                              row_view(L.down_exps, int64_t(e) * hp.dim, hp.dim),
+                              rows_of(L.gate_exps_b, e, hp.expert_ffn_dim), rows_of(L.up_exps_b, e, hp.expert_ffn_dim),
+                              rows_of(L.down_exps_b, e, hp.dim)};
   }
 }
 

@@ -20,16 +20,17 @@ enum class Role {
   TokenEmbd, OutputNorm, Output, RopeFreqs, RopeLong, RopeShort,
   AttnNorm, Wq, Wk, Wv, WQkv, Bq, Bk, Bv, QNorm, KNorm, Wo, AttnPostNorm,
   FfnNorm, WGate, WUp, WGateUp, WDown, FfnPostNorm,
-  MoeRouter, WGateExps, WUpExps, WDownExps  // mixture of experts: the router, the experts' stacked FFNs
+  MoeRouter, WGateExps, WUpExps, WDownExps,  // mixture of experts: the router, the experts' stacked FFNs
+  Bo, AttnSinks, MoeRouterBias, BGateExps, BUpExps, BDownExps  // gpt-oss: biases and attention sinks
 };
 // A shape dimension, from the hyperparameters. QkvDim = q_dim + 2 kv_dim, Ffn2 = 2 ffn; Experts:
-// the expert count, ExpertFfn an expert's FFN width.
-enum class Extent { Dim, QDim, KvDim, QkvDim, HeadDim, Ffn, Ffn2, Vocab, RotHalf, Experts, ExpertFfn };
+// the expert count, ExpertFfn an expert's FFN width; Heads the query heads.
+enum class Extent { Dim, QDim, KvDim, QkvDim, HeadDim, Ffn, Ffn2, Vocab, RotHalf, Experts, ExpertFfn, Heads };
 enum class TypeClass { Weight /* any supported weight type */, F32 };
 // How the synthetic writer fills a tensor: matrices ~ N(0, 1/fan_in), norms ~ 1 + noise, biases
-// ~ small noise; in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
+// ~ small noise, attention sinks ~ N(0, 1) (as large as the scores they compete with); in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
 // or always).
-enum class Init { Matrix, Norm, Bias };
+enum class Init { Matrix, Norm, Bias, Sink };
 enum class MoreBits { Never, SomeLayers, Always };
 
 struct TensorSpec {
@@ -47,6 +48,7 @@ struct TensorSpec {
   bool synthetic = true;     // written by the synthetic writer
   // A stack of the experts' matrices: GGUF ne [cols, rows, n_experts], bound as one (n_experts *
   // rows, cols) matrix whose rows [e rows, (e + 1) rows) are expert e's (fused_views' row views).
+  // A stack of vectors (biases): ne [rows, n_experts], expert e's at e * rows.
   bool per_expert = false;
 };
 
@@ -95,7 +97,8 @@ constexpr bool dense_ffn_role(Role r) {
   return r == Role::WGate || r == Role::WUp || r == Role::WDown || r == Role::WGateUp;
 }
 constexpr bool expert_role(Role r) {
-  return r == Role::MoeRouter || r == Role::WGateExps || r == Role::WUpExps || r == Role::WDownExps;
+  return r == Role::MoeRouter || r == Role::WGateExps || r == Role::WUpExps || r == Role::WDownExps ||
+         r == Role::MoeRouterBias || r == Role::BGateExps || r == Role::BUpExps || r == Role::BDownExps;
 }
 bool has_dense_ffn(const ArchSpec& a);
 bool has_experts(const ArchSpec& a);

@@ -14,6 +14,8 @@
 //   qwen3, gemma3: each q and k head RMS-normed (q_norm, k_norm) before RoPE.
 //   gemma3: gemma2's post-norms, GELU and embedding scale, no soft caps; five windowed layers
 //           then a global one, the windowed ones rotating with their own base (rope_swa_).
+//   gpt-oss: Q/K/V and output biases; each query head's sink logit in its softmax; even layers
+//           windowed; experts with biases (router too) and the clamped SwiGLU (swiglu_oai).
 // Pipeline parallelism (StageLink, Model::stage): the layers are the stage's; the first stage
 // embeds, the others receive x from the previous stage; all but the last send x on (posted: the
 // next step may start here while the next stage runs this one; progress() between blocks lets
@@ -103,6 +105,9 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
     moe_fill_.resize(E);
     moe_rows_.resize(M * K);
     moe_row_weight_.resize(M * K);
+    // gpt-oss's experts run unfused (their biases, and an activation with no fused epilogue)
+    const bool biased = !w_.layers.empty() && w_.layers[0].gate_exps_b;
+    if (biased || hp.ffn_act == GateAct::SwigluOai) moe_up_.resize(M * size_t(hp.expert_ffn_dim));
   }
   // Interleaved (llama) pairs stay inside the GEMM epilogue's 16-column groups; neox-style
   // halves pairs do not, so Qwen2 keeps the separate RoPE pass, as do q/k norms (before RoPE)
@@ -171,9 +176,9 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
     n_ctx_[size_t(i)] = b.pos[i] + 1;
   }
   const AttentionShape shape{hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.attn_scale, hp.attn_softcap,
-                             hp.layer_window(hp.first_layer + il)};
+                             hp.layer_window(hp.first_layer + il), L.attn_sinks};
   be_.attention(q_, M, views_.data(), n_ctx_.data(), shape, attn_);
-  residual_add(il, LoraSlot::O, attn_, M, L.wo, L.attn_post_norm);  // x += [post_norm](attn · Woᵀ)
+  residual_add(il, LoraSlot::O, attn_, M, L.wo, L.attn_post_norm, L.bo);  // x += [post_norm](attn · Woᵀ [+ bo])
 }
 
 // x += W_down · (act(W_gate · rmsnorm(x)) ⊙ W_up · rmsnorm(x)), act = SiLU or GELU (gemma2)
@@ -189,7 +194,7 @@ void Forward::ffn_block(int32_t il, int64_t M) {
   }
   // act(h·W_gateᵀ [+ gate delta]) ⊙ (h·W_upᵀ [+ up delta])
   be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_, gu[0].n || gu[1].n ? gu : nullptr);
-  residual_add(il, LoraSlot::Down, gate_, M, L.w_down, L.ffn_post_norm);  // x += [post_norm](that · W_downᵀ)
+  residual_add(il, LoraSlot::Down, gate_, M, L.w_down, L.ffn_post_norm, nullptr);  // x += [post_norm](that · W_downᵀ)
 }
 
 // Mixture of experts on h = rmsnorm(x) (M, dim): each row's n_experts_used best experts by the
@@ -202,6 +207,7 @@ void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
   const HParams& hp = model_.hparams();
   const int64_t E = hp.n_experts, K = hp.n_experts_used, D = hp.dim;
   be_.matmul(h_, M, L.moe_router, moe_logits_.data());
+  if (L.moe_router_b) be_.add_bias(moe_logits_.data(), M, E, L.moe_router_b);
   std::fill(moe_offsets_.begin(), moe_offsets_.end(), 0);
   for (int64_t m = 0; m < M; ++m) {
     const float* l = moe_logits_.data() + m * E;
@@ -238,8 +244,20 @@ void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
     for (int32_t j = 0; j < n; ++j)
       std::memcpy(moe_in_.data() + j * D, h_ + int64_t(moe_rows_[size_t(r0 + j)]) * D, size_t(D) * sizeof(float));
     const LayerWeights::Expert& ex = L.experts[size_t(e)];
-    be_.ffn_glu(moe_in_.data(), n, ex.gate, ex.up, hp.ffn_act, gate_);
-    be_.matmul(gate_, n, ex.down, moe_out_.data());
+    if (moe_up_.empty()) {  // act(gate) ⊙ up in the GEMM's epilogue
+      be_.ffn_glu(moe_in_.data(), n, ex.gate, ex.up, hp.ffn_act, gate_);
+    } else {  // gpt-oss: biases before the activation, which has no fused form
+      const int64_t F = hp.expert_ffn_dim;
+      const Backend::MatmulTarget t[2] = {{ex.gate, gate_, F, ex.gate_b}, {ex.up, moe_up_.data(), F, ex.up_b}};
+      be_.matmul_multi(moe_in_.data(), n, t, 2);
+      be_.glu(gate_, moe_up_.data(), hp.ffn_act, gate_, n, F);
+    }
+    if (ex.down_b) {
+      const Backend::MatmulTarget down{ex.down, moe_out_.data(), D, ex.down_b};
+      be_.matmul_multi(gate_, n, &down, 1);
+    } else {
+      be_.matmul(gate_, n, ex.down, moe_out_.data());
+    }
     for (int32_t j = 0; j < n; ++j) {
       float* s = moe_sum_.data() + int64_t(moe_rows_[size_t(r0 + j)]) * D;
       const float* y = moe_out_.data() + j * D;
@@ -252,12 +270,17 @@ void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
 }
 
 // x += a · Wᵀ, fused into the GEMM's epilogue; with a post-norm (gemma2) x += rmsnorm(a · Wᵀ).
-// (With LoRA: a · Wᵀ + the adapters' deltas of slot s, in the same epilogue.)
+// (With LoRA: a · Wᵀ + the adapters' deltas of slot s, in the same epilogue.) A bias (gpt-oss's
+// output projection) is added after the products: x += a · Wᵀ, then x += bias.
 void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W,
-                           const float* post_norm) {
+                           const float* post_norm, const float* bias) {
   const HParams& hp = model_.hparams();
   const LoraDelta d = lora_shrink(il, lora_input(s), a, W.n_cols) ? lora_delta(il, s) : LoraDelta{};
-  if (!post_norm && !reduce_ && hp.residual_scale == 1.0f) return be_.matmul_add(a, M, W, x_, d);
+  if (!post_norm && !reduce_ && hp.residual_scale == 1.0f) {
+    be_.matmul_add(a, M, W, x_, d);
+    if (bias) be_.add_bias(x_, M, hp.dim, bias);
+    return;
+  }
   if (d.n == 0) {
     be_.matmul(a, M, W, h_);
   } else {  // (never with reduce_: enable_lora refuses it)
@@ -266,6 +289,7 @@ void Forward::residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, co
     be_.matmul_multi(a, M, &t, 1);
   }
   if (reduce_) reduce_->allreduce_sum(h_, M * hp.dim);  // tensor parallel: the ranks' partial sums
+  if (bias) be_.add_bias(h_, M, hp.dim, bias);
   if (post_norm) be_.rmsnorm(h_, post_norm, h_, M, hp.dim, hp.rms_eps);  // (in place: row by row)
   if (hp.residual_scale != 1.0f) be_.scale(h_, M * hp.dim, hp.residual_scale);
   be_.add(x_, h_, M, hp.dim);

@@ -16,7 +16,7 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite };
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss };
 // Which layers attend through the sliding window (HParams::sliding_window): none, all, or
 // those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
@@ -97,6 +97,8 @@ struct LayerWeights {
   const float* q_norm = nullptr;     // qwen3, gemma3: (head_dim,) RMSNorm of each q and k head, before RoPE
   const float* k_norm = nullptr;
   WeightView wo;                     // (dim, q_dim)
+  const float* bo = nullptr;         // gpt-oss: (dim,)
+  const float* attn_sinks = nullptr;  // gpt-oss: (n_heads,) each query head's sink logit (AttentionShape::sinks)
   const float* attn_post_norm = nullptr;  // gemma2: on the attention output before the residual add (dim,)
   const float* ffn_norm = nullptr;   // (dim,)
   WeightView w_gate, w_up;           // (ffn, dim)
@@ -106,8 +108,13 @@ struct LayerWeights {
   // dim), the stacked experts (n_experts * expert_ffn, dim) x 2 and (n_experts * dim, expert_ffn),
   // and each expert's row views of them (fused_views).
   WeightView moe_router, gate_exps, up_exps, down_exps;
+  // gpt-oss: the router's bias (n_experts,) and the experts' stacked biases (n_experts, expert_ffn)
+  // x 2 and (n_experts, dim); each expert's rows of them in Expert.
+  const float* moe_router_b = nullptr;
+  const float *gate_exps_b = nullptr, *up_exps_b = nullptr, *down_exps_b = nullptr;
   struct Expert {
     WeightView gate, up, down;  // (expert_ffn, dim), (expert_ffn, dim), (dim, expert_ffn)
+    const float *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;  // (gpt-oss) or null
   };
   std::vector<Expert> experts;
   const float* ffn_post_norm = nullptr;   // gemma2: on the FFN output before the residual add (dim,)
@@ -284,7 +291,8 @@ class Forward {
   void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
   void ffn_block(int32_t layer, int64_t M);
   void moe_ffn(const LayerWeights& L, int64_t M);
-  void residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W, const float* post_norm);
+  void residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W, const float* post_norm,
+                    const float* bias);
   void validate(const Batch& batch, const KVCache& kv) const;
   // LoRA (model/lora.cpp): the batch's runs of one adapter; the shrink of input `in` of layer
   // il (X (M, K) -> lora_ya_, every adapted segment in one call; false: none adapted); and the
@@ -312,7 +320,8 @@ class Forward {
   // n_experts); the rows routed to one expert gathered, and its output (max_batch, dim) each;
   // the weighted sum (max_batch, dim); each row's choices (max_batch, n_experts_used) as
   // (expert, weight); the rows of each expert in expert order (offsets (n_experts + 1,)).
-  std::vector<float> moe_logits_, moe_in_, moe_out_, moe_sum_, moe_weight_;
+  // the up projection's output where the experts run unfused (gpt-oss: (max_batch, expert_ffn)).
+  std::vector<float> moe_logits_, moe_in_, moe_out_, moe_sum_, moe_weight_, moe_up_;
   std::vector<int32_t> moe_choice_, moe_offsets_, moe_fill_, moe_rows_;
   std::vector<float> moe_row_weight_;
   std::vector<KVLayerView> views_;

@@ -78,6 +78,11 @@ class Binder {
     const GGUFTensorInfo* t = find(name, tc, {uint64_t(n)}, required);
     return t ? reinterpret_cast<const float*>(t->data) : nullptr;
   }
+  // ne [n, n_experts]: the experts' vectors back to back (TensorSpec::per_expert).
+  const float* vectors(const std::string& name, TypeClass tc, int64_t n, int64_t n_experts, bool required) {
+    const GGUFTensorInfo* t = find(name, tc, {uint64_t(n), uint64_t(n_experts)}, required);
+    return t ? reinterpret_cast<const float*>(t->data) : nullptr;
+  }
 
   uint64_t bytes() const { return bytes_; }
 
@@ -321,8 +326,10 @@ std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file, const RopeOve
   for_each_tensor(arch_spec(hp.arch), hp.n_layers, hp.n_experts > 0, [&](const TensorSpec& t, int32_t layer) {
     const std::string name = tensor_name(t, layer);
     const WeightSlot slot = weight_slot(w, t.role, layer);
-    if (t.per_expert)
+    if (t.per_expert && t.matrix)
       *slot.matrix = b.experts(name, t.type, extent(t.rows, hp), extent(t.cols, hp), hp.n_experts, !t.optional);
+    else if (t.per_expert)
+      *slot.vector = b.vectors(name, t.type, extent(t.rows, hp), hp.n_experts, !t.optional);
     else if (t.matrix)
       *slot.matrix = b.matrix(name, t.type, extent(t.rows, hp), extent(t.cols, hp), !t.optional);
     else

@@ -294,7 +294,13 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
         break;
       }
       case Init::Norm: plan.push_back({std::move(name), {rows}, GGMLType::F32, 1.0f, 0.05f}); break;
-      case Init::Bias: plan.push_back({std::move(name), {rows}, GGMLType::F32, 0.0f, 0.05f}); break;
+      case Init::Bias: {
+        std::vector<uint64_t> ne = {rows};
+        if (t.per_expert) ne.push_back(uint64_t(hp.n_experts));
+        plan.push_back({std::move(name), std::move(ne), GGMLType::F32, 0.0f, 0.05f});
+        break;
+      }
+      case Init::Sink: plan.push_back({std::move(name), {rows}, GGMLType::F32, 0.0f, 1.0f}); break;
     }
   });
 

@@ -257,7 +257,7 @@ class ProfilingBackend final : public Backend {
     const int64_t t0 = now_ns();
     in_->glu(gate, up, act, a, M, n);
     const uint64_t Mn = uint64_t(M) * uint64_t(n);
-    emit_rowwise(act == GateAct::GeluTanh ? "geglu" : "swiglu", t0, now_ns(), M, n, 5 * Mn, 12 * Mn);
+    emit_rowwise(act == GateAct::GeluTanh ? "geglu" : act == GateAct::SwigluOai ? "swiglu_oai" : "swiglu", t0, now_ns(), M, n, 5 * Mn, 12 * Mn);
   }
 
   void softcap(float* x, int64_t n, float cap) override {

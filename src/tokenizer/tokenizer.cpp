@@ -398,6 +398,16 @@ std::shared_ptr<Vocab> load_vocab(const GGUFFile& f) {
     for (const std::string_view eog_text : kEogTexts)
       if (v->text[id] == eog_text) v->eog[id] = 1;
   }
+  // gpt-oss's harmony format (o200k_harmony): <|end|> ends a message, not the generation (the
+  // analysis channel's message is followed by the final one); <|return|> and <|call|> end it.
+  // llama.cpp's rule: a vocabulary with both of those does not stop at <|end|>.
+  auto eog_named = [&](std::string_view text) {
+    for (TokenId id = 0; id < TokenId(n); ++id)
+      if (v->eog[id] && v->text[id] == text) return id;
+    return TokenId(-1);
+  };
+  if (eog_named("<|return|>") >= 0 && eog_named("<|call|>") >= 0)
+    for (TokenId end; (end = eog_named("<|end|>")) >= 0;) v->eog[end] = 0;
 
   v->byte_token.fill(-1);
   v->byte_piece.fill(-1);

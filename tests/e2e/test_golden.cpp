@@ -251,7 +251,8 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenTest);
 // qwen3 under YaRN (factor 4 over an original context of 64, so that the ramp spans pairs 0-3 of
 // 16 and the attention factor 1.14 applies); qwen3moe with 8 experts, 3 used per token (llama.cpp's
 // softmax gating, renormalised over the chosen), and llama with experts (Mixtral's files) 8 of 2;
-// granite with its four multipliers.
+// granite with its four multipliers; gpt-oss with 4 layers (0 and 2 windowed, window 8), heads
+// of 32 on dim 64, YaRN as above, 8 experts of which 3 used, every bias and each head's sink.
 struct OracleCase {
   const char* arch;
   int32_t layers, head_dim, window;
@@ -307,10 +308,13 @@ INSTANTIATE_TEST_SUITE_P(NewerArchitectures, OracleTest,
                                            OracleCase{"qwen3", 3, 32, 0, 4, "yarn", 64},
                                            OracleCase{"qwen3moe", 3, 32, 0, 0, "linear", 0, 8, 3},
                                            OracleCase{"llama", 3, 0, 0, 0, "linear", 0, 8, 2, 10},
-                                           OracleCase{"granite", 3, 0, 0, 0}),
+                                           OracleCase{"granite", 3, 0, 0, 0},
+                                           OracleCase{"gpt-oss", 4, 32, 8, 4, "yarn", 64, 8, 3}),
                          [](const auto& info) {
-                           return cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "",
-                                      info.param.n_experts ? "_moe" : "");
+                           std::string n = cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "",
+                                               info.param.n_experts ? "_moe" : "");
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
                          });
 
 }  // namespace

@@ -90,6 +90,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
              {"!", "<|im_start|>", "<|im_end|>", "h", "e", "l", "o", "he", "ll", "hell", "\xc4\xa0"}, "qwen2");
   write_seed(d + "/qwen3moe_tekken_f32.gguf", "qwen3moe", ft::GGMLType::F32,
              {"!", "<s>", "</s>", "h", "e", "l", "o", "he", "ll", "hell", "\xc4\xa0"}, "tekken");
+  write_seed(d + "/gptoss_o200k_bf16.gguf", "gpt-oss", ft::GGMLType::BF16,
+             {"!", "<|startoftext|>", "<|return|>", "h", "e", "l", "o", "he", "ll", "hell", "\xc4\xa0"}, "gpt-4o");
   std::exit(0);
 }
 

@@ -5,7 +5,7 @@ Pure Python 3 (standard library only), computed in double precision. Written fro
 the public semantics of the architectures (llama.cpp / HF transformers), not from
 this project's C++ code, so that it can serve as a test oracle.
 
-Supported architectures: llama, qwen2, qwen3, gemma2, gemma3, phi3.
+Supported architectures: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, granite, gpt-oss.
 Supported tensor types: F32, F16, BF16.
 
 Usage:
@@ -210,6 +210,16 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + math.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
 
 
+def swiglu_oai(g, u):
+    # gpt-oss's expert activation (llama.cpp's swiglu_oai: alpha 1.702, limit 7): the gate
+    # clamped from above, the linear part both ways and offset by one.
+    x = min(g, 7.0)
+    y = min(max(u, -7.0), 7.0)
+    z = 1.702 * x
+    sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+    return x * sig * (y + 1.0)
+
+
 def softcap(x, cap):
     return cap * math.tanh(x / cap)
 
@@ -270,6 +280,7 @@ ARCH_DEFAULTS = {
     "gemma3": (1e-6, 10000.0,   True,  "gelu"),
     "phi3":   (1e-5, 10000.0,   True,  "silu"),
     "granite": (1e-5, 10000.0,  False, "silu"),
+    "gpt-oss": (1e-5, 150000.0, True,  "swiglu_oai"),
 }
 
 
@@ -337,7 +348,11 @@ class Model:
             sys.stderr.write("warning: rope.scaling.type %r ignored (only 'linear' and 'yarn' are implemented)\n" % st)
         self.n_swa = int(kv("attention.sliding_window", 0) or 0)
         self.neox = neox
-        self.act = silu if act == "silu" else (gelu_f16_table if emulate else gelu_tanh)
+        if act == "swiglu_oai":
+            self.glu = swiglu_oai
+        else:
+            f = silu if act == "silu" else (gelu_f16_table if emulate else gelu_tanh)
+            self.glu = lambda g_, u_: f(g_) * u_
         self.attn_cap = None
         self.final_cap = None
         if arch == "gemma2":
@@ -400,6 +415,8 @@ class Model:
                 L.bq, L.bk, L.bv = opt("attn_q.bias"), opt("attn_k.bias"), opt("attn_v.bias")
             L.wo = g.matrix(p + "attn_output.weight")
             L.ro = self._rin(p + "attn_output.weight")
+            L.bo = opt("attn_output.bias")  # gpt-oss
+            L.sinks = opt("attn_sinks.weight")  # gpt-oss: (n_head,) one more logit per head
             L.q_norm = L.k_norm = None
             if arch in ("qwen3", "qwen3moe", "gemma3"):
                 L.q_norm = g.flat(p + "attn_q_norm.weight")
@@ -408,13 +425,19 @@ class Model:
             if arch in ("gemma2", "gemma3"):
                 L.post_attn_norm = g.flat(p + "post_attention_norm.weight")
                 L.post_ffw_norm = g.flat(p + "post_ffw_norm.weight")
-            L.ffn_norm = g.flat(p + "ffn_norm.weight")
+            # (gpt-oss names its pre-FFN norm post_attention_norm, as HF's config does)
+            L.ffn_norm = g.flat(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"))
             L.moe = None
-            if g.has(p + "ffn_gate_inp.weight"):  # qwen3moe; llama with experts (Mixtral)
+            if g.has(p + "ffn_gate_inp.weight"):  # qwen3moe; llama with experts (Mixtral); gpt-oss
                 # mixture of experts: router (n_expert, dim); experts' gate/up (ff, dim), down (dim, ff)
                 L.moe = (g.matrix(p + "ffn_gate_inp.weight"), g.experts(p + "ffn_gate_exps.weight"),
                          g.experts(p + "ffn_up_exps.weight"), g.experts(p + "ffn_down_exps.weight"),
                          int(kv("expert_used_count")))
+                # gpt-oss: the router's bias (n_expert,), the experts' biases (n_expert rows each)
+                L.moe_b = None
+                if g.has(p + "ffn_gate_inp.bias"):
+                    L.moe_b = (g.flat(p + "ffn_gate_inp.bias"), g.matrix(p + "ffn_gate_exps.bias"),
+                               g.matrix(p + "ffn_up_exps.bias"), g.matrix(p + "ffn_down_exps.bias"))
             elif arch == "phi3" and not g.has(p + "ffn_gate.weight"):
                 up = g.matrix(p + "ffn_up.weight")
                 L.wgate, L.wup = up[:self.n_ff], up[self.n_ff:]
@@ -436,6 +459,8 @@ class Model:
                     swa = ((il + 1) % 6 != 0)
                 elif arch == "phi3":
                     swa = True
+                elif arch == "gpt-oss":
+                    swa = (il % 2 == 0)  # llama.cpp's swa pattern 2
             L.window = self.n_swa if swa else 0
             # rope
             if arch == "gemma3" and swa:
@@ -585,20 +610,47 @@ class Model:
                         cap = self.attn_cap
                         scores = [cap * math.tanh(s_ / cap) for s_ in scores]
                     m = max(scores)
+                    if L.sinks is not None:  # gpt-oss: the sink counts in the max and the sum only
+                        m = max(m, L.sinks[j])
                     e = [math.exp(s_ - m) for s_ in scores]
                     z = sum(e)
+                    if L.sinks is not None:
+                        z += math.exp(L.sinks[j] - m)
                     probs = [w / z for w in e]
                     if self.f16_kv:
                         probs = f16v(probs)
                     vs = vc[kvh][lo:p + 1]
                     att.extend(sum(map(_mul, probs, col)) for col in zip(*vs))
                 a = matvec(L.wo, L.ro(att))
+                if L.bo is not None:
+                    a = add(a, L.bo)
                 if L.post_attn_norm is not None:
                     a = rmsnorm(a, L.post_attn_norm, eps)
                 x = add(x, [v * self.residual_scale for v in a])
                 h = rmsnorm(x, L.ffn_norm, eps)
-                act = self.act
-                if L.moe is not None:
+                glu = self.glu
+                if L.moe is not None and L.moe_b is not None:
+                    # gpt-oss (llama.cpp's build_moe_ffn with softmax-weight gating): the k
+                    # largest of the router's logits (+ bias), weighted by the softmax of those k;
+                    # each expert's gate, up and down with their biases, swiglu_oai between.
+                    router, gates, ups, downs, k = L.moe
+                    rb, gb, ub, db = L.moe_b
+                    logits = add(matvec(router, h), rb)
+                    order = sorted(range(len(logits)), key=lambda e: -logits[e])
+                    top = order[:k]
+                    if k < len(order):
+                        gap = logits[order[k - 1]] - logits[order[k]]
+                        cache["router_margin"][p] = min(gap, cache["router_margin"].get(p, gap))
+                    mx = logits[top[0]]
+                    ws = [math.exp(logits[e] - mx) for e in top]
+                    z = sum(ws)
+                    f = [0.0] * len(x)
+                    for e, w in zip(top, ws):
+                        gt = add(matvec(gates[e], h), gb[e])
+                        up = add(matvec(ups[e], h), ub[e])
+                        y = add(matvec(downs[e], [glu(gv, uv) for gv, uv in zip(gt, up)]), db[e])
+                        f = [fv + w / z * yv for fv, yv in zip(f, y)]
+                elif L.moe is not None:
                     # llama.cpp's build_moe_ffn (softmax gating, weights normalised): the softmax of
                     # the router's logits over all experts, the k most probable experts (argsort,
                     # descending), their probabilities renormalised to sum 1, and the sum of those
@@ -619,12 +671,12 @@ class Model:
                     for e in top:
                         gt = matvec(gates[e], h)
                         up = matvec(ups[e], h)
-                        y = matvec(downs[e], [act(gv) * uv for gv, uv in zip(gt, up)])
+                        y = matvec(downs[e], [glu(gv, uv) for gv, uv in zip(gt, up)])
                         f = [fv + probs[e] / wsum * yv for fv, yv in zip(f, y)]
                 else:
                     gt = matvec(L.wgate, L.rg(h))
                     up = matvec(L.wup, L.ru(h))
-                    f = matvec(L.wdown, L.rd([act(gv) * uv for gv, uv in zip(gt, up)]))
+                    f = matvec(L.wdown, L.rd([glu(gv, uv) for gv, uv in zip(gt, up)]))
                 if L.post_ffw_norm is not None:
                     f = rmsnorm(f, L.post_ffw_norm, eps)
                 new_xs.append(add(x, [v * self.residual_scale for v in f]))

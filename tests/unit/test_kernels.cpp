@@ -513,6 +513,15 @@ void check_rowwise_maps(Backend& be) {
           ASSERT_NEAR(a[i], want, 1e-6 * (std::fabs(want) + std::fabs(up[i]))) << "act " << int(act) << " i " << i;
         }
       }
+      // gpt-oss's: both inputs past its clamps (7) on either side
+      const auto g2 = randv(rng, size_t(M * n), 12.0f), u2 = randv(rng, size_t(M * n), 12.0f);
+      std::vector<float> a(size_t(M * n));
+      be.glu(g2.data(), u2.data(), GateAct::SwigluOai, a.data(), M, n);
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double x = std::min(double(g2[i]), 7.0), y = std::clamp(double(u2[i]), -7.0, 7.0);
+        const double want = x / (1.0 + std::exp(-1.702 * x)) * (y + 1.0);
+        ASSERT_NEAR(a[i], want, 1e-6 * (std::fabs(want) + std::fabs(y) + 1.0)) << "swiglu_oai " << g2[i] << " " << u2[i];
+      }
       for (float cap : {0.5f, 30.0f}) {
         auto x = randv(rng, size_t(M * n), 100.0f);
         const auto x0 = x;
@@ -615,7 +624,9 @@ void ref_attention(const float* q, int64_t M, const PagedKV& kv, const int* seq,
         sc[size_t(j)] = d;
         mx = std::max(mx, d);
       }
-      double sum = 0;
+      // A sink (gpt-oss): one more logit, in the maximum and the denominator only.
+      if (s.sinks) mx = std::max(mx, double(s.sinks[h]));
+      double sum = s.sinks ? std::exp(double(s.sinks[h]) - mx) : 0.0;
       for (int j = lo; j < n_ctx[m]; ++j) sum += (sc[size_t(j)] = std::exp(sc[size_t(j)] - mx));
       for (int j = lo; j < n_ctx[m]; ++j) {
         kv.load(seq[m], j, h / group, kk.data(), vv.data());
@@ -631,14 +642,21 @@ constexpr GGMLType kKvTypes[] = {GGMLType::F32, GGMLType::F16, GGMLType::BF16, G
 // against ref_attention; |v| <= 1, so 2e-5 absolute is the bound stated at the top.
 // The sliding window (odd widths: inside one chunk, across chunks so whole chunks are skipped,
 // wider than any context = none) and the soft cap, alone and together, on two of the shapes.
+// Sinks (gpt-oss) on two shapes, one with a window: each head's in [-4, 4], one far above every
+// score (+40: the outputs shrink toward 0) and one far below (-40: no effect).
 void check_attention(Backend& be, bool decode_alone_identical) {
   std::mt19937 rng(11);
-  struct Shape { int heads, kv_heads, hd; int window = 0; float softcap = 0; };
+  struct Shape { int heads, kv_heads, hd; int window = 0; float softcap = 0; bool sinks = false; };
   const Shape shapes[] = {{12, 4, 64}, {4, 4, 8}, {6, 1, 40}, {9, 3, 36}, {16, 2, 64},
-                          {6, 1, 40, 37}, {9, 3, 36, 0, 2.5f}, {12, 4, 64, 100, 1.5f}, {4, 4, 8, 1}, {4, 4, 8, 1000}};
+                          {6, 1, 40, 37}, {9, 3, 36, 0, 2.5f}, {12, 4, 64, 100, 1.5f}, {4, 4, 8, 1}, {4, 4, 8, 1000},
+                          {12, 4, 64, 0, 0, true}, {6, 1, 40, 37, 0, true}};
   for (GGMLType type : kKvTypes)
     for (Shape sh : shapes) {
-      const AttentionShape s{sh.heads, sh.kv_heads, sh.hd, 1.0f / std::sqrt(float(sh.hd)), sh.softcap, sh.window};
+      std::vector<float> sinks = randv(rng, size_t(sh.heads), 4.0f);
+      sinks[0] = 40.0f;
+      sinks[1] = -40.0f;
+      const AttentionShape s{sh.heads, sh.kv_heads, sh.hd, 1.0f / std::sqrt(float(sh.hd)), sh.softcap, sh.window,
+                             sh.sinks ? sinks.data() : nullptr};
       const int cap = 300;
       const PagedKV kv(rng, type, 2, cap, 16, sh.kv_heads, sh.hd);
       const int64_t qdim = int64_t(sh.heads) * sh.hd;
@@ -666,6 +684,7 @@ void check_attention(Backend& be, bool decode_alone_identical) {
           for (size_t i = 0; i < out.size(); ++i)
             ASSERT_NEAR(out[i], ref[i], 2e-5) << kv_type_name(type) << " heads " << sh.heads << "/" << sh.kv_heads
                                               << " hd " << sh.hd << " window " << sh.window << " softcap " << sh.softcap
+                                              << " sinks " << sh.sinks
                                               << " p0 " << p0 << " chunk " << chunk << " at " << i;
           if (!decode_alone_identical) continue;
           // Each entry alone (decode-style) gives bit-identical results.

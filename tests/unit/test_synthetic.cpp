@@ -76,7 +76,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
     for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
       out.push_back({"tiny", t, arch});
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
@@ -101,7 +101,7 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   for (const auto& x : synthetic_shapes())
     if (x.name == c.shape) s = &x;
   ASSERT_NE(s, nullptr);
-  const bool qwen = c.arch == "qwen2";
+  const bool qwen = c.arch == "qwen2" || c.arch == "gpt-oss";  // (Q/K/V biases)
   const ArchSpec* spec = find_arch(c.arch);
   ASSERT_NE(spec, nullptr);
   EXPECT_EQ(hp.arch, spec->arch);
@@ -127,13 +127,15 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
     EXPECT_NE(m->weights().layers[0].bq, nullptr);
   }
 
-  // Matrices (a mixture of experts' stacks too) in the requested type; vectors and a router in F32.
+  // Matrices (a mixture of experts' stacks too) in the requested type; vectors (the experts'
+  // stacked biases too) and a router in F32.
   for (const auto& t : m->file().tensors()) {
     SCOPED_TRACE(t.name);
     const bool router = t.name.find("ffn_gate_inp") != std::string::npos;
-    EXPECT_EQ(t.type, t.ne.size() >= 2 && !router ? c.type : GGMLType::F32);
+    const bool bias = t.name.ends_with(".bias");
+    EXPECT_EQ(t.type, t.ne.size() >= 2 && !router && !bias ? c.type : GGMLType::F32);
   }
-  if (c.arch == "qwen3moe") {
+  if (c.arch == "qwen3moe" || c.arch == "gpt-oss") {
     EXPECT_EQ(hp.n_experts, 4);
     EXPECT_EQ(hp.n_experts_used, 2);
     EXPECT_EQ(hp.expert_ffn_dim, s->ffn_dim);
@@ -146,7 +148,14 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
         EXPECT_EQ(L.experts[e].gate.data, static_cast<const uint8_t*>(L.gate_exps.data) + e * s->ffn_dim * rb);
         EXPECT_EQ(L.experts[e].down.n_rows, hp.dim);
         EXPECT_EQ(L.experts[e].down.n_cols, s->ffn_dim);
+        // gpt-oss: each expert's rows of the stacked biases
+        EXPECT_EQ(L.experts[e].gate_b, L.gate_exps_b ? L.gate_exps_b + e * size_t(s->ffn_dim) : nullptr);
+        EXPECT_EQ(L.experts[e].down_b, L.down_exps_b ? L.down_exps_b + e * size_t(hp.dim) : nullptr);
       }
+      EXPECT_EQ(L.attn_sinks != nullptr, c.arch == "gpt-oss");
+      EXPECT_EQ(L.bo != nullptr, c.arch == "gpt-oss");
+      EXPECT_EQ(L.moe_router_b != nullptr, c.arch == "gpt-oss");
+      EXPECT_EQ(L.up_exps_b != nullptr, c.arch == "gpt-oss");
     }
   }
   // Weight statistics: matrix rows ~ N(0, 1/fan_in), norms ~ 1.
@@ -175,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases
 // table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
 // are unique within an architecture.
 TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
     const ArchSpec* spec = find_arch(arch);
     ASSERT_NE(spec, nullptr) << arch;
     SyntheticOptions opt;
@@ -200,7 +209,7 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
-  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, granite");
+  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, granite, gpt-oss");
 }
 
 // Phi-3's fused tensors bind whole, and the per-projection weights are row views into them (no

@@ -445,6 +445,36 @@ TEST(Tokenizer, ParseSpecialOnLlama3) {
   EXPECT_EQ(std::count(header.begin(), header.end(), 128009), 1);
 }
 
+// gpt-oss's harmony vocabulary: <|end|> closes the analysis message and the final one follows, so
+// with <|return|> and <|call|> present <|end|> does not end the generation (llama.cpp's rule);
+// without them (Phi-3's <|end|>) it does. A byte-level vocabulary written here, its specials
+// control tokens.
+TEST(Tokenizer, HarmonyEndsAtReturnOrCallNotEnd) {
+  for (const bool harmony : {true, false}) {
+    std::vector<std::string> tokens = {"!", "<|startoftext|>", "<|endoftext|>", "h", "i", "<|end|>"};
+    if (harmony) tokens.insert(tokens.end(), {"<|return|>", "<|call|>"});
+    std::vector<int32_t> types(tokens.size(), 1);
+    for (size_t i = 1; i < tokens.size(); ++i) types[i] = tokens[i].starts_with("<|") ? 3 : 1;
+    GGUFWriter w;
+    w.set("general.architecture", GGUFValue::of_str("gpt-oss"));
+    w.set("tokenizer.ggml.model", GGUFValue::of_str("gpt2"));
+    w.set("tokenizer.ggml.pre", GGUFValue::of_str("gpt-4o"));
+    w.set("tokenizer.ggml.tokens", GGUFValue::of_str_array(tokens));
+    w.set("tokenizer.ggml.token_type", GGUFValue::of_i32_array(types));
+    w.set("tokenizer.ggml.merges", GGUFValue::of_str_array({"h i"}));
+    w.set("tokenizer.ggml.eos_token_id", GGUFValue::of_u32(harmony ? 6 : 5));
+    const auto bytes = w.to_bytes();
+    const auto file = GGUFFile::parse(bytes.data(), bytes.size(), "harmony");
+    const Tokenizer t = Tokenizer::from_gguf(*file);
+    EXPECT_EQ(t.is_eog(5), !harmony) << "<|end|>";
+    if (harmony) {
+      EXPECT_TRUE(t.is_eog(6)) << "<|return|>";
+      EXPECT_TRUE(t.is_eog(7)) << "<|call|>";
+    }
+    EXPECT_TRUE(t.is_eog(2)) << "<|endoftext|>";
+  }
+}
+
 TEST(Tokenizer, SpmSpacePrefixAfterSpecialTokens) {
   FT_REQUIRE_SHARED(path, "tokenizer/ggml-vocab-llama-spm.gguf");
   const Tokenizer& tok = load_vocab(path);

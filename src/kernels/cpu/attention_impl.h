@@ -73,6 +73,17 @@ struct Attention {
   // registers as they are used; above it (prefill), once per chunk into f32 scratch shared by all
   // rows. The same values in the same fma order either way: results are bit-identical.
   static constexpr int kWidenInRegistersRows = 8;
+  // What O (= sum_j exp(s_j - m) v_j, over l = sum_j exp(s_j - m)) is multiplied by when the
+  // softmax's denominator also counts exp(sink - max): 1 / (l + exp(sink - m)), computed
+  // against the larger of sink and m so that nothing overflows. Scalar (std::exp), so every
+  // ISA's result is the same.
+  static float sink_scale(float sink, float m, float l) {
+    if (sink > m) {
+      const float a = std::exp(m - sink);
+      return a / (l * a + 1.0f);
+    }
+    return 1.0f / (l + std::exp(sink - m));
+  }
   static Scratch& scratch() {
     static thread_local Scratch s;
     return s;
@@ -224,7 +235,8 @@ struct Attention {
     }
     for (int r = 0; r < rows; ++r) {
       float* o = out + (i0 + r / group) * qdim + int64_t(g * group + r % group) * hd;
-      const float inv = 1.0f / s.l[r];
+      float inv = 1.0f / s.l[r];
+      if (sh.sinks) inv = sink_scale(sh.sinks[g * group + r % group], s.m[r], s.l[r]);
       for (int d = 0; d < hd; ++d) o[d] = s.O[r * hd + d] * inv;
     }
   }

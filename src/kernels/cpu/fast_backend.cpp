@@ -187,6 +187,7 @@ class CpuFastBackend final : public Backend {
                float* A, const LoraDelta* lora) override {
     if (Wg.n_rows != Wu.n_rows || Wg.n_cols != Wu.n_cols)
       fail("ffn_glu: gate and up weights differ in shape");
+    if (act == GateAct::SwigluOai) fail("ffn_glu: the swiglu_oai activation has no fused epilogue (use glu)");
     cpu::GemmSeg g[2] = {seg_of(Wg, A, Wg.n_rows, nullptr), seg_of(Wu, nullptr, 0, nullptr)};
     if (lora) {
       g[0].lora = checked(lora[0], Wg.n_rows, M);

@@ -147,7 +147,9 @@ class CpuReferenceBackend final : public Backend {
             scores[size_t(j)] = dot;
             mx = std::max(mx, dot);
           }
-          float sum = 0;
+          // gpt-oss's sink: one more logit in the denominator (and in the maximum), no value.
+          if (s.sinks) mx = std::max(mx, s.sinks[h]);
+          float sum = s.sinks ? std::exp(s.sinks[h] - mx) : 0.0f;
           for (int32_t j = j0; j < n; ++j) {
             scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
             sum += scores[size_t(j)];

@@ -114,7 +114,9 @@ void rope(float* x, int64_t M, int32_t n_heads, int32_t head_dim, const int32_t*
 }
 
 void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n) {
-  if (act == GateAct::GeluTanh) {
+  if (act == GateAct::SwigluOai) {
+    for (int64_t i = 0; i < M * n; ++i) a[i] = swiglu_oai(gate[i], up[i]);
+  } else if (act == GateAct::GeluTanh) {
     for (int64_t i = 0; i < M * n; ++i) a[i] = gelu_tanh(gate[i]) * up[i];
   } else {
     for (int64_t i = 0; i < M * n; ++i) a[i] = silu(gate[i]) * up[i];

@@ -1,6 +1,7 @@
 // The cheap row-wise ops, one plain implementation shared by the reference and the fast CPU
 // backends (shape contracts as in kernels.h).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -58,6 +59,13 @@ inline float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kA * x * x)));
 }
 inline float gate_act(GateAct act, float x) { return act == GateAct::GeluTanh ? gelu_tanh(x) : silu(x); }
+// gpt-oss's (llama.cpp's swiglu_oai, alpha 1.702, limit 7): the gate clamped from above only,
+// the linear part both ways and offset by 1.
+inline float swiglu_oai(float g, float u) {
+  constexpr float kAlpha = 1.702f, kLimit = 7.0f;
+  const float x = std::min(g, kLimit), y = std::clamp(u, -kLimit, kLimit);
+  return x / (1.0f + exp_cephes(-kAlpha * x)) * (y + 1.0f);
+}
 void glu(const float* gate, const float* up, GateAct act, float* a, int64_t M, int64_t n);
 void softcap(float* x, int64_t n, float cap);
 // The contract of ft::exp_shifted (kernels.h), scalar: out[i] = exp_cephes((x[i] - shift) / div).
