@@ -6,7 +6,7 @@ the public semantics of the architectures (llama.cpp / HF transformers), not fro
 this project's C++ code, so that it can serve as a test oracle.
 
 Supported architectures: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, granite, gpt-oss.
-Supported tensor types: F32, F16, BF16.
+Supported tensor types: F32, F16, BF16, Q8_0, MXFP4 (matrices; token rows: F32, F16, BF16).
 
 Usage:
   ref_forward.py MODEL.gguf --tokens 1,403,407 [--out all|last]
@@ -28,12 +28,14 @@ from array import array
 # ----------------------------------------------------------------------------- GGUF
 
 GGUF_MAGIC = b"GGUF"
-T_F32, T_F16, T_BF16 = 0, 1, 30
+T_F32, T_F16, T_BF16, T_Q8_0, T_MXFP4 = 0, 1, 30, 8, 39
+# MXFP4 (gpt-oss's experts, ggml's kvalues_mxfp4): E2M1 values doubled, under the half scale
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
               9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
               15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
               20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
-              26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16"}
+              26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 39: "MXFP4"}
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B",
            10: "<Q", 11: "<q", 12: "<d"}
@@ -46,6 +48,7 @@ class GGUFError(Exception):
 class GGUF:
     def __init__(self, path):
         self.path = path
+        self._rows_cache = {}
         f = open(path, "rb")
         self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         f.close()
@@ -139,7 +142,23 @@ class GGUF:
             if sys.byteorder != "little":
                 fa.byteswap()
             return fa.tolist()
-        raise GGUFError("tensor %s has type %s (%d): this oracle supports only F32, F16 and BF16"
+        if ttype == T_Q8_0:  # blocks of 32: f16 d, int8 q[32]; x = d q
+            out = []
+            for b in range(n // 32):
+                o = start + 34 * b
+                d = struct.unpack_from("<e", self.buf, o)[0]
+                out.extend(d * q for q in struct.unpack_from("<32b", self.buf, o + 2))
+            return out
+        if ttype == T_MXFP4:  # blocks of 32: uint8 e, 16 bytes of nibbles (low: j, high: j + 16)
+            out = []
+            for b in range(n // 32):
+                o = start + 17 * b
+                d = math.ldexp(1.0, self.buf[o] - 128)  # 2^(e - 128): E8M0's scale, halved
+                qs = self.buf[o + 1:o + 17]
+                out.extend(KVALUES_MXFP4[q & 15] * d for q in qs)
+                out.extend(KVALUES_MXFP4[q >> 4] * d for q in qs)
+            return out
+        raise GGUFError("tensor %s has type %s (%d): this oracle supports only F32, F16, BF16, Q8_0 and MXFP4"
                         % (name, TYPE_NAMES.get(ttype, "?"), ttype))
 
     def matrix(self, name):
@@ -172,7 +191,11 @@ class GGUF:
         if ttype == T_BF16:
             hs = struct.unpack_from("<%dH" % cols, self.buf, start + 2 * cols * r)
             return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in hs]
-        raise GGUFError("tensor %s has type %s (%d): this oracle supports only F32, F16 and BF16"
+        if ttype in (T_Q8_0, T_MXFP4):  # (block types: the whole tensor once, then rows of it)
+            if name not in self._rows_cache:
+                self._rows_cache[name] = self.flat(name)
+            return self._rows_cache[name][cols * r:cols * (r + 1)]
+        raise GGUFError("tensor %s has type %s (%d): this oracle supports only F32, F16, BF16, Q8_0 and MXFP4"
                         % (name, TYPE_NAMES.get(ttype, "?"), ttype))
 
 
