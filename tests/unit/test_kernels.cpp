@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -848,7 +849,8 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
 constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K,
-                                       GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS};
+                                       GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS,
+                                       GGMLType::MXFP4};
 
 // W's rows converted to panel_type (convert_rows), and their values.
 QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
@@ -1102,11 +1104,59 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
       bitwise += same;
     }
     EXPECT_LE(exact, bitwise) << type_traits(t).name;  // exact blocks decode to the same values
-    if (t == GGMLType::Q5_0 || t == GGMLType::IQ4_NL || t == GGMLType::Q3_K) {
+    if (t == GGMLType::Q5_0 || t == GGMLType::IQ4_NL || t == GGMLType::Q3_K || t == GGMLType::MXFP4) {
       EXPECT_EQ(exact, nb) << type_traits(t).name;
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),
                 type_traits(cpu::panel_type(t)).name.data(), (long long)exact, (long long)nb);
+  }
+}
+
+// MXFP4 blocks across the E8M0 range: those whose scale 2^(e - 128) is an f16 (e in [104, 143])
+// convert exactly (d = that f16, q = kvalues[q]), bit for bit; larger scales (to 2^19, where
+// Q8_0's f16 d still holds 12 x 2^19 / 127) are requantized within Q8_0's own rounding; smaller
+// ones are not exact (their values fall below f16's subnormals, so Q8_0 cannot hold them) unless
+// the block is all zeros.
+TEST(Requantize, Mxfp4ExactWhereTheScaleIsAnF16) {
+  std::mt19937 rng(9);
+  const int64_t N = 3, K = 32 * 48, nb = N * K / 32;
+  std::vector<uint8_t> rows(size_t(nb) * 17);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = rows.data() + 17 * b;
+    blk[0] = uint8_t(100 + b % 48);  // e in [100, 147]
+    for (int j = 1; j < 17; ++j) blk[j] = uint8_t(rng());
+    blk[1] = 0x77;  // (+12 in elements 0 and 16: every block's amax is 12 * 2^(e - 128))
+  }
+  EXPECT_EQ(cpu::mxfp4_f16_scale(103), 0);
+  EXPECT_EQ(cpu::mxfp4_f16_scale(104), 0x0001);  // 2^-24, the least f16 subnormal
+  EXPECT_EQ(cpu::mxfp4_f16_scale(113), 0x0200);  // 2^-15, a subnormal
+  EXPECT_EQ(cpu::mxfp4_f16_scale(114), 0x0400);  // 2^-14, the least normal
+  EXPECT_EQ(cpu::mxfp4_f16_scale(128), 0x3C00);  // 1
+  EXPECT_EQ(cpu::mxfp4_f16_scale(143), 0x7800);  // 2^15
+  EXPECT_EQ(cpu::mxfp4_f16_scale(144), 0);
+  EXPECT_EQ(cpu::mxfp4_f16_scale(0), 0);
+  std::vector<uint8_t> q8(size_t(nb) * 34);
+  const int64_t exact = cpu::convert_rows(GGMLType::MXFP4, rows.data(), uint64_t(K / 32 * 17), N, K, q8.data());
+  EXPECT_EQ(exact, N * 40);  // e in [104, 143]
+  std::vector<float> w(size_t(N * K)), v(size_t(N * K));
+  dequantize_row(GGMLType::MXFP4, rows.data(), w.data(), N * K);
+  dequantize_row(GGMLType::Q8_0, q8.data(), v.data(), N * K);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int e = rows[size_t(17 * b)];
+    const auto* o = reinterpret_cast<const blocks::Q8_0*>(q8.data()) + b;
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(w[size_t(32 * b + i)]));
+    for (int i = 0; i < 32; ++i) {
+      const float x = w[size_t(32 * b + i)], y = v[size_t(32 * b + i)];
+      if (e >= 104 && e <= 143) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(y), std::bit_cast<uint32_t>(x)) << "e " << e << " i " << i;
+        const int qi = i < 16 ? rows[size_t(17 * b + 1 + i)] & 15 : rows[size_t(17 * b + 1 + i - 16)] >> 4;
+        ASSERT_EQ(int(o->qs[i]), int(blocks::kValuesMXFP4[qi])) << "e " << e << " i " << i;
+        ASSERT_EQ(load_u16(o->d), cpu::mxfp4_f16_scale(uint8_t(e)));
+      } else if (e > 143) {
+        ASSERT_LE(std::fabs(y - x), amax / 127 * (0.5f + 127 * 0x1p-11f) * (1 + 1e-6f)) << "e " << e << " i " << i;
+      }
+    }
   }
 }
 

@@ -40,6 +40,7 @@ GGMLType panel_type(GGMLType t) {
   switch (t) {
     case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q2_K:
     case GGMLType::Q3_K: case GGMLType::Q5_K: case GGMLType::IQ4_NL: case GGMLType::IQ4_XS:
+    case GGMLType::MXFP4:
       return GGMLType::Q8_0;
     default:
       return t;
@@ -61,10 +62,17 @@ uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
       const uint16_t h = f32_to_f16(dl);
       return f16_to_f32(h) == dl ? h : 0;
     }
+    case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
     default: return 0;
   }
 }
 }  // namespace
+
+uint16_t mxfp4_f16_scale(uint8_t e) {
+  const float d = blocks::e8m0_to_fp32_half(e);  // 2^(e - 128)
+  const uint16_t h = f32_to_f16(d);
+  return f16_to_f32(h) == d ? h : 0;  // an f16 for e - 128 in [-24, 15]
+}
 
 int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                      uint8_t* out) {

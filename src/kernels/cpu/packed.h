@@ -105,7 +105,8 @@ struct Q6KQuadCursor {
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
 // values are int8 multiples of one f16 scale is stored exactly: every Q5_0 block (d, q - 16),
-// every IQ4_NL block (d, kvalues[q]), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
+// every IQ4_NL block (d, kvalues[q]), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
+// [-24, 15]: (2^(e - 128), kvalues[q]), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
 // d (ls - 32) is an f16. The others (the min types Q4_1, Q5_1, Q2_K, Q5_K, and the IQ4_XS rest)
 // are requantized from their exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 *
@@ -119,6 +120,10 @@ GGMLType panel_type(GGMLType t);
 // values.
 int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                      uint8_t* out);
+
+// The f16 bits of MXFP4's block scale 2^(e - 128) where it is an f16 (normal or subnormal:
+// e - 128 in [-24, 15]), else 0.
+uint16_t mxfp4_f16_scale(uint8_t e);
 
 // Weight types multiplied on the integer path.
 inline bool is_int_type(GGMLType t) {
