@@ -13,7 +13,7 @@ struct Entry {
   TypeTraits traits;
 };
 // From ggml's type table (block size, bytes per block).
-constexpr std::array<Entry, 33> kTypes = {{
+constexpr std::array<Entry, 34> kTypes = {{
     {0, {"f32", 1, 4, true}},        {1, {"f16", 1, 2, true}},
     {2, {"q4_0", 32, 18, true}},     {3, {"q4_1", 32, 20, true}},
     {6, {"q5_0", 32, 22, true}},     {7, {"q5_1", 32, 24, true}},
@@ -29,8 +29,8 @@ constexpr std::array<Entry, 33> kTypes = {{
     {26, {"i32", 1, 4, true}},       {27, {"i64", 1, 8, true}},
     {28, {"f64", 1, 8, true}},       {29, {"iq1_m", 256, 56, true}},
     {30, {"bf16", 1, 2, true}},      {34, {"tq1_0", 256, 54, true}},
-    {35, {"tq2_0", 256, 66, true}},  {4, {"q4_2(removed)", 0, 0, false}},
-    {5, {"q4_3(removed)", 0, 0, false}},
+    {35, {"tq2_0", 256, 66, true}},  {39, {"mxfp4", 32, 17, true}},
+    {4, {"q4_2(removed)", 0, 0, false}}, {5, {"q4_3(removed)", 0, 0, false}},
 }};
 }  // namespace
 
@@ -45,6 +45,7 @@ constexpr GGMLType kSupported[] = {
     GGMLType::F32,  GGMLType::F16,  GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
     GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K, GGMLType::Q3_K,
     GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS,
+    GGMLType::MXFP4,
 };
 }  // namespace
 

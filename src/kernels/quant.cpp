@@ -225,6 +225,16 @@ void dequant_iq4_nl(const blocks::IQ4_NL* b, float* y, int64_t nb) {
   }
 }
 
+void dequant_mxfp4(const blocks::MXFP4* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = blocks::e8m0_to_fp32_half(b[i].e);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = float(blocks::kValuesMXFP4[b[i].qs[j] & 0xF]) * d;
+      y[j + 16] = float(blocks::kValuesMXFP4[b[i].qs[j] >> 4]) * d;
+    }
+  }
+}
+
 void dequant_iq4_xs(const blocks::IQ4_XS* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
@@ -813,6 +823,42 @@ void quant_iq4(const float* x, int n_sub, uint8_t* dh, uint8_t* q4, uint8_t* sca
     for (int j = 0; j < 16; ++j) q4[16 * i + j] = uint8_t(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
 }
 
+// ggml's best_index_mxfp4: the level nearest x under scale d, first (lowest index) on ties.
+int best_index_mxfp4(float x, float d) {
+  int best = 0;
+  float best_err = std::fabs(float(blocks::kValuesMXFP4[0]) * d - x);
+  for (int i = 1; i < 16; ++i) {
+    const float err = std::fabs(float(blocks::kValuesMXFP4[i]) * d - x);
+    if (err < best_err) {
+      best = i;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+// ggml quantize_row_mxfp4_ref: e = floor(log2(amax)) - 2 + 127 (so amax / 2^(e - 127) lies in
+// [4, 8): the largest level, 6 = 12 * 2^(e - 128) / 2^(e - 127), is at most amax), each value its
+// nearest level. (ggml converts that float to uint8_t directly; for amax < 2^-125 it is
+// negative, which x86 truncates modulo 256 through a 32-bit cvttss2si: the same as here.)
+void quant_mxfp4(const float* x, blocks::MXFP4* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j)
+      if (amax < std::fabs(x[j])) amax = std::fabs(x[j]);
+    uint8_t e = 0;
+    if (amax > 0.0f) {
+      const float f = std::floor(std::log2(amax)) - 2 + 127;
+      const int32_t n = f >= -2147483648.0f && f < 2147483648.0f ? int32_t(f) : INT32_MIN;  // (cvttss2si)
+      e = uint8_t(uint32_t(n) & 0xFF);
+    }
+    const float d = blocks::e8m0_to_fp32_half(e);
+    b[i].e = e;
+    for (int j = 0; j < 16; ++j)
+      b[i].qs[j] = uint8_t(best_index_mxfp4(x[j], d) | (best_index_mxfp4(x[j + 16], d) << 4));
+  }
+}
+
 // Blocks in a row of n elements of a supported type; fails on unsupported types and on n not a
 // multiple of the block size.
 int64_t block_count(GGMLType type, int64_t n, const char* what) {
@@ -822,7 +868,7 @@ int64_t block_count(GGMLType type, int64_t n, const char* what) {
     case GGMLType::F16:
     case GGMLType::BF16: bs = 1; break;
     case GGMLType::Q8_0: case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0:
-    case GGMLType::Q5_1: case GGMLType::IQ4_NL: bs = 32; break;
+    case GGMLType::Q5_1: case GGMLType::IQ4_NL: case GGMLType::MXFP4: bs = 32; break;
     case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q4_K: case GGMLType::Q5_K:
     case GGMLType::Q6_K: case GGMLType::IQ4_XS: bs = QK_K; break;
     default:
@@ -865,6 +911,7 @@ void dequantize_row(GGMLType type, const void* src, float* dst, int64_t n) {
     case GGMLType::Q5_K: dequant_q5_k(static_cast<const blocks::Q5_K*>(src), dst, nb); break;
     case GGMLType::IQ4_NL: dequant_iq4_nl(static_cast<const blocks::IQ4_NL*>(src), dst, nb); break;
     case GGMLType::IQ4_XS: dequant_iq4_xs(static_cast<const blocks::IQ4_XS*>(src), dst, nb); break;
+    case GGMLType::MXFP4: dequant_mxfp4(static_cast<const blocks::MXFP4*>(src), dst, nb); break;
     default: break;  // rejected by block_count
   }
 }
@@ -905,6 +952,7 @@ void quantize_row(GGMLType type, const float* src, void* dst, int64_t n) {
         quant_iq4(src + QK_K * i, 8, b.d, b.qs, b.scales_h, b.scales_l);
       }
       break;
+    case GGMLType::MXFP4: quant_mxfp4(src, static_cast<blocks::MXFP4*>(dst), nb); break;
     default: break;
   }
 }

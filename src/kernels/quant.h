@@ -19,6 +19,8 @@
 //         as Q4_K with a 5th bit per elem
 //   IQ4_XS: 256 elems/block { f16 d; u16 scales_h; uint8 scales_l[4]; uint8 qs[128]; }  6-bit
 //         scale per 32, x = d*(ls-32)*kvalues[q]
+//   MXFP4: 32 elems/block { uint8 e; uint8 qs[16]; }  nibbles as Q4_0 index the doubled E2M1
+//         values {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12}, x = kvalues[q] * 2^(e - 128)
 //   F16, BF16, F32: plain.
 // (Byte layouts in quant_blocks.h.)
 #pragma once

@@ -77,6 +77,20 @@ struct IQ4_XS {
   uint8_t scales_l[QK_K / 64];  // low 4 bits of sub-block j's scale at nibble j%2 of [j/2]
   uint8_t qs[QK_K / 2];       // per 32 elems: 16 bytes as IQ4_NL; x = d*(ls-32)*kvalues_iq4nl[q]
 };
+// MXFP4 (gpt-oss's experts): an E8M0 shared exponent and 32 FP4 (E2M1) values as 4-bit indices.
+struct MXFP4 {
+  uint8_t e;              // E8M0 scale exponent: the block's scale is 2^(e - 128) (e8m0_to_fp32_half)
+  uint8_t qs[QK4_0 / 2];  // nibble indices as Q4_0; x = kValuesMXFP4[q] * 2^(e - 128)
+};
+// ggml's kvalues_mxfp4: the E2M1 values doubled (so they are integers; the scale is halved).
+inline constexpr int8_t kValuesMXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// ggml_e8m0_to_fp32_half: 2^(e - 128), exact in f32 (e < 2: the subnormals 2^-128, 2^-127).
+inline float e8m0_to_fp32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 // The 16 levels of the non-linear 4-bit types (ggml's kvalues_iq4nl).
 inline constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
@@ -90,6 +104,7 @@ struct Q8_K {
 static_assert(sizeof(Q8_0) == 34 && sizeof(Q4_0) == 18);
 static_assert(sizeof(Q4_K) == 144 && sizeof(Q6_K) == 210 && sizeof(Q8_K) == 292);
 static_assert(sizeof(Q4_1) == 20 && sizeof(Q5_0) == 22 && sizeof(Q5_1) == 24 && sizeof(IQ4_NL) == 18);
+static_assert(sizeof(MXFP4) == 17);
 static_assert(sizeof(Q2_K) == 84 && sizeof(Q3_K) == 110 && sizeof(Q5_K) == 176 && sizeof(IQ4_XS) == 136);
 
 inline float load_f16(const uint8_t* p) {

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -94,7 +95,8 @@ QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
 
 // Weight types the cpu backend multiplies on its integer path (int8 activations, packed.h).
 bool int_path(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K;
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K ||
+         t == GGMLType::MXFP4;
 }
 
 // x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
@@ -164,7 +166,7 @@ std::vector<TypeCase> type_cases() {
   return {{GGMLType::F32, {1, 13, 64, 520}},  {GGMLType::F16, {7, 64, 300}},
           {GGMLType::BF16, {9, 256, 265}},    {GGMLType::Q8_0, {32, 96, 544}},
           {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
-          {GGMLType::Q6_K, {256, 768}}};
+          {GGMLType::Q6_K, {256, 768}},       {GGMLType::MXFP4, {32, 288}}};
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -277,7 +279,7 @@ TEST(QuantizeActivations, MatchesItsDefinition) {
 TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(21);
-  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -313,7 +315,7 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
-                     GGMLType::Q4_K, GGMLType::Q6_K}) {
+                     GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -354,7 +356,7 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
   const auto bq = randv(rng, size_t(Nq));
   const auto ya = randv(rng, size_t((hi_run - lo_run) * R));
   const auto R0 = randv(rng, size_t(M * Nk));
-  for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+  for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
     SCOPED_TRACE(type_traits(t).name);
     const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wu = make_weight(rng, t, Nq, K);
     const QWeight B = make_weight(rng, GGMLType::F16, Nk, R);
@@ -392,7 +394,7 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
 TEST_P(KernelTest, FusedQkvResidualSwiglu) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(3);
-  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K}) {
+  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4}) {
     const int64_t K = 512, Nq = 40, Nk = 13;
     // V in another type, as Q4_K_M files mix Q4_K and Q6_K within one layer.
     const GGMLType tv = t == GGMLType::F32 ? GGMLType::F16 : t == GGMLType::Q6_K ? GGMLType::Q4_K : GGMLType::Q8_0;
@@ -869,9 +871,9 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K,
                                        GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS};
 
-// W's rows converted to panel_type (convert_rows), and their values.
+// W's rows converted to Q8_0 (convert_rows: panel_type, or MXFP4's fallback), and their values.
 QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
-  const GGMLType pt = cpu::panel_type(W.type);
+  const GGMLType pt = GGMLType::Q8_0;
   QWeight C{pt, W.N, W.K, std::vector<uint8_t>(*row_bytes(pt, uint64_t(W.K)) * uint64_t(W.N)),
             std::vector<float>(size_t(W.N * W.K))};
   const int64_t e = cpu::convert_rows(W.type, W.bytes.data(), *row_bytes(W.type, uint64_t(W.K)), W.N, W.K, C.bytes.data());
@@ -902,6 +904,64 @@ TEST_P(KernelTest, RepackedTypesMultiplyTheirConversion) {
         ASSERT_EQ(Y[i], YC[i]) << type_traits(t).name << " M=" << M << " at " << i;
         ASSERT_NEAR(Y[i], ref[i], gemm_tol(K, mag[i])) << type_traits(t).name << " M=" << M << " at " << i;
       }
+    }
+  }
+}
+
+// MXFP4 keeps its own packed layout (packed.h: 18 bytes per 32 weights of a row, Q4_0's) where
+// every block scale 2^(e - 128) is an f16 or the block is all zeros, and multiplies the same
+// integers and scales as its exact Q8_0 conversion: native packed == GGUF rows == the Q8_0
+// conversion packed == the scalar ISA's, bit for bit, at every M (the GEMV up to 32 rows, the
+// GEMM's unpacked chunks beyond; K = 736: a partial last chunk). A weight with one scale
+// outside f16 (2^22) is packed as Q8_0, its rows converted, still bit-identical to its rows.
+TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
+  std::mt19937 rng(31);
+  const int64_t N = 37, K = 736, nb = K / 32;
+  QWeight W = make_weight(rng, GGMLType::MXFP4, N, K);
+  const uint64_t rb = *row_bytes(GGMLType::MXFP4, uint64_t(K));
+  auto blk = [&](QWeight& w, int64_t n, int64_t b) { return w.bytes.data() + uint64_t(n) * rb + uint64_t(b) * 17; };
+  auto redo = [&](QWeight& w) {
+    for (int64_t n = 0; n < N; ++n) dequantize_row(GGMLType::MXFP4, w.bytes.data() + uint64_t(n) * rb, w.deq.data() + n * K, K);
+  };
+  std::memset(blk(W, 3, 5), 0, 17);                 // zeros with e = 0 (scale 2^-128: packed as +0)
+  std::memset(blk(W, 4, 6) + 1, 0x88, 16);          // -0 indices under its own e
+  blk(W, 7, 1)[0] = 104;                            // the least f16 scale, 2^-24 (a subnormal)
+  blk(W, 8, nb - 1)[0] = 143;                       // the largest, 2^15
+  blk(W, 20, 9)[0] = 113;                           // 2^-15 (a subnormal)
+  redo(W);
+  QWeight W2 = W;
+  blk(W2, 30, 2)[0] = 150;                          // 2^22: not an f16
+  redo(W2);
+  EXPECT_EQ(cpu::panel_type(GGMLType::MXFP4, W.bytes.data(), rb, N, K), GGMLType::MXFP4);
+  EXPECT_EQ(cpu::panel_type(GGMLType::MXFP4, W2.bytes.data(), rb, N, K), GGMLType::Q8_0);
+  auto be = backend_for(GetParam()), scalar = backend_for("scalar");
+  const WeightView pw = be->prepare(W.view()), pw2 = be->prepare(W2.view());
+  EXPECT_EQ(pw.type, GGMLType::MXFP4);
+  EXPECT_EQ(pw2.type, GGMLType::Q8_0);
+  EXPECT_EQ(cpu::group_bytes(GGMLType::MXFP4, K), uint64_t(K / 32 * 16 * 18));  // (Q8_0: 34 per 32)
+  const QWeight C = converted(W), C2 = converted(W2);
+  const WeightView pc = be->prepare(C.view()), pc2 = be->prepare(C2.view()), ps = scalar->prepare(W.view());
+  for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 24, 31, 32, 33, 40, 64, 250}) {
+    const auto X = randv(rng, size_t(M * K));
+    std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), q8(size_t(M * N)), sc(size_t(M * N));
+    be->matmul(X.data(), M, pw, native.data());
+    be->matmul(X.data(), M, W.view(), rows.data());
+    be->matmul(X.data(), M, pc, q8.data());
+    scalar->matmul(X.data(), M, ps, sc.data());
+    std::vector<double> ref, mag;
+    ref_gemm(X.data(), M, W, ref, mag);
+    for (size_t i = 0; i < native.size(); ++i) {
+      ASSERT_EQ(native[i], q8[i]) << "M=" << M << " at " << i;
+      ASSERT_EQ(native[i], rows[i]) << "M=" << M << " at " << i;
+      ASSERT_EQ(native[i], sc[i]) << "M=" << M << " at " << i;
+      ASSERT_NEAR(native[i], ref[i], gemm_tol(K, mag[i])) << "M=" << M << " at " << i;
+    }
+    be->matmul(X.data(), M, pw2, native.data());
+    be->matmul(X.data(), M, W2.view(), rows.data());
+    be->matmul(X.data(), M, pc2, q8.data());
+    for (size_t i = 0; i < native.size(); ++i) {
+      ASSERT_EQ(native[i], q8[i]) << "(2^22) M=" << M << " at " << i;
+      ASSERT_EQ(native[i], rows[i]) << "(2^22) M=" << M << " at " << i;
     }
   }
 }
@@ -1019,7 +1079,7 @@ TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
       if (variant == 3) x[128 + 7] = std::numeric_limits<float>::infinity();
       if (variant == 4) x[160 + 3] = std::numeric_limits<float>::quiet_NaN();
     }
-    for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+    for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
       const QWeight W = make_weight(rng, t, N, K);
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       native->matmul(X.data(), M, native->prepare(W.view()), a.data());
@@ -1126,6 +1186,54 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),
                 type_traits(cpu::panel_type(t)).name.data(), (long long)exact, (long long)nb);
+  }
+}
+
+// MXFP4 blocks across the E8M0 range: those whose scale 2^(e - 128) is an f16 (e in [104, 143])
+// convert exactly (d = that f16, q = kvalues[q]), bit for bit; larger scales (to 2^19, where
+// Q8_0's f16 d still holds 12 x 2^19 / 127) are requantized within Q8_0's own rounding; smaller
+// ones are not exact (their values fall below f16's subnormals, so Q8_0 cannot hold them) unless
+// the block is all zeros.
+TEST(Requantize, Mxfp4ExactWhereTheScaleIsAnF16) {
+  std::mt19937 rng(9);
+  const int64_t N = 3, K = 32 * 48, nb = N * K / 32;
+  std::vector<uint8_t> rows(size_t(nb) * 17);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = rows.data() + 17 * b;
+    blk[0] = uint8_t(100 + b % 48);  // e in [100, 147]
+    for (int j = 1; j < 17; ++j) blk[j] = uint8_t(rng());
+    blk[1] = 0x77;  // (+12 in elements 0 and 16: every block's amax is 12 * 2^(e - 128))
+  }
+  EXPECT_EQ(cpu::mxfp4_f16_scale(103), 0);
+  EXPECT_EQ(cpu::mxfp4_f16_scale(104), 0x0001);  // 2^-24, the least f16 subnormal
+  EXPECT_EQ(cpu::mxfp4_f16_scale(113), 0x0200);  // 2^-15, a subnormal
+  EXPECT_EQ(cpu::mxfp4_f16_scale(114), 0x0400);  // 2^-14, the least normal
+  EXPECT_EQ(cpu::mxfp4_f16_scale(128), 0x3C00);  // 1
+  EXPECT_EQ(cpu::mxfp4_f16_scale(143), 0x7800);  // 2^15
+  EXPECT_EQ(cpu::mxfp4_f16_scale(144), 0);
+  EXPECT_EQ(cpu::mxfp4_f16_scale(0), 0);
+  std::vector<uint8_t> q8(size_t(nb) * 34);
+  const int64_t exact = cpu::convert_rows(GGMLType::MXFP4, rows.data(), uint64_t(K / 32 * 17), N, K, q8.data());
+  EXPECT_EQ(exact, N * 40);  // e in [104, 143]
+  std::vector<float> w(size_t(N * K)), v(size_t(N * K));
+  dequantize_row(GGMLType::MXFP4, rows.data(), w.data(), N * K);
+  dequantize_row(GGMLType::Q8_0, q8.data(), v.data(), N * K);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int e = rows[size_t(17 * b)];
+    const auto* o = reinterpret_cast<const blocks::Q8_0*>(q8.data()) + b;
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(w[size_t(32 * b + i)]));
+    for (int i = 0; i < 32; ++i) {
+      const float x = w[size_t(32 * b + i)], y = v[size_t(32 * b + i)];
+      if (e >= 104 && e <= 143) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(y), std::bit_cast<uint32_t>(x)) << "e " << e << " i " << i;
+        const int qi = i < 16 ? rows[size_t(17 * b + 1 + i)] & 15 : rows[size_t(17 * b + 1 + i - 16)] >> 4;
+        ASSERT_EQ(int(o->qs[i]), int(blocks::kValuesMXFP4[qi])) << "e " << e << " i " << i;
+        ASSERT_EQ(load_u16(o->d), cpu::mxfp4_f16_scale(uint8_t(e)));
+      } else if (e > 143) {
+        ASSERT_LE(std::fabs(y - x), amax / 127 * (0.5f + 127 * 0x1p-11f) * (1 + 1e-6f)) << "e " << e << " i " << i;
+      }
+    }
   }
 }
 

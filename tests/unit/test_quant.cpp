@@ -323,6 +323,7 @@ TEST(Quant, Q6_KHandBuilt) {
 float h16(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
 
 const int kIQ4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int kMX[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};  // E2M1 doubled
 
 std::vector<float> decode_by_hand(GGMLType t, const uint8_t* b) {
   std::vector<float> y;
@@ -383,6 +384,11 @@ std::vector<float> decode_by_hand(GGMLType t, const uint8_t* b) {
       }
       break;
     }
+    case GGMLType::MXFP4: {  // e @0, qs @1; x = kvalues_mxfp4[q] * 2^(e - 128)
+      const float d = std::ldexp(1.0f, int(b[0]) - 128);  // (2^-128, 2^-127 subnormal: exact)
+      for (int e = 0; e < 32; ++e) y.push_back(mul(float(kMX[(b[1 + e % 16] >> (e < 16 ? 0 : 4)) & 15]), d));
+      break;
+    }
     case GGMLType::IQ4_XS: {  // d @0, scales_h @2 (u16), scales_l @4 (4), qs @8 (128)
       const int sh = b[2] | (b[3] << 8);
       for (int e = 0; e < 256; ++e) {
@@ -399,7 +405,8 @@ std::vector<float> decode_by_hand(GGMLType t, const uint8_t* b) {
 }
 
 constexpr GGMLType kOtherTypes[] = {GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K,
-                                    GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS};
+                                    GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS,
+                                    GGMLType::MXFP4};
 
 // Byte offsets of a block's f16 fields (random f16 bits there could be NaN/inf: keep them finite
 // with full 11-bit mantissas, where the products use every bit).
@@ -408,6 +415,7 @@ std::vector<int> f16_offsets(GGMLType t) {
     case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q5_K: return {0, 2};
     case GGMLType::Q2_K: return {80, 82};
     case GGMLType::Q3_K: return {108};
+    case GGMLType::MXFP4: return {};  // (its E8M0 byte takes every value: 0 and 1 the subnormal scales)
     default: return {0};
   }
 }
@@ -449,7 +457,10 @@ TEST(Quant, OtherTypesRoundTrip) {
   for (const Case& c : {Case{GGMLType::Q4_1, 2.0 / 15}, Case{GGMLType::Q5_0, 2.0 / 31},
                         Case{GGMLType::Q5_1, 2.0 / 31}, Case{GGMLType::Q5_K, 2.0 / 31},
                         Case{GGMLType::IQ4_NL, 24.0 / 127}, Case{GGMLType::IQ4_XS, 24.0 / 127},
-                        Case{GGMLType::Q3_K, 2.0 / 7}, Case{GGMLType::Q2_K, 2.0 / 3}}) {
+                        Case{GGMLType::Q3_K, 2.0 / 7}, Case{GGMLType::Q2_K, 2.0 / 3},
+                        // MXFP4: amax in [0.5, 1) gives the scale 2^-4, whose top level 12 * 2^-4
+                        // = 0.75 clips (ggml's rule): errors up to 0.25.
+                        Case{GGMLType::MXFP4, 0.25}}) {
     const auto x = random_row(4096, 99);  // uniform in [-1, 1)
     const auto y = dequantize(c.t, quantize(c.t, x), int64_t(x.size()));
     double worst = 0, sq = 0;
@@ -669,12 +680,145 @@ TEST(Quant, MatchesGgmlReferenceBytes) {
 
 TEST(Quant, ZeroBlocksStayZero) {
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q5_0,
-                     GGMLType::Q5_K, GGMLType::Q3_K, GGMLType::Q2_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
+                     GGMLType::Q5_K, GGMLType::Q3_K, GGMLType::Q2_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS,
+                     GGMLType::MXFP4}) {
     std::vector<float> x(512, 0.0f);
     x[300] = 0.75f;  // one non-zero element in the second super-block
     const auto y = dequantize(t, quantize(t, x), 512);
     for (size_t i = 0; i < 256; ++i) ASSERT_EQ(y[i], 0.0f) << type_traits(t).name << " " << i;
     EXPECT_NEAR(y[300], 0.75f, 0.01f) << type_traits(t).name;
+  }
+}
+
+// MXFP4's quantizer (ggml's quantize_row_mxfp4_ref) on hand-made blocks: e = floor(log2(amax))
+// - 2 + 127 (0 for an all-zero block), each value the index of its nearest level kvalues[i] *
+// 2^(e - 128), the first index (0..15) on a tie; byte j = idx(x[j]) | idx(x[j + 16]) << 4.
+struct MxBlock {
+  uint8_t e;
+  int idx[32];
+};
+MxBlock mx_quantize(const std::vector<float>& x) {
+  EXPECT_EQ(x.size(), 32u);
+  const auto q = quantize(GGMLType::MXFP4, x);
+  EXPECT_EQ(q.size(), 17u);
+  MxBlock b{q[0], {}};
+  for (int j = 0; j < 16; ++j) {
+    b.idx[j] = q[size_t(1 + j)] & 15;
+    b.idx[j + 16] = q[size_t(1 + j)] >> 4;
+  }
+  return b;
+}
+
+TEST(Quant, Mxfp4QuantizerHandMadeBlocks) {
+  {  // all zero (and negative zero): e = 0, every index 0 (-0 ties 0 at index 0)
+    std::vector<float> x(32, 0.0f);
+    x[5] = -0.0f;
+    const auto q = quantize(GGMLType::MXFP4, x);
+    EXPECT_EQ(q, std::vector<uint8_t>(17, 0));
+  }
+  {  // amax exactly 4 = 2^2: e = 127, d = 1/2; index: level 0: 0, 1: .5, 2: 1, 3: 1.5, 4: 2, 5: 3,
+     // 6: 4, 7: 6, 8: -0, 9: -.5, 10: -1, 11: -1.5, 12: -2, 13: -3, 14: -4, 15: -6
+    std::vector<float> x(32, 0.0f);
+    const float v[] = {4.0f, 2.5f, -2.5f, 0.25f, -0.25f, 3.5f, -3.5f, 0.75f, 1.25f, -1.75f, 0.5f, -0.5f,
+                       1.0f, -4.0f, 0.1f, -0.3f, 2.0f, -3.0f, 3.0f, 1.5f, -1.5f, -1.0f};
+    for (size_t j = 0; j < std::size(v); ++j) x[j] = v[j];
+    const MxBlock b = mx_quantize(x);
+    EXPECT_EQ(b.e, 127);
+    // Ties go to the first index: 2.5 -> 4 (2), not 5 (3); -2.5 -> 12 (-2), not 13; 0.25 -> 0,
+    // not 1; -0.25 -> 0 (+0), not 8 (-0) or 9 (-.5); 3.5 -> 5; -3.5 -> 13; .75 -> 1; 1.25 -> 2;
+    // -1.75 -> 11.
+    const int want[] = {6, 4, 12, 0, 0, 5, 13, 1, 2, 11, 1, 9, 2, 14, 0, 9, 4, 13, 5, 3, 11, 10};
+    for (size_t j = 0; j < std::size(want); ++j) EXPECT_EQ(b.idx[j], want[j]) << "x = " << v[j];
+    for (size_t j = std::size(want); j < 32; ++j) EXPECT_EQ(b.idx[j], 0) << j;
+  }
+  {  // amax just below a power of two, negative: -(4 - 2^-22) -> floor(log2) = 1, e = 126, d = 1/4
+    std::vector<float> x(32, 0.0f);
+    x[0] = -std::nextafter(4.0f, 0.0f);
+    x[31] = 1.0f;
+    const MxBlock b = mx_quantize(x);
+    EXPECT_EQ(b.e, 126);
+    EXPECT_EQ(b.idx[0], 15);   // -12 * 1/4 = -3, the most negative level (clipped from ~-4)
+    EXPECT_EQ(b.idx[31], 4);   // 4 * 1/4
+  }
+  {  // amax exactly 8 = 2^3, from a negative value: e = 128, d = 1 (the levels themselves)
+    std::vector<float> x(32, 0.0f);
+    const float v[] = {-8.0f, -7.0f, 7.0f, -0.5f, 0.5f, -5.0f, 5.0f, -3.0f, 6.0f};
+    for (size_t j = 0; j < std::size(v); ++j) x[j] = v[j];
+    const MxBlock b = mx_quantize(x);
+    EXPECT_EQ(b.e, 128);
+    // -7 ties -6 (13) and -8 (14); 7 ties 6 (5) and 8 (6); +-0.5 tie 0 (0) and +-1; -5 ties -4
+    // (12) and -6 (13); 5 ties 4 (4) and 6 (5): the first each time.
+    const int want[] = {14, 13, 5, 0, 0, 12, 4, 11, 5};
+    for (size_t j = 0; j < std::size(want); ++j) EXPECT_EQ(b.idx[j], want[j]) << "x = " << v[j];
+  }
+  {  // the second half's indices in the high nibbles
+    std::vector<float> x(32, 0.0f);
+    x[3] = 1.0f;    // e = 125, d = 1/8: 1 = 8 d at index 6
+    x[19] = -0.5f;  // -4 d at index 12
+    const auto q = quantize(GGMLType::MXFP4, x);
+    EXPECT_EQ(q[0], 125);
+    EXPECT_EQ(q[1 + 3], 6 | (12 << 4));
+  }
+  {  // tiny amax: 2^-125 -> e = 0, d = 2^-128 (a subnormal scale): 2^-125 = 8 d at index 6
+    std::vector<float> x(32, 0.0f);
+    x[0] = std::ldexp(1.0f, -125);
+    x[1] = -std::ldexp(3.0f, -128);  // -3 d at index 11
+    const MxBlock b = mx_quantize(x);
+    EXPECT_EQ(b.e, 0);
+    EXPECT_EQ(b.idx[0], 6);
+    EXPECT_EQ(b.idx[1], 11);
+    const auto y = dequantize(GGMLType::MXFP4, quantize(GGMLType::MXFP4, x), 32);
+    EXPECT_EQ(y[0], x[0]);
+    EXPECT_EQ(y[1], x[1]);
+  }
+}
+
+// Dequantization at the extremes of the E8M0 scale: e = 0 and 1 are the f32 subnormals 2^-128
+// and 2^-127 (ggml's special case), e = 254 the largest normal scale, e = 255 overflows 12 x.
+TEST(Quant, Mxfp4DequantScales) {
+  struct Case {
+    uint8_t e;
+    float d;
+  };
+  for (const Case c : {Case{0, std::ldexp(1.0f, -128)}, Case{1, std::ldexp(1.0f, -127)},
+                       Case{2, std::ldexp(1.0f, -126)}, Case{104, std::ldexp(1.0f, -24)},
+                       Case{128, 1.0f}, Case{143, 32768.0f}, Case{254, std::ldexp(1.0f, 126)}}) {
+    std::vector<uint8_t> blk(17);
+    blk[0] = c.e;
+    for (int j = 0; j < 16; ++j) blk[size_t(1 + j)] = uint8_t(j | ((15 - j) << 4));
+    const auto y = dequantize(GGMLType::MXFP4, blk, 32);
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(bits(y[size_t(j)]), bits(float(kMX[j]) * c.d)) << int(c.e) << " " << j;
+      EXPECT_EQ(bits(y[size_t(j + 16)]), bits(float(kMX[15 - j]) * c.d)) << int(c.e) << " " << j;
+    }
+    EXPECT_EQ(y[1], c.d) << int(c.e);  // level 1 is the scale itself, exactly
+  }
+  EXPECT_GT(std::ldexp(1.0f, -128), 0.0f);
+  std::vector<uint8_t> blk(17, 0);
+  blk[0] = 255;
+  blk[1] = 7;  // 12 * 2^127
+  EXPECT_TRUE(std::isinf(dequantize(GGMLType::MXFP4, blk, 32)[0]));
+}
+
+// The quantizer on random rows: every index is a nearest level (no other level strictly closer,
+// in exact arithmetic: the level products are exact), and e follows amax.
+TEST(Quant, Mxfp4QuantizerPicksNearestLevels) {
+  for (const float scale : {1.0f, 1e-3f, 37.0f, 1e-30f}) {
+    const auto x = random_row(32 * 64, 7, -scale, scale);
+    const auto q = quantize(GGMLType::MXFP4, x);
+    for (int b = 0; b < 64; ++b) {
+      const uint8_t* blk = q.data() + 17 * b;
+      double amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(double(x[size_t(32 * b + j)])));
+      ASSERT_EQ(int(blk[0]), int(std::floor(std::log2(amax))) - 2 + 127) << scale << " " << b;
+      const double d = std::ldexp(1.0, int(blk[0]) - 128);
+      for (int j = 0; j < 32; ++j) {
+        const double v = x[size_t(32 * b + j)];
+        const int i = (blk[1 + j % 16] >> (j < 16 ? 0 : 4)) & 15;
+        const double err = std::fabs(kMX[i] * d - v);
+        for (int k = 0; k < 16; ++k) ASSERT_LE(err, std::fabs(kMX[k] * d - v)) << scale << " " << b << " " << j;
+      }
+    }
   }
 }
 

@@ -94,13 +94,15 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   }
 
   // The GEMM's chunk as Avx512Isa unpacks it, with the quad types' bytes as signed v = u - bias
-  // (Q8_0 q, Q4_0 q - 8, Q4_K q): tdpbssd's C is then the block's exact sum of v xq, I itself.
+  // (Q8_0 q, Q4_0 q - 8, Q4_K q, MXFP4 kvalues[q]): tdpbssd's C is then the block's exact sum of
+  // v xq, I itself. (MXFP4's fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
   // (Q6_K: Avx512Isa's unpack_q6k, for the vector tiles.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
                          float* S2) {
     Avx512Isa::unpack_int(t, group, k0, len, V, S1, S2);
     if (!is_quad_type(t)) return;
-    const __m512i bias = _mm512_set1_epi8(char(t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0));
+    const GGMLType gt = gemm_type(t);  // (MXFP4's chunk is Q8_0's form)
+    const __m512i bias = _mm512_set1_epi8(char(gt == GGMLType::Q8_0 ? QDecQ8_0::kBias : gt == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0));
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t i = 0; i < len / kQBlock * kQBlock * kGroup; i += 64)
       _mm512_storeu_si512(v + i, _mm512_sub_epi8(_mm512_loadu_si512(v + i), bias));

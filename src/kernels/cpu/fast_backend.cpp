@@ -103,25 +103,27 @@ class CpuFastBackend final : public Backend {
   }
 
   // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
-  // quantized (the types without a layout of their own as another type: panel_type). Cached by source
+  // quantized (the types without a layout of their own as another type: panel_type; MXFP4 as
+  // Q8_0 where a block scale is not an f16). Cached by source
   // pointer and shape, so tied or shared weights are packed once.
   WeightView prepare(const WeightView& W) override {
     if (W.layout == WeightLayout::Packed || !is_supported_weight_type(W.type) ||
         W.n_cols % cpu::block_len(W.type) != 0)
       return W;
-    const GGMLType pt = cpu::panel_type(W.type);
-    if (W.n_cols % cpu::block_len(pt) != 0) return W;
+    if (W.n_cols % cpu::block_len(cpu::panel_type(W.type)) != 0) return W;
+    const auto* src = static_cast<const uint8_t*>(W.data);
+    const uint64_t src_rb = *row_bytes(W.type, uint64_t(W.n_cols));
     std::lock_guard<std::mutex> lock(mu_);
     for (auto [it, end] = packed_.equal_range(W.data); it != end; ++it)
       if (const Packed& p = it->second; p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
-        return {pt, p.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
+        return {p.panel, p.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
+    // (MXFP4: its own layout unless a block scale is not an f16, then Q8_0: the rows decide.)
+    const GGMLType pt = cpu::panel_type(W.type, src, src_rb, W.n_rows, W.n_cols);
     const uint64_t gb = cpu::group_bytes(pt, W.n_cols);
     const uint64_t bytes = gb * uint64_t(cpu::n_groups(W.n_rows));
     uint8_t* out = nullptr;
     std::shared_ptr<uint8_t> owner = alloc_packed(bytes, out);
     if (!owner) fail("prepare: out of memory packing a ", W.n_rows, "x", W.n_cols, " weight");
-    const auto* src = static_cast<const uint8_t*>(W.data);
-    const uint64_t src_rb = *row_bytes(W.type, uint64_t(W.n_cols));
     if (pt == W.type) {
       k_.pack(W.type, src, src_rb, W.n_rows, W.n_cols, out);
     } else {
@@ -134,7 +136,7 @@ class CpuFastBackend final : public Backend {
         k_.pack(pt, tmp.data(), rb, cnt, W.n_cols, out + uint64_t(g) * gb);
       }
     }
-    const auto it = packed_.emplace(W.data, Packed{W.data, W.type, W.n_rows, W.n_cols, out, std::move(owner)});
+    const auto it = packed_.emplace(W.data, Packed{W.data, W.type, pt, W.n_rows, W.n_cols, out, std::move(owner)});
     if (cpu::is_int_type(pt)) max_k_ = std::max(max_k_, W.n_cols);
     return {pt, it->second.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
   }
@@ -143,7 +145,7 @@ class CpuFastBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t total = 0;
     for (const auto& [src, p] : packed_) {
-      const uint64_t bytes = cpu::group_bytes(p.type, p.n_cols) * uint64_t(cpu::n_groups(p.n_rows));
+      const uint64_t bytes = cpu::group_bytes(p.panel, p.n_cols) * uint64_t(cpu::n_groups(p.n_rows));
       lock_memory(p.bytes, bytes, "the packed weights");
       total += bytes;
     }
@@ -258,7 +260,8 @@ class CpuFastBackend final : public Backend {
   };
   struct Packed {
     const void* src;
-    GGMLType type;
+    GGMLType type;   // the source's
+    GGMLType panel;  // the packed bytes' (panel_type)
     int64_t n_rows, n_cols;
     uint8_t* bytes;
     std::shared_ptr<uint8_t> owner;  // its own block, or the arena chunk it lies in

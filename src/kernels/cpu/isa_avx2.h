@@ -502,6 +502,28 @@ struct Avx2Isa {
     static constexpr bool kSignedQuads = false;
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
+  // MXFP4 (quad layout as Q4_0, d its f16 scale): each nibble index q mapped by vpshufb to its
+  // level. With AVX-VNNI u = kvalues[q] + 12 in [0, 24] (B = 12) into vpdpbusd's int32; plain
+  // AVX2 sums 8 quads' vpmaddubsw pairs in int16, where u x xq pairs (<= 2 * 24 * 127) would
+  // pass 32767 by the fourth quad, so there the quads are v = kvalues[q] itself, signed as Q8_0's
+  // (|v| x sign(xq, v), widened per quad). unpack_int gives the GEMM Q8_0's form (signed v).
+  struct DecMXFP4 : DecBlock32<288> {
+#ifdef FT_AVX_VNNI
+    static constexpr int kBias = 12;
+    static constexpr bool kSignedQuads = false;
+#else
+    static constexpr int kBias = 0;
+    static constexpr bool kSignedQuads = true;
+#endif
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
+      const __m256i lut = _mm256_broadcastsi128_si256(
+          _mm_setr_epi8(0 + kBias, 1 + kBias, 2 + kBias, 3 + kBias, 4 + kBias, 6 + kBias, 8 + kBias, 12 + kBias,
+                        0 + kBias, -1 + kBias, -2 + kBias, -3 + kBias, -4 + kBias, -6 + kBias, -8 + kBias, -12 + kBias));
+      nibble_quads_h(q, P, h, w);
+      w[0] = _mm256_shuffle_epi8(lut, w[0]);
+      w[1] = _mm256_shuffle_epi8(lut, w[1]);
+    }
+  };
   struct DecQ4_K : Q4KCursor {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false;
@@ -707,6 +729,7 @@ struct Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
+      case GGMLType::MXFP4: f(DecMXFP4{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;
       default: return false;
@@ -824,13 +847,17 @@ struct Avx2Isa {
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
   // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
-  // as signed q, nibble types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16).
+  // and MXFP4 (gemm_type: Q8_0's form) as signed q, the other nibble types as u; in the int16
+  // scratch's bytes), S1, S2 (len / 32, 16).
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_quad_decoder(t, group, [&](auto dec) {
-      if constexpr (!sub16_of<decltype(dec)>())
+      using D = decltype(dec);
+      // (MXFP4 decoded unsigned: back to signed v, Q8_0's form.)
+      constexpr bool kToSigned = std::is_same_v<D, DecMXFP4> && !D::kSignedQuads;
+      if constexpr (!sub16_of<D>())
       for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
         dec.begin(k0 / kQBlock + kb);
         __m256 a, b, c = _mm256_setzero_ps(), d = c;
@@ -843,8 +870,10 @@ struct Avx2Isa {
           for (int h = 0; h < 2; ++h) {
             __m256i w[2];
             dec.quads_h(P, h, w);
-            for (int e = 0; e < 2; ++e)
+            for (int e = 0; e < 2; ++e) {
+              if constexpr (kToSigned) w[e] = _mm256_sub_epi8(w[e], _mm256_set1_epi8(char(D::kBias)));
               _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + kb * 512 + 64 * (2 * P + e) + 32 * h), w[e]);
+            }
           }
       }
     });
@@ -960,7 +989,7 @@ struct Avx2Isa {
     }
   }
   // C (mr <= 4, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i],
-  // S1[i], S2[i] (all of type t; S2 read for Q4_K only).
+  // S1[i], S2[i] (all of type t, a gemm_type; S2 read for Q4_K only).
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {

@@ -484,6 +484,22 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
   };
+  // MXFP4 (quad layout as Q4_0, d its f16 scale): each nibble index q mapped by vpshufb to u =
+  // kvalues[q] + 12 in [0, 24] (B = 12).
+  struct QDecMXFP4 {
+    static constexpr int kBias = 12, kBytesPer32 = 288;
+    static constexpr bool kS2 = false, kSub16 = false;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    [[gnu::always_inline]] void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
+      const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+      nibble_quads(blk + 32 + 64 * P, w0, w1);
+      w0 = _mm512_shuffle_epi8(lut, w0);
+      w1 = _mm512_shuffle_epi8(lut, w1);
+    }
+  };
   struct QDecQ4_K : Q4KCursor {
     static constexpr int kBias = 0, kBytesPer32 = 296;  // (on average)
     static constexpr bool kS2 = true, kSub16 = false;
@@ -520,6 +536,7 @@ struct Avx512Isa : Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
+      case GGMLType::MXFP4: f(QDecMXFP4{group}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
       default: return false;
@@ -763,13 +780,15 @@ struct Avx512Isa : Avx2Isa {
   }
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
-  // int16 scratch's bytes), S1, S2 (len / 32, 16); Q6_K as unpack_q6k gives it.
+  // int16 scratch's bytes; MXFP4 in Q8_0's form, gemm_type: u = kvalues[q] + 128), S1, S2 (len /
+  // 32, 16); Q6_K as unpack_q6k gives it.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_qdecoder(t, group, [&](auto dec) {
-      if constexpr (!decltype(dec)::kSub16) {
+      using D = decltype(dec);
+      if constexpr (!D::kSub16) {
         for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
           dec.begin(k0 / kQBlock + kb);
           __m512 s1, s2 = _mm512_setzero_ps();
@@ -779,6 +798,11 @@ struct Avx512Isa : Avx2Isa {
           for (int P = 0; P < 4; ++P) {
             __m512i w0, w1;
             dec.quads(P, w0, w1);
+            if constexpr (std::is_same_v<D, QDecMXFP4>) {
+              const __m512i rebias = _mm512_set1_epi8(char(QDecQ8_0::kBias - D::kBias));
+              w0 = _mm512_add_epi8(w0, rebias);
+              w1 = _mm512_add_epi8(w1, rebias);
+            }
             _mm512_storeu_si512(v + kb * 512 + 128 * P, w0);
             _mm512_storeu_si512(v + kb * 512 + 128 * P + 64, w1);
           }

@@ -65,6 +65,7 @@ struct Drivers {
     alignas(64) float s1[kItemGroups][kQPerKC * kGroup];
     alignas(64) float s2[kItemGroups][kQPerKC * kGroup];
     alignas(64) uint8_t raw[kQPerKC * (32 + 32 * kGroup)];
+    alignas(64) uint8_t conv[kGroup * kQPerKC * 34];  // (MXFP4 rows as Q8_0 rows: int_weights_at)
   };
   static Scratch& scratch() {
     static thread_local Scratch s;
@@ -250,7 +251,7 @@ struct Drivers {
 
   // The integer path's view of one K chunk of src (packed.h): V, S1, S2 for [k0, k0 + len).
   static void int_weights_at(const Source& src, int64_t k0, int64_t len, int16_t* V, float* S1,
-                             float* S2, uint8_t* raw) {
+                             float* S2, uint8_t* raw, uint8_t* conv) {
     const GemmSeg& g = *src.seg;
     if (g.packed) {
       const int64_t bl = block_len(g.type);
@@ -261,8 +262,14 @@ struct Drivers {
     // GGUF rows (a weight not prepared): pack this chunk of the group's rows first.
     const int64_t bl = block_len(g.type);
     const uint64_t bb = *row_bytes(g.type, uint64_t(bl));
-    Isa::pack_rows(g.type, g.data + uint64_t(src.n0) * g.row_bytes + uint64_t(k0 / bl) * bb, g.row_bytes,
-              src.cnt, len, raw);
+    const uint8_t* rows = g.data + uint64_t(src.n0) * g.row_bytes + uint64_t(k0 / bl) * bb;
+    if (g.type == GGMLType::MXFP4) {  // (as Q8_0, its GEMM form: packed.h; any scale)
+      const uint64_t rb = uint64_t(len / kQBlock) * 34;  // (Q8_0 rows of len)
+      convert_rows(g.type, rows, g.row_bytes, src.cnt, len, conv);
+      Isa::pack_rows(GGMLType::Q8_0, conv, rb, src.cnt, len, raw);
+      return Isa::unpack_int(GGMLType::Q8_0, raw, 0, len, V, S1, S2);
+    }
+    Isa::pack_rows(g.type, rows, g.row_bytes, src.cnt, len, raw);
     Isa::unpack_int(g.type, raw, 0, len, V, S1, S2);
   }
 
@@ -275,6 +282,7 @@ struct Drivers {
       return int_item(qa, r0, M, K, src + 1, 1, s, C + kGroup, ldc);
     }
     const GGMLType type = src[0].seg->type;
+    const GGMLType gtype = gemm_type(type);  // (the unpacked chunk's form: MXFP4's is Q8_0's)
     const int64_t nkb = K / kQBlock;
     if constexpr (Isa::kFusedMaxM > 0) {
       // Small M (decode; and, where the Isa says so, small prefill chunks): straight from the
@@ -307,7 +315,7 @@ struct Drivers {
             const uint64_t bb = packed_block_bytes(type);
             Isa::prefetch_bytes(src[i].group() + uint64_t((k0 + kKC) / bl) * bb, int64_t(uint64_t(kKC / bl) * bb));
           }
-          int_weights_at(src[i], k0, len, s.v[i], s.s1[i], s.s2[i], s.raw);
+          int_weights_at(src[i], k0, len, s.v[i], s.s1[i], s.s2[i], s.raw, s.conv);
         }
         const int16_t* V[kItemGroups] = {s.v[0], s.v[1]};
         const float* S1[kItemGroups] = {s.s1[0], s.s1[1]};
@@ -315,7 +323,7 @@ struct Drivers {
         int64_t m_tiles = mb;  // (rows before it done by the Isa's matrix tiles, where it has them)
         if constexpr (requires { Isa::mk_int_tiles; }) {
           const int64_t r = r0 + mb;
-          m_tiles += Isa::mk_int_tiles(type, qa.xq8.data() + r * K + k0, K, qa.dx.data() + r * nkb + k0 / kQBlock,
+          m_tiles += Isa::mk_int_tiles(gtype, qa.xq8.data() + r * K + k0, K, qa.dx.data() + r * nkb + k0 / kQBlock,
                                        qa.xs.data() + r * nkb + k0 / kQBlock, nkb, me - mb, V, S1, S2, ns, len,
                                        C + mb * ldc, ldc, k0 == 0);
         }
@@ -330,7 +338,7 @@ struct Drivers {
             xr.xs[j] = qa.xs.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
             xr.xs0[j] = qa.xs0.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
           }
-          Isa::mk_int(mr, xr, type, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
+          Isa::mk_int(mr, xr, gtype, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
           m0 += mr;
         }
       }

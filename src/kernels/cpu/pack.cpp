@@ -61,17 +61,49 @@ uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
       const uint16_t h = f32_to_f16(dl);
       return f16_to_f32(h) == dl ? h : 0;
     }
+    case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
     default: return 0;
   }
 }
 }  // namespace
+
+uint16_t mxfp4_f16_scale(uint8_t e) {
+  const float d = blocks::e8m0_to_fp32_half(e);  // 2^(e - 128)
+  const uint16_t h = f32_to_f16(d);
+  return f16_to_f32(h) == d ? h : 0;  // an f16 for e - 128 in [-24, 15]
+}
+
+namespace {
+// The f16 scale MXFP4 block b is packed with in its own layout: 2^(e - 128) where that is an
+// f16, +0 for a block of zeros (every index 0 or 8) whatever its e; false where there is none.
+bool mxfp4_packed_scale(const blocks::MXFP4& b, uint16_t& h) {
+  h = mxfp4_f16_scale(b.e);
+  if (h != 0) return true;
+  for (uint8_t q : b.qs)
+    if ((q & 7) != 0 || (q & 0x70) != 0) return false;
+  return true;
+}
+}  // namespace
+
+GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K) {
+  if (t != GGMLType::MXFP4) return panel_type(t);
+  for (int64_t n = 0; n < n_rows; ++n) {
+    const auto* b = reinterpret_cast<const blocks::MXFP4*>(rows + uint64_t(n) * row_bytes);
+    for (int64_t i = 0; i < K / 32; ++i) {
+      uint16_t h;
+      if (!mxfp4_packed_scale(b[i], h)) return GGMLType::Q8_0;
+    }
+  }
+  return GGMLType::MXFP4;
+}
 
 int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                      uint8_t* out) {
   const int64_t bl = int64_t(type_traits(t).block_size);
   const uint64_t bb = type_traits(t).type_size;
   if (bl <= 0 || K % bl != 0) fail("convert_rows: K = ", K, " is not a multiple of the block size of ", type_traits(t).name);
-  if (panel_type(t) != GGMLType::Q8_0) fail("convert_rows: ", type_traits(t).name, " has a panel layout of its own");
+  if (panel_type(t) != GGMLType::Q8_0 && t != GGMLType::MXFP4)
+    fail("convert_rows: ", type_traits(t).name, " has a panel layout of its own");
   std::vector<float> w(static_cast<size_t>(bl));
   int64_t exact = 0;
   for (int64_t n = 0; n < n_rows; ++n) {
@@ -113,7 +145,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::F32: return 16 * 4;
     case GGMLType::F16: case GGMLType::BF16: return 16 * 2;
     case GGMLType::Q8_0: return 32 + 32 * 16;
-    case GGMLType::Q4_0: return 32 + 32 * 8;
+    case GGMLType::Q4_0: case GGMLType::MXFP4: return 32 + 32 * 8;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
     default: fail("panel layout: unsupported weight type ", int(t));
@@ -178,6 +210,18 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             }
             break;
           }
+          case GGMLType::MXFP4: {  // (as Q4_0, its f16 scale in d)
+            const auto& b = reinterpret_cast<const blocks::MXFP4*>(row)[ib];
+            uint16_t h;
+            if (!mxfp4_packed_scale(b, h))
+              fail("panel layout: an MXFP4 block scale 2^", int(b.e) - 128, " is not an f16 (panel_type: Q8_0)");
+            std::memcpy(blk + 2 * r, &h, 2);
+            for (int e = 0; e < 32; ++e) {
+              const int q = e < 16 ? (b.qs[e] & 0xF) : (b.qs[e - 16] >> 4);
+              blk[32 + nib_at(e, r)] |= uint8_t(q << nib_shift(r));
+            }
+            break;
+          }
           case GGMLType::Q4_K: {
             const auto& b = reinterpret_cast<const blocks::Q4_K*>(row)[ib];
             std::memcpy(blk + Q4KBlock::kD + 2 * r, b.d, 2);
@@ -217,7 +261,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
 }
 
 bool is_quad_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K;
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::MXFP4;
 }
 
 namespace {
@@ -292,6 +336,7 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
   switch (t) {
     case GGMLType::Q8_0: return {int(int8_t(blk[32 + q8_at(e, r)])), f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
+    case GGMLType::MXFP4: return {int(blocks::kValuesMXFP4[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_K: {
       const int s = e / 32;
       return {nib(blk + Q4KBlock::kQ), f16(blk + Q4KBlock::kD + 2 * r) * float(blk[Q4KBlock::kSc + s * 16 + r]),

@@ -11,6 +11,7 @@
 //   Q8_0 (32)  f16 d[16]; int8 q[16 pairs][16 rows][2]      w = q * d
 //   Q4_0 (32)  f16 d[16]; uint8 q[16 pairs][8][2]: byte (p, j, e) holds k = 2p + e of row j in
 //              the low nibble and of row j + 8 in the high one (ggml's 0..15); w = (q - 8) * d
+//   MXFP4 (32) as Q4_0, d the f16 scale 2^(e - 128) (+0 for a block of zeros); w = kvalues[q] * d
 //   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
 //   Q6_K (256) f16 d[16]; int8 sc[16][16]; low 4 bits [128 pairs][8][2] as Q4_0; high 2 bits
@@ -19,14 +20,17 @@
 //                                                    w = (d*sc) * (q - 32), sub-block = k/16
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
-// The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0 and
-// Q4_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0,
+// MXFP4 and Q4_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
-//   Q4_0, Q4_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e of row r in
-//         the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K B = 0)
+//   Q4_0, MXFP4, Q4_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e of row
+//         r in the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K B = 0);
+//         MXFP4's nibble q is an index, mapped by a byte shuffle (vpshufb) to u = kvalues[q] + 12
+//         in [0, 24] (B = 12) on vpdpbusd, to v = kvalues[q] itself on plain AVX2 (|v| x
+//         sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
 // so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
 // the same bytes per block.
 // Q6_K's quad variant (pack_rows_q6k_quad; the avx2 and avx512 kernels' layout, the scalar ones
@@ -43,13 +47,18 @@
 // x is cut into blocks of kQBlock = 32 along K, each x ~= dx * xq with dx = max|x| / 127 and xq
 // in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
 // part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for Q4_K's min term):
-//   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);
+//   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  MXFP4 v = kvalues[q], s1 = d;
+//   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);
 //   Q6_K v = (q - 32) * sc, s1 = d
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
 // integers. Every output is y = 0, then for each 32-block in k order
 //   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
+// MXFP4's GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's form (v = kvalues[q]
+// and d: the same integers and scales) and runs Q8_0's micro-kernels; GGUF rows (a weight not
+// prepared) are converted to Q8_0 a chunk at a time (convert_rows: exact where the scale is an
+// f16), so a row's bits are the same packed or not, and the same as Q8_0 holding those values.
 #pragma once
 #include <cstdint>
 
@@ -105,7 +114,9 @@ struct Q6KQuadCursor {
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
 // values are int8 multiples of one f16 scale is stored exactly: every Q5_0 block (d, q - 16),
-// every IQ4_NL block (d, kvalues[q]), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
+// every IQ4_NL block (d, kvalues[q]), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
+// [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only where a weight has a block
+// that is not, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
 // d (ls - 32) is an f16. The others (the min types Q4_1, Q5_1, Q2_K, Q5_K, and the IQ4_XS rest)
 // are requantized from their exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 *
@@ -114,16 +125,28 @@ struct Q6KQuadCursor {
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
 // faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's.)
 GGMLType panel_type(GGMLType t);
-// rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in panel_type(t), GGUF
-// rows (row_bytes(panel_type(t), K) apart). Returns how many 32-blocks hold exactly the source
+// rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in Q8_0 (panel_type(t), or
+// t = MXFP4), GGUF rows (row_bytes(Q8_0, K) apart). Returns how many 32-blocks hold exactly the source
 // values.
 int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                      uint8_t* out);
 
+// The f16 bits of MXFP4's block scale 2^(e - 128) where it is an f16 (normal or subnormal:
+// e - 128 in [-24, 15]), else 0.
+uint16_t mxfp4_f16_scale(uint8_t e);
+// The panel type of a weight of type t whose rows are these: panel_type(t), but MXFP4 keeps its
+// own layout (17 bytes per 32 weights, not Q8_0's 34) where every block's scale is an f16 or
+// the block is all zeros, else (a scale outside 2^-24 .. 2^15) the whole weight is Q8_0.
+GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K);
+
 // Weight types multiplied on the integer path.
 inline bool is_int_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K;
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K ||
+         t == GGMLType::MXFP4;
 }
+// The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: MXFP4's
+// chunk is Q8_0's (above), every other type its own.
+inline GGMLType gemm_type(GGMLType t) { return t == GGMLType::MXFP4 ? GGMLType::Q8_0 : t; }
 
 int64_t block_len(GGMLType t);           // elements per block along K (type_traits)
 uint64_t packed_block_bytes(GGMLType t);  // bytes of one block of a group (16 rows)
@@ -133,7 +156,7 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
-// The quad variant of pack_rows for Q8_0, Q4_0 and Q4_K (pack_rows for every other type).
+// The quad variant of pack_rows for Q8_0, Q4_0, MXFP4 and Q4_K (pack_rows for every other type).
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
