@@ -299,7 +299,9 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     profile::set_meta("activation_bytes",
                       int64_t(4 * T * (2 * int64_t(hp.dim) + 2 * hp.q_dim() + 2 * hp.kv_dim() +
                                        std::max(hp.ffn_dim, hp.expert_ffn_dim) +
-                                       (hp.n_experts > 0 ? hp.n_experts + 3 * int64_t(hp.dim) + 4 * hp.n_experts_used : 0))));
+                                       (hp.n_experts > 0 ? hp.n_experts + 3 * int64_t(hp.dim) + 4 * hp.n_experts_used +
+                                                               (hp.ffn_act == GateAct::SwigluOai ? hp.expert_ffn_dim : 0)
+                                                         : 0))));
     profile::set_meta("logits_bytes", int64_t(4 * int64_t(sched_cfg_.max_num_seqs) * hp.n_vocab));
     profile::set_meta("max_batch_tokens", T);
     profile::set_meta("kv_total_blocks", int64_t(kc.n_blocks));

@@ -39,8 +39,8 @@ struct AttentionShape {
 
 // The gate activation of a gated FFN, A = act(X Wg^T) * (X Wu^T): SiLU (SwiGLU: llama, qwen2,
 // phi3) or GELU in its tanh form (GeGLU: gemma2). SwigluOai (gpt-oss's experts) is not of that
-// form: A = g' sigmoid(1.702 g') (u' + 1) with g' = min(g, 7), u' = clamp(u, -7, 7); only
-// Backend::glu computes it (ffn_glu's fused epilogue refuses it).
+// form: A = g' sigmoid(1.702 g') (u' + 1) with g' = min(g, 7), u' = clamp(u, -7, 7): Backend::glu
+// computes it, the fast backend's ffn_glu (a fused epilogue) refuses it.
 enum class GateAct { SiLU, GeluTanh, SwigluOai };
 
 enum class RopeStyle { Interleaved /* llama: pairs (2i, 2i+1) */, Halves /* neox/qwen2: (i, i+d/2) */ };

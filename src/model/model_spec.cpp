@@ -339,6 +339,12 @@ std::unique_ptr<Model> Model::bind(std::unique_ptr<GGUFFile> file, const RopeOve
   hp.tied_embeddings = w.output.data == nullptr;
   if (hp.tied_embeddings) w.output = w.token_embd;
   for (LayerWeights& L : w.layers) fused_views(L, hp);
+  // A sink is a logit: +inf would zero its head's attention in one backend and be NaN in another.
+  for (size_t il = 0; il < w.layers.size(); ++il)
+    if (const float* s = w.layers[il].attn_sinks)
+      for (int32_t h = 0; h < hp.n_heads; ++h)
+        if (!std::isfinite(s[h]))
+          fail(f.path(), ": tensor 'blk.", il, ".attn_sinks.weight': head ", h, "'s sink is ", s[h], " (must be finite)");
   hp.rope.freq_factors = w.rope_freqs;  // (long/short factors: chosen by the Forward's context)
   if (hp.yarn_factor > 0) {
     if (w.rope_long || w.rope_short) fail(f.path(), ": YaRN over the file's long/short rope factors is not supported");

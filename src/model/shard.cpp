@@ -111,6 +111,8 @@ void Model::shard(int rank, int n) {
     if (L.bq) L.bq += rank * q;
     if (L.bk) L.bk += rank * kv;
     if (L.bv) L.bv += rank * kv;
+    if (L.attn_sinks) L.attn_sinks += rank * (hp.n_heads / n);  // (the rank's query heads'; bo stays whole:
+                                                                 //  added once, after the allreduce)
     L.wqkv = {};      // (phi3: wq/wk/wv above are the views the forward reads)
     L.w_gate_up = {};
     L.w_gate = rows_of(L.w_gate, rank * f, f);

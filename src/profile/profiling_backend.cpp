@@ -141,7 +141,7 @@ class ProfilingBackend final : public Backend {
     const uint64_t flops = 4ull * MF * uint64_t(Wg.n_cols) + 5ull * MF;  // two GEMMs + act·mul
     const uint64_t bytes = g.bytes + u.bytes + 4ull * uint64_t(M) * uint64_t(Wg.n_cols) + 4ull * MF;
     emit_gemm(ffn_name_, t0, t1, M, 2 * Wg.n_rows, Wg.n_cols, g.type, flops, bytes,
-              act == GateAct::GeluTanh ? "ffn_geglu" : "ffn_swiglu");
+              act == GateAct::GeluTanh ? "ffn_geglu" : act == GateAct::SwigluOai ? "ffn_swiglu_oai" : "ffn_swiglu");
   }
 
   // (LoRA's shrink: the deltas themselves are inside the projections' calls above. fuse: the

@@ -146,10 +146,12 @@ INSTANTIATE_TEST_SUITE_P(Lora, AdapterVsMerged,
                                            LoraCase{"qwen2", "f32", 16}, LoraCase{"qwen3", "f32", 16},
                                            LoraCase{"qwen3moe", "f32", 8},
                                            LoraCase{"gemma2", "f32", 4}, LoraCase{"gemma3", "f16", 8},
-                                           LoraCase{"phi3", "f16", 16}),
+                                           LoraCase{"phi3", "f16", 16}, LoraCase{"gpt-oss", "f32", 8}),
                          [](const auto& info) {
-                           return std::string(info.param.arch) + "_" + info.param.lora_type + "_r" +
-                                  std::to_string(info.param.rank);
+                           std::string n = std::string(info.param.arch) + "_" + info.param.lora_type + "_r" +
+                                           std::to_string(info.param.rank);
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
                          });
 
 // The base and 4 adapters in one batch (prefill together, decode rows in another order than

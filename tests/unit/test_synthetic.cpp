@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -343,6 +344,46 @@ TEST(Synthetic, Phi3WindowOfZeroIsNone) {
   EXPECT_EQ(m->hparams().swa_layers, SwaLayers::None);
   EXPECT_EQ(m->hparams().layer_window(0), 0);
   expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111, 35}));
+}
+
+// gpt-oss's attention sinks are logits: a non-finite one is refused at load naming its tensor and
+// head (+inf zeroes a head in the flash kernel and is NaN in the reference); a transposed expert
+// bias stack is refused naming its shape.
+TEST(Synthetic, GptOssSinksFiniteAndBiasStacksShaped) {
+  SyntheticOptions opt;
+  opt.arch = "gpt-oss";
+  opt.n_experts = 3;
+  TempFile src("gptoss_src.gguf"), dst("gptoss_bad.gguf");
+  write_synthetic_model(opt, src.path());
+  const auto good = Model::load(src.path());
+  ASSERT_NE(good->weights().layers[1].attn_sinks, nullptr);
+  auto load_error = [&] {
+    try {
+      Model::load(dst.path());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  auto rewrite = [&](const std::string& name, auto edit) {
+    const auto f = GGUFFile::open(src.path());
+    GGUFWriter w;
+    for (const auto& [k, v] : f->metadata()) w.set(k, v);
+    for (const auto& t : f->tensors()) {
+      std::vector<uint8_t> data(t.data, t.data + t.n_bytes);
+      std::vector<uint64_t> ne = t.ne;
+      if (t.name == name) edit(data, ne);
+      w.add_tensor(t.name, t.type, ne, std::move(data));
+    }
+    w.write(dst.path());
+  };
+  for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()}) {
+    rewrite("blk.1.attn_sinks.weight", [&](std::vector<uint8_t>& d, std::vector<uint64_t>&) { std::memcpy(d.data() + 4, &bad, 4); });
+    EXPECT_NE(load_error().find("blk.1.attn_sinks.weight': head 1's sink"), std::string::npos) << load_error();
+  }
+  rewrite("blk.0.ffn_up_exps.bias", [](std::vector<uint8_t>&, std::vector<uint64_t>& ne) { std::swap(ne[0], ne[1]); });
+  EXPECT_NE(load_error().find("tensor 'blk.0.ffn_up_exps.bias': expected shape"), std::string::npos) << load_error();
 }
 
 // YaRN from the file's keys and the same from load-time overrides (run/serve's --rope-scaling yarn

@@ -58,6 +58,7 @@ inline float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f, kA = 0.044715f;
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kA * x * x)));
 }
+// (Of SiLU and GELU only: SwigluOai reads the up value too, swiglu_oai below.)
 inline float gate_act(GateAct act, float x) { return act == GateAct::GeluTanh ? gelu_tanh(x) : silu(x); }
 // gpt-oss's (llama.cpp's swiglu_oai, alpha 1.702, limit 7): the gate clamped from above only,
 // the linear part both ways and offset by 1.
