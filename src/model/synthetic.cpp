@@ -21,6 +21,9 @@ const std::vector<SyntheticShape>& synthetic_shapes() {
       {"tiny-256", 256, 2, 4, 2, 768, 0, 2048},
       {"110m", 768, 12, 12, 4, 2048, 0, 4096},
       {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048},
+      // gpt-oss-20b's (with --arch gpt-oss --head-dim 64 --experts 32 --experts-used 4; its o200k
+      // vocabulary's 201,088 rows; 4,096 is YaRN's original context)
+      {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, 4096},
   };
   return shapes;
 }
