@@ -207,11 +207,11 @@ TEST(ServerParse, EveryOpenAIFieldIsAccepted) {
   EXPECT_EQ(r.tool_choice, ToolChoice::None);
   EXPECT_FALSE(r.seed_set);
   EXPECT_TRUE(r.skip_special_tokens);
-  EXPECT_EQ(r.template_vars, json({{"x", 1}}));  // chat_template_kwargs
+  EXPECT_EQ(r.template_vars, json({{"x", 1}, {"reasoning_effort", "low"}}));  // chat_template_kwargs, reasoning_effort
   EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
   const std::set<std::string> ignored(r.ignored_fields.begin(), r.ignored_fields.end());
   for (const char* f : {"store", "metadata", "service_tier", "prompt_cache_key",
-                        "reasoning_effort", "verbosity", "safety_identifier", "prediction", "web_search_options",
+                        "verbosity", "safety_identifier", "prediction", "web_search_options",
                         "user", "cache_prompt"})
     EXPECT_TRUE(ignored.count(f)) << f;
 
@@ -1493,6 +1493,88 @@ TEST(ServerReasoning, SplitsAsTheWholeTextWouldInAnyPieces) {
         ASSERT_EQ(reasoning, want_r) << "'" << t << "' open " << open << " round " << round;
         ASSERT_EQ(content, want_c) << "'" << t << "' open " << open << " round " << round;
       }
+}
+
+// gpt-oss's harmony output, for every way of cutting it into pieces: analysis -> reasoning,
+// final/commentary -> content, to=functions.NAME -> a call, the markup dropped (raw: kept but for
+// the calls' messages); an output that does not start as harmony is content.
+TEST(ServerReasoning, HarmonySplitsChannelsInAnyPieces) {
+  struct Case {
+    std::string text, reasoning, content;
+    std::vector<std::pair<std::string, std::string>> calls;
+    std::string raw;  // the content with raw (--reasoning-format none); "=": the whole text
+  };
+  const std::string get = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>";
+  const std::vector<Case> cases = {
+      {"<|channel|>analysis<|message|>Think about it.<|end|><|start|>assistant<|channel|>final<|message|>The answer.",
+       "Think about it.", "The answer.", {}, "="},
+      {"<|channel|>analysis<|message|>Need the weather.<|end|>" + get + "{\"city\": \"Paris\"}",
+       "Need the weather.", "", {{"get_weather", "{\"city\": \"Paris\"}"}}, "<|channel|>analysis<|message|>Need the weather.<|end|>"},
+      // The recipient before the channel (gpt-oss's own template renders calls so), a call ended by <|end|>.
+      {"<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.now<|channel|>commentary json<|message|> {} <|end|>",
+       "x", "", {{"now", "{}"}}, "<|channel|>analysis<|message|>x<|end|>"},
+      // A preamble on the commentary channel is content.
+      {"<|channel|>commentary<|message|>Let me check.<|end|>" + get + "{}", "", "Let me check.", {{"get_weather", "{}"}},
+       "<|channel|>commentary<|message|>Let me check.<|end|>"},
+      {"<|channel|>final<|message|>Hi", "", "Hi", {}, "="},
+      // Not harmony (a grammar's JSON, a model off its format): content throughout.
+      {"{\"name\": \"x\"}", "", "{\"name\": \"x\"}", {}, "="},
+      {"Hello <|channel|>", "", "Hello <|channel|>", {}, "="},
+      // Cut short inside a message, a marker's start in it; a message left without <|end|>.
+      {"<|channel|>analysis<|message|>Hmm, a < b || c <|", "Hmm, a < b || c <|", "", {}, "="},
+      {"<|channel|>analysis<|message|>a<|start|>assistant<|channel|>final<|message|>b", "a", "b", {}, "="},
+      {"<|channel|>analysis<|message|>a<|channel|>final<|message|>b<|end|>\n", "a", "b", {}, "="},
+      // A built-in tool's call (browser, python) is part of the reasoning; a header cut short is markup.
+      {"<|channel|>analysis to=browser.search <|constrain|>json<|message|>{\"q\": 1}<|end|><|start|>assistant<|chan",
+       "{\"q\": 1}", "", {}, "="},
+      {"", "", "", {}, "="},
+      {"<|channel|>analy", "", "", {}, "="},  // (a header cut short: markup)
+      {"<|chann", "", "<|chann", {}, "="},    // (markers come whole, as tokens: this is text)
+  };
+  std::mt19937 rng(11);
+  for (const Case& k : cases)
+    for (const bool raw : {false, true})
+      for (int round = 0; round < 60; ++round) {
+        ReasoningSplit split{HarmonySplit(raw)};
+        std::string reasoning, content;
+        std::vector<ToolCall> calls;
+        for (size_t i = 0;;) {
+          const size_t n = round == 0 ? k.text.size() : rng() % 5;
+          const bool last = i + n >= k.text.size();
+          const auto parts = split.push(std::string_view(k.text).substr(std::min(i, k.text.size()), n), last);
+          reasoning += parts.reasoning;
+          content += parts.content;
+          for (ToolCall& c : split.harmony()->take_calls()) calls.push_back(std::move(c));
+          if (last) break;
+          i += n;
+        }
+        const std::string where = "'" + k.text + "' raw " + std::to_string(raw) + " round " + std::to_string(round);
+        ASSERT_EQ(reasoning, raw ? "" : k.reasoning) << where;
+        ASSERT_EQ(content, raw ? (k.raw == "=" ? k.text : k.raw) : k.content) << where;
+        ASSERT_EQ(split.reasoned(), !raw && k.text.find("analysis") != std::string::npos) << where;
+        ASSERT_EQ(calls.size(), k.calls.size()) << where;
+        for (size_t c = 0; c < calls.size(); ++c) {
+          EXPECT_EQ(calls[c].name, k.calls[c].first) << where;
+          EXPECT_EQ(calls[c].arguments, k.calls[c].second) << where;
+          EXPECT_TRUE(calls[c].id.starts_with("call_")) << where;
+        }
+      }
+}
+
+// Its calls under a tool choice: auto keeps those naming a function of the request's; the others
+// (and all under none) are content.
+TEST(ServerTools, HarmonyCallsUnderAToolChoice) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])");
+  const std::vector<ToolCall> calls = {{"call_1", "get_weather", R"({"city": "Paris"})"}, {"call_2", "nope", "{}"}};
+  const FoundToolCalls a = harmony_tool_calls(calls, ToolChoice::Auto, tools);
+  ASSERT_EQ(a.calls.size(), 1u);
+  EXPECT_EQ(a.calls[0].name, "get_weather");
+  EXPECT_EQ(a.calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(a.content, "{}");
+  const FoundToolCalls none = harmony_tool_calls(calls, ToolChoice::None, tools);
+  EXPECT_TRUE(none.calls.empty());
+  EXPECT_EQ(none.content, "{\"city\": \"Paris\"}\n{}");
+  EXPECT_EQ(tool_calls_json(a.calls)[0]["function"]["name"], "get_weather");
 }
 
 // bad_word_ids on real vocabularies: byte-level BPE takes the word and its spaced form (another
