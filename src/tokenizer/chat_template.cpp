@@ -244,10 +244,11 @@ std::string harmony_tools(const json& tools) {
         if (spec.is_object() && spec.contains("description") && spec["description"].is_string())
           out += "// " + spec["description"].get<std::string>() + "\n";
         const bool req = required.is_array() && std::find(required.begin(), required.end(), json(name)) != required.end();
-        out += name + (req ? ": " : "?: ") + ts_type(spec) + ",";
-        if (spec.is_object() && spec.contains("default"))
-          out += " // default: " + (spec["default"].is_string() ? spec["default"].get<std::string>() : spec["default"].dump());
-        out += "\n";
+        out += name + (req ? ": " : "?: ") + ts_type(spec);
+        if (spec.is_object() && spec.contains("default"))  // (as the template writes it: an enum's as it is)
+          out += ", // default: " + (spec.contains("enum") && spec["default"].is_string() ? spec["default"].get<std::string>()
+                                                                                         : spec["default"].dump());
+        out += ",\n";
       }
       out += "}";
     }

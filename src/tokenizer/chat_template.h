@@ -105,7 +105,7 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
 //   channel: 'functions'.]<|end|>
 //   [<|start|>developer<|message|>[# Instructions\n\n{first system message}][\n\n]
 //    [# Tools\n\n## functions\n\nnamespace functions {\n\n// {description}\ntype {name} = (_: {\n
-//    // {param description}\n{param}[?]: {TypeScript type},[ // default: {default}]\n...}) => any;\n
+//    // {param description}\n{param}[?]: {TypeScript type}[, // default: {default}],\n...}) => any;\n
 //    ...\n} // namespace functions]<|end|>]                      (a system message or tools)
 //   <|start|>user<|message|>{content}<|end|>
 //   <|start|>assistant<|channel|>final<|message|>{content}<|end|>

@@ -332,7 +332,7 @@ TEST(ChatTemplate, HarmonyToolsCallsAndResults) {
                 "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n## functions\n\n"
                 "namespace functions {\n\n"
                 "// Gets the weather.\ntype get_weather = (_: {\n// The city\ncity: string,\ndays?: number,\ntags?: string[],\n"
-                "unit?: \"c\" | \"f\", // default: c\n}) => any;\n\n"
+                "unit?: \"c\" | \"f\", // default: c,\n}) => any;\n\n"
                 "type now = () => any;\n\n} // namespace functions<|end|>"
                 "<|start|>user<|message|>Weather in Paris?<|end|>"
                 "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>"
