@@ -193,7 +193,14 @@ int serve(const ServeArgs& a, const server::ServeConfig& cfg, std::unique_ptr<Mo
     fail("--reasoning-format must be auto, deepseek or none, got '", cfg.reasoning_format, "'");
   served.reasoning = cfg.reasoning_format == "deepseek" ||
                      (cfg.reasoning_format == "auto" && served.chat.is_jinja() && template_source.find("think>") != std::string::npos);
-  if (served.reasoning) {
+  // gpt-oss: its harmony channels, not <think>: analysis is the reasoning (but with none).
+  served.harmony = served.chat.harmony();
+  if (served.harmony) {
+    served.reasoning = cfg.reasoning_format != "none";
+    spdlog::info("gpt-oss harmony format: {}", served.reasoning ? "the analysis channel goes to reasoning_content, final to content, "
+                                                                  "commentary to=functions.* to tool calls"
+                                                                : "raw output in content (--reasoning-format none; tool calls still found)");
+  } else if (served.reasoning) {
     bool opens = false;  // (for the log: each request's own prompt decides)
     try {
       opens = server::ends_in_reasoning(served.chat.render({{"user", "x"}}, nullptr, true));

@@ -100,7 +100,7 @@ constexpr Field kFields[] = {
     {"tool_choice", kChat, Use::Handled}, {"functions", kChat, Use::Handled}, {"function_call", kChat, Use::Handled},
     {"modalities", kChat, Use::Handled}, {"audio", kChat, Use::Handled}, {"parallel_tool_calls", kChat, Use::Handled},
     {"store", kChat, Use::Ignored}, {"metadata", kChat, Use::Ignored}, {"service_tier", kChat, Use::Ignored},
-    {"prompt_cache_key", kChat, Use::Ignored}, {"reasoning_effort", kChat, Use::Ignored},
+    {"prompt_cache_key", kChat, Use::Ignored}, {"reasoning_effort", kChat, Use::Handled},
     {"verbosity", kChat, Use::Ignored}, {"safety_identifier", kChat, Use::Ignored}, {"prediction", kChat, Use::Ignored},
     {"web_search_options", kChat, Use::Ignored},
     // vLLM / llama.cpp extensions.
@@ -457,6 +457,12 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       if (!j["documents"].is_array()) bad("documents", "'documents' must be an array");
       r.template_vars["documents"] = j["documents"];
     }
+    // OpenAI's reasoning_effort reaches the template as reasoning_effort (gpt-oss's reads it, as
+    // vLLM passes it), unless chat_template_kwargs sets it; other templates ignore it.
+    if (j.contains("reasoning_effort")) {
+      if (!j["reasoning_effort"].is_string()) bad("reasoning_effort", "'reasoning_effort' must be a string");
+      if (!r.template_vars.contains("reasoning_effort")) r.template_vars["reasoning_effort"] = j["reasoning_effort"];
+    }
     if (j.contains("modalities")) {
       const json& m = j["modalities"];
       if (!m.is_array()) bad("modalities", "'modalities' must be an array");
@@ -778,7 +784,141 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   }
 }
 
+namespace {
+constexpr std::string_view kHarmonyMessage = "<|message|>", kHarmonyChannel = "<|channel|>";
+// What ends a message's body: its end (<|end|>; <|return|> and <|call|> where they are in the text,
+// under ignore_eos) or, where a model left it out, the next message's start.
+constexpr std::string_view kHarmonyEnds[] = {"<|end|>", "<|return|>", "<|call|>", "<|start|>", "<|channel|>"};
+constexpr size_t kHarmonyConsumed = 3;  // kHarmonyEnds' first three are the message's (the rest start the next)
+// How an output in harmony starts: a header's first marker, or a recipient before the channel.
+constexpr std::string_view kHarmonyStarts[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", " to=", "to="};
+constexpr size_t kMaxHarmonyHeader = 4096;  // bytes: a longer "header" is a model off its format
+
+// The word after `key` in a header ("" when absent): up to whitespace or the next marker.
+std::string header_word(std::string_view header, std::string_view key, bool last) {
+  const size_t at = last ? header.rfind(key) : header.find(key);
+  if (at == std::string_view::npos) return "";
+  std::string_view rest = header.substr(at + key.size());
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  size_t n = 0;
+  while (n < rest.size() && !std::isspace(static_cast<unsigned char>(rest[n])) && rest[n] != '<') ++n;
+  return std::string(rest.substr(0, n));
+}
+
+std::string_view trim_space(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+}  // namespace
+
+void HarmonySplit::emit(ReasoningParts& out, std::string_view text) {
+  if (kind_ == Kind::Call) call_args_ += text;
+  else if (kind_ == Kind::Reasoning && !raw_) out.reasoning += text;
+  else out.content += text;
+}
+
+void HarmonySplit::open_body(ReasoningParts& out) {
+  const std::string channel = header_word(header_, kHarmonyChannel, true);
+  const std::string recipient = header_word(header_, "to=", false);
+  if (recipient.starts_with("functions.")) {
+    kind_ = Kind::Call;
+    call_name_ = recipient.substr(10);
+    call_args_.clear();
+  } else {
+    kind_ = !recipient.empty() || channel == "analysis" ? Kind::Reasoning : Kind::Content;  // (a built-in tool's call: reasoning)
+  }
+  if (kind_ == Kind::Reasoning && !raw_) reasoned_ = true;
+  if (raw_ && kind_ != Kind::Call) out.content += header_;
+  header_.clear();
+  state_ = State::Body;
+}
+
+void HarmonySplit::close_body() {
+  if (kind_ == Kind::Call) calls_.push_back({new_tool_call_id(), call_name_, std::string(trim_space(call_args_))});
+  kind_ = Kind::Content;
+  call_args_.clear();
+  state_ = State::Header;
+}
+
+ReasoningParts HarmonySplit::push(std::string_view text, bool final) {
+  held_.append(text);
+  ReasoningParts out;
+  for (;;) {
+    switch (state_) {
+      case State::Start: {
+        bool harmony = false, maybe = false;
+        for (std::string_view s : kHarmonyStarts) {
+          harmony = harmony || held_.starts_with(s);
+          maybe = maybe || s.starts_with(held_);
+        }
+        if (harmony) {
+          state_ = State::Header;
+          break;
+        }
+        if (maybe && !final) return out;  // (may still become a marker)
+        state_ = State::Plain;
+        break;
+      }
+      case State::Plain:
+        out.content += std::exchange(held_, {});
+        return out;
+      case State::Header: {
+        const size_t from = header_.size() > kHarmonyMessage.size() ? header_.size() - kHarmonyMessage.size() : 0;
+        header_ += std::exchange(held_, {});
+        if (const size_t at = header_.find(kHarmonyMessage, from); at != std::string::npos) {
+          held_ = header_.substr(at + kHarmonyMessage.size());
+          header_.resize(at + kHarmonyMessage.size());
+          open_body(out);
+          break;
+        }
+        if (header_.size() > kMaxHarmonyHeader) {  // not a header: the rest is content as it comes
+          out.content += std::exchange(header_, {});
+          state_ = State::Plain;
+          break;
+        }
+        if (final) {
+          // An unfinished header is markup (raw: content); text with no marker at all is stray
+          // text after the last message: content.
+          if (raw_ || (header_.find("<|") == std::string::npos && !trim_space(header_).empty())) out.content += header_;
+          header_.clear();
+        }
+        return out;
+      }
+      case State::Body: {
+        size_t at = std::string::npos, which = 0;
+        for (size_t k = 0; k < std::size(kHarmonyEnds); ++k)
+          if (const size_t p = held_.find(kHarmonyEnds[k]); p < at) at = p, which = k;
+        if (at != std::string::npos) {
+          emit(out, std::string_view(held_).substr(0, at));
+          size_t cut = at;
+          if (which < kHarmonyConsumed) {
+            cut += kHarmonyEnds[which].size();
+            if (raw_ && kind_ != Kind::Call) out.content += kHarmonyEnds[which];
+          }
+          held_.erase(0, cut);
+          close_body();
+          break;
+        }
+        size_t keep = 0;  // the longest tail that may become a marker
+        if (!final)
+          for (std::string_view m : kHarmonyEnds)
+            for (size_t n = std::min(m.size() - 1, held_.size()); n > keep; --n)
+              if (m.starts_with(std::string_view(held_).substr(held_.size() - n))) {
+                keep = n;
+                break;
+              }
+        emit(out, std::string_view(held_).substr(0, held_.size() - keep));
+        held_.erase(0, held_.size() - keep);
+        if (final) close_body();
+        return out;
+      }
+    }
+  }
+}
+
 ReasoningSplit::Parts ReasoningSplit::push(std::string_view text, bool final) {
+  if (harmony_) return harmony_->push(text, final);
   static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
   held_.append(text);
   Parts out;
@@ -1324,6 +1464,15 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
     return f;
   }
   f.content = std::string(text);
+  return f;
+}
+
+FoundToolCalls harmony_tool_calls(std::vector<ToolCall> calls, ToolChoice choice, const json& tools) {
+  FoundToolCalls f;
+  for (ToolCall& c : calls) {
+    if (choice == ToolChoice::Auto && known_tool(tools, c.name)) f.calls.push_back(std::move(c));
+    else f.content += (f.content.empty() ? "" : "\n") + c.arguments;
+  }
   return f;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -188,20 +189,64 @@ struct TokenLogprob {
 // the prompt's generation turn ended with one (open_at_start: R1's templates). push() takes text
 // as it streams and returns what can be released of each; a tail that may still become a tag is
 // held back until the next push or the end (final). Without "<think>" it is all content.
+struct ReasoningParts {
+  std::string reasoning, content;
+};
+
+// gpt-oss's output in its harmony format (the text after the prompt's "<|start|>assistant", its
+// control tokens rendered as text: HttpSession generates a harmony model's chat with
+// skip_special_tokens off): messages
+//   [<|start|>assistant][<|channel|>CHANNEL][ to=RECIPIENT][ <|constrain|>TYPE]<|message|>BODY<|end|>
+// (the recipient may come before the channel too; the last message's <|return|> or <|call|> ends
+// the generation: not in the text). A body goes by its channel: analysis -> reasoning; final,
+// commentary and any other -> content; to=functions.NAME -> a call (its body the arguments'
+// JSON text, whatever the channel); to= another recipient (a built-in tool's: browser, python)
+// -> reasoning. Headers and the markers between messages are dropped. An output that does not
+// start as harmony (a grammar's JSON, a model off its format) is content throughout. raw
+// (--reasoning-format none): every byte but the calls' messages is content, markup and all.
+// push() takes text as it streams and returns what can be released; a tail that may become a
+// marker is held back until the next push or the end (final).
+class HarmonySplit {
+ public:
+  explicit HarmonySplit(bool raw = false) : raw_(raw) {}
+  ReasoningParts push(std::string_view text, bool final);
+  bool reasoned() const { return reasoned_; }  // an analysis body was seen (it may be empty)
+  bool in_reasoning() const { return state_ == State::Body && kind_ == Kind::Reasoning; }
+  // The calls whose messages have ended (all of them after the final push): id, name (the
+  // recipient less "functions.") and arguments (the body, trimmed); taken.
+  std::vector<ToolCall> take_calls() { return std::exchange(calls_, {}); }
+
+ private:
+  enum class State { Start, Header, Body, Plain } state_ = State::Start;
+  enum class Kind { Reasoning, Content, Call } kind_ = Kind::Content;
+  void open_body(ReasoningParts& out);  // header_ is complete: classify the message
+  void close_body();                    // the message ended
+  void emit(ReasoningParts& out, std::string_view text);  // body text by kind_
+  bool raw_;
+  std::string held_;    // not yet looked at (a tail that may become a marker)
+  std::string header_;  // the header so far (with its markers)
+  std::string call_name_, call_args_;
+  std::vector<ToolCall> calls_;
+  bool reasoned_ = false;
+};
+
+// A chat's reasoning split off its output: R1-style <think> (ReasoningSplit(open_at_start)) or
+// gpt-oss's harmony channels (ReasoningSplit(HarmonySplit)).
 class ReasoningSplit {
  public:
   explicit ReasoningSplit(bool open_at_start) : state_(open_at_start ? State::Reasoning : State::Start) {}
-  struct Parts {
-    std::string reasoning, content;
-  };
+  explicit ReasoningSplit(HarmonySplit h) : state_(State::Start), harmony_(std::move(h)) {}
+  using Parts = ReasoningParts;
   Parts push(std::string_view text, bool final);
-  bool reasoned() const { return reasoned_; }  // a reasoning part was seen (it may be empty)
-  bool in_reasoning() const { return state_ == State::Reasoning; }
+  bool reasoned() const { return harmony_ ? harmony_->reasoned() : reasoned_; }  // a reasoning part was seen (it may be empty)
+  bool in_reasoning() const { return harmony_ ? harmony_->in_reasoning() : state_ == State::Reasoning; }
+  HarmonySplit* harmony() { return harmony_ ? &*harmony_ : nullptr; }
 
  private:
   enum class State { Start, Reasoning, Content } state_;
   std::string held_;
   bool reasoned_ = false;
+  std::optional<HarmonySplit> harmony_;
 };
 
 // The choice's "logprobs" object for these tokens.
@@ -331,6 +376,10 @@ class ToolCallHold {
   bool in_call_;             // a marker came (or all): everything from it is held
   bool released_ = false;
 };
+// gpt-oss's calls (HarmonySplit::take_calls) under a tool choice: under auto, the ones naming a
+// function of `tools` are calls; the others' arguments are content (one per line), as are all of
+// them under none. (Required and Named constrain the output to plain JSON: extract_tool_calls.)
+FoundToolCalls harmony_tool_calls(std::vector<ToolCall> calls, ToolChoice choice, const nlohmann::json& tools);
 // A fresh tool-call id: "call_" + 24 hex digits.
 std::string new_tool_call_id();
 // [{"id", "type": "function", "function": {"name", "arguments"}}] (streamed: with "index" too).

@@ -74,8 +74,8 @@ const ServeSetting kSettings[] = {
     {"server.chat_template_file", "--chat-template-file", "A Jinja chat template to serve instead of the model's",
      &ServeConfig::chat_template_file},
     {"server.reasoning_format", "--reasoning-format",
-     "Chat's reasoning (text before </think>) as message.reasoning_content: deepseek, none, or auto (deepseek when the "
-     "chat template writes <think>)",
+     "Chat's reasoning (text before </think>; gpt-oss: its analysis channel) as message.reasoning_content: deepseek, "
+     "none, or auto (deepseek when the chat template writes <think>; gpt-oss's harmony split but with none)",
      &ServeConfig::reasoning_format},
     {"server.pooling", "--pooling",
      "/v1/embeddings' pooling of the prompt's final-norm hidden states: mean, cls, last, or auto (the file's "

@@ -296,6 +296,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   // --- generation -------------------------------------------------------------------------
+  // A chat's reasoning split for the served model: gpt-oss's harmony channels, R1-style <think>
+  // (ServedModel::reasoning; open_reasoning may reopen it), or none.
+  static std::optional<ReasoningSplit> reasoning_split(const ServedModel& m) {
+    if (m.harmony) return ReasoningSplit(HarmonySplit(/*raw=*/!m.reasoning));
+    if (m.reasoning) return ReasoningSplit(false);
+    return std::nullopt;
+  }
+  static HarmonySplit* harmony_of(std::optional<ReasoningSplit>& think) { return think ? think->harmony() : nullptr; }
   // A choice's tool calls at its end, and the content still to give. Streaming: found in what
   // `held` kept back (the text before it went out); else in the whole text, of which `kept` holds
   // what was released (taken).
@@ -321,8 +329,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
           choices_(usage_.size() * size_t(pr.n)), done_(choices_.size()), prompt_logprobs_(usage_.size()),
           prompt_ids_(usage_.size()) {
-      if (meta_.kind == Endpoint::Chat && s.srv_.model.reasoning)
-        for (Choice& c : choices_) c.think.emplace(false);  // (open_reasoning: whether it starts open)
+      if (meta_.kind == Endpoint::Chat)
+        for (Choice& c : choices_) c.think = reasoning_split(s.srv_.model);  // (open_reasoning: whether <think> starts open)
       grammar_ = !pr.grammar.empty();
       if (pr.echo) {  // each prompt as the client gave it
         const Tokenizer& tok = *s.srv_.model.tokenizer;
@@ -367,7 +375,17 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // call went out as content; a named call's arguments stream).
       std::string reason = f.reason;
       json calls = nullptr;
-      if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
+      if (HarmonySplit* h = harmony_of(c.think); h && !c.held && tool_choice_ != ToolChoice::Named) {
+        // gpt-oss: its commentary messages to=functions.NAME (auto: a function of the request's).
+        FoundToolCalls found = harmony_tool_calls(h->take_calls(), tool_choice_, tools_);
+        if (!found.calls.empty()) {
+          calls = tool_calls_json(found.calls, stream_);
+          if (reason == "stop") reason = "tool_calls";
+        }
+        if (!found.content.empty()) emit(c, f.index, found.content, false);
+        if (stream_ && !calls.is_null())
+          s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
+      } else if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
         FoundToolCalls found = finish_calls(c.held, c.text, stream_, tool_choice_, tool_name_, tools_);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
@@ -425,14 +443,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     // output from its first token, so reasoning only where the output writes "<think>" itself.
     void open_reasoning(bool open) {
       for (Choice& c : choices_)
-        if (c.think) c.think.emplace(open && !grammar_);
+        if (c.think && !c.think->harmony()) c.think.emplace(open && !grammar_);
     }
     // The SSE head, and chat's first chunk per choice (the role, empty content), before any
     // token. Tool calls: required/auto text is held back (auto: what is or may become a call); a
     // named call's arguments stream as they come.
     void start() {
+      // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
       if (tool_choice_ == ToolChoice::Required || tool_choice_ == ToolChoice::Auto)
-        for (Choice& c : choices_) c.held.emplace(tool_choice_ == ToolChoice::Required);
+        for (Choice& c : choices_)
+          if (tool_choice_ == ToolChoice::Required || !harmony_of(c.think)) c.held.emplace(tool_choice_ == ToolChoice::Required);
       if (!stream_) return;
       std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_);
       if (meta_.kind == Endpoint::Chat)
@@ -780,12 +800,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
           grammar_(!pr.grammar.empty()) {
-      if (s.srv_.model.reasoning) think_.emplace(false);
-      if (tool_choice_ != ToolChoice::None) held_.emplace(tool_choice_ != ToolChoice::Auto);
+      think_ = reasoning_split(s.srv_.model);
+      // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
+      if (tool_choice_ != ToolChoice::None && !(tool_choice_ == ToolChoice::Auto && harmony_of(think_)))
+        held_.emplace(tool_choice_ != ToolChoice::Auto);
     }
     // As Reply::open_reasoning: whether the output starts inside the reasoning.
     void open_reasoning(bool open) {
-      if (think_) think_.emplace(open && !grammar_);
+      if (think_ && !think_->harmony()) think_.emplace(open && !grammar_);
     }
     void start() {
       if (!stream_) return;
@@ -815,8 +837,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // Calls: in the whole text, or streaming in what was held back (the text before a call went
       // out as the message's).
       std::vector<ToolCall> calls;
-      if (held_) {
-        FoundToolCalls found = finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_);
+      if (held_ || harmony_of(think_)) {
+        FoundToolCalls found = held_ ? finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_)
+                                     : harmony_tool_calls(harmony_of(think_)->take_calls(), tool_choice_, tools_);
         calls = std::move(found.calls);
         if (stream_ && !found.content.empty()) out += close_reasoning();
         out += message_text(found.content);
@@ -948,12 +971,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     MessagesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
           tools_(pr.tools), grammar_(!pr.grammar.empty()) {
-      if (tool_choice_ != ToolChoice::None) held_.emplace(tool_choice_ != ToolChoice::Auto);
-      if (s.srv_.model.reasoning) think_.emplace(false);
+      think_ = reasoning_split(s.srv_.model);
+      // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
+      if (tool_choice_ != ToolChoice::None && !(tool_choice_ == ToolChoice::Auto && harmony_of(think_)))
+        held_.emplace(tool_choice_ != ToolChoice::Auto);
     }
     // As Reply::open_reasoning: whether the output starts inside the reasoning.
     void open_reasoning(bool open) {
-      if (think_) think_.emplace(open && !grammar_);
+      if (think_ && !think_->harmony()) think_.emplace(open && !grammar_);
     }
     void start(int64_t prompt_tokens) {
       if (!stream_) return;
@@ -976,6 +1001,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         FoundToolCalls found = finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_);
         calls = std::move(found.calls);
         out += content(found.content);
+      } else if (HarmonySplit* h = harmony_of(think_)) {  // gpt-oss's own call messages
+        FoundToolCalls found = harmony_tool_calls(h->take_calls(), tool_choice_, tools_);
+        calls = std::move(found.calls);
+        out += plain(found.content);
       }
       const MessagesStop stop = messages_stop(f, !calls.empty());
       if (!stream_) {
@@ -1088,6 +1117,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                : kind == Endpoint::Messages   ? " message"
                                               : " completion");
     for (const auto& f : pr.unknown_fields) spdlog::warn("{}: ignoring the unknown field '{}'", pr.name, f);
+    // gpt-oss: its harmony markup (<|channel|>, <|message|>, <|end|>, ...) comes out as text for
+    // HarmonySplit to read (llama.cpp renders these tokens for its parser the same way); none of it
+    // reaches the client but with --reasoning-format none.
+    if (srv_.model.harmony && (kind == Endpoint::Chat || kind == Endpoint::Responses || kind == Endpoint::Messages))
+      pr.skip_special_tokens = false;
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);

@@ -33,6 +33,11 @@ struct ServedModel {
   // Chat responses split R1-style reasoning into reasoning_content (ReasoningSplit), open at the
   // output's start when the request's rendered prompt ends with "<think>" (Generation::opens_reasoning).
   bool reasoning = false;
+  // The chat template is gpt-oss's harmony (ChatTemplate::harmony): chat-like requests are
+  // generated with their control tokens as text and split by channel (HarmonySplit): analysis ->
+  // reasoning_content (raw, markup and all, in content when !reasoning: --reasoning-format none),
+  // final -> content, commentary to=functions.NAME -> a tool call.
+  bool harmony = false;
   Pooling pooling = Pooling::Last;  // /v1/embeddings' (resolve_pooling)
   std::string chat_template_source = {};  // the Jinja source chat renders with ("": a built-in format); GET /props
   std::vector<std::string> aliases = {};  // other names clients may send for id (answers name id)

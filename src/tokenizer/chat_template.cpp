@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <ctime>
 
 #include "core/error.h"
 #include "tokenizer/jinja.h"
@@ -11,7 +12,7 @@
 namespace ft {
 namespace {
 
-constexpr std::array<std::pair<ChatFormat, std::string_view>, 7> kNames = {{
+constexpr std::array<std::pair<ChatFormat, std::string_view>, 8> kNames = {{
     {ChatFormat::Llama2, "llama2"},
     {ChatFormat::Llama3, "llama3"},
     {ChatFormat::ChatML, "chatml"},
@@ -19,6 +20,7 @@ constexpr std::array<std::pair<ChatFormat, std::string_view>, 7> kNames = {{
     {ChatFormat::Zephyr, "zephyr"},
     {ChatFormat::Gemma, "gemma"},
     {ChatFormat::Phi3, "phi3"},
+    {ChatFormat::Harmony, "gpt-oss"},
 }};
 
 // Python str.strip() / Jinja |trim over ASCII whitespace.
@@ -184,7 +186,147 @@ bool contains(std::string_view hay, std::string_view needle) {
   return hay.find(needle) != std::string_view::npos;
 }
 
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+// --- gpt-oss's harmony format -------------------------------------------------------------------
+
+using json = nlohmann::json;
+
+// A JSON schema as the TypeScript-like type the harmony tool namespace shows (the model's template
+// renders the same subset; anything else is "any").
+std::string ts_type(const json& s) {
+  if (!s.is_object()) return "any";
+  std::string t;
+  const json type = s.value("type", json());
+  if (s.contains("enum") && s["enum"].is_array() && !s["enum"].empty()) {
+    for (const json& v : s["enum"]) t += cat(t.empty() ? "" : " | ", v.dump());
+  } else if (type.is_array() && !type.empty()) {
+    for (const json& v : type) t += cat(t.empty() ? "" : " | ", v.is_string() ? v.get<std::string>() : v.dump());
+  } else if (type == "string") {
+    t = "string";
+  } else if (type == "number" || type == "integer") {
+    t = "number";
+  } else if (type == "boolean") {
+    t = "boolean";
+  } else if (type == "array") {
+    const std::string item = s.contains("items") ? ts_type(s["items"]) : "any";
+    t = item.find(' ') == std::string::npos ? item + "[]" : "Array<" + item + ">";
+  } else if (type == "object") {
+    t = "object";
+  } else if (type == "null") {
+    t = "null";
+  } else {
+    t = "any";
+  }
+  if (s.value("nullable", false)) t += " | null";
+  return t;
+}
+
+// "## functions\n\nnamespace functions {\n\n" + each tool + "\n} // namespace functions".
+std::string harmony_tools(const json& tools) {
+  std::string out = "## functions\n\nnamespace functions {\n\n";
+  for (const json& entry : tools) {
+    const json& f = entry.contains("function") ? entry["function"] : entry;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+    if (f.contains("description") && f["description"].is_string()) out += "// " + f["description"].get<std::string>() + "\n";
+    out += "type " + f["name"].get<std::string>() + " = (";
+    const json params = f.value("parameters", json::object());
+    const json props = params.is_object() ? params.value("properties", json::object()) : json::object();
+    if (props.is_object() && !props.empty()) {
+      const json required = params.value("required", json::array());
+      out += "_: {\n";
+      for (const auto& [name, spec] : props.items()) {
+        if (spec.is_object() && spec.contains("description") && spec["description"].is_string())
+          out += "// " + spec["description"].get<std::string>() + "\n";
+        const bool req = required.is_array() && std::find(required.begin(), required.end(), json(name)) != required.end();
+        out += name + (req ? ": " : "?: ") + ts_type(spec);
+        if (spec.is_object() && spec.contains("default"))  // (as the template writes it: an enum's as it is)
+          out += ", // default: " + (spec.contains("enum") && spec["default"].is_string() ? spec["default"].get<std::string>()
+                                                                                         : spec["default"].dump());
+        out += ",\n";
+      }
+      out += "}";
+    }
+    out += ") => any;\n\n";
+  }
+  out += "} // namespace functions";
+  return out;
+}
+
+// Today's date as the model's template writes it (strftime_now("%Y-%m-%d"): local time).
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  return std::string(buf, std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm));
+}
+
+std::string extra_string(const json& extra, const char* key, std::string_view fallback) {
+  if (extra.is_object() && extra.contains(key) && extra[key].is_string()) return extra[key].get<std::string>();
+  return std::string(fallback);
+}
+
 }  // namespace
+
+std::string render_harmony(const std::vector<ChatMessage>& messages, const json& tools, bool add_generation_prompt,
+                           const json& extra) {
+  const bool with_tools = tools.is_array() && !tools.empty();
+  std::string out = "<|start|>system<|message|>";
+  out += extra_string(extra, "model_identity", "You are ChatGPT, a large language model trained by OpenAI.");
+  out += "\nKnowledge cutoff: 2024-06\nCurrent date: " + today() + "\n\n";
+  out += "Reasoning: " + extra_string(extra, "reasoning_effort", "medium") + "\n\n";
+  out += "# Valid channels: analysis, commentary, final. Channel must be included for every message.";
+  if (with_tools) out += "\nCalls to these tools must go to the commentary channel: 'functions'.";
+  out += "<|end|>";
+  size_t first = 0;
+  std::string developer;
+  if (!messages.empty() && (messages[0].role == "system" || messages[0].role == "developer")) {
+    developer = messages[0].content;
+    first = 1;
+  }
+  if (!developer.empty() || with_tools) {
+    out += "<|start|>developer<|message|>";
+    if (!developer.empty()) out += "# Instructions\n\n" + developer;
+    if (with_tools) out += (developer.empty() ? "" : "\n\n") + std::string("# Tools\n\n") + harmony_tools(tools);
+    out += "<|end|>";
+  }
+  std::vector<ToolCall> calls;  // the conversation's so far: what a tool result answers
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      out += "<|start|>user<|message|>" + m.content + "<|end|>";
+    } else if (m.role == "system" || m.role == "developer") {
+      out += "<|start|>developer<|message|># Instructions\n\n" + m.content + "<|end|>";
+    } else if (m.role == "assistant") {
+      if (m.tool_calls.empty()) {
+        out += "<|start|>assistant<|channel|>final<|message|>" + m.content + "<|end|>";
+        continue;
+      }
+      if (!m.content.empty()) out += "<|start|>assistant<|channel|>commentary<|message|>" + m.content + "<|end|>";
+      for (const ToolCall& c : m.tool_calls) {
+        out += "<|start|>assistant<|channel|>commentary to=functions." + c.name + " <|constrain|>json<|message|>" +
+               (c.arguments.empty() ? "{}" : c.arguments) + "<|call|>";
+        calls.push_back(c);
+      }
+    } else if (m.role == "tool") {
+      std::string name = m.name;
+      for (auto it = calls.rbegin(); name.empty() && it != calls.rend(); ++it)
+        if (!m.tool_call_id.empty() && it->id == m.tool_call_id) name = it->name;
+      if (name.empty() && !calls.empty()) name = calls.back().name;
+      out += "<|start|>functions." + name + " to=assistant<|channel|>commentary<|message|>" + m.content + "<|end|>";
+    } else {
+      fail("chat template: unknown message role '", m.role, "' (expected system, developer, user, assistant or tool)");
+    }
+  }
+  if (add_generation_prompt) out += "<|start|>assistant";
+  return out;
+}
 
 std::string_view chat_format_name(ChatFormat f) {
   for (const auto& [fmt, name] : kNames)
@@ -199,19 +341,16 @@ std::string chat_format_names() {
 }
 
 std::optional<ChatFormat> parse_chat_format(std::string_view name) {
-  for (const auto& [fmt, n] : kNames) {
-    if (n.size() != name.size()) continue;
-    bool eq = true;
-    for (size_t i = 0; i < n.size() && eq; ++i) {
-      eq = std::tolower(static_cast<unsigned char>(name[i])) == n[i];
-    }
-    if (eq) return fmt;
-  }
+  for (const auto& [fmt, n] : kNames)
+    if (iequals(name, n)) return fmt;
+  if (iequals(name, "harmony")) return ChatFormat::Harmony;
   return std::nullopt;
 }
 
-ChatFormat detect_chat_format(std::string_view t) {
+ChatFormat detect_chat_format(std::string_view t, ChatFormat fallback) {
   if (auto named = parse_chat_format(strip(t))) return *named;
+  // gpt-oss's: it has <|start|> ... <|end|> turns too, but no other template has channels.
+  if (contains(t, "<|channel|>")) return ChatFormat::Harmony;
   if (contains(t, "<|start_header_id|>")) return ChatFormat::Llama3;
   if (contains(t, "<|im_start|>")) return ChatFormat::ChatML;
   if (contains(t, "[INST]")) return contains(t, "<<SYS>>") ? ChatFormat::Llama2 : ChatFormat::Mistral;
@@ -222,12 +361,13 @@ ChatFormat detect_chat_format(std::string_view t) {
       (contains(t, "</s>") || contains(t, "eos_token") || contains(t, "<|assistant|>"))) {
     return ChatFormat::Zephyr;
   }
-  return ChatFormat::ChatML;
+  return fallback;
 }
 
 std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& in,
                         bool add_generation_prompt, std::string_view bos_text,
                         std::string_view eos_text) {
+  if (fmt == ChatFormat::Harmony) return render_harmony(in, nullptr, add_generation_prompt);  // (its own roles and calls)
   const std::string_view tool_role = fmt == ChatFormat::Llama3 ? "ipython"
                                      : fmt == ChatFormat::ChatML || fmt == ChatFormat::Zephyr ? "tool" : "";
   // (Gemma and Phi-3 have no tool role: results are user turns.)
@@ -238,6 +378,7 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& in,
     case ChatFormat::Mistral: render_mistral(messages, bos_text, eos_text, out); break;
     case ChatFormat::Gemma: render_gemma(messages, add_generation_prompt, bos_text, out); break;
     case ChatFormat::Phi3: render_phi3(messages, add_generation_prompt, eos_text, out); break;
+    case ChatFormat::Harmony: break;  // (above)
     case ChatFormat::Llama3:
       out += bos_text;
       for (const auto& m : messages) {
@@ -307,9 +448,9 @@ ChatTemplate::ChatTemplate(ChatFormat builtin, std::string bos_text, std::string
     : format_(builtin), bos_(std::move(bos_text)), eos_(std::move(eos_text)) {}
 
 ChatTemplate ChatTemplate::from_gguf(std::string_view source, std::string bos_text, std::string eos_text,
-                                    std::string& warning) {
+                                    std::string& warning, ChatFormat fallback) {
   warning.clear();
-  ChatTemplate t(detect_chat_format(source), std::move(bos_text), std::move(eos_text));
+  ChatTemplate t(detect_chat_format(source, fallback), std::move(bos_text), std::move(eos_text));
   if (strip(source).empty() || parse_chat_format(strip(source))) return t;
   try {
     auto tpl = std::make_shared<const jinja::Template>(source);
@@ -343,7 +484,10 @@ ChatTemplate ChatTemplate::for_model(const Tokenizer& tok, std::string_view sour
   std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
   warning.clear();
   if (forced) return ChatTemplate(*forced, std::move(bos), std::move(eos));
-  return from_gguf(source, std::move(bos), std::move(eos), warning);
+  // gpt-oss's vocabulary (o200k_harmony): its control tokens, each one token.
+  auto one_token = [&](std::string_view text) { return tok.encode(text, false, /*parse_special=*/true).size() == 1; };
+  const bool harmony_vocab = one_token("<|channel|>") && one_token("<|start|>");
+  return from_gguf(source, std::move(bos), std::move(eos), warning, harmony_vocab ? ChatFormat::Harmony : ChatFormat::ChatML);
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
@@ -368,6 +512,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const
       return jinja_->render(context(false));
     }
   }
+  if (format_ == ChatFormat::Harmony) return render_harmony(messages, tools, add_generation_prompt, extra);
   return render_chat(format_, messages, add_generation_prompt, bos_, eos_);
 }
 

@@ -19,6 +19,12 @@
 //   Phi3     <|system|>\n{content}<|end|>\n<|user|>\n{content}<|end|>\n<|assistant|>\n{content}<|end|>\n
 //            generation prompt <|assistant|>\n, else eos (microsoft/Phi-3.5-mini-instruct; an
 //            empty system message is left out; no BOS)
+//   Harmony  gpt-oss's (openai/gpt-oss-*): <|start|>system<|message|>{model identity, knowledge
+//            cutoff, date, reasoning effort, valid channels}<|end|>, a developer message
+//            <|start|>developer<|message|># Instructions\n\n{system}[\n\n# Tools\n\n{namespace}]<|end|>
+//            when there is a system message or tools, then <|start|>{role}<|message|>{content}<|end|>
+//            per turn (assistant: <|channel|>final; calls and results: see render_harmony);
+//            generation prompt <|start|>assistant (no BOS)
 //
 // "<s>", "</s>", "<|begin_of_text|>" above stand for the bos_text / eos_text arguments. In the
 // Llama2/Mistral formats a system message that is not first is folded into the following user
@@ -58,13 +64,13 @@ struct ChatMessage {
   std::string name;                  // tool: the function's name (when given)
 };
 
-enum class ChatFormat { Llama2, Llama3, ChatML, Mistral, Zephyr, Gemma, Phi3 };
+enum class ChatFormat { Llama2, Llama3, ChatML, Mistral, Zephyr, Gemma, Phi3, Harmony };
 
-// "llama2", "llama3", "chatml", "mistral", "zephyr", "gemma", "phi3".
+// "llama2", "llama3", "chatml", "mistral", "zephyr", "gemma", "phi3", "gpt-oss" (Harmony).
 std::string_view chat_format_name(ChatFormat f);
 // Every format's name, comma-separated ("llama2, llama3, ...").
 std::string chat_format_names();
-// Inverse of chat_format_name (case-insensitive); nullopt for other names.
+// Inverse of chat_format_name (case-insensitive; "harmony" too for gpt-oss); nullopt for other names.
 std::optional<ChatFormat> parse_chat_format(std::string_view name);
 
 // Recognises the format from the Jinja source in GGUF `tokenizer.chat_template` by distinctive
@@ -76,10 +82,12 @@ std::optional<ChatFormat> parse_chat_format(std::string_view name);
 //   "<start_of_turn>"                                  -> Gemma
 //   "<|user|>" with "<|end|>"                          -> Phi3
 //   "<|user|>" with "<|assistant|>" or "</s>"/eos_token -> Zephyr
+//   "<|channel|>"                                      -> Harmony (checked first)
 // A template that is a format name itself ("chatml", ...) selects that format.
-// Fallback: an empty or unrecognised template gives ChatML, the most widely used format for
-// models without a template of their own.
-ChatFormat detect_chat_format(std::string_view jinja_template);
+// Fallback: an empty or unrecognised template gives `fallback`: ChatML, the most widely used
+// format for models without a template of their own (ChatTemplate::for_model: Harmony for a
+// vocabulary with gpt-oss's <|channel|> and <|start|> tokens).
+ChatFormat detect_chat_format(std::string_view jinja_template, ChatFormat fallback = ChatFormat::ChatML);
 
 // Renders the conversation as text to be tokenized WITH special-token parsing and WITHOUT an
 // automatic BOS: the text contains bos_text itself where the format wants it. With
@@ -88,6 +96,31 @@ ChatFormat detect_chat_format(std::string_view jinja_template);
 std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages,
                         bool add_generation_prompt, std::string_view bos_text,
                         std::string_view eos_text);
+
+// gpt-oss's harmony format (render_chat's Harmony, with tools), as the model's own template
+// renders it:
+//   <|start|>system<|message|>{model_identity}\nKnowledge cutoff: 2024-06\nCurrent date: {today,
+//   YYYY-MM-DD}\n\nReasoning: {reasoning_effort}\n\n# Valid channels: analysis, commentary, final.
+//   Channel must be included for every message.[\nCalls to these tools must go to the commentary
+//   channel: 'functions'.]<|end|>
+//   [<|start|>developer<|message|>[# Instructions\n\n{first system message}][\n\n]
+//    [# Tools\n\n## functions\n\nnamespace functions {\n\n// {description}\ntype {name} = (_: {\n
+//    // {param description}\n{param}[?]: {TypeScript type}[, // default: {default}],\n...}) => any;\n
+//    ...\n} // namespace functions]<|end|>]                      (a system message or tools)
+//   <|start|>user<|message|>{content}<|end|>
+//   <|start|>assistant<|channel|>final<|message|>{content}<|end|>
+//   <|start|>assistant<|channel|>commentary<|message|>{content}<|end|>     (text with calls)
+//   <|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{arguments}<|call|>
+//   <|start|>functions.{name} to=assistant<|channel|>commentary<|message|>{result}<|end|>
+//   <|start|>developer<|message|># Instructions\n\n{content}<|end|>      (a later system message)
+//   generation prompt <|start|>assistant
+// extra (an object or null): "reasoning_effort" (default "medium"; vLLM's and the Responses API's
+// reasoning effort arrive as it) and "model_identity" (default "You are ChatGPT, a large language
+// model trained by OpenAI."), as the model's template reads them; other variables are ignored.
+// A tool result names the call it answers by its tool_call_id (else its name, else the latest
+// call). Throws ft::Error on a role other than system, developer, user, assistant or tool.
+std::string render_harmony(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+                           bool add_generation_prompt, const nlohmann::json& extra = nullptr);
 
 // The variables a Jinja chat template gets, as Hugging Face transformers and vLLM pass them:
 // messages [{"role", "content"} + "tool_calls": [{"id", "type": "function", "function": {"name",
@@ -108,10 +141,12 @@ class ChatTemplate {
   // The GGUF's tokenizer.chat_template: run as Jinja when it parses and renders a probe
   // conversation; otherwise the built-in format detect_chat_format recognises, with `warning` set
   // to why (empty when the Jinja template is used or there is none).
+  // fallback: detect_chat_format's, for a template that names no format.
   static ChatTemplate from_gguf(std::string_view jinja_source, std::string bos_text, std::string eos_text,
-                                std::string& warning);
+                                std::string& warning, ChatFormat fallback = ChatFormat::ChatML);
   // A model's: `forced` (a user's --chat-format) or from_gguf of its tokenizer.chat_template, with
-  // the tokenizer's BOS/EOS texts.
+  // the tokenizer's BOS/EOS texts. A template that is empty or cannot be run and names no format
+  // gives gpt-oss's Harmony where the vocabulary has <|channel|> and <|start|> tokens.
   static ChatTemplate for_model(const Tokenizer& tok, std::string_view jinja_source,
                                 std::optional<ChatFormat> forced, std::string& warning);
 
@@ -121,11 +156,14 @@ class ChatTemplate {
   // differ: Llama 3.1 indexes them, DeepSeek and Functionary concatenate them).
   // extra (an object or null): more variables for a Jinja template (vLLM's chat_template_kwargs,
   // e.g. Llama 3.1's date_string; its documents); it cannot set the ones above (ft::Error). The
-  // built-in formats have none.
+  // built-in formats have none but Harmony's reasoning_effort and model_identity (render_harmony).
   std::string render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
                      bool add_generation_prompt, const nlohmann::json& extra = nullptr) const;
   bool is_jinja() const { return jinja_ != nullptr; }
   ChatFormat format() const { return format_; }  // the built-in one (used when !is_jinja())
+  // gpt-oss's harmony format, built in or the model's own template (detected by its markers): the
+  // output is harmony messages (server: HarmonySplit).
+  bool harmony() const { return format_ == ChatFormat::Harmony; }
   std::string describe() const;                  // "the model's Jinja template" | "built-in llama3"
 
  private:

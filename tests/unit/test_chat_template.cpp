@@ -2,12 +2,15 @@
 // reference template produces; detection from real Jinja sources; names; errors.
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "gguf/gguf.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ft {
 namespace {
@@ -179,8 +182,8 @@ TEST(ChatTemplate, UserOnlyConversations) {
 
 TEST(ChatTemplate, UnknownRoleThrows) {
   const std::vector<ChatMessage> bad = {{"user", "Hi"}, {"robot", "42"}};
-  for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML,
-                       ChatFormat::Mistral, ChatFormat::Zephyr, ChatFormat::Gemma, ChatFormat::Phi3}) {
+  for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML, ChatFormat::Mistral,
+                       ChatFormat::Zephyr, ChatFormat::Gemma, ChatFormat::Phi3, ChatFormat::Harmony}) {
     try {
       render_chat(f, bad, true, "<s>", "</s>");
       ADD_FAILURE() << chat_format_name(f) << " accepted role 'robot'";
@@ -204,15 +207,17 @@ TEST(ChatTemplate, ToolCallsAndResultsInBuiltinFormats) {
 }
 
 TEST(ChatTemplate, Names) {
-  for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML,
-                       ChatFormat::Mistral, ChatFormat::Zephyr, ChatFormat::Gemma, ChatFormat::Phi3}) {
+  for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML, ChatFormat::Mistral,
+                       ChatFormat::Zephyr, ChatFormat::Gemma, ChatFormat::Phi3, ChatFormat::Harmony}) {
     EXPECT_EQ(parse_chat_format(chat_format_name(f)), f);
   }
+  EXPECT_EQ(chat_format_name(ChatFormat::Harmony), "gpt-oss");
+  EXPECT_EQ(parse_chat_format("Harmony"), ChatFormat::Harmony);
   EXPECT_EQ(chat_format_name(ChatFormat::Llama3), "llama3");
   EXPECT_EQ(parse_chat_format("ChatML"), ChatFormat::ChatML);
   EXPECT_EQ(parse_chat_format("llama"), std::nullopt);
   EXPECT_EQ(parse_chat_format(""), std::nullopt);
-  EXPECT_EQ(chat_format_names(), "llama2, llama3, chatml, mistral, zephyr, gemma, phi3");
+  EXPECT_EQ(chat_format_names(), "llama2, llama3, chatml, mistral, zephyr, gemma, phi3, gpt-oss");
 }
 
 // Jinja sources as stored in GGUF tokenizer.chat_template (escapes are literal backslashes).
@@ -251,6 +256,148 @@ TEST(ChatTemplate, DetectsFormats) {
 TEST(ChatTemplate, FallbackIsChatML) {
   EXPECT_EQ(detect_chat_format(""), ChatFormat::ChatML);
   EXPECT_EQ(detect_chat_format("{{ messages[0]['content'] }}"), ChatFormat::ChatML);
+}
+
+// --- gpt-oss's harmony format --------------------------------------------------------------------
+
+// The date the system message carries: today, as the model's template's strftime_now("%Y-%m-%d").
+std::string harmony_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  return std::string(buf, std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm));
+}
+
+std::string harmony_system(const std::string& effort, bool tools) {
+  return "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+         "Knowledge cutoff: 2024-06\nCurrent date: " + harmony_date() + "\n\nReasoning: " + effort + "\n\n"
+         "# Valid channels: analysis, commentary, final. Channel must be included for every message." +
+         (tools ? "\nCalls to these tools must go to the commentary channel: 'functions'." : "") + "<|end|>";
+}
+
+// The structure gpt-oss's own template renders (its system message, the request's system message
+// as the developer's instructions, final-channel assistant turns, <|start|>assistant to generate).
+TEST(ChatTemplate, Harmony) {
+  const std::string body = harmony_system("medium", false) +
+                           "<|start|>developer<|message|># Instructions\n\nYou are a helpful assistant<|end|>"
+                           "<|start|>user<|message|>Hello<|end|>"
+                           "<|start|>assistant<|channel|>final<|message|>Hi there<|end|>"
+                           "<|start|>user<|message|>Who are you<|end|>";
+  EXPECT_EQ(render_chat(ChatFormat::Harmony, kConversation, true, "<bos>", "<eos>"), body + "<|start|>assistant");
+  EXPECT_EQ(render_chat(ChatFormat::Harmony, kConversation, false, "<bos>", "<eos>"), body);
+  // No system message: no developer message; contents as they are (no trimming).
+  EXPECT_EQ(render_chat(ChatFormat::Harmony, kPadded, true, "", ""),
+            harmony_system("medium", false) + "<|start|>user<|message|> Hello\n<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>   I am an assistant   <|end|>"
+            "<|start|>user<|message|>Again <|end|><|start|>assistant");
+  // A later system message is the developer's too, in its place.
+  EXPECT_EQ(render_chat(ChatFormat::Harmony, {{"user", "a"}, {"system", "b"}}, true, "", ""),
+            harmony_system("medium", false) + "<|start|>user<|message|>a<|end|>"
+            "<|start|>developer<|message|># Instructions\n\nb<|end|><|start|>assistant");
+}
+
+// Reasoning effort and model identity, the variables gpt-oss's template reads (chat_template_kwargs,
+// the Responses API's reasoning.effort, chat's reasoning_effort), reach the built-in format too.
+TEST(ChatTemplate, HarmonyVariables) {
+  const ChatTemplate t(ChatFormat::Harmony);
+  const std::vector<ChatMessage> msgs = {{"user", "Hi"}};
+  EXPECT_EQ(t.render(msgs, nullptr, true, {{"reasoning_effort", "high"}}),
+            harmony_system("high", false) + "<|start|>user<|message|>Hi<|end|><|start|>assistant");
+  const std::string who = t.render(msgs, nullptr, true, {{"model_identity", "You are Bob."}, {"other", 1}});
+  EXPECT_TRUE(who.starts_with("<|start|>system<|message|>You are Bob.\nKnowledge cutoff: 2024-06\n")) << who;
+  EXPECT_TRUE(t.harmony());
+  EXPECT_FALSE(ChatTemplate(ChatFormat::ChatML).harmony());
+}
+
+// Tools: the system message says where calls go, the developer message lists the functions as a
+// TypeScript namespace; an assistant's call is a commentary message to=functions.NAME ending in
+// <|call|>, its result a message from functions.NAME to the assistant.
+TEST(ChatTemplate, HarmonyToolsCallsAndResults) {
+  const nlohmann::json tools = nlohmann::json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "description": "Gets the weather.",
+      "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city"},
+        "unit": {"type": "string", "enum": ["c", "f"], "default": "c"},
+        "days": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now"}}])");
+  std::vector<ChatMessage> conv = {{"system", "Be brief."}, {"user", "Weather in Paris?"}, {"assistant", ""},
+                                   {"tool", "sunny"}, {"assistant", "Sunny."}};
+  conv[2].tool_calls.push_back({"call_1", "get_weather", R"({"city":"Paris"})"});
+  conv[3].tool_call_id = "call_1";
+  const ChatTemplate t(ChatFormat::Harmony);
+  EXPECT_EQ(t.render(conv, tools, true),
+            harmony_system("medium", true) +
+                "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n## functions\n\n"
+                "namespace functions {\n\n"
+                "// Gets the weather.\ntype get_weather = (_: {\n// The city\ncity: string,\ndays?: number,\ntags?: string[],\n"
+                "unit?: \"c\" | \"f\", // default: c,\n}) => any;\n\n"
+                "type now = () => any;\n\n} // namespace functions<|end|>"
+                "<|start|>user<|message|>Weather in Paris?<|end|>"
+                "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>"
+                "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>Sunny.<|end|><|start|>assistant");
+  // Tools without a system message: the developer message has the tools alone; text with calls
+  // is a commentary message before them; a result without an id answers the latest call.
+  conv.erase(conv.begin());
+  conv[1].content = "Let me check.";
+  conv[2].tool_call_id.clear();
+  const std::string r = t.render(conv, tools, false);
+  EXPECT_NE(r.find("<|start|>developer<|message|># Tools\n\n## functions\n\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("<|start|>assistant<|channel|>commentary<|message|>Let me check.<|end|>"
+                   "<|start|>assistant<|channel|>commentary to=functions.get_weather"), std::string::npos) << r;
+  EXPECT_NE(r.find("<|start|>functions.get_weather to=assistant<|channel|>"), std::string::npos) << r;
+}
+
+// Recognised from the model's own template by its channels (it has <|start|>/<|end|> turns and
+// no <|user|>: not Phi-3); a template that names no format and cannot run (or none at all) on a
+// vocabulary with gpt-oss's <|channel|> and <|start|> tokens gets the built-in gpt-oss format.
+TEST(ChatTemplate, HarmonyDetection) {
+  EXPECT_EQ(detect_chat_format(R"({{- "<|start|>system<|message|>" }}{%- for m in messages %}{{ "<|start|>" + m.role + "<|channel|>final<|message|>" + m.content + "<|end|>" }}{% endfor %})"),
+            ChatFormat::Harmony);
+  EXPECT_EQ(detect_chat_format("gpt-oss"), ChatFormat::Harmony);
+  EXPECT_EQ(detect_chat_format("", ChatFormat::Harmony), ChatFormat::Harmony);
+  EXPECT_EQ(detect_chat_format(kChatMLJinja, ChatFormat::Harmony), ChatFormat::ChatML);  // (a recognised template wins)
+
+  // A small SentencePiece vocabulary with (or without) harmony's control tokens.
+  auto vocab = [](bool harmony) {
+    std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "a", "b"};
+    std::vector<int32_t> types = {2, 3, 3, 1, 1};
+    if (harmony)
+      for (const char* t : {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"}) {
+        tokens.push_back(t);
+        types.push_back(3);
+      }
+    GGUFWriter w;
+    w.set("general.architecture", GGUFValue::of_str("llama"));
+    w.set("tokenizer.ggml.model", GGUFValue::of_str("llama"));
+    w.set("tokenizer.ggml.tokens", GGUFValue::of_str_array(tokens));
+    w.set("tokenizer.ggml.scores", GGUFValue::of_f32_array(std::vector<float>(tokens.size(), 0.0f)));
+    w.set("tokenizer.ggml.token_type", GGUFValue::of_i32_array(types));
+    w.set("tokenizer.ggml.bos_token_id", GGUFValue::of_u32(1));
+    w.set("tokenizer.ggml.eos_token_id", GGUFValue::of_u32(2));
+    const auto bytes = w.to_bytes();
+    return Tokenizer::from_gguf(*GGUFFile::parse(bytes.data(), bytes.size(), "memory.gguf"));
+  };
+  const Tokenizer gpt_oss = vocab(true), plain = vocab(false);
+  std::string warning;
+  EXPECT_EQ(ChatTemplate::for_model(gpt_oss, "", std::nullopt, warning).format(), ChatFormat::Harmony);
+  EXPECT_TRUE(warning.empty()) << warning;
+  EXPECT_EQ(ChatTemplate::for_model(plain, "", std::nullopt, warning).format(), ChatFormat::ChatML);
+  const char* unrunnable = "{% frobnicate %}";
+  const ChatTemplate t = ChatTemplate::for_model(gpt_oss, unrunnable, std::nullopt, warning);
+  EXPECT_FALSE(t.is_jinja());
+  EXPECT_EQ(t.format(), ChatFormat::Harmony);
+  EXPECT_NE(warning.find("'gpt-oss'"), std::string::npos) << warning;
+  EXPECT_EQ(ChatTemplate::for_model(plain, unrunnable, std::nullopt, warning).format(), ChatFormat::ChatML);
+  EXPECT_EQ(ChatTemplate::for_model(gpt_oss, kChatMLJinja, ChatFormat::Gemma, warning).format(), ChatFormat::Gemma);  // --chat-format
+  // The model's own template, where it runs, is used (and read as harmony by its markers).
+  const ChatTemplate own = ChatTemplate::for_model(
+      gpt_oss, R"({% for m in messages %}{{ "<|start|>" + m.role + "<|channel|>final<|message|>" + m.content + "<|end|>" }}{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %})",
+      std::nullopt, warning);
+  EXPECT_TRUE(own.is_jinja()) << warning;
+  EXPECT_TRUE(own.harmony());
 }
 
 }  // namespace

@@ -1,9 +1,18 @@
 // The server's pure parts: request parsing/validation, response/SSE formatting, stop strings,
 // HTTP framing, metrics text and the config file. (The running server is tested end to end by
 // tests/e2e/node with the official openai client.)
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <limits>
+#include <tuple>
+#include <map>
+#include <thread>
 #include <random>
 #include <set>
 #include <variant>
@@ -15,6 +24,9 @@
 #include "server/api.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/server.h"
+#include "model/model.h"
+#include "model/synthetic.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -207,11 +219,11 @@ TEST(ServerParse, EveryOpenAIFieldIsAccepted) {
   EXPECT_EQ(r.tool_choice, ToolChoice::None);
   EXPECT_FALSE(r.seed_set);
   EXPECT_TRUE(r.skip_special_tokens);
-  EXPECT_EQ(r.template_vars, json({{"x", 1}}));  // chat_template_kwargs
+  EXPECT_EQ(r.template_vars, json({{"x", 1}, {"reasoning_effort", "low"}}));  // chat_template_kwargs, reasoning_effort
   EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
   const std::set<std::string> ignored(r.ignored_fields.begin(), r.ignored_fields.end());
   for (const char* f : {"store", "metadata", "service_tier", "prompt_cache_key",
-                        "reasoning_effort", "verbosity", "safety_identifier", "prediction", "web_search_options",
+                        "verbosity", "safety_identifier", "prediction", "web_search_options",
                         "user", "cache_prompt"})
     EXPECT_TRUE(ignored.count(f)) << f;
 
@@ -1495,6 +1507,88 @@ TEST(ServerReasoning, SplitsAsTheWholeTextWouldInAnyPieces) {
       }
 }
 
+// gpt-oss's harmony output, for every way of cutting it into pieces: analysis -> reasoning,
+// final/commentary -> content, to=functions.NAME -> a call, the markup dropped (raw: kept but for
+// the calls' messages); an output that does not start as harmony is content.
+TEST(ServerReasoning, HarmonySplitsChannelsInAnyPieces) {
+  struct Case {
+    std::string text, reasoning, content;
+    std::vector<std::pair<std::string, std::string>> calls;
+    std::string raw;  // the content with raw (--reasoning-format none); "=": the whole text
+  };
+  const std::string get = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>";
+  const std::vector<Case> cases = {
+      {"<|channel|>analysis<|message|>Think about it.<|end|><|start|>assistant<|channel|>final<|message|>The answer.",
+       "Think about it.", "The answer.", {}, "="},
+      {"<|channel|>analysis<|message|>Need the weather.<|end|>" + get + "{\"city\": \"Paris\"}",
+       "Need the weather.", "", {{"get_weather", "{\"city\": \"Paris\"}"}}, "<|channel|>analysis<|message|>Need the weather.<|end|>"},
+      // The recipient before the channel (gpt-oss's own template renders calls so), a call ended by <|end|>.
+      {"<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.now<|channel|>commentary json<|message|> {} <|end|>",
+       "x", "", {{"now", "{}"}}, "<|channel|>analysis<|message|>x<|end|>"},
+      // A preamble on the commentary channel is content.
+      {"<|channel|>commentary<|message|>Let me check.<|end|>" + get + "{}", "", "Let me check.", {{"get_weather", "{}"}},
+       "<|channel|>commentary<|message|>Let me check.<|end|>"},
+      {"<|channel|>final<|message|>Hi", "", "Hi", {}, "="},
+      // Not harmony (a grammar's JSON, a model off its format): content throughout.
+      {"{\"name\": \"x\"}", "", "{\"name\": \"x\"}", {}, "="},
+      {"Hello <|channel|>", "", "Hello <|channel|>", {}, "="},
+      // Cut short inside a message, a marker's start in it; a message left without <|end|>.
+      {"<|channel|>analysis<|message|>Hmm, a < b || c <|", "Hmm, a < b || c <|", "", {}, "="},
+      {"<|channel|>analysis<|message|>a<|start|>assistant<|channel|>final<|message|>b", "a", "b", {}, "="},
+      {"<|channel|>analysis<|message|>a<|channel|>final<|message|>b<|end|>\n", "a", "b", {}, "="},
+      // A built-in tool's call (browser, python) is part of the reasoning; a header cut short is markup.
+      {"<|channel|>analysis to=browser.search <|constrain|>json<|message|>{\"q\": 1}<|end|><|start|>assistant<|chan",
+       "{\"q\": 1}", "", {}, "="},
+      {"", "", "", {}, "="},
+      {"<|channel|>analy", "", "", {}, "="},  // (a header cut short: markup)
+      {"<|chann", "", "<|chann", {}, "="},    // (markers come whole, as tokens: this is text)
+  };
+  std::mt19937 rng(11);
+  for (const Case& k : cases)
+    for (const bool raw : {false, true})
+      for (int round = 0; round < 60; ++round) {
+        ReasoningSplit split{HarmonySplit(raw)};
+        std::string reasoning, content;
+        std::vector<ToolCall> calls;
+        for (size_t i = 0;;) {
+          const size_t n = round == 0 ? k.text.size() : rng() % 5;
+          const bool last = i + n >= k.text.size();
+          const auto parts = split.push(std::string_view(k.text).substr(std::min(i, k.text.size()), n), last);
+          reasoning += parts.reasoning;
+          content += parts.content;
+          for (ToolCall& c : split.harmony()->take_calls()) calls.push_back(std::move(c));
+          if (last) break;
+          i += n;
+        }
+        const std::string where = "'" + k.text + "' raw " + std::to_string(raw) + " round " + std::to_string(round);
+        ASSERT_EQ(reasoning, raw ? "" : k.reasoning) << where;
+        ASSERT_EQ(content, raw ? (k.raw == "=" ? k.text : k.raw) : k.content) << where;
+        ASSERT_EQ(split.reasoned(), !raw && k.text.find("analysis") != std::string::npos) << where;
+        ASSERT_EQ(calls.size(), k.calls.size()) << where;
+        for (size_t c = 0; c < calls.size(); ++c) {
+          EXPECT_EQ(calls[c].name, k.calls[c].first) << where;
+          EXPECT_EQ(calls[c].arguments, k.calls[c].second) << where;
+          EXPECT_TRUE(calls[c].id.starts_with("call_")) << where;
+        }
+      }
+}
+
+// Its calls under a tool choice: auto keeps those naming a function of the request's; the others
+// (and all under none) are content.
+TEST(ServerTools, HarmonyCallsUnderAToolChoice) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])");
+  const std::vector<ToolCall> calls = {{"call_1", "get_weather", R"({"city": "Paris"})"}, {"call_2", "nope", "{}"}};
+  const FoundToolCalls a = harmony_tool_calls(calls, ToolChoice::Auto, tools);
+  ASSERT_EQ(a.calls.size(), 1u);
+  EXPECT_EQ(a.calls[0].name, "get_weather");
+  EXPECT_EQ(a.calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(a.content, "{}");
+  const FoundToolCalls none = harmony_tool_calls(calls, ToolChoice::None, tools);
+  EXPECT_TRUE(none.calls.empty());
+  EXPECT_EQ(none.content, "{\"city\": \"Paris\"}\n{}");
+  EXPECT_EQ(tool_calls_json(a.calls)[0]["function"]["name"], "get_weather");
+}
+
 // bad_word_ids on real vocabularies: byte-level BPE takes the word and its spaced form (another
 // first token, as long); SentencePiece's own space prefix makes the plain form a word's start.
 TEST(ServerLogits, BadWordsAsTokenSequences) {
@@ -1778,6 +1872,253 @@ TEST(Api, ModelMayNameALoadedAdapter) {
     EXPECT_EQ(e.code, "model_not_found");
   }
   EXPECT_THROW(parse_request(Endpoint::Completions, R"({"model": "sql", "prompt": "x"})", kModel), ApiError);
+}
+
+
+// --- gpt-oss through the server ---------------------------------------------------------------------
+
+// One HTTP request on a fresh connection ("Connection: close"): the whole response's body.
+std::string http_post_body(int port, const std::string& path, const std::string& body) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" +
+                          "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  for (size_t off = 0; off < req.size();) {
+    const ssize_t n = ::send(fd, req.data() + off, req.size() - off, 0);
+    if (n <= 0) break;
+    off += size_t(n);
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
+  ::close(fd);
+  const size_t head = out.find("\r\n\r\n");
+  if (head == std::string::npos) return out;
+  std::string raw = out.substr(head + 4), body_out;
+  if (out.substr(0, head).find("chunked") == std::string::npos) return raw;
+  for (size_t pos = 0;;) {  // de-chunk
+    const size_t eol = raw.find("\r\n", pos);
+    if (eol == std::string::npos) break;
+    const size_t n = std::stoul(raw.substr(pos, eol - pos), nullptr, 16);
+    if (n == 0) break;
+    body_out += raw.substr(eol + 2, n);
+    pos = eol + 2 + n + 2;
+  }
+  return body_out;
+}
+
+// A synthetic model that writes gpt-oss's harmony: a small vocabulary with its control tokens
+// (<|channel|> and <|message|> twice each, so that the second message's header can lead elsewhere
+// than the first's), and weights that make each token of a chain predict the next one (attention
+// and FFN outputs zeroed: each position's state is its own token's one-hot embedding; the output
+// rows score the successor). After the prompt's "<|start|>assistant" it writes, greedily:
+//   <|channel|>analysis<|message|>Hmm<|start|>assistant<|channel|>commentary to=functions.get_weather
+//   <|constrain|>json<|message|>{"city":"Paris"}<|call|>
+// and, with logit_bias -100 on "commentary" and on the arguments (their second choices instead):
+//   <|channel|>analysis<|message|>Hmm<|start|>assistant<|channel|>final<|message|>Hi<|return|>
+// (No <|end|> after the analysis: before the vocabulary's <|return|>/<|call|> rule it would end
+// the generation; the parser takes a message's end at the next <|start|> either way.)
+class HarmonyServer : public ::testing::Test {
+ protected:
+  std::map<std::string, int32_t> id;  // token -> id (the second <|channel|>/<|message|> as "CH2"/"MSG2")
+
+  void SetUp() override {
+    std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+    std::vector<int32_t> types = {2, 3, 3};
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    for (int b = 0; b < 256; ++b) {
+      tokens.push_back({'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'});
+      types.push_back(6);
+    }
+    auto add = [&](const std::string& name, const std::string& text, int32_t type) {
+      id[name] = int32_t(tokens.size());
+      tokens.push_back(text);
+      types.push_back(type);
+    };
+    for (const char* w : {"assistant", "system", "user", "developer"}) add(w, w, 4);  // (whole in the prompt)
+    for (const char* c : {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"})
+      add(c, c, 3);
+    add("CH2", "<|channel|>", 3);
+    add("MSG2", "<|message|>", 3);
+    for (const char* w : {"analysis", "final", "commentary", "Hmm", "Hi", "assist", "ant", "json"}) add(w, w, 1);
+    add("to", "\xE2\x96\x81to=functions.get_weather", 1);
+    add("sp", "\xE2\x96\x81", 1);
+    add("args", R"({"city":"Paris"})", 1);
+    GGUFWriter v;
+    v.set("general.architecture", GGUFValue::of_str("llama"));
+    v.set("tokenizer.ggml.model", GGUFValue::of_str("llama"));
+    v.set("tokenizer.ggml.tokens", GGUFValue::of_str_array(tokens));
+    v.set("tokenizer.ggml.scores", GGUFValue::of_f32_array(std::vector<float>(tokens.size(), 0.0f)));
+    v.set("tokenizer.ggml.token_type", GGUFValue::of_i32_array(types));
+    v.set("tokenizer.ggml.bos_token_id", GGUFValue::of_u32(1));
+    v.set("tokenizer.ggml.eos_token_id", GGUFValue::of_u32(2));
+    v.set("tokenizer.ggml.add_bos_token", GGUFValue::of_bool(false));
+    v.set("tokenizer.ggml.add_space_prefix", GGUFValue::of_bool(false));
+    v.write(vocab_.path());
+
+    // (from, to, score): the successor of each token of the chain; second choices score half.
+    const std::vector<std::tuple<std::string, std::string, float>> chain = {
+        {"assistant", "<|channel|>", 40}, {"<|channel|>", "analysis", 40}, {"analysis", "<|message|>", 40},
+        {"<|message|>", "Hmm", 40},       {"Hmm", "<|start|>", 40},         {"<|start|>", "assist", 40},
+        {"assist", "ant", 40},            {"ant", "CH2", 40},               {"CH2", "commentary", 40},
+        {"CH2", "final", 20},             {"commentary", "to", 40},         {"to", "sp", 40},
+        {"sp", "<|constrain|>", 40},      {"<|constrain|>", "json", 40},    {"json", "MSG2", 40},
+        {"final", "MSG2", 40},            {"MSG2", "args", 40},             {"MSG2", "Hi", 20},
+        {"args", "<|call|>", 40},         {"Hi", "<|return|>", 40}};
+    std::map<int32_t, int32_t> dim;  // a chain token's embedding dimension
+    for (const auto& [from, to, score] : chain) dim.emplace(id.at(from), int32_t(dim.size()));
+    SyntheticOptions opt;
+    opt.vocab_path = vocab_.path();
+    write_synthetic_model(opt, src_.path());
+    const auto f = GGUFFile::open(src_.path());
+    GGUFWriter w;
+    for (const auto& [k, val] : f->metadata()) w.set(k, val);
+    for (const GGUFTensorInfo& t : f->tensors()) {
+      std::vector<uint8_t> data(t.data, t.data + t.n_bytes);
+      ASSERT_EQ(t.type, GGMLType::F32) << t.name;
+      float* x = reinterpret_cast<float*>(data.data());
+      const size_t n = data.size() / sizeof(float), row = size_t(t.ne[0]);
+      if (t.name.ends_with("attn_output.weight") || t.name.ends_with("ffn_down.weight") || t.name == "output.weight")
+        std::fill(x, x + n, 0.0f);
+      if (t.name == "output_norm.weight") std::fill(x, x + n, 1.0f);
+      if (t.name == "token_embd.weight")
+        for (const auto& [tok, d] : dim) {
+          std::fill(x + size_t(tok) * row, x + size_t(tok + 1) * row, 0.0f);
+          x[size_t(tok) * row + size_t(d)] = 1.0f;
+        }
+      if (t.name == "output.weight")  // the normalized one-hot is sqrt(row) at its dimension
+        for (const auto& [from, to, score] : chain)
+          x[size_t(id.at(to)) * row + size_t(dim.at(id.at(from)))] = score / std::sqrt(float(row));
+      w.add_tensor(t.name, t.type, t.ne, std::move(data));
+    }
+    w.write(model_path_.path());
+  }
+
+  // Serves the model (the built-in gpt-oss format: its template is empty) and runs each request.
+  std::vector<std::string> serve(const std::vector<std::pair<std::string, json>>& requests, bool reasoning = true) {
+    const auto model = Model::load(model_path_.path());
+    const Tokenizer tok = Tokenizer::from_gguf(model->file());
+    ServeConfig cfg;
+    cfg.port = 0;
+    cfg.threads = 1;
+    cfg.http_threads = 1;
+    cfg.context_length = 1024;
+    cfg.log_level = "warn";
+    ServedModel served;
+    served.model = model.get();
+    served.tokenizer = &tok;
+    served.id = "gpt-oss-tiny";
+    std::string warning;
+    served.chat = ChatTemplate::for_model(tok, "", std::nullopt, warning);
+    EXPECT_EQ(served.chat.format(), ChatFormat::Harmony);
+    served.harmony = served.chat.harmony();  // as `serve` sets them
+    served.reasoning = reasoning;
+    EngineConfig ecfg = to_engine_config(cfg);
+    ecfg.calibrate = false;
+    Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
+    Server srv(engine, served, cfg);
+    std::thread run([&] { srv.run(); });
+    for (int i = 0; i < 500 && srv.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::vector<std::string> out;
+    for (const auto& [path, body] : requests) out.push_back(http_post_body(srv.port(), path, body.dump()));
+    srv.stop();
+    run.join();
+    return out;
+  }
+
+  json chat(bool stream, bool final_answer) const {
+    json j = {{"model", "gpt-oss-tiny"}, {"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+              {"temperature", 0}, {"max_tokens", 40}, {"stream", stream},
+              {"tools", json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])")}};
+    if (final_answer) j["logit_bias"] = {{std::to_string(id.at("commentary")), -100}, {std::to_string(id.at("args")), -100}};
+    return j;
+  }
+
+  test::TempFile vocab_{"harmony_vocab.gguf"}, src_{"harmony_src.gguf"}, model_path_{"harmony_model.gguf"};
+};
+
+// Chat completions: the analysis channel is reasoning_content, the final channel content, the
+// commentary message to=functions.get_weather a tool call; streamed, the same in deltas, and no
+// markup in any delta.
+TEST_F(HarmonyServer, ChatSplitsReasoningContentAndCalls) {
+  const auto r = serve({{"/v1/chat/completions", chat(false, false)},
+                        {"/v1/chat/completions", chat(false, true)},
+                        {"/v1/chat/completions", chat(true, true)},
+                        {"/v1/chat/completions", chat(true, false)},
+                        {"/v1/responses", {{"model", "gpt-oss-tiny"}, {"input", "Weather?"}, {"temperature", 0}, {"max_output_tokens", 40},
+                                           {"tools", {{{"type", "function"}, {"name", "get_weather"}, {"parameters", json::object()}}}}}}});
+  const json call = json::parse(r[0]);
+  const json& c0 = call["choices"][0];
+  EXPECT_EQ(c0["finish_reason"], "tool_calls") << r[0];
+  EXPECT_EQ(c0["message"]["reasoning_content"], "Hmm") << r[0];
+  EXPECT_TRUE(c0["message"]["content"].is_null()) << r[0];
+  ASSERT_EQ(c0["message"]["tool_calls"].size(), 1u) << r[0];
+  EXPECT_EQ(c0["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(c0["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+
+  const json answer = json::parse(r[1]);
+  const json& c1 = answer["choices"][0];
+  EXPECT_EQ(c1["finish_reason"], "stop") << r[1];
+  EXPECT_EQ(c1["message"]["reasoning_content"], "Hmm") << r[1];
+  EXPECT_EQ(c1["message"]["content"], "Hi") << r[1];
+  EXPECT_FALSE(c1["message"].contains("tool_calls")) << r[1];
+
+  // Streamed: the same, piece by piece.
+  for (const int k : {2, 3}) {
+    std::string reasoning, content, finish;
+    json calls = json::array();
+    for (size_t pos = 0; (pos = r[size_t(k)].find("data: {", pos)) != std::string::npos;) {
+      const size_t end = r[size_t(k)].find("\n\n", pos);
+      const json chunk = json::parse(r[size_t(k)].substr(pos + 6, end - pos - 6));
+      pos = end;
+      if (chunk["choices"].empty()) continue;
+      const json& d = chunk["choices"][0]["delta"];
+      if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content") && d["content"].is_string()) {
+        const std::string piece = d["content"].get<std::string>();
+        EXPECT_EQ(piece.find("<|"), std::string::npos) << piece;
+        content += piece;
+      }
+      if (d.contains("tool_calls")) calls.insert(calls.end(), d["tool_calls"].begin(), d["tool_calls"].end());
+      if (chunk["choices"][0]["finish_reason"].is_string()) finish = chunk["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(reasoning, "Hmm") << r[size_t(k)];
+    EXPECT_EQ(content, k == 2 ? "Hi" : "") << r[size_t(k)];
+    EXPECT_EQ(finish, k == 2 ? "stop" : "tool_calls") << r[size_t(k)];
+    ASSERT_EQ(calls.size(), k == 2 ? 0u : 1u) << r[size_t(k)];
+    if (k == 3) {
+      EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+    }
+  }
+
+  // The Responses API: a reasoning item, then the call.
+  const json resp = json::parse(r[4]);
+  ASSERT_EQ(resp["output"].size(), 2u) << r[4];
+  EXPECT_EQ(resp["output"][0]["type"], "reasoning");
+  EXPECT_EQ(resp["output"][0]["content"][0]["text"], "Hmm");
+  EXPECT_EQ(resp["output"][1]["type"], "function_call") << r[4];
+  EXPECT_EQ(resp["output"][1]["name"], "get_weather");
+  EXPECT_EQ(resp["output"][1]["arguments"], R"({"city":"Paris"})");
+}
+
+// --reasoning-format none: the raw harmony text is the content (the call still found).
+TEST_F(HarmonyServer, ReasoningFormatNoneLeavesTheRawText) {
+  const auto r = serve({{"/v1/chat/completions", chat(false, true)}, {"/v1/chat/completions", chat(false, false)}}, false);
+  const json answer = json::parse(r[0])["choices"][0];
+  EXPECT_EQ(answer["message"]["content"],
+            "<|channel|>analysis<|message|>Hmm<|start|>assistant<|channel|>final<|message|>Hi") << r[0];
+  EXPECT_FALSE(answer["message"].contains("reasoning_content"));
+  const json call = json::parse(r[1])["choices"][0];
+  EXPECT_EQ(call["finish_reason"], "tool_calls") << r[1];
+  EXPECT_EQ(call["message"]["content"], "<|channel|>analysis<|message|>Hmm") << r[1];
+  EXPECT_EQ(call["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
 }
 
 }  // namespace
