@@ -308,9 +308,11 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const json&
         out += "<|start|>assistant<|channel|>final<|message|>" + m.content + "<|end|>";
         continue;
       }
-      if (!m.content.empty()) out += "<|start|>assistant<|channel|>commentary<|message|>" + m.content + "<|end|>";
+      // (As gpt-oss's own template writes them: text beside calls as analysis, each call
+      // addressed before its channel.)
+      if (!m.content.empty()) out += "<|start|>assistant<|channel|>analysis<|message|>" + m.content + "<|end|>";
       for (const ToolCall& c : m.tool_calls) {
-        out += "<|start|>assistant<|channel|>commentary to=functions." + c.name + " <|constrain|>json<|message|>" +
+        out += "<|start|>assistant to=functions." + c.name + "<|channel|>commentary json<|message|>" +
                (c.arguments.empty() ? "{}" : c.arguments) + "<|call|>";
         calls.push_back(c);
       }
@@ -319,7 +321,9 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const json&
       for (auto it = calls.rbegin(); name.empty() && it != calls.rend(); ++it)
         if (!m.tool_call_id.empty() && it->id == m.tool_call_id) name = it->name;
       if (name.empty() && !calls.empty()) name = calls.back().name;
-      out += "<|start|>functions." + name + " to=assistant<|channel|>commentary<|message|>" + m.content + "<|end|>";
+      // (its content as a JSON string, as the template's `message.content|tojson`)
+      out += "<|start|>functions." + name + " to=assistant<|channel|>commentary<|message|>" +
+             nlohmann::json(m.content).dump() + "<|end|>";
     } else {
       fail("chat template: unknown message role '", m.role, "' (expected system, developer, user, assistant or tool)");
     }

@@ -312,7 +312,8 @@ TEST(ChatTemplate, HarmonyVariables) {
 
 // Tools: the system message says where calls go, the developer message lists the functions as a
 // TypeScript namespace; an assistant's call is a commentary message to=functions.NAME ending in
-// <|call|>, its result a message from functions.NAME to the assistant.
+// <|call|>, its result a message from functions.NAME to the assistant (a JSON string), as
+// gpt-oss's own template writes them.
 TEST(ChatTemplate, HarmonyToolsCallsAndResults) {
   const nlohmann::json tools = nlohmann::json::parse(R"([
     {"type": "function", "function": {"name": "get_weather", "description": "Gets the weather.",
@@ -335,18 +336,18 @@ TEST(ChatTemplate, HarmonyToolsCallsAndResults) {
                 "unit?: \"c\" | \"f\", // default: c,\n}) => any;\n\n"
                 "type now = () => any;\n\n} // namespace functions<|end|>"
                 "<|start|>user<|message|>Weather in Paris?<|end|>"
-                "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>"
-                "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny<|end|>"
+                "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Paris\"}<|call|>"
+                "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|>"
                 "<|start|>assistant<|channel|>final<|message|>Sunny.<|end|><|start|>assistant");
   // Tools without a system message: the developer message has the tools alone; text with calls
-  // is a commentary message before them; a result without an id answers the latest call.
+  // is an analysis message before them; a result without an id answers the latest call.
   conv.erase(conv.begin());
   conv[1].content = "Let me check.";
   conv[2].tool_call_id.clear();
   const std::string r = t.render(conv, tools, false);
   EXPECT_NE(r.find("<|start|>developer<|message|># Tools\n\n## functions\n\n"), std::string::npos) << r;
-  EXPECT_NE(r.find("<|start|>assistant<|channel|>commentary<|message|>Let me check.<|end|>"
-                   "<|start|>assistant<|channel|>commentary to=functions.get_weather"), std::string::npos) << r;
+  EXPECT_NE(r.find("<|start|>assistant<|channel|>analysis<|message|>Let me check.<|end|>"
+                   "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"), std::string::npos) << r;
   EXPECT_NE(r.find("<|start|>functions.get_weather to=assistant<|channel|>"), std::string::npos) << r;
 }
 
