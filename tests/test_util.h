@@ -35,6 +35,10 @@ struct CliResult {
 };
 CliResult run_cli(const std::string& binary, const std::string& args);
 
+// One HTTP POST of a JSON body to localhost:port on a fresh connection ("Connection: close"): the
+// whole response, head and body ("" when it cannot connect).
+std::string http_post(int port, const std::string& path, const std::string& body);
+
 // A file in a per-process temp directory (ctest runs test cases as parallel processes), removed
 // at scope exit.
 class TempFile {

@@ -469,30 +469,6 @@ TEST(ProfileRun, EngineMixedWorkload) {
   profile::reset();
 }
 
-// One HTTP request on a fresh connection ("Connection: close"): the whole response.
-std::string http_post(int port, const std::string& path, const std::string& body) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" +
-                          "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  for (size_t off = 0; off < req.size();) {
-    const ssize_t n = ::send(fd, req.data() + off, req.size() - off, 0);
-    if (n <= 0) break;
-    off += size_t(n);
-  }
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
-  ::close(fd);
-  return out;
-}
 
 TEST(ProfileRun, ServerConcurrentRequests) {
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
@@ -530,12 +506,12 @@ TEST(ProfileRun, ServerConcurrentRequests) {
   // arrive during it even on a loaded machine: their prefill chunks share steps with its decodes.
   // (With 16 tokens it could finish before they were read, and no step was mixed.)
   std::thread c1([&] {
-    r1 = http_post(srv.port(), "/v1/completions",
+    r1 = test::http_post(srv.port(), "/v1/completions",
                    json{{"model", "stories260K"}, {"prompt", long_prompt}, {"max_tokens", 220}, {"temperature", 0},
                         {"ignore_eos", true}, {"stream", true}}.dump());
   });
   std::thread c2([&] {
-    r2 = http_post(srv.port(), "/v1/completions",
+    r2 = test::http_post(srv.port(), "/v1/completions",
                    json{{"model", "stories260K"}, {"prompt", "Tom"}, {"max_tokens", 120}, {"temperature", 0},
                         {"ignore_eos", true}}.dump());
   });
@@ -686,7 +662,7 @@ TEST(ProfileCli, ServeWritesTheTraceOnSigterm) {
   }
   if (port == 0) ::kill(pid, SIGKILL);
   ASSERT_GT(port, 0) << test::read_file(log.path());
-  const std::string r = http_post(port, "/v1/completions",
+  const std::string r = test::http_post(port, "/v1/completions",
                                   json{{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 8},
                                        {"temperature", 0}, {"stream", true}}.dump());
   EXPECT_NE(r.find("data: [DONE]"), std::string::npos) << r;

@@ -1879,26 +1879,7 @@ TEST(Api, ModelMayNameALoadedAdapter) {
 
 // One HTTP request on a fresh connection ("Connection: close"): the whole response's body.
 std::string http_post_body(int port, const std::string& path, const std::string& body) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" +
-                          "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  for (size_t off = 0; off < req.size();) {
-    const ssize_t n = ::send(fd, req.data() + off, req.size() - off, 0);
-    if (n <= 0) break;
-    off += size_t(n);
-  }
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
-  ::close(fd);
+  const std::string out = test::http_post(port, path, body);
   const size_t head = out.find("\r\n\r\n");
   if (head == std::string::npos) return out;
   std::string raw = out.substr(head + 4), body_out;
