@@ -263,7 +263,7 @@ struct Drivers {
     const int64_t bl = block_len(g.type);
     const uint64_t bb = *row_bytes(g.type, uint64_t(bl));
     const uint8_t* rows = g.data + uint64_t(src.n0) * g.row_bytes + uint64_t(k0 / bl) * bb;
-    if (g.type == GGMLType::MXFP4) {  // (as Q8_0, its GEMM form: packed.h; any scale)
+    if (g.type == GGMLType::MXFP4) {  // (as Q8_0, its GEMM form: packed.h; a refused block fails)
       const uint64_t rb = uint64_t(len / kQBlock) * 34;  // (Q8_0 rows of len)
       convert_rows(g.type, rows, g.row_bytes, src.cnt, len, conv);
       Isa::pack_rows(GGMLType::Q8_0, conv, rb, src.cnt, len, raw);
