@@ -1013,6 +1013,58 @@ TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
   }
 }
 
+// MXFP4's extreme blocks: every weight +-12 (indices 7 and 15, scale 1) against activations
+// +-1 (quantized to +-127, dx = 1/127), so a 32-block's sum I reaches +-12 x 127 x 32 = +-48768,
+// past int16 (plain avx2's vpmaddubsw pairs of u = kvalues[q] + 12 would pass 32767 by the sixth
+// quad). Every ISA, packed and GGUF rows, GEMV and GEMM: bit for bit the scalar ISA's, and the
+// exact integer result 12 x sum(sign w x sign x) (I/127 per block: float rounding only).
+TEST_P(KernelTest, Mxfp4ExtremeBlocksExact) {
+  std::mt19937 rng(77);
+  const int64_t N = 37, K = 256, nb = K / 32;
+  const uint64_t rb = *row_bytes(GGMLType::MXFP4, uint64_t(K));
+  std::vector<int8_t> sw(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      sw[size_t(n * K + k)] = int8_t(n == 0 ? 1 : n == 1 ? -1 : n == 2 ? (k % 2 ? -1 : 1) : (rng() & 1 ? 1 : -1));
+  QWeight W{GGMLType::MXFP4, N, K, std::vector<uint8_t>(rb * uint64_t(N)), std::vector<float>(size_t(N * K))};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + uint64_t(b) * 17;
+      blk[0] = 128;  // scale 1
+      for (int j = 0; j < 32; ++j) {
+        const int q = sw[size_t(n * K + 32 * b + j)] > 0 ? 7 : 15;
+        blk[1 + j % 16] = uint8_t(blk[1 + j % 16] | (q << (j < 16 ? 0 : 4)));
+      }
+    }
+  for (int64_t n = 0; n < N; ++n) dequantize_row(GGMLType::MXFP4, W.bytes.data() + uint64_t(n) * rb, W.deq.data() + n * K, K);
+  for (int64_t i = 0; i < N * K; ++i) ASSERT_EQ(W.deq[size_t(i)], 12.0f * sw[size_t(i)]);
+  auto be = backend_for(GetParam()), scalar = backend_for("scalar");
+  const WeightView pw = be->prepare(W.view()), ps = scalar->prepare(W.view());
+  ASSERT_EQ(pw.type, GGMLType::MXFP4);
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 33, 40, 64}) {
+    std::vector<float> X(size_t(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        X[size_t(m * K + k)] = m == 0 ? 1.0f : m == 1 ? -1.0f : m == 2 ? (k % 3 ? 1.0f : -1.0f) : (rng() & 1 ? 1.0f : -1.0f);
+    std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), sc(size_t(M * N));
+    be->matmul(X.data(), M, pw, native.data());
+    be->matmul(X.data(), M, W.view(), rows.data());
+    scalar->matmul(X.data(), M, ps, sc.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = size_t(m * N + n);
+        int64_t I = 0;  // 12 x sum(sign w x sign x): exact (each block's 127-multiples / 127)
+        for (int64_t k = 0; k < K; ++k) I += 12 * sw[size_t(n * K + k)] * (X[size_t(m * K + k)] > 0 ? 1 : -1);
+        if (m < 2 && n < 2) {  // (all aligned: every block +-48768 / 127)
+          ASSERT_EQ(std::abs(I), 12 * K);
+        }
+        ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_NEAR(native[i], double(I), 12.0 * K * 0x1p-20) << "M=" << M << " m " << m << " n " << n;
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::ValuesIn(kIsas),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
