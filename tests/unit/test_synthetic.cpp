@@ -78,8 +78,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
-    for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
-      out.push_back({"tiny", t, arch});
+    for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::MXFP4})
+      out.push_back({"tiny", t, arch});  // (MXFP4: qwen3moe's and gpt-oss's experts too)
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
     for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) out.push_back({"tiny-256", t, arch});
   }
