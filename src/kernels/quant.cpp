@@ -837,10 +837,15 @@ int best_index_mxfp4(float x, float d) {
   return best;
 }
 
-// ggml quantize_row_mxfp4_ref: e = floor(log2(amax)) - 2 + 127 (so amax / 2^(e - 127) lies in
-// [4, 8): the largest level, 6 = 12 * 2^(e - 128) / 2^(e - 127), is at most amax), each value its
-// nearest level. (ggml converts that float to uint8_t directly; for amax < 2^-125 it is
-// negative, which x86 truncates modulo 256 through a 32-bit cvttss2si: the same as here.)
+// ggml quantize_row_mxfp4_ref: e = floor(log2f(amax)) - 2 + 127, so amax / 2^(e - 127) lies in
+// [4, 8) (log2f's rounding aside): the largest level, 12 * 2^(e - 128) = 6 * 2^(e - 127), is
+// between 3/4 and 3/2 of amax (values above it clamp to it), each value its nearest level.
+// Byte-identical to ggml wherever that exponent is in [0, 252], i.e. amax >= 2^-125. Below
+// (amax < 2^-125, subnormals included: log2f(2^-126) = -126 gives -1, 2^-149 gives -24) ggml
+// converts the negative float to uint8_t, which is undefined behaviour; x86 truncates it modulo
+// 256 (2^-126 -> 255, NaN in the MX format; 2^-149 -> 232, scale 2^104, every value 0). We clamp
+// to e = 0, the least scale 2^-128, so a nonzero finite block never gets e = 255 and its values
+// keep their nearest levels (2^-126 = 4 x 2^-128 exactly; 2^-149 rounds to 0).
 void quant_mxfp4(const float* x, blocks::MXFP4* b, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 32) {
     float amax = 0.0f;
@@ -848,9 +853,8 @@ void quant_mxfp4(const float* x, blocks::MXFP4* b, int64_t nb) {
       if (amax < std::fabs(x[j])) amax = std::fabs(x[j]);
     uint8_t e = 0;
     if (amax > 0.0f) {
-      const float f = std::floor(std::log2(amax)) - 2 + 127;
-      const int32_t n = f >= -2147483648.0f && f < 2147483648.0f ? int32_t(f) : INT32_MIN;  // (cvttss2si)
-      e = uint8_t(uint32_t(n) & 0xFF);
+      const float f = std::floor(log2f(amax)) - 2 + 127;  // in [-24, 252] for finite amax
+      e = f > 0.0f ? uint8_t(std::min(f, 254.0f)) : uint8_t(0);  // (254: an inf amax, not NaN's 255)
     }
     const float d = blocks::e8m0_to_fp32_half(e);
     b[i].e = e;

@@ -91,6 +91,18 @@ inline float e8m0_to_fp32_half(uint8_t e) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
+// An MXFP4 block whose every value is 0 (each index 0 or 8, +0 or -0 under any scale).
+inline bool mxfp4_is_zero(const MXFP4& b) {
+  for (uint8_t q : b.qs)
+    if ((q & 0x77) != 0) return false;
+  return true;
+}
+// An MXFP4 block the engine refuses (a model that holds one fails to load, naming the tensor):
+// e = 255 (NaN in the OCP MX spec; ggml's row validation rejects it), and a scale 2^(e - 128) of
+// 2^16 or more (e >= 144) on a block that is not all zeros (beyond f16, in which the CPU kernels
+// hold the scale: its values would be inf or wrong, not the file's). Scales below f16's least
+// subnormal (e < 104: every |value| <= 12 * 2^-25) are computed as 0 (packed.h).
+inline bool mxfp4_refused(const MXFP4& b) { return b.e == 255 || (b.e >= 144 && !mxfp4_is_zero(b)); }
 // The 16 levels of the non-linear 4-bit types (ggml's kvalues_iq4nl).
 inline constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};

@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "kernels/quant_blocks.h"
 #include "model/arch.h"
 #include "model/model.h"
 
@@ -57,8 +58,28 @@ class Binder {
     if (!ok)  // (collected: every such tensor is named at once, by check_types)
       type_errors_.push_back(cat("tensor '", name, "': type ", type_traits(t->type).name,
                                  tc == TypeClass::F32 ? " is not supported here (expected f32)" : " is not supported"));
+    if (t->type == GGMLType::MXFP4) check_mxfp4(name, *t);
     bytes_ += t->n_bytes;
     return t;
+  }
+
+  // Fails on the first MXFP4 block the engine refuses (blocks::mxfp4_refused: a NaN scale, or
+  // one beyond f16 on a block that is not all zeros), naming the tensor and where the block is.
+  void check_mxfp4(const std::string& name, const GGUFTensorInfo& t) const {
+    const auto* b = reinterpret_cast<const blocks::MXFP4*>(t.data);
+    const uint64_t per_row = t.ne.empty() ? 0 : t.ne[0] / 32, nb = t.n_bytes / sizeof(blocks::MXFP4);
+    for (uint64_t i = 0; i < nb; ++i) {
+      if (!blocks::mxfp4_refused(b[i])) continue;
+      const uint64_t row = per_row ? i / per_row : 0, col = per_row ? (i % per_row) * 32 : 0;
+      const uint64_t rows = t.ne.size() > 1 ? t.ne[1] : 1;
+      const std::string where = t.ne.size() > 2 ? cat("expert ", row / rows, ", row ", row % rows) : cat("row ", row);
+      const int e = b[i].e;
+      fail(f_.path(), ": tensor '", name, "' (MXFP4): the block at ", where, ", columns ", col, "..", col + 31,
+           " has scale exponent e = ", e,
+           e == 255 ? " (NaN in the MX format; ggml rejects it too)"
+                    : cat(" (scale 2^", e - 128, "): beyond f16 (at most 2^15, e = 143), the CPU kernels' scale; "
+                          "only an all-zero block may have it"));
+    }
   }
 
   WeightView matrix(const std::string& name, TypeClass tc, int64_t n_rows, int64_t n_cols, bool required) {

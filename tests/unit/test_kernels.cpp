@@ -871,7 +871,7 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K,
                                        GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS};
 
-// W's rows converted to Q8_0 (convert_rows: panel_type, or MXFP4's fallback), and their values.
+// W's rows converted to Q8_0 (convert_rows: panel_type, or MXFP4's GEMM form), and their values.
 QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
   const GGMLType pt = GGMLType::Q8_0;
   QWeight C{pt, W.N, W.K, std::vector<uint8_t>(*row_bytes(pt, uint64_t(W.K)) * uint64_t(W.N)),
@@ -908,12 +908,15 @@ TEST_P(KernelTest, RepackedTypesMultiplyTheirConversion) {
   }
 }
 
-// MXFP4 keeps its own packed layout (packed.h: 18 bytes per 32 weights of a row, Q4_0's) where
-// every block scale 2^(e - 128) is an f16 or the block is all zeros, and multiplies the same
-// integers and scales as its exact Q8_0 conversion: native packed == GGUF rows == the Q8_0
-// conversion packed == the scalar ISA's, bit for bit, at every M (the GEMV up to 32 rows, the
-// GEMM's unpacked chunks beyond; K = 736: a partial last chunk). A weight with one scale
-// outside f16 (2^22) is packed as Q8_0, its rows converted, still bit-identical to its rows.
+// MXFP4 always keeps its own packed layout (packed.h: 18 bytes per 32 weights of a row, Q4_0's)
+// and multiplies the same integers and scales as its exact Q8_0 conversion: native packed ==
+// GGUF rows == the Q8_0 conversion packed == the scalar ISA's, bit for bit, at every M (the GEMV
+// up to 32 rows, the GEMM's unpacked chunks beyond; K = 736: a partial last chunk), and within
+// gemm_tol of the double reference, across the f16 scales' extremes (e = 104, 2^-24, the least
+// subnormal; 143, 2^15, the largest; rows mixing them). Scales below f16 (e < 104: every |value|
+// <= 12 * 2^-25) are computed as 0 (a row of only those gives exactly 0), an all-zero block with a
+// scale beyond f16 too; a nonzero block beyond f16 (e >= 144) or any e = 255 is refused, packed
+// or not (the loader names the tensor: Synthetic.Mxfp4RefusedScalesFailTheLoad).
 TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
   std::mt19937 rng(31);
   const int64_t N = 37, K = 736, nb = K / 32;
@@ -928,19 +931,34 @@ TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
   blk(W, 7, 1)[0] = 104;                            // the least f16 scale, 2^-24 (a subnormal)
   blk(W, 8, nb - 1)[0] = 143;                       // the largest, 2^15
   blk(W, 20, 9)[0] = 113;                           // 2^-15 (a subnormal)
+  for (int64_t b = 0; b < nb; ++b) {
+    blk(W, 9, b)[0] = b % 2 ? 104 : 143;            // a row alternating the extremes
+    blk(W, 10, b)[0] = uint8_t(104 + b * 39 / (nb - 1));  // every step from 104 to 143
+    blk(W, 10, b)[1] = 0x7F;                        // (+-12: indices 7 and 15)
+  }
+  // Tiny scales (e < 104): computed as 0, nibbles and all.
+  blk(W, 12, 2)[0] = 0;
+  blk(W, 13, 4)[0] = 103;
+  blk(W, 14, 7)[0] = 50;
+  for (int64_t b = 0; b < nb; ++b) blk(W, 15, b)[0] = uint8_t(b * 103 / (nb - 1));  // a row of only those
+  std::memset(blk(W, 16, 3) + 1, 0x80, 16);         // an all-zero block (0, -0) beyond f16: +0
+  blk(W, 16, 3)[0] = 200;
+  std::memset(blk(W, 17, 0) + 1, 0x08, 16);
+  blk(W, 17, 0)[0] = 254;
   redo(W);
-  QWeight W2 = W;
-  blk(W2, 30, 2)[0] = 150;                          // 2^22: not an f16
-  redo(W2);
+  QWeight Z = W;  // the values as computed: tiny-scale blocks 0
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b)
+      if (blk(W, n, b)[0] < 104) std::fill_n(Z.deq.begin() + n * K + 32 * b, 32, 0.0f);
+  EXPECT_TRUE(std::any_of(W.deq.begin() + 15 * K, W.deq.begin() + 16 * K, [](float v) { return v != 0; }))
+      << "(tiny nonzero values the kernels drop)";
   EXPECT_EQ(cpu::panel_type(GGMLType::MXFP4, W.bytes.data(), rb, N, K), GGMLType::MXFP4);
-  EXPECT_EQ(cpu::panel_type(GGMLType::MXFP4, W2.bytes.data(), rb, N, K), GGMLType::Q8_0);
   auto be = backend_for(GetParam()), scalar = backend_for("scalar");
-  const WeightView pw = be->prepare(W.view()), pw2 = be->prepare(W2.view());
+  const WeightView pw = be->prepare(W.view());
   EXPECT_EQ(pw.type, GGMLType::MXFP4);
-  EXPECT_EQ(pw2.type, GGMLType::Q8_0);
   EXPECT_EQ(cpu::group_bytes(GGMLType::MXFP4, K), uint64_t(K / 32 * 16 * 18));  // (Q8_0: 34 per 32)
-  const QWeight C = converted(W), C2 = converted(W2);
-  const WeightView pc = be->prepare(C.view()), pc2 = be->prepare(C2.view()), ps = scalar->prepare(W.view());
+  const QWeight C = converted(W);
+  const WeightView pc = be->prepare(C.view()), ps = scalar->prepare(W.view());
   for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 24, 31, 32, 33, 40, 64, 250}) {
     const auto X = randv(rng, size_t(M * K));
     std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), q8(size_t(M * N)), sc(size_t(M * N));
@@ -949,20 +967,101 @@ TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
     be->matmul(X.data(), M, pc, q8.data());
     scalar->matmul(X.data(), M, ps, sc.data());
     std::vector<double> ref, mag;
-    ref_gemm(X.data(), M, W, ref, mag);
+    ref_gemm(X.data(), M, Z, ref, mag);
     for (size_t i = 0; i < native.size(); ++i) {
       ASSERT_EQ(native[i], q8[i]) << "M=" << M << " at " << i;
       ASSERT_EQ(native[i], rows[i]) << "M=" << M << " at " << i;
       ASSERT_EQ(native[i], sc[i]) << "M=" << M << " at " << i;
+      ASSERT_TRUE(std::isfinite(native[i])) << "M=" << M << " at " << i;
       ASSERT_NEAR(native[i], ref[i], gemm_tol(K, mag[i])) << "M=" << M << " at " << i;
     }
-    be->matmul(X.data(), M, pw2, native.data());
-    be->matmul(X.data(), M, W2.view(), rows.data());
-    be->matmul(X.data(), M, pc2, q8.data());
-    for (size_t i = 0; i < native.size(); ++i) {
-      ASSERT_EQ(native[i], q8[i]) << "(2^22) M=" << M << " at " << i;
-      ASSERT_EQ(native[i], rows[i]) << "(2^22) M=" << M << " at " << i;
+    for (int64_t m = 0; m < M; ++m) ASSERT_EQ(native[size_t(m * N + 15)], 0.0f) << "M=" << M << " m " << m;
+  }
+  // Refused: a nonzero block with e >= 144 (2^16: beyond f16; the old Q8_0 fallback's d overflowed
+  // to inf from e = 148), and e = 255 (NaN) even on an all-zero block. prepare, the unprepared
+  // rows' GEMV and GEMM, and panel_type all fail with an error naming MXFP4 and e.
+  struct Bad {
+    int e;
+    bool zero;
+  };
+  for (const Bad bad : {Bad{144, false}, Bad{150, false}, Bad{254, false}, Bad{255, false}, Bad{255, true}}) {
+    const int e = bad.e;
+    const bool zero = bad.zero;
+    QWeight B = W;
+    blk(B, 30, 2)[0] = uint8_t(e);
+    if (zero) std::memset(blk(B, 30, 2) + 1, 0, 16);
+    else blk(B, 30, 2)[1] = 0x01;  // (a nonzero value)
+    const std::string want = cat("e = ", e);
+    auto expect_refused = [&](auto f, const char* what) {
+      try {
+        f();
+        ADD_FAILURE() << what << ": e " << e << " accepted";
+      } catch (const Error& err) {
+        const std::string msg = err.what();
+        EXPECT_NE(msg.find("MXFP4"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(want), std::string::npos) << msg;
+      }
+    };
+    auto b2 = backend_for(GetParam());  // (a fresh cache: prepare caches by address)
+    expect_refused([&] { cpu::panel_type(GGMLType::MXFP4, B.bytes.data(), rb, N, K); }, "panel_type");
+    expect_refused([&] { b2->prepare(B.view()); }, "prepare");
+    for (int64_t M : {1, 40}) {
+      const auto X = randv(rng, size_t(M * K));
+      std::vector<float> Y(size_t(M * N));
+      expect_refused([&] { b2->matmul(X.data(), M, B.view(), Y.data()); }, "rows");
     }
+  }
+}
+
+// MXFP4's extreme blocks: every weight +-12 (indices 7 and 15, scale 1) against activations
+// +-1 (quantized to +-127, dx = 1/127), so a 32-block's sum I reaches +-12 x 127 x 32 = +-48768,
+// past int16 (plain avx2's vpmaddubsw pairs of u = kvalues[q] + 12 would pass 32767 by the sixth
+// quad). Every ISA, packed and GGUF rows, GEMV and GEMM: bit for bit the scalar ISA's, and the
+// exact integer result 12 x sum(sign w x sign x) (I/127 per block: float rounding only).
+TEST_P(KernelTest, Mxfp4ExtremeBlocksExact) {
+  std::mt19937 rng(77);
+  const int64_t N = 37, K = 256, nb = K / 32;
+  const uint64_t rb = *row_bytes(GGMLType::MXFP4, uint64_t(K));
+  std::vector<int8_t> sw(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      sw[size_t(n * K + k)] = int8_t(n == 0 ? 1 : n == 1 ? -1 : n == 2 ? (k % 2 ? -1 : 1) : (rng() & 1 ? 1 : -1));
+  QWeight W{GGMLType::MXFP4, N, K, std::vector<uint8_t>(rb * uint64_t(N)), std::vector<float>(size_t(N * K))};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + uint64_t(b) * 17;
+      blk[0] = 128;  // scale 1
+      for (int j = 0; j < 32; ++j) {
+        const int q = sw[size_t(n * K + 32 * b + j)] > 0 ? 7 : 15;
+        blk[1 + j % 16] = uint8_t(blk[1 + j % 16] | (q << (j < 16 ? 0 : 4)));
+      }
+    }
+  for (int64_t n = 0; n < N; ++n) dequantize_row(GGMLType::MXFP4, W.bytes.data() + uint64_t(n) * rb, W.deq.data() + n * K, K);
+  for (int64_t i = 0; i < N * K; ++i) ASSERT_EQ(W.deq[size_t(i)], 12.0f * sw[size_t(i)]);
+  auto be = backend_for(GetParam()), scalar = backend_for("scalar");
+  const WeightView pw = be->prepare(W.view()), ps = scalar->prepare(W.view());
+  ASSERT_EQ(pw.type, GGMLType::MXFP4);
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 33, 40, 64}) {
+    std::vector<float> X(size_t(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        X[size_t(m * K + k)] = m == 0 ? 1.0f : m == 1 ? -1.0f : m == 2 ? (k % 3 ? 1.0f : -1.0f) : (rng() & 1 ? 1.0f : -1.0f);
+    std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), sc(size_t(M * N));
+    be->matmul(X.data(), M, pw, native.data());
+    be->matmul(X.data(), M, W.view(), rows.data());
+    scalar->matmul(X.data(), M, ps, sc.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = size_t(m * N + n);
+        int64_t I = 0;  // 12 x sum(sign w x sign x): exact (each block's 127-multiples / 127)
+        for (int64_t k = 0; k < K; ++k) I += 12 * sw[size_t(n * K + k)] * (X[size_t(m * K + k)] > 0 ? 1 : -1);
+        if (m < 2 && n < 2) {  // (all aligned: every block +-48768 / 127)
+          ASSERT_EQ(std::abs(I), 12 * K);
+        }
+        ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_NEAR(native[i], double(I), 12.0 * K * 0x1p-20) << "M=" << M << " m " << m << " n " << n;
+      }
   }
 }
 
@@ -1190,17 +1289,16 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
 }
 
 // MXFP4 blocks across the E8M0 range: those whose scale 2^(e - 128) is an f16 (e in [104, 143])
-// convert exactly (d = that f16, q = kvalues[q]), bit for bit; larger scales (to 2^19, where
-// Q8_0's f16 d still holds 12 x 2^19 / 127) are requantized within Q8_0's own rounding; smaller
-// ones are not exact (their values fall below f16's subnormals, so Q8_0 cannot hold them) unless
-// the block is all zeros.
+// convert exactly (d = that f16, q = kvalues[q]), bit for bit; smaller ones (their values below
+// f16's subnormals: Q8_0 cannot hold them) become (+0, q = 0), as they pack natively; all-zero
+// blocks are exact whatever their e; a nonzero block beyond f16 (e >= 144) or e = 255 fails.
 TEST(Requantize, Mxfp4ExactWhereTheScaleIsAnF16) {
   std::mt19937 rng(9);
-  const int64_t N = 3, K = 32 * 48, nb = N * K / 32;
+  const int64_t N = 3, K = 32 * 44, nb = N * K / 32;
   std::vector<uint8_t> rows(size_t(nb) * 17);
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* blk = rows.data() + 17 * b;
-    blk[0] = uint8_t(100 + b % 48);  // e in [100, 147]
+    blk[0] = uint8_t(100 + b % 44);  // e in [100, 143]
     for (int j = 1; j < 17; ++j) blk[j] = uint8_t(rng());
     blk[1] = 0x77;  // (+12 in elements 0 and 16: every block's amax is 12 * 2^(e - 128))
   }
@@ -1215,14 +1313,25 @@ TEST(Requantize, Mxfp4ExactWhereTheScaleIsAnF16) {
   std::vector<uint8_t> q8(size_t(nb) * 34);
   const int64_t exact = cpu::convert_rows(GGMLType::MXFP4, rows.data(), uint64_t(K / 32 * 17), N, K, q8.data());
   EXPECT_EQ(exact, N * 40);  // e in [104, 143]
+  {  // all-zero blocks (indices 0 and 8) under any e are exact; refused ones fail
+    std::vector<uint8_t> z(17, 0x80), o(34);
+    for (int e : {0, 103, 144, 200, 254}) {
+      z[0] = uint8_t(e);
+      EXPECT_EQ(cpu::convert_rows(GGMLType::MXFP4, z.data(), 17, 1, 32, o.data()), 1) << e;
+      EXPECT_EQ(o, std::vector<uint8_t>(34, 0)) << e;
+    }
+    z[0] = 255;
+    EXPECT_THROW(cpu::convert_rows(GGMLType::MXFP4, z.data(), 17, 1, 32, o.data()), Error);
+    z[0] = 144;
+    z[16] = 0x81;
+    EXPECT_THROW(cpu::convert_rows(GGMLType::MXFP4, z.data(), 17, 1, 32, o.data()), Error);
+  }
   std::vector<float> w(size_t(N * K)), v(size_t(N * K));
   dequantize_row(GGMLType::MXFP4, rows.data(), w.data(), N * K);
   dequantize_row(GGMLType::Q8_0, q8.data(), v.data(), N * K);
   for (int64_t b = 0; b < nb; ++b) {
     const int e = rows[size_t(17 * b)];
     const auto* o = reinterpret_cast<const blocks::Q8_0*>(q8.data()) + b;
-    float amax = 0;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(w[size_t(32 * b + i)]));
     for (int i = 0; i < 32; ++i) {
       const float x = w[size_t(32 * b + i)], y = v[size_t(32 * b + i)];
       if (e >= 104 && e <= 143) {
@@ -1230,8 +1339,11 @@ TEST(Requantize, Mxfp4ExactWhereTheScaleIsAnF16) {
         const int qi = i < 16 ? rows[size_t(17 * b + 1 + i)] & 15 : rows[size_t(17 * b + 1 + i - 16)] >> 4;
         ASSERT_EQ(int(o->qs[i]), int(blocks::kValuesMXFP4[qi])) << "e " << e << " i " << i;
         ASSERT_EQ(load_u16(o->d), cpu::mxfp4_f16_scale(uint8_t(e)));
-      } else if (e > 143) {
-        ASSERT_LE(std::fabs(y - x), amax / 127 * (0.5f + 127 * 0x1p-11f) * (1 + 1e-6f)) << "e " << e << " i " << i;
+      } else {  // e < 104: +0
+        ASSERT_EQ(std::bit_cast<uint32_t>(y), 0u) << "e " << e << " i " << i;
+        ASSERT_EQ(int(o->qs[i]), 0) << "e " << e << " i " << i;
+        ASSERT_EQ(load_u16(o->d), 0) << "e " << e;
+        ASSERT_LE(std::fabs(x), 12 * 0x1p-25f) << "e " << e << " i " << i;
       }
     }
   }

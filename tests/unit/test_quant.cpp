@@ -771,6 +771,44 @@ TEST(Quant, Mxfp4QuantizerHandMadeBlocks) {
     EXPECT_EQ(y[0], x[0]);
     EXPECT_EQ(y[1], x[1]);
   }
+  // Below 2^-125, ggml's (uint8_t)(floorf(log2f(amax)) - 2 + 127) converts a negative float
+  // (undefined behaviour; x86 wraps it modulo 256): amax = 2^-126 gives -1 -> 255 (NaN in the MX
+  // format: a block the loader refuses), 2^-149 (the least subnormal) -24 -> 232 (scale 2^104,
+  // every value 0). Ours clamps to e = 0 (scale 2^-128), never 255 for a nonzero finite block:
+  // 2^-126 = 4 x 2^-128 round-trips exactly, 2^-149 (2^-21 of the scale) becomes index 0 (+0).
+  {
+    std::vector<float> x(32, 0.0f);
+    x[2] = -std::ldexp(1.0f, -126);
+    x[3] = std::ldexp(1.0f, -127);  // 2 d at index 2
+    const MxBlock b = mx_quantize(x);
+    EXPECT_EQ(b.e, 0);
+    EXPECT_EQ(b.idx[2], 12);  // -4 d
+    EXPECT_EQ(b.idx[3], 2);
+    const auto y = dequantize(GGMLType::MXFP4, quantize(GGMLType::MXFP4, x), 32);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(bits(y[size_t(j)]), bits(x[size_t(j)])) << j;
+  }
+  {
+    std::vector<float> x(32, 0.0f);
+    x[7] = std::ldexp(1.0f, -149);
+    ASSERT_GT(x[7], 0.0f);
+    const MxBlock b = mx_quantize(x);
+    EXPECT_EQ(b.e, 0);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(b.idx[j], 0) << j;
+    for (float v : dequantize(GGMLType::MXFP4, quantize(GGMLType::MXFP4, x), 32)) EXPECT_EQ(bits(v), 0u);
+  }
+  // Every power of two and its neighbours down to the subnormals: e never 255, and it is ggml's
+  // (log2f as the code computes it) wherever that is defined (>= 0).
+  for (int p = -149; p <= 127; ++p)
+    for (const float a : {std::ldexp(1.0f, p), std::nextafter(std::ldexp(1.0f, p), 0.0f),
+                          std::nextafter(std::ldexp(1.0f, p), INFINITY)}) {
+      if (!(a > 0.0f) || !std::isfinite(a)) continue;
+      std::vector<float> x(32, 0.0f);
+      x[0] = a;
+      const MxBlock b = mx_quantize(x);
+      const float f = std::floor(log2f(a)) - 2 + 127;
+      ASSERT_NE(int(b.e), 255) << a;
+      ASSERT_EQ(int(b.e), f >= 0.0f ? int(f) : 0) << a;
+    }
 }
 
 // Dequantization at the extremes of the E8M0 scale: e = 0 and 1 are the f32 subnormals 2^-128
@@ -810,7 +848,10 @@ TEST(Quant, Mxfp4QuantizerPicksNearestLevels) {
       const uint8_t* blk = q.data() + 17 * b;
       double amax = 0;
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(double(x[size_t(32 * b + j)])));
-      ASSERT_EQ(int(blk[0]), int(std::floor(std::log2(amax))) - 2 + 127) << scale << " " << b;
+      // (float log2f as the quantizer computes it: near a power of two it may round up where the
+      // double log2 would not)
+      const float famax = float(amax);
+      ASSERT_EQ(int(blk[0]), std::max(0, int(std::floor(log2f(famax)) - 2 + 127))) << scale << " " << b;
       const double d = std::ldexp(1.0, int(blk[0]) - 128);
       for (int j = 0; j < 32; ++j) {
         const double v = x[size_t(32 * b + j)];

@@ -78,8 +78,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
-    for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0})
-      out.push_back({"tiny", t, arch});
+    for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::MXFP4})
+      out.push_back({"tiny", t, arch});  // (MXFP4: qwen3moe's and gpt-oss's experts too)
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
     for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) out.push_back({"tiny-256", t, arch});
   }
@@ -384,6 +384,66 @@ TEST(Synthetic, GptOssSinksFiniteAndBiasStacksShaped) {
   }
   rewrite("blk.0.ffn_up_exps.bias", [](std::vector<uint8_t>&, std::vector<uint64_t>& ne) { std::swap(ne[0], ne[1]); });
   EXPECT_NE(load_error().find("tensor 'blk.0.ffn_up_exps.bias': expected shape"), std::string::npos) << load_error();
+}
+
+// MXFP4 blocks the engine cannot compute are refused at load naming the tensor, the block's
+// place and its exponent: a nonzero block with a scale beyond f16 (e >= 144: 2^16; the kernels
+// hold the scale as an f16) and any e = 255 (NaN in the MX format). Tiny scales (e < 104, below
+// f16's subnormals) and all-zero blocks with any other scale load and run (computed as 0).
+TEST(Synthetic, Mxfp4RefusedScalesFailTheLoad) {
+  SyntheticOptions opt;
+  opt.arch = "gpt-oss";
+  opt.type = GGMLType::MXFP4;
+  opt.n_experts = 3;
+  TempFile src("mxfp4_src.gguf"), dst("mxfp4_bad.gguf");
+  write_synthetic_model(opt, src.path());
+  const std::string name = "blk.1.ffn_down_exps.weight";
+  auto load_error = [&] {
+    try {
+      const auto m = Model::load(dst.path());
+      expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111}));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  uint64_t per_row = 0, rows = 0;
+  auto rewrite = [&](uint64_t block, uint8_t e, bool zero) {
+    const auto f = GGUFFile::open(src.path());
+    GGUFWriter w;
+    for (const auto& [k, v] : f->metadata()) w.set(k, v);
+    for (const auto& t : f->tensors()) {
+      std::vector<uint8_t> data(t.data, t.data + t.n_bytes);
+      if (t.name == name) {
+        EXPECT_EQ(t.type, GGMLType::MXFP4);
+        per_row = t.ne[0] / 32;
+        rows = t.ne[1];
+        data[size_t(17 * block)] = e;
+        if (zero) std::memset(data.data() + 17 * block + 1, 0x08, 16);
+        else data[size_t(17 * block + 1)] = 0x07;  // (+12: nonzero)
+      }
+      w.add_tensor(t.name, t.type, t.ne, std::move(data));
+    }
+    w.write(dst.path());
+  };
+  rewrite(0, 128, false);
+  const uint64_t block = (2 * rows + 5) * per_row + 1;  // expert 2, row 5, columns 32..63
+  for (int e : {144, 200, 254, 255}) {
+    rewrite(block, uint8_t(e), false);
+    const std::string err = load_error();
+    EXPECT_NE(err.find(cat("tensor '", name, "' (MXFP4): the block at expert 2, row 5, columns 32..63 has scale exponent e = ", e)),
+              std::string::npos) << err;
+  }
+  rewrite(block, 255, true);  // (NaN even on zeros)
+  EXPECT_NE(load_error().find("e = 255 (NaN"), std::string::npos) << load_error();
+  for (int e : {0, 50, 103}) {  // tiny scales: 0
+    rewrite(block, uint8_t(e), false);
+    EXPECT_EQ(load_error(), "(loaded)") << e;
+  }
+  for (int e : {144, 254}) {  // zeros under a scale beyond f16
+    rewrite(block, uint8_t(e), true);
+    EXPECT_EQ(load_error(), "(loaded)") << e;
+  }
 }
 
 // YaRN from the file's keys and the same from load-time overrides (run/serve's --rope-scaling yarn

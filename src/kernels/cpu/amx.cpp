@@ -334,6 +334,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   static int64_t mk_int_tiles(GGMLType t, const int8_t* xq8, int64_t ldx, const float* dx, const int32_t* xs,
                               int64_t ldb, int64_t rows, const int16_t* const* V, const float* const* S1,
                               const float* const* S2, int ng, int64_t len, float* c, int64_t ldc, bool first) {
+    t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's)
     if (!is_quad_type(t)) return 0;
     configure_tiles();
     const bool with_s2 = t == GGMLType::Q4_K;

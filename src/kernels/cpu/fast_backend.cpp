@@ -103,8 +103,8 @@ class CpuFastBackend final : public Backend {
   }
 
   // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
-  // quantized (the types without a layout of their own as another type: panel_type; MXFP4 as
-  // Q8_0 where a block scale is not an f16). Cached by source
+  // quantized (the types without a layout of their own as another type: panel_type; MXFP4 in
+  // its own, failing on a block the loader refuses: blocks::mxfp4_refused). Cached by source
   // pointer and shape, so tied or shared weights are packed once.
   WeightView prepare(const WeightView& W) override {
     if (W.layout == WeightLayout::Packed || !is_supported_weight_type(W.type) ||
@@ -117,7 +117,7 @@ class CpuFastBackend final : public Backend {
     for (auto [it, end] = packed_.equal_range(W.data); it != end; ++it)
       if (const Packed& p = it->second; p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
         return {p.panel, p.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
-    // (MXFP4: its own layout unless a block scale is not an f16, then Q8_0: the rows decide.)
+    // (MXFP4: its rows are checked, each block's scale an f16 or +0: packed.h.)
     const GGMLType pt = cpu::panel_type(W.type, src, src_rb, W.n_rows, W.n_cols);
     const uint64_t gb = cpu::group_bytes(pt, W.n_cols);
     const uint64_t bytes = gb * uint64_t(cpu::n_groups(W.n_rows));

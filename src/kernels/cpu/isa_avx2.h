@@ -505,7 +505,8 @@ struct Avx2Isa {
   // MXFP4 (quad layout as Q4_0, d its f16 scale): each nibble index q mapped by vpshufb to its
   // level. With AVX-VNNI u = kvalues[q] + 12 in [0, 24] (B = 12) into vpdpbusd's int32; plain
   // AVX2 sums 8 quads' vpmaddubsw pairs in int16, where u x xq pairs (<= 2 * 24 * 127) would
-  // pass 32767 by the fourth quad, so there the quads are v = kvalues[q] itself, signed as Q8_0's
+  // pass 32767 by the sixth quad (5 x 6096 <= 32767 < 6 x 6096), so there the quads are v =
+  // kvalues[q] itself, signed as Q8_0's
   // (|v| x sign(xq, v), widened per quad). unpack_int gives the GEMM Q8_0's form (signed v).
   struct DecMXFP4 : DecBlock32<288> {
 #ifdef FT_AVX_VNNI
@@ -993,6 +994,7 @@ struct Avx2Isa {
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
+    t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's, its bias and signs)
     for (int g = 0; g < ng; ++g) {
       const uint8_t* v = reinterpret_cast<const uint8_t*>(V[g]);
       if (t == GGMLType::Q6_K) {

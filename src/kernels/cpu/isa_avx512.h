@@ -945,6 +945,7 @@ struct Avx512Isa : Avx2Isa {
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
+    t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's, its bias and signs)
     const uint8_t* v[2] = {reinterpret_cast<const uint8_t*>(V[0]),
                            reinterpret_cast<const uint8_t*>(ng > 1 ? V[1] : V[0])};
     if (t == GGMLType::Q6_K) {

@@ -263,7 +263,7 @@ struct Drivers {
     const int64_t bl = block_len(g.type);
     const uint64_t bb = *row_bytes(g.type, uint64_t(bl));
     const uint8_t* rows = g.data + uint64_t(src.n0) * g.row_bytes + uint64_t(k0 / bl) * bb;
-    if (g.type == GGMLType::MXFP4) {  // (as Q8_0, its GEMM form: packed.h; any scale)
+    if (g.type == GGMLType::MXFP4) {  // (as Q8_0, its GEMM form: packed.h; a refused block fails)
       const uint64_t rb = uint64_t(len / kQBlock) * 34;  // (Q8_0 rows of len)
       convert_rows(g.type, rows, g.row_bytes, src.cnt, len, conv);
       Isa::pack_rows(GGMLType::Q8_0, conv, rb, src.cnt, len, raw);
@@ -282,7 +282,6 @@ struct Drivers {
       return int_item(qa, r0, M, K, src + 1, 1, s, C + kGroup, ldc);
     }
     const GGMLType type = src[0].seg->type;
-    const GGMLType gtype = gemm_type(type);  // (the unpacked chunk's form: MXFP4's is Q8_0's)
     const int64_t nkb = K / kQBlock;
     if constexpr (Isa::kFusedMaxM > 0) {
       // Small M (decode; and, where the Isa says so, small prefill chunks): straight from the
@@ -323,7 +322,7 @@ struct Drivers {
         int64_t m_tiles = mb;  // (rows before it done by the Isa's matrix tiles, where it has them)
         if constexpr (requires { Isa::mk_int_tiles; }) {
           const int64_t r = r0 + mb;
-          m_tiles += Isa::mk_int_tiles(gtype, qa.xq8.data() + r * K + k0, K, qa.dx.data() + r * nkb + k0 / kQBlock,
+          m_tiles += Isa::mk_int_tiles(type,  /* (each maps through gemm_type) */ qa.xq8.data() + r * K + k0, K, qa.dx.data() + r * nkb + k0 / kQBlock,
                                        qa.xs.data() + r * nkb + k0 / kQBlock, nkb, me - mb, V, S1, S2, ns, len,
                                        C + mb * ldc, ldc, k0 == 0);
         }
@@ -338,7 +337,7 @@ struct Drivers {
             xr.xs[j] = qa.xs.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
             xr.xs0[j] = qa.xs0.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
           }
-          Isa::mk_int(mr, xr, gtype, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
+          Isa::mk_int(mr, xr, type, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
           m0 += mr;
         }
       }

@@ -74,14 +74,17 @@ uint16_t mxfp4_f16_scale(uint8_t e) {
 }
 
 namespace {
-// The f16 scale MXFP4 block b is packed with in its own layout: 2^(e - 128) where that is an
-// f16, +0 for a block of zeros (every index 0 or 8) whatever its e; false where there is none.
-bool mxfp4_packed_scale(const blocks::MXFP4& b, uint16_t& h) {
-  h = mxfp4_f16_scale(b.e);
-  if (h != 0) return true;
-  for (uint8_t q : b.qs)
-    if ((q & 7) != 0 || (q & 0x70) != 0) return false;
-  return true;
+// The f16 scale MXFP4 block b is multiplied with, in its own packed layout and in its Q8_0
+// conversion: 2^(e - 128) where that is an f16 (e in [104, 143]); +0 below (e < 104: 2^(e - 128)
+// under f16's least subnormal 2^-24, every |value| <= 12 * 2^-25, which Q8_0's f16 d rounds to 0
+// too) and for an all-zero block with any other e; fails on the blocks refused at load
+// (blocks::mxfp4_refused: e = 255, or e >= 144 with a nonzero value).
+uint16_t mxfp4_packed_scale(const blocks::MXFP4& b) {
+  if (blocks::mxfp4_refused(b))
+    fail("MXFP4: a block with scale exponent e = ", int(b.e),
+         b.e == 255 ? " (NaN in the MX format)" : cat(" (2^", int(b.e) - 128, ": beyond f16, which ends at 2^15)"),
+         " and nonzero values: refused (the model loader names its tensor)");
+  return mxfp4_f16_scale(b.e);  // (0 for e < 104 and the all-zero rest)
 }
 }  // namespace
 
@@ -89,10 +92,7 @@ GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
   if (t != GGMLType::MXFP4) return panel_type(t);
   for (int64_t n = 0; n < n_rows; ++n) {
     const auto* b = reinterpret_cast<const blocks::MXFP4*>(rows + uint64_t(n) * row_bytes);
-    for (int64_t i = 0; i < K / 32; ++i) {
-      uint16_t h;
-      if (!mxfp4_packed_scale(b[i], h)) return GGMLType::Q8_0;
-    }
+    for (int64_t i = 0; i < K / 32; ++i) mxfp4_packed_scale(b[i]);  // (fails on a refused block)
   }
   return GGMLType::MXFP4;
 }
@@ -115,6 +115,11 @@ int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_
       for (int ib = 0; ib < bl / 32; ++ib) {
         const float* x = w.data() + 32 * ib;
         blocks::Q8_0& o = q8[b * (bl / 32) + ib];
+        if (t == GGMLType::MXFP4 && mxfp4_packed_scale(reinterpret_cast<const blocks::MXFP4*>(blk)[ib]) == 0) {
+          o = blocks::Q8_0{};  // +0 and q = 0: as packed natively (exact only for an all-zero block)
+          if (blocks::mxfp4_is_zero(reinterpret_cast<const blocks::MXFP4*>(blk)[ib])) ++exact;
+          continue;
+        }
         const uint16_t h = natural_scale(t, blk, ib);
         const float d = f16_to_f32(h);
         bool ok = h != 0 && d != 0.0f && std::isfinite(d);
@@ -212,11 +217,9 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
           }
           case GGMLType::MXFP4: {  // (as Q4_0, its f16 scale in d)
             const auto& b = reinterpret_cast<const blocks::MXFP4*>(row)[ib];
-            uint16_t h;
-            if (!mxfp4_packed_scale(b, h))
-              fail("panel layout: an MXFP4 block scale 2^", int(b.e) - 128, " is not an f16 (panel_type: Q8_0)");
+            const uint16_t h = mxfp4_packed_scale(b);
             std::memcpy(blk + 2 * r, &h, 2);
-            for (int e = 0; e < 32; ++e) {
+            for (int e = 0; h != 0 && e < 32; ++e) {  // (a +0 scale's block packed as zeros)
               const int q = e < 16 ? (b.qs[e] & 0xF) : (b.qs[e - 16] >> 4);
               blk[32 + nib_at(e, r)] |= uint8_t(q << nib_shift(r));
             }

@@ -11,7 +11,8 @@
 //   Q8_0 (32)  f16 d[16]; int8 q[16 pairs][16 rows][2]      w = q * d
 //   Q4_0 (32)  f16 d[16]; uint8 q[16 pairs][8][2]: byte (p, j, e) holds k = 2p + e of row j in
 //              the low nibble and of row j + 8 in the high one (ggml's 0..15); w = (q - 8) * d
-//   MXFP4 (32) as Q4_0, d the f16 scale 2^(e - 128) (+0 for a block of zeros); w = kvalues[q] * d
+//   MXFP4 (32) as Q4_0, d the f16 scale 2^(e - 128) for e in [104, 143], else +0 with q = 0 (e <
+//              104, tiny: every |value| <= 12 * 2^-25; or an all-zero block); w = kvalues[q] * d
 //   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
 //   Q6_K (256) f16 d[16]; int8 sc[16][16]; low 4 bits [128 pairs][8][2] as Q4_0; high 2 bits
@@ -115,8 +116,8 @@ struct Q6KQuadCursor {
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
 // values are int8 multiples of one f16 scale is stored exactly: every Q5_0 block (d, q - 16),
 // every IQ4_NL block (d, kvalues[q]), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
-// [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only where a weight has a block
-// that is not, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
+// [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for the GEMM's unpacked chunks
+// and GGUF rows, gemm_type: it packs in its own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
 // d (ls - 32) is an f16. The others (the min types Q4_1, Q5_1, Q2_K, Q5_K, and the IQ4_XS rest)
 // are requantized from their exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 *
@@ -127,7 +128,10 @@ struct Q6KQuadCursor {
 GGMLType panel_type(GGMLType t);
 // rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in Q8_0 (panel_type(t), or
 // t = MXFP4), GGUF rows (row_bytes(Q8_0, K) apart). Returns how many 32-blocks hold exactly the source
-// values.
+// values. MXFP4 blocks as they pack natively: (2^(e - 128), kvalues[q]) for e in [104, 143],
+// (+0, 0) for e < 104 (tiny scales: their values, |w| <= 12 * 2^-25, become 0) and all-zero
+// blocks; a block the loader refuses (blocks::mxfp4_refused: e = 255, or e >= 144 and not all
+// zeros) fails.
 int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                      uint8_t* out);
 
@@ -135,8 +139,10 @@ int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_
 // e - 128 in [-24, 15]), else 0.
 uint16_t mxfp4_f16_scale(uint8_t e);
 // The panel type of a weight of type t whose rows are these: panel_type(t), but MXFP4 keeps its
-// own layout (17 bytes per 32 weights, not Q8_0's 34) where every block's scale is an f16 or
-// the block is all zeros, else (a scale outside 2^-24 .. 2^15) the whole weight is Q8_0.
+// own layout (18 bytes per 32 weights of a row, not Q8_0's 34) always: a block scale below f16
+// (e < 104, 2^(e - 128) < 2^-24) packs as +0 (its values, |w| <= 12 * 2^-25, as 0: what Q8_0's
+// f16 d would round them to), and this fails on a block the loader refuses (e = 255; e >= 144,
+// 2^16 and up, with a nonzero value: beyond f16) rather than computing inf or wrong values.
 GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K);
 
 // Weight types multiplied on the integer path.
