@@ -841,6 +841,15 @@ void HarmonySplit::close_body() {
   state_ = State::Header;
 }
 
+// The final push's open message: a call cut short is content (its arguments so far), else it ends.
+void HarmonySplit::close_last(ReasoningParts& out) {
+  if (kind_ == Kind::Call && cut_) {
+    out.content += std::exchange(call_args_, {});
+    kind_ = Kind::Content;
+  }
+  close_body();
+}
+
 ReasoningParts HarmonySplit::push(std::string_view text, bool final) {
   held_.append(text);
   ReasoningParts out;
@@ -857,7 +866,11 @@ ReasoningParts HarmonySplit::push(std::string_view text, bool final) {
           break;
         }
         if (maybe && !final) return out;  // (may still become a marker)
-        state_ = State::Plain;
+        // Text before any header (a continued final message, a model's stray lead, a grammar's
+        // JSON): an open content message, so that an end marker still closes it and the headers
+        // after it are still read.
+        kind_ = Kind::Content;
+        state_ = State::Body;
         break;
       }
       case State::Plain:
@@ -910,7 +923,7 @@ ReasoningParts HarmonySplit::push(std::string_view text, bool final) {
               }
         emit(out, std::string_view(held_).substr(0, held_.size() - keep));
         held_.erase(0, held_.size() - keep);
-        if (final) close_body();
+        if (final) close_last(out);
         return out;
       }
     }

@@ -215,12 +215,17 @@ class HarmonySplit {
   // The calls whose messages have ended (all of them after the final push): id, name (the
   // recipient less "functions.") and arguments (the body, trimmed); taken.
   std::vector<ToolCall> take_calls() { return std::exchange(calls_, {}); }
+  // Before the final push of a generation cut short (max_tokens): a call whose message is still
+  // open is unfinished (its <|call|> never came), so it is not a call: its arguments so far are
+  // content.
+  void cut_short() { cut_ = true; }
 
  private:
   enum class State { Start, Header, Body, Plain } state_ = State::Start;
   enum class Kind { Reasoning, Content, Call } kind_ = Kind::Content;
   void open_body(ReasoningParts& out);  // header_ is complete: classify the message
   void close_body();                    // the message ended
+  void close_last(ReasoningParts& out);  // the final push's open message
   void emit(ReasoningParts& out, std::string_view text);  // body text by kind_
   bool raw_;
   std::string held_;    // not yet looked at (a tail that may become a marker)
@@ -228,6 +233,7 @@ class HarmonySplit {
   std::string call_name_, call_args_;
   std::vector<ToolCall> calls_;
   bool reasoned_ = false;
+  bool cut_ = false;
 };
 
 // A chat's reasoning split off its output: R1-style <think> (ReasoningSplit(open_at_start)) or
@@ -241,6 +247,9 @@ class ReasoningSplit {
   bool reasoned() const { return harmony_ ? harmony_->reasoned() : reasoned_; }  // a reasoning part was seen (it may be empty)
   bool in_reasoning() const { return harmony_ ? harmony_->in_reasoning() : state_ == State::Reasoning; }
   HarmonySplit* harmony() { return harmony_ ? &*harmony_ : nullptr; }
+  void cut_short() {
+    if (harmony_) harmony_->cut_short();
+  }
 
  private:
   enum class State { Start, Reasoning, Content } state_;

@@ -370,6 +370,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       c.generated += int64_t(last.tokens.size());
       add_logprobs(c, prompt, last);
       add_ids(c, prompt, last);
+      if (f.reason == "length" && c.think) c.think->cut_short();  // (gpt-oss: an open call is no call)
       emit(c, f.index, think(c, f.index, last.text, true), true);
       // Tool calls: from the whole text, or streaming from what was held back (the text before a
       // call went out as content; a named call's arguments stream).
@@ -830,6 +831,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!out.empty()) s_.enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
+      if (f.reason == "length" && think_) think_->cut_short();  // (gpt-oss: an open call is no call)
       const ReasoningSplit::Parts p = split(last.text, true);
       std::string out = reason(p.reasoning);
       if (stream_ && !p.content.empty()) out += close_reasoning();
@@ -993,6 +995,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!out.empty()) s_.enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
+      if (f.reason == "length" && think_) think_->cut_short();  // (gpt-oss: an open call is no call)
       const ReasoningSplit::Parts p = split(last.text, true);
       std::string out = thinking(p.reasoning);
       out += content(p.content);

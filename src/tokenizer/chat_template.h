@@ -109,9 +109,9 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
 //    ...\n} // namespace functions]<|end|>]                      (a system message or tools)
 //   <|start|>user<|message|>{content}<|end|>
 //   <|start|>assistant<|channel|>final<|message|>{content}<|end|>
-//   <|start|>assistant<|channel|>commentary<|message|>{content}<|end|>     (text with calls)
-//   <|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{arguments}<|call|>
-//   <|start|>functions.{name} to=assistant<|channel|>commentary<|message|>{result}<|end|>
+//   <|start|>assistant<|channel|>analysis<|message|>{content}<|end|>       (text with calls)
+//   <|start|>assistant to=functions.{name}<|channel|>commentary json<|message|>{arguments}<|call|>
+//   <|start|>functions.{name} to=assistant<|channel|>commentary<|message|>{result as a JSON string}<|end|>
 //   <|start|>developer<|message|># Instructions\n\n{content}<|end|>      (a later system message)
 //   generation prompt <|start|>assistant
 // extra (an object or null): "reasoning_effort" (default "medium"; vLLM's and the Responses API's

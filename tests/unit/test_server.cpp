@@ -1531,7 +1531,11 @@ TEST(ServerReasoning, HarmonySplitsChannelsInAnyPieces) {
       {"<|channel|>final<|message|>Hi", "", "Hi", {}, "="},
       // Not harmony (a grammar's JSON, a model off its format): content throughout.
       {"{\"name\": \"x\"}", "", "{\"name\": \"x\"}", {}, "="},
-      {"Hello <|channel|>", "", "Hello <|channel|>", {}, "="},
+      // Text before any header (a continued final message, a stray lead) is an open content
+      // message: its end and the headers after it are still read (a header cut short: markup).
+      {"Hello <|channel|>", "", "Hello ", {}, "="},
+      {"the rest.<|end|><|start|>assistant<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>ok",
+       "hm", "the rest.ok", {}, "="},
       // Cut short inside a message, a marker's start in it; a message left without <|end|>.
       {"<|channel|>analysis<|message|>Hmm, a < b || c <|", "Hmm, a < b || c <|", "", {}, "="},
       {"<|channel|>analysis<|message|>a<|start|>assistant<|channel|>final<|message|>b", "a", "b", {}, "="},
@@ -1571,6 +1575,23 @@ TEST(ServerReasoning, HarmonySplitsChannelsInAnyPieces) {
           EXPECT_TRUE(calls[c].id.starts_with("call_")) << where;
         }
       }
+}
+
+// A generation cut short (max_tokens) inside a call's arguments: no call (its <|call|> never came),
+// the arguments so far are content; a call whose message ended stays a call.
+TEST(ServerReasoning, HarmonyCallCutShortIsNoCall) {
+  const std::string get = "<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.get<|channel|>commentary json<|message|>";
+  for (const bool cut : {true, false}) {
+    ReasoningSplit split{HarmonySplit(false)};
+    auto parts = split.push(get + "{\"city\": \"Pa", false);
+    std::string content = parts.content;
+    if (cut) split.cut_short();
+    parts = split.push("", true);
+    content += parts.content;
+    const std::vector<ToolCall> calls = split.harmony()->take_calls();
+    EXPECT_EQ(calls.size(), cut ? 0u : 1u);
+    EXPECT_EQ(content, cut ? "{\"city\": \"Pa" : "");
+  }
 }
 
 // Its calls under a tool choice: auto keeps those naming a function of the request's; the others
