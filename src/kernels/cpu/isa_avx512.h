@@ -486,16 +486,13 @@ struct Avx512Isa : Avx2Isa {
   };
   // MXFP4 (quad layout as Q4_0, d its f16 scale): each nibble index q mapped by vpshufb to u =
   // kvalues[q] + 12 in [0, 24] (B = 12).
-  struct QDecMXFP4 {
-    static constexpr int kBias = 12, kBytesPer32 = 288;
-    static constexpr bool kS2 = false, kSub16 = false;
-    const uint8_t* g;
-    const uint8_t* blk = nullptr;
-    [[gnu::always_inline]] void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
-    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+  struct QDecMXFP4 : QDecQ4_0 {
+    static constexpr int kBias = 12;
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
-      const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-      nibble_quads(blk + 32 + 64 * P, w0, w1);
+      const __m512i lut = _mm512_broadcast_i32x4(
+          _mm_setr_epi8(0 + kBias, 1 + kBias, 2 + kBias, 3 + kBias, 4 + kBias, 6 + kBias, 8 + kBias, 12 + kBias,
+                        0 + kBias, -1 + kBias, -2 + kBias, -3 + kBias, -4 + kBias, -6 + kBias, -8 + kBias, -12 + kBias));
+      QDecQ4_0::quads(P, w0, w1);
       w0 = _mm512_shuffle_epi8(lut, w0);
       w1 = _mm512_shuffle_epi8(lut, w1);
     }
@@ -536,7 +533,7 @@ struct Avx512Isa : Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
-      case GGMLType::MXFP4: f(QDecMXFP4{group}); return true;
+      case GGMLType::MXFP4: f(QDecMXFP4{{group}}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
       default: return false;
