@@ -45,7 +45,8 @@ constexpr GGMLType kSupported[] = {
     GGMLType::F32,  GGMLType::F16,  GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
     GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K, GGMLType::Q3_K,
     GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS,
-    GGMLType::MXFP4,
+    GGMLType::MXFP4, GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ3_XXS,
+    GGMLType::IQ3_S, GGMLType::IQ1_S, GGMLType::IQ1_M,
 };
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/quant_iq.h"
 
 // Bit-exactness with ggml: every product in the dequantizers is exact in float (Q4_K: f16 d
 // (11 significant bits) * 6-bit scale * 4-bit q <= 21 bits; Q6_K: d * int8 scale is exact and
@@ -875,6 +876,8 @@ int64_t block_count(GGMLType type, int64_t n, const char* what) {
     case GGMLType::Q5_1: case GGMLType::IQ4_NL: case GGMLType::MXFP4: bs = 32; break;
     case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q4_K: case GGMLType::Q5_K:
     case GGMLType::Q6_K: case GGMLType::IQ4_XS: bs = QK_K; break;
+    case GGMLType::IQ2_XXS: case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ3_XXS:
+    case GGMLType::IQ3_S: case GGMLType::IQ1_S: case GGMLType::IQ1_M: bs = QK_K; break;
     default:
       fail(what, ": unsupported tensor type ", type_traits(type).name, " (id ", uint32_t(type),
            ")");
@@ -916,7 +919,7 @@ void dequantize_row(GGMLType type, const void* src, float* dst, int64_t n) {
     case GGMLType::IQ4_NL: dequant_iq4_nl(static_cast<const blocks::IQ4_NL*>(src), dst, nb); break;
     case GGMLType::IQ4_XS: dequant_iq4_xs(static_cast<const blocks::IQ4_XS*>(src), dst, nb); break;
     case GGMLType::MXFP4: dequant_mxfp4(static_cast<const blocks::MXFP4*>(src), dst, nb); break;
-    default: break;  // rejected by block_count
+    default: iq::dequantize(type, p, dst, nb); break;  // the i-quants on grids (else rejected by block_count)
   }
 }
 
@@ -957,7 +960,7 @@ void quantize_row(GGMLType type, const float* src, void* dst, int64_t n) {
       }
       break;
     case GGMLType::MXFP4: quant_mxfp4(src, static_cast<blocks::MXFP4*>(dst), nb); break;
-    default: break;
+    default: iq::quantize(type, src, p, nb); break;  // the i-quants on grids (else rejected by block_count)
   }
 }
 

@@ -21,6 +21,9 @@
 //         scale per 32, x = d*(ls-32)*kvalues[q]
 //   MXFP4: 32 elems/block { uint8 e; uint8 qs[16]; }  nibbles as Q4_0 index the doubled E2M1
 //         values {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12}, x = kvalues[q] * 2^(e - 128)
+//   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: 256 elems/block, groups of 8 (IQ3: 4)
+//         elements as one entry of a fixed grid, signs, and 4-bit (IQ1: 3-bit) scales per 32 or 16
+//         (quant_iq.h; quantized by a quantizer of our own, not ggml's)
 //   F16, BF16, F32: plain.
 // (Byte layouts in quant_blocks.h.)
 #pragma once

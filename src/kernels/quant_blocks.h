@@ -1,5 +1,6 @@
 // Byte images of the ggml block formats (all members byte arrays: no padding, any alignment).
 #pragma once
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -82,6 +83,65 @@ struct MXFP4 {
   uint8_t e;              // E8M0 scale exponent: the block's scale is 2^(e - 128) (e8m0_to_fp32_half)
   uint8_t qs[QK4_0 / 2];  // nibble indices as Q4_0; x = kValuesMXFP4[q] * 2^(e - 128)
 };
+// The i-quants on grids (iq_grids.h), 256 elements a block: each group of 8 elements (IQ3's: 4)
+// is one grid entry, under a scale per 32 (or 16) elements and an f16 d per block. Signs per 8
+// elements: 7 bits whose 8th is their parity (an even count of minus signs: ggml's ksigns_iq2xs)
+// or 8 bits. IQ1's grid is signed, its values shifted by +-1/8 (kIQ1Delta).
+struct IQ2_XXS {
+  uint8_t d[2];
+  uint8_t qs[64];  // per 32 elems 8 bytes: 4 grid indices (a byte per 8 elems), then a u32 with
+                   // the 7 sign bits of group l at bits 7l and the scale s at bits 28-31:
+                   // x = d * (0.5 + s) / 4 * grid * sign
+};
+struct IQ2_XS {
+  uint8_t d[2];
+  uint8_t qs[64];     // per 8 elems a u16: grid index (9 bits) | 7 sign bits << 9
+  uint8_t scales[8];  // per 32 elems: the first 16's scale in the low nibble, the second 16's in
+                      // the high one; x = d * (0.5 + s) / 4 * grid * sign
+};
+struct IQ2_S {
+  uint8_t d[2];
+  uint8_t qs[32];     // per 8 elems the low 8 bits of the grid index (10 bits)
+  uint8_t signs[32];  // per 8 elems 8 sign bits
+  uint8_t qh[8];      // per 32 elems: index bits 8-9 of group l at bits 2l, 2l + 1
+  uint8_t scales[8];  // as IQ2_XS
+};
+struct IQ3_XXS {
+  uint8_t d[2];
+  uint8_t qs[64];            // per 4 elems a grid index (a byte)
+  uint8_t scales_signs[32];  // per 32 elems a u32 as IQ2_XXS's: x = d * (0.5 + s) / 2 * grid * sign
+};
+struct IQ3_S {
+  uint8_t d[2];
+  uint8_t qs[64];     // per 4 elems the low 8 bits of the grid index (9 bits)
+  uint8_t qh[8];      // per 32 elems: bit k = index bit 8 of its 4-group k
+  uint8_t signs[32];  // per 8 elems 8 sign bits
+  uint8_t scales[4];  // per 64 elems: the first 32's scale in the low nibble, the second's in the
+                      // high one; x = d * (1 + 2s) * grid * sign
+};
+struct IQ1_S {
+  uint8_t d[2];
+  uint8_t qs[32];  // per 8 elems the low 8 bits of the grid index (11 bits)
+  uint8_t qh[16];  // per 32 elems a u16: index bits 8-10 of group l at bits 3l, the scale s at
+                   // bits 12-14, bit 15 the delta's sign: x = d * (2s + 1) * (grid + delta)
+};
+struct IQ1_M {
+  uint8_t qs[32];     // as IQ1_S
+  uint8_t qh[16];     // per 32 elems 2 bytes, a nibble per 8 elems: index bits 8-10, then the
+                      // sign of its delta (bit 3)
+  uint8_t scales[8];  // 4 u16: the 3-bit scale of 16 elems k (of the block's 16) at bits
+                      // 3 (k % 4) of u16 k / 4; bits 12-15 of u16 i = bits 4i .. 4i + 3 of the
+                      // f16 d: x = d * (2s + 1) * (grid + delta)
+};
+inline constexpr float kIQ1Delta = 0.125f;  // ggml's IQ1S_DELTA
+// ggml's ksigns_iq2xs[i]: 7 sign bits and their parity as the 8th.
+constexpr uint8_t iq_signs7(unsigned i) { return uint8_t(i | ((std::popcount(i & 127u) & 1u) << 7)); }
+// IQ1_M's f16 d, from the top nibbles of its 4 scale words.
+inline uint16_t iq1m_d_bits(const IQ1_M& b) {
+  uint16_t sc[4];
+  std::memcpy(sc, b.scales, 8);
+  return uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+}
 // ggml's kvalues_mxfp4: the E2M1 values doubled (so they are integers; the scale is halved).
 inline constexpr int8_t kValuesMXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 // ggml_e8m0_to_fp32_half: 2^(e - 128), exact in f32 (e < 2: the subnormals 2^-128, 2^-127).
@@ -117,6 +177,8 @@ static_assert(sizeof(Q8_0) == 34 && sizeof(Q4_0) == 18);
 static_assert(sizeof(Q4_K) == 144 && sizeof(Q6_K) == 210 && sizeof(Q8_K) == 292);
 static_assert(sizeof(Q4_1) == 20 && sizeof(Q5_0) == 22 && sizeof(Q5_1) == 24 && sizeof(IQ4_NL) == 18);
 static_assert(sizeof(MXFP4) == 17);
+static_assert(sizeof(IQ2_XXS) == 66 && sizeof(IQ2_XS) == 74 && sizeof(IQ2_S) == 82 && sizeof(IQ3_XXS) == 98);
+static_assert(sizeof(IQ3_S) == 110 && sizeof(IQ1_S) == 50 && sizeof(IQ1_M) == 56);
 static_assert(sizeof(Q2_K) == 84 && sizeof(Q3_K) == 110 && sizeof(Q5_K) == 176 && sizeof(IQ4_XS) == 136);
 
 inline float load_f16(const uint8_t* p) {

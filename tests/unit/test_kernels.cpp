@@ -868,8 +868,10 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // The types without a panel layout of their own reach the kernels as another type (packed.h):
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
-constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K,
-                                       GGMLType::Q3_K, GGMLType::Q5_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS};
+constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_0,   GGMLType::Q5_1,    GGMLType::Q2_K,
+                                       GGMLType::Q3_K,    GGMLType::Q5_K,   GGMLType::IQ4_NL,  GGMLType::IQ4_XS,
+                                       GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ3_XXS,
+                                       GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M};
 
 // W's rows converted to Q8_0 (convert_rows: panel_type, or MXFP4's GEMM form), and their values.
 QWeight converted(const QWeight& W, int64_t* exact = nullptr) {

@@ -83,6 +83,11 @@ std::vector<Case> all_cases() {
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
     for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) out.push_back({"tiny-256", t, arch});
   }
+  // The grid i-quants (converted to Q8_0 at load, as the other types without a layout of their
+  // own): one architecture.
+  for (GGMLType t : {GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
+                     GGMLType::IQ1_S, GGMLType::IQ1_M})
+    out.push_back({"tiny-256", t, "llama"});
   return out;
 }
 

@@ -119,10 +119,13 @@ struct Q6KQuadCursor {
 // [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for the GEMM's unpacked chunks
 // and GGUF rows, gemm_type: it packs in its own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
-// d (ls - 32) is an f16. The others (the min types Q4_1, Q5_1, Q2_K, Q5_K, and the IQ4_XS rest)
-// are requantized from their exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 *
-// 2^-11): 1/8 to 1/30 of the source type's own step). Cost: Q8_0's 34 bytes per 32 weights in
-// memory and per decode step (1.5x Q5_K's, 2.5x Q3_K's), for our fastest integer kernels.
+// d (ls - 32) is an f16, and the grid i-quants' 32-blocks under one scale that is an f16 (IQ2,
+// IQ3: (db, grid * sign); IQ1: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (the min
+// types Q4_1, Q5_1, Q2_K, Q5_K, and the IQ4_XS and i-quant rest) are requantized from their
+// exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11): 1/8 to 1/30 of the
+// source type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step
+// (1.5x Q5_K's, 2.5x Q3_K's, 2.5-5.4x the i-quants' 3.44-1.56 bits), for our fastest integer
+// kernels.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
 // faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's.)
 GGMLType panel_type(GGMLType t);
