@@ -876,9 +876,11 @@ int64_t block_count(GGMLType type, int64_t n, const char* what) {
     case GGMLType::Q5_1: case GGMLType::IQ4_NL: case GGMLType::MXFP4: bs = 32; break;
     case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q4_K: case GGMLType::Q5_K:
     case GGMLType::Q6_K: case GGMLType::IQ4_XS: bs = QK_K; break;
-    case GGMLType::IQ2_XXS: case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ3_XXS:
-    case GGMLType::IQ3_S: case GGMLType::IQ1_S: case GGMLType::IQ1_M: bs = QK_K; break;
     default:
+      if (iq::is_grid_type(type)) {
+        bs = QK_K;
+        break;
+      }
       fail(what, ": unsupported tensor type ", type_traits(type).name, " (id ", uint32_t(type),
            ")");
   }

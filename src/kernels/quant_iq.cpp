@@ -56,6 +56,8 @@ uint8_t gb(const T* grid, int e, int j) {
   return uint8_t(grid[e] >> (8 * j));
 }
 float sign_of(uint8_t signs, int j) { return signs & (1u << j) ? -1.f : 1.f; }
+// IQ2's scale of step s under d, as ggml computes it (exact: 11 + 5 significant bits).
+float iq2_step(float d, unsigned s) { return d * (0.5f + float(s)) * 0.25f; }
 
 // ---------------------------------------------------------------------------------------------
 // Dequantization (ggml's dequantize_row_iq*: the same operations in the same order)
@@ -66,7 +68,7 @@ void dequant_iq2_xxs(const blocks::IQ2_XXS* b, float* y, int64_t nb) {
     for (int ib = 0; ib < 8; ++ib) {
       const uint8_t* q = b[i].qs + 8 * ib;
       const uint32_t aux = u32_at(q + 4);
-      const float db = d * (0.5f + float(aux >> 28)) * 0.25f;
+      const float db = iq2_step(d, aux >> 28);
       for (int l = 0; l < 4; ++l, y += 8) {
         const uint8_t signs = blocks::iq_signs7((aux >> (7 * l)) & 127);
         for (int j = 0; j < 8; ++j) y[j] = db * float(gb(blocks::kIQ2XXSGrid, q[l], j)) * sign_of(signs, j);
@@ -79,8 +81,7 @@ void dequant_iq2_xs(const blocks::IQ2_XS* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
     for (int ib = 0; ib < 8; ++ib) {
-      const float db[2] = {d * (0.5f + float(b[i].scales[ib] & 0xf)) * 0.25f,
-                           d * (0.5f + float(b[i].scales[ib] >> 4)) * 0.25f};
+      const float db[2] = {iq2_step(d, b[i].scales[ib] & 0xf), iq2_step(d, b[i].scales[ib] >> 4)};
       for (int l = 0; l < 4; ++l, y += 8) {
         const uint16_t q = u16_at(b[i].qs + 2 * (4 * ib + l));
         const uint8_t signs = blocks::iq_signs7(q >> 9);
@@ -94,8 +95,7 @@ void dequant_iq2_s(const blocks::IQ2_S* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
     for (int ib = 0; ib < 8; ++ib) {
-      const float db[2] = {d * (0.5f + float(b[i].scales[ib] & 0xf)) * 0.25f,
-                           d * (0.5f + float(b[i].scales[ib] >> 4)) * 0.25f};
+      const float db[2] = {iq2_step(d, b[i].scales[ib] & 0xf), iq2_step(d, b[i].scales[ib] >> 4)};
       for (int l = 0; l < 4; ++l, y += 8) {
         const int e = b[i].qs[4 * ib + l] | ((b[i].qh[ib] << (8 - 2 * l)) & 0x300);
         for (int j = 0; j < 8; ++j)
@@ -330,6 +330,7 @@ class BlockQuantizer {
       const float* uk = u_.data() + k * sp_.unit;
       float amax = 0, uu = 0;
       for (int i = 0; i < sp_.unit; ++i) {
+        if (!std::isfinite(uk[i])) fail("i-quant: a block holds a value that is not finite");
         amax = std::max(amax, std::fabs(uk[i]));
         uu += uk[i] * uk[i];
       }
@@ -347,9 +348,9 @@ class BlockQuantizer {
       }
       cmax = std::max(cmax, best_c);
     }
-    c.d = f32_to_f16(cmax / sp_.mult(sp_.n_steps - 1));
+    c.d = f32_to_f16(std::min(cmax / sp_.mult(sp_.n_steps - 1), 65504.0f));  // (beyond f16: its largest)
     const float d = f16_to_f32(c.d);
-    if (!(d > 0) || !std::isfinite(d)) {  // an all-zero block (or one beyond f16): d = 0
+    if (!(d > 0)) {  // an all-zero block (or one below f16): d = 0
       c.d = 0;
       return c;
     }
@@ -579,29 +580,35 @@ float block32_scale(GGMLType t, const uint8_t* blk, int ib) {
   switch (t) {
     case GGMLType::IQ2_XXS: {
       const auto& b = *reinterpret_cast<const blocks::IQ2_XXS*>(blk);
-      return load_f16(b.d) * (0.5f + float(u32_at(b.qs + 8 * ib + 4) >> 28)) * 0.25f;
+      return iq2_step(load_f16(b.d), u32_at(b.qs + 8 * ib + 4) >> 28);
     }
     case GGMLType::IQ2_XS: case GGMLType::IQ2_S: {
       const uint8_t s = t == GGMLType::IQ2_XS ? reinterpret_cast<const blocks::IQ2_XS*>(blk)->scales[ib]
                                               : reinterpret_cast<const blocks::IQ2_S*>(blk)->scales[ib];
-      return (s & 0xf) == (s >> 4) ? load_f16(blk) * (0.5f + float(s & 0xf)) * 0.25f : 0.0f;  // (d at byte 0)
+      return (s & 0xf) == (s >> 4) ? iq2_step(load_f16(blk), s & 0xf) : 0.0f;  // (d at byte 0)
     }
     case GGMLType::IQ3_XXS: {
       const auto& b = *reinterpret_cast<const blocks::IQ3_XXS*>(blk);
       return load_f16(b.d) * (0.5f + float(u32_at(b.scales_signs + 4 * ib) >> 28)) * 0.5f;
     }
-    case GGMLType::IQ3_S: {
+    case GGMLType::IQ3_S: {  // values d (2s + 1) g, g <= 15: integers under d while s <= 3
       const auto& b = *reinterpret_cast<const blocks::IQ3_S*>(blk);
-      return load_f16(b.d) * float(1 + 2 * ((b.scales[ib / 2] >> (4 * (ib % 2))) & 0xf));
+      const int s = (b.scales[ib / 2] >> (4 * (ib % 2))) & 0xf;
+      return s <= 3 ? load_f16(b.d) : load_f16(b.d) * float(1 + 2 * s);
     }
-    case GGMLType::IQ1_S: {  // values dl * (g +- 1/8) = dl / 8 * (8 g +- 1)
+    // IQ1: values d (2s + 1) (g +- 1/8) = d / 8 (2s + 1) (8g +- 1), |8g +- 1| <= 9: integers
+    // under d / 8 while s <= 6 (whatever the halves' steps), else under dl / 8 of one step.
+    case GGMLType::IQ1_S: {
       const auto& b = *reinterpret_cast<const blocks::IQ1_S*>(blk);
-      return load_f16(b.d) * float(2 * ((u16_at(b.qh + 2 * ib) >> 12) & 7) + 1) * 0.125f;
+      const int s = (u16_at(b.qh + 2 * ib) >> 12) & 7;
+      return s <= 6 ? load_f16(b.d) * 0.125f : load_f16(b.d) * float(2 * s + 1) * 0.125f;
     }
     case GGMLType::IQ1_M: {
       const auto& b = *reinterpret_cast<const blocks::IQ1_M*>(blk);
-      const int s = (u16_at(b.scales + 2 * (ib / 2)) >> (6 * (ib % 2))) & 63;
-      return (s & 7) == (s >> 3) ? f16_to_f32(blocks::iq1m_d_bits(b)) * float(2 * (s & 7) + 1) * 0.125f : 0.0f;
+      const int s = (u16_at(b.scales + 2 * (ib / 2)) >> (6 * (ib % 2))) & 63, s0 = s & 7, s1 = s >> 3;
+      const float d = f16_to_f32(blocks::iq1m_d_bits(b));
+      if (std::max(s0, s1) <= 6) return d * 0.125f;
+      return s0 == s1 ? d * float(2 * s0 + 1) * 0.125f : 0.0f;
     }
     default: fail("i-quant: not a grid type: ", type_traits(t).name);
   }

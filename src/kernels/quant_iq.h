@@ -14,8 +14,10 @@ bool is_grid_type(GGMLType t);
 void dequantize(GGMLType t, const uint8_t* src, float* y, int64_t nb);
 // x (256 * nb) -> nb blocks of type t.
 void quantize(GGMLType t, const float* x, uint8_t* dst, int64_t nb);
-// The scale under which 32-block ib (< 8) of block blk holds integers (value = scale * v, |v| <=
-// 62, exactly), or 0 where the block's halves have different scales (IQ2_XS, IQ2_S, IQ1_M).
+// The scale under which 32-block ib (< 8) of block blk holds integers (value = scale * v exactly,
+// |v| <= 127): d itself where the products fit (IQ3_S's steps up to 3, IQ1's d / 8 up to 6),
+// else the block's own step; 0 where its halves have different steps that do not fit (IQ2_XS,
+// IQ2_S, IQ1_M).
 float block32_scale(GGMLType t, const uint8_t* blk, int ib);
 
 }  // namespace ft::iq

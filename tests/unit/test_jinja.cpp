@@ -177,18 +177,21 @@ std::vector<std::pair<std::string, json>> conversations() {
   return out;
 }
 
+// The shared templates, and newer ones of our own test data (tests/data/templates: Qwen3's,
+// gpt-oss's), each over the conversations above.
 TEST(Jinja, RealChatTemplatesAgainstJinja2) {
   const std::string dir = test::shared_file("templates");
   if (dir.empty()) GTEST_SKIP() << "shared test data absent: templates";
   std::vector<Case> cases;
   size_t n_templates = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().extension() != ".jinja") continue;
-    ++n_templates;
-    const std::string src = test::read_file(e.path().string());
-    for (const auto& [name, ctx] : conversations()) cases.push_back({e.path().stem().string() + "/" + name, src, ctx});
-  }
-  ASSERT_GE(n_templates, 10u);
+  for (const std::string& d : {dir, std::string(FT_SOURCE_DIR) + "/tests/data/templates"})
+    for (const auto& e : std::filesystem::directory_iterator(d)) {
+      if (e.path().extension() != ".jinja") continue;
+      ++n_templates;
+      const std::string src = test::read_file(e.path().string());
+      for (const auto& [name, ctx] : conversations()) cases.push_back({e.path().stem().string() + "/" + name, src, ctx});
+    }
+  ASSERT_GE(n_templates, 12u);
   expect_same(cases);
   // Not a suite of shared failures: most renders succeed (the rest are the templates' own refusals:
   // Gemma's of a system turn, Firefunction's need of `functions`, Command-R's and Hermes' of no tools).

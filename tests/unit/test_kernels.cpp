@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1287,6 +1288,46 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),
                 type_traits(cpu::panel_type(t)).name.data(), (long long)exact, (long long)nb);
+  }
+}
+
+// The grid i-quants' 32-blocks whose values are integers under one f16 scale convert exactly
+// (iq::block32_scale), bit for bit: with d a power of two, every IQ2_XXS, IQ3_XXS, IQ3_S and
+// IQ1_S block; IQ2_XS and IQ2_S where a 32-block's halves share their step (set so here); IQ1_M,
+// whatever its d, where both halves' steps are at most 6 (set so here). Random bytes otherwise.
+TEST(Requantize, GridTypesExactUnderOneScale) {
+  std::mt19937 rng(5);
+  for (GGMLType t : {GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
+                     GGMLType::IQ1_S, GGMLType::IQ1_M}) {
+    const int64_t N = 6, K = 512, bb = type_traits(t).type_size;
+    std::vector<uint8_t> w(size_t(N * K / 256 * bb));
+    for (auto& v : w) v = uint8_t(rng());
+    for (int64_t i = 0; i < N * K / 256; ++i) {
+      uint8_t* b = w.data() + i * bb;
+      const uint16_t pow2 = 0x2000;  // 2^-7
+      if (t != GGMLType::IQ1_M) std::memcpy(b, &pow2, 2);  // (d first in every other layout)
+      uint8_t* halves = t == GGMLType::IQ2_XS ? b + offsetof(blocks::IQ2_XS, scales)
+                        : t == GGMLType::IQ2_S ? b + offsetof(blocks::IQ2_S, scales) : nullptr;
+      for (int ib = 0; halves && ib < 8; ++ib) halves[ib] = uint8_t((halves[ib] & 0xF) * 0x11);
+      if (t == GGMLType::IQ1_M) {
+        const uint16_t d = uint16_t(((3 + rng() % 20) << 10) | (rng() & 0x3FF));  // finite, any mantissa
+        for (int k = 0; k < 4; ++k) {
+          uint16_t s;
+          std::memcpy(&s, b + offsetof(blocks::IQ1_M, scales) + 2 * k, 2);
+          uint16_t steps = 0;
+          for (int f = 0; f < 4; ++f) steps = uint16_t(steps | (std::min((s >> (3 * f)) & 7, 6) << (3 * f)));
+          s = uint16_t(steps | (((d >> (4 * k)) & 0xF) << 12));
+          std::memcpy(b + offsetof(blocks::IQ1_M, scales) + 2 * k, &s, 2);
+        }
+      }
+    }
+    std::vector<float> deq(size_t(N * K)), back(size_t(N * K));
+    dequantize_row(t, w.data(), deq.data(), N * K);
+    std::vector<uint8_t> q8(*row_bytes(GGMLType::Q8_0, uint64_t(K)) * uint64_t(N));
+    EXPECT_EQ(cpu::convert_rows(t, w.data(), *row_bytes(t, uint64_t(K)), N, K, q8.data()), N * K / 32)
+        << type_traits(t).name;
+    dequantize_row(GGMLType::Q8_0, q8.data(), back.data(), N * K);
+    for (size_t i = 0; i < deq.size(); ++i) ASSERT_EQ(back[i], deq[i]) << type_traits(t).name << " at " << i;
   }
 }
 

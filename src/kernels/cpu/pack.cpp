@@ -41,11 +41,9 @@ GGMLType panel_type(GGMLType t) {
   switch (t) {
     case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q2_K:
     case GGMLType::Q3_K: case GGMLType::Q5_K: case GGMLType::IQ4_NL: case GGMLType::IQ4_XS:
-    case GGMLType::IQ2_XXS: case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ3_XXS:
-    case GGMLType::IQ3_S: case GGMLType::IQ1_S: case GGMLType::IQ1_M:
       return GGMLType::Q8_0;
     default:
-      return t;
+      return iq::is_grid_type(t) ? GGMLType::Q8_0 : t;
   }
 }
 
@@ -65,13 +63,12 @@ uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
       return f16_to_f32(h) == dl ? h : 0;
     }
     case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
-    case GGMLType::IQ2_XXS: case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ3_XXS:
-    case GGMLType::IQ3_S: case GGMLType::IQ1_S: case GGMLType::IQ1_M: {
+    default: {
+      if (!iq::is_grid_type(t)) return 0;
       const float s = iq::block32_scale(t, blk, ib);  // (0: none)
       const uint16_t h = f32_to_f16(s);
       return f16_to_f32(h) == s ? h : 0;
     }
-    default: return 0;
   }
 }
 }  // namespace
