@@ -1331,6 +1331,30 @@ TEST(Requantize, GridTypesExactUnderOneScale) {
   }
 }
 
+// A block whose scale in the file is inf or NaN converts to a NaN block (no int cast of NaN: a
+// UBSan report), and its neighbours as ever.
+TEST(Requantize, NonFiniteBlocksConvertToNaN) {
+  std::mt19937 rng(9);
+  for (GGMLType t : {GGMLType::Q4_1, GGMLType::Q2_K, GGMLType::IQ2_XS}) {
+    const int64_t K = 512;
+    QWeight W = make_weight(rng, t, 1, K);
+    const uint16_t inf = 0x7c00;
+    const size_t d_at = t == GGMLType::Q2_K ? offsetof(blocks::Q2_K, d) : 0;  // (block 0's d)
+    std::memcpy(W.bytes.data() + d_at, &inf, 2);
+    std::vector<float> src(static_cast<size_t>(K));
+    dequantize_row(t, W.bytes.data(), src.data(), K);
+    const QWeight C = converted(W);
+    int64_t nan_blocks = 0;
+    for (int64_t b = 0; b < K / 32; ++b) {
+      const bool finite = std::all_of(src.begin() + 32 * b, src.begin() + 32 * b + 32, [](float v) { return std::isfinite(v); });
+      nan_blocks += !finite;
+      for (int64_t k = 32 * b; k < 32 * b + 32; ++k)
+        ASSERT_EQ(std::isnan(C.deq[size_t(k)]), !finite) << type_traits(t).name << " at " << k;
+    }
+    EXPECT_GT(nan_blocks, 0) << type_traits(t).name;
+  }
+}
+
 // MXFP4 blocks across the E8M0 range: those whose scale 2^(e - 128) is an f16 (e in [104, 143])
 // convert exactly (d = that f16, q = kvalues[q]), bit for bit; smaller ones (their values below
 // f16's subnormals: Q8_0 cannot hold them) become (+0, q = 0), as they pack natively; all-zero

@@ -1,4 +1,5 @@
 // Repacking GGUF rows into the panel layout (packed.h), and its portable unpacker.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -137,8 +138,12 @@ int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_
         if (ok) {
           std::memcpy(o.d, &h, 2);
           ++exact;
-        } else {
+        } else if (std::all_of(x, x + 32, [](float v) { return std::isfinite(v); })) {
           quantize_row(GGMLType::Q8_0, x, &o, 32);
+        } else {  // an inf or NaN scale in the file: NaN out, as ggml computes it (not an int cast of NaN)
+          o = blocks::Q8_0{};
+          const uint16_t nan = 0x7e00;
+          std::memcpy(o.d, &nan, 2);
         }
       }
     }

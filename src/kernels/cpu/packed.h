@@ -131,7 +131,8 @@ struct Q6KQuadCursor {
 GGMLType panel_type(GGMLType t);
 // rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in Q8_0 (panel_type(t), or
 // t = MXFP4), GGUF rows (row_bytes(Q8_0, K) apart). Returns how many 32-blocks hold exactly the source
-// values. MXFP4 blocks as they pack natively: (2^(e - 128), kvalues[q]) for e in [104, 143],
+// values. A block with a value that is not finite (an inf or NaN scale in the file) becomes NaN
+// (d = NaN, q = 0), as ggml would compute it. MXFP4 blocks as they pack natively: (2^(e - 128), kvalues[q]) for e in [104, 143],
 // (+0, 0) for e < 104 (tiny scales: their values, |w| <= 12 * 2^-25, become 0) and all-zero
 // blocks; a block the loader refuses (blocks::mxfp4_refused: e = 255, or e >= 144 and not all
 // zeros) fails.
