@@ -46,7 +46,7 @@ constexpr GGMLType kSupported[] = {
     GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q2_K, GGMLType::Q3_K,
     GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::IQ4_NL, GGMLType::IQ4_XS,
     GGMLType::MXFP4, GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ3_XXS,
-    GGMLType::IQ3_S, GGMLType::IQ1_S, GGMLType::IQ1_M,
+    GGMLType::IQ3_S, GGMLType::IQ1_S, GGMLType::IQ1_M, GGMLType::TQ1_0, GGMLType::TQ2_0,
 };
 }  // namespace
 

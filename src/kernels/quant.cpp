@@ -236,6 +236,30 @@ void dequant_mxfp4(const blocks::MXFP4* b, float* y, int64_t nb) {
   }
 }
 
+// ggml's dequantize_row_tq1_0: trit n of a byte b is (uint8(b * 3^n) * 3) >> 8.
+void dequant_tq1_0(const blocks::TQ1_0* b, float* y, int64_t nb) {
+  constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
+  auto trit = [&](uint8_t byte, int n) { return int((uint16_t(uint8_t(byte * kPow3[n])) * 3) >> 8); };
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int n = 0; n < 5; ++n)
+      for (int m = 0; m < 32; ++m) *y++ = float(trit(b[i].qs[m], n) - 1) * d;
+    for (int n = 0; n < 5; ++n)
+      for (int m = 0; m < 16; ++m) *y++ = float(trit(b[i].qs[32 + m], n) - 1) * d;
+    for (int n = 0; n < 4; ++n)
+      for (int m = 0; m < 4; ++m) *y++ = float(trit(b[i].qh[m], n) - 1) * d;
+  }
+}
+
+void dequant_tq2_0(const blocks::TQ2_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < 64; j += 32)
+      for (int l = 0; l < 4; ++l)
+        for (int m = 0; m < 32; ++m) *y++ = float(((b[i].qs[j + m] >> (2 * l)) & 3) - 1) * d;
+  }
+}
+
 void dequant_iq4_xs(const blocks::IQ4_XS* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
@@ -864,6 +888,46 @@ void quant_mxfp4(const float* x, blocks::MXFP4* b, int64_t nb) {
   }
 }
 
+// ggml quantize_row_tq1_0_ref / tq2_0_ref: d = amax, each trit lroundf(x / d) + 1; TQ1_0 packs 5
+// (4) trits as the base-3 number they form, times 256 / 243 rounded up (a fraction of 256 whose
+// digits the decoder reads back by multiplying by 3).
+void quant_tq1_0(const float* x, blocks::TQ1_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
+    store_f16(b[i].d, amax);
+    auto pack = [&](const float* xs, int stride, int n_trits) {
+      unsigned q = 0;
+      for (int n = 0; n < n_trits; ++n) q = q * 3 + unsigned(std::lround(xs[n * stride] * id) + 1);
+      if (n_trits == 4) q *= 3;  // (the first trit in the most significant place)
+      q = uint8_t(q);
+      return uint8_t((q * 256 + 242) / 243);
+    };
+    for (int m = 0; m < 32; ++m) b[i].qs[m] = pack(x + m, 32, 5);
+    x += 160;
+    for (int m = 0; m < 16; ++m) b[i].qs[32 + m] = pack(x + m, 16, 5);
+    x += 80;
+    for (int m = 0; m < 4; ++m) b[i].qh[m] = pack(x + m, 4, 4);
+    x += 16;
+  }
+}
+
+void quant_tq2_0(const float* x, blocks::TQ2_0* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
+    store_f16(b[i].d, amax);
+    for (int j = 0; j < 64; j += 32, x += 128)
+      for (int m = 0; m < 32; ++m) {
+        unsigned q = 0;
+        for (int l = 0; l < 4; ++l) q += unsigned((std::lround(x[m + 32 * l] * id) + 1) & 3) << (2 * l);
+        b[i].qs[j + m] = uint8_t(q);
+      }
+  }
+}
+
 // Blocks in a row of n elements of a supported type; fails on unsupported types and on n not a
 // multiple of the block size.
 int64_t block_count(GGMLType type, int64_t n, const char* what) {
@@ -875,7 +939,7 @@ int64_t block_count(GGMLType type, int64_t n, const char* what) {
     case GGMLType::Q8_0: case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0:
     case GGMLType::Q5_1: case GGMLType::IQ4_NL: case GGMLType::MXFP4: bs = 32; break;
     case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q4_K: case GGMLType::Q5_K:
-    case GGMLType::Q6_K: case GGMLType::IQ4_XS: bs = QK_K; break;
+    case GGMLType::Q6_K: case GGMLType::IQ4_XS: case GGMLType::TQ1_0: case GGMLType::TQ2_0: bs = QK_K; break;
     default:
       if (iq::is_grid_type(type)) {
         bs = QK_K;
@@ -921,6 +985,8 @@ void dequantize_row(GGMLType type, const void* src, float* dst, int64_t n) {
     case GGMLType::IQ4_NL: dequant_iq4_nl(static_cast<const blocks::IQ4_NL*>(src), dst, nb); break;
     case GGMLType::IQ4_XS: dequant_iq4_xs(static_cast<const blocks::IQ4_XS*>(src), dst, nb); break;
     case GGMLType::MXFP4: dequant_mxfp4(static_cast<const blocks::MXFP4*>(src), dst, nb); break;
+    case GGMLType::TQ1_0: dequant_tq1_0(static_cast<const blocks::TQ1_0*>(src), dst, nb); break;
+    case GGMLType::TQ2_0: dequant_tq2_0(static_cast<const blocks::TQ2_0*>(src), dst, nb); break;
     default: iq::dequantize(type, p, dst, nb); break;  // the i-quants on grids (else rejected by block_count)
   }
 }
@@ -962,6 +1028,8 @@ void quantize_row(GGMLType type, const float* src, void* dst, int64_t n) {
       }
       break;
     case GGMLType::MXFP4: quant_mxfp4(src, static_cast<blocks::MXFP4*>(dst), nb); break;
+    case GGMLType::TQ1_0: quant_tq1_0(src, static_cast<blocks::TQ1_0*>(dst), nb); break;
+    case GGMLType::TQ2_0: quant_tq2_0(src, static_cast<blocks::TQ2_0*>(dst), nb); break;
     default: iq::quantize(type, src, p, nb); break;  // the i-quants on grids (else rejected by block_count)
   }
 }

@@ -24,6 +24,8 @@
 //   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: 256 elems/block, groups of 8 (IQ3: 4)
 //         elements as one entry of a fixed grid, signs, and 4-bit (IQ1: 3-bit) scales per 32 or 16
 //         (quant_iq.h; quantized by a quantizer of our own, not ggml's)
+//   TQ1_0, TQ2_0: 256 elems/block, ternary {-d, 0, d}: trits packed 5 a byte as base-3 fractions of
+//         256 (TQ1_0, 54 bytes) or 2 bits each (TQ2_0, 66 bytes), f16 d last
 //   F16, BF16, F32: plain.
 // (Byte layouts in quant_blocks.h.)
 #pragma once

@@ -133,6 +133,17 @@ struct IQ1_M {
                       // 3 (k % 4) of u16 k / 4; bits 12-15 of u16 i = bits 4i .. 4i + 3 of the
                       // f16 d: x = d * (2s + 1) * (grid + delta)
 };
+// The ternary types (BitNet b1.58, TriLM): values in {-d, 0, d}, trit t in {0, 1, 2} -> (t - 1) d.
+struct TQ1_0 {
+  uint8_t qs[48];  // 5 trits a byte, as a base-3 fraction of 256 (trit n: (byte * 3^n mod 256) * 3 >> 8):
+                   // bytes 0-31 elems 32n + m, bytes 32-47 elems 160 + 16n + m (m the byte)
+  uint8_t qh[4];   // 4 trits a byte (n < 4): elems 240 + 4n + m
+  uint8_t d[2];    // f16
+};
+struct TQ2_0 {
+  uint8_t qs[64];  // 2 bits a trit: per 32 bytes j, elem 128 (j / 32) + 32 l + m at bits 2l of byte m
+  uint8_t d[2];    // f16
+};
 inline constexpr float kIQ1Delta = 0.125f;  // ggml's IQ1S_DELTA
 // ggml's ksigns_iq2xs[i]: 7 sign bits and their parity as the 8th.
 constexpr uint8_t iq_signs7(unsigned i) { return uint8_t(i | ((std::popcount(i & 127u) & 1u) << 7)); }
@@ -179,6 +190,7 @@ static_assert(sizeof(Q4_1) == 20 && sizeof(Q5_0) == 22 && sizeof(Q5_1) == 24 && 
 static_assert(sizeof(MXFP4) == 17);
 static_assert(sizeof(IQ2_XXS) == 66 && sizeof(IQ2_XS) == 74 && sizeof(IQ2_S) == 82 && sizeof(IQ3_XXS) == 98);
 static_assert(sizeof(IQ3_S) == 110 && sizeof(IQ1_S) == 50 && sizeof(IQ1_M) == 56);
+static_assert(sizeof(TQ1_0) == 54 && sizeof(TQ2_0) == 66);
 static_assert(sizeof(Q2_K) == 84 && sizeof(Q3_K) == 110 && sizeof(Q5_K) == 176 && sizeof(IQ4_XS) == 136);
 
 inline float load_f16(const uint8_t* p) {

@@ -872,7 +872,8 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_0,   GGMLType::Q5_1,    GGMLType::Q2_K,
                                        GGMLType::Q3_K,    GGMLType::Q5_K,   GGMLType::IQ4_NL,  GGMLType::IQ4_XS,
                                        GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ3_XXS,
-                                       GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M};
+                                       GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M,   GGMLType::TQ1_0,
+                                       GGMLType::TQ2_0};
 
 // W's rows converted to Q8_0 (convert_rows: panel_type, or MXFP4's GEMM form), and their values.
 QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
@@ -1258,7 +1259,7 @@ TEST(KernelSelection, ReportsIsa) {
 namespace ft {
 namespace {
 
-// convert_rows (packed.h): Q3_K, Q5_0 and IQ4_NL blocks always exact; every block
+// convert_rows (packed.h): Q3_K, Q5_0, IQ4_NL, TQ1_0 and TQ2_0 blocks always exact; every block
 // within Q8_0's own rounding of the exact values.
 TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
   std::mt19937 rng(5);
@@ -1283,7 +1284,8 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
       bitwise += same;
     }
     EXPECT_LE(exact, bitwise) << type_traits(t).name;  // exact blocks decode to the same values
-    if (t == GGMLType::Q5_0 || t == GGMLType::IQ4_NL || t == GGMLType::Q3_K) {
+    if (t == GGMLType::Q5_0 || t == GGMLType::IQ4_NL || t == GGMLType::Q3_K || t == GGMLType::TQ1_0 ||
+        t == GGMLType::TQ2_0) {
       EXPECT_EQ(exact, nb) << type_traits(t).name;
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),

@@ -495,8 +495,8 @@ TEST(Quant, OtherTypesRoundTrip) {
 constexpr GGMLType kGridTypes[] = {GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ3_XXS,
                                    GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M};
 
-// nb random blocks of grid type t whose f16 d is finite with a full mantissa (IQ1_M keeps it in
-// the top nibbles of its four scale words, bytes 48-55).
+// nb random blocks of grid or ternary type t whose f16 d is finite with a full mantissa (IQ1_M
+// keeps it in the top nibbles of its four scale words, bytes 48-55; the ternary types last).
 std::vector<uint8_t> random_grid_blocks(GGMLType t, int nb, std::mt19937& rng) {
   const uint32_t bb = type_traits(t).type_size;
   std::vector<uint8_t> blocks(size_t(nb) * bb);
@@ -505,7 +505,7 @@ std::vector<uint8_t> random_grid_blocks(GGMLType t, int nb, std::mt19937& rng) {
     uint8_t* b = blocks.data() + size_t(i) * bb;
     const uint16_t h = uint16_t((rng() & 0x8000) | ((5 + rng() % 20) << 10) | (rng() & 0x3FF));
     if (t != GGMLType::IQ1_M) {
-      put_f16(b, h);
+      put_f16(b + (t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 ? bb - 2 : 0), h);
       continue;
     }
     for (int w = 0; w < 4; ++w) {
@@ -542,6 +542,11 @@ class ReferenceLibrary {
   using Dequantize = void (*)(const void*, float*, int64_t);
   Dequantize dequantize(GGMLType t) const {
     return reinterpret_cast<Dequantize>(dlsym(h_, ("dequantize_row_" + std::string(type_traits(t).name)).c_str()));
+  }
+  // quantize_*(src, dst, rows, per_row, importance) of a type needing no ggml_quantize_init.
+  using Quantize = size_t (*)(const float*, void*, int64_t, int64_t, const float*);
+  Quantize quantize(GGMLType t) const {
+    return reinterpret_cast<Quantize>(dlsym(h_, ("quantize_" + std::string(type_traits(t).name)).c_str()));
   }
 
  private:
@@ -619,6 +624,48 @@ TEST(Quant, IQTypesRoundTrip) {
 // Random blocks' decode as a hash, recorded from ggml's own dequantize_row_iq* (the reference
 // library, 2026-12-06; compared again wherever it is at hand): the layouts are checked where
 // the library is absent too.
+uint64_t hash_floats(const std::vector<float>& y) {
+  std::vector<uint8_t> b(y.size() * 4);
+  std::memcpy(b.data(), y.data(), b.size());
+  return fnv1a(b);
+}
+
+// The ternary types (TQ1_0, TQ2_0): ggml's decode of random blocks (its library where at hand,
+// and hashes recorded from it), ggml's quantizer byte for byte (where at hand), and the round
+// trip within half a step (d = amax: every |error| <= amax / 2, plus d's f16 rounding).
+TEST(Quant, TernaryTypesAsTheReference) {
+  const ReferenceLibrary ref;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  const std::pair<GGMLType, uint64_t> recorded[] = {{GGMLType::TQ1_0, 0x1ebe1f15caaa54d9ull},
+                                                    {GGMLType::TQ2_0, 0xff2e2ca744f00ad6ull}};
+  for (const auto& [t, want] : recorded) {
+    const int64_t n = 32 * 256;
+    const auto blocks = random_grid_blocks(t, 32, rng);
+    const auto y = dequantize(t, blocks, n);
+    EXPECT_EQ(hash_floats(y), want) << type_traits(t).name;
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = gauss(rng);
+    const auto q = quantize(t, x);
+    if (ref.ok()) {
+      std::vector<float> yr(static_cast<size_t>(n));
+      ref.dequantize(t)(blocks.data(), yr.data(), n);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(bits(y[i]), bits(yr[i])) << type_traits(t).name << " at " << i;
+      std::vector<uint8_t> qr(q.size());
+      ref.quantize(t)(x.data(), qr.data(), n / 256, 256, nullptr);
+      EXPECT_EQ(q, qr) << type_traits(t).name << ": our quantizer's bytes";
+    }
+    const auto back = dequantize(t, q, n);
+    for (int64_t b = 0; b < n / 256; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[size_t(256 * b + j)]));
+      for (int j = 0; j < 256; ++j)
+        ASSERT_LE(std::fabs(back[size_t(256 * b + j)] - x[size_t(256 * b + j)]), amax * (0.5f + 0x1p-11f))
+            << type_traits(t).name << " at " << 256 * b + j;
+    }
+  }
+}
+
 TEST(Quant, IQTypesDecodeAsRecordedFromTheReference) {
   const std::pair<GGMLType, uint64_t> recorded[] = {
       {GGMLType::IQ2_XXS, 0xc6d7647bdca40e3cull}, {GGMLType::IQ2_XS, 0xe72967b19e85d6e3ull},
@@ -630,11 +677,7 @@ TEST(Quant, IQTypesDecodeAsRecordedFromTheReference) {
   for (const auto& [t, want] : recorded) {
     const auto blocks = random_grid_blocks(t, 32, rng);
     const int64_t n = 32 * 256;
-    const auto hash = [](const std::vector<float>& y) {
-      std::vector<uint8_t> b(y.size() * 4);
-      std::memcpy(b.data(), y.data(), b.size());
-      return fnv1a(b);
-    };
+    const auto hash = hash_floats;
     EXPECT_EQ(hash(dequantize(t, blocks, n)), want) << type_traits(t).name;
     if (ref.ok()) {
       std::vector<float> y(static_cast<size_t>(n));
@@ -1025,7 +1068,7 @@ TEST(Quant, Mxfp4QuantizerPicksNearestLevels) {
 TEST(Quant, UnsupportedTypeThrows) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> buf(4096);
-  for (GGMLType t : {GGMLType::TQ1_0, GGMLType::TQ2_0, GGMLType::Q8_K, GGMLType::I32}) {
+  for (GGMLType t : {GGMLType::Q8_K, GGMLType::I8, GGMLType::F64, GGMLType::I32}) {
     const std::string name(type_traits(t).name);
     try {
       dequantize_row(t, buf.data(), x.data(), 256);

@@ -42,6 +42,7 @@ GGMLType panel_type(GGMLType t) {
   switch (t) {
     case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q2_K:
     case GGMLType::Q3_K: case GGMLType::Q5_K: case GGMLType::IQ4_NL: case GGMLType::IQ4_XS:
+    case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return GGMLType::Q8_0;
     default:
       return iq::is_grid_type(t) ? GGMLType::Q8_0 : t;
@@ -64,6 +65,8 @@ uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
       return f16_to_f32(h) == dl ? h : 0;
     }
     case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
+    case GGMLType::TQ1_0: return load_u16(reinterpret_cast<const blocks::TQ1_0*>(blk)->d);  // (values -1, 0, 1)
+    case GGMLType::TQ2_0: return load_u16(reinterpret_cast<const blocks::TQ2_0*>(blk)->d);
     default: {
       if (!iq::is_grid_type(t)) return 0;
       const float s = iq::block32_scale(t, blk, ib);  // (0: none)

@@ -115,7 +115,7 @@ struct Q6KQuadCursor {
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
 // values are int8 multiples of one f16 scale is stored exactly: every Q5_0 block (d, q - 16),
-// every IQ4_NL block (d, kvalues[q]), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
+// every IQ4_NL block (d, kvalues[q]), every TQ1_0 and TQ2_0 block (d, t - 1), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
 // [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for the GEMM's unpacked chunks
 // and GGUF rows, gemm_type: it packs in its own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
