@@ -349,6 +349,11 @@ std::vector<ChatMessage> parse_messages(const json& m, const std::string& param)
     }
     if (role == "assistant" && msg.contains("function_call") && !msg["function_call"].is_null())
       cm.tool_calls.push_back(parse_tool_call(json{{"function", msg["function_call"]}}, pm + ".function_call"));
+    // An earlier answer's reasoning sent back (as we return it; "reasoning" as some clients
+    // name it): the template decides what to render of it.
+    for (const char* key : {"reasoning_content", "reasoning"})
+      if (role == "assistant" && cm.reasoning.empty() && msg.contains(key) && !msg[key].is_null())
+        cm.reasoning = get_string(msg, key, cat(pm, ".", key));
     out.push_back(std::move(cm));
   }
   return out;
@@ -701,6 +706,11 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   if (in.is_string()) {
     messages.push_back({{"role", "user"}, {"content", in}});
   } else if (in.is_array()) {
+    std::string reasoning;  // a reasoning item's text, for the assistant turn it precedes
+    const auto take_reasoning = [&](json& turn) {
+      if (!reasoning.empty() && !turn.contains("reasoning_content")) turn["reasoning_content"] = reasoning;
+      reasoning.clear();
+    };
     for (size_t i = 0; i < in.size(); ++i) {
       const json& item = in[i];
       const std::string p = cat("input[", i, "]");
@@ -709,6 +719,7 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
       if (type == "message") {
         if (!item.contains("role")) bad(p + ".role", "'" + p + ".role' is required");
         messages.push_back({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}});
+        if (item["role"] == "assistant") take_reasoning(messages.back());
       } else if (type == "function_call") {
         if (!item.contains("name") || !item["name"].is_string()) bad(p + ".name", "'" + p + ".name' must be a string");
         // (the values as given: the chat parser checks their types)
@@ -719,6 +730,7 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
           messages.back()["tool_calls"].push_back(call);  // parallel calls: one assistant turn
         else
           messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
+        take_reasoning(messages.back());
       } else if (type == "function_call_output") {
         const json& out = item.contains("output") ? item["output"] : json("");
         messages.push_back({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
@@ -726,7 +738,14 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
       } else if (type == "item_reference") {  // what a client sends for earlier items when it assumes store: true
         bad(p + ".type", "input items of type 'item_reference' are not supported (this server stores no responses: "
                          "send the items themselves, e.g. with store: false)");
-      } else if (type != "reasoning") {
+      } else if (type == "reasoning") {  // its text: content's reasoning_text parts, else the summary's
+        for (const char* key : {"content", "summary"}) {
+          if (!reasoning.empty() || !item.contains(key) || !item[key].is_array()) continue;
+          for (const json& part : item[key])
+            if (part.is_object() && part.contains("text") && part["text"].is_string())
+              reasoning += (reasoning.empty() ? "" : "\n\n") + part["text"].get<std::string>();
+        }
+      } else {
         bad(p + ".type", "input items of type '" + type + "' are not supported");
       }
     }

@@ -28,7 +28,7 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
   if (c.is_string()) {
     turn["content"] = c;
   } else if (c.is_array()) {
-    std::string text;
+    std::string text, reasoning;
     json calls = json::array();
     bool results = false;
     for (size_t k = 0; k < c.size(); ++k) {
@@ -60,8 +60,11 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
         if (const auto it = names.find(id); it != names.end()) tool["name"] = it->second;
         out.push_back(std::move(tool));
         results = true;
+      } else if (type == "thinking" && role == "assistant") {  // an earlier answer's reasoning: the template's to render
+        if (b.contains("thinking") && b["thinking"].is_string())
+          reasoning += (reasoning.empty() ? "" : "\n\n") + b["thinking"].get<std::string>();
       } else if (type == "thinking" || type == "redacted_thinking") {
-        // (an earlier turn's reasoning: chat templates drop it from the history too)
+        // (redacted: nothing to read)
       } else {
         bad(pb + ".type", "content blocks of type '" + type + "' are not supported" +
                               (type == "tool_use" || type == "tool_result" ? " in a " + role + " turn" : " (this model reads text only)"));
@@ -70,6 +73,7 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
     if (role == "user" && text.empty() && results) return;  // only tool results
     turn["content"] = calls.empty() || !text.empty() ? json(text) : json(nullptr);
     if (!calls.empty()) turn["tool_calls"] = calls;
+    if (!reasoning.empty()) turn["reasoning_content"] = reasoning;
   } else {
     bad(pm + ".content", "'" + pm + ".content' must be a string or an array of content blocks");
   }
@@ -83,6 +87,10 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
     if (turn.contains("tool_calls")) {
       if (!prev.contains("tool_calls")) prev["tool_calls"] = json::array();
       for (const json& t : turn["tool_calls"]) prev["tool_calls"].push_back(t);
+    }
+    if (turn.contains("reasoning_content")) {
+      const std::string r = prev.value("reasoning_content", std::string());
+      prev["reasoning_content"] = r + (r.empty() ? "" : "\n\n") + turn["reasoning_content"].get<std::string>();
     }
     if (prev.contains("tool_calls") && prev["content"] == "") prev["content"] = nullptr;
     return;

@@ -292,25 +292,33 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const json&
   }
   if (!developer.empty() || with_tools) {
     out += "<|start|>developer<|message|>";
-    if (!developer.empty()) out += "# Instructions\n\n" + developer;
-    if (with_tools) out += (developer.empty() ? "" : "\n\n") + std::string("# Tools\n\n") + harmony_tools(tools);
+    if (!developer.empty()) out += "# Instructions\n\n" + developer + "\n\n";
+    if (with_tools) out += "# Tools\n\n" + harmony_tools(tools);
     out += "<|end|>";
   }
   std::vector<ToolCall> calls;  // the conversation's so far: what a tool result answers
+  const auto analysis = [&](const std::string& text) { out += "<|start|>assistant<|channel|>analysis<|message|>" + text + "<|end|>"; };
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user") {
       out += "<|start|>user<|message|>" + m.content + "<|end|>";
     } else if (m.role == "system" || m.role == "developer") {
-      out += "<|start|>developer<|message|># Instructions\n\n" + m.content + "<|end|>";
+      out += "<|start|>developer<|message|># Instructions\n\n" + m.content + "\n\n<|end|>";  // (as the first)
     } else if (m.role == "assistant") {
+      // (As gpt-oss's own template writes them: earlier turns' reasoning dropped; the last
+      // turn's, with no generation prompt, before its final message, which ends in <|return|>.)
       if (m.tool_calls.empty()) {
-        out += "<|start|>assistant<|channel|>final<|message|>" + m.content + "<|end|>";
+        const bool last = i + 1 == messages.size() && !add_generation_prompt;
+        if (last && !m.reasoning.empty()) analysis(m.reasoning);
+        out += "<|start|>assistant<|channel|>final<|message|>" + m.content + (last ? "<|return|>" : "<|end|>");
         continue;
       }
-      // (As gpt-oss's own template writes them: text beside calls as analysis, each call
-      // addressed before its channel.)
-      if (!m.content.empty()) out += "<|start|>assistant<|channel|>analysis<|message|>" + m.content + "<|end|>";
+      // A call's text (or else its reasoning) as analysis unless a final answer follows; each
+      // call addressed before its channel.
+      const bool final_follows = std::any_of(messages.begin() + long(i) + 1, messages.end(), [](const ChatMessage& n) {
+        return n.role == "assistant" && n.tool_calls.empty();
+      });
+      if (!final_follows && !(m.content.empty() && m.reasoning.empty())) analysis(m.content.empty() ? m.reasoning : m.content);
       for (const ToolCall& c : m.tool_calls) {
         out += "<|start|>assistant to=functions." + c.name + "<|channel|>commentary json<|message|>" +
                (c.arguments.empty() ? "{}" : c.arguments) + "<|call|>";
@@ -421,7 +429,7 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& in,
 
 nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
                                      bool add_generation_prompt, std::string_view bos_text,
-                                     std::string_view eos_text, bool object_arguments) {
+                                     std::string_view eos_text, bool object_arguments, bool null_call_content) {
   using json = nlohmann::json;
   json msgs = json::array();
   for (const auto& m : messages) {
@@ -434,10 +442,16 @@ nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, c
         calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", args}}}});
       }
       j["tool_calls"] = calls;
-      if (m.content.empty() && object_arguments) j["content"] = nullptr;
+      if (m.content.empty() && object_arguments && null_call_content) j["content"] = nullptr;
     }
     if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
     if (!m.name.empty()) j["name"] = m.name;
+    // Reasoning as templates read it: reasoning_content (Qwen3's, DeepSeek's), thinking
+    // (gpt-oss's, which refuses both thinking and content beside a call: the content stays).
+    if (!m.reasoning.empty()) {
+      j["reasoning_content"] = m.reasoning;
+      if (m.tool_calls.empty() || m.content.empty()) j["thinking"] = m.reasoning;
+    }
     msgs.push_back(std::move(j));
   }
   json ctx = {{"messages", msgs},
@@ -497,8 +511,9 @@ ChatTemplate ChatTemplate::for_model(const Tokenizer& tok, std::string_view sour
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
                                  bool add_generation_prompt, const nlohmann::json& extra) const {
   if (jinja_) {
-    auto context = [&](bool object_arguments) {
-      nlohmann::json ctx = chat_template_context(messages, tools, add_generation_prompt, bos_, eos_, object_arguments);
+    auto context = [&](bool object_arguments, bool null_call_content) {
+      nlohmann::json ctx =
+          chat_template_context(messages, tools, add_generation_prompt, bos_, eos_, object_arguments, null_call_content);
       if (extra.is_object())
         for (const auto& [k, v] : extra.items()) {
           if (ctx.contains(k) || k == "tools") fail("chat template variables: '", k, "' is set by the request itself");
@@ -506,14 +521,18 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const
         }
       return ctx;
     };
-    try {
-      return jinja_->render(context(true));
-    } catch (const jinja::Raised&) {
-      throw;
-    } catch (const Error&) {
-      const bool calls = std::any_of(messages.begin(), messages.end(), [](const auto& m) { return !m.tool_calls.empty(); });
-      if (!calls) throw;
-      return jinja_->render(context(false));
+    // With calls, what templates take in turn (as minja's capability probes find it): null
+    // content and object arguments (transformers'), then "" content (gpt-oss's tests `in` it),
+    // then both as text (templates that concatenate them).
+    const bool calls = std::any_of(messages.begin(), messages.end(), [](const auto& m) { return !m.tool_calls.empty(); });
+    for (int attempt = 0;; ++attempt) {
+      try {
+        return jinja_->render(context(attempt < 2, attempt == 0));
+      } catch (const jinja::Raised&) {
+        throw;
+      } catch (const Error&) {
+        if (!calls || attempt == 2) throw;
+      }
     }
   }
   if (format_ == ChatFormat::Harmony) return render_harmony(messages, tools, add_generation_prompt, extra);

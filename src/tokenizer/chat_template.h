@@ -62,6 +62,8 @@ struct ChatMessage {
   std::vector<ToolCall> tool_calls;  // assistant
   std::string tool_call_id;          // tool: the call it answers
   std::string name;                  // tool: the function's name (when given)
+  std::string reasoning;             // assistant: its reasoning as the client sent it back
+                                     // (reasoning_content; a Responses reasoning item; a thinking block)
 };
 
 enum class ChatFormat { Llama2, Llama3, ChatML, Mistral, Zephyr, Gemma, Phi3, Harmony };
@@ -126,11 +128,14 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const nlohm
 // messages [{"role", "content"} + "tool_calls": [{"id", "type": "function", "function": {"name",
 // "arguments"}}] (arguments as an object when the JSON text is one, as templates index it; content
 // null when an assistant turn is only calls) + "tool_call_id" / "name" for tool results], tools
-// (omitted when null), add_generation_prompt, bos_token, eos_token. object_arguments false: the
-// arguments as their JSON text and content "" instead of null (templates that concatenate them).
+// (omitted when null), add_generation_prompt, bos_token, eos_token; an assistant turn's reasoning
+// as reasoning_content and thinking (see ChatMessage). object_arguments false: the arguments as
+// their JSON text and content "" instead of null (templates that concatenate them);
+// null_call_content false: content "" instead of null only (gpt-oss's, which tests `in` it).
 nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
                                      bool add_generation_prompt, std::string_view bos_text,
-                                     std::string_view eos_text, bool object_arguments = true);
+                                     std::string_view eos_text, bool object_arguments = true,
+                                     bool null_call_content = true);
 
 // The chat template a model is served with: the GGUF's own Jinja template run by our interpreter
 // (tokenizer/jinja.h), or a built-in format.

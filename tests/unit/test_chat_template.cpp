@@ -280,7 +280,7 @@ std::string harmony_system(const std::string& effort, bool tools) {
 // as the developer's instructions, final-channel assistant turns, <|start|>assistant to generate).
 TEST(ChatTemplate, Harmony) {
   const std::string body = harmony_system("medium", false) +
-                           "<|start|>developer<|message|># Instructions\n\nYou are a helpful assistant<|end|>"
+                           "<|start|>developer<|message|># Instructions\n\nYou are a helpful assistant\n\n<|end|>"
                            "<|start|>user<|message|>Hello<|end|>"
                            "<|start|>assistant<|channel|>final<|message|>Hi there<|end|>"
                            "<|start|>user<|message|>Who are you<|end|>";
@@ -294,7 +294,7 @@ TEST(ChatTemplate, Harmony) {
   // A later system message is the developer's too, in its place.
   EXPECT_EQ(render_chat(ChatFormat::Harmony, {{"user", "a"}, {"system", "b"}}, true, "", ""),
             harmony_system("medium", false) + "<|start|>user<|message|>a<|end|>"
-            "<|start|>developer<|message|># Instructions\n\nb<|end|><|start|>assistant");
+            "<|start|>developer<|message|># Instructions\n\nb\n\n<|end|><|start|>assistant");
 }
 
 // Reasoning effort and model identity, the variables gpt-oss's template reads (chat_template_kwargs,
@@ -340,10 +340,13 @@ TEST(ChatTemplate, HarmonyToolsCallsAndResults) {
                 "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|>"
                 "<|start|>assistant<|channel|>final<|message|>Sunny.<|end|><|start|>assistant");
   // Tools without a system message: the developer message has the tools alone; text with calls
-  // is an analysis message before them; a result without an id answers the latest call.
+  // is an analysis message before them while no final answer follows (the template's rule); a
+  // result without an id answers the latest call.
   conv.erase(conv.begin());
   conv[1].content = "Let me check.";
   conv[2].tool_call_id.clear();
+  EXPECT_EQ(t.render(conv, tools, false).find("Let me check."), std::string::npos);
+  conv.pop_back();
   const std::string r = t.render(conv, tools, false);
   EXPECT_NE(r.find("<|start|>developer<|message|># Tools\n\n## functions\n\n"), std::string::npos) << r;
   EXPECT_NE(r.find("<|start|>assistant<|channel|>analysis<|message|>Let me check.<|end|>"

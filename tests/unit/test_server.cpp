@@ -883,7 +883,26 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   EXPECT_EQ(r.messages[2].tool_calls[0].id, "call_1");
   EXPECT_EQ(r.messages[3].role, "tool");
   EXPECT_EQ(r.messages[3].tool_call_id, "call_1");
+  EXPECT_TRUE(r.messages[2].reasoning.empty());
   EXPECT_EQ(*r.max_tokens, 20);
+  // A reasoning item goes with the assistant turn it precedes (its reasoning_text parts, else
+  // its summary); chat's reasoning_content (or "reasoning") likewise.
+  const auto rr = parse_responses_request(R"({"model": "stories260K", "input": [
+      {"role": "user", "content": "Weather?"},
+      {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "short"}],
+       "content": [{"type": "reasoning_text", "text": "Need the tool."}]},
+      {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+      {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "Sunny: say so."}]},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}]})", kModel);
+  ASSERT_EQ(rr.messages.size(), 4u);
+  EXPECT_EQ(rr.messages[1].reasoning, "Need the tool.");
+  EXPECT_EQ(rr.messages[3].reasoning, "Sunny: say so.");
+  for (const char* key : {"reasoning_content", "reasoning"}) {
+    const auto c = parse_request(Endpoint::Chat, json{{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "a"}},
+        {{"role", "assistant"}, {"content", "b"}, {key, "why"}}, {{"role", "user"}, {"content", "c"}}}}}.dump(), kModel);
+    EXPECT_EQ(c.messages[1].reasoning, "why") << key;
+  }
   EXPECT_EQ(r.tool_choice, ToolChoice::Named);
   EXPECT_FALSE(r.grammar.empty());
   EXPECT_TRUE(r.include_usage);
@@ -982,7 +1001,8 @@ TEST(ServerMessagesApi, MapsOntoAChatRequest) {
   EXPECT_EQ(r.messages[1].role, "user");
   EXPECT_EQ(r.messages[1].content, "Weather?\n\nIn Paris.");  // consecutive user turns: one turn
   EXPECT_EQ(r.messages[2].role, "assistant");
-  EXPECT_EQ(r.messages[2].content, "Let me look.");            // (the earlier thinking dropped)
+  EXPECT_EQ(r.messages[2].content, "Let me look.");
+  EXPECT_EQ(r.messages[2].reasoning, "hm");  // (the template decides what to render of it)
   ASSERT_EQ(r.messages[2].tool_calls.size(), 2u);
   EXPECT_EQ(r.messages[2].tool_calls[0].id, "toolu_1");
   EXPECT_EQ(r.messages[2].tool_calls[0].name, "get_weather");
