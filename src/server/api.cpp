@@ -706,9 +706,13 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   if (in.is_string()) {
     messages.push_back({{"role", "user"}, {"content", in}});
   } else if (in.is_array()) {
-    std::string reasoning;  // a reasoning item's text, for the assistant turn it precedes
+    // Reasoning items' text since the last turn: the assistant turn they precede takes it (a
+    // user turn or a tool result drops it: reasoning that led to no answer).
+    std::string reasoning;
     const auto take_reasoning = [&](json& turn) {
-      if (!reasoning.empty() && !turn.contains("reasoning_content")) turn["reasoning_content"] = reasoning;
+      if (reasoning.empty()) return;
+      const std::string had = turn.contains("reasoning_content") ? turn["reasoning_content"].get<std::string>() : "";
+      turn["reasoning_content"] = had + (had.empty() ? "" : "\n\n") + reasoning;
       reasoning.clear();
     };
     for (size_t i = 0; i < in.size(); ++i) {
@@ -720,31 +724,39 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
         if (!item.contains("role")) bad(p + ".role", "'" + p + ".role' is required");
         messages.push_back({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}});
         if (item["role"] == "assistant") take_reasoning(messages.back());
+        else reasoning.clear();
       } else if (type == "function_call") {
         if (!item.contains("name") || !item["name"].is_string()) bad(p + ".name", "'" + p + ".name' must be a string");
         // (the values as given: the chat parser checks their types)
         const json call = {{"id", item.contains("call_id") ? item["call_id"] : json("")},
                            {"type", "function"},
                            {"function", {{"name", item["name"]}, {"arguments", item.contains("arguments") ? item["arguments"] : json("{}")}}}};
-        if (!messages.empty() && messages.back()["role"] == "assistant" && messages.back().contains("tool_calls"))
-          messages.back()["tool_calls"].push_back(call);  // parallel calls: one assistant turn
-        else
+        // Calls after an assistant message (our own output's preamble, or parallel calls): one turn.
+        if (!messages.empty() && messages.back()["role"] == "assistant") {
+          json& turn = messages.back();
+          if (!turn.contains("tool_calls")) turn["tool_calls"] = json::array();
+          turn["tool_calls"].push_back(call);
+        } else {
           messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
+        }
         take_reasoning(messages.back());
       } else if (type == "function_call_output") {
         const json& out = item.contains("output") ? item["output"] : json("");
         messages.push_back({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
                             {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
+        reasoning.clear();
       } else if (type == "item_reference") {  // what a client sends for earlier items when it assumes store: true
         bad(p + ".type", "input items of type 'item_reference' are not supported (this server stores no responses: "
                          "send the items themselves, e.g. with store: false)");
       } else if (type == "reasoning") {  // its text: content's reasoning_text parts, else the summary's
+        std::string text;
         for (const char* key : {"content", "summary"}) {
-          if (!reasoning.empty() || !item.contains(key) || !item[key].is_array()) continue;
+          if (!text.empty() || !item.contains(key) || !item[key].is_array()) continue;
           for (const json& part : item[key])
-            if (part.is_object() && part.contains("text") && part["text"].is_string())
-              reasoning += (reasoning.empty() ? "" : "\n\n") + part["text"].get<std::string>();
+            if (part.is_object() && part.contains("text") && part["text"].is_string() && !part["text"].get<std::string>().empty())
+              text += (text.empty() ? "" : "\n\n") + part["text"].get<std::string>();
         }
+        if (!text.empty()) reasoning += (reasoning.empty() ? "" : "\n\n") + text;
       } else {
         bad(p + ".type", "input items of type '" + type + "' are not supported");
       }

@@ -61,8 +61,8 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
         out.push_back(std::move(tool));
         results = true;
       } else if (type == "thinking" && role == "assistant") {  // an earlier answer's reasoning: the template's to render
-        if (b.contains("thinking") && b["thinking"].is_string())
-          reasoning += (reasoning.empty() ? "" : "\n\n") + b["thinking"].get<std::string>();
+        const std::string thought = need_string("thinking");
+        if (!thought.empty()) reasoning += (reasoning.empty() ? "" : "\n\n") + thought;
       } else if (type == "thinking" || type == "redacted_thinking") {
         // (redacted: nothing to read)
       } else {

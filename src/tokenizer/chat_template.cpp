@@ -313,12 +313,13 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const json&
         out += "<|start|>assistant<|channel|>final<|message|>" + m.content + (last ? "<|return|>" : "<|end|>");
         continue;
       }
-      // A call's text (or else its reasoning) as analysis unless a final answer follows; each
-      // call addressed before its channel.
+      // A call's reasoning (or else its text: a preamble) as analysis unless a final answer
+      // follows (llama.cpp's gpt-oss handler passes the reasoning as thinking and drops the
+      // content); each call addressed before its channel.
       const bool final_follows = std::any_of(messages.begin() + long(i) + 1, messages.end(), [](const ChatMessage& n) {
         return n.role == "assistant" && n.tool_calls.empty();
       });
-      if (!final_follows && !(m.content.empty() && m.reasoning.empty())) analysis(m.content.empty() ? m.reasoning : m.content);
+      if (!final_follows && !(m.content.empty() && m.reasoning.empty())) analysis(m.reasoning.empty() ? m.content : m.reasoning);
       for (const ToolCall& c : m.tool_calls) {
         out += "<|start|>assistant to=functions." + c.name + "<|channel|>commentary json<|message|>" +
                (c.arguments.empty() ? "{}" : c.arguments) + "<|call|>";
@@ -329,6 +330,7 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const json&
       for (auto it = calls.rbegin(); name.empty() && it != calls.rend(); ++it)
         if (!m.tool_call_id.empty() && it->id == m.tool_call_id) name = it->name;
       if (name.empty() && !calls.empty()) name = calls.back().name;
+      if (name.empty()) fail("chat template: a tool message with no earlier assistant tool call (gpt-oss names a result by its call)");
       // (its content as a JSON string, as the template's `message.content|tojson`)
       out += "<|start|>functions." + name + " to=assistant<|channel|>commentary<|message|>" +
              nlohmann::json(m.content).dump() + "<|end|>";
@@ -514,6 +516,12 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const
     auto context = [&](bool object_arguments, bool null_call_content) {
       nlohmann::json ctx =
           chat_template_context(messages, tools, add_generation_prompt, bos_, eos_, object_arguments, null_call_content);
+      if (format_ == ChatFormat::Harmony)  // (as render_harmony: a call's reasoning, not its preamble)
+        for (size_t i = 0; i < messages.size(); ++i)
+          if (!messages[i].tool_calls.empty() && !messages[i].reasoning.empty()) {
+            ctx["messages"][i]["thinking"] = messages[i].reasoning;
+            ctx["messages"][i]["content"] = null_call_content ? nlohmann::json() : nlohmann::json("");
+          }
       if (extra.is_object())
         for (const auto& [k, v] : extra.items()) {
           if (ctx.contains(k) || k == "tools") fail("chat template variables: '", k, "' is set by the request itself");

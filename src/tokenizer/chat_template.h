@@ -21,7 +21,7 @@
 //            empty system message is left out; no BOS)
 //   Harmony  gpt-oss's (openai/gpt-oss-*): <|start|>system<|message|>{model identity, knowledge
 //            cutoff, date, reasoning effort, valid channels}<|end|>, a developer message
-//            <|start|>developer<|message|># Instructions\n\n{system}[\n\n# Tools\n\n{namespace}]<|end|>
+//            <|start|>developer<|message|># Instructions\n\n{system}\n\n[# Tools\n\n{namespace}]<|end|>
 //            when there is a system message or tools, then <|start|>{role}<|message|>{content}<|end|>
 //            per turn (assistant: <|channel|>final; calls and results: see render_harmony);
 //            generation prompt <|start|>assistant (no BOS)
@@ -105,16 +105,19 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
 //   YYYY-MM-DD}\n\nReasoning: {reasoning_effort}\n\n# Valid channels: analysis, commentary, final.
 //   Channel must be included for every message.[\nCalls to these tools must go to the commentary
 //   channel: 'functions'.]<|end|>
-//   [<|start|>developer<|message|>[# Instructions\n\n{first system message}][\n\n]
+//   [<|start|>developer<|message|>[# Instructions\n\n{first system message}\n\n]
 //    [# Tools\n\n## functions\n\nnamespace functions {\n\n// {description}\ntype {name} = (_: {\n
 //    // {param description}\n{param}[?]: {TypeScript type}[, // default: {default}],\n...}) => any;\n
 //    ...\n} // namespace functions]<|end|>]                      (a system message or tools)
 //   <|start|>user<|message|>{content}<|end|>
 //   <|start|>assistant<|channel|>final<|message|>{content}<|end|>
-//   <|start|>assistant<|channel|>analysis<|message|>{content}<|end|>       (text with calls)
+//   [<|start|>assistant<|channel|>analysis<|message|>{reasoning}<|end|>]
+//    <|start|>assistant<|channel|>final<|message|>{content}<|return|>   (the last turn, no generation prompt)
+//   <|start|>assistant<|channel|>analysis<|message|>{reasoning, else content}<|end|>
+//                                        (a turn with calls, while no final answer follows it)
 //   <|start|>assistant to=functions.{name}<|channel|>commentary json<|message|>{arguments}<|call|>
 //   <|start|>functions.{name} to=assistant<|channel|>commentary<|message|>{result as a JSON string}<|end|>
-//   <|start|>developer<|message|># Instructions\n\n{content}<|end|>      (a later system message)
+//   <|start|>developer<|message|># Instructions\n\n{content}\n\n<|end|>  (a later system message)
 //   generation prompt <|start|>assistant
 // extra (an object or null): "reasoning_effort" (default "medium"; vLLM's and the Responses API's
 // reasoning effort arrive as it) and "model_identity" (default "You are ChatGPT, a large language

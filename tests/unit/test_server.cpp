@@ -898,6 +898,20 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   ASSERT_EQ(rr.messages.size(), 4u);
   EXPECT_EQ(rr.messages[1].reasoning, "Need the tool.");
   EXPECT_EQ(rr.messages[3].reasoning, "Sunny: say so.");
+  // Our own output sent back (reasoning, a preamble message, a call): one assistant turn; two
+  // reasoning items before it both reach it; reasoning followed by a user turn is dropped.
+  const auto own = parse_responses_request(R"({"model": "stories260K", "input": [
+      {"type": "reasoning", "summary": [{"type": "summary_text", "text": "cut short"}]},
+      {"role": "user", "content": "Weather?"},
+      {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "one"}]},
+      {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "two"}]},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+      {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]})", kModel);
+  ASSERT_EQ(own.messages.size(), 3u);
+  EXPECT_EQ(own.messages[1].content, "Checking.");
+  ASSERT_EQ(own.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(own.messages[1].reasoning, "one\n\ntwo");
   for (const char* key : {"reasoning_content", "reasoning"}) {
     const auto c = parse_request(Endpoint::Chat, json{{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "a"}},
         {{"role", "assistant"}, {"content", "b"}, {key, "why"}}, {{"role", "user"}, {"content", "c"}}}}}.dump(), kModel);
