@@ -891,17 +891,21 @@ void quant_mxfp4(const float* x, blocks::MXFP4* b, int64_t nb) {
 // ggml quantize_row_tq1_0_ref / tq2_0_ref: d = amax, each trit lroundf(x / d) + 1; TQ1_0 packs 5
 // (4) trits as the base-3 number they form, times 256 / 243 rounded up (a fraction of 256 whose
 // digits the decoder reads back by multiplying by 3).
+// A ternary block's d = amax of its 256 values, stored at d; returns 1 / d (0 for a zero block).
+float ternary_scale(const float* x, uint8_t* d) {
+  float amax = 0.0f;
+  for (int j = 0; j < QK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
+  store_f16(d, amax);
+  return amax != 0.0f ? 1.0f / amax : 0.0f;
+}
+
 void quant_tq1_0(const float* x, blocks::TQ1_0* b, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
-    float amax = 0.0f;
-    for (int j = 0; j < QK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
-    store_f16(b[i].d, amax);
-    auto pack = [&](const float* xs, int stride, int n_trits) {
+    const float id = ternary_scale(x, b[i].d);
+    auto pack = [&](const float* xs, int stride, int n_trits) {  // (q <= 242: no wrap)
       unsigned q = 0;
       for (int n = 0; n < n_trits; ++n) q = q * 3 + unsigned(std::lround(xs[n * stride] * id) + 1);
       if (n_trits == 4) q *= 3;  // (the first trit in the most significant place)
-      q = uint8_t(q);
       return uint8_t((q * 256 + 242) / 243);
     };
     for (int m = 0; m < 32; ++m) b[i].qs[m] = pack(x + m, 32, 5);
@@ -915,10 +919,7 @@ void quant_tq1_0(const float* x, blocks::TQ1_0* b, int64_t nb) {
 
 void quant_tq2_0(const float* x, blocks::TQ2_0* b, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
-    float amax = 0.0f;
-    for (int j = 0; j < QK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
-    store_f16(b[i].d, amax);
+    const float id = ternary_scale(x, b[i].d);
     for (int j = 0; j < 64; j += 32, x += 128)
       for (int m = 0; m < 32; ++m) {
         unsigned q = 0;
