@@ -96,8 +96,8 @@ QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
 
 // Weight types the cpu backend multiplies on its integer path (int8 activations, packed.h).
 bool int_path(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K ||
-         t == GGMLType::MXFP4;
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
+         t == GGMLType::Q6_K || t == GGMLType::MXFP4;
 }
 
 // x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
@@ -125,14 +125,20 @@ std::vector<double> kernel_x(const float* X, int64_t M, int64_t K, GGMLType t, b
   return x;
 }
 
-// Q4_K's min term dmin * m of row n at k: the integer path adds it as its own product (w = d1 q
-// - m1), so its magnitude counts in the rounding bound even where it cancels against d1 q.
-double q4k_min(const QWeight& W, int64_t n, int64_t k) {
-  if (W.type != GGMLType::Q4_K) return 0;
-  const auto* b = reinterpret_cast<const blocks::Q4_K*>(W.bytes.data() + uint64_t(n) * *row_bytes(W.type, uint64_t(W.K))) + k / 256;
+// Q4_K's and Q5_K's min term dmin * m of row n at k: the integer path adds it as its own
+// product (w = d1 q - m1), so its magnitude counts in the rounding bound even where it cancels
+// against d1 q.
+template <class B>
+double k_min_of(const QWeight& W, int64_t n, int64_t k) {
+  const auto* b = reinterpret_cast<const B*>(W.bytes.data() + uint64_t(n) * *row_bytes(W.type, uint64_t(W.K))) + k / 256;
   uint8_t sc, m;
   blocks::scale_min_k4(int(k % 256) / 32, b->scales, sc, m);
   return std::fabs(double(f16_to_f32(load_u16(b->dmin))) * m);
+}
+double k_min(const QWeight& W, int64_t n, int64_t k) {
+  if (W.type == GGMLType::Q4_K) return k_min_of<blocks::Q4_K>(W, n, k);
+  if (W.type == GGMLType::Q5_K) return k_min_of<blocks::Q5_K>(W, n, k);
+  return 0;
 }
 
 // y[m][n] = sum_k x[m][k] w[n][k] in double with x as the kernels see it (kernel_x), and the
@@ -149,7 +155,7 @@ void ref_gemm(const float* X, int64_t M, const QWeight& W, std::vector<double>& 
         const double xk = x[size_t(m * W.K + k)];
         const double p = xk * double(W.deq[size_t(n * W.K + k)]);
         s += p;
-        a += std::fabs(p) + 2 * std::fabs(xk) * q4k_min(W, n, k);
+        a += std::fabs(p) + 2 * std::fabs(xk) * k_min(W, n, k);
       }
       y[size_t(m * W.N + n)] = s;
       mag[size_t(m * W.N + n)] = a;
@@ -167,7 +173,8 @@ std::vector<TypeCase> type_cases() {
   return {{GGMLType::F32, {1, 13, 64, 520}},  {GGMLType::F16, {7, 64, 300}},
           {GGMLType::BF16, {9, 256, 265}},    {GGMLType::Q8_0, {32, 96, 544}},
           {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
-          {GGMLType::Q6_K, {256, 768}},       {GGMLType::MXFP4, {32, 288}}};
+          {GGMLType::Q5_K, {256, 768}},       {GGMLType::Q6_K, {256, 768}},
+          {GGMLType::MXFP4, {32, 288}}};
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -280,7 +287,7 @@ TEST(QuantizeActivations, MatchesItsDefinition) {
 TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(21);
-  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -316,7 +323,7 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
-                     GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+                     GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -357,7 +364,7 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
   const auto bq = randv(rng, size_t(Nq));
   const auto ya = randv(rng, size_t((hi_run - lo_run) * R));
   const auto R0 = randv(rng, size_t(M * Nk));
-  for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+  for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
     SCOPED_TRACE(type_traits(t).name);
     const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wu = make_weight(rng, t, Nq, K);
     const QWeight B = make_weight(rng, GGMLType::F16, Nk, R);
@@ -393,9 +400,10 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
 }
 
 TEST_P(KernelTest, FusedQkvResidualSwiglu) {
-  auto be = backend_for(GetParam());
   std::mt19937 rng(3);
   for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4}) {
+    // (A backend per type: prepare caches by address, and the next type's weights may reuse one.)
+    auto be = backend_for(GetParam());
     const int64_t K = 512, Nq = 40, Nk = 13;
     // V in another type, as Q4_K_M files mix Q4_K and Q6_K within one layer.
     const GGMLType tv = t == GGMLType::F32 ? GGMLType::F16 : t == GGMLType::Q6_K ? GGMLType::Q4_K : GGMLType::Q8_0;
@@ -871,7 +879,7 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
 constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_0,   GGMLType::Q5_1,    GGMLType::Q2_K,
-                                       GGMLType::Q3_K,    GGMLType::Q5_K,   GGMLType::IQ4_NL,  GGMLType::IQ4_XS,
+                                       GGMLType::Q3_K,    GGMLType::IQ4_NL, GGMLType::IQ4_XS,
                                        GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ3_XXS,
                                        GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M,   GGMLType::TQ1_0,
                                        GGMLType::TQ2_0};
@@ -1070,6 +1078,58 @@ TEST_P(KernelTest, Mxfp4ExtremeBlocksExact) {
   }
 }
 
+// Q5_K at its extremes: every q = 31 (5th bit set) under scale 1 and no min, against +-1
+// activations (xq = +-127): each 32-block's products reach 31 x 127 x 32 = 125984, so any SIMD
+// sum that stayed in int16 past four quads (avx2's vpmaddubsw pairs: 2 x 31 x 127 each)
+// overflows. Rows mix all-31 blocks with alternating 31/0 ones (a 5th bit set and not); every
+// ISA, every row count, packed or GGUF rows, gives the scalar path's bits and the exact sums.
+TEST_P(KernelTest, Q5KExtremeBlocksExact) {
+  std::mt19937 rng(78);
+  const int64_t N = 19, K = 512, nb = K / 256;
+  const uint64_t rb = *row_bytes(GGMLType::Q5_K, uint64_t(K));
+  QWeight W{GGMLType::Q5_K, N, K, std::vector<uint8_t>(rb * uint64_t(N)), std::vector<float>(size_t(N * K))};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      auto& blk = reinterpret_cast<blocks::Q5_K*>(W.bytes.data() + uint64_t(n) * rb)[b];
+      const uint16_t one = 0x3C00;  // f16 1.0
+      std::memcpy(blk.d, &one, 2);
+      std::memset(blk.dmin, 0, 2);
+      // scale_min_k4: sub-blocks 0-3 take scales[0..3] & 63 (mins scales[4..7]), 4-7 the low
+      // nibbles of scales[8..11] (mins their high nibbles): every scale 1, every min 0.
+      for (int j = 0; j < 12; ++j) blk.scales[j] = j < 4 ? 1 : j < 8 ? 0 : 0x01;
+      const bool all = n % 3 != 2;  // (else q alternates 31, 0 along k)
+      std::memset(blk.qs, all ? 0xFF : 0x0F, sizeof blk.qs);  // (low nibble: even sub-blocks)
+      std::memset(blk.qh, all ? 0xFF : 0x55, sizeof blk.qh);  // (bit s: sub-block s)
+    }
+  for (int64_t n = 0; n < N; ++n) dequantize_row(GGMLType::Q5_K, W.bytes.data() + uint64_t(n) * rb, W.deq.data() + n * K, K);
+  for (int64_t i = 0; i < N * K; ++i) {
+    const bool all = (i / K) % 3 != 2, even_sub = (i % 256) / 32 % 2 == 0;
+    ASSERT_EQ(W.deq[size_t(i)], all || even_sub ? 31.0f : 0.0f) << i;
+  }
+  auto be = backend_for(GetParam()), scalar = backend_for("scalar");
+  const WeightView pw = be->prepare(W.view()), ps = scalar->prepare(W.view());
+  ASSERT_EQ(pw.type, GGMLType::Q5_K);
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 33, 40, 64}) {
+    std::vector<float> X(size_t(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        X[size_t(m * K + k)] = m == 0 ? 1.0f : m == 1 ? -1.0f : (rng() % 8 ? 1.0f : -1.0f);
+    std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), sc(size_t(M * N));
+    be->matmul(X.data(), M, pw, native.data());
+    be->matmul(X.data(), M, W.view(), rows.data());
+    scalar->matmul(X.data(), M, ps, sc.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = size_t(m * N + n);
+        double want = 0;  // (x = +-1 exactly: xq = +-127, dx = 1/127)
+        for (int64_t k = 0; k < K; ++k) want += double(W.deq[size_t(n * K + k)]) * X[size_t(m * K + k)];
+        ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_NEAR(native[i], want, 31.0 * K * 0x1p-20) << "M=" << M << " m " << m << " n " << n;
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::ValuesIn(kIsas),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
@@ -1183,7 +1243,7 @@ TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
       if (variant == 3) x[128 + 7] = std::numeric_limits<float>::infinity();
       if (variant == 4) x[160 + 3] = std::numeric_limits<float>::quiet_NaN();
     }
-    for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+    for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
       const QWeight W = make_weight(rng, t, N, K);
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       native->matmul(X.data(), M, native->prepare(W.view()), a.data());

@@ -94,7 +94,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   }
 
   // The GEMM's chunk as Avx512Isa unpacks it, with the quad types' bytes as signed v = u - bias
-  // (Q8_0 q, Q4_0 q - 8, Q4_K q, MXFP4 kvalues[q]): tdpbssd's C is then the block's exact sum of
+  // (Q8_0 q, Q4_0 q - 8, Q4_K q, Q5_K q + 16 h, MXFP4 kvalues[q]): tdpbssd's C is then the block's exact sum of
   // v xq, I itself. (MXFP4's fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
   // (Q6_K: Avx512Isa's unpack_q6k, for the vector tiles.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
@@ -337,7 +337,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
     t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's)
     if (!is_quad_type(t)) return 0;
     configure_tiles();
-    const bool with_s2 = t == GGMLType::Q4_K;
+    const bool with_s2 = has_min_term(t);
     const int64_t nb = len / kQBlock, n_tiles = (rows + kTileRows - 1) / kTileRows, n_units = n_tiles * ng;
     alignas(64) int32_t c32[2][kKC / kQBlock * kTileRows * kGroup];
     alignas(64) int8_t pad[kTileRows * kKC];  // the last tile's rows when fewer than 16

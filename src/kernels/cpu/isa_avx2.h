@@ -458,7 +458,7 @@ struct Avx2Isa {
 
   // ---- Integer path (quantized weights, packed.h) ----
   // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
-  // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K (quad layout): quads_h(P, h, w) its quads 2P and
+  // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K, Q5_K (quad layout): quads_h(P, h, w) its quads 2P and
   // 2P + 1 of rows 8h..8h+7 as bytes (see the quad kernels below); Q6_K (its quad variant): quads6_h(hh, h, w)
   // the 4 quads of half block hh. (A constant kBias comes off the block's integer sum as
   // kBias * sum xq, exactly.) Their methods are always inlined: GCC had left Q4_K's scales (and
@@ -525,6 +525,15 @@ struct Avx2Isa {
       w[1] = _mm256_shuffle_epi8(lut, w[1]);
     }
   };
+  // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
+  [[gnu::always_inline]] static void k_scales(const uint8_t* blk, int sb, __m256& s1lo, __m256& s1hi, __m256& s2lo,
+                                              __m256& s2hi) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    s1lo = _mm256_mul_ps(h8(blk + Q4KBlock::kD), u8f(blk + Q4KBlock::kSc + 16 * sb));
+    s1hi = _mm256_mul_ps(h8(blk + Q4KBlock::kD + 16), u8f(blk + Q4KBlock::kSc + 16 * sb + 8));
+    s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + Q4KBlock::kDmin), u8f(blk + Q4KBlock::kM + 16 * sb)));
+    s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + Q4KBlock::kDmin + 16), u8f(blk + Q4KBlock::kM + 16 * sb + 8)));
+  }
   struct DecQ4_K : Q4KCursor {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false;
@@ -532,11 +541,31 @@ struct Avx2Isa {
     static constexpr int kBytesPer32 = 296;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
-      const __m256 sign = _mm256_set1_ps(-0.0f);
-      s1lo = _mm256_mul_ps(h8(blk + Q4KBlock::kD), u8f(blk + Q4KBlock::kSc + 16 * sb));
-      s1hi = _mm256_mul_ps(h8(blk + Q4KBlock::kD + 16), u8f(blk + Q4KBlock::kSc + 16 * sb + 8));
-      s2lo = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + Q4KBlock::kDmin), u8f(blk + Q4KBlock::kM + 16 * sb)));
-      s2hi = _mm256_xor_ps(sign, _mm256_mul_ps(h8(blk + Q4KBlock::kDmin + 16), u8f(blk + Q4KBlock::kM + 16 * sb + 8)));
+      k_scales(blk, sb, s1lo, s1hi, s2lo, s2hi);
+    }
+  };
+  // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31]. Without
+  // VNNI its vpmaddubsw pair sums (<= 2 * 31 * 127) are widened per quad (kWideQuads): eight
+  // would pass int16.
+  struct DecQ5_K : Q5KCursor {
+    static constexpr int kBias = 0;
+    static constexpr bool kSignedQuads = false, kWideQuads = true;
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
+      nibble_quads_h(q, P, h, w);
+      // Byte (r, e) of the plane holds quad j's 5th bit at bit j: to bit 4 (16-bit shifts; the
+      // and keeps bit 4 of each byte, which came from the same byte).
+      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+      const __m256i m = _mm256_set1_epi8(0x10);
+      for (int e = 0; e < 2; ++e) {
+        const int j = 2 * P + e;
+        const __m256i b = j <= 4 ? _mm256_slli_epi16(H, 4 - j) : _mm256_srli_epi16(H, j - 4);
+        w[e] = _mm256_or_si256(w[e], _mm256_and_si256(b, m));
+      }
+    }
+    static constexpr int kBytesPer32 = Q5KBlock::kBytes / 8;  // packed bytes per 32-block of k (on average)
+    static constexpr bool kS2 = true;
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
+      k_scales(blk, sb, s1lo, s1hi, s2lo, s2hi);
     }
   };
   // Q6_K in its quad variant (packed.h): per half block hh (16 k, kSub16) and rows 8h..8h+7,
@@ -568,6 +597,11 @@ struct Avx2Isa {
   template <class D>
   static constexpr bool sub16_of() {
     if constexpr (requires { D::kSub16; }) return D::kSub16;
+    else return false;
+  }
+  template <class D>
+  static constexpr bool wide_of() {
+    if constexpr (requires { D::kWideQuads; }) return D::kWideQuads;
     else return false;
   }
   // One half block of Q6_K, 8 rows: sum over its 16 k of u xq - 32 X (X = the 16 xq's sum)
@@ -602,13 +636,14 @@ struct Avx2Isa {
     const char* ahead = reinterpret_cast<const char*>(g) + (kb + 1) * bytes_per_32 + kPrefetch;
     for (int off = 0; off < bytes_per_32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
   }
-  // ---- Integer path on the quad layout (Q8_0, Q4_0, Q4_K; packed.h): vpmaddubsw ----
+  // ---- Integer path on the quad layout (Q8_0, Q4_0, Q4_K, Q5_K; packed.h): vpmaddubsw ----
   // A register holds 8 rows x 4 k as bytes; vpmaddubsw multiplies u8 by s8 and adds pairs into
   // int16, vpmaddwd by 1 widens to int32 (the 4 products of a lane). Nibble types: u (0..15) x
   // xq, pair sums <= 2 * 15 * 127, so the 8 quads of a 32-block add up in int16 (<= 30480)
-  // before one widening. Q8_0: the sign trick, |q| (<= 128 as u8) x sign(xq, q), pair sums
-  // <= 32512, widened per quad; it forms sum q xq directly. Then I = sum - kBias * sum xq and
-  // y = fma(float(I), s1 * dx, y) (+ Q4_K's min term): the sums every ISA forms.
+  // before one widening; Q5_K's (u <= 31) are widened per quad. Q8_0: the sign trick, |q| (<=
+  // 128 as u8) x sign(xq, q), pair sums <= 32512, widened per quad; it forms sum q xq directly.
+  // Then I = sum - kBias * sum xq and y = fma(float(I), s1 * dx, y) (+ the K types' min term):
+  // the sums every ISA forms.
   static constexpr bool kInt8Act = true;
   static __m256i bcast4(const int8_t* x) {  // x[0..3] into every 32-bit lane
     int32_t v;
@@ -624,22 +659,23 @@ struct Avx2Isa {
   // products w x xb of each lane. With AVX-VNNI (the avx_vnni level compiles this header with
   // FT_AVX_VNNI) one vpdpbusd into int32; without, signed quads widened at once, unsigned ones
   // summed in int16 (bounds above) and widened once per block by widen().
-  template <bool kSigned>
+  // (kWide: unsigned quads too large for 8 int16 pair sums, Q5_K's, widened per quad as signed ones.)
+  template <bool kSigned, bool kWide = false>
   static __m256i acc(__m256i a, __m256i w, __m256i xb) {
 #ifdef FT_AVX_VNNI
     if constexpr (kSigned) return _mm256_dpbusd_avx_epi32(a, _mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
     else return _mm256_dpbusd_avx_epi32(a, w, xb);
 #else
-    if constexpr (kSigned) return _mm256_add_epi32(a, _mm256_madd_epi16(dot4<true>(w, xb), _mm256_set1_epi16(1)));
+    if constexpr (kSigned || kWide) return _mm256_add_epi32(a, _mm256_madd_epi16(dot4<kSigned>(w, xb), _mm256_set1_epi16(1)));
     else return _mm256_add_epi16(a, dot4<false>(w, xb));
 #endif
   }
-  template <bool kSigned>
+  template <bool kSigned, bool kWide = false>
   static __m256i widen(__m256i a) {  // acc's sums as int32
 #ifdef FT_AVX_VNNI
     return a;
 #else
-    if constexpr (kSigned) return a;
+    if constexpr (kSigned || kWide) return a;
     else return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
 #endif
   }
@@ -702,7 +738,7 @@ struct Avx2Isa {
               for (int h = 0; h < 2; ++h) {
                 __m256i w[2];
                 d[g].quads_h(P, h, w);
-                a[i][g][h] = acc<D::kSignedQuads>(acc<D::kSignedQuads>(a[i][g][h], w[0], x0), w[1], x1);
+                a[i][g][h] = acc<D::kSignedQuads, wide_of<D>()>(acc<D::kSignedQuads, wide_of<D>()>(a[i][g][h], w[0], x0), w[1], x1);
               }
           }
         for (int g = 0; g < NG; ++g) {
@@ -711,7 +747,7 @@ struct Avx2Isa {
           for (int i = 0; i < MR; ++i) {
             const __m256 dv = _mm256_set1_ps(dx[i * nkb + kb]);
             for (int h = 0; h < 2; ++h) {
-              __m256i I = widen<D::kSignedQuads>(a[i][g][h]);
+              __m256i I = widen<D::kSignedQuads, wide_of<D>()>(a[i][g][h]);
               if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
               y[i][g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], dv), y[i][g][h]);
               if constexpr (D::kS2)
@@ -732,6 +768,7 @@ struct Avx2Isa {
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
       case GGMLType::MXFP4: f(DecMXFP4{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
+      case GGMLType::Q5_K: f(DecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;
       default: return false;
     }
@@ -770,13 +807,13 @@ struct Avx2Isa {
             dec.quads_h(P, h, w);
             for (int i = 0; i < MR; ++i) {
               const int8_t* x = xq + i * ldx + kb * kQBlock + 8 * P;
-              a[i] = acc<D::kSignedQuads>(a[i], w[0], bcast4(x));
-              a[i] = acc<D::kSignedQuads>(a[i], w[1], bcast4(x + 4));
+              a[i] = acc<D::kSignedQuads, wide_of<D>()>(a[i], w[0], bcast4(x));
+              a[i] = acc<D::kSignedQuads, wide_of<D>()>(a[i], w[1], bcast4(x + 4));
             }
           }
           for (int i = 0; i < MR; ++i) {
             const __m256 d = _mm256_set1_ps(dx[i * nkb + kb]);
-            __m256i I = widen<D::kSignedQuads>(a[i]);
+            __m256i I = widen<D::kSignedQuads, wide_of<D>()>(a[i]);
             if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
             float* ci = c + i * ldc + 8 * h;
             __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
@@ -907,7 +944,7 @@ struct Avx2Isa {
     }
   }
   // C (MR, ldc)[:, 0:16] (+)= MR rows over one K chunk of unpacked quads; y in C between blocks.
-  template <int MR, bool kSigned>
+  template <int MR, bool kSigned, bool kWide>
   static void mk_quad_t(const IntRows& x, int bias, const uint8_t* V, const float* S1,
                         const float* S2, int64_t len, float* c, int64_t ldc, bool first) {
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
@@ -918,8 +955,8 @@ struct Avx2Isa {
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(V + kb * 512 + 64 * p + 32));
         for (int i = 0; i < MR; ++i) {
           const __m256i xb = bcast4(x.xq8[i] + kb * kQBlock + 4 * p);
-          a[i][0] = acc<kSigned>(a[i][0], w0, xb);
-          a[i][1] = acc<kSigned>(a[i][1], w1, xb);
+          a[i][0] = acc<kSigned, kWide>(a[i][0], w0, xb);
+          a[i][1] = acc<kSigned, kWide>(a[i][1], w1, xb);
         }
       }
       const bool zero = first && kb == 0;
@@ -928,7 +965,7 @@ struct Avx2Isa {
         const __m256i bv = _mm256_set1_epi32(bias * x.xs[i][kb]);
         float* ci = c + i * ldc;
         for (int h = 0; h < 2; ++h) {
-          const __m256i I = _mm256_sub_epi32(widen<kSigned>(a[i][h]), bv);
+          const __m256i I = _mm256_sub_epi32(widen<kSigned, kWide>(a[i][h]), bv);
           __m256 y = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8 * h);
           y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps(S1 + 16 * kb + 8 * h), d), y);
           if (S2)
@@ -938,14 +975,14 @@ struct Avx2Isa {
       }
     }
   }
-  template <bool kSigned>
+  template <bool kSigned, bool kWide = false>
   static void mk_quad(int mr, const IntRows& x, int bias, const uint8_t* V, const float* S1,
                       const float* S2, int64_t len, float* c, int64_t ldc, bool first) {
     switch (mr) {
-      case 1: return mk_quad_t<1, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 2: return mk_quad_t<2, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 3: return mk_quad_t<3, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
-      default: return mk_quad_t<4, kSigned>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 1: return mk_quad_t<1, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 2: return mk_quad_t<2, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 3: return mk_quad_t<3, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
+      default: return mk_quad_t<4, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
     }
   }
   // Q6_K's chunk (unpack_q6k): C (MR, ldc)[:, 0:16] (+)= MR rows; per 32-block and rows 8h..8h+7,
@@ -990,7 +1027,7 @@ struct Avx2Isa {
     }
   }
   // C (mr <= 4, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i],
-  // S1[i], S2[i] (all of type t, a gemm_type; S2 read for Q4_K only).
+  // S1[i], S2[i] (all of type t, a gemm_type; S2 read for Q4_K and Q5_K only).
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
@@ -1001,8 +1038,9 @@ struct Avx2Isa {
         mk_q6(mr, x, v, S1[g], len, c + 16 * g, ldc, first);
         continue;
       }
-      const float* s2 = t == GGMLType::Q4_K ? S2[g] : nullptr;
+      const float* s2 = has_min_term(t) ? S2[g] : nullptr;
       if (t == GGMLType::Q8_0) mk_quad<true>(mr, x, 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
+      else if (t == GGMLType::Q5_K) mk_quad<false, true>(mr, x, 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
       else mk_quad<false>(mr, x, t == GGMLType::Q4_0 ? DecQ4_0::kBias : 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
     }
   }

@@ -3,7 +3,7 @@
 // a superset): avx512.cpp instantiates the drivers with it, amx.cpp derives its own Isa from it.
 // Everything is in an anonymous namespace (see isa_avx2.h). Include after isa_avx2.h, under the
 // includer's `#pragma GCC target`.
-// Quantized Q8_0/Q4_0/Q4_K weights take the integer path on vpdpbusd (u8 weights x s8
+// Quantized Q8_0/Q4_0/Q4_K/Q5_K weights take the integer path on vpdpbusd (u8 weights x s8
 // activations, 64 products per instruction) over the quad layout of packed.h, and so does Q6_K
 // over its own quad variant (a chain per half block, scaled in int32); the float types on
 // 512-bit FMA. Attention: attention_avx512.cpp.
@@ -497,16 +497,33 @@ struct Avx512Isa : Avx2Isa {
       w1 = _mm512_shuffle_epi8(lut, w1);
     }
   };
+  // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
+  [[gnu::always_inline]] static void k_scales(const uint8_t* blk, int sb, __m512& s1, __m512& s2) {
+    s1 = _mm512_mul_ps(h16(blk + Q4KBlock::kD), u8f16(blk + Q4KBlock::kSc + 16 * sb));
+    s2 = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_set1_epi32(int32_t(0x80000000u)),
+        _mm512_castps_si512(_mm512_mul_ps(h16(blk + Q4KBlock::kDmin), u8f16(blk + Q4KBlock::kM + 16 * sb)))));
+  }
   struct QDecQ4_K : Q4KCursor {
     static constexpr int kBias = 0, kBytesPer32 = 296;  // (on average)
     static constexpr bool kS2 = true, kSub16 = false;
-    [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const {
-      s1 = _mm512_mul_ps(h16(blk + Q4KBlock::kD), u8f16(blk + Q4KBlock::kSc + 16 * sb));
-      s2 = _mm512_castsi512_ps(_mm512_xor_si512(
-          _mm512_set1_epi32(int32_t(0x80000000u)),
-          _mm512_castps_si512(_mm512_mul_ps(h16(blk + Q4KBlock::kDmin), u8f16(blk + Q4KBlock::kM + 16 * sb)))));
-    }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const { k_scales(blk, sb, s1, s2); }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
+  };
+  // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31].
+  struct QDecQ5_K : Q5KCursor {
+    static constexpr int kBias = 0, kBytesPer32 = Q5KBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = true, kSub16 = false;
+    [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const { k_scales(blk, sb, s1, s2); }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
+      nibble_quads(q + 64 * P, w0, w1);
+      // Byte (r, e) of the plane holds quad j's 5th bit at bit j: to bit 4 (16-bit shifts; the
+      // and keeps bit 4 of each byte, which came from the same byte). w | (b & 0x10): 0xF8.
+      const __m512i H = ld(qh), m = _mm512_set1_epi8(0x10);
+      const auto at4 = [&](int j) { return j <= 4 ? _mm512_slli_epi16(H, unsigned(4 - j)) : _mm512_srli_epi16(H, unsigned(j - 4)); };
+      w0 = _mm512_ternarylogic_epi32(w0, at4(2 * P), m, 0xF8);
+      w1 = _mm512_ternarylogic_epi32(w1, at4(2 * P + 1), m, 0xF8);
+    }
   };
   // Q6_K's quad variant (packed.h): per half block h (kSub16), quads(h, w) gives its 4 quads as
   // u = q in [0, 63] (I_h = sum u xq - kBias X_h), sc(h) its 16 rows' int8 scales as int32.
@@ -535,6 +552,7 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
       case GGMLType::MXFP4: f(QDecMXFP4{{group}}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
+      case GGMLType::Q5_K: f(QDecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
       default: return false;
     }
@@ -951,7 +969,7 @@ struct Avx512Isa : Avx2Isa {
     }
     const int bias = t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0;
     const float* s2[2] = {S2[0], ng > 1 ? S2[1] : S2[0]};
-    const float* const* s2p = t == GGMLType::Q4_K ? s2 : nullptr;
+    const float* const* s2p = has_min_term(t) ? s2 : nullptr;
     if (ng == 2) return mk_q<2>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
     mk_q<1>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
   }

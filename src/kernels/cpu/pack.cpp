@@ -27,6 +27,11 @@ int q4k_q(const blocks::Q4_K& b, int e) {
   const uint8_t byte = b.qs[(e / 64) * 32 + e % 32];
   return (e % 64) < 32 ? (byte & 0xF) : (byte >> 4);
 }
+// Element e of a Q5_K block: its unsigned 5-bit q (ggml's layout, see dequant_q5_k).
+int q5k_q(const blocks::Q5_K& b, int e) {
+  const int s = e / 32, l = e % 32;
+  return ((b.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) | (((b.qh[l] >> s) & 1) << 4);
+}
 // Element e of a Q6_K block: its unsigned 6-bit q (ggml's layout, see dequant_q6_k).
 int q6k_q(const blocks::Q6_K& b, int e) {
   const int half = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
@@ -41,7 +46,7 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 GGMLType panel_type(GGMLType t) {
   switch (t) {
     case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q2_K:
-    case GGMLType::Q3_K: case GGMLType::Q5_K: case GGMLType::IQ4_NL: case GGMLType::IQ4_XS:
+    case GGMLType::Q3_K: case GGMLType::IQ4_NL: case GGMLType::IQ4_XS:
     case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return GGMLType::Q8_0;
     default:
@@ -166,6 +171,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::Q8_0: return 32 + 32 * 16;
     case GGMLType::Q4_0: case GGMLType::MXFP4: return 32 + 32 * 8;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
+    case GGMLType::Q5_K: return Q5KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
     default: fail("panel layout: unsupported weight type ", int(t));
   }
@@ -178,6 +184,21 @@ inline int q8_at(int e, int r) { return (e / 2) * 32 + r * 2 + e % 2; }
 // 4-bit q (Q4_0, Q4_K, Q6_K low bits): byte of the pair-interleaved nibbles, and the shift.
 inline int nib_at(int e, int r) { return (e / 2) * 16 + (r % 8) * 2 + e % 2; }
 inline int nib_shift(int r) { return r < 8 ? 0 : 4; }
+// Q5_K's 5th bit of element e (< 256), row r (both variants): byte and bit in its plane.
+inline int q5h_at(int e, int r) { return Q5KBlock::kQh + (e / 32) * Q5KBlock::kQhPer32 + r * 4 + e % 4; }
+inline int q5h_bit(int e) { return (e % 32) / 4; }
+// Row r's d, dmin and unpacked 6-bit scales and mins of a Q4_K or Q5_K block b (Q4KBlock offsets).
+template <class B>
+void pack_k_header(const B& b, int r, uint8_t* blk) {
+  std::memcpy(blk + Q4KBlock::kD + 2 * r, b.d, 2);
+  std::memcpy(blk + Q4KBlock::kDmin + 2 * r, b.dmin, 2);
+  for (int s = 0; s < 8; ++s) {
+    uint8_t sc, m;
+    blocks::scale_min_k4(s, b.scales, sc, m);
+    blk[Q4KBlock::kSc + s * 16 + r] = sc;
+    blk[Q4KBlock::kM + s * 16 + r] = m;
+  }
+}
 // Q6_K high 2 bits h: one uint16 lane L = (r % 8) * 2 + e % 2 per 4 pairs of k (32 bytes),
 // pair p % 4 at bits 4 (p % 4) (row r % 8) and 4 (p % 4) + 2 (row r % 8 + 8).
 inline int qh_lane(int e, int r) { return (e / 8) * 16 + (r % 8) * 2 + e % 2; }
@@ -241,16 +262,18 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
           }
           case GGMLType::Q4_K: {
             const auto& b = reinterpret_cast<const blocks::Q4_K*>(row)[ib];
-            std::memcpy(blk + Q4KBlock::kD + 2 * r, b.d, 2);
-            std::memcpy(blk + Q4KBlock::kDmin + 2 * r, b.dmin, 2);
-            for (int s = 0; s < 8; ++s) {
-              uint8_t sc, m;
-              blocks::scale_min_k4(s, b.scales, sc, m);
-              blk[Q4KBlock::kSc + s * 16 + r] = sc;
-              blk[Q4KBlock::kM + s * 16 + r] = m;
+            pack_k_header(b, r, blk);
+            for (int e = 0; e < 256; ++e) blk[Q4KBlock::kQ + nib_at(e, r)] |= uint8_t(q4k_q(b, e) << nib_shift(r));
+            break;
+          }
+          case GGMLType::Q5_K: {
+            const auto& b = reinterpret_cast<const blocks::Q5_K*>(row)[ib];
+            pack_k_header(b, r, blk);
+            for (int e = 0; e < 256; ++e) {
+              const int v = q5k_q(b, e);
+              blk[Q5KBlock::kQ + nib_at(e, r)] |= uint8_t((v & 0xF) << nib_shift(r));
+              blk[q5h_at(e, r)] |= uint8_t((v >> 4) << q5h_bit(e));
             }
-            uint8_t* q = blk + Q4KBlock::kQ;
-            for (int e = 0; e < 256; ++e) q[nib_at(e, r)] |= uint8_t(q4k_q(b, e) << nib_shift(r));
             break;
           }
           case GGMLType::Q6_K: {
@@ -278,7 +301,8 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
 }
 
 bool is_quad_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::MXFP4;
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
+         t == GGMLType::MXFP4;
 }
 
 namespace {
@@ -292,13 +316,15 @@ inline int qnib_shift(int e) { return e % 8 < 4 ? 0 : 4; }
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out) {
   if (!is_quad_type(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
-  // The scales (and Q4_K's header) are where the pair layout has them; only q moves.
+  // The scales (and the K types' header, Q5_K's 5th bits) are where the pair layout has them;
+  // only q (the low 4 bits) moves.
   pack_rows(t, rows, row_bytes, n_rows, K, out);
   const int64_t bl = block_len(t);
   const uint64_t bb = packed_block_bytes(t), gb = group_bytes(t, K);
   const int64_t G = n_groups(n_rows), nb = K / bl;
-  const uint64_t q_off = t == GGMLType::Q4_K ? Q4KBlock::kQ : 32;  // q bytes inside a block
-  const uint64_t q_bytes = bb - q_off;
+  const bool k_type = t == GGMLType::Q4_K || t == GGMLType::Q5_K;
+  const uint64_t q_off = k_type ? Q4KBlock::kQ : 32;  // q bytes inside a block
+  const uint64_t q_bytes = k_type ? uint64_t(Q4KBlock::kBytes - Q4KBlock::kQ) : bb - q_off;
   std::vector<uint8_t> q(q_bytes);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t ib = 0; ib < nb; ++ib) {
@@ -343,7 +369,7 @@ void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
 
 namespace {
 // Row r, element e of a quantized block: the integer weight v and the float scales of the
-// integer path (packed.h): w = v * s1 (+ s2 for Q4_K, whose min term multiplies sum x).
+// integer path (packed.h): w = v * s1 (+ s2 for Q4_K and Q5_K, whose min term multiplies sum x).
 struct IntWeight {
   int v;
   float s1, s2;
@@ -354,9 +380,10 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     case GGMLType::Q8_0: return {int(int8_t(blk[32 + q8_at(e, r)])), f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
     case GGMLType::MXFP4: return {int(blocks::kValuesMXFP4[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
-    case GGMLType::Q4_K: {
+    case GGMLType::Q4_K: case GGMLType::Q5_K: {
       const int s = e / 32;
-      return {nib(blk + Q4KBlock::kQ), f16(blk + Q4KBlock::kD + 2 * r) * float(blk[Q4KBlock::kSc + s * 16 + r]),
+      const int h = t == GGMLType::Q5_K ? (blk[q5h_at(e, r)] >> q5h_bit(e)) & 1 : 0;
+      return {nib(blk + Q4KBlock::kQ) + 16 * h, f16(blk + Q4KBlock::kD + 2 * r) * float(blk[Q4KBlock::kSc + s * 16 + r]),
               -(f16(blk + Q4KBlock::kDmin + 2 * r) * float(blk[Q4KBlock::kM + s * 16 + r]))};
     }
     case GGMLType::Q6_K: {

@@ -15,6 +15,9 @@
 //              104, tiny: every |value| <= 12 * 2^-25; or an all-zero block); w = kvalues[q] * d
 //   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
+//   Q5_K (256) as Q4_K, then the 5th bits uint8 [8 32-blocks][16 rows][4]: byte (s, r, e) holds
+//              at bit j the 5th bit of k = 32s + 4j + e (both variants: its quads' bits)
+//                                                    w = (d*sc) * (q + 16 h) - dmin*m
 //   Q6_K (256) f16 d[16]; int8 sc[16][16]; low 4 bits [128 pairs][8][2] as Q4_0; high 2 bits
 //              uint16 [32 quads of pairs][16 lanes]: lane 2j + e, pair p of the quad at bits
 //              4p (row j) and 4p + 2 (row j + 8), so a shift and an and put them at bits 4-5
@@ -22,13 +25,14 @@
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0,
-// MXFP4 and Q4_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// MXFP4, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
-//   Q4_0, MXFP4, Q4_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e of row
-//         r in the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K B = 0);
+//   Q4_0, MXFP4, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e
+//         of row r in the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K
+//         B = 0; Q5_K u = q + 16 h in [0, 31], its 5th bit h from the plane above, B = 0);
 //         MXFP4's nibble q is an index, mapped by a byte shuffle (vpshufb) to u = kvalues[q] + 12
 //         in [0, 24] (B = 12) on vpdpbusd, to v = kvalues[q] itself on plain AVX2 (|v| x
 //         sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
@@ -49,11 +53,11 @@
 // in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
 // part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for Q4_K's min term):
 //   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  MXFP4 v = kvalues[q], s1 = d;
-//   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);
+//   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q6_K v = (q - 32) * sc, s1 = d
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
 // integers. Every output is y = 0, then for each 32-block in k order
-//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K]
+//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
 // MXFP4's GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's form (v = kvalues[q]
@@ -86,6 +90,26 @@ struct Q4KCursor {
     blk = g + (kb / 8) * Q4KBlock::kBytes;
     sb = int(kb % 8);
     q = blk + Q4KBlock::kQ + 256 * sb;
+  }
+};
+// Q5_K's packed block: Q4_K's, then the 5th bits of its 8 32-blocks (kQhPer32 bytes each).
+struct Q5KBlock : Q4KBlock {
+  static constexpr int kQh = Q4KBlock::kBytes, kQhPer32 = 4 * kGroup;
+  static constexpr int kBytes = kQh + 8 * kQhPer32;  // 2880
+};
+// A cursor over one packed Q5_K group: Q4KCursor's fields over Q5_K's blocks, and qh, the 5th
+// bits of 32-block kb.
+struct Q5KCursor {
+  const uint8_t* g;
+  const uint8_t* blk = nullptr;
+  const uint8_t* q = nullptr;
+  const uint8_t* qh = nullptr;
+  int sb = 0;
+  [[gnu::always_inline]] void begin(int64_t kb) {
+    blk = g + (kb / 8) * Q5KBlock::kBytes;
+    sb = int(kb % 8);
+    q = blk + Q5KBlock::kQ + 256 * sb;
+    qh = blk + Q5KBlock::kQh + Q5KBlock::kQhPer32 * sb;
   }
 };
 // Byte offsets inside one packed Q6_K block (256 k of a group; both variants): d, sc, then the
@@ -121,10 +145,10 @@ struct Q6KQuadCursor {
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
 // d (ls - 32) is an f16, and the grid i-quants' 32-blocks under one scale that is an f16 (IQ2,
 // IQ3: (db, grid * sign); IQ1: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (the min
-// types Q4_1, Q5_1, Q2_K, Q5_K, and the IQ4_XS and i-quant rest) are requantized from their
+// types Q4_1, Q5_1, Q2_K, and the IQ4_XS and i-quant rest) are requantized from their
 // exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11): 1/8 to 1/30 of the
 // source type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step
-// (1.5x Q5_K's, 2.5x Q3_K's, 2.5-5.4x the i-quants' 3.44-1.56 bits), for our fastest integer
+// (1.4x Q5_1's, 2.5x Q3_K's, 2.5-5.4x the i-quants' 3.44-1.56 bits), for our fastest integer
 // kernels.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
 // faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's.)
@@ -151,9 +175,11 @@ GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
 
 // Weight types multiplied on the integer path.
 inline bool is_int_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q6_K ||
-         t == GGMLType::MXFP4;
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
+         t == GGMLType::Q6_K || t == GGMLType::MXFP4;
 }
+// Integer-path types with a min term (s2: w = v * s1 + s2).
+inline bool has_min_term(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K; }
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: MXFP4's
 // chunk is Q8_0's (above), every other type its own.
 inline GGMLType gemm_type(GGMLType t) { return t == GGMLType::MXFP4 ? GGMLType::Q8_0 : t; }
@@ -166,7 +192,7 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
-// The quad variant of pack_rows for Q8_0, Q4_0, MXFP4 and Q4_K (pack_rows for every other type).
+// The quad variant of pack_rows for Q8_0, Q4_0, MXFP4, Q4_K and Q5_K (pack_rows for every other type).
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);

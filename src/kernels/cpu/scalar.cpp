@@ -40,7 +40,7 @@ struct ScalarIsa {
                      int64_t ldc, bool first) {
     t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's, its bias and signs)
     for (int i = 0; i < ng; ++i)
-      mk_int1(mr, x, V[i], S1[i], t == GGMLType::Q4_K ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
+      mk_int1(mr, x, V[i], S1[i], has_min_term(t) ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
   }
   // C (mr, ldc)[:, 0:16] (+)= the integer path over one K chunk of unpacked weights (packed.h's
   // pair layout): per 32-block the exact int32 sum I, then y = fma(I, s1 * dx, y) (and
