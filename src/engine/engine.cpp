@@ -619,14 +619,14 @@ void Engine::loop() {
     for (auto& t : tasks) t();  // (each reports its own failure)
     tasks.clear();
     // Nothing thrown here leaves the thread: a request that fails to start fails alone (its
-    // callback hears why); a failed step fails the requests in flight and the engine goes on.
+    // callback hears why); a failed step fails the requests it ran and the engine goes on.
     add_to_core(adds);
     try {
       for (uint64_t id : cancels) core_->cancel(id);
       if (!core_->step() && tp_) tp_->drain();  // (no forward this turn: nothing drives MPI's progress)
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "firsttoken: engine step failed, failing the requests in flight: %s\n", e.what());
-      core_->fail_all(cat("generation failed: ", e.what()));
+      std::fprintf(stderr, "firsttoken: engine step failed, failing the requests it ran: %s\n", e.what());
+      core_->fail_running(cat("generation failed: ", e.what()));
     }
     cancels.clear();
     std::lock_guard<std::mutex> lk(mu_);

@@ -320,8 +320,14 @@ void EngineCore::cancel_all() {
   while (!reqs_.empty()) finish(reqs_.begin()->second, FinishReason::Cancelled);
 }
 
-void EngineCore::fail_all(const std::string& why) {
-  while (!reqs_.empty()) finish(reqs_.begin()->second, FinishReason::Error, why);
+void EngineCore::fail_running(const std::string& why) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, r] : reqs_) {
+    if (r.admitted || r.in_flight) ids.push_back(id);
+    else kv_.release(r.seq);
+  }
+  for (uint64_t id : ids)
+    if (auto it = reqs_.find(id); it != reqs_.end()) finish(it->second, FinishReason::Error, why);
 }
 
 void EngineCore::preempt(Req& r) {

@@ -260,7 +260,10 @@ class EngineCore {
   void add(uint64_t id, EngineRequest r, EventCallback cb);
   void cancel(uint64_t id);  // emits Finished(Cancelled) and frees its KV (a pending fork's too); unknown id: no-op
   void cancel_all();
-  void fail_all(const std::string& why);  // every request finishes with Error
+  // After a step threw: the requests it may have touched (admitted, or with rows in flight)
+  // finish with Error; the waiting ones stay queued, holding nothing (a partial admission's
+  // blocks released).
+  void fail_running(const std::string& why);
   bool idle() const { return reqs_.empty() && in_flight_.empty(); }
   // One turn: begins a step (plan -> KV bookkeeping -> the forward's first half) when fewer than
   // exec.max_in_flight() are in flight and anything can run, then, unless that left room for

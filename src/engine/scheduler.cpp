@@ -248,17 +248,26 @@ StepPlan plan_step(const SchedulerInput& in) {
     if (progress) lo = std::max(lo, std::min(want, cfg.min_chunk));
     return lo;
   };
+  // Once the aged request waits for KV blocks, no request after it is admitted: the blocks that
+  // running requests free go to it, not to a stream of smaller arrivals (which starved it).
+  bool aged_waits_for_blocks = false;
   auto schedule = [&](const SchedRequest* r, int64_t allowance, double target_ms, bool progress) -> int64_t {
     int64_t chunk = std::min(allowance, r->pending());
     if (time_limited) chunk = time_cap(r, chunk, target_ms, progress);
+    // (The batch's size is a hard bound: min_chunk's progress never passes it. A plan of more
+    // tokens made the forward refuse its batch, failing every request in it.)
+    chunk = std::min(chunk, cfg.max_batch_tokens - planned);
     if (chunk <= 0) return 0;
     if (!r->admitted) {
-      if (n_running >= cfg.max_num_seqs || !adapter_admits(r)) return 0;
+      if (aged_waits_for_blocks || n_running >= cfg.max_num_seqs || !adapter_admits(r)) return 0;
       // Admission attaches the cached prefix and reserves the rest of the sequence plus the first
       // generated token. A preemption this step may have made hit blocks idle: count them all.
       const int64_t need = blocks(r->n_tokens + r->first_tokens, cfg.block_size) - r->hit_blocks +
                            (plan.preempt.empty() ? r->hit_idle_blocks : r->hit_blocks);
-      if (need > free_blocks) return 0;
+      if (need > free_blocks) {
+        aged_waits_for_blocks = r == aged;
+        return 0;
+      }
       free_blocks -= need + std::min<int64_t>(r->n_forks, free_blocks - need);  // its forks' blocks, when free
       if (r->adapter != 0 && std::find(adapters.begin(), adapters.end(), r->adapter) == adapters.end())
         adapters.push_back(r->adapter);

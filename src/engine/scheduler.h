@@ -20,7 +20,8 @@
 //     (auto mode: half the step's time), so a low priority is not starved either, while the first
 //     in order still progresses by at least min_chunk. A new
 //     request is admitted only when the cache can hold its whole pending sequence (plus the first
-//     generated token).
+//     generated token); while that aged request waits for blocks, none after it is admitted.
+//     No step holds more than max_batch_tokens tokens.
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
 // mode, the largest budget (at most max_auto_chunk) whose predicted
 // step time (CostModel) stays within the step's time cap (StepPlan::step_cap_ms):

@@ -249,7 +249,9 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul
 }  // namespace
 
 std::unique_ptr<GGUFFile> GGUFFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // (O_NONBLOCK: opening a FIFO would otherwise wait for a writer, a server thread with it, as
+  // POST /v1/load_lora_adapter names any path; it is refused below, not being a regular file.)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {

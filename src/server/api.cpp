@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "engine/json_schema.h"
 
 namespace ft::server {
@@ -27,6 +28,8 @@ std::string error_body(const ApiError& e) {
 }
 
 json parse_json_object(std::string_view body) {
+  if (!json_depth_within(body))
+    throw ApiError(400, cat("the request body nests arrays and objects more than ", kMaxJsonDepth, " levels deep"));
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
@@ -199,7 +202,9 @@ void parse_grammar_fields(const json& j, ParsedRequest& r) {
     if (!j.contains(k)) continue;
     json schema = j[k];
     if (schema.is_string()) {  // vLLM takes the schema as JSON text too
-      schema = json::parse(schema.get<std::string>(), nullptr, false);
+      const std::string text = schema.get<std::string>();
+      if (!json_depth_within(text)) bad(k, cat("'", k, "' nests more than ", kMaxJsonDepth, " levels deep"));
+      schema = json::parse(text, nullptr, false);
       if (schema.is_discarded()) bad(k, cat("'", k, "' is not valid JSON"));
     }
     r.grammar = schema_grammar(schema, k);
@@ -1416,6 +1421,7 @@ std::optional<ToolCall> call_from_json(const json& j, const json& tools) {
 // One JSON value (object/array) or several separated by ';' / whitespace -> calls; all or none.
 std::vector<ToolCall> calls_from_text(std::string_view text, const json& tools) {
   std::vector<ToolCall> out;
+  if (!json_depth_within(text)) return out;  // (the model's text: not calls)
   json j = json::parse(text.begin(), text.end(), nullptr, false);
   if (j.is_discarded()) return out;
   const json items = j.is_array() ? j : json::array({j});
@@ -1499,7 +1505,8 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
       if (gt == std::string_view::npos) return {{}, std::string(text)};
       const std::string name(rest.substr(10, gt - 10));
       const std::string_view args = trim_ws(rest.substr(gt + 1, (end == std::string_view::npos ? rest.size() : end) - gt - 1));
-      if (!known_tool(tools, name) || json::parse(args.begin(), args.end(), nullptr, false).is_discarded())
+      if (!known_tool(tools, name) || !json_depth_within(args) ||
+          json::parse(args.begin(), args.end(), nullptr, false).is_discarded())
         return {{}, std::string(text)};
       f.calls.push_back({new_tool_call_id(), name, std::string(args)});
       pos = size_t(rest.data() - calls.data()) + (end == std::string_view::npos ? rest.size() : end + 11);

@@ -34,7 +34,10 @@ struct HttpOut {
 
 class HttpSession : public Session<HttpOut>, public Responder, public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket&& s, Server::Impl& srv) : Session(srv), stream_(std::move(s)) {}
+  // (buf_ bounded: a body's size is limited by the parser, but not the chunked encoding's own
+  // bytes, which an endless chunk extension grew without end.)
+  HttpSession(tcp::socket&& s, Server::Impl& srv)
+      : Session(srv), stream_(std::move(s)), buf_(srv.cfg.max_body_bytes + kHeaderLimit + 64 * 1024) {}
   void start() override { do_read(); }
   net::any_io_executor executor() override { return stream_.get_executor(); }
 
@@ -54,7 +57,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     headers_.clear();  // an error before handle() (413, 431) carries nothing of the previous request
     anthropic_ = false;
     parser_->body_limit(srv_.cfg.max_body_bytes);
-    parser_->header_limit(16 * 1024);
+    parser_->header_limit(kHeaderLimit);
     stream_.expires_after(secs(srv_.cfg.header_timeout_s));
     http::async_read_header(stream_, buf_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -100,7 +103,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   void on_read_error(beast::error_code ec) {
-    if (ec == http::error::body_limit) {
+    if (ec == http::error::body_limit || ec == http::error::buffer_overflow) {
       keep_alive_ = false;
       linger_ = true;
       return send_error(ApiError(413, cat("the request body exceeds the limit of ", srv_.cfg.max_body_bytes, " bytes")));
@@ -119,11 +122,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
 
   // While a request is generating, a read stays posted so a client that goes away is noticed
   // at once (EOF/reset) and its request cancelled. Bytes that arrive (a pipelined request) are
-  // kept in buf_ for the next parse.
+  // kept in buf_ for the next parse, and the read posted again, as long as buf_ has room (then
+  // the client's bytes wait in the socket, and a disconnect is noticed at the next write).
   void start_watch() {
-    if (watching_ || closed_) return;
+    if (watching_ || closed_ || buf_.size() + kWatchBytes > buf_.max_size()) return;
     watching_ = true;
-    stream_.async_read_some(buf_.prepare(4096),
+    stream_.async_read_some(buf_.prepare(kWatchBytes),
                             [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
@@ -137,8 +141,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     buf_.commit(n);
     if (resume_after_watch_) {
       resume_after_watch_ = false;
-      do_read();
+      return do_read();
     }
+    if (!gens_.empty()) start_watch();
   }
 
   // --- writing ----------------------------------------------------------------------------
@@ -1191,6 +1196,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     start_watch();
   }
 
+  static constexpr uint64_t kHeaderLimit = 16 * 1024, kWatchBytes = 4096;
   beast::tcp_stream stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;

@@ -1,4 +1,5 @@
 // One listener for both protocols: open a port, accept connections and keep track of them.
+#include <memory>
 #include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
@@ -9,6 +10,7 @@
 namespace ft::server {
 
 using error_code = boost::system::error_code;
+constexpr int kAcceptRetryMs = 50;
 
 void Server::Impl::listen(tcp::acceptor& a, const tcp::endpoint& ep, const char* what) {
   error_code ec;
@@ -33,6 +35,7 @@ void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(
         socket.close(close_ec);
       }
     } else if (!ec) {
+      stats.accept_errors = 0;
       error_code opt_ec;
       socket.set_option(tcp::no_delay(true), opt_ec);  // each token's bytes leave at once
       auto c = make(std::move(socket), *this);
@@ -44,7 +47,16 @@ void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(
       }
       net::post(c->executor(), [c] { c->start(); });
     } else if (ec != net::error::operation_aborted) {
-      spdlog::warn("accept failed on port {}: {}", a.local_endpoint().port(), ec.message());
+      // Out of descriptors (EMFILE) or memory: the next accept fails at once too, so wait a
+      // little (a spin logged ~90k lines a second), and say so once per run of failures.
+      if (stats.accept_errors++ == 0)
+        spdlog::warn("accept failed on port {}: {} (retrying every {} ms until it succeeds)", a.local_endpoint().port(),
+                     ec.message(), kAcceptRetryMs);
+      auto t = std::make_shared<net::steady_timer>(a.get_executor(), std::chrono::milliseconds(kAcceptRetryMs));
+      t->async_wait([this, &a, make, refuse, &stats, t](error_code) {
+        if (a.is_open()) accept(a, make, refuse, stats);
+      });
+      return;
     }
     if (a.is_open()) accept(a, make, refuse, stats);
   });

@@ -43,6 +43,7 @@ struct ListenerStats {
   std::atomic<int64_t> open{0};
   std::atomic<uint64_t> refused{0};
   std::atomic<int64_t> refusing{0};
+  std::atomic<uint64_t> accept_errors{0};  // in a row (reset by an accept that succeeds)
 };
 
 class ServerMetrics {

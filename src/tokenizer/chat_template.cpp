@@ -6,6 +6,7 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
@@ -439,7 +440,9 @@ nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, c
     if (!m.tool_calls.empty()) {
       json calls = json::array();
       for (const auto& t : m.tool_calls) {
-        json args = object_arguments ? json::parse(t.arguments, nullptr, /*allow_exceptions=*/false) : json();
+        json args = object_arguments && json_depth_within(t.arguments)
+                        ? json::parse(t.arguments, nullptr, /*allow_exceptions=*/false)
+                        : json();
         if (!args.is_object()) args = t.arguments;
         calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", args}}}});
       }

@@ -4,6 +4,7 @@
 // message names the file and what is wrong; nothing may crash or allocate absurdly (run under
 // ASan/UBSan: FT_SANITIZE=ON).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -559,6 +560,17 @@ TEST(GGUFMalformed, OpenMissingFileAndDirectory) {
   } catch (const Error& e) {
     EXPECT_HAS(std::string(e.what()), "not a regular file");
   }
+  // A FIFO with no writer (POST /v1/load_lora_adapter names any path): refused at once, where a
+  // blocking open waited for a writer, holding a server thread.
+  const std::string fifo = (fs::temp_directory_path() / ("ft-fifo-" + std::to_string(getpid()))).string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    GGUFFile::open(fifo);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_HAS(std::string(e.what()), "not a regular file");
+  }
+  fs::remove(fifo);
 }
 
 TEST(GGUFMalformed, MinimalFixtureIsValid) {

@@ -359,6 +359,44 @@ TEST(PlanStep, PreemptionCountsOnlyUnsharedBlocks) {
   EXPECT_TRUE(q.decode.empty());
 }
 
+// A plan never holds more than max_batch_tokens, whatever min_chunk's progress rule and aging
+// ask: with 8 a step (4 sequences), a 40-token prompt alone; with 70 (64 sequences), 60 decodes
+// beside a waiting prompt, and an aged one among them.
+TEST(PlanStep, NeverMoreThanTheBatchHolds) {
+  {
+    auto in = input({waiting(1, 40)}, 100);
+    in.cfg.max_batch_tokens = 8;
+    in.cfg.max_num_seqs = 4;
+    const StepPlan p = plan_step(in);
+    EXPECT_EQ(p.n_tokens(), 8);
+  }
+  for (const bool aged : {false, true}) {
+    std::vector<SchedRequest> reqs;
+    for (uint64_t i = 0; i < 60; ++i) reqs.push_back(decoding(i + 1, 20, 2, i + 1));
+    reqs.push_back(waiting(100, 200));
+    reqs.push_back(waiting(101, 30, aged ? -1e6 : 0));
+    auto in = input(std::move(reqs), 1000);
+    in.cfg.max_batch_tokens = 70;
+    in.cfg.max_num_seqs = 64;
+    const StepPlan p = plan_step(in);
+    EXPECT_EQ(p.decode.size(), 60u);
+    EXPECT_LE(p.n_tokens(), 70) << "aged " << aged;
+    EXPECT_FALSE(p.prefill.empty()) << "aged " << aged;
+  }
+}
+
+// An aged request that waits for KV blocks holds admission: no request after it is admitted
+// in its stead (a stream of short prompts took every block that freed, and it waited until the
+// stream stopped). Not aged, the short one is admitted beside it.
+TEST(PlanStep, AnAgedRequestWaitingForBlocksHoldsAdmission) {
+  for (const bool aged : {false, true}) {
+    auto in = input({waiting(1, 500, aged ? -1e6 : 0), waiting(2, 40)}, 10);  // (32 blocks and 3)
+    const StepPlan p = plan_step(in);
+    if (aged) EXPECT_TRUE(p.admit.empty());
+    else EXPECT_EQ(p.admit, (std::vector<uint64_t>{2}));
+  }
+}
+
 TEST(PlanStep, AgedRequestGetsHalfTheBudget) {
   SchedRequest low = waiting(1, 5000, 0.0);
   low.priority = 1;
@@ -1806,6 +1844,47 @@ TEST(EngineCore, ASamplingFailureFailsOnlyItsRequest) {
   EXPECT_TRUE(core.idle());
 }
 
+// A step whose forward throws (a kernel's failure, out of memory) fails the requests it ran,
+// through fail_running as the engine thread calls it; a request still waiting for a slot is not
+// failed with them and completes when the forward works again.
+TEST(EngineCore, AFailedStepFailsOnlyTheRequestsItRan) {
+  struct Throwing : PaddedExecutor {
+    bool fail = true;
+    void forward(const Batch& b, KVCache& kv, float* logits, float* hidden) override {
+      if (fail) throw std::runtime_error("kernel failure");
+      PaddedExecutor::forward(b, kv, logits, hidden);
+    }
+  } exec;
+  KVCache kv({1, 1, 16, 64, true});
+  SchedulerConfig cfg;
+  cfg.max_num_seqs = 1;
+  EngineCore core(kv, exec, cfg, CostModel{}, 1000, {}, [] { return 0.0; });
+  std::map<uint64_t, EngineEvent> finished;
+  auto cb = [&](const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::Finished) finished[ev.id] = ev;
+  };
+  EngineRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 4;
+  core.add(1, r, cb);
+  core.add(2, r, cb);
+  try {
+    core.step();
+    ADD_FAILURE() << "the step did not throw";
+  } catch (const std::runtime_error&) {
+    core.fail_running("generation failed: kernel failure");
+  }
+  ASSERT_EQ(finished.size(), 1u);
+  EXPECT_EQ(finished[1].reason, FinishReason::Error);
+  EXPECT_EQ(kv.used_blocks(), 0);
+  exec.fail = false;
+  while (core.step()) {
+  }
+  ASSERT_EQ(finished.size(), 2u);
+  EXPECT_EQ(finished[2].reason, FinishReason::Length);
+  EXPECT_EQ(finished[2].n_generated, 4);
+  EXPECT_TRUE(core.idle());
+}
 
 // ---- n > 1 choices: forks of one prefill (EngineRequest::forks) -------------------------------
 

@@ -563,6 +563,61 @@ describe('serve stories260K', { skip }, () => {
     await stillServing();
   });
 
+  test('hostile bodies: deep nesting is a 400, an endless chunk extension is cut off, a byte then a disconnect still cancels', async () => {
+    // Arrays nested 100k deep (200 KB): refused before parsing, where re-serialising such a tree
+    // overflowed the stack and took the process down.
+    const d = 100_000;
+    const deep = await fetch(`${server.url}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: `{"model":"${MODEL_ID}","prompt":"a","x":${'['.repeat(d)}${']'.repeat(d)}}`,
+    });
+    assert.equal(deep.status, 400);
+    assert.match((await deep.json()).error.message, /levels deep/);
+    const net = await import('node:net');
+    const { hostname, port } = new URL(server.url);
+    // A chunk extension that never ends (only chunk data counts against the body limit): the
+    // connection's buffer is bounded, so the server answers 413 (or closes) long before 64 MB.
+    const chunked = await new Promise((res) => {
+      const s = net.connect(Number(port), hostname);
+      let data = '', sent = 0, done = false;
+      const finish = () => { if (!done) { done = true; s.destroy(); res({ data, sent }); } };
+      s.on('data', (x) => { data += x; finish(); });
+      s.on('error', finish);
+      s.on('close', finish);
+      s.on('connect', () => {
+        s.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1;`);
+        const piece = 'a'.repeat(1 << 20);
+        const pump = () => {
+          while (!done && sent < 64) {
+            sent += 1;
+            if (!s.write(piece)) return s.once('drain', pump);
+          }
+        };
+        pump();
+      });
+      setTimeout(finish, 20_000).unref();
+    });
+    assert.ok(chunked.sent < 64 || chunked.data.startsWith('HTTP/1.1 413'), `sent ${chunked.sent} MB: ${chunked.data.slice(0, 80)}`);
+    if (chunked.data) assert.match(chunked.data, /^HTTP\/1\.1 413/);
+    // A non-streaming request whose client sends one more byte, then leaves: the read that
+    // watches for the disconnect is posted again after the byte, so the request is cancelled.
+    const before = await metrics(server.url);
+    const abortKey = 'firsttoken:request_success_total{finished_reason="abort"}';
+    // (8 choices of 2000 tokens: ~1 s here, where one took 0.25 s, less than the test's 0.3 s)
+    const body = JSON.stringify({ model: MODEL_ID, prompt: gold.prompt, n: 8, max_tokens: 2000, temperature: 1, ignore_eos: true });
+    await new Promise((res) => {
+      const s = net.connect(Number(port), hostname, () => {
+        s.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+        setTimeout(() => s.write('G'), 100);
+        setTimeout(() => { s.destroy(); res(); }, 300);
+      });
+      s.on('error', () => {});
+    });
+    const m = await waitMetrics(server.url, (x) => x[abortKey] > before[abortKey] && x['firsttoken:num_requests_running'] === 0);
+    assert.ok(m['firsttoken:generation_tokens_total'] - before['firsttoken:generation_tokens_total'] < 8 * 2000);
+    await stillServing();
+  });
+
   test('64 concurrent streaming clients all get complete, correct streams', async () => {
     const one = async () => {
       const stream = await client.completions.create({ model: MODEL_ID, prompt: gold.prompt, max_tokens: 100, temperature: 0, stream: true, stream_options: { include_usage: true } });
