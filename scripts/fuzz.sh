@@ -31,26 +31,40 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export FT_SHARED_DIR="$SHARED"
 mkdir -p "$B/fuzz-crashes"
-failed=()
+# The targets run side by side, as many at a time as there are cores (each is one process).
+run_target() {  # t -> its log, and its exit status in $B/fuzz-$t.rc
+  local t=$1 corpus="$B/fuzz-corpus/$1" rc=0
+  mkdir -p "$corpus"
+  local args=(-max_total_time="$SECS" -timeout=20 -rss_limit_mb=2560 -max_len="${MAX_LEN[$t]:-4096}"
+              -print_final_stats=1 -artifact_prefix="$B/fuzz-crashes/$t-")
+  [ -f "tests/fuzz/dict/$t.dict" ] && args+=(-dict="tests/fuzz/dict/$t.dict")
+  "$B/tests/fuzz/$t" "${args[@]}" "$corpus" "tests/fuzz/corpus/$t" >"$B/fuzz-$t.log" 2>&1 || rc=$?
+  echo $rc > "$B/fuzz-$t.rc"
+}
+JOBS=$(nproc)
+ran=()
 summary=()
 for t in "${TARGETS[@]}"; do
   if [ "$t" = fuzz_tokenizer ] && ! ls "$SHARED"/tokenizer/*.gguf >/dev/null 2>&1; then
     summary+=("$t: skipped (no vocabularies in $SHARED/tokenizer)")
     continue
   fi
-  corpus="$B/fuzz-corpus/$t"
-  mkdir -p "$corpus"
-  args=(-max_total_time="$SECS" -timeout=20 -rss_limit_mb=2560 -max_len="${MAX_LEN[$t]:-4096}"
-        -print_final_stats=1 -artifact_prefix="$B/fuzz-crashes/$t-")
-  [ -f "tests/fuzz/dict/$t.dict" ] && args+=(-dict="tests/fuzz/dict/$t.dict")
-  log="$B/fuzz-$t.log"
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
   echo "== $t: ${SECS} s"
-  rc=0
-  "$B/tests/fuzz/$t" "${args[@]}" "$corpus" "tests/fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+  rm -f "$B/fuzz-$t.rc"
+  run_target "$t" &
+  ran+=("$t")
+done
+wait
+failed=()
+for t in "${ran[@]}"; do
+  log="$B/fuzz-$t.log"
+  rc=$(cat "$B/fuzz-$t.rc" 2>/dev/null || echo 1)
+  corpus="$B/fuzz-corpus/$t"
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
   line="$t: ${runs:-0} runs in ${SECS} s ($(( ${runs:-0} / (SECS > 0 ? SECS : 1) ))/s), ${cov:-cov: ?}, corpus $(ls "$corpus" | wc -l)"
-  if [ $rc -ne 0 ]; then
+  if [ "$rc" -ne 0 ]; then
     failed+=("$t")
     line+=" -- FAILED (exit $rc; log $log)"
     grep -E "ERROR|runtime error|check failed|SUMMARY|Test unit written" "$log" | head -20 || true

@@ -541,9 +541,18 @@ std::shared_ptr<const LoraAdapter> Engine::find_adapter(const std::string& name)
   return it == adapters_.end() ? nullptr : it->second;
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<const LoraAdapter>>> Engine::adapters() const {
+std::vector<std::pair<std::string, std::string>> Engine::adapter_files() const {
   std::lock_guard<std::mutex> lk(adapters_mu_);
-  return {adapters_.begin(), adapters_.end()};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, a] : adapters_) out.emplace_back(name, a->path());
+  return out;
+}
+
+std::optional<std::string> Engine::adapter_file(const std::string& name) const {
+  std::lock_guard<std::mutex> lk(adapters_mu_);
+  auto it = adapters_.find(name);
+  if (it == adapters_.end()) return std::nullopt;
+  return it->second->path();
 }
 
 void Engine::cancel(uint64_t id) {
@@ -659,7 +668,12 @@ void Engine::loop() {
       reject(p, e.what());
     }
   }
-  core_->finish_in_flight();  // (their rows are on their way: taken before the workers stop)
+  try {
+    core_->finish_in_flight();  // (their rows are on their way: taken before the workers stop)
+  } catch (const std::exception& e) {  // (nothing leaves the thread, at shutdown either)
+    std::fprintf(stderr, "firsttoken: the last step in flight failed at shutdown: %s\n", e.what());
+    core_->fail_running(cat("generation failed: ", e.what()));
+  }
   core_->cancel_all();
   if (profile::enabled()) {
     const KVCacheStats st = kv_->stats();

@@ -123,7 +123,10 @@ class Engine {
   std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path);
   void unload_adapter(const std::string& name);
   std::shared_ptr<const LoraAdapter> find_adapter(const std::string& name) const;  // null: none
-  std::vector<std::pair<std::string, std::shared_ptr<const LoraAdapter>>> adapters() const;
+  // Names and files of the adapters loaded, and one's file (none: not loaded). (No copies of
+  // the adapters: a copy held while listing made an unload racing with it "in use".)
+  std::vector<std::pair<std::string, std::string>> adapter_files() const;
+  std::optional<std::string> adapter_file(const std::string& name) const;
 
   EngineMetrics metrics() const;
   std::vector<StepRecord> recent_steps(size_t max) const;

@@ -35,13 +35,15 @@ constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/met
 
 // Log-probabilities of the model's distribution (the logits after the request's LogitsProcessor,
 // before penalties, temperature and filters), for the sampled token and the n most likely ones
-// (tokens a processor masked out, -inf, are never among them).
+// (tokens a processor masked out, -inf, are never among them). A NaN logit is no candidate, as
+// in the sampler: it is left out of the normalization (it made every logprob NaN).
 void fill_logprobs(const float* logits, int32_t V, int32_t token, int32_t n, float& logprob,
                    std::vector<std::pair<int32_t, float>>& top, int32_t* rank = nullptr) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (int32_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+  for (int32_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);  // (NaN never wins: max(mx, NaN) = mx)
   double sum = 0;
-  for (int32_t i = 0; i < V; ++i) sum += std::exp(double(logits[i] - mx));
+  for (int32_t i = 0; i < V; ++i)
+    if (!std::isnan(logits[i])) sum += std::exp(double(logits[i] - mx));
   const float log_z = mx + float(std::log(sum));
   logprob = logits[token] - log_z;
   if (rank) {

@@ -66,6 +66,7 @@ double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPref
 // Predicted time to finish r's prefill in chunks of `chunk` tokens, each step beside n_decode
 // decodes whose attention is decode_attn pairs.
 double prefill_in_chunks_ms(const CostModel& c, const SchedRequest& r, int64_t chunk, int64_t n_decode, double decode_attn) {
+  if (chunk <= 0) return kInf;  // (never finishes: min_chunk 0 and a target no token fits)
   double t = 0;
   for (int64_t done = r.n_computed, left = r.pending(); left > 0;) {
     const int64_t n = std::min(chunk, left);

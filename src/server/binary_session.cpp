@@ -23,10 +23,13 @@ using error_code = boost::system::error_code;
 // Reading a frame: its memory grows with the bytes that arrived (kReadChunk at a time), never to
 // the length the prefix declares until the bytes are there; from its first byte the whole frame
 // must arrive within frame_timeout_s, else the connection closes. Between frames it may idle.
+// Each write must complete within write_timeout_s (a client that stops reading closes, and
+// cancels its request, rather than holding its frames and its slot forever).
 class BinSession : public Session<std::string>, public std::enable_shared_from_this<BinSession> {
  public:
   static constexpr size_t kReadChunk = 64 << 10;
-  BinSession(tcp::socket&& s, Server::Impl& srv) : Session(srv), sock_(std::move(s)), frame_timer_(sock_.get_executor()) {}
+  BinSession(tcp::socket&& s, Server::Impl& srv)
+      : Session(srv), sock_(std::move(s)), frame_timer_(sock_.get_executor()), write_timer_(sock_.get_executor()) {}
   net::any_io_executor executor() override { return sock_.get_executor(); }
   void start() override { read_header(); }
   void on_shutdown() override {
@@ -198,7 +201,16 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     wbuf_ = std::move(outq_.front());
     outq_.pop_front();
     if (sc.on()) sc.args().i("bytes", int64_t(wbuf_.size()));
+    const uint64_t write = ++writes_;
+    write_timer_.expires_after(secs(srv_.cfg.write_timeout_s));
+    write_timer_.async_wait([self = shared_from_this(), write](error_code ec) {
+      if (ec || self->closed_ || !self->writing_ || self->writes_ != write) return;  // cancelled, or done
+      spdlog::warn("binary protocol: a write did not complete within {} s; closing the connection",
+                   self->srv_.cfg.write_timeout_s);
+      self->gone();
+    });
     net::async_write(sock_, net::buffer(wbuf_), [self = shared_from_this()](error_code ec, size_t) {
+      self->write_timer_.cancel();
       if (ec) return self->gone();
       self->write_next();
     });
@@ -207,12 +219,15 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
   void close_transport() override {
     error_code ec;
     frame_timer_.cancel();
+    write_timer_.cancel();
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
   }
 
   tcp::socket sock_;
   net::steady_timer frame_timer_;  // the frame being read must be complete when it fires
+  net::steady_timer write_timer_;  // the write in progress (writes_-th) must be complete when it fires
+  uint64_t writes_ = 0;
   uint8_t hdr_[proto::kFrameHeader] = {};
   size_t hdr_have_ = 0;    // bytes of the length prefix read so far
   uint32_t frame_len_ = 0;  // the frame's declared length

@@ -34,25 +34,25 @@ json model_card(const Server::Impl& srv) {
 }
 
 // A LoRA adapter's card: vLLM's shape (root = its file, parent = the base model).
-json adapter_card(const Server::Impl& srv, const std::string& name, const LoraAdapter& a) {
+json adapter_card(const Server::Impl& srv, const std::string& name, const std::string& file) {
   json c = model_card(srv);
   c["id"] = name;
   c["display_name"] = name;
-  c["root"] = a.path();
+  c["root"] = file;
   c["parent"] = srv.info.id;
   return c;
 }
 
 json models(const Server::Impl& srv) {
   json data = json::array({model_card(srv)});
-  for (const auto& [name, a] : srv.engine.adapters()) data.push_back(adapter_card(srv, name, *a));
+  for (const auto& [name, file] : srv.engine.adapter_files()) data.push_back(adapter_card(srv, name, file));
   // (Anthropic's page fields: one page)
   return {{"object", "list"}, {"data", data}, {"has_more", false}, {"first_id", data.front()["id"]}, {"last_id", data.back()["id"]}};
 }
 
 json model(const Server::Impl& srv, std::string_view id) {
   if (srv.info.canonical(std::string(id)) == srv.info.id) return model_card(srv);
-  if (const auto a = srv.engine.find_adapter(std::string(id))) return adapter_card(srv, std::string(id), *a);
+  if (const auto file = srv.engine.adapter_file(std::string(id))) return adapter_card(srv, std::string(id), *file);
   throw ApiError(404, cat("The model '", id, "' does not exist; this server serves '", srv.info.id, "'"), "model",
                  "invalid_request_error", "model_not_found");
 }

@@ -69,7 +69,7 @@ Server::Impl::Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
   info.n_vocab = gen.n_vocab;
   info.n_embd = m.model ? m.model->hparams().dim : 0;
   gen.pooling = m.pooling;
-  info.has_adapter = [&e](const std::string& name) { return e.find_adapter(name) != nullptr; };
+  info.has_adapter = [&e](const std::string& name) { return e.adapter_file(name).has_value(); };
   gen.waiting = &waiting;
   gen.max_queue = cfg.max_queue;
   gen.metrics = &metrics;

@@ -181,7 +181,7 @@ TEST(EngineLora, LoadAndUnload) {
   a.reset();
   EXPECT_NO_THROW(e.unload_adapter("a"));
   EXPECT_EQ(e.find_adapter("a"), nullptr);
-  EXPECT_TRUE(e.adapters().empty());
+  EXPECT_TRUE(e.adapter_files().empty());
   // Loaded again (a new uid; its packed copies made afresh), it serves as before.
   a = e.load_adapter("a", f.adapters[0]->path());
   const LoraOutcome o = alone(e, prompt(8, 1), a);

@@ -1752,6 +1752,30 @@ TEST(EngineCore, ReportsLogprobsOfTheModelDistribution) {
   }
   r.logprobs = 21;
   EXPECT_THROW(core.add(2, r, {}), Error);
+  // A NaN logit is no candidate (as for the sampler): the others' logprobs stay finite, without
+  // it in the normalization (it made every logprob NaN).
+  struct NanBesideTheTop : LogitsProcessor {
+    void apply(float* logits, int32_t n_vocab, int64_t) override {
+      const int32_t top = int32_t(std::max_element(logits, logits + n_vocab) - logits);
+      logits[(top + 1) % n_vocab] = std::nanf("");
+    }
+    void accept(int32_t) override {}
+  };
+  r.logprobs = 3;
+  r.logits_processor = std::make_shared<NanBesideTheTop>();
+  events.clear();
+  core.add(3, r, [&](const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::Token) events.push_back(ev);
+  });
+  while (core.step()) {
+  }
+  ASSERT_EQ(events.size(), 5u);
+  const double want_nan = 1.0 - std::log(std::exp(1.0) + (kVocab - 2));
+  for (const auto& ev : events) {
+    EXPECT_NEAR(ev.logprob, want_nan, 1e-5);
+    ASSERT_EQ(ev.top_logprobs.size(), 3u);
+    EXPECT_NEAR(ev.top_logprobs[0].second, want_nan, 1e-5);
+  }
 }
 
 // A model with a padded vocabulary: rows of 12 logits, of which only ids [0, 8) are tokens. The
