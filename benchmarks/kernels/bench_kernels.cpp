@@ -331,6 +331,8 @@ BENCHMARK_CAPTURE(BM_GemmPct, l2_q4_k, ft::GGMLType::Q4_K)->Args({1, 512, 2048})
 BENCHMARK_CAPTURE(BM_GemmPct, l2_q6_k, ft::GGMLType::Q6_K)->Args({1, 384, 2048})->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmPct, l2_f16, ft::GGMLType::F16)->Args({1, 128, 2048})->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmPct, q8_0_large_m, ft::GGMLType::Q8_0)->Apply(LargeMArgs);
+BENCHMARK_CAPTURE(BM_GemmPct, q4_k_large_m, ft::GGMLType::Q4_K)->Apply(LargeMArgs);
+BENCHMARK_CAPTURE(BM_GemmPct, q5_k_large_m, ft::GGMLType::Q5_K)->Apply(LargeMArgs);
 BENCHMARK_CAPTURE(BM_GemmPct, f16_large_m, ft::GGMLType::F16)->Apply(LargeMArgs);
 #ifdef FT_HAVE_OPENBLAS
 BENCHMARK(BM_OpenBLAS_sgemm)->Apply(GemmArgs);

@@ -853,8 +853,9 @@ struct Avx512Isa : Avx2Isa {
   // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR activation rows x NG groups over one K chunk of
   // unpacked quads (unpack_int): per 32-block exact int32 sums I = sum u xq - bias * sum xq,
   // then y = fma(float(I), s1 * dx, y) [and y = fma(float(sum xq), s2 * dx, y) when S2]; y
-  // starts at 0 when first, else from C. (ScalarIsa::mk_int1's and gemv_q_t's sums.)
-  template <int MR, int NG>
+  // starts at 0 when first, else from C. (ScalarIsa::mk_int1's and gemv_q_t's sums.) kMin: the
+  // K types' chunks, with S2 and bias 0 (no subtraction of zero: 12 of ~170 ops a block at 6 x 2).
+  template <int MR, int NG, bool kMin>
   static void mk_q_t(const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
                      const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
     __m512 y[MR][NG];
@@ -877,9 +878,9 @@ struct Avx512Isa : Avx2Isa {
         const __m512 d = _mm512_set1_ps(x.dx[i][kb]);
         const __m512i bv = _mm512_set1_epi32(bias * x.xs[i][kb]);
         for (int g = 0; g < NG; ++g) {
-          const __m512i I = _mm512_sub_epi32(a[i][g], bv);
+          const __m512i I = kMin ? a[i][g] : _mm512_sub_epi32(a[i][g], bv);
           y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
-          if (S2)
+          if constexpr (kMin)
             y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(x.xs[i][kb])),
                                       _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
         }
@@ -888,17 +889,27 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
   }
+  // (S2 given: a K type's chunk, bias 0.)
+  template <int NG, bool kMin>
+  static void mk_q_m(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
+                     const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+    switch (mr) {
+      case 1: return mk_q_t<1, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 2: return mk_q_t<2, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 3: return mk_q_t<3, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 4: return mk_q_t<4, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 5: return mk_q_t<5, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
+      default: return mk_q_t<6, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
+    }
+  }
   template <int NG>
   static void mk_q(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
                    const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
-    switch (mr) {
-      case 1: return mk_q_t<1, NG>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 2: return mk_q_t<2, NG>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 3: return mk_q_t<3, NG>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 4: return mk_q_t<4, NG>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 5: return mk_q_t<5, NG>(x, bias, V, S1, S2, len, c, ldc, first);
-      default: return mk_q_t<6, NG>(x, bias, V, S1, S2, len, c, ldc, first);
+    if (S2) {
+      if (bias != 0) fail("fast kernels: a chunk with a min term and a bias");
+      return mk_q_m<NG, true>(mr, x, 0, V, S1, S2, len, c, ldc, first);
     }
+    mk_q_m<NG, false>(mr, x, bias, V, S1, S2, len, c, ldc, first);
   }
   // Q6_K's unpacked chunk (unpack_q6k): C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x NG groups;
   // per 32-block and half h a chain of vpdpbusd from -32 X_h (X_0 = xs0, X_1 = xs - xs0), then
