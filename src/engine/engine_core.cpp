@@ -325,9 +325,12 @@ void EngineCore::cancel_all() {
 void EngineCore::fail_running(const std::string& why) {
   std::vector<uint64_t> ids;
   for (auto& [id, r] : reqs_) {
-    if (r.admitted || r.in_flight) ids.push_back(id);
-    else kv_.release(r.seq);
+    if (r.admitted || r.in_flight || std::find(step_admits_.begin(), step_admits_.end(), id) != step_admits_.end())
+      ids.push_back(id);
+    else
+      kv_.release(r.seq);  // (holds nothing: a no-op)
   }
+  step_admits_.clear();
   for (uint64_t id : ids)
     if (auto it = reqs_.find(id); it != reqs_.end()) finish(it->second, FinishReason::Error, why);
 }
@@ -527,6 +530,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
       return false;
   }
   group_decodes_by_adapter(plan);
+  step_admits_ = plan.admit;
 
   StepRecord rec;
   rec.start_ms = t0;

@@ -260,9 +260,8 @@ class EngineCore {
   void add(uint64_t id, EngineRequest r, EventCallback cb);
   void cancel(uint64_t id);  // emits Finished(Cancelled) and frees its KV (a pending fork's too); unknown id: no-op
   void cancel_all();
-  // After a step threw: the requests it may have touched (admitted, or with rows in flight)
-  // finish with Error; the waiting ones stay queued, holding nothing (a partial admission's
-  // blocks released).
+  // After a step threw: the requests it may have touched (admitted, admitted by its plan, or
+  // with rows in flight) finish with Error; the waiting ones stay queued, holding nothing.
   void fail_running(const std::string& why);
   bool idle() const { return reqs_.empty() && in_flight_.empty(); }
   // One turn: begins a step (plan -> KV bookkeeping -> the forward's first half) when fewer than
@@ -391,6 +390,7 @@ class EngineCore {
   std::function<double()> now_;
   std::map<uint64_t, Req> reqs_;  // ordered by id = arrival order
   uint64_t admit_counter_ = 0;
+  std::vector<uint64_t> step_admits_;  // the last plan's admissions: a step that throws may stop one halfway
   EngineCounters counters_;
   std::deque<StepRecord> steps_;  // the most recent steps
   Batch batch_;

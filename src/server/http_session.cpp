@@ -124,9 +124,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // at once (EOF/reset) and its request cancelled. Bytes that arrive (a pipelined request) are
   // kept in buf_ for the next parse, and the read posted again, as long as buf_ has room (then
   // the client's bytes wait in the socket, and a disconnect is noticed at the next write).
+  // No timeout: the stream's read timer would otherwise keep the expiry of the write that was
+  // starting (the response's head, write_timeout_s), and close a stream longer than that.
   void start_watch() {
     if (watching_ || closed_ || buf_.size() + kWatchBytes > buf_.max_size()) return;
     watching_ = true;
+    stream_.expires_never();  // (the read's timer only, when a write is in progress)
     stream_.async_read_some(buf_.prepare(kWatchBytes),
                             [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }

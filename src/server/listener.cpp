@@ -24,6 +24,7 @@ void Server::Impl::listen(tcp::acceptor& a, const tcp::endpoint& ep, const char*
 void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(tcp::socket&&, Impl&), Refuse refuse,
                           ListenerStats& stats) {
   a.async_accept(net::make_strand(ioc), [this, &a, make, refuse, &stats](error_code ec, tcp::socket socket) {
+    if (!ec) stats.accept_errors = 0;
     if (!ec && stats.open.load() >= cfg.max_connections) {
       ++stats.refused;
       spdlog::debug("port {}: {} connections open (--max-connections); refusing a new one", a.local_endpoint().port(),
@@ -35,7 +36,6 @@ void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(
         socket.close(close_ec);
       }
     } else if (!ec) {
-      stats.accept_errors = 0;
       error_code opt_ec;
       socket.set_option(tcp::no_delay(true), opt_ec);  // each token's bytes leave at once
       auto c = make(std::move(socket), *this);
@@ -46,9 +46,10 @@ void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(
         connections.push_back(c);
       }
       net::post(c->executor(), [c] { c->start(); });
-    } else if (ec != net::error::operation_aborted) {
-      // Out of descriptors (EMFILE) or memory: the next accept fails at once too, so wait a
-      // little (a spin logged ~90k lines a second), and say so once per run of failures.
+    } else if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space || ec == net::error::no_memory ||
+               ec == boost::system::errc::too_many_files_open_in_system) {
+      // Out of descriptors (EMFILE, ENFILE) or memory: the next accept fails at once too, so
+      // wait a little (a spin logged ~90k lines a second), and say so once per run of failures.
       if (stats.accept_errors++ == 0)
         spdlog::warn("accept failed on port {}: {} (retrying every {} ms until it succeeds)", a.local_endpoint().port(),
                      ec.message(), kAcceptRetryMs);
@@ -57,6 +58,8 @@ void Server::Impl::accept(tcp::acceptor& a, std::shared_ptr<Connection> (*make)(
         if (a.is_open()) accept(a, make, refuse, stats);
       });
       return;
+    } else if (ec != net::error::operation_aborted) {
+      spdlog::warn("accept failed on port {}: {}", a.local_endpoint().port(), ec.message());  // (one connection's)
     }
     if (a.is_open()) accept(a, make, refuse, stats);
   });

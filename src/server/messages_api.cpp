@@ -261,7 +261,8 @@ json messages_response(const ResponseMeta& m, json content, const MessagesStop* 
 }
 
 json messages_tool_use_block(const ToolCall& c) {
-  json input = json_depth_within(c.arguments) ? json::parse(c.arguments, nullptr, /*allow_exceptions=*/false) : json();
+  json input = json_depth_within(c.arguments) ? json::parse(c.arguments, nullptr, /*allow_exceptions=*/false)
+                                               : json::object();
   if (input.is_discarded()) input = json::object();
   const std::string id = c.id.rfind("call_", 0) == 0 ? "toolu_" + c.id.substr(5) : c.id;
   return {{"type", "tool_use"}, {"id", id}, {"name", c.name}, {"input", std::move(input)}};

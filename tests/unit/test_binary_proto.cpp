@@ -682,6 +682,28 @@ TEST_F(BinaryServer, PartialFramesHoldOnlyTheirBytesAndTimeOut) {
   EXPECT_EQ(r.completion_tokens, 3);
 }
 
+// A stream that lasts longer than write_timeout_s completes: the read that watches for a
+// disconnect has no timeout of its own (it kept the expiry of the response head's write, and
+// closed every stream longer than write_timeout_s, 60 s by default).
+TEST_F(BinaryServer, HttpStreamOutlastsTheWriteTimeout) {
+  server::ServeConfig cfg;
+  cfg.write_timeout_s = 0.1;
+  LimitedServer srv(*model_, *tok_, cfg);
+  ASSERT_GT((*srv).port(), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [st, body] = http_post((*srv).port(), "/v1/completions",
+                                    json{{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"n", 4},
+                                         {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(st, 200);
+  EXPECT_GT(secs, 3 * cfg.write_timeout_s) << "the stream was too short to test the timeout";
+  int finished = 0;
+  for (const json& ev : sse_events(body))
+    for (const json& c : ev["choices"]) finished += c["finish_reason"] == "length";
+  EXPECT_EQ(finished, 4);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
+}
+
 // Each listener holds at most max_connections: one more is refused at accept and counted (HTTP:
 // answered 503 + Retry-After, then closed; binary: closed); a slot that frees up is taken again.
 TEST_F(BinaryServer, ConnectionsPerListenerAreCapped) {
