@@ -324,12 +324,9 @@ void EngineCore::cancel_all() {
 
 void EngineCore::fail_running(const std::string& why) {
   std::vector<uint64_t> ids;
-  for (auto& [id, r] : reqs_) {
+  for (const auto& [id, r] : reqs_)  // (the others hold no KV)
     if (r.admitted || r.in_flight || std::find(step_admits_.begin(), step_admits_.end(), id) != step_admits_.end())
       ids.push_back(id);
-    else
-      kv_.release(r.seq);  // (holds nothing: a no-op)
-  }
   step_admits_.clear();
   for (uint64_t id : ids)
     if (auto it = reqs_.find(id); it != reqs_.end()) finish(it->second, FinishReason::Error, why);

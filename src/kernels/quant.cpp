@@ -204,14 +204,11 @@ void dequant_q3_k(const blocks::Q3_K* b, float* y, int64_t nb) {
 void dequant_q5_k(const blocks::Q5_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
-    for (int s = 0; s < 8; ++s) {  // sub-block s: nibble s%2 of qs[32 (s/2) + l], qh bit s
+    for (int s = 0; s < 8; ++s) {
       uint8_t sc, m;
       blocks::scale_min_k4(s, b[i].scales, sc, m);
       const float d1 = d * float(sc), m1 = dmin * float(m);
-      for (int l = 0; l < 32; ++l) {
-        const int q = ((b[i].qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) + (((b[i].qh[l] >> s) & 1) << 4);
-        *y++ = d1 * float(q) - m1;
-      }
+      for (int l = 0; l < 32; ++l) *y++ = d1 * float(blocks::q5k_q(b[i], 32 * s + l)) - m1;
     }
   }
 }

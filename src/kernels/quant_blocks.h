@@ -210,6 +210,13 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
   }
 }
 
+// Element e (< 256) of a Q5_K block: its unsigned 5-bit q, sub-block s = e / 32 at nibble s % 2
+// of qs[32 (s / 2) + l] and bit s of qh[l] (l = e % 32).
+inline int q5k_q(const Q5_K& b, int e) {
+  const int s = e / 32, l = e % 32;
+  return ((b.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) | (((b.qh[l] >> s) & 1) << 4);
+}
+
 // Scale j (0..15) of a Q3_K block from its 12 packed bytes, unsigned (subtract 32 for the signed
 // value): low 4 bits at nibble j/8 of byte j%8, high 2 bits at bits 2*(j/4) of byte 8 + j%4.
 inline int scale_k3(int j, const uint8_t* s) {

@@ -27,11 +27,6 @@ int q4k_q(const blocks::Q4_K& b, int e) {
   const uint8_t byte = b.qs[(e / 64) * 32 + e % 32];
   return (e % 64) < 32 ? (byte & 0xF) : (byte >> 4);
 }
-// Element e of a Q5_K block: its unsigned 5-bit q (ggml's layout, see dequant_q5_k).
-int q5k_q(const blocks::Q5_K& b, int e) {
-  const int s = e / 32, l = e % 32;
-  return ((b.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) | (((b.qh[l] >> s) & 1) << 4);
-}
 // Element e of a Q6_K block: its unsigned 6-bit q (ggml's layout, see dequant_q6_k).
 int q6k_q(const blocks::Q6_K& b, int e) {
   const int half = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
@@ -270,7 +265,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             const auto& b = reinterpret_cast<const blocks::Q5_K*>(row)[ib];
             pack_k_header(b, r, blk);
             for (int e = 0; e < 256; ++e) {
-              const int v = q5k_q(b, e);
+              const int v = blocks::q5k_q(b, e);
               blk[Q5KBlock::kQ + nib_at(e, r)] |= uint8_t((v & 0xF) << nib_shift(r));
               blk[q5h_at(e, r)] |= uint8_t((v >> 4) << q5h_bit(e));
             }
