@@ -27,6 +27,7 @@
 #include <limits>
 #include <numbers>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -97,7 +98,7 @@ QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
 // Weight types the cpu backend multiplies on its integer path (int8 activations, packed.h).
 bool int_path(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         t == GGMLType::Q6_K || t == GGMLType::MXFP4;
+         t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS;
 }
 
 // x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
@@ -174,7 +175,8 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::BF16, {9, 256, 265}},    {GGMLType::Q8_0, {32, 96, 544}},
           {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
           {GGMLType::Q5_K, {256, 768}},       {GGMLType::Q6_K, {256, 768}},
-          {GGMLType::MXFP4, {32, 288}}};
+          {GGMLType::MXFP4, {32, 288}},       {GGMLType::IQ4_NL, {32, 288}},
+          {GGMLType::IQ4_XS, {256, 768}}};
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -287,7 +289,8 @@ TEST(QuantizeActivations, MatchesItsDefinition) {
 TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(21);
-  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
+                     GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -323,7 +326,8 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
-                     GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+                     GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_NL,
+                     GGMLType::IQ4_XS}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -364,7 +368,8 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
   const auto bq = randv(rng, size_t(Nq));
   const auto ya = randv(rng, size_t((hi_run - lo_run) * R));
   const auto R0 = randv(rng, size_t(M * Nk));
-  for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+  for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K,
+                     GGMLType::MXFP4, GGMLType::IQ4_XS}) {
     SCOPED_TRACE(type_traits(t).name);
     const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wu = make_weight(rng, t, Nq, K);
     const QWeight B = make_weight(rng, GGMLType::F16, Nk, R);
@@ -401,7 +406,7 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
 
 TEST_P(KernelTest, FusedQkvResidualSwiglu) {
   std::mt19937 rng(3);
-  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4}) {
+  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_XS}) {
     // (A backend per type: prepare caches by address, and the next type's weights may reuse one.)
     auto be = backend_for(GetParam());
     const int64_t K = 512, Nq = 40, Nk = 13;
@@ -879,7 +884,7 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
 constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_0,   GGMLType::Q5_1,    GGMLType::Q2_K,
-                                       GGMLType::Q3_K,    GGMLType::IQ4_NL, GGMLType::IQ4_XS,
+                                       GGMLType::Q3_K,
                                        GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ3_XXS,
                                        GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M,   GGMLType::TQ1_0,
                                        GGMLType::TQ2_0};
@@ -1078,6 +1083,78 @@ TEST_P(KernelTest, Mxfp4ExtremeBlocksExact) {
   }
 }
 
+// IQ4_NL and IQ4_XS on their own layout (packed.h), from raw blocks: every level and every 6-bit
+// scale (IQ4_XS ls in [0, 63], sc = ls - 32) under a power-of-two d, so every weight is exact,
+// against +-1 activations (xq = +-127); a third of the rows all at the extreme level -127 under
+// sc = -32 (each 32-block's sum reaches 127 x 127 x 32: plain AVX2's signed pair sums are 2 x 127
+// x 127 each). Every ISA, every row count, packed or GGUF rows, gives the scalar path's bits and
+// the exact sums.
+TEST_P(KernelTest, IQ4LevelsAndScalesExact) {
+  std::mt19937 rng(79);
+  for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
+    SCOPED_TRACE(type_traits(t).name);
+    const int64_t N = 19, K = 512;
+    const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
+    QWeight W{t, N, K, std::vector<uint8_t>(rb * uint64_t(N)), std::vector<float>(size_t(N * K))};
+    for (int64_t n = 0; n < N; ++n)
+      for (uint64_t b = 0; b < rb / bb; ++b) {
+        uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
+        for (uint64_t i = 0; i < bb; ++i) blk[i] = n % 3 == 2 ? 0 : uint8_t(rng());  // (level 0: -127; ls 0)
+        const uint16_t d = uint16_t(0x1800 + 0x400 * (rng() % 4));  // f16 2^-9 .. 2^-6
+        std::memcpy(blk, &d, 2);  // (d first in both)
+        if (t == GGMLType::IQ4_XS && n % 3 != 2) {  // ls of sub-block j: every value in turn
+          auto& x = *reinterpret_cast<blocks::IQ4_XS*>(blk);
+          uint16_t sh = 0;
+          for (int j = 0; j < 8; ++j) {
+            const int ls = int((n * 16 + int64_t(b) * 8 + j) % 64);
+            x.scales_l[j / 2] = uint8_t((x.scales_l[j / 2] & (0xF0 >> 4 * (j % 2))) | (ls & 0xF) << 4 * (j % 2));
+            sh = uint16_t(sh | (ls >> 4) << 2 * j);
+          }
+          std::memcpy(x.scales_h, &sh, 2);
+        }
+      }
+    for (int64_t n = 0; n < N; ++n) dequantize_row(t, W.bytes.data() + uint64_t(n) * rb, W.deq.data() + n * K, K);
+    std::set<int> levels, scales;
+    for (int64_t n = 0; n < N; ++n)
+      for (uint64_t b = 0; b < rb / bb; ++b) {
+        const uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
+        if (t == GGMLType::IQ4_XS)
+          for (int j = 0; j < 8; ++j) scales.insert(blocks::scale_iq4xs(*reinterpret_cast<const blocks::IQ4_XS*>(blk), j));
+        const uint8_t* qs = t == GGMLType::IQ4_XS ? blk + offsetof(blocks::IQ4_XS, qs) : blk + 2;
+        for (uint64_t i = 0; i < (t == GGMLType::IQ4_XS ? 128u : 16u); ++i) levels.insert(qs[i] & 0xF), levels.insert(qs[i] >> 4);
+      }
+    ASSERT_EQ(levels.size(), 16u);
+    if (t == GGMLType::IQ4_XS) {
+      ASSERT_EQ(scales.size(), 64u);
+    }
+    auto be = backend_for(GetParam()), scalar = backend_for("scalar");
+    const WeightView pw = be->prepare(W.view()), ps = scalar->prepare(W.view());
+    ASSERT_EQ(pw.type, t);
+    for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 33, 40, 64}) {
+      std::vector<float> X(size_t(M * K));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k)
+          X[size_t(m * K + k)] = m == 0 ? 1.0f : m == 1 ? -1.0f : (rng() % 8 ? 1.0f : -1.0f);
+      std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), sc(size_t(M * N));
+      be->matmul(X.data(), M, pw, native.data());
+      be->matmul(X.data(), M, W.view(), rows.data());
+      scalar->matmul(X.data(), M, ps, sc.data());
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          const size_t i = size_t(m * N + n);
+          double want = 0, mag = 0;  // (x = +-1 exactly: xq = +-127, dx = 1/127)
+          for (int64_t k = 0; k < K; ++k) {
+            want += double(W.deq[size_t(n * K + k)]) * X[size_t(m * K + k)];
+            mag += std::fabs(double(W.deq[size_t(n * K + k)]));
+          }
+          ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+          ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+          ASSERT_NEAR(native[i], want, mag * 0x1p-20) << "M=" << M << " m " << m << " n " << n;
+        }
+    }
+  }
+}
+
 // Q5_K at its extremes: every q = 31 (5th bit set) under scale 1 and no min, against +-1
 // activations (xq = +-127): each 32-block's products reach 31 x 127 x 32 = 125984, so any SIMD
 // sum that stayed in int16 past four quads (avx2's vpmaddubsw pairs: 2 x 31 x 127 each)
@@ -1243,7 +1320,8 @@ TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
       if (variant == 3) x[128 + 7] = std::numeric_limits<float>::infinity();
       if (variant == 4) x[160 + 3] = std::numeric_limits<float>::quiet_NaN();
     }
-    for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4}) {
+    for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
+                       GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
       const QWeight W = make_weight(rng, t, N, K);
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       native->matmul(X.data(), M, native->prepare(W.view()), a.data());
@@ -1320,7 +1398,7 @@ TEST(KernelSelection, ReportsIsa) {
 namespace ft {
 namespace {
 
-// convert_rows (packed.h): Q3_K, Q5_0, IQ4_NL, TQ1_0 and TQ2_0 blocks always exact; every block
+// convert_rows (packed.h): Q3_K, Q5_0, TQ1_0 and TQ2_0 blocks always exact; every block
 // within Q8_0's own rounding of the exact values.
 TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
   std::mt19937 rng(5);
@@ -1345,8 +1423,7 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
       bitwise += same;
     }
     EXPECT_LE(exact, bitwise) << type_traits(t).name;  // exact blocks decode to the same values
-    if (t == GGMLType::Q5_0 || t == GGMLType::IQ4_NL || t == GGMLType::Q3_K || t == GGMLType::TQ1_0 ||
-        t == GGMLType::TQ2_0) {
+    if (t == GGMLType::Q5_0 || t == GGMLType::Q3_K || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0) {
       EXPECT_EQ(exact, nb) << type_traits(t).name;
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),

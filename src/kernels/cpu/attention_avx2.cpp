@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "kernels/quant.h"
+#include "kernels/quant_blocks.h"
 #include "kernels/cpu/rowwise.h"
 #include "kernels/cpu/thread_pool.h"  // (before the target pragma: its std headers stay baseline)
 

@@ -502,27 +502,47 @@ struct Avx2Isa {
     static constexpr bool kSignedQuads = false;
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
-  // MXFP4 (quad layout as Q4_0, d its f16 scale): each nibble index q mapped by vpshufb to its
-  // level. With AVX-VNNI u = kvalues[q] + 12 in [0, 24] (B = 12) into vpdpbusd's int32; plain
-  // AVX2 sums 8 quads' vpmaddubsw pairs in int16, where u x xq pairs (<= 2 * 24 * 127) would
-  // pass 32767 by the sixth quad (5 x 6096 <= 32767 < 6 x 6096), so there the quads are v =
-  // kvalues[q] itself, signed as Q8_0's
-  // (|v| x sign(xq, v), widened per quad). unpack_int gives the GEMM Q8_0's form (signed v).
-  struct DecMXFP4 : DecBlock32<288> {
+  // The level types (packed.h: MXFP4, IQ4_NL, IQ4_XS): each nibble index q mapped by vpshufb to
+  // its level. With AVX-VNNI u = kLevels[q] + kVnniBias (MXFP4 12: u in [0, 24]; IQ4 128: [1,
+  // 241]) into vpdpbusd's int32; plain AVX2 sums 8 quads' vpmaddubsw pairs in int16, where u x xq
+  // pairs (MXFP4's <= 2 * 24 * 127) would pass 32767 by the sixth quad (5 x 6096 <= 32767 < 6 x
+  // 6096), so there the quads are v = kLevels[q] itself, signed as Q8_0's (|v| x sign(xq, v),
+  // widened per quad). unpack_int gives the GEMM Q8_0's form (signed v, kQ8Form).
 #ifdef FT_AVX_VNNI
-    static constexpr int kBias = 12;
-    static constexpr bool kSignedQuads = false;
+  static constexpr bool kVnniQuads = true;
 #else
-    static constexpr int kBias = 0;
-    static constexpr bool kSignedQuads = true;
+  static constexpr bool kVnniQuads = false;
 #endif
+  template <const int8_t* kLevels, int kB>
+  [[gnu::always_inline]] static void level_quads_h(const uint8_t* q, int P, int h, __m256i (&w)[2]) {
+    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kLevels))),
+                                        _mm256_set1_epi8(char(kB)));
+    nibble_quads_h(q, P, h, w);
+    w[0] = _mm256_shuffle_epi8(lut, w[0]);
+    w[1] = _mm256_shuffle_epi8(lut, w[1]);
+  }
+  // MXFP4 and IQ4_NL: quad layout as Q4_0, d its f16 scale.
+  template <const int8_t* kLevels, int kVnniBias>
+  struct DecLevels32 : DecBlock32<288> {
+    static constexpr int kBias = kVnniQuads ? kVnniBias : 0;
+    static constexpr bool kSignedQuads = !kVnniQuads, kQ8Form = true;
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { level_quads_h<kLevels, kBias>(q, P, h, w); }
+  };
+  using DecMXFP4 = DecLevels32<blocks::kValuesMXFP4, 12>;
+  using DecIQ4_NL = DecLevels32<blocks::kValuesIQ4NL, 128>;
+  static __m256 i8f(const uint8_t* p) {  // 8 int8 -> f32
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // IQ4_XS (packed.h): s1 = d sc of sub-block sb, its quads as IQ4_NL's.
+  struct DecIQ4_XS : IQ4XSCursor {
+    static constexpr int kBias = DecIQ4_NL::kBias, kBytesPer32 = IQ4XSBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSignedQuads = DecIQ4_NL::kSignedQuads, kQ8Form = true;
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+      s1lo = _mm256_mul_ps(h8(blk + IQ4XSBlock::kD), i8f(blk + IQ4XSBlock::kSc + 16 * sb));
+      s1hi = _mm256_mul_ps(h8(blk + IQ4XSBlock::kD + 16), i8f(blk + IQ4XSBlock::kSc + 16 * sb + 8));
+    }
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
-      const __m256i lut = _mm256_broadcastsi128_si256(
-          _mm_setr_epi8(0 + kBias, 1 + kBias, 2 + kBias, 3 + kBias, 4 + kBias, 6 + kBias, 8 + kBias, 12 + kBias,
-                        0 + kBias, -1 + kBias, -2 + kBias, -3 + kBias, -4 + kBias, -6 + kBias, -8 + kBias, -12 + kBias));
-      nibble_quads_h(q, P, h, w);
-      w[0] = _mm256_shuffle_epi8(lut, w[0]);
-      w[1] = _mm256_shuffle_epi8(lut, w[1]);
+      level_quads_h<blocks::kValuesIQ4NL, kBias>(q, P, h, w);
     }
   };
   // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
@@ -602,6 +622,11 @@ struct Avx2Isa {
   template <class D>
   static constexpr bool wide_of() {
     if constexpr (requires { D::kWideQuads; }) return D::kWideQuads;
+    else return false;
+  }
+  template <class D>  // (unpack_int gives Q8_0's form: the level types, gemm_type)
+  static constexpr bool q8_form_of() {
+    if constexpr (requires { D::kQ8Form; }) return D::kQ8Form;
     else return false;
   }
   // One half block of Q6_K, 8 rows: sum over its 16 k of u xq - 32 X (X = the 16 xq's sum)
@@ -767,6 +792,8 @@ struct Avx2Isa {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
       case GGMLType::MXFP4: f(DecMXFP4{{group}}); return true;
+      case GGMLType::IQ4_NL: f(DecIQ4_NL{{group}}); return true;
+      case GGMLType::IQ4_XS: f(DecIQ4_XS{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(DecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;
@@ -885,16 +912,16 @@ struct Avx2Isa {
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
   // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
-  // and MXFP4 (gemm_type: Q8_0's form) as signed q, the other nibble types as u; in the int16
-  // scratch's bytes), S1, S2 (len / 32, 16).
+  // and the level types (gemm_type: Q8_0's form) as signed q, the other nibble types as u; in the
+  // int16 scratch's bytes), S1, S2 (len / 32, 16).
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_quad_decoder(t, group, [&](auto dec) {
       using D = decltype(dec);
-      // (MXFP4 decoded unsigned: back to signed v, Q8_0's form.)
-      constexpr bool kToSigned = std::is_same_v<D, DecMXFP4> && !D::kSignedQuads;
+      // (The level types decoded unsigned: back to signed v, Q8_0's form.)
+      constexpr bool kToSigned = q8_form_of<D>() && !D::kSignedQuads;
       if constexpr (!sub16_of<D>())
       for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
         dec.begin(k0 / kQBlock + kb);

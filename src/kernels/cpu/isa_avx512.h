@@ -484,17 +484,38 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
   };
-  // MXFP4 (quad layout as Q4_0, d its f16 scale): each nibble index q mapped by vpshufb to u =
-  // kvalues[q] + 12 in [0, 24] (B = 12).
-  struct QDecMXFP4 : QDecQ4_0 {
-    static constexpr int kBias = 12;
+  // The level types (packed.h): each nibble index q mapped by vpshufb to u = kLevels[q] + kB.
+  template <const int8_t* kLevels, int kB>
+  [[gnu::always_inline]] static void level_quads(const uint8_t* p, __m512i& w0, __m512i& w1) {
+    const __m512i lut = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kLevels))),
+                                        _mm512_set1_epi8(char(kB)));
+    nibble_quads(p, w0, w1);
+    w0 = _mm512_shuffle_epi8(lut, w0);
+    w1 = _mm512_shuffle_epi8(lut, w1);
+  }
+  // MXFP4 and IQ4_NL (quad layout as Q4_0, d its f16 scale): u = kLevels[q] + kB (MXFP4 in [0,
+  // 24], B = 12; IQ4_NL in [1, 241], B = 128). kQ8Form: unpack_int gives Q8_0's form (gemm_type).
+  template <const int8_t* kLevels, int kB>
+  struct QDecLevels32 : QDecQ4_0 {
+    static constexpr int kBias = kB;
+    static constexpr bool kQ8Form = true;
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
-      const __m512i lut = _mm512_broadcast_i32x4(
-          _mm_setr_epi8(0 + kBias, 1 + kBias, 2 + kBias, 3 + kBias, 4 + kBias, 6 + kBias, 8 + kBias, 12 + kBias,
-                        0 + kBias, -1 + kBias, -2 + kBias, -3 + kBias, -4 + kBias, -6 + kBias, -8 + kBias, -12 + kBias));
-      QDecQ4_0::quads(P, w0, w1);
-      w0 = _mm512_shuffle_epi8(lut, w0);
-      w1 = _mm512_shuffle_epi8(lut, w1);
+      level_quads<kLevels, kB>(blk + 32 + 64 * P, w0, w1);
+    }
+  };
+  using QDecMXFP4 = QDecLevels32<blocks::kValuesMXFP4, 12>;
+  using QDecIQ4_NL = QDecLevels32<blocks::kValuesIQ4NL, 128>;
+  // IQ4_XS (packed.h): s1 = d sc of sub-block sb, u = kvalues[q] + 128 in [1, 241].
+  struct QDecIQ4_XS : IQ4XSCursor {
+    static constexpr int kBias = 128, kBytesPer32 = IQ4XSBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const {
+      const __m512 sc = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + IQ4XSBlock::kSc + 16 * sb))));
+      s1 = _mm512_mul_ps(h16(blk + IQ4XSBlock::kD), sc);
+    }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
+      level_quads<blocks::kValuesIQ4NL, kBias>(q + 64 * P, w0, w1);
     }
   };
   // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
@@ -551,6 +572,8 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
       case GGMLType::MXFP4: f(QDecMXFP4{{group}}); return true;
+      case GGMLType::IQ4_NL: f(QDecIQ4_NL{{group}}); return true;
+      case GGMLType::IQ4_XS: f(QDecIQ4_XS{{group}}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(QDecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
@@ -795,8 +818,8 @@ struct Avx512Isa : Avx2Isa {
   }
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
-  // int16 scratch's bytes; MXFP4 in Q8_0's form, gemm_type: u = kvalues[q] + 128), S1, S2 (len /
-  // 32, 16); Q6_K as unpack_q6k gives it.
+  // int16 scratch's bytes; the level types in Q8_0's form, gemm_type: u = kvalues[q] + 128), S1,
+  // S2 (len / 32, 16); Q6_K as unpack_q6k gives it.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
@@ -813,7 +836,7 @@ struct Avx512Isa : Avx2Isa {
           for (int P = 0; P < 4; ++P) {
             __m512i w0, w1;
             dec.quads(P, w0, w1);
-            if constexpr (std::is_same_v<D, QDecMXFP4>) {
+            if constexpr (q8_form_of<D>() && D::kBias != QDecQ8_0::kBias) {
               const __m512i rebias = _mm512_set1_epi8(char(QDecQ8_0::kBias - D::kBias));
               w0 = _mm512_add_epi8(w0, rebias);
               w1 = _mm512_add_epi8(w1, rebias);

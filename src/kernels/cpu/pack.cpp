@@ -27,6 +27,9 @@ int q4k_q(const blocks::Q4_K& b, int e) {
   const uint8_t byte = b.qs[(e / 64) * 32 + e % 32];
   return (e % 64) < 32 ? (byte & 0xF) : (byte >> 4);
 }
+// Element e (< 32) of the 16 bytes of nibbles of a 32-block in ggml's Q4_0 order (Q4_0, MXFP4,
+// IQ4_NL, each 32-block of IQ4_XS): elements 0-15 in the low nibbles, 16-31 in the high ones.
+int nib32(const uint8_t* qs, int e) { return e < 16 ? (qs[e] & 0xF) : (qs[e - 16] >> 4); }
 // Element e of a Q6_K block: its unsigned 6-bit q (ggml's layout, see dequant_q6_k).
 int q6k_q(const blocks::Q6_K& b, int e) {
   const int half = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
@@ -41,8 +44,7 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 GGMLType panel_type(GGMLType t) {
   switch (t) {
     case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q2_K:
-    case GGMLType::Q3_K: case GGMLType::IQ4_NL: case GGMLType::IQ4_XS:
-    case GGMLType::TQ1_0: case GGMLType::TQ2_0:
+    case GGMLType::Q3_K: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return GGMLType::Q8_0;
     default:
       return iq::is_grid_type(t) ? GGMLType::Q8_0 : t;
@@ -55,15 +57,8 @@ namespace {
 uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
   switch (t) {
     case GGMLType::Q5_0: return load_u16(reinterpret_cast<const blocks::Q5_0*>(blk)->d);
-    case GGMLType::IQ4_NL: return load_u16(reinterpret_cast<const blocks::IQ4_NL*>(blk)->d);
     // -d: v = -(sc - 32)(q - 4) lies in [-128, 124], where (sc - 32)(q - 4) reaches +128.
     case GGMLType::Q3_K: return uint16_t(load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d) ^ 0x8000);
-    case GGMLType::IQ4_XS: {
-      const auto& b = *reinterpret_cast<const blocks::IQ4_XS*>(blk);
-      const float dl = f16(b.d) * float(blocks::scale_iq4xs(b, ib) - 32);  // exact in f32 (11 + 6 bits)
-      const uint16_t h = f32_to_f16(dl);
-      return f16_to_f32(h) == dl ? h : 0;
-    }
     case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
     case GGMLType::TQ1_0: return load_u16(reinterpret_cast<const blocks::TQ1_0*>(blk)->d);  // (values -1, 0, 1)
     case GGMLType::TQ2_0: return load_u16(reinterpret_cast<const blocks::TQ2_0*>(blk)->d);
@@ -164,7 +159,8 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::F32: return 16 * 4;
     case GGMLType::F16: case GGMLType::BF16: return 16 * 2;
     case GGMLType::Q8_0: return 32 + 32 * 16;
-    case GGMLType::Q4_0: case GGMLType::MXFP4: return 32 + 32 * 8;
+    case GGMLType::Q4_0: case GGMLType::MXFP4: case GGMLType::IQ4_NL: return 32 + 32 * 8;
+    case GGMLType::IQ4_XS: return IQ4XSBlock::kBytes;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
@@ -239,20 +235,29 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
           case GGMLType::Q4_0: {
             const auto& b = reinterpret_cast<const blocks::Q4_0*>(row)[ib];
             std::memcpy(blk + 2 * r, b.d, 2);
-            for (int e = 0; e < 32; ++e) {
-              const int q = e < 16 ? (b.qs[e] & 0xF) : (b.qs[e - 16] >> 4);
-              blk[32 + nib_at(e, r)] |= uint8_t(q << nib_shift(r));
-            }
+            for (int e = 0; e < 32; ++e) blk[32 + nib_at(e, r)] |= uint8_t(nib32(b.qs, e) << nib_shift(r));
+            break;
+          }
+          case GGMLType::IQ4_NL: {  // (as Q4_0)
+            const auto& b = reinterpret_cast<const blocks::IQ4_NL*>(row)[ib];
+            std::memcpy(blk + 2 * r, b.d, 2);
+            for (int e = 0; e < 32; ++e) blk[32 + nib_at(e, r)] |= uint8_t(nib32(b.qs, e) << nib_shift(r));
+            break;
+          }
+          case GGMLType::IQ4_XS: {
+            const auto& b = reinterpret_cast<const blocks::IQ4_XS*>(row)[ib];
+            std::memcpy(blk + IQ4XSBlock::kD + 2 * r, b.d, 2);
+            for (int s = 0; s < 8; ++s) blk[IQ4XSBlock::kSc + s * 16 + r] = uint8_t(int8_t(blocks::scale_iq4xs(b, s) - 32));
+            for (int e = 0; e < 256; ++e)
+              blk[IQ4XSBlock::kQ + nib_at(e, r)] |= uint8_t(nib32(b.qs + 16 * (e / 32), e % 32) << nib_shift(r));
             break;
           }
           case GGMLType::MXFP4: {  // (as Q4_0, its f16 scale in d)
             const auto& b = reinterpret_cast<const blocks::MXFP4*>(row)[ib];
             const uint16_t h = mxfp4_packed_scale(b);
             std::memcpy(blk + 2 * r, &h, 2);
-            for (int e = 0; h != 0 && e < 32; ++e) {  // (a +0 scale's block packed as zeros)
-              const int q = e < 16 ? (b.qs[e] & 0xF) : (b.qs[e - 16] >> 4);
-              blk[32 + nib_at(e, r)] |= uint8_t(q << nib_shift(r));
-            }
+            for (int e = 0; h != 0 && e < 32; ++e)  // (a +0 scale's block packed as zeros)
+              blk[32 + nib_at(e, r)] |= uint8_t(nib32(b.qs, e) << nib_shift(r));
             break;
           }
           case GGMLType::Q4_K: {
@@ -297,7 +302,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
 
 bool is_quad_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         t == GGMLType::MXFP4;
+         is_level_type(t);
 }
 
 namespace {
@@ -311,15 +316,16 @@ inline int qnib_shift(int e) { return e % 8 < 4 ? 0 : 4; }
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out) {
   if (!is_quad_type(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
-  // The scales (and the K types' header, Q5_K's 5th bits) are where the pair layout has them;
-  // only q (the low 4 bits) moves.
+  // The scales (and the 256-blocks' headers, Q5_K's 5th bits) are where the pair layout has
+  // them; only q (the low 4 bits) moves.
   pack_rows(t, rows, row_bytes, n_rows, K, out);
   const int64_t bl = block_len(t);
   const uint64_t bb = packed_block_bytes(t), gb = group_bytes(t, K);
   const int64_t G = n_groups(n_rows), nb = K / bl;
-  const bool k_type = t == GGMLType::Q4_K || t == GGMLType::Q5_K;
-  const uint64_t q_off = k_type ? Q4KBlock::kQ : 32;  // q bytes inside a block
-  const uint64_t q_bytes = k_type ? uint64_t(Q4KBlock::kBytes - Q4KBlock::kQ) : bb - q_off;
+  const uint64_t q_off = t == GGMLType::Q4_K || t == GGMLType::Q5_K ? Q4KBlock::kQ  // q bytes inside a block
+                         : t == GGMLType::IQ4_XS                     ? IQ4XSBlock::kQ
+                                                                     : 32;
+  const uint64_t q_bytes = uint64_t(bl) * kGroup / (t == GGMLType::Q8_0 ? 1 : 2);
   std::vector<uint8_t> q(q_bytes);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t ib = 0; ib < nb; ++ib) {
@@ -375,6 +381,10 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     case GGMLType::Q8_0: return {int(int8_t(blk[32 + q8_at(e, r)])), f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
     case GGMLType::MXFP4: return {int(blocks::kValuesMXFP4[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
+    case GGMLType::IQ4_NL: return {int(blocks::kValuesIQ4NL[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
+    case GGMLType::IQ4_XS:
+      return {int(blocks::kValuesIQ4NL[nib(blk + IQ4XSBlock::kQ)]),
+              f16(blk + IQ4XSBlock::kD + 2 * r) * float(int8_t(blk[IQ4XSBlock::kSc + (e / 32) * 16 + r])), 0.0f};
     case GGMLType::Q4_K: case GGMLType::Q5_K: {
       const int s = e / 32;
       const int h = t == GGMLType::Q5_K ? (blk[q5h_at(e, r)] >> q5h_bit(e)) & 1 : 0;

@@ -13,6 +13,7 @@
 //              the low nibble and of row j + 8 in the high one (ggml's 0..15); w = (q - 8) * d
 //   MXFP4 (32) as Q4_0, d the f16 scale 2^(e - 128) for e in [104, 143], else +0 with q = 0 (e <
 //              104, tiny: every |value| <= 12 * 2^-25; or an all-zero block); w = kvalues[q] * d
+//   IQ4_NL (32) as Q4_0 (its own d)                 w = kvalues_iq4nl[q] * d, levels in [-127, 113]
 //   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
 //   Q5_K (256) as Q4_K, then the 5th bits uint8 [8 32-blocks][16 rows][4]: byte (s, r, e) holds
@@ -22,20 +23,23 @@
 //              uint16 [32 quads of pairs][16 lanes]: lane 2j + e, pair p of the quad at bits
 //              4p (row j) and 4p + 2 (row j + 8), so a shift and an and put them at bits 4-5
 //                                                    w = (d*sc) * (q - 32), sub-block = k/16
+//   IQ4_XS (256) f16 d[16]; int8 sc[8][16] (ls - 32); q[128 pairs][8][2] as Q4_0
+//                                                    w = (d*sc) * kvalues_iq4nl[q], sub-block = k/32
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0,
-// MXFP4, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// MXFP4, IQ4_NL, IQ4_XS, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
-//   Q4_0, MXFP4, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e) holds k = 8P + e
-//         of row r in the low nibble and k = 8P + 4 + e in the high one; u = q (Q4_0 B = 8, Q4_K
-//         B = 0; Q5_K u = q + 16 h in [0, 31], its 5th bit h from the plane above, B = 0);
-//         MXFP4's nibble q is an index, mapped by a byte shuffle (vpshufb) to u = kvalues[q] + 12
-//         in [0, 24] (B = 12) on vpdpbusd, to v = kvalues[q] itself on plain AVX2 (|v| x
-//         sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
+//   Q4_0, MXFP4, IQ4_NL, IQ4_XS, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e)
+//         holds k = 8P + e of row r in the low nibble and k = 8P + 4 + e in the high one; u = q
+//         (Q4_0 B = 8, Q4_K B = 0; Q5_K u = q + 16 h in [0, 31], its 5th bit h from the plane
+//         above, B = 0); the level types' nibble q (MXFP4, IQ4_NL, IQ4_XS) is an index, mapped by
+//         a byte shuffle (vpshufb) on vpdpbusd to u = kvalues[q] + B (MXFP4 B = 12: u in [0, 24];
+//         IQ4 B = 128: u in [1, 241]), on plain AVX2 to v = kvalues[q] itself (|v| x sign(xq, v)
+//         as Q8_0: u x xq pair sums would pass int16)
 // so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
 // the same bytes per block.
 // Q6_K's quad variant (pack_rows_q6k_quad; the avx2 and avx512 kernels' layout, the scalar ones
@@ -52,7 +56,8 @@
 // x is cut into blocks of kQBlock = 32 along K, each x ~= dx * xq with dx = max|x| / 127 and xq
 // in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
 // part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for Q4_K's min term):
-//   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  MXFP4 v = kvalues[q], s1 = d;
+//   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  MXFP4, IQ4_NL v = kvalues[q], s1 = d;
+//   IQ4_XS v = kvalues[q], s1 = d*sc (exact in f32: 11 + 6 bits, as ggml's d (ls - 32));
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q6_K v = (q - 32) * sc, s1 = d
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
@@ -60,10 +65,10 @@
 //   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
-// MXFP4's GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's form (v = kvalues[q]
-// and d: the same integers and scales) and runs Q8_0's micro-kernels; GGUF rows (a weight not
-// prepared) are converted to Q8_0 a chunk at a time (convert_rows: exact where the scale is an
-// f16), so a row's bits are the same packed or not, and the same as Q8_0 holding those values.
+// The level types' GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's form (v =
+// kvalues[q] and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels;
+// MXFP4's GGUF rows (a weight not prepared) are converted to Q8_0 a chunk at a time
+// (convert_rows: exact where the scale is an f16), so a row's bits are the same packed or not.
 #pragma once
 #include <cstdint>
 
@@ -79,19 +84,28 @@ struct Q4KBlock {
   static constexpr int kD = 0, kDmin = 32, kSc = 64, kM = 64 + 128, kQ = 64 + 256;
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2368
 };
-// A cursor over one packed Q4_K group (the SIMD decoders' common part): begin(kb) moves to
-// 32-block kb: its 256-block blk, sb (< 8) inside it, and its quads q.
-struct Q4KCursor {
+// Byte offsets inside one packed IQ4_XS block (256 k of a group): d, sc, then q as Q4_K's.
+struct IQ4XSBlock {
+  static constexpr int kD = 0, kSc = 32, kQ = 32 + 8 * kGroup;
+  static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2208
+};
+// A cursor over one packed group of 256-blocks B whose nibbles lie as Q4_K's (the SIMD
+// decoders' common part): begin(kb) moves to 32-block kb: its 256-block blk, sb (< 8) inside
+// it, and its quads q.
+template <class B>
+struct NibbleCursor256 {
   const uint8_t* g;
   const uint8_t* blk = nullptr;
   const uint8_t* q = nullptr;
   int sb = 0;
   [[gnu::always_inline]] void begin(int64_t kb) {
-    blk = g + (kb / 8) * Q4KBlock::kBytes;
+    blk = g + (kb / 8) * B::kBytes;
     sb = int(kb % 8);
-    q = blk + Q4KBlock::kQ + 256 * sb;
+    q = blk + B::kQ + 256 * sb;
   }
 };
+using Q4KCursor = NibbleCursor256<Q4KBlock>;
+using IQ4XSCursor = NibbleCursor256<IQ4XSBlock>;
 // Q5_K's packed block: Q4_K's, then the 5th bits of its 8 32-blocks (kQhPer32 bytes each).
 struct Q5KBlock : Q4KBlock {
   static constexpr int kQh = Q4KBlock::kBytes, kQhPer32 = 4 * kGroup;
@@ -139,13 +153,13 @@ struct Q6KQuadCursor {
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
 // values are int8 multiples of one f16 scale is stored exactly: every Q5_0 block (d, q - 16),
-// every IQ4_NL block (d, kvalues[q]), every TQ1_0 and TQ2_0 block (d, t - 1), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
-// [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for the GEMM's unpacked chunks
-// and GGUF rows, gemm_type: it packs in its own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
-// q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), IQ4_XS blocks whose
-// d (ls - 32) is an f16, and the grid i-quants' 32-blocks under one scale that is an f16 (IQ2,
+// every TQ1_0 and TQ2_0 block (d, t - 1), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
+// [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for GGUF rows: it packs in its
+// own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
+// q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), and the grid i-quants'
+// 32-blocks under one scale that is an f16 (IQ2,
 // IQ3: (db, grid * sign); IQ1: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (the min
-// types Q4_1, Q5_1, Q2_K, and the IQ4_XS and i-quant rest) are requantized from their
+// types Q4_1, Q5_1, Q2_K, and the i-quant rest) are requantized from their
 // exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11): 1/8 to 1/30 of the
 // source type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step
 // (1.4x Q5_1's, 2.5x Q3_K's, 2.5-5.4x the i-quants' 3.44-1.56 bits), for our fastest integer
@@ -176,13 +190,17 @@ GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
 // Weight types multiplied on the integer path.
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         t == GGMLType::Q6_K || t == GGMLType::MXFP4;
+         t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS;
+}
+// Integer-path types whose nibble is an index into a table of int8 levels (packed.h).
+inline bool is_level_type(GGMLType t) {
+  return t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS;
 }
 // Integer-path types with a min term (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K; }
-// The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: MXFP4's
-// chunk is Q8_0's (above), every other type its own.
-inline GGMLType gemm_type(GGMLType t) { return t == GGMLType::MXFP4 ? GGMLType::Q8_0 : t; }
+// The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level
+// types' chunk is Q8_0's (above), every other type its own.
+inline GGMLType gemm_type(GGMLType t) { return is_level_type(t) ? GGMLType::Q8_0 : t; }
 
 int64_t block_len(GGMLType t);           // elements per block along K (type_traits)
 uint64_t packed_block_bytes(GGMLType t);  // bytes of one block of a group (16 rows)
@@ -192,7 +210,8 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
-// The quad variant of pack_rows for Q8_0, Q4_0, MXFP4, Q4_K and Q5_K (pack_rows for every other type).
+// The quad variant of pack_rows for Q8_0, Q4_0, the level types, Q4_K and Q5_K (pack_rows for
+// every other type).
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
