@@ -192,11 +192,8 @@ void dequant_q3_k(const blocks::Q3_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
     for (int e = 0; e < QK_K; ++e) {
-      const int h = e / 128, j = (e % 128) / 32, l = e % 32;
-      const float dl = d * float(blocks::scale_k3(8 * h + 2 * j + l / 16, b[i].scales) - 32);
-      const int lo = (b[i].qs[32 * h + l] >> (2 * j)) & 3;
-      const int hi = (b[i].hmask[l] >> (4 * h + j)) & 1;
-      *y++ = dl * float(lo - (hi ? 0 : 4));
+      const float dl = d * float(blocks::scale_k3(e / 16, b[i].scales) - 32);
+      *y++ = dl * float(blocks::q3k_q(b[i], e));
     }
   }
 }

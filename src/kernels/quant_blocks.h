@@ -225,6 +225,15 @@ inline int scale_k3(int j, const uint8_t* s) {
   return lo | (hi << 4);
 }
 
+// Element e (< 256) of a Q3_K block: its signed 3-bit q in [-4, 3] (low 2 bits at bits 2j of
+// qs[32h + l], the high bit of hmask[l] at bit 4h + j clear subtracting 4: e = 128h + 32j + l),
+// under scale scale_k3(e / 16) - 32.
+inline int q3k_q(const Q3_K& b, int e) {
+  const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+  const int lo = (b.qs[32 * h + l] >> (2 * j)) & 3;
+  return lo - (((b.hmask[l] >> (4 * h + j)) & 1) ? 0 : 4);
+}
+
 // IQ4_XS sub-block j's (0..7) 6-bit scale, unsigned (the value is ls - 32).
 inline int scale_iq4xs(const IQ4_XS& b, int j) {
   const int sh = b.scales_h[0] | (b.scales_h[1] << 8);

@@ -889,9 +889,10 @@ constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_0,   GGML
                                        GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M,   GGMLType::TQ1_0,
                                        GGMLType::TQ2_0};
 
-// W's rows converted to Q8_0 (convert_rows: panel_type, or MXFP4's GEMM form), and their values.
+// W's rows converted to their panel type (convert_rows: panel_type, or MXFP4's GEMM form), and
+// their values.
 QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
-  const GGMLType pt = GGMLType::Q8_0;
+  const GGMLType pt = W.type == GGMLType::MXFP4 ? GGMLType::Q8_0 : cpu::panel_type(W.type);
   QWeight C{pt, W.N, W.K, std::vector<uint8_t>(*row_bytes(pt, uint64_t(W.K)) * uint64_t(W.N)),
             std::vector<float>(size_t(W.N * W.K))};
   const int64_t e = cpu::convert_rows(W.type, W.bytes.data(), *row_bytes(W.type, uint64_t(W.K)), W.N, W.K, C.bytes.data());

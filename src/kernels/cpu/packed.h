@@ -165,7 +165,9 @@ struct Q6KQuadCursor {
 // (1.4x Q5_1's, 2.5x Q3_K's, 2.5-5.4x the i-quants' 3.44-1.56 bits), for our fastest integer
 // kernels.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
-// faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's.)
+// faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's;
+// again with Q6_K's quad kernels (2026-12-06, Zen 5, TinyLlama-shaped Q3_K_M, alternated):
+// prefill 0.88-0.90x, decode 1.03-1.08x, max RSS 0.93x. Not kept: prefill is the first token.)
 GGMLType panel_type(GGMLType t);
 // rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in Q8_0 (panel_type(t), or
 // t = MXFP4), GGUF rows (row_bytes(Q8_0, K) apart). Returns how many 32-blocks hold exactly the source
