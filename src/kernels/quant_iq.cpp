@@ -547,6 +547,21 @@ void encode(GGMLType t, const Choice& c, uint8_t* out) {
 
 }  // namespace
 
+bool has_level_form(GGMLType t) {
+  return t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S;
+}
+
+int step32(GGMLType t, const uint8_t* blk, int ib) {
+  switch (t) {
+    case GGMLType::IQ2_XXS: return 2 * int(u32_at(reinterpret_cast<const blocks::IQ2_XXS*>(blk)->qs + 8 * ib + 4) >> 28) + 1;
+    case GGMLType::IQ3_XXS:
+      return 2 * int(u32_at(reinterpret_cast<const blocks::IQ3_XXS*>(blk)->scales_signs + 4 * ib) >> 28) + 1;
+    case GGMLType::IQ3_S: return 2 * ((reinterpret_cast<const blocks::IQ3_S*>(blk)->scales[ib / 2] >> (4 * (ib % 2))) & 0xf) + 1;
+    case GGMLType::IQ1_S: return 2 * ((u16_at(reinterpret_cast<const blocks::IQ1_S*>(blk)->qh + 2 * ib) >> 12) & 7) + 1;
+    default: fail("i-quant: ", type_traits(t).name, " has no single scale per 32-block");
+  }
+}
+
 bool is_grid_type(GGMLType t) {
   switch (t) {
     case GGMLType::IQ2_XXS: case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ3_XXS:
@@ -578,31 +593,13 @@ void quantize(GGMLType t, const float* x, uint8_t* dst, int64_t nb) {
 
 float block32_scale(GGMLType t, const uint8_t* blk, int ib) {
   switch (t) {
-    case GGMLType::IQ2_XXS: {
-      const auto& b = *reinterpret_cast<const blocks::IQ2_XXS*>(blk);
-      return iq2_step(load_f16(b.d), u32_at(b.qs + 8 * ib + 4) >> 28);
-    }
     case GGMLType::IQ2_XS: case GGMLType::IQ2_S: {
       const uint8_t s = t == GGMLType::IQ2_XS ? reinterpret_cast<const blocks::IQ2_XS*>(blk)->scales[ib]
                                               : reinterpret_cast<const blocks::IQ2_S*>(blk)->scales[ib];
       return (s & 0xf) == (s >> 4) ? iq2_step(load_f16(blk), s & 0xf) : 0.0f;  // (d at byte 0)
     }
-    case GGMLType::IQ3_XXS: {
-      const auto& b = *reinterpret_cast<const blocks::IQ3_XXS*>(blk);
-      return load_f16(b.d) * (0.5f + float(u32_at(b.scales_signs + 4 * ib) >> 28)) * 0.5f;
-    }
-    case GGMLType::IQ3_S: {  // values d (2s + 1) g, g <= 15: integers under d while s <= 3
-      const auto& b = *reinterpret_cast<const blocks::IQ3_S*>(blk);
-      const int s = (b.scales[ib / 2] >> (4 * (ib % 2))) & 0xf;
-      return s <= 3 ? load_f16(b.d) : load_f16(b.d) * float(1 + 2 * s);
-    }
-    // IQ1: values d (2s + 1) (g +- 1/8) = d / 8 (2s + 1) (8g +- 1), |8g +- 1| <= 9: integers
+    // IQ1_M: values d (2s + 1) (g +- 1/8) = d / 8 (2s + 1) (8g +- 1), |8g +- 1| <= 9: integers
     // under d / 8 while s <= 6 (whatever the halves' steps), else under dl / 8 of one step.
-    case GGMLType::IQ1_S: {
-      const auto& b = *reinterpret_cast<const blocks::IQ1_S*>(blk);
-      const int s = (u16_at(b.qh + 2 * ib) >> 12) & 7;
-      return s <= 6 ? load_f16(b.d) * 0.125f : load_f16(b.d) * float(2 * s + 1) * 0.125f;
-    }
     case GGMLType::IQ1_M: {
       const auto& b = *reinterpret_cast<const blocks::IQ1_M*>(blk);
       const int s = (u16_at(b.scales + 2 * (ib / 2)) >> (6 * (ib % 2))) & 63, s0 = s & 7, s1 = s >> 3;
@@ -610,7 +607,7 @@ float block32_scale(GGMLType t, const uint8_t* blk, int ib) {
       if (std::max(s0, s1) <= 6) return d * 0.125f;
       return s0 == s1 ? d * float(2 * s0 + 1) * 0.125f : 0.0f;
     }
-    default: fail("i-quant: not a grid type: ", type_traits(t).name);
+    default: fail("i-quant: block32_scale: ", type_traits(t).name, " is not a grid type without a level form");
   }
 }
 

@@ -98,7 +98,8 @@ QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
 // Weight types the cpu backend multiplies on its integer path (int8 activations, packed.h).
 bool int_path(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS;
+         t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ||
+         t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S;
 }
 
 // x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
@@ -176,7 +177,9 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
           {GGMLType::Q5_K, {256, 768}},       {GGMLType::Q6_K, {256, 768}},
           {GGMLType::MXFP4, {32, 288}},       {GGMLType::IQ4_NL, {32, 288}},
-          {GGMLType::IQ4_XS, {256, 768}}};
+          {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ3_S, {256, 512}},
+          {GGMLType::IQ2_XXS, {256}},         {GGMLType::IQ3_XXS, {512}},
+          {GGMLType::IQ1_S, {256}}};
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -290,7 +293,8 @@ TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   auto be = backend_for(GetParam());
   std::mt19937 rng(21);
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
-                     GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
+                     GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
+                     GGMLType::IQ1_S}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -327,7 +331,7 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
                      GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_NL,
-                     GGMLType::IQ4_XS}) {
+                     GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ1_S}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -884,10 +888,8 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
 constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_0,   GGMLType::Q5_1,    GGMLType::Q2_K,
-                                       GGMLType::Q3_K,
-                                       GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ3_XXS,
-                                       GGMLType::IQ3_S,   GGMLType::IQ1_S,  GGMLType::IQ1_M,   GGMLType::TQ1_0,
-                                       GGMLType::TQ2_0};
+                                       GGMLType::Q3_K,    GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ1_M,
+                                       GGMLType::TQ1_0,   GGMLType::TQ2_0};
 
 // W's rows converted to their panel type (convert_rows: panel_type, or MXFP4's GEMM form), and
 // their values.
@@ -1084,15 +1086,17 @@ TEST_P(KernelTest, Mxfp4ExtremeBlocksExact) {
   }
 }
 
-// IQ4_NL and IQ4_XS on their own layout (packed.h), from raw blocks: every level and every 6-bit
-// scale (IQ4_XS ls in [0, 63], sc = ls - 32) under a power-of-two d, so every weight is exact,
-// against +-1 activations (xq = +-127); a third of the rows all at the extreme level -127 under
-// sc = -32 (each 32-block's sum reaches 127 x 127 x 32: plain AVX2's signed pair sums are 2 x 127
-// x 127 each). Every ISA, every row count, packed or GGUF rows, gives the scalar path's bits and
-// the exact sums.
-TEST_P(KernelTest, IQ4LevelsAndScalesExact) {
+// The level types on their own layouts (packed.h), from raw random blocks (any index, sign and
+// scale bits) under a power-of-two d, so every weight is exact: IQ4_NL and IQ4_XS with every level
+// and every 6-bit scale (IQ4_XS ls in [0, 63], sc = ls - 32), the grid types with every grid
+// entry their random indices reach; against +-1 activations (xq = +-127). A third of the rows are
+// all-zero bytes: IQ4's extreme level -127 under sc = -32 (each 32-block's sum reaches 127 x 127 x
+// 32: plain AVX2's signed pair sums are 2 x 127 x 127 each). Every ISA, every row count, packed
+// or GGUF rows, gives the scalar path's bits and the exact sums.
+TEST_P(KernelTest, LevelTypesExactFromRawBlocks) {
   std::mt19937 rng(79);
-  for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
+  for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
+                     GGMLType::IQ1_S}) {
     SCOPED_TRACE(type_traits(t).name);
     const int64_t N = 19, K = 512;
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
@@ -1121,10 +1125,13 @@ TEST_P(KernelTest, IQ4LevelsAndScalesExact) {
         const uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
         if (t == GGMLType::IQ4_XS)
           for (int j = 0; j < 8; ++j) scales.insert(blocks::scale_iq4xs(*reinterpret_cast<const blocks::IQ4_XS*>(blk), j));
+        if (t != GGMLType::IQ4_XS && t != GGMLType::IQ4_NL) continue;
         const uint8_t* qs = t == GGMLType::IQ4_XS ? blk + offsetof(blocks::IQ4_XS, qs) : blk + 2;
         for (uint64_t i = 0; i < (t == GGMLType::IQ4_XS ? 128u : 16u); ++i) levels.insert(qs[i] & 0xF), levels.insert(qs[i] >> 4);
       }
-    ASSERT_EQ(levels.size(), 16u);
+    if (t == GGMLType::IQ4_XS || t == GGMLType::IQ4_NL) {
+      ASSERT_EQ(levels.size(), 16u);
+    }
     if (t == GGMLType::IQ4_XS) {
       ASSERT_EQ(scales.size(), 64u);
     }
@@ -1322,7 +1329,7 @@ TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
       if (variant == 4) x[160 + 3] = std::numeric_limits<float>::quiet_NaN();
     }
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
-                       GGMLType::IQ4_NL, GGMLType::IQ4_XS}) {
+                       GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS}) {
       const QWeight W = make_weight(rng, t, N, K);
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       native->matmul(X.data(), M, native->prepare(W.view()), a.data());
@@ -1432,14 +1439,13 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
   }
 }
 
-// The grid i-quants' 32-blocks whose values are integers under one f16 scale convert exactly
-// (iq::block32_scale), bit for bit: with d a power of two, every IQ2_XXS, IQ3_XXS, IQ3_S and
-// IQ1_S block; IQ2_XS and IQ2_S where a 32-block's halves share their step (set so here); IQ1_M,
+// The 32-blocks of the grid i-quants converted to Q8_0 (those with two scales per 32-block) whose
+// values are integers under one f16 scale convert exactly (iq::block32_scale), bit for bit: IQ2_XS
+// and IQ2_S where a 32-block's halves share their step (set so here, d a power of two); IQ1_M,
 // whatever its d, where both halves' steps are at most 6 (set so here). Random bytes otherwise.
 TEST(Requantize, GridTypesExactUnderOneScale) {
   std::mt19937 rng(5);
-  for (GGMLType t : {GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S, GGMLType::IQ1_M}) {
+  for (GGMLType t : {GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ1_M}) {
     const int64_t N = 6, K = 512, bb = type_traits(t).type_size;
     std::vector<uint8_t> w(size_t(N * K / 256 * bb));
     for (auto& v : w) v = uint8_t(rng());

@@ -522,27 +522,33 @@ struct Avx2Isa {
     w[1] = _mm256_shuffle_epi8(lut, w[1]);
   }
   // MXFP4 and IQ4_NL: quad layout as Q4_0, d its f16 scale.
-  template <const int8_t* kLevels, int kVnniBias>
+  template <GGMLType T, int kVnniBias>
   struct DecLevels32 : DecBlock32<288> {
     static constexpr int kBias = kVnniQuads ? kVnniBias : 0;
     static constexpr bool kSignedQuads = !kVnniQuads, kQ8Form = true;
-    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { level_quads_h<kLevels, kBias>(q, P, h, w); }
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
+      level_quads_h<level_values(T), kBias>(q, P, h, w);
+    }
   };
-  using DecMXFP4 = DecLevels32<blocks::kValuesMXFP4, 12>;
-  using DecIQ4_NL = DecLevels32<blocks::kValuesIQ4NL, 128>;
   static __m256 i8f(const uint8_t* p) {  // 8 int8 -> f32
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  // IQ4_XS (packed.h): s1 = d sc of sub-block sb, its quads as IQ4_NL's.
-  struct DecIQ4_XS : IQ4XSCursor {
-    static constexpr int kBias = DecIQ4_NL::kBias, kBytesPer32 = IQ4XSBlock::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = false, kSignedQuads = DecIQ4_NL::kSignedQuads, kQ8Form = true;
+  // The levels layout (packed.h: IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
+  // sub-block sb, its quads as IQ4_NL's.
+  template <GGMLType T>
+  struct DecLevels256 : LevelsCursor {
+    static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = LevelsBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
-      s1lo = _mm256_mul_ps(h8(blk + IQ4XSBlock::kD), i8f(blk + IQ4XSBlock::kSc + 16 * sb));
-      s1hi = _mm256_mul_ps(h8(blk + IQ4XSBlock::kD + 16), i8f(blk + IQ4XSBlock::kSc + 16 * sb + 8));
+      s1lo = _mm256_mul_ps(h8(blk + LevelsBlock::kD), i8f(blk + LevelsBlock::kSc + 16 * sb));
+      s1hi = _mm256_mul_ps(h8(blk + LevelsBlock::kD + 16), i8f(blk + LevelsBlock::kSc + 16 * sb + 8));
+      if constexpr (level_unit(T) != 1.0f) {
+        s1lo = _mm256_mul_ps(s1lo, _mm256_set1_ps(level_unit(T)));
+        s1hi = _mm256_mul_ps(s1hi, _mm256_set1_ps(level_unit(T)));
+      }
     }
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
-      level_quads_h<blocks::kValuesIQ4NL, kBias>(q, P, h, w);
+      level_quads_h<level_values(T), kBias>(q, P, h, w);
     }
   };
   // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
@@ -791,9 +797,13 @@ struct Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
-      case GGMLType::MXFP4: f(DecMXFP4{{group}}); return true;
-      case GGMLType::IQ4_NL: f(DecIQ4_NL{{group}}); return true;
-      case GGMLType::IQ4_XS: f(DecIQ4_XS{{group}}); return true;
+      case GGMLType::MXFP4: f(DecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
+      case GGMLType::IQ4_NL: f(DecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
+      case GGMLType::IQ4_XS: f(DecLevels256<GGMLType::IQ4_XS>{{group}}); return true;
+      case GGMLType::IQ2_XXS: f(DecLevels256<GGMLType::IQ2_XXS>{{group}}); return true;
+      case GGMLType::IQ3_XXS: f(DecLevels256<GGMLType::IQ3_XXS>{{group}}); return true;
+      case GGMLType::IQ3_S: f(DecLevels256<GGMLType::IQ3_S>{{group}}); return true;
+      case GGMLType::IQ1_S: f(DecLevels256<GGMLType::IQ1_S>{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(DecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;

@@ -495,27 +495,28 @@ struct Avx512Isa : Avx2Isa {
   }
   // MXFP4 and IQ4_NL (quad layout as Q4_0, d its f16 scale): u = kLevels[q] + kB (MXFP4 in [0,
   // 24], B = 12; IQ4_NL in [1, 241], B = 128). kQ8Form: unpack_int gives Q8_0's form (gemm_type).
-  template <const int8_t* kLevels, int kB>
+  template <GGMLType T, int kB>
   struct QDecLevels32 : QDecQ4_0 {
     static constexpr int kBias = kB;
     static constexpr bool kQ8Form = true;
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
-      level_quads<kLevels, kB>(blk + 32 + 64 * P, w0, w1);
+      level_quads<level_values(T), kB>(blk + 32 + 64 * P, w0, w1);
     }
   };
-  using QDecMXFP4 = QDecLevels32<blocks::kValuesMXFP4, 12>;
-  using QDecIQ4_NL = QDecLevels32<blocks::kValuesIQ4NL, 128>;
-  // IQ4_XS (packed.h): s1 = d sc of sub-block sb, u = kvalues[q] + 128 in [1, 241].
-  struct QDecIQ4_XS : IQ4XSCursor {
-    static constexpr int kBias = 128, kBytesPer32 = IQ4XSBlock::kBytes / 8;  // (on average)
+  // The levels layout (packed.h: IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
+  // sub-block sb, u = levels[q] + 128 in [1, 255].
+  template <GGMLType T>
+  struct QDecLevels256 : LevelsCursor {
+    static constexpr int kBias = 128, kBytesPer32 = LevelsBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m512& s1, __m512&) const {
       const __m512 sc = _mm512_cvtepi32_ps(
-          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + IQ4XSBlock::kSc + 16 * sb))));
-      s1 = _mm512_mul_ps(h16(blk + IQ4XSBlock::kD), sc);
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + LevelsBlock::kSc + 16 * sb))));
+      s1 = _mm512_mul_ps(h16(blk + LevelsBlock::kD), sc);
+      if constexpr (level_unit(T) != 1.0f) s1 = _mm512_mul_ps(s1, _mm512_set1_ps(level_unit(T)));
     }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
-      level_quads<blocks::kValuesIQ4NL, kBias>(q + 64 * P, w0, w1);
+      level_quads<level_values(T), kBias>(q + 64 * P, w0, w1);
     }
   };
   // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
@@ -571,9 +572,13 @@ struct Avx512Isa : Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
-      case GGMLType::MXFP4: f(QDecMXFP4{{group}}); return true;
-      case GGMLType::IQ4_NL: f(QDecIQ4_NL{{group}}); return true;
-      case GGMLType::IQ4_XS: f(QDecIQ4_XS{{group}}); return true;
+      case GGMLType::MXFP4: f(QDecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
+      case GGMLType::IQ4_NL: f(QDecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
+      case GGMLType::IQ4_XS: f(QDecLevels256<GGMLType::IQ4_XS>{{group}}); return true;
+      case GGMLType::IQ2_XXS: f(QDecLevels256<GGMLType::IQ2_XXS>{{group}}); return true;
+      case GGMLType::IQ3_XXS: f(QDecLevels256<GGMLType::IQ3_XXS>{{group}}); return true;
+      case GGMLType::IQ3_S: f(QDecLevels256<GGMLType::IQ3_S>{{group}}); return true;
+      case GGMLType::IQ1_S: f(QDecLevels256<GGMLType::IQ1_S>{{group}}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(QDecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;

@@ -47,7 +47,7 @@ GGMLType panel_type(GGMLType t) {
     case GGMLType::Q3_K: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return GGMLType::Q8_0;
     default:
-      return iq::is_grid_type(t) ? GGMLType::Q8_0 : t;
+      return iq::is_grid_type(t) && !iq::has_level_form(t) ? GGMLType::Q8_0 : t;
   }
 }
 
@@ -160,7 +160,9 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::F16: case GGMLType::BF16: return 16 * 2;
     case GGMLType::Q8_0: return 32 + 32 * 16;
     case GGMLType::Q4_0: case GGMLType::MXFP4: case GGMLType::IQ4_NL: return 32 + 32 * 8;
-    case GGMLType::IQ4_XS: return IQ4XSBlock::kBytes;
+    case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
+    case GGMLType::IQ1_S:
+      return LevelsBlock::kBytes;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
@@ -189,6 +191,46 @@ void pack_k_header(const B& b, int r, uint8_t* blk) {
     blk[Q4KBlock::kSc + s * 16 + r] = sc;
     blk[Q4KBlock::kM + s * 16 + r] = m;
   }
+}
+// A 256-block of a type in the levels layout (packed.h) as it packs: its f16 d, the scale sc of
+// each 32-block and each element's level index.
+struct Levels256 {
+  uint8_t d[2];
+  int8_t sc[8];
+  uint8_t idx[256];
+};
+Levels256 levels256(GGMLType t, const uint8_t* blk) {
+  Levels256 o{};
+  std::memcpy(o.d, blk, 2);  // (d first in each of these layouts)
+  if (t == GGMLType::IQ4_XS) {
+    const auto& b = *reinterpret_cast<const blocks::IQ4_XS*>(blk);
+    for (int s = 0; s < 8; ++s) o.sc[s] = int8_t(blocks::scale_iq4xs(b, s) - 32);
+    for (int e = 0; e < 256; ++e) o.idx[e] = uint8_t(nib32(b.qs + 16 * (e / 32), e % 32));
+    return o;
+  }
+  // The grid types: the block's values under d = 1 (exact: (2s + 1) unit v), over each 32-block's
+  // step (2s + 1) unit, are its integer levels v.
+  uint8_t one[sizeof(blocks::IQ3_S)];
+  const uint64_t bb = type_traits(t).type_size;
+  if (bb > sizeof one) fail("levels layout: ", type_traits(t).name, " blocks are larger than ", sizeof one, " bytes");
+  std::memcpy(one, blk, bb);
+  const uint16_t f16_one = 0x3C00;
+  std::memcpy(one, &f16_one, 2);
+  float w[256];
+  dequantize_row(t, one, w, 256);
+  const int8_t* levels = level_values(t);
+  for (int s = 0; s < 8; ++s) {
+    const int step = iq::step32(t, blk, s);
+    o.sc[s] = int8_t(step);
+    for (int e = 32 * s; e < 32 * s + 32; ++e) {
+      const float v = w[e] / (float(step) * level_unit(t));
+      int i = 0;
+      while (i < 16 && float(levels[i]) != v) ++i;
+      if (i == 16) fail("levels layout: ", type_traits(t).name, " value ", v, " is not among its levels");
+      o.idx[e] = uint8_t(i);
+    }
+  }
+  return o;
 }
 // Q6_K high 2 bits h: one uint16 lane L = (r % 8) * 2 + e % 2 per 4 pairs of k (32 bytes),
 // pair p % 4 at bits 4 (p % 4) (row r % 8) and 4 (p % 4) + 2 (row r % 8 + 8).
@@ -244,12 +286,12 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             for (int e = 0; e < 32; ++e) blk[32 + nib_at(e, r)] |= uint8_t(nib32(b.qs, e) << nib_shift(r));
             break;
           }
-          case GGMLType::IQ4_XS: {
-            const auto& b = reinterpret_cast<const blocks::IQ4_XS*>(row)[ib];
-            std::memcpy(blk + IQ4XSBlock::kD + 2 * r, b.d, 2);
-            for (int s = 0; s < 8; ++s) blk[IQ4XSBlock::kSc + s * 16 + r] = uint8_t(int8_t(blocks::scale_iq4xs(b, s) - 32));
-            for (int e = 0; e < 256; ++e)
-              blk[IQ4XSBlock::kQ + nib_at(e, r)] |= uint8_t(nib32(b.qs + 16 * (e / 32), e % 32) << nib_shift(r));
+          case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
+          case GGMLType::IQ1_S: {
+            const Levels256 L = levels256(t, row + uint64_t(ib) * type_traits(t).type_size);
+            std::memcpy(blk + LevelsBlock::kD + 2 * r, L.d, 2);
+            for (int s = 0; s < 8; ++s) blk[LevelsBlock::kSc + s * 16 + r] = uint8_t(L.sc[s]);
+            for (int e = 0; e < 256; ++e) blk[LevelsBlock::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
             break;
           }
           case GGMLType::MXFP4: {  // (as Q4_0, its f16 scale in d)
@@ -323,7 +365,7 @@ void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
   const uint64_t bb = packed_block_bytes(t), gb = group_bytes(t, K);
   const int64_t G = n_groups(n_rows), nb = K / bl;
   const uint64_t q_off = t == GGMLType::Q4_K || t == GGMLType::Q5_K ? Q4KBlock::kQ  // q bytes inside a block
-                         : t == GGMLType::IQ4_XS                     ? IQ4XSBlock::kQ
+                         : is_levels_layout(t)                       ? LevelsBlock::kQ
                                                                      : 32;
   const uint64_t q_bytes = uint64_t(bl) * kGroup / (t == GGMLType::Q8_0 ? 1 : 2);
   std::vector<uint8_t> q(q_bytes);
@@ -380,11 +422,12 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
   switch (t) {
     case GGMLType::Q8_0: return {int(int8_t(blk[32 + q8_at(e, r)])), f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
-    case GGMLType::MXFP4: return {int(blocks::kValuesMXFP4[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
-    case GGMLType::IQ4_NL: return {int(blocks::kValuesIQ4NL[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
-    case GGMLType::IQ4_XS:
-      return {int(blocks::kValuesIQ4NL[nib(blk + IQ4XSBlock::kQ)]),
-              f16(blk + IQ4XSBlock::kD + 2 * r) * float(int8_t(blk[IQ4XSBlock::kSc + (e / 32) * 16 + r])), 0.0f};
+    case GGMLType::MXFP4: case GGMLType::IQ4_NL: return {int(level_values(t)[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
+    case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
+    case GGMLType::IQ1_S:
+      return {int(level_values(t)[nib(blk + LevelsBlock::kQ)]),
+              f16(blk + LevelsBlock::kD + 2 * r) * float(int8_t(blk[LevelsBlock::kSc + (e / 32) * 16 + r])) * level_unit(t),
+              0.0f};
     case GGMLType::Q4_K: case GGMLType::Q5_K: {
       const int s = e / 32;
       const int h = t == GGMLType::Q5_K ? (blk[q5h_at(e, r)] >> q5h_bit(e)) & 1 : 0;

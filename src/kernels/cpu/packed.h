@@ -23,23 +23,29 @@
 //              uint16 [32 quads of pairs][16 lanes]: lane 2j + e, pair p of the quad at bits
 //              4p (row j) and 4p + 2 (row j + 8), so a shift and an and put them at bits 4-5
 //                                                    w = (d*sc) * (q - 32), sub-block = k/16
-//   IQ4_XS (256) f16 d[16]; int8 sc[8][16] (ls - 32); q[128 pairs][8][2] as Q4_0
-//                                                    w = (d*sc) * kvalues_iq4nl[q], sub-block = k/32
+//   levels (256: IQ4_XS, and the grid types with one scale per 32-block, IQ2_XXS, IQ3_XXS,
+//              IQ3_S, IQ1_S: iq::has_level_form) f16 d[16]; int8 sc[8][16]; q[128 pairs][8][2]
+//              as Q4_0, an index into the type's 16 levels (level_values)
+//                                                    w = (d*sc*unit) * levels[q], sub-block = k/32
+//              IQ4_XS sc = ls - 32, unit 1, ggml's kvalues_iq4nl; the grid types sc = 2s + 1
+//              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
+//              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
+//              Q8_0 8.5)
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0,
-// MXFP4, IQ4_NL, IQ4_XS, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// the level types, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
-//   Q4_0, MXFP4, IQ4_NL, IQ4_XS, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e)
+//   Q4_0, the level types, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e)
 //         holds k = 8P + e of row r in the low nibble and k = 8P + 4 + e in the high one; u = q
 //         (Q4_0 B = 8, Q4_K B = 0; Q5_K u = q + 16 h in [0, 31], its 5th bit h from the plane
-//         above, B = 0); the level types' nibble q (MXFP4, IQ4_NL, IQ4_XS) is an index, mapped by
-//         a byte shuffle (vpshufb) on vpdpbusd to u = kvalues[q] + B (MXFP4 B = 12: u in [0, 24];
-//         IQ4 B = 128: u in [1, 241]), on plain AVX2 to v = kvalues[q] itself (|v| x sign(xq, v)
-//         as Q8_0: u x xq pair sums would pass int16)
+//         above, B = 0); the level types' nibble q (MXFP4, IQ4_NL, the levels layout) is an
+//         index, mapped by a byte shuffle (vpshufb) on vpdpbusd to u = levels[q] + B (MXFP4 B =
+//         12: u in [0, 24]; the others B = 128: u in [1, 255]), on plain AVX2 to v = levels[q]
+//         itself (|v| x sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
 // so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
 // the same bytes per block.
 // Q6_K's quad variant (pack_rows_q6k_quad; the avx2 and avx512 kernels' layout, the scalar ones
@@ -57,7 +63,8 @@
 // in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
 // part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for Q4_K's min term):
 //   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  MXFP4, IQ4_NL v = kvalues[q], s1 = d;
-//   IQ4_XS v = kvalues[q], s1 = d*sc (exact in f32: 11 + 6 bits, as ggml's d (ls - 32));
+//   the levels layout v = levels[q], s1 = d*sc*unit (exact in f32: 11 + 6 bits times a power of
+//   two, as ggml's d (ls - 32), d (0.5 + s) / 4, ...);
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q6_K v = (q - 32) * sc, s1 = d
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
@@ -73,6 +80,8 @@
 #include <cstdint>
 
 #include "gguf/ggml_types.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/quant_iq.h"
 
 namespace ft::cpu {
 
@@ -84,8 +93,9 @@ struct Q4KBlock {
   static constexpr int kD = 0, kDmin = 32, kSc = 64, kM = 64 + 128, kQ = 64 + 256;
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2368
 };
-// Byte offsets inside one packed IQ4_XS block (256 k of a group): d, sc, then q as Q4_K's.
-struct IQ4XSBlock {
+// Byte offsets inside one packed block of the levels layout (256 k of a group): d, sc, then q as
+// Q4_K's.
+struct LevelsBlock {
   static constexpr int kD = 0, kSc = 32, kQ = 32 + 8 * kGroup;
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2208
 };
@@ -105,7 +115,7 @@ struct NibbleCursor256 {
   }
 };
 using Q4KCursor = NibbleCursor256<Q4KBlock>;
-using IQ4XSCursor = NibbleCursor256<IQ4XSBlock>;
+using LevelsCursor = NibbleCursor256<LevelsBlock>;
 // Q5_K's packed block: Q4_K's, then the 5th bits of its 8 32-blocks (kQhPer32 bytes each).
 struct Q5KBlock : Q4KBlock {
   static constexpr int kQh = Q4KBlock::kBytes, kQhPer32 = 4 * kGroup;
@@ -156,13 +166,13 @@ struct Q6KQuadCursor {
 // every TQ1_0 and TQ2_0 block (d, t - 1), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
 // [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for GGUF rows: it packs in its
 // own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
-// q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), and the grid i-quants'
-// 32-blocks under one scale that is an f16 (IQ2,
-// IQ3: (db, grid * sign); IQ1: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (the min
-// types Q4_1, Q5_1, Q2_K, and the i-quant rest) are requantized from their
+// q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), and the 32-blocks of the grid
+// i-quants with two scales per 32-block (IQ2_XS, IQ2_S, IQ1_M) under one scale that is an f16
+// (IQ2: (db, grid * sign); IQ1_M: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (the min
+// types Q4_1, Q5_1, Q2_K, and those i-quant blocks' rest) are requantized from their
 // exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11): 1/8 to 1/30 of the
 // source type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step
-// (1.4x Q5_1's, 2.5x Q3_K's, 2.5-5.4x the i-quants' 3.44-1.56 bits), for our fastest integer
+// (1.4x Q5_1's, 2.5x Q3_K's, 3.4-4.9x those i-quants' 2.5-1.75 bits), for our fastest integer
 // kernels.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
 // faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's;
@@ -190,14 +200,24 @@ uint16_t mxfp4_f16_scale(uint8_t e);
 GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K);
 
 // Weight types multiplied on the integer path.
+inline bool is_level_type(GGMLType t);
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS;
+         t == GGMLType::Q6_K || is_level_type(t);
 }
-// Integer-path types whose nibble is an index into a table of int8 levels (packed.h).
+// Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
+// IQ4_NL (Q4_0's layout), and the levels layout's.
+inline bool is_levels_layout(GGMLType t) { return t == GGMLType::IQ4_XS || iq::has_level_form(t); }
 inline bool is_level_type(GGMLType t) {
-  return t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS;
+  return t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || is_levels_layout(t);
 }
+// A level type's 16 levels, and the unit of the levels layout's scales (w = d sc unit levels[q]).
+constexpr const int8_t* level_values(GGMLType t) {
+  return t == GGMLType::MXFP4                             ? blocks::kValuesMXFP4
+         : t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ? blocks::kValuesIQ4NL
+                                                          : iq::level_values(t);
+}
+constexpr float level_unit(GGMLType t) { return t == GGMLType::IQ4_XS ? 1.0f : iq::level_unit(t); }
 // Integer-path types with a min term (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K; }
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level
