@@ -1086,6 +1086,38 @@ TEST_P(KernelTest, Mxfp4ExtremeBlocksExact) {
   }
 }
 
+// W (exact values) times +-1 activations (xq = +-127, dx = 1/127) on ISA isa, prepared and as
+// GGUF rows, at every row count: the scalar ISA's bits, and within 2^-20 of sum |w| of the
+// exact sum.
+void expect_exact_against_pm1(const std::string& isa, const QWeight& W, std::mt19937& rng) {
+  const int64_t N = W.N, K = W.K;
+  auto be = backend_for(isa), scalar = backend_for("scalar");
+  const WeightView pw = be->prepare(W.view()), ps = scalar->prepare(W.view());
+  ASSERT_EQ(pw.type, W.type);
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 33, 40, 64}) {
+    std::vector<float> X(size_t(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        X[size_t(m * K + k)] = m == 0 ? 1.0f : m == 1 ? -1.0f : (rng() % 8 ? 1.0f : -1.0f);
+    std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), sc(size_t(M * N));
+    be->matmul(X.data(), M, pw, native.data());
+    be->matmul(X.data(), M, W.view(), rows.data());
+    scalar->matmul(X.data(), M, ps, sc.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = size_t(m * N + n);
+        double want = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          want += double(W.deq[size_t(n * K + k)]) * X[size_t(m * K + k)];
+          mag += std::fabs(double(W.deq[size_t(n * K + k)]));
+        }
+        ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
+        ASSERT_NEAR(native[i], want, mag * 0x1p-20) << "M=" << M << " m " << m << " n " << n;
+      }
+  }
+}
+
 // The level types on their own layouts (packed.h), from raw random blocks (any index, sign and
 // scale bits) under a power-of-two d, so every weight is exact: IQ4_NL and IQ4_XS with every level
 // and every 6-bit scale (IQ4_XS ls in [0, 63], sc = ls - 32), the grid types with every grid
@@ -1135,31 +1167,7 @@ TEST_P(KernelTest, LevelTypesExactFromRawBlocks) {
     if (t == GGMLType::IQ4_XS) {
       ASSERT_EQ(scales.size(), 64u);
     }
-    auto be = backend_for(GetParam()), scalar = backend_for("scalar");
-    const WeightView pw = be->prepare(W.view()), ps = scalar->prepare(W.view());
-    ASSERT_EQ(pw.type, t);
-    for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 33, 40, 64}) {
-      std::vector<float> X(size_t(M * K));
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t k = 0; k < K; ++k)
-          X[size_t(m * K + k)] = m == 0 ? 1.0f : m == 1 ? -1.0f : (rng() % 8 ? 1.0f : -1.0f);
-      std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), sc(size_t(M * N));
-      be->matmul(X.data(), M, pw, native.data());
-      be->matmul(X.data(), M, W.view(), rows.data());
-      scalar->matmul(X.data(), M, ps, sc.data());
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-          const size_t i = size_t(m * N + n);
-          double want = 0, mag = 0;  // (x = +-1 exactly: xq = +-127, dx = 1/127)
-          for (int64_t k = 0; k < K; ++k) {
-            want += double(W.deq[size_t(n * K + k)]) * X[size_t(m * K + k)];
-            mag += std::fabs(double(W.deq[size_t(n * K + k)]));
-          }
-          ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
-          ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
-          ASSERT_NEAR(native[i], want, mag * 0x1p-20) << "M=" << M << " m " << m << " n " << n;
-        }
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_exact_against_pm1(GetParam(), W, rng));
   }
 }
 
@@ -1191,28 +1199,7 @@ TEST_P(KernelTest, Q5KExtremeBlocksExact) {
     const bool all = (i / K) % 3 != 2, even_sub = (i % 256) / 32 % 2 == 0;
     ASSERT_EQ(W.deq[size_t(i)], all || even_sub ? 31.0f : 0.0f) << i;
   }
-  auto be = backend_for(GetParam()), scalar = backend_for("scalar");
-  const WeightView pw = be->prepare(W.view()), ps = scalar->prepare(W.view());
-  ASSERT_EQ(pw.type, GGMLType::Q5_K);
-  for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 33, 40, 64}) {
-    std::vector<float> X(size_t(M * K));
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k)
-        X[size_t(m * K + k)] = m == 0 ? 1.0f : m == 1 ? -1.0f : (rng() % 8 ? 1.0f : -1.0f);
-    std::vector<float> native(size_t(M * N)), rows(size_t(M * N)), sc(size_t(M * N));
-    be->matmul(X.data(), M, pw, native.data());
-    be->matmul(X.data(), M, W.view(), rows.data());
-    scalar->matmul(X.data(), M, ps, sc.data());
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        const size_t i = size_t(m * N + n);
-        double want = 0;  // (x = +-1 exactly: xq = +-127, dx = 1/127)
-        for (int64_t k = 0; k < K; ++k) want += double(W.deq[size_t(n * K + k)]) * X[size_t(m * K + k)];
-        ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
-        ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
-        ASSERT_NEAR(native[i], want, 31.0 * K * 0x1p-20) << "M=" << M << " m " << m << " n " << n;
-      }
-  }
+  expect_exact_against_pm1(GetParam(), W, rng);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::ValuesIn(kIsas),
