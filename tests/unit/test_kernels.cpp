@@ -331,7 +331,7 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
                      GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_NL,
-                     GGMLType::IQ4_XS, GGMLType::IQ3_S, GGMLType::IQ1_S}) {
+                     GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S, GGMLType::IQ1_S}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -1316,7 +1316,8 @@ TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
       if (variant == 4) x[160 + 3] = std::numeric_limits<float>::quiet_NaN();
     }
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
-                       GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS}) {
+                       GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
+                       GGMLType::IQ1_S}) {
       const QWeight W = make_weight(rng, t, N, K);
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       native->matmul(X.data(), M, native->prepare(W.view()), a.data());

@@ -26,6 +26,7 @@
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/cpu/rowwise.h"
+#include "kernels/cpu/cpu_kernels.h"  // (before the target pragma, as below: its inline functions stay baseline)
 #include "kernels/cpu/thread_pool.h"  // (before the target pragma: its std headers stay baseline)
 
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8")
@@ -95,14 +96,14 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   }
 
   // The GEMM's chunk as Avx512Isa unpacks it, with the quad types' bytes as signed v = u - bias
-  // (Q8_0 q, Q4_0 q - 8, Q4_K q, Q5_K q + 16 h, MXFP4 kvalues[q]): tdpbssd's C is then the block's exact sum of
-  // v xq, I itself. (MXFP4's fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
+  // (Q8_0 q, Q4_0 q - 8, Q4_K q, Q5_K q + 16 h, the level types levels[q]): tdpbssd's C is then the block's exact sum of
+  // v xq, I itself. (The level types' fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
   // (Q6_K: Avx512Isa's unpack_q6k, for the vector tiles.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
                          float* S2) {
     Avx512Isa::unpack_int(t, group, k0, len, V, S1, S2);
     if (!is_quad_type(t)) return;
-    const GGMLType gt = gemm_type(t);  // (MXFP4's chunk is Q8_0's form)
+    const GGMLType gt = gemm_type(t);  // (the level types' chunk is Q8_0's form)
     const __m512i bias = _mm512_set1_epi8(char(gt == GGMLType::Q8_0 ? QDecQ8_0::kBias : gt == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0));
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t i = 0; i < len / kQBlock * kQBlock * kGroup; i += 64)
@@ -335,7 +336,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   static int64_t mk_int_tiles(GGMLType t, const int8_t* xq8, int64_t ldx, const float* dx, const int32_t* xs,
                               int64_t ldb, int64_t rows, const int16_t* const* V, const float* const* S1,
                               const float* const* S2, int ng, int64_t len, float* c, int64_t ldc, bool first) {
-    t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's)
+    t = gemm_type(t);  // (the unpacked chunk's form: the level types' is Q8_0's)
     if (!is_quad_type(t)) return 0;
     configure_tiles();
     const bool with_s2 = has_min_term(t);

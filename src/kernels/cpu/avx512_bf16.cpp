@@ -16,6 +16,7 @@
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/cpu/rowwise.h"
+#include "kernels/cpu/cpu_kernels.h"  // (before the target pragma, as below: its inline functions stay baseline)
 #include "kernels/cpu/thread_pool.h"  // (before the target pragma: its std headers stay baseline)
 
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")

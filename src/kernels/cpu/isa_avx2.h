@@ -502,12 +502,12 @@ struct Avx2Isa {
     static constexpr bool kSignedQuads = false;
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const { nibble_quads_h(q, P, h, w); }
   };
-  // The level types (packed.h: MXFP4, IQ4_NL, IQ4_XS): each nibble index q mapped by vpshufb to
-  // its level. With AVX-VNNI u = kLevels[q] + kVnniBias (MXFP4 12: u in [0, 24]; IQ4 128: [1,
-  // 241]) into vpdpbusd's int32; plain AVX2 sums 8 quads' vpmaddubsw pairs in int16, where u x xq
-  // pairs (MXFP4's <= 2 * 24 * 127) would pass 32767 by the sixth quad (5 x 6096 <= 32767 < 6 x
-  // 6096), so there the quads are v = kLevels[q] itself, signed as Q8_0's (|v| x sign(xq, v),
-  // widened per quad). unpack_int gives the GEMM Q8_0's form (signed v, kQ8Form).
+  // The level types (packed.h: MXFP4, IQ4_NL and the levels layout): each nibble index q mapped
+  // by vpshufb to its level. With AVX-VNNI u = levels[q] + B (MXFP4 12: u in [0, 24]; the others
+  // 128: [1, 255]) into vpdpbusd's int32; plain AVX2 sums 8 quads' vpmaddubsw pairs in int16,
+  // where u x xq pairs (MXFP4's <= 2 * 24 * 127) would pass 32767 by the sixth quad (5 x 6096 <=
+  // 32767 < 6 x 6096), so there the quads are v = levels[q] itself, signed as Q8_0's (|v| x
+  // sign(xq, v), widened per quad). unpack_int gives the GEMM Q8_0's form (signed v, kQ8Form).
 #ifdef FT_AVX_VNNI
   static constexpr bool kVnniQuads = true;
 #else
@@ -1068,7 +1068,7 @@ struct Avx2Isa {
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
-    t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's, its bias and signs)
+    t = gemm_type(t);  // (the unpacked chunk's form: the level types' is Q8_0's, its bias and signs)
     for (int g = 0; g < ng; ++g) {
       const uint8_t* v = reinterpret_cast<const uint8_t*>(V[g]);
       if (t == GGMLType::Q6_K) {

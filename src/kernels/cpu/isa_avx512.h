@@ -3,7 +3,7 @@
 // a superset): avx512.cpp instantiates the drivers with it, amx.cpp derives its own Isa from it.
 // Everything is in an anonymous namespace (see isa_avx2.h). Include after isa_avx2.h, under the
 // includer's `#pragma GCC target`.
-// Quantized Q8_0/Q4_0/Q4_K/Q5_K weights take the integer path on vpdpbusd (u8 weights x s8
+// Quantized Q8_0/Q4_0/Q4_K/Q5_K and level-type weights take the integer path on vpdpbusd (u8 weights x s8
 // activations, 64 products per instruction) over the quad layout of packed.h, and so does Q6_K
 // over its own quad variant (a chain per half block, scaled in int32); the float types on
 // 512-bit FMA. Attention: attention_avx512.cpp.
@@ -999,7 +999,7 @@ struct Avx512Isa : Avx2Isa {
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
-    t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's, its bias and signs)
+    t = gemm_type(t);  // (the unpacked chunk's form: the level types' is Q8_0's, its bias and signs)
     const uint8_t* v[2] = {reinterpret_cast<const uint8_t*>(V[0]),
                            reinterpret_cast<const uint8_t*>(ng > 1 ? V[1] : V[0])};
     if (t == GGMLType::Q6_K) {

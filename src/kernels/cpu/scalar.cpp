@@ -38,7 +38,7 @@ struct ScalarIsa {
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {
-    t = gemm_type(t);  // (the unpacked chunk's form: MXFP4's is Q8_0's, its bias and signs)
+    t = gemm_type(t);  // (the unpacked chunk's form: the level types' is Q8_0's, its bias and signs)
     for (int i = 0; i < ng; ++i)
       mk_int1(mr, x, V[i], S1[i], has_min_term(t) ? S2[i] : nullptr, len, c + i * kGroup, ldc, first);
   }
