@@ -97,8 +97,9 @@ QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
 
 // Weight types the cpu backend multiplies on its integer path (int8 activations, packed.h).
 bool int_path(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ||
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_K ||
+         t == GGMLType::Q5_K || t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL ||
+         t == GGMLType::IQ4_XS ||
          t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S;
 }
 
@@ -179,7 +180,7 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::MXFP4, {32, 288}},       {GGMLType::IQ4_NL, {32, 288}},
           {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ3_S, {256, 512}},
           {GGMLType::IQ2_XXS, {256}},         {GGMLType::IQ3_XXS, {512}},
-          {GGMLType::IQ1_S, {256}}};
+          {GGMLType::IQ1_S, {256}},           {GGMLType::Q5_0, {32, 288}}};
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -294,7 +295,7 @@ TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   std::mt19937 rng(21);
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
                      GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -331,7 +332,8 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
                      GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_NL,
-                     GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S, GGMLType::IQ1_S}) {
+                     GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S, GGMLType::IQ1_S,
+                     GGMLType::Q5_0}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -887,7 +889,7 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // The types without a panel layout of their own reach the kernels as another type (packed.h):
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
-constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_0,   GGMLType::Q5_1,    GGMLType::Q2_K,
+constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_1,   GGMLType::Q2_K,
                                        GGMLType::Q3_K,    GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ1_M,
                                        GGMLType::TQ1_0,   GGMLType::TQ2_0};
 
@@ -1118,17 +1120,19 @@ void expect_exact_against_pm1(const std::string& isa, const QWeight& W, std::mt1
   }
 }
 
-// The level types on their own layouts (packed.h), from raw random blocks (any index, sign and
-// scale bits) under a power-of-two d, so every weight is exact: IQ4_NL and IQ4_XS with every level
-// and every 6-bit scale (IQ4_XS ls in [0, 63], sc = ls - 32), the grid types with every grid
-// entry their random indices reach; against +-1 activations (xq = +-127). A third of the rows are
-// all-zero bytes: IQ4's extreme level -127 under sc = -32 (each 32-block's sum reaches 127 x 127 x
-// 32: plain AVX2's signed pair sums are 2 x 127 x 127 each). Every ISA, every row count, packed
-// or GGUF rows, gives the scalar path's bits and the exact sums.
-TEST_P(KernelTest, LevelTypesExactFromRawBlocks) {
+// The level types and Q5_0 on their own layouts (packed.h), from raw random blocks (any index,
+// sign, 5th bit and scale bits) under a power-of-two d, so every weight is exact: IQ4_NL and
+// IQ4_XS with every level and every 6-bit scale (IQ4_XS ls in [0, 63], sc = ls - 32), the grid
+// types with every grid entry their random indices reach; against +-1 activations (xq = +-127).
+// A third of the rows are all-zero bytes (IQ4's extreme level -127 under sc = -32: each
+// 32-block's sum reaches 127 x 127 x 32, and plain AVX2's signed pair sums are 2 x 127 x 127
+// each), Q5_0's all-one bytes (u = 31 throughout: eight quads' unsigned pair sums would pass
+// int16). Every ISA, every row count, packed or GGUF rows, gives the scalar path's bits and the
+// exact sums.
+TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
   std::mt19937 rng(79);
   for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0}) {
     SCOPED_TRACE(type_traits(t).name);
     const int64_t N = 19, K = 512;
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
@@ -1136,9 +1140,10 @@ TEST_P(KernelTest, LevelTypesExactFromRawBlocks) {
     for (int64_t n = 0; n < N; ++n)
       for (uint64_t b = 0; b < rb / bb; ++b) {
         uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
-        for (uint64_t i = 0; i < bb; ++i) blk[i] = n % 3 == 2 ? 0 : uint8_t(rng());  // (level 0: -127; ls 0)
+        const uint8_t extreme = t == GGMLType::Q5_0 ? 0xFF : 0;  // (IQ4: level 0, -127, and ls 0)
+        for (uint64_t i = 0; i < bb; ++i) blk[i] = n % 3 == 2 ? extreme : uint8_t(rng());
         const uint16_t d = uint16_t(0x1800 + 0x400 * (rng() % 4));  // f16 2^-9 .. 2^-6
-        std::memcpy(blk, &d, 2);  // (d first in both)
+        std::memcpy(blk, &d, 2);  // (d first in each)
         if (t == GGMLType::IQ4_XS && n % 3 != 2) {  // ls of sub-block j: every value in turn
           auto& x = *reinterpret_cast<blocks::IQ4_XS*>(blk);
           uint16_t sh = 0;
@@ -1317,7 +1322,7 @@ TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
     }
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
                        GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                       GGMLType::IQ1_S}) {
+                       GGMLType::IQ1_S, GGMLType::Q5_0}) {
       const QWeight W = make_weight(rng, t, N, K);
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       native->matmul(X.data(), M, native->prepare(W.view()), a.data());
@@ -1394,7 +1399,7 @@ TEST(KernelSelection, ReportsIsa) {
 namespace ft {
 namespace {
 
-// convert_rows (packed.h): Q3_K, Q5_0, TQ1_0 and TQ2_0 blocks always exact; every block
+// convert_rows (packed.h): Q3_K, TQ1_0 and TQ2_0 blocks always exact; every block
 // within Q8_0's own rounding of the exact values.
 TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
   std::mt19937 rng(5);
@@ -1419,7 +1424,7 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
       bitwise += same;
     }
     EXPECT_LE(exact, bitwise) << type_traits(t).name;  // exact blocks decode to the same values
-    if (t == GGMLType::Q5_0 || t == GGMLType::Q3_K || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0) {
+    if (t == GGMLType::Q3_K || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0) {
       EXPECT_EQ(exact, nb) << type_traits(t).name;
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),

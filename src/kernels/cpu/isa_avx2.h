@@ -573,20 +573,34 @@ struct Avx2Isa {
   // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31]. Without
   // VNNI its vpmaddubsw pair sums (<= 2 * 31 * 127) are widened per quad (kWideQuads): eight
   // would pass int16.
+  // Quads 2P and 2P + 1 of rows 8h..8h+7 (w), plus their 5th bits from the plane qh (packed.h:
+  // byte (r, e) holds quad j's 5th bit at bit j): to bit 4 (16-bit shifts; the and keeps bit 4 of
+  // each byte, which came from the same byte).
+  [[gnu::always_inline]] static void fifth_bits_h(const uint8_t* qh, int P, int h, __m256i (&w)[2]) {
+    const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+    const __m256i m = _mm256_set1_epi8(0x10);
+    for (int e = 0; e < 2; ++e) {
+      const int j = 2 * P + e;
+      const __m256i b = j <= 4 ? _mm256_slli_epi16(H, 4 - j) : _mm256_srli_epi16(H, j - 4);
+      w[e] = _mm256_or_si256(w[e], _mm256_and_si256(b, m));
+    }
+  }
+  // Q5_0 (packed.h: Q4_0's, then the 5th bits' plane): u = q + 16 h in [0, 31], B = 16; its
+  // vpmaddubsw pair sums widened per quad without VNNI, as Q5_K's.
+  struct DecQ5_0 : DecBlock32<Q50Block::kBytes> {
+    static constexpr int kBias = 16;
+    static constexpr bool kSignedQuads = false, kWideQuads = true, kQ8Form = true;
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
+      nibble_quads_h(q, P, h, w);
+      fifth_bits_h(q + (Q50Block::kQh - Q50Block::kQ), P, h, w);
+    }
+  };
   struct DecQ5_K : Q5KCursor {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false, kWideQuads = true;
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
       nibble_quads_h(q, P, h, w);
-      // Byte (r, e) of the plane holds quad j's 5th bit at bit j: to bit 4 (16-bit shifts; the
-      // and keeps bit 4 of each byte, which came from the same byte).
-      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
-      const __m256i m = _mm256_set1_epi8(0x10);
-      for (int e = 0; e < 2; ++e) {
-        const int j = 2 * P + e;
-        const __m256i b = j <= 4 ? _mm256_slli_epi16(H, 4 - j) : _mm256_srli_epi16(H, j - 4);
-        w[e] = _mm256_or_si256(w[e], _mm256_and_si256(b, m));
-      }
+      fifth_bits_h(qh, P, h, w);
     }
     static constexpr int kBytesPer32 = Q5KBlock::kBytes / 8;  // packed bytes per 32-block of k (on average)
     static constexpr bool kS2 = true;
@@ -797,6 +811,7 @@ struct Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
+      case GGMLType::Q5_0: f(DecQ5_0{{group}}); return true;
       case GGMLType::MXFP4: f(DecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
       case GGMLType::IQ4_NL: f(DecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
       case GGMLType::IQ4_XS: f(DecLevels256<GGMLType::IQ4_XS>{{group}}); return true;

@@ -533,18 +533,35 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
   };
   // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31].
+  // Quads 2P and 2P + 1 (w0, w1) of a nibble type, plus their 5th bits from the plane qh (packed.h:
+  // byte (r, e) holds quad j's 5th bit at bit j): to bit 4 (16-bit shifts; the and keeps bit 4
+  // of each byte, which came from the same byte). w | (b & 0x10): 0xF8.
+  [[gnu::always_inline]] static void fifth_bits(const uint8_t* qh, int P, __m512i& w0, __m512i& w1) {
+    const __m512i H = ld(qh), m = _mm512_set1_epi8(0x10);
+    const auto at4 = [&](int j) { return j <= 4 ? _mm512_slli_epi16(H, unsigned(4 - j)) : _mm512_srli_epi16(H, unsigned(j - 4)); };
+    w0 = _mm512_ternarylogic_epi32(w0, at4(2 * P), m, 0xF8);
+    w1 = _mm512_ternarylogic_epi32(w1, at4(2 * P + 1), m, 0xF8);
+  }
   struct QDecQ5_K : Q5KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q5KBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = true, kSub16 = false;
     [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const { k_scales(blk, sb, s1, s2); }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
       nibble_quads(q + 64 * P, w0, w1);
-      // Byte (r, e) of the plane holds quad j's 5th bit at bit j: to bit 4 (16-bit shifts; the
-      // and keeps bit 4 of each byte, which came from the same byte). w | (b & 0x10): 0xF8.
-      const __m512i H = ld(qh), m = _mm512_set1_epi8(0x10);
-      const auto at4 = [&](int j) { return j <= 4 ? _mm512_slli_epi16(H, unsigned(4 - j)) : _mm512_srli_epi16(H, unsigned(j - 4)); };
-      w0 = _mm512_ternarylogic_epi32(w0, at4(2 * P), m, 0xF8);
-      w1 = _mm512_ternarylogic_epi32(w1, at4(2 * P + 1), m, 0xF8);
+      fifth_bits(qh, P, w0, w1);
+    }
+  };
+  // Q5_0 (packed.h: Q4_0's, then the 5th bits' plane): u = q + 16 h in [0, 31], B = 16.
+  struct QDecQ5_0 {
+    static constexpr int kBias = 16, kBytesPer32 = Q50Block::kBytes;
+    static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    [[gnu::always_inline]] void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk); }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
+      nibble_quads(blk + Q50Block::kQ + 64 * P, w0, w1);
+      fifth_bits(blk + Q50Block::kQh, P, w0, w1);
     }
   };
   // Q6_K's quad variant (packed.h): per half block h (kSub16), quads(h, w) gives its 4 quads as
@@ -572,6 +589,7 @@ struct Avx512Isa : Avx2Isa {
     switch (t) {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
+      case GGMLType::Q5_0: f(QDecQ5_0{group}); return true;
       case GGMLType::MXFP4: f(QDecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
       case GGMLType::IQ4_NL: f(QDecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
       case GGMLType::IQ4_XS: f(QDecLevels256<GGMLType::IQ4_XS>{{group}}); return true;

@@ -43,7 +43,7 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 GGMLType panel_type(GGMLType t) {
   switch (t) {
-    case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q2_K:
+    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q2_K:
     case GGMLType::Q3_K: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return GGMLType::Q8_0;
     default:
@@ -56,7 +56,6 @@ namespace {
 // is naturally int8 (packed.h), or 0 (none: requantize).
 uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
   switch (t) {
-    case GGMLType::Q5_0: return load_u16(reinterpret_cast<const blocks::Q5_0*>(blk)->d);
     // -d: v = -(sc - 32)(q - 4) lies in [-128, 124], where (sc - 32)(q - 4) reaches +128.
     case GGMLType::Q3_K: return uint16_t(load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d) ^ 0x8000);
     case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
@@ -160,6 +159,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::F16: case GGMLType::BF16: return 16 * 2;
     case GGMLType::Q8_0: return 32 + 32 * 16;
     case GGMLType::Q4_0: case GGMLType::MXFP4: case GGMLType::IQ4_NL: return 32 + 32 * 8;
+    case GGMLType::Q5_0: return Q50Block::kBytes;
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S:
       return LevelsBlock::kBytes;
@@ -177,8 +177,10 @@ inline int q8_at(int e, int r) { return (e / 2) * 32 + r * 2 + e % 2; }
 // 4-bit q (Q4_0, Q4_K, Q6_K low bits): byte of the pair-interleaved nibbles, and the shift.
 inline int nib_at(int e, int r) { return (e / 2) * 16 + (r % 8) * 2 + e % 2; }
 inline int nib_shift(int r) { return r < 8 ? 0 : 4; }
-// Q5_K's 5th bit of element e (< 256), row r (both variants): byte and bit in its plane.
+// Q5_K's 5th bit of element e (< 256), row r (both variants): byte and bit in its plane (Q5_0's
+// the same plane after its 32-block's nibbles).
 inline int q5h_at(int e, int r) { return Q5KBlock::kQh + (e / 32) * Q5KBlock::kQhPer32 + r * 4 + e % 4; }
+inline int q50h_at(int e, int r) { return Q50Block::kQh + r * 4 + e % 4; }
 inline int q5h_bit(int e) { return (e % 32) / 4; }
 // Row r's d, dmin and unpacked 6-bit scales and mins of a Q4_K or Q5_K block b (Q4KBlock offsets).
 template <class B>
@@ -280,6 +282,15 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             for (int e = 0; e < 32; ++e) blk[32 + nib_at(e, r)] |= uint8_t(nib32(b.qs, e) << nib_shift(r));
             break;
           }
+          case GGMLType::Q5_0: {  // (as Q4_0, then the 5th bits)
+            const auto& b = reinterpret_cast<const blocks::Q5_0*>(row)[ib];
+            std::memcpy(blk + 2 * r, b.d, 2);
+            for (int e = 0; e < 32; ++e) {
+              blk[Q50Block::kQ + nib_at(e, r)] |= uint8_t(nib32(b.qs, e) << nib_shift(r));
+              blk[q50h_at(e, r)] |= uint8_t(blocks::q5_high(b.qh, e) << q5h_bit(e));
+            }
+            break;
+          }
           case GGMLType::IQ4_NL: {  // (as Q4_0)
             const auto& b = reinterpret_cast<const blocks::IQ4_NL*>(row)[ib];
             std::memcpy(blk + 2 * r, b.d, 2);
@@ -343,8 +354,8 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
 }
 
 bool is_quad_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         is_level_type(t);
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_K ||
+         t == GGMLType::Q5_K || is_level_type(t);
 }
 
 namespace {
@@ -422,6 +433,7 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
   switch (t) {
     case GGMLType::Q8_0: return {int(int8_t(blk[32 + q8_at(e, r)])), f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
+    case GGMLType::Q5_0: return {nib(blk + Q50Block::kQ) + 16 * ((blk[q50h_at(e, r)] >> q5h_bit(e)) & 1) - 16, f16(blk + 2 * r), 0.0f};
     case GGMLType::MXFP4: case GGMLType::IQ4_NL: return {int(level_values(t)[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S:

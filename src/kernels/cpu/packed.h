@@ -14,6 +14,8 @@
 //   MXFP4 (32) as Q4_0, d the f16 scale 2^(e - 128) for e in [104, 143], else +0 with q = 0 (e <
 //              104, tiny: every |value| <= 12 * 2^-25; or an all-zero block); w = kvalues[q] * d
 //   IQ4_NL (32) as Q4_0 (its own d)                 w = kvalues_iq4nl[q] * d, levels in [-127, 113]
+//   Q5_0 (32)  as Q4_0, then the 5th bits uint8 [16 rows][4] as Q5_K's plane (one 32-block's)
+//                                                    w = (q + 16 h - 16) * d
 //   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
 //   Q5_K (256) as Q4_K, then the 5th bits uint8 [8 32-blocks][16 rows][4]: byte (s, r, e) holds
@@ -33,16 +35,16 @@
 //              Q8_0 8.5)
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
-// The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0,
+// The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
 // the level types, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
-//   Q4_0, the level types, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e)
+//   Q4_0, Q5_0, the level types, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e)
 //         holds k = 8P + e of row r in the low nibble and k = 8P + 4 + e in the high one; u = q
 //         (Q4_0 B = 8, Q4_K B = 0; Q5_K u = q + 16 h in [0, 31], its 5th bit h from the plane
-//         above, B = 0); the level types' nibble q (MXFP4, IQ4_NL, the levels layout) is an
+//         above, B = 0; Q5_0 the same u, B = 16); the level types' nibble q (MXFP4, IQ4_NL, the levels layout) is an
 //         index, mapped by a byte shuffle (vpshufb) on vpdpbusd to u = levels[q] + B (MXFP4 B =
 //         12: u in [0, 24]; the others B = 128: u in [1, 255]), on plain AVX2 to v = levels[q]
 //         itself (|v| x sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
@@ -62,7 +64,8 @@
 // x is cut into blocks of kQBlock = 32 along K, each x ~= dx * xq with dx = max|x| / 127 and xq
 // in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
 // part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for Q4_K's min term):
-//   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  MXFP4, IQ4_NL v = kvalues[q], s1 = d;
+//   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  Q5_0 v = q + 16 h - 16, s1 = d;
+//   MXFP4, IQ4_NL v = kvalues[q], s1 = d;
 //   the levels layout v = levels[q], s1 = d*sc*unit (exact in f32: 11 + 6 bits times a power of
 //   two, as ggml's d (ls - 32), d (0.5 + s) / 4, ...);
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
@@ -72,8 +75,8 @@
 //   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
-// The level types' GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's form (v =
-// kvalues[q] and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels;
+// The level types' and Q5_0's GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's
+// form (v and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels;
 // MXFP4's GGUF rows (a weight not prepared) are converted to Q8_0 a chunk at a time
 // (convert_rows: exact where the scale is an f16), so a row's bits are the same packed or not.
 #pragma once
@@ -92,6 +95,11 @@ constexpr int kQBlock = 32;  // activation quantization block along K (integer p
 struct Q4KBlock {
   static constexpr int kD = 0, kDmin = 32, kSc = 64, kM = 64 + 128, kQ = 64 + 256;
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2368
+};
+// Byte offsets inside one packed Q5_0 block (32 k of a group): d, q as Q4_0's, the 5th bits.
+struct Q50Block {
+  static constexpr int kD = 0, kQ = 32, kQh = kQ + 32 * kGroup / 2;
+  static constexpr int kBytes = kQh + 4 * kGroup;  // 352
 };
 // Byte offsets inside one packed block of the levels layout (256 k of a group): d, sc, then q as
 // Q4_K's.
@@ -162,8 +170,7 @@ struct Q6KQuadCursor {
 
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
-// values are int8 multiples of one f16 scale is stored exactly: every Q5_0 block (d, q - 16),
-// every TQ1_0 and TQ2_0 block (d, t - 1), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
+// values are int8 multiples of one f16 scale is stored exactly: every TQ1_0 and TQ2_0 block (d, t - 1), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
 // [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for GGUF rows: it packs in its
 // own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), and the 32-blocks of the grid
@@ -202,8 +209,8 @@ GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
 // Weight types multiplied on the integer path.
 inline bool is_level_type(GGMLType t);
 inline bool is_int_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
-         t == GGMLType::Q6_K || is_level_type(t);
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_K ||
+         t == GGMLType::Q5_K || t == GGMLType::Q6_K || is_level_type(t);
 }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
@@ -221,8 +228,8 @@ constexpr float level_unit(GGMLType t) { return t == GGMLType::IQ4_XS ? 1.0f : i
 // Integer-path types with a min term (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K; }
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level
-// types' chunk is Q8_0's (above), every other type its own.
-inline GGMLType gemm_type(GGMLType t) { return is_level_type(t) ? GGMLType::Q8_0 : t; }
+// types' and Q5_0's chunk is Q8_0's (above), every other type its own.
+inline GGMLType gemm_type(GGMLType t) { return is_level_type(t) || t == GGMLType::Q5_0 ? GGMLType::Q8_0 : t; }
 
 int64_t block_len(GGMLType t);           // elements per block along K (type_traits)
 uint64_t packed_block_bytes(GGMLType t);  // bytes of one block of a group (16 rows)
