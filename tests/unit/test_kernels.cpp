@@ -97,7 +97,8 @@ QWeight make_weight(std::mt19937& rng, GGMLType t, int64_t N, int64_t K) {
 
 // Weight types the cpu backend multiplies on its integer path (int8 activations, packed.h).
 bool int_path(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_K ||
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_1 ||
+         t == GGMLType::Q5_1 || t == GGMLType::Q4_K ||
          t == GGMLType::Q5_K || t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL ||
          t == GGMLType::IQ4_XS ||
          t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S;
@@ -128,7 +129,7 @@ std::vector<double> kernel_x(const float* X, int64_t M, int64_t K, GGMLType t, b
   return x;
 }
 
-// Q4_K's and Q5_K's min term dmin * m of row n at k: the integer path adds it as its own
+// Q4_K's and Q5_K's min term dmin * m (Q4_1's and Q5_1's m) of row n at k: the integer path adds it as its own
 // product (w = d1 q - m1), so its magnitude counts in the rounding bound even where it cancels
 // against d1 q.
 template <class B>
@@ -141,6 +142,10 @@ double k_min_of(const QWeight& W, int64_t n, int64_t k) {
 double k_min(const QWeight& W, int64_t n, int64_t k) {
   if (W.type == GGMLType::Q4_K) return k_min_of<blocks::Q4_K>(W, n, k);
   if (W.type == GGMLType::Q5_K) return k_min_of<blocks::Q5_K>(W, n, k);
+  if (W.type == GGMLType::Q4_1 || W.type == GGMLType::Q5_1) {  // (m at byte 2 of both)
+    const uint8_t* b = W.bytes.data() + uint64_t(n) * *row_bytes(W.type, uint64_t(W.K)) + (k / 32) * type_traits(W.type).type_size;
+    return std::fabs(double(f16_to_f32(load_u16(b + 2))));
+  }
   return 0;
 }
 
@@ -180,7 +185,8 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::MXFP4, {32, 288}},       {GGMLType::IQ4_NL, {32, 288}},
           {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ3_S, {256, 512}},
           {GGMLType::IQ2_XXS, {256}},         {GGMLType::IQ3_XXS, {512}},
-          {GGMLType::IQ1_S, {256}},           {GGMLType::Q5_0, {32, 288}}};
+          {GGMLType::IQ1_S, {256}},           {GGMLType::Q5_0, {32, 288}},
+          {GGMLType::Q4_1, {32, 288}},        {GGMLType::Q5_1, {64, 288}}};
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -295,7 +301,7 @@ TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   std::mt19937 rng(21);
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
                      GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S, GGMLType::Q5_0}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -333,7 +339,7 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
                      GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_NL,
                      GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S, GGMLType::IQ1_S,
-                     GGMLType::Q5_0}) {
+                     GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -889,7 +895,7 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // The types without a panel layout of their own reach the kernels as another type (packed.h):
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
-constexpr GGMLType kRepackedTypes[] = {GGMLType::Q4_1,    GGMLType::Q5_1,   GGMLType::Q2_K,
+constexpr GGMLType kRepackedTypes[] = {GGMLType::Q2_K,
                                        GGMLType::Q3_K,    GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ1_M,
                                        GGMLType::TQ1_0,   GGMLType::TQ2_0};
 
@@ -1089,8 +1095,8 @@ TEST_P(KernelTest, Mxfp4ExtremeBlocksExact) {
 }
 
 // W (exact values) times +-1 activations (xq = +-127, dx = 1/127) on ISA isa, prepared and as
-// GGUF rows, at every row count: the scalar ISA's bits, and within 2^-20 of sum |w| of the
-// exact sum.
+// GGUF rows, at every row count: the scalar ISA's bits, and within 2^-20 of sum |w| (and twice
+// the min terms, k_min) of the exact sum.
 void expect_exact_against_pm1(const std::string& isa, const QWeight& W, std::mt19937& rng) {
   const int64_t N = W.N, K = W.K;
   auto be = backend_for(isa), scalar = backend_for("scalar");
@@ -1111,7 +1117,7 @@ void expect_exact_against_pm1(const std::string& isa, const QWeight& W, std::mt1
         double want = 0, mag = 0;
         for (int64_t k = 0; k < K; ++k) {
           want += double(W.deq[size_t(n * K + k)]) * X[size_t(m * K + k)];
-          mag += std::fabs(double(W.deq[size_t(n * K + k)]));
+          mag += std::fabs(double(W.deq[size_t(n * K + k)])) + 2 * k_min(W, n, k);
         }
         ASSERT_EQ(native[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
         ASSERT_EQ(rows[i], sc[i]) << "M=" << M << " m " << m << " n " << n;
@@ -1120,19 +1126,20 @@ void expect_exact_against_pm1(const std::string& isa, const QWeight& W, std::mt1
   }
 }
 
-// The level types and Q5_0 on their own layouts (packed.h), from raw random blocks (any index,
-// sign, 5th bit and scale bits) under a power-of-two d, so every weight is exact: IQ4_NL and
+// The level types, Q5_0, Q4_1 and Q5_1 on their own layouts (packed.h), from raw random blocks
+// (any index, sign, 5th bit and scale bits) under a power-of-two d (and m), so every weight is
+// exact: IQ4_NL and
 // IQ4_XS with every level and every 6-bit scale (IQ4_XS ls in [0, 63], sc = ls - 32), the grid
 // types with every grid entry their random indices reach; against +-1 activations (xq = +-127).
 // A third of the rows are all-zero bytes (IQ4's extreme level -127 under sc = -32: each
 // 32-block's sum reaches 127 x 127 x 32, and plain AVX2's signed pair sums are 2 x 127 x 127
-// each), Q5_0's all-one bytes (u = 31 throughout: eight quads' unsigned pair sums would pass
-// int16). Every ISA, every row count, packed or GGUF rows, gives the scalar path's bits and the
+// each), Q5_0's and Q5_1's all-one bytes (u = 31 throughout: eight quads' unsigned pair sums
+// would pass int16). Every ISA, every row count, packed or GGUF rows, gives the scalar path's bits and the
 // exact sums.
 TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
   std::mt19937 rng(79);
   for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S, GGMLType::Q5_0}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1}) {
     SCOPED_TRACE(type_traits(t).name);
     const int64_t N = 19, K = 512;
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
@@ -1140,10 +1147,14 @@ TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
     for (int64_t n = 0; n < N; ++n)
       for (uint64_t b = 0; b < rb / bb; ++b) {
         uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
-        const uint8_t extreme = t == GGMLType::Q5_0 ? 0xFF : 0;  // (IQ4: level 0, -127, and ls 0)
+        const uint8_t extreme = t == GGMLType::Q5_0 || t == GGMLType::Q5_1 ? 0xFF : 0;  // (IQ4: level 0, -127; ls 0)
         for (uint64_t i = 0; i < bb; ++i) blk[i] = n % 3 == 2 ? extreme : uint8_t(rng());
         const uint16_t d = uint16_t(0x1800 + 0x400 * (rng() % 4));  // f16 2^-9 .. 2^-6
         std::memcpy(blk, &d, 2);  // (d first in each)
+        if (t == GGMLType::Q4_1 || t == GGMLType::Q5_1) {  // m: +-2^-8 .. 2^-5
+          const uint16_t m = uint16_t(0x1C00 + 0x400 * (rng() % 4) + (rng() % 2 ? 0x8000 : 0));
+          std::memcpy(blk + 2, &m, 2);
+        }
         if (t == GGMLType::IQ4_XS && n % 3 != 2) {  // ls of sub-block j: every value in turn
           auto& x = *reinterpret_cast<blocks::IQ4_XS*>(blk);
           uint16_t sh = 0;
@@ -1322,7 +1333,7 @@ TEST_P(KernelTest, IntPathSpecialActivationBlocksBitIdenticalToScalar) {
     }
     for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
                        GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                       GGMLType::IQ1_S, GGMLType::Q5_0}) {
+                       GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1}) {
       const QWeight W = make_weight(rng, t, N, K);
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       native->matmul(X.data(), M, native->prepare(W.view()), a.data());
@@ -1475,11 +1486,13 @@ TEST(Requantize, GridTypesExactUnderOneScale) {
 // UBSan report), and its neighbours as ever.
 TEST(Requantize, NonFiniteBlocksConvertToNaN) {
   std::mt19937 rng(9);
-  for (GGMLType t : {GGMLType::Q4_1, GGMLType::Q2_K, GGMLType::IQ2_XS}) {
+  for (GGMLType t : {GGMLType::TQ2_0, GGMLType::Q2_K, GGMLType::IQ2_XS}) {
     const int64_t K = 512;
     QWeight W = make_weight(rng, t, 1, K);
     const uint16_t inf = 0x7c00;
-    const size_t d_at = t == GGMLType::Q2_K ? offsetof(blocks::Q2_K, d) : 0;  // (block 0's d)
+    const size_t d_at = t == GGMLType::Q2_K    ? offsetof(blocks::Q2_K, d)  // (block 0's d)
+                        : t == GGMLType::TQ2_0 ? offsetof(blocks::TQ2_0, d)
+                                               : 0;
     std::memcpy(W.bytes.data() + d_at, &inf, 2);
     std::vector<float> src(static_cast<size_t>(K));
     dequantize_row(t, W.bytes.data(), src.data(), K);

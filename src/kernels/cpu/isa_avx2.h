@@ -585,6 +585,27 @@ struct Avx2Isa {
       w[e] = _mm256_or_si256(w[e], _mm256_and_si256(b, m));
     }
   }
+  // Q4_1 and Q5_1 (kFifth; packed.h): s1 = d, s2 = m; u = q (+ 16 h), B = 0; Q5_1's pair sums
+  // widened per quad without VNNI, as Q5_K's.
+  template <bool kFifth>
+  struct DecMin32 {
+    static constexpr int kBias = 0, kBytesPer32 = kFifth ? Q51Block::kBytes : Q41Block::kBytes;
+    static constexpr bool kS2 = true, kSignedQuads = false, kWideQuads = kFifth;
+    const uint8_t* g;
+    const uint8_t* q = nullptr;
+    [[gnu::always_inline]] void begin(int64_t kb) { q = g + kb * kBytesPer32 + Q41Block::kQ; }
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
+      const uint8_t* b = q - Q41Block::kQ;
+      s1lo = h8(b + Q41Block::kD);
+      s1hi = h8(b + Q41Block::kD + 16);
+      s2lo = h8(b + Q41Block::kM);
+      s2hi = h8(b + Q41Block::kM + 16);
+    }
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
+      nibble_quads_h(q, P, h, w);
+      if constexpr (kFifth) fifth_bits_h(q + (Q51Block::kQh - Q41Block::kQ), P, h, w);
+    }
+  };
   // Q5_0 (packed.h: Q4_0's, then the 5th bits' plane): u = q + 16 h in [0, 31], B = 16; its
   // vpmaddubsw pair sums widened per quad without VNNI, as Q5_K's.
   struct DecQ5_0 : DecBlock32<Q50Block::kBytes> {
@@ -812,6 +833,8 @@ struct Avx2Isa {
       case GGMLType::Q8_0: f(DecQ8_0{{group}}); return true;
       case GGMLType::Q4_0: f(DecQ4_0{{group}}); return true;
       case GGMLType::Q5_0: f(DecQ5_0{{group}}); return true;
+      case GGMLType::Q4_1: f(DecMin32<false>{group}); return true;
+      case GGMLType::Q5_1: f(DecMin32<true>{group}); return true;
       case GGMLType::MXFP4: f(DecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
       case GGMLType::IQ4_NL: f(DecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
       case GGMLType::IQ4_XS: f(DecLevels256<GGMLType::IQ4_XS>{{group}}); return true;

@@ -551,6 +551,23 @@ struct Avx512Isa : Avx2Isa {
       fifth_bits(qh, P, w0, w1);
     }
   };
+  // Q4_1 and Q5_1 (kFifth; packed.h): s1 = d, s2 = m; u = q (+ 16 h), B = 0.
+  template <bool kFifth>
+  struct QDecMin32 {
+    static constexpr int kBias = 0, kBytesPer32 = kFifth ? Q51Block::kBytes : Q41Block::kBytes;
+    static constexpr bool kS2 = true, kSub16 = false;
+    const uint8_t* g;
+    const uint8_t* blk = nullptr;
+    [[gnu::always_inline]] void begin(int64_t kb) { blk = g + kb * kBytesPer32; }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const {
+      s1 = h16(blk + Q41Block::kD);
+      s2 = h16(blk + Q41Block::kM);
+    }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
+      nibble_quads(blk + Q41Block::kQ + 64 * P, w0, w1);
+      if constexpr (kFifth) fifth_bits(blk + Q51Block::kQh, P, w0, w1);
+    }
+  };
   // Q5_0 (packed.h: Q4_0's, then the 5th bits' plane): u = q + 16 h in [0, 31], B = 16.
   struct QDecQ5_0 {
     static constexpr int kBias = 16, kBytesPer32 = Q50Block::kBytes;
@@ -590,6 +607,8 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::Q8_0: f(QDecQ8_0{group}); return true;
       case GGMLType::Q4_0: f(QDecQ4_0{group}); return true;
       case GGMLType::Q5_0: f(QDecQ5_0{group}); return true;
+      case GGMLType::Q4_1: f(QDecMin32<false>{group}); return true;
+      case GGMLType::Q5_1: f(QDecMin32<true>{group}); return true;
       case GGMLType::MXFP4: f(QDecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
       case GGMLType::IQ4_NL: f(QDecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
       case GGMLType::IQ4_XS: f(QDecLevels256<GGMLType::IQ4_XS>{{group}}); return true;

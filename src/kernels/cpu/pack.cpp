@@ -43,7 +43,7 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 GGMLType panel_type(GGMLType t) {
   switch (t) {
-    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q2_K:
+    case GGMLType::Q2_K:
     case GGMLType::Q3_K: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return GGMLType::Q8_0;
     default:
@@ -160,6 +160,8 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::Q8_0: return 32 + 32 * 16;
     case GGMLType::Q4_0: case GGMLType::MXFP4: case GGMLType::IQ4_NL: return 32 + 32 * 8;
     case GGMLType::Q5_0: return Q50Block::kBytes;
+    case GGMLType::Q4_1: return Q41Block::kBytes;
+    case GGMLType::Q5_1: return Q51Block::kBytes;
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S:
       return LevelsBlock::kBytes;
@@ -181,6 +183,7 @@ inline int nib_shift(int r) { return r < 8 ? 0 : 4; }
 // the same plane after its 32-block's nibbles).
 inline int q5h_at(int e, int r) { return Q5KBlock::kQh + (e / 32) * Q5KBlock::kQhPer32 + r * 4 + e % 4; }
 inline int q50h_at(int e, int r) { return Q50Block::kQh + r * 4 + e % 4; }
+inline int q51h_at(int e, int r) { return Q51Block::kQh + r * 4 + e % 4; }
 inline int q5h_bit(int e) { return (e % 32) / 4; }
 // Row r's d, dmin and unpacked 6-bit scales and mins of a Q4_K or Q5_K block b (Q4KBlock offsets).
 template <class B>
@@ -291,6 +294,19 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             }
             break;
           }
+          case GGMLType::Q4_1: case GGMLType::Q5_1: {  // (d, m, q as Q4_0's; Q5_1's 5th bits as Q5_0's)
+            const bool five = t == GGMLType::Q5_1;
+            const uint8_t* d = five ? reinterpret_cast<const blocks::Q5_1*>(row)[ib].d : reinterpret_cast<const blocks::Q4_1*>(row)[ib].d;
+            const uint8_t* m = five ? reinterpret_cast<const blocks::Q5_1*>(row)[ib].m : reinterpret_cast<const blocks::Q4_1*>(row)[ib].m;
+            const uint8_t* qs = five ? reinterpret_cast<const blocks::Q5_1*>(row)[ib].qs : reinterpret_cast<const blocks::Q4_1*>(row)[ib].qs;
+            std::memcpy(blk + Q41Block::kD + 2 * r, d, 2);
+            std::memcpy(blk + Q41Block::kM + 2 * r, m, 2);
+            for (int e = 0; e < 32; ++e) {
+              blk[Q41Block::kQ + nib_at(e, r)] |= uint8_t(nib32(qs, e) << nib_shift(r));
+              if (five) blk[q51h_at(e, r)] |= uint8_t(blocks::q5_high(reinterpret_cast<const blocks::Q5_1*>(row)[ib].qh, e) << q5h_bit(e));
+            }
+            break;
+          }
           case GGMLType::IQ4_NL: {  // (as Q4_0)
             const auto& b = reinterpret_cast<const blocks::IQ4_NL*>(row)[ib];
             std::memcpy(blk + 2 * r, b.d, 2);
@@ -354,8 +370,8 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
 }
 
 bool is_quad_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_K ||
-         t == GGMLType::Q5_K || is_level_type(t);
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_1 ||
+         t == GGMLType::Q5_1 || t == GGMLType::Q4_K || t == GGMLType::Q5_K || is_level_type(t);
 }
 
 namespace {
@@ -377,6 +393,7 @@ void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
   const int64_t G = n_groups(n_rows), nb = K / bl;
   const uint64_t q_off = t == GGMLType::Q4_K || t == GGMLType::Q5_K ? Q4KBlock::kQ  // q bytes inside a block
                          : is_levels_layout(t)                       ? LevelsBlock::kQ
+                         : t == GGMLType::Q4_1 || t == GGMLType::Q5_1 ? Q41Block::kQ
                                                                      : 32;
   const uint64_t q_bytes = uint64_t(bl) * kGroup / (t == GGMLType::Q8_0 ? 1 : 2);
   std::vector<uint8_t> q(q_bytes);
@@ -434,6 +451,10 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     case GGMLType::Q8_0: return {int(int8_t(blk[32 + q8_at(e, r)])), f16(blk + 2 * r), 0.0f};
     case GGMLType::Q4_0: return {nib(blk + 32) - 8, f16(blk + 2 * r), 0.0f};
     case GGMLType::Q5_0: return {nib(blk + Q50Block::kQ) + 16 * ((blk[q50h_at(e, r)] >> q5h_bit(e)) & 1) - 16, f16(blk + 2 * r), 0.0f};
+    case GGMLType::Q4_1: case GGMLType::Q5_1: {
+      const int h = t == GGMLType::Q5_1 ? (blk[q51h_at(e, r)] >> q5h_bit(e)) & 1 : 0;
+      return {nib(blk + Q41Block::kQ) + 16 * h, f16(blk + Q41Block::kD + 2 * r), f16(blk + Q41Block::kM + 2 * r)};
+    }
     case GGMLType::MXFP4: case GGMLType::IQ4_NL: return {int(level_values(t)[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S:

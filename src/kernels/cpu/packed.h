@@ -16,6 +16,8 @@
 //   IQ4_NL (32) as Q4_0 (its own d)                 w = kvalues_iq4nl[q] * d, levels in [-127, 113]
 //   Q5_0 (32)  as Q4_0, then the 5th bits uint8 [16 rows][4] as Q5_K's plane (one 32-block's)
 //                                                    w = (q + 16 h - 16) * d
+//   Q4_1 (32)  f16 d[16], m[16]; q as Q4_0           w = d * q + m
+//   Q5_1 (32)  as Q4_1, then the 5th bits as Q5_0's  w = d * (q + 16 h) + m
 //   Q4_K (256) f16 d[16], dmin[16]; uint8 sc[8][16], m[8][16]; q[128 pairs][8][2] as Q4_0
 //                                                    w = (d*sc) * q - dmin*m, sub-block = k/32
 //   Q5_K (256) as Q4_K, then the 5th bits uint8 [8 32-blocks][16 rows][4]: byte (s, r, e) holds
@@ -36,15 +38,15 @@
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
-// the level types, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// Q4_1, Q5_1, the level types, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
 //   Q8_0  uint8 u[8 quads][16 rows][4]: k = 4 quad + e; u = q + 128 (B = 128)
-//   Q4_0, Q5_0, the level types, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e)
+//   Q4_0, Q5_0, Q4_1, Q5_1, the level types, Q4_K, Q5_K  uint8 [4 quad pairs][16 rows][4]: byte (P, r, e)
 //         holds k = 8P + e of row r in the low nibble and k = 8P + 4 + e in the high one; u = q
 //         (Q4_0 B = 8, Q4_K B = 0; Q5_K u = q + 16 h in [0, 31], its 5th bit h from the plane
-//         above, B = 0; Q5_0 the same u, B = 16); the level types' nibble q (MXFP4, IQ4_NL, the levels layout) is an
+//         above, B = 0; Q5_0 the same u, B = 16; Q4_1 and Q5_1 as Q4_K and Q5_K); the level types' nibble q (MXFP4, IQ4_NL, the levels layout) is an
 //         index, mapped by a byte shuffle (vpshufb) on vpdpbusd to u = levels[q] + B (MXFP4 B =
 //         12: u in [0, 24]; the others B = 128: u in [1, 255]), on plain AVX2 to v = levels[q]
 //         itself (|v| x sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
@@ -69,14 +71,16 @@
 //   the levels layout v = levels[q], s1 = d*sc*unit (exact in f32: 11 + 6 bits times a power of
 //   two, as ggml's d (ls - 32), d (0.5 + s) / 4, ...);
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
+//   Q4_1 v = q, s1 = d, s2 = m;  Q5_1 v = q + 16 h, s1 = d, s2 = m;
 //   Q6_K v = (q - 32) * sc, s1 = d
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
 // integers. Every output is y = 0, then for each 32-block in k order
-//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K]
+//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K, Q4_1, Q5_1]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
 // The level types' and Q5_0's GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's
-// form (v and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels;
+// form (v and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels, Q4_1's
+// and Q5_1's in Q4_K's and Q5_K's (u, s1, s2);
 // MXFP4's GGUF rows (a weight not prepared) are converted to Q8_0 a chunk at a time
 // (convert_rows: exact where the scale is an f16), so a row's bits are the same packed or not.
 #pragma once
@@ -100,6 +104,15 @@ struct Q4KBlock {
 struct Q50Block {
   static constexpr int kD = 0, kQ = 32, kQh = kQ + 32 * kGroup / 2;
   static constexpr int kBytes = kQh + 4 * kGroup;  // 352
+};
+// Byte offsets inside one packed Q4_1 block (32 k of a group): d, m, q as Q4_0's; Q5_1's: then
+// the 5th bits as Q5_0's.
+struct Q41Block {
+  static constexpr int kD = 0, kM = 32, kQ = 64;
+  static constexpr int kBytes = kQ + 32 * kGroup / 2;  // 320
+};
+struct Q51Block : Q41Block {
+  static constexpr int kQh = Q41Block::kBytes, kBytes = kQh + 4 * kGroup;  // 384
 };
 // Byte offsets inside one packed block of the levels layout (256 k of a group): d, sc, then q as
 // Q4_K's.
@@ -209,8 +222,9 @@ GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
 // Weight types multiplied on the integer path.
 inline bool is_level_type(GGMLType t);
 inline bool is_int_type(GGMLType t) {
-  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_K ||
-         t == GGMLType::Q5_K || t == GGMLType::Q6_K || is_level_type(t);
+  return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_1 ||
+         t == GGMLType::Q5_1 || t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K ||
+         is_level_type(t);
 }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
@@ -226,10 +240,17 @@ constexpr const int8_t* level_values(GGMLType t) {
 }
 constexpr float level_unit(GGMLType t) { return t == GGMLType::IQ4_XS ? 1.0f : iq::level_unit(t); }
 // Integer-path types with a min term (s2: w = v * s1 + s2).
-inline bool has_min_term(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K; }
+inline bool has_min_term(GGMLType t) {
+  return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q4_1 || t == GGMLType::Q5_1;
+}
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level
-// types' and Q5_0's chunk is Q8_0's (above), every other type its own.
-inline GGMLType gemm_type(GGMLType t) { return is_level_type(t) || t == GGMLType::Q5_0 ? GGMLType::Q8_0 : t; }
+// types' and Q5_0's chunk is Q8_0's, Q4_1's Q4_K's, Q5_1's Q5_K's (above), every other type its own.
+inline GGMLType gemm_type(GGMLType t) {
+  return is_level_type(t) || t == GGMLType::Q5_0 ? GGMLType::Q8_0
+         : t == GGMLType::Q4_1                   ? GGMLType::Q4_K
+         : t == GGMLType::Q5_1                   ? GGMLType::Q5_K
+                                                 : t;
+}
 
 int64_t block_len(GGMLType t);           // elements per block along K (type_traits)
 uint64_t packed_block_bytes(GGMLType t);  // bytes of one block of a group (16 rows)
