@@ -42,12 +42,11 @@ struct Golden {
 //    per 256 (Q8_K, for K-quants), we per 32 with an f32 scale. Random-weight models amplify
 //    that noise: llama.cpp's own q8_0 run is 1.9e-2 away from its f32 run.
 //  - the other types of models/extra (q4_1, q5_0, q5_1, q5_k_m, q3_k_m, q2_k, iq4_nl, iq4_xs, and
-//    the qwen2-896 Q4_K/Q5_0/Q8_0/Q6_K mix): 0.15 [q5_0 1.3e-2, qwen2-896 1.6e-2, q5_1 2.4e-2,
-//    iq4_nl 2.4e-2, q4_1 2.7e-2, iq4_xs 2.9e-2, q2_k 3.2e-2, q3_k_m 3.5e-2, q5_k_m 4.1e-2]. Q4_1,
-//    Q5_0, Q5_1, Q3_K and Q2_K reach our kernels as Q8_0 (packed.h: exact for Q5_0 and Q3_K,
-//    requantized within half a Q8_0 step for the rest; IQ4_NL, IQ4_XS, Q5_K and Q6_K run exact
-//    in their own layouts), and llama.cpp quantizes the activations to Q8_1 for Q4_1/Q5_1 and
-//    to Q8_K for the K and IQ4_XS types.
+//    the qwen2-896 Q4_K/Q5_0/Q8_0/Q6_K mix): 0.15 [q5_0 1.3e-2, qwen2-896 1.6e-2, q5_1 1.6e-2,
+//    q4_1 1.6e-2, iq4_nl 2.4e-2, iq4_xs 2.9e-2, q2_k 3.2e-2, q3_k_m 3.5e-2, q5_k_m 4.1e-2].
+//    Q3_K and Q2_K reach our kernels as Q8_0 (packed.h: exact for Q3_K, requantized within half
+//    a Q8_0 step for Q2_K; the other types run exact in their own layouts), and llama.cpp
+//    quantizes the activations to Q8_1 for Q4_1/Q5_1 and to Q8_K for the K and IQ4_XS types.
 // Greedy: exact for the float types. For quantized files the check stops at the first step
 // whose top-2 margin is below twice the worst logit difference measured on the prompt (a flip
 // there is within the measured noise); the top-1 check at prompt positions is skipped where

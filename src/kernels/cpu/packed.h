@@ -188,11 +188,11 @@ struct Q6KQuadCursor {
 // own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), and the 32-blocks of the grid
 // i-quants with two scales per 32-block (IQ2_XS, IQ2_S, IQ1_M) under one scale that is an f16
-// (IQ2: (db, grid * sign); IQ1_M: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (the min
-// types Q4_1, Q5_1, Q2_K, and those i-quant blocks' rest) are requantized from their
+// (IQ2: (db, grid * sign); IQ1_M: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (Q2_K,
+// whose min term is per 16, and those i-quant blocks' rest) are requantized from their
 // exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11): 1/8 to 1/30 of the
 // source type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step
-// (1.4x Q5_1's, 2.5x Q3_K's, 3.4-4.9x those i-quants' 2.5-1.75 bits), for our fastest integer
+// (3.2x Q2_K's, 2.5x Q3_K's, 3.4-4.9x those i-quants' 2.5-1.75 bits), for our fastest integer
 // kernels.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
 // faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's;
