@@ -381,7 +381,7 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
   const auto ya = randv(rng, size_t((hi_run - lo_run) * R));
   const auto R0 = randv(rng, size_t(M * Nk));
   for (GGMLType t : {GGMLType::F16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K,
-                     GGMLType::MXFP4, GGMLType::IQ4_XS}) {
+                     GGMLType::MXFP4, GGMLType::IQ4_XS, GGMLType::Q5_0, GGMLType::Q4_1}) {
     SCOPED_TRACE(type_traits(t).name);
     const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wu = make_weight(rng, t, Nq, K);
     const QWeight B = make_weight(rng, GGMLType::F16, Nk, R);
@@ -418,12 +418,15 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
 
 TEST_P(KernelTest, FusedQkvResidualSwiglu) {
   std::mt19937 rng(3);
-  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_XS}) {
+  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_XS, GGMLType::Q5_0,
+                     GGMLType::Q5_1}) {
     // (A backend per type: prepare caches by address, and the next type's weights may reuse one.)
     auto be = backend_for(GetParam());
     const int64_t K = 512, Nq = 40, Nk = 13;
-    // V in another type, as Q4_K_M files mix Q4_K and Q6_K within one layer.
-    const GGMLType tv = t == GGMLType::F32 ? GGMLType::F16 : t == GGMLType::Q6_K ? GGMLType::Q4_K : GGMLType::Q8_0;
+    // V in another type, as Q4_K_M files mix Q4_K and Q6_K within one layer (and Q5_0 or Q5_1
+    // with the K types where rows are no multiple of 256).
+    const GGMLType tv = t == GGMLType::F32 ? GGMLType::F16 : t == GGMLType::Q6_K || t == GGMLType::Q5_0 ? GGMLType::Q4_K
+                        : t == GGMLType::Q5_1 ? GGMLType::Q6_K : GGMLType::Q8_0;
     const QWeight Wq = make_weight(rng, t, Nq, K), Wk = make_weight(rng, t, Nk, K), Wv = make_weight(rng, tv, Nk, K);
     const QWeight Wu = make_weight(rng, t, Nq, K);
     const auto bq = randv(rng, size_t(Nq)), bk = randv(rng, size_t(Nk));

@@ -96,7 +96,8 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   }
 
   // The GEMM's chunk as Avx512Isa unpacks it, with the quad types' bytes as signed v = u - bias
-  // (Q8_0 q, Q4_0 q - 8, Q4_K q, Q5_K q + 16 h, the level types levels[q]): tdpbssd's C is then the block's exact sum of
+  // (Q8_0 and its forms q, Q4_0 q - 8, Q4_K and Q4_1 q, Q5_K and Q5_1 q + 16 h, the level types
+  // levels[q], Q5_0 q + 16 h - 16): tdpbssd's C is then the block's exact sum of
   // v xq, I itself. (The level types' fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
   // (Q6_K: Avx512Isa's unpack_q6k, for the vector tiles.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,

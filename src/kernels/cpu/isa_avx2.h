@@ -458,7 +458,7 @@ struct Avx2Isa {
 
   // ---- Integer path (quantized weights, packed.h) ----
   // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
-  // (and s2) for rows 0-7 / 8-15; Q8_0, Q4_0, Q4_K, Q5_K (quad layout): quads_h(P, h, w) its quads 2P and
+  // (and s2) for rows 0-7 / 8-15; the quad types (quad layout): quads_h(P, h, w) its quads 2P and
   // 2P + 1 of rows 8h..8h+7 as bytes (see the quad kernels below); Q6_K (its quad variant): quads6_h(hh, h, w)
   // the 4 quads of half block hh. (A constant kBias comes off the block's integer sum as
   // kBias * sum xq, exactly.) Their methods are always inlined: GCC had left Q4_K's scales (and
@@ -570,9 +570,6 @@ struct Avx2Isa {
       k_scales(blk, sb, s1lo, s1hi, s2lo, s2hi);
     }
   };
-  // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31]. Without
-  // VNNI its vpmaddubsw pair sums (<= 2 * 31 * 127) are widened per quad (kWideQuads): eight
-  // would pass int16.
   // Quads 2P and 2P + 1 of rows 8h..8h+7 (w), plus their 5th bits from the plane qh (packed.h:
   // byte (r, e) holds quad j's 5th bit at bit j): to bit 4 (16-bit shifts; the and keeps bit 4 of
   // each byte, which came from the same byte).
@@ -616,6 +613,9 @@ struct Avx2Isa {
       fifth_bits_h(q + (Q50Block::kQh - Q50Block::kQ), P, h, w);
     }
   };
+  // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31]. Without
+  // VNNI its vpmaddubsw pair sums (<= 2 * 31 * 127) are widened per quad (kWideQuads): eight
+  // would pass int16.
   struct DecQ5_K : Q5KCursor {
     static constexpr int kBias = 0;
     static constexpr bool kSignedQuads = false, kWideQuads = true;
@@ -702,7 +702,7 @@ struct Avx2Isa {
     const char* ahead = reinterpret_cast<const char*>(g) + (kb + 1) * bytes_per_32 + kPrefetch;
     for (int off = 0; off < bytes_per_32; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
   }
-  // ---- Integer path on the quad layout (Q8_0, Q4_0, Q4_K, Q5_K; packed.h): vpmaddubsw ----
+  // ---- Integer path on the quad layout (is_quad_type; packed.h): vpmaddubsw ----
   // A register holds 8 rows x 4 k as bytes; vpmaddubsw multiplies u8 by s8 and adds pairs into
   // int16, vpmaddwd by 1 widens to int32 (the 4 products of a lane). Nibble types: u (0..15) x
   // xq, pair sums <= 2 * 15 * 127, so the 8 quads of a 32-block add up in int16 (<= 30480)
@@ -960,8 +960,8 @@ struct Avx2Isa {
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
   // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
-  // and the level types (gemm_type: Q8_0's form) as signed q, the other nibble types as u; in the
-  // int16 scratch's bytes), S1, S2 (len / 32, 16).
+  // and the types in its form (gemm_type: the level types, Q5_0) as signed q, the other nibble
+  // types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16).
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);

@@ -532,7 +532,6 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const { k_scales(blk, sb, s1, s2); }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(q + 64 * P, w0, w1); }
   };
-  // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31].
   // Quads 2P and 2P + 1 (w0, w1) of a nibble type, plus their 5th bits from the plane qh (packed.h:
   // byte (r, e) holds quad j's 5th bit at bit j): to bit 4 (16-bit shifts; the and keeps bit 4
   // of each byte, which came from the same byte). w | (b & 0x10): 0xF8.
@@ -542,6 +541,7 @@ struct Avx512Isa : Avx2Isa {
     w0 = _mm512_ternarylogic_epi32(w0, at4(2 * P), m, 0xF8);
     w1 = _mm512_ternarylogic_epi32(w1, at4(2 * P + 1), m, 0xF8);
   }
+  // Q5_K (quad layout as Q4_K, then its 5th bits: packed.h): u = q + 16 h in [0, 31].
   struct QDecQ5_K : Q5KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q5KBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = true, kSub16 = false;
@@ -860,8 +860,8 @@ struct Avx512Isa : Avx2Isa {
   }
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
-  // int16 scratch's bytes; the level types in Q8_0's form, gemm_type: u = kvalues[q] + 128), S1,
-  // S2 (len / 32, 16); Q6_K as unpack_q6k gives it.
+  // int16 scratch's bytes; the types in Q8_0's form, gemm_type, as u = v + 128: the level types,
+  // Q5_0), S1, S2 (len / 32, 16); Q6_K as unpack_q6k gives it.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);

@@ -440,7 +440,7 @@ void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
 
 namespace {
 // Row r, element e of a quantized block: the integer weight v and the float scales of the
-// integer path (packed.h): w = v * s1 (+ s2 for Q4_K and Q5_K, whose min term multiplies sum x).
+// integer path (packed.h): w = v * s1 (+ s2 for the min types, has_min_term: it multiplies sum x).
 struct IntWeight {
   int v;
   float s1, s2;

@@ -65,7 +65,7 @@
 // Quantized weights multiply int8-quantized activations (the integer path, as llama.cpp does):
 // x is cut into blocks of kQBlock = 32 along K, each x ~= dx * xq with dx = max|x| / 127 and xq
 // in [-127, 127] (quantize_activations in kernels.h). A weight block splits into an integer
-// part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for Q4_K's min term):
+// part v and float scales per row and 32-block: w = v * s1 + s2 (s2 only for the min types: has_min_term):
 //   Q8_0 v = q, s1 = d;  Q4_0 v = q - 8, s1 = d;  Q5_0 v = q + 16 h - 16, s1 = d;
 //   MXFP4, IQ4_NL v = kvalues[q], s1 = d;
 //   the levels layout v = levels[q], s1 = d*sc*unit (exact in f32: 11 + 6 bits times a power of
@@ -260,8 +260,8 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
-// The quad variant of pack_rows for Q8_0, Q4_0, the level types, Q4_K and Q5_K (pack_rows for
-// every other type).
+// The quad variant of pack_rows for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, the level types, Q4_K and Q5_K
+// (pack_rows for every other type).
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
