@@ -182,11 +182,10 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::BF16, {9, 256, 265}},    {GGMLType::Q8_0, {32, 96, 544}},
           {GGMLType::Q4_0, {32, 288}},        {GGMLType::Q4_K, {256, 512}},
           {GGMLType::Q5_K, {256, 768}},       {GGMLType::Q6_K, {256, 768}},
-          {GGMLType::MXFP4, {32, 288}},       {GGMLType::IQ4_NL, {32, 288}},
-          {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ3_S, {256, 512}},
-          {GGMLType::IQ2_XXS, {256}},         {GGMLType::IQ3_XXS, {512}},
-          {GGMLType::IQ1_S, {256}},           {GGMLType::Q5_0, {32, 288}},
-          {GGMLType::Q4_1, {32, 288}},        {GGMLType::Q5_1, {64, 288}}};
+          {GGMLType::MXFP4, {32, 288}},       {GGMLType::IQ4_NL, {288}},
+          {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ2_XXS, {512}},
+          {GGMLType::Q5_0, {288}},            {GGMLType::Q4_1, {288}},
+          {GGMLType::Q5_1, {288}}};  // (the levels layout's grid types: one, its decoder is theirs)
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -338,8 +337,7 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
                      GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_NL,
-                     GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S, GGMLType::IQ1_S,
-                     GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1}) {
+                     GGMLType::IQ4_XS, GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q5_1}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -418,8 +416,7 @@ TEST_P(KernelTest, GemmLargeMRowBlocksIndependentOfM) {
 
 TEST_P(KernelTest, FusedQkvResidualSwiglu) {
   std::mt19937 rng(3);
-  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_XS, GGMLType::Q5_0,
-                     GGMLType::Q5_1}) {
+  for (GGMLType t : {GGMLType::F32, GGMLType::Q4_0, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_XS, GGMLType::Q5_1}) {
     // (A backend per type: prepare caches by address, and the next type's weights may reuse one.)
     auto be = backend_for(GetParam());
     const int64_t K = 512, Nq = 40, Nk = 13;
