@@ -185,7 +185,8 @@ void quantize_activations(const float* x, int64_t K, int16_t* xq, float* dx, int
 // one the environment variable FT_ISA names (a name the CPU cannot run is an error), or
 // set_cpu_isa's.
 std::string_view cpu_isa();
-// The instruction sets this CPU can run, slowest first (tests run every kernel on each).
+// The instruction sets this CPU can run and this build has kernels for (CMake's FT_KERNEL_ISAS),
+// slowest first (tests run every kernel on each).
 std::vector<std::string_view> cpu_isas();
 // Forces `name` (one of cpu_isas()) for backends made afterwards; "" = back to FT_ISA / the best.
 void set_cpu_isa(std::string_view name);

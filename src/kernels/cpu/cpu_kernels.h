@@ -110,8 +110,13 @@ struct alignas(64) TileConfig {
 static_assert(sizeof(TileConfig) == 64);
 // Whether this CPU and OS support a level (cpuid; the OS saves the vector state).
 bool cpu_supports(IsaLevel l);
-// The fastest level cpu_supports (the last one in kIsaLevels).
+// Whether this build has a level's kernel table (CMake's FT_KERNEL_ISAS), and whether it can run
+// here (built and cpu_supports).
+bool kernels_built(IsaLevel l);
+bool isa_usable(IsaLevel l);
+// The fastest usable level (the last one in kIsaLevels).
 IsaLevel cpu_best_isa();
+// l's table; only for a usable l.
 const IsaKernels& kernels_for(IsaLevel l);
 
 // Memory that kernels stream front to back (packed weights, the bandwidth probe), for

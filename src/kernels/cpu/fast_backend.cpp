@@ -30,10 +30,12 @@ cpu::IsaLevel isa_by_name(std::string_view name, const char* what) {
   std::string known;
   for (cpu::IsaLevel l : cpu::kIsaLevels) {
     if (name == cpu::isa_name(l)) {
-      if (!cpu::cpu_supports(l)) {
+      if (!cpu::isa_usable(l)) {
         std::string have;
         for (cpu::IsaLevel h : cpu::kIsaLevels)
-          if (cpu::cpu_supports(h)) have += std::string(have.empty() ? "" : ", ") + cpu::isa_name(h);
+          if (cpu::isa_usable(h)) have += std::string(have.empty() ? "" : ", ") + cpu::isa_name(h);
+        if (!cpu::kernels_built(l))
+          fail(what, " = ", name, ": this build has no kernels for it (CMake's FT_KERNEL_ISAS; it has ", have, ")");
         fail(what, " = ", name, ": this CPU does not support it (it supports ", have, ")");
       }
       return l;
@@ -315,7 +317,7 @@ std::string_view cpu_isa() { return select_isa().name; }
 std::vector<std::string_view> cpu_isas() {
   std::vector<std::string_view> out;
   for (cpu::IsaLevel l : cpu::kIsaLevels)
-    if (cpu::cpu_supports(l)) out.push_back(cpu::isa_name(l));
+    if (cpu::isa_usable(l)) out.push_back(cpu::isa_name(l));
   return out;
 }
 

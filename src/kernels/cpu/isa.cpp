@@ -59,21 +59,50 @@ bool cpu_supports(IsaLevel l) {
   return false;
 }
 
+// FT_NO_KERNELS_<LEVEL>: that level's table is not built (CMake's FT_KERNEL_ISAS).
+bool kernels_built(IsaLevel l) {
+  switch (l) {
+#ifdef FT_NO_KERNELS_AVX_VNNI
+    case IsaLevel::AvxVnni: return false;
+#endif
+#ifdef FT_NO_KERNELS_AVX512
+    case IsaLevel::Avx512: return false;
+#endif
+#ifdef FT_NO_KERNELS_AVX512_BF16
+    case IsaLevel::Avx512Bf16: return false;
+#endif
+#ifdef FT_NO_KERNELS_AMX
+    case IsaLevel::Amx: return false;
+#endif
+    default: return true;
+  }
+}
+
+bool isa_usable(IsaLevel l) { return kernels_built(l) && cpu_supports(l); }
+
 IsaLevel cpu_best_isa() {
   IsaLevel best = IsaLevel::Scalar;
   for (IsaLevel l : kIsaLevels)
-    if (cpu_supports(l)) best = l;
+    if (isa_usable(l)) best = l;
   return best;
 }
 
 const IsaKernels& kernels_for(IsaLevel l) {
   switch (l) {
+#ifndef FT_NO_KERNELS_AVX512
     case IsaLevel::Avx512: return avx512_kernels();
+#endif
+#ifndef FT_NO_KERNELS_AVX512_BF16
     case IsaLevel::Avx512Bf16: return avx512_bf16_kernels();
+#endif
+#ifndef FT_NO_KERNELS_AMX
     case IsaLevel::Amx: return amx_kernels();
-    case IsaLevel::Avx2: return avx2_kernels();
+#endif
+#ifndef FT_NO_KERNELS_AVX_VNNI
     case IsaLevel::AvxVnni: return avx_vnni_kernels();
-    case IsaLevel::Scalar: break;
+#endif
+    case IsaLevel::Avx2: return avx2_kernels();
+    default: break;
   }
   return scalar_kernels();
 }
