@@ -177,6 +177,9 @@ inline bool mxfp4_refused(const MXFP4& b) { return b.e == 255 || (b.e >= 144 && 
 // The 16 levels of the non-linear 4-bit types (ggml's kvalues_iq4nl).
 inline constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
+// The values of the ternary types over d (q - 1): TQ1_0's trits give the first three, TQ2_0's
+// 2-bit q all four (ggml writes q <= 2, but a file's q = 3 means +2).
+inline constexpr int8_t kValuesTernary[16] = {-1, 0, 1, 2};
 
 // Activation format for K-quant dot products: float scale, int8 values, sums of 16.
 struct Q8_K {

@@ -102,7 +102,8 @@ bool int_path(GGMLType t) {
          t == GGMLType::Q5_1 || t == GGMLType::Q4_K ||
          t == GGMLType::Q5_K || t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL ||
          t == GGMLType::IQ4_XS ||
-         t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S;
+         t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S ||
+         t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0;
 }
 
 // x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
@@ -301,7 +302,7 @@ TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   std::mt19937 rng(21);
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
                      GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ2_0}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -896,9 +897,8 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // The types without a panel layout of their own reach the kernels as another type (packed.h):
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
-constexpr GGMLType kRepackedTypes[] = {GGMLType::Q2_K,
-                                       GGMLType::Q3_K,    GGMLType::IQ2_XS, GGMLType::IQ2_S,   GGMLType::IQ1_M,
-                                       GGMLType::TQ1_0,   GGMLType::TQ2_0};
+constexpr GGMLType kRepackedTypes[] = {GGMLType::Q2_K, GGMLType::Q3_K, GGMLType::IQ2_XS, GGMLType::IQ2_S,
+                                       GGMLType::IQ1_M};
 
 // W's rows converted to their panel type (convert_rows: panel_type, or MXFP4's GEMM form), and
 // their values.
@@ -1135,23 +1135,26 @@ void expect_exact_against_pm1(const std::string& isa, const QWeight& W, std::mt1
 // A third of the rows are all-zero bytes (IQ4's extreme level -127 under sc = -32: each
 // 32-block's sum reaches 127 x 127 x 32, and plain AVX2's signed pair sums are 2 x 127 x 127
 // each), Q5_0's and Q5_1's all-one bytes (u = 31 throughout: eight quads' unsigned pair sums
-// would pass int16). Every ISA, every row count, packed or GGUF rows, gives the scalar path's bits and the
+// would pass int16), the ternary types' too (TQ2_0: q = 3, value +2d, which a file may hold).
+// The ternary types' d is their last 2 bytes. Every ISA, every row count, packed or GGUF rows, gives the scalar path's bits and the
 // exact sums.
 TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
   std::mt19937 rng(79);
   for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ1_0, GGMLType::TQ2_0}) {
     SCOPED_TRACE(type_traits(t).name);
     const int64_t N = 19, K = 512;
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
+    const bool ternary = t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0;
     QWeight W{t, N, K, std::vector<uint8_t>(rb * uint64_t(N)), std::vector<float>(size_t(N * K))};
     for (int64_t n = 0; n < N; ++n)
       for (uint64_t b = 0; b < rb / bb; ++b) {
         uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
-        const uint8_t extreme = t == GGMLType::Q5_0 || t == GGMLType::Q5_1 ? 0xFF : 0;  // (IQ4: level 0, -127; ls 0)
+        // (IQ4: level 0, -127; ls 0. TQ2_0: every q = 3, +2, which ggml never writes.)
+        const uint8_t extreme = t == GGMLType::Q5_0 || t == GGMLType::Q5_1 || ternary ? 0xFF : 0;
         for (uint64_t i = 0; i < bb; ++i) blk[i] = n % 3 == 2 ? extreme : uint8_t(rng());
         const uint16_t d = uint16_t(0x1800 + 0x400 * (rng() % 4));  // f16 2^-9 .. 2^-6
-        std::memcpy(blk, &d, 2);  // (d first in each)
+        std::memcpy(blk + (ternary ? bb - 2 : 0), &d, 2);  // (d last in the ternary types, first in the others)
         if (t == GGMLType::Q4_1 || t == GGMLType::Q5_1) {  // m: +-2^-8 .. 2^-5
           const uint16_t m = uint16_t(0x1C00 + 0x400 * (rng() % 4) + (rng() % 2 ? 0x8000 : 0));
           std::memcpy(blk + 2, &m, 2);

@@ -533,7 +533,7 @@ struct Avx2Isa {
   static __m256 i8f(const uint8_t* p) {  // 8 int8 -> f32
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  // The levels layout (packed.h: IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
+  // The levels layout (packed.h: IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
   // sub-block sb, its quads as IQ4_NL's.
   template <GGMLType T>
   struct DecLevels256 : LevelsCursor {
@@ -842,6 +842,8 @@ struct Avx2Isa {
       case GGMLType::IQ3_XXS: f(DecLevels256<GGMLType::IQ3_XXS>{{group}}); return true;
       case GGMLType::IQ3_S: f(DecLevels256<GGMLType::IQ3_S>{{group}}); return true;
       case GGMLType::IQ1_S: f(DecLevels256<GGMLType::IQ1_S>{{group}}); return true;
+      case GGMLType::TQ1_0: f(DecLevels256<GGMLType::TQ1_0>{{group}}); return true;
+      case GGMLType::TQ2_0: f(DecLevels256<GGMLType::TQ2_0>{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(DecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;

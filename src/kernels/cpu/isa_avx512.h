@@ -503,7 +503,7 @@ struct Avx512Isa : Avx2Isa {
       level_quads<level_values(T), kB>(blk + 32 + 64 * P, w0, w1);
     }
   };
-  // The levels layout (packed.h: IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
+  // The levels layout (packed.h: IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
   // sub-block sb, u = levels[q] + 128 in [1, 255].
   template <GGMLType T>
   struct QDecLevels256 : LevelsCursor {
@@ -616,6 +616,8 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::IQ3_XXS: f(QDecLevels256<GGMLType::IQ3_XXS>{{group}}); return true;
       case GGMLType::IQ3_S: f(QDecLevels256<GGMLType::IQ3_S>{{group}}); return true;
       case GGMLType::IQ1_S: f(QDecLevels256<GGMLType::IQ1_S>{{group}}); return true;
+      case GGMLType::TQ1_0: f(QDecLevels256<GGMLType::TQ1_0>{{group}}); return true;
+      case GGMLType::TQ2_0: f(QDecLevels256<GGMLType::TQ2_0>{{group}}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(QDecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;

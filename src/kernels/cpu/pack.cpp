@@ -43,8 +43,7 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 GGMLType panel_type(GGMLType t) {
   switch (t) {
-    case GGMLType::Q2_K:
-    case GGMLType::Q3_K: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
+    case GGMLType::Q2_K: case GGMLType::Q3_K:
       return GGMLType::Q8_0;
     default:
       return iq::is_grid_type(t) && !iq::has_level_form(t) ? GGMLType::Q8_0 : t;
@@ -163,7 +162,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::Q4_1: return Q41Block::kBytes;
     case GGMLType::Q5_1: return Q51Block::kBytes;
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
-    case GGMLType::IQ1_S:
+    case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return LevelsBlock::kBytes;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
@@ -206,7 +205,10 @@ struct Levels256 {
 };
 Levels256 levels256(GGMLType t, const uint8_t* blk) {
   Levels256 o{};
-  std::memcpy(o.d, blk, 2);  // (d first in each of these layouts)
+  const uint64_t bb = type_traits(t).type_size;
+  const bool ternary = t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0;
+  const uint64_t d_at = ternary ? bb - 2 : 0;  // (the ternary types' d last, the others' first)
+  std::memcpy(o.d, blk + d_at, 2);
   if (t == GGMLType::IQ4_XS) {
     const auto& b = *reinterpret_cast<const blocks::IQ4_XS*>(blk);
     for (int s = 0; s < 8; ++s) o.sc[s] = int8_t(blocks::scale_iq4xs(b, s) - 32);
@@ -214,18 +216,18 @@ Levels256 levels256(GGMLType t, const uint8_t* blk) {
     return o;
   }
   // The grid types: the block's values under d = 1 (exact: (2s + 1) unit v), over each 32-block's
-  // step (2s + 1) unit, are its integer levels v.
+  // step (2s + 1) unit, are its integer levels v; the ternary types' values under d = 1 are
+  // their levels, step 1.
   uint8_t one[sizeof(blocks::IQ3_S)];
-  const uint64_t bb = type_traits(t).type_size;
   if (bb > sizeof one) fail("levels layout: ", type_traits(t).name, " blocks are larger than ", sizeof one, " bytes");
   std::memcpy(one, blk, bb);
   const uint16_t f16_one = 0x3C00;
-  std::memcpy(one, &f16_one, 2);
+  std::memcpy(one + d_at, &f16_one, 2);
   float w[256];
   dequantize_row(t, one, w, 256);
   const int8_t* levels = level_values(t);
   for (int s = 0; s < 8; ++s) {
-    const int step = iq::step32(t, blk, s);
+    const int step = ternary ? 1 : iq::step32(t, blk, s);
     o.sc[s] = int8_t(step);
     for (int e = 32 * s; e < 32 * s + 32; ++e) {
       const float v = w[e] / (float(step) * level_unit(t));
@@ -314,7 +316,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             break;
           }
           case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
-          case GGMLType::IQ1_S: {
+          case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0: {
             const Levels256 L = levels256(t, row + uint64_t(ib) * type_traits(t).type_size);
             std::memcpy(blk + LevelsBlock::kD + 2 * r, L.d, 2);
             for (int s = 0; s < 8; ++s) blk[LevelsBlock::kSc + s * 16 + r] = uint8_t(L.sc[s]);
@@ -457,7 +459,7 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     }
     case GGMLType::MXFP4: case GGMLType::IQ4_NL: return {int(level_values(t)[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
-    case GGMLType::IQ1_S:
+    case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return {int(level_values(t)[nib(blk + LevelsBlock::kQ)]),
               f16(blk + LevelsBlock::kD + 2 * r) * float(int8_t(blk[LevelsBlock::kSc + (e / 32) * 16 + r])) * level_unit(t),
               0.0f};

@@ -27,11 +27,14 @@
 //              uint16 [32 quads of pairs][16 lanes]: lane 2j + e, pair p of the quad at bits
 //              4p (row j) and 4p + 2 (row j + 8), so a shift and an and put them at bits 4-5
 //                                                    w = (d*sc) * (q - 32), sub-block = k/16
-//   levels (256: IQ4_XS, and the grid types with one scale per 32-block, IQ2_XXS, IQ3_XXS,
-//              IQ3_S, IQ1_S: iq::has_level_form) f16 d[16]; int8 sc[8][16]; q[128 pairs][8][2]
+//   levels (256: IQ4_XS, the ternary TQ1_0 and TQ2_0, and the grid types with one scale per
+//              32-block, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S: iq::has_level_form) f16 d[16]; int8
+//              sc[8][16]; q[128 pairs][8][2]
 //              as Q4_0, an index into the type's 16 levels (level_values)
 //                                                    w = (d*sc*unit) * levels[q], sub-block = k/32
-//              IQ4_XS sc = ls - 32, unit 1, ggml's kvalues_iq4nl; the grid types sc = 2s + 1
+//              IQ4_XS sc = ls - 32, unit 1, ggml's kvalues_iq4nl; TQ1_0 and TQ2_0 sc = 1, unit
+//              1, levels q - 1 (blocks::kValuesTernary: 2.06 and 1.69 bits in their files,
+//              Q8_0 8.5); the grid types sc = 2s + 1
 //              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
 //              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
 //              Q8_0 8.5)
@@ -183,12 +186,13 @@ struct Q6KQuadCursor {
 
 // The other quantized types have no panel layout of their own: prepare() converts their rows to
 // Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
-// values are int8 multiples of one f16 scale is stored exactly: every TQ1_0 and TQ2_0 block (d, t - 1), MXFP4 blocks whose scale 2^(e - 128) is an f16 (e - 128 in
-// [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for GGUF rows: it packs in its
+// values are int8 multiples of one f16 scale is stored exactly: MXFP4 blocks whose scale
+// 2^(e - 128) is an f16 (e - 128 in [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for GGUF rows: it packs in its
 // own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
 // q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), and the 32-blocks of the grid
 // i-quants with two scales per 32-block (IQ2_XS, IQ2_S, IQ1_M) under one scale that is an f16
-// (IQ2: (db, grid * sign); IQ1_M: (dl / 8, 8 (grid +- 1/8)), quant_iq.h). The others (Q2_K,
+// (IQ2: (db, grid * sign); IQ1_M: (dl / 8, 8 (grid +- 1/8)), quant_iq.h); convert_rows takes
+// TQ1_0 and TQ2_0 too, as (d, q - 1), though they pack in the levels layout. The others (Q2_K,
 // whose min term is per 16, and those i-quant blocks' rest) are requantized from their
 // exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11): 1/8 to 1/30 of the
 // source type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step
@@ -228,7 +232,9 @@ inline bool is_int_type(GGMLType t) {
 }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
-inline bool is_levels_layout(GGMLType t) { return t == GGMLType::IQ4_XS || iq::has_level_form(t); }
+inline bool is_levels_layout(GGMLType t) {
+  return t == GGMLType::IQ4_XS || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 || iq::has_level_form(t);
+}
 inline bool is_level_type(GGMLType t) {
   return t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || is_levels_layout(t);
 }
@@ -236,9 +242,12 @@ inline bool is_level_type(GGMLType t) {
 constexpr const int8_t* level_values(GGMLType t) {
   return t == GGMLType::MXFP4                             ? blocks::kValuesMXFP4
          : t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ? blocks::kValuesIQ4NL
+         : t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0   ? blocks::kValuesTernary
                                                           : iq::level_values(t);
 }
-constexpr float level_unit(GGMLType t) { return t == GGMLType::IQ4_XS ? 1.0f : iq::level_unit(t); }
+constexpr float level_unit(GGMLType t) {
+  return t == GGMLType::IQ4_XS || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 ? 1.0f : iq::level_unit(t);
+}
 // Integer-path types with a min term (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) {
   return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q4_1 || t == GGMLType::Q5_1;
