@@ -562,6 +562,41 @@ int step32(GGMLType t, const uint8_t* blk, int ib) {
   }
 }
 
+bool has_level16_form(GGMLType t) {
+  return t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S || t == GGMLType::IQ1_M;
+}
+
+int step16(GGMLType t, const uint8_t* blk, int i16) {
+  switch (t) {
+    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: {
+      const uint8_t s = t == GGMLType::IQ2_XS ? reinterpret_cast<const blocks::IQ2_XS*>(blk)->scales[i16 / 2]
+                                              : reinterpret_cast<const blocks::IQ2_S*>(blk)->scales[i16 / 2];
+      return 2 * ((s >> (4 * (i16 % 2))) & 0xf) + 1;
+    }
+    case GGMLType::IQ1_M: {  // (u16 i16 / 4, bits 3 (i16 % 4): dequant_iq1_m's order)
+      const int ib = i16 / 2;
+      return 2 * ((u16_at(reinterpret_cast<const blocks::IQ1_M*>(blk)->scales + 2 * (ib / 2)) >> (6 * (ib % 2) + 3 * (i16 % 2))) & 7) + 1;
+    }
+    default: fail("i-quant: ", type_traits(t).name, " has no scale per 16 elements");
+  }
+}
+
+void with_unit_d(GGMLType t, const uint8_t* blk, uint8_t* one) {
+  if (!has_level_form(t) && !has_level16_form(t)) fail("i-quant: with_unit_d of ", type_traits(t).name);
+  std::memcpy(one, blk, type_traits(t).type_size);
+  constexpr uint16_t kOne = 0x3C00;  // f16 1.0
+  if (t != GGMLType::IQ1_M) {
+    std::memcpy(one, &kOne, 2);  // (d at byte 0)
+    return;
+  }
+  auto& b = *reinterpret_cast<blocks::IQ1_M*>(one);  // (d's bits 4i .. 4i + 3 at bits 12-15 of u16 i)
+  for (int i = 0; i < 4; ++i) {
+    uint16_t u = u16_at(b.scales + 2 * i);
+    u = uint16_t((u & 0x0fff) | ((kOne >> (4 * i)) & 0xf) << 12);
+    std::memcpy(b.scales + 2 * i, &u, 2);
+  }
+}
+
 bool is_grid_type(GGMLType t) {
   switch (t) {
     case GGMLType::IQ2_XXS: case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ3_XXS:
@@ -589,26 +624,6 @@ void quantize(GGMLType t, const float* x, uint8_t* dst, int64_t nb) {
   BlockQuantizer q(t);
   const uint64_t bb = type_traits(t).type_size;
   for (int64_t i = 0; i < nb; ++i) encode(t, q.run(x + 256 * i), dst + uint64_t(i) * bb);
-}
-
-float block32_scale(GGMLType t, const uint8_t* blk, int ib) {
-  switch (t) {
-    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: {
-      const uint8_t s = t == GGMLType::IQ2_XS ? reinterpret_cast<const blocks::IQ2_XS*>(blk)->scales[ib]
-                                              : reinterpret_cast<const blocks::IQ2_S*>(blk)->scales[ib];
-      return (s & 0xf) == (s >> 4) ? iq2_step(load_f16(blk), s & 0xf) : 0.0f;  // (d at byte 0)
-    }
-    // IQ1_M: values d (2s + 1) (g +- 1/8) = d / 8 (2s + 1) (8g +- 1), |8g +- 1| <= 9: integers
-    // under d / 8 while s <= 6 (whatever the halves' steps), else under dl / 8 of one step.
-    case GGMLType::IQ1_M: {
-      const auto& b = *reinterpret_cast<const blocks::IQ1_M*>(blk);
-      const int s = (u16_at(b.scales + 2 * (ib / 2)) >> (6 * (ib % 2))) & 63, s0 = s & 7, s1 = s >> 3;
-      const float d = f16_to_f32(blocks::iq1m_d_bits(b));
-      if (std::max(s0, s1) <= 6) return d * 0.125f;
-      return s0 == s1 ? d * float(2 * s0 + 1) * 0.125f : 0.0f;
-    }
-    default: fail("i-quant: block32_scale: ", type_traits(t).name, " is not a grid type without a level form");
-  }
 }
 
 }  // namespace ft::iq

@@ -14,11 +14,6 @@ bool is_grid_type(GGMLType t);
 void dequantize(GGMLType t, const uint8_t* src, float* y, int64_t nb);
 // x (256 * nb) -> nb blocks of type t.
 void quantize(GGMLType t, const float* x, uint8_t* dst, int64_t nb);
-// The scale under which 32-block ib (< 8) of block blk holds integers (value = scale * v exactly,
-// |v| <= 127): d itself where the products fit (IQ1_M's d / 8 up to 6), else the block's own
-// step; 0 where its halves have different steps that do not fit (IQ2_XS, IQ2_S, IQ1_M). For the
-// grid types without one scale per 32-block (has_level_form: the others).
-float block32_scale(GGMLType t, const uint8_t* blk, int ib);
 
 // The grid types with one scale per 32-block (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): each value is d
 // (2s + 1) unit v exactly (11 + 5 + 7 significant bits at most), v an integer level: grid x sign
@@ -27,19 +22,30 @@ float block32_scale(GGMLType t, const uint8_t* blk, int ib);
 bool has_level_form(GGMLType t);
 // 2s + 1 of 32-block ib (< 8) of block blk (a type with has_level_form).
 int step32(GGMLType t, const uint8_t* blk, int ib);
+// The grid types with one scale per 16 elements (IQ2_XS, IQ2_S, IQ1_M): each value is d (2s + 1)
+// unit v exactly, s that of its 16, v among level_values (IQ2_XS and IQ2_S: IQ2_XXS's levels;
+// IQ1_M: IQ1_S's), unit 1/8 (the CPU kernels' levels layout with a scale per 16, packed.h).
+bool has_level16_form(GGMLType t);
+// 2s + 1 of 16-element block i16 (< 16) of block blk (a type with has_level16_form).
+int step16(GGMLType t, const uint8_t* blk, int i16);
+// Block blk (of a type with has_level_form or has_level16_form) with d = 1: into one (its size).
+void with_unit_d(GGMLType t, const uint8_t* blk, uint8_t* one);
 inline constexpr int8_t kLevelsIQ2XXS[16] = {-43, -25, -8, 8, 25, 43};  // (grid bytes 8, 25, 43)
 inline constexpr int8_t kLevelsIQ3XXS[16] = {-62, -52, -44, -36, -28, -20, -12, -4,
                                              4,   12,  20,  28,  36,  44,  52,  62};
 inline constexpr int8_t kLevelsIQ3S[16] = {-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15};
 inline constexpr int8_t kLevelsIQ1S[16] = {-9, -7, -1, 1, 7, 9};  // (8 (grid +- 1/8), grid in -1, 0, 1)
-// The levels v and unit of a type with has_level_form (value = d (2s + 1) unit v).
+// The levels v and unit of a type with has_level_form or has_level16_form (value = d (2s + 1)
+// unit v).
 constexpr const int8_t* level_values(GGMLType t) {
-  return t == GGMLType::IQ2_XXS ? kLevelsIQ2XXS : t == GGMLType::IQ3_XXS ? kLevelsIQ3XXS
-                                                : t == GGMLType::IQ3_S   ? kLevelsIQ3S
-                                                                         : kLevelsIQ1S;
+  return t == GGMLType::IQ2_XXS || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S ? kLevelsIQ2XXS
+         : t == GGMLType::IQ3_XXS                                                ? kLevelsIQ3XXS
+         : t == GGMLType::IQ3_S                                                  ? kLevelsIQ3S
+                                                                                 : kLevelsIQ1S;
 }
-constexpr float level_unit(GGMLType t) {  // (IQ2_XXS: (0.5 + s) / 4; IQ3_XXS: (0.5 + s) / 2)
-  return t == GGMLType::IQ2_XXS ? 0.125f : t == GGMLType::IQ3_XXS ? 0.25f : t == GGMLType::IQ3_S ? 1.0f : 0.125f;
+// (IQ2_XXS, IQ2_XS, IQ2_S: (0.5 + s) / 4; IQ3_XXS: (0.5 + s) / 2; IQ1_S, IQ1_M: 8 (grid +- 1/8).)
+constexpr float level_unit(GGMLType t) {
+  return t == GGMLType::IQ3_XXS ? 0.25f : t == GGMLType::IQ3_S ? 1.0f : 0.125f;
 }
 
 }  // namespace ft::iq

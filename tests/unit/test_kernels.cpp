@@ -103,7 +103,8 @@ bool int_path(GGMLType t) {
          t == GGMLType::Q5_K || t == GGMLType::Q6_K || t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL ||
          t == GGMLType::IQ4_XS ||
          t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S ||
-         t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0;
+         t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S ||
+         t == GGMLType::IQ1_M;
 }
 
 // x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
@@ -187,7 +188,8 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::MXFP4, {32, 288}},       {GGMLType::IQ4_NL, {288}},
           {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ2_XXS, {512}},
           {GGMLType::Q5_0, {288}},            {GGMLType::Q4_1, {288}},
-          {GGMLType::Q5_1, {288}}};  // (the levels layout's grid types: one, its decoder is theirs)
+          {GGMLType::Q5_1, {288}},            {GGMLType::IQ2_XS, {512}}};
+  // (the levels layout's grid types and the levels16 layout's: one each, its decoder is theirs)
 }
 
 // The gate activations in double: silu(g) = g / (1 + e^-g); GELU's tanh form
@@ -302,7 +304,8 @@ TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   std::mt19937 rng(21);
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
                      GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ2_0}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ2_0,
+                     GGMLType::IQ2_XS}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -339,7 +342,7 @@ TEST_P(KernelTest, GemmRowsIndependentOfM) {
   std::mt19937 rng(7);
   for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
                      GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4, GGMLType::IQ4_NL,
-                     GGMLType::IQ4_XS, GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q5_1}) {
+                     GGMLType::IQ4_XS, GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::IQ1_M}) {
     const int64_t K = 768, N = 37, M = 67;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K));
@@ -897,8 +900,7 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 // The types without a panel layout of their own reach the kernels as another type (packed.h):
 // prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
 // the integer path's product with those values.
-constexpr GGMLType kRepackedTypes[] = {GGMLType::Q2_K, GGMLType::Q3_K, GGMLType::IQ2_XS, GGMLType::IQ2_S,
-                                       GGMLType::IQ1_M};
+constexpr GGMLType kRepackedTypes[] = {GGMLType::Q2_K, GGMLType::Q3_K};
 
 // W's rows converted to their panel type (convert_rows: panel_type, or MXFP4's GEMM form), and
 // their values.
@@ -1141,7 +1143,8 @@ void expect_exact_against_pm1(const std::string& isa, const QWeight& W, std::mt1
 TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
   std::mt19937 rng(79);
   for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
-                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ1_0, GGMLType::TQ2_0}) {
+                     GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ1_0, GGMLType::TQ2_0,
+                     GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ1_M}) {
     SCOPED_TRACE(type_traits(t).name);
     const int64_t N = 19, K = 512;
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
@@ -1150,11 +1153,18 @@ TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
     for (int64_t n = 0; n < N; ++n)
       for (uint64_t b = 0; b < rb / bb; ++b) {
         uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
-        // (IQ4: level 0, -127; ls 0. TQ2_0: every q = 3, +2, which ggml never writes.)
-        const uint8_t extreme = t == GGMLType::Q5_0 || t == GGMLType::Q5_1 || ternary ? 0xFF : 0;
+        // (IQ4: level 0, -127; ls 0. TQ2_0: every q = 3, +2, which ggml never writes. The
+        // levels16 types: every step 2s + 1 its largest.)
+        const bool sub16 = t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S || t == GGMLType::IQ1_M;
+        const uint8_t extreme = t == GGMLType::Q5_0 || t == GGMLType::Q5_1 || ternary || sub16 ? 0xFF : 0;
         for (uint64_t i = 0; i < bb; ++i) blk[i] = n % 3 == 2 ? extreme : uint8_t(rng());
         const uint16_t d = uint16_t(0x1800 + 0x400 * (rng() % 4));  // f16 2^-9 .. 2^-6
-        std::memcpy(blk + (ternary ? bb - 2 : 0), &d, 2);  // (d last in the ternary types, first in the others)
+        if (t == GGMLType::IQ1_M) {  // (d's bits 4i .. 4i + 3 at bits 12-15 of its scales' u16 i)
+          auto& x = *reinterpret_cast<blocks::IQ1_M*>(blk);
+          for (int i = 0; i < 4; ++i) x.scales[2 * i + 1] = uint8_t((x.scales[2 * i + 1] & 0x0F) | ((d >> (4 * i)) & 0xF) << 4);
+        } else {
+          std::memcpy(blk + (ternary ? bb - 2 : 0), &d, 2);  // (d last in the ternary types, first in the others)
+        }
         if (t == GGMLType::Q4_1 || t == GGMLType::Q5_1) {  // m: +-2^-8 .. 2^-5
           const uint16_t m = uint16_t(0x1C00 + 0x400 * (rng() % 4) + (rng() % 2 ? 0x8000 : 0));
           std::memcpy(blk + 2, &m, 2);
@@ -1188,6 +1198,46 @@ TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
       ASSERT_EQ(scales.size(), 64u);
     }
     ASSERT_NO_FATAL_FAILURE(expect_exact_against_pm1(GetParam(), W, rng));
+  }
+}
+
+// A block whose scale in the file is inf or NaN, on the types that run on their own layouts
+// (the levels layouts', the legacy ones'): each output it reaches is inf or NaN on every ISA, as
+// the scalar path's (NaN where that is NaN: the same exact integer times the same scale), in
+// decode and prefill, packed or GGUF rows; every other output is the scalar path's bits. (ggml
+// computes such a block's values as inf or NaN too.)
+TEST_P(KernelTest, NonFiniteScalesReachOnlyTheirOutputs) {
+  auto native = backend_for(GetParam()), scalar = backend_for("scalar");
+  std::mt19937 rng(83);
+  for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XS, GGMLType::TQ2_0, GGMLType::Q5_0,
+                     GGMLType::Q4_1}) {
+    SCOPED_TRACE(type_traits(t).name);
+    const int64_t N = 19, K = 512;
+    QWeight W = make_weight(rng, t, N, K);
+    const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
+    const uint64_t d_at = t == GGMLType::TQ2_0 ? bb - 2 : 0;
+    const uint16_t inf = 0x7c00, nan = 0x7e00;
+    std::memcpy(W.bytes.data() + 4 * rb + bb + d_at, &inf, 2);  // (row 4, its second block)
+    std::memcpy(W.bytes.data() + 9 * rb + d_at, &nan, 2);       // (row 9, its first)
+    for (int64_t M : {3, 40}) {
+      const auto X = randv(rng, size_t(M * K));
+      std::vector<float> a(size_t(M * N)), b(size_t(M * N));
+      for (bool packed : {false, true}) {
+        native->matmul(X.data(), M, packed ? native->prepare(W.view()) : W.view(), a.data());
+        scalar->matmul(X.data(), M, packed ? scalar->prepare(W.view()) : W.view(), b.data());
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            const size_t i = size_t(m * N + n);
+            if (n == 4 || n == 9) {
+              ASSERT_FALSE(std::isfinite(a[i])) << "M=" << M << " m=" << m << " n=" << n << (packed ? " packed" : " rows");
+              ASSERT_EQ(std::isnan(a[i]), std::isnan(b[i])) << "M=" << M << " m=" << m << " n=" << n;
+            } else {
+              ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(b[i]))
+                  << "M=" << M << " m=" << m << " n=" << n << (packed ? " packed" : " rows");
+            }
+          }
+      }
+    }
   }
 }
 
@@ -1414,8 +1464,8 @@ TEST(KernelSelection, ReportsIsa) {
 namespace ft {
 namespace {
 
-// convert_rows (packed.h): Q3_K, TQ1_0 and TQ2_0 blocks always exact; every block
-// within Q8_0's own rounding of the exact values.
+// convert_rows (packed.h): Q3_K blocks always exact; every block within Q8_0's own rounding of
+// the exact values.
 TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
   std::mt19937 rng(5);
   for (GGMLType t : kRepackedTypes) {
@@ -1439,7 +1489,7 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
       bitwise += same;
     }
     EXPECT_LE(exact, bitwise) << type_traits(t).name;  // exact blocks decode to the same values
-    if (t == GGMLType::Q3_K || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0) {
+    if (t == GGMLType::Q3_K) {
       EXPECT_EQ(exact, nb) << type_traits(t).name;
     }
     std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),
@@ -1447,56 +1497,15 @@ TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
   }
 }
 
-// The 32-blocks of the grid i-quants converted to Q8_0 (those with two scales per 32-block) whose
-// values are integers under one f16 scale convert exactly (iq::block32_scale), bit for bit: IQ2_XS
-// and IQ2_S where a 32-block's halves share their step (set so here, d a power of two); IQ1_M,
-// whatever its d, where both halves' steps are at most 6 (set so here). Random bytes otherwise.
-TEST(Requantize, GridTypesExactUnderOneScale) {
-  std::mt19937 rng(5);
-  for (GGMLType t : {GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ1_M}) {
-    const int64_t N = 6, K = 512, bb = type_traits(t).type_size;
-    std::vector<uint8_t> w(size_t(N * K / 256 * bb));
-    for (auto& v : w) v = uint8_t(rng());
-    for (int64_t i = 0; i < N * K / 256; ++i) {
-      uint8_t* b = w.data() + i * bb;
-      const uint16_t pow2 = 0x2000;  // 2^-7
-      if (t != GGMLType::IQ1_M) std::memcpy(b, &pow2, 2);  // (d first in every other layout)
-      uint8_t* halves = t == GGMLType::IQ2_XS ? b + offsetof(blocks::IQ2_XS, scales)
-                        : t == GGMLType::IQ2_S ? b + offsetof(blocks::IQ2_S, scales) : nullptr;
-      for (int ib = 0; halves && ib < 8; ++ib) halves[ib] = uint8_t((halves[ib] & 0xF) * 0x11);
-      if (t == GGMLType::IQ1_M) {
-        const uint16_t d = uint16_t(((3 + rng() % 20) << 10) | (rng() & 0x3FF));  // finite, any mantissa
-        for (int k = 0; k < 4; ++k) {
-          uint16_t s;
-          std::memcpy(&s, b + offsetof(blocks::IQ1_M, scales) + 2 * k, 2);
-          uint16_t steps = 0;
-          for (int f = 0; f < 4; ++f) steps = uint16_t(steps | (std::min((s >> (3 * f)) & 7, 6) << (3 * f)));
-          s = uint16_t(steps | (((d >> (4 * k)) & 0xF) << 12));
-          std::memcpy(b + offsetof(blocks::IQ1_M, scales) + 2 * k, &s, 2);
-        }
-      }
-    }
-    std::vector<float> deq(size_t(N * K)), back(size_t(N * K));
-    dequantize_row(t, w.data(), deq.data(), N * K);
-    std::vector<uint8_t> q8(*row_bytes(GGMLType::Q8_0, uint64_t(K)) * uint64_t(N));
-    EXPECT_EQ(cpu::convert_rows(t, w.data(), *row_bytes(t, uint64_t(K)), N, K, q8.data()), N * K / 32)
-        << type_traits(t).name;
-    dequantize_row(GGMLType::Q8_0, q8.data(), back.data(), N * K);
-    for (size_t i = 0; i < deq.size(); ++i) ASSERT_EQ(back[i], deq[i]) << type_traits(t).name << " at " << i;
-  }
-}
-
 // A block whose scale in the file is inf or NaN converts to a NaN block (no int cast of NaN: a
 // UBSan report), and its neighbours as ever.
 TEST(Requantize, NonFiniteBlocksConvertToNaN) {
   std::mt19937 rng(9);
-  for (GGMLType t : {GGMLType::TQ2_0, GGMLType::Q2_K, GGMLType::IQ2_XS}) {
+  for (GGMLType t : kRepackedTypes) {
     const int64_t K = 512;
     QWeight W = make_weight(rng, t, 1, K);
     const uint16_t inf = 0x7c00;
-    const size_t d_at = t == GGMLType::Q2_K    ? offsetof(blocks::Q2_K, d)  // (block 0's d)
-                        : t == GGMLType::TQ2_0 ? offsetof(blocks::TQ2_0, d)
-                                               : 0;
+    const size_t d_at = t == GGMLType::Q2_K ? offsetof(blocks::Q2_K, d) : offsetof(blocks::Q3_K, d);  // (block 0's d)
     std::memcpy(W.bytes.data() + d_at, &inf, 2);
     std::vector<float> src(static_cast<size_t>(K));
     dequantize_row(t, W.bytes.data(), src.data(), K);

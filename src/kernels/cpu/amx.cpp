@@ -99,7 +99,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   // (Q8_0 and its forms q, Q4_0 q - 8, Q4_K and Q4_1 q, Q5_K and Q5_1 q + 16 h, the level types
   // levels[q], Q5_0 q + 16 h - 16): tdpbssd's C is then the block's exact sum of
   // v xq, I itself. (The level types' fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
-  // (Q6_K: Avx512Isa's unpack_q6k, for the vector tiles.)
+  // (The sub16 types, Q6_K and the levels16 layout: Avx512Isa's unpack_sub16, for the vector tiles.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
                          float* S2) {
     Avx512Isa::unpack_int(t, group, k0, len, V, S1, S2);

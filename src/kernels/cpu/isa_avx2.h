@@ -655,6 +655,29 @@ struct Avx2Isa {
       w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
     }
   };
+  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half block
+  // hh and rows 8h..8h+7, quads6_h gives its 4 quads as IQ4_NL's do (u = levels[q] + 128 with
+  // AVX-VNNI, else signed v = levels[q]), sc32 the rows' steps 2s + 1; s1 = d unit.
+  template <GGMLType T>
+  struct DecLevels16 : Levels16Cursor {
+    static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kSub16 = true;
+    static_assert(max_abs_level(T) <= 63, "half_sum's int16 sums of signed levels");
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+      s1lo = _mm256_mul_ps(h8(blk + Levels16Block::kD), _mm256_set1_ps(level_unit(T)));
+      s1hi = _mm256_mul_ps(h8(blk + Levels16Block::kD + 16), _mm256_set1_ps(level_unit(T)));
+    }
+    [[gnu::always_inline]] __m256i sc32(int hh, int h) const {
+      return _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + hh) * 16 + 8 * h)));
+    }
+    [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
+      __m256i a[2], b[2];
+      level_quads_h<level_values(T), kBias>(q, 2 * hh, h, a);
+      level_quads_h<level_values(T), kBias>(q, 2 * hh + 1, h, b);
+      w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
+    }
+  };
   template <class D>
   static constexpr bool sub16_of() {
     if constexpr (requires { D::kSub16; }) return D::kSub16;
@@ -670,20 +693,23 @@ struct Avx2Isa {
     if constexpr (requires { D::kQ8Form; }) return D::kQ8Form;
     else return false;
   }
-  // One half block of Q6_K, 8 rows: sum over its 16 k of u xq - 32 X (X = the 16 xq's sum)
-  // as int32 lanes, exact. Without VNNI, vpmaddubsw pair sums (|u x| pairs <= 2 * 63 * 127)
-  // add two at a time in int16 (<= 32004) before widening.
-  static __m256i half_sum(const __m256i (&w)[4], const int8_t* x, int32_t X) {
+  // One half block of a sub16 type, 8 rows: sum over its 16 k of w xq - bias X (X = the 16 xq's
+  // sum) as int32 lanes, exact; w unsigned (Q6_K's u in [0, 63]; the levels16 types' levels[q] +
+  // 128 with VNNI) or signed (the levels16 types' levels[q], |v| <= 63, without: |v| x sign(xq,
+  // v)). Without VNNI, vpmaddubsw pair sums (<= 2 * 63 * 127) add two at a time in int16 (<=
+  // 32004) before widening.
+  template <bool kSigned>
+  static __m256i half_sum(const __m256i (&w)[4], const int8_t* x, int32_t X, int bias) {
 #ifdef FT_AVX_VNNI
-    __m256i a = _mm256_set1_epi32(-32 * X);
-    for (int t = 0; t < 4; ++t) a = _mm256_dpbusd_avx_epi32(a, w[t], bcast4(x + 4 * t));
+    __m256i a = _mm256_set1_epi32(-bias * X);
+    for (int t = 0; t < 4; ++t) a = acc<kSigned>(a, w[t], bcast4(x + 4 * t));
     return a;
 #else
     const __m256i one = _mm256_set1_epi16(1);
-    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(x)), _mm256_maddubs_epi16(w[1], bcast4(x + 4)));
-    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast4(x + 8)), _mm256_maddubs_epi16(w[3], bcast4(x + 12)));
+    const __m256i s01 = _mm256_add_epi16(dot4<kSigned>(w[0], bcast4(x)), dot4<kSigned>(w[1], bcast4(x + 4)));
+    const __m256i s23 = _mm256_add_epi16(dot4<kSigned>(w[2], bcast4(x + 8)), dot4<kSigned>(w[3], bcast4(x + 12)));
     return _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(s01, one), _mm256_madd_epi16(s23, one)),
-                            _mm256_set1_epi32(32 * X));
+                            _mm256_set1_epi32(bias * X));
 #endif
   }
 
@@ -757,7 +783,8 @@ struct Avx2Isa {
       const __m256i sc = dec.sc32(hh, h);
       for (int i = 0; i < MR; ++i) {
         const int32_t X0 = xs0[i * nkb + kb];
-        const __m256i S = half_sum(w, xq + i * ldx + kb * kQBlock + 16 * hh, hh == 0 ? X0 : xs[i * nkb + kb] - X0);
+        const __m256i S = half_sum<D::kSignedQuads>(w, xq + i * ldx + kb * kQBlock + 16 * hh,
+                                                    hh == 0 ? X0 : xs[i * nkb + kb] - X0, D::kBias);
         I[i] = _mm256_add_epi32(I[i], _mm256_mullo_epi32(S, sc));
       }
     }
@@ -847,6 +874,9 @@ struct Avx2Isa {
       case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(DecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;
+      case GGMLType::IQ2_XS: f(DecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
+      case GGMLType::IQ2_S: f(DecLevels16<GGMLType::IQ2_S>{{group}}); return true;
+      case GGMLType::IQ1_M: f(DecLevels16<GGMLType::IQ1_M>{{group}}); return true;
       default: return false;
     }
   }
@@ -904,7 +934,7 @@ struct Avx2Isa {
   }
   // The fused path's bound per type (kernels_impl.h): quad types up to kQuadMaxM rows.
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kQuadMaxM);
+    return M <= kFusedMaxM || ((is_quad_type(t) || is_sub16_type(t)) && M <= kQuadMaxM);
   }
   // ng groups of type t (consecutive in C, 16 columns each) x rows [r0, r0 + M) of qa: two of a
   // quad type at one row in one pass (gemv_quad_t<1, 2>), else one at a time (gemv_int). A
@@ -966,7 +996,12 @@ struct Avx2Isa {
   // types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16).
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
-    if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
+    if (is_sub16_type(t)) {
+      with_quad_decoder(t, group, [&](auto dec) {
+        if constexpr (sub16_of<decltype(dec)>()) unpack_sub16(dec, k0, len, V, S1, S2);
+      });
+      return;
+    }
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_quad_decoder(t, group, [&](auto dec) {
       using D = decltype(dec);
@@ -994,14 +1029,16 @@ struct Avx2Isa {
     });
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
-  // Q6_K's chunk for mk_q6 (kQ6Bytes per 32-block of V): [0, 512) its 8 quads as DecQ6_K gives
-  // them (quad 4hh + t: k = 16hh + 4t .. 16hh + 4t + 3; rows 0-7, then rows 8-15, 4 bytes each,
-  // u = q in [0, 63]), [512, 640) int32 sc[2 hh][16 rows]; S1 = d, S2 = 0.
-  static constexpr int64_t kQ6Bytes = 2 * kQBlock * kGroup;  // (the int16 scratch's bytes per block)
-  static void unpack_q6k(const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+  // A sub16 type's chunk for mk_sub16 (kSub16Bytes per 32-block of V): [0, 512) its 8 quads as
+  // its decoder D gives them (quad 4hh + t: k = 16hh + 4t .. 16hh + 4t + 3; rows 0-7, then rows
+  // 8-15, 4 bytes each; u = v + D::kBias, or signed v), [512, 640) int32 sc[2 hh][16 rows];
+  // S1 = its s1, S2 = 0.
+  static constexpr int64_t kSub16Bytes = 2 * kQBlock * kGroup;  // (the int16 scratch's bytes per block)
+  template <class D>
+  static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-      DecQ6_K dec{{group}};
+      D dec = dec0;
       dec.begin(k0 / kQBlock + kb);
       __m256 a, b, c, d;
       dec.scales(a, b, c, d);
@@ -1009,7 +1046,7 @@ struct Avx2Isa {
       _mm256_storeu_ps(S1 + 16 * kb + 8, b);
       _mm256_storeu_ps(S2 + 16 * kb, _mm256_setzero_ps());
       _mm256_storeu_ps(S2 + 16 * kb + 8, _mm256_setzero_ps());
-      uint8_t* vb = v + kb * kQ6Bytes;
+      uint8_t* vb = v + kb * kSub16Bytes;
       for (int hh = 0; hh < 2; ++hh)
         for (int h = 0; h < 2; ++h) {
           __m256i w[4];
@@ -1062,14 +1099,14 @@ struct Avx2Isa {
       default: return mk_quad_t<4, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
     }
   }
-  // Q6_K's chunk (unpack_q6k): C (MR, ldc)[:, 0:16] (+)= MR rows; per 32-block and rows 8h..8h+7,
-  // I = sc_0 S_0 + sc_1 S_1 over the half blocks (half_sum: S_hh = sum u xq - 32 X_hh, exact;
-  // sub16_sums' sums), then y = fma(float(I), s1 * dx, y); y in C between blocks.
-  template <int MR>
-  static void mk_q6_t(const IntRows& x, const uint8_t* V, const float* S1, int64_t len, float* c, int64_t ldc,
-                      bool first) {
+  // A sub16 type's chunk (unpack_sub16): C (MR, ldc)[:, 0:16] (+)= MR rows; per 32-block and
+  // rows 8h..8h+7, I = sc_0 S_0 + sc_1 S_1 over the half blocks (half_sum: S_hh = sum w xq -
+  // bias X_hh, exact; sub16_sums' sums), then y = fma(float(I), s1 * dx, y); y in C between blocks.
+  template <int MR, bool kSigned>
+  static void mk_sub16_t(const IntRows& x, int bias, const uint8_t* V, const float* S1, int64_t len, float* c,
+                         int64_t ldc, bool first) {
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-      const uint8_t* vb = V + kb * kQ6Bytes;
+      const uint8_t* vb = V + kb * kSub16Bytes;
       const bool zero = first && kb == 0;
       for (int h = 0; h < 2; ++h) {
         __m256i I[MR];
@@ -1081,7 +1118,7 @@ struct Avx2Isa {
           const __m256i sc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + 512 + 64 * hh + 32 * h));
           for (int i = 0; i < MR; ++i) {
             const int32_t X0 = x.xs0[i][kb];
-            const __m256i S = half_sum(w, x.xq8[i] + kb * kQBlock + 16 * hh, hh == 0 ? X0 : x.xs[i][kb] - X0);
+            const __m256i S = half_sum<kSigned>(w, x.xq8[i] + kb * kQBlock + 16 * hh, hh == 0 ? X0 : x.xs[i][kb] - X0, bias);
             I[i] = _mm256_add_epi32(I[i], _mm256_mullo_epi32(S, sc));
           }
         }
@@ -1094,13 +1131,14 @@ struct Avx2Isa {
       }
     }
   }
-  static void mk_q6(int mr, const IntRows& x, const uint8_t* V, const float* S1, int64_t len, float* c, int64_t ldc,
-                    bool first) {
+  template <bool kSigned>
+  static void mk_sub16(int mr, const IntRows& x, int bias, const uint8_t* V, const float* S1, int64_t len, float* c,
+                       int64_t ldc, bool first) {
     switch (mr) {
-      case 1: return mk_q6_t<1>(x, V, S1, len, c, ldc, first);
-      case 2: return mk_q6_t<2>(x, V, S1, len, c, ldc, first);
-      case 3: return mk_q6_t<3>(x, V, S1, len, c, ldc, first);
-      default: return mk_q6_t<4>(x, V, S1, len, c, ldc, first);
+      case 1: return mk_sub16_t<1, kSigned>(x, bias, V, S1, len, c, ldc, first);
+      case 2: return mk_sub16_t<2, kSigned>(x, bias, V, S1, len, c, ldc, first);
+      case 3: return mk_sub16_t<3, kSigned>(x, bias, V, S1, len, c, ldc, first);
+      default: return mk_sub16_t<4, kSigned>(x, bias, V, S1, len, c, ldc, first);
     }
   }
   // C (mr <= 4, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i],
@@ -1112,7 +1150,12 @@ struct Avx2Isa {
     for (int g = 0; g < ng; ++g) {
       const uint8_t* v = reinterpret_cast<const uint8_t*>(V[g]);
       if (t == GGMLType::Q6_K) {
-        mk_q6(mr, x, v, S1[g], len, c + 16 * g, ldc, first);
+        mk_sub16<false>(mr, x, DecQ6_K::kBias, v, S1[g], len, c + 16 * g, ldc, first);
+        continue;
+      }
+      if (is_levels16_layout(t)) {
+        using L = DecLevels16<GGMLType::IQ2_XS>;  // (every levels16 type's bias and signs)
+        mk_sub16<L::kSignedQuads>(mr, x, L::kBias, v, S1[g], len, c + 16 * g, ldc, first);
         continue;
       }
       const float* s2 = has_min_term(t) ? S2[g] : nullptr;

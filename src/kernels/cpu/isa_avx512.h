@@ -601,6 +601,24 @@ struct Avx512Isa : Avx2Isa {
       w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), m4, 0xEC);
     }
   };
+  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
+  // block h its 4 quads as u = levels[q] + 128 (I_h = sum u xq - 128 X_h), sc(h) its rows' steps
+  // 2s + 1; s1 = d unit.
+  template <GGMLType T>
+  struct QDecLevels16 : Levels16Cursor {
+    static constexpr int kBias = 128, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSub16 = true;
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const {
+      s1 = _mm512_mul_ps(h16(blk + Levels16Block::kD), _mm512_set1_ps(level_unit(T)));
+    }
+    [[gnu::always_inline]] __m512i sc(int h) const {
+      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + h) * 16)));
+    }
+    [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
+      level_quads<level_values(T), kBias>(q + 128 * h, w[0], w[1]);
+      level_quads<level_values(T), kBias>(q + 128 * h + 64, w[2], w[3]);
+    }
+  };
   template <class F>
   static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
@@ -621,6 +639,9 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(QDecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
+      case GGMLType::IQ2_XS: f(QDecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
+      case GGMLType::IQ2_S: f(QDecLevels16<GGMLType::IQ2_S>{{group}}); return true;
+      case GGMLType::IQ1_M: f(QDecLevels16<GGMLType::IQ1_M>{{group}}); return true;
       default: return false;
     }
   }
@@ -753,7 +774,7 @@ struct Avx512Isa : Avx2Isa {
   // and each tile keeps its sums in registers over all of K (no unpacked copy, no C reloads).
   static constexpr int64_t kFusedMaxMQuad = 32;
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || ((is_quad_type(t) || t == GGMLType::Q6_K) && M <= kFusedMaxMQuad);
+    return M <= kFusedMaxM || ((is_quad_type(t) || is_sub16_type(t)) && M <= kFusedMaxMQuad);
   }
   // One row takes up to kGemvIntGroups groups per pass (Drivers::gemm: two work items at
   // decode), four streams per thread where two work items' passes were two each. Zen 5, one
@@ -785,7 +806,7 @@ struct Avx512Isa : Avx2Isa {
       // model's 8-32-row prefill steps 1.06-1.28x slower on an Intel Xeon: the burst held the
       // compute back until its lines came.)
       if constexpr (D::kSub16)
-        if (M > kQ6ChunksAbove) return q6_chunks(groups, ng, K, qa, r0, M, c, ldc);
+        if (M > kSub16ChunksAbove) return sub16_chunks<D>(groups, ng, K, qa, r0, M, c, ldc);
       const int64_t n_tiles = (M + 5) / 6;
       const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
       for (int64_t kb0 = 0; kb0 < nkb; kb0 += chunk) {
@@ -818,19 +839,21 @@ struct Avx512Isa : Avx2Isa {
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
 
-  // Q6_K above kQ6ChunksAbove rows (to kFusedMaxMQuad): each K chunk of the ng groups unpacked
-  // once (unpack_q6k, its blocks prefetched as the GEMV's stream), then every 6-row tile from it
-  // (mk_q6: the GEMM's sums, the same bits), where gemv_q_t's tiles decoded the chunk once each.
+  // Q6_K (and the other sub16 types) above kSub16ChunksAbove rows (to kFusedMaxMQuad): each K
+  // chunk of the ng groups unpacked once (unpack_sub16, its blocks prefetched as the GEMV's
+  // stream), then every 6-row tile from it (mk_sub16: the GEMM's sums, the same bits), where
+  // gemv_q_t's tiles decoded the chunk once each.
   // Measured (5632 x 2048, alternated): 32 rows 0.92-0.94x the time from memory, 0.79-0.84x in
   // cache; at 7-16 rows 1.1-1.6x slower from memory (the stream waits while the tiles compute),
   // so those keep gemv_q_t.
-  static constexpr int64_t kQ6ChunksAbove = 16;
-  static void q6_chunks(const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0, int64_t M,
-                        float* c, int64_t ldc) {
+  static constexpr int64_t kSub16ChunksAbove = 16;
+  template <class D>
+  static void sub16_chunks(const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0, int64_t M,
+                           float* c, int64_t ldc) {
     constexpr int64_t kChunkBlocks = kKC / kQBlock;
-    alignas(64) uint8_t V[2][kChunkBlocks * kQ6Bytes];
+    alignas(64) uint8_t V[2][kChunkBlocks * kSub16Bytes];
     alignas(64) float S1[2][kChunkBlocks * kGroup], S2[kChunkBlocks * kGroup];
-    const int64_t nkb = K / kQBlock, gbytes = nkb * QDecQ6_K::kBytesPer32;
+    const int64_t nkb = K / kQBlock, gbytes = nkb * D::kBytesPer32;
     int64_t past[2];
     if (ng == 2) past_end<2>(groups, gbytes, past);
     else past_end<1>(groups, gbytes, past);
@@ -840,9 +863,9 @@ struct Avx512Isa : Avx2Isa {
     for (int64_t kb0 = 0; kb0 < nkb; kb0 += kChunkBlocks) {
       const int64_t kb1 = std::min(nkb, kb0 + kChunkBlocks), len = (kb1 - kb0) * kQBlock;
       for (int g = 0; g < ng; ++g) {
-        if (kb0 == 0) prefetch_start(groups[g], QDecQ6_K::kBytesPer32);
-        for (int64_t kb = kb0; kb < kb1; ++kb) prefetch_block(groups[g], kb, QDecQ6_K::kBytesPer32, gbytes, past[g]);
-        unpack_q6k(groups[g], kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
+        if (kb0 == 0) prefetch_start(groups[g], D::kBytesPer32);
+        for (int64_t kb = kb0; kb < kb1; ++kb) prefetch_block(groups[g], kb, D::kBytesPer32, gbytes, past[g]);
+        unpack_sub16(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
       }
       for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
         const int mr = int(M / n_tiles + (tile < M % n_tiles ? 1 : 0));
@@ -854,8 +877,8 @@ struct Avx512Isa : Avx2Isa {
           x.xs[j] = qa.xs.data() + r * nkb + kb0;
           x.xs0[j] = qa.xs0.data() + r * nkb + kb0;
         }
-        if (ng == 2) mk_q6<2>(mr, x, v, s1, len, c + m * ldc, ldc, kb0 == 0);
-        else mk_q6<1>(mr, x, v, s1, len, c + m * ldc, ldc, kb0 == 0);
+        if (ng == 2) mk_sub16<2>(mr, x, D::kBias, v, s1, len, c + m * ldc, ldc, kb0 == 0);
+        else mk_sub16<1>(mr, x, D::kBias, v, s1, len, c + m * ldc, ldc, kb0 == 0);
         m += mr;
       }
     }
@@ -863,10 +886,15 @@ struct Avx512Isa : Avx2Isa {
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
   // int16 scratch's bytes; the types in Q8_0's form, gemm_type, as u = v + 128: the level types,
-  // Q5_0), S1, S2 (len / 32, 16); Q6_K as unpack_q6k gives it.
+  // Q5_0), S1, S2 (len / 32, 16); the sub16 types as unpack_sub16 gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
-    if (t == GGMLType::Q6_K) return unpack_q6k(group, k0, len, V, S1, S2);
+    if (is_sub16_type(t)) {
+      with_qdecoder(t, group, [&](auto dec) {
+        if constexpr (decltype(dec)::kSub16) unpack_sub16(dec, k0, len, V, S1, S2);
+      });
+      return;
+    }
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_qdecoder(t, group, [&](auto dec) {
       using D = decltype(dec);
@@ -893,21 +921,21 @@ struct Avx512Isa : Avx2Isa {
     });
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
-  // Q6_K's chunk for mk_q6 (kQ6Bytes per 32-block of V, as Avx2Isa's):
-  // [0, 512) its 8 quads as QDecQ6_K gives them (quad 4h + t: k = 16h + 4t .. 16h + 4t + 3, 16
-  // rows x 4, u = q in [0, 63]), [512, 640) int32 sc[2][16] (half h's scale of each row); S1 = d,
-  // S2 = 0.
-  static void unpack_q6k(const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
-    const QDecQ6_K dec0{{group}};
+  // A sub16 type's chunk for mk_sub16 (kSub16Bytes per 32-block of V, as Avx2Isa's):
+  // [0, 512) its 8 quads as its decoder D gives them (quad 4h + t: k = 16h + 4t .. 16h + 4t + 3,
+  // 16 rows x 4, u = v + D::kBias), [512, 640) int32 sc[2][16] (half h's scale of each row);
+  // S1 = its s1, S2 = 0.
+  template <class D>
+  static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-      QDecQ6_K dec = dec0;
+      D dec = dec0;
       dec.begin(k0 / kQBlock + kb);
       __m512 s1, s2;
       dec.scales(s1, s2);
       _mm512_storeu_ps(S1 + 16 * kb, s1);
       _mm512_storeu_ps(S2 + 16 * kb, _mm512_setzero_ps());
-      uint8_t* b = v + kb * kQ6Bytes;
+      uint8_t* b = v + kb * kSub16Bytes;
       for (int h = 0; h < 2; ++h) {
         __m512i w[4];
         dec.quads(h, w);
@@ -978,14 +1006,15 @@ struct Avx512Isa : Avx2Isa {
     }
     mk_q_m<NG, false>(mr, x, bias, V, S1, S2, len, c, ldc, first);
   }
-  // Q6_K's unpacked chunk (unpack_q6k): C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x NG groups;
-  // per 32-block and half h a chain of vpdpbusd from -32 X_h (X_0 = xs0, X_1 = xs - xs0), then
-  // I = sc_0 I_0 + sc_1 I_1 (exact int32: |I_h| <= 16 * 63 * 127) and y = fma(float(I), s1 * dx,
-  // y): gemv_q_t's sums. (Three accumulators per row and group: at 6 rows x 2 groups the compiler
-  // spills a few; two tiles of 3 rows, which do not spill, ran 0.85-0.95x as fast.)
+  // A sub16 type's unpacked chunk (unpack_sub16): C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x
+  // NG groups; per 32-block and half h a chain of vpdpbusd from -bias X_h (X_0 = xs0, X_1 = xs -
+  // xs0), then I = sc_0 I_0 + sc_1 I_1 (exact int32: |I_h| <= 16 * 128 * 127, |sc| <= 128) and
+  // y = fma(float(I), s1 * dx, y): gemv_q_t's sums. (Three accumulators per row and group: at 6
+  // rows x 2 groups the compiler spills a few; two tiles of 3 rows, which do not spill, ran
+  // 0.85-0.95x as fast.)
   template <int MR, int NG>
-  static void mk_q6_t(const IntRows& x, const uint8_t* const* V, const float* const* S1, int64_t len, float* c,
-                      int64_t ldc, bool first) {
+  static void mk_sub16_t(const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1, int64_t len,
+                         float* c, int64_t ldc, bool first) {
     __m512 y[MR][NG];
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g)
@@ -996,18 +1025,18 @@ struct Avx512Isa : Avx2Isa {
         __m512i a[MR][NG];
         for (int i = 0; i < MR; ++i) {
           const int32_t X0 = x.xs0[i][kb], X = h == 0 ? X0 : x.xs[i][kb] - X0;
-          for (int g = 0; g < NG; ++g) a[i][g] = _mm512_set1_epi32(-QDecQ6_K::kBias * X);
+          for (int g = 0; g < NG; ++g) a[i][g] = _mm512_set1_epi32(-bias * X);
         }
         for (int t = 0; t < 4; ++t) {
           __m512i w[NG];
-          for (int g = 0; g < NG; ++g) w[g] = ld(V[g] + kb * kQ6Bytes + 64 * (4 * h + t));
+          for (int g = 0; g < NG; ++g) w[g] = ld(V[g] + kb * kSub16Bytes + 64 * (4 * h + t));
           for (int i = 0; i < MR; ++i) {
             const __m512i xb = bcast4(x.xq8[i] + kb * kQBlock + 16 * h + 4 * t);
             for (int g = 0; g < NG; ++g) a[i][g] = _mm512_dpbusd_epi32(a[i][g], w[g], xb);
           }
         }
         for (int g = 0; g < NG; ++g) {
-          const __m512i sc = ld(V[g] + kb * kQ6Bytes + 512 + 64 * h);
+          const __m512i sc = ld(V[g] + kb * kSub16Bytes + 512 + 64 * h);
           for (int i = 0; i < MR; ++i) {
             const __m512i p = _mm512_mullo_epi32(a[i][g], sc);
             I[i][g] = h == 0 ? p : _mm512_add_epi32(I[i][g], p);
@@ -1024,15 +1053,15 @@ struct Avx512Isa : Avx2Isa {
       for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
   }
   template <int NG>
-  static void mk_q6(int mr, const IntRows& x, const uint8_t* const* V, const float* const* S1, int64_t len, float* c,
-                    int64_t ldc, bool first) {
+  static void mk_sub16(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
+                       int64_t len, float* c, int64_t ldc, bool first) {
     switch (mr) {
-      case 1: return mk_q6_t<1, NG>(x, V, S1, len, c, ldc, first);
-      case 2: return mk_q6_t<2, NG>(x, V, S1, len, c, ldc, first);
-      case 3: return mk_q6_t<3, NG>(x, V, S1, len, c, ldc, first);
-      case 4: return mk_q6_t<4, NG>(x, V, S1, len, c, ldc, first);
-      case 5: return mk_q6_t<5, NG>(x, V, S1, len, c, ldc, first);
-      default: return mk_q6_t<6, NG>(x, V, S1, len, c, ldc, first);
+      case 1: return mk_sub16_t<1, NG>(x, bias, V, S1, len, c, ldc, first);
+      case 2: return mk_sub16_t<2, NG>(x, bias, V, S1, len, c, ldc, first);
+      case 3: return mk_sub16_t<3, NG>(x, bias, V, S1, len, c, ldc, first);
+      case 4: return mk_sub16_t<4, NG>(x, bias, V, S1, len, c, ldc, first);
+      case 5: return mk_sub16_t<5, NG>(x, bias, V, S1, len, c, ldc, first);
+      default: return mk_sub16_t<6, NG>(x, bias, V, S1, len, c, ldc, first);
     }
   }
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
@@ -1041,9 +1070,10 @@ struct Avx512Isa : Avx2Isa {
     t = gemm_type(t);  // (the unpacked chunk's form: the level types' is Q8_0's, its bias and signs)
     const uint8_t* v[2] = {reinterpret_cast<const uint8_t*>(V[0]),
                            reinterpret_cast<const uint8_t*>(ng > 1 ? V[1] : V[0])};
-    if (t == GGMLType::Q6_K) {
-      if (ng == 2) return mk_q6<2>(mr, x, v, S1, len, c, ldc, first);
-      return mk_q6<1>(mr, x, v, S1, len, c, ldc, first);
+    if (is_sub16_type(t)) {
+      const int bias = t == GGMLType::Q6_K ? QDecQ6_K::kBias : QDecLevels16<GGMLType::IQ2_XS>::kBias;
+      if (ng == 2) return mk_sub16<2>(mr, x, bias, v, S1, len, c, ldc, first);
+      return mk_sub16<1>(mr, x, bias, v, S1, len, c, ldc, first);
     }
     const int bias = t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0;
     const float* s2[2] = {S2[0], ng > 1 ? S2[1] : S2[0]};

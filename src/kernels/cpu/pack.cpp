@@ -43,29 +43,20 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 GGMLType panel_type(GGMLType t) {
   switch (t) {
-    case GGMLType::Q2_K: case GGMLType::Q3_K:
-      return GGMLType::Q8_0;
-    default:
-      return iq::is_grid_type(t) && !iq::has_level_form(t) ? GGMLType::Q8_0 : t;
+    case GGMLType::Q2_K: case GGMLType::Q3_K: return GGMLType::Q8_0;
+    default: return t;
   }
 }
 
 namespace {
-// The f16 scale under which 32-block ib (of its 256 block, for the K types) of a source block
-// is naturally int8 (packed.h), or 0 (none: requantize).
-uint16_t natural_scale(GGMLType t, const uint8_t* blk, int ib) {
+// The f16 scale under which every 32-block of a source block is naturally int8 (packed.h), or
+// 0 (none: requantize).
+uint16_t natural_scale(GGMLType t, const uint8_t* blk) {
   switch (t) {
     // -d: v = -(sc - 32)(q - 4) lies in [-128, 124], where (sc - 32)(q - 4) reaches +128.
     case GGMLType::Q3_K: return uint16_t(load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d) ^ 0x8000);
     case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
-    case GGMLType::TQ1_0: return load_u16(reinterpret_cast<const blocks::TQ1_0*>(blk)->d);  // (values -1, 0, 1)
-    case GGMLType::TQ2_0: return load_u16(reinterpret_cast<const blocks::TQ2_0*>(blk)->d);
-    default: {
-      if (!iq::is_grid_type(t)) return 0;
-      const float s = iq::block32_scale(t, blk, ib);  // (0: none)
-      const uint16_t h = f32_to_f16(s);
-      return f16_to_f32(h) == s ? h : 0;
-    }
+    default: return 0;
   }
 }
 }  // namespace
@@ -123,7 +114,7 @@ int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_
           if (blocks::mxfp4_is_zero(reinterpret_cast<const blocks::MXFP4*>(blk)[ib])) ++exact;
           continue;
         }
-        const uint16_t h = natural_scale(t, blk, ib);
+        const uint16_t h = natural_scale(t, blk);
         const float d = f16_to_f32(h);
         bool ok = h != 0 && d != 0.0f && std::isfinite(d);
         for (int j = 0; ok && j < 32; ++j) {
@@ -164,6 +155,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return LevelsBlock::kBytes;
+    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: return Levels16Block::kBytes;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
@@ -203,6 +195,30 @@ struct Levels256 {
   int8_t sc[8];
   uint8_t idx[256];
 };
+// The 256 values of block blk of a level type (not IQ4_XS) under d = 1 (exact: d_at, the
+// ternary types' d; the grid types' as iq::with_unit_d).
+void unit_d_values(GGMLType t, const uint8_t* blk, uint64_t d_at, float* w) {
+  uint8_t one[sizeof(blocks::IQ3_S)];
+  const uint64_t bb = type_traits(t).type_size;
+  if (bb > sizeof one) fail("levels layout: ", type_traits(t).name, " blocks are larger than ", sizeof one, " bytes");
+  if (t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0) {
+    std::memcpy(one, blk, bb);
+    const uint16_t f16_one = 0x3C00;
+    std::memcpy(one + d_at, &f16_one, 2);
+  } else {
+    iq::with_unit_d(t, blk, one);
+  }
+  dequantize_row(t, one, w, 256);
+}
+// The index into level_values(t) of value v (under d = 1) of a sub-block of step `step`; fails
+// if v is off the levels.
+uint8_t level_index(GGMLType t, float v, int step) {
+  const float l = v / (float(step) * level_unit(t));
+  const int8_t* levels = level_values(t);
+  for (int i = 0; i < 16; ++i)
+    if (float(levels[i]) == l) return uint8_t(i);
+  fail("levels layout: ", type_traits(t).name, " value ", l, " is not among its levels");
+}
 Levels256 levels256(GGMLType t, const uint8_t* blk) {
   Levels256 o{};
   const uint64_t bb = type_traits(t).type_size;
@@ -218,24 +234,32 @@ Levels256 levels256(GGMLType t, const uint8_t* blk) {
   // The grid types: the block's values under d = 1 (exact: (2s + 1) unit v), over each 32-block's
   // step (2s + 1) unit, are its integer levels v; the ternary types' values under d = 1 are
   // their levels, step 1.
-  uint8_t one[sizeof(blocks::IQ3_S)];
-  if (bb > sizeof one) fail("levels layout: ", type_traits(t).name, " blocks are larger than ", sizeof one, " bytes");
-  std::memcpy(one, blk, bb);
-  const uint16_t f16_one = 0x3C00;
-  std::memcpy(one + d_at, &f16_one, 2);
   float w[256];
-  dequantize_row(t, one, w, 256);
-  const int8_t* levels = level_values(t);
+  unit_d_values(t, blk, d_at, w);
   for (int s = 0; s < 8; ++s) {
     const int step = ternary ? 1 : iq::step32(t, blk, s);
     o.sc[s] = int8_t(step);
-    for (int e = 32 * s; e < 32 * s + 32; ++e) {
-      const float v = w[e] / (float(step) * level_unit(t));
-      int i = 0;
-      while (i < 16 && float(levels[i]) != v) ++i;
-      if (i == 16) fail("levels layout: ", type_traits(t).name, " value ", v, " is not among its levels");
-      o.idx[e] = uint8_t(i);
-    }
+    for (int e = 32 * s; e < 32 * s + 32; ++e) o.idx[e] = level_index(t, w[e], step);
+  }
+  return o;
+}
+// A 256-block of a type in the levels16 layout (packed.h) as it packs: its f16 d, the step
+// 2s + 1 of each 16 elements, each element's index into level_values(t).
+struct Levels16 {
+  uint8_t d[2];
+  int8_t sc[16];
+  uint8_t idx[256];
+};
+Levels16 levels16(GGMLType t, const uint8_t* blk) {
+  Levels16 o{};
+  const uint16_t d = t == GGMLType::IQ1_M ? blocks::iq1m_d_bits(*reinterpret_cast<const blocks::IQ1_M*>(blk)) : load_u16(blk);
+  std::memcpy(o.d, &d, 2);
+  float w[256];
+  unit_d_values(t, blk, 0, w);
+  for (int h = 0; h < 16; ++h) {
+    const int step = iq::step16(t, blk, h);
+    o.sc[h] = int8_t(step);
+    for (int e = 16 * h; e < 16 * h + 16; ++e) o.idx[e] = level_index(t, w[e], step);
   }
   return o;
 }
@@ -323,6 +347,13 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             for (int e = 0; e < 256; ++e) blk[LevelsBlock::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
             break;
           }
+          case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: {
+            const Levels16 L = levels16(t, row + uint64_t(ib) * type_traits(t).type_size);
+            std::memcpy(blk + Levels16Block::kD + 2 * r, L.d, 2);
+            for (int h = 0; h < 16; ++h) blk[Levels16Block::kSc + h * 16 + r] = uint8_t(L.sc[h]);
+            for (int e = 0; e < 256; ++e) blk[Levels16Block::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
+            break;
+          }
           case GGMLType::MXFP4: {  // (as Q4_0, its f16 scale in d)
             const auto& b = reinterpret_cast<const blocks::MXFP4*>(row)[ib];
             const uint16_t h = mxfp4_packed_scale(b);
@@ -386,7 +417,7 @@ inline int qnib_shift(int e) { return e % 8 < 4 ? 0 : 4; }
 
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out) {
-  if (!is_quad_type(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
+  if (!is_quad_type(t) && !is_levels16_layout(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
   // The scales (and the 256-blocks' headers, Q5_K's 5th bits) are where the pair layout has
   // them; only q (the low 4 bits) moves.
   pack_rows(t, rows, row_bytes, n_rows, K, out);
@@ -395,6 +426,7 @@ void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
   const int64_t G = n_groups(n_rows), nb = K / bl;
   const uint64_t q_off = t == GGMLType::Q4_K || t == GGMLType::Q5_K ? Q4KBlock::kQ  // q bytes inside a block
                          : is_levels_layout(t)                       ? LevelsBlock::kQ
+                         : is_levels16_layout(t)                     ? Levels16Block::kQ
                          : t == GGMLType::Q4_1 || t == GGMLType::Q5_1 ? Q41Block::kQ
                                                                      : 32;
   const uint64_t q_bytes = uint64_t(bl) * kGroup / (t == GGMLType::Q8_0 ? 1 : 2);
@@ -463,6 +495,9 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
       return {int(level_values(t)[nib(blk + LevelsBlock::kQ)]),
               f16(blk + LevelsBlock::kD + 2 * r) * float(int8_t(blk[LevelsBlock::kSc + (e / 32) * 16 + r])) * level_unit(t),
               0.0f};
+    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M:
+      return {int(level_values(t)[nib(blk + Levels16Block::kQ)]) * int(int8_t(blk[Levels16Block::kSc + (e / 16) * 16 + r])),
+              f16(blk + Levels16Block::kD + 2 * r) * level_unit(t), 0.0f};
     case GGMLType::Q4_K: case GGMLType::Q5_K: {
       const int s = e / 32;
       const int h = t == GGMLType::Q5_K ? (blk[q5h_at(e, r)] >> q5h_bit(e)) & 1 : 0;

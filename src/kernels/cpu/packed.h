@@ -38,6 +38,11 @@
 //              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
 //              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
 //              Q8_0 8.5)
+//   levels16 (256: the grid types with a scale per 16 k, IQ2_XS, IQ2_S, IQ1_M:
+//              iq::has_level16_form) f16 d[16]; int8 sc[16][16] (2s + 1 of each 16 k); q as the
+//              levels layout's                       w = (d*unit) * sc * levels[q], sub-block = k/16
+//              levels and unit as the per-32 grid types' (IQ2: IQ2_XXS's, IQ1_M: IQ1_S's): exact
+//              in 4.56 bits a weight (their files 2.31, 2.5 and 1.75)
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
@@ -54,7 +59,9 @@
 //         12: u in [0, 24]; the others B = 128: u in [1, 255]), on plain AVX2 to v = levels[q]
 //         itself (|v| x sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
 // so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
-// the same bytes per block.
+// the same bytes per block. The levels16 layout's quad variant moves its nibbles as the levels
+// layout's; a half block h (16 k) is quad pairs 2h and 2h + 1, and I = sc_0 I_0 + sc_1 I_1 as
+// Q6_K's below (u = levels[q] + 128 on vpdpbusd, v = levels[q] on plain AVX2).
 // Q6_K's quad variant (pack_rows_q6k_quad; the avx2 and avx512 kernels' layout, the scalar ones
 // keep the pair layout) keeps d and sc where the pair layout has them, then per 32-block of k in order
 // (kQuadPer32 bytes each, so a GEMV reads the block front to back):
@@ -75,7 +82,7 @@
 //   two, as ggml's d (ls - 32), d (0.5 + s) / 4, ...);
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q4_1 v = q, s1 = d, s2 = m;  Q5_1 v = q + 16 h, s1 = d, s2 = m;
-//   Q6_K v = (q - 32) * sc, s1 = d
+//   Q6_K v = (q - 32) * sc, s1 = d;  the levels16 layout v = levels[q] * sc, s1 = d*unit
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
 // integers. Every output is y = 0, then for each 32-block in k order
 //   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K, Q4_1, Q5_1]
@@ -140,6 +147,13 @@ struct NibbleCursor256 {
 };
 using Q4KCursor = NibbleCursor256<Q4KBlock>;
 using LevelsCursor = NibbleCursor256<LevelsBlock>;
+// Byte offsets inside one packed block of the levels layout with a scale per 16 (256 k of a
+// group): d, sc[16 halves][16 rows], then q as Q4_K's.
+struct Levels16Block {
+  static constexpr int kD = 0, kSc = 32, kQ = 32 + 16 * kGroup;
+  static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2336
+};
+using Levels16Cursor = NibbleCursor256<Levels16Block>;
 // Q5_K's packed block: Q4_K's, then the 5th bits of its 8 32-blocks (kQhPer32 bytes each).
 struct Q5KBlock : Q4KBlock {
   static constexpr int kQh = Q4KBlock::kBytes, kQhPer32 = 4 * kGroup;
@@ -184,20 +198,19 @@ struct Q6KQuadCursor {
   }
 };
 
-// The other quantized types have no panel layout of their own: prepare() converts their rows to
-// Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. A block whose exact
-// values are int8 multiples of one f16 scale is stored exactly: MXFP4 blocks whose scale
-// 2^(e - 128) is an f16 (e - 128 in [-24, 15]: (2^(e - 128), kvalues[q]); MXFP4 is converted only for GGUF rows: it packs in its
-// own layout, see the panel_type overload below), every Q3_K block (-d, -(sc - 32)(q - 4) in [-128, 124]:
-// q = -128 is within every Q8_0 kernel's range, see the avx2 sign trick), and the 32-blocks of the grid
-// i-quants with two scales per 32-block (IQ2_XS, IQ2_S, IQ1_M) under one scale that is an f16
-// (IQ2: (db, grid * sign); IQ1_M: (dl / 8, 8 (grid +- 1/8)), quant_iq.h); convert_rows takes
-// TQ1_0 and TQ2_0 too, as (d, q - 1), though they pack in the levels layout. The others (Q2_K,
-// whose min term is per 16, and those i-quant blocks' rest) are requantized from their
-// exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11): 1/8 to 1/30 of the
-// source type's own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode step
-// (3.2x Q2_K's, 2.5x Q3_K's, 3.4-4.9x those i-quants' 2.5-1.75 bits), for our fastest integer
-// kernels.
+// The other quantized types, Q2_K and Q3_K, have no panel layout of their own: prepare()
+// converts their rows to Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those.
+// Every Q3_K block is stored exactly (-d, -(sc - 32)(q - 4) in [-128, 124]: q = -128 is within
+// every Q8_0 kernel's range, see the avx2 sign trick); Q2_K, whose min term is per 16, is
+// requantized from its exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11):
+// 1/8 to 1/30 of its own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode
+// step (3.2x Q2_K's, 2.5x Q3_K's), for our fastest integer kernels. convert_rows takes every
+// quantized type: a block whose exact values are int8 multiples of one f16 scale becomes that
+// exactly (MXFP4 blocks whose scale 2^(e - 128) is an f16, e - 128 in [-24, 15]: (2^(e - 128),
+// kvalues[q]), MXFP4's GGUF rows are converted so, see the panel_type overload below; the
+// ternary types (d, q - 1); the 32-blocks of IQ2_XS, IQ2_S and IQ1_M under one scale that is an
+// f16: IQ2 (db, grid * sign), IQ1_M (dl / 8, 8 (grid +- 1/8)), quant_iq.h), any other block is
+// requantized.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
 // faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's;
 // again with Q6_K's quad kernels (2026-12-06, Zen 5, TinyLlama-shaped Q3_K_M, alternated):
@@ -225,11 +238,16 @@ GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
 
 // Weight types multiplied on the integer path.
 inline bool is_level_type(GGMLType t);
+inline bool is_levels16_layout(GGMLType t) { return iq::has_level16_form(t); }
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_1 ||
          t == GGMLType::Q5_1 || t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K ||
-         is_level_type(t);
+         is_level_type(t) || is_levels16_layout(t);
 }
+// Integer-path types with a scale per 16 k (the two halves of each 32-block: I = sc_0 I_0 +
+// sc_1 I_1): Q6_K and the levels16 layout. Their quad variants give a half block's 4 quads at
+// once (kSub16 decoders) and their GEMM chunks are their own (unpack_sub16, mk_sub16).
+inline bool is_sub16_type(GGMLType t) { return t == GGMLType::Q6_K || is_levels16_layout(t); }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
 inline bool is_levels_layout(GGMLType t) {
@@ -238,12 +256,21 @@ inline bool is_levels_layout(GGMLType t) {
 inline bool is_level_type(GGMLType t) {
   return t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || is_levels_layout(t);
 }
-// A level type's 16 levels, and the unit of the levels layout's scales (w = d sc unit levels[q]).
+// A level type's (or a levels16 type's) 16 levels, their largest magnitude, and the unit of the
+// levels layouts' scales (w = d sc unit levels[q]).
 constexpr const int8_t* level_values(GGMLType t) {
   return t == GGMLType::MXFP4                             ? blocks::kValuesMXFP4
          : t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ? blocks::kValuesIQ4NL
          : t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0   ? blocks::kValuesTernary
                                                           : iq::level_values(t);
+}
+constexpr int max_abs_level(GGMLType t) {
+  int m = 0;
+  for (int i = 0; i < 16; ++i) {
+    const int v = level_values(t)[i] < 0 ? -level_values(t)[i] : level_values(t)[i];
+    if (v > m) m = v;
+  }
+  return m;
 }
 constexpr float level_unit(GGMLType t) {
   return t == GGMLType::IQ4_XS || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 ? 1.0f : iq::level_unit(t);
