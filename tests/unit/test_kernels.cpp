@@ -1205,21 +1205,22 @@ TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
 // (the levels layouts', the legacy ones'): each output it reaches is inf or NaN on every ISA, as
 // the scalar path's (NaN where that is NaN: the same exact integer times the same scale), in
 // decode and prefill, packed or GGUF rows; every other output is the scalar path's bits. (ggml
-// computes such a block's values as inf or NaN too.)
+// computes such a block's values as inf or NaN too.) N = 131: decode's pass over four groups
+// at one row (avx512) too.
 TEST_P(KernelTest, NonFiniteScalesReachOnlyTheirOutputs) {
   auto native = backend_for(GetParam()), scalar = backend_for("scalar");
   std::mt19937 rng(83);
   for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XS, GGMLType::TQ2_0, GGMLType::Q5_0,
                      GGMLType::Q4_1}) {
     SCOPED_TRACE(type_traits(t).name);
-    const int64_t N = 19, K = 512;
+    const int64_t N = 131, K = 512;
     QWeight W = make_weight(rng, t, N, K);
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
     const uint64_t d_at = t == GGMLType::TQ2_0 ? bb - 2 : 0;
     const uint16_t inf = 0x7c00, nan = 0x7e00;
     std::memcpy(W.bytes.data() + 4 * rb + bb + d_at, &inf, 2);  // (row 4, its second block)
     std::memcpy(W.bytes.data() + 9 * rb + d_at, &nan, 2);       // (row 9, its first)
-    for (int64_t M : {3, 40}) {
+    for (int64_t M : {1, 3, 40}) {
       const auto X = randv(rng, size_t(M * K));
       std::vector<float> a(size_t(M * N)), b(size_t(M * N));
       for (bool packed : {false, true}) {

@@ -83,8 +83,8 @@ std::vector<Case> all_cases() {
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
     for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) out.push_back({"tiny-256", t, arch});
   }
-  // The grid i-quants and the ternary types (converted to Q8_0 at load, as the other types
-  // without a layout of their own): one architecture.
+  // The grid i-quants and the ternary types (the levels layouts: their kernels' tests are
+  // test_kernels'): one architecture.
   for (GGMLType t : {GGMLType::IQ2_XXS, GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
                      GGMLType::IQ1_S, GGMLType::IQ1_M, GGMLType::TQ1_0, GGMLType::TQ2_0})
     out.push_back({"tiny-256", t, "llama"});

@@ -459,8 +459,8 @@ struct Avx2Isa {
   // ---- Integer path (quantized weights, packed.h) ----
   // Decoders of one group's packed bytes: begin(kb) moves to 32-block kb, scales() gives its s1
   // (and s2) for rows 0-7 / 8-15; the quad types (quad layout): quads_h(P, h, w) its quads 2P and
-  // 2P + 1 of rows 8h..8h+7 as bytes (see the quad kernels below); Q6_K (its quad variant): quads6_h(hh, h, w)
-  // the 4 quads of half block hh. (A constant kBias comes off the block's integer sum as
+  // 2P + 1 of rows 8h..8h+7 as bytes (see the quad kernels below); the sub16 types (Q6_K's quad
+  // variant, the levels16 layout): quads6_h(hh, h, w) the 4 quads of half block hh. (A constant kBias comes off the block's integer sum as
   // kBias * sum xq, exactly.) Their methods are always inlined: GCC had left Q4_K's scales (and
   // Q6_K's quads6_h) out of line, a call per 32-block and group across which every live vector
   // register spilled (callgrind; TinyLlama Q4_K_M's decode step on `avx2` 0.7x, see README).
@@ -771,8 +771,8 @@ struct Avx2Isa {
     else return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
 #endif
   }
-  // Q6_K (kSub16): I[i] = row i's exact int32 sums of block kb for rows 8h..8h+7, sc_0 (sum u
-  // xq - 32 X_0) + sc_1 (...) over the two half blocks (X_0 = xs0, X_1 = xs - xs0).
+  // The sub16 types (kSub16): I[i] = row i's exact int32 sums of block kb for rows 8h..8h+7,
+  // sc_0 (sum w xq - B X_0) + sc_1 (...) over the two half blocks (X_0 = xs0, X_1 = xs - xs0).
   template <int MR, class D>
   static void sub16_sums(const D& dec, int h, int64_t kb, const int8_t* xq, int64_t ldx, const int32_t* xs,
                          const int32_t* xs0, int64_t nkb, __m256i (&I)[MR]) {
@@ -793,7 +793,7 @@ struct Avx2Isa {
   // over all of K, y in registers (MR NG <= 2). One row's two groups in one pass: two weight
   // streams at once (decode: an item's two groups, spread half the weight apart). Each chain
   // (int32 or int16 sums, acc) and its y update is the same at any MR and NG: the same bits.
-  // Q6_K (sub16): one group (sub16_sums).
+  // The sub16 types: one group (sub16_sums).
   template <int MR, int NG, class D>
   static void gemv_quad_t(const D* dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
                           const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc) {

@@ -652,8 +652,9 @@ struct Avx512Isa : Avx2Isa {
   // from -B sum xq), then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)):
   // mk_int's sums. Two groups share each activation broadcast, each its own chain (12 chains
   // at 6 rows); one group splits its chain into even and odd quads (two chains per row).
-  // Q6_K (D::kSub16): per half block h the chain starts from -32 X_h (X_0 = xs0, X_1 = xs -
-  // xs0) and I = sc_0 I_0 + sc_1 I_1 (exact), then the same y = fma(float(I), s1 * dx, y).
+  // The sub16 types (D::kSub16: Q6_K, the levels16 layout): per half block h the chain starts
+  // from -B X_h (X_0 = xs0, X_1 = xs - xs0) and I = sc_0 I_0 + sc_1 I_1 (exact), then the same
+  // y = fma(float(I), s1 * dx, y).
   template <int MR, int NG, class D>
   static void gemv_q_t(const D* dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
                        const float* dx, const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc, bool first) {

@@ -195,8 +195,8 @@ struct Levels256 {
   int8_t sc[8];
   uint8_t idx[256];
 };
-// The 256 values of block blk of a level type (not IQ4_XS) under d = 1 (exact: d_at, the
-// ternary types' d; the grid types' as iq::with_unit_d).
+// The 256 values of block blk of a levels-layout type (not IQ4_XS) or a levels16 one under
+// d = 1 (exact: d_at, the ternary types' d; the grid types' as iq::with_unit_d).
 void unit_d_values(GGMLType t, const uint8_t* blk, uint64_t d_at, float* w) {
   uint8_t one[sizeof(blocks::IQ3_S)];
   const uint64_t bb = type_traits(t).type_size;

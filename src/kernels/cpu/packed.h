@@ -33,7 +33,7 @@
 //              as Q4_0, an index into the type's 16 levels (level_values)
 //                                                    w = (d*sc*unit) * levels[q], sub-block = k/32
 //              IQ4_XS sc = ls - 32, unit 1, ggml's kvalues_iq4nl; TQ1_0 and TQ2_0 sc = 1, unit
-//              1, levels q - 1 (blocks::kValuesTernary: 2.06 and 1.69 bits in their files,
+//              1, levels q - 1 (blocks::kValuesTernary: 1.69 and 2.06 bits in their files,
 //              Q8_0 8.5); the grid types sc = 2s + 1
 //              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
 //              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
@@ -42,11 +42,12 @@
 //              iq::has_level16_form) f16 d[16]; int8 sc[16][16] (2s + 1 of each 16 k); q as the
 //              levels layout's                       w = (d*unit) * sc * levels[q], sub-block = k/16
 //              levels and unit as the per-32 grid types' (IQ2: IQ2_XXS's, IQ1_M: IQ1_S's): exact
-//              in 4.56 bits a weight (their files 2.31, 2.5 and 1.75)
+//              in 4.56 bits a weight (their files 2.31, 2.56 and 1.75)
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
-// Q4_1, Q5_1, the level types, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// Q4_1, Q5_1, the level types, Q4_K and Q5_K, and the levels16 layout's nibbles; the scalar
+// kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
@@ -204,13 +205,10 @@ struct Q6KQuadCursor {
 // every Q8_0 kernel's range, see the avx2 sign trick); Q2_K, whose min term is per 16, is
 // requantized from its exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11):
 // 1/8 to 1/30 of its own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode
-// step (3.2x Q2_K's, 2.5x Q3_K's), for our fastest integer kernels. convert_rows takes every
-// quantized type: a block whose exact values are int8 multiples of one f16 scale becomes that
-// exactly (MXFP4 blocks whose scale 2^(e - 128) is an f16, e - 128 in [-24, 15]: (2^(e - 128),
-// kvalues[q]), MXFP4's GGUF rows are converted so, see the panel_type overload below; the
-// ternary types (d, q - 1); the 32-blocks of IQ2_XS, IQ2_S and IQ1_M under one scale that is an
-// f16: IQ2 (db, grid * sign), IQ1_M (dl / 8, 8 (grid +- 1/8)), quant_iq.h), any other block is
-// requantized.
+// step (3.2x Q2_K's, 2.5x Q3_K's), for our fastest integer kernels. convert_rows also takes
+// MXFP4's GGUF rows (a weight not prepared: its GEMM form), exactly where the block scale
+// 2^(e - 128) is an f16 (e - 128 in [-24, 15]: (2^(e - 128), kvalues[q])); it refuses every type
+// with a panel layout of its own.
 // (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
 // faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's;
 // again with Q6_K's quad kernels (2026-12-06, Zen 5, TinyLlama-shaped Q3_K_M, alternated):
@@ -296,8 +294,9 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 // rows (n_rows, K) in GGUF row layout (row_bytes apart) -> out (n_groups * group_bytes).
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
-// The quad variant of pack_rows for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, the level types, Q4_K and Q5_K
-// (pack_rows for every other type).
+// The quad types: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, the level types, Q4_K and Q5_K (their kernels
+// read whole 32-blocks of quads). pack_rows_quad gives their quad variant, and the levels16
+// layout's (whose kernels are Q6_K's half blocks: is_sub16_type); pack_rows every other type.
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
