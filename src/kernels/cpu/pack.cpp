@@ -196,15 +196,15 @@ struct Levels256 {
   uint8_t idx[256];
 };
 // The 256 values of block blk of a levels-layout type (not IQ4_XS) or a levels16 one under
-// d = 1 (exact: d_at, the ternary types' d; the grid types' as iq::with_unit_d).
-void unit_d_values(GGMLType t, const uint8_t* blk, uint64_t d_at, float* w) {
+// d = 1 (exact; the grid types' d as iq::with_unit_d sets it).
+void unit_d_values(GGMLType t, const uint8_t* blk, float* w) {
   uint8_t one[sizeof(blocks::IQ3_S)];
   const uint64_t bb = type_traits(t).type_size;
   if (bb > sizeof one) fail("levels layout: ", type_traits(t).name, " blocks are larger than ", sizeof one, " bytes");
-  if (t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0) {
+  if (is_ternary(t)) {
     std::memcpy(one, blk, bb);
-    const uint16_t f16_one = 0x3C00;
-    std::memcpy(one + d_at, &f16_one, 2);
+    const uint16_t f16_one = f32_to_f16(1.0f);
+    std::memcpy(one + bb - 2, &f16_one, 2);  // (d last)
   } else {
     iq::with_unit_d(t, blk, one);
   }
@@ -221,10 +221,8 @@ uint8_t level_index(GGMLType t, float v, int step) {
 }
 Levels256 levels256(GGMLType t, const uint8_t* blk) {
   Levels256 o{};
-  const uint64_t bb = type_traits(t).type_size;
-  const bool ternary = t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0;
-  const uint64_t d_at = ternary ? bb - 2 : 0;  // (the ternary types' d last, the others' first)
-  std::memcpy(o.d, blk + d_at, 2);
+  const bool ternary = is_ternary(t);
+  std::memcpy(o.d, blk + (ternary ? type_traits(t).type_size - 2 : 0), 2);  // (the ternary types' d last, the others' first)
   if (t == GGMLType::IQ4_XS) {
     const auto& b = *reinterpret_cast<const blocks::IQ4_XS*>(blk);
     for (int s = 0; s < 8; ++s) o.sc[s] = int8_t(blocks::scale_iq4xs(b, s) - 32);
@@ -235,7 +233,7 @@ Levels256 levels256(GGMLType t, const uint8_t* blk) {
   // step (2s + 1) unit, are its integer levels v; the ternary types' values under d = 1 are
   // their levels, step 1.
   float w[256];
-  unit_d_values(t, blk, d_at, w);
+  unit_d_values(t, blk, w);
   for (int s = 0; s < 8; ++s) {
     const int step = ternary ? 1 : iq::step32(t, blk, s);
     o.sc[s] = int8_t(step);
@@ -255,7 +253,7 @@ Levels16 levels16(GGMLType t, const uint8_t* blk) {
   const uint16_t d = t == GGMLType::IQ1_M ? blocks::iq1m_d_bits(*reinterpret_cast<const blocks::IQ1_M*>(blk)) : load_u16(blk);
   std::memcpy(o.d, &d, 2);
   float w[256];
-  unit_d_values(t, blk, 0, w);
+  unit_d_values(t, blk, w);
   for (int h = 0; h < 16; ++h) {
     const int step = iq::step16(t, blk, h);
     o.sc[h] = int8_t(step);

@@ -248,9 +248,9 @@ inline bool is_int_type(GGMLType t) {
 inline bool is_sub16_type(GGMLType t) { return t == GGMLType::Q6_K || is_levels16_layout(t); }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
-inline bool is_levels_layout(GGMLType t) {
-  return t == GGMLType::IQ4_XS || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 || iq::has_level_form(t);
-}
+// The ternary types (values (q - 1) d, d the block's last 2 bytes), in the levels layout.
+constexpr bool is_ternary(GGMLType t) { return t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0; }
+inline bool is_levels_layout(GGMLType t) { return t == GGMLType::IQ4_XS || is_ternary(t) || iq::has_level_form(t); }
 inline bool is_level_type(GGMLType t) {
   return t == GGMLType::MXFP4 || t == GGMLType::IQ4_NL || is_levels_layout(t);
 }
@@ -259,7 +259,7 @@ inline bool is_level_type(GGMLType t) {
 constexpr const int8_t* level_values(GGMLType t) {
   return t == GGMLType::MXFP4                             ? blocks::kValuesMXFP4
          : t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ? blocks::kValuesIQ4NL
-         : t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0   ? blocks::kValuesTernary
+         : is_ternary(t)                                  ? blocks::kValuesTernary
                                                           : iq::level_values(t);
 }
 constexpr int max_abs_level(GGMLType t) {
@@ -271,7 +271,7 @@ constexpr int max_abs_level(GGMLType t) {
   return m;
 }
 constexpr float level_unit(GGMLType t) {
-  return t == GGMLType::IQ4_XS || t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 ? 1.0f : iq::level_unit(t);
+  return t == GGMLType::IQ4_XS || is_ternary(t) ? 1.0f : iq::level_unit(t);
 }
 // Integer-path types with a min term (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) {
