@@ -99,12 +99,13 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   // (Q8_0 and its forms q, Q4_0 q - 8, Q4_K and Q4_1 q, Q5_K and Q5_1 q + 16 h, the level types
   // levels[q], Q5_0 q + 16 h - 16): tdpbssd's C is then the block's exact sum of
   // v xq, I itself. (The level types' fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
-  // (The sub16 types, Q6_K and the levels16 layout: Avx512Isa's unpack_sub16, for the vector tiles.)
+  // (The sub16 types, Q6_K and the levels16 layout: Avx512Isa's unpack_sub16, for the vector
+  // tiles; Q3_K's chunk is Q8_0's form, unpack_sub16_q8, for these.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
                          float* S2) {
     Avx512Isa::unpack_int(t, group, k0, len, V, S1, S2);
-    if (!is_quad_type(t)) return;
-    const GGMLType gt = gemm_type(t);  // (the level types' chunk is Q8_0's form)
+    const GGMLType gt = gemm_type(t);  // (the level types' and Q3_K's chunk is Q8_0's form)
+    if (!is_quad_type(gt)) return;
     const __m512i bias = _mm512_set1_epi8(char(gt == GGMLType::Q8_0 ? QDecQ8_0::kBias : gt == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0));
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t i = 0; i < len / kQBlock * kQBlock * kGroup; i += 64)

@@ -655,9 +655,10 @@ struct Avx2Isa {
       w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
     }
   };
-  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half block
-  // hh and rows 8h..8h+7, quads6_h gives its 4 quads as IQ4_NL's do (u = levels[q] + 128 with
-  // AVX-VNNI, else signed v = levels[q]), sc32 the rows' steps 2s + 1; s1 = d unit.
+  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M, Q3_K), as Q6_K's quad variant: per half
+  // block hh and rows 8h..8h+7, quads6_h gives its 4 quads as IQ4_NL's do (u = levels[q] + 128
+  // with AVX-VNNI, else signed v = levels[q]), sc32 the rows' scales (the grid types' steps
+  // 2s + 1); s1 = d unit.
   template <GGMLType T>
   struct DecLevels16 : Levels16Cursor {
     static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
@@ -877,6 +878,7 @@ struct Avx2Isa {
       case GGMLType::IQ2_XS: f(DecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
       case GGMLType::IQ2_S: f(DecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(DecLevels16<GGMLType::IQ1_M>{{group}}); return true;
+      case GGMLType::Q3_K: f(DecLevels16<GGMLType::Q3_K>{{group}}); return true;
       default: return false;
     }
   }
@@ -998,7 +1000,10 @@ struct Avx2Isa {
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
       with_quad_decoder(t, group, [&](auto dec) {
-        if constexpr (sub16_of<decltype(dec)>()) unpack_sub16(dec, k0, len, V, S1, S2);
+        if constexpr (sub16_of<decltype(dec)>()) {
+          if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16_q8(dec, k0, len, V, S1, S2);
+          else unpack_sub16(dec, k0, len, V, S1, S2);
+        }
       });
       return;
     }
@@ -1054,6 +1059,39 @@ struct Avx2Isa {
           for (int t = 0; t < 4; ++t)
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 64 * (4 * hh + t) + 32 * h), w[t]);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 512 + 64 * hh + 32 * h), dec.sc32(hh, h));
+        }
+    }
+  }
+  // A sub16 type whose products levels[q] sc fit an int8 (Q3_K: gemm_type), unpacked in Q8_0's
+  // form (unpack_int: signed v = levels[q] sc; per byte: the signed level in 16-bit lanes, even
+  // and odd bytes apart, times its row's scale, the low bytes back); S1 = s1, S2 = 0. The same
+  // exact I as the half blocks' sc_0 I_0 + sc_1 I_1.
+  template <class D>
+  static void unpack_sub16_q8(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    uint8_t* v = reinterpret_cast<uint8_t*>(V);
+    const __m256i lo = _mm256_set1_epi16(0x00FF);
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      D dec = dec0;
+      dec.begin(k0 / kQBlock + kb);
+      __m256 a, b, c, d;
+      dec.scales(a, b, c, d);
+      _mm256_storeu_ps(S1 + 16 * kb, a);
+      _mm256_storeu_ps(S1 + 16 * kb + 8, b);
+      _mm256_storeu_ps(S2 + 16 * kb, _mm256_setzero_ps());
+      _mm256_storeu_ps(S2 + 16 * kb + 8, _mm256_setzero_ps());
+      for (int hh = 0; hh < 2; ++hh)
+        for (int h = 0; h < 2; ++h) {
+          __m256i w[4];
+          dec.quads6_h(hh, h, w);
+          const __m256i sc32 = dec.sc32(hh, h);  // (int32 lanes: row r's scale in both 16-bit halves)
+          const __m256i sc = _mm256_blend_epi16(sc32, _mm256_slli_epi32(sc32, 16), 0xAA);
+          for (int t = 0; t < 4; ++t) {
+            const __m256i l = D::kSignedQuads ? w[t] : _mm256_sub_epi8(w[t], _mm256_set1_epi8(char(D::kBias)));
+            const __m256i even = _mm256_mullo_epi16(_mm256_srai_epi16(_mm256_slli_epi16(l, 8), 8), sc);
+            const __m256i odd = _mm256_mullo_epi16(_mm256_srai_epi16(l, 8), sc);
+            const __m256i p = _mm256_or_si256(_mm256_and_si256(even, lo), _mm256_slli_epi16(odd, 8));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + kb * 512 + 64 * (4 * hh + t) + 32 * h), p);
+          }
         }
     }
   }

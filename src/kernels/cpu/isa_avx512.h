@@ -601,9 +601,9 @@ struct Avx512Isa : Avx2Isa {
       w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), m4, 0xEC);
     }
   };
-  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
-  // block h its 4 quads as u = levels[q] + 128 (I_h = sum u xq - 128 X_h), sc(h) its rows' steps
-  // 2s + 1; s1 = d unit.
+  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M, Q3_K), as Q6_K's quad variant: per half
+  // block h its 4 quads as u = levels[q] + 128 (I_h = sum u xq - 128 X_h), sc(h) its rows'
+  // scales (the grid types' steps 2s + 1); s1 = d unit.
   template <GGMLType T>
   struct QDecLevels16 : Levels16Cursor {
     static constexpr int kBias = 128, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
@@ -642,6 +642,7 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::IQ2_XS: f(QDecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
       case GGMLType::IQ2_S: f(QDecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(QDecLevels16<GGMLType::IQ1_M>{{group}}); return true;
+      case GGMLType::Q3_K: f(QDecLevels16<GGMLType::Q3_K>{{group}}); return true;
       default: return false;
     }
   }
@@ -892,7 +893,10 @@ struct Avx512Isa : Avx2Isa {
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
       with_qdecoder(t, group, [&](auto dec) {
-        if constexpr (decltype(dec)::kSub16) unpack_sub16(dec, k0, len, V, S1, S2);
+        if constexpr (decltype(dec)::kSub16) {
+          if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16_q8(dec, k0, len, V, S1, S2);
+          else unpack_sub16(dec, k0, len, V, S1, S2);
+        }
       });
       return;
     }
@@ -942,6 +946,38 @@ struct Avx512Isa : Avx2Isa {
         dec.quads(h, w);
         for (int t = 0; t < 4; ++t) _mm512_storeu_si512(b + 64 * (4 * h + t), w[t]);
         _mm512_storeu_si512(b + 512 + 64 * h, dec.sc(h));
+      }
+    }
+  }
+
+  // A sub16 type whose products levels[q] sc fit an int8 (Q3_K: gemm_type), unpacked in Q8_0's
+  // form: V = u8 [len / 32][8 quads][16 rows][4], u = levels[q] sc + 128 (per byte: the signed
+  // level in 16-bit lanes, even and odd bytes apart, times its row's scale, the low bytes
+  // back); S1 = s1, S2 = 0. The same exact I as the half blocks' sc_0 I_0 + sc_1 I_1.
+  template <class D>
+  static void unpack_sub16_q8(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    uint8_t* v = reinterpret_cast<uint8_t*>(V);
+    const __m512i bias = _mm512_set1_epi8(char(D::kBias)), q8_bias = _mm512_set1_epi8(char(QDecQ8_0::kBias));
+    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
+      D dec = dec0;
+      dec.begin(k0 / kQBlock + kb);
+      __m512 s1, s2;
+      dec.scales(s1, s2);
+      _mm512_storeu_ps(S1 + 16 * kb, s1);
+      _mm512_storeu_ps(S2 + 16 * kb, _mm512_setzero_ps());
+      for (int h = 0; h < 2; ++h) {
+        __m512i w[4];
+        dec.quads(h, w);
+        const __m512i sc32 = dec.sc(h);  // (int32 lanes: row r's scale in both of its 16-bit halves)
+        const __m512i sc = _mm512_mask_blend_epi16(0xAAAAAAAA, sc32, _mm512_slli_epi32(sc32, 16));
+        for (int t = 0; t < 4; ++t) {
+          const __m512i l = _mm512_sub_epi8(w[t], bias);  // the signed levels
+          const __m512i even = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(l, 8), 8), sc);
+          const __m512i odd = _mm512_mullo_epi16(_mm512_srai_epi16(l, 8), sc);
+          // (the even products' low bytes, the odd ones' above them)
+          const __m512i p = _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, even, _mm512_slli_epi16(odd, 8));
+          _mm512_storeu_si512(v + kb * 512 + 64 * (4 * h + t), _mm512_add_epi8(p, q8_bias));
+        }
       }
     }
   }

@@ -43,7 +43,7 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 GGMLType panel_type(GGMLType t) {
   switch (t) {
-    case GGMLType::Q2_K: case GGMLType::Q3_K: return GGMLType::Q8_0;
+    case GGMLType::Q2_K: return GGMLType::Q8_0;
     default: return t;
   }
 }
@@ -52,12 +52,7 @@ namespace {
 // The f16 scale under which every 32-block of a source block is naturally int8 (packed.h), or
 // 0 (none: requantize).
 uint16_t natural_scale(GGMLType t, const uint8_t* blk) {
-  switch (t) {
-    // -d: v = -(sc - 32)(q - 4) lies in [-128, 124], where (sc - 32)(q - 4) reaches +128.
-    case GGMLType::Q3_K: return uint16_t(load_u16(reinterpret_cast<const blocks::Q3_K*>(blk)->d) ^ 0x8000);
-    case GGMLType::MXFP4: return mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e);
-    default: return 0;
-  }
+  return t == GGMLType::MXFP4 ? mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e) : 0;
 }
 }  // namespace
 
@@ -155,7 +150,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return LevelsBlock::kBytes;
-    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: return Levels16Block::kBytes;
+    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K: return Levels16Block::kBytes;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
@@ -241,8 +236,8 @@ Levels256 levels256(GGMLType t, const uint8_t* blk) {
   }
   return o;
 }
-// A 256-block of a type in the levels16 layout (packed.h) as it packs: its f16 d, the step
-// 2s + 1 of each 16 elements, each element's index into level_values(t).
+// A 256-block of a type in the levels16 layout (packed.h) as it packs: its f16 d, the scale
+// of each 16 elements (the grid types' step 2s + 1), each element's index into level_values(t).
 struct Levels16 {
   uint8_t d[2];
   int8_t sc[16];
@@ -250,6 +245,14 @@ struct Levels16 {
 };
 Levels16 levels16(GGMLType t, const uint8_t* blk) {
   Levels16 o{};
+  if (t == GGMLType::Q3_K) {  // (-d, sc - 32, q + 4: blocks::kValuesQ3KNeg)
+    const auto& b = *reinterpret_cast<const blocks::Q3_K*>(blk);
+    const uint16_t neg_d = uint16_t(load_u16(b.d) ^ 0x8000);
+    std::memcpy(o.d, &neg_d, 2);
+    for (int h = 0; h < 16; ++h) o.sc[h] = int8_t(blocks::scale_k3(h, b.scales) - 32);
+    for (int e = 0; e < 256; ++e) o.idx[e] = uint8_t(blocks::q3k_q(b, e) + 4);
+    return o;
+  }
   const uint16_t d = t == GGMLType::IQ1_M ? blocks::iq1m_d_bits(*reinterpret_cast<const blocks::IQ1_M*>(blk)) : load_u16(blk);
   std::memcpy(o.d, &d, 2);
   float w[256];
@@ -345,7 +348,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             for (int e = 0; e < 256; ++e) blk[LevelsBlock::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
             break;
           }
-          case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: {
+          case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K: {
             const Levels16 L = levels16(t, row + uint64_t(ib) * type_traits(t).type_size);
             std::memcpy(blk + Levels16Block::kD + 2 * r, L.d, 2);
             for (int h = 0; h < 16; ++h) blk[Levels16Block::kSc + h * 16 + r] = uint8_t(L.sc[h]);
@@ -493,7 +496,7 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
       return {int(level_values(t)[nib(blk + LevelsBlock::kQ)]),
               f16(blk + LevelsBlock::kD + 2 * r) * float(int8_t(blk[LevelsBlock::kSc + (e / 32) * 16 + r])) * level_unit(t),
               0.0f};
-    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M:
+    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K:
       return {int(level_values(t)[nib(blk + Levels16Block::kQ)]) * int(int8_t(blk[Levels16Block::kSc + (e / 16) * 16 + r])),
               f16(blk + Levels16Block::kD + 2 * r) * level_unit(t), 0.0f};
     case GGMLType::Q4_K: case GGMLType::Q5_K: {

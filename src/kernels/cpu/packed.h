@@ -38,11 +38,13 @@
 //              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
 //              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
 //              Q8_0 8.5)
-//   levels16 (256: the grid types with a scale per 16 k, IQ2_XS, IQ2_S, IQ1_M:
-//              iq::has_level16_form) f16 d[16]; int8 sc[16][16] (2s + 1 of each 16 k); q as the
+//   levels16 (256: Q3_K and the grid types with a scale per 16 k, IQ2_XS, IQ2_S, IQ1_M:
+//              iq::has_level16_form) f16 d[16]; int8 sc[16][16] (the scale of each 16 k); q as the
 //              levels layout's                       w = (d*unit) * sc * levels[q], sub-block = k/16
-//              levels and unit as the per-32 grid types' (IQ2: IQ2_XXS's, IQ1_M: IQ1_S's): exact
-//              in 4.56 bits a weight (their files 2.31, 2.56 and 1.75)
+//              the grid types: sc = 2s + 1, levels and unit as the per-32 grid types' (IQ2:
+//              IQ2_XXS's, IQ1_M: IQ1_S's); Q3_K: d = -d, sc = its 6-bit scale - 32, levels
+//              blocks::kValuesQ3KNeg (index q + 4), unit 1. Exact in 4.56 bits a weight (their
+//              files 2.31, 2.56, 1.75 and 3.44; Q8_0 8.5)
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
@@ -62,7 +64,9 @@
 // so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
 // the same bytes per block. The levels16 layout's quad variant moves its nibbles as the levels
 // layout's; a half block h (16 k) is quad pairs 2h and 2h + 1, and I = sc_0 I_0 + sc_1 I_1 as
-// Q6_K's below (u = levels[q] + 128 on vpdpbusd, v = levels[q] on plain AVX2).
+// Q6_K's below (u = levels[q] + 128 on vpdpbusd, v = levels[q] on plain AVX2). Q3_K's products
+// levels[q] sc fit an int8, so its GEMM chunk is Q8_0's form (gemm_type: v = levels[q] sc, s1 =
+// d): the same exact I, Q8_0's micro-kernels.
 // Q6_K's quad variant (pack_rows_q6k_quad; the avx2 and avx512 kernels' layout, the scalar ones
 // keep the pair layout) keeps d and sc where the pair layout has them, then per 32-block of k in order
 // (kQuadPer32 bytes each, so a GEMV reads the block front to back):
@@ -83,15 +87,16 @@
 //   two, as ggml's d (ls - 32), d (0.5 + s) / 4, ...);
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q4_1 v = q, s1 = d, s2 = m;  Q5_1 v = q + 16 h, s1 = d, s2 = m;
-//   Q6_K v = (q - 32) * sc, s1 = d;  the levels16 layout v = levels[q] * sc, s1 = d*unit
+//   Q6_K v = (q - 32) * sc, s1 = d;  the levels16 layout v = levels[q] * sc, s1 = d*unit (Q3_K:
+//   -d)
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
 // integers. Every output is y = 0, then for each 32-block in k order
 //   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K, Q4_1, Q5_1]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
-// The level types' and Q5_0's GEMM (a K chunk unpacked, unpack_int) takes its chunk in Q8_0's
-// form (v and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels, Q4_1's
-// and Q5_1's in Q4_K's and Q5_K's (u, s1, s2);
+// The level types', Q5_0's and Q3_K's GEMM (a K chunk unpacked, unpack_int) takes its chunk in
+// Q8_0's form (v and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels,
+// Q4_1's and Q5_1's in Q4_K's and Q5_K's (u, s1, s2);
 // MXFP4's GGUF rows (a weight not prepared) are converted to Q8_0 a chunk at a time
 // (convert_rows: exact where the scale is an f16), so a row's bits are the same packed or not.
 #pragma once
@@ -199,20 +204,17 @@ struct Q6KQuadCursor {
   }
 };
 
-// The other quantized types, Q2_K and Q3_K, have no panel layout of their own: prepare()
-// converts their rows to Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those.
-// Every Q3_K block is stored exactly (-d, -(sc - 32)(q - 4) in [-128, 124]: q = -128 is within
-// every Q8_0 kernel's range, see the avx2 sign trick); Q2_K, whose min term is per 16, is
-// requantized from its exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 * 2^-11):
-// 1/8 to 1/30 of its own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per decode
-// step (3.2x Q2_K's, 2.5x Q3_K's), for our fastest integer kernels. convert_rows also takes
-// MXFP4's GGUF rows (a weight not prepared: its GEMM form), exactly where the block scale
-// 2^(e - 128) is an f16 (e - 128 in [-24, 15]: (2^(e - 128), kvalues[q])); it refuses every type
-// with a panel layout of its own.
-// (Q3_K as Q6_K, the same values in 210 bytes per 256, measured 2.5x slower prefill and no
-// faster decode on the tinyllama shape, when the fast ISAs' Q6_K kernels were the pair layout's;
-// again with Q6_K's quad kernels (2026-12-06, Zen 5, TinyLlama-shaped Q3_K_M, alternated):
-// prefill 0.88-0.90x, decode 1.03-1.08x, max RSS 0.93x. Not kept: prefill is the first token.)
+// The other quantized type, Q2_K, has no panel layout of its own: prepare() converts its rows to
+// Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. Its min term is per 16,
+// so it is requantized from its exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 *
+// 2^-11): 1/8 to 1/30 of its own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per
+// decode step (3.2x Q2_K's), for our fastest integer kernels. convert_rows also takes MXFP4's
+// GGUF rows (a weight not prepared: its GEMM form), exactly where the block scale 2^(e - 128) is
+// an f16 (e - 128 in [-24, 15]: (2^(e - 128), kvalues[q])); it refuses every type with a panel
+// layout of its own.
+// (Q3_K ran as Q8_0 the same way until 2026-12-06, exact: -d, -(sc - 32)(q - 4) in [-128, 124].
+// As Q6_K, the same values in 210 bytes per 256, it measured prefill 0.88-0.90x, decode
+// 1.03-1.08x: not kept. Now the levels16 layout, its GEMM chunk in Q8_0's form.)
 GGMLType panel_type(GGMLType t);
 // rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in Q8_0 (panel_type(t), or
 // t = MXFP4), GGUF rows (row_bytes(Q8_0, K) apart). Returns how many 32-blocks hold exactly the source
@@ -236,7 +238,7 @@ GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
 
 // Weight types multiplied on the integer path.
 inline bool is_level_type(GGMLType t);
-inline bool is_levels16_layout(GGMLType t) { return iq::has_level16_form(t); }
+inline bool is_levels16_layout(GGMLType t) { return t == GGMLType::Q3_K || iq::has_level16_form(t); }
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_1 ||
          t == GGMLType::Q5_1 || t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K ||
@@ -244,7 +246,8 @@ inline bool is_int_type(GGMLType t) {
 }
 // Integer-path types with a scale per 16 k (the two halves of each 32-block: I = sc_0 I_0 +
 // sc_1 I_1): Q6_K and the levels16 layout. Their quad variants give a half block's 4 quads at
-// once (kSub16 decoders) and their GEMM chunks are their own (unpack_sub16, mk_sub16).
+// once (kSub16 decoders) and their GEMM chunks are their own (unpack_sub16, mk_sub16), but Q3_K's
+// (gemm_type: Q8_0's form, unpack_sub16_q8).
 inline bool is_sub16_type(GGMLType t) { return t == GGMLType::Q6_K || is_levels16_layout(t); }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
@@ -260,6 +263,7 @@ constexpr const int8_t* level_values(GGMLType t) {
   return t == GGMLType::MXFP4                             ? blocks::kValuesMXFP4
          : t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ? blocks::kValuesIQ4NL
          : is_ternary(t)                                  ? blocks::kValuesTernary
+         : t == GGMLType::Q3_K                            ? blocks::kValuesQ3KNeg
                                                           : iq::level_values(t);
 }
 constexpr int max_abs_level(GGMLType t) {
@@ -271,16 +275,17 @@ constexpr int max_abs_level(GGMLType t) {
   return m;
 }
 constexpr float level_unit(GGMLType t) {
-  return t == GGMLType::IQ4_XS || is_ternary(t) ? 1.0f : iq::level_unit(t);
+  return t == GGMLType::IQ4_XS || is_ternary(t) || t == GGMLType::Q3_K ? 1.0f : iq::level_unit(t);
 }
 // Integer-path types with a min term (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) {
   return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q4_1 || t == GGMLType::Q5_1;
 }
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level
-// types' and Q5_0's chunk is Q8_0's, Q4_1's Q4_K's, Q5_1's Q5_K's (above), every other type its own.
+// types', Q5_0's and Q3_K's chunk is Q8_0's, Q4_1's Q4_K's, Q5_1's Q5_K's (above), every other
+// type its own.
 inline GGMLType gemm_type(GGMLType t) {
-  return is_level_type(t) || t == GGMLType::Q5_0 ? GGMLType::Q8_0
+  return is_level_type(t) || t == GGMLType::Q5_0 || t == GGMLType::Q3_K ? GGMLType::Q8_0
          : t == GGMLType::Q4_1                   ? GGMLType::Q4_K
          : t == GGMLType::Q5_1                   ? GGMLType::Q5_K
                                                  : t;
