@@ -323,6 +323,7 @@ FT_TYPE_BENCH(q8_0, Q8_0)
 FT_TYPE_BENCH(q4_0, Q4_0)
 FT_TYPE_BENCH(q4_k, Q4_K)
 FT_TYPE_BENCH(q6_k, Q6_K)
+FT_TYPE_BENCH(q3_k, Q3_K)
 // A decode GEMV's compute rate: one row, ~0.5-0.6 MB of weights (in L2), FT_BENCH_THREADS=1
 // for one core's rate (W_GBs) against what one core streams from memory (bench peak -t 1).
 BENCHMARK_CAPTURE(BM_GemmPct, l2_q4_0, ft::GGMLType::Q4_0)->Args({1, 512, 2048})->UseRealTime();

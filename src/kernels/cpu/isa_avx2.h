@@ -1063,11 +1063,15 @@ struct Avx2Isa {
     }
   }
   // A sub16 type whose products levels[q] sc fit an int8 (Q3_K: gemm_type), unpacked in Q8_0's
-  // form (unpack_int: signed v = levels[q] sc; per byte: the signed level in 16-bit lanes, even
-  // and odd bytes apart, times its row's scale, the low bytes back); S1 = s1, S2 = 0. The same
-  // exact I as the half blocks' sc_0 I_0 + sc_1 I_1.
+  // form (unpack_int: signed v = levels[q] sc); S1 = s1, S2 = 0. The same exact I as the half
+  // blocks' sc_0 I_0 + sc_1 I_1. Per byte, from u' = levels[q] + 128 (the decoder's, or its
+  // signed levels + 128): vpmaddubsw of u' with (sc, 0) and with (0, sc) gives the even and odd
+  // bytes' u' sc in 16-bit lanes (|u' sc| <= 255 * 32: no saturation), minus 128 sc = v, whose
+  // low bytes go back in place.
   template <class D>
   static void unpack_sub16_q8(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    if constexpr (!D::kSignedQuads && D::kBias != 128)
+      fail("fast kernels: unpack_sub16_q8 takes u = levels[q] + 128 or signed levels, not bias ", D::kBias);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const __m256i lo = _mm256_set1_epi16(0x00FF);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
@@ -1083,12 +1087,16 @@ struct Avx2Isa {
         for (int h = 0; h < 2; ++h) {
           __m256i w[4];
           dec.quads6_h(hh, h, w);
-          const __m256i sc32 = dec.sc32(hh, h);  // (int32 lanes: row r's scale in both 16-bit halves)
-          const __m256i sc = _mm256_blend_epi16(sc32, _mm256_slli_epi32(sc32, 16), 0xAA);
+          const __m256i sc32 = dec.sc32(hh, h);  // (int32 lanes: row r's scale)
+          const __m256i sc_b = _mm256_and_si256(sc32, _mm256_set1_epi32(0xFF));  // (sc's byte, from the sign-extended int32)
+          const __m256i sc_even = _mm256_or_si256(sc_b, _mm256_slli_epi32(sc_b, 16));
+          const __m256i sc_odd = _mm256_slli_epi16(sc_even, 8);
+          const __m256i c32 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc32, 7));
+          const __m256i c = _mm256_blend_epi16(c32, _mm256_slli_epi32(c32, 16), 0xAA);
           for (int t = 0; t < 4; ++t) {
-            const __m256i l = D::kSignedQuads ? w[t] : _mm256_sub_epi8(w[t], _mm256_set1_epi8(char(D::kBias)));
-            const __m256i even = _mm256_mullo_epi16(_mm256_srai_epi16(_mm256_slli_epi16(l, 8), 8), sc);
-            const __m256i odd = _mm256_mullo_epi16(_mm256_srai_epi16(l, 8), sc);
+            const __m256i u = D::kSignedQuads ? _mm256_xor_si256(w[t], _mm256_set1_epi8(char(0x80))) : w[t];
+            const __m256i even = _mm256_add_epi16(_mm256_maddubs_epi16(u, sc_even), c);
+            const __m256i odd = _mm256_add_epi16(_mm256_maddubs_epi16(u, sc_odd), c);
             const __m256i p = _mm256_or_si256(_mm256_and_si256(even, lo), _mm256_slli_epi16(odd, 8));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + kb * 512 + 64 * (4 * hh + t) + 32 * h), p);
           }

@@ -808,7 +808,8 @@ struct Avx512Isa : Avx2Isa {
       // model's 8-32-row prefill steps 1.06-1.28x slower on an Intel Xeon: the burst held the
       // compute back until its lines came.)
       if constexpr (D::kSub16)
-        if (M > kSub16ChunksAbove) return sub16_chunks<D>(groups, ng, K, qa, r0, M, c, ldc);
+        if (M > (gemm_type(t) == GGMLType::Q8_0 ? kQ8ChunksAbove : kSub16ChunksAbove))
+          return sub16_chunks<D>(t, groups, ng, K, qa, r0, M, c, ldc);
       const int64_t n_tiles = (M + 5) / 6;
       const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
       for (int64_t kb0 = 0; kb0 < nkb; kb0 += chunk) {
@@ -848,10 +849,13 @@ struct Avx512Isa : Avx2Isa {
   // Measured (5632 x 2048, alternated): 32 rows 0.92-0.94x the time from memory, 0.79-0.84x in
   // cache; at 7-16 rows 1.1-1.6x slower from memory (the stream waits while the tiles compute),
   // so those keep gemv_q_t.
-  static constexpr int64_t kSub16ChunksAbove = 16;
+  // Q3_K's chunks (gemm_type: Q8_0's form, unpack_sub16_q8, Q8_0's micro-kernels) from
+  // kQ8ChunksAbove rows.
+  static constexpr int64_t kSub16ChunksAbove = 16, kQ8ChunksAbove = 6;
   template <class D>
-  static void sub16_chunks(const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0, int64_t M,
-                           float* c, int64_t ldc) {
+  static void sub16_chunks(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
+                           int64_t M, float* c, int64_t ldc) {
+    const bool q8_form = gemm_type(t) == GGMLType::Q8_0;
     constexpr int64_t kChunkBlocks = kKC / kQBlock;
     alignas(64) uint8_t V[2][kChunkBlocks * kSub16Bytes];
     alignas(64) float S1[2][kChunkBlocks * kGroup], S2[kChunkBlocks * kGroup];
@@ -867,7 +871,8 @@ struct Avx512Isa : Avx2Isa {
       for (int g = 0; g < ng; ++g) {
         if (kb0 == 0) prefetch_start(groups[g], D::kBytesPer32);
         for (int64_t kb = kb0; kb < kb1; ++kb) prefetch_block(groups[g], kb, D::kBytesPer32, gbytes, past[g]);
-        unpack_sub16(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
+        if (q8_form) unpack_sub16_q8(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
+        else unpack_sub16(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
       }
       for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
         const int mr = int(M / n_tiles + (tile < M % n_tiles ? 1 : 0));
@@ -879,7 +884,9 @@ struct Avx512Isa : Avx2Isa {
           x.xs[j] = qa.xs.data() + r * nkb + kb0;
           x.xs0[j] = qa.xs0.data() + r * nkb + kb0;
         }
-        if (ng == 2) mk_sub16<2>(mr, x, D::kBias, v, s1, len, c + m * ldc, ldc, kb0 == 0);
+        if (q8_form && ng == 2) mk_q<2>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, len, c + m * ldc, ldc, kb0 == 0);
+        else if (q8_form) mk_q<1>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, len, c + m * ldc, ldc, kb0 == 0);
+        else if (ng == 2) mk_sub16<2>(mr, x, D::kBias, v, s1, len, c + m * ldc, ldc, kb0 == 0);
         else mk_sub16<1>(mr, x, D::kBias, v, s1, len, c + m * ldc, ldc, kb0 == 0);
         m += mr;
       }
@@ -951,13 +958,15 @@ struct Avx512Isa : Avx2Isa {
   }
 
   // A sub16 type whose products levels[q] sc fit an int8 (Q3_K: gemm_type), unpacked in Q8_0's
-  // form: V = u8 [len / 32][8 quads][16 rows][4], u = levels[q] sc + 128 (per byte: the signed
-  // level in 16-bit lanes, even and odd bytes apart, times its row's scale, the low bytes
-  // back); S1 = s1, S2 = 0. The same exact I as the half blocks' sc_0 I_0 + sc_1 I_1.
+  // form: V = u8 [len / 32][8 quads][16 rows][4], u = levels[q] sc + 128; S1 = s1, S2 = 0. The
+  // same exact I as the half blocks' sc_0 I_0 + sc_1 I_1. Per byte, from the decoder's u' =
+  // levels[q] + 128 (unsigned): vpmaddubsw of u' with (sc, 0) and with (0, sc) gives the even
+  // and odd bytes' u' sc in 16-bit lanes (|u' sc| <= 255 * 32: no saturation), plus 128 - 128 sc
+  // = u, whose low bytes go back in place.
   template <class D>
   static void unpack_sub16_q8(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    if constexpr (D::kBias != 128) fail("fast kernels: unpack_sub16_q8 takes u = levels[q] + 128, not bias ", D::kBias);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
-    const __m512i bias = _mm512_set1_epi8(char(D::kBias)), q8_bias = _mm512_set1_epi8(char(QDecQ8_0::kBias));
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       D dec = dec0;
       dec.begin(k0 / kQBlock + kb);
@@ -968,15 +977,17 @@ struct Avx512Isa : Avx2Isa {
       for (int h = 0; h < 2; ++h) {
         __m512i w[4];
         dec.quads(h, w);
-        const __m512i sc32 = dec.sc(h);  // (int32 lanes: row r's scale in both of its 16-bit halves)
-        const __m512i sc = _mm512_mask_blend_epi16(0xAAAAAAAA, sc32, _mm512_slli_epi32(sc32, 16));
+        const __m512i sc32 = dec.sc(h);  // (int32 lanes: row r's scale)
+        const __m512i sc_b = _mm512_and_si512(sc32, _mm512_set1_epi32(0xFF));  // (sc's byte, from the sign-extended int32)
+        const __m512i sc_even = _mm512_or_si512(sc_b, _mm512_slli_epi32(sc_b, 16));
+        const __m512i sc_odd = _mm512_slli_epi16(sc_even, 8);
+        const __m512i c32 = _mm512_sub_epi32(_mm512_set1_epi32(128), _mm512_slli_epi32(sc32, 7));
+        const __m512i c = _mm512_mask_blend_epi16(0xAAAAAAAA, c32, _mm512_slli_epi32(c32, 16));
         for (int t = 0; t < 4; ++t) {
-          const __m512i l = _mm512_sub_epi8(w[t], bias);  // the signed levels
-          const __m512i even = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(l, 8), 8), sc);
-          const __m512i odd = _mm512_mullo_epi16(_mm512_srai_epi16(l, 8), sc);
-          // (the even products' low bytes, the odd ones' above them)
-          const __m512i p = _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, even, _mm512_slli_epi16(odd, 8));
-          _mm512_storeu_si512(v + kb * 512 + 64 * (4 * h + t), _mm512_add_epi8(p, q8_bias));
+          const __m512i even = _mm512_add_epi16(_mm512_maddubs_epi16(w[t], sc_even), c);
+          const __m512i odd = _mm512_add_epi16(_mm512_maddubs_epi16(w[t], sc_odd), c);
+          _mm512_storeu_si512(v + kb * 512 + 64 * (4 * h + t),
+                              _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, even, _mm512_slli_epi16(odd, 8)));
         }
       }
     }
