@@ -309,6 +309,7 @@ BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_0, ft::GGMLType::Q4_0)->Apply(GemvMemArg
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q8_0, ft::GGMLType::Q8_0)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_k, ft::GGMLType::Q4_K)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q6_k, ft::GGMLType::Q6_K)->Apply(GemvMemArgs)->Apply(SmallMArgs);
+BENCHMARK_CAPTURE(BM_GemmFromMemory, q3_k, ft::GGMLType::Q3_K)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, f16, ft::GGMLType::F16)->Apply(SmallMArgs);
 
 }  // namespace

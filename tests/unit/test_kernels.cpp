@@ -1204,6 +1204,49 @@ TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
   }
 }
 
+// Q3_K (the levels16 layout: -d, sc - 32, levels -q; its GEMM chunks in Q8_0's form) multiplies
+// exactly what Q8_0 rows of d' = -d, q' = -q (sc - 32) (in [-128, 124]) do, as it ran until it
+// had a layout of its own: bit for bit, on every ISA, at every M (the half-block GEMV, the
+// chunks above 16 rows, the GEMM's unpacked chunks above 32; K = 768: three 256-blocks, chunks of
+// 256), packed or GGUF rows. Row 5 is all-zero bytes under its d: every q' = -128.
+TEST_P(KernelTest, Q3KEqualsItsExactQ8_0Form) {
+  std::mt19937 rng(61);
+  const int64_t N = 37, K = 768;
+  QWeight W = make_weight(rng, GGMLType::Q3_K, N, K);
+  const uint64_t rb = *row_bytes(GGMLType::Q3_K, uint64_t(K)), rb8 = *row_bytes(GGMLType::Q8_0, uint64_t(K));
+  auto* row5 = reinterpret_cast<blocks::Q3_K*>(W.bytes.data() + 5 * rb);
+  for (int64_t b = 0; b < K / 256; ++b) std::memset(&row5[b], 0, offsetof(blocks::Q3_K, d));
+  QWeight Q{GGMLType::Q8_0, N, K, std::vector<uint8_t>(rb8 * uint64_t(N)), {}};
+  for (int64_t n = 0; n < N; ++n) {
+    const auto* src = reinterpret_cast<const blocks::Q3_K*>(W.bytes.data() + uint64_t(n) * rb);
+    auto* dst = reinterpret_cast<blocks::Q8_0*>(Q.bytes.data() + uint64_t(n) * rb8);
+    for (int64_t e = 0; e < K; ++e) {
+      const blocks::Q3_K& b = src[e / 256];
+      blocks::Q8_0& o = dst[e / 32];
+      const uint16_t neg_d = uint16_t((b.d[0] | b.d[1] << 8) ^ 0x8000);
+      std::memcpy(o.d, &neg_d, 2);
+      const int q = -blocks::q3k_q(b, int(e % 256)) * (blocks::scale_k3(int(e % 256) / 16, b.scales) - 32);
+      ASSERT_TRUE(q >= -128 && q <= 124) << q;
+      o.qs[e % 32] = int8_t(q);
+    }
+  }
+  EXPECT_EQ(int8_t(reinterpret_cast<const blocks::Q8_0*>(Q.bytes.data() + 5 * rb8)[0].qs[0]), -128);
+  auto be = backend_for(GetParam());
+  const WeightView p3 = be->prepare(W.view()), p8 = be->prepare(Q.view());
+  ASSERT_EQ(p3.type, GGMLType::Q3_K);
+  for (int64_t M : {1, 2, 6, 7, 16, 17, 32, 33, 64}) {
+    const auto X = randv(rng, size_t(M * K));
+    std::vector<float> a(size_t(M * N)), b(size_t(M * N)), c(size_t(M * N));
+    be->matmul(X.data(), M, p3, a.data());
+    be->matmul(X.data(), M, W.view(), b.data());
+    be->matmul(X.data(), M, p8, c.data());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(c[i])) << "M=" << M << " at " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(b[i]), std::bit_cast<uint32_t>(c[i])) << "M=" << M << " at " << i << " (rows)";
+    }
+  }
+}
+
 // A block whose scale in the file is inf or NaN, on the types that run on their own layouts
 // (the levels layouts', the legacy ones'): each output it reaches is inf or NaN on every ISA, as
 // the scalar path's (NaN where that is NaN: the same exact integer times the same scale), in

@@ -994,8 +994,9 @@ struct Avx2Isa {
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
   // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
-  // and the types in its form (gemm_type: the level types, Q5_0) as signed q, the other nibble
-  // types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16).
+  // and the types in its form (gemm_type: the level types, Q5_0, Q3_K: unpack_sub16_q8) as signed
+  // q, the other nibble types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16); the
+  // other sub16 types as unpack_sub16 gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {

@@ -808,8 +808,7 @@ struct Avx512Isa : Avx2Isa {
       // model's 8-32-row prefill steps 1.06-1.28x slower on an Intel Xeon: the burst held the
       // compute back until its lines came.)
       if constexpr (D::kSub16)
-        if (M > (gemm_type(t) == GGMLType::Q8_0 ? kQ8ChunksAbove : kSub16ChunksAbove))
-          return sub16_chunks<D>(t, groups, ng, K, qa, r0, M, c, ldc);
+        if (M > kSub16ChunksAbove) return sub16_chunks<D>(t, groups, ng, K, qa, r0, M, c, ldc);
       const int64_t n_tiles = (M + 5) / 6;
       const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
       for (int64_t kb0 = 0; kb0 < nkb; kb0 += chunk) {
@@ -849,9 +848,10 @@ struct Avx512Isa : Avx2Isa {
   // Measured (5632 x 2048, alternated): 32 rows 0.92-0.94x the time from memory, 0.79-0.84x in
   // cache; at 7-16 rows 1.1-1.6x slower from memory (the stream waits while the tiles compute),
   // so those keep gemv_q_t.
-  // Q3_K's chunks (gemm_type: Q8_0's form, unpack_sub16_q8, Q8_0's micro-kernels) from
-  // kQ8ChunksAbove rows.
-  static constexpr int64_t kSub16ChunksAbove = 16, kQ8ChunksAbove = 6;
+  // Q3_K's chunks are Q8_0's form (gemm_type: unpack_sub16_q8, then Q8_0's micro-kernels mk_q).
+  // From memory (5632 x 2048, Zen 5) they too were slower than the tiles at 7-16 rows: 1.37x
+  // the time at 7, 1.25x at 8, 1.08x at 16.
+  static constexpr int64_t kSub16ChunksAbove = 16;
   template <class D>
   static void sub16_chunks(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                            int64_t M, float* c, int64_t ldc) {
@@ -895,7 +895,8 @@ struct Avx512Isa : Avx2Isa {
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
   // int16 scratch's bytes; the types in Q8_0's form, gemm_type, as u = v + 128: the level types,
-  // Q5_0), S1, S2 (len / 32, 16); the sub16 types as unpack_sub16 gives them.
+  // Q5_0, Q3_K: unpack_sub16_q8), S1, S2 (len / 32, 16); the other sub16 types as unpack_sub16
+  // gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {

@@ -301,7 +301,7 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
                uint8_t* out);
 // The quad types: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, the level types, Q4_K and Q5_K (their kernels
 // read whole 32-blocks of quads). pack_rows_quad gives their quad variant, and the levels16
-// layout's (whose kernels are Q6_K's half blocks: is_sub16_type); pack_rows every other type.
+// layout's (whose GEMVs are Q6_K's half blocks: is_sub16_type); pack_rows every other type.
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
