@@ -100,7 +100,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   // levels[q], Q5_0 q + 16 h - 16): tdpbssd's C is then the block's exact sum of
   // v xq, I itself. (The level types' fused path below 33 rows stays on the vector GEMV: direct_min_rows.)
   // (The sub16 types, Q6_K and the levels16 layout: Avx512Isa's unpack_sub16, for the vector
-  // tiles; Q3_K's chunk is Q8_0's form, unpack_sub16_q8, for these.)
+  // tiles; Q3_K's chunk is Q8_0's form, unpack_sub16<true>, for these.)
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V, float* S1,
                          float* S2) {
     Avx512Isa::unpack_int(t, group, k0, len, V, S1, S2);

@@ -994,16 +994,16 @@ struct Avx2Isa {
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
   // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
-  // and the types in its form (gemm_type: the level types, Q5_0, Q3_K: unpack_sub16_q8) as signed
-  // q, the other nibble types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16); the
-  // other sub16 types as unpack_sub16 gives them.
+  // and the types in its form (gemm_type: the level types, Q5_0, Q3_K: unpack_sub16<true>) as
+  // signed q, the other nibble types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16);
+  // the other sub16 types as unpack_sub16<false> gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
       with_quad_decoder(t, group, [&](auto dec) {
         if constexpr (sub16_of<decltype(dec)>()) {
-          if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16_q8(dec, k0, len, V, S1, S2);
-          else unpack_sub16(dec, k0, len, V, S1, S2);
+          if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16<true>(dec, k0, len, V, S1, S2);
+          else unpack_sub16<false>(dec, k0, len, V, S1, S2);
         }
       });
       return;
@@ -1035,44 +1035,20 @@ struct Avx2Isa {
     });
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
-  // A sub16 type's chunk for mk_sub16 (kSub16Bytes per 32-block of V): [0, 512) its 8 quads as
-  // its decoder D gives them (quad 4hh + t: k = 16hh + 4t .. 16hh + 4t + 3; rows 0-7, then rows
-  // 8-15, 4 bytes each; u = v + D::kBias, or signed v), [512, 640) int32 sc[2 hh][16 rows];
-  // S1 = its s1, S2 = 0.
+  // A sub16 type's chunk. For mk_sub16 (kQ8 false; kSub16Bytes per 32-block of V): [0, 512) its
+  // 8 quads as its decoder D gives them (quad 4hh + t: k = 16hh + 4t .. 16hh + 4t + 3; rows 0-7,
+  // then rows 8-15, 4 bytes each; u = v + D::kBias, or signed v), [512, 640) int32 sc[2 hh][16
+  // rows]. In Q8_0's form (kQ8: a type whose products levels[q] sc fit an int8, Q3_K:
+  // gemm_type; unpack_int's signed v = levels[q] sc), the same exact I as the half blocks' sc_0
+  // I_0 + sc_1 I_1; per byte, from u' = levels[q] + 128 (the decoder's, or its signed levels +
+  // 128): vpmaddubsw of u' with (sc, 0) and with (0, sc) gives the even and odd bytes' u' sc in
+  // 16-bit lanes (|u' sc| <= 255 * 32: no saturation), minus 128 sc = v, whose low bytes go
+  // back in place. S1 = its s1, S2 = 0.
   static constexpr int64_t kSub16Bytes = 2 * kQBlock * kGroup;  // (the int16 scratch's bytes per block)
-  template <class D>
+  template <bool kQ8, class D>
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
-    uint8_t* v = reinterpret_cast<uint8_t*>(V);
-    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-      D dec = dec0;
-      dec.begin(k0 / kQBlock + kb);
-      __m256 a, b, c, d;
-      dec.scales(a, b, c, d);
-      _mm256_storeu_ps(S1 + 16 * kb, a);
-      _mm256_storeu_ps(S1 + 16 * kb + 8, b);
-      _mm256_storeu_ps(S2 + 16 * kb, _mm256_setzero_ps());
-      _mm256_storeu_ps(S2 + 16 * kb + 8, _mm256_setzero_ps());
-      uint8_t* vb = v + kb * kSub16Bytes;
-      for (int hh = 0; hh < 2; ++hh)
-        for (int h = 0; h < 2; ++h) {
-          __m256i w[4];
-          dec.quads6_h(hh, h, w);
-          for (int t = 0; t < 4; ++t)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 64 * (4 * hh + t) + 32 * h), w[t]);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 512 + 64 * hh + 32 * h), dec.sc32(hh, h));
-        }
-    }
-  }
-  // A sub16 type whose products levels[q] sc fit an int8 (Q3_K: gemm_type), unpacked in Q8_0's
-  // form (unpack_int: signed v = levels[q] sc); S1 = s1, S2 = 0. The same exact I as the half
-  // blocks' sc_0 I_0 + sc_1 I_1. Per byte, from u' = levels[q] + 128 (the decoder's, or its
-  // signed levels + 128): vpmaddubsw of u' with (sc, 0) and with (0, sc) gives the even and odd
-  // bytes' u' sc in 16-bit lanes (|u' sc| <= 255 * 32: no saturation), minus 128 sc = v, whose
-  // low bytes go back in place.
-  template <class D>
-  static void unpack_sub16_q8(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
-    if constexpr (!D::kSignedQuads && D::kBias != 128)
-      fail("fast kernels: unpack_sub16_q8 takes u = levels[q] + 128 or signed levels, not bias ", D::kBias);
+    if constexpr (kQ8 && !D::kSignedQuads && D::kBias != 128)
+      fail("fast kernels: Q8_0's form takes u = levels[q] + 128 or signed levels, not bias ", D::kBias);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const __m256i lo = _mm256_set1_epi16(0x00FF);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
@@ -1084,22 +1060,29 @@ struct Avx2Isa {
       _mm256_storeu_ps(S1 + 16 * kb + 8, b);
       _mm256_storeu_ps(S2 + 16 * kb, _mm256_setzero_ps());
       _mm256_storeu_ps(S2 + 16 * kb + 8, _mm256_setzero_ps());
+      uint8_t* vb = v + kb * (kQ8 ? 512 : kSub16Bytes);
       for (int hh = 0; hh < 2; ++hh)
         for (int h = 0; h < 2; ++h) {
           __m256i w[4];
           dec.quads6_h(hh, h, w);
+          if constexpr (!kQ8) {
+            for (int t = 0; t < 4; ++t)
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 64 * (4 * hh + t) + 32 * h), w[t]);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 512 + 64 * hh + 32 * h), dec.sc32(hh, h));
+            continue;
+          }
           const __m256i sc32 = dec.sc32(hh, h);  // (int32 lanes: row r's scale)
           const __m256i sc_b = _mm256_and_si256(sc32, _mm256_set1_epi32(0xFF));  // (sc's byte, from the sign-extended int32)
           const __m256i sc_even = _mm256_or_si256(sc_b, _mm256_slli_epi32(sc_b, 16));
           const __m256i sc_odd = _mm256_slli_epi16(sc_even, 8);
           const __m256i c32 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc32, 7));
-          const __m256i c = _mm256_blend_epi16(c32, _mm256_slli_epi32(c32, 16), 0xAA);
+          const __m256i cc = _mm256_blend_epi16(c32, _mm256_slli_epi32(c32, 16), 0xAA);
           for (int t = 0; t < 4; ++t) {
             const __m256i u = D::kSignedQuads ? _mm256_xor_si256(w[t], _mm256_set1_epi8(char(0x80))) : w[t];
-            const __m256i even = _mm256_add_epi16(_mm256_maddubs_epi16(u, sc_even), c);
-            const __m256i odd = _mm256_add_epi16(_mm256_maddubs_epi16(u, sc_odd), c);
+            const __m256i even = _mm256_add_epi16(_mm256_maddubs_epi16(u, sc_even), cc);
+            const __m256i odd = _mm256_add_epi16(_mm256_maddubs_epi16(u, sc_odd), cc);
             const __m256i p = _mm256_or_si256(_mm256_and_si256(even, lo), _mm256_slli_epi16(odd, 8));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + kb * 512 + 64 * (4 * hh + t) + 32 * h), p);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(vb + 64 * (4 * hh + t) + 32 * h), p);
           }
         }
     }

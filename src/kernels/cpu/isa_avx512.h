@@ -848,7 +848,7 @@ struct Avx512Isa : Avx2Isa {
   // Measured (5632 x 2048, alternated): 32 rows 0.92-0.94x the time from memory, 0.79-0.84x in
   // cache; at 7-16 rows 1.1-1.6x slower from memory (the stream waits while the tiles compute),
   // so those keep gemv_q_t.
-  // Q3_K's chunks are Q8_0's form (gemm_type: unpack_sub16_q8, then Q8_0's micro-kernels mk_q).
+  // Q3_K's chunks are Q8_0's form (gemm_type: unpack_sub16<true>, then Q8_0's micro-kernels mk_q).
   // From memory (5632 x 2048, Zen 5) they too were slower than the tiles at 7-16 rows: 1.37x
   // the time at 7, 1.25x at 8, 1.08x at 16.
   static constexpr int64_t kSub16ChunksAbove = 16;
@@ -871,8 +871,8 @@ struct Avx512Isa : Avx2Isa {
       for (int g = 0; g < ng; ++g) {
         if (kb0 == 0) prefetch_start(groups[g], D::kBytesPer32);
         for (int64_t kb = kb0; kb < kb1; ++kb) prefetch_block(groups[g], kb, D::kBytesPer32, gbytes, past[g]);
-        if (q8_form) unpack_sub16_q8(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
-        else unpack_sub16(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
+        if (q8_form) unpack_sub16<true>(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
+        else unpack_sub16<false>(D{groups[g]}, kb0 * kQBlock, len, reinterpret_cast<int16_t*>(V[g]), S1[g], S2);
       }
       for (int64_t tile = 0, m = 0; tile < n_tiles; ++tile) {
         const int mr = int(M / n_tiles + (tile < M % n_tiles ? 1 : 0));
@@ -895,15 +895,15 @@ struct Avx512Isa : Avx2Isa {
 
   // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
   // int16 scratch's bytes; the types in Q8_0's form, gemm_type, as u = v + 128: the level types,
-  // Q5_0, Q3_K: unpack_sub16_q8), S1, S2 (len / 32, 16); the other sub16 types as unpack_sub16
+  // Q5_0, Q3_K: unpack_sub16<true>), S1, S2 (len / 32, 16); the other sub16 types as unpack_sub16
   // gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
       with_qdecoder(t, group, [&](auto dec) {
         if constexpr (decltype(dec)::kSub16) {
-          if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16_q8(dec, k0, len, V, S1, S2);
-          else unpack_sub16(dec, k0, len, V, S1, S2);
+          if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16<true>(dec, k0, len, V, S1, S2);
+          else unpack_sub16<false>(dec, k0, len, V, S1, S2);
         }
       });
       return;
@@ -934,12 +934,19 @@ struct Avx512Isa : Avx2Isa {
     });
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
-  // A sub16 type's chunk for mk_sub16 (kSub16Bytes per 32-block of V, as Avx2Isa's):
+  // A sub16 type's chunk. For mk_sub16 (kQ8 false; kSub16Bytes per 32-block of V, as Avx2Isa's):
   // [0, 512) its 8 quads as its decoder D gives them (quad 4h + t: k = 16h + 4t .. 16h + 4t + 3,
-  // 16 rows x 4, u = v + D::kBias), [512, 640) int32 sc[2][16] (half h's scale of each row);
-  // S1 = its s1, S2 = 0.
-  template <class D>
+  // 16 rows x 4, u = v + D::kBias), [512, 640) int32 sc[2][16] (half h's scale of each row).
+  // In Q8_0's form (kQ8: a type whose products levels[q] sc fit an int8, Q3_K: gemm_type): V =
+  // u8 [len / 32][8 quads][16 rows][4], u = levels[q] sc + 128, the same exact I as the half
+  // blocks' sc_0 I_0 + sc_1 I_1; per byte, from the decoder's u' = levels[q] + 128: vpmaddubsw
+  // of u' with (sc, 0) and with (0, sc) gives the even and odd bytes' u' sc in 16-bit lanes
+  // (|u' sc| <= 255 * 32: no saturation), plus 128 - 128 sc = u, whose low bytes go back in
+  // place. S1 = its s1, S2 = 0.
+  template <bool kQ8, class D>
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    if constexpr (kQ8 && D::kBias != 128)
+      fail("fast kernels: Q8_0's form takes u = levels[q] + 128, not bias ", D::kBias);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       D dec = dec0;
@@ -948,36 +955,15 @@ struct Avx512Isa : Avx2Isa {
       dec.scales(s1, s2);
       _mm512_storeu_ps(S1 + 16 * kb, s1);
       _mm512_storeu_ps(S2 + 16 * kb, _mm512_setzero_ps());
-      uint8_t* b = v + kb * kSub16Bytes;
+      uint8_t* b = v + kb * (kQ8 ? 512 : kSub16Bytes);
       for (int h = 0; h < 2; ++h) {
         __m512i w[4];
         dec.quads(h, w);
-        for (int t = 0; t < 4; ++t) _mm512_storeu_si512(b + 64 * (4 * h + t), w[t]);
-        _mm512_storeu_si512(b + 512 + 64 * h, dec.sc(h));
-      }
-    }
-  }
-
-  // A sub16 type whose products levels[q] sc fit an int8 (Q3_K: gemm_type), unpacked in Q8_0's
-  // form: V = u8 [len / 32][8 quads][16 rows][4], u = levels[q] sc + 128; S1 = s1, S2 = 0. The
-  // same exact I as the half blocks' sc_0 I_0 + sc_1 I_1. Per byte, from the decoder's u' =
-  // levels[q] + 128 (unsigned): vpmaddubsw of u' with (sc, 0) and with (0, sc) gives the even
-  // and odd bytes' u' sc in 16-bit lanes (|u' sc| <= 255 * 32: no saturation), plus 128 - 128 sc
-  // = u, whose low bytes go back in place.
-  template <class D>
-  static void unpack_sub16_q8(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
-    if constexpr (D::kBias != 128) fail("fast kernels: unpack_sub16_q8 takes u = levels[q] + 128, not bias ", D::kBias);
-    uint8_t* v = reinterpret_cast<uint8_t*>(V);
-    for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
-      D dec = dec0;
-      dec.begin(k0 / kQBlock + kb);
-      __m512 s1, s2;
-      dec.scales(s1, s2);
-      _mm512_storeu_ps(S1 + 16 * kb, s1);
-      _mm512_storeu_ps(S2 + 16 * kb, _mm512_setzero_ps());
-      for (int h = 0; h < 2; ++h) {
-        __m512i w[4];
-        dec.quads(h, w);
+        if constexpr (!kQ8) {
+          for (int t = 0; t < 4; ++t) _mm512_storeu_si512(b + 64 * (4 * h + t), w[t]);
+          _mm512_storeu_si512(b + 512 + 64 * h, dec.sc(h));
+          continue;
+        }
         const __m512i sc32 = dec.sc(h);  // (int32 lanes: row r's scale)
         const __m512i sc_b = _mm512_and_si512(sc32, _mm512_set1_epi32(0xFF));  // (sc's byte, from the sign-extended int32)
         const __m512i sc_even = _mm512_or_si512(sc_b, _mm512_slli_epi32(sc_b, 16));
@@ -987,8 +973,8 @@ struct Avx512Isa : Avx2Isa {
         for (int t = 0; t < 4; ++t) {
           const __m512i even = _mm512_add_epi16(_mm512_maddubs_epi16(w[t], sc_even), c);
           const __m512i odd = _mm512_add_epi16(_mm512_maddubs_epi16(w[t], sc_odd), c);
-          _mm512_storeu_si512(v + kb * 512 + 64 * (4 * h + t),
-                              _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, even, _mm512_slli_epi16(odd, 8)));
+          const __m512i u = _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, even, _mm512_slli_epi16(odd, 8));
+          _mm512_storeu_si512(b + 64 * (4 * h + t), u);
         }
       }
     }

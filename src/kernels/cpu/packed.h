@@ -247,7 +247,7 @@ inline bool is_int_type(GGMLType t) {
 // Integer-path types with a scale per 16 k (the two halves of each 32-block: I = sc_0 I_0 +
 // sc_1 I_1): Q6_K and the levels16 layout. Their quad variants give a half block's 4 quads at
 // once (kSub16 decoders) and their GEMM chunks are their own (unpack_sub16, mk_sub16), but Q3_K's
-// (gemm_type: Q8_0's form, unpack_sub16_q8).
+// (gemm_type: Q8_0's form, unpack_sub16<true>).
 inline bool is_sub16_type(GGMLType t) { return t == GGMLType::Q6_K || is_levels16_layout(t); }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
