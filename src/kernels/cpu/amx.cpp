@@ -333,8 +333,9 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   // of quantized activations x ng groups over one K chunk as unpack_int gives it (V, S1, S2; y
   // starts at 0 when first, else from C). xq8 (rows, ldx) from the chunk's k0; dx, xs (rows, ldb)
   // from block k0 / 32. Returns the rows it did: all, or 0 for a type whose chunk is off the
-  // quad layout (gemm_type: the sub16 types but Q3_K), which the vector tiles take. Units of 16 rows (the last one's rows copied into
-  // a zero-padded tile) x one group, software-pipelined (unit).
+  // quad layout (gemm_type: the sub16 types but Q3_K), which the vector tiles take. Units of 16
+  // rows (the last one's rows copied into a zero-padded tile) x one group, software-pipelined
+  // (unit).
   static int64_t mk_int_tiles(GGMLType t, const int8_t* xq8, int64_t ldx, const float* dx, const int32_t* xs,
                               int64_t ldb, int64_t rows, const int16_t* const* V, const float* const* S1,
                               const float* const* S2, int ng, int64_t len, float* c, int64_t ldc, bool first) {
