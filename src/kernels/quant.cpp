@@ -173,17 +173,14 @@ void dequant_q5_1(const blocks::Q5_1* b, float* y, int64_t nb) {
   }
 }
 
-// Q2_K/Q3_K: element 128h + 32j + l (l < 32) is the 2-bit field at shift 2j of qs[32h + l];
-// its scale is 16-element sub-block 8h + 2j + l/16.
+// Q2_K/Q3_K: element e's 2-bit field is blocks::low2_k; its scale is 16-element sub-block e / 16.
 void dequant_q2_k(const blocks::Q2_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
     for (int e = 0; e < QK_K; ++e) {
-      const int h = e / 128, j = (e % 128) / 32, l = e % 32;
-      const uint8_t sc = b[i].scales[8 * h + 2 * j + l / 16];
+      const uint8_t sc = b[i].scales[e / 16];
       const float dl = d * float(sc & 0xF), ml = dmin * float(sc >> 4);
-      const int q = (b[i].qs[32 * h + l] >> (2 * j)) & 3;
-      *y++ = dl * float(q) - ml;
+      *y++ = dl * float(blocks::q2k_q(b[i], e)) - ml;
     }
   }
 }

@@ -231,13 +231,18 @@ inline int scale_k3(int j, const uint8_t* s) {
   return lo | (hi << 4);
 }
 
-// Element e (< 256) of a Q3_K block: its signed 3-bit q in [-4, 3] (low 2 bits at bits 2j of
-// qs[32h + l], the high bit of hmask[l] at bit 4h + j clear subtracting 4: e = 128h + 32j + l),
-// under scale scale_k3(e / 16) - 32.
+// Element e (< 256) of Q2_K's and Q3_K's 64 bytes of 2-bit fields: bits 2j of qs[32h + l] for
+// e = 128h + 32j + l.
+inline int low2_k(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3; }
+// Element e (< 256) of a Q2_K block: q in [0, 3] under scale scales[e / 16] & 0xF and min
+// scales[e / 16] >> 4 (x = d sc q - dmin m).
+inline int q2k_q(const Q2_K& b, int e) { return low2_k(b.qs, e); }
+// Element e (< 256) of a Q3_K block: its signed 3-bit q in [-4, 3] (low 2 bits as Q2_K's, the
+// high bit of hmask[l] at bit 4h + j clear subtracting 4: e = 128h + 32j + l), under scale
+// scale_k3(e / 16) - 32.
 inline int q3k_q(const Q3_K& b, int e) {
   const int h = e / 128, j = (e % 128) / 32, l = e % 32;
-  const int lo = (b.qs[32 * h + l] >> (2 * j)) & 3;
-  return lo - (((b.hmask[l] >> (4 * h + j)) & 1) ? 0 : 4);
+  return low2_k(b.qs, e) - (((b.hmask[l] >> (4 * h + j)) & 1) ? 0 : 4);
 }
 
 // IQ4_XS sub-block j's (0..7) 6-bit scale, unsigned (the value is ls - 32).

@@ -38,7 +38,7 @@
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/cpu/cpu_kernels.h"  // exp_shifted_for, isa_name
-#include "kernels/cpu/packed.h"  // panel_type, convert_rows
+#include "kernels/cpu/packed.h"  // check_packable, convert_rows
 #include "kernels/cpu/rowwise.h"  // exp_cephes, silu
 #include "test_util.h"
 
@@ -104,7 +104,7 @@ bool int_path(GGMLType t) {
          t == GGMLType::IQ4_XS ||
          t == GGMLType::IQ2_XXS || t == GGMLType::IQ3_XXS || t == GGMLType::IQ3_S || t == GGMLType::IQ1_S ||
          t == GGMLType::TQ1_0 || t == GGMLType::TQ2_0 || t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S ||
-         t == GGMLType::IQ1_M || t == GGMLType::Q3_K;
+         t == GGMLType::IQ1_M || t == GGMLType::Q3_K || t == GGMLType::Q2_K;
 }
 
 // x rounded to bf16 as BF16 weights' activations are (kernels_impl.h: round_bf16): to nearest,
@@ -132,7 +132,7 @@ std::vector<double> kernel_x(const float* X, int64_t M, int64_t K, GGMLType t, b
   return x;
 }
 
-// Q4_K's and Q5_K's min term dmin * m (Q4_1's and Q5_1's m) of row n at k: the integer path adds it as its own
+// Q4_K's, Q5_K's and Q2_K's min term dmin * m (Q4_1's and Q5_1's m) of row n at k: the integer path adds it as its own
 // product (w = d1 q - m1), so its magnitude counts in the rounding bound even where it cancels
 // against d1 q.
 template <class B>
@@ -144,6 +144,10 @@ double k_min_of(const QWeight& W, int64_t n, int64_t k) {
 }
 double k_min(const QWeight& W, int64_t n, int64_t k) {
   if (W.type == GGMLType::Q4_K) return k_min_of<blocks::Q4_K>(W, n, k);
+  if (W.type == GGMLType::Q2_K) {  // (a min per 16)
+    const auto* b = reinterpret_cast<const blocks::Q2_K*>(W.bytes.data() + uint64_t(n) * *row_bytes(W.type, uint64_t(W.K))) + k / 256;
+    return std::fabs(double(f16_to_f32(load_u16(b->dmin))) * (b->scales[(k % 256) / 16] >> 4));
+  }
   if (W.type == GGMLType::Q5_K) return k_min_of<blocks::Q5_K>(W, n, k);
   if (W.type == GGMLType::Q4_1 || W.type == GGMLType::Q5_1) {  // (m at byte 2 of both)
     const uint8_t* b = W.bytes.data() + uint64_t(n) * *row_bytes(W.type, uint64_t(W.K)) + (k / 32) * type_traits(W.type).type_size;
@@ -189,7 +193,7 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ2_XXS, {512}},
           {GGMLType::Q5_0, {288}},            {GGMLType::Q4_1, {288}},
           {GGMLType::Q5_1, {288}},            {GGMLType::IQ2_XS, {512}},
-          {GGMLType::Q3_K, {256, 768}}};
+          {GGMLType::Q3_K, {256, 768}},       {GGMLType::Q2_K, {256, 768}}};
   // (the levels layout's grid types and the levels16 layout's: one each, its decoder is theirs;
   // Q3_K, whose GEMM chunk is Q8_0's form)
 }
@@ -307,7 +311,7 @@ TEST_P(KernelTest, IntPathWithinActivationQuantization) {
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::MXFP4,
                      GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
                      GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ2_0,
-                     GGMLType::IQ2_XS, GGMLType::Q3_K}) {
+                     GGMLType::IQ2_XS, GGMLType::Q3_K, GGMLType::Q2_K}) {
     const int64_t K = 512, N = 21, M = 5;
     const QWeight W = make_weight(rng, t, N, K);
     const auto X = randv(rng, size_t(M * K), 2.0f);
@@ -899,15 +903,9 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
   }
 }
 
-// The types without a panel layout of their own reach the kernels as another type (packed.h):
-// prepare() multiplies exactly what convert_rows gives, bit for bit, on every ISA, and that is
-// the integer path's product with those values.
-constexpr GGMLType kRepackedTypes[] = {GGMLType::Q2_K};
-
-// W's rows converted to their panel type (convert_rows: panel_type, or MXFP4's GEMM form), and
-// their values.
+// MXFP4's rows in their GEMM form (convert_rows: Q8_0 rows of the same values), and those values.
 QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
-  const GGMLType pt = W.type == GGMLType::MXFP4 ? GGMLType::Q8_0 : cpu::panel_type(W.type);
+  const GGMLType pt = GGMLType::Q8_0;
   QWeight C{pt, W.N, W.K, std::vector<uint8_t>(*row_bytes(pt, uint64_t(W.K)) * uint64_t(W.N)),
             std::vector<float>(size_t(W.N * W.K))};
   const int64_t e = cpu::convert_rows(W.type, W.bytes.data(), *row_bytes(W.type, uint64_t(W.K)), W.N, W.K, C.bytes.data());
@@ -916,27 +914,58 @@ QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
   return C;
 }
 
-TEST_P(KernelTest, RepackedTypesMultiplyTheirConversion) {
-  std::mt19937 rng(17);
-  for (GGMLType t : kRepackedTypes) {
-    auto be = backend_for(GetParam());  // (prepare caches by address: one backend per pair of weights)
-    const GGMLType pt = cpu::panel_type(t);
-    ASSERT_NE(pt, t) << type_traits(t).name;
-    const int64_t N = 37, K = 512;
-    const QWeight W = make_weight(rng, t, N, K);
-    const QWeight C = converted(W);
-    const WeightView pw = be->prepare(W.view());
-    EXPECT_EQ(pw.type, pt);
-    for (int64_t M : {1, 5, 40}) {
-      const auto X = randv(rng, size_t(M * K));
-      std::vector<float> Y(size_t(M * N)), YC(size_t(M * N));
-      be->matmul(X.data(), M, pw, Y.data());
-      be->matmul(X.data(), M, be->prepare(C.view()), YC.data());
-      std::vector<double> ref, mag;
-      ref_gemm(X.data(), M, C, ref, mag);
-      for (size_t i = 0; i < Y.size(); ++i) {
-        ASSERT_EQ(Y[i], YC[i]) << type_traits(t).name << " M=" << M << " at " << i;
-        ASSERT_NEAR(Y[i], ref[i], gemm_tol(K, mag[i])) << type_traits(t).name << " M=" << M << " at " << i;
+// Q2_K (its own layout: u = sc q, s1 = d, s2 = -dmin, a min per 16 k) multiplies by packed.h's
+// integer contract, computed here from the GGUF blocks: per 32-block I = sum sc q xq, X = m_0
+// X_0 + m_1 X_1 (X_h the sum of half h's xq), y = fma(float(I), d dx, y), then y =
+// fma(float(X), -dmin dx, y). Bit for bit on every ISA at every M (decode's GEMV, the tiles to
+// 32 rows, the GEMM's unpacked chunks beyond; K = 768: three 256-blocks), packed or GGUF rows.
+// Row 3 is all-one bytes (q = 3, sc = m = 15: u = 45 throughout, whose pair sums would pass
+// int16 within a block); row 4's halves have different mins (0 and 15), so a min term taken per
+// 32-block, or with its halves swapped, is off.
+TEST_P(KernelTest, Q2KMultipliesItsIntegerForm) {
+  std::mt19937 rng(67);
+  const int64_t N = 37, K = 768, nkb = K / 32;
+  QWeight W = make_weight(rng, GGMLType::Q2_K, N, K);
+  const uint64_t rb = *row_bytes(GGMLType::Q2_K, uint64_t(K));
+  auto rows = [&](int64_t n) { return reinterpret_cast<blocks::Q2_K*>(W.bytes.data() + uint64_t(n) * rb); };
+  for (int64_t b = 0; b < K / 256; ++b) {
+    std::memset(rows(3)[b].scales, 0xFF, sizeof rows(3)[b].scales + sizeof rows(3)[b].qs);
+    for (int h = 0; h < 16; ++h) rows(4)[b].scales[h] = uint8_t((h % 2 ? 0xF0 : 0x00) | (rng() % 16));
+  }
+  auto be = backend_for(GetParam());
+  const WeightView pw = be->prepare(W.view());
+  ASSERT_EQ(pw.type, GGMLType::Q2_K);
+  for (int64_t M : {1, 2, 5, 8, 9, 16, 17, 32, 33, 64}) {
+    const auto X = randv(rng, size_t(M * K));
+    std::vector<float> a(size_t(M * N)), b(size_t(M * N));
+    be->matmul(X.data(), M, pw, a.data());
+    be->matmul(X.data(), M, W.view(), b.data());
+    std::vector<int16_t> xq(static_cast<size_t>(K));
+    std::vector<float> dx(static_cast<size_t>(nkb));
+    std::vector<int32_t> xs(static_cast<size_t>(nkb));
+    for (int64_t m = 0; m < M; ++m) {
+      quantize_activations(X.data() + m * K, K, xq.data(), dx.data(), xs.data());
+      for (int64_t n = 0; n < N; ++n) {
+        float y = 0;
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+          const blocks::Q2_K& blk = rows(n)[kb / 8];
+          int32_t I = 0, X2 = 0;
+          for (int h = 0; h < 2; ++h) {
+            const int e0 = int(kb % 8) * 32 + 16 * h, sm = blk.scales[e0 / 16];
+            int32_t Xh = 0;
+            for (int e = e0; e < e0 + 16; ++e) {
+              const int32_t x = xq[size_t(kb * 32 + e - e0 + 16 * h)];
+              I += (sm & 0xF) * blocks::q2k_q(blk, e) * x;
+              Xh += x;
+            }
+            X2 += (sm >> 4) * Xh;
+          }
+          y = std::fma(float(I), f16_to_f32(load_u16(blk.d)) * dx[size_t(kb)], y);
+          y = std::fma(float(X2), -f16_to_f32(load_u16(blk.dmin)) * dx[size_t(kb)], y);
+        }
+        const size_t i = size_t(m * N + n);
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(y)) << "M=" << M << " m=" << m << " n=" << n;
+        ASSERT_EQ(std::bit_cast<uint32_t>(b[i]), std::bit_cast<uint32_t>(y)) << "M=" << M << " m=" << m << " n=" << n << " (rows)";
       }
     }
   }
@@ -986,7 +1015,7 @@ TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
       if (blk(W, n, b)[0] < 104) std::fill_n(Z.deq.begin() + n * K + 32 * b, 32, 0.0f);
   EXPECT_TRUE(std::any_of(W.deq.begin() + 15 * K, W.deq.begin() + 16 * K, [](float v) { return v != 0; }))
       << "(tiny nonzero values the kernels drop)";
-  EXPECT_EQ(cpu::panel_type(GGMLType::MXFP4, W.bytes.data(), rb, N, K), GGMLType::MXFP4);
+  EXPECT_NO_THROW(cpu::check_packable(GGMLType::MXFP4, W.bytes.data(), rb, N, K));
   auto be = backend_for(GetParam()), scalar = backend_for("scalar");
   const WeightView pw = be->prepare(W.view());
   EXPECT_EQ(pw.type, GGMLType::MXFP4);
@@ -1037,7 +1066,7 @@ TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
       }
     };
     auto b2 = backend_for(GetParam());  // (a fresh cache: prepare caches by address)
-    expect_refused([&] { cpu::panel_type(GGMLType::MXFP4, B.bytes.data(), rb, N, K); }, "panel_type");
+    expect_refused([&] { cpu::check_packable(GGMLType::MXFP4, B.bytes.data(), rb, N, K); }, "check_packable");
     expect_refused([&] { b2->prepare(B.view()); }, "prepare");
     for (int64_t M : {1, 40}) {
       const auto X = randv(rng, size_t(M * K));
@@ -1146,7 +1175,7 @@ TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
   std::mt19937 rng(79);
   for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S,
                      GGMLType::IQ1_S, GGMLType::Q5_0, GGMLType::Q4_1, GGMLType::Q5_1, GGMLType::TQ1_0, GGMLType::TQ2_0,
-                     GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ1_M, GGMLType::Q3_K}) {
+                     GGMLType::IQ2_XS, GGMLType::IQ2_S, GGMLType::IQ1_M, GGMLType::Q3_K, GGMLType::Q2_K}) {
     SCOPED_TRACE(type_traits(t).name);
     const int64_t N = 19, K = 512;
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
@@ -1157,14 +1186,18 @@ TEST_P(KernelTest, NibbleTypesExactFromRawBlocks) {
         uint8_t* blk = W.bytes.data() + uint64_t(n) * rb + b * bb;
         // (IQ4: level 0, -127; ls 0. TQ2_0: every q = 3, +2, which ggml never writes. The
         // levels16 types: every step 2s + 1 its largest. Q3_K: every q -4 under scale -32, a
-        // value of 128 d, packed as -128 (-d).)
+        // value of 128 d, packed as -128 (-d). Q2_K: every q 3 under scale and min 15, u = 45.)
         const bool sub16 = t == GGMLType::IQ2_XS || t == GGMLType::IQ2_S || t == GGMLType::IQ1_M;
-        const uint8_t extreme = t == GGMLType::Q5_0 || t == GGMLType::Q5_1 || ternary || sub16 ? 0xFF : 0;
+        const uint8_t extreme = t == GGMLType::Q5_0 || t == GGMLType::Q5_1 || ternary || sub16 || t == GGMLType::Q2_K ? 0xFF : 0;
         for (uint64_t i = 0; i < bb; ++i) blk[i] = n % 3 == 2 ? extreme : uint8_t(rng());
         const uint16_t d = uint16_t(0x1800 + 0x400 * (rng() % 4));  // f16 2^-9 .. 2^-6
         if (t == GGMLType::IQ1_M) {  // (d's bits 4i .. 4i + 3 at bits 12-15 of its scales' u16 i)
           auto& x = *reinterpret_cast<blocks::IQ1_M*>(blk);
           for (int i = 0; i < 4; ++i) x.scales[2 * i + 1] = uint8_t((x.scales[2 * i + 1] & 0x0F) | ((d >> (4 * i)) & 0xF) << 4);
+        } else if (t == GGMLType::Q2_K) {  // (d, then dmin, last)
+          const uint16_t dmin = uint16_t(0x1800 + 0x400 * (rng() % 4));
+          std::memcpy(blk + bb - 4, &d, 2);
+          std::memcpy(blk + bb - 2, &dmin, 2);
         } else {  // (d last in the ternary types and Q3_K, first in the others)
           std::memcpy(blk + (ternary || t == GGMLType::Q3_K ? bb - 2 : 0), &d, 2);
         }
@@ -1257,12 +1290,12 @@ TEST_P(KernelTest, NonFiniteScalesReachOnlyTheirOutputs) {
   auto native = backend_for(GetParam()), scalar = backend_for("scalar");
   std::mt19937 rng(83);
   for (GGMLType t : {GGMLType::IQ4_NL, GGMLType::IQ4_XS, GGMLType::IQ2_XS, GGMLType::TQ2_0, GGMLType::Q5_0,
-                     GGMLType::Q4_1, GGMLType::Q3_K}) {
+                     GGMLType::Q4_1, GGMLType::Q3_K, GGMLType::Q2_K}) {
     SCOPED_TRACE(type_traits(t).name);
     const int64_t N = 131, K = 512;
     QWeight W = make_weight(rng, t, N, K);
     const uint64_t rb = *row_bytes(t, uint64_t(K)), bb = type_traits(t).type_size;
-    const uint64_t d_at = t == GGMLType::TQ2_0 || t == GGMLType::Q3_K ? bb - 2 : 0;
+    const uint64_t d_at = t == GGMLType::TQ2_0 || t == GGMLType::Q3_K ? bb - 2 : t == GGMLType::Q2_K ? bb - 4 : 0;
     const uint16_t inf = 0x7c00, nan = 0x7e00;
     std::memcpy(W.bytes.data() + 4 * rb + bb + d_at, &inf, 2);  // (row 4, its second block)
     std::memcpy(W.bytes.data() + 9 * rb + d_at, &nan, 2);       // (row 9, its first)
@@ -1510,59 +1543,6 @@ TEST(KernelSelection, ReportsIsa) {
 
 namespace ft {
 namespace {
-
-// convert_rows (packed.h): every block within Q8_0's own rounding of the exact values.
-TEST(Requantize, ExactWhereTheBlockAllowsElseWithinQ8_0Rounding) {
-  std::mt19937 rng(5);
-  for (GGMLType t : kRepackedTypes) {
-    const int64_t N = 9, K = 1024, nb = N * K / 32;
-    const QWeight W = make_weight(rng, t, N, K);
-    int64_t exact = 0;
-    const QWeight C = converted(W, &exact);
-    int64_t bitwise = 0;
-    for (int64_t b = 0; b < nb; ++b) {
-      float amax = 0;
-      bool same = true;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(W.deq[size_t(32 * b + i)]));
-      for (int i = 0; i < 32; ++i) {
-        const float w = W.deq[size_t(32 * b + i)], v = C.deq[size_t(32 * b + i)];
-        same = same && w == v;
-        // Q8_0's own bound: half a step d = amax / 127, plus |q| <= 127 times d's f16 rounding
-        // (2^-11 relative): d (0.5 + 127 * 2^-11)
-        ASSERT_LE(std::fabs(v - w), amax / 127 * (0.5f + 127 * 0x1p-11f) * (1 + 1e-6f) + 1e-30f)
-            << type_traits(t).name << " block " << b;
-      }
-      bitwise += same;
-    }
-    EXPECT_LE(exact, bitwise) << type_traits(t).name;  // exact blocks decode to the same values
-    std::printf("[ %s as %s: %lld of %lld 32-blocks exact ]\n", type_traits(t).name.data(),
-                type_traits(cpu::panel_type(t)).name.data(), (long long)exact, (long long)nb);
-  }
-}
-
-// A block whose scale in the file is inf or NaN converts to a NaN block (no int cast of NaN: a
-// UBSan report), and its neighbours as ever.
-TEST(Requantize, NonFiniteBlocksConvertToNaN) {
-  std::mt19937 rng(9);
-  for (GGMLType t : kRepackedTypes) {
-    const int64_t K = 512;
-    QWeight W = make_weight(rng, t, 1, K);
-    const uint16_t inf = 0x7c00;
-    const size_t d_at = offsetof(blocks::Q2_K, d);  // (block 0's d)
-    std::memcpy(W.bytes.data() + d_at, &inf, 2);
-    std::vector<float> src(static_cast<size_t>(K));
-    dequantize_row(t, W.bytes.data(), src.data(), K);
-    const QWeight C = converted(W);
-    int64_t nan_blocks = 0;
-    for (int64_t b = 0; b < K / 32; ++b) {
-      const bool finite = std::all_of(src.begin() + 32 * b, src.begin() + 32 * b + 32, [](float v) { return std::isfinite(v); });
-      nan_blocks += !finite;
-      for (int64_t k = 32 * b; k < 32 * b + 32; ++k)
-        ASSERT_EQ(std::isnan(C.deq[size_t(k)]), !finite) << type_traits(t).name << " at " << k;
-    }
-    EXPECT_GT(nan_blocks, 0) << type_traits(t).name;
-  }
-}
 
 // MXFP4 blocks across the E8M0 range: those whose scale 2^(e - 128) is an f16 (e in [104, 143])
 // convert exactly (d = that f16, q = kvalues[q]), bit for bit; smaller ones (their values below

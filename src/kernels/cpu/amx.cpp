@@ -144,7 +144,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
       if constexpr (std::is_same_v<D, QDecQ8_0>) {
         if (on_tiles <= kQ8RawMaxRows) return direct_tiles<D, true>(groups, ng, K, qa, r0, on_tiles, c, ldc);
       }
-      if constexpr (!D::kSub16) direct_tiles<D, false>(groups, ng, K, qa, r0, on_tiles, c, ldc);
+      if constexpr (!D::kSub16 && !min16_of<D>()) direct_tiles<D, false>(groups, ng, K, qa, r0, on_tiles, c, ldc);
     });
   }
   static constexpr int kMaxGroups = 2;  // (the driver's kItemGroups)

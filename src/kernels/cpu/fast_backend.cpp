@@ -105,49 +105,35 @@ class CpuFastBackend final : public Backend {
   }
 
   // Panel layout (packed.h): 16 rows' weights at each k side by side, quantized types still
-  // quantized (the types without a layout of their own as another type: panel_type; MXFP4 in
-  // its own, failing on a block the loader refuses: blocks::mxfp4_refused). Cached by source
-  // pointer and shape, so tied or shared weights are packed once.
+  // quantized, each in its own (MXFP4 failing on a block the loader refuses: check_packable).
+  // Cached by source pointer and shape, so tied or shared weights are packed once.
   WeightView prepare(const WeightView& W) override {
     if (W.layout == WeightLayout::Packed || !is_supported_weight_type(W.type) ||
         W.n_cols % cpu::block_len(W.type) != 0)
       return W;
-    if (W.n_cols % cpu::block_len(cpu::panel_type(W.type)) != 0) return W;
     const auto* src = static_cast<const uint8_t*>(W.data);
     const uint64_t src_rb = *row_bytes(W.type, uint64_t(W.n_cols));
     std::lock_guard<std::mutex> lock(mu_);
     for (auto [it, end] = packed_.equal_range(W.data); it != end; ++it)
       if (const Packed& p = it->second; p.n_rows == W.n_rows && p.n_cols == W.n_cols && p.type == W.type)
-        return {p.panel, p.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
+        return {p.type, p.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
     // (MXFP4: its rows are checked, each block's scale an f16 or +0: packed.h.)
-    const GGMLType pt = cpu::panel_type(W.type, src, src_rb, W.n_rows, W.n_cols);
-    const uint64_t gb = cpu::group_bytes(pt, W.n_cols);
-    const uint64_t bytes = gb * uint64_t(cpu::n_groups(W.n_rows));
+    cpu::check_packable(W.type, src, src_rb, W.n_rows, W.n_cols);
+    const uint64_t bytes = cpu::group_bytes(W.type, W.n_cols) * uint64_t(cpu::n_groups(W.n_rows));
     uint8_t* out = nullptr;
     std::shared_ptr<uint8_t> owner = alloc_packed(bytes, out);
     if (!owner) fail("prepare: out of memory packing a ", W.n_rows, "x", W.n_cols, " weight");
-    if (pt == W.type) {
-      k_.pack(W.type, src, src_rb, W.n_rows, W.n_cols, out);
-    } else {
-      // Group by group through one group of rows in the panel type (packed.h).
-      const uint64_t rb = *row_bytes(pt, uint64_t(W.n_cols));
-      std::vector<uint8_t> tmp(size_t(rb) * cpu::kGroup);
-      for (int64_t g = 0; g < cpu::n_groups(W.n_rows); ++g) {
-        const int64_t n0 = g * cpu::kGroup, cnt = std::min<int64_t>(cpu::kGroup, W.n_rows - n0);
-        cpu::convert_rows(W.type, src + uint64_t(n0) * src_rb, src_rb, cnt, W.n_cols, tmp.data());
-        k_.pack(pt, tmp.data(), rb, cnt, W.n_cols, out + uint64_t(g) * gb);
-      }
-    }
-    const auto it = packed_.emplace(W.data, Packed{W.data, W.type, pt, W.n_rows, W.n_cols, out, std::move(owner)});
-    if (cpu::is_int_type(pt)) max_k_ = std::max(max_k_, W.n_cols);
-    return {pt, it->second.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
+    k_.pack(W.type, src, src_rb, W.n_rows, W.n_cols, out);
+    const auto it = packed_.emplace(W.data, Packed{W.data, W.type, W.n_rows, W.n_cols, out, std::move(owner)});
+    if (cpu::is_int_type(W.type)) max_k_ = std::max(max_k_, W.n_cols);
+    return {W.type, it->second.bytes, W.n_rows, W.n_cols, WeightLayout::Packed};
   }
 
   uint64_t lock_prepared() override {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t total = 0;
     for (const auto& [src, p] : packed_) {
-      const uint64_t bytes = cpu::group_bytes(p.panel, p.n_cols) * uint64_t(cpu::n_groups(p.n_rows));
+      const uint64_t bytes = cpu::group_bytes(p.type, p.n_cols) * uint64_t(cpu::n_groups(p.n_rows));
       lock_memory(p.bytes, bytes, "the packed weights");
       total += bytes;
     }
@@ -262,8 +248,7 @@ class CpuFastBackend final : public Backend {
   };
   struct Packed {
     const void* src;
-    GGMLType type;   // the source's
-    GGMLType panel;  // the packed bytes' (panel_type)
+    GGMLType type;
     int64_t n_rows, n_cols;
     uint8_t* bytes;
     std::shared_ptr<uint8_t> owner;  // its own block, or the arena chunk it lies in
@@ -321,7 +306,7 @@ std::vector<std::string_view> cpu_isas() {
   return out;
 }
 
-bool is_int8_weight_type(GGMLType t) { return cpu::is_int_type(cpu::panel_type(t)); }
+bool is_int8_weight_type(GGMLType t) { return cpu::is_int_type(t); }
 
 void set_cpu_isa(std::string_view name) {
   g_forced_isa.store(name.empty() ? -1 : int(isa_by_name(name, "instruction set")));

@@ -679,6 +679,50 @@ struct Avx2Isa {
       w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
     }
   };
+  // Q2_K (packed.h): quads_h(P, h, w) as u = sc q in [0, 45] (B = 0; a byte shuffle of each
+  // row's table (0, sc, 2 sc, 3 sc), sc times 0x03020100 in its int32 lane, at index q + 4 (row
+  // % 4)), widened per quad without VNNI (8 quads' pair sums, <= 2 * 45 * 127 each, would pass
+  // int16); s1 = d, s2 = -dmin; mins_h(h) rows 8h..8h+7's (m_0 | m_1 << 16), whose vpmaddwd
+  // with (X_0, X_1) is the min term's X = m_0 X_0 + m_1 X_1 (kMin16).
+  struct DecQ2_K : Q2KCursor {
+    static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = true, kSignedQuads = false, kWideQuads = true, kMin16 = true;
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
+      const __m256 sign = _mm256_set1_ps(-0.0f);
+      s1lo = h8(blk + Q2KBlock::kD);
+      s1hi = h8(blk + Q2KBlock::kD + 16);
+      s2lo = _mm256_xor_ps(sign, h8(blk + Q2KBlock::kDmin));
+      s2hi = _mm256_xor_ps(sign, h8(blk + Q2KBlock::kDmin + 16));
+    }
+    [[gnu::always_inline]] __m256i sm32(int hh, int h) const {  // half hh's bytes of rows 8h..8h+7
+      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + kGroup * hh + 8 * h)));
+    }
+    [[gnu::always_inline]] __m256i mins_h(int h) const {
+      return _mm256_or_si256(_mm256_srli_epi32(sm32(0, h), 4), _mm256_slli_epi32(_mm256_srli_epi32(sm32(1, h), 4), 16));
+    }
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
+      const int hh = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1: fields t, t + 1 of half hh)
+      const __m256i tbl = _mm256_mullo_epi32(_mm256_and_si256(sm32(hh, h), _mm256_set1_epi32(0xF)),
+                                             _mm256_set1_epi32(0x03020100));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * hh + 32 * h));
+      const __m256i three = _mm256_set1_epi8(3), row = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0,
+                                                                         0x04040404, 0x08080808, 0x0C0C0C0C);
+      // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
+      for (int e = 0; e < 2; ++e)
+        w[e] = _mm256_shuffle_epi8(
+            tbl, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 2 * (t + e)), three), row));
+    }
+  };
+  template <class D>
+  static constexpr bool min16_of() {
+    if constexpr (requires { D::kMin16; }) return D::kMin16;
+    else return false;
+  }
+  // (X_0, X_1) of a 32-block whose xq sum to X, the first 16 to X0, as vpmaddwd's int16 pair in
+  // every lane (|X_h| <= 16 * 127).
+  static __m256i half_sums(int32_t X, int32_t X0) {
+    return _mm256_set1_epi32(int32_t((uint32_t(X0) & 0xFFFFu) | uint32_t(X - X0) << 16));
+  }
   template <class D>
   static constexpr bool sub16_of() {
     if constexpr (requires { D::kSub16; }) return D::kSub16;
@@ -844,7 +888,11 @@ struct Avx2Isa {
               __m256i I = widen<D::kSignedQuads, wide_of<D>()>(a[i][g][h]);
               if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
               y[i][g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], dv), y[i][g][h]);
-              if constexpr (D::kS2)
+              if constexpr (min16_of<D>())
+                y[i][g][h] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(d[g].mins_h(h), half_sums(xs[i * nkb + kb], xs0[i * nkb + kb]))),
+                    _mm256_mul_ps(s2[h], dv), y[i][g][h]);
+              else if constexpr (D::kS2)
                 y[i][g][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], dv), y[i][g][h]);
             }
           }
@@ -879,6 +927,7 @@ struct Avx2Isa {
       case GGMLType::IQ2_S: f(DecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(DecLevels16<GGMLType::IQ1_M>{{group}}); return true;
       case GGMLType::Q3_K: f(DecLevels16<GGMLType::Q3_K>{{group}}); return true;
+      case GGMLType::Q2_K: f(DecQ2_K{{group}}); return true;
       default: return false;
     }
   }
@@ -927,7 +976,11 @@ struct Avx2Isa {
             float* ci = c + i * ldc + 8 * h;
             __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
             y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y);
-            if constexpr (D::kS2) y = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y);
+            if constexpr (min16_of<D>())
+              y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dec.mins_h(h), half_sums(xs[i * nkb + kb], xs0[i * nkb + kb]))),
+                                  _mm256_mul_ps(s2[h], d), y);
+            else if constexpr (D::kS2)
+              y = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y);
             _mm256_storeu_ps(ci, y);
           }
         }
@@ -936,7 +989,7 @@ struct Avx2Isa {
   }
   // The fused path's bound per type (kernels_impl.h): quad types up to kQuadMaxM rows.
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || ((is_quad_type(t) || is_sub16_type(t)) && M <= kQuadMaxM);
+    return M <= kFusedMaxM || ((is_quad_type(t) || is_sub16_type(t) || has_min16(t)) && M <= kQuadMaxM);
   }
   // ng groups of type t (consecutive in C, 16 columns each) x rows [r0, r0 + M) of qa: two of a
   // quad type at one row in one pass (gemv_quad_t<1, 2>), else one at a time (gemv_int). A
@@ -1022,6 +1075,9 @@ struct Avx2Isa {
         _mm256_storeu_ps(S1 + 16 * kb + 8, b);
         _mm256_storeu_ps(S2 + 16 * kb, c);
         _mm256_storeu_ps(S2 + 16 * kb + 8, d);
+        if constexpr (min16_of<D>())
+          for (int h = 0; h < 2; ++h)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2k_mins(V, len) + 16 * kb + 8 * h), dec.mins_h(h));
         for (int P = 0; P < 4; ++P)
           for (int h = 0; h < 2; ++h) {
             __m256i w[2];
@@ -1088,9 +1144,10 @@ struct Avx2Isa {
     }
   }
   // C (MR, ldc)[:, 0:16] (+)= MR rows over one K chunk of unpacked quads; y in C between blocks.
+  // (Mn: Q2_K's mins, its min term's X = m_0 X_0 + m_1 X_1.)
   template <int MR, bool kSigned, bool kWide>
   static void mk_quad_t(const IntRows& x, int bias, const uint8_t* V, const float* S1,
-                        const float* S2, int64_t len, float* c, int64_t ldc, bool first) {
+                        const float* S2, const int32_t* Mn, int64_t len, float* c, int64_t ldc, bool first) {
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       __m256i a[MR][2];
       for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
@@ -1112,7 +1169,12 @@ struct Avx2Isa {
           const __m256i I = _mm256_sub_epi32(widen<kSigned, kWide>(a[i][h]), bv);
           __m256 y = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8 * h);
           y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps(S1 + 16 * kb + 8 * h), d), y);
-          if (S2)
+          if (Mn)
+            y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(
+                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Mn + 16 * kb + 8 * h)),
+                                    half_sums(x.xs[i][kb], x.xs0[i][kb]))),
+                                _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8 * h), d), y);
+          else if (S2)
             y = _mm256_fmadd_ps(_mm256_set1_ps(float(x.xs[i][kb])), _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8 * h), d), y);
           _mm256_storeu_ps(ci + 8 * h, y);
         }
@@ -1121,12 +1183,12 @@ struct Avx2Isa {
   }
   template <bool kSigned, bool kWide = false>
   static void mk_quad(int mr, const IntRows& x, int bias, const uint8_t* V, const float* S1,
-                      const float* S2, int64_t len, float* c, int64_t ldc, bool first) {
+                      const float* S2, const int32_t* Mn, int64_t len, float* c, int64_t ldc, bool first) {
     switch (mr) {
-      case 1: return mk_quad_t<1, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 2: return mk_quad_t<2, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 3: return mk_quad_t<3, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
-      default: return mk_quad_t<4, kSigned, kWide>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 1: return mk_quad_t<1, kSigned, kWide>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      case 2: return mk_quad_t<2, kSigned, kWide>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      case 3: return mk_quad_t<3, kSigned, kWide>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      default: return mk_quad_t<4, kSigned, kWide>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
     }
   }
   // A sub16 type's chunk (unpack_sub16): C (MR, ldc)[:, 0:16] (+)= MR rows; per 32-block and
@@ -1188,10 +1250,12 @@ struct Avx2Isa {
         mk_sub16<L::kSignedQuads>(mr, x, L::kBias, v, S1[g], len, c + 16 * g, ldc, first);
         continue;
       }
-      const float* s2 = has_min_term(t) ? S2[g] : nullptr;
-      if (t == GGMLType::Q8_0) mk_quad<true>(mr, x, 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
-      else if (t == GGMLType::Q5_K) mk_quad<false, true>(mr, x, 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
-      else mk_quad<false>(mr, x, t == GGMLType::Q4_0 ? DecQ4_0::kBias : 0, v, S1[g], s2, len, c + 16 * g, ldc, first);
+      const float* s2 = has_min_term(t) || has_min16(t) ? S2[g] : nullptr;
+      const int32_t* mn = has_min16(t) ? q2k_mins(V[g], len) : nullptr;
+      if (t == GGMLType::Q8_0) mk_quad<true>(mr, x, 0, v, S1[g], s2, mn, len, c + 16 * g, ldc, first);
+      else if (t == GGMLType::Q5_K || t == GGMLType::Q2_K)  // (u <= 31, u <= 45: widened per quad)
+        mk_quad<false, true>(mr, x, 0, v, S1[g], s2, mn, len, c + 16 * g, ldc, first);
+      else mk_quad<false>(mr, x, t == GGMLType::Q4_0 ? DecQ4_0::kBias : 0, v, S1[g], s2, mn, len, c + 16 * g, ldc, first);
     }
   }
   static void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,

@@ -619,6 +619,49 @@ struct Avx512Isa : Avx2Isa {
       level_quads<level_values(T), kBias>(q + 128 * h + 64, w[2], w[3]);
     }
   };
+  // Q2_K (packed.h): u = sc q in [0, 45], B = 0, by a byte shuffle of each row's table (0, sc,
+  // 2 sc, 3 sc) (sc times 0x03020100 in its int32 lane: no carries) at index q + 4 (row % 4);
+  // s1 = d, s2 = -dmin; mins() the rows' (m_0 | m_1 << 16), whose vpmaddwd with (X_0, X_1) is
+  // the min term's X = m_0 X_0 + m_1 X_1 (kMin16). begin() reads both halves' scales and mins.
+  struct QDecQ2_K : Q2KCursor {
+    static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = true, kSub16 = false, kMin16 = true;
+    __m512i tbl[2] = {}, mp = {};
+    [[gnu::always_inline]] void begin(int64_t kb) {
+      Q2KCursor::begin(kb);
+      const __m512i s0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));
+      const __m512i s1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + kGroup)));
+      const __m512i lo = _mm512_set1_epi32(0xF), steps = _mm512_set1_epi32(0x03020100);
+      tbl[0] = _mm512_mullo_epi32(_mm512_and_si512(s0, lo), steps);
+      tbl[1] = _mm512_mullo_epi32(_mm512_and_si512(s1, lo), steps);
+      mp = _mm512_or_si512(_mm512_srli_epi32(s0, 4), _mm512_slli_epi32(_mm512_srli_epi32(s1, 4), 16));
+    }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const {
+      s1 = h16(blk + Q2KBlock::kD);
+      s2 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_set1_epi32(int32_t(0x80000000u)),
+                                                _mm512_castps_si512(h16(blk + Q2KBlock::kDmin))));
+    }
+    [[gnu::always_inline]] __m512i mins() const { return mp; }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
+      const int h = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1: fields t, t + 1 of half h)
+      const __m512i b = ld(q + 64 * h), three = _mm512_set1_epi8(3);
+      const __m512i row = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0);
+      // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
+      // index = (field & 3) | 4 (row % 4): ternary logic 0xEA = (A & B) | C.
+      w0 = _mm512_shuffle_epi8(tbl[h], _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t)), three, row, 0xEA));
+      w1 = _mm512_shuffle_epi8(tbl[h], _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t + 2)), three, row, 0xEA));
+    }
+  };
+  template <class D>
+  static constexpr bool min16_of() {
+    if constexpr (requires { D::kMin16; }) return D::kMin16;
+    else return false;
+  }
+  // (X_0, X_1) of a 32-block whose xq sum to X, the first 16 to X0, as vpmaddwd's int16 pair in
+  // every lane (|X_h| <= 16 * 127).
+  static __m512i half_sums(int32_t X, int32_t X0) {
+    return _mm512_set1_epi32(int32_t((uint32_t(X0) & 0xFFFFu) | uint32_t(X - X0) << 16));
+  }
   template <class F>
   static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
     switch (t) {
@@ -643,6 +686,7 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::IQ2_S: f(QDecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(QDecLevels16<GGMLType::IQ1_M>{{group}}); return true;
       case GGMLType::Q3_K: f(QDecLevels16<GGMLType::Q3_K>{{group}}); return true;
+      case GGMLType::Q2_K: f(QDecQ2_K{{group}}); return true;
       default: return false;
     }
   }
@@ -760,7 +804,11 @@ struct Avx512Isa : Avx2Isa {
             const __m512i I = NC == 2 ? _mm512_add_epi32(a[i][g][0], a[i][g][1]) : a[i][g][0];
             const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
             y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, dv), y[i][g]);
-            if constexpr (D::kS2)
+            if constexpr (min16_of<D>())
+              y[i][g] = _mm512_fmadd_ps(
+                  _mm512_cvtepi32_ps(_mm512_madd_epi16(d[g].mins(), half_sums(xs[i * nkb + kb], xs0[i * nkb + kb]))),
+                  _mm512_mul_ps(s2, dv), y[i][g]);
+            else if constexpr (D::kS2)
               y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, dv), y[i][g]);
           }
         }
@@ -776,7 +824,7 @@ struct Avx512Isa : Avx2Isa {
   // and each tile keeps its sums in registers over all of K (no unpacked copy, no C reloads).
   static constexpr int64_t kFusedMaxMQuad = 32;
   static bool fused_int(GGMLType t, int64_t M) {
-    return M <= kFusedMaxM || ((is_quad_type(t) || is_sub16_type(t)) && M <= kFusedMaxMQuad);
+    return M <= kFusedMaxM || ((is_quad_type(t) || is_sub16_type(t) || has_min16(t)) && M <= kFusedMaxMQuad);
   }
   // One row takes up to kGemvIntGroups groups per pass (Drivers::gemm: two work items at
   // decode), four streams per thread where two work items' passes were two each. Zen 5, one
@@ -884,8 +932,8 @@ struct Avx512Isa : Avx2Isa {
           x.xs[j] = qa.xs.data() + r * nkb + kb0;
           x.xs0[j] = qa.xs0.data() + r * nkb + kb0;
         }
-        if (q8_form && ng == 2) mk_q<2>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, len, c + m * ldc, ldc, kb0 == 0);
-        else if (q8_form) mk_q<1>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, len, c + m * ldc, ldc, kb0 == 0);
+        if (q8_form && ng == 2) mk_q<2>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, nullptr, len, c + m * ldc, ldc, kb0 == 0);
+        else if (q8_form) mk_q<1>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, nullptr, len, c + m * ldc, ldc, kb0 == 0);
         else if (ng == 2) mk_sub16<2>(mr, x, D::kBias, v, s1, len, c + m * ldc, ldc, kb0 == 0);
         else mk_sub16<1>(mr, x, D::kBias, v, s1, len, c + m * ldc, ldc, kb0 == 0);
         m += mr;
@@ -893,10 +941,10 @@ struct Avx512Isa : Avx2Isa {
     }
   }
 
-  // The GEMM's view of one K chunk: quad types as V = u8 [len / 32][8 quads][16 rows][4] (in the
-  // int16 scratch's bytes; the types in Q8_0's form, gemm_type, as u = v + 128: the level types,
-  // Q5_0, Q3_K: unpack_sub16<true>), S1, S2 (len / 32, 16); the other sub16 types as unpack_sub16
-  // gives them.
+  // The GEMM's view of one K chunk: quad types (and Q2_K) as V = u8 [len / 32][8 quads][16
+  // rows][4] (in the int16 scratch's bytes; the types in Q8_0's form, gemm_type, as u = v + 128:
+  // the level types, Q5_0, Q3_K: unpack_sub16<true>), S1, S2 (len / 32, 16), Q2_K's mins after
+  // (q2k_mins); the other sub16 types as unpack_sub16 gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
@@ -918,6 +966,7 @@ struct Avx512Isa : Avx2Isa {
           dec.scales(s1, s2);
           _mm512_storeu_ps(S1 + 16 * kb, s1);
           _mm512_storeu_ps(S2 + 16 * kb, s2);
+          if constexpr (min16_of<D>()) _mm512_storeu_si512(q2k_mins(V, len) + 16 * kb, dec.mins());
           for (int P = 0; P < 4; ++P) {
             __m512i w0, w1;
             dec.quads(P, w0, w1);
@@ -982,12 +1031,14 @@ struct Avx512Isa : Avx2Isa {
 
   // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR activation rows x NG groups over one K chunk of
   // unpacked quads (unpack_int): per 32-block exact int32 sums I = sum u xq - bias * sum xq,
-  // then y = fma(float(I), s1 * dx, y) [and y = fma(float(sum xq), s2 * dx, y) when S2]; y
-  // starts at 0 when first, else from C. (ScalarIsa::mk_int1's and gemv_q_t's sums.) kMin: the
-  // K types' chunks, with S2 and bias 0 (no subtraction of zero: 12 of ~170 ops a block at 6 x 2).
-  template <int MR, int NG, bool kMin>
+  // then y = fma(float(I), s1 * dx, y) [and y = fma(float(X), s2 * dx, y) when S2: X = sum xq,
+  // Q2_K's m_0 X_0 + m_1 X_1 from its mins Mn (kMin16)]; y starts at 0 when first, else from C.
+  // (ScalarIsa::mk_int1's and gemv_q_t's sums.) kMin: the K types' chunks and Q2_K's, with S2
+  // and bias 0 (no subtraction of zero: 12 of ~170 ops a block at 6 x 2).
+  template <int MR, int NG, bool kMin, bool kMin16 = false>
   static void mk_q_t(const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
-                     const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+                     const float* const* S2, const int32_t* const* Mn, int64_t len, float* c, int64_t ldc,
+                     bool first) {
     __m512 y[MR][NG];
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g)
@@ -1010,7 +1061,11 @@ struct Avx512Isa : Avx2Isa {
         for (int g = 0; g < NG; ++g) {
           const __m512i I = kMin ? a[i][g] : _mm512_sub_epi32(a[i][g], bv);
           y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
-          if constexpr (kMin)
+          if constexpr (kMin16)
+            y[i][g] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_loadu_si512(Mn[g] + 16 * kb), half_sums(x.xs[i][kb], x.xs0[i][kb]))),
+                _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
+          else if constexpr (kMin)
             y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(x.xs[i][kb])),
                                       _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
         }
@@ -1019,27 +1074,30 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
   }
-  // (S2 given: a K type's chunk, bias 0.)
-  template <int NG, bool kMin>
+  // (S2 given: a K type's chunk or Q2_K's (Mn), bias 0.)
+  template <int NG, bool kMin, bool kMin16 = false>
   static void mk_q_m(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
-                     const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+                     const float* const* S2, const int32_t* const* Mn, int64_t len, float* c, int64_t ldc,
+                     bool first) {
     switch (mr) {
-      case 1: return mk_q_t<1, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 2: return mk_q_t<2, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 3: return mk_q_t<3, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 4: return mk_q_t<4, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
-      case 5: return mk_q_t<5, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
-      default: return mk_q_t<6, NG, kMin>(x, bias, V, S1, S2, len, c, ldc, first);
+      case 1: return mk_q_t<1, NG, kMin, kMin16>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      case 2: return mk_q_t<2, NG, kMin, kMin16>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      case 3: return mk_q_t<3, NG, kMin, kMin16>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      case 4: return mk_q_t<4, NG, kMin, kMin16>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      case 5: return mk_q_t<5, NG, kMin, kMin16>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
+      default: return mk_q_t<6, NG, kMin, kMin16>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
     }
   }
   template <int NG>
   static void mk_q(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
-                   const float* const* S2, int64_t len, float* c, int64_t ldc, bool first) {
+                   const float* const* S2, const int32_t* const* Mn, int64_t len, float* c, int64_t ldc,
+                   bool first) {
     if (S2) {
       if (bias != 0) fail("fast kernels: a chunk with a min term and a bias");
-      return mk_q_m<NG, true>(mr, x, 0, V, S1, S2, len, c, ldc, first);
+      if (Mn) return mk_q_m<NG, true, true>(mr, x, 0, V, S1, S2, Mn, len, c, ldc, first);
+      return mk_q_m<NG, true>(mr, x, 0, V, S1, S2, Mn, len, c, ldc, first);
     }
-    mk_q_m<NG, false>(mr, x, bias, V, S1, S2, len, c, ldc, first);
+    mk_q_m<NG, false>(mr, x, bias, V, S1, S2, Mn, len, c, ldc, first);
   }
   // A sub16 type's unpacked chunk (unpack_sub16): C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x
   // NG groups; per 32-block and half h a chain of vpdpbusd from -bias X_h (X_0 = xs0, X_1 = xs -
@@ -1112,9 +1170,12 @@ struct Avx512Isa : Avx2Isa {
     }
     const int bias = t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0;
     const float* s2[2] = {S2[0], ng > 1 ? S2[1] : S2[0]};
-    const float* const* s2p = has_min_term(t) ? s2 : nullptr;
-    if (ng == 2) return mk_q<2>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
-    mk_q<1>(mr, x, bias, v, S1, s2p, len, c, ldc, first);
+    const float* const* s2p = has_min_term(t) || has_min16(t) ? s2 : nullptr;
+    const int32_t* mn[2] = {nullptr, nullptr};
+    if (has_min16(t)) mn[0] = q2k_mins(V[0], len), mn[1] = q2k_mins(V[ng > 1 ? 1 : 0], len);
+    const int32_t* const* mnp = has_min16(t) ? mn : nullptr;
+    if (ng == 2) return mk_q<2>(mr, x, bias, v, S1, s2p, mnp, len, c, ldc, first);
+    mk_q<1>(mr, x, bias, v, S1, s2p, mnp, len, c, ldc, first);
   }
 };
 

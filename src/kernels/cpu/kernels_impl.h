@@ -59,9 +59,10 @@ struct Drivers {
     std::vector<float> run_c;  // gemm_run: its run's items' C, one after another
     alignas(64) float w[kItemGroups][kKC * kGroup];
     alignas(64) float t[kGroup * kKC];
-    // Integer path: one K chunk of a group as unpack_group_int gives it, and (GGUF rows only)
-    // the chunk packed first (Q8_0 is the largest per element: 34 bytes per 32).
-    alignas(64) int16_t v[kItemGroups][kKC * kGroup];
+    // Integer path: one K chunk of a group as unpack_group_int gives it (Q2_K's mins after it:
+    // q2k_mins), and (GGUF rows only) the chunk packed first (Q8_0 is the largest per element:
+    // 34 bytes per 32).
+    alignas(64) int16_t v[kItemGroups][kKC * kGroup + 2 * kQPerKC * kGroup];
     alignas(64) float s1[kItemGroups][kQPerKC * kGroup];
     alignas(64) float s2[kItemGroups][kQPerKC * kGroup];
     alignas(64) uint8_t raw[kQPerKC * (32 + 32 * kGroup)];

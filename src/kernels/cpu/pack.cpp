@@ -41,20 +41,6 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 }  // namespace
 
-GGMLType panel_type(GGMLType t) {
-  switch (t) {
-    case GGMLType::Q2_K: return GGMLType::Q8_0;
-    default: return t;
-  }
-}
-
-namespace {
-// The f16 scale under which every 32-block of a source block is naturally int8 (packed.h), or
-// 0 (none: requantize).
-uint16_t natural_scale(GGMLType t, const uint8_t* blk) {
-  return t == GGMLType::MXFP4 ? mxfp4_f16_scale(reinterpret_cast<const blocks::MXFP4*>(blk)->e) : 0;
-}
-}  // namespace
 
 uint16_t mxfp4_f16_scale(uint8_t e) {
   const float d = blocks::e8m0_to_fp32_half(e);  // 2^(e - 128)
@@ -77,57 +63,33 @@ uint16_t mxfp4_packed_scale(const blocks::MXFP4& b) {
 }
 }  // namespace
 
-GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K) {
-  if (t != GGMLType::MXFP4) return panel_type(t);
+void check_packable(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K) {
+  if (t != GGMLType::MXFP4) return;
   for (int64_t n = 0; n < n_rows; ++n) {
     const auto* b = reinterpret_cast<const blocks::MXFP4*>(rows + uint64_t(n) * row_bytes);
     for (int64_t i = 0; i < K / 32; ++i) mxfp4_packed_scale(b[i]);  // (fails on a refused block)
   }
-  return GGMLType::MXFP4;
 }
 
 int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                      uint8_t* out) {
-  const int64_t bl = int64_t(type_traits(t).block_size);
-  const uint64_t bb = type_traits(t).type_size;
-  if (bl <= 0 || K % bl != 0) fail("convert_rows: K = ", K, " is not a multiple of the block size of ", type_traits(t).name);
-  if (panel_type(t) != GGMLType::Q8_0 && t != GGMLType::MXFP4)
-    fail("convert_rows: ", type_traits(t).name, " has a panel layout of its own");
-  std::vector<float> w(static_cast<size_t>(bl));
+  if (t != GGMLType::MXFP4) fail("convert_rows: ", type_traits(t).name, " has a panel layout of its own");
+  if (K % 32 != 0) fail("convert_rows: K = ", K, " is not a multiple of MXFP4's block size 32");
   int64_t exact = 0;
   for (int64_t n = 0; n < n_rows; ++n) {
-    const uint8_t* row = rows + uint64_t(n) * row_bytes;
+    const auto* b = reinterpret_cast<const blocks::MXFP4*>(rows + uint64_t(n) * row_bytes);
     auto* q8 = reinterpret_cast<blocks::Q8_0*>(out + uint64_t(n) * uint64_t(K / 32) * sizeof(blocks::Q8_0));
-    for (int64_t b = 0; b < K / bl; ++b) {
-      const uint8_t* blk = row + uint64_t(b) * bb;
-      dequantize_row(t, blk, w.data(), bl);  // the exact values (bit-identical to ggml)
-      for (int ib = 0; ib < bl / 32; ++ib) {
-        const float* x = w.data() + 32 * ib;
-        blocks::Q8_0& o = q8[b * (bl / 32) + ib];
-        if (t == GGMLType::MXFP4 && mxfp4_packed_scale(reinterpret_cast<const blocks::MXFP4*>(blk)[ib]) == 0) {
-          o = blocks::Q8_0{};  // +0 and q = 0: as packed natively (exact only for an all-zero block)
-          if (blocks::mxfp4_is_zero(reinterpret_cast<const blocks::MXFP4*>(blk)[ib])) ++exact;
-          continue;
-        }
-        const uint16_t h = natural_scale(t, blk);
-        const float d = f16_to_f32(h);
-        bool ok = h != 0 && d != 0.0f && std::isfinite(d);
-        for (int j = 0; ok && j < 32; ++j) {
-          const float v = x[j] / d;
-          ok = v == std::nearbyint(v) && v >= -128.0f && v <= 127.0f && float(int(v)) * d == x[j];
-          if (ok) o.qs[j] = int8_t(int(v));
-        }
-        if (ok) {
-          std::memcpy(o.d, &h, 2);
-          ++exact;
-        } else if (std::all_of(x, x + 32, [](float v) { return std::isfinite(v); })) {
-          quantize_row(GGMLType::Q8_0, x, &o, 32);
-        } else {  // an inf or NaN scale in the file: NaN out, as ggml computes it (not an int cast of NaN)
-          o = blocks::Q8_0{};
-          const uint16_t nan = 0x7e00;
-          std::memcpy(o.d, &nan, 2);
-        }
+    for (int64_t ib = 0; ib < K / 32; ++ib) {
+      const uint16_t h = mxfp4_packed_scale(b[ib]);  // (fails on a refused block)
+      blocks::Q8_0& o = q8[ib];
+      o = blocks::Q8_0{};  // (h = 0: +0 and q = 0, as packed natively; exact only for an all-zero block)
+      if (h == 0) {
+        exact += blocks::mxfp4_is_zero(b[ib]);
+        continue;
       }
+      std::memcpy(o.d, &h, 2);
+      for (int j = 0; j < 32; ++j) o.qs[j] = blocks::kValuesMXFP4[nib32(b[ib].qs, j)];
+      ++exact;
     }
   }
   return exact;
@@ -154,6 +116,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
+    case GGMLType::Q2_K: return Q2KBlock::kBytes;
     default: fail("panel layout: unsupported weight type ", int(t));
   }
 }
@@ -273,6 +236,9 @@ inline int q6k_high(const uint8_t* qh, int e, int r) {
   std::memcpy(&lane, qh + 2 * qh_lane(e, r), 2);
   return (lane >> qh_shift(e, r)) & 3;
 }
+// Q2_K's q of element e (< 256), row r: byte and shift (packed.h: k = 16h + 4t + e').
+inline int q2k_at(int e, int r) { return Q2KBlock::kQ + (e / 16) * 64 + r * 4 + e % 4; }
+inline int q2k_shift(int e) { return 2 * ((e % 16) / 4); }
 // The unsigned 6-bit q of element e, row r of a Q6_K block in the pair layout.
 inline int q6k_pair_q(const uint8_t* blk, int e, int r) {
   return ((blk[Q6KBlock::kQl + nib_at(e, r)] >> nib_shift(r)) & 0xF) | (q6k_high(blk + Q6KBlock::kQh, e, r) << 4);
@@ -395,6 +361,14 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             }
             break;
           }
+          case GGMLType::Q2_K: {
+            const auto& b = reinterpret_cast<const blocks::Q2_K*>(row)[ib];
+            std::memcpy(blk + Q2KBlock::kD + 2 * r, b.d, 2);
+            std::memcpy(blk + Q2KBlock::kDmin + 2 * r, b.dmin, 2);
+            for (int h = 0; h < 16; ++h) blk[Q2KBlock::kSm + h * kGroup + r] = b.scales[h];
+            for (int e = 0; e < 256; ++e) blk[q2k_at(e, r)] |= uint8_t(blocks::q2k_q(b, e) << q2k_shift(e));
+            break;
+          }
           default:
             fail("panel layout: unsupported weight type ", int(t));
         }
@@ -475,10 +449,12 @@ void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
 
 namespace {
 // Row r, element e of a quantized block: the integer weight v and the float scales of the
-// integer path (packed.h): w = v * s1 (+ s2 for the min types, has_min_term: it multiplies sum x).
+// integer path (packed.h): w = v * s1 (+ s2 for the min types, has_min_term: it multiplies sum x;
+// Q2_K: s2 m, m the min of e's half block).
 struct IntWeight {
   int v;
   float s1, s2;
+  int m = 0;
 };
 IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
   const auto nib = [&](const uint8_t* q) { return (q[nib_at(e, r)] >> nib_shift(r)) & 0xF; };
@@ -508,6 +484,11 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     case GGMLType::Q6_K: {
       return {(q6k_pair_q(blk, e, r) - 32) * int(int8_t(blk[Q6KBlock::kSc + (e / 16) * 16 + r])),
               f16(blk + Q6KBlock::kD + 2 * r), 0.0f};
+    }
+    case GGMLType::Q2_K: {
+      const uint8_t sm = blk[Q2KBlock::kSm + (e / 16) * kGroup + r];
+      return {(sm & 0xF) * ((blk[q2k_at(e, r)] >> q2k_shift(e)) & 3), f16(blk + Q2KBlock::kD + 2 * r),
+              -f16(blk + Q2KBlock::kDmin + 2 * r), sm >> 4};
     }
     default: fail("panel layout: ", int(t), " is not an integer-path type");
   }
@@ -542,6 +523,10 @@ void unpack_group_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len,
       if (kk == 0) {
         S1[kb * kGroup + r] = iw.s1;
         S2[kb * kGroup + r] = iw.s2;
+      }
+      if (has_min16(t) && kk % 16 == 0) {  // (m_0 | m_1 << 16)
+        int32_t& mins = q2k_mins(V, len)[kb * kGroup + r];
+        mins = kk == 0 ? iw.m : mins | iw.m << 16;
       }
     }
   }

@@ -45,6 +45,12 @@
 //              IQ2_XXS's, IQ1_M: IQ1_S's); Q3_K: d = -d, sc = its 6-bit scale - 32, levels
 //              blocks::kValuesQ3KNeg (index q + 4), unit 1. Exact in 4.56 bits a weight (their
 //              files 2.31, 2.56, 1.75 and 3.44; Q8_0 8.5)
+//   Q2_K (256) f16 d[16], dmin[16]; uint8 sm[16 halves][16 rows] (the file's byte: scale sc in
+//              the low nibble, min m in the high one, of each 16 k); q [16 halves][16 rows][4]:
+//              byte (h, r, e) holds at bits 2t, 2t + 1 the q (0..3) of k = 16h + 4t + e of row r
+//                                                    w = d * (sc q) - dmin * m, sub-block = k/16
+//              (2.625 bits a weight, as the file; one layout for every ISA: a 64-byte load gives
+//              a half block's 4 quads of 16 rows)
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
@@ -88,15 +94,18 @@
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q4_1 v = q, s1 = d, s2 = m;  Q5_1 v = q + 16 h, s1 = d, s2 = m;
 //   Q6_K v = (q - 32) * sc, s1 = d;  the levels16 layout v = levels[q] * sc, s1 = d*unit (Q3_K:
-//   -d)
-// so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
-// integers. Every output is y = 0, then for each 32-block in k order
-//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K, Q4_1, Q5_1]
+//   -d);  Q2_K v = sc * q (in [0, 45]), s1 = d, s2 = -dmin, its min per half block h m_h
+// so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq (Q2_K: X =
+// m_0 X_0 + m_1 X_1, X_h the sum of half h's xq), exact integers. Every output is y = 0, then for
+// each 32-block in k order
+//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K, Q4_1, Q5_1, Q2_K]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
 // The level types', Q5_0's and Q3_K's GEMM (a K chunk unpacked, unpack_int) takes its chunk in
 // Q8_0's form (v and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels,
-// Q4_1's and Q5_1's in Q4_K's and Q5_K's (u, s1, s2);
+// Q4_1's and Q5_1's in Q4_K's and Q5_K's (u, s1, s2), Q2_K's as Q4_K's (u = v = sc q, s1, s2)
+// with its mins' pairs (m_0 | m_1 << 16) as int32 [len / 32][16 rows] after the values, at
+// q2k_mins(V, len);
 // MXFP4's GGUF rows (a weight not prepared) are converted to Q8_0 a chunk at a time
 // (convert_rows: exact where the scale is an f16), so a row's bits are the same packed or not.
 #pragma once
@@ -160,6 +169,26 @@ struct Levels16Block {
   static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2336
 };
 using Levels16Cursor = NibbleCursor256<Levels16Block>;
+// Byte offsets inside one packed Q2_K block (256 k of a group; layout above).
+struct Q2KBlock {
+  static constexpr int kD = 0, kDmin = 32, kSm = 64, kQ = 64 + 16 * kGroup, kQPer32 = 32 * kGroup / 4;
+  static constexpr int kBytes = kQ + 8 * kQPer32;  // 1344
+};
+// A cursor over one packed Q2_K group: begin(kb) moves to 32-block kb: its 256-block blk, sb
+// (< 8) inside it, its two halves' scale/min bytes sm and 2-bit fields q.
+struct Q2KCursor {
+  const uint8_t* g;
+  const uint8_t* blk = nullptr;
+  const uint8_t* sm = nullptr;
+  const uint8_t* q = nullptr;
+  int sb = 0;
+  [[gnu::always_inline]] void begin(int64_t kb) {
+    blk = g + (kb / 8) * Q2KBlock::kBytes;
+    sb = int(kb % 8);
+    sm = blk + Q2KBlock::kSm + 2 * kGroup * sb;
+    q = blk + Q2KBlock::kQ + Q2KBlock::kQPer32 * sb;
+  }
+};
 // Q5_K's packed block: Q4_K's, then the 5th bits of its 8 32-blocks (kQhPer32 bytes each).
 struct Q5KBlock : Q4KBlock {
   static constexpr int kQh = Q4KBlock::kBytes, kQhPer32 = 4 * kGroup;
@@ -204,37 +233,27 @@ struct Q6KQuadCursor {
   }
 };
 
-// The other quantized type, Q2_K, has no panel layout of its own: prepare() converts its rows to
-// Q8_0 (panel_type, convert_rows), 32-block by 32-block, then packs those. Its min term is per 16,
-// so it is requantized from its exact values as Q8_0 does (error <= max|w| / 127 * (1/2 + 127 *
-// 2^-11): 1/8 to 1/30 of its own step). Cost: Q8_0's 34 bytes per 32 weights in memory and per
-// decode step (3.2x Q2_K's), for our fastest integer kernels. convert_rows also takes MXFP4's
-// GGUF rows (a weight not prepared: its GEMM form), exactly where the block scale 2^(e - 128) is
-// an f16 (e - 128 in [-24, 15]: (2^(e - 128), kvalues[q])); it refuses every type with a panel
-// layout of its own.
-// (Q3_K ran as Q8_0 the same way until 2026-12-06, exact: -d, -(sc - 32)(q - 4) in [-128, 124].
-// As Q6_K, the same values in 210 bytes per 256, it measured prefill 0.88-0.90x, decode
-// 1.03-1.08x: not kept. Now the levels16 layout, its GEMM chunk in Q8_0's form.)
-GGMLType panel_type(GGMLType t);
-// rows (n_rows, K) of type t (row_bytes apart) -> out: the same rows in Q8_0 (panel_type(t), or
-// t = MXFP4), GGUF rows (row_bytes(Q8_0, K) apart). Returns how many 32-blocks hold exactly the source
-// values. A block with a value that is not finite (an inf or NaN scale in the file) becomes NaN
-// (d = NaN, q = 0), as ggml would compute it. MXFP4 blocks as they pack natively: (2^(e - 128), kvalues[q]) for e in [104, 143],
+// Every supported quantized type has a panel layout of its own. (Q2_K and Q3_K were converted
+// to Q8_0 at load until 2026-12-06: Q3_K exactly, Q2_K requantized, its min per 16 k, at 3.2x
+// its bytes. Q3_K as Q6_K, the same values in 210 bytes per 256, measured prefill 0.88-0.90x,
+// decode 1.03-1.08x: not kept.)
+// MXFP4's GGUF rows (a weight not prepared) run in their GEMM form: rows (n_rows, K) of MXFP4
+// (row_bytes apart) -> out: the same rows in Q8_0, GGUF rows (row_bytes(Q8_0, K) apart), exact
+// where the block scale 2^(e - 128) is an f16 (e - 128 in [-24, 15]: (2^(e - 128), kvalues[q]));
 // (+0, 0) for e < 104 (tiny scales: their values, |w| <= 12 * 2^-25, become 0) and all-zero
-// blocks; a block the loader refuses (blocks::mxfp4_refused: e = 255, or e >= 144 and not all
-// zeros) fails.
+// blocks, as they pack natively; a block the loader refuses (blocks::mxfp4_refused: e = 255, or
+// e >= 144 and not all zeros) fails. Returns how many 32-blocks hold exactly the source values.
 int64_t convert_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                      uint8_t* out);
 
 // The f16 bits of MXFP4's block scale 2^(e - 128) where it is an f16 (normal or subnormal:
 // e - 128 in [-24, 15]), else 0.
 uint16_t mxfp4_f16_scale(uint8_t e);
-// The panel type of a weight of type t whose rows are these: panel_type(t), but MXFP4 keeps its
-// own layout (18 bytes per 32 weights of a row, not Q8_0's 34) always: a block scale below f16
-// (e < 104, 2^(e - 128) < 2^-24) packs as +0 (its values, |w| <= 12 * 2^-25, as 0: what Q8_0's
-// f16 d would round them to), and this fails on a block the loader refuses (e = 255; e >= 144,
-// 2^16 and up, with a nonzero value: beyond f16) rather than computing inf or wrong values.
-GGMLType panel_type(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K);
+// Fails if rows (n_rows, K) of type t hold a block the panel layout cannot take: MXFP4's refused
+// blocks (e = 255; e >= 144, 2^16 and up, with a nonzero value: beyond f16), rather than
+// computing inf or wrong values. (A block scale below f16, e < 104, 2^(e - 128) < 2^-24, packs
+// as +0: its values, |w| <= 12 * 2^-25, as 0, what Q8_0's f16 d would round them to.)
+void check_packable(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K);
 
 // Weight types multiplied on the integer path.
 inline bool is_level_type(GGMLType t);
@@ -242,7 +261,7 @@ inline bool is_levels16_layout(GGMLType t) { return t == GGMLType::Q3_K || iq::h
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_1 ||
          t == GGMLType::Q5_1 || t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K ||
-         is_level_type(t) || is_levels16_layout(t);
+         t == GGMLType::Q2_K || is_level_type(t) || is_levels16_layout(t);
 }
 // Integer-path types with a scale per 16 k (the two halves of each 32-block: I = sc_0 I_0 +
 // sc_1 I_1): Q6_K and the levels16 layout. Their quad variants give a half block's 4 quads at
@@ -277,10 +296,16 @@ constexpr int max_abs_level(GGMLType t) {
 constexpr float level_unit(GGMLType t) {
   return t == GGMLType::IQ4_XS || is_ternary(t) || t == GGMLType::Q3_K ? 1.0f : iq::level_unit(t);
 }
-// Integer-path types with a min term (s2: w = v * s1 + s2).
+// Integer-path types with a min term per 32-block (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) {
   return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q4_1 || t == GGMLType::Q5_1;
 }
+// Q2_K's min term, one min per 16 k: X = m_0 X_0 + m_1 X_1 (above). Its GEMM chunk (unpack_int)
+// holds the mins' pairs (int32 m_0 | m_1 << 16, [len / 32][16 rows]) after its values, at V +
+// len * kGroup int16s (past the largest chunk form, the scalar pair layout's).
+inline bool has_min16(GGMLType t) { return t == GGMLType::Q2_K; }
+inline int32_t* q2k_mins(int16_t* V, int64_t len) { return reinterpret_cast<int32_t*>(V + len * kGroup); }
+inline const int32_t* q2k_mins(const int16_t* V, int64_t len) { return reinterpret_cast<const int32_t*>(V + len * kGroup); }
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level
 // types', Q5_0's and Q3_K's chunk is Q8_0's, Q4_1's Q4_K's, Q5_1's Q5_K's (above), every other
 // type its own.
@@ -311,7 +336,8 @@ void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
 // [k0, k0 + len). Portable; the reference for the AVX2 version.
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp);
 // The integer path's view of one group of a quantized type at k in [k0, k0 + len) (k0, len
-// multiples of kQBlock): V (len / 32, 16 pairs, 16 rows, 2) int16, S1 and S2 (len / 32, 16).
+// multiples of kQBlock): V (len / 32, 16 pairs, 16 rows, 2) int16, S1 and S2 (len / 32, 16);
+// Q2_K's mins after V (q2k_mins).
 void unpack_group_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                       float* S1, float* S2);
 
