@@ -310,6 +310,7 @@ BENCHMARK_CAPTURE(BM_GemmFromMemory, q8_0, ft::GGMLType::Q8_0)->Apply(GemvMemArg
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q4_k, ft::GGMLType::Q4_K)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q6_k, ft::GGMLType::Q6_K)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, q3_k, ft::GGMLType::Q3_K)->Apply(SmallMArgs);
+BENCHMARK_CAPTURE(BM_GemmFromMemory, q2_k, ft::GGMLType::Q2_K)->Apply(GemvMemArgs)->Apply(SmallMArgs);
 BENCHMARK_CAPTURE(BM_GemmFromMemory, f16, ft::GGMLType::F16)->Apply(SmallMArgs);
 
 }  // namespace
@@ -325,6 +326,7 @@ FT_TYPE_BENCH(q4_0, Q4_0)
 FT_TYPE_BENCH(q4_k, Q4_K)
 FT_TYPE_BENCH(q6_k, Q6_K)
 FT_TYPE_BENCH(q3_k, Q3_K)
+FT_TYPE_BENCH(q2_k, Q2_K)
 // A decode GEMV's compute rate: one row, ~0.5-0.6 MB of weights (in L2), FT_BENCH_THREADS=1
 // for one core's rate (W_GBs) against what one core streams from memory (bench peak -t 1).
 BENCHMARK_CAPTURE(BM_GemmPct, l2_q4_0, ft::GGMLType::Q4_0)->Args({1, 512, 2048})->UseRealTime();

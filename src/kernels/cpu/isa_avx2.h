@@ -679,14 +679,16 @@ struct Avx2Isa {
       w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
     }
   };
-  // Q2_K (packed.h): quads_h(P, h, w) as u = sc q in [0, 45] (B = 0; a byte shuffle of each
-  // row's table (0, sc, 2 sc, 3 sc), sc times 0x03020100 in its int32 lane, at index q + 4 (row
-  // % 4)), widened per quad without VNNI (8 quads' pair sums, <= 2 * 45 * 127 each, would pass
-  // int16); s1 = d, s2 = -dmin; mins_h(h) rows 8h..8h+7's (m_0 | m_1 << 16), whose vpmaddwd
-  // with (X_0, X_1) is the min term's X = m_0 X_0 + m_1 X_1 (kMin16).
+  // Q2_K (packed.h): s1 = d, s2 = -dmin; mins_h(h) rows 8h..8h+7's (m_0 | m_1 << 16), whose
+  // vpmaddwd with (X_0, X_1) is the min term's X = m_0 X_0 + m_1 X_1 (kMin16). The GEMV takes its
+  // half blocks as the sub16 types' (kSub16: quads6_h the fields q in [0, 3], B = 0; sc32 the
+  // rows' scales); its GEMM chunk is Q4_K's form, u = sc q in [0, 45] (quads_h: a byte shuffle of
+  // each row's table (0, sc, 2 sc, 3 sc), sc times 0x03020100 in its int32 lane, at index q + 4
+  // (row % 4)), widened per quad without VNNI (8 quads' pair sums, <= 2 * 45 * 127 each, would
+  // pass int16).
   struct DecQ2_K : Q2KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = true, kSignedQuads = false, kWideQuads = true, kMin16 = true;
+    static constexpr bool kS2 = true, kSignedQuads = false, kWideQuads = true, kSub16 = true, kMin16 = true;
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
       const __m256 sign = _mm256_set1_ps(-0.0f);
       s1lo = h8(blk + Q2KBlock::kD);
@@ -697,17 +699,23 @@ struct Avx2Isa {
     [[gnu::always_inline]] __m256i sm32(int hh, int h) const {  // half hh's bytes of rows 8h..8h+7
       return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + kGroup * hh + 8 * h)));
     }
+    [[gnu::always_inline]] __m256i sc32(int hh, int h) const { return _mm256_and_si256(sm32(hh, h), _mm256_set1_epi32(0xF)); }
     [[gnu::always_inline]] __m256i mins_h(int h) const {
       return _mm256_or_si256(_mm256_srli_epi32(sm32(0, h), 4), _mm256_slli_epi32(_mm256_srli_epi32(sm32(1, h), 4), 16));
     }
+    // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
+    [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * hh + 32 * h));
+      const __m256i three = _mm256_set1_epi8(3);
+      w[0] = _mm256_and_si256(b, three);
+      for (int t = 1; t < 4; ++t) w[t] = _mm256_and_si256(_mm256_srli_epi16(b, 2 * t), three);
+    }
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
       const int hh = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1: fields t, t + 1 of half hh)
-      const __m256i tbl = _mm256_mullo_epi32(_mm256_and_si256(sm32(hh, h), _mm256_set1_epi32(0xF)),
-                                             _mm256_set1_epi32(0x03020100));
+      const __m256i tbl = _mm256_mullo_epi32(sc32(hh, h), _mm256_set1_epi32(0x03020100));
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * hh + 32 * h));
       const __m256i three = _mm256_set1_epi8(3), row = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0,
                                                                          0x04040404, 0x08080808, 0x0C0C0C0C);
-      // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
       for (int e = 0; e < 2; ++e)
         w[e] = _mm256_shuffle_epi8(
             tbl, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 2 * (t + e)), three), row));
@@ -722,6 +730,10 @@ struct Avx2Isa {
   // every lane (|X_h| <= 16 * 127).
   static __m256i half_sums(int32_t X, int32_t X0) {
     return _mm256_set1_epi32(int32_t((uint32_t(X0) & 0xFFFFu) | uint32_t(X - X0) << 16));
+  }
+  // y = fma(float(m_0 X_0 + m_1 X_1), s2 dx, y): Q2_K's min term, 8 rows (mins as mins_h).
+  static __m256 min16_term(__m256i mins, int32_t X, int32_t X0, __m256 s2, __m256 dx, __m256 y) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mins, half_sums(X, X0))), _mm256_mul_ps(s2, dx), y);
   }
   template <class D>
   static constexpr bool sub16_of() {
@@ -861,8 +873,11 @@ struct Avx2Isa {
         for (int h = 0; h < 2; ++h) {
           __m256i I[MR];
           sub16_sums<MR>(d[0], h, kb, xq, ldx, xs, xs0, nkb, I);
-          for (int i = 0; i < MR; ++i)
-            y[i][0][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], _mm256_set1_ps(dx[i * nkb + kb])), y[i][0][h]);
+          for (int i = 0; i < MR; ++i) {
+            const __m256 dv = _mm256_set1_ps(dx[i * nkb + kb]);
+            y[i][0][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], dv), y[i][0][h]);
+            if constexpr (min16_of<D>()) y[i][0][h] = min16_term(d[0].mins_h(h), xs[i * nkb + kb], xs0[i * nkb + kb], s2[h], dv, y[i][0][h]);
+          }
         }
       } else {
         __m256i a[MR][NG][2];
@@ -888,11 +903,7 @@ struct Avx2Isa {
               __m256i I = widen<D::kSignedQuads, wide_of<D>()>(a[i][g][h]);
               if constexpr (D::kBias != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(D::kBias * xs[i * nkb + kb]));
               y[i][g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], dv), y[i][g][h]);
-              if constexpr (min16_of<D>())
-                y[i][g][h] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_madd_epi16(d[g].mins_h(h), half_sums(xs[i * nkb + kb], xs0[i * nkb + kb]))),
-                    _mm256_mul_ps(s2[h], dv), y[i][g][h]);
-              else if constexpr (D::kS2)
+              if constexpr (D::kS2)
                 y[i][g][h] = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], dv), y[i][g][h]);
             }
           }
@@ -952,8 +963,11 @@ struct Avx2Isa {
           sub16_sums<MR>(dec, h, kb, xq, ldx, xs, xs0, nkb, I);
           for (int i = 0; i < MR; ++i) {
             float* ci = c + i * ldc + 8 * h;
-            const __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
-            _mm256_storeu_ps(ci, _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], _mm256_set1_ps(dx[i * nkb + kb])), y));
+            const __m256 dv = _mm256_set1_ps(dx[i * nkb + kb]);
+            __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+            y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], dv), y);
+            if constexpr (min16_of<D>()) y = min16_term(dec.mins_h(h), xs[i * nkb + kb], xs0[i * nkb + kb], s2[h], dv, y);
+            _mm256_storeu_ps(ci, y);
           }
         }
       } else {
@@ -976,10 +990,7 @@ struct Avx2Isa {
             float* ci = c + i * ldc + 8 * h;
             __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
             y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(s1[h], d), y);
-            if constexpr (min16_of<D>())
-              y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dec.mins_h(h), half_sums(xs[i * nkb + kb], xs0[i * nkb + kb]))),
-                                  _mm256_mul_ps(s2[h], d), y);
-            else if constexpr (D::kS2)
+            if constexpr (D::kS2)
               y = _mm256_fmadd_ps(_mm256_set1_ps(float(xs[i * nkb + kb])), _mm256_mul_ps(s2[h], d), y);
             _mm256_storeu_ps(ci, y);
           }
@@ -1054,7 +1065,7 @@ struct Avx2Isa {
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
       with_quad_decoder(t, group, [&](auto dec) {
-        if constexpr (sub16_of<decltype(dec)>()) {
+        if constexpr (sub16_of<decltype(dec)>() && !min16_of<decltype(dec)>()) {
           if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16<true>(dec, k0, len, V, S1, S2);
           else unpack_sub16<false>(dec, k0, len, V, S1, S2);
         }
@@ -1066,7 +1077,7 @@ struct Avx2Isa {
       using D = decltype(dec);
       // (The level types decoded unsigned: back to signed v, Q8_0's form.)
       constexpr bool kToSigned = q8_form_of<D>() && !D::kSignedQuads;
-      if constexpr (!sub16_of<D>())
+      if constexpr (!sub16_of<D>() || min16_of<D>())  // (Q2_K's chunk: Q4_K's form, its mins after)
       for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
         dec.begin(k0 / kQBlock + kb);
         __m256 a, b, c = _mm256_setzero_ps(), d = c;
@@ -1170,10 +1181,8 @@ struct Avx2Isa {
           __m256 y = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8 * h);
           y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps(S1 + 16 * kb + 8 * h), d), y);
           if (Mn)
-            y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(
-                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Mn + 16 * kb + 8 * h)),
-                                    half_sums(x.xs[i][kb], x.xs0[i][kb]))),
-                                _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8 * h), d), y);
+            y = min16_term(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(Mn + 16 * kb + 8 * h)), x.xs[i][kb],
+                           x.xs0[i][kb], _mm256_loadu_ps(S2 + 16 * kb + 8 * h), d, y);
           else if (S2)
             y = _mm256_fmadd_ps(_mm256_set1_ps(float(x.xs[i][kb])), _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8 * h), d), y);
           _mm256_storeu_ps(ci + 8 * h, y);

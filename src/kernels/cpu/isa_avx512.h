@@ -619,21 +619,25 @@ struct Avx512Isa : Avx2Isa {
       level_quads<level_values(T), kBias>(q + 128 * h + 64, w[2], w[3]);
     }
   };
-  // Q2_K (packed.h): u = sc q in [0, 45], B = 0, by a byte shuffle of each row's table (0, sc,
-  // 2 sc, 3 sc) (sc times 0x03020100 in its int32 lane: no carries) at index q + 4 (row % 4);
-  // s1 = d, s2 = -dmin; mins() the rows' (m_0 | m_1 << 16), whose vpmaddwd with (X_0, X_1) is
-  // the min term's X = m_0 X_0 + m_1 X_1 (kMin16). begin() reads both halves' scales and mins.
+  // Q2_K (packed.h): s1 = d, s2 = -dmin; mins() the rows' (m_0 | m_1 << 16), whose vpmaddwd
+  // with (X_0, X_1) is the min term's X = m_0 X_0 + m_1 X_1 (kMin16). The GEMV takes its half
+  // blocks as the sub16 types' (kSub16: quads(h, w) the fields q in [0, 3], B = 0; sc(h) the
+  // rows' scales: I = sc_0 I_0 + sc_1 I_1); its GEMM chunk is Q4_K's form, u = sc q in [0, 45]
+  // (quads(P, w0, w1): a byte shuffle of each row's table (0, sc, 2 sc, 3 sc), sc times
+  // 0x03020100 in its int32 lane, at index q + 4 (row % 4)). begin() reads both halves' scales
+  // and mins. (The tables in the GEMV too, u = sc q in one chain: 1.10-1.19x its time in cache,
+  // Zen 5.)
   struct QDecQ2_K : Q2KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = true, kSub16 = false, kMin16 = true;
-    __m512i tbl[2] = {}, mp = {};
+    static constexpr bool kS2 = true, kSub16 = true, kMin16 = true;
+    __m512i sc_[2] = {}, mp = {};
     [[gnu::always_inline]] void begin(int64_t kb) {
       Q2KCursor::begin(kb);
       const __m512i s0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));
       const __m512i s1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + kGroup)));
-      const __m512i lo = _mm512_set1_epi32(0xF), steps = _mm512_set1_epi32(0x03020100);
-      tbl[0] = _mm512_mullo_epi32(_mm512_and_si512(s0, lo), steps);
-      tbl[1] = _mm512_mullo_epi32(_mm512_and_si512(s1, lo), steps);
+      const __m512i lo = _mm512_set1_epi32(0xF);
+      sc_[0] = _mm512_and_si512(s0, lo);
+      sc_[1] = _mm512_and_si512(s1, lo);
       mp = _mm512_or_si512(_mm512_srli_epi32(s0, 4), _mm512_slli_epi32(_mm512_srli_epi32(s1, 4), 16));
     }
     [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const {
@@ -642,14 +646,21 @@ struct Avx512Isa : Avx2Isa {
                                                 _mm512_castps_si512(h16(blk + Q2KBlock::kDmin))));
     }
     [[gnu::always_inline]] __m512i mins() const { return mp; }
+    [[gnu::always_inline]] __m512i sc(int h) const { return sc_[h]; }
+    // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
+    [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
+      const __m512i b = ld(q + 64 * h), three = _mm512_set1_epi8(3);
+      w[0] = _mm512_and_si512(b, three);
+      for (int t = 1; t < 4; ++t) w[t] = _mm512_and_si512(_mm512_srli_epi16(b, unsigned(2 * t)), three);
+    }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
       const int h = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1: fields t, t + 1 of half h)
       const __m512i b = ld(q + 64 * h), three = _mm512_set1_epi8(3);
+      const __m512i tbl = _mm512_mullo_epi32(sc_[h], _mm512_set1_epi32(0x03020100));
       const __m512i row = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0);
-      // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
       // index = (field & 3) | 4 (row % 4): ternary logic 0xEA = (A & B) | C.
-      w0 = _mm512_shuffle_epi8(tbl[h], _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t)), three, row, 0xEA));
-      w1 = _mm512_shuffle_epi8(tbl[h], _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t + 2)), three, row, 0xEA));
+      w0 = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t)), three, row, 0xEA));
+      w1 = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t + 2)), three, row, 0xEA));
     }
   };
   template <class D>
@@ -661,6 +672,10 @@ struct Avx512Isa : Avx2Isa {
   // every lane (|X_h| <= 16 * 127).
   static __m512i half_sums(int32_t X, int32_t X0) {
     return _mm512_set1_epi32(int32_t((uint32_t(X0) & 0xFFFFu) | uint32_t(X - X0) << 16));
+  }
+  // y = fma(float(m_0 X_0 + m_1 X_1), s2 dx, y): Q2_K's min term (mins as QDecQ2_K::mins).
+  static __m512 min16_term(__m512i mins, int32_t X, int32_t X0, __m512 s2, __m512 dx, __m512 y) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(mins, half_sums(X, X0))), _mm512_mul_ps(s2, dx), y);
   }
   template <class F>
   static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
@@ -761,8 +776,11 @@ struct Avx512Isa : Avx2Isa {
           __m512 s1, s2;
           d[g].scales(s1, s2);
           #pragma GCC unroll 8
-          for (int i = 0; i < MR; ++i)
-            y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i][g]), _mm512_mul_ps(s1, _mm512_set1_ps(dx[i * nkb + kb])), y[i][g]);
+          for (int i = 0; i < MR; ++i) {
+            const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
+            y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i][g]), _mm512_mul_ps(s1, dv), y[i][g]);
+            if constexpr (min16_of<D>()) y[i][g] = min16_term(d[g].mins(), xs[i * nkb + kb], xs0[i * nkb + kb], s2, dv, y[i][g]);
+          }
         }
       } else {
         // Chains per group: one group, two (its even and odd quads); Q4_K's four-group pass too
@@ -804,11 +822,7 @@ struct Avx512Isa : Avx2Isa {
             const __m512i I = NC == 2 ? _mm512_add_epi32(a[i][g][0], a[i][g][1]) : a[i][g][0];
             const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
             y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s1, dv), y[i][g]);
-            if constexpr (min16_of<D>())
-              y[i][g] = _mm512_fmadd_ps(
-                  _mm512_cvtepi32_ps(_mm512_madd_epi16(d[g].mins(), half_sums(xs[i * nkb + kb], xs0[i * nkb + kb]))),
-                  _mm512_mul_ps(s2, dv), y[i][g]);
-            else if constexpr (D::kS2)
+            if constexpr (D::kS2)
               y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(xs[i * nkb + kb])), _mm512_mul_ps(s2, dv), y[i][g]);
           }
         }
@@ -855,7 +869,7 @@ struct Avx512Isa : Avx2Isa {
       // decode's do. (The next chunk asked for at once at each chunk's start made the 1.1B
       // model's 8-32-row prefill steps 1.06-1.28x slower on an Intel Xeon: the burst held the
       // compute back until its lines came.)
-      if constexpr (D::kSub16)
+      if constexpr (D::kSub16 && !min16_of<D>())
         if (M > kSub16ChunksAbove) return sub16_chunks<D>(t, groups, ng, K, qa, r0, M, c, ldc);
       const int64_t n_tiles = (M + 5) / 6;
       const int64_t chunk = n_tiles == 1 ? nkb : kKC / kQBlock;
@@ -949,7 +963,7 @@ struct Avx512Isa : Avx2Isa {
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
       with_qdecoder(t, group, [&](auto dec) {
-        if constexpr (decltype(dec)::kSub16) {
+        if constexpr (decltype(dec)::kSub16 && !min16_of<decltype(dec)>()) {
           if (gemm_type(t) == GGMLType::Q8_0) unpack_sub16<true>(dec, k0, len, V, S1, S2);
           else unpack_sub16<false>(dec, k0, len, V, S1, S2);
         }
@@ -959,7 +973,7 @@ struct Avx512Isa : Avx2Isa {
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const bool quad = with_qdecoder(t, group, [&](auto dec) {
       using D = decltype(dec);
-      if constexpr (!D::kSub16) {
+      if constexpr (!D::kSub16 || min16_of<D>()) {  // (Q2_K's chunk: Q4_K's form, its mins after)
         for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
           dec.begin(k0 / kQBlock + kb);
           __m512 s1, s2 = _mm512_setzero_ps();
@@ -1062,9 +1076,8 @@ struct Avx512Isa : Avx2Isa {
           const __m512i I = kMin ? a[i][g] : _mm512_sub_epi32(a[i][g], bv);
           y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
           if constexpr (kMin16)
-            y[i][g] = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_loadu_si512(Mn[g] + 16 * kb), half_sums(x.xs[i][kb], x.xs0[i][kb]))),
-                _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
+            y[i][g] = min16_term(_mm512_loadu_si512(Mn[g] + 16 * kb), x.xs[i][kb], x.xs0[i][kb],
+                                 _mm512_loadu_ps(S2[g] + 16 * kb), d, y[i][g]);
           else if constexpr (kMin)
             y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(x.xs[i][kb])),
                                       _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
