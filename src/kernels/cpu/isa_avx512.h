@@ -663,11 +663,6 @@ struct Avx512Isa : Avx2Isa {
       w1 = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t + 2)), three, row, 0xEA));
     }
   };
-  template <class D>
-  static constexpr bool min16_of() {
-    if constexpr (requires { D::kMin16; }) return D::kMin16;
-    else return false;
-  }
   // (X_0, X_1) of a 32-block whose xq sum to X, the first 16 to X0, as vpmaddwd's int16 pair in
   // every lane (|X_h| <= 16 * 127).
   static __m512i half_sums(int32_t X, int32_t X0) {
