@@ -914,14 +914,14 @@ QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
   return C;
 }
 
-// Q2_K (its own layout: u = sc q, s1 = d, s2 = -dmin, a min per 16 k) multiplies by packed.h's
-// integer contract, computed here from the GGUF blocks: per 32-block I = sum sc q xq, X = m_0
-// X_0 + m_1 X_1 (X_h the sum of half h's xq), y = fma(float(I), d dx, y), then y =
-// fma(float(X), -dmin dx, y). Bit for bit on every ISA at every M (decode's GEMV, the tiles to
-// 32 rows, the GEMM's unpacked chunks beyond; K = 768: three 256-blocks), packed or GGUF rows.
-// Row 3 is all-one bytes (q = 3, sc = m = 15: u = 45 throughout, whose pair sums would pass
-// int16 within a block); row 4's halves have different mins (0 and 15), so a min term taken per
-// 32-block, or with its halves swapped, is off.
+// Q2_K (its own layout: u = sc q, s1 = d, a min per 16 k) multiplies by packed.h's integer
+// contract, computed here from the GGUF blocks: per 32-block I = sum sc q xq, y = fma(float(I),
+// d dx, y), then for each half h y = fma(-(dmin m_h), dx float(X_h), y) (X_h the sum of half
+// h's xq). Bit for bit on every ISA at every M (decode's GEMV, the tiles to 32 rows, the GEMM's
+// unpacked chunks beyond; K = 768: three 256-blocks), packed or GGUF rows. Row 3 is all-one
+// bytes (q = 3, sc = m = 15: u = 45 throughout, whose pair sums would pass int16 within a
+// block); row 4's halves have different mins (0 and 15), so a min term taken per 32-block, or
+// with its halves swapped, is off.
 TEST_P(KernelTest, Q2KMultipliesItsIntegerForm) {
   std::mt19937 rng(67);
   const int64_t N = 37, K = 768, nkb = K / 32;
@@ -949,19 +949,20 @@ TEST_P(KernelTest, Q2KMultipliesItsIntegerForm) {
         float y = 0;
         for (int64_t kb = 0; kb < nkb; ++kb) {
           const blocks::Q2_K& blk = rows(n)[kb / 8];
-          int32_t I = 0, X2 = 0;
+          int32_t I = 0, X[2] = {0, 0};
           for (int h = 0; h < 2; ++h) {
             const int e0 = int(kb % 8) * 32 + 16 * h, sm = blk.scales[e0 / 16];
-            int32_t Xh = 0;
             for (int e = e0; e < e0 + 16; ++e) {
               const int32_t x = xq[size_t(kb * 32 + e - e0 + 16 * h)];
               I += (sm & 0xF) * blocks::q2k_q(blk, e) * x;
-              Xh += x;
+              X[h] += x;
             }
-            X2 += (sm >> 4) * Xh;
           }
           y = std::fma(float(I), f16_to_f32(load_u16(blk.d)) * dx[size_t(kb)], y);
-          y = std::fma(float(X2), -f16_to_f32(load_u16(blk.dmin)) * dx[size_t(kb)], y);
+          for (int h = 0; h < 2; ++h) {
+            const int m = blk.scales[(kb % 8) * 2 + h] >> 4;
+            y = std::fma(-(f16_to_f32(load_u16(blk.dmin)) * float(m)), dx[size_t(kb)] * float(X[h]), y);
+          }
         }
         const size_t i = size_t(m * N + n);
         ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(y)) << "M=" << M << " m=" << m << " n=" << n;

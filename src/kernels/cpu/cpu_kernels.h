@@ -41,6 +41,7 @@ struct QAct {
   std::vector<float> dx;    // (M, K / 32)
   std::vector<int32_t> xs;  // (M, K / 32): each block's sum of xq
   std::vector<int32_t> xs0;  // (M, K / 32): the sum of its first 16 (Q6_K's half-block scales)
+  std::vector<float> fx;     // (M, K / 32, 2): dx times each half's sum, dx * float(X_h) (Q2_K's mins)
   // BF16 weights' activations (Drivers::round_bf16): X rounded to bf16, K padded to even (Kp)
   // with a zero, as f32 (xbf, (M, Kp)), the same with each pair's two swapped (xbs), and as
   // pairs (xbp, (M, Kp / 2): k = 2p low, 2p + 1 high).
@@ -49,7 +50,7 @@ struct QAct {
   void reserve(int64_t max_rows, int64_t max_k) {
     const size_t n = size_t(max_rows * max_k), nb = n / 32;
     if (xq.size() < n) { xq.resize(n); xq8.resize(n); }
-    if (dx.size() < nb) { dx.resize(nb); xs.resize(nb); xs0.resize(nb); }
+    if (dx.size() < nb) { dx.resize(nb); xs.resize(nb); xs0.resize(nb); fx.resize(2 * nb); }
   }
   void reserve_bf16(int64_t rows, int64_t K) {
     const size_t n = size_t(rows * (K + (K & 1)));

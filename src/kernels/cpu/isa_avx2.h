@@ -679,8 +679,8 @@ struct Avx2Isa {
       w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
     }
   };
-  // Q2_K (packed.h): s1 = d, s2 = -dmin; mins_h(h) rows 8h..8h+7's (m_0 | m_1 << 16), whose
-  // vpmaddwd with (X_0, X_1) is the min term's X = m_0 X_0 + m_1 X_1 (kMin16). The GEMV takes its
+  // Q2_K (packed.h): s1 = d; min_scales(h, b_0, b_1) rows 8h..8h+7's b_hh = -dmin m_hh, the min term's
+  // scales (kMin16: y = fma(b_0, f_0, y), fma(b_1, f_1, y), f = QAct::fx). The GEMV takes its
   // half blocks as the sub16 types' (kSub16: quads6_h the fields q in [0, 3], B = 0; sc32 the
   // rows' scales); its GEMM chunk is Q4_K's form, u = sc q in [0, 45] (quads_h: a byte shuffle of
   // each row's table (0, sc, 2 sc, 3 sc), sc times 0x03020100 in its int32 lane, at index q + 4
@@ -688,20 +688,19 @@ struct Avx2Isa {
   // pass int16).
   struct DecQ2_K : Q2KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = true, kSignedQuads = false, kWideQuads = true, kSub16 = true, kMin16 = true;
-    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256& s2lo, __m256& s2hi) const {
-      const __m256 sign = _mm256_set1_ps(-0.0f);
+    static constexpr bool kS2 = false, kSignedQuads = false, kWideQuads = true, kSub16 = true, kMin16 = true;
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(blk + Q2KBlock::kD);
       s1hi = h8(blk + Q2KBlock::kD + 16);
-      s2lo = _mm256_xor_ps(sign, h8(blk + Q2KBlock::kDmin));
-      s2hi = _mm256_xor_ps(sign, h8(blk + Q2KBlock::kDmin + 16));
     }
     [[gnu::always_inline]] __m256i sm32(int hh, int h) const {  // half hh's bytes of rows 8h..8h+7
       return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + kGroup * hh + 8 * h)));
     }
     [[gnu::always_inline]] __m256i sc32(int hh, int h) const { return _mm256_and_si256(sm32(hh, h), _mm256_set1_epi32(0xF)); }
-    [[gnu::always_inline]] __m256i mins_h(int h) const {
-      return _mm256_or_si256(_mm256_srli_epi32(sm32(0, h), 4), _mm256_slli_epi32(_mm256_srli_epi32(sm32(1, h), 4), 16));
+    [[gnu::always_inline]] void min_scales(int h, __m256& b0, __m256& b1) const {  // (exact)
+      const __m256 neg_dmin = _mm256_xor_ps(_mm256_set1_ps(-0.0f), h8(blk + Q2KBlock::kDmin + 16 * h));
+      b0 = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm32(0, h), 4)));
+      b1 = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm32(1, h), 4)));
     }
     // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
     [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
@@ -726,14 +725,9 @@ struct Avx2Isa {
     if constexpr (requires { D::kMin16; }) return D::kMin16;
     else return false;
   }
-  // (X_0, X_1) of a 32-block whose xq sum to X, the first 16 to X0, as vpmaddwd's int16 pair in
-  // every lane (|X_h| <= 16 * 127).
-  static __m256i half_sums(int32_t X, int32_t X0) {
-    return _mm256_set1_epi32(int32_t((uint32_t(X0) & 0xFFFFu) | uint32_t(X - X0) << 16));
-  }
-  // y = fma(float(m_0 X_0 + m_1 X_1), s2 dx, y): Q2_K's min term, 8 rows (mins as mins_h).
-  static __m256 min16_term(__m256i mins, int32_t X, int32_t X0, __m256 s2, __m256 dx, __m256 y) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mins, half_sums(X, X0))), _mm256_mul_ps(s2, dx), y);
+  // Q2_K's min term, 8 rows: y = fma(b_0, f[0], y), then fma(b_1, f[1], y) (f: a block's QAct::fx).
+  static __m256 min16_term(__m256 b0, __m256 b1, const float* f, __m256 y) {
+    return _mm256_fmadd_ps(b1, _mm256_set1_ps(f[1]), _mm256_fmadd_ps(b0, _mm256_set1_ps(f[0]), y));
   }
   template <class D>
   static constexpr bool sub16_of() {
@@ -853,7 +847,7 @@ struct Avx2Isa {
   // The sub16 types: one group (sub16_sums).
   template <int MR, int NG, class D>
   static void gemv_quad_t(const D* dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
-                          const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc) {
+                          const int32_t* xs, const int32_t* xs0, const float* fx, float* c, int64_t ldc) {
     static_assert(MR * NG <= 2 && (NG == 1 || !sub16_of<D>()));
     D d[NG];
     __m256 y[MR][NG][2];
@@ -873,10 +867,12 @@ struct Avx2Isa {
         for (int h = 0; h < 2; ++h) {
           __m256i I[MR];
           sub16_sums<MR>(d[0], h, kb, xq, ldx, xs, xs0, nkb, I);
+          [[maybe_unused]] __m256 b0, b1;
+          if constexpr (min16_of<D>()) d[0].min_scales(h, b0, b1);
           for (int i = 0; i < MR; ++i) {
             const __m256 dv = _mm256_set1_ps(dx[i * nkb + kb]);
             y[i][0][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], dv), y[i][0][h]);
-            if constexpr (min16_of<D>()) y[i][0][h] = min16_term(d[0].mins_h(h), xs[i * nkb + kb], xs0[i * nkb + kb], s2[h], dv, y[i][0][h]);
+            if constexpr (min16_of<D>()) y[i][0][h] = min16_term(b0, b1, fx + 2 * (i * nkb + kb), y[i][0][h]);
           }
         }
       } else {
@@ -950,7 +946,7 @@ struct Avx2Isa {
   static constexpr int kQuadMaxM = 8;
   template <int MR, class D>
   static void gemv_quad_m_t(D dec, int64_t nkb, const int8_t* xq, int64_t ldx, const float* dx,
-                            const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc) {
+                            const int32_t* xs, const int32_t* xs0, const float* fx, float* c, int64_t ldc) {
     prefetch_start(dec.g, D::kBytesPer32);
     for (int64_t kb = 0; kb < nkb; ++kb) {
       prefetch_ahead(dec.g, kb, D::kBytesPer32);
@@ -961,12 +957,14 @@ struct Avx2Isa {
         for (int h = 0; h < 2; ++h) {
           __m256i I[MR];
           sub16_sums<MR>(dec, h, kb, xq, ldx, xs, xs0, nkb, I);
+          [[maybe_unused]] __m256 b0, b1;
+          if constexpr (min16_of<D>()) dec.min_scales(h, b0, b1);
           for (int i = 0; i < MR; ++i) {
             float* ci = c + i * ldc + 8 * h;
             const __m256 dv = _mm256_set1_ps(dx[i * nkb + kb]);
             __m256 y = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
             y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[i]), _mm256_mul_ps(s1[h], dv), y);
-            if constexpr (min16_of<D>()) y = min16_term(dec.mins_h(h), xs[i * nkb + kb], xs0[i * nkb + kb], s2[h], dv, y);
+            if constexpr (min16_of<D>()) y = min16_term(b0, b1, fx + 2 * (i * nkb + kb), y);
             _mm256_storeu_ps(ci, y);
           }
         }
@@ -1021,7 +1019,7 @@ struct Avx2Isa {
           D dec[2] = {dec0, dec0};
           dec[1].g = groups[1];
           gemv_quad_t<1, 2>(dec, nkb, qa.xq8.data() + r0 * K, K, qa.dx.data() + r0 * nkb, qa.xs.data() + r0 * nkb,
-                            qa.xs0.data() + r0 * nkb, c, ldc);
+                            qa.xs0.data() + r0 * nkb, qa.fx.data() + 2 * r0 * nkb, c, ldc);
           return;
         }
         for (int i = 0; i < 2; ++i) gemv_int(t, groups[i], K, qa, r0, M, c + i * kGroup, ldc);
@@ -1042,16 +1040,17 @@ struct Avx2Isa {
         const float* dx = qa.dx.data() + (r0 + m) * nkb;
         const int32_t* xs = qa.xs.data() + (r0 + m) * nkb;
         const int32_t* xs0 = qa.xs0.data() + (r0 + m) * nkb;
+        const float* fx = qa.fx.data() + 2 * (r0 + m) * nkb;
         float* cm = c + m * ldc;
         switch (std::min<int64_t>(M - m, kQuadMaxM)) {
-          case 1: gemv_quad_t<1, 1>(&dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
-          case 2: gemv_quad_t<2, 1>(&dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
-          case 3: gemv_quad_m_t<3>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
-          case 4: gemv_quad_m_t<4>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
-          case 5: gemv_quad_m_t<5>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
-          case 6: gemv_quad_m_t<6>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
-          case 7: gemv_quad_m_t<7>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
-          default: gemv_quad_m_t<8>(dec, nkb, x, K, dx, xs, xs0, cm, ldc); break;
+          case 1: gemv_quad_t<1, 1>(&dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
+          case 2: gemv_quad_t<2, 1>(&dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
+          case 3: gemv_quad_m_t<3>(dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
+          case 4: gemv_quad_m_t<4>(dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
+          case 5: gemv_quad_m_t<5>(dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
+          case 6: gemv_quad_m_t<6>(dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
+          case 7: gemv_quad_m_t<7>(dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
+          default: gemv_quad_m_t<8>(dec, nkb, x, K, dx, xs, xs0, fx, cm, ldc); break;
         }
       }
     });
@@ -1087,8 +1086,12 @@ struct Avx2Isa {
         _mm256_storeu_ps(S2 + 16 * kb, c);
         _mm256_storeu_ps(S2 + 16 * kb + 8, d);
         if constexpr (min16_of<D>())
-          for (int h = 0; h < 2; ++h)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q2k_mins(V, len) + 16 * kb + 8 * h), dec.mins_h(h));
+          for (int h = 0; h < 2; ++h) {
+            __m256 b0, b1;
+            dec.min_scales(h, b0, b1);
+            _mm256_storeu_ps(q2k_min_scales(V, len) + 32 * kb + 8 * h, b0);
+            _mm256_storeu_ps(q2k_min_scales(V, len) + 32 * kb + 16 + 8 * h, b1);
+          }
         for (int P = 0; P < 4; ++P)
           for (int h = 0; h < 2; ++h) {
             __m256i w[2];
@@ -1155,10 +1158,10 @@ struct Avx2Isa {
     }
   }
   // C (MR, ldc)[:, 0:16] (+)= MR rows over one K chunk of unpacked quads; y in C between blocks.
-  // (Mn: Q2_K's mins, its min term's X = m_0 X_0 + m_1 X_1.)
+  // (Mn: Q2_K's min scales, its min term's b_h.)
   template <int MR, bool kSigned, bool kWide>
   static void mk_quad_t(const IntRows& x, int bias, const uint8_t* V, const float* S1,
-                        const float* S2, const int32_t* Mn, int64_t len, float* c, int64_t ldc, bool first) {
+                        const float* S2, const float* Mn, int64_t len, float* c, int64_t ldc, bool first) {
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       __m256i a[MR][2];
       for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm256_setzero_si256();
@@ -1180,10 +1183,8 @@ struct Avx2Isa {
           const __m256i I = _mm256_sub_epi32(widen<kSigned, kWide>(a[i][h]), bv);
           __m256 y = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8 * h);
           y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps(S1 + 16 * kb + 8 * h), d), y);
-          if (Mn)
-            y = min16_term(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(Mn + 16 * kb + 8 * h)), x.xs[i][kb],
-                           x.xs0[i][kb], _mm256_loadu_ps(S2 + 16 * kb + 8 * h), d, y);
-          else if (S2)
+          if (Mn) y = min16_term(_mm256_loadu_ps(Mn + 32 * kb + 8 * h), _mm256_loadu_ps(Mn + 32 * kb + 16 + 8 * h), x.fx[i] + 2 * kb, y);
+          if (S2)
             y = _mm256_fmadd_ps(_mm256_set1_ps(float(x.xs[i][kb])), _mm256_mul_ps(_mm256_loadu_ps(S2 + 16 * kb + 8 * h), d), y);
           _mm256_storeu_ps(ci + 8 * h, y);
         }
@@ -1192,7 +1193,7 @@ struct Avx2Isa {
   }
   template <bool kSigned, bool kWide = false>
   static void mk_quad(int mr, const IntRows& x, int bias, const uint8_t* V, const float* S1,
-                      const float* S2, const int32_t* Mn, int64_t len, float* c, int64_t ldc, bool first) {
+                      const float* S2, const float* Mn, int64_t len, float* c, int64_t ldc, bool first) {
     switch (mr) {
       case 1: return mk_quad_t<1, kSigned, kWide>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
       case 2: return mk_quad_t<2, kSigned, kWide>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
@@ -1259,8 +1260,8 @@ struct Avx2Isa {
         mk_sub16<L::kSignedQuads>(mr, x, L::kBias, v, S1[g], len, c + 16 * g, ldc, first);
         continue;
       }
-      const float* s2 = has_min_term(t) || has_min16(t) ? S2[g] : nullptr;
-      const int32_t* mn = has_min16(t) ? q2k_mins(V[g], len) : nullptr;
+      const float* s2 = has_min_term(t) ? S2[g] : nullptr;
+      const float* mn = has_min16(t) ? q2k_min_scales(V[g], len) : nullptr;
       if (t == GGMLType::Q8_0) mk_quad<true>(mr, x, 0, v, S1[g], s2, mn, len, c + 16 * g, ldc, first);
       else if (t == GGMLType::Q5_K || t == GGMLType::Q2_K)  // (u <= 31, u <= 45: widened per quad)
         mk_quad<false, true>(mr, x, 0, v, S1[g], s2, mn, len, c + 16 * g, ldc, first);

@@ -619,34 +619,27 @@ struct Avx512Isa : Avx2Isa {
       level_quads<level_values(T), kBias>(q + 128 * h + 64, w[2], w[3]);
     }
   };
-  // Q2_K (packed.h): s1 = d, s2 = -dmin; mins() the rows' (m_0 | m_1 << 16), whose vpmaddwd
-  // with (X_0, X_1) is the min term's X = m_0 X_0 + m_1 X_1 (kMin16). The GEMV takes its half
+  // Q2_K (packed.h): s1 = d; min_scale(h) the rows' b_h = -dmin m_h, the min term's scales
+  // (kMin16: y = fma(b_h, f_h, y) for h = 0, 1, f_h = QAct::fx). The GEMV takes its half
   // blocks as the sub16 types' (kSub16: quads(h, w) the fields q in [0, 3], B = 0; sc(h) the
   // rows' scales: I = sc_0 I_0 + sc_1 I_1); its GEMM chunk is Q4_K's form, u = sc q in [0, 45]
   // (quads(P, w0, w1): a byte shuffle of each row's table (0, sc, 2 sc, 3 sc), sc times
   // 0x03020100 in its int32 lane, at index q + 4 (row % 4)). begin() reads both halves' scales
-  // and mins. (The tables in the GEMV too, u = sc q in one chain: 1.10-1.19x its time in cache,
-  // Zen 5.)
+  // (The tables in the GEMV too, u = sc q in one chain: 1.10-1.19x its time in cache, Zen 5.)
   struct QDecQ2_K : Q2KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = true, kSub16 = true, kMin16 = true;
-    __m512i sc_[2] = {}, mp = {};
-    [[gnu::always_inline]] void begin(int64_t kb) {
-      Q2KCursor::begin(kb);
-      const __m512i s0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));
-      const __m512i s1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + kGroup)));
-      const __m512i lo = _mm512_set1_epi32(0xF);
-      sc_[0] = _mm512_and_si512(s0, lo);
-      sc_[1] = _mm512_and_si512(s1, lo);
-      mp = _mm512_or_si512(_mm512_srli_epi32(s0, 4), _mm512_slli_epi32(_mm512_srli_epi32(s1, 4), 16));
+    static constexpr bool kS2 = false, kSub16 = true, kMin16 = true;
+    [[gnu::always_inline]] __m512i sm32(int h) const {  // half h's scale/min bytes as int32
+      return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + kGroup * h)));
     }
-    [[gnu::always_inline]] void scales(__m512& s1, __m512& s2) const {
-      s1 = h16(blk + Q2KBlock::kD);
-      s2 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_set1_epi32(int32_t(0x80000000u)),
-                                                _mm512_castps_si512(h16(blk + Q2KBlock::kDmin))));
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q2KBlock::kD); }
+    [[gnu::always_inline]] void min_scales(__m512& b0, __m512& b1) const {  // (exact)
+      const __m512 neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_set1_epi32(int32_t(0x80000000u)),
+                                                                   _mm512_castps_si512(h16(blk + Q2KBlock::kDmin))));
+      b0 = _mm512_mul_ps(neg_dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm32(0), 4)));
+      b1 = _mm512_mul_ps(neg_dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm32(1), 4)));
     }
-    [[gnu::always_inline]] __m512i mins() const { return mp; }
-    [[gnu::always_inline]] __m512i sc(int h) const { return sc_[h]; }
+    [[gnu::always_inline]] __m512i sc(int h) const { return _mm512_and_si512(sm32(h), _mm512_set1_epi32(0xF)); }
     // (16-bit shifts: the and keeps bits 0-1 of each byte, which came from the same byte.)
     [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
       const __m512i b = ld(q + 64 * h), three = _mm512_set1_epi8(3);
@@ -656,21 +649,16 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
       const int h = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1: fields t, t + 1 of half h)
       const __m512i b = ld(q + 64 * h), three = _mm512_set1_epi8(3);
-      const __m512i tbl = _mm512_mullo_epi32(sc_[h], _mm512_set1_epi32(0x03020100));
+      const __m512i tbl = _mm512_mullo_epi32(sc(h), _mm512_set1_epi32(0x03020100));
       const __m512i row = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0);
       // index = (field & 3) | 4 (row % 4): ternary logic 0xEA = (A & B) | C.
       w0 = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t)), three, row, 0xEA));
       w1 = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, unsigned(2 * t + 2)), three, row, 0xEA));
     }
   };
-  // (X_0, X_1) of a 32-block whose xq sum to X, the first 16 to X0, as vpmaddwd's int16 pair in
-  // every lane (|X_h| <= 16 * 127).
-  static __m512i half_sums(int32_t X, int32_t X0) {
-    return _mm512_set1_epi32(int32_t((uint32_t(X0) & 0xFFFFu) | uint32_t(X - X0) << 16));
-  }
-  // y = fma(float(m_0 X_0 + m_1 X_1), s2 dx, y): Q2_K's min term (mins as QDecQ2_K::mins).
-  static __m512 min16_term(__m512i mins, int32_t X, int32_t X0, __m512 s2, __m512 dx, __m512 y) {
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(mins, half_sums(X, X0))), _mm512_mul_ps(s2, dx), y);
+  // Q2_K's min term: y = fma(b_0, f[0], y), then fma(b_1, f[1], y) (f: a block's QAct::fx).
+  static __m512 min16_term(__m512 b0, __m512 b1, const float* f, __m512 y) {
+    return _mm512_fmadd_ps(b1, _mm512_set1_ps(f[1]), _mm512_fmadd_ps(b0, _mm512_set1_ps(f[0]), y));
   }
   template <class F>
   static bool with_qdecoder(GGMLType t, const uint8_t* group, F&& f) {
@@ -712,7 +700,8 @@ struct Avx512Isa : Avx2Isa {
   // y = fma(float(I), s1 * dx, y).
   template <int MR, int NG, class D>
   static void gemv_q_t(const D* dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
-                       const float* dx, const int32_t* xs, const int32_t* xs0, float* c, int64_t ldc, bool first) {
+                       const float* dx, const int32_t* xs, const int32_t* xs0, const float* fx, float* c,
+                       int64_t ldc, bool first) {
     __m512 y[MR][NG];
     #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
@@ -770,11 +759,13 @@ struct Avx512Isa : Avx2Isa {
         for (int g = 0; g < NG; ++g) {
           __m512 s1, s2;
           d[g].scales(s1, s2);
+          [[maybe_unused]] __m512 b0, b1;
+          if constexpr (min16_of<D>()) d[g].min_scales(b0, b1);
           #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) {
             const __m512 dv = _mm512_set1_ps(dx[i * nkb + kb]);
             y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i][g]), _mm512_mul_ps(s1, dv), y[i][g]);
-            if constexpr (min16_of<D>()) y[i][g] = min16_term(d[g].mins(), xs[i * nkb + kb], xs0[i * nkb + kb], s2, dv, y[i][g]);
+            if constexpr (min16_of<D>()) y[i][g] = min16_term(b0, b1, fx + 2 * (i * nkb + kb), y[i][g]);
           }
         }
       } else {
@@ -857,7 +848,8 @@ struct Avx512Isa : Avx2Isa {
       for (int g = 0; g < kGemvIntGroups; ++g) dec[g] = D{groups[g < ng ? g : 0]};
       if (ng == kGemvIntGroups)
         return gemv_q_t<1, kGemvIntGroups>(dec, 0, nkb, nkb, qa.xq8.data() + r0 * K, K, qa.dx.data() + r0 * nkb,
-                                           qa.xs.data() + r0 * nkb, qa.xs0.data() + r0 * nkb, c, ldc, true);
+                                           qa.xs.data() + r0 * nkb, qa.xs0.data() + r0 * nkb,
+                                           qa.fx.data() + 2 * r0 * nkb, c, ldc, true);
       // Decode: one tile, all of K. More rows: tiles of at most 6 rows, split evenly (16 -> 6 +
       // 5 + 5), all of them over one chunk of K before the next, so the chunk is read from
       // memory once, by the first tile, whose stream prefetches run into the next chunk as
@@ -876,17 +868,18 @@ struct Avx512Isa : Avx2Isa {
           const float* dx = qa.dx.data() + (r0 + m) * nkb;
           const int32_t* xs = qa.xs.data() + (r0 + m) * nkb;
           const int32_t* xs0 = qa.xs0.data() + (r0 + m) * nkb;
+          const float* fx = qa.fx.data() + 2 * (r0 + m) * nkb;
           float* cm = c + m * ldc;
           const bool first = kb0 == 0;
           auto run = [&](auto ng_c) {
             constexpr int NG = decltype(ng_c)::value;
             switch (mr) {
-              case 1: return gemv_q_t<1, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
-              case 2: return gemv_q_t<2, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
-              case 3: return gemv_q_t<3, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
-              case 4: return gemv_q_t<4, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
-              case 5: return gemv_q_t<5, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
-              default: return gemv_q_t<6, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, cm, ldc, first);
+              case 1: return gemv_q_t<1, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, fx, cm, ldc, first);
+              case 2: return gemv_q_t<2, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, fx, cm, ldc, first);
+              case 3: return gemv_q_t<3, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, fx, cm, ldc, first);
+              case 4: return gemv_q_t<4, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, fx, cm, ldc, first);
+              case 5: return gemv_q_t<5, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, fx, cm, ldc, first);
+              default: return gemv_q_t<6, NG>(dec, kb0, kb1, nkb, x, K, dx, xs, xs0, fx, cm, ldc, first);
             }
           };
           if (ng == 2) run(std::integral_constant<int, 2>{});
@@ -940,6 +933,7 @@ struct Avx512Isa : Avx2Isa {
           x.dx[j] = qa.dx.data() + r * nkb + kb0;
           x.xs[j] = qa.xs.data() + r * nkb + kb0;
           x.xs0[j] = qa.xs0.data() + r * nkb + kb0;
+          x.fx[j] = qa.fx.data() + 2 * (r * nkb + kb0);
         }
         if (q8_form && ng == 2) mk_q<2>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, nullptr, len, c + m * ldc, ldc, kb0 == 0);
         else if (q8_form) mk_q<1>(mr, x, QDecQ8_0::kBias, v, s1, nullptr, nullptr, len, c + m * ldc, ldc, kb0 == 0);
@@ -975,7 +969,12 @@ struct Avx512Isa : Avx2Isa {
           dec.scales(s1, s2);
           _mm512_storeu_ps(S1 + 16 * kb, s1);
           _mm512_storeu_ps(S2 + 16 * kb, s2);
-          if constexpr (min16_of<D>()) _mm512_storeu_si512(q2k_mins(V, len) + 16 * kb, dec.mins());
+          if constexpr (min16_of<D>()) {
+            __m512 b0, b1;
+            dec.min_scales(b0, b1);
+            _mm512_storeu_ps(q2k_min_scales(V, len) + 32 * kb, b0);
+            _mm512_storeu_ps(q2k_min_scales(V, len) + 32 * kb + 16, b1);
+          }
           for (int P = 0; P < 4; ++P) {
             __m512i w0, w1;
             dec.quads(P, w0, w1);
@@ -1040,13 +1039,14 @@ struct Avx512Isa : Avx2Isa {
 
   // C (MR, ldc)[:, 16g : 16g + 16] (+)= MR activation rows x NG groups over one K chunk of
   // unpacked quads (unpack_int): per 32-block exact int32 sums I = sum u xq - bias * sum xq,
-  // then y = fma(float(I), s1 * dx, y) [and y = fma(float(X), s2 * dx, y) when S2: X = sum xq,
-  // Q2_K's m_0 X_0 + m_1 X_1 from its mins Mn (kMin16)]; y starts at 0 when first, else from C.
-  // (ScalarIsa::mk_int1's and gemv_q_t's sums.) kMin: the K types' chunks and Q2_K's, with S2
-  // and bias 0 (no subtraction of zero: 12 of ~170 ops a block at 6 x 2).
+  // then y = fma(float(I), s1 * dx, y) [and y = fma(float(sum xq), s2 * dx, y) when S2, kMin;
+  // Q2_K's min term from its min scales Mn when kMin16]; y starts at 0 when first, else from C.
+  // (ScalarIsa::mk_int1's and gemv_q_t's sums.) kMin, kMin16: bias 0 (no subtraction of zero: 12
+  // of ~170 ops a block at 6 x 2). (Q2_K's min term as one vpmaddwd m_0 X_0 + m_1 X_1 times
+  // -dmin dx: 1.13-1.18x the time of these two fmas, 512 x 2048 x 2048.)
   template <int MR, int NG, bool kMin, bool kMin16 = false>
   static void mk_q_t(const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
-                     const float* const* S2, const int32_t* const* Mn, int64_t len, float* c, int64_t ldc,
+                     const float* const* S2, const float* const* Mn, int64_t len, float* c, int64_t ldc,
                      bool first) {
     __m512 y[MR][NG];
     for (int i = 0; i < MR; ++i)
@@ -1068,11 +1068,11 @@ struct Avx512Isa : Avx2Isa {
         const __m512 d = _mm512_set1_ps(x.dx[i][kb]);
         const __m512i bv = _mm512_set1_epi32(bias * x.xs[i][kb]);
         for (int g = 0; g < NG; ++g) {
-          const __m512i I = kMin ? a[i][g] : _mm512_sub_epi32(a[i][g], bv);
+          const __m512i I = kMin || kMin16 ? a[i][g] : _mm512_sub_epi32(a[i][g], bv);
           y[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(_mm512_loadu_ps(S1[g] + 16 * kb), d), y[i][g]);
           if constexpr (kMin16)
-            y[i][g] = min16_term(_mm512_loadu_si512(Mn[g] + 16 * kb), x.xs[i][kb], x.xs0[i][kb],
-                                 _mm512_loadu_ps(S2[g] + 16 * kb), d, y[i][g]);
+            y[i][g] = min16_term(_mm512_loadu_ps(Mn[g] + 32 * kb), _mm512_loadu_ps(Mn[g] + 32 * kb + 16), x.fx[i] + 2 * kb,
+                                 y[i][g]);
           else if constexpr (kMin)
             y[i][g] = _mm512_fmadd_ps(_mm512_set1_ps(float(x.xs[i][kb])),
                                       _mm512_mul_ps(_mm512_loadu_ps(S2[g] + 16 * kb), d), y[i][g]);
@@ -1082,10 +1082,10 @@ struct Avx512Isa : Avx2Isa {
     for (int i = 0; i < MR; ++i)
       for (int g = 0; g < NG; ++g) _mm512_storeu_ps(c + i * ldc + 16 * g, y[i][g]);
   }
-  // (S2 given: a K type's chunk or Q2_K's (Mn), bias 0.)
+  // (S2 given: a K type's chunk; Mn: Q2_K's; bias 0.)
   template <int NG, bool kMin, bool kMin16 = false>
   static void mk_q_m(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
-                     const float* const* S2, const int32_t* const* Mn, int64_t len, float* c, int64_t ldc,
+                     const float* const* S2, const float* const* Mn, int64_t len, float* c, int64_t ldc,
                      bool first) {
     switch (mr) {
       case 1: return mk_q_t<1, NG, kMin, kMin16>(x, bias, V, S1, S2, Mn, len, c, ldc, first);
@@ -1098,13 +1098,11 @@ struct Avx512Isa : Avx2Isa {
   }
   template <int NG>
   static void mk_q(int mr, const IntRows& x, int bias, const uint8_t* const* V, const float* const* S1,
-                   const float* const* S2, const int32_t* const* Mn, int64_t len, float* c, int64_t ldc,
+                   const float* const* S2, const float* const* Mn, int64_t len, float* c, int64_t ldc,
                    bool first) {
-    if (S2) {
-      if (bias != 0) fail("fast kernels: a chunk with a min term and a bias");
-      if (Mn) return mk_q_m<NG, true, true>(mr, x, 0, V, S1, S2, Mn, len, c, ldc, first);
-      return mk_q_m<NG, true>(mr, x, 0, V, S1, S2, Mn, len, c, ldc, first);
-    }
+    if ((S2 || Mn) && bias != 0) fail("fast kernels: a chunk with a min term and a bias");
+    if (S2) return mk_q_m<NG, true>(mr, x, 0, V, S1, S2, Mn, len, c, ldc, first);
+    if (Mn) return mk_q_m<NG, false, true>(mr, x, 0, V, S1, S2, Mn, len, c, ldc, first);
     mk_q_m<NG, false>(mr, x, bias, V, S1, S2, Mn, len, c, ldc, first);
   }
   // A sub16 type's unpacked chunk (unpack_sub16): C (MR, ldc)[:, 16g : 16g + 16] (+)= MR rows x
@@ -1178,10 +1176,10 @@ struct Avx512Isa : Avx2Isa {
     }
     const int bias = t == GGMLType::Q8_0 ? QDecQ8_0::kBias : t == GGMLType::Q4_0 ? QDecQ4_0::kBias : 0;
     const float* s2[2] = {S2[0], ng > 1 ? S2[1] : S2[0]};
-    const float* const* s2p = has_min_term(t) || has_min16(t) ? s2 : nullptr;
-    const int32_t* mn[2] = {nullptr, nullptr};
-    if (has_min16(t)) mn[0] = q2k_mins(V[0], len), mn[1] = q2k_mins(V[ng > 1 ? 1 : 0], len);
-    const int32_t* const* mnp = has_min16(t) ? mn : nullptr;
+    const float* const* s2p = has_min_term(t) ? s2 : nullptr;
+    const float* mn[2] = {nullptr, nullptr};
+    if (has_min16(t)) mn[0] = q2k_min_scales(V[0], len), mn[1] = q2k_min_scales(V[ng > 1 ? 1 : 0], len);
+    const float* const* mnp = has_min16(t) ? mn : nullptr;
     if (ng == 2) return mk_q<2>(mr, x, bias, v, S1, s2p, mnp, len, c, ldc, first);
     mk_q<1>(mr, x, bias, v, S1, s2p, mnp, len, c, ldc, first);
   }

@@ -38,6 +38,7 @@ struct IntRows {
   const float* dx[kMaxIntRows];
   const int32_t* xs[kMaxIntRows];
   const int32_t* xs0[kMaxIntRows];  // (the sums of each block's first 16: Q6_K's half blocks)
+  const float* fx[kMaxIntRows];      // (dx times each half block's sum: Q2_K's mins; QAct::fx)
 };
 
 // An Isa's optional properties (see Drivers): kInt8Act (activations also as int8), kMRInt.
@@ -59,10 +60,10 @@ struct Drivers {
     std::vector<float> run_c;  // gemm_run: its run's items' C, one after another
     alignas(64) float w[kItemGroups][kKC * kGroup];
     alignas(64) float t[kGroup * kKC];
-    // Integer path: one K chunk of a group as unpack_group_int gives it (Q2_K's mins after it:
-    // q2k_mins), and (GGUF rows only) the chunk packed first (Q8_0 is the largest per element:
-    // 34 bytes per 32).
-    alignas(64) int16_t v[kItemGroups][kKC * kGroup + 2 * kQPerKC * kGroup];
+    // Integer path: one K chunk of a group as unpack_group_int gives it (Q2_K's min scales after
+    // it: q2k_min_scales), and (GGUF rows only) the chunk packed first (Q8_0 is the largest per
+    // element: 34 bytes per 32).
+    alignas(64) int16_t v[kItemGroups][kKC * kGroup + 4 * kQPerKC * kGroup];
     alignas(64) float s1[kItemGroups][kQPerKC * kGroup];
     alignas(64) float s2[kItemGroups][kQPerKC * kGroup];
     alignas(64) uint8_t raw[kQPerKC * (32 + 32 * kGroup)];
@@ -92,6 +93,10 @@ struct Drivers {
           for (int64_t k = 0; k < K; ++k) b[k] = int8_t(a[k]);  // |xq| <= 127: exact
         }
       }
+      const float* dx = q.dx.data() + m * kb;
+      const int32_t *xs = q.xs.data() + m * kb, *xs0 = q.xs0.data() + m * kb;
+      float* fx = q.fx.data() + 2 * m * kb;
+      for (int64_t b = 0; b < kb; ++b) fx[2 * b] = dx[b] * float(xs0[b]), fx[2 * b + 1] = dx[b] * float(xs[b] - xs0[b]);
     });
   }
 
@@ -337,6 +342,7 @@ struct Drivers {
             xr.dx[j] = qa.dx.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
             xr.xs[j] = qa.xs.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
             xr.xs0[j] = qa.xs0.data() + (r0 + m0 + j) * nkb + k0 / kQBlock;
+            xr.fx[j] = qa.fx.data() + 2 * ((r0 + m0 + j) * nkb + k0 / kQBlock);
           }
           Isa::mk_int(mr, xr, type, V, S1, S2, ns, len, C + m0 * ldc, ldc, k0 == 0);
           m0 += mr;

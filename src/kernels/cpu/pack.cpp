@@ -450,11 +450,10 @@ void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
 namespace {
 // Row r, element e of a quantized block: the integer weight v and the float scales of the
 // integer path (packed.h): w = v * s1 (+ s2 for the min types, has_min_term: it multiplies sum x;
-// Q2_K: s2 m, m the min of e's half block).
+// Q2_K's: the min scale b_h of e's half block, which multiplies the half's sum).
 struct IntWeight {
   int v;
   float s1, s2;
-  int m = 0;
 };
 IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
   const auto nib = [&](const uint8_t* q) { return (q[nib_at(e, r)] >> nib_shift(r)) & 0xF; };
@@ -488,7 +487,7 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     case GGMLType::Q2_K: {
       const uint8_t sm = blk[Q2KBlock::kSm + (e / 16) * kGroup + r];
       return {(sm & 0xF) * ((blk[q2k_at(e, r)] >> q2k_shift(e)) & 3), f16(blk + Q2KBlock::kD + 2 * r),
-              -f16(blk + Q2KBlock::kDmin + 2 * r), sm >> 4};
+              -(f16(blk + Q2KBlock::kDmin + 2 * r) * float(sm >> 4))};
     }
     default: fail("panel layout: ", int(t), " is not an integer-path type");
   }
@@ -522,12 +521,9 @@ void unpack_group_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len,
       V[kb * kQBlock * kGroup + (kk / 2) * 2 * kGroup + r * 2 + kk % 2] = int16_t(iw.v);
       if (kk == 0) {
         S1[kb * kGroup + r] = iw.s1;
-        S2[kb * kGroup + r] = iw.s2;
+        S2[kb * kGroup + r] = has_min16(t) ? 0.0f : iw.s2;
       }
-      if (has_min16(t) && kk % 16 == 0) {  // (m_0 | m_1 << 16)
-        int32_t& mins = q2k_mins(V, len)[kb * kGroup + r];
-        mins = kk == 0 ? iw.m : mins | iw.m << 16;
-      }
+      if (has_min16(t) && kk % 16 == 0) q2k_min_scales(V, len)[(2 * kb + kk / 16) * kGroup + r] = iw.s2;
     }
   }
 }

@@ -94,18 +94,20 @@
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q4_1 v = q, s1 = d, s2 = m;  Q5_1 v = q + 16 h, s1 = d, s2 = m;
 //   Q6_K v = (q - 32) * sc, s1 = d;  the levels16 layout v = levels[q] * sc, s1 = d*unit (Q3_K:
-//   -d);  Q2_K v = sc * q (in [0, 45]), s1 = d, s2 = -dmin, its min per half block h m_h
-// so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq (Q2_K: X =
-// m_0 X_0 + m_1 X_1, X_h the sum of half h's xq), exact integers. Every output is y = 0, then for
-// each 32-block in k order
-//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K, Q4_1, Q5_1, Q2_K]
+//   -d);  Q2_K v = sc * q (in [0, 45]), s1 = d, and a min scale per half block h, b_h =
+//   -(dmin * m_h) (exact in f32)
+// so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
+// integers (Q2_K: dx * s1 * I + b_0 f_0 + b_1 f_1, f_h = dx * float(X_h), X_h the sum of half h's
+// xq: QAct::fx). Every output is y = 0, then for each 32-block in k order
+//   y = fma(float(I), s1 * dx, y)  [then y = fma(float(X), s2 * dx, y) for Q4_K, Q5_K, Q4_1, Q5_1;
+//                                   y = fma(b_0, f_0, y), y = fma(b_1, f_1, y) for Q2_K]
 // whatever M, path or ISA: the integer sums are exact, so a row's result is bit-identical in
 // decode GEMV and prefill GEMM of any batch.
 // The level types', Q5_0's and Q3_K's GEMM (a K chunk unpacked, unpack_int) takes its chunk in
 // Q8_0's form (v and s1: the same integers and scales; gemm_type) and runs Q8_0's micro-kernels,
-// Q4_1's and Q5_1's in Q4_K's and Q5_K's (u, s1, s2), Q2_K's as Q4_K's (u = v = sc q, s1, s2)
-// with its mins' pairs (m_0 | m_1 << 16) as int32 [len / 32][16 rows] after the values, at
-// q2k_mins(V, len);
+// Q4_1's and Q5_1's in Q4_K's and Q5_K's (u, s1, s2), Q2_K's as Q4_K's (u = v = sc q, s1) with
+// its min scales b_h as float [len / 32][2 halves][16 rows] after the values, at
+// q2k_min_scales(V, len) (S2 unused);
 // MXFP4's GGUF rows (a weight not prepared) are converted to Q8_0 a chunk at a time
 // (convert_rows: exact where the scale is an f16), so a row's bits are the same packed or not.
 #pragma once
@@ -300,12 +302,12 @@ constexpr float level_unit(GGMLType t) {
 inline bool has_min_term(GGMLType t) {
   return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q4_1 || t == GGMLType::Q5_1;
 }
-// Q2_K's min term, one min per 16 k: X = m_0 X_0 + m_1 X_1 (above). Its GEMM chunk (unpack_int)
-// holds the mins' pairs (int32 m_0 | m_1 << 16, [len / 32][16 rows]) after its values, at V +
-// len * kGroup int16s (past the largest chunk form, the scalar pair layout's).
+// Q2_K's min term, one min per 16 k: b_0 f_0 + b_1 f_1 (above). Its GEMM chunk (unpack_int)
+// holds the min scales (float b_h, [len / 32][2][16 rows]) after its values, at V + len * kGroup
+// int16s (past the largest chunk form, the scalar pair layout's).
 inline bool has_min16(GGMLType t) { return t == GGMLType::Q2_K; }
-inline int32_t* q2k_mins(int16_t* V, int64_t len) { return reinterpret_cast<int32_t*>(V + len * kGroup); }
-inline const int32_t* q2k_mins(const int16_t* V, int64_t len) { return reinterpret_cast<const int32_t*>(V + len * kGroup); }
+inline float* q2k_min_scales(int16_t* V, int64_t len) { return reinterpret_cast<float*>(V + len * kGroup); }
+inline const float* q2k_min_scales(const int16_t* V, int64_t len) { return reinterpret_cast<const float*>(V + len * kGroup); }
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level
 // types', Q5_0's and Q3_K's chunk is Q8_0's, Q4_1's Q4_K's, Q5_1's Q5_K's (above), every other
 // type its own.
@@ -337,7 +339,7 @@ void pack_rows_q6k_quad(const uint8_t* rows, uint64_t row_bytes, int64_t n_rows,
 void unpack_group(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, float* Wp);
 // The integer path's view of one group of a quantized type at k in [k0, k0 + len) (k0, len
 // multiples of kQBlock): V (len / 32, 16 pairs, 16 rows, 2) int16, S1 and S2 (len / 32, 16);
-// Q2_K's mins after V (q2k_mins).
+// Q2_K's min scales after V (q2k_min_scales).
 void unpack_group_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                       float* S1, float* S2);
 

@@ -40,15 +40,15 @@ struct ScalarIsa {
                      int64_t ldc, bool first) {
     t = gemm_type(t);  // (the unpacked chunk's form: the level types' is Q8_0's, its bias and signs)
     for (int i = 0; i < ng; ++i)
-      mk_int1(mr, x, V[i], S1[i], has_min_term(t) || has_min16(t) ? S2[i] : nullptr,
-              has_min16(t) ? q2k_mins(V[i], len) : nullptr, len, c + i * kGroup, ldc, first);
+      mk_int1(mr, x, V[i], S1[i], has_min_term(t) ? S2[i] : nullptr,
+              has_min16(t) ? q2k_min_scales(V[i], len) : nullptr, len, c + i * kGroup, ldc, first);
   }
   // C (mr, ldc)[:, 0:16] (+)= the integer path over one K chunk of unpacked weights (packed.h's
   // pair layout): per 32-block the exact int32 sum I, then y = fma(I, s1 * dx, y) (and
-  // fma(X, s2 * dx, y) where S2, X = m_0 X_0 + m_1 X_1 where mins); y starts at 0 when first,
-  // else from C.
+  // fma(X, s2 * dx, y) where S2; fma(b_h, f_h, y) for h = 0, 1 where B, Q2_K's); y starts at 0
+  // when first, else from C.
   static void mk_int1(int mr, const IntRows& x, const int16_t* V, const float* S1, const float* S2,
-                      const int32_t* mins, int64_t len, float* c, int64_t ldc, bool first) {
+                      const float* B, int64_t len, float* c, int64_t ldc, bool first) {
     for (int i = 0; i < mr; ++i)
       for (int r = 0; r < kGroup; ++r) {
         float y = first ? 0.0f : c[i * ldc + r];
@@ -59,12 +59,8 @@ struct ScalarIsa {
           for (int k = 0; k < kQBlock; ++k) I += int32_t(v[(k / 2) * 2 * kGroup + r * 2 + k % 2]) * xq[k];
           const float dx = x.dx[i][kb];
           y = std::fma(float(I), S1[kb * kGroup + r] * dx, y);
-          int32_t X = x.xs[i][kb];
-          if (mins) {
-            const int32_t m = mins[kb * kGroup + r], X0 = x.xs0[i][kb];
-            X = (m & 0xFFFF) * X0 + (m >> 16) * (X - X0);
-          }
-          if (S2) y = std::fma(float(X), S2[kb * kGroup + r] * dx, y);
+          if (S2) y = std::fma(float(x.xs[i][kb]), S2[kb * kGroup + r] * dx, y);
+          for (int h = 0; B && h < 2; ++h) y = std::fma(B[(2 * kb + h) * kGroup + r], x.fx[i][2 * kb + h], y);
         }
         c[i * ldc + r] = y;
       }
