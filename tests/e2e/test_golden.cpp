@@ -43,9 +43,8 @@ struct Golden {
 //    that noise: llama.cpp's own q8_0 run is 1.9e-2 away from its f32 run.
 //  - the other types of models/extra (q4_1, q5_0, q5_1, q5_k_m, q3_k_m, q2_k, iq4_nl, iq4_xs, and
 //    the qwen2-896 Q4_K/Q5_0/Q8_0/Q6_K mix): 0.15 [q5_0 1.3e-2, qwen2-896 1.6e-2, q5_1 1.6e-2,
-//    q4_1 1.6e-2, iq4_nl 2.4e-2, iq4_xs 2.9e-2, q2_k 3.2e-2, q3_k_m 3.5e-2, q5_k_m 4.1e-2].
-//    Q2_K reaches our kernels as Q8_0 (packed.h: requantized within half a Q8_0 step; the other
-//    types, Q3_K included since 2026-12-06, run exact in their own layouts), and llama.cpp
+//    q4_1 1.6e-2, iq4_nl 2.4e-2, iq4_xs 2.9e-2, q2_k 3.4e-2, q3_k_m 3.5e-2, q5_k_m 4.1e-2].
+//    Every type runs exact in its own layout (Q2_K and Q3_K since 2026-12-06), and llama.cpp
 //    quantizes the activations to Q8_1 for Q4_1/Q5_1 and to Q8_K for the K and IQ4_XS types.
 // Greedy: exact for the float types. For quantized files the check stops at the first step
 // whose top-2 margin is below twice the worst logit difference measured on the prompt (a flip
