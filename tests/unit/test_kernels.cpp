@@ -193,7 +193,7 @@ std::vector<TypeCase> type_cases() {
           {GGMLType::IQ4_XS, {256, 768}},     {GGMLType::IQ2_XXS, {512}},
           {GGMLType::Q5_0, {288}},            {GGMLType::Q4_1, {288}},
           {GGMLType::Q5_1, {288}},            {GGMLType::IQ2_XS, {512}},
-          {GGMLType::Q3_K, {256, 768}},       {GGMLType::Q2_K, {256, 768}}};
+          {GGMLType::Q3_K, {256, 768}},       {GGMLType::Q2_K, {512}}};
   // (the levels layout's grid types and the levels16 layout's: one each, its decoder is theirs;
   // Q3_K, whose GEMM chunk is Q8_0's form)
 }
@@ -904,12 +904,11 @@ TEST(KvLayout, F16StoreBitIdenticalToScalarConversion) {
 }
 
 // MXFP4's rows in their GEMM form (convert_rows: Q8_0 rows of the same values), and those values.
-QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
+QWeight converted(const QWeight& W) {
   const GGMLType pt = GGMLType::Q8_0;
   QWeight C{pt, W.N, W.K, std::vector<uint8_t>(*row_bytes(pt, uint64_t(W.K)) * uint64_t(W.N)),
             std::vector<float>(size_t(W.N * W.K))};
-  const int64_t e = cpu::convert_rows(W.type, W.bytes.data(), *row_bytes(W.type, uint64_t(W.K)), W.N, W.K, C.bytes.data());
-  if (exact) *exact = e;
+  cpu::convert_rows(W.type, W.bytes.data(), *row_bytes(W.type, uint64_t(W.K)), W.N, W.K, C.bytes.data());
   dequantize_row(pt, C.bytes.data(), C.deq.data(), W.N * W.K);
   return C;
 }
@@ -924,12 +923,12 @@ QWeight converted(const QWeight& W, int64_t* exact = nullptr) {
 // with its halves swapped, is off.
 TEST_P(KernelTest, Q2KMultipliesItsIntegerForm) {
   std::mt19937 rng(67);
-  const int64_t N = 37, K = 768, nkb = K / 32;
+  const int64_t N = 67, K = 768, nkb = K / 32;  // (5 groups: decode's pass over 4 at once, and 1)
   QWeight W = make_weight(rng, GGMLType::Q2_K, N, K);
   const uint64_t rb = *row_bytes(GGMLType::Q2_K, uint64_t(K));
   auto rows = [&](int64_t n) { return reinterpret_cast<blocks::Q2_K*>(W.bytes.data() + uint64_t(n) * rb); };
   for (int64_t b = 0; b < K / 256; ++b) {
-    std::memset(rows(3)[b].scales, 0xFF, sizeof rows(3)[b].scales + sizeof rows(3)[b].qs);
+    std::memset(&rows(3)[b], 0xFF, offsetof(blocks::Q2_K, d));  // (scales and qs)
     for (int h = 0; h < 16; ++h) rows(4)[b].scales[h] = uint8_t((h % 2 ? 0xF0 : 0x00) | (rng() % 16));
   }
   auto be = backend_for(GetParam());
@@ -949,19 +948,19 @@ TEST_P(KernelTest, Q2KMultipliesItsIntegerForm) {
         float y = 0;
         for (int64_t kb = 0; kb < nkb; ++kb) {
           const blocks::Q2_K& blk = rows(n)[kb / 8];
-          int32_t I = 0, X[2] = {0, 0};
+          int32_t I = 0, Xh[2] = {0, 0};
           for (int h = 0; h < 2; ++h) {
             const int e0 = int(kb % 8) * 32 + 16 * h, sm = blk.scales[e0 / 16];
             for (int e = e0; e < e0 + 16; ++e) {
               const int32_t x = xq[size_t(kb * 32 + e - e0 + 16 * h)];
               I += (sm & 0xF) * blocks::q2k_q(blk, e) * x;
-              X[h] += x;
+              Xh[h] += x;
             }
           }
           y = std::fma(float(I), f16_to_f32(load_u16(blk.d)) * dx[size_t(kb)], y);
           for (int h = 0; h < 2; ++h) {
-            const int m = blk.scales[(kb % 8) * 2 + h] >> 4;
-            y = std::fma(-(f16_to_f32(load_u16(blk.dmin)) * float(m)), dx[size_t(kb)] * float(X[h]), y);
+            const int mh = blk.scales[(kb % 8) * 2 + h] >> 4;
+            y = std::fma(-(f16_to_f32(load_u16(blk.dmin)) * float(mh)), dx[size_t(kb)] * float(Xh[h]), y);
           }
         }
         const size_t i = size_t(m * N + n);
@@ -1043,7 +1042,7 @@ TEST_P(KernelTest, Mxfp4NativeEqualsItsQ8_0Conversion) {
   }
   // Refused: a nonzero block with e >= 144 (2^16: beyond f16; the old Q8_0 fallback's d overflowed
   // to inf from e = 148), and e = 255 (NaN) even on an all-zero block. prepare, the unprepared
-  // rows' GEMV and GEMM, and panel_type all fail with an error naming MXFP4 and e.
+  // rows' GEMV and GEMM, and check_packable all fail with an error naming MXFP4 and e.
   struct Bad {
     int e;
     bool zero;
@@ -1549,7 +1548,7 @@ namespace {
 // convert exactly (d = that f16, q = kvalues[q]), bit for bit; smaller ones (their values below
 // f16's subnormals: Q8_0 cannot hold them) become (+0, q = 0), as they pack natively; all-zero
 // blocks are exact whatever their e; a nonzero block beyond f16 (e >= 144) or e = 255 fails.
-TEST(Requantize, Mxfp4ExactWhereTheScaleIsAnF16) {
+TEST(ConvertRows, Mxfp4ExactWhereTheScaleIsAnF16) {
   std::mt19937 rng(9);
   const int64_t N = 3, K = 32 * 44, nb = N * K / 32;
   std::vector<uint8_t> rows(size_t(nb) * 17);

@@ -144,7 +144,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
       if constexpr (std::is_same_v<D, QDecQ8_0>) {
         if (on_tiles <= kQ8RawMaxRows) return direct_tiles<D, true>(groups, ng, K, qa, r0, on_tiles, c, ldc);
       }
-      if constexpr (!D::kSub16 && !min16_of<D>()) direct_tiles<D, false>(groups, ng, K, qa, r0, on_tiles, c, ldc);
+      if constexpr (!D::kSub16) direct_tiles<D, false>(groups, ng, K, qa, r0, on_tiles, c, ldc);
     });
   }
   static constexpr int kMaxGroups = 2;  // (the driver's kItemGroups)
@@ -173,6 +173,7 @@ struct AmxIsa : Avx512Bf16Isa {  // (BF16 weights on vdpbf16ps: every AMX CPU ha
   static void direct_tiles(const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                            int64_t rows, float* c, int64_t ldc) {
     static_assert(!kRaw || std::is_same_v<D, QDecQ8_0>);
+    static_assert(!min16_of<D>(), "Q2_K's min term has no tiles");
     const int64_t n_tiles = (rows + kTileRows - 1) / kTileRows, tail = rows - (n_tiles - 1) * kTileRows;
     configure_tiles(tail < kTileRows ? int(tail) : 0);  // (0: full tiles only, any tail config will do)
     const int64_t nkb = K / kQBlock, n_units = n_tiles * ng, gbytes = nkb * D::kBytesPer32;

@@ -688,7 +688,7 @@ struct Avx2Isa {
   // pass int16).
   struct DecQ2_K : Q2KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = false, kSignedQuads = false, kWideQuads = true, kSub16 = true, kMin16 = true;
+    static constexpr bool kS2 = false, kSignedQuads = false, kSub16 = true, kMin16 = true;
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(blk + Q2KBlock::kD);
       s1hi = h8(blk + Q2KBlock::kD + 16);
@@ -996,7 +996,8 @@ struct Avx2Isa {
       }
     }
   }
-  // The fused path's bound per type (kernels_impl.h): quad types up to kQuadMaxM rows.
+  // The fused path's bound per type (kernels_impl.h): quad types, the sub16 types and Q2_K up to
+  // kQuadMaxM rows.
   static bool fused_int(GGMLType t, int64_t M) {
     return M <= kFusedMaxM || ((is_quad_type(t) || is_sub16_type(t) || has_min16(t)) && M <= kQuadMaxM);
   }
@@ -1058,8 +1059,9 @@ struct Avx2Isa {
   }
   // The GEMM's view of one K chunk: quad types as V = [len / 32][8 quads][16 rows][4] bytes (Q8_0
   // and the types in its form (gemm_type: the level types, Q5_0, Q3_K: unpack_sub16<true>) as
-  // signed q, the other nibble types as u; in the int16 scratch's bytes), S1, S2 (len / 32, 16);
-  // the other sub16 types as unpack_sub16<false> gives them.
+  // signed q, the other nibble types and Q2_K as u; in the int16 scratch's bytes), S1, S2 (len /
+  // 32, 16), Q2_K's min scales after (q2k_min_scales); the other sub16 types as
+  // unpack_sub16<false> gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
@@ -1117,6 +1119,7 @@ struct Avx2Isa {
   static constexpr int64_t kSub16Bytes = 2 * kQBlock * kGroup;  // (the int16 scratch's bytes per block)
   template <bool kQ8, class D>
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    static_assert(!min16_of<D>(), "Q2_K's min term has no place in the sub16 chunks");
     if constexpr (kQ8 && !D::kSignedQuads && D::kBias != 128)
       fail("fast kernels: Q8_0's form takes u = levels[q] + 128 or signed levels, not bias ", D::kBias);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
@@ -1244,7 +1247,8 @@ struct Avx2Isa {
     }
   }
   // C (mr <= 4, ldc)[:, 16i : 16i + 16] (+)= the tile over ng groups' unpacked chunks V[i],
-  // S1[i], S2[i] (all of type t, a gemm_type; S2 read for Q4_K and Q5_K only).
+  // S1[i], S2[i] (all of type t, a gemm_type; S2 read for Q4_K and Q5_K only; Q2_K's min scales
+  // after V[i]).
   static void mk_int(int mr, const IntRows& x, GGMLType t, const int16_t* const* V,
                      const float* const* S1, const float* const* S2, int ng, int64_t len, float* c,
                      int64_t ldc, bool first) {

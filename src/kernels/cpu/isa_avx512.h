@@ -619,13 +619,13 @@ struct Avx512Isa : Avx2Isa {
       level_quads<level_values(T), kBias>(q + 128 * h + 64, w[2], w[3]);
     }
   };
-  // Q2_K (packed.h): s1 = d; min_scale(h) the rows' b_h = -dmin m_h, the min term's scales
-  // (kMin16: y = fma(b_h, f_h, y) for h = 0, 1, f_h = QAct::fx). The GEMV takes its half
+  // Q2_K (packed.h): s1 = d; min_scales(b_0, b_1) the rows' b_h = -dmin m_h, the min term's
+  // scales (kMin16: y = fma(b_h, f_h, y) for h = 0, 1, f_h = QAct::fx). The GEMV takes its half
   // blocks as the sub16 types' (kSub16: quads(h, w) the fields q in [0, 3], B = 0; sc(h) the
   // rows' scales: I = sc_0 I_0 + sc_1 I_1); its GEMM chunk is Q4_K's form, u = sc q in [0, 45]
   // (quads(P, w0, w1): a byte shuffle of each row's table (0, sc, 2 sc, 3 sc), sc times
-  // 0x03020100 in its int32 lane, at index q + 4 (row % 4)). begin() reads both halves' scales
-  // (The tables in the GEMV too, u = sc q in one chain: 1.10-1.19x its time in cache, Zen 5.)
+  // 0x03020100 in its int32 lane, at index q + 4 (row % 4)). (The tables in the GEMV too, u =
+  // sc q in one chain: 1.10-1.19x its time in cache, Zen 5.)
   struct QDecQ2_K : Q2KCursor {
     static constexpr int kBias = 0, kBytesPer32 = Q2KBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = true, kMin16 = true;
@@ -695,9 +695,9 @@ struct Avx512Isa : Avx2Isa {
   // from -B sum xq), then y = fma(float(I), s1 * dx, y) (and fma(float(sum xq), s2 * dx, y)):
   // mk_int's sums. Two groups share each activation broadcast, each its own chain (12 chains
   // at 6 rows); one group splits its chain into even and odd quads (two chains per row).
-  // The sub16 types (D::kSub16: Q6_K, the levels16 layout): per half block h the chain starts
-  // from -B X_h (X_0 = xs0, X_1 = xs - xs0) and I = sc_0 I_0 + sc_1 I_1 (exact), then the same
-  // y = fma(float(I), s1 * dx, y).
+  // The sub16 types (D::kSub16: Q6_K, the levels16 layout, Q2_K): per half block h the chain
+  // starts from -B X_h (X_0 = xs0, X_1 = xs - xs0) and I = sc_0 I_0 + sc_1 I_1 (exact), then the
+  // same y = fma(float(I), s1 * dx, y) (Q2_K: then its min term, min16_term).
   template <int MR, int NG, class D>
   static void gemv_q_t(const D* dec, int64_t kb0, int64_t kb1, int64_t nkb, const int8_t* xq, int64_t ldx,
                        const float* dx, const int32_t* xs, const int32_t* xs0, const float* fx, float* c,
@@ -891,7 +891,7 @@ struct Avx512Isa : Avx2Isa {
     if (!quad) fail("fast kernels: ", int(t), " is not an integer type");
   }
 
-  // Q6_K (and the other sub16 types) above kSub16ChunksAbove rows (to kFusedMaxMQuad): each K
+  // Q6_K (and the other sub16 types, not Q2_K) above kSub16ChunksAbove rows (to kFusedMaxMQuad): each K
   // chunk of the ng groups unpacked once (unpack_sub16, its blocks prefetched as the GEMV's
   // stream), then every 6-row tile from it (mk_sub16: the GEMM's sums, the same bits), where
   // gemv_q_t's tiles decoded the chunk once each.
@@ -905,6 +905,7 @@ struct Avx512Isa : Avx2Isa {
   template <class D>
   static void sub16_chunks(GGMLType t, const uint8_t* const* groups, int ng, int64_t K, const QAct& qa, int64_t r0,
                            int64_t M, float* c, int64_t ldc) {
+    static_assert(!min16_of<D>(), "Q2_K's min term has no place in the sub16 chunks");
     const bool q8_form = gemm_type(t) == GGMLType::Q8_0;
     constexpr int64_t kChunkBlocks = kKC / kQBlock;
     alignas(64) uint8_t V[2][kChunkBlocks * kSub16Bytes];
@@ -946,8 +947,8 @@ struct Avx512Isa : Avx2Isa {
 
   // The GEMM's view of one K chunk: quad types (and Q2_K) as V = u8 [len / 32][8 quads][16
   // rows][4] (in the int16 scratch's bytes; the types in Q8_0's form, gemm_type, as u = v + 128:
-  // the level types, Q5_0, Q3_K: unpack_sub16<true>), S1, S2 (len / 32, 16), Q2_K's mins after
-  // (q2k_mins); the other sub16 types as unpack_sub16 gives them.
+  // the level types, Q5_0, Q3_K: unpack_sub16<true>), S1, S2 (len / 32, 16), Q2_K's min scales
+  // after (q2k_min_scales); the other sub16 types as unpack_sub16 gives them.
   static void unpack_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len, int16_t* V,
                          float* S1, float* S2) {
     if (is_sub16_type(t)) {
@@ -1002,6 +1003,7 @@ struct Avx512Isa : Avx2Isa {
   // place. S1 = its s1, S2 = 0.
   template <bool kQ8, class D>
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
+    static_assert(!min16_of<D>(), "Q2_K's min term has no place in the sub16 chunks");
     if constexpr (kQ8 && D::kBias != 128)
       fail("fast kernels: Q8_0's form takes u = levels[q] + 128, not bias ", D::kBias);
     uint8_t* v = reinterpret_cast<uint8_t*>(V);

@@ -63,7 +63,7 @@ struct Drivers {
     // Integer path: one K chunk of a group as unpack_group_int gives it (Q2_K's min scales after
     // it: q2k_min_scales), and (GGUF rows only) the chunk packed first (Q8_0 is the largest per
     // element: 34 bytes per 32).
-    alignas(64) int16_t v[kItemGroups][kKC * kGroup + 4 * kQPerKC * kGroup];
+    alignas(64) int16_t v[kItemGroups][kKC * kGroup + q2k_min_scales_int16s(kKC)];
     alignas(64) float s1[kItemGroups][kQPerKC * kGroup];
     alignas(64) float s2[kItemGroups][kQPerKC * kGroup];
     alignas(64) uint8_t raw[kQPerKC * (32 + 32 * kGroup)];

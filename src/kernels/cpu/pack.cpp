@@ -41,7 +41,6 @@ int q6k_q(const blocks::Q6_K& b, int e) {
 
 }  // namespace
 
-
 uint16_t mxfp4_f16_scale(uint8_t e) {
   const float d = blocks::e8m0_to_fp32_half(e);  // 2^(e - 128)
   const uint16_t h = f32_to_f16(d);
@@ -523,7 +522,8 @@ void unpack_group_int(GGMLType t, const uint8_t* group, int64_t k0, int64_t len,
         S1[kb * kGroup + r] = iw.s1;
         S2[kb * kGroup + r] = has_min16(t) ? 0.0f : iw.s2;
       }
-      if (has_min16(t) && kk % 16 == 0) q2k_min_scales(V, len)[(2 * kb + kk / 16) * kGroup + r] = iw.s2;
+      if (has_min16(t) && kk % 16 == 0)
+        std::memcpy(q2k_min_scales(V, len) + (2 * kb + kk / 16) * kGroup + r, &iw.s2, 4);
     }
   }
 }

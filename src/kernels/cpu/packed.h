@@ -268,7 +268,9 @@ inline bool is_int_type(GGMLType t) {
 // Integer-path types with a scale per 16 k (the two halves of each 32-block: I = sc_0 I_0 +
 // sc_1 I_1): Q6_K and the levels16 layout. Their quad variants give a half block's 4 quads at
 // once (kSub16 decoders) and their GEMM chunks are their own (unpack_sub16, mk_sub16), but Q3_K's
-// (gemm_type: Q8_0's form, unpack_sub16<true>).
+// (gemm_type: Q8_0's form, unpack_sub16<true>). (Q2_K's GEMV decodes half blocks too, kSub16,
+// but it is not one of these: its min term (kMin16) has no place in their chunks, so its chunk
+// is Q4_K's form; the sub16 chunk code static_asserts !kMin16.)
 inline bool is_sub16_type(GGMLType t) { return t == GGMLType::Q6_K || is_levels16_layout(t); }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
@@ -303,9 +305,11 @@ inline bool has_min_term(GGMLType t) {
   return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q4_1 || t == GGMLType::Q5_1;
 }
 // Q2_K's min term, one min per 16 k: b_0 f_0 + b_1 f_1 (above). Its GEMM chunk (unpack_int)
-// holds the min scales (float b_h, [len / 32][2][16 rows]) after its values, at V + len * kGroup
-// int16s (past the largest chunk form, the scalar pair layout's).
+// holds the min scales (float b_h, [len / 32][2][16 rows]: q2k_min_scales_int16s(len) int16s)
+// after its values, at V + len * kGroup int16s (past the largest chunk form, the scalar pair
+// layout's). (SIMD code stores and loads them as vectors; scalar code copies them, memcpy.)
 inline bool has_min16(GGMLType t) { return t == GGMLType::Q2_K; }
+constexpr int64_t q2k_min_scales_int16s(int64_t len) { return len / kQBlock * 2 * kGroup * 2; }
 inline float* q2k_min_scales(int16_t* V, int64_t len) { return reinterpret_cast<float*>(V + len * kGroup); }
 inline const float* q2k_min_scales(const int16_t* V, int64_t len) { return reinterpret_cast<const float*>(V + len * kGroup); }
 // The type whose unpacked GEMM chunk (unpack_int) and micro-kernels (mk_int) t uses: the level

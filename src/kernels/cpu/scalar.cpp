@@ -60,7 +60,11 @@ struct ScalarIsa {
           const float dx = x.dx[i][kb];
           y = std::fma(float(I), S1[kb * kGroup + r] * dx, y);
           if (S2) y = std::fma(float(x.xs[i][kb]), S2[kb * kGroup + r] * dx, y);
-          for (int h = 0; B && h < 2; ++h) y = std::fma(B[(2 * kb + h) * kGroup + r], x.fx[i][2 * kb + h], y);
+          for (int h = 0; B && h < 2; ++h) {
+            float b;
+            std::memcpy(&b, B + (2 * kb + h) * kGroup + r, 4);  // (floats in the int16 scratch)
+            y = std::fma(b, x.fx[i][2 * kb + h], y);
+          }
         }
         c[i * ldc + r] = y;
       }
