@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,7 +66,18 @@ CliResult run_cli(const std::string& binary, const std::string& args) {
 
 // One HTTP request on a fresh connection ("Connection: close"): the whole response.
 std::string http_post(int port, const std::string& path, const std::string& body) {
+  return http_request(port, "POST", path, body);
+}
+
+std::string http_request(int port, const std::string& method, const std::string& path, const std::string& body,
+                         double timeout_s) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (timeout_s > 0) {
+    timeval tv{};
+    tv.tv_sec = time_t(timeout_s);
+    tv.tv_usec = suseconds_t((timeout_s - double(tv.tv_sec)) * 1e6);
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port));
@@ -74,7 +86,7 @@ std::string http_post(int port, const std::string& path, const std::string& body
     ::close(fd);
     return "";
   }
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" +
+  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" +
                           "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   for (size_t off = 0; off < req.size();) {
     const ssize_t n = ::send(fd, req.data() + off, req.size() - off, 0);

@@ -38,6 +38,9 @@ CliResult run_cli(const std::string& binary, const std::string& args);
 // One HTTP POST of a JSON body to localhost:port on a fresh connection ("Connection: close"): the
 // whole response, head and body ("" when it cannot connect).
 std::string http_post(int port, const std::string& path, const std::string& body);
+// The same for any method, giving up after timeout_s seconds without a byte (what came by then).
+std::string http_request(int port, const std::string& method, const std::string& path, const std::string& body,
+                         double timeout_s = 0);
 
 // A file in a per-process temp directory (ctest runs test cases as parallel processes), removed
 // at scope exit.

@@ -155,6 +155,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<TpLeader> tp_;  // tensor parallelism: the workers' steps
   std::unique_ptr<ModelExecutor> exec_;
+  std::atomic<bool> lora_enabled_{false};  // exec_'s LoRA scratch is in (set on the engine thread)
   std::unique_ptr<DraftModelRunner> drafter_;
   std::unique_ptr<KVCache> kv_;
   std::unique_ptr<EngineCore> core_;

@@ -230,14 +230,27 @@ void Forward::set_stage_link(StageLink* l) {
   link_ = l;
 }
 
-void Forward::enable_lora() {
+Forward::LoraScratch Forward::lora_scratch() const {
+  const size_t M = size_t(max_batch_);
+  LoraScratch s;
+  s.ya.assign(M * size_t(kMaxLoraStack), 0.0f);
+  s.shrinks.resize(M);
+  for (auto& r : s.runs) r.resize(M);
+  return s;
+}
+
+void Forward::enable_lora(LoraScratch s) {
   if (reduce_) fail("LoRA adapters with tensor parallelism (tp_size > 1) are not supported yet");
   if (link_) fail("LoRA adapters with pipeline parallelism (pp_size > 1) are not supported yet");
   if (!lora_ya_.empty()) return;
   const size_t M = size_t(max_batch_);
-  lora_ya_.assign(M * size_t(kMaxLoraStack), 0.0f);
-  lora_shrinks_.resize(M);
-  for (auto& r : lora_runs_) r.resize(M);
+  if (s.ya.size() != M * size_t(kMaxLoraStack) || s.shrinks.size() != M)
+    fail("forward: LoRA scratch for ", s.shrinks.size(), " rows, the batch holds ", M);
+  for (const auto& r : s.runs)
+    if (r.size() != M) fail("forward: LoRA scratch for ", r.size(), " rows, the batch holds ", M);
+  lora_ya_ = std::move(s.ya);
+  lora_shrinks_ = std::move(s.shrinks);
+  lora_runs_ = std::move(s.runs);
 }
 
 // Runs of equal adapters among the batch's entries (base entries need nothing).

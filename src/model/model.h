@@ -266,10 +266,20 @@ class Forward {
   Rows begin(const Batch& batch, KVCache& kv);
   void finish(Rows rows, float* logits, float* hidden = nullptr);
   int64_t max_batch() const { return max_batch_; }
-  // Sizes the scratch LoRA adapters need (ya = A x per row, up to kMaxLoraStack wide, and the
-  // per-segment descriptors), so batches with adapters run without allocating. Until
-  // called, a batch naming an adapter is an ft::Error. Idempotent.
-  void enable_lora();
+  // The scratch LoRA adapters need (ya = A x per row, up to kMaxLoraStack wide, and the
+  // per-segment descriptors) for max_batch rows, so batches with adapters run without
+  // allocating. Made on any thread: at a large max_batch it is tens of MB to allocate and zero,
+  // which the thread that runs the steps should not wait for (a server loading an adapter).
+  struct LoraScratch {
+    std::vector<float> ya;
+    std::vector<RunTarget> shrinks;
+    std::array<std::vector<LoraRun>, kLoraSlots> runs;
+  };
+  LoraScratch lora_scratch() const;
+  // Takes s (from lora_scratch()) as its LoRA scratch, or makes it. Until called, a batch naming
+  // an adapter is an ft::Error. Idempotent (a second s is dropped).
+  void enable_lora(LoraScratch s);
+  void enable_lora() { enable_lora(lora_scratch()); }
   // Tensor parallelism over a sharded model (Model::shard): the row-parallel projections (Wo,
   // down) are summed across ranks by r before their residual add. Null: one process.
   // Not with LoRA (a sharded input cannot take an adapter's full-width A): an ft::Error.

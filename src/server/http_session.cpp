@@ -44,7 +44,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // Posted by the server on shutdown: idle connections close now, busy ones after their response.
   void on_shutdown() override {
     keep_alive_ = false;
-    if (gens_.empty() && !writing_) close();
+    if (gens_.empty() && !writing_ && !answering_) close();
   }
 
  private:
@@ -233,6 +233,29 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     }
     srv_.metrics.count_error();
     send_response(e.status, "application/json", body_of(e));
+  }
+  void answer_later(std::function<Answer()> work) override {
+    answering_ = true;
+    net::post(srv_.blocking, [self = shared_from_this(), work = std::move(work)] {
+      // (the blocking-work thread: work, then back to the connection's strand; nothing escapes)
+      std::optional<Answer> a;
+      std::optional<ApiError> err;
+      try {
+        a = work();
+      } catch (const ApiError& e) {
+        err = e;
+      } catch (const std::exception& e) {
+        spdlog::error("internal error answering a request: {}", e.what());
+        err = ApiError(500, cat("internal error: ", e.what()), "", "server_error");
+      } catch (...) {
+        err = ApiError(500, "internal error", "", "server_error");
+      }
+      net::post(self->executor(), [self, a = std::move(a), err = std::move(err)] {
+        self->answering_ = false;
+        if (err) return self->send_error(*err);
+        self->send_response(a->status, a->type, a->body);
+      });
+    });
   }
   // Whether a request speaks Anthropic's API: /v1/messages*, or any route asked by its clients
   // (they send anthropic-version: GET /v1/models from its SDK), whose errors they parse.
@@ -1208,6 +1231,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   int64_t header_ns_ = 0;  // profiler clock when the request's header was read
   std::string discard_;
   bool watching_ = false, resume_after_watch_ = false, keep_alive_ = true;
+  bool answering_ = false;  // answer_later's work is running: the connection is busy
   std::string headers_;     // "Name: value\r\n" lines every response to the current request carries
   std::string request_id_;  // the current request's X-Request-Id ("" = none)
   bool anthropic_ = false;  // the current request is Anthropic's Messages API: its error format

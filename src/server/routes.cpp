@@ -73,13 +73,16 @@ void load_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
       throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
   const std::string name = lora_field(j, "lora_name"), path = lora_field(j, "lora_path");
   if (srv.info.canonical(name) == srv.info.id) throw ApiError(400, cat("'", name, "' is the base model's name"), "lora_name");
-  try {
-    srv.engine.load_adapter(name, path);
-  } catch (const Error& e) {
-    throw ApiError(400, e.what(), "lora_path");
-  }
-  spdlog::info("loaded LoRA adapter '{}' from {}", name, path);
-  out.send_response(200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' added successfully."));
+  // (Off the I/O threads: the file is mapped and packed there, and the engine thread waited for.)
+  out.answer_later([&srv, name, path] {
+    try {
+      srv.engine.load_adapter(name, path);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "lora_path");
+    }
+    spdlog::info("loaded LoRA adapter '{}' from {}", name, path);
+    return Responder::Answer{200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' added successfully.")};
+  });
 }
 
 void unload_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {

@@ -1,6 +1,7 @@
 // The HTTP route table: each row is a path, its method and the handler that answers it.
 #pragma once
 #include <boost/beast/http/verb.hpp>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -21,6 +22,14 @@ class Responder {
                              std::string_view extra = {}) = 0;
   // A completion: SSE chunks or one JSON body, as the request says.
   virtual void generate(Endpoint kind, const std::string& body) = 0;
+  // A response whose work may block (a file to map, the engine thread to wait for): work runs
+  // on the server's blocking-work thread, never an I/O thread, and what it returns (or the
+  // ApiError it throws) is sent here. It must not touch the connection.
+  struct Answer {
+    int status = 200;
+    std::string type, body;
+  };
+  virtual void answer_later(std::function<Answer()> work) = 0;
 };
 
 // What a handler reads of its request: the body, and for a prefix route the path after it.

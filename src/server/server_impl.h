@@ -124,6 +124,10 @@ struct Server::Impl {
   std::mutex conn_mu;
   std::vector<std::weak_ptr<Connection>> connections;  // under conn_mu
   std::atomic<int> bound_port{0}, bound_binary_port{0};
+  // Where routes' blocking work runs (Responder::answer_later: a LoRA adapter's load), one item
+  // at a time, so that no I/O thread waits on a file or the engine. Last: destroyed (joined)
+  // first, while what its work uses is still here.
+  net::thread_pool blocking{1};
 
   Impl(Engine& e, const ServedModel& m, const ServeConfig& c);
   // listener.cpp: opens a listener on ep (ft::Error naming `what` when it cannot); accepts

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <future>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -1929,6 +1931,77 @@ TEST(Api, ModelMayNameALoadedAdapter) {
   EXPECT_THROW(parse_request(Endpoint::Completions, R"({"model": "sql", "prompt": "x"})", kModel), ApiError);
 }
 
+
+// POST /v1/load_lora_adapter waits for the engine thread (the forward's LoRA scratch is set up
+// there, between steps), and that wait is off the I/O threads: with one I/O thread and the engine
+// held inside a step (a request's event callback blocking), the load stays pending while the
+// same thread answers /v1/models; released, the load answers 200 and the adapter is listed.
+TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
+  test::TempFile base{"lora_io_base.gguf"}, adapter{"lora_io_adapter.gguf"};
+  write_synthetic_model(SyntheticOptions{}, base.path());
+  SyntheticLoraOptions lo;
+  lo.rank = 4;
+  write_synthetic_lora(base.path(), lo, adapter.path());
+  const auto model = Model::load(base.path());
+  const Tokenizer tok = Tokenizer::from_gguf(model->file());
+  ServeConfig cfg;
+  cfg.port = 0;
+  cfg.threads = 1;
+  cfg.http_threads = 1;
+  cfg.context_length = 256;
+  cfg.log_level = "warn";
+  ServedModel served;
+  served.model = model.get();
+  served.tokenizer = &tok;
+  served.id = "base";
+  EngineConfig ecfg = to_engine_config(cfg);
+  ecfg.calibrate = false;
+  Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
+  Server srv(engine, served, cfg);
+  std::thread run([&] { srv.run(); });
+  for (int i = 0; i < 500 && srv.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_NE(srv.port(), 0);
+
+  std::promise<void> held, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true};
+  EngineRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 2;
+  r.ignore_eos = true;
+  engine.submit(std::move(r), [&held, &first, released](const EngineEvent& e) {
+    if (e.kind == EngineEvent::Kind::Token && first.exchange(false)) {
+      held.set_value();
+      released.wait();  // (the engine thread, inside its step)
+    }
+  });
+  held.get_future().wait();
+
+  std::atomic<bool> loaded{false};
+  std::string load_reply;
+  std::thread loader([&] {
+    load_reply = test::http_post(srv.port(), "/v1/load_lora_adapter",
+                                 json{{"lora_name", "sql"}, {"lora_path", adapter.path()}}.dump());
+    loaded = true;
+  });
+  // A second of questions while the load waits: each answered by the one I/O thread.
+  for (int i = 0; i < 10; ++i) {
+    const std::string m = test::http_request(srv.port(), "GET", "/v1/models", "", 5.0);
+    if (m.find("200 OK") == std::string::npos) {
+      ADD_FAILURE() << "request " << i << " while a load waited: '" << m << "'";
+      break;
+    }
+    EXPECT_EQ(m.find("\"sql\""), std::string::npos) << m;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_FALSE(loaded.load()) << "the load did not wait for the engine thread: the test shows nothing";
+  release.set_value();
+  loader.join();
+  EXPECT_NE(load_reply.find("200 OK"), std::string::npos) << load_reply;
+  EXPECT_NE(test::http_request(srv.port(), "GET", "/v1/models", "", 5.0).find("\"sql\""), std::string::npos);
+  srv.stop();
+  run.join();
+}
 
 // --- gpt-oss through the server ---------------------------------------------------------------------
 
