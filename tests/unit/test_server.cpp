@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <cmath>
 #include <cstring>
@@ -1932,6 +1933,44 @@ TEST(Api, ModelMayNameALoadedAdapter) {
 }
 
 
+// A model served in process on a free port: one I/O thread, one compute thread, no calibration;
+// setup fills in the rest of what `serve` would (a chat template). Stopped when destroyed.
+struct InProcessServer {
+  InProcessServer(const std::string& path, const std::string& id, int64_t n_ctx,
+                  const std::function<void(ServedModel&)>& setup = {})
+      : model(Model::load(path)), tok(Tokenizer::from_gguf(model->file())) {
+    cfg.port = 0;
+    cfg.threads = 1;
+    cfg.http_threads = 1;
+    cfg.context_length = n_ctx;
+    cfg.log_level = "warn";
+    served.model = model.get();
+    served.tokenizer = &tok;
+    served.id = id;
+    if (setup) setup(served);
+    EngineConfig ecfg = to_engine_config(cfg);
+    ecfg.calibrate = false;
+    engine = std::make_unique<Engine>(*model, ecfg, [this](int32_t t) { return tok.is_eog(t); });
+    srv = std::make_unique<Server>(*engine, served, cfg);
+    run = std::thread([this] { srv->run(); });
+    for (int i = 0; i < 500 && srv->port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_NE(srv->port(), 0);
+  }
+  ~InProcessServer() {
+    srv->stop();
+    run.join();
+  }
+  int port() const { return srv->port(); }
+
+  std::unique_ptr<Model> model;
+  Tokenizer tok;
+  ServeConfig cfg;
+  ServedModel served;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Server> srv;
+  std::thread run;
+};
+
 // POST /v1/load_lora_adapter waits for the engine thread (the forward's LoRA scratch is set up
 // there, between steps), and that wait is off the I/O threads: with one I/O thread and the engine
 // held inside a step (a request's event callback blocking), the load stays pending while the
@@ -1942,34 +1981,15 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
   SyntheticLoraOptions lo;
   lo.rank = 4;
   write_synthetic_lora(base.path(), lo, adapter.path());
-  const auto model = Model::load(base.path());
-  const Tokenizer tok = Tokenizer::from_gguf(model->file());
-  ServeConfig cfg;
-  cfg.port = 0;
-  cfg.threads = 1;
-  cfg.http_threads = 1;
-  cfg.context_length = 256;
-  cfg.log_level = "warn";
-  ServedModel served;
-  served.model = model.get();
-  served.tokenizer = &tok;
-  served.id = "base";
-  EngineConfig ecfg = to_engine_config(cfg);
-  ecfg.calibrate = false;
-  Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
-  Server srv(engine, served, cfg);
-  std::thread run([&] { srv.run(); });
-  for (int i = 0; i < 500 && srv.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_NE(srv.port(), 0);
-
-  std::promise<void> held, release;
+  std::promise<void> held, release;  // (before srv: its engine's callbacks use them)
   std::shared_future<void> released = release.get_future().share();
   std::atomic<bool> first{true};
+  InProcessServer srv(base.path(), "base", 256);
   EngineRequest r;
   r.prompt = {1, 2, 3};
   r.max_tokens = 2;
   r.ignore_eos = true;
-  engine.submit(std::move(r), [&held, &first, released](const EngineEvent& e) {
+  srv.engine->submit(std::move(r), [&held, &first, released](const EngineEvent& e) {
     if (e.kind == EngineEvent::Kind::Token && first.exchange(false)) {
       held.set_value();
       released.wait();  // (the engine thread, inside its step)
@@ -1999,8 +2019,6 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
   loader.join();
   EXPECT_NE(load_reply.find("200 OK"), std::string::npos) << load_reply;
   EXPECT_NE(test::http_request(srv.port(), "GET", "/v1/models", "", 5.0).find("\"sql\""), std::string::npos);
-  srv.stop();
-  run.join();
 }
 
 // --- gpt-oss through the server ---------------------------------------------------------------------
@@ -2112,33 +2130,15 @@ class HarmonyServer : public ::testing::Test {
 
   // Serves the model (the built-in gpt-oss format: its template is empty) and runs each request.
   std::vector<std::string> serve(const std::vector<std::pair<std::string, json>>& requests, bool reasoning = true) {
-    const auto model = Model::load(model_path_.path());
-    const Tokenizer tok = Tokenizer::from_gguf(model->file());
-    ServeConfig cfg;
-    cfg.port = 0;
-    cfg.threads = 1;
-    cfg.http_threads = 1;
-    cfg.context_length = 1024;
-    cfg.log_level = "warn";
-    ServedModel served;
-    served.model = model.get();
-    served.tokenizer = &tok;
-    served.id = "gpt-oss-tiny";
-    std::string warning;
-    served.chat = ChatTemplate::for_model(tok, "", std::nullopt, warning);
-    EXPECT_EQ(served.chat.format(), ChatFormat::Harmony);
-    served.harmony = served.chat.harmony();  // as `serve` sets them
-    served.reasoning = reasoning;
-    EngineConfig ecfg = to_engine_config(cfg);
-    ecfg.calibrate = false;
-    Engine engine(*model, ecfg, [&tok](int32_t t) { return tok.is_eog(t); });
-    Server srv(engine, served, cfg);
-    std::thread run([&] { srv.run(); });
-    for (int i = 0; i < 500 && srv.port() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    InProcessServer srv(model_path_.path(), "gpt-oss-tiny", 1024, [reasoning](ServedModel& served) {
+      std::string warning;
+      served.chat = ChatTemplate::for_model(*served.tokenizer, "", std::nullopt, warning);
+      EXPECT_EQ(served.chat.format(), ChatFormat::Harmony);
+      served.harmony = served.chat.harmony();  // as `serve` sets them
+      served.reasoning = reasoning;
+    });
     std::vector<std::string> out;
     for (const auto& [path, body] : requests) out.push_back(http_post_body(srv.port(), path, body.dump()));
-    srv.stop();
-    run.join();
     return out;
   }
 
