@@ -70,7 +70,7 @@ std::string http_post(int port, const std::string& path, const std::string& body
 }
 
 std::string http_request(int port, const std::string& method, const std::string& path, const std::string& body,
-                         double timeout_s) {
+                         double timeout_s, const std::function<void()>& on_sent) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (timeout_s > 0) {
     timeval tv{};
@@ -93,6 +93,7 @@ std::string http_request(int port, const std::string& method, const std::string&
     if (n <= 0) break;
     off += size_t(n);
   }
+  if (on_sent) on_sent();
   std::string out;
   char buf[4096];
   for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));

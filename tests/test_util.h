@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace ft::test {
@@ -38,9 +39,10 @@ CliResult run_cli(const std::string& binary, const std::string& args);
 // One HTTP POST of a JSON body to localhost:port on a fresh connection ("Connection: close"): the
 // whole response, head and body ("" when it cannot connect).
 std::string http_post(int port, const std::string& path, const std::string& body);
-// The same for any method, giving up after timeout_s seconds without a byte (what came by then).
+// The same for any method, giving up after timeout_s seconds without a byte (what came by then;
+// 0: never); on_sent runs once the whole request is sent.
 std::string http_request(int port, const std::string& method, const std::string& path, const std::string& body,
-                         double timeout_s = 0);
+                         double timeout_s = 0, const std::function<void()>& on_sent = {});
 
 // A file in a per-process temp directory (ctest runs test cases as parallel processes), removed
 // at scope exit.

@@ -498,11 +498,16 @@ uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
   return id;
 }
 
-std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name, const std::string& path) {
+std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name, const std::string& path,
+                                                        bool replace) {
   if (name.empty()) fail("a LoRA adapter needs a name");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) fail("the engine is shutting down");  // (before mapping and packing a whole file)
+  }
   if (sched_cfg_.max_active_adapters < 1)
     fail("LoRA adapter '", name, "': adapters are off (max_active_adapters is 0)");
-  if (find_adapter(name)) fail("a LoRA adapter named '", name, "' is already loaded");
+  if (!replace && find_adapter(name)) fail("a LoRA adapter named '", name, "' is already loaded");
   std::shared_ptr<LoraAdapter> a = LoraAdapter::load(path, model_);
   // Packed and the forwards' LoRA scratch made here, beside the steps (Backend::prepare is
   // thread-safe; nothing reads the copies before the adapter is registered below); only the
@@ -528,8 +533,13 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
     cv_.notify_one();
   }
   f.get();
+  std::shared_ptr<const LoraAdapter> old;  // (replaced: freed after the lock, unless requests hold it)
   std::lock_guard<std::mutex> lk(adapters_mu_);
-  if (!adapters_.emplace(name, a).second) fail("a LoRA adapter named '", name, "' is already loaded");
+  auto [it, added] = adapters_.emplace(name, a);
+  if (!added) {
+    if (!replace) fail("a LoRA adapter named '", name, "' is already loaded");
+    old = std::exchange(it->second, a);
+  }
   return a;
 }
 

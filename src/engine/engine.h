@@ -116,11 +116,15 @@ class Engine {
   void shutdown();
 
   // LoRA adapters by name (model/lora.h), from any thread. load_adapter maps and validates the
-  // file (ft::Error naming it, the tensor, expected vs actual), packs it on the engine thread
-  // between steps, and registers it; a name already loaded, or max_active_adapters = 0, is an
-  // error. unload_adapter refuses (ft::Error saying how many) while requests hold the adapter
-  // (queued or running); unknown names are AdapterNotFound.
-  std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path);
+  // file (ft::Error naming it, the tensor, expected vs actual), packs it (on the calling thread),
+  // enables the forward's LoRA scratch on the engine thread between steps, and registers it;
+  // max_active_adapters = 0 is an error, and so is a name already loaded unless `replace`
+  // (vLLM's load_inplace): then requests that hold the old adapter finish with it, and later
+  // ones take the new (its own prefix-cache salt: no block computed under the old is reused).
+  // unload_adapter refuses (ft::Error saying how many) while requests hold the adapter (queued
+  // or running); unknown names are AdapterNotFound.
+  std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path,
+                                                  bool replace = false);
   void unload_adapter(const std::string& name);
   std::shared_ptr<const LoraAdapter> find_adapter(const std::string& name) const;  // null: none
   // Names and files of the adapters loaded, and one's file (none: not loaded). (No copies of

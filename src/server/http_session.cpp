@@ -236,7 +236,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
   void answer_later(std::function<Answer()> work) override {
     answering_ = true;
-    net::post(srv_.blocking, [self = shared_from_this(), work = std::move(work)] {
+    net::post(srv_.blocking, [self = shared_from_this(), ex = executor(), work = std::move(work)] {
       // (the blocking-work thread: work, then back to the connection's strand; nothing escapes)
       std::optional<Answer> a;
       std::optional<ApiError> err;
@@ -250,7 +250,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       } catch (...) {
         err = ApiError(500, "internal error", "", "server_error");
       }
-      net::post(self->executor(), [self, a = std::move(a), err = std::move(err)] {
+      net::post(ex, [self, a = std::move(a), err = std::move(err)] {
         self->answering_ = false;
         if (err) return self->send_error(*err);
         self->send_response(a->status, a->type, a->body);

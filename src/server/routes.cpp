@@ -57,9 +57,9 @@ json model(const Server::Impl& srv, std::string_view id) {
                  "invalid_request_error", "model_not_found");
 }
 
-// vLLM's dynamic LoRA endpoints: {"lora_name", "lora_path"} / {"lora_name"}. Errors: 400 (bad or
-// duplicate name, a file that is not an adapter of this model, unloading one in use), 404
-// (unloading a name not loaded).
+// vLLM's dynamic LoRA endpoints: {"lora_name", "lora_path"[, "load_inplace"]} / {"lora_name"}.
+// Errors: 400 (a bad name, a name loaded without load_inplace, a file that is not an adapter of
+// this model, unloading one in use), 404 (unloading a name not loaded).
 std::string lora_field(const json& j, const char* key) {
   if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty())
     throw ApiError(400, cat("'", key, "' must be a non-empty string"), key);
@@ -72,15 +72,16 @@ void load_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
     if (k != "lora_name" && k != "lora_path" && k != "load_inplace")
       throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
   const std::string name = lora_field(j, "lora_name"), path = lora_field(j, "lora_path");
+  const bool inplace = j.contains("load_inplace") && get_bool(j, "load_inplace");  // (replaces one loaded)
   if (srv.info.canonical(name) == srv.info.id) throw ApiError(400, cat("'", name, "' is the base model's name"), "lora_name");
   // (Off the I/O threads: the file is mapped and packed there, and the engine thread waited for.)
-  out.answer_later([&srv, name, path] {
+  out.answer_later([&srv, name, path, inplace] {
     try {
-      srv.engine.load_adapter(name, path);
+      srv.engine.load_adapter(name, path, inplace);
     } catch (const Error& e) {
       throw ApiError(400, e.what(), "lora_path");
     }
-    spdlog::info("loaded LoRA adapter '{}' from {}", name, path);
+    spdlog::info("loaded LoRA adapter '{}' from {}{}", name, path, inplace ? " (load_inplace)" : "");
     return Responder::Answer{200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' added successfully.")};
   });
 }

@@ -112,6 +112,10 @@ struct Server::Impl {
   std::atomic<int64_t> waiting{0};  // submitted, no token or finish yet
   ServerMetrics metrics;
   GenerationContext gen;
+  // (Before ioc: handlers destroyed with a stopped ioc destroy their sessions, which count here.)
+  std::atomic<int> n_sessions{0};
+  std::mutex conn_mu;
+  std::vector<std::weak_ptr<Connection>> connections;  // under conn_mu
   net::io_context ioc;
   net::strand<net::io_context::executor_type> ctl{net::make_strand(ioc)};  // listeners + shutdown
   tcp::acceptor acceptor{ctl};      // HTTP
@@ -119,10 +123,7 @@ struct Server::Impl {
   net::signal_set signals{ctl, SIGINT, SIGTERM};
   net::steady_timer drain_timer{ctl}, hard_timer{ctl}, poll_timer{ctl};
   std::atomic<bool> draining{false};
-  std::atomic<int> n_sessions{0};
   std::atomic<uint64_t> next_id{1};  // response ids
-  std::mutex conn_mu;
-  std::vector<std::weak_ptr<Connection>> connections;  // under conn_mu
   std::atomic<int> bound_port{0}, bound_binary_port{0};
   // Where routes' blocking work runs (Responder::answer_later: a LoRA adapter's load), one item
   // at a time, so that no I/O thread waits on a file or the engine. Last: destroyed (joined)

@@ -188,5 +188,35 @@ TEST(EngineLora, LoadAndUnload) {
   EXPECT_EQ(o.tokens.size(), 12u);
 }
 
+// load_inplace: a name loaded again with replace takes the new file's weights (its greedy tokens
+// are those of the same file loaded under another name, also for a prompt whose blocks the old
+// adapter left in the prefix cache); a request that holds the old adapter finishes with it; without
+// replace the name stays taken.
+TEST(EngineLora, ReplaceInPlace) {
+  Fixture f(2);
+  Engine e(*f.model, config(4, /*prefix_caching=*/true), nullptr);
+  const auto old_a = e.load_adapter("a", f.adapters[0]->path());
+  const auto b = e.load_adapter("b", f.adapters[1]->path());
+  const std::vector<int32_t> p = prompt(40, 5);
+  const LoraOutcome under_old = alone(e, p, old_a);
+  const LoraOutcome under_b = alone(e, p, b);
+  ASSERT_NE(under_old.tokens, under_b.tokens) << "the two adapters agree: the test cannot tell them apart";
+  EXPECT_THROW(e.load_adapter("a", f.adapters[1]->path()), Error);
+  EventStream held;  // a request of the old adapter, running while it is replaced
+  e.submit(request(prompt(8, 2), old_a, 30), held.callback());
+  const auto new_a = e.load_adapter("a", f.adapters[1]->path(), /*replace=*/true);
+  EXPECT_NE(new_a, old_a);
+  EXPECT_EQ(e.find_adapter("a"), new_a);
+  const LoraOutcome o = drain(held);
+  EXPECT_EQ(o.reason, FinishReason::Length) << o.error;
+  EXPECT_EQ(o.tokens.size(), 30u);
+  const LoraOutcome under_new = alone(e, p, e.find_adapter("a"));
+  EXPECT_EQ(under_new.tokens, under_b.tokens);
+  EXPECT_EQ(under_new.t.cached_tokens, 0);  // (not the old adapter's blocks)
+  EXPECT_EQ(e.adapter_files().size(), 2u);
+  // A new name with replace is a plain load.
+  EXPECT_NE(e.load_adapter("c", f.adapters[0]->path(), /*replace=*/true), nullptr);
+}
+
 }  // namespace
 }  // namespace ft

@@ -1936,6 +1936,8 @@ TEST(Api, ModelMayNameALoadedAdapter) {
 // A model served in process on a free port: one I/O thread, one compute thread, no calibration;
 // setup fills in the rest of what `serve` would (a chat template). Stopped when destroyed.
 struct InProcessServer {
+  InProcessServer(const InProcessServer&) = delete;  // (its threads hold this)
+  InProcessServer& operator=(const InProcessServer&) = delete;
   InProcessServer(const std::string& path, const std::string& id, int64_t n_ctx,
                   const std::function<void(ServedModel&)>& setup = {})
       : model(Model::load(path)), tok(Tokenizer::from_gguf(model->file())) {
@@ -1971,11 +1973,12 @@ struct InProcessServer {
   std::thread run;
 };
 
-// POST /v1/load_lora_adapter waits for the engine thread (the forward's LoRA scratch is set up
-// there, between steps), and that wait is off the I/O threads: with one I/O thread and the engine
-// held inside a step (a request's event callback blocking), the load stays pending while the
-// same thread answers /v1/models; released, the load answers 200 and the adapter is listed.
+// POST /v1/load_lora_adapter waits for the engine thread (which takes the forward's LoRA scratch
+// between steps), and that wait is off the I/O threads: with one I/O thread and the engine held
+// inside a step (a request's event callback blocking), the load stays pending while the same
+// thread answers /v1/models; released, the load answers 200 and the adapter is listed.
 TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
+  using namespace std::chrono_literals;
   test::TempFile base{"lora_io_base.gguf"}, adapter{"lora_io_adapter.gguf"};
   write_synthetic_model(SyntheticOptions{}, base.path());
   SyntheticLoraOptions lo;
@@ -1985,6 +1988,14 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
   std::shared_future<void> released = release.get_future().share();
   std::atomic<bool> first{true};
   InProcessServer srv(base.path(), "base", 256);
+  struct Release {  // (after srv: the engine is let go on every way out, before srv stops it)
+    std::promise<void>& p;
+    bool done = false;
+    void operator()() {
+      if (!std::exchange(done, true)) p.set_value();
+    }
+    ~Release() { (*this)(); }
+  } let_go{release};
   EngineRequest r;
   r.prompt = {1, 2, 3};
   r.max_tokens = 2;
@@ -1995,15 +2006,18 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
       released.wait();  // (the engine thread, inside its step)
     }
   });
-  held.get_future().wait();
+  ASSERT_EQ(held.get_future().wait_for(60s), std::future_status::ready);
 
-  std::atomic<bool> loaded{false};
+  std::atomic<bool> sent{false}, loaded{false};
   std::string load_reply;
   std::thread loader([&] {
-    load_reply = test::http_post(srv.port(), "/v1/load_lora_adapter",
-                                 json{{"lora_name", "sql"}, {"lora_path", adapter.path()}}.dump());
+    load_reply = test::http_request(srv.port(), "POST", "/v1/load_lora_adapter",
+                                    json{{"lora_name", "sql"}, {"lora_path", adapter.path()}}.dump(), 60.0,
+                                    [&sent] { sent = true; });
     loaded = true;
   });
+  for (int i = 0; i < 1000 && !sent.load(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(sent.load());
   // A second of questions while the load waits: each answered by the one I/O thread.
   for (int i = 0; i < 10; ++i) {
     const std::string m = test::http_request(srv.port(), "GET", "/v1/models", "", 5.0);
@@ -2012,10 +2026,10 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
       break;
     }
     EXPECT_EQ(m.find("\"sql\""), std::string::npos) << m;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(100ms);
   }
   EXPECT_FALSE(loaded.load()) << "the load did not wait for the engine thread: the test shows nothing";
-  release.set_value();
+  let_go();
   loader.join();
   EXPECT_NE(load_reply.find("200 OK"), std::string::npos) << load_reply;
   EXPECT_NE(test::http_request(srv.port(), "GET", "/v1/models", "", 5.0).find("\"sql\""), std::string::npos);

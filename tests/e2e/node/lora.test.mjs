@@ -1,8 +1,8 @@
 // LoRA adapters over HTTP (issue 17): `serve --lora NAME=FILE`, /v1/models with `parent`, a
 // completion picking an adapter by `model` (greedy text equal to the merged model's, served by a
 // second server), /v1/load_lora_adapter and /v1/unload_lora_adapter with their documented errors:
-// a bad file or a taken name 400, an unknown name 404, unloading one that a request is using 400
-// ("in use"), and once unloaded its name is an unknown model (404).
+// a bad file or a taken name 400 (load_inplace: true replaces it), an unknown name 404, unloading
+// one that a request is using 400 ("in use"), and once unloaded its name is an unknown model (404).
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -80,6 +80,25 @@ describe('LoRA adapters over HTTP', { skip }, () => {
     assert.equal(r.status, 400, r.text);
     const after = await fetch(`${server.url}/v1/models`).then((x) => x.json());
     for (const name of ['bad', 'gone', 'x']) assert.ok(!after.data.some((m) => m.id === name), name);
+  });
+
+  test('load_inplace replaces a loaded adapter under its name; a non-boolean one is 400', async () => {
+    let r = await postJson(server.url, '/v1/load_lora_adapter', { lora_name: 'swap', lora_path: file('sql.gguf') });
+    assert.equal(r.status, 200, r.text);
+    r = await postJson(server.url, '/v1/load_lora_adapter', { lora_name: 'swap-ref', lora_path: file('chat.gguf') });
+    assert.equal(r.status, 200, r.text);
+    const before = await complete(server.url, 'swap');
+    assert.equal(before, await complete(server.url, 'sql'));
+    const ref = await complete(server.url, 'swap-ref');
+    assert.notEqual(before, ref, 'the two adapters agree: the test cannot tell them apart');
+    r = await postJson(server.url, '/v1/load_lora_adapter', { lora_name: 'swap', lora_path: file('chat.gguf'), load_inplace: 'yes' });
+    assert.equal(r.status, 400, r.text);
+    r = await postJson(server.url, '/v1/load_lora_adapter', { lora_name: 'swap', lora_path: file('chat.gguf'), load_inplace: true });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(await complete(server.url, 'swap'), ref);
+    const models = await fetch(`${server.url}/v1/models`).then((x) => x.json());
+    assert.equal(models.data.filter((m) => m.id === 'swap').length, 1, JSON.stringify(models));
+    assert.equal(models.data.find((m) => m.id === 'swap').root, file('chat.gguf'));
   });
 
   test('unload: unknown name 404, in use 400, then done; its name is then an unknown model', async () => {
