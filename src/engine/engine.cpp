@@ -509,27 +509,45 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
     fail("LoRA adapter '", name, "': adapters are off (max_active_adapters is 0)");
   if (!replace && find_adapter(name)) fail("a LoRA adapter named '", name, "' is already loaded");
   std::shared_ptr<LoraAdapter> a = LoraAdapter::load(path, model_);
-  // Packed and the forwards' LoRA scratch made here, beside the steps (Backend::prepare is
-  // thread-safe; nothing reads the copies before the adapter is registered below); only the
-  // scratch is handed over on the engine thread, between steps. (Done there, a TinyLlama
-  // rank-16 F16 adapter's packing stalled every stream ~70 ms, and the first one's scratch ~25.)
-  a->prepare(*backend_);
+  // Packed on the engine thread between steps, a slice of kAdapterPackSliceMs at a time, so that
+  // streams running meanwhile pay its packing time spread over their steps (LoraAdapter::
+  // prepare_some). TinyLlama's rank-16 F16 adapter (25 MB) on the Zen 5's 2 cores, 2 compute
+  // threads: packed in one go there, a 68-90 ms stall; on this (loading) thread beside the steps,
+  // ~225 ms of added step time (a core taken from every forward). The forwards' LoRA scratch is
+  // made here and only taken there.
   auto scratch = std::make_shared<ModelExecutor::LoraScratch>();
   if (!lora_enabled_.load()) *scratch = exec_->lora_scratch();
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> f = done->get_future();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (stop_) fail("the engine is shutting down");
-    tasks_.push_back([this, done, scratch] {
+  struct PackSlice {  // (a task: one slice, then itself again after the next step until packed)
+    Engine* e;
+    std::shared_ptr<LoraAdapter> a;
+    std::shared_ptr<ModelExecutor::LoraScratch> scratch;
+    std::shared_ptr<std::promise<void>> done;
+    void operator()() const {
       try {
-        if (!lora_enabled_.load()) exec_->enable_lora(std::move(*scratch));
-        lora_enabled_.store(true);
+        bool stopping;
+        {
+          std::lock_guard<std::mutex> lk(e->mu_);
+          stopping = e->stop_;  // (shutdown runs each task once: all of it then)
+        }
+        if (!a->prepare_some(*e->backend_, stopping ? 1e300 : kAdapterPackSliceMs)) {
+          std::lock_guard<std::mutex> lk(e->mu_);
+          e->tasks_.push_back(*this);
+          return;
+        }
+        if (!e->lora_enabled_.load()) e->exec_->enable_lora(std::move(*scratch));
+        e->lora_enabled_.store(true);
         done->set_value();
       } catch (...) {
         done->set_exception(std::current_exception());
       }
-    });
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) fail("the engine is shutting down");
+    tasks_.push_back(PackSlice{this, a, scratch, done});
     cv_.notify_one();
   }
   f.get();

@@ -27,6 +27,9 @@ inline constexpr int32_t kMinKvBlocks = 2;  // the smallest KV cache an engine r
 // a model's context length is metadata, and sizing the cache from it alone would let a file ask
 // for any amount of memory.
 inline constexpr uint64_t kDefaultMaxKvBytes = 2ull << 30;
+// A LoRA adapter loaded while the engine runs is packed between its steps, this long at a time
+// (Engine::load_adapter): what each step of the streams then running pays.
+inline constexpr double kAdapterPackSliceMs = 2.0;
 
 struct EngineConfig {
   RuntimeConfig runtime;
@@ -116,8 +119,9 @@ class Engine {
   void shutdown();
 
   // LoRA adapters by name (model/lora.h), from any thread. load_adapter maps and validates the
-  // file (ft::Error naming it, the tensor, expected vs actual), packs it (on the calling thread),
-  // enables the forward's LoRA scratch on the engine thread between steps, and registers it;
+  // file (ft::Error naming it, the tensor, expected vs actual), packs it on the engine thread
+  // between steps (kAdapterPackSliceMs a step), enables the forward's LoRA scratch there, and
+  // registers it;
   // max_active_adapters = 0 is an error, and so is a name already loaded unless `replace`
   // (vLLM's load_inplace): then requests that hold the old adapter finish with it, and later
   // ones take the new (its own prefix-cache salt: no block computed under the old is reused).

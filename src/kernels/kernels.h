@@ -91,7 +91,6 @@ class Backend {
   virtual void reserve(int64_t max_rows) { (void)max_rows; }
   // A view of W in the layout this backend's matmuls read fastest (repacked once, at load; the
   // backend owns the copy and returns the same one for the same W). Default: W itself.
-  // Thread-safe, also beside another thread's forward pass (a LoRA adapter loaded at run time).
   virtual WeightView prepare(const WeightView& W) { return W; }
   // Pins the copies prepare() made in RAM (mlock: never paged out) and returns their bytes.
   // Throws ft::Error naming the cause (e.g. RLIMIT_MEMLOCK) when the OS refuses.

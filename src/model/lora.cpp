@@ -1,6 +1,7 @@
 #include "model/lora.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 
@@ -196,19 +197,26 @@ std::unique_ptr<LoraAdapter> LoraAdapter::bind(std::unique_ptr<GGUFFile> file, c
   return ad;
 }
 
-void LoraAdapter::prepare(Backend& be) {
-  if (prepared_) fail("LoRA adapter ", path_, ": prepared twice");
-  prepared_ = &be;
-  auto pack = [&](WeightView& w) {
+bool LoraAdapter::prepare_some(Backend& be, double budget_ms) {
+  if (!prepared_) {
+    prepared_ = &be;
+    for (auto& L : stacks_)
+      for (Stack& st : L)
+        if (st.a.data) to_pack_.push_back(&st.a);
+    for (auto& L : deltas_)
+      for (Delta& d : L)
+        if (d.on()) to_pack_.push_back(&d.b);
+  } else if (prepared_ != &be || packed_n_ == to_pack_.size()) {
+    fail("LoRA adapter ", path_, ": prepared twice");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (packed_n_ < to_pack_.size()) {
+    WeightView& w = *to_pack_[packed_n_++];
     sources_.push_back(w.data);
     w = be.prepare(w);
-  };
-  for (auto& L : stacks_)
-    for (Stack& st : L)
-      if (st.a.data) pack(st.a);
-  for (auto& L : deltas_)
-    for (Delta& d : L)
-      if (d.on()) pack(d.b);
+    if (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() >= budget_ms) break;
+  }
+  return packed_n_ == to_pack_.size();
 }
 
 LoraAdapter::~LoraAdapter() {

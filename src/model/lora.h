@@ -50,7 +50,17 @@ class LoraAdapter {
 
   // Repacks A and B into be's layout (once; before any forward pass with it). The packed copies
   // are handed back to be when the adapter is destroyed, so be must outlive it.
-  void prepare(Backend& be);
+  void prepare(Backend& be) {
+    while (!prepare_some(be, 1e300)) {
+    }
+  }
+  // The same a slice at a time: packs matrices until budget_ms has passed; true once all are.
+  // (A server loads adapters beside running streams: on the thread that runs the steps, between
+  // them, a slice costs each step about budget_ms; packed on another thread the same work took
+  // a core from a forward that uses every core, and cost the steps ~3x its time.)
+  bool prepare_some(Backend& be, double budget_ms);
+  // The matrices handed to the backend so far (their sources: Backend::has_copy_of).
+  const std::vector<const void*>& prepared_sources() const { return sources_; }
 
   const std::string& path() const { return path_; }
   const Model& base() const { return *base_; }
@@ -94,6 +104,8 @@ class LoraAdapter {
   std::vector<std::array<Delta, kLoraSlots>> deltas_;
   std::vector<std::vector<uint8_t>> store_;  // the copies the views point into
   Backend* prepared_ = nullptr;
+  std::vector<WeightView*> to_pack_;  // prepare_some's matrices, [packed_n_, end) still to do
+  size_t packed_n_ = 0;
   std::vector<const void*> sources_;  // what prepare() handed the backend
 };
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <string>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -64,7 +63,6 @@ class ProfilingBackend final : public Backend {
   WeightView prepare(const WeightView& W) override {
     const WeightView p = in_->prepare(W);
     if (p.data != W.data) {
-      std::lock_guard<std::mutex> lk(weights_mu_);
       auto it = weights_.find(W.data);
       if (it != weights_.end()) weights_[p.data] = it->second;
     }
@@ -320,7 +318,6 @@ class ProfilingBackend final : public Backend {
 
   // The weight's entry (a weight not from the model gets one named by its shape).
   const WInfo& lookup(const WeightView& W) {
-    std::lock_guard<std::mutex> lk(weights_mu_);  // (a node's address outlives the lock)
     auto it = weights_.find(W.data);
     if (it == weights_.end()) {
       std::string s = "w";
@@ -361,8 +358,6 @@ class ProfilingBackend final : public Backend {
   }
 
   std::unique_ptr<Backend> in_;
-  // (Under weights_mu_ after construction: prepare may run beside the forward pass.)
-  std::mutex weights_mu_;
   std::unordered_map<const void*, WInfo> weights_;
   std::unordered_map<const float*, VInfo> vecs_;
   std::unordered_map<uint64_t, const char*> multi_names_;

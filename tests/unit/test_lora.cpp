@@ -154,6 +154,31 @@ INSTANTIATE_TEST_SUITE_P(Lora, AdapterVsMerged,
                            return n;
                          });
 
+// Packed a matrix at a time (prepare_some with no budget: how a server packs an adapter between
+// steps), every matrix has its packed copy, the logits are the same bits as packed at once, and
+// done, it refuses a second preparation.
+TEST(Lora, PreparedInSlicesEqualsAtOnce) {
+  TempFile base("lora_slices_base.gguf"), ad("lora_slices_adapter.gguf");
+  write_synthetic_model(SyntheticOptions{}, base.path());
+  SyntheticLoraOptions lo;
+  lo.type = GGMLType::F16;
+  write_synthetic_lora(base.path(), lo, ad.path());
+  const auto m = Model::load(base.path());
+  auto be = make_backend("cpu", 2);
+  const auto whole = LoraAdapter::load(ad.path(), *m), sliced = LoraAdapter::load(ad.path(), *m);
+  whole->prepare(*be);
+  int slices = 1;
+  while (!sliced->prepare_some(*be, 0.0)) ++slices;
+  EXPECT_GT(slices, 2);
+  EXPECT_EQ(sliced->prepared_sources().size(), whole->prepared_sources().size());
+  for (const void* src : sliced->prepared_sources()) EXPECT_TRUE(be->has_copy_of(src));
+  EXPECT_THROW(sliced->prepare_some(*be, 0.0), Error);
+  const std::vector<int32_t> p = prompt(13, 2);
+  const GenOut a = generate(*m, *be, {{p, whole.get()}}, 6), b = generate(*m, *be, {{p, sliced.get()}}, 6);
+  EXPECT_EQ(a.rows, b.rows);
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
 // The base and 4 adapters in one batch (prefill together, decode rows in another order than
 // the prefill's): each sequence gets what it gets alone.
 TEST(Lora, BaseAndFourAdaptersInOneBatch) {
