@@ -513,7 +513,7 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   // streams running meanwhile pay its packing time spread over their steps (LoraAdapter::
   // prepare_some). TinyLlama's rank-16 F16 adapter (25 MB) on the Zen 5's 2 cores, 2 compute
   // threads: packed in one go there, a 68-90 ms stall; on this (loading) thread beside the steps,
-  // ~225 ms of added step time (a core taken from every forward). The forwards' LoRA scratch is
+  // ~180 ms of added step time (a core taken from every forward). The forwards' LoRA scratch is
   // made here and only taken there.
   auto scratch = std::make_shared<ModelExecutor::LoraScratch>();
   if (!lora_enabled_.load()) *scratch = exec_->lora_scratch();

@@ -57,7 +57,7 @@ class LoraAdapter {
   // The same a slice at a time: packs matrices until budget_ms has passed; true once all are.
   // (A server loads adapters beside running streams: on the thread that runs the steps, between
   // them, a slice costs each step about budget_ms; packed on another thread the same work took
-  // a core from a forward that uses every core, and cost the steps ~3x its time.)
+  // a core from a forward that uses every core, and cost the steps ~2.5x its time.)
   bool prepare_some(Backend& be, double budget_ms);
   // The matrices handed to the backend so far (their sources: Backend::has_copy_of).
   const std::vector<const void*>& prepared_sources() const { return sources_; }
