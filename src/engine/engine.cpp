@@ -264,6 +264,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   const HParams& hp = model.hparams();
   n_ctx_ = resolve_n_ctx(cfg.runtime, hp);
   sched_cfg_ = cfg.scheduler;
+  adapter_pack_slice_ms_ = cfg.adapter_pack_slice_ms;
   if (sched_cfg_.max_num_seqs < 1) fail("max_num_seqs must be at least 1");
   const int32_t B = cfg.runtime.kv_block_size;
   if (B < 1) fail("KV block size must be positive");
@@ -519,19 +520,21 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   if (!lora_enabled_.load()) *scratch = exec_->lora_scratch();
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> f = done->get_future();
-  struct PackSlice {  // (a task: one slice, then itself again after the next step until packed)
+  // (a task: one slice, then itself again after the next step until packed. a: alive until the
+  // promise is kept, which f.get() below waits for; not owned, so an unload never counts a
+  // finished load's task as a user.)
+  struct PackSlice {
     Engine* e;
-    std::shared_ptr<LoraAdapter> a;
+    LoraAdapter* a;
     std::shared_ptr<ModelExecutor::LoraScratch> scratch;
     std::shared_ptr<std::promise<void>> done;
     void operator()() const {
       try {
-        bool stopping;
         {
           std::lock_guard<std::mutex> lk(e->mu_);
-          stopping = e->stop_;  // (shutdown runs each task once: all of it then)
+          if (e->stop_) fail("the engine is shutting down");  // (shutdown runs each task once)
         }
-        if (!a->prepare_some(*e->backend_, stopping ? 1e300 : kAdapterPackSliceMs)) {
+        if (!a->prepare_some(*e->backend_, e->adapter_pack_slice_ms_)) {
           std::lock_guard<std::mutex> lk(e->mu_);
           e->tasks_.push_back(*this);
           return;
@@ -547,7 +550,7 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stop_) fail("the engine is shutting down");
-    tasks_.push_back(PackSlice{this, a, scratch, done});
+    tasks_.push_back(PackSlice{this, a.get(), scratch, done});
     cv_.notify_one();
   }
   f.get();

@@ -37,6 +37,7 @@ struct EngineConfig {
   uint64_t kv_memory_bytes = 0;  // 0 = room for 4 full contexts (at most kDefaultMaxKvBytes)
   bool prefix_caching = true;
   bool calibrate = true;  // measure the cost model at start-up (auto chunking needs it)
+  double adapter_pack_slice_ms = kAdapterPackSliceMs;  // (0: one matrix a step, as tests take it)
   SpecConfig spec;        // speculative decoding (off by default)
   const Model* draft_model = nullptr;  // SpecMethod::Draft: loaded by the caller (load_draft_model)
   // Tensor/pipeline parallelism: rank 0 of this group (the model split for it: split_model, i.e.
@@ -121,11 +122,10 @@ class Engine {
   // LoRA adapters by name (model/lora.h), from any thread. load_adapter maps and validates the
   // file (ft::Error naming it, the tensor, expected vs actual), packs it on the engine thread
   // between steps (kAdapterPackSliceMs a step), enables the forward's LoRA scratch there, and
-  // registers it;
-  // max_active_adapters = 0 is an error, and so is a name already loaded unless `replace`
-  // (vLLM's load_inplace): then requests that hold the old adapter finish with it, and later
-  // ones take the new (its own prefix-cache salt: no block computed under the old is reused).
-  // unload_adapter refuses (ft::Error saying how many) while requests hold the adapter (queued
+  // registers it. max_active_adapters = 0 is an error, and so is a name already loaded unless
+  // `replace` (vLLM's load_inplace): then requests that hold the old adapter finish with it, and
+  // later ones take the new (its own prefix-cache salt: no block computed under the old is
+  // reused). unload_adapter refuses (ft::Error saying how many) while requests hold the adapter (queued
   // or running); unknown names are AdapterNotFound.
   std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path,
                                                   bool replace = false);
@@ -164,6 +164,7 @@ class Engine {
   std::unique_ptr<TpLeader> tp_;  // tensor parallelism: the workers' steps
   std::unique_ptr<ModelExecutor> exec_;
   std::atomic<bool> lora_enabled_{false};  // exec_'s LoRA scratch is in (set on the engine thread)
+  double adapter_pack_slice_ms_ = kAdapterPackSliceMs;  // (EngineConfig::adapter_pack_slice_ms)
   std::unique_ptr<DraftModelRunner> drafter_;
   std::unique_ptr<KVCache> kv_;
   std::unique_ptr<EngineCore> core_;

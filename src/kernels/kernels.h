@@ -99,6 +99,8 @@ class Backend {
   virtual bool has_copy_of(const void* src) const { (void)src; return false; }
   // Frees the copies prepare() made of the weight at src (a LoRA adapter being unloaded: its
   // memory, and so its address, may be reused). The views prepare() returned for it go invalid.
+  // Thread-safe beside the forward pass and prepare() (an adapter is freed on whichever thread
+  // drops it last: an unload's, a replaced one's last request's, a failed load's).
   virtual void release_prepared(const void* src) { (void)src; }
 
   // The layer the calls that follow belong to (-1: none: the embedding, the output head), set

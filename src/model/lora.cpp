@@ -206,14 +206,18 @@ bool LoraAdapter::prepare_some(Backend& be, double budget_ms) {
     for (auto& L : deltas_)
       for (Delta& d : L)
         if (d.on()) to_pack_.push_back(&d.b);
-  } else if (prepared_ != &be || packed_n_ == to_pack_.size()) {
+  } else if (packed_n_ == to_pack_.size()) {
     fail("LoRA adapter ", path_, ": prepared twice");
+  } else if (prepared_ != &be) {
+    fail("LoRA adapter ", path_, ": its packing went on with another backend");
   }
   const auto t0 = std::chrono::steady_clock::now();
   while (packed_n_ < to_pack_.size()) {
-    WeightView& w = *to_pack_[packed_n_++];
-    sources_.push_back(w.data);
-    w = be.prepare(w);
+    WeightView& w = *to_pack_[packed_n_];
+    const void* src = w.data;
+    w = be.prepare(w);  // (then counted: a throw leaves it to do)
+    sources_.push_back(src);
+    ++packed_n_;
     if (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() >= budget_ms) break;
   }
   return packed_n_ == to_pack_.size();

@@ -74,7 +74,8 @@ void load_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   const std::string name = lora_field(j, "lora_name"), path = lora_field(j, "lora_path");
   const bool inplace = j.contains("load_inplace") && get_bool(j, "load_inplace");  // (replaces one loaded)
   if (srv.info.canonical(name) == srv.info.id) throw ApiError(400, cat("'", name, "' is the base model's name"), "lora_name");
-  // (Off the I/O threads: the file is mapped and packed there, and the engine thread waited for.)
+  // (Off the I/O threads: the file is mapped and validated there, and the engine thread, which
+  // packs it between steps, waited for.)
   out.answer_later([&srv, name, path, inplace] {
     try {
       srv.engine.load_adapter(name, path, inplace);

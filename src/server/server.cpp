@@ -178,8 +178,8 @@ int Server::run() {
     });
   for (auto& t : threads) t.join();
   // Whatever is still outstanding finishes as cancelled; its events are posted to the stopped
-  // io_context and destroyed with it. A route's blocking work still running (a LoRA load) ends
-  // against the stopped engine; its answer goes the same way.
+  // io_context and destroyed with it. A route's blocking work still running (a LoRA load) fails
+  // against the stopped engine ("shutting down"); its answer goes the same way.
   s.engine.shutdown();
   s.blocking.join();
   return 0;

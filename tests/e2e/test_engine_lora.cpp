@@ -202,20 +202,70 @@ TEST(EngineLora, ReplaceInPlace) {
   const LoraOutcome under_b = alone(e, p, b);
   ASSERT_NE(under_old.tokens, under_b.tokens) << "the two adapters agree: the test cannot tell them apart";
   EXPECT_THROW(e.load_adapter("a", f.adapters[1]->path()), Error);
+  EventStream ref_s;  // what the old adapter writes for the request below
+  e.submit(request(prompt(8, 2), old_a, 200), ref_s.callback());
+  const LoraOutcome ref = drain(ref_s);
   EventStream held;  // a request of the old adapter, running while it is replaced
-  e.submit(request(prompt(8, 2), old_a, 30), held.callback());
+  e.submit(request(prompt(8, 2), old_a, 200), held.callback());
   const auto new_a = e.load_adapter("a", f.adapters[1]->path(), /*replace=*/true);
   EXPECT_NE(new_a, old_a);
   EXPECT_EQ(e.find_adapter("a"), new_a);
   const LoraOutcome o = drain(held);
   EXPECT_EQ(o.reason, FinishReason::Length) << o.error;
-  EXPECT_EQ(o.tokens.size(), 30u);
+  EXPECT_EQ(o.tokens, ref.tokens);  // (the old adapter's to its end)
   const LoraOutcome under_new = alone(e, p, e.find_adapter("a"));
   EXPECT_EQ(under_new.tokens, under_b.tokens);
   EXPECT_EQ(under_new.t.cached_tokens, 0);  // (not the old adapter's blocks)
   EXPECT_EQ(e.adapter_files().size(), 2u);
   // A new name with replace is a plain load.
   EXPECT_NE(e.load_adapter("c", f.adapters[0]->path(), /*replace=*/true), nullptr);
+}
+
+// A load while a stream runs, packed a matrix per step (adapter_pack_slice_ms 0: the task
+// re-queued after every step): the stream writes what it writes alone, and the adapter what the
+// same file loaded on the idle engine writes.
+TEST(EngineLora, PackedBetweenTheStepsOfAStream) {
+  Fixture f(1);
+  EngineConfig c = config(4);
+  c.adapter_pack_slice_ms = 0;
+  Engine e(*f.model, c, nullptr);
+  const LoraOutcome alone_base = alone(e, prompt(8, 4), nullptr);
+  EventStream s;
+  e.submit(request(prompt(8, 4), nullptr, 12), s.callback());
+  const auto a = e.load_adapter("a", f.adapters[0]->path());
+  EXPECT_EQ(drain(s).tokens, alone_base.tokens);
+  auto b = e.load_adapter("b", f.adapters[0]->path());  // (the engine idle: slices back to back)
+  const LoraOutcome via_a = alone(e, prompt(8, 5), a), via_b = alone(e, prompt(8, 5), b);
+  EXPECT_EQ(via_a.tokens, via_b.tokens);
+  EXPECT_NE(via_a.tokens, alone(e, prompt(8, 5), nullptr).tokens) << "the adapter changes nothing";
+  // Unloaded at once: its finished load's task holds no reference.
+  b.reset();
+  EXPECT_NO_THROW(e.unload_adapter("b"));
+}
+
+// Shutting the engine down while a load packs between its steps: the load ends at once, done or
+// refused ("shutting down"), never waiting on a stopped engine.
+TEST(EngineLora, ShutdownDuringALoadEndsIt) {
+  Fixture f(1);
+  EngineConfig c = config(4);
+  c.adapter_pack_slice_ms = 0;
+  Engine e(*f.model, c, nullptr);
+  EventStream s;
+  e.submit(request(prompt(8, 1), nullptr, 2000), s.callback());
+  std::string outcome;
+  std::thread loader([&] {
+    try {
+      e.load_adapter("a", f.adapters[0]->path());
+      outcome = "loaded";
+    } catch (const Error& err) {
+      outcome = err.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  e.shutdown();
+  loader.join();
+  EXPECT_TRUE(outcome == "loaded" || outcome.find("shutting down") != std::string::npos) << outcome;
+  drain(s);
 }
 
 }  // namespace
