@@ -16,6 +16,9 @@
 
 namespace ft {
 
+// What submit and load_adapter say once shutdown() has begun.
+constexpr const char* kShuttingDown = "the engine is shutting down";
+
 class Engine::ModelExecutor final : public StepExecutor {
  public:
   // Steps run between the blocks of another (EngineCore::between_blocks) hold at most this many
@@ -474,7 +477,7 @@ uint64_t Engine::submit(EngineRequest req, EventCallback cb) {
   if (req.arrival_ms < 0) req.arrival_ms = now_ms();  // queueing starts now, not when the loop sees it
   if (profile::enabled() && req.trace_arrival_ns == 0) req.trace_arrival_ns = profile::now_ns();
   std::lock_guard<std::mutex> lk(mu_);
-  if (stop_) fail("the engine is shutting down");
+  if (stop_) fail(kShuttingDown);
   const int64_t n = int64_t(req.prompt.size());
   if (req.ttft_slo_ms <= 0) req.ttft_slo_ms = default_ttft_slo_ms(sched_cfg_, snapshot_.cost, n);
   const QueuedPrefill queued{req.priority, req.arrival_ms + req.ttft_slo_ms, predict_prefill_ms(snapshot_.cost, 0, n)};
@@ -504,7 +507,7 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   if (name.empty()) fail("a LoRA adapter needs a name");
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (stop_) fail("the engine is shutting down");  // (before mapping and packing a whole file)
+    if (stop_) fail(kShuttingDown);  // (before mapping and packing a whole file)
   }
   if (sched_cfg_.max_active_adapters < 1)
     fail("LoRA adapter '", name, "': adapters are off (max_active_adapters is 0)");
@@ -532,7 +535,7 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
       try {
         {
           std::lock_guard<std::mutex> lk(e->mu_);
-          if (e->stop_) fail("the engine is shutting down");  // (shutdown runs each task once)
+          if (e->stop_) fail(kShuttingDown);  // (shutdown runs each task once)
         }
         if (!a->prepare_some(*e->backend_, e->adapter_pack_slice_ms_)) {
           std::lock_guard<std::mutex> lk(e->mu_);
@@ -549,7 +552,7 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   };
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (stop_) fail("the engine is shutting down");
+    if (stop_) fail(kShuttingDown);
     tasks_.push_back(PackSlice{this, a.get(), scratch, done});
     cv_.notify_one();
   }
