@@ -655,7 +655,32 @@ struct Avx2Isa {
       w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
     }
   };
-  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M, Q3_K), as Q6_K's quad variant: per half
+  // Q3_K (packed.h), as Q6_K's quad variant: per half block hh and rows 8h..8h+7, quads6_h gives
+  // its 4 quads as u = low + 4 high = 3 - q in [0, 7] (B = 3), sc32 the rows' scales, s1 = d'.
+  struct DecQ3_K : Q3KCursor {
+    static constexpr int kBias = Q3KBlock::kBias, kBytesPer32 = Q3KBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSignedQuads = false, kSub16 = true;
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
+      s1lo = h8(blk + Q3KBlock::kD);
+      s1hi = h8(blk + Q3KBlock::kD + 16);
+    }
+    [[gnu::always_inline]] __m256i sc32(int hh, int h) const {
+      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q3KBlock::kSc + (2 * sb + hh) * 16 + 8 * h)));
+    }
+    // (16-bit shifts: the ands keep bits 0-1 and bit 2 of each byte, which came from the same byte.)
+    [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * hh + 32 * h));
+      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+      const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+      for (int t = 0; t < 4; ++t) {
+        const int s = 4 * hh + t;  // (the high bit's place in its byte, to bit 2)
+        const __m256i low = _mm256_and_si256(t == 0 ? b : _mm256_srli_epi16(b, 2 * t), three);
+        const __m256i high = s >= 2 ? _mm256_srli_epi16(H, s - 2) : _mm256_slli_epi16(H, 2 - s);
+        w[t] = _mm256_or_si256(low, _mm256_and_si256(high, four));
+      }
+    }
+  };
+  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
   // block hh and rows 8h..8h+7, quads6_h gives its 4 quads as IQ4_NL's do (u = levels[q] + 128
   // with AVX-VNNI, else signed v = levels[q]), sc32 the rows' scales (the grid types' steps
   // 2s + 1); s1 = d unit.
@@ -933,7 +958,7 @@ struct Avx2Isa {
       case GGMLType::IQ2_XS: f(DecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
       case GGMLType::IQ2_S: f(DecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(DecLevels16<GGMLType::IQ1_M>{{group}}); return true;
-      case GGMLType::Q3_K: f(DecLevels16<GGMLType::Q3_K>{{group}}); return true;
+      case GGMLType::Q3_K: f(DecQ3_K{{group}}); return true;
       case GGMLType::Q2_K: f(DecQ2_K{{group}}); return true;
       default: return false;
     }
@@ -1110,18 +1135,18 @@ struct Avx2Isa {
   // A sub16 type's chunk. For mk_sub16 (kQ8 false; kSub16Bytes per 32-block of V): [0, 512) its
   // 8 quads as its decoder D gives them (quad 4hh + t: k = 16hh + 4t .. 16hh + 4t + 3; rows 0-7,
   // then rows 8-15, 4 bytes each; u = v + D::kBias, or signed v), [512, 640) int32 sc[2 hh][16
-  // rows]. In Q8_0's form (kQ8: a type whose products levels[q] sc fit an int8, Q3_K:
-  // gemm_type; unpack_int's signed v = levels[q] sc), the same exact I as the half blocks' sc_0
-  // I_0 + sc_1 I_1; per byte, from u' = levels[q] + 128 (the decoder's, or its signed levels +
-  // 128): vpmaddubsw of u' with (sc, 0) and with (0, sc) gives the even and odd bytes' u' sc in
-  // 16-bit lanes (|u' sc| <= 255 * 32: no saturation), minus 128 sc = v, whose low bytes go
-  // back in place. S1 = its s1, S2 = 0.
+  // rows]. In Q8_0's form (kQ8: a type whose products v sc fit an int8, Q3_K: gemm_type;
+  // unpack_int's signed v sc), the same exact I as the half blocks' sc_0 I_0 + sc_1 I_1; per
+  // byte, from u' = v + B (the decoder's u, B <= 128, or its signed v + 128): vpmaddubsw of u'
+  // with (sc, 0) and with (0, sc) gives the even and odd bytes' u' sc in 16-bit lanes (|u' sc|
+  // <= 255 * 32: no saturation), minus B sc = v sc, whose low bytes go back in place. S1 = its
+  // s1, S2 = 0.
   static constexpr int64_t kSub16Bytes = 2 * kQBlock * kGroup;  // (the int16 scratch's bytes per block)
   template <bool kQ8, class D>
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
     static_assert(!min16_of<D>(), "Q2_K's min term has no place in the sub16 chunks");
-    if constexpr (kQ8 && !D::kSignedQuads && D::kBias != 128)
-      fail("fast kernels: Q8_0's form takes u = levels[q] + 128 or signed levels, not bias ", D::kBias);
+    static_assert(!kQ8 || D::kSignedQuads || (D::kBias >= 0 && D::kBias <= 128), "Q8_0's form takes u = v + B, B <= 128");
+    constexpr int kB = D::kSignedQuads ? 128 : D::kBias;  // (u' = v + kB)
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const __m256i lo = _mm256_set1_epi16(0x00FF);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
@@ -1148,7 +1173,7 @@ struct Avx2Isa {
           const __m256i sc_b = _mm256_and_si256(sc32, _mm256_set1_epi32(0xFF));  // (sc's byte, from the sign-extended int32)
           const __m256i sc_even = _mm256_or_si256(sc_b, _mm256_slli_epi32(sc_b, 16));
           const __m256i sc_odd = _mm256_slli_epi16(sc_even, 8);
-          const __m256i c32 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc32, 7));
+          const __m256i c32 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_mullo_epi32(sc32, _mm256_set1_epi32(kB)));
           const __m256i cc = _mm256_blend_epi16(c32, _mm256_slli_epi32(c32, 16), 0xAA);
           for (int t = 0; t < 4; ++t) {
             const __m256i u = D::kSignedQuads ? _mm256_xor_si256(w[t], _mm256_set1_epi8(char(0x80))) : w[t];

@@ -601,7 +601,28 @@ struct Avx512Isa : Avx2Isa {
       w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), m4, 0xEC);
     }
   };
-  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M, Q3_K), as Q6_K's quad variant: per half
+  // Q3_K (packed.h), as Q6_K's quad variant: per half block h its 4 quads as u = low + 4 high
+  // = 3 - q in [0, 7] (I_h = sum u xq - 3 X_h), sc(h) its rows' scales, s1 = d'.
+  struct QDecQ3_K : Q3KCursor {
+    static constexpr int kBias = Q3KBlock::kBias, kBytesPer32 = Q3KBlock::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSub16 = true;
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q3KBlock::kD); }
+    [[gnu::always_inline]] __m512i sc(int h) const {
+      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Q3KBlock::kSc + (2 * sb + h) * 16)));
+    }
+    // (16-bit shifts: the ands keep bits 0-1 and bit 2 of each byte, which came from the same
+    // byte.) w = low | (high & 4): ternary logic 0xF8 = A | (B & C).
+    [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
+      const __m512i b = ld(q + 64 * h), H = ld(qh), three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+      for (int t = 0; t < 4; ++t) {
+        const int s = 4 * h + t;  // (the high bit's place in its byte, to bit 2)
+        const __m512i low = _mm512_and_si512(t == 0 ? b : _mm512_srli_epi16(b, unsigned(2 * t)), three);
+        const __m512i high = s >= 2 ? _mm512_srli_epi16(H, unsigned(s - 2)) : _mm512_slli_epi16(H, unsigned(2 - s));
+        w[t] = _mm512_ternarylogic_epi32(low, high, four, 0xF8);
+      }
+    }
+  };
+  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
   // block h its 4 quads as u = levels[q] + 128 (I_h = sum u xq - 128 X_h), sc(h) its rows'
   // scales (the grid types' steps 2s + 1); s1 = d unit.
   template <GGMLType T>
@@ -683,7 +704,7 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::IQ2_XS: f(QDecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
       case GGMLType::IQ2_S: f(QDecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(QDecLevels16<GGMLType::IQ1_M>{{group}}); return true;
-      case GGMLType::Q3_K: f(QDecLevels16<GGMLType::Q3_K>{{group}}); return true;
+      case GGMLType::Q3_K: f(QDecQ3_K{{group}}); return true;
       case GGMLType::Q2_K: f(QDecQ2_K{{group}}); return true;
       default: return false;
     }
@@ -995,17 +1016,16 @@ struct Avx512Isa : Avx2Isa {
   // A sub16 type's chunk. For mk_sub16 (kQ8 false; kSub16Bytes per 32-block of V, as Avx2Isa's):
   // [0, 512) its 8 quads as its decoder D gives them (quad 4h + t: k = 16h + 4t .. 16h + 4t + 3,
   // 16 rows x 4, u = v + D::kBias), [512, 640) int32 sc[2][16] (half h's scale of each row).
-  // In Q8_0's form (kQ8: a type whose products levels[q] sc fit an int8, Q3_K: gemm_type): V =
-  // u8 [len / 32][8 quads][16 rows][4], u = levels[q] sc + 128, the same exact I as the half
-  // blocks' sc_0 I_0 + sc_1 I_1; per byte, from the decoder's u' = levels[q] + 128: vpmaddubsw
-  // of u' with (sc, 0) and with (0, sc) gives the even and odd bytes' u' sc in 16-bit lanes
-  // (|u' sc| <= 255 * 32: no saturation), plus 128 - 128 sc = u, whose low bytes go back in
-  // place. S1 = its s1, S2 = 0.
+  // In Q8_0's form (kQ8: a type whose products v sc fit an int8, Q3_K: gemm_type): V = u8 [len
+  // / 32][8 quads][16 rows][4], u = v sc + 128, the same exact I as the half blocks' sc_0 I_0 +
+  // sc_1 I_1; per byte, from the decoder's u' = v + B (B <= 128, u' <= 255): vpmaddubsw of u'
+  // with (sc, 0) and with (0, sc) gives the even and odd bytes' u' sc in 16-bit lanes (|u' sc|
+  // <= 255 * 32: no saturation), plus 128 - B sc = u, whose low bytes go back in place. S1 =
+  // its s1, S2 = 0.
   template <bool kQ8, class D>
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
     static_assert(!min16_of<D>(), "Q2_K's min term has no place in the sub16 chunks");
-    if constexpr (kQ8 && D::kBias != 128)
-      fail("fast kernels: Q8_0's form takes u = levels[q] + 128, not bias ", D::kBias);
+    static_assert(!kQ8 || (D::kBias >= 0 && D::kBias <= 128), "Q8_0's form takes u = v + B, B <= 128");
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       D dec = dec0;
@@ -1027,7 +1047,7 @@ struct Avx512Isa : Avx2Isa {
         const __m512i sc_b = _mm512_and_si512(sc32, _mm512_set1_epi32(0xFF));  // (sc's byte, from the sign-extended int32)
         const __m512i sc_even = _mm512_or_si512(sc_b, _mm512_slli_epi32(sc_b, 16));
         const __m512i sc_odd = _mm512_slli_epi16(sc_even, 8);
-        const __m512i c32 = _mm512_sub_epi32(_mm512_set1_epi32(128), _mm512_slli_epi32(sc32, 7));
+        const __m512i c32 = _mm512_sub_epi32(_mm512_set1_epi32(128), _mm512_mullo_epi32(sc32, _mm512_set1_epi32(D::kBias)));
         const __m512i c = _mm512_mask_blend_epi16(0xAAAAAAAA, c32, _mm512_slli_epi32(c32, 16));
         for (int t = 0; t < 4; ++t) {
           const __m512i even = _mm512_add_epi16(_mm512_maddubs_epi16(w[t], sc_even), c);
