@@ -368,7 +368,11 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
   thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  shutdown();
+  std::unique_lock<std::mutex> lk(mu_);  // (a load woken by the shutdown still uses members)
+  loads_cv_.wait(lk, [&] { return loads_in_flight_ == 0; });
+}
 
 // (The embedding table is locked as rows even when the output head is a packed copy of it.)
 std::string lock_weights(const Model& model, Backend& backend) {
@@ -508,7 +512,15 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stop_) fail(kShuttingDown);  // (before mapping and packing a whole file)
+    ++loads_in_flight_;
   }
+  struct InFlight {  // (declared first: left last, after every local that uses the engine)
+    Engine* e;
+    ~InFlight() {
+      std::lock_guard<std::mutex> lk(e->mu_);
+      if (--e->loads_in_flight_ == 0) e->loads_cv_.notify_all();
+    }
+  } in_flight{this};
   if (sched_cfg_.max_active_adapters < 1)
     fail("LoRA adapter '", name, "': adapters are off (max_active_adapters is 0)");
   if (!replace && find_adapter(name)) fail("a LoRA adapter named '", name, "' is already loaded");
@@ -565,6 +577,11 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
     old = std::exchange(it->second, a);
   }
   return a;
+}
+
+int Engine::adapter_loads_in_flight() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return loads_in_flight_;
 }
 
 void Engine::unload_adapter(const std::string& name) {

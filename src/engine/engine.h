@@ -126,11 +126,13 @@ class Engine {
   // `replace` (vLLM's load_inplace): then requests that hold the old adapter finish with it, and
   // later ones take the new (its own prefix-cache salt: no block computed under the old is
   // reused). unload_adapter refuses (ft::Error saying how many) while requests hold the adapter (queued
-  // or running); unknown names are AdapterNotFound.
+  // or running); unknown names are AdapterNotFound. The destructor waits for the load_adapter
+  // calls under way (shutdown ends their waits: they fail, "shutting down").
   std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path,
                                                   bool replace = false);
   void unload_adapter(const std::string& name);
   std::shared_ptr<const LoraAdapter> find_adapter(const std::string& name) const;  // null: none
+  int adapter_loads_in_flight() const;  // load_adapter calls under way
   // Names and files of the adapters loaded, and one's file (none: not loaded). (No copies of
   // the adapters: a copy held while listing made an unload racing with it "in use".)
   std::vector<std::pair<std::string, std::string>> adapter_files() const;
@@ -189,6 +191,8 @@ class Engine {
   std::atomic<bool> has_incoming_{false};  // incoming_ is not empty (set and cleared under mu_)
   std::vector<uint64_t> cancels_;
   std::vector<std::function<void()>> tasks_;  // run on the engine thread between steps
+  int loads_in_flight_ = 0;                    // load_adapter calls under way (under mu_)
+  std::condition_variable loads_cv_;           // (the destructor waits for them)
   mutable std::mutex adapters_mu_;
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;  // under adapters_mu_
   bool stop_ = false;
