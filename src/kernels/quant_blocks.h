@@ -180,6 +180,9 @@ inline constexpr int8_t kValuesIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22,
 // The values of the ternary types over d (q - 1): TQ1_0's trits give the first three, TQ2_0's
 // 2-bit q all four (ggml writes q <= 2, but a file's q = 3 means +2).
 inline constexpr int8_t kValuesTernary[16] = {-1, 0, 1, 2};
+// Q3_K's values over -d (sc - 32) by index 3 - q (q3k_q in [-4, 3]): i - 3 = -q. Negated so
+// that a value times its scale (sc - 32 in [-32, 31]) lies in [-128, 124], an int8 (packed.h).
+inline constexpr int8_t kValuesQ3KNeg[16] = {-3, -2, -1, 0, 1, 2, 3, 4};
 
 // Activation format for K-quant dot products: float scale, int8 values, sums of 16.
 struct Q8_K {

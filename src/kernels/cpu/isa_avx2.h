@@ -655,53 +655,45 @@ struct Avx2Isa {
       w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
     }
   };
-  // Q3_K (packed.h), as Q6_K's quad variant: per half block hh and rows 8h..8h+7, quads6_h gives
-  // its 4 quads as u = low + 4 high = 3 - q in [0, 7] (B = 3), sc32 the rows' scales, s1 = d'.
-  struct DecQ3_K : Q3KCursor {
-    static constexpr int kBias = Q3KBlock::kBias, kBytesPer32 = Q3KBlock::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = false, kSignedQuads = false, kSub16 = true;
+  // The levels16 layout (packed.h: Q3_K, IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
+  // block hh and rows 8h..8h+7, quads6_h gives its 4 quads of indices i = low + 4 high as
+  // IQ4_NL's quads do by a byte shuffle (u = levels[i] + 128 with AVX-VNNI, else signed v =
+  // levels[i]; Q3_K: u = i itself, B = 3, on both: levels16_index_bias), sc32 the rows' scales
+  // (the grid types' steps 2s + 1); s1 = d unit.
+  template <GGMLType T>
+  struct DecLevels16 : Levels16Cursor {
+    static constexpr int kIndexBias = levels16_index_bias(T);
+    static constexpr int kBias = kIndexBias >= 0 ? kIndexBias : kVnniQuads ? 128 : 0;
+    static constexpr int kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSignedQuads = kIndexBias < 0 && !kVnniQuads, kSub16 = true;
+    static_assert(max_abs_level(T) <= 63, "half_sum's int16 sums of signed levels");
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
-      s1lo = h8(blk + Q3KBlock::kD);
-      s1hi = h8(blk + Q3KBlock::kD + 16);
+      s1lo = h8(blk + Levels16Block::kD);
+      s1hi = h8(blk + Levels16Block::kD + 16);
+      if constexpr (level_unit(T) != 1.0f) {
+        s1lo = _mm256_mul_ps(s1lo, _mm256_set1_ps(level_unit(T)));
+        s1hi = _mm256_mul_ps(s1hi, _mm256_set1_ps(level_unit(T)));
+      }
     }
     [[gnu::always_inline]] __m256i sc32(int hh, int h) const {
-      return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Q3KBlock::kSc + (2 * sb + hh) * 16 + 8 * h)));
+      return _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + hh) * 16 + 8 * h)));
     }
     // (16-bit shifts: the ands keep bits 0-1 and bit 2 of each byte, which came from the same byte.)
     [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * hh + 32 * h));
       const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
       const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+      [[maybe_unused]] const __m256i lut = _mm256_add_epi8(
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))),
+          _mm256_set1_epi8(char(kBias)));
       for (int t = 0; t < 4; ++t) {
         const int s = 4 * hh + t;  // (the high bit's place in its byte, to bit 2)
         const __m256i low = _mm256_and_si256(t == 0 ? b : _mm256_srli_epi16(b, 2 * t), three);
         const __m256i high = s >= 2 ? _mm256_srli_epi16(H, s - 2) : _mm256_slli_epi16(H, 2 - s);
         w[t] = _mm256_or_si256(low, _mm256_and_si256(high, four));
+        if constexpr (kIndexBias < 0) w[t] = _mm256_shuffle_epi8(lut, w[t]);
       }
-    }
-  };
-  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
-  // block hh and rows 8h..8h+7, quads6_h gives its 4 quads as IQ4_NL's do (u = levels[q] + 128
-  // with AVX-VNNI, else signed v = levels[q]), sc32 the rows' scales (the grid types' steps
-  // 2s + 1); s1 = d unit.
-  template <GGMLType T>
-  struct DecLevels16 : Levels16Cursor {
-    static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kSub16 = true;
-    static_assert(max_abs_level(T) <= 63, "half_sum's int16 sums of signed levels");
-    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
-      s1lo = _mm256_mul_ps(h8(blk + Levels16Block::kD), _mm256_set1_ps(level_unit(T)));
-      s1hi = _mm256_mul_ps(h8(blk + Levels16Block::kD + 16), _mm256_set1_ps(level_unit(T)));
-    }
-    [[gnu::always_inline]] __m256i sc32(int hh, int h) const {
-      return _mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + hh) * 16 + 8 * h)));
-    }
-    [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
-      __m256i a[2], b[2];
-      level_quads_h<level_values(T), kBias>(q, 2 * hh, h, a);
-      level_quads_h<level_values(T), kBias>(q, 2 * hh + 1, h, b);
-      w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
     }
   };
   // Q2_K (packed.h): s1 = d; min_scales(h, b_0, b_1) rows 8h..8h+7's b_hh = -dmin m_hh, the min term's
@@ -958,7 +950,7 @@ struct Avx2Isa {
       case GGMLType::IQ2_XS: f(DecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
       case GGMLType::IQ2_S: f(DecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(DecLevels16<GGMLType::IQ1_M>{{group}}); return true;
-      case GGMLType::Q3_K: f(DecQ3_K{{group}}); return true;
+      case GGMLType::Q3_K: f(DecLevels16<GGMLType::Q3_K>{{group}}); return true;
       case GGMLType::Q2_K: f(DecQ2_K{{group}}); return true;
       default: return false;
     }
@@ -1285,7 +1277,7 @@ struct Avx2Isa {
         continue;
       }
       if (is_levels16_layout(t)) {
-        using L = DecLevels16<GGMLType::IQ2_XS>;  // (every levels16 type's bias and signs)
+        using L = DecLevels16<GGMLType::IQ2_XS>;  // (every grid levels16 type's bias and signs; Q3_K's chunks are Q8_0's form)
         mk_sub16<L::kSignedQuads>(mr, x, L::kBias, v, S1[g], len, c + 16 * g, ldc, first);
         continue;
       }

@@ -601,43 +601,35 @@ struct Avx512Isa : Avx2Isa {
       w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), m4, 0xEC);
     }
   };
-  // Q3_K (packed.h), as Q6_K's quad variant: per half block h its 4 quads as u = low + 4 high
-  // = 3 - q in [0, 7] (I_h = sum u xq - 3 X_h), sc(h) its rows' scales, s1 = d'.
-  struct QDecQ3_K : Q3KCursor {
-    static constexpr int kBias = Q3KBlock::kBias, kBytesPer32 = Q3KBlock::kBytes / 8;  // (on average)
+  // The levels16 layout (packed.h: Q3_K, IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
+  // block h its 4 quads of indices i = low + 4 high, as u = levels[i] + 128 by a byte shuffle
+  // (Q3_K: u = i itself, B = 3: levels16_index_bias), so I_h = sum u xq - B X_h; sc(h) its rows'
+  // scales (the grid types' steps 2s + 1); s1 = d unit.
+  template <GGMLType T>
+  struct QDecLevels16 : Levels16Cursor {
+    static constexpr int kIndexBias = levels16_index_bias(T);
+    static constexpr int kBias = kIndexBias >= 0 ? kIndexBias : 128, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = true;
-    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = h16(blk + Q3KBlock::kD); }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const {
+      s1 = h16(blk + Levels16Block::kD);
+      if constexpr (level_unit(T) != 1.0f) s1 = _mm512_mul_ps(s1, _mm512_set1_ps(level_unit(T)));
+    }
     [[gnu::always_inline]] __m512i sc(int h) const {
-      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Q3KBlock::kSc + (2 * sb + h) * 16)));
+      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + h) * 16)));
     }
     // (16-bit shifts: the ands keep bits 0-1 and bit 2 of each byte, which came from the same
-    // byte.) w = low | (high & 4): ternary logic 0xF8 = A | (B & C).
+    // byte.) i = low | (high & 4): ternary logic 0xF8 = A | (B & C).
     [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
       const __m512i b = ld(q + 64 * h), H = ld(qh), three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+      [[maybe_unused]] const __m512i lut = _mm512_add_epi8(
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))), _mm512_set1_epi8(char(kBias)));
       for (int t = 0; t < 4; ++t) {
         const int s = 4 * h + t;  // (the high bit's place in its byte, to bit 2)
         const __m512i low = _mm512_and_si512(t == 0 ? b : _mm512_srli_epi16(b, unsigned(2 * t)), three);
         const __m512i high = s >= 2 ? _mm512_srli_epi16(H, unsigned(s - 2)) : _mm512_slli_epi16(H, unsigned(2 - s));
         w[t] = _mm512_ternarylogic_epi32(low, high, four, 0xF8);
+        if constexpr (kIndexBias < 0) w[t] = _mm512_shuffle_epi8(lut, w[t]);
       }
-    }
-  };
-  // The levels16 layout (packed.h: IQ2_XS, IQ2_S, IQ1_M), as Q6_K's quad variant: per half
-  // block h its 4 quads as u = levels[q] + 128 (I_h = sum u xq - 128 X_h), sc(h) its rows'
-  // scales (the grid types' steps 2s + 1); s1 = d unit.
-  template <GGMLType T>
-  struct QDecLevels16 : Levels16Cursor {
-    static constexpr int kBias = 128, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
-    static constexpr bool kS2 = false, kSub16 = true;
-    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const {
-      s1 = _mm512_mul_ps(h16(blk + Levels16Block::kD), _mm512_set1_ps(level_unit(T)));
-    }
-    [[gnu::always_inline]] __m512i sc(int h) const {
-      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + h) * 16)));
-    }
-    [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
-      level_quads<level_values(T), kBias>(q + 128 * h, w[0], w[1]);
-      level_quads<level_values(T), kBias>(q + 128 * h + 64, w[2], w[3]);
     }
   };
   // Q2_K (packed.h): s1 = d; min_scales(b_0, b_1) the rows' b_h = -dmin m_h, the min term's
@@ -704,7 +696,7 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::IQ2_XS: f(QDecLevels16<GGMLType::IQ2_XS>{{group}}); return true;
       case GGMLType::IQ2_S: f(QDecLevels16<GGMLType::IQ2_S>{{group}}); return true;
       case GGMLType::IQ1_M: f(QDecLevels16<GGMLType::IQ1_M>{{group}}); return true;
-      case GGMLType::Q3_K: f(QDecQ3_K{{group}}); return true;
+      case GGMLType::Q3_K: f(QDecLevels16<GGMLType::Q3_K>{{group}}); return true;
       case GGMLType::Q2_K: f(QDecQ2_K{{group}}); return true;
       default: return false;
     }

@@ -111,8 +111,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
       return LevelsBlock::kBytes;
-    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: return Levels16Block::kBytes;
-    case GGMLType::Q3_K: return Q3KBlock::kBytes;
+    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K: return Levels16Block::kBytes;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
     case GGMLType::Q6_K: return Q6KBlock::kBytes;
@@ -206,8 +205,28 @@ struct Levels16 {
   int8_t sc[16];
   uint8_t idx[256];
 };
+// level_index gives the first index of a level: every levels16 type's levels are among its
+// first Levels16Block::kLevels.
+constexpr bool levels16_fit(GGMLType t) {
+  for (int i = Levels16Block::kLevels; i < 16; ++i) {
+    bool seen = false;
+    for (int j = 0; j < Levels16Block::kLevels; ++j) seen = seen || level_values(t)[j] == level_values(t)[i];
+    if (!seen) return false;
+  }
+  return true;
+}
+static_assert(levels16_fit(GGMLType::Q3_K) && levels16_fit(GGMLType::IQ2_XS) && levels16_fit(GGMLType::IQ2_S) &&
+              levels16_fit(GGMLType::IQ1_M));
 Levels16 levels16(GGMLType t, const uint8_t* blk) {
   Levels16 o{};
+  if (t == GGMLType::Q3_K) {  // (-d, sc - 32, i = 3 - q: blocks::kValuesQ3KNeg)
+    const auto& b = *reinterpret_cast<const blocks::Q3_K*>(blk);
+    const uint16_t neg_d = uint16_t(load_u16(b.d) ^ 0x8000);
+    std::memcpy(o.d, &neg_d, 2);
+    for (int h = 0; h < 16; ++h) o.sc[h] = int8_t(blocks::scale_k3(h, b.scales) - 32);
+    for (int e = 0; e < 256; ++e) o.idx[e] = uint8_t(3 - blocks::q3k_q(b, e));
+    return o;
+  }
   const uint16_t d = t == GGMLType::IQ1_M ? blocks::iq1m_d_bits(*reinterpret_cast<const blocks::IQ1_M*>(blk)) : load_u16(blk);
   std::memcpy(o.d, &d, 2);
   float w[256];
@@ -231,13 +250,13 @@ inline int q6k_high(const uint8_t* qh, int e, int r) {
 // Q2_K's q of element e (< 256), row r: byte and shift (packed.h: k = 16h + 4t + e').
 inline int q2k_at(int e, int r) { return Q2KBlock::kQ + (e / 16) * 64 + r * 4 + e % 4; }
 inline int q2k_shift(int e) { return 2 * ((e % 16) / 4); }
-// Q3_K's u of element e (< 256), row r (packed.h): its low field's byte (shift q2k_shift(e), as
-// Q2_K's), its high bit's byte and bit.
-inline int q3k_low_at(int e, int r) { return Q3KBlock::kQ + (e / 32) * Q3KBlock::kQPer32 + ((e % 32) / 16) * 64 + r * 4 + e % 4; }
-inline int q3k_high_at(int e, int r) { return Q3KBlock::kQ + (e / 32) * Q3KBlock::kQPer32 + Q3KBlock::kLowPer32 + r * 4 + e % 4; }
-inline int q3k_high_bit(int e) { return (e % 32) / 4; }  // (4h + t)
-inline int q3k_u(const uint8_t* blk, int e, int r) {
-  return ((blk[q3k_low_at(e, r)] >> q2k_shift(e)) & 3) | ((blk[q3k_high_at(e, r)] >> q3k_high_bit(e)) & 1) << 2;
+// The levels16 layout's index of element e (< 256), row r (packed.h): its low field's byte
+// (shift q2k_shift(e), as Q2_K's), its high bit's byte and bit.
+inline int l16_low_at(int e, int r) { return Levels16Block::kQ + (e / 32) * Levels16Block::kQPer32 + ((e % 32) / 16) * 64 + r * 4 + e % 4; }
+inline int l16_high_at(int e, int r) { return Levels16Block::kQ + (e / 32) * Levels16Block::kQPer32 + Levels16Block::kLowPer32 + r * 4 + e % 4; }
+inline int l16_high_bit(int e) { return (e % 32) / 4; }  // (4h + t)
+inline int l16_index(const uint8_t* blk, int e, int r) {
+  return ((blk[l16_low_at(e, r)] >> q2k_shift(e)) & 3) | ((blk[l16_high_at(e, r)] >> l16_high_bit(e)) & 1) << 2;
 }
 // The unsigned 6-bit q of element e, row r of a Q6_K block in the pair layout.
 inline int q6k_pair_q(const uint8_t* blk, int e, int r) {
@@ -314,11 +333,14 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             for (int e = 0; e < 256; ++e) blk[LevelsBlock::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
             break;
           }
-          case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: {
+          case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K: {
             const Levels16 L = levels16(t, row + uint64_t(ib) * type_traits(t).type_size);
             std::memcpy(blk + Levels16Block::kD + 2 * r, L.d, 2);
             for (int h = 0; h < 16; ++h) blk[Levels16Block::kSc + h * 16 + r] = uint8_t(L.sc[h]);
-            for (int e = 0; e < 256; ++e) blk[Levels16Block::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
+            for (int e = 0; e < 256; ++e) {  // (L.idx[e] < 8: levels16_fit)
+              blk[l16_low_at(e, r)] |= uint8_t((L.idx[e] & 3) << q2k_shift(e));
+              blk[l16_high_at(e, r)] |= uint8_t((L.idx[e] >> 2) << l16_high_bit(e));
+            }
             break;
           }
           case GGMLType::MXFP4: {  // (as Q4_0, its f16 scale in d)
@@ -361,18 +383,6 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             }
             break;
           }
-          case GGMLType::Q3_K: {  // (-d, sc - 32, u = 3 - q)
-            const auto& b = reinterpret_cast<const blocks::Q3_K*>(row)[ib];
-            const uint16_t neg_d = uint16_t(load_u16(b.d) ^ 0x8000);
-            std::memcpy(blk + Q3KBlock::kD + 2 * r, &neg_d, 2);
-            for (int h = 0; h < 16; ++h) blk[Q3KBlock::kSc + h * kGroup + r] = uint8_t(int8_t(blocks::scale_k3(h, b.scales) - 32));
-            for (int e = 0; e < 256; ++e) {
-              const int u = Q3KBlock::kBias - blocks::q3k_q(b, e);
-              blk[q3k_low_at(e, r)] |= uint8_t((u & 3) << q2k_shift(e));
-              blk[q3k_high_at(e, r)] |= uint8_t((u >> 2) << q3k_high_bit(e));
-            }
-            break;
-          }
           case GGMLType::Q2_K: {
             const auto& b = reinterpret_cast<const blocks::Q2_K*>(row)[ib];
             std::memcpy(blk + Q2KBlock::kD + 2 * r, b.d, 2);
@@ -404,7 +414,7 @@ inline int qnib_shift(int e) { return e % 8 < 4 ? 0 : 4; }
 
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out) {
-  if (!is_quad_type(t) && !is_levels16_layout(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
+  if (!is_quad_type(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
   // The scales (and the 256-blocks' headers, Q5_K's 5th bits) are where the pair layout has
   // them; only q (the low 4 bits) moves.
   pack_rows(t, rows, row_bytes, n_rows, K, out);
@@ -413,7 +423,6 @@ void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
   const int64_t G = n_groups(n_rows), nb = K / bl;
   const uint64_t q_off = t == GGMLType::Q4_K || t == GGMLType::Q5_K ? Q4KBlock::kQ  // q bytes inside a block
                          : is_levels_layout(t)                       ? LevelsBlock::kQ
-                         : is_levels16_layout(t)                     ? Levels16Block::kQ
                          : t == GGMLType::Q4_1 || t == GGMLType::Q5_1 ? Q41Block::kQ
                                                                      : 32;
   const uint64_t q_bytes = uint64_t(bl) * kGroup / (t == GGMLType::Q8_0 ? 1 : 2);
@@ -483,11 +492,8 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
       return {int(level_values(t)[nib(blk + LevelsBlock::kQ)]),
               f16(blk + LevelsBlock::kD + 2 * r) * float(int8_t(blk[LevelsBlock::kSc + (e / 32) * 16 + r])) * level_unit(t),
               0.0f};
-    case GGMLType::Q3_K:
-      return {(q3k_u(blk, e, r) - Q3KBlock::kBias) * int(int8_t(blk[Q3KBlock::kSc + (e / 16) * kGroup + r])),
-              f16(blk + Q3KBlock::kD + 2 * r), 0.0f};
-    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M:
-      return {int(level_values(t)[nib(blk + Levels16Block::kQ)]) * int(int8_t(blk[Levels16Block::kSc + (e / 16) * 16 + r])),
+    case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K:
+      return {int(level_values(t)[l16_index(blk, e, r)]) * int(int8_t(blk[Levels16Block::kSc + (e / 16) * 16 + r])),
               f16(blk + Levels16Block::kD + 2 * r) * level_unit(t), 0.0f};
     case GGMLType::Q4_K: case GGMLType::Q5_K: {
       const int s = e / 32;

@@ -38,20 +38,18 @@
 //              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
 //              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
 //              Q8_0 8.5)
-//   levels16 (256: the grid types with a scale per 16 k, IQ2_XS, IQ2_S, IQ1_M:
-//              iq::has_level16_form) f16 d[16]; int8 sc[16][16] (the scale of each 16 k); q as the
-//              levels layout's                       w = (d*unit) * sc * levels[q], sub-block = k/16
-//              sc = 2s + 1, levels and unit as the per-32 grid types' (IQ2: IQ2_XXS's, IQ1_M:
-//              IQ1_S's). Exact in 4.56 bits a weight (their files 2.31, 2.56 and 1.75; Q8_0 8.5)
-//   Q3_K (256) f16 d'[16] = -d; int8 sc[16][16] (its 6-bit scale - 32, of each 16 k); per
-//              32-block s (Q3KBlock::kQPer32 bytes): low fields [2 halves][16 rows][4] (byte (h,
-//              r, e) holds at bits 2t, 2t + 1 the low field of k = 32s + 16h + 4t + e, as Q2_K's),
-//              then high bits [16 rows][4] (byte (r, e) holds at bit 4h + t the high bit of
-//              that k), both complemented: u = low + 4 high = 3 - q in [0, 7] (q in [-4, 3],
-//              ggml's value), so v = u - 3 = -q
-//                                                    w = d' * sc * v, sub-block = k/16
-//              (3.56 bits a weight, its file 3.44; one layout for every ISA; the levels16
-//              layout's nibble per weight, 4.56 bits, until 2026-12-07)
+//   levels16 (256: Q3_K and the grid types with a scale per 16 k, IQ2_XS, IQ2_S, IQ1_M:
+//              iq::has_level16_form) f16 d[16]; int8 sc[16][16] (the scale of each 16 k); per
+//              32-block s (Levels16Block::kQPer32 bytes) a 3-bit index i into the type's levels
+//              (level_values, at most 8) of each k: its low fields [2 halves][16 rows][4] (byte
+//              (h, r, e) holds at bits 2t, 2t + 1 the low 2 bits of k = 32s + 16h + 4t + e's i,
+//              as Q2_K's fields), then its high bits [16 rows][4] (byte (r, e) holds at bit 4h + t
+//              the high bit of that k's i)          w = (d*unit) * sc * levels[i], sub-block = k/16
+//              the grid types: sc = 2s + 1, levels and unit as the per-32 grid types' (IQ2:
+//              IQ2_XXS's, IQ1_M: IQ1_S's); Q3_K: d = -d, sc = its 6-bit scale - 32, i = 3 - q
+//              (q in [-4, 3], ggml's value), levels blocks::kValuesQ3KNeg = i - 3 = -q, unit 1.
+//              Exact in 3.56 bits a weight (their files 2.31, 2.56, 1.75 and 3.44; Q8_0 8.5),
+//              one layout for every ISA (a nibble per weight, 4.56 bits, until 2026-12-07)
 //   Q2_K (256) f16 d[16], dmin[16]; uint8 sm[16 halves][16 rows] (the file's byte: scale sc in
 //              the low nibble, min m in the high one, of each 16 k); q [16 halves][16 rows][4]:
 //              byte (h, r, e) holds at bits 2t, 2t + 1 the q (0..3) of k = 16h + 4t + e of row r
@@ -61,8 +59,7 @@
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
-// Q4_1, Q5_1, the level types, Q4_K and Q5_K, and the levels16 layout's nibbles; the scalar
-// kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// Q4_1, Q5_1, the level types, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
@@ -75,12 +72,11 @@
 //         12: u in [0, 24]; the others B = 128: u in [1, 255]), on plain AVX2 to v = levels[q]
 //         itself (|v| x sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
 // so the integer sum is I = sum u xq - B * sum xq, the same exact integer. Both variants have
-// the same bytes per block. The levels16 layout's quad variant moves its nibbles as the levels
-// layout's; a half block h (16 k) is quad pairs 2h and 2h + 1, and I = sc_0 I_0 + sc_1 I_1 as
-// Q6_K's below (u = levels[q] + 128 on vpdpbusd, v = levels[q] on plain AVX2). Q3_K's half
-// blocks are taken the same way, its u = 3 - q straight from its fields (B = 3: I_h = sum u xq
-// - 3 X_h); its products v sc = -q sc lie in [-128, 124], an int8, so its GEMM chunk is Q8_0's
-// form (gemm_type: v sc, s1 = d'): the same exact I, Q8_0's micro-kernels.
+// the same bytes per block. The levels16 layout (one layout for every ISA) gives a half block h
+// (16 k) as 4 quads of indices, and I = sc_0 I_0 + sc_1 I_1 as Q6_K's below (u = levels[i] + 128 on vpdpbusd, v = levels[i] on plain AVX2; Q3_K: u = i
+// itself, B = 3, on both). Q3_K's products levels[i] sc = -q sc lie in [-128, 124], an int8, so
+// its GEMM chunk is Q8_0's form (gemm_type: v = levels[i] sc, s1 = d): the same exact I, Q8_0's
+// micro-kernels.
 // Q6_K's quad variant (pack_rows_q6k_quad; the avx2 and avx512 kernels' layout, the scalar ones
 // keep the pair layout) keeps d and sc where the pair layout has them, then per 32-block of k in order
 // (kQuadPer32 bytes each, so a GEMV reads the block front to back):
@@ -101,8 +97,8 @@
 //   two, as ggml's d (ls - 32), d (0.5 + s) / 4, ...);
 //   Q4_K v = q, s1 = d*sc, s2 = -(dmin*m);  Q5_K v = q + 16 h, s1 and s2 as Q4_K;
 //   Q4_1 v = q, s1 = d, s2 = m;  Q5_1 v = q + 16 h, s1 = d, s2 = m;
-//   Q6_K v = (q - 32) * sc, s1 = d;  the levels16 layout v = levels[q] * sc, s1 = d*unit;
-//   Q3_K v = (u - 3) * sc, s1 = d';  Q2_K v = sc * q (in [0, 45]), s1 = d, and a min scale per half block h, b_h =
+//   Q6_K v = (q - 32) * sc, s1 = d;  the levels16 layout v = levels[i] * sc, s1 = d*unit (Q3_K:
+//   -d);  Q2_K v = sc * q (in [0, 45]), s1 = d, and a min scale per half block h, b_h =
 //   -(dmin * m_h) (exact in f32)
 // so x.w over a 32-block = dx * (s1 * I + s2 * X) with I = sum v xq and X = sum xq, exact
 // integers (Q2_K: dx * s1 * I + b_0 f_0 + b_1 f_1, f_h = dx * float(X_h), X_h the sum of half h's
@@ -172,34 +168,28 @@ struct NibbleCursor256 {
 };
 using Q4KCursor = NibbleCursor256<Q4KBlock>;
 using LevelsCursor = NibbleCursor256<LevelsBlock>;
-// Byte offsets inside one packed block of the levels layout with a scale per 16 (256 k of a
-// group): d, sc[16 halves][16 rows], then q as Q4_K's.
+// Byte offsets inside one packed block of the levels16 layout (256 k of a group; layout above):
+// d, sc[16 halves][16 rows], then per 32-block its indices' low fields (kLowPer32 bytes) and
+// high bits.
 struct Levels16Block {
-  static constexpr int kD = 0, kSc = 32, kQ = 32 + 16 * kGroup;
-  static constexpr int kBytes = kQ + 256 * kGroup / 2;  // 2336
-};
-using Levels16Cursor = NibbleCursor256<Levels16Block>;
-// Byte offsets inside one packed Q3_K block (256 k of a group; layout above): d', sc, then per
-// 32-block its low fields (kLowPer32 bytes) and high bits.
-struct Q3KBlock {
   static constexpr int kD = 0, kSc = 32, kQ = 32 + 16 * kGroup, kLowPer32 = 32 * kGroup / 4;
   static constexpr int kQPer32 = kLowPer32 + 32 * kGroup / 8;
   static constexpr int kBytes = kQ + 8 * kQPer32;  // 1824
-  static constexpr int kBias = 3;  // (u = v + 3)
+  static constexpr int kLevels = 8;  // (3-bit indices)
 };
-// A cursor over one packed Q3_K group: begin(kb) moves to 32-block kb: its 256-block blk, sb
-// (< 8) inside it, its low fields q and high bits qh.
-struct Q3KCursor {
+// A cursor over one packed levels16 group: begin(kb) moves to 32-block kb: its 256-block blk,
+// sb (< 8) inside it, its indices' low fields q and high bits qh.
+struct Levels16Cursor {
   const uint8_t* g;
   const uint8_t* blk = nullptr;
   const uint8_t* q = nullptr;
   const uint8_t* qh = nullptr;
   int sb = 0;
   [[gnu::always_inline]] void begin(int64_t kb) {
-    blk = g + (kb / 8) * Q3KBlock::kBytes;
+    blk = g + (kb / 8) * Levels16Block::kBytes;
     sb = int(kb % 8);
-    q = blk + Q3KBlock::kQ + Q3KBlock::kQPer32 * sb;
-    qh = q + Q3KBlock::kLowPer32;
+    q = blk + Levels16Block::kQ + Levels16Block::kQPer32 * sb;
+    qh = q + Levels16Block::kLowPer32;
   }
 };
 // Byte offsets inside one packed Q2_K block (256 k of a group; layout above).
@@ -290,19 +280,19 @@ void check_packable(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t
 
 // Weight types multiplied on the integer path.
 inline bool is_level_type(GGMLType t);
-inline bool is_levels16_layout(GGMLType t) { return iq::has_level16_form(t); }
+inline bool is_levels16_layout(GGMLType t) { return t == GGMLType::Q3_K || iq::has_level16_form(t); }
 inline bool is_int_type(GGMLType t) {
   return t == GGMLType::Q8_0 || t == GGMLType::Q4_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_1 ||
          t == GGMLType::Q5_1 || t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K ||
-         t == GGMLType::Q3_K || t == GGMLType::Q2_K || is_level_type(t) || is_levels16_layout(t);
+         t == GGMLType::Q2_K || is_level_type(t) || is_levels16_layout(t);
 }
 // Integer-path types with a scale per 16 k (the two halves of each 32-block: I = sc_0 I_0 +
-// sc_1 I_1): Q6_K, Q3_K and the levels16 layout. Their decoders give a half block's 4 quads at
-// once (kSub16 decoders) and their GEMM chunks are their own (unpack_sub16, mk_sub16), but Q3_K's
+// sc_1 I_1): Q6_K and the levels16 layout. Their decoders give a half block's 4 quads at once
+// (kSub16 decoders) and their GEMM chunks are their own (unpack_sub16, mk_sub16), but Q3_K's
 // (gemm_type: Q8_0's form, unpack_sub16<true>). (Q2_K's GEMV decodes half blocks too, kSub16,
 // but it is not one of these: its min term (kMin16) has no place in their chunks, so its chunk
 // is Q4_K's form; the sub16 chunk code static_asserts !kMin16.)
-inline bool is_sub16_type(GGMLType t) { return t == GGMLType::Q6_K || t == GGMLType::Q3_K || is_levels16_layout(t); }
+inline bool is_sub16_type(GGMLType t) { return t == GGMLType::Q6_K || is_levels16_layout(t); }
 // Integer-path types whose nibble is an index into a table of int8 levels (above): MXFP4 and
 // IQ4_NL (Q4_0's layout), and the levels layout's.
 // The ternary types (values (q - 1) d, d the block's last 2 bytes), in the levels layout.
@@ -317,6 +307,7 @@ constexpr const int8_t* level_values(GGMLType t) {
   return t == GGMLType::MXFP4                             ? blocks::kValuesMXFP4
          : t == GGMLType::IQ4_NL || t == GGMLType::IQ4_XS ? blocks::kValuesIQ4NL
          : is_ternary(t)                                  ? blocks::kValuesTernary
+         : t == GGMLType::Q3_K                            ? blocks::kValuesQ3KNeg
                                                           : iq::level_values(t);
 }
 constexpr int max_abs_level(GGMLType t) {
@@ -327,8 +318,16 @@ constexpr int max_abs_level(GGMLType t) {
   }
   return m;
 }
+// B where a levels16 type's levels are its indices minus B (Q3_K's: i - 3), so that its
+// decoders take the index itself as u = v + B, with no table; else -1.
+constexpr int levels16_index_bias(GGMLType t) {
+  const int b = -level_values(t)[0];
+  for (int i = 0; i < Levels16Block::kLevels; ++i)
+    if (level_values(t)[i] != i - b) return -1;
+  return b;
+}
 constexpr float level_unit(GGMLType t) {
-  return t == GGMLType::IQ4_XS || is_ternary(t) ? 1.0f : iq::level_unit(t);
+  return t == GGMLType::IQ4_XS || is_ternary(t) || t == GGMLType::Q3_K ? 1.0f : iq::level_unit(t);
 }
 // Integer-path types with a min term per 32-block (s2: w = v * s1 + s2).
 inline bool has_min_term(GGMLType t) {
@@ -361,8 +360,8 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
 // The quad types: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, the level types, Q4_K and Q5_K (their kernels
-// read whole 32-blocks of quads). pack_rows_quad gives their quad variant, and the levels16
-// layout's (whose GEMVs are Q6_K's half blocks: is_sub16_type); pack_rows every other type.
+// read whole 32-blocks of quads). pack_rows_quad gives their quad variant, pack_rows every
+// other type.
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
