@@ -127,7 +127,9 @@ class Engine {
   // later ones take the new (its own prefix-cache salt: no block computed under the old is
   // reused). unload_adapter refuses (ft::Error saying how many) while requests hold the adapter (queued
   // or running); unknown names are AdapterNotFound. The destructor waits for the load_adapter
-  // calls under way (shutdown ends their waits: they fail, "shutting down").
+  // calls under way (those counted in adapter_loads_in_flight: shutdown ends their waits, and
+  // they fail, "shutting down"); a call begun while the engine is being destroyed is the
+  // caller's error, as any call on a destroyed object.
   std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path,
                                                   bool replace = false);
   void unload_adapter(const std::string& name);

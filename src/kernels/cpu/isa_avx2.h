@@ -535,20 +535,52 @@ struct Avx2Isa {
   }
   // The levels layout (packed.h: IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
   // sub-block sb, its quads as IQ4_NL's.
+  template <GGMLType T>  // (the levels and levels3 layouts' s1 of sub-block sb)
+  [[gnu::always_inline]] static void levels_s1(const uint8_t* blk, int sb, __m256& s1lo, __m256& s1hi) {
+    s1lo = _mm256_mul_ps(h8(blk + LevelsBlock::kD), i8f(blk + LevelsBlock::kSc + 16 * sb));
+    s1hi = _mm256_mul_ps(h8(blk + LevelsBlock::kD + 16), i8f(blk + LevelsBlock::kSc + 16 * sb + 8));
+    if constexpr (level_unit(T) != 1.0f) {
+      s1lo = _mm256_mul_ps(s1lo, _mm256_set1_ps(level_unit(T)));
+      s1hi = _mm256_mul_ps(s1hi, _mm256_set1_ps(level_unit(T)));
+    }
+  }
   template <GGMLType T>
   struct DecLevels256 : LevelsCursor {
     static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = LevelsBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kQ8Form = true;
-    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
-      s1lo = _mm256_mul_ps(h8(blk + LevelsBlock::kD), i8f(blk + LevelsBlock::kSc + 16 * sb));
-      s1hi = _mm256_mul_ps(h8(blk + LevelsBlock::kD + 16), i8f(blk + LevelsBlock::kSc + 16 * sb + 8));
-      if constexpr (level_unit(T) != 1.0f) {
-        s1lo = _mm256_mul_ps(s1lo, _mm256_set1_ps(level_unit(T)));
-        s1hi = _mm256_mul_ps(s1hi, _mm256_set1_ps(level_unit(T)));
-      }
-    }
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const { levels_s1<T>(blk, sb, s1lo, s1hi); }
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
       level_quads_h<level_values(T), kBias>(q, P, h, w);
+    }
+  };
+  // Quad 4hh + t (k = 16hh + 4t .. 16hh + 4t + 3) of a 32-block's 3-bit indices (packed.h: the
+  // low fields q, the high bits qh), rows 8h..8h+7: i = low | (high & 4). (16-bit shifts: the
+  // ands keep bits 0-1 and bit 2 of each byte, which came from the same byte.)
+  [[gnu::always_inline]] static __m256i fields3_quad_h(const uint8_t* q, const uint8_t* qh, int hh, int t, int h) {
+    const int s = 4 * hh + t;  // (the high bit's place in its byte, to bit 2)
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * hh + 32 * h));
+    const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+    const __m256i low = _mm256_and_si256(t == 0 ? b : _mm256_srli_epi16(b, 2 * t), _mm256_set1_epi8(3));
+    const __m256i high = s >= 2 ? _mm256_srli_epi16(H, s - 2) : _mm256_slli_epi16(H, 2 - s);
+    return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(4)));
+  }
+  template <GGMLType T, int kB>  // (levels[i] + kB, a byte shuffle)
+  [[gnu::always_inline]] static __m256i level_lut() {
+    return _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))),
+                           _mm256_set1_epi8(char(kB)));
+  }
+  // The levels3 layout (packed.h: IQ2_XXS, IQ1_S, TQ1_0, TQ2_0): DecLevels256's scales and quads
+  // (u = levels[i] + 128 with AVX-VNNI, else signed v = levels[i]), from 3-bit indices.
+  template <GGMLType T>
+  struct DecLevels3 : Levels3Cursor {
+    static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = Levels3Block::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kQ8Form = true;
+    [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const { levels_s1<T>(blk, sb, s1lo, s1hi); }
+    [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
+      const __m256i lut = level_lut<T, kBias>();
+      const int hh = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1)
+      w[0] = _mm256_shuffle_epi8(lut, fields3_quad_h(q, qh, hh, t, h));
+      w[1] = _mm256_shuffle_epi8(lut, fields3_quad_h(q, qh, hh, t + 1, h));
     }
   };
   // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
@@ -666,6 +698,7 @@ struct Avx2Isa {
     static constexpr int kBias = kIndexBias >= 0 ? kIndexBias : kVnniQuads ? 128 : 0;
     static constexpr int kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSignedQuads = kIndexBias < 0 && !kVnniQuads, kSub16 = true;
+    static constexpr bool kQ8Form = T == GGMLType::Q3_K;  // (its chunk: levels x scale fit an int8)
     static_assert(max_abs_level(T) <= 63, "half_sum's int16 sums of signed levels");
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const {
       s1lo = h8(blk + Levels16Block::kD);
@@ -679,20 +712,10 @@ struct Avx2Isa {
       return _mm256_cvtepi8_epi32(
           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + hh) * 16 + 8 * h)));
     }
-    // (16-bit shifts: the ands keep bits 0-1 and bit 2 of each byte, which came from the same byte.)
     [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * hh + 32 * h));
-      const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
-      const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-      [[maybe_unused]] const __m256i lut = _mm256_add_epi8(
-          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))),
-          _mm256_set1_epi8(char(kBias)));
       for (int t = 0; t < 4; ++t) {
-        const int s = 4 * hh + t;  // (the high bit's place in its byte, to bit 2)
-        const __m256i low = _mm256_and_si256(t == 0 ? b : _mm256_srli_epi16(b, 2 * t), three);
-        const __m256i high = s >= 2 ? _mm256_srli_epi16(H, s - 2) : _mm256_slli_epi16(H, 2 - s);
-        w[t] = _mm256_or_si256(low, _mm256_and_si256(high, four));
-        if constexpr (kIndexBias < 0) w[t] = _mm256_shuffle_epi8(lut, w[t]);
+        w[t] = fields3_quad_h(q, qh, hh, t, h);
+        if constexpr (kIndexBias < 0) w[t] = _mm256_shuffle_epi8(level_lut<T, kBias>(), w[t]);
       }
     }
   };
@@ -762,10 +785,10 @@ struct Avx2Isa {
     else return false;
   }
   // One half block of a sub16 type, 8 rows: sum over its 16 k of w xq - bias X (X = the 16 xq's
-  // sum) as int32 lanes, exact; w unsigned (Q6_K's u in [0, 63]; the levels16 types' levels[q] +
-  // 128 with VNNI) or signed (the levels16 types' levels[q], |v| <= 63, without: |v| x sign(xq,
-  // v)). Without VNNI, vpmaddubsw pair sums (<= 2 * 63 * 127) add two at a time in int16 (<=
-  // 32004) before widening.
+  // sum) as int32 lanes, exact; w unsigned (Q6_K's u in [0, 63]; Q3_K's index u in [0, 7]; the
+  // grid levels16 types' levels[i] + 128 with VNNI) or signed (the grid levels16 types'
+  // levels[i], |v| <= 63, without: |v| x sign(xq, v)). Without VNNI, vpmaddubsw pair sums (<= 2 *
+  // 63 * 127) add two at a time in int16 (<= 32004) before widening.
   template <bool kSigned>
   static __m256i half_sum(const __m256i (&w)[4], const int8_t* x, int32_t X, int bias) {
 #ifdef FT_AVX_VNNI
@@ -938,12 +961,12 @@ struct Avx2Isa {
       case GGMLType::MXFP4: f(DecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
       case GGMLType::IQ4_NL: f(DecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
       case GGMLType::IQ4_XS: f(DecLevels256<GGMLType::IQ4_XS>{{group}}); return true;
-      case GGMLType::IQ2_XXS: f(DecLevels256<GGMLType::IQ2_XXS>{{group}}); return true;
+      case GGMLType::IQ2_XXS: f(DecLevels3<GGMLType::IQ2_XXS>{{group}}); return true;
       case GGMLType::IQ3_XXS: f(DecLevels256<GGMLType::IQ3_XXS>{{group}}); return true;
       case GGMLType::IQ3_S: f(DecLevels256<GGMLType::IQ3_S>{{group}}); return true;
-      case GGMLType::IQ1_S: f(DecLevels256<GGMLType::IQ1_S>{{group}}); return true;
-      case GGMLType::TQ1_0: f(DecLevels256<GGMLType::TQ1_0>{{group}}); return true;
-      case GGMLType::TQ2_0: f(DecLevels256<GGMLType::TQ2_0>{{group}}); return true;
+      case GGMLType::IQ1_S: f(DecLevels3<GGMLType::IQ1_S>{{group}}); return true;
+      case GGMLType::TQ1_0: f(DecLevels3<GGMLType::TQ1_0>{{group}}); return true;
+      case GGMLType::TQ2_0: f(DecLevels3<GGMLType::TQ2_0>{{group}}); return true;
       case GGMLType::Q4_K: f(DecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(DecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(DecQ6_K{{group}}); return true;
@@ -1138,6 +1161,7 @@ struct Avx2Isa {
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
     static_assert(!min16_of<D>(), "Q2_K's min term has no place in the sub16 chunks");
     static_assert(!kQ8 || D::kSignedQuads || (D::kBias >= 0 && D::kBias <= 128), "Q8_0's form takes u = v + B, B <= 128");
+    if constexpr (kQ8 && !q8_form_of<D>()) fail("fast kernels: Q8_0's form of a type whose products do not fit an int8");
     constexpr int kB = D::kSignedQuads ? 128 : D::kBias;  // (u' = v + kB)
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     const __m256i lo = _mm256_set1_epi16(0x00FF);

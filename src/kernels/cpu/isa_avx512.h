@@ -505,18 +505,50 @@ struct Avx512Isa : Avx2Isa {
   };
   // The levels layout (packed.h: IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
   // sub-block sb, u = levels[q] + 128 in [1, 255].
+  template <GGMLType T>  // (the levels and levels3 layouts' s1 of sub-block sb)
+  [[gnu::always_inline]] static __m512 levels_s1(const uint8_t* blk, int sb) {
+    const __m512 sc = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + LevelsBlock::kSc + 16 * sb))));
+    const __m512 s1 = _mm512_mul_ps(h16(blk + LevelsBlock::kD), sc);
+    if constexpr (level_unit(T) != 1.0f) return _mm512_mul_ps(s1, _mm512_set1_ps(level_unit(T)));
+    return s1;
+  }
   template <GGMLType T>
   struct QDecLevels256 : LevelsCursor {
     static constexpr int kBias = 128, kBytesPer32 = LevelsBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
-    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const {
-      const __m512 sc = _mm512_cvtepi32_ps(
-          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + LevelsBlock::kSc + 16 * sb))));
-      s1 = _mm512_mul_ps(h16(blk + LevelsBlock::kD), sc);
-      if constexpr (level_unit(T) != 1.0f) s1 = _mm512_mul_ps(s1, _mm512_set1_ps(level_unit(T)));
-    }
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = levels_s1<T>(blk, sb); }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
       level_quads<level_values(T), kBias>(q + 64 * P, w0, w1);
+    }
+  };
+  // Quad 4h + t (k = 16h + 4t .. 16h + 4t + 3) of a 32-block's 3-bit indices (packed.h: the low
+  // fields q, the high bits qh), 16 rows: i = low | (high & 4), ternary logic 0xF8 = A | (B & C).
+  // (16-bit shifts: the ands keep bits 0-1 and bit 2 of each byte, which came from the same byte.)
+  [[gnu::always_inline]] static __m512i fields3_quad(const uint8_t* q, const uint8_t* qh, int h, int t) {
+    const int s = 4 * h + t;  // (the high bit's place in its byte, to bit 2)
+    const __m512i b = ld(q + 64 * h), H = ld(qh);
+    const __m512i low = _mm512_and_si512(t == 0 ? b : _mm512_srli_epi16(b, unsigned(2 * t)), _mm512_set1_epi8(3));
+    const __m512i high = s >= 2 ? _mm512_srli_epi16(H, unsigned(s - 2)) : _mm512_slli_epi16(H, unsigned(2 - s));
+    return _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(4), 0xF8);
+  }
+  template <GGMLType T, int kB>  // (u = levels[i] + kB, a byte shuffle)
+  [[gnu::always_inline]] static __m512i level_lut() {
+    return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))),
+                           _mm512_set1_epi8(char(kB)));
+  }
+  // The levels3 layout (packed.h: IQ2_XXS, IQ1_S, TQ1_0, TQ2_0): QDecLevels256's scales, its
+  // quads from 3-bit indices (fields3_quad), u = levels[i] + 128 in [1, 255].
+  template <GGMLType T>
+  struct QDecLevels3 : Levels3Cursor {
+    static constexpr int kBias = 128, kBytesPer32 = Levels3Block::kBytes / 8;  // (on average)
+    static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
+    [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = levels_s1<T>(blk, sb); }
+    [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
+      const __m512i lut = level_lut<T, kBias>();
+      const int h = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1)
+      w0 = _mm512_shuffle_epi8(lut, fields3_quad(q, qh, h, t));
+      w1 = _mm512_shuffle_epi8(lut, fields3_quad(q, qh, h, t + 1));
     }
   };
   // Q4_K's and Q5_K's s1 = d sc, s2 = -(dmin m) of sub-block sb of a block's header (Q4KBlock).
@@ -610,6 +642,7 @@ struct Avx512Isa : Avx2Isa {
     static constexpr int kIndexBias = levels16_index_bias(T);
     static constexpr int kBias = kIndexBias >= 0 ? kIndexBias : 128, kBytesPer32 = Levels16Block::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = true;
+    static constexpr bool kQ8Form = T == GGMLType::Q3_K;  // (its chunk: levels x scale fit an int8)
     [[gnu::always_inline]] void scales(__m512& s1, __m512&) const {
       s1 = h16(blk + Levels16Block::kD);
       if constexpr (level_unit(T) != 1.0f) s1 = _mm512_mul_ps(s1, _mm512_set1_ps(level_unit(T)));
@@ -617,18 +650,10 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] __m512i sc(int h) const {
       return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + Levels16Block::kSc + (2 * sb + h) * 16)));
     }
-    // (16-bit shifts: the ands keep bits 0-1 and bit 2 of each byte, which came from the same
-    // byte.) i = low | (high & 4): ternary logic 0xF8 = A | (B & C).
     [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
-      const __m512i b = ld(q + 64 * h), H = ld(qh), three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-      [[maybe_unused]] const __m512i lut = _mm512_add_epi8(
-          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))), _mm512_set1_epi8(char(kBias)));
       for (int t = 0; t < 4; ++t) {
-        const int s = 4 * h + t;  // (the high bit's place in its byte, to bit 2)
-        const __m512i low = _mm512_and_si512(t == 0 ? b : _mm512_srli_epi16(b, unsigned(2 * t)), three);
-        const __m512i high = s >= 2 ? _mm512_srli_epi16(H, unsigned(s - 2)) : _mm512_slli_epi16(H, unsigned(2 - s));
-        w[t] = _mm512_ternarylogic_epi32(low, high, four, 0xF8);
-        if constexpr (kIndexBias < 0) w[t] = _mm512_shuffle_epi8(lut, w[t]);
+        w[t] = fields3_quad(q, qh, h, t);
+        if constexpr (kIndexBias < 0) w[t] = _mm512_shuffle_epi8(level_lut<T, kBias>(), w[t]);
       }
     }
   };
@@ -684,12 +709,12 @@ struct Avx512Isa : Avx2Isa {
       case GGMLType::MXFP4: f(QDecLevels32<GGMLType::MXFP4, 12>{{group}}); return true;
       case GGMLType::IQ4_NL: f(QDecLevels32<GGMLType::IQ4_NL, 128>{{group}}); return true;
       case GGMLType::IQ4_XS: f(QDecLevels256<GGMLType::IQ4_XS>{{group}}); return true;
-      case GGMLType::IQ2_XXS: f(QDecLevels256<GGMLType::IQ2_XXS>{{group}}); return true;
+      case GGMLType::IQ2_XXS: f(QDecLevels3<GGMLType::IQ2_XXS>{{group}}); return true;
       case GGMLType::IQ3_XXS: f(QDecLevels256<GGMLType::IQ3_XXS>{{group}}); return true;
       case GGMLType::IQ3_S: f(QDecLevels256<GGMLType::IQ3_S>{{group}}); return true;
-      case GGMLType::IQ1_S: f(QDecLevels256<GGMLType::IQ1_S>{{group}}); return true;
-      case GGMLType::TQ1_0: f(QDecLevels256<GGMLType::TQ1_0>{{group}}); return true;
-      case GGMLType::TQ2_0: f(QDecLevels256<GGMLType::TQ2_0>{{group}}); return true;
+      case GGMLType::IQ1_S: f(QDecLevels3<GGMLType::IQ1_S>{{group}}); return true;
+      case GGMLType::TQ1_0: f(QDecLevels3<GGMLType::TQ1_0>{{group}}); return true;
+      case GGMLType::TQ2_0: f(QDecLevels3<GGMLType::TQ2_0>{{group}}); return true;
       case GGMLType::Q4_K: f(QDecQ4_K{{group}}); return true;
       case GGMLType::Q5_K: f(QDecQ5_K{{group}}); return true;
       case GGMLType::Q6_K: f(QDecQ6_K{{group}}); return true;
@@ -1018,6 +1043,7 @@ struct Avx512Isa : Avx2Isa {
   static void unpack_sub16(const D dec0, int64_t k0, int64_t len, int16_t* V, float* S1, float* S2) {
     static_assert(!min16_of<D>(), "Q2_K's min term has no place in the sub16 chunks");
     static_assert(!kQ8 || (D::kBias >= 0 && D::kBias <= 128), "Q8_0's form takes u = v + B, B <= 128");
+    if constexpr (kQ8 && !q8_form_of<D>()) fail("fast kernels: Q8_0's form of a type whose products do not fit an int8");
     uint8_t* v = reinterpret_cast<uint8_t*>(V);
     for (int64_t kb = 0; kb < len / kQBlock; ++kb) {
       D dec = dec0;

@@ -110,7 +110,7 @@ uint64_t packed_block_bytes(GGMLType t) {
     case GGMLType::Q5_1: return Q51Block::kBytes;
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
-      return LevelsBlock::kBytes;
+      return is_levels3_layout(t) ? Levels3Block::kBytes : LevelsBlock::kBytes;
     case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K: return Levels16Block::kBytes;
     case GGMLType::Q4_K: return Q4KBlock::kBytes;
     case GGMLType::Q5_K: return Q5KBlock::kBytes;
@@ -205,18 +205,9 @@ struct Levels16 {
   int8_t sc[16];
   uint8_t idx[256];
 };
-// level_index gives the first index of a level: every levels16 type's levels are among its
-// first Levels16Block::kLevels.
-constexpr bool levels16_fit(GGMLType t) {
-  for (int i = Levels16Block::kLevels; i < 16; ++i) {
-    bool seen = false;
-    for (int j = 0; j < Levels16Block::kLevels; ++j) seen = seen || level_values(t)[j] == level_values(t)[i];
-    if (!seen) return false;
-  }
-  return true;
-}
-static_assert(levels16_fit(GGMLType::Q3_K) && levels16_fit(GGMLType::IQ2_XS) && levels16_fit(GGMLType::IQ2_S) &&
-              levels16_fit(GGMLType::IQ1_M));
+// (level_index gives the first index of a level: every levels16 type's are 3-bit.)
+static_assert(levels_fit_3_bits(GGMLType::Q3_K) && levels_fit_3_bits(GGMLType::IQ2_XS) &&
+              levels_fit_3_bits(GGMLType::IQ2_S) && levels_fit_3_bits(GGMLType::IQ1_M));
 Levels16 levels16(GGMLType t, const uint8_t* blk) {
   Levels16 o{};
   if (t == GGMLType::Q3_K) {  // (-d, sc - 32, i = 3 - q: blocks::kValuesQ3KNeg)
@@ -250,13 +241,21 @@ inline int q6k_high(const uint8_t* qh, int e, int r) {
 // Q2_K's q of element e (< 256), row r: byte and shift (packed.h: k = 16h + 4t + e').
 inline int q2k_at(int e, int r) { return Q2KBlock::kQ + (e / 16) * 64 + r * 4 + e % 4; }
 inline int q2k_shift(int e) { return 2 * ((e % 16) / 4); }
-// The levels16 layout's index of element e (< 256), row r (packed.h): its low field's byte
-// (shift q2k_shift(e), as Q2_K's), its high bit's byte and bit.
-inline int l16_low_at(int e, int r) { return Levels16Block::kQ + (e / 32) * Levels16Block::kQPer32 + ((e % 32) / 16) * 64 + r * 4 + e % 4; }
-inline int l16_high_at(int e, int r) { return Levels16Block::kQ + (e / 32) * Levels16Block::kQPer32 + Levels16Block::kLowPer32 + r * 4 + e % 4; }
-inline int l16_high_bit(int e) { return (e % 32) / 4; }  // (4h + t)
-inline int l16_index(const uint8_t* blk, int e, int r) {
-  return ((blk[l16_low_at(e, r)] >> q2k_shift(e)) & 3) | ((blk[l16_high_at(e, r)] >> l16_high_bit(e)) & 1) << 2;
+// The 3-bit index of element e (< 256), row r of a block B (the levels16 and levels3 layouts,
+// packed.h): its low field's byte (shift q2k_shift(e), as Q2_K's), its high bit's byte and bit.
+template <class B>
+int f3_low_at(int e, int r) { return B::kQ + (e / 32) * kFields3Per32 + ((e % 32) / 16) * 64 + r * 4 + e % 4; }
+template <class B>
+int f3_high_at(int e, int r) { return B::kQ + (e / 32) * kFields3Per32 + kFields3Low + r * 4 + e % 4; }
+inline int f3_high_bit(int e) { return (e % 32) / 4; }  // (4h + t)
+template <class B>
+int f3_index(const uint8_t* blk, int e, int r) {
+  return ((blk[f3_low_at<B>(e, r)] >> q2k_shift(e)) & 3) | ((blk[f3_high_at<B>(e, r)] >> f3_high_bit(e)) & 1) << 2;
+}
+template <class B>
+void set_f3_index(uint8_t* blk, int e, int r, int i) {  // (i < kFields3Levels; blk's bits start clear)
+  blk[f3_low_at<B>(e, r)] |= uint8_t((i & 3) << q2k_shift(e));
+  blk[f3_high_at<B>(e, r)] |= uint8_t((i >> 2) << f3_high_bit(e));
 }
 // The unsigned 6-bit q of element e, row r of a Q6_K block in the pair layout.
 inline int q6k_pair_q(const uint8_t* blk, int e, int r) {
@@ -330,17 +329,16 @@ void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_ro
             const Levels256 L = levels256(t, row + uint64_t(ib) * type_traits(t).type_size);
             std::memcpy(blk + LevelsBlock::kD + 2 * r, L.d, 2);
             for (int s = 0; s < 8; ++s) blk[LevelsBlock::kSc + s * 16 + r] = uint8_t(L.sc[s]);
-            for (int e = 0; e < 256; ++e) blk[LevelsBlock::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
+            for (int e = 0; e < 256; ++e)  // (levels3: L.idx[e] < 8, levels_fit_3_bits)
+              if (is_levels3_layout(t)) set_f3_index<Levels3Block>(blk, e, r, L.idx[e]);
+              else blk[LevelsBlock::kQ + nib_at(e, r)] |= uint8_t(L.idx[e] << nib_shift(r));
             break;
           }
           case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K: {
             const Levels16 L = levels16(t, row + uint64_t(ib) * type_traits(t).type_size);
             std::memcpy(blk + Levels16Block::kD + 2 * r, L.d, 2);
             for (int h = 0; h < 16; ++h) blk[Levels16Block::kSc + h * 16 + r] = uint8_t(L.sc[h]);
-            for (int e = 0; e < 256; ++e) {  // (L.idx[e] < 8: levels16_fit)
-              blk[l16_low_at(e, r)] |= uint8_t((L.idx[e] & 3) << q2k_shift(e));
-              blk[l16_high_at(e, r)] |= uint8_t((L.idx[e] >> 2) << l16_high_bit(e));
-            }
+            for (int e = 0; e < 256; ++e) set_f3_index<Levels16Block>(blk, e, r, L.idx[e]);
             break;
           }
           case GGMLType::MXFP4: {  // (as Q4_0, its f16 scale in d)
@@ -414,7 +412,7 @@ inline int qnib_shift(int e) { return e % 8 < 4 ? 0 : 4; }
 
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out) {
-  if (!is_quad_type(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
+  if (!is_quad_type(t) || is_levels3_layout(t)) return pack_rows(t, rows, row_bytes, n_rows, K, out);
   // The scales (and the 256-blocks' headers, Q5_K's 5th bits) are where the pair layout has
   // them; only q (the low 4 bits) moves.
   pack_rows(t, rows, row_bytes, n_rows, K, out);
@@ -489,11 +487,11 @@ IntWeight int_weight(GGMLType t, const uint8_t* blk, int e, int r) {
     case GGMLType::MXFP4: case GGMLType::IQ4_NL: return {int(level_values(t)[nib(blk + 32)]), f16(blk + 2 * r), 0.0f};
     case GGMLType::IQ4_XS: case GGMLType::IQ2_XXS: case GGMLType::IQ3_XXS: case GGMLType::IQ3_S:
     case GGMLType::IQ1_S: case GGMLType::TQ1_0: case GGMLType::TQ2_0:
-      return {int(level_values(t)[nib(blk + LevelsBlock::kQ)]),
+      return {int(level_values(t)[is_levels3_layout(t) ? f3_index<Levels3Block>(blk, e, r) : nib(blk + LevelsBlock::kQ)]),
               f16(blk + LevelsBlock::kD + 2 * r) * float(int8_t(blk[LevelsBlock::kSc + (e / 32) * 16 + r])) * level_unit(t),
               0.0f};
     case GGMLType::IQ2_XS: case GGMLType::IQ2_S: case GGMLType::IQ1_M: case GGMLType::Q3_K:
-      return {int(level_values(t)[l16_index(blk, e, r)]) * int(int8_t(blk[Levels16Block::kSc + (e / 16) * 16 + r])),
+      return {int(level_values(t)[f3_index<Levels16Block>(blk, e, r)]) * int(int8_t(blk[Levels16Block::kSc + (e / 16) * 16 + r])),
               f16(blk + Levels16Block::kD + 2 * r) * level_unit(t), 0.0f};
     case GGMLType::Q4_K: case GGMLType::Q5_K: {
       const int s = e / 32;

@@ -38,9 +38,13 @@
 //              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
 //              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
 //              Q8_0 8.5)
+//   levels3 (256: the levels layout's types with at most 8 levels, levels_fit_3_bits: IQ2_XXS,
+//              IQ1_S, TQ1_0, TQ2_0) d and sc as the levels layout's, then per 32-block a 3-bit
+//              index per k as the levels16 layout's (below): the same values in 3.31 bits a
+//              weight (the nibbles' 4.31 until 2026-12-06); one layout for every ISA
 //   levels16 (256: Q3_K and the grid types with a scale per 16 k, IQ2_XS, IQ2_S, IQ1_M:
 //              iq::has_level16_form) f16 d[16]; int8 sc[16][16] (the scale of each 16 k); per
-//              32-block s (Levels16Block::kQPer32 bytes) a 3-bit index i into the type's levels
+//              32-block s (kFields3Per32 bytes) a 3-bit index i into the type's levels
 //              (level_values, at most 8) of each k: its low fields [2 halves][16 rows][4] (byte
 //              (h, r, e) holds at bits 2t, 2t + 1 the low 2 bits of k = 32s + 16h + 4t + e's i,
 //              as Q2_K's fields), then its high bits [16 rows][4] (byte (r, e) holds at bit 4h + t
@@ -49,7 +53,7 @@
 //              IQ2_XXS's, IQ1_M: IQ1_S's); Q3_K: d = -d, sc = its 6-bit scale - 32, i = 3 - q
 //              (q in [-4, 3], ggml's value), levels blocks::kValuesQ3KNeg = i - 3 = -q, unit 1.
 //              Exact in 3.56 bits a weight (their files 2.31, 2.56, 1.75 and 3.44; Q8_0 8.5),
-//              one layout for every ISA (a nibble per weight, 4.56 bits, until 2026-12-07)
+//              one layout for every ISA (a nibble per weight, 4.56 bits, until 2026-12-06)
 //   Q2_K (256) f16 d[16], dmin[16]; uint8 sm[16 halves][16 rows] (the file's byte: scale sc in
 //              the low nibble, min m in the high one, of each 16 k); q [16 halves][16 rows][4]:
 //              byte (h, r, e) holds at bits 2t, 2t + 1 the q (0..3) of k = 16h + 4t + e of row r
@@ -168,30 +172,39 @@ struct NibbleCursor256 {
 };
 using Q4KCursor = NibbleCursor256<Q4KBlock>;
 using LevelsCursor = NibbleCursor256<LevelsBlock>;
-// Byte offsets inside one packed block of the levels16 layout (256 k of a group; layout above):
-// d, sc[16 halves][16 rows], then per 32-block its indices' low fields (kLowPer32 bytes) and
-// high bits.
+// 3-bit indices (the levels16 layout's, the levels3 layout's; layout above): per 32-block of a
+// group kFields3Per32 bytes, the low fields' kFields3Low, then the high bits.
+constexpr int kFields3Levels = 8, kFields3Low = 32 * kGroup / 4, kFields3Per32 = kFields3Low + 32 * kGroup / 8;
+// Byte offsets inside one packed block of the levels16 layout (256 k of a group): d, sc[16
+// halves][16 rows], then the 8 32-blocks' 3-bit indices.
 struct Levels16Block {
-  static constexpr int kD = 0, kSc = 32, kQ = 32 + 16 * kGroup, kLowPer32 = 32 * kGroup / 4;
-  static constexpr int kQPer32 = kLowPer32 + 32 * kGroup / 8;
-  static constexpr int kBytes = kQ + 8 * kQPer32;  // 1824
-  static constexpr int kLevels = 8;  // (3-bit indices)
+  static constexpr int kD = 0, kSc = 32, kQ = 32 + 16 * kGroup;
+  static constexpr int kBytes = kQ + 8 * kFields3Per32;  // 1824
 };
-// A cursor over one packed levels16 group: begin(kb) moves to 32-block kb: its 256-block blk,
-// sb (< 8) inside it, its indices' low fields q and high bits qh.
-struct Levels16Cursor {
+// Byte offsets inside one packed block of the levels3 layout (256 k of a group): d and sc as the
+// levels layout's, then the 8 32-blocks' 3-bit indices.
+struct Levels3Block {
+  static constexpr int kD = LevelsBlock::kD, kSc = LevelsBlock::kSc, kQ = LevelsBlock::kQ;
+  static constexpr int kBytes = kQ + 8 * kFields3Per32;  // 1696
+};
+// A cursor over one packed group of 256-blocks B with 3-bit indices: begin(kb) moves to 32-block
+// kb: its 256-block blk, sb (< 8) inside it, its indices' low fields q and high bits qh.
+template <class B>
+struct Fields3Cursor {
   const uint8_t* g;
   const uint8_t* blk = nullptr;
   const uint8_t* q = nullptr;
   const uint8_t* qh = nullptr;
   int sb = 0;
   [[gnu::always_inline]] void begin(int64_t kb) {
-    blk = g + (kb / 8) * Levels16Block::kBytes;
+    blk = g + (kb / 8) * B::kBytes;
     sb = int(kb % 8);
-    q = blk + Levels16Block::kQ + Levels16Block::kQPer32 * sb;
-    qh = q + Levels16Block::kLowPer32;
+    q = blk + B::kQ + kFields3Per32 * sb;
+    qh = q + kFields3Low;
   }
 };
+using Levels16Cursor = Fields3Cursor<Levels16Block>;
+using Levels3Cursor = Fields3Cursor<Levels3Block>;
 // Byte offsets inside one packed Q2_K block (256 k of a group; layout above).
 struct Q2KBlock {
   static constexpr int kD = 0, kDmin = 32, kSm = 64, kQ = 64 + 16 * kGroup, kQPer32 = 32 * kGroup / 4;
@@ -318,11 +331,23 @@ constexpr int max_abs_level(GGMLType t) {
   }
   return m;
 }
+// Whether a type's levels are all among its first kFields3Levels (level_index gives the first
+// index of a level): a 3-bit index suffices.
+constexpr bool levels_fit_3_bits(GGMLType t) {
+  for (int i = kFields3Levels; i < 16; ++i) {
+    bool seen = false;
+    for (int j = 0; j < kFields3Levels; ++j) seen = seen || level_values(t)[j] == level_values(t)[i];
+    if (!seen) return false;
+  }
+  return true;
+}
+// The levels layout's types with 3-bit indices (the levels3 layout): IQ2_XXS, IQ1_S, TQ1_0, TQ2_0.
+inline bool is_levels3_layout(GGMLType t) { return is_levels_layout(t) && levels_fit_3_bits(t); }
 // B where a levels16 type's levels are its indices minus B (Q3_K's: i - 3), so that its
 // decoders take the index itself as u = v + B, with no table; else -1.
 constexpr int levels16_index_bias(GGMLType t) {
   const int b = -level_values(t)[0];
-  for (int i = 0; i < Levels16Block::kLevels; ++i)
+  for (int i = 0; i < kFields3Levels; ++i)
     if (level_values(t)[i] != i - b) return -1;
   return b;
 }
