@@ -18,7 +18,8 @@ void quantize(GGMLType t, const float* x, uint8_t* dst, int64_t nb);
 // The grid types with one scale per 32-block (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): each value is d
 // (2s + 1) unit v exactly (11 + 5 + 7 significant bits at most), v an integer level: grid x sign
 // (IQ1_S: 8 (grid +- 1/8)), among level_values (16 int8, padded with zeros), which the CPU
-// kernels index by a nibble (packed.h, the levels layout).
+// kernels index by a nibble (packed.h, the levels layout; IQ2_XXS and IQ1_S, with 6 levels, by
+// 3 bits: the levels3 layout).
 bool has_level_form(GGMLType t);
 // 2s + 1 of 32-block ib (< 8) of block blk (a type with has_level_form).
 int step32(GGMLType t, const uint8_t* blk, int ib);

@@ -533,7 +533,7 @@ struct Avx2Isa {
   static __m256 i8f(const uint8_t* p) {  // 8 int8 -> f32
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  // The levels layout (packed.h: IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
+  // The levels layout (packed.h: IQ4_XS, IQ3_XXS, IQ3_S, with nibbles): s1 = d sc unit of
   // sub-block sb, its quads as IQ4_NL's.
   template <GGMLType T>  // (the levels and levels3 layouts' s1 of sub-block sb)
   [[gnu::always_inline]] static void levels_s1(const uint8_t* blk, int sb, __m256& s1lo, __m256& s1hi) {
@@ -546,6 +546,7 @@ struct Avx2Isa {
   }
   template <GGMLType T>
   struct DecLevels256 : LevelsCursor {
+    static_assert(!is_levels3_layout(T), "the levels3 layout's types pack 3-bit indices");
     static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = LevelsBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const { levels_s1<T>(blk, sb, s1lo, s1hi); }
@@ -573,6 +574,7 @@ struct Avx2Isa {
   // (u = levels[i] + 128 with AVX-VNNI, else signed v = levels[i]), from 3-bit indices.
   template <GGMLType T>
   struct DecLevels3 : Levels3Cursor {
+    static_assert(is_levels3_layout(T) && levels_fit_3_bits(T));
     static constexpr int kBias = kVnniQuads ? 128 : 0, kBytesPer32 = Levels3Block::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const { levels_s1<T>(blk, sb, s1lo, s1hi); }

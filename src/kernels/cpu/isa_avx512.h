@@ -503,7 +503,7 @@ struct Avx512Isa : Avx2Isa {
       level_quads<level_values(T), kB>(blk + 32 + 64 * P, w0, w1);
     }
   };
-  // The levels layout (packed.h: IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S): s1 = d sc unit of
+  // The levels layout (packed.h: IQ4_XS, IQ3_XXS, IQ3_S, with nibbles): s1 = d sc unit of
   // sub-block sb, u = levels[q] + 128 in [1, 255].
   template <GGMLType T>  // (the levels and levels3 layouts' s1 of sub-block sb)
   [[gnu::always_inline]] static __m512 levels_s1(const uint8_t* blk, int sb) {
@@ -515,6 +515,7 @@ struct Avx512Isa : Avx2Isa {
   }
   template <GGMLType T>
   struct QDecLevels256 : LevelsCursor {
+    static_assert(!is_levels3_layout(T), "the levels3 layout's types pack 3-bit indices");
     static constexpr int kBias = 128, kBytesPer32 = LevelsBlock::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = levels_s1<T>(blk, sb); }
@@ -541,6 +542,7 @@ struct Avx512Isa : Avx2Isa {
   // quads from 3-bit indices (fields3_quad), u = levels[i] + 128 in [1, 255].
   template <GGMLType T>
   struct QDecLevels3 : Levels3Cursor {
+    static_assert(is_levels3_layout(T) && levels_fit_3_bits(T));
     static constexpr int kBias = 128, kBytesPer32 = Levels3Block::kBytes / 8;  // (on average)
     static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = levels_s1<T>(blk, sb); }

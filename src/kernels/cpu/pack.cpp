@@ -205,9 +205,16 @@ struct Levels16 {
   int8_t sc[16];
   uint8_t idx[256];
 };
-// (level_index gives the first index of a level: every levels16 type's are 3-bit.)
+// (level_index gives the first index of a level: every levels16 and levels3 type's are 3-bit,
+// and is_levels3_layout takes every levels-layout type that fits.)
 static_assert(levels_fit_3_bits(GGMLType::Q3_K) && levels_fit_3_bits(GGMLType::IQ2_XS) &&
               levels_fit_3_bits(GGMLType::IQ2_S) && levels_fit_3_bits(GGMLType::IQ1_M));
+static_assert([] {
+  for (GGMLType t : {GGMLType::IQ4_XS, GGMLType::IQ2_XXS, GGMLType::IQ3_XXS, GGMLType::IQ3_S, GGMLType::IQ1_S,
+                     GGMLType::TQ1_0, GGMLType::TQ2_0})
+    if (is_levels3_layout(t) != levels_fit_3_bits(t)) return false;
+  return true;
+}());
 Levels16 levels16(GGMLType t, const uint8_t* blk) {
   Levels16 o{};
   if (t == GGMLType::Q3_K) {  // (-d, sc - 32, i = 3 - q: blocks::kValuesQ3KNeg)

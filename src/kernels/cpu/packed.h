@@ -37,8 +37,9 @@
 //              Q8_0 8.5); the grid types sc = 2s + 1
 //              (their step), levels = grid x sign (IQ1_S: 8 (grid +- 1/8)), unit iq::level_unit
 //              (quant_iq.h): the same values, exactly, in 4.31 bits a weight (their files 1.56-3.44,
-//              Q8_0 8.5)
-//   levels3 (256: the levels layout's types with at most 8 levels, levels_fit_3_bits: IQ2_XXS,
+//              Q8_0 8.5). The types with at most 8 levels (IQ2_XXS, IQ1_S, TQ1_0, TQ2_0) take
+//              the levels3 layout instead; IQ4_XS, IQ3_XXS and IQ3_S keep the nibbles.
+//   levels3 (256: the levels layout's types with at most 8 levels, is_levels3_layout: IQ2_XXS,
 //              IQ1_S, TQ1_0, TQ2_0) d and sc as the levels layout's, then per 32-block a 3-bit
 //              index per k as the levels16 layout's (below): the same values in 3.31 bits a
 //              weight (the nibbles' 4.31 until 2026-12-06); one layout for every ISA
@@ -63,7 +64,8 @@
 // Pairs of k side by side match vpmaddwd, which multiplies int16 pairs and adds each pair.
 //
 // The "quad" variant (pack_rows_quad; the avx2 and avx512 kernels' layout for Q8_0, Q4_0, Q5_0,
-// Q4_1, Q5_1, the level types, Q4_K and Q5_K; the scalar kernels keep the pair layout) puts 4 consecutive k of a row side by side
+// Q4_1, Q5_1, the level types but the levels3 layout's, Q4_K and Q5_K; the scalar kernels keep
+// the pair layout) puts 4 consecutive k of a row side by side
 // instead, as unsigned bytes u = v + B, for vpdpbusd / vpmaddubsw (u8 x s8 products, four
 // summed per 32-bit lane: 16 rows x 4 k in one 512-bit register, 8 rows in a 256-bit one).
 // Scales and Q4_K's header stay as above; per 32-block of k:
@@ -72,6 +74,7 @@
 //         holds k = 8P + e of row r in the low nibble and k = 8P + 4 + e in the high one; u = q
 //         (Q4_0 B = 8, Q4_K B = 0; Q5_K u = q + 16 h in [0, 31], its 5th bit h from the plane
 //         above, B = 0; Q5_0 the same u, B = 16; Q4_1 and Q5_1 as Q4_K and Q5_K); the level types' nibble q (MXFP4, IQ4_NL, the levels layout) is an
+//         index (the levels3 layout's 3-bit i too, quad pairs from its fields: one layout for every ISA),
 //         index, mapped by a byte shuffle (vpshufb) on vpdpbusd to u = levels[q] + B (MXFP4 B =
 //         12: u in [0, 24]; the others B = 128: u in [1, 255]), on plain AVX2 to v = levels[q]
 //         itself (|v| x sign(xq, v) as Q8_0: u x xq pair sums would pass int16)
@@ -341,8 +344,9 @@ constexpr bool levels_fit_3_bits(GGMLType t) {
   }
   return true;
 }
-// The levels layout's types with 3-bit indices (the levels3 layout): IQ2_XXS, IQ1_S, TQ1_0, TQ2_0.
-inline bool is_levels3_layout(GGMLType t) { return is_levels_layout(t) && levels_fit_3_bits(t); }
+// The levels layout's types with 3-bit indices (the levels3 layout): those with at most 8 levels
+// (levels_fit_3_bits: static_asserts in pack.cpp and the decoders).
+constexpr bool is_levels3_layout(GGMLType t) { return t == GGMLType::IQ2_XXS || t == GGMLType::IQ1_S || is_ternary(t); }
 // B where a levels16 type's levels are its indices minus B (Q3_K's: i - 3), so that its
 // decoders take the index itself as u = v + B, with no table; else -1.
 constexpr int levels16_index_bias(GGMLType t) {
@@ -385,8 +389,8 @@ inline int64_t n_groups(int64_t n_rows) { return (n_rows + kGroup - 1) / kGroup;
 void pack_rows(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                uint8_t* out);
 // The quad types: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, the level types, Q4_K and Q5_K (their kernels
-// read whole 32-blocks of quads). pack_rows_quad gives their quad variant, pack_rows every
-// other type.
+// read whole 32-blocks of quads). pack_rows_quad gives their quad variant (the levels3 layout's
+// types: their one layout), pack_rows every other type.
 bool is_quad_type(GGMLType t);
 void pack_rows_quad(GGMLType t, const uint8_t* rows, uint64_t row_bytes, int64_t n_rows, int64_t K,
                     uint8_t* out);
