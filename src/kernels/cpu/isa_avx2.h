@@ -513,10 +513,14 @@ struct Avx2Isa {
 #else
   static constexpr bool kVnniQuads = false;
 #endif
+  template <const int8_t* kLevels, int kB>  // (levels[i] + kB, for a byte shuffle)
+  [[gnu::always_inline]] static __m256i level_lut() {
+    return _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kLevels))),
+                           _mm256_set1_epi8(char(kB)));
+  }
   template <const int8_t* kLevels, int kB>
   [[gnu::always_inline]] static void level_quads_h(const uint8_t* q, int P, int h, __m256i (&w)[2]) {
-    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kLevels))),
-                                        _mm256_set1_epi8(char(kB)));
+    const __m256i lut = level_lut<kLevels, kB>();
     nibble_quads_h(q, P, h, w);
     w[0] = _mm256_shuffle_epi8(lut, w[0]);
     w[1] = _mm256_shuffle_epi8(lut, w[1]);
@@ -565,11 +569,6 @@ struct Avx2Isa {
     const __m256i high = s >= 2 ? _mm256_srli_epi16(H, s - 2) : _mm256_slli_epi16(H, 2 - s);
     return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(4)));
   }
-  template <GGMLType T, int kB>  // (levels[i] + kB, a byte shuffle)
-  [[gnu::always_inline]] static __m256i level_lut() {
-    return _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))),
-                           _mm256_set1_epi8(char(kB)));
-  }
   // The levels3 layout (packed.h: IQ2_XXS, IQ1_S, TQ1_0, TQ2_0): DecLevels256's scales and quads
   // (u = levels[i] + 128 with AVX-VNNI, else signed v = levels[i]), from 3-bit indices.
   template <GGMLType T>
@@ -579,7 +578,7 @@ struct Avx2Isa {
     static constexpr bool kS2 = false, kSignedQuads = !kVnniQuads, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m256& s1lo, __m256& s1hi, __m256&, __m256&) const { levels_s1<T>(blk, sb, s1lo, s1hi); }
     [[gnu::always_inline]] void quads_h(int P, int h, __m256i (&w)[2]) const {
-      const __m256i lut = level_lut<T, kBias>();
+      const __m256i lut = level_lut<level_values(T), kBias>();
       const int hh = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1)
       w[0] = _mm256_shuffle_epi8(lut, fields3_quad_h(q, qh, hh, t, h));
       w[1] = _mm256_shuffle_epi8(lut, fields3_quad_h(q, qh, hh, t + 1, h));
@@ -717,7 +716,7 @@ struct Avx2Isa {
     [[gnu::always_inline]] void quads6_h(int hh, int h, __m256i (&w)[4]) const {
       for (int t = 0; t < 4; ++t) {
         w[t] = fields3_quad_h(q, qh, hh, t, h);
-        if constexpr (kIndexBias < 0) w[t] = _mm256_shuffle_epi8(level_lut<T, kBias>(), w[t]);
+        if constexpr (kIndexBias < 0) w[t] = _mm256_shuffle_epi8(level_lut<level_values(T), kBias>(), w[t]);
       }
     }
   };

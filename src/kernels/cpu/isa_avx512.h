@@ -485,10 +485,14 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const { nibble_quads(blk + 32 + 64 * P, w0, w1); }
   };
   // The level types (packed.h): each nibble index q mapped by vpshufb to u = kLevels[q] + kB.
+  template <const int8_t* kLevels, int kB>  // (u = levels[i] + kB, for a byte shuffle)
+  [[gnu::always_inline]] static __m512i level_lut() {
+    return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kLevels))),
+                           _mm512_set1_epi8(char(kB)));
+  }
   template <const int8_t* kLevels, int kB>
   [[gnu::always_inline]] static void level_quads(const uint8_t* p, __m512i& w0, __m512i& w1) {
-    const __m512i lut = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kLevels))),
-                                        _mm512_set1_epi8(char(kB)));
+    const __m512i lut = level_lut<kLevels, kB>();
     nibble_quads(p, w0, w1);
     w0 = _mm512_shuffle_epi8(lut, w0);
     w1 = _mm512_shuffle_epi8(lut, w1);
@@ -533,11 +537,6 @@ struct Avx512Isa : Avx2Isa {
     const __m512i high = s >= 2 ? _mm512_srli_epi16(H, unsigned(s - 2)) : _mm512_slli_epi16(H, unsigned(2 - s));
     return _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(4), 0xF8);
   }
-  template <GGMLType T, int kB>  // (u = levels[i] + kB, a byte shuffle)
-  [[gnu::always_inline]] static __m512i level_lut() {
-    return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(level_values(T)))),
-                           _mm512_set1_epi8(char(kB)));
-  }
   // The levels3 layout (packed.h: IQ2_XXS, IQ1_S, TQ1_0, TQ2_0): QDecLevels256's scales, its
   // quads from 3-bit indices (fields3_quad), u = levels[i] + 128 in [1, 255].
   template <GGMLType T>
@@ -547,7 +546,7 @@ struct Avx512Isa : Avx2Isa {
     static constexpr bool kS2 = false, kSub16 = false, kQ8Form = true;
     [[gnu::always_inline]] void scales(__m512& s1, __m512&) const { s1 = levels_s1<T>(blk, sb); }
     [[gnu::always_inline]] void quads(int P, __m512i& w0, __m512i& w1) const {
-      const __m512i lut = level_lut<T, kBias>();
+      const __m512i lut = level_lut<level_values(T), kBias>();
       const int h = P / 2, t = 2 * (P % 2);  // (quads 2P, 2P + 1)
       w0 = _mm512_shuffle_epi8(lut, fields3_quad(q, qh, h, t));
       w1 = _mm512_shuffle_epi8(lut, fields3_quad(q, qh, h, t + 1));
@@ -655,7 +654,7 @@ struct Avx512Isa : Avx2Isa {
     [[gnu::always_inline]] void quads(int h, __m512i w[4]) const {
       for (int t = 0; t < 4; ++t) {
         w[t] = fields3_quad(q, qh, h, t);
-        if constexpr (kIndexBias < 0) w[t] = _mm512_shuffle_epi8(level_lut<T, kBias>(), w[t]);
+        if constexpr (kIndexBias < 0) w[t] = _mm512_shuffle_epi8(level_lut<level_values(T), kBias>(), w[t]);
       }
     }
   };
