@@ -53,9 +53,28 @@ class Compiler {
     return name;
   }
 
-  // The rule (or inline expression) that matches a value of schema s.
+  // The rule (or inline expression) that matches a value of schema s, compiled once per schema
+  // node: a node reached again (a "type" list compiles its node once per type, and nested lists
+  // multiply that: 2^depth compilations of the innermost node without this) gives its rule again,
+  // so the work is linear in the schema's size. Its reach (levels nested below it) keeps the depth
+  // limit exact on reuse.
   std::string rule_for(const json& s, const std::string& path, int depth) {
     if (depth > kMaxDepth) bad(path, "nests too deeply");
+    if (auto it = done_.find(&s); it != done_.end()) {
+      if (depth + it->second.reach > kMaxDepth) bad(path, "nests too deeply");
+      deepest_ = std::max(deepest_, depth + it->second.reach);
+      return it->second.rule;
+    }
+    const int outer = deepest_;
+    deepest_ = depth;
+    std::string r = compile(s, path, depth);
+    const int reach = deepest_ - depth;
+    deepest_ = std::max(outer, deepest_);
+    done_.emplace(&s, Compiled{r, reach});
+    return r;
+  }
+
+  std::string compile(const json& s, const std::string& path, int depth) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(path, "'false' accepts nothing");
       return "json-value";
@@ -72,7 +91,10 @@ class Compiler {
       return name;
     }
     std::string r = body_for(s, path, depth);
-    if (s.value("nullable", false) == true) r = add_rule("(" + r + ") | json-null");
+    if (s.contains("nullable")) {
+      if (!s["nullable"].is_boolean()) bad(path, "'nullable' must be a boolean");
+      if (s["nullable"] == true) r = add_rule("(" + r + ") | json-null");
+    }
     return r;
   }
 
@@ -125,13 +147,14 @@ class Compiler {
     if (t.is_array()) {
       if (t.empty()) bad(path, "'type' must not be empty");
       std::string out;
-      for (size_t k = 0; k < t.size(); ++k) {
-        json one = s;
-        one["type"] = t[k];
-        out += (k ? " | " : "") + body_for(one, path, depth);
-      }
+      for (size_t k = 0; k < t.size(); ++k) out += (k ? " | " : "") + typed_body(s, t[k], path, depth);
       return add_rule(out);
     }
+    return typed_body(s, t, path, depth);
+  }
+
+  // Schema s's body as a value of type t (its "type" or one entry of its list).
+  std::string typed_body(const json& s, const json& t, const std::string& path, int depth) {
     if (!t.is_string()) bad(path, "'type' must be a string or an array of strings");
     const std::string type = t.get<std::string>();
     if (type == "string") return string_rule(s, path);
@@ -232,7 +255,13 @@ class Compiler {
     return add_rule("\"{\" ws " + first[0] + " \"}\"");
   }
 
+  struct Compiled {
+    std::string rule;
+    int reach;  // the deepest level compiling it reached, less its own
+  };
   const json& root_;
+  std::map<const json*, Compiled> done_;
+  int deepest_ = 0;
   std::string rules_;
   std::map<std::string, std::string> by_body_, refs_;
   int n_ = 0;

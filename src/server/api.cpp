@@ -183,6 +183,8 @@ std::string schema_grammar(const json& schema, const std::string& param) {
     return json_schema_to_gbnf(schema);
   } catch (const Error& e) {
     bad(param, e.what());
+  } catch (const json::exception& e) {  // (a value of the wrong type the compiler did not check)
+    bad(param, cat("json schema: ", e.what()));
   }
 }
 

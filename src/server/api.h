@@ -55,7 +55,6 @@ enum class ToolChoice { None, Auto, Required, Named };
 struct ParsedRequest : GenerationRequest {
   Endpoint kind = Endpoint::Completions;
   std::string model;
-  bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries the
   // usage so far (the prompts', and the tokens streamed until then).

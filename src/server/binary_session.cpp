@@ -173,6 +173,7 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     g.ignore_eos = req.ignore_eos;
     g.stop = std::move(req.stop);
     g.logprobs = req.logprobs;
+    g.stream = req.stream;
     g.embed = req.embed;
     g.name = cat("bin-", std::hex, 0x10000000u + srv_.next_id.fetch_add(1), req.embed ? " binary embedding" : " binary");
     gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(g), std::make_shared<Reply>(*this, req.stream),

@@ -82,6 +82,15 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
   }
 }
 
+void check_logprob_entries(int64_t prompt_entries, int64_t output_entries) {
+  if (prompt_entries + output_entries <= kMaxLogprobEntries) return;
+  bad(output_entries > 0 ? "logprobs" : "prompt_logprobs",
+      cat("the response's logprobs would be ", prompt_entries + output_entries,
+          " entries (choices x tokens x (alternatives + 1): the prompt's (echo or prompt_logprobs) ", prompt_entries,
+          ", the output's (max_tokens, held for one response body) ", output_entries, "), more than ", kMaxLogprobEntries,
+          "; ask fewer choices, tokens or alternatives, or stream the output"));
+}
+
 int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx) {
   const char* param = prompt_param(r);
   if (n_prompt < 1) bad(param, "the prompt is empty");
@@ -403,6 +412,8 @@ std::vector<int32_t> prompt_tokens(const GenerationContext& ctx, const Tokenizer
     }
   } catch (const Error& e) {
     throw ApiError(400, e.what(), prompt_param(req));
+  } catch (const nlohmann::json::exception& e) {  // (the request's tools or variables as a template read them)
+    throw ApiError(400, cat("chat template: ", e.what()), prompt_param(req));
   }
   // An embedding model's vocabulary may end a text with EOS too (llama.cpp's add_special), whose
   // state last pooling takes.
@@ -445,6 +456,8 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
     bad(prompt_param(r), cat("This model's maximum context length is ", ctx.n_ctx, " tokens; the input has ",
                              gen->n_prompt_, " tokens"));
   const int64_t max_tokens = r.embed ? 0 : resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
+  gen->max_tokens_ = max_tokens;
+  check_logprob_entries(gen->prompt_logprob_entries(), gen->output_logprob_entries());
   if (!r.seed_set) r.sampling.seed = draw_seed();
   if (!r.grammar.empty()) {
     try {

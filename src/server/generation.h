@@ -55,8 +55,10 @@ inline constexpr size_t kMaxBadWords = 256;  // GenerationRequest::bad_words
 inline constexpr size_t kMaxStopBytes = 64 * 1024;
 inline constexpr size_t kMaxStops = 256;  // stop strings a request may give (OpenAI's 4; vLLM sets none)
 inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)
-// A response's prompt logprobs at most (choices x prompt tokens x (alternatives + 1)): ~60 MB of JSON.
-inline constexpr int64_t kMaxPromptLogprobEntries = int64_t(1) << 20;
+// A response's logprobs at most: its prompts' (choices x prompt tokens x (alternatives + 1)) and,
+// when the response is held for one body (not streamed), its outputs' (choices x max_tokens x
+// (alternatives + 1)): ~60 MB of JSON.
+inline constexpr int64_t kMaxLogprobEntries = int64_t(1) << 20;
 // ApiError::code of a request that failed while generating (the engine's FinishReason::Error).
 inline constexpr const char* kGenerationFailed = "generation_failed";
 // ApiError::code of a 429 from admission by prediction (--reject-late).
@@ -144,6 +146,9 @@ struct GenerationRequest {
   // and Output::tokens keeps the token that ends a choice (end-of-generation, stop_token_ids).
   bool return_token_ids = false;
   int64_t truncate_prompt_tokens = 0;  // > 0: only the prompt's last this many tokens are used (vLLM's); 0: all
+  // The output goes out as it is made (SSE, the binary port's stream): a held response's output
+  // logprobs count against kMaxLogprobEntries, a stream's do not.
+  bool stream = false;
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
   int32_t prompt_logprobs = -1;        // -1: off; N >= 0: the same for the prompt's tokens (Output::prompt_logprobs)
   // Choices: n independent generations from the prompt (choice i samples with seed + i), one
@@ -199,6 +204,9 @@ void validate(const GenerationRequest& r, int32_t n_vocab);
 // anything up to INT64_MAX). Throws ApiError when the prompt leaves no room or max_tokens does not
 // fit and fit_max_tokens is off.
 int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx);
+// Throws ApiError (400) when a response's logprob entries (Generation::prompt_logprob_entries and
+// output_logprob_entries, summed over its prompts) exceed kMaxLogprobEntries.
+void check_logprob_entries(int64_t prompt_entries, int64_t output_entries);
 // What shapes the request's logits before sampling (logit_bias; min_tokens masking eog_ids and
 // stop_token_ids; allowed_token_ids; bad_words, as bad_word_ids tokenized them; then the
 // grammar's mask), or null when nothing does.
@@ -324,10 +332,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
   uint64_t id() const { return choices_.front().engine_id; }  // choice 0's engine request
   int64_t n_prompt() const { return n_prompt_; }
-  // Entries of prompt logprobs its response reports (every choice: prompt tokens x (alternatives
-  // + 1)); a request's, summed over its prompts, is at most kMaxPromptLogprobEntries.
+  // Entries of logprobs its response holds (kMaxLogprobEntries): every choice's prompt tokens x
+  // (alternatives + 1), and unless streamed, every choice's max_tokens x (alternatives + 1); a
+  // request's, summed over its prompts, is at most kMaxLogprobEntries.
   int64_t prompt_logprob_entries() const {
     return req_.prompt_logprobs < 0 ? 0 : int64_t(n_candidates()) * n_prompt_ * (req_.prompt_logprobs + 1);
+  }
+  int64_t output_logprob_entries() const {
+    return req_.logprobs < 0 || req_.stream ? 0 : int64_t(n_candidates()) * max_tokens_ * (req_.logprobs + 1);
   }
   bool responded() const { return responded_; }
   // A chat whose rendered prompt ends_in_reasoning.
@@ -385,6 +397,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::shared_ptr<const std::vector<int32_t>> prompt_ids_;  // with return_token_ids: the prompt as run
   std::shared_ptr<const BadWordIds> bad_words_;               // bad_word_ids of the request's bad_words
   int64_t n_prompt_ = 0;
+  int64_t max_tokens_ = 0;  // resolve_max_tokens's
   int32_t n_done_ = 0;
   bool first_token_ = false;  // choice 0 has had a token
   bool opens_reasoning_ = false;

@@ -1196,12 +1196,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           else sink = std::make_shared<PromptSink>(reply, int32_t(i));
           gens_.push_back(Generation::prepare(srv_.gen, io_tokenizer(), std::move(g), std::move(sink), post_to(shared_from_this())));
         }
-        int64_t entries = 0;  // every choice reports its prompt's logprobs: the response's size, bounded
-        for (const auto& gen : gens_) entries += gen->prompt_logprob_entries();
-        if (entries > kMaxPromptLogprobEntries)
-          bad("prompt_logprobs", cat("the prompts' logprobs (echo or prompt_logprobs) would be ", entries,
-                                     " entries (choices x prompt tokens x (alternatives + 1)), more than ",
-                                     kMaxPromptLogprobEntries, "; ask fewer choices or alternatives"));
+        int64_t prompt_entries = 0, output_entries = 0;  // the response's size over its prompts, bounded
+        for (const auto& gen : gens_) {
+          prompt_entries += gen->prompt_logprob_entries();
+          output_entries += gen->output_logprob_entries();
+        }
+        check_logprob_entries(prompt_entries, output_entries);
         for (size_t i = 0; i < k; ++i) {
           gens_[i]->submit_prepared();
           submitted = i + 1;

@@ -224,7 +224,7 @@ std::string ts_type(const json& s) {
   } else {
     t = "any";
   }
-  if (s.value("nullable", false)) t += " | null";
+  if (s.contains("nullable") && s["nullable"] == true) t += " | null";
   return t;
 }
 

@@ -74,6 +74,25 @@ name ::= [A-Z] [a-z]*   # capitalised
   error("root ::= \"abc", "unterminated");
   error("root ::= [α-ω]", "non-ASCII");
   error("root ::= " + std::string(1000, '(') + "\"a\"" + std::string(1000, ')'), "nest");
+  // Left recursion through other rules, and through a rule that can match nothing.
+  error("root ::= a \"x\"\na ::= b | \"y\"\nb ::= root", "left recursion");
+  error("root ::= e root \"x\" | \"y\"\ne ::= | \"z\"", "left recursion");
+  error("root ::= e f root | \"y\"\ne ::= | \"z\"\nf ::= e e", "left recursion");
+  EXPECT_TRUE(matches("root ::= e \"x\" root | \"y\"\ne ::= | \"z\"", "xzxy"));  // (a byte first: not left recursion)
+  // References 300 deep before a byte; 200 deep is fine.
+  const auto chain = [](int n) {
+    std::string g = "root ::= r0\n";
+    for (int k = 0; k + 1 < n; ++k) g += "r" + std::to_string(k) + " ::= r" + std::to_string(k + 1) + "\n";
+    return g + "r" + std::to_string(n - 1) + " ::= \"a\"\n";
+  };
+  error(chain(300), "nest too deeply");
+  EXPECT_TRUE(matches(chain(200), "a"));
+  // Many references to a rule of many alternatives (checked once per rule, not per reference).
+  std::string wide = "root ::=";
+  for (int k = 0; k < 20000; ++k) wide += " x";
+  wide += "\nx ::= \"a0\"";
+  for (int k = 1; k < 2000; ++k) wide += " | \"a" + std::to_string(k) + "\"";
+  EXPECT_NO_THROW(Grammar::parse(wide));
 }
 
 TEST(Grammar, MaskAllowsExactlyTheTokensTheGrammarAccepts) {
@@ -222,6 +241,19 @@ TEST(Grammar, JsonSchemaSubset) {
   json deep = json::object();
   for (int k = 0; k < 100; ++k) deep = {{"type", "array"}, {"items", deep}};
   EXPECT_THROW(json_schema_to_gbnf(deep), Error);
+  EXPECT_THROW(json_schema_to_gbnf(json::parse(R"({"type": "string", "nullable": "yes"})")), Error);
+
+  // A type list compiles its node once per type; nested lists used to multiply that (2^40
+  // compilations here: a 3 KB schema that never finished). Each node is compiled once now.
+  json typed = {{"type", "string"}};
+  std::string value = "\"v\"";
+  for (int k = 0; k < 40; ++k) {
+    typed = {{"type", {"object", "object", "null"}}, {"properties", {{"a", typed}}}, {"required", {"a"}}};
+    value = "{\"a\":" + value + "}";
+  }
+  EXPECT_TRUE(schema_matches(typed, value));
+  EXPECT_TRUE(schema_matches(typed, "null"));
+  EXPECT_FALSE(schema_matches(typed, "{\"a\":1}"));
 }
 
 // The allowed set by definition: token t is allowed iff a matcher in this state accepts it.

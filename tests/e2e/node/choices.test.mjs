@@ -411,6 +411,16 @@ describe('choices and echo (stories260K)', { skip }, () => {
     await assert.rejects(client.completions.create({ ...req, prompt: long, n: 128, echo: true, logprobs: 20 }),
       (e) => e.status === 400 && /entries/.test(e.message));
     assert.equal((await client.completions.create({ ...req, prompt: long, n: 2, prompt_logprobs: 20 })).choices.length, 2);
+    // A held response's output logprobs count too (choices x max_tokens x (alternatives + 1):
+    // 128 x 400 x 21 here); a stream's go out as they are made.
+    const many = { ...req, n: 128, max_tokens: 400, logprobs: 20, ignore_eos: true };
+    await assert.rejects(client.completions.create(many),
+      (e) => e.status === 400 && e.param === 'logprobs' && /entries/.test(e.message));
+    const streamed = await client.completions.create({ ...many, stream: true });
+    for await (const chunk of streamed) {
+      assert.ok(chunk.choices.length > 0);
+      break;  // (leaving the loop aborts the request)
+    }
 
     // return_tokens_as_token_ids: echo's tokens are the prompt's ids.
     const as_ids = await client.completions.create({ ...req, echo: true, logprobs: 1, return_tokens_as_token_ids: true });
