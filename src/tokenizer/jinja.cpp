@@ -23,10 +23,27 @@ namespace ft::jinja {
 // ============================================================================================
 struct Value;
 using List = std::vector<Value>;
+
+constexpr int kMaxDepth = 200;                 // expression / statement / macro nesting
+constexpr int64_t kMaxIterations = 1'000'000;  // loop iterations per render, and a list's elements
+constexpr size_t kMaxOutput = 64u << 20;       // bytes of the output, and of a string
+
+// The work one render may do (kRenderWork), in units: a byte of each string it builds or copies,
+// an element of each list it builds, 32 for a value it visits to compare or print (about as
+// long). Loops, nesting and the output have their own limits, but a loop may copy a 32 MB string
+// a million times, and a list built by doubling (a = [a, a], 60 times) prints or compares in 2^60
+// steps: such a template fails instead of running for hours.
+inline thread_local int64_t t_work_left = -1;  // < 0: no render under way on this thread
+inline thread_local int64_t t_work_limit = 0;  // the render's
+inline void charge(uint64_t units) {
+  if (t_work_left < 0) return;
+  t_work_left -= int64_t(std::min<uint64_t>(units, uint64_t(kRenderWork)));
+  if (t_work_left < 0) fail("jinja: the template does more than ", t_work_limit, " units of work (bytes built or copied, values visited)");
+}
 struct Dict;
 struct Func;
 
-struct Value {
+struct ValueFields {
   enum T { Undef, None, Bool, Int, Float, Str, Lst, Dct, Fn } t = Undef;
   bool b = false;
   int64_t i = 0;
@@ -39,13 +56,41 @@ struct Value {
   bool ns = false;     // a dict made by namespace(): its attributes may be set
   bool safe = false;   // a str marked |safe (jinja2's Markup: what is added to it is HTML-escaped)
   bool lazy = false;   // a list made by map/select/reject (a generator in jinja2: no len(), no JSON)
+};
+
+// The interpreter passes values by value: a copy of a string is work (charge) like building one.
+struct Value : ValueFields {
+  Value() = default;
+  Value(const Value& o) : ValueFields(o) { charge(o.s.size()); }
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value& o) {
+    charge(o.s.size());
+    ValueFields::operator=(o);
+    return *this;
+  }
+  Value& operator=(Value&&) noexcept = default;
+  ~Value() = default;
 
   static Value none() { Value v; v.t = None; return v; }
   static Value boolean(bool x) { Value v; v.t = Bool; v.b = x; return v; }
   static Value integer(int64_t x) { Value v; v.t = Int; v.i = x; return v; }
   static Value flt(double x) { Value v; v.t = Float; v.f = x; return v; }
-  static Value str(std::string x) { Value v; v.t = Str; v.s = std::move(x); return v; }
-  static Value list(List x = {}) { Value v; v.t = Lst; v.l = std::make_shared<List>(std::move(x)); return v; }
+  static Value str(std::string x) {
+    if (x.size() > kMaxOutput) fail("jinja: a string of more than ", kMaxOutput, " bytes");
+    charge(x.size());
+    Value v;
+    v.t = Str;
+    v.s = std::move(x);
+    return v;
+  }
+  static Value list(List x = {}) {
+    if (x.size() > size_t(kMaxIterations)) fail("jinja: a list of more than ", kMaxIterations, " elements");
+    charge(x.size());
+    Value v;
+    v.t = Lst;
+    v.l = std::make_shared<List>(std::move(x));
+    return v;
+  }
   static Value dict();
 };
 
@@ -72,9 +117,6 @@ struct Func {
 
 namespace {
 
-constexpr int kMaxDepth = 200;                 // expression / statement / macro nesting
-constexpr int64_t kMaxIterations = 1'000'000;  // loop iterations per render
-constexpr size_t kMaxOutput = 64u << 20;       // bytes
 
 const char* type_name(const Value& v) {
   switch (v.t) {
@@ -210,32 +252,58 @@ std::string str_repr(const std::string& s) {
   return out + char(q);
 }
 
-std::string py_repr(const Value& v) {
+// A value's depth and size as it is walked (printed, compared): a list may hold itself.
+void walk_step(int depth, const char* what) {
+  if (depth > kMaxDepth) fail("jinja: ", what, ": the value nests more than ", kMaxDepth, " levels (does it hold itself?)");
+  charge(32);
+}
+void check_built(const std::string& out, const char* what) {
+  if (out.size() > kMaxOutput) fail("jinja: ", what, ": more than ", kMaxOutput, " bytes");
+}
+
+// Appends v's repr to out (one buffer for the whole value: a list of lists copied each level's
+// text into its parent's).
+void py_repr_into(const Value& v, std::string& out, int depth) {
+  walk_step(depth, "repr");
   switch (v.t) {
-    case Value::Str: return str_repr(v.s);
+    case Value::Str: out += str_repr(v.s); break;
     case Value::Lst: {
-      std::string out = v.tuple ? "(" : "[";
-      for (size_t k = 0; k < v.l->size(); ++k) out += (k ? ", " : "") + py_repr((*v.l)[k]);
+      out += v.tuple ? "(" : "[";
+      for (size_t k = 0; k < v.l->size(); ++k) {
+        if (k) out += ", ";
+        py_repr_into((*v.l)[k], out, depth + 1);
+        check_built(out, "repr");
+      }
       if (v.tuple && v.l->size() == 1) out += ",";
-      return out + (v.tuple ? ")" : "]");
+      out += v.tuple ? ")" : "]";
+      break;
     }
     case Value::Dct: {
-      std::string out = v.ns ? "<Namespace {" : "{";
+      out += v.ns ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [k, x] : v.d->items) {
-        out += (first ? "" : ", ") + str_repr(k) + ": " + py_repr(x);
+        out += (first ? "" : ", ") + str_repr(k) + ": ";
+        py_repr_into(x, out, depth + 1);
+        check_built(out, "repr");
         first = false;
       }
-      return out + (v.ns ? "}>" : "}");
+      out += v.ns ? "}>" : "}";
+      break;
     }
-    case Value::Fn: return "<function " + v.fn->name + ">";
-    default: return py_str(v);
+    case Value::Fn: out += "<function " + v.fn->name + ">"; break;
+    default: out += py_str(v);
   }
+}
+std::string py_repr(const Value& v) {
+  std::string out;
+  py_repr_into(v, out, 0);
+  return out;
 }
 
 // json.dumps(x, ensure_ascii=False, indent=indent) (Hugging Face's tojson).
 void json_dump(const Value& v, int indent, int level, std::string& out, int depth) {
-  if (depth > kMaxDepth) fail("tojson: the value nests too deeply");
+  walk_step(depth, "tojson");
+  check_built(out, "tojson");
   if (v.lazy) fail("tojson: Object of type generator is not JSON serializable");
   const auto nl = [&](int lv) {
     out += '\n';
@@ -334,7 +402,8 @@ int64_t length(const Value& v) {
   }
 }
 
-bool equal(const Value& a, const Value& b) {
+bool equal(const Value& a, const Value& b, int depth = 0) {
+  walk_step(depth, "==");
   if (is_num(a) && is_num(b)) {
     if (is_intlike(a) && is_intlike(b)) return as_int(a) == as_int(b);
     return num(a) == num(b);
@@ -347,13 +416,13 @@ bool equal(const Value& a, const Value& b) {
     case Value::Lst:
       if (a.l->size() != b.l->size()) return false;
       for (size_t k = 0; k < a.l->size(); ++k)
-        if (!equal((*a.l)[k], (*b.l)[k])) return false;
+        if (!equal((*a.l)[k], (*b.l)[k], depth + 1)) return false;
       return true;
     case Value::Dct: {
       if (a.d->items.size() != b.d->items.size()) return false;
       for (const auto& [k, x] : a.d->items) {
         const Value* y = b.d->find(k);
-        if (!y || !equal(x, *y)) return false;
+        if (!y || !equal(x, *y, depth + 1)) return false;
       }
       return true;
     }
@@ -363,7 +432,8 @@ bool equal(const Value& a, const Value& b) {
 }
 
 // a < b: -1, a == b: 0, a > b: 1 for orderable pairs; throws otherwise.
-int compare(const Value& a, const Value& b) {
+int compare(const Value& a, const Value& b, int depth = 0) {
+  walk_step(depth, "<");
   if (is_num(a) && is_num(b)) {
     const double x = num(a), y = num(b);
     return x < y ? -1 : x > y ? 1 : 0;
@@ -371,7 +441,7 @@ int compare(const Value& a, const Value& b) {
   if (a.t == Value::Str && b.t == Value::Str) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
   if (a.t == Value::Lst && b.t == Value::Lst) {
     for (size_t k = 0; k < std::min(a.l->size(), b.l->size()); ++k)
-      if (int c = compare((*a.l)[k], (*b.l)[k])) return c;
+      if (int c = compare((*a.l)[k], (*b.l)[k], depth + 1)) return c;
     return a.l->size() < b.l->size() ? -1 : a.l->size() > b.l->size() ? 1 : 0;
   }
   fail("'<' is not supported between '", type_name(a), "' and '", type_name(b), "'");
@@ -396,7 +466,7 @@ bool contains(const Value& hay, const Value& needle) {
 // characters, nothing for undefined.
 List iterate(const Value& v) {
   switch (v.t) {
-    case Value::Lst: return *v.l;
+    case Value::Lst: charge(v.l->size()); return *v.l;
     case Value::Dct: {
       List out;
       for (const auto& [k, x] : v.d->items) out.push_back(Value::str(k));
@@ -521,6 +591,7 @@ std::string replace_all(const std::string& s, const std::string& a, const std::s
     for (char c : s) {
       out += c;
       out += b;
+      check_built(out, "replace");
     }
     return out;
   }
@@ -531,6 +602,7 @@ std::string replace_all(const std::string& s, const std::string& a, const std::s
     if (k == std::string::npos) break;
     out.append(s, pos, k - pos);
     out += b;
+    check_built(out, "replace");
     pos = k + a.size();
   }
   out.append(s, pos);
@@ -1657,7 +1729,7 @@ Value Interp::eval(const Node& n) {
     case Node::Bin: {
       const Value l = eval(*n.a[0]), r = eval(*n.a[1]);
       const std::string& op = n.s;
-      if (op == "~") return Value::str(py_str(l) + py_str(r));
+      if (op == "~") return Value::str(py_str(l) + py_str(r));  // (each <= kMaxOutput: Value::str)
       if (op == "+") {
         if (l.t == Value::Str && r.t == Value::Str) {
           if (!l.safe && !r.safe) return Value::str(l.s + r.s);
@@ -1715,10 +1787,12 @@ Value Interp::eval(const Node& n) {
         return Value::flt(op == "//" ? q : x - q * y);
       }
       if (op == "**") {
-        if (ints && b >= 0) {
-          int64_t out = 1;
-          for (int64_t k = 0; k < b; ++k)
-            if (__builtin_mul_overflow(out, a, &out)) fail("jinja: line ", n.line, ": integer overflow");
+        if (ints && b >= 0) {  // by squaring: O(log b) (a loop of b multiplications never ended for 1 ** 2^63)
+          int64_t out = 1, base = a;
+          for (int64_t e = b; e > 0; e >>= 1) {
+            if ((e & 1) && __builtin_mul_overflow(out, base, &out)) fail("jinja: line ", n.line, ": integer overflow");
+            if (e > 1 && __builtin_mul_overflow(base, base, &base)) fail("jinja: line ", n.line, ": integer overflow");
+          }
           return Value::integer(out);
         }
         return Value::flt(std::pow(x, y));
@@ -1866,6 +1940,7 @@ Value Interp::call_method(const Value& obj, const std::string& m, List& args, Kw
         if (x.t != Value::Str) fail("jinja: line ", line, ": join() takes strings, got ", type_name(x));
         if (!first) out += s;
         out += x.s;
+        check_built(out, "join");
         first = false;
       }
       return Value::str(std::move(out));
@@ -2033,6 +2108,7 @@ Value Interp::filter(const std::string& name, Value v, List& args, Kwargs& kw, i
     for (const Value& x : iterate(v)) {
       if (!first) out += sep;
       out += py_str(at && at->t == Value::Str ? attr(x, at->s, line) : x);
+      check_built(out, "join");
       first = false;
     }
     return Value::str(std::move(out));
@@ -2061,10 +2137,16 @@ Value Interp::filter(const std::string& name, Value v, List& args, Kwargs& kw, i
     if (b < s.size()) lines.push_back(s.substr(b));
     std::string rv;
     if (blank && truthy(*blank)) {
-      for (size_t k = 0; k < lines.size(); ++k) rv += (k ? "\n" + ind : "") + lines[k];
+      for (size_t k = 0; k < lines.size(); ++k) {
+        rv += (k ? "\n" + ind : "") + lines[k];
+        check_built(rv, "indent");
+      }
     } else {
       rv = lines.empty() ? "" : lines[0];
-      for (size_t k = 1; k < lines.size(); ++k) rv += "\n" + (lines[k].empty() ? "" : ind + lines[k]);
+      for (size_t k = 1; k < lines.size(); ++k) {
+        rv += "\n" + (lines[k].empty() ? "" : ind + lines[k]);
+        check_built(rv, "indent");
+      }
     }
     if (first && truthy(*first)) rv = ind + rv;
     return Value::str(rv);
@@ -2194,8 +2276,13 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const nlohmann::json& context) const {
+std::string Template::render(const nlohmann::json& context, int64_t work_limit) const {
   if (!context.is_object()) fail("jinja: the context must be a JSON object");
+  struct WorkBudget {  // (this render's; the previous values back on every exit)
+    int64_t saved_left = t_work_left, saved_limit = t_work_limit;
+    explicit WorkBudget(int64_t limit) { t_work_left = t_work_limit = std::max<int64_t>(0, limit); }
+    ~WorkBudget() { t_work_left = saved_left, t_work_limit = saved_limit; }
+  } budget(work_limit);
   std::string out;
   Interp in(out);
   auto& g = in.root();
@@ -2208,9 +2295,10 @@ std::string Template::render(const nlohmann::json& context) const {
     if (a.size() == 3) st = as_int(a[2]);
     if (a.empty() || a.size() > 3 || st == 0) fail("jinja: bad range() arguments");
     List out;
-    for (int64_t k = b; st > 0 ? k < e : k > e; k += st) {
+    for (int64_t k = b; st > 0 ? k < e : k > e;) {
       if (out.size() >= size_t(kMaxIterations)) fail("jinja: range() too long");
       out.push_back(Value::integer(k));
+      if (__builtin_add_overflow(k, st, &k)) break;  // (past INT64_MAX or MIN: past e too)
     }
     return Value::list(std::move(out));
   });

@@ -15,9 +15,11 @@
 // strftime_now. Filters, tests and methods: see the tables in jinja.cpp. tojson is Hugging Face's
 // (json.dumps with ensure_ascii=False, keys in insertion order), not jinja2's HTML-safe one.
 //
-// Limits (a hostile template or input cannot exhaust the stack or memory): expression and
-// statement nesting depth, macro recursion depth, loop iterations and output size are bounded;
-// exceeding one is an ft::Error like any other render failure.
+// Limits (a hostile template or input cannot exhaust the stack, memory or time): expression and
+// statement nesting depth, macro recursion depth, loop iterations, output size, a string's
+// size, a list's length, the depth of a value printed or compared (a list may hold itself), and
+// the render's work (kRenderWork: bytes of the strings built or copied, values visited) are
+// bounded; exceeding one is an ft::Error like any other render failure.
 #pragma once
 #include <memory>
 #include <string>
@@ -37,6 +39,10 @@ struct Raised : Error {
   using Error::Error;
 };
 
+// A render's work at most (Template::render): ~2-10 s of copying, far beyond a real chat
+// template's (a 2,000-message conversation accumulated into one string: ~1.5e9).
+inline constexpr int64_t kRenderWork = int64_t(1) << 32;
+
 class Template {
  public:
   // Parses; throws ft::Error "jinja: line N: what" on a syntax error or an unsupported construct.
@@ -47,7 +53,7 @@ class Template {
 
   // Renders with the variables of `context` (a JSON object; JSON numbers keep their int/float
   // kind). Throws Raised on raise_exception(msg), ft::Error on any other render failure.
-  std::string render(const nlohmann::json& context) const;
+  std::string render(const nlohmann::json& context, int64_t work_limit = kRenderWork) const;
 
  private:
   std::unique_ptr<Node> root_;

@@ -284,6 +284,34 @@ TEST(Jinja, HostileTemplatesAreErrorsNotCrashes) {
   fails("{% include 'other.jinja' %}", "unsupported tag");
   fails("{{ x|no_such_filter }}", "unknown filter");
   fails("{{ 'unterminated }}", "unterminated");
+  // Values that hold themselves (printing or comparing them recursed until the stack overflowed).
+  fails("{% set ns = namespace(x=none) %}{% set ns.x = ns %}{{ ns }}", "nests");
+  fails("{% set l = [] %}{{ l.append(l) }}{{ l }}", "nests");
+  fails("{% set l = [] %}{{ l.append(l) }}{{ l == l }}", "nests");
+  fails("{% set l = [] %}{{ l.append(l) }}{{ l|tojson }}", "nests");
+  // Work without nesting: a list doubled 60 times (2^60 elements to print or compare), a string
+  // doubled to the 64 MB cap, an empty replace that multiplies a string's length (~1-2 s each
+  // in Release before its limit; under ASan ~5x, which adds nothing to Release's run).
+  if (!test::kSanitized) {
+    const std::string doubled = "{% set ns = namespace(a=[1]) %}{% for i in range(60) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}";
+    fails(doubled + "{{ ns.a == ns.a }}", "units of work");
+    fails(doubled + "{{ ns.a }}", "bytes");
+    fails("{% set ns = namespace(s='xy') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "string");
+    fails("{% set s = 'x' * 30000000 %}{{ s|replace('', s) }}", "replace");
+  }
+  // A big string read in a loop: each read copies it, and copies count (with a smaller limit than
+  // kRenderWork: 100 MB of reads at least).
+  const std::string reads = "{% set s = 'x' * 100000 %}{% for i in range(1000) %}{% if s %}{% endif %}{% endfor %}";
+  EXPECT_THROW(jinja::Template(reads).render(json::object(), 50'000'000), Error);
+  EXPECT_NO_THROW(jinja::Template(reads).render(json::object()));
+  // Powers by squaring (a loop of b multiplications never ended for 1 ** 2^63 - 1).
+  const auto out = [](const std::string& src) { return jinja::Template(src).render(json::object()); };
+  EXPECT_EQ(out("{{ 1 ** 9223372036854775807 }} {{ 0 ** 9223372036854775807 }} {{ (-1) ** 9223372036854775807 }}"), "1 0 -1");
+  EXPECT_EQ(out("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 3 ** 39 }} {{ 7 ** 0 }}"),
+            "4611686018427387904 -9223372036854775808 4052555153018976267 1");
+  fails("{{ 2 ** 63 }}", "overflow");
+  // range() steps past INT64_MAX without overflowing.
+  EXPECT_EQ(out("{{ range(9223372036854775805, 9223372036854775807, 5)|list }}"), "[9223372036854775805]");
 }
 
 TEST(Jinja, ChatTemplateUsesJinjaOrFallsBackWithAWarning) {
