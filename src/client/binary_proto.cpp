@@ -85,14 +85,47 @@ std::string encode_request(const Request& r) {
   return frame(b);
 }
 
+namespace {
+// s with each byte that does not begin or continue a well-formed UTF-8 sequence as U+FFFD (a
+// FlatBuffers string is UTF-8; a generation's text can end inside a character, cut by the length
+// limit, or hold a byte token; the HTTP API's JSON replaces them the same way).
+std::string valid_utf8(const std::string& s) {
+  const auto seq_len = [&](size_t i) -> size_t {  // the well-formed sequence at i, or 0
+    const auto c = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+    const unsigned char b = c(i);
+    if (b < 0x80) return 1;
+    const size_t n = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return 0;
+    for (size_t k = 1; k < n; ++k)
+      if ((c(i + k) & 0xC0) != 0x80) return 0;
+    // (overlong three- and four-byte forms, surrogates, past U+10FFFF)
+    if ((b == 0xE0 && c(i + 1) < 0xA0) || (b == 0xED && c(i + 1) > 0x9F) || (b == 0xF0 && c(i + 1) < 0x90) ||
+        (b == 0xF4 && c(i + 1) > 0x8F))
+      return 0;
+    return n;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (const size_t n = seq_len(i)) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 std::string encode_response(const Response& r) {
   fb::FlatBufferBuilder b(64 + r.tokens.size() * 4 + r.text.size() + r.error.size());
   fb::Offset<fb::Vector<int32_t>> tokens;
   fb::Offset<fb::String> text, error;
   fb::Offset<fbs::Timings> timings;
   if (!r.tokens.empty()) tokens = b.CreateVector(r.tokens);
-  if (!r.text.empty()) text = b.CreateString(r.text);
-  if (!r.error.empty()) error = b.CreateString(r.error);
+  if (!r.text.empty()) text = b.CreateString(valid_utf8(r.text));
+  if (!r.error.empty()) error = b.CreateString(valid_utf8(r.error));
   fb::Offset<fb::Vector<fb::Offset<fbs::TokenLogprob>>> logprobs;
   if (!r.logprobs.empty()) {
     std::vector<fb::Offset<fbs::TokenLogprob>> lps;

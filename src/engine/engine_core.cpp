@@ -203,7 +203,7 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   r.t.finish_ms = now_();
   ++counters_.finished;
   if (why == FinishReason::Cancelled) ++counters_.cancelled;
-  counters_.prompt_tokens += uint64_t(r.n_prompt);
+  if (!r.forked) counters_.prompt_tokens += uint64_t(r.n_prompt);  // (a request's n choices share one prompt)
   EngineEvent ev;
   ev.kind = EngineEvent::Kind::Finished;
   ev.id = r.id;
@@ -244,7 +244,6 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
 void EngineCore::finish_fork(Req::PendingFork& f, const Req& parent, FinishReason why, const std::string& error) {
   ++counters_.finished;
   if (why == FinishReason::Cancelled) ++counters_.cancelled;
-  counters_.prompt_tokens += uint64_t(parent.n_prompt);
   RequestTimings t = parent.t;
   t.finish_ms = now_();
   EngineEvent ev;

@@ -229,7 +229,7 @@ class Drafter {
 };
 
 struct EngineCounters {
-  uint64_t prompt_tokens = 0;     // prompt tokens of finished requests
+  uint64_t prompt_tokens = 0;     // prompt tokens of finished requests (once for a request's n choices)
   uint64_t prefill_tokens = 0;    // positions computed by prefill chunks (recomputes included)
   uint64_t forks = 0;             // choices started by forking a prefilled request (EngineRequest::forks)
   uint64_t generated_tokens = 0;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -108,6 +109,7 @@ class GGUFFile {
   uint64_t alignment_ = 32;
   std::vector<std::pair<std::string, GGUFValue>> kv_;
   std::vector<GGUFTensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> tensor_index_;  // name -> tensors_ index (find_tensor)
 };
 
 // Builds a GGUF v3 file in memory or on disk.

@@ -25,6 +25,11 @@ struct WeightView {
   WeightLayout layout = WeightLayout::Rows;
 };
 
+// The fast attention kernels' limits (attention_impl.h: registers and per-thread scratch sized
+// for them); a model past them is refused at load (model_spec.cpp).
+inline constexpr int kAttentionMaxHeadDim = 256;
+inline constexpr int kAttentionMaxGroup = 64;  // query heads per KV head
+
 struct AttentionShape {
   int32_t n_heads = 0;
   int32_t n_kv_heads = 0;  // GQA: query head h reads KV head h / (n_heads / n_kv_heads)

@@ -148,6 +148,16 @@ void check_sizes(const GGUFFile& f, const HParams& hp) {
          " tensors");
 }
 
+// A scale from metadata (f64 or f32 there, float here): finite and > 0 (>= 0 with allow_zero) as
+// the float used, not only as read (1e300 passed as a double and became inf: every logit NaN).
+float scale_key(const GGUFFile& f, const std::string& key, double dflt, bool allow_zero = false) {
+  const double v = f.get_f64(key, dflt);
+  const float x = float(v);
+  if (!std::isfinite(v) || !std::isfinite(x) || !(allow_zero ? x >= 0 : x > 0))
+    fail(f.path(), ": key '", key, "': ", v, " must be finite and ", allow_zero ? ">= 0" : "> 0", " as a float");
+  return x;
+}
+
 HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   HParams hp;
   hp.arch_name = f.require_str("general.architecture");
@@ -219,13 +229,8 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     if (scaling == "yarn") {
       if (!(factor >= 1)) fail(f.path(), ": ", factor_src, ": ", factor, ": YaRN's factor must be >= 1");
       hp.yarn_factor = float(factor);
-      auto beta = [&](const char* key, float d) {
-        const double v = f.get_f64(a + key, d);
-        if (!(v > 0) || !std::isfinite(v)) fail(f.path(), ": key '", a, key, "': ", v, " must be finite and > 0");
-        return float(v);
-      };
-      hp.yarn_beta_fast = beta("rope.scaling.yarn_beta_fast", hp.yarn_beta_fast);
-      hp.yarn_beta_slow = beta("rope.scaling.yarn_beta_slow", hp.yarn_beta_slow);
+      hp.yarn_beta_fast = scale_key(f, a + "rope.scaling.yarn_beta_fast", hp.yarn_beta_fast);
+      hp.yarn_beta_slow = scale_key(f, a + "rope.scaling.yarn_beta_slow", hp.yarn_beta_slow);
     }
   } else if (scaling != "none") {
     fail(f.path(), ": ", scaling_src, ": '", scaling, "' is not supported (none, linear, yarn)");
@@ -235,10 +240,7 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
       fail(f.path(), ": --rope-freq-base: ", ro.freq_base, " must be > 1");
     hp.rope.freq_base = ro.freq_base;
   }
-  if (const double af = f.get_f64(a + "rope.scaling.attn_factor", 1.0); !(af > 0) || !std::isfinite(af))
-    fail(f.path(), ": key '", a, "rope.scaling.attn_factor': ", af, " must be finite and > 0");
-  else
-    hp.rope.attn_factor = float(af);
+  hp.rope.attn_factor = scale_key(f, a + "rope.scaling.attn_factor", 1.0);
   if (ro.orig_ctx < 0 || ro.orig_ctx > (1 << 24)) fail(f.path(), ": --yarn-orig-ctx: ", ro.orig_ctx, " out of range");
   if (ro.scale < 0 || !std::isfinite(ro.scale)) fail(f.path(), ": --rope-scale: ", ro.scale, " must be finite and > 0");
   if (ro.scale != 0 && scaling == "none") fail(f.path(), ": --rope-scale with RoPE scaling 'none' (give linear or yarn)");
@@ -253,23 +255,14 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   const bool per_dim = ft.dim_per_head_scale_layers > 0 && hp.n_layers == ft.dim_per_head_scale_layers;
   hp.attn_scale = 1.0f / std::sqrt(float(per_dim ? hp.dim / hp.n_heads : hp.head_dim));
   if (ft.granite_scales) {
-    auto scale = [&](const char* key, float d) {
-      const double v = f.get_f64(a + key, d);
-      if (!(v > 0) || !std::isfinite(v) || !std::isfinite(float(v)) || !(float(v) > 0))
-        fail(f.path(), ": key '", a, key, "': ", v, " must be finite and > 0");
-      return float(v);
-    };
+    auto scale = [&](const char* key, float d) { return scale_key(f, a + key, d); };
     hp.embd_scale = scale("embedding_scale", 1.0f);
     hp.residual_scale = scale("residual_scale", 1.0f);
     hp.attn_scale = scale("attention.scale", hp.attn_scale);
     hp.logit_scale = scale("logit_scale", 1.0f);
   }
   if (ft.softcap) {
-    auto cap = [&](const char* key, float d) {
-      const double v = f.get_f64(a + key, d);
-      if (!(v >= 0) || !std::isfinite(v)) fail(f.path(), ": key '", a, key, "': ", v, " must be finite and >= 0");
-      return float(v);
-    };
+    auto cap = [&](const char* key, float d) { return scale_key(f, a + key, d, /*allow_zero=*/true); };
     hp.attn_softcap = cap("attn_logit_softcapping", ft.attn_softcap);
     hp.final_softcap = cap("final_logit_softcapping", ft.final_softcap);
   }
@@ -284,6 +277,13 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     if (hp.sliding_window == 0) hp.swa_layers = SwaLayers::None;  // (phi3 without the key: none)
   }
   check_sizes(f, hp);
+  // The attention kernels' limits, here rather than at every request's first attention call.
+  if (hp.head_dim > kAttentionMaxHeadDim)
+    fail(f.path(), ": key '", a, "attention.key_length': head_dim ", hp.head_dim, " is above the attention kernels' ",
+         kAttentionMaxHeadDim);
+  if (hp.n_heads / hp.n_kv_heads > kAttentionMaxGroup)
+    fail(f.path(), ": key '", a, "attention.head_count_kv': ", hp.n_heads / hp.n_kv_heads,
+         " query heads per KV head, above the attention kernels' ", kAttentionMaxGroup);
   return hp;
 }
 

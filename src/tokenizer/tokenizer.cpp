@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
 #include <span>
 
@@ -44,11 +45,18 @@ void partition_special(const Vocab& vocab, std::string_view text, bool parse_spe
   };
   std::vector<Hit> hits;
   const size_t n = text.size();
+  // (Real vocabularies nest few special tokens in one another, so a position starts 1-2 of them;
+  // one whose specials nest hundreds deep would make positions x depth hits: bounded.)
+  const size_t max_hits = 64 * n + 4096;
   for (size_t i = 0; i < n; ++i) {
     int32_t node = trie.root[uint8_t(text[i])];
     for (size_t j = i; node >= 0;) {
       const TokenId t = trie.token_at[node];
-      if (t >= 0 && allowed(t)) hits.push_back({trie.priority[t], i, t});
+      if (t >= 0 && allowed(t)) {
+        if (hits.size() == max_hits)
+          fail("tokenizer: the text matches more than ", max_hits, " special tokens (a vocabulary whose special tokens nest deeply)");
+        hits.push_back({trie.priority[t], i, t});
+      }
       if (++j == n) break;
       const int32_t* child = trie.edges.find((uint64_t(node) << 8) | uint8_t(text[j]));
       node = child ? *child : -1;
@@ -64,14 +72,14 @@ void partition_special(const Vocab& vocab, std::string_view text, bool parse_spe
   std::sort(hits.begin(), hits.end(), [](const Hit& a, const Hit& b) {
     return a.priority != b.priority ? a.priority < b.priority : a.pos < b.pos;
   });
-  std::vector<uint8_t> claimed(n, 0);
+  std::map<size_t, size_t> claimed;  // begin -> end of each claimed range (disjoint): O(log) a hit
   std::vector<Fragment> taken;
   for (const Hit& h : hits) {
-    const size_t len = vocab.text[h.token].size();
-    if (std::any_of(claimed.begin() + h.pos, claimed.begin() + h.pos + len,
-                    [](uint8_t c) { return c != 0; }))
-      continue;
-    std::fill(claimed.begin() + h.pos, claimed.begin() + h.pos + len, uint8_t(1));
+    const size_t len = vocab.text[h.token].size(), end = h.pos + len;
+    auto next = claimed.lower_bound(h.pos);  // the first range starting at or after h.pos
+    if (next != claimed.end() && next->first < end) continue;
+    if (next != claimed.begin() && std::prev(next)->second > h.pos) continue;
+    claimed.emplace_hint(next, h.pos, end);
     taken.push_back({h.token, h.pos, len});
   }
   std::sort(taken.begin(), taken.end(),

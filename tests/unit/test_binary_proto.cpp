@@ -163,6 +163,15 @@ TEST(BinaryProtoCodec, ResponseRoundTrip) {
   EXPECT_EQ(d.timings.total, 0.6);
   EXPECT_TRUE(d.error.empty());
 
+  // Text is UTF-8 on the wire: a character cut at the end, a lone byte token, an overlong form
+  // and a surrogate each become U+FFFD a byte; well-formed text passes unchanged.
+  proto::Response u;
+  u.text = "a\xE2\x82|\xFF|\xC0\xAF|\xED\xA0\x80|é日😀";
+  const auto bu = body_of(proto::encode_response(u));
+  ASSERT_TRUE(proto::decode_response(bu.data(), bu.size(), d));
+  const std::string r1 = "\xEF\xBF\xBD";
+  EXPECT_EQ(d.text, "a" + r1 + r1 + "|" + r1 + "|" + r1 + r1 + "|" + r1 + r1 + r1 + "|é日😀");
+
   proto::Response e;
   e.last = true;
   e.finish = "error";

@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -796,6 +797,19 @@ TEST(GGUFMalformed, BadOffsets) {
   Raw r;
   r.header(3, 1, 0).tensor("w", {64}, 0, 0).pad(32).zeros(256);
   EXPECT_NO_THROW(GGUFFile::parse(r.b.data(), r.b.size(), "edge.gguf"));
+  // Two tensors whose bytes overlap (each would be packed apart: a small file, a large load), in
+  // either order; adjacent ones and ones with a gap are fine.
+  for (const auto& [off_a, off_b, ok] : {std::tuple{0u, 32u, false}, std::tuple{32u, 0u, false}, std::tuple{0u, 0u, false},
+                                         std::tuple{0u, 64u, true}, std::tuple{128u, 0u, true}}) {
+    Raw t;
+    t.header(3, 2, 0).tensor("a", {16}, 0, off_a).tensor("b", {16}, 0, off_b).pad(32).zeros(256);
+    if (ok) {
+      EXPECT_NO_THROW(GGUFFile::parse(t.b.data(), t.b.size(), "disjoint.gguf")) << off_a << " " << off_b;
+    } else {
+      m = parse_error(t.b);
+      EXPECT_HAS(m, "overlap");
+    }
+  }
 }
 
 TEST(GGUFMalformed, DataSectionStartsPastEnd) {

@@ -246,6 +246,20 @@ TEST(ModelBinding, AbsurdSizesAreRefusedBeforeUse) {
   inf.set_keys["llama.rope.scaling.type"] = GGUFValue::of_str("linear");
   inf.set_keys["llama.rope.scaling.factor"] = GGUFValue::of_f32(std::numeric_limits<float>::infinity());
   EXPECT_HAS(load_error(inf, "rope_inf.gguf"), "key 'llama.rope.scaling.factor'");
+  // Scales are checked as the floats used: an f64 of 1e300 is inf as a float (every logit NaN).
+  for (const double v : {1e300, 1e-300, 0.0}) {
+    Mutation scale;
+    GGUFValue f64;
+    f64.type = GGUFValueType::FLOAT64;
+    f64.f = v;
+    scale.set_keys["llama.rope.scaling.attn_factor"] = f64;
+    EXPECT_HAS(load_error(scale, "attn_factor.gguf"), "key 'llama.rope.scaling.attn_factor'");
+  }
+  // Past the attention kernels' limits: refused at load, not at every request.
+  Mutation wide;
+  wide.set_keys["llama.attention.key_length"] = GGUFValue::of_u32(kAttentionMaxHeadDim + 4);
+  wide.set_keys["llama.attention.value_length"] = GGUFValue::of_u32(kAttentionMaxHeadDim + 4);
+  EXPECT_HAS(load_error(wide, "head_dim.gguf"), "above the attention kernels'");
 }
 
 TEST(ModelBinding, UnknownArchitectureNamed) {

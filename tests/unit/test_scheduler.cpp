@@ -1998,6 +1998,7 @@ TEST(EngineCoreForks, OnePrefillAndEveryGreedyChoiceIsTheSingleAnswer) {
       su.forced_choice = 2;
       const ChoicesRun res = run_choices(prompt, 4, su);
       EXPECT_EQ(res.counters.prefill_tokens, uint64_t(P));
+      EXPECT_EQ(res.counters.prompt_tokens, uint64_t(P));  // (one request's prompt, as its usage says)
       EXPECT_EQ(res.counters.forks, 3u);
       ASSERT_EQ(res.outputs.size(), 4u);
       for (uint64_t id : {1, 2, 4}) {
@@ -2009,6 +2010,7 @@ TEST(EngineCoreForks, OnePrefillAndEveryGreedyChoiceIsTheSingleAnswer) {
       su.forked = false;  // the same choices as separate requests: a prefill each (no prefix cache)
       const ChoicesRun sep = run_choices(prompt, 4, su);
       EXPECT_EQ(sep.outputs, res.outputs);
+      EXPECT_EQ(sep.counters.prompt_tokens, 4 * uint64_t(P));
       if (!prefix) {
         EXPECT_EQ(sep.counters.prefill_tokens, 4 * uint64_t(P));
       }

@@ -53,8 +53,8 @@ void for_score_tiles(int rows, F&& tile) {
 
 template <class A>
 struct Attention {
-  static constexpr int kMaxRows = 64;
-  static constexpr int kMaxHead = 256;
+  static constexpr int kMaxRows = kAttentionMaxGroup;
+  static constexpr int kMaxHead = kAttentionMaxHeadDim;
   static constexpr int kChunkTiles = 4;
   static constexpr int kChunk = kChunkTiles * kKvTile;
   static constexpr int kMaxQBlocks = kMaxHead / kKvQBlock;
