@@ -523,7 +523,19 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   } in_flight{this};
   if (sched_cfg_.max_active_adapters < 1)
     fail("LoRA adapter '", name, "': adapters are off (max_active_adapters is 0)");
-  if (!replace && find_adapter(name)) fail("a LoRA adapter named '", name, "' is already loaded");
+  const bool taken = find_adapter(name) != nullptr;
+  if (!replace && taken) fail("a LoRA adapter named '", name, "' is already loaded");
+  if (!taken) {  // (a replacement does not add one; loads under way count, as they will)
+    int64_t held = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      held = loads_in_flight_ - 1;
+    }
+    held += int64_t(adapter_files().size());
+    if (held >= sched_cfg_.max_loaded_adapters)
+      fail("LoRA adapter '", name, "': ", held, " adapters are loaded or loading, the most this server holds (",
+           sched_cfg_.max_loaded_adapters, ", max_loaded_adapters); unload one first");
+  }
   std::shared_ptr<LoraAdapter> a = LoraAdapter::load(path, model_);
   // Packed on the engine thread between steps, a slice of kAdapterPackSliceMs at a time, so that
   // streams running meanwhile pay its packing time spread over their steps (LoraAdapter::

@@ -116,6 +116,9 @@ struct SchedulerConfig {
   double reject_late_factor = 0;
   // LoRA: distinct adapters among the running requests (and so in one step), at most.
   int32_t max_active_adapters = 4;
+  // LoRA adapters loaded at once (Engine::load_adapter refuses one more: each holds its packed
+  // weights, and the load route is open to any client unless --api-key is set).
+  int32_t max_loaded_adapters = 16;
 };
 
 struct SchedRequest {

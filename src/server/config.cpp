@@ -109,6 +109,9 @@ const ServeSetting kSettings[] = {
     {"scheduler.max_active_adapters", "--max-active-adapters",
      "Distinct LoRA adapters running at once (0 = adapters off); requests of another wait for a slot",
      &ServeConfig::max_active_adapters, 0, 1 << 10},
+    {"scheduler.max_loaded_adapters", "--max-loaded-adapters",
+     "LoRA adapters loaded at once (--lora, the config's adapters and POST /v1/load_lora_adapter); one more is refused",
+     &ServeConfig::max_loaded_adapters, 1, 1 << 16},
     {"kv_cache.memory_mib", "--kv-memory", "KV cache MiB (0 = 4 full contexts, at most 2 GiB)",
      &ServeConfig::kv_memory_mib, 0, 1 << 24},
     {"kv_cache.block_size", "", "", &ServeConfig::kv_block_size, 16, 4096},
@@ -260,6 +263,7 @@ EngineConfig to_engine_config(const ServeConfig& c) {
   e.scheduler.ttft_slo_stretch = c.ttft_slo_stretch;
   e.scheduler.reject_late_factor = c.reject_late_factor;
   e.scheduler.max_active_adapters = int32_t(c.max_active_adapters);
+  e.scheduler.max_loaded_adapters = int32_t(c.max_loaded_adapters);
   e.kv_memory_bytes = c.kv_memory_mib << 20;
   e.prefix_caching = c.prefix_caching;
   e.spec = to_spec_config(c);

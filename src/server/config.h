@@ -6,7 +6,7 @@
 //   {"scheduler": {"prefill_chunk_size": "auto" | 0 (no chunking) | N, "step_latency_target_ms": N,
 //                  "max_num_seqs": N, "max_batch_tokens": N, "ttft_slo_base_ms": N,
 //                  "ttft_slo_stretch": N, "reject_late_factor": N, "max_active_adapters": N,
-//                  "max_auto_chunk": N,
+//                  "max_loaded_adapters": N, "max_auto_chunk": N,
 //                  "enable_speculative_decoding": false},
 //    "parallel_config": {"tp_size": 1, "pp_size": 1, "optimize_for_latency": true},
 //    "server": {"host", "port", "binary_port", "max_queue", "threads", "http_threads", "max_body_bytes",
@@ -75,6 +75,7 @@ struct ServeConfig {
   double ttft_slo_stretch = SchedulerConfig{}.ttft_slo_stretch;
   double reject_late_factor = SchedulerConfig{}.reject_late_factor;  // 0 = off
   int64_t max_active_adapters = SchedulerConfig{}.max_active_adapters;
+  int64_t max_loaded_adapters = SchedulerConfig{}.max_loaded_adapters;
   // LoRA adapters to load at start: (name, GGUF path), from "adapters" and --lora NAME=FILE.
   std::vector<std::pair<std::string, std::string>> adapters;
   RopeOverrides rope;  // --rope-scaling etc. (flags only: tools/rope_flags.cpp)

@@ -188,6 +188,22 @@ TEST(EngineLora, LoadAndUnload) {
   a = e.load_adapter("a", f.adapters[0]->path());
   const LoraOutcome o = alone(e, prompt(8, 1), a);
   EXPECT_EQ(o.tokens.size(), 12u);
+  // At most max_loaded_adapters loaded (one file under many names would pack a copy each): one
+  // more is refused, a replacement is not one more, and an unload makes room.
+  EngineConfig two = config(4);
+  two.scheduler.max_loaded_adapters = 2;
+  Engine capped(*f.model, two, nullptr);
+  capped.load_adapter("x", f.adapters[0]->path());
+  capped.load_adapter("y", f.adapters[0]->path());
+  try {
+    capped.load_adapter("z", f.adapters[0]->path());
+    ADD_FAILURE() << "loaded a third adapter with max_loaded_adapters 2";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("max_loaded_adapters"), std::string::npos) << err.what();
+  }
+  EXPECT_NO_THROW(capped.load_adapter("y", f.adapters[0]->path(), /*replace=*/true));
+  capped.unload_adapter("x");
+  EXPECT_NO_THROW(capped.load_adapter("z", f.adapters[0]->path()));
 }
 
 // load_inplace: a name loaded again with replace takes the new file's weights (its greedy tokens

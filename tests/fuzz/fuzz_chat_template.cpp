@@ -1,7 +1,9 @@
 // libFuzzer target: the chat-template renderer and the format detection over arbitrary
 // conversations and template text. Checks: a role outside system/user/assistant/tool fails with
 // ft::Error and nothing else; every message's content (what survives the format's strip()) is in the rendered text;
-// detection always picks a format, and a format's own name selects it.
+// detection always picks a format, and a format's own name selects it; the template text, run
+// by the Jinja interpreter over the conversation, renders or fails with ft::Error (any other
+// exception, a crash or a hang is a finding; its work limit is lowered to keep inputs fast).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "core/error.h"
 #include "fuzz_util.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/jinja.h"
 
 namespace {
 
@@ -53,5 +56,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ft::ChatFormat detected = ft::detect_chat_format(jinja);
   FT_FUZZ_CHECK(ft::parse_chat_format(ft::chat_format_name(detected)) == detected);
   if (const auto named = ft::parse_chat_format(jinja)) FT_FUZZ_CHECK(ft::detect_chat_format(jinja) == *named);
+
+  nlohmann::json context = {{"bos_token", bos}, {"eos_token", eos}, {"add_generation_prompt", add_generation_prompt},
+                            {"messages", nlohmann::json::array()}};
+  for (const ft::ChatMessage& m : messages) context["messages"].push_back({{"role", m.role}, {"content", m.content}});
+  try {
+    (void)ft::jinja::Template(jinja).render(context, int64_t(1) << 24);
+  } catch (const ft::Error&) {
+  }
   return 0;
 }
