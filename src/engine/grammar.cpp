@@ -383,10 +383,10 @@ void normalize(std::vector<Stack>& v) {
 // Refuses left recursion (a rule that can reach a reference to itself without consuming a byte)
 // and references that nest deeper than kMaxExpandDepth before a byte, from the rules' "starts
 // with" graph: r -> s where an alternative of r reaches a reference to s through nullable rules
-// only. Linear in the grammar's size. (Expanding every reference instead, as a matcher does,
-// cost references x their expansions: 50,000 references to a rule of 3,800 alternatives took 8 s.)
-// The expansion's depth through a nullable rule's empty alternative can exceed the graph's path
-// by that rule's own depth; a matcher still stops at kMaxExpandDepth with the same error.
+// only; linear in the grammar's size, where expanding every reference, as a matcher does, costs
+// references x their expansions. The expansion's depth through a nullable rule's empty
+// alternative can exceed the graph's path by that rule's own depth; a matcher still stops at
+// kMaxExpandDepth with the same error.
 void check_references(const Grammar& g) {
   const size_t n = g.alts.size();
   // Nullable rules (r can match the empty string), by a worklist: an alternative of references
@@ -440,9 +440,28 @@ void check_references(const Grammar& g) {
   for (size_t r = 0; r < n; ++r) visit(visit, r, 0);
 }
 
+// Refuses a reference whose expansion keeps more than kMaxStacks parses alive (what a matcher
+// would refuse mid-generation), expanding one reference to each rule, as long as the stacks made
+// stay within a budget (a grammar of many wide rules is left to the matcher beyond it).
+void check_ambiguity(const Grammar& g) {
+  constexpr size_t kBudget = size_t(1) << 22;  // stacks made, all rules together
+  std::vector<char> seen(g.alts.size(), 0);
+  size_t made = 0;
+  std::vector<Stack> out;
+  for (size_t i = 0; i < g.elems.size() && made < kBudget; ++i) {
+    if (g.elems[i].kind != Elem::Rule || seen[size_t(g.elems[i].rule)]) continue;
+    seen[size_t(g.elems[i].rule)] = 1;
+    Stack st{int32_t(i)};
+    out.clear();
+    expand(g, st, out, 0);
+    made += out.size();
+  }
+}
+
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf) {
   auto g = GbnfParser(gbnf).run();
   check_references(*g);
+  check_ambiguity(*g);
   return g;
 }
 

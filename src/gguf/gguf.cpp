@@ -408,8 +408,8 @@ void GGUFFile::parse_all() {
     ti.data = base_ + data_start + ti.offset;
   }
   // No two tensors' bytes overlap (llama.cpp requires each at the running padded total; any
-  // disjoint layout reads the same here). Overlapping ones would each be packed apart: a 4 MB
-  // file of 40 matrices 32 bytes apart loaded into 1.2 GB.
+  // disjoint layout reads the same here): overlapping ones would each be packed apart, so a
+  // small file could load into memory many times its size.
   std::vector<const GGUFTensorInfo*> by_offset;
   by_offset.reserve(tensors_.size());
   for (const auto& ti : tensors_) by_offset.push_back(&ti);

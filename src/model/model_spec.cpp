@@ -149,7 +149,7 @@ void check_sizes(const GGUFFile& f, const HParams& hp) {
 }
 
 // A scale from metadata (f64 or f32 there, float here): finite and > 0 (>= 0 with allow_zero) as
-// the float used, not only as read (1e300 passed as a double and became inf: every logit NaN).
+// the float used, not only as the value read.
 float scale_key(const GGUFFile& f, const std::string& key, double dflt, bool allow_zero = false) {
   const double v = f.get_f64(key, dflt);
   const float x = float(v);
@@ -223,7 +223,7 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   const std::string factor_src = ro.scale != 0 ? "--rope-scale" : cat("key '", a, "rope.scaling.factor'");
   if (scaling == "linear" || scaling == "yarn") {
     const float scale = float(1.0 / factor);  // what linear scaling multiplies positions by
-    if (!(factor > 0) || !std::isfinite(factor) || !std::isfinite(scale) || !(scale > 0))
+    if (!(factor > 0) || !std::isfinite(factor) || !std::isfinite(float(factor)) || !std::isfinite(scale) || !(scale > 0))
       fail(f.path(), ": ", factor_src, ": ", factor, " must be finite and > 0 with a finite, non-zero inverse in float");
     if (scaling == "linear") hp.rope.freq_scale = scale;
     if (scaling == "yarn") {

@@ -82,9 +82,14 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
   }
 }
 
+int64_t fit_logprob_entries(int64_t max_tokens, int64_t per_token, int64_t prompt_entries, int32_t share) {
+  const int64_t room = kMaxLogprobEntries / std::max<int32_t>(1, share) - prompt_entries;
+  return per_token > 0 && room >= per_token ? std::min(max_tokens, room / per_token) : max_tokens;
+}
+
 void check_logprob_entries(int64_t prompt_entries, int64_t output_entries) {
   if (prompt_entries + output_entries <= kMaxLogprobEntries) return;
-  bad(output_entries > 0 ? "logprobs" : "prompt_logprobs",
+  bad(output_entries > prompt_entries ? "logprobs" : "prompt_logprobs",
       cat("the response's logprobs would be ", prompt_entries + output_entries,
           " entries (choices x tokens x (alternatives + 1): the prompt's (echo or prompt_logprobs) ", prompt_entries,
           ", the output's (max_tokens, held for one response body) ", output_entries, "), more than ", kMaxLogprobEntries,
@@ -455,8 +460,11 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   if (r.embed && gen->n_prompt_ > ctx.n_ctx)
     bad(prompt_param(r), cat("This model's maximum context length is ", ctx.n_ctx, " tokens; the input has ",
                              gen->n_prompt_, " tokens"));
-  const int64_t max_tokens = r.embed ? 0 : resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
+  int64_t max_tokens = r.embed ? 0 : resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
   gen->max_tokens_ = max_tokens;
+  if (!r.max_tokens && gen->output_logprob_entries() > 0)
+    gen->max_tokens_ = max_tokens = fit_logprob_entries(max_tokens, gen->output_logprob_entries() / max_tokens,
+                                                        gen->prompt_logprob_entries(), r.logprob_share);
   check_logprob_entries(gen->prompt_logprob_entries(), gen->output_logprob_entries());
   if (!r.seed_set) r.sampling.seed = draw_seed();
   if (!r.grammar.empty()) {

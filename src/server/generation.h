@@ -57,7 +57,8 @@ inline constexpr size_t kMaxStops = 256;  // stop strings a request may give (Op
 inline constexpr int32_t kMaxChoices = 128;  // GenerationRequest::n (OpenAI's limit)
 // A response's logprobs at most: its prompts' (choices x prompt tokens x (alternatives + 1)) and,
 // when the response is held for one body (not streamed), its outputs' (choices x max_tokens x
-// (alternatives + 1)): ~60 MB of JSON.
+// (alternatives + 1)): ~60 MB of JSON. A request past it is a 400, but one without max_tokens
+// (the rest of the context) has max_tokens cut to what fits (Generation::prepare).
 inline constexpr int64_t kMaxLogprobEntries = int64_t(1) << 20;
 // ApiError::code of a request that failed while generating (the engine's FinishReason::Error).
 inline constexpr const char* kGenerationFailed = "generation_failed";
@@ -149,6 +150,9 @@ struct GenerationRequest {
   // The output goes out as it is made (SSE, the binary port's stream): a held response's output
   // logprobs count against kMaxLogprobEntries, a stream's do not.
   bool stream = false;
+  // Prompts of one response (a batched completions request's): each may take this share of its
+  // logprob entries when max_tokens is not given.
+  int32_t logprob_share = 1;
   int32_t logprobs = -1;               // -1: off; N >= 0: each token's logprob and its N best alternatives
   int32_t prompt_logprobs = -1;        // -1: off; N >= 0: the same for the prompt's tokens (Output::prompt_logprobs)
   // Choices: n independent generations from the prompt (choice i samples with seed + i), one
@@ -204,6 +208,11 @@ void validate(const GenerationRequest& r, int32_t n_vocab);
 // anything up to INT64_MAX). Throws ApiError when the prompt leaves no room or max_tokens does not
 // fit and fit_max_tokens is off.
 int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t n_ctx);
+// A max_tokens not given (the rest of the context) cut so that a held response's logprobs fit:
+// per_token entries a token (choices x (alternatives + 1)), the prompt's entries already counted,
+// this prompt's 1/share of kMaxLogprobEntries. Unchanged when not even one token fits (the
+// check below refuses it then).
+int64_t fit_logprob_entries(int64_t max_tokens, int64_t per_token, int64_t prompt_entries, int32_t share);
 // Throws ApiError (400) when a response's logprob entries (Generation::prompt_logprob_entries and
 // output_logprob_entries, summed over its prompts) exceed kMaxLogprobEntries.
 void check_logprob_entries(int64_t prompt_entries, int64_t output_entries);

@@ -1191,6 +1191,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           }
           if (k > 1) g.name += cat("[", i, "]");
           g.queue_slot = !embeddings || i + 1 == k;  // (admitted last, it leaves the queue last)
+          g.logprob_share = int32_t(k);
           std::shared_ptr<GenerationSink> sink;
           if (embeddings) sink = std::make_shared<InputSink>(embeddings, int32_t(i));
           else sink = std::make_shared<PromptSink>(reply, int32_t(i));

@@ -37,7 +37,7 @@ inline thread_local int64_t t_work_left = -1;  // < 0: no render under way on th
 inline thread_local int64_t t_work_limit = 0;  // the render's
 inline void charge(uint64_t units) {
   if (t_work_left < 0) return;
-  t_work_left -= int64_t(std::min<uint64_t>(units, uint64_t(kRenderWork)));
+  t_work_left -= int64_t(std::min<uint64_t>(units, uint64_t(t_work_limit) + 1));
   if (t_work_left < 0) fail("jinja: the template does more than ", t_work_limit, " units of work (bytes built or copied, values visited)");
 }
 struct Dict;
@@ -1746,7 +1746,8 @@ Value Interp::eval(const Node& n) {
       if (op == "*" && ((l.t == Value::Str && is_intlike(r)) || (r.t == Value::Str && is_intlike(l)))) {
         const std::string& s = l.t == Value::Str ? l.s : r.s;
         const int64_t times = std::max<int64_t>(0, as_int(l.t == Value::Str ? r : l));
-        if (s.size() && uint64_t(times) > kMaxOutput / s.size()) fail("jinja: line ", n.line, ": string too long");
+        if (s.empty()) return Value::str("");  // (not 2^63 appends of nothing)
+        if (uint64_t(times) > kMaxOutput / s.size()) fail("jinja: line ", n.line, ": string too long");
         std::string out;
         for (int64_t k = 0; k < times; ++k) out += s;
         return Value::str(std::move(out));
@@ -1787,7 +1788,7 @@ Value Interp::eval(const Node& n) {
         return Value::flt(op == "//" ? q : x - q * y);
       }
       if (op == "**") {
-        if (ints && b >= 0) {  // by squaring: O(log b) (a loop of b multiplications never ended for 1 ** 2^63)
+        if (ints && b >= 0) {  // by squaring: O(log b) multiplications
           int64_t out = 1, base = a;
           for (int64_t e = b; e > 0; e >>= 1) {
             if ((e & 1) && __builtin_mul_overflow(out, base, &out)) fail("jinja: line ", n.line, ": integer overflow");

@@ -45,9 +45,10 @@ void partition_special(const Vocab& vocab, std::string_view text, bool parse_spe
   };
   std::vector<Hit> hits;
   const size_t n = text.size();
-  // (Real vocabularies nest few special tokens in one another, so a position starts 1-2 of them;
-  // one whose specials nest hundreds deep would make positions x depth hits: bounded.)
-  const size_t max_hits = 64 * n + 4096;
+  // Real vocabularies nest few special tokens in one another (a position starts 1-2 of them); one
+  // whose specials nest hundreds deep would make positions x depth hits.
+  constexpr size_t kMaxMatchesPerByte = 64;
+  const size_t max_hits = kMaxMatchesPerByte * n + 4096;
   for (size_t i = 0; i < n; ++i) {
     int32_t node = trie.root[uint8_t(text[i])];
     for (size_t j = i; node >= 0;) {

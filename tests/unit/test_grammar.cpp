@@ -93,6 +93,10 @@ name ::= [A-Z] [a-z]*   # capitalised
   wide += "\nx ::= \"a0\"";
   for (int k = 1; k < 2000; ++k) wide += " | \"a" + std::to_string(k) + "\"";
   EXPECT_NO_THROW(Grammar::parse(wide));
+  // A reference that keeps more parses alive than a matcher may is refused at parse, as before.
+  std::string ambiguous = "root ::= \"<\" x\nx ::= \"a0\"";
+  for (int k = 1; k < 5000; ++k) ambiguous += " | \"a" + std::to_string(k) + "\"";
+  error(ambiguous, "too ambiguous");
 }
 
 TEST(Grammar, MaskAllowsExactlyTheTokensTheGrammarAccepts) {

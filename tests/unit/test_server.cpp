@@ -1207,6 +1207,20 @@ TEST(ServerParse, Logprobs) {
   EXPECT_EQ(parse_chat({{"model", "stories260K"}, {"messages", msgs}, {"logprobs", false}, {"top_logprobs", nullptr}}).logprobs, -1);
 }
 
+// A held response's generated logprobs count against kMaxLogprobEntries: a max_tokens not given
+// is cut to fit (n 128 x 21 alternatives on a 128k context: 390 tokens a choice, "length").
+TEST(ServerParse, DefaultMaxTokensFitTheLogprobEntries) {
+  const int64_t per_token = 128 * 21;
+  EXPECT_EQ(fit_logprob_entries(131072, per_token, 0, 1), kMaxLogprobEntries / per_token);
+  EXPECT_EQ(fit_logprob_entries(131072, per_token, 0, 1), 390);
+  EXPECT_EQ(fit_logprob_entries(100, per_token, 0, 1), 100);  // (fits already)
+  EXPECT_EQ(fit_logprob_entries(131072, per_token, 0, 4), 97);  // a quarter each for 4 prompts
+  EXPECT_EQ(fit_logprob_entries(131072, 11, 1 << 19, 1), (kMaxLogprobEntries - (1 << 19)) / 11);  // after the prompt's
+  EXPECT_EQ(fit_logprob_entries(131072, per_token, kMaxLogprobEntries, 1), 131072);  // not one token fits: left to the check
+  EXPECT_THROW(check_logprob_entries(kMaxLogprobEntries, 1), ApiError);
+  EXPECT_NO_THROW(check_logprob_entries(kMaxLogprobEntries - 390 * per_token, 390 * per_token));
+}
+
 TEST(ServerParse, ResolveMaxTokens) {
   auto r = parse_c({{"model", "stories260K"}, {"prompt", "x"}});
   EXPECT_EQ(resolve_max_tokens(r, 5, 512), 16);  // OpenAI's completions default
