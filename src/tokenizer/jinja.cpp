@@ -42,6 +42,11 @@ inline void charge(uint64_t units) {
 }
 struct Dict;
 struct Func;
+// The lists and dicts made during the render under way on this thread (null outside one): at its
+// end Template::render empties those still alive, which are only ones in a cycle (a list that
+// holds itself, a namespace set to itself: shared_ptrs that would never be freed).
+inline thread_local std::vector<std::weak_ptr<List>>* t_lists = nullptr;
+inline thread_local std::vector<std::weak_ptr<Dict>>* t_dicts = nullptr;
 
 struct ValueFields {
   enum T { Undef, None, Bool, Int, Float, Str, Lst, Dct, Fn } t = Undef;
@@ -85,10 +90,11 @@ struct Value : ValueFields {
   }
   static Value list(List x = {}) {
     if (x.size() > size_t(kMaxIterations)) fail("jinja: a list of more than ", kMaxIterations, " elements");
-    charge(x.size());
+    charge(x.size() + 1);
     Value v;
     v.t = Lst;
     v.l = std::make_shared<List>(std::move(x));
+    if (t_lists) t_lists->push_back(v.l);
     return v;
   }
   static Value dict();
@@ -107,7 +113,14 @@ struct Dict {
   }
 };
 
-Value Value::dict() { Value v; v.t = Dct; v.d = std::make_shared<Dict>(); return v; }
+Value Value::dict() {
+  charge(1);
+  Value v;
+  v.t = Dct;
+  v.d = std::make_shared<Dict>();
+  if (t_dicts) t_dicts->push_back(v.d);
+  return v;
+}
 
 using Kwargs = std::vector<std::pair<std::string, Value>>;
 struct Func {
@@ -2279,11 +2292,26 @@ Template& Template::operator=(Template&&) noexcept = default;
 
 std::string Template::render(const nlohmann::json& context, int64_t work_limit) const {
   if (!context.is_object()) fail("jinja: the context must be a JSON object");
-  struct WorkBudget {  // (this render's; the previous values back on every exit)
+  struct RenderState {  // (this render's budget and containers; the previous ones back on every exit)
     int64_t saved_left = t_work_left, saved_limit = t_work_limit;
-    explicit WorkBudget(int64_t limit) { t_work_left = t_work_limit = std::max<int64_t>(0, limit); }
-    ~WorkBudget() { t_work_left = saved_left, t_work_limit = saved_limit; }
-  } budget(work_limit);
+    std::vector<std::weak_ptr<List>>* saved_lists = t_lists;
+    std::vector<std::weak_ptr<Dict>>* saved_dicts = t_dicts;
+    std::vector<std::weak_ptr<List>> lists;
+    std::vector<std::weak_ptr<Dict>> dicts;
+    explicit RenderState(int64_t limit) {
+      t_work_left = t_work_limit = std::max<int64_t>(0, limit);
+      t_lists = &lists;
+      t_dicts = &dicts;
+    }
+    ~RenderState() {  // (after the interpreter's scopes: what is still alive is in a cycle)
+      t_lists = saved_lists, t_dicts = saved_dicts;
+      for (const auto& w : lists)
+        if (const auto l = w.lock()) List().swap(*l);
+      for (const auto& w : dicts)
+        if (const auto d = w.lock()) decltype(d->items)().swap(d->items);
+      t_work_left = saved_left, t_work_limit = saved_limit;
+    }
+  } state(work_limit);
   std::string out;
   Interp in(out);
   auto& g = in.root();
