@@ -531,7 +531,10 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
       std::lock_guard<std::mutex> lk(mu_);
       held = loads_in_flight_ - 1;
     }
-    held += int64_t(adapter_files().size());
+    {
+      std::lock_guard<std::mutex> lk(adapters_mu_);
+      held += int64_t(adapters_.size());
+    }
     if (held >= sched_cfg_.max_loaded_adapters)
       fail("LoRA adapter '", name, "': ", held, " adapters are loaded or loading, the most this server holds (",
            sched_cfg_.max_loaded_adapters, ", max_loaded_adapters); unload one first");

@@ -73,20 +73,16 @@ void partition_special(const Vocab& vocab, std::string_view text, bool parse_spe
   std::sort(hits.begin(), hits.end(), [](const Hit& a, const Hit& b) {
     return a.priority != b.priority ? a.priority < b.priority : a.pos < b.pos;
   });
-  std::map<size_t, size_t> claimed;  // begin -> end of each claimed range (disjoint): O(log) a hit
-  std::vector<Fragment> taken;
+  std::map<size_t, Fragment> taken;  // by begin, disjoint: O(log) a hit
   for (const Hit& h : hits) {
-    const size_t len = vocab.text[h.token].size(), end = h.pos + len;
-    auto next = claimed.lower_bound(h.pos);  // the first range starting at or after h.pos
-    if (next != claimed.end() && next->first < end) continue;
-    if (next != claimed.begin() && std::prev(next)->second > h.pos) continue;
-    claimed.emplace_hint(next, h.pos, end);
-    taken.push_back({h.token, h.pos, len});
+    const size_t len = vocab.text[h.token].size();
+    auto next = taken.lower_bound(h.pos);  // the first taken at or after h.pos
+    if (next != taken.end() && next->first < h.pos + len) continue;
+    if (next != taken.begin() && std::prev(next)->first + std::prev(next)->second.size > h.pos) continue;
+    taken.emplace_hint(next, h.pos, Fragment{h.token, h.pos, len});
   }
-  std::sort(taken.begin(), taken.end(),
-            [](const Fragment& a, const Fragment& b) { return a.begin < b.begin; });
   size_t pos = 0;
-  for (const Fragment& f : taken) {
+  for (const auto& [begin, f] : taken) {
     if (f.begin > pos) out.push_back({-1, pos, f.begin - pos});
     out.push_back(f);
     pos = f.begin + f.size;
