@@ -13,6 +13,13 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An Error the request's own input caused where it could be seen only while serving it (a
+// grammar too ambiguous to follow at some point of the output): a server answers it as a client
+// error (400), not as its own failure.
+struct RequestError : Error {
+  using Error::Error;
+};
+
 template <class... Args>
 std::string cat(const Args&... args) {
   std::ostringstream os;

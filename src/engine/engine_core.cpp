@@ -185,7 +185,7 @@ void EngineCore::emit(Req& r, const EngineEvent& ev) {
   }
 }
 
-void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
+void EngineCore::finish(Req& r, FinishReason why, const std::string& error, bool request_error) {
   if (r.in_flight)  // (cancelled, or failed, mid-flight: that step's rows for it are dropped)
     for (Flight& f : in_flight_) {
       for (RowGroup& g : f.groups)
@@ -209,6 +209,7 @@ void EngineCore::finish(Req& r, FinishReason why, const std::string& error) {
   ev.id = r.id;
   ev.reason = why;
   ev.error = error;
+  ev.request_error = request_error;
   ev.n_prompt = r.n_prompt;
   ev.n_generated = r.n_generated;
   if (r.pooling != Pooling::None && why == FinishReason::Stop) {
@@ -812,7 +813,12 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
   };
   std::vector<Emit> emits;
   emits.reserve(n_rows);
-  std::vector<std::pair<uint64_t, std::string>> failed;
+  struct Failed {
+    uint64_t id;
+    std::string why;
+    bool request_error;  // a RequestError (the request's own input)
+  };
+  std::vector<Failed> failed;
   auto sample_row = [&](Req& r, float* row_logits) {
     if (r.processor) r.processor->apply(row_logits, exec_.n_tokens(), r.n_generated);
     const int32_t tok = r.sampler->sample(row_logits);
@@ -868,13 +874,13 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
       }
     } catch (const std::exception& e) {
       emits.resize(mark);
-      failed.emplace_back(r.id, e.what());
+      failed.push_back({r.id, e.what(), dynamic_cast<const RequestError*>(&e) != nullptr});
     }
     for (Req* c : forks) {
       try {
         sample_row(*c, fork_logits_.data() + fork_row++ * V);
       } catch (const std::exception& e) {
-        failed.emplace_back(c->id, e.what());
+        failed.push_back({c->id, e.what(), dynamic_cast<const RequestError*>(&e) != nullptr});
       }
     }
   }
@@ -919,7 +925,8 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
     }
   for (auto& [id, why] : done) finish(reqs_.at(id), why);
   for (uint64_t id : embedded) finish(reqs_.at(id), FinishReason::Stop);
-  for (auto& [id, why] : failed) finish(reqs_.at(id), FinishReason::Error, cat("generation failed: ", why));
+  for (const Failed& f : failed)
+    finish(reqs_.at(f.id), FinishReason::Error, f.request_error ? f.why : cat("generation failed: ", f.why), f.request_error);
 
   st.emit_ms += now_() - ts1;
   rec.n_running = n_running();

@@ -129,6 +129,7 @@ struct EngineEvent {
   std::vector<TokenLogprobs> prompt_logprobs;
   FinishReason reason = FinishReason::Stop;  // Finished
   std::string error;                         // Finished(Error): why
+  bool request_error = false;                // Finished(Error): the request's own input (a RequestError)
   int64_t n_prompt = 0;                      // Finished
   int64_t n_generated = 0;                   // Finished
   std::vector<float> embedding;              // Finished(Stop) of an embedding (EngineRequest::pooling)
@@ -341,7 +342,7 @@ class EngineCore {
     RequestTimings t;
     int64_t trace_arrival_ns = 0, trace_scheduled_ns = 0, trace_first_token_ns = 0;  // while profiling
   };
-  void finish(Req& r, FinishReason why, const std::string& error = {});
+  void finish(Req& r, FinishReason why, const std::string& error = {}, bool request_error = false);
   // A pending fork that never started: its Finished event (timings: its parent's so far).
   void finish_fork(Req::PendingFork& f, const Req& parent, FinishReason why, const std::string& error = {});
   // At r's first token: its forks as requests of their own, in id order (their KV forked from r's

@@ -481,8 +481,9 @@ GrammarVocab::GrammarVocab(std::vector<std::string> pieces, std::vector<bool> eo
   }
 }
 
-GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab)
-    : g_(std::move(g)), vocab_(std::move(vocab)) {
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab,
+                               uint64_t mask_work_limit)
+    : g_(std::move(g)), vocab_(std::move(vocab)), work_limit_(mask_work_limit) {
   for (const int32_t a : g_->alts[size_t(g_->root)]) {
     Stack st;
     if (g_->elems[size_t(a)].kind != Elem::End) st.push_back(a);
@@ -509,6 +510,7 @@ void GrammarMatcher::advance_into(const std::vector<Stack>& from, uint8_t b, std
     if (g_->elems[size_t(pos) + 1].kind != Elem::End) scratch.push_back(pos + 1);
     expand_into(*g_, scratch, out, n, 0);
   }
+  work_ += from.size() + n;
   out.resize(n);
   if (n > 1) normalize(out);
 }
@@ -578,7 +580,14 @@ void GrammarMatcher::walk(const Stack& top, std::vector<uint64_t>& bits, std::ve
     }
     if (ok) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
     else if (dep) record(t, std::min(dead - 1, p.size() - 1));
+    if (work_ > work_limit_) check_work();
   }
+}
+
+void GrammarMatcher::check_work() const {
+  if (work_ > work_limit_)
+    throw RequestError(cat("grammar: finding the tokens allowed at this point takes more than ", work_limit_,
+                           " parse steps (", stacks_.size(), " parses alive: too ambiguous a grammar)"));
 }
 
 // The mask of a state is the union of its stacks' masks (advance() treats each stack on its own).
@@ -594,6 +603,7 @@ const std::vector<uint64_t>& GrammarMatcher::mask_for_state() {
     key.append(reinterpret_cast<const char*>(s.data()), s.size() * sizeof(int32_t));
     key.append(4, '\xff');  // -1: the stack's end
   }
+  work_ = 0;
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   if (cache_.size() >= kMaxCachedMasks) cache_.clear();
   if (top_cache_.size() >= kMaxCachedMasks) top_cache_.clear();
@@ -626,6 +636,7 @@ const std::vector<uint64_t>& GrammarMatcher::mask_for_state() {
       std::vector<Stack> cur = advance(base, static_cast<uint8_t>(p[d.offset]));
       for (size_t j = d.offset + 1; j < p.size() && !cur.empty(); ++j) cur = advance(cur, static_cast<uint8_t>(p[j]));
       if (!cur.empty()) bits[size_t(d.token) >> 6] |= uint64_t(1) << (d.token & 63);
+      check_work();
     }
   }
   if (complete())

@@ -17,7 +17,9 @@
 // one cache lookup and the masking of the logits row.
 //
 // Limits (a hostile grammar or schema is an error, not a hang): grammar size, stacks per state,
-// expansion depth (left recursion is refused), repetition counts.
+// expansion depth (left recursion is refused), repetition counts, and the work of one state's mask
+// (GrammarMatcher::kMaxMaskWork: a mask is computed on the engine thread, between the steps of
+// every request, so an ambiguous grammar whose parses each walk the vocabulary must not stall them).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -69,11 +71,24 @@ class GrammarVocab {
 // One request's progress through a grammar.
 class GrammarMatcher {
  public:
-  GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab);
+  // Stacks advanced by a byte (each stack looked at, each made) to find one state's allowed
+  // tokens: ~0.2 s of one core (Zen 5). A nested JSON schema's costliest state on the 128K Llama 3
+  // vocabulary takes 1/10 of it (1.6M, 19 ms: Grammar.MaskCostPerTokenOnLlama3Vocabulary prints
+  // it); 1,000 parses each inside its own `[^"]*` would take ~30x it (3.4 s a token before this
+  // limit, for every request on the engine thread).
+  static constexpr uint64_t kMaxMaskWork = uint64_t(1) << 24;
+
+  GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab,
+                 uint64_t mask_work_limit = kMaxMaskWork);
 
   // Sets logits[t] = -inf for every token the grammar rejects now (end-of-generation tokens are
   // allowed only once the grammar is complete). n_vocab may be below the vocabulary's (padding).
+  // Throws ft::Error when the state's mask takes more than the work limit to find.
   void mask(float* logits, int32_t n_vocab);
+  // Finds the current state's mask (then cached for mask()); throws as mask() does. Lets a server
+  // refuse a grammar whose first step is too costly before it is queued, off the engine thread.
+  void prepare_mask() { mask_for_state(); }
+  uint64_t mask_work() const { return work_; }  // the work of the last mask found (0: cached)
   // Advances over a sampled token. Returns false (state unchanged) when the grammar rejects it.
   bool accept(int32_t token);
   // Advances over bytes (tests, and prefilled output); false when rejected.
@@ -97,8 +112,12 @@ class GrammarMatcher {
   void walk(const Stack& top, std::vector<uint64_t>& bits, std::vector<Dep>* dep) const;
   const std::vector<uint64_t>& mask_for_state();
 
+  void check_work() const;  // throws when work_ is past the limit
+
   std::shared_ptr<const Grammar> g_;
   std::shared_ptr<const GrammarVocab> vocab_;
+  uint64_t work_limit_;
+  mutable uint64_t work_ = 0;  // of the mask being found (advance_into counts every call)
   std::vector<Stack> stacks_;
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // state key -> allowed-token bits
   std::unordered_map<std::string, TopMask> top_cache_;             // top positions -> their walk

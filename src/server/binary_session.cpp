@@ -68,7 +68,7 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     void on_error(const ApiError& e, const Usage& u) override {
       proto::Response r;
       r.last = true;
-      r.finish = e.code == kGenerationFailed ? "error" : "cancelled";
+      r.finish = e.code == kGenerationFailed || e.status == 400 ? "error" : "cancelled";  // (400: its own input)
       r.error = e.what();
       r.prompt_tokens = u.prompt_tokens;
       r.completion_tokens = u.completion_tokens;

@@ -469,7 +469,8 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   if (!r.seed_set) r.sampling.seed = draw_seed();
   if (!r.grammar.empty()) {
     try {
-      gen->grammar_ = Grammar::parse(r.grammar);
+      gen->grammar_.emplace(Grammar::parse(r.grammar), ctx.grammar_vocab());
+      gen->grammar_->prepare_mask();
     } catch (const Error& e) {
       throw ApiError(400, e.what(), "grammar");
     }
@@ -519,16 +520,12 @@ void Generation::submit() {
   EventCallback cb0;
   for (int32_t i = 0; i < n_candidates(); ++i) {
     Choice& c = choices_[size_t(i)];
-    try {
-      if (grammar_) c.grammar = std::make_shared<GrammarProcessor>(GrammarMatcher(grammar_, ctx_.grammar_vocab()));
-    } catch (const Error& e) {
-      throw ApiError(400, e.what(), "grammar");
-    }
+    if (grammar_) c.grammar = std::make_shared<GrammarProcessor>(i + 1 < n_candidates() ? *grammar_ : std::move(*grammar_));
     // Runs on the engine thread: copy the event and post it to the consumer. (post holds the
     // consumer, which holds this generation: the engine drops each callback at its choice's finish.)
     EventCallback cb = [gen = shared_from_this(), i, post = post_](const EngineEvent& ev) {
-      Event e{i, ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error, ev.prompt_logprobs,
-              ev.embedding};
+      Event e{i, ev.kind, ev.token, ev.reason, ev.logprob, ev.top_logprobs, nullptr, ev.error, ev.request_error,
+              ev.prompt_logprobs, ev.embedding};
       if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
       post([gen, e = std::move(e)] { gen->on_event(e); });
     };
@@ -650,7 +647,10 @@ void Generation::handle(const Event& e) {
   // Finished.
   if (!responded_ && !c.done) {
     if (e.reason == FinishReason::Error) {
-      fail(ApiError(500, e.error, "", "server_error", kGenerationFailed));
+      // (A grammar too ambiguous to follow further, GrammarMatcher::kMaxMaskWork: a 400, as when
+      // its start already is.)
+      if (e.request_error) fail(ApiError(400, e.error));
+      else fail(ApiError(500, e.error, "", "server_error", kGenerationFailed));
     } else if (e.reason == FinishReason::Cancelled) {
       fail(shutdown_cancel_ ? ApiError(503, "the server is shutting down; the request was cancelled", "", "server_error",
                                        "server_shutdown")

@@ -317,6 +317,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::vector<std::pair<int32_t, float>> top_logprobs;
     std::shared_ptr<RequestTimings> timings;  // Finished only
     std::string error;                        // Finished(Error): why
+    bool request_error;                       // Finished(Error): the request's own input (400)
     std::vector<TokenLogprobs> prompt_logprobs;
     std::vector<float> embedding;
   };
@@ -395,7 +396,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
   const GenerationContext& ctx_;
   GenerationRequest req_;
-  std::shared_ptr<const Grammar> grammar_;  // null: unconstrained
+  // The grammar at its start, its first mask found (on the I/O thread, not the engine's); each
+  // choice runs a copy. Empty: unconstrained.
+  std::optional<GrammarMatcher> grammar_;
   std::shared_ptr<GenerationSink> sink_;
   std::deque<Choice> choices_;
   EngineRequest proto_;  // what every choice runs (its prompt, sampling, limits)

@@ -335,6 +335,47 @@ TEST(Grammar, MaskEqualsReferenceOnRandomWalks) {
   EXPECT_GT(leaves_top, 100u * seeds / 6);  // allowed tokens that close a string and go on (the finished-below path)
 }
 
+// A state whose mask takes more than the matcher's work limit to find is a RequestError (the
+// engine fails that request alone, a server answers 400), whether at the start or later in the
+// output; under the limit the same states give the reference's masks; a cached state costs nothing.
+TEST(Grammar, MaskWorkIsBounded) {
+  const auto vocab = small_vocab();
+  const int32_t V = vocab->n_vocab();
+  // n alternatives, each inside its own [^"]*: n parses walk the whole vocabulary each.
+  const auto ambiguous = [](int n, const std::string& before) {
+    std::string g = "root ::= " + before + " (a0";
+    for (int i = 1; i < n; ++i) g += " | a" + std::to_string(i);
+    g += ")\n";
+    for (int i = 0; i < n; ++i) g += "a" + std::to_string(i) + " ::= [^\"]* \"" + std::to_string(i) + "\"\n";
+    return g;
+  };
+  const auto g = Grammar::parse(ambiguous(20, "\"{\""));
+  GrammarMatcher free(g, vocab), ref(g, vocab);
+  ASSERT_EQ(masked_allowed(free, V), reference_allowed(ref, V));  // "{" only: cheap
+  ASSERT_TRUE(free.accept_bytes("{") && ref.accept_bytes("{"));
+  ASSERT_EQ(masked_allowed(free, V), reference_allowed(ref, V));
+  const uint64_t work = free.mask_work();
+  EXPECT_GT(work, uint64_t(20 * V)) << "each of the 20 parses walks the vocabulary";
+  std::vector<float> logits(static_cast<size_t>(V));
+  free.mask(logits.data(), V);
+  EXPECT_EQ(free.mask_work(), 0u) << "the state's mask is cached";
+
+  // The same grammar under a limit below that work: its start passes, the state after "{" throws.
+  GrammarMatcher tight(g, vocab, work / 2);
+  tight.prepare_mask();
+  ASSERT_TRUE(tight.accept_bytes("{"));
+  try {
+    tight.prepare_mask();
+    ADD_FAILURE() << "no error past the work limit";
+  } catch (const RequestError& e) {
+    EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+  }
+  // At the start: the error comes from the first mask.
+  GrammarMatcher start(Grammar::parse(ambiguous(20, "")), vocab, work / 2);
+  EXPECT_THROW(start.prepare_mask(), RequestError);
+  EXPECT_THROW(start.mask(logits.data(), V), RequestError);
+}
+
 // JSON whitespace is bounded (llama.cpp's rule): between two tokens, nothing, one space, or a
 // newline then at most 20 spaces or tabs; a model cannot loop on whitespace.
 TEST(Grammar, JsonWhitespaceIsBounded) {
@@ -388,10 +429,12 @@ TEST(Grammar, MaskCostPerTokenOnLlama3Vocabulary) {
   GrammarMatcher m(Grammar::parse(json_schema_to_gbnf(schema)), vocab);
   std::vector<float> logits(size_t(tok.n_vocab()));
   double first_ms = 0, total_ms = 0, later_ms = 0, max_ms = 0;  // later: the second half (days 5-8)
+  uint64_t max_work = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     std::fill(logits.begin(), logits.end(), 0.0f);
     const auto a = std::chrono::steady_clock::now();
     m.mask(logits.data(), tok.n_vocab());
+    max_work = std::max(max_work, m.mask_work());
     ASSERT_TRUE(std::isfinite(logits[size_t(ids[i])])) << "token " << i << " '" << pieces[size_t(ids[i])] << "' masked";
     ASSERT_TRUE(m.accept(ids[i])) << i;
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count();
@@ -406,6 +449,21 @@ TEST(Grammar, MaskCostPerTokenOnLlama3Vocabulary) {
               "%.3f ms/token on average (first %.1f ms, slowest %.1f ms; second half %.3f ms/token)\n",
               tok.n_vocab(), vocab_ms, ids.size(), per_token, first_ms, max_ms, later_ms / double(ids.size() - ids.size() / 2));
   // (A measurement, printed, not asserted: its time depends on the machine and the build.)
+  // The work is a count: a schema's costliest state stays far inside the limit.
+  EXPECT_LT(max_work, GrammarMatcher::kMaxMaskWork / 8) << "the work limit would refuse ordinary schemas";
+
+  // 1,000 parses each inside its own [^"]*: each walks the 128K vocabulary (3.4 s a token before
+  // the limit). The first mask stops at the limit.
+  std::string hostile = "root ::= a0";
+  for (int i = 1; i < 1000; ++i) hostile += " | a" + std::to_string(i);
+  for (int i = 0; i < 1000; ++i) hostile += "\na" + std::to_string(i) + " ::= [^\"]* \"Q" + std::to_string(i) + "\"";
+  GrammarMatcher bad(Grammar::parse(hostile), vocab);
+  const auto b0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(bad.prepare_mask(), RequestError);
+  const double refused_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - b0).count();
+  std::printf("[grammar] largest mask work along the document %llu (limit %llu); 1,000 ambiguous parses refused after %.0f ms\n",
+              static_cast<unsigned long long>(max_work), static_cast<unsigned long long>(GrammarMatcher::kMaxMaskWork),
+              refused_ms);
 
   // The real vocabulary's masks equal the definition (accept() of each token) along the document,
   // in states inside strings (tokens like `",` leave them), numbers, keys and between values.

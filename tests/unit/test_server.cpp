@@ -2049,6 +2049,45 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
   EXPECT_NE(test::http_request(srv.port(), "GET", "/v1/models", "", 5.0).find("\"sql\""), std::string::npos);
 }
 
+// A grammar whose parses each walk the vocabulary (1,000 alternatives, each inside its own
+// `[^"]*`: 3.4 s a token of the engine thread on the Llama 3 vocabulary before the work limit):
+// refused with a 400 before it is queued when its first step is too costly; when only a later step
+// is, that request alone ends with a 400 (or an error event once streaming), and the engine
+// serves the next request as before.
+TEST(ServerGrammar, TooAmbiguousIsA400AndTheEngineGoesOn) {
+  FT_REQUIRE_SHARED(vocab, "tokenizer/ggml-vocab-llama-bpe.gguf");
+  test::TempFile model{"grammar_work.gguf"};
+  SyntheticOptions opt;
+  opt.vocab_path = vocab;
+  write_synthetic_model(opt, model.path());
+  InProcessServer srv(model.path(), "m", 256);
+  std::string alts = "a0", rules;
+  for (int i = 0; i < 1000; ++i) {
+    if (i) alts += " | a" + std::to_string(i);
+    rules += "\na" + std::to_string(i) + " ::= [^\"]* \"Q" + std::to_string(i) + "\"";
+  }
+  const auto request = [&](const std::string& grammar, bool stream) {
+    return test::http_post(srv.port(), "/v1/completions",
+                           json{{"model", "m"}, {"prompt", "Once upon a time"}, {"max_tokens", 4}, {"stream", stream},
+                                {"grammar", grammar}}.dump());
+  };
+  const std::string at_start = request("root ::= " + alts + rules, false);
+  EXPECT_NE(at_start.find("400 Bad Request"), std::string::npos) << at_start;
+  EXPECT_NE(at_start.find("too ambiguous"), std::string::npos) << at_start;
+  EXPECT_NE(at_start.find(R"("param":"grammar")"), std::string::npos) << at_start;
+  // "{" first (a cheap start), then the 1,000 parses.
+  const std::string later = request("root ::= \"{\" (" + alts + ")" + rules, false);
+  EXPECT_NE(later.find("400 Bad Request"), std::string::npos) << later;
+  EXPECT_NE(later.find("too ambiguous"), std::string::npos) << later;
+  const std::string streamed = request("root ::= \"{\" (" + alts + ")" + rules, true);
+  EXPECT_NE(streamed.find("200 OK"), std::string::npos) << streamed;
+  EXPECT_NE(streamed.find(R"("error":{)"), std::string::npos) << streamed;
+  EXPECT_NE(streamed.find("too ambiguous"), std::string::npos) << streamed;
+  const std::string fine = request("root ::= \"{\" [a-z]* \"}\"", false);
+  EXPECT_NE(fine.find("200 OK"), std::string::npos) << fine;
+  EXPECT_NE(fine.find(R"("text":"{)"), std::string::npos) << fine;
+}
+
 // --- gpt-oss through the server ---------------------------------------------------------------------
 
 // One HTTP request on a fresh connection ("Connection: close"): the whole response's body.
