@@ -346,11 +346,13 @@ using Stack = GrammarMatcher::Stack;
 // results to out[n...] (reusing the storage of stacks already there; n counts them). st is
 // restored before returning (alternatives are tried by push and pop, not by copies).
 void expand_into(const Grammar& g, Stack& st, std::vector<Stack>& out, size_t& n, int depth) {
-  if (depth > kMaxExpandDepth) fail("grammar: rule references nest too deeply without consuming input (left recursion?)");
+  // (RequestError: these can first happen in a generation, the request's grammar its cause.)
+  if (depth > kMaxExpandDepth)
+    throw RequestError("grammar: rule references nest too deeply without consuming input (left recursion?)");
   if (st.empty() || g.elems[size_t(st.back())].kind == Elem::Bytes) {
     if (n < out.size()) out[n].assign(st.begin(), st.end());
     else out.push_back(st);
-    if (++n > kMaxStacks) fail("grammar: more than ", kMaxStacks, " parses are alive at once (too ambiguous)");
+    if (++n > kMaxStacks) throw RequestError(cat("grammar: more than ", kMaxStacks, " parses are alive at once (too ambiguous)"));
     return;
   }
   const int32_t pos = st.back();

@@ -469,7 +469,7 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   if (!r.seed_set) r.sampling.seed = draw_seed();
   if (!r.grammar.empty()) {
     try {
-      gen->grammar_.emplace(Grammar::parse(r.grammar), ctx.grammar_vocab());
+      gen->grammar_.emplace(Grammar::parse(r.grammar), ctx.grammar_vocab(), ctx.grammar_mask_work);
       gen->grammar_->prepare_mask();
     } catch (const Error& e) {
       throw ApiError(400, e.what(), "grammar");

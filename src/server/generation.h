@@ -280,6 +280,8 @@ struct GenerationContext {
   int64_t n_ctx = 0;
   int32_t n_vocab = 0;
   Pooling pooling = Pooling::Last;  // embeddings' (GenerationRequest::embed)
+  // The work a grammar's state may take to mask (GrammarMatcher's limit; its default but in tests).
+  uint64_t grammar_mask_work = GrammarMatcher::kMaxMaskWork;
   std::atomic<int64_t>* waiting = nullptr;  // requests with no token or finish yet; null: no admission limit
   int64_t max_queue = 0;
   ServerMetrics* metrics = nullptr;         // null: no metrics

@@ -69,6 +69,7 @@ Server::Impl::Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
   info.n_vocab = gen.n_vocab;
   info.n_embd = m.model ? m.model->hparams().dim : 0;
   gen.pooling = m.pooling;
+  gen.grammar_mask_work = m.grammar_mask_work;
   info.has_adapter = [&e](const std::string& name) { return e.adapter_file(name).has_value(); };
   gen.waiting = &waiting;
   gen.max_queue = cfg.max_queue;

@@ -14,11 +14,13 @@
 // connections with 503, let in-flight requests finish; after shutdown_timeout_s cancel the rest
 // (streams get an SSE error event, others a 503 error body); exit when no session is left.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/grammar.h"
 #include "server/config.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -41,6 +43,7 @@ struct ServedModel {
   Pooling pooling = Pooling::Last;  // /v1/embeddings' (resolve_pooling)
   std::string chat_template_source = {};  // the Jinja source chat renders with ("": a built-in format); GET /props
   std::vector<std::string> aliases = {};  // other names clients may send for id (answers name id)
+  uint64_t grammar_mask_work = GrammarMatcher::kMaxMaskWork;  // GenerationContext's (tests lower it)
 };
 
 // The pooling of /v1/embeddings: setting "mean" | "cls" | "last", or "auto": the file's

@@ -370,6 +370,11 @@ TEST(Grammar, MaskWorkIsBounded) {
   } catch (const RequestError& e) {
     EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
   }
+  // Parses that multiply with the output (after n a's, 2^n pending orders of b's and c's) pass the
+  // parse-time check and exceed the 4,096 parses allowed by the 13th a: a RequestError too.
+  GrammarMatcher growing(Grammar::parse("root ::= \"a\" root \"b\" | \"a\" root \"c\" | \"\""), vocab);
+  EXPECT_TRUE(growing.accept_bytes(std::string(10, 'a')));
+  EXPECT_THROW(growing.accept_bytes(std::string(3, 'a')), RequestError);
   // At the start: the error comes from the first mask.
   GrammarMatcher start(Grammar::parse(ambiguous(20, "")), vocab, work / 2);
   EXPECT_THROW(start.prepare_mask(), RequestError);
