@@ -177,8 +177,14 @@ bool decode_request(const uint8_t* data, size_t n, Request& out) {
     p.penalty_last_n = s->penalty_last_n().value_or(p.penalty_last_n);
   }
   out.max_tokens = r->max_tokens();
-  if (r->stop())
-    for (const fb::String* x : *r->stop()) out.stop.push_back(x->str());
+  if (r->stop()) {
+    size_t budget = kMaxDecodeGrowth * n;  // (each string's bytes, however many entries share it)
+    for (const fb::String* x : *r->stop()) {
+      if (x->size() + sizeof(std::string) > budget) return false;
+      budget -= x->size() + sizeof(std::string);
+      out.stop.push_back(x->str());
+    }
+  }
   out.stream = r->stream();
   out.ignore_eos = r->ignore_eos();
   out.logprobs = r->logprobs();
@@ -200,14 +206,20 @@ bool decode_response(const uint8_t* data, size_t n, Response& out) {
   if (const fbs::Timings* t = r->timings())
     out.timings = {t->tokenize(), t->queue(), t->prefill(), t->ttft(), t->decode(), t->total()};
   if (r->error()) out.error = r->error()->str();
-  if (r->logprobs())
+  if (r->logprobs()) {
+    size_t budget = kMaxDecodeGrowth * n;  // (each entry's alternatives, however many share them)
     for (const fbs::TokenLogprob* t : *r->logprobs()) {
+      const size_t top = t->top() ? t->top()->size() : 0;
+      const size_t bytes = sizeof(TokenLogprobs) + top * sizeof(std::pair<int32_t, float>);
+      if (bytes > budget) return false;
+      budget -= bytes;
       TokenLogprobs& x = out.logprobs.emplace_back();
       x.token = t->token();
       x.logprob = t->logprob();
       if (t->top())
         for (const fbs::Alternative* a : *t->top()) x.top.emplace_back(a->token(), a->logprob());
     }
+  }
   if (r->embedding()) out.embedding.assign(r->embedding()->begin(), r->embedding()->end());
   return true;
 }

@@ -47,6 +47,10 @@ struct Response {
 
 std::string encode_request(const Request& r);
 std::string encode_response(const Response& r);
+// False for a frame the FlatBuffers Verifier refuses, or whose decoded values would take more than
+// kMaxDecodeGrowth x its own bytes: the Verifier lets many vector entries share one string or
+// table, so a 128 KB frame of 16K references to one 64 KB stop string decoded into 1 GB.
+inline constexpr size_t kMaxDecodeGrowth = 8;  // (an honest frame: at most ~5x, a default-valued entry)
 bool decode_request(const uint8_t* data, size_t n, Request& out);
 bool decode_response(const uint8_t* data, size_t n, Response& out);
 

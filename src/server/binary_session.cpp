@@ -34,7 +34,7 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
   void start() override { read_header(); }
   void on_shutdown() override {
     draining_ = true;
-    if (gens_.empty() && outq_.empty()) close();
+    if (gens_.empty() && outq_.empty() && !writing_) close();  // (writing_: the last frame is in wbuf_)
   }
 
  private:
@@ -88,12 +88,13 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
 
   void read_header() {
     if (closed_) return;
+    start_idle_timer();
     sock_.async_read_some(net::buffer(hdr_ + hdr_have_, sizeof hdr_ - hdr_have_),
                           [self = shared_from_this()](error_code ec, size_t n) { self->on_header(ec, n); });
   }
   void on_header(error_code ec, size_t n) {
     if (ec) return gone();
-    if (hdr_have_ == 0) start_frame_timer();
+    if (hdr_have_ == 0) in_frame_ = true, start_frame_timer();
     hdr_have_ += n;
     if (hdr_have_ < sizeof hdr_) return read_header();
     hdr_have_ = 0;
@@ -116,6 +117,18 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
       self->on_body();
     });
   }
+  // An idle connection (no request generating or waiting, nothing to write, no frame begun) is
+  // closed after header_timeout_s, as an idle HTTP connection is: else idle connections held
+  // every connection slot (max_connections) for good.
+  void start_idle_timer() {
+    if (!gens_.empty() || writing_ || in_frame_ || !held_.empty()) return;
+    frame_timer_.expires_after(secs(srv_.cfg.header_timeout_s));
+    frame_timer_.async_wait([self = shared_from_this(), frame = frames_](error_code ec) {
+      if (ec || self->closed_ || self->frames_ != frame || self->in_frame_ || !self->gens_.empty() || self->writing_) return;
+      spdlog::debug("binary protocol: idle for {} s; closing the connection", self->srv_.cfg.header_timeout_s);
+      self->gone();
+    });
+  }
   void start_frame_timer() {
     frame_timer_.expires_after(secs(srv_.cfg.frame_timeout_s));
     frame_timer_.async_wait([self = shared_from_this(), frame = frames_](error_code ec) {
@@ -129,20 +142,28 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
   void on_body() {
     ++frames_;
     frame_timer_.cancel();
-    std::vector<uint8_t> body = std::move(body_);  // released when handled: an idle connection holds no frame
-    body_ = {};
+    in_frame_ = false;
     if (!gens_.empty()) {
       spdlog::warn("binary protocol: a request arrived while one is generating; closing the connection");
       return gone();
     }
+    held_ = std::move(body_);  // released when handled: an idle connection holds no frame
+    body_ = {};
+    // A request waits for the previous response's frames to be written (write_next takes it up):
+    // a client that sends and does not read gets no more responses queued, one at most.
+    if (!writing_) handle_request();
+  }
+  void handle_request() {
+    const std::vector<uint8_t> body = std::move(held_);
+    held_ = {};
     profile::Scope sc("bin.parse", "http");  // decode, validate, tokenize, submit
     if (sc.on()) sc.args().i("body_bytes", int64_t(body.size()));
-    proto::Request req;
-    if (!proto::decode_request(body.data(), body.size(), req)) {
-      spdlog::warn("binary protocol: malformed request frame ({} bytes); closing the connection", body.size());
-      return gone();
-    }
     try {
+      proto::Request req;
+      if (!proto::decode_request(body.data(), body.size(), req)) {
+        spdlog::warn("binary protocol: malformed request frame ({} bytes); closing the connection", body.size());
+        return gone();
+      }
       if (srv_.draining) throw ApiError(503, "the server is shutting down");
       generate(std::move(req));
     } catch (const ApiError& e) {
@@ -188,19 +209,27 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
 
   void enqueue(std::string frame) {
     if (closed_) return;
+    if (!backlog_allows(frame.size())) {
+      spdlog::warn("binary protocol: the client fell {} bytes behind its response; closing the connection", backlog_);
+      return gone();
+    }
     outq_.push_back(std::move(frame));
     if (!writing_) write_next();
   }
   void write_next() {
     if (outq_.empty() || closed_) {
       writing_ = false;
-      if (draining_ && gens_.empty()) close();
+      backlog_ = 0;
+      if (draining_ && gens_.empty()) return close();
+      if (!closed_ && !held_.empty()) return handle_request();
+      if (!closed_) start_idle_timer();
       return;
     }
     profile::Scope sc("bin.write", "http");
     writing_ = true;
     wbuf_ = std::move(outq_.front());
     outq_.pop_front();
+    backlog_ -= std::min(backlog_, wbuf_.size());
     if (sc.on()) sc.args().i("bytes", int64_t(wbuf_.size()));
     const uint64_t write = ++writes_;
     write_timer_.expires_after(secs(srv_.cfg.write_timeout_s));
@@ -234,6 +263,8 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
   uint32_t frame_len_ = 0;  // the frame's declared length
   uint64_t frames_ = 0;     // frames read whole (the timer's handler checks it is still this one's)
   std::vector<uint8_t> body_;  // what arrived of it
+  bool in_frame_ = false;      // a frame's first byte has arrived, not yet its last
+  std::vector<uint8_t> held_;  // a whole request frame waiting for the previous response's writes
   bool draining_ = false;
 };
 

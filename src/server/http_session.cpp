@@ -56,6 +56,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     parser_.emplace();
     headers_.clear();  // an error before handle() (413, 431) carries nothing of the previous request
     anthropic_ = false;
+    head_only_ = false;
     parser_->body_limit(srv_.cfg.max_body_bytes);
     parser_->header_limit(kHeaderLimit);
     stream_.expires_after(secs(srv_.cfg.header_timeout_s));
@@ -152,6 +153,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // --- writing ----------------------------------------------------------------------------
   void enqueue(std::string data, bool end_of_response) {
     if (closed_) return;
+    if (!backlog_allows(data.size())) {
+      spdlog::warn("HTTP: the client fell {} bytes behind its response; closing the connection", backlog_);
+      return gone();
+    }
     outq_.push_back({std::move(data), end_of_response});
     if (!writing_) write_next();
   }
@@ -166,6 +171,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       wend_ = outq_.front().end_of_response;
       outq_.pop_front();
     }
+    backlog_ = 0;  // (what was queued is in wbuf_; a response is one write after another)
     writing_ = true;
     if (sc.on()) sc.args().i("bytes", int64_t(wbuf_.size())).i("end", wend_);
     stream_.expires_after(secs(srv_.cfg.write_timeout_s));
@@ -221,7 +227,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   }
 
   void send_response(int status, std::string_view type, const std::string& body, std::string_view extra = {}) override {
-    enqueue(http_response(status, type, body, keep_alive_ && !srv_.draining, cat(extra, headers_)), true);
+    std::string r = http_response(status, type, body, keep_alive_ && !srv_.draining, cat(extra, headers_));
+    if (head_only_) r.resize(r.size() - body.size());  // (a HEAD response has none; Content-Length stays the GET's)
+    enqueue(std::move(r), true);
   }
   void send_json(const json& j) override {
     send_response(200, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace));
@@ -278,6 +286,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::string_view target(req.target().data(), req.target().size());
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     anthropic_ = is_anthropic(req);
+    head_only_ = req.method() == http::verb::head;  // a GET route's answer without its body
     const auto header = [&](auto f) {  // (a field, or a name Beast has no field for)
       auto it = req.find(f);
       return it == req.end() ? std::string_view{} : std::string_view(it->value().data(), it->value().size());
@@ -309,7 +318,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       const Route* route = find_route(target);
       if (!route) throw ApiError(404, cat("no route for ", target), "", "invalid_request_error", "not_found");
       if (sc.on()) sc.args().s("route", route->path.data());
-      if (req.method() != route->method) {
+      if ((head_only_ ? http::verb::get : req.method()) != route->method) {
         srv_.metrics.count_error();
         const ApiError e(405, cat("method ", std::string(req.method_string()), " is not allowed on ", target), "",
                          "invalid_request_error", "method_not_allowed");
@@ -1236,6 +1245,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   std::string headers_;     // "Name: value\r\n" lines every response to the current request carries
   std::string request_id_;  // the current request's X-Request-Id ("" = none)
   bool anthropic_ = false;  // the current request is Anthropic's Messages API: its error format
+  bool head_only_ = false;  // the current request is a HEAD: its responses carry no body
 };
 
 // A connection refused over --max-connections: the 503 goes out at once (its request is never

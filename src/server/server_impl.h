@@ -44,6 +44,11 @@ class Connection {
  private:
   ListenerStats* listener_ = nullptr;
 };
+// Bytes a connection may queue behind its write in progress: a client that falls further behind
+// its streamed response is closed and its request cancelled (a client that did not read held a
+// stream's every byte until the write timeout: ~7 MB/s of SSE with n = 128 and logprobs).
+inline constexpr size_t kMaxOutputBacklog = size_t(16) << 20;
+
 // What both protocols' connections share: the server, the generation in progress, the queue of
 // writes (Out: one queued write), and closing.
 template <class Out>
@@ -73,6 +78,13 @@ class Session : public Connection {
     close_transport();
   }
   virtual void close_transport() = 0;  // shut the socket down both ways and close it
+  // Counts `bytes` about to be queued; false when they would queue behind a backlog past
+  // kMaxOutputBacklog (one item alone may be larger: a held response's body, written at once).
+  bool backlog_allows(size_t bytes) {
+    if (!writing_) return true;
+    backlog_ += bytes;
+    return outq_.empty() || backlog_ <= kMaxOutputBacklog;
+  }
 
   Server::Impl& srv_;
   // The request generating on this connection: one generation per prompt (a batched completions
@@ -80,6 +92,7 @@ class Session : public Connection {
   std::vector<std::shared_ptr<Generation>> gens_;
   std::deque<Out> outq_;
   std::string wbuf_;
+  size_t backlog_ = 0;  // bytes queued behind the write in progress (write_next takes them off)
   bool writing_ = false, closed_ = false;
 };
 

@@ -212,6 +212,53 @@ TEST(BinaryProtoCodec, VerifierRefusesMalformedBytes) {
   }
 }
 
+// The Verifier lets many vector entries share one string or table: a 128 KB request of 16K
+// references to one 64 KB stop string decoded into 1 GB (4.75 s of an I/O thread), and a
+// response's logprobs could share one `top` vector the same way (a hostile server against the
+// client). What a frame decodes into is bounded by its own size (kMaxDecodeGrowth); honest frames
+// with every stop string and many default-valued logprob entries still decode.
+TEST(BinaryProtoCodec, SharedReferencesAreBoundedByTheFrame) {
+  namespace fb = flatbuffers;
+  {
+    fb::FlatBufferBuilder b;
+    const auto str = b.CreateString(std::string(64 << 10, 's'));
+    const std::vector<fb::Offset<fb::String>> refs(16384, str);
+    const auto stop = b.CreateVector(refs);
+    fbs::RequestBuilder rb(b);
+    rb.add_stop(stop);
+    b.Finish(rb.Finish());
+    proto::Request d;
+    EXPECT_FALSE(proto::decode_request(b.GetBufferPointer(), b.GetSize(), d));
+    EXPECT_TRUE(d.stop.size() < 16384u);
+  }
+  {
+    fb::FlatBufferBuilder b;
+    const std::vector<fbs::Alternative> alts(4096, fbs::Alternative(1, -1.0f));
+    const auto top = b.CreateVectorOfStructs(alts);
+    const auto entry = fbs::CreateTokenLogprob(b, 1, -0.5f, top);
+    const std::vector<fb::Offset<fbs::TokenLogprob>> refs(4096, entry);
+    const auto lp = b.CreateVector(refs);
+    fbs::ResponseBuilder rb(b);
+    rb.add_logprobs(lp);
+    b.Finish(rb.Finish());
+    proto::Response d;
+    EXPECT_FALSE(proto::decode_response(b.GetBufferPointer(), b.GetSize(), d));
+  }
+  proto::Request r;
+  for (int i = 0; i < 256; ++i) r.stop.push_back(i % 2 ? "" : "x");
+  proto::Request d;
+  const auto body = body_of(proto::encode_request(r));
+  ASSERT_TRUE(proto::decode_request(body.data(), body.size(), d));
+  EXPECT_EQ(d.stop, r.stop);
+  proto::Response resp;
+  resp.logprobs.resize(5000);
+  for (TokenLogprobs& x : resp.logprobs) x.token = 0;  // token 0, logprob 0, no alternatives: every field left out
+  proto::Response dr;
+  const auto rbody = body_of(proto::encode_response(resp));
+  ASSERT_TRUE(proto::decode_response(rbody.data(), rbody.size(), dr));
+  EXPECT_EQ(dr.logprobs.size(), 5000u);
+}
+
 // --- through a running server ----------------------------------------------------------------
 class BinaryServer : public ::testing::Test {
  protected:
@@ -796,6 +843,45 @@ TEST_F(BinaryServer, NonUtf8TargetIs404) {
   const std::string answer = http_get((*srv).port(), "/\xff\xfe");
   EXPECT_EQ(answer.rfind("HTTP/1.1 404 ", 0), 0u) << answer;
   EXPECT_EQ(http_get((*srv).port(), "/health").rfind("HTTP/1.1 200 ", 0), 0u);
+}
+
+// HEAD: a GET route's status and headers without the body, and a keep-alive connection goes on
+// to the next response (a body after HEAD's head was read as the start of the next response).
+// An idle binary connection is closed after header_timeout_s as an idle HTTP one is (idle
+// binary connections held every connection slot for good); one between frames of a running
+// exchange is not.
+TEST_F(BinaryServer, HeadHasNoBodyAndIdleBinaryConnectionsClose) {
+  server::ServeConfig cfg;
+  cfg.header_timeout_s = 0.5;
+  LimitedServer srv(*model_, *tok_, cfg);
+  const int fd = connect_tcp((*srv).port());
+  send_all(fd, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nHEAD /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"
+               "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
+  ::close(fd);
+  const size_t h1 = out.find("\r\n\r\n"), h2 = out.find("\r\n\r\n", h1 + 4);
+  ASSERT_NE(h2, std::string::npos) << out;
+  EXPECT_EQ(out.rfind("HTTP/1.1 200 ", 0), 0u) << out;
+  EXPECT_EQ(out.compare(h1 + 4, 9, "HTTP/1.1 "), 0) << "a body followed HEAD's head:\n" << out;
+  EXPECT_EQ(out.compare(h1 + 4, 13, "HTTP/1.1 405 "), 0) << out;  // (POST only)
+  EXPECT_EQ(out.compare(h2 + 4, 13, "HTTP/1.1 200 "), 0) << out;
+  EXPECT_NE(out.find("{", h2), std::string::npos) << "GET's body";
+
+  const int idle = connect_tcp((*srv).binary_port());
+  client::BinaryClient c("127.0.0.1", (*srv).binary_port(), 60);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {  // requests 0.3 s apart: never idle for the whole timeout
+    c.send_raw(proto::encode_request(greedy(2)));
+    proto::Response r;
+    while (!r.last) ASSERT_TRUE(c.read_frame(r));
+    EXPECT_EQ(r.completion_tokens, 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  EXPECT_TRUE(closed_by_peer(idle, 10)) << "an idle binary connection was never closed";
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.4);
+  ::close(idle);
 }
 
 }  // namespace
