@@ -68,6 +68,12 @@ std::string get_string(const json& j, const char* name, const std::string& param
   return v.get<std::string>();
 }
 
+// A set of token ids as a sorted vector (its size at most the vocabulary's, however many repeats).
+void sort_unique(std::vector<int32_t>& ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+}
+
 std::vector<int32_t> get_token_ids(const json& arr, const std::string& param, int32_t n_vocab) {
   std::vector<int32_t> ids;
   ids.reserve(arr.size());
@@ -554,6 +560,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       if (!t.is_number_integer()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
       r.stop_token_ids.push_back(check_token_id(t.get<int64_t>(), model.n_vocab, "stop_token_ids"));
     }
+    sort_unique(r.stop_token_ids);
   }
   // vLLM's allowed_token_ids (only these may be sampled) and bad_words (never generated).
   if (j.contains("allowed_token_ids")) {
@@ -563,6 +570,7 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       if (!t.is_number_integer()) bad("allowed_token_ids", "'allowed_token_ids' must be a non-empty array of token ids");
       r.allowed_token_ids.push_back(check_token_id(t.get<int64_t>(), model.n_vocab, "allowed_token_ids"));
     }
+    sort_unique(r.allowed_token_ids);
   }
   if (j.contains("bad_words")) {
     const json& w = j["bad_words"];

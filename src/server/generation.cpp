@@ -618,7 +618,7 @@ void Generation::handle(const Event& e) {
       if (req_.return_token_ids) c.end_token = e.token;
       return;
     }
-    if (std::find(req_.stop_token_ids.begin(), req_.stop_token_ids.end(), e.token) != req_.stop_token_ids.end()) {
+    if (std::binary_search(req_.stop_token_ids.begin(), req_.stop_token_ids.end(), e.token)) {
       ctx_.engine.cancel(c.engine_id);  // a stop token: not output, like an end-of-generation one
       c.finish = "stop";
       c.stop_token = e.token;

@@ -170,6 +170,8 @@ struct GenerationRequest {
   // not parsed) gets the bias; prepare() adds them to logit_bias.
   std::vector<std::pair<std::string, float>> logit_bias_text;
   int64_t min_tokens = 0;              // end-of-generation tokens and stop_token_ids are masked before this many
+  // Both sorted, without repeats (at most the vocabulary: a 4 MB body of 2M repeats of one id was
+  // scanned per token on the I/O thread and per step on the engine's, and copied per choice).
   std::vector<int32_t> stop_token_ids; // sampling one ends the generation ("stop"; the token is not output)
   std::vector<int32_t> allowed_token_ids;  // vLLM's: non-empty = only these may be sampled
   // vLLM's bad_words: never generated. Each is tokenized as it is and after a space (at a word's

@@ -216,6 +216,14 @@ TEST(ServerParse, EveryOpenAIFieldIsAccepted) {
   EXPECT_EQ(r.min_tokens, 2);
   EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{3, 9}));
   EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{5, 2.5f}, {7, -100.0f}}));
+  // Token-id sets are sets: sorted, each id once (2M repeats of one id were scanned per token).
+  json sets = chat;
+  sets["stop_token_ids"] = json::array();
+  sets["allowed_token_ids"] = json::array();
+  for (int i = 0; i < 3000; ++i) sets["stop_token_ids"].push_back(9 - i % 3), sets["allowed_token_ids"].push_back(i % 5 * 7);
+  const auto rs = parse_request(Endpoint::Chat, sets.dump(), kModel);
+  EXPECT_EQ(rs.stop_token_ids, (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(rs.allowed_token_ids, (std::vector<int32_t>{0, 7, 14, 21, 28}));
   EXPECT_FALSE(r.add_generation_prompt);
   EXPECT_TRUE(r.include_usage);
   EXPECT_TRUE(r.response_format.is_null());
