@@ -150,6 +150,7 @@ struct GenerationRequest {
   // The output goes out as it is made (SSE, the binary port's stream): a held response's output
   // logprobs count against kMaxLogprobEntries, a stream's do not.
   bool stream = false;
+  bool holds_output = false;  // a stream whose output may be held whole (tool calls): counted as held
   // Prompts of one response (a batched completions request's): each may take this share of its
   // logprob entries when max_tokens is not given.
   int32_t logprob_share = 1;
@@ -353,7 +354,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     return req_.prompt_logprobs < 0 ? 0 : int64_t(n_candidates()) * n_prompt_ * (req_.prompt_logprobs + 1);
   }
   int64_t output_logprob_entries() const {
-    return req_.logprobs < 0 || req_.stream ? 0 : int64_t(n_candidates()) * max_tokens_ * (req_.logprobs + 1);
+    return req_.logprobs < 0 || (req_.stream && !req_.holds_output) ? 0
+                                                                   : int64_t(n_candidates()) * max_tokens_ * (req_.logprobs + 1);
   }
   bool responded() const { return responded_; }
   // A chat whose rendered prompt ends_in_reasoning.

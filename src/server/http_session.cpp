@@ -644,7 +644,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           delta = {{"index", 0}, {"id", new_tool_call_id()},
                    {"type", "function"}, {"function", {{"name", tool_name_}, {"arguments", text}}}};
         }
-        s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, json::array({delta}), include_usage_, index), index))), false);
+        json chunk = with_usage(tool_calls_chunk(meta_, json::array({delta}), include_usage_, index), index);
+        chunk["choices"][0]["logprobs"] = take_logprobs(c);  // (the call's tokens': they were never sent)
+        s_.enqueue(http_chunk(sse_event(chunk)), false);
         return;
       }
       if (text.empty() && !(final && !c.lp.empty())) return;
@@ -1166,6 +1168,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (srv_.model.harmony && (kind == Endpoint::Chat || kind == Endpoint::Responses || kind == Endpoint::Messages))
       pr.skip_special_tokens = false;
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
+    // Tool calls hold a stream's text, and its logprobs, until a call ends (a named call's, its
+    // generation): such a stream's logprobs count as a held response's (kMaxLogprobEntries).
+    pr.holds_output = pr.stream && pr.tool_choice != ToolChoice::None;
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};

@@ -2093,6 +2093,39 @@ TEST(ServerGrammar, TooAmbiguousIsA400AndTheEngineGoesOn) {
   EXPECT_NE(fine.find(R"("text":"{)"), std::string::npos) << fine;
 }
 
+// Tool calls hold a stream's text until a call ends (a named call's until the generation does):
+// the held logprobs count against kMaxLogprobEntries as a held response's (n 32 x 1,900 tokens x
+// 21 streamed as one 2.4 MB event a choice before), and a named call's streamed argument chunks
+// carry their tokens' logprobs (they never reached the client).
+TEST(ServerTools, StreamedCallsCarryTheirLogprobsAndCountAsHeld) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+    "properties": {"a": {"type": "string"}}}}}])");
+  json big = {{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "a"}}}}, {"max_tokens", 1900},
+              {"n", 32}, {"stream", true}, {"logprobs", true}, {"top_logprobs", 20}, {"tools", tools}};
+  const std::string refused = test::http_post(srv.port(), "/v1/chat/completions", big.dump());
+  EXPECT_NE(refused.find("400 Bad Request"), std::string::npos) << refused.substr(0, 400);
+  big.erase("tools");  // a plain stream goes out as it is made: not counted
+  big["max_tokens"] = 2;
+  big["n"] = 1;
+  EXPECT_NE(test::http_post(srv.port(), "/v1/chat/completions", big.dump()).find("200 OK"), std::string::npos);
+  const json named = {{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "a"}}}}, {"max_tokens", 6},
+                      {"stream", true}, {"logprobs", true}, {"top_logprobs", 1}, {"tools", tools},
+                      {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}};
+  const std::string out = test::http_post(srv.port(), "/v1/chat/completions", named.dump());
+  int calls = 0, with_logprobs = 0;
+  for (size_t at = 0; (at = out.find("data: {", at)) != std::string::npos; ++at) {
+    const json ev = json::parse(out.substr(at + 6, out.find('\n', at) - at - 6));
+    const json& ch = ev["choices"][0];
+    if (!ch["delta"].contains("tool_calls")) continue;
+    ++calls;
+    with_logprobs += ch["logprobs"].is_object() && !ch["logprobs"]["content"].empty();
+  }
+  EXPECT_GT(calls, 0) << out;
+  EXPECT_EQ(with_logprobs, calls) << out;
+}
+
 // --- gpt-oss through the server ---------------------------------------------------------------------
 
 // One HTTP request on a fresh connection ("Connection: close"): the whole response's body.
