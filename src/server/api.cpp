@@ -1418,6 +1418,14 @@ bool known_tool(const json& tools, const std::string& name) {
 }
 
 // {"name", "arguments" | "parameters"} naming a known tool -> a call.
+// A call's arguments as OpenAI and Anthropic define them: a JSON object, as text. Anything else (a
+// number, an array, text that is not JSON) makes no call: the model's text stays content.
+bool object_arguments(std::string_view args) {
+  if (!json_depth_within(args)) return false;
+  const json j = json::parse(args.begin(), args.end(), nullptr, false);
+  return !j.is_discarded() && j.is_object();
+}
+
 std::optional<ToolCall> call_from_json(const json& j, const json& tools) {
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   const std::string name = j["name"].get<std::string>();
@@ -1425,6 +1433,7 @@ std::optional<ToolCall> call_from_json(const json& j, const json& tools) {
   const char* key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;
   std::string args = "{}";
   if (key) args = j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
+  if (!object_arguments(args)) return std::nullopt;
   return ToolCall{new_tool_call_id(), name, args};
 }
 
@@ -1515,9 +1524,7 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
       if (gt == std::string_view::npos) return {{}, std::string(text)};
       const std::string name(rest.substr(10, gt - 10));
       const std::string_view args = trim_ws(rest.substr(gt + 1, (end == std::string_view::npos ? rest.size() : end) - gt - 1));
-      if (!known_tool(tools, name) || !json_depth_within(args) ||
-          json::parse(args.begin(), args.end(), nullptr, false).is_discarded())
-        return {{}, std::string(text)};
+      if (!known_tool(tools, name) || !object_arguments(args)) return {{}, std::string(text)};
       f.calls.push_back({new_tool_call_id(), name, std::string(args)});
       pos = size_t(rest.data() - calls.data()) + (end == std::string_view::npos ? rest.size() : end + 11);
     }
@@ -1531,7 +1538,7 @@ FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_nam
 FoundToolCalls harmony_tool_calls(std::vector<ToolCall> calls, ToolChoice choice, const json& tools) {
   FoundToolCalls f;
   for (ToolCall& c : calls) {
-    if (choice == ToolChoice::Auto && known_tool(tools, c.name)) f.calls.push_back(std::move(c));
+    if (choice == ToolChoice::Auto && known_tool(tools, c.name) && object_arguments(c.arguments)) f.calls.push_back(std::move(c));
     else f.content += (f.content.empty() ? "" : "\n") + c.arguments;
   }
   return f;

@@ -415,6 +415,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // Tool calls: from the whole text, or streaming from what was held back (the text before a
       // call went out as content; a named call's arguments stream).
       std::string reason = f.reason;
+      // A named call is finished when its grammar ended the output, not a stop string or token.
+      const bool call_ended = reason == "stop" && (tool_choice_ != ToolChoice::Named || (f.stop_word.empty() && f.stop_token < 0));
       json calls = nullptr;
       if (HarmonySplit* h = harmony_of(c.think); h && !c.held && tool_choice_ != ToolChoice::Named) {
         // gpt-oss: its commentary messages to=functions.NAME (auto: a function of the request's).
@@ -430,13 +432,13 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         FoundToolCalls found = finish_calls(c.held, c.text, stream_, tool_choice_, tool_name_, tools_);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
-          if (reason == "stop") reason = "tool_calls";
+          if (call_ended) reason = "tool_calls";
         }
         if (!found.content.empty()) emit(c, f.index, found.content, false);
         if (stream_) send(c, f.index, "", true);  // (the logprobs of tokens whose text was held)
         if (stream_ && !calls.is_null())
           s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
-      } else if (tool_choice_ == ToolChoice::Named && reason == "stop") {
+      } else if (tool_choice_ == ToolChoice::Named && call_ended) {
         reason = "tool_calls";
       }
       if (stream_) {

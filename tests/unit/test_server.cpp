@@ -785,6 +785,16 @@ TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.content, R"({"name": "unknown", "arguments": {}})");
   EXPECT_TRUE(one(ToolChoice::Auto, "<tool_call>{not json</tool_call>").calls.empty());
+  // Arguments that are no JSON object make no call (OpenAI's and Anthropic's arguments/input are
+  // one): they were returned as calls ("not json", "5", and Anthropic's input {} in their place).
+  for (const char* text : {R"(<tool_call>{"name": "f", "arguments": "not json"}</tool_call>)",
+                           R"({"name": "f", "arguments": 5})", R"({"name": "f", "arguments": "[1, 2]"})",
+                           R"(<function=f>[1, 2]</function>)", R"(<function=f>"x"</function>)"}) {
+    r = one(ToolChoice::Auto, text);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
+  }
+  EXPECT_EQ(one(ToolChoice::Auto, R"({"name": "f", "arguments": "{\"a\": 1}"})").calls.size(), 1u);  // (a JSON string of an object)
 
   // A named choice whose "function" is not {"name": string} names the call by its top-level "name"
   // (a malformed one read through a const object was undefined behaviour).
@@ -1153,6 +1163,7 @@ TEST(ServerMessagesApi, AnswerFormats) {
   f.stop_word = "\n\n";
   EXPECT_EQ(messages_stop(f, false).reason, "stop_sequence");
   EXPECT_EQ(messages_stop(f, false).sequence, "\n\n");
+  EXPECT_EQ(messages_stop(f, true).reason, "stop_sequence");  // a call a stop string cut is not finished
   f.reason = "length";
   EXPECT_EQ(messages_stop(f, true).reason, "max_tokens");
 
@@ -1657,15 +1668,16 @@ TEST(ServerReasoning, HarmonyCallCutShortIsNoCall) {
 // (and all under none) are content.
 TEST(ServerTools, HarmonyCallsUnderAToolChoice) {
   const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])");
-  const std::vector<ToolCall> calls = {{"call_1", "get_weather", R"({"city": "Paris"})"}, {"call_2", "nope", "{}"}};
+  const std::vector<ToolCall> calls = {
+      {"call_1", "get_weather", R"({"city": "Paris"})"}, {"call_2", "nope", "{}"}, {"call_3", "get_weather", "[1,2]"}};
   const FoundToolCalls a = harmony_tool_calls(calls, ToolChoice::Auto, tools);
   ASSERT_EQ(a.calls.size(), 1u);
   EXPECT_EQ(a.calls[0].name, "get_weather");
   EXPECT_EQ(a.calls[0].arguments, R"({"city": "Paris"})");
-  EXPECT_EQ(a.content, "{}");
+  EXPECT_EQ(a.content, "{}\n[1,2]");  // (not an object: no call)
   const FoundToolCalls none = harmony_tool_calls(calls, ToolChoice::None, tools);
   EXPECT_TRUE(none.calls.empty());
-  EXPECT_EQ(none.content, "{\"city\": \"Paris\"}\n{}");
+  EXPECT_EQ(none.content, "{\"city\": \"Paris\"}\n{}\n[1,2]");
   EXPECT_EQ(tool_calls_json(a.calls)[0]["function"]["name"], "get_weather");
 }
 
@@ -2124,6 +2136,15 @@ TEST(ServerTools, StreamedCallsCarryTheirLogprobsAndCountAsHeld) {
   }
   EXPECT_GT(calls, 0) << out;
   EXPECT_EQ(with_logprobs, calls) << out;
+  // A named call that a stop string cuts is no finished call: "stop", not "tool_calls".
+  json cut = named;
+  cut["stream"] = false;
+  cut["stop"] = {"\""};
+  const std::string cut_out = test::http_post(srv.port(), "/v1/chat/completions", cut.dump());
+  EXPECT_NE(cut_out.find(R"("finish_reason":"stop")"), std::string::npos) << cut_out;
+  cut.erase("stop");
+  const std::string whole = test::http_post(srv.port(), "/v1/chat/completions", cut.dump());
+  EXPECT_NE(whole.find(R"("finish_reason")"), std::string::npos) << whole;
 }
 
 // --- gpt-oss through the server ---------------------------------------------------------------------
