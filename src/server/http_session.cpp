@@ -892,9 +892,18 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       const bool has_message = !text_.empty() || calls.empty();
       json output = json::array();
-      const bool reasoned = think_ && think_->reasoned();
-      if (reasoned) output.push_back(responses_reasoning_item(rs_id_, reasoning_, "completed"));
-      if (has_message) output.push_back(responses_message_item(msg_id_, text_, "completed"));
+      if (stream_) {
+        out += close_reasoning();
+        if (has_message) out += open_message();  // (an empty message's: no delta opened it)
+        // The items in the order they were added (output_index): reasoning resumed after the
+        // message began (harmony's channels) is an item of its own after it.
+        for (const StreamItem& it : items_)
+          output.push_back(it.reasoning ? responses_reasoning_item(it.id, it.text, "completed")
+                                        : responses_message_item(msg_id_, text_, "completed"));
+      } else {
+        if (think_ && think_->reasoned()) output.push_back(responses_reasoning_item(rs_id_, reasoning_, "completed"));
+        if (has_message) output.push_back(responses_message_item(msg_id_, text_, "completed"));
+      }
       for (const ToolCall& c : calls) output.push_back(responses_call_item(c, "completed"));
       const bool incomplete = f.reason == "length";
       Usage usage = f.usage;
@@ -902,16 +911,14 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
                                       incomplete ? "max_output_tokens" : "", echo_);
       if (!stream_) return s_.send_json(r);
-      out += close_reasoning();
-      int64_t index = msg_index();
+      int64_t index = int64_t(items_.size());
       if (has_message) {
-        out += open_message();  // (an empty message's: no delta opened it)
+        const int64_t m = msg_item_;
         const json part = {{"type", "output_text"}, {"text", text_}, {"annotations", json::array()}};
-        out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0},
+        out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0},
                                                 {"text", text_}, {"logprobs", json::array()}});
-        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", index}, {"content_index", 0}, {"part", part}});
-        out += ev("response.output_item.done", {{"output_index", index}, {"item", output[size_t(index)]}});
-        ++index;
+        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0}, {"part", part}});
+        out += ev("response.output_item.done", {{"output_index", m}, {"item", output[size_t(m)]}});
       }
       for (const ToolCall& c : calls) {
         json item = responses_call_item(c, "in_progress");
@@ -940,32 +947,39 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!think_) return {"", text};
       return think_->push(text, final);
     }
-    // The message's place in the output: after the reasoning item when there is one (the
-    // reasoning comes first, so this is settled by the message's first text).
-    int64_t msg_index() const { return think_ && think_->reasoned() ? 1 : 0; }
-    // Reasoning text: kept, and streamed (the item's opening events first).
+    // Reasoning text: kept, and streamed (the item's opening events first). Reasoning that comes
+    // after its item closed (a harmony analysis after the final channel began) opens another.
     std::string reason(const std::string& text) {
       reasoning_ += text;
-      if (!stream_ || (text.empty() && !(think_ && think_->reasoned()))) return "";
+      const bool open = rs_item_ >= 0 && !reasoning_closed_;
+      if (!stream_ || (text.empty() && (rs_item_ >= 0 || !(think_ && think_->reasoned())))) return "";
       std::string out;
-      if (!reasoning_open_) {
-        reasoning_open_ = true;
-        out += ev("response.output_item.added", {{"output_index", 0}, {"item", responses_reasoning_item(rs_id_, "", "in_progress")}});
-        out += ev("response.content_part.added", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0},
+      if (!open) {
+        rs_item_ = int64_t(items_.size());
+        const int64_t k = std::count_if(items_.begin(), items_.end(), [](const StreamItem& it) { return it.reasoning; });
+        items_.push_back({k ? cat(rs_id_, "_", k + 1) : rs_id_, true, ""});
+        reasoning_closed_ = false;
+        out += ev("response.output_item.added",
+                  {{"output_index", rs_item_}, {"item", responses_reasoning_item(items_.back().id, "", "in_progress")}});
+        out += ev("response.content_part.added", {{"item_id", items_.back().id}, {"output_index", rs_item_}, {"content_index", 0},
                                                   {"part", {{"type", "reasoning_text"}, {"text", ""}}}});
       }
+      StreamItem& it = items_[size_t(rs_item_)];
+      it.text += text;
       if (!text.empty())
-        out += ev("response.reasoning_text.delta", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0}, {"delta", text}});
+        out += ev("response.reasoning_text.delta", {{"item_id", it.id}, {"output_index", rs_item_}, {"content_index", 0}, {"delta", text}});
       return out;
     }
-    // The reasoning item's closing events, once (before the message's).
+    // The open reasoning item's closing events, once (before the message's text).
     std::string close_reasoning() {
-      if (!reasoning_open_ || reasoning_closed_) return "";
+      if (rs_item_ < 0 || reasoning_closed_) return "";
       reasoning_closed_ = true;
-      std::string out = ev("response.reasoning_text.done", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0}, {"text", reasoning_}});
-      out += ev("response.content_part.done", {{"item_id", rs_id_}, {"output_index", 0}, {"content_index", 0},
-                                               {"part", {{"type", "reasoning_text"}, {"text", reasoning_}}}});
-      out += ev("response.output_item.done", {{"output_index", 0}, {"item", responses_reasoning_item(rs_id_, reasoning_, "completed")}});
+      const StreamItem& it = items_[size_t(rs_item_)];
+      std::string out = ev("response.reasoning_text.done", {{"item_id", it.id}, {"output_index", rs_item_}, {"content_index", 0}, {"text", it.text}});
+      out += ev("response.content_part.done", {{"item_id", it.id}, {"output_index", rs_item_}, {"content_index", 0},
+                                               {"part", {{"type", "reasoning_text"}, {"text", it.text}}}});
+      out += ev("response.output_item.done",
+                {{"output_index", rs_item_}, {"item", responses_reasoning_item(it.id, it.text, "completed")}});
       return out;
     }
     // Message text: kept, and streamed as a delta (the message's opening events first).
@@ -974,18 +988,19 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       text_ += text;
       if (!stream_) return "";
       std::string out = open_message();
-      out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_index()}, {"content_index", 0},
+      out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_item_}, {"content_index", 0},
                                                {"delta", text}, {"logprobs", json::array()}});
       return out;
     }
-    // The message item's opening events, once.
+    // The message item's opening events, once (its place: after the items added before it).
     std::string open_message() {
-      if (message_open_) return "";
-      message_open_ = true;
+      if (msg_item_ >= 0) return "";
+      msg_item_ = int64_t(items_.size());
+      items_.push_back({msg_id_, false, ""});
       std::string out =  // (sequenced: see start())
-          ev("response.output_item.added", {{"output_index", msg_index()}, {"item", responses_message_item(msg_id_, "", "in_progress")}});
+          ev("response.output_item.added", {{"output_index", msg_item_}, {"item", responses_message_item(msg_id_, "", "in_progress")}});
       out += ev("response.content_part.added",
-                {{"item_id", msg_id_}, {"output_index", msg_index()}, {"content_index", 0},
+                {{"item_id", msg_id_}, {"output_index", msg_item_}, {"content_index", 0},
                  {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
       return out;
     }
@@ -1001,7 +1016,15 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
     std::optional<ToolCallHold> held_;  // with tools: text held back while it is or may become a call
     std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
-    bool message_open_ = false, reasoning_open_ = false, reasoning_closed_ = false;
+    // Streamed: the reasoning items and the message, in the order they were added (output_index).
+    struct StreamItem {
+      std::string id;
+      bool reasoning;
+      std::string text;  // a reasoning item's (the message's is text_)
+    };
+    std::vector<StreamItem> items_;
+    int64_t rs_item_ = -1, msg_item_ = -1;  // the last reasoning item's place, the message's (-1: none yet)
+    bool reasoning_closed_ = false;         // the last reasoning item is done
     int64_t reasoning_tokens_ = 0;  // usage's output_tokens_details
     int64_t seq_ = 0;
   };

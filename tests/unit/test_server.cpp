@@ -2147,6 +2147,42 @@ TEST(ServerTools, StreamedCallsCarryTheirLogprobsAndCountAsHeld) {
   EXPECT_NE(whole.find(R"("finish_reason")"), std::string::npos) << whole;
 }
 
+// The Responses API's streamed items keep the places they were added at: harmony's final channel
+// then an analysis (a grammar forces the markup as text on stories260K) streamed the message at
+// output_index 0, the reasoning added at 0 too, its deltas after its done event, and ordered the
+// completed output [reasoning, message]. Now: message 0, reasoning 1, in that order everywhere.
+TEST(ServerResponses, StreamedItemsKeepTheirPlaces) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048, [](ServedModel& served) {
+    served.harmony = true;
+    served.reasoning = true;
+  });
+  const std::string text = "<|channel|>final<|message|>Hi<|end|><|start|>assistant<|channel|>analysis<|message|>think<|end|>";
+  json body = {{"model", "stories260K"}, {"input", "x"}, {"max_output_tokens", 200}, {"stream", true},
+               {"grammar", "root ::= " + json(text).dump()}};
+  const std::string out = test::http_post(srv.port(), "/v1/responses", body.dump());
+  std::map<std::string, int64_t> added;  // item id -> output_index
+  std::set<std::string> done;
+  json completed;
+  for (size_t at = 0; (at = out.find("data: {", at)) != std::string::npos; ++at) {
+    const json ev = json::parse(out.substr(at + 6, out.find('\n', at) - at - 6));
+    const std::string type = ev["type"];
+    if (type == "response.output_item.added") added[ev["item"]["id"]] = ev["output_index"];
+    if (type == "response.output_item.done") done.insert(ev["item"]["id"].get<std::string>());
+    if (ev.contains("item_id")) {
+      const std::string id = ev["item_id"];
+      ASSERT_TRUE(added.count(id)) << type << " before its item was added\n" << out;
+      EXPECT_EQ(ev["output_index"], added[id]) << type << "\n" << out;
+      EXPECT_FALSE(done.count(id)) << type << " after its item was done\n" << out;
+    }
+    if (type == "response.completed") completed = ev["response"];
+  }
+  ASSERT_EQ(completed["output"].size(), 2u) << out;
+  EXPECT_EQ(completed["output"][0]["type"], "message") << out;
+  EXPECT_EQ(completed["output"][1]["type"], "reasoning") << out;
+  for (const auto& [id, index] : added) EXPECT_EQ(completed["output"][size_t(index)]["id"], id) << out;
+}
+
 // --- gpt-oss through the server ---------------------------------------------------------------------
 
 // One HTTP request on a fresh connection ("Connection: close"): the whole response's body.
