@@ -390,6 +390,11 @@ int bench_lora(const BenchArgs& a, int T) {
 int cmd_bench(const BenchArgs& a) {
   if (a.mode == "serve") return cmd_bench_serve(a.serve);
   if (a.mode == "ablate") return cmd_bench_ablate(a.serve);
+  check_flag("-t/--threads", a.threads, 0, server::kMaxThreads);
+  if (a.mode == "model" || a.mode == "lora") {  // (one prefill batch of -p; a context of -p + -n)
+    check_flag("-p/--n-prompt", a.n_prompt, 1, server::kMaxBatchTokens);
+    check_flag("-n/--n-gen", a.n_gen, 0, server::kMaxContextLength);
+  }
   const int T = default_threads(a.threads);
   if (a.mode == "lora") return bench_lora(a, T);
   if (a.mode == "peak") {

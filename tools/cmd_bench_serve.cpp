@@ -56,7 +56,8 @@ Prepared prepare(const BenchServeArgs& a, const std::string& workload) {
   Prepared p;
   if (!a.slo.empty()) p.slo = loadgen::parse_slo(a.slo);
   p.opt.workload = load_workload(workload);
-  if (a.duration_s < 0) fail("--duration must be > 0");
+  if (!(a.duration_s >= 0 && a.duration_s <= loadgen::kMaxDurationS))  // 0: not given
+    fail("--duration must be in (0, ", loadgen::kMaxDurationS, "] seconds, got ", a.duration_s);
   if (a.duration_s > 0) p.opt.workload.duration_s = a.duration_s;
   if (a.endpoint != "completions" && a.endpoint != "chat")
     fail("--endpoint must be completions or chat, got '", a.endpoint, "'");
@@ -66,9 +67,11 @@ Prepared prepare(const BenchServeArgs& a, const std::string& workload) {
   p.opt.seed = a.seed;
   if (a.concurrency < 0) fail("--concurrency must be >= 0");
   p.opt.concurrency = a.concurrency;
-  if (a.max_requests < 0) fail("--max-requests must be >= 0");
+  if (a.max_requests < 0 || a.max_requests > loadgen::kMaxPlannedRequests)
+    fail("--max-requests must be in [0, ", loadgen::kMaxPlannedRequests, "], got ", a.max_requests);
   p.opt.max_requests = a.max_requests;
-  if (!(a.timeout_s > 0)) fail("--timeout must be > 0");
+  if (!(a.timeout_s > 0 && a.timeout_s <= loadgen::kMaxTimeoutS))
+    fail("--timeout must be in (0, ", loadgen::kMaxTimeoutS, "] seconds, got ", a.timeout_s);
   p.opt.timeout_s = a.timeout_s;
   p.opt.connect_timeout_s = std::min(10.0, a.timeout_s);
   p.opt.progress = !a.quiet;

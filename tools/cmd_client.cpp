@@ -11,6 +11,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -260,10 +261,12 @@ int cmd_client(const ClientArgs& a) {
     while (std::getline(ss, item, ',')) {
       try {
         size_t used = 0;
-        req.tokens.push_back(int32_t(std::stol(item, &used)));
-        if (used != item.size()) throw std::invalid_argument(item);
+        const long long id = std::stoll(item, &used);
+        // (Checked before the int32 cast: 4294967297 was sent as token 1.)
+        if (used != item.size() || id < 0 || id > std::numeric_limits<int32_t>::max()) throw std::invalid_argument(item);
+        req.tokens.push_back(int32_t(id));
       } catch (const std::exception&) {
-        fail("--tokens: '", item, "' is not a token id");
+        fail("--tokens: '", item, "' is not a token id (0 to ", std::numeric_limits<int32_t>::max(), ")");
       }
     }
     if (req.tokens.empty()) fail("--tokens is empty");

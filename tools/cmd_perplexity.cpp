@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -58,6 +59,9 @@ void add_perplexity(CLI::App& app, PerplexityArgs& a) {
 }
 
 int cmd_perplexity(const PerplexityArgs& a) {
+  check_flag("-t/--threads", a.threads, 0, server::kMaxThreads);
+  check_flag("-c/--ctx", a.ctx, 0, server::kMaxContextLength);
+  check_flag("--chunks", a.max_windows, 0, std::numeric_limits<int64_t>::max());
   const auto model = Model::load(a.model, a.rope);
   const HParams& hp = model->hparams();
   const Tokenizer tok = Tokenizer::from_gguf(model->file());

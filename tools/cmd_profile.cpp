@@ -1,10 +1,12 @@
 // `firsttoken profile FILE`: the summary of a trace written by `run --profile` / `serve --profile`.
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "profile/summary.h"
 #include "tools/commands.h"
 
@@ -19,9 +21,14 @@ void add_profile(CLI::App& app, ProfileArgs& a) {
 int cmd_profile(const ProfileArgs& a) {
   std::ifstream in(a.file, std::ios::binary);
   if (!in) fail(a.file, ": cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  // Before parsing: a summary copies subtrees, which recurses per level (200,000 levels overflowed
+  // the stack); our traces nest a few levels.
+  if (!json_depth_within(text.view())) fail(a.file, ": nests more than ", kMaxJsonDepth, " levels");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text.view());
   } catch (const nlohmann::json::exception& e) {
     fail(a.file, ": not valid JSON: ", e.what());
   }

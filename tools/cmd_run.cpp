@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 
@@ -113,6 +114,10 @@ class Inbox {
 
 int cmd_run(const RunArgs& a) {
   using clock = std::chrono::steady_clock;
+  check_flag("-t/--threads", a.threads, 0, server::kMaxThreads);
+  check_flag("-c/--ctx", a.ctx, 0, server::kMaxContextLength);
+  check_flag("-b/--batch", a.batch, 1, server::kMaxBatchTokens);
+  check_flag("-n/--n-predict", a.n_predict, 1, std::numeric_limits<int64_t>::max());  // (past the context: cut to it)
   if (!a.profile.empty()) profile::start(a.profile);
   const auto t_load = clock::now();
   const auto model = Model::load(a.model, a.rope);
@@ -130,7 +135,6 @@ int cmd_run(const RunArgs& a) {
   if (!warning.empty()) std::fprintf(stderr, "[firsttoken] warning: %s\n", warning.c_str());
 
   // One request through the serving engine: prompt chunks of --batch tokens, then decode.
-  if (a.batch < 1) fail("--batch must be at least 1");
   EngineConfig cfg = single_request_config(*model, a.ctx, a.batch, a.threads, parse_kv_type(a.kv_type));
   cfg.runtime.mlock = a.mlock;
   cfg.spec = spec_from_flags(a.spec);

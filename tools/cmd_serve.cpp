@@ -124,6 +124,7 @@ int cmd_serve(const ServeArgs& a) {
   cfg.rope = a.rope;
   for (const std::string& l : a.lora) cfg.adapters.push_back(server::parse_lora_flag(l));
   server::check_parallel(cfg);
+  server::check_deadlines(cfg);
   const auto level = spdlog::level::from_str(cfg.log_level);
   if (level == spdlog::level::off && cfg.log_level != "off")
     fail("unknown log level '", cfg.log_level, "' (trace, debug, info, warn, error, critical, off)");

@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "core/error.h"
 #include "engine/sampler.h"
 #include "server/config.h"
 
@@ -9,6 +10,12 @@
 #include <vector>
 
 namespace ft::tools {
+
+// ft::Error "FLAG must be in [lo, hi], got v" (the words of serve's check_range): for the flags run,
+// bench and perplexity share with serve, with serve's limits (server::kMaxThreads, ...).
+inline void check_flag(const char* flag, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) fail(flag, " must be in [", lo, ", ", hi, "], got ", v);
+}
 
 // Speculative decoding flags of serve, run and bench model: --spec ngram|draft|off,
 // --draft-model FILE (implies --spec draft), --spec-k K|auto. Given flags override the config.

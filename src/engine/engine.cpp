@@ -288,8 +288,12 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     n_ctx_ = holds;
   }
   // A step holds a whole prompt chunk (no chunking: a whole context) and a decode token per sequence.
+  // (Saturating: a chunk near INT64_MAX plus the sequences overflowed.)
   if (const int64_t chunk = sched_cfg_.chunk_size == 0 ? n_ctx_ : sched_cfg_.chunk_size; chunk > 0)
-    sched_cfg_.max_batch_tokens = std::max<int64_t>(sched_cfg_.max_batch_tokens, chunk + sched_cfg_.max_num_seqs);
+    sched_cfg_.max_batch_tokens = std::max<int64_t>(
+        sched_cfg_.max_batch_tokens, chunk > std::numeric_limits<int64_t>::max() - sched_cfg_.max_num_seqs
+                                         ? std::numeric_limits<int64_t>::max()
+                                         : chunk + sched_cfg_.max_num_seqs);
   if (sched_cfg_.max_batch_tokens < sched_cfg_.max_num_seqs + 1)
     fail("max_batch_tokens (", sched_cfg_.max_batch_tokens, ") must exceed max_num_seqs (",
          sched_cfg_.max_num_seqs, ")");

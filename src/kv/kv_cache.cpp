@@ -54,7 +54,12 @@ KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg), geo_(cfg.geometry()) {
 }
 
 int32_t KVCache::blocks_for(int64_t n_positions, int32_t block_size) {
-  return int32_t((std::max<int64_t>(n_positions, 0) + block_size - 1) / block_size);
+  if (block_size < 1) fail("KV cache: block size ", block_size, " must be positive");
+  const int64_t n = std::max<int64_t>(n_positions, 0);
+  const int64_t blocks = n / block_size + (n % block_size != 0);  // (n + block_size - 1 overflowed near INT64_MAX)
+  if (blocks > std::numeric_limits<int32_t>::max())
+    fail("KV cache: ", n, " positions need more than ", std::numeric_limits<int32_t>::max(), " blocks of ", block_size);
+  return int32_t(blocks);
 }
 
 uint64_t KVCache::block_bytes(const KVCacheConfig& cfg) {

@@ -56,7 +56,7 @@ class KVCache {
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
 
-  // Blocks needed to hold n positions.
+  // Blocks needed to hold n positions; ft::Error past INT32_MAX blocks.
   static int32_t blocks_for(int64_t n_positions, int32_t block_size);
   // Bytes one block takes over all layers (K and V) for cfg's layers, geometry and type.
   static uint64_t block_bytes(const KVCacheConfig& cfg);

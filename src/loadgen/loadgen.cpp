@@ -25,7 +25,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Seconds as a timer offset, saturated to [0, 1e9 s] (~31 years; a steady_clock time point plus it
+// stays far inside int64 nanoseconds): a larger double overflowed the cast, to a deadline in the past.
 std::chrono::nanoseconds secs(double s) {
+  constexpr double kMaxS = 1e9;
+  if (!(s > 0)) return std::chrono::nanoseconds(0);  // (NaN too)
+  if (s > kMaxS) s = kMaxS;
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
 }
 double since(Clock::time_point t0, Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); }
@@ -41,7 +46,7 @@ std::vector<int32_t> prompt_token_ids(const PlannedRequest& p, const RequestClas
                                       uint64_t request_index, int32_t lo, int32_t hi) {
   std::vector<int32_t> ids;
   ids.reserve(size_t(p.prompt_tokens));
-  const uint64_t span = uint64_t(hi - lo + 1);
+  const uint64_t span = uint64_t(int64_t(hi) - lo + 1);  // (int64: 0:INT32_MAX overflowed int32)
   const uint64_t cls = uint64_t(p.class_index) + 1;
   std::seed_seq shared_seed{salt, salt >> 32, cls, uint64_t(0)};
   std::mt19937_64 shared(shared_seed);
@@ -350,6 +355,10 @@ void Call::finish(const std::string& kind, const std::string& message) {
 LoadgenResult run_loadgen(const LoadgenOptions& opt) {
   if (opt.workload.classes.empty()) fail("bench: the workload has no classes");
   if (opt.token_lo < 0 || opt.token_hi < opt.token_lo) fail("bench: bad token id range");
+  if (opt.max_requests < 0 || opt.max_requests > kMaxPlannedRequests)
+    fail("bench: max_requests must be in [0, ", kMaxPlannedRequests, "], got ", opt.max_requests);
+  if (!(opt.timeout_s > 0 && opt.timeout_s <= kMaxTimeoutS))
+    fail("bench: timeout_s must be in (0, ", kMaxTimeoutS, "], got ", opt.timeout_s);
   Loadgen lg(opt);
   lg.model = opt.model;
   // Reachability (and the model id) before anything is timed.
@@ -378,6 +387,11 @@ LoadgenResult run_loadgen(const LoadgenOptions& opt) {
   lg.total = lg.plan.size();
   if (opt.max_requests > 0 && (opt.concurrency > 0 || size_t(opt.max_requests) < lg.total))
     lg.total = size_t(opt.max_requests);
+  int64_t prompt_tokens = 0;  // (each <= kMaxRequestTokens, at most kMaxPlannedRequests of them: no overflow)
+  for (size_t i = 0; i < lg.total; ++i) prompt_tokens += lg.plan[i % lg.plan.size()].prompt_tokens;
+  if (prompt_tokens > kMaxRunPromptTokens)
+    fail("bench: the run's ", lg.total, " requests hold ", prompt_tokens, " prompt tokens, more than ", kMaxRunPromptTokens,
+         " (every body is made before the run): fewer requests or shorter prompts");
   lg.records.reserve(lg.total);
   for (size_t i = 0; i < lg.total; ++i) lg.bodies.push_back(lg.body_for(i));
 

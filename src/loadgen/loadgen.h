@@ -26,6 +26,9 @@
 
 namespace ft::loadgen {
 
+// The longest per-request timeout (--timeout), in seconds.
+inline constexpr double kMaxTimeoutS = 1e6;
+
 struct LoadgenOptions {
   ServerUrl url;
   std::string model;                    // "" = the first of GET /v1/models
@@ -34,8 +37,8 @@ struct LoadgenOptions {
   Workload workload;
   uint64_t seed = 0;
   int concurrency = 0;                  // 0 = open loop
-  int64_t max_requests = 0;             // 0 = no cap (open loop: the plan; closed loop: the plan's count)
-  double timeout_s = 120;               // per request, connect to last byte
+  int64_t max_requests = 0;             // 0 = no cap (open loop: the plan; closed loop: the plan's count); <= kMaxPlannedRequests
+  double timeout_s = 120;               // per request, connect to last byte; (0, kMaxTimeoutS]
   double connect_timeout_s = 10;
   int32_t token_lo = 100, token_hi = 255;  // prompt token ids, inclusive
   bool progress = true;                 // the one-line progress bar on stderr

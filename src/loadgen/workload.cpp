@@ -54,12 +54,26 @@ LengthDist length_from_json(const nlohmann::json& j, const std::string& field) {
   }
   if (d.mean < 1 || d.spread < 0 || d.spread >= d.mean)
     fail("workload: '", field, "' needs mean >= 1 and 0 <= spread < mean");
+  if (d.mean > kMaxRequestTokens - d.spread)  // mean + spread, without overflow
+    fail("workload: '", field, "' must stay within ", kMaxRequestTokens, " tokens (mean + spread), got mean ", d.mean,
+         " spread ", d.spread);
   return d;
 }
 
 double number(const nlohmann::json& j, const std::string& field) {
   if (!j.is_number()) fail("workload: '", field, "' must be a number");
   return j.get<double>();
+}
+
+// An optional string key of obj (its default when absent).
+std::string string_or(const nlohmann::json& obj, const char* key, const std::string& field, std::string dflt) {
+  if (!obj.contains(key)) return dflt;
+  if (!obj[key].is_string()) fail("workload: '", field, "' must be a string");
+  return obj[key].get<std::string>();
+}
+
+void check_duration(double d, const char* what) {
+  if (!(d > 0 && d <= kMaxDurationS)) fail(what, " must be in (0, ", kMaxDurationS, "] seconds, got ", d);
 }
 
 }  // namespace
@@ -69,9 +83,9 @@ Workload workload_from_json(const nlohmann::json& j) {
   Workload w;
   for (const auto& [k, v] : j.items())
     if (k != "name" && k != "duration_s" && k != "classes") fail("workload: unknown key '", k, "'");
-  w.name = j.value("name", std::string("custom"));
+  w.name = string_or(j, "name", "name", "custom");
   if (j.contains("duration_s")) w.duration_s = number(j["duration_s"], "duration_s");
-  if (!(w.duration_s > 0)) fail("workload: 'duration_s' must be > 0");
+  check_duration(w.duration_s, "workload: 'duration_s'");
   if (!j.contains("classes") || !j["classes"].is_array() || j["classes"].empty())
     fail("workload: 'classes' must be a non-empty array");
   for (size_t i = 0; i < j["classes"].size(); ++i) {
@@ -83,13 +97,13 @@ Workload workload_from_json(const nlohmann::json& j) {
           k != "shared_prefix_tokens")
         fail("workload: unknown key '", at, ".", k, "'");
     RequestClass rc;
-    rc.name = c.value("name", "class" + std::to_string(i));
+    rc.name = string_or(c, "name", at + ".name", "class" + std::to_string(i));
     if (!c.contains("arrival") || !c["arrival"].is_object()) fail("workload: '", at, ".arrival' must be an object");
     const auto& a = c["arrival"];
     for (const auto& [k, v] : a.items())
       if (k != "type" && k != "rate" && k != "burstiness" && k != "start_s")
         fail("workload: unknown key '", at, ".arrival.", k, "'");
-    const std::string type = a.value("type", std::string("poisson"));
+    const std::string type = string_or(a, "type", at + ".arrival.type", "poisson");
     if (type == "poisson") rc.arrivals.kind = Arrivals::Kind::Poisson;
     else if (type == "gamma") rc.arrivals.kind = Arrivals::Kind::Gamma;
     else if (type == "periodic") rc.arrivals.kind = Arrivals::Kind::Periodic;
@@ -100,6 +114,9 @@ Workload workload_from_json(const nlohmann::json& j) {
     if (a.contains("burstiness")) rc.arrivals.burstiness = number(a["burstiness"], at + ".arrival.burstiness");
     if (!(rc.arrivals.burstiness > 0)) fail("workload: '", at, ".arrival.burstiness' must be > 0");
     if (a.contains("start_s")) rc.arrivals.start_s = number(a["start_s"], at + ".arrival.start_s");
+    if (!(rc.arrivals.start_s >= 0 && rc.arrivals.start_s < w.duration_s))
+      fail("workload: '", at, ".arrival.start_s' must be in [0, duration_s = ", w.duration_s, "), got ",
+           rc.arrivals.start_s);
     if (!c.contains("prompt_tokens")) fail("workload: '", at, ".prompt_tokens' is required");
     rc.prompt_tokens = length_from_json(c["prompt_tokens"], at + ".prompt_tokens");
     if (!c.contains("output_tokens")) fail("workload: '", at, ".output_tokens' is required");
@@ -116,9 +133,12 @@ Workload workload_from_json(const nlohmann::json& j) {
 }
 
 std::vector<PlannedRequest> plan_arrivals(const Workload& w, uint64_t seed) {
+  check_duration(w.duration_s, "bench: the workload's duration");
   std::vector<PlannedRequest> out;
   for (size_t ci = 0; ci < w.classes.size(); ++ci) {
     const RequestClass& c = w.classes[ci];
+    if (!(c.arrivals.start_s >= 0 && std::isfinite(c.arrivals.start_s)))
+      fail("bench: class '", c.name, "': start_s must be finite and >= 0, got ", c.arrivals.start_s);
     std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + ci + 1);
     auto uniform01 = [&] { return double(rng() >> 11) * 0x1.0p-53; };
     auto length = [&](const LengthDist& d) {
@@ -135,6 +155,9 @@ std::vector<PlannedRequest> plan_arrivals(const Workload& w, uint64_t seed) {
         t += k == 1.0 ? -std::log(1.0 - uniform01()) / c.arrivals.rate_per_s : gap(rng);
       }
       if (t >= w.duration_s) break;
+      if (int64_t(out.size()) >= kMaxPlannedRequests)
+        fail("bench: the workload plans more than ", kMaxPlannedRequests, " requests (class '", c.name, "': rate ",
+             c.arrivals.rate_per_s, "/s x duration ", w.duration_s, " s): lower the rate or the duration");
       out.push_back({t, int32_t(ci), length(c.prompt_tokens), length(c.output_tokens)});
       if (c.arrivals.kind == Arrivals::Kind::Periodic) t += 1.0 / c.arrivals.rate_per_s;
     }

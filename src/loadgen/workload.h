@@ -11,6 +11,16 @@
 
 namespace ft::loadgen {
 
+// Limits of a workload, checked before anything is planned (the whole plan, and every request's
+// body, are made up front): a request's prompt or output tokens (mean + spread), the seconds of
+// arrivals (workload duration_s, --duration), and the requests one run plans or sends
+// (plan_arrivals, --max-requests).
+inline constexpr int64_t kMaxRequestTokens = int64_t(1) << 24;
+inline constexpr double kMaxDurationS = 1e6;
+inline constexpr int64_t kMaxPlannedRequests = int64_t(1) << 20;
+// The prompt tokens of all the requests one run sends (run_loadgen makes every body up front).
+inline constexpr int64_t kMaxRunPromptTokens = int64_t(1) << 27;
+
 // Integer lengths: uniform in [mean - spread, mean + spread] (spread 0 = fixed), at least 1.
 struct LengthDist {
   int64_t mean = 1;
@@ -44,7 +54,9 @@ std::optional<Workload> builtin_workload(const std::string& name);
 std::vector<std::string> builtin_workload_names();
 // A workload from JSON: {"name", "duration_s", "classes": [{"name", "arrival": {"type":
 // "poisson"|"gamma"|"periodic", "rate", "burstiness", "start_s"}, "prompt_tokens": N | {"mean",
-// "spread"}, "output_tokens": ..., "shared_prefix_tokens"}]}. Throws ft::Error naming the field.
+// "spread"}, "output_tokens": ..., "shared_prefix_tokens"}]}. Throws ft::Error naming the field
+// (a wrong type, a value out of range: lengths up to kMaxRequestTokens, duration_s up to
+// kMaxDurationS, start_s in [0, duration_s)).
 Workload workload_from_json(const nlohmann::json& j);
 
 struct PlannedRequest {
@@ -53,7 +65,9 @@ struct PlannedRequest {
   int64_t prompt_tokens = 0;
   int64_t output_tokens = 0;
 };
-// Every arrival in [0, duration), time order; deterministic for a seed.
+// Every arrival in [0, duration), time order; deterministic for a seed. Throws ft::Error when
+// duration_s is not in (0, kMaxDurationS], a start_s not in [0, duration_s), or the plan would
+// exceed kMaxPlannedRequests (naming the class's rate x duration).
 std::vector<PlannedRequest> plan_arrivals(const Workload& w, uint64_t seed);
 
 struct Summary {

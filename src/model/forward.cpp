@@ -80,12 +80,18 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   // (A pipeline stage other than the first has neither: Model::stage dropped them.)
   const HParams& hp = model.hparams();
   const size_t M = size_t(max_batch);
-  // (Each width < 2^31, max_batch checked by the engine: 7 * M * width floats fit in 64 bits.)
   float** const bufs[] = {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_};
   const int32_t widths[] = {hp.dim, hp.dim, hp.q_dim(), hp.kv_dim(), hp.kv_dim(), hp.q_dim(),
                             std::max(hp.ffn_dim, hp.expert_ffn_dim)};
+  // Checked: a batch of 2^62 tokens wrapped M x width (and then the vectors below failed inside
+  // the standard library). Past the bound, no product below can overflow either.
   uint64_t floats = 0;
-  for (const int32_t w : widths) floats += (uint64_t(M) * uint64_t(w) + 15) / 16 * 16;  // 64-byte aligned each
+  for (const int32_t w : widths) {
+    uint64_t n = 0;
+    if (__builtin_mul_overflow(uint64_t(M), uint64_t(std::max(w, 0)), &n) || n > (uint64_t(1) << 56) ||
+        __builtin_add_overflow(floats, (n + 15) / 16 * 16, &floats) || floats > (uint64_t(1) << 56))  // 64-byte aligned each
+      fail("forward: a batch of ", max_batch, " tokens: its activations (x ", w, " floats each) overflow memory sizes");
+  }
   scratch_ = MappedMemory(floats * sizeof(float), "forward: activation scratch", MappedMemory::Prefault::Yes);
   float* next = reinterpret_cast<float*>(scratch_.data());
   for (size_t i = 0; i < std::size(bufs); ++i) {

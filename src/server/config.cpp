@@ -47,12 +47,12 @@ const ServeSetting kSettings[] = {
      &ServeConfig::binary_port, 0, 65535},
     {"server.binary_port_any", "--binary-port-any", "Serve the binary protocol on any free port (printed at start)",
      &ServeConfig::binary_port_any},
-    {"server.threads", "-t,--threads", "Engine compute threads (0 = all cores)", &ServeConfig::threads, 0, 1024},
+    {"server.threads", "-t,--threads", "Engine compute threads (0 = all cores)", &ServeConfig::threads, 0, kMaxThreads},
     {"server.mlock", "--mlock", "Pin the weights in RAM (mlock; a refusal, e.g. by RLIMIT_MEMLOCK, is logged)",
      &ServeConfig::mlock},
     {"server.http_threads", "--http-threads", "HTTP I/O worker threads", &ServeConfig::http_threads, 1, 256},
     {"server.max_queue", "--max-queue", "Requests waiting for their first token before 429", &ServeConfig::max_queue,
-     0, 1 << 30},
+     1, 1 << 30},
     {"server.max_body_bytes", "--max-body-bytes", "Largest HTTP request body or binary-protocol frame (bytes)",
      &ServeConfig::max_body_bytes, 1024, double(int64_t(1) << 32)},
     {"server.max_connections", "--max-connections",
@@ -82,7 +82,7 @@ const ServeSetting kSettings[] = {
      "<arch>.pooling_type, else last)",
      &ServeConfig::pooling},
     {"server.context_length", "-c,--ctx", "Context length (0 = the model's)", &ServeConfig::context_length, 0,
-     1 << 24},
+     double(kMaxContextLength)},
     {"parallel_config.tp_size", "--tp",
      "Tensor-parallel ranks: start under `mpirun -n TP` (heads and FFN split across the ranks)",
      &ServeConfig::tp_size, 1, 1 << 16},
@@ -92,7 +92,7 @@ const ServeSetting kSettings[] = {
     {"scheduler.prefill_chunk_size", "", "", &ServeConfig::prefill_chunk_size, 0, 1 << 20, /*takes_auto=*/true},
     {"scheduler.step_latency_target_ms", "", "", &ServeConfig::step_latency_target_ms, 0.1, 1e6},
     {"scheduler.max_num_seqs", "", "", &ServeConfig::max_num_seqs, 1, 4096},
-    {"scheduler.max_batch_tokens", "", "", &ServeConfig::max_batch_tokens, 2, 1 << 20},
+    {"scheduler.max_batch_tokens", "", "", &ServeConfig::max_batch_tokens, 2, double(kMaxBatchTokens)},
     {"scheduler.max_auto_chunk", "--max-auto-chunk",
      "Auto mode's largest prefill chunk, what a prompt alone runs in (the most efficient size: 1024 on a Zen 5, "
      "256-512 on a Xeon with a 2 MB L2)",
@@ -169,7 +169,11 @@ void check_range(const ServeSetting& s, const ServeConfig& c, const std::string&
         if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
           const double x = double(c.*m);
           if (s.takes_auto && x == -1) return;
-          if (!(x >= s.lo && x <= s.hi)) fail(name, " must be in [", s.lo, ", ", s.hi, "], got ", c.*m);  // as as_int/as_num say
+          if (x >= s.lo && x <= s.hi) return;
+          if constexpr (std::is_integral_v<T>)  // as as_int/as_num say ("1073741824", not "1.07374e+09")
+            fail(name, " must be in [", int64_t(s.lo), ", ", int64_t(s.hi), "], got ", c.*m);
+          else
+            fail(name, " must be in [", s.lo, ", ", s.hi, "], got ", c.*m);
         }
       },
       s.field);
@@ -229,12 +233,24 @@ void check_parallel(const ServeConfig& c) {
     fail("LoRA adapters with pipeline parallelism (pp_size ", c.pp_size, ") are not supported yet");
 }
 
+void check_deadlines(const ServeConfig& c) {
+  if (c.ttft_slo_base_ms == 0 && c.ttft_slo_stretch == 0)
+    fail("scheduler.ttft_slo_base_ms (--ttft-slo-base) and scheduler.ttft_slo_stretch (--ttft-slo-stretch) are both 0: "
+         "every request's default TTFT deadline would be 0 ms; set either above 0");
+}
+
 std::string read_text_file(const std::string& path, std::string_view what) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(path, ": cannot open the ", what);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string text;
+  char buf[1 << 16];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) {  // in pieces, so an endless file stops at the limit
+    if (int64_t(text.size()) + f.gcount() > kMaxTextFileBytes)
+      fail(path, ": the ", what, " is larger than ", kMaxTextFileBytes >> 20, " MiB");
+    text.append(buf, size_t(f.gcount()));
+  }
+  if (f.bad()) fail(path, ": cannot read the ", what);
+  return text;
 }
 
 void apply_config_file(const std::string& path, ServeConfig& cfg) {

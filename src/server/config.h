@@ -39,6 +39,14 @@
 
 namespace ft::server {
 
+// Limits of settings that run, bench and perplexity share with serve (their flags take the same
+// range as serve's): compute threads, context length, tokens in one forward pass.
+inline constexpr int kMaxThreads = 1024;
+inline constexpr int64_t kMaxContextLength = int64_t(1) << 24;
+inline constexpr int64_t kMaxBatchTokens = int64_t(1) << 20;
+// The largest file read_text_file() reads (a config file, a chat template).
+inline constexpr int64_t kMaxTextFileBytes = int64_t(64) << 20;
+
 struct ServeConfig {
   // server
   std::string model;              // GGUF path; empty = built-in synthetic "tiny" model
@@ -113,7 +121,11 @@ void check_range(const ServeSetting& s, const ServeConfig& c, const std::string&
 void apply_config_json(const nlohmann::json& doc, ServeConfig& cfg);
 // ft::Error saying "not supported yet" for what parallelism cannot run with (LoRA adapters).
 void check_parallel(const ServeConfig& cfg);
-// A whole file's bytes; ft::Error "PATH: cannot open the WHAT".
+// ft::Error naming both keys (and flags) when ttft_slo_base_ms and ttft_slo_stretch are both 0: every
+// request's default TTFT deadline would be 0 ms (with --reject-late, every request refused).
+void check_deadlines(const ServeConfig& cfg);
+// A whole file's bytes; ft::Error "PATH: cannot open the WHAT", or "PATH: the WHAT is larger than
+// kMaxTextFileBytes" (not a regular file: /dev/zero never ends).
 std::string read_text_file(const std::string& path, std::string_view what);
 // Reads and applies FILE (ft::Error naming the file on I/O or JSON errors).
 void apply_config_file(const std::string& path, ServeConfig& cfg);

@@ -120,6 +120,59 @@ TEST(Cli, MakeModelThenRun) {
   EXPECT_NE(bad.err.find("tiny"), std::string::npos) << bad.err;  // lists the known shapes
 }
 
+// Flags out of range are one clear error line naming the flag (exit 1), before any model is
+// loaded or server contacted: each of these crashed, allocated without bound, overflowed or was
+// silently changed (run -c 68719476736 served 32 positions; serve --max-queue 0 refused every
+// request; bench serve --timeout 1e10 timed every request out at once).
+TEST(Cli, OutOfRangeFlagsAreClearErrors) {
+  const test::TempFile workload("workload.json");
+  const auto with_workload = [&](const std::string& text) {
+    std::ofstream(workload.path(), std::ios::binary) << text;
+    return "bench serve --url http://127.0.0.1:1 --quiet --workload " + quote(workload.path());
+  };
+  const std::string cls = R"("prompt_tokens": 5, "output_tokens": 1)";
+  const std::string m = "-m /nonexistent.gguf";  // (never opened: the flags are checked first)
+  const std::string serve_bench = "bench serve --url http://127.0.0.1:1 --quiet";
+  const std::vector<std::pair<std::function<std::string()>, std::string>> cases = {
+      {[&] { return "run " + m + " -p hi -b 4611686018427387904"; }, "-b/--batch must be in [1, 1048576], got 4611686018427387904"},
+      {[&] { return "run " + m + " -p hi -b 9223372036854775807"; }, "-b/--batch must be in [1, 1048576]"},
+      {[&] { return "run " + m + " -p hi -c 68719476736"; }, "-c/--ctx must be in [0, 16777216], got 68719476736"},
+      {[&] { return "run " + m + " -p hi -c -5"; }, "-c/--ctx must be in [0, 16777216], got -5"},
+      {[&] { return "run " + m + " -p hi -t -1"; }, "-t/--threads must be in [0, 1024], got -1"},
+      {[&] { return "run " + m + " -p hi -n 0"; }, "-n/--n-predict must be in [1, 9223372036854775807], got 0"},
+      {[&] { return "perplexity " + m + " -f /dev/null -c 9223372036854775807"; }, "-c/--ctx must be in [0, 16777216]"},
+      {[&] { return "perplexity " + m + " -f /dev/null -t 5000"; }, "-t/--threads must be in [0, 1024], got 5000"},
+      {[&] { return "perplexity " + m + " -f /dev/null --chunks -1"; }, "--chunks must be in [0, 9223372036854775807], got -1"},
+      {[&] { return "bench model " + m + " -p 4611686018427387904"; }, "-p/--n-prompt must be in [1, 1048576]"},
+      {[&] { return "bench model " + m + " -n 9223372036854775807"; }, "-n/--n-gen must be in [0, 16777216]"},
+      {[&] { return "bench model " + m + " -t -3"; }, "-t/--threads must be in [0, 1024], got -3"},
+      {[&] { return "serve " + m + " --max-queue 0"; }, "--max-queue must be in [1, 1073741824], got 0"},
+      {[&] { return "serve " + m + " --ttft-slo-base 0 --ttft-slo-stretch 0 --reject-late 2"; },
+       "scheduler.ttft_slo_base_ms (--ttft-slo-base) and scheduler.ttft_slo_stretch (--ttft-slo-stretch) are both 0"},
+      {[&] { return "serve " + m + " --config /dev/zero"; }, "/dev/zero: the config file is larger than 64 MiB"},
+      {[&] { return "client --port 1 --tokens 1,4294967297"; }, "--tokens: '4294967297' is not a token id (0 to 2147483647)"},
+      {[&] { return serve_bench + " --timeout 1e10"; }, "--timeout must be in (0, 1e+06] seconds, got 1e+10"},
+      {[&] { return serve_bench + " --duration inf"; }, "--duration must be in (0, 1e+06] seconds, got inf"},
+      {[&] { return serve_bench + " --duration 1e9"; }, "--duration must be in (0, 1e+06] seconds"},
+      {[&] { return serve_bench + " --max-requests 1000000000000"; }, "--max-requests must be in [0, 1048576], got 1000000000000"},
+      {[&] { return with_workload(R"({"classes": [{"arrival": {"type": "periodic", "rate": 1, "start_s": -1e15}, )" + cls + "}]}"); },
+       "workload: 'classes[0].arrival.start_s' must be in [0, duration_s = 60), got -1e+15"},
+      {[&] { return with_workload(R"({"classes": [{"arrival": {"rate": 1}, "prompt_tokens": 1000000000000, "output_tokens": 1}]})"); },
+       "workload: 'classes[0].prompt_tokens' must stay within 16777216 tokens"},
+      {[&] { return with_workload(R"({"name": 5, "classes": [{"arrival": {"rate": 1}, )" + cls + "}]}"); },
+       "workload: 'name' must be a string"},
+      {[&] { return with_workload(R"({"classes": [{"arrival": {"type": 1, "rate": 1}, )" + cls + "}]}"); },
+       "workload: 'classes[0].arrival.type' must be a string"},
+  };
+  for (const auto& [args, want] : cases) {
+    const std::string a = args();
+    const Result r = run_cli(a);
+    EXPECT_EQ(r.exit_code, 1) << a << "\n" << r.err;
+    EXPECT_NE(r.err.find("firsttoken: error: " + want), std::string::npos) << a << "\n" << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << a << "\n" << r.err;
+  }
+}
+
 // bench model --ab: decode steps alternate between the arms A B B A ..., the pattern inverted
 // every other repetition, so each arm gets half of the steps; one line gives B over A.
 TEST(Cli, BenchModelAbSplitsDecodeStepsBetweenArms) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -629,6 +630,26 @@ TEST(Engine, StepCapacityHoldsAChunkAndADecodePerSequence) {
   const uint64_t capped = single_request_config(*model, int64_t(1) << 24, 64, 2).kv_memory_bytes;
   EXPECT_LE(capped, kDefaultMaxKvBytes);
   EXPECT_GT(capped, kDefaultMaxKvBytes - block);
+}
+
+// Sizes that overflowed are errors: positions past INT32_MAX KV blocks (int32 narrowing), a
+// prompt chunk near INT64_MAX plus the sequences (signed overflow: a misleading message), a
+// forward batch whose activations wrap 64 bits (a failure inside std::vector).
+TEST(Engine, HugeSizesAreErrorsNotOverflows) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  EXPECT_EQ(KVCache::blocks_for(33, 16), 3);
+  EXPECT_EQ(KVCache::blocks_for(int64_t(std::numeric_limits<int32_t>::max()) * 16, 16), std::numeric_limits<int32_t>::max());
+  EXPECT_THROW(KVCache::blocks_for(int64_t(std::numeric_limits<int32_t>::max()) * 16 + 1, 16), Error);
+  EXPECT_THROW(KVCache::blocks_for(std::numeric_limits<int64_t>::max(), 16), Error);
+  auto be = make_backend(RuntimeConfig{}.backend, 1);
+  EXPECT_THROW(Forward(*model, *be, int64_t(1) << 62), Error);
+  try {
+    Engine(*model, single_request_config(*model, 64, std::numeric_limits<int64_t>::max(), 1), {});
+    ADD_FAILURE() << "an engine with a step of 2^63 tokens";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("forward: a batch of 9223372036854775807 tokens"), std::string::npos) << e.what();
+  }
 }
 
 // ---- speculative decoding -------------------------------------------------------------------

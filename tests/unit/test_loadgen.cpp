@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -107,6 +108,43 @@ TEST(Workload, FromJsonAndItsErrors) {
   bad(R"({"classes": [{"arrival": {"rate": -1}, "prompt_tokens": 5, "output_tokens": 1}]})", "rate");
   bad(R"({"classes": [{"arrival": {"rate": 1}, "prompt_tokens": 5, "output_tokens": 1, "shared_prefix_tokens": 9}]})",
       "shared_prefix_tokens");
+}
+
+// Keys of the wrong type are errors naming the key (not nlohmann's type_error), and nothing
+// unbounded reaches the plan: lengths, duration, start_s, and the planned count (rate x duration).
+TEST(Workload, WrongTypesAndUnboundedPlansAreErrorsNamingTheKey) {
+  auto bad = [](const std::string& text, const char* needle) {
+    try {
+      workload_from_json(nlohmann::json::parse(text));
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::string cls = R"("prompt_tokens": 5, "output_tokens": 1)";
+  bad(R"({"name": 5, "classes": [{"arrival": {"rate": 1}, )" + cls + "}]}", "'name' must be a string");
+  bad(R"({"classes": [{"name": ["x"], "arrival": {"rate": 1}, )" + cls + "}]}", "'classes[0].name' must be a string");
+  bad(R"({"classes": [{"arrival": {"type": 1, "rate": 1}, )" + cls + "}]}", "'classes[0].arrival.type' must be a string");
+  bad(R"({"classes": [{"arrival": {"type": "periodic", "rate": 1, "start_s": -1e15}, )" + cls + "}]}",
+      "'classes[0].arrival.start_s' must be in [0, duration_s");
+  bad(R"({"duration_s": 10, "classes": [{"arrival": {"rate": 1, "start_s": 10}, )" + cls + "}]}", "start_s");
+  bad(R"({"duration_s": 1e9, "classes": [{"arrival": {"rate": 1}, )" + cls + "}]}", "'duration_s' must be in (0, ");
+  bad(R"({"classes": [{"arrival": {"rate": 1}, "prompt_tokens": 1000000000000, "output_tokens": 1}]})",
+      "'classes[0].prompt_tokens' must stay within 16777216 tokens");
+  bad(R"({"classes": [{"arrival": {"rate": 1}, "prompt_tokens": 5, "output_tokens": {"mean": 16777216, "spread": 1}}]})",
+      "'classes[0].output_tokens' must stay within");
+  // The plan stops at kMaxPlannedRequests, naming the rate and the duration.
+  Workload w = workload_from_json(nlohmann::json::parse(
+      R"({"duration_s": 2, "classes": [{"name": "flood", "arrival": {"type": "periodic", "rate": 1e6}, )" + cls + "}]}"));
+  try {
+    plan_arrivals(w, 1);
+    ADD_FAILURE() << "planned 2e6 requests";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 1048576 requests (class 'flood': rate 1e+06/s x duration 2 s)"),
+              std::string::npos) << e.what();
+  }
+  w.duration_s = std::numeric_limits<double>::infinity();  // (a --duration that skipped its check)
+  EXPECT_THROW(plan_arrivals(w, 1), Error);
 }
 
 TEST(Sse, EventsSurviveAnySplit) {
@@ -475,6 +513,7 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
   o.max_requests = 5;
   o.workload.classes.resize(1);
   o.workload.duration_s = 30;
+  o.timeout_s = kMaxTimeoutS;  // its deadline in the future (1e10 s overflowed to the past: every request timed out)
   const LoadgenResult c = run_loadgen(o);
   ASSERT_EQ(c.records.size(), 5u);
   for (const auto& q : c.records) {
@@ -488,6 +527,53 @@ TEST(Loadgen, ClassesErrorsAndTimeoutsAgainstAFakeServer) {
   o.progress_tick_s = 1e-6;
   EXPECT_EQ(run_loadgen(o).records.size(), 5u);
   watchdog.stage("the fake server's shutdown");
+}
+
+TEST(Loadgen, OutOfRangeOptionsAreErrorsBeforeAnyRequest) {
+  LoadgenOptions o;
+  o.url = parse_url("http://127.0.0.1:1");
+  o.progress = false;
+  o.workload = *builtin_workload("short");
+  auto bad = [&](const char* needle) {
+    try {
+      run_loadgen(o);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  o.timeout_s = 1e10;
+  bad("timeout_s must be in (0, 1e+06]");
+  o.timeout_s = 1;
+  o.max_requests = 1000000000000;
+  bad("max_requests must be in [0, 1048576]");
+}
+
+// Every request's body is made before the run: their prompt tokens together are bounded (10,000
+// prompts of 2^24 tokens each: ~600 GB of bodies), checked before any request is sent.
+TEST(Loadgen, BodiesOfTheWholeRunAreBounded) {
+  FakeServer fake;
+  LoadgenOptions o;
+  o.url = parse_url(fake.url());
+  o.progress = false;
+  o.workload = workload_from_json(nlohmann::json::parse(R"({"duration_s": 10000, "classes": [
+    {"arrival": {"type": "periodic", "rate": 1}, "prompt_tokens": 16777216, "output_tokens": 1}]})"));
+  try {
+    run_loadgen(o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the run's 10000 requests hold 167772160000 prompt tokens, more than 134217728"),
+              std::string::npos) << e.what();
+  }
+}
+
+// The full int32 token-id range: its width (2^31) overflowed int32.
+TEST(Prompts, FullTokenIdRange) {
+  RequestClass c;
+  const PlannedRequest p{0, 0, 64, 1};
+  const auto ids = prompt_token_ids(p, c, 1, 0, 0, std::numeric_limits<int32_t>::max());
+  ASSERT_EQ(ids.size(), 64u);
+  for (int32_t t : ids) EXPECT_GE(t, 0);
 }
 
 TEST(Loadgen, UnreachableServerIsAnError) {

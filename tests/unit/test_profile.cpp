@@ -12,6 +12,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -636,6 +637,26 @@ TEST(ProfileCli, RunThenSummary) {
   const Cli bad = run_cli("profile " + file.path() + ".missing");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.out.find("cannot open"), std::string::npos) << bad.out;
+}
+
+// A trace nesting 200,000 levels is an error naming the file and the limit, before it is parsed:
+// summarizing one with it in otherData overflowed the stack (SIGSEGV: the value's copy into the
+// summary recurses per level); in an event's id it is refused the same way.
+TEST(ProfileCli, DeepNestingIsAClearError) {
+  for (const char* where : {"otherData", "id"}) {
+    test::TempFile file("deep.json");
+    const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+    {
+      std::ofstream f(file.path(), std::ios::binary);
+      if (std::string(where) == "id")
+        f << R"({"traceEvents": [{"name": "x", "ph": "X", "ts": 0, "dur": 1, "pid": 1, "tid": 1, "id": )" << deep << "}]}";
+      else
+        f << R"({"traceEvents": [], "otherData": {"note": )" << deep << "}}";
+    }
+    const Cli r = run_cli("profile " + file.path());
+    EXPECT_EQ(r.exit_code, 1) << where << ": " << r.out;
+    EXPECT_NE(r.out.find(file.path() + ": nests more than 128 levels"), std::string::npos) << where << ": " << r.out;
+  }
 }
 
 // `serve --profile`: SIGTERM shuts the server down gracefully and the trace file is complete.

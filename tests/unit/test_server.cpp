@@ -1780,6 +1780,38 @@ TEST(ServerConfig, ConnectionLimits) {
   for (const char* f : {"--max-connections", "--frame-timeout", "--max-body-bytes"}) EXPECT_TRUE(flags.count(f)) << f;
 }
 
+// Settings that refused every request are start-up errors naming them: max_queue 0 (every
+// request 429), ttft_slo_base_ms and ttft_slo_stretch both 0 (every deadline 0 ms: with
+// reject_late, every request refused); a config file that never ends is an error, not bad_alloc.
+TEST(ServerConfig, SettingsThatRefuseEveryRequestAreErrors) {
+  ServeConfig c;
+  try {
+    apply_config_json(json::parse(R"({"server": {"max_queue": 0}})"), c);
+    ADD_FAILURE() << "max_queue 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "config: 'server.max_queue' must be in [1, 1073741824], got 0");
+  }
+  apply_config_json(json::parse(R"({"server": {"max_queue": 1}, "scheduler": {"ttft_slo_base_ms": 0}})"), c);
+  EXPECT_NO_THROW(check_deadlines(c));  // stretch 2: deadlines scale with the prompt
+  apply_config_json(json::parse(R"({"scheduler": {"ttft_slo_stretch": 0}})"), c);
+  try {
+    check_deadlines(c);
+    ADD_FAILURE() << "deadlines of 0 ms accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduler.ttft_slo_base_ms (--ttft-slo-base) and scheduler.ttft_slo_stretch "
+                                         "(--ttft-slo-stretch) are both 0"),
+              std::string::npos) << e.what();
+  }
+  c.ttft_slo_base_ms = 50;
+  EXPECT_NO_THROW(check_deadlines(c));
+  try {
+    read_text_file("/dev/zero", "config file");
+    ADD_FAILURE() << "read /dev/zero";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "/dev/zero: the config file is larger than 64 MiB");
+  }
+}
+
 TEST(ServerConfig, FileShapeMapsOntoEngineConfig) {
   ServeConfig c;
   apply_config_json(json::parse(R"({
