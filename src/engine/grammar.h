@@ -89,6 +89,7 @@ class GrammarMatcher {
   // refuse a grammar whose first step is too costly before it is queued, off the engine thread.
   void prepare_mask() { mask_for_state(); }
   uint64_t mask_work() const { return work_; }  // the work of the last mask found (0: cached)
+  const std::shared_ptr<const GrammarVocab>& vocab() const { return vocab_; }
   // Advances over a sampled token. Returns false (state unchanged) when the grammar rejects it.
   bool accept(int32_t token);
   // Advances over bytes (tests, and prefilled output); false when rejected.

@@ -114,9 +114,9 @@ Workload workload_from_json(const nlohmann::json& j) {
     if (a.contains("burstiness")) rc.arrivals.burstiness = number(a["burstiness"], at + ".arrival.burstiness");
     if (!(rc.arrivals.burstiness > 0)) fail("workload: '", at, ".arrival.burstiness' must be > 0");
     if (a.contains("start_s")) rc.arrivals.start_s = number(a["start_s"], at + ".arrival.start_s");
-    if (!(rc.arrivals.start_s >= 0 && rc.arrivals.start_s < w.duration_s))
-      fail("workload: '", at, ".arrival.start_s' must be in [0, duration_s = ", w.duration_s, "), got ",
-           rc.arrivals.start_s);
+    // (>= the run's duration: no arrivals; that duration may be --duration's, set after this)
+    if (!(rc.arrivals.start_s >= 0 && rc.arrivals.start_s <= kMaxDurationS))
+      fail("workload: '", at, ".arrival.start_s' must be in [0, ", kMaxDurationS, "] seconds, got ", rc.arrivals.start_s);
     if (!c.contains("prompt_tokens")) fail("workload: '", at, ".prompt_tokens' is required");
     rc.prompt_tokens = length_from_json(c["prompt_tokens"], at + ".prompt_tokens");
     if (!c.contains("output_tokens")) fail("workload: '", at, ".output_tokens' is required");

@@ -56,7 +56,7 @@ std::vector<std::string> builtin_workload_names();
 // "poisson"|"gamma"|"periodic", "rate", "burstiness", "start_s"}, "prompt_tokens": N | {"mean",
 // "spread"}, "output_tokens": ..., "shared_prefix_tokens"}]}. Throws ft::Error naming the field
 // (a wrong type, a value out of range: lengths up to kMaxRequestTokens, duration_s up to
-// kMaxDurationS, start_s in [0, duration_s)).
+// kMaxDurationS, start_s in [0, kMaxDurationS]: at or past the run's duration, no arrivals).
 Workload workload_from_json(const nlohmann::json& j);
 
 struct PlannedRequest {

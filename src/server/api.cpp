@@ -1465,8 +1465,9 @@ constexpr std::string_view kMarkers[] = {"<tool_call>", "[TOOL_CALLS]", "<|pytho
 FoundToolCalls extract_tool_calls(ToolChoice choice, const std::string& tool_name, const json& tools,
                                   std::string_view text, bool held) {
   FoundToolCalls f;
-  if (choice == ToolChoice::Named) {
-    f.calls.push_back({new_tool_call_id(), tool_name, std::string(trim_ws(text))});
+  if (choice == ToolChoice::Named) {  // (arguments cut short, by a stop string or the length: no call)
+    if (object_arguments(trim_ws(text))) f.calls.push_back({new_tool_call_id(), tool_name, std::string(trim_ws(text))});
+    else f.content = std::string(text);
     return f;
   }
   if (choice == ToolChoice::None) {

@@ -22,7 +22,8 @@ using error_code = boost::system::error_code;
 //
 // Reading a frame: its memory grows with the bytes that arrived (kReadChunk at a time), never to
 // the length the prefix declares until the bytes are there; from its first byte the whole frame
-// must arrive within frame_timeout_s, else the connection closes. Between frames it may idle.
+// must arrive within frame_timeout_s, else the connection closes. Idle between frames (no request
+// generating, nothing to write) for header_timeout_s, it closes, as an idle HTTP connection does.
 // Each write must complete within write_timeout_s (a client that stops reading closes, and
 // cancels its request, rather than holding its frames and its slot forever).
 class BinSession : public Session<std::string>, public std::enable_shared_from_this<BinSession> {
@@ -220,8 +221,8 @@ class BinSession : public Session<std::string>, public std::enable_shared_from_t
     if (outq_.empty() || closed_) {
       writing_ = false;
       backlog_ = 0;
+      if (!closed_ && !held_.empty()) return handle_request();  // (draining: answered 503, then closed)
       if (draining_ && gens_.empty()) return close();
-      if (!closed_ && !held_.empty()) return handle_request();
       if (!closed_) start_idle_timer();
       return;
     }

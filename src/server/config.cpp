@@ -89,14 +89,14 @@ const ServeSetting kSettings[] = {
     {"parallel_config.pp_size", "--pp",
      "Pipeline-parallel stages: start under `mpirun -n TP*PP` (contiguous layers per stage)", &ServeConfig::pp_size, 1,
      1 << 16},
-    {"scheduler.prefill_chunk_size", "", "", &ServeConfig::prefill_chunk_size, 0, 1 << 20, /*takes_auto=*/true},
+    {"scheduler.prefill_chunk_size", "", "", &ServeConfig::prefill_chunk_size, 0, double(kMaxBatchTokens), /*takes_auto=*/true},
     {"scheduler.step_latency_target_ms", "", "", &ServeConfig::step_latency_target_ms, 0.1, 1e6},
     {"scheduler.max_num_seqs", "", "", &ServeConfig::max_num_seqs, 1, 4096},
     {"scheduler.max_batch_tokens", "", "", &ServeConfig::max_batch_tokens, 2, double(kMaxBatchTokens)},
     {"scheduler.max_auto_chunk", "--max-auto-chunk",
      "Auto mode's largest prefill chunk, what a prompt alone runs in (the most efficient size: 1024 on a Zen 5, "
      "256-512 on a Xeon with a 2 MB L2)",
-     &ServeConfig::max_auto_chunk, SchedulerConfig{}.min_chunk, 1 << 20},
+     &ServeConfig::max_auto_chunk, SchedulerConfig{}.min_chunk, double(kMaxBatchTokens)},
     {"scheduler.ttft_slo_base_ms", "--ttft-slo-base",
      "Default TTFT deadline (ms) of a request naming no ttft_slo_ms: this plus --ttft-slo-stretch x its predicted "
      "prefill alone",
@@ -234,9 +234,10 @@ void check_parallel(const ServeConfig& c) {
 }
 
 void check_deadlines(const ServeConfig& c) {
-  if (c.ttft_slo_base_ms == 0 && c.ttft_slo_stretch == 0)
-    fail("scheduler.ttft_slo_base_ms (--ttft-slo-base) and scheduler.ttft_slo_stretch (--ttft-slo-stretch) are both 0: "
-         "every request's default TTFT deadline would be 0 ms; set either above 0");
+  if (c.ttft_slo_base_ms == 0 && c.ttft_slo_stretch == 0 && c.reject_late_factor > 0)
+    fail("scheduler.ttft_slo_base_ms (--ttft-slo-base) and scheduler.ttft_slo_stretch (--ttft-slo-stretch) are both 0 "
+         "with --reject-late: a request that gives no ttft_slo_ms would have a 0 ms deadline and be refused; set "
+         "either above 0");
 }
 
 std::string read_text_file(const std::string& path, std::string_view what) {

@@ -467,14 +467,6 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
                                                         gen->prompt_logprob_entries(), r.logprob_share);
   check_logprob_entries(gen->prompt_logprob_entries(), gen->output_logprob_entries());
   if (!r.seed_set) r.sampling.seed = draw_seed();
-  if (!r.grammar.empty()) {
-    try {
-      gen->grammar_.emplace(Grammar::parse(r.grammar), ctx.grammar_vocab(), ctx.grammar_mask_work);
-      gen->grammar_->prepare_mask();
-    } catch (const Error& e) {
-      throw ApiError(400, e.what(), "grammar");
-    }
-  }
 
   if (gen->req_.queue_slot && ctx.waiting && ctx.waiting->fetch_add(1) >= ctx.max_queue) {
     ctx.waiting->fetch_sub(1);
@@ -482,6 +474,22 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
                    "rate_limit_error", "queue_full");
   }
   gen->admitted_ = gen->req_.queue_slot;  // (given back by the destructor if it is never submitted)
+  if (!r.grammar.empty()) {  // (once admitted: a refused request costs no mask)
+    // The prompts of a batched request share one grammar: it is parsed and its first mask found
+    // once (this I/O thread's last grammar), each prompt taking a copy.
+    thread_local std::pair<std::string, std::optional<GrammarMatcher>> last;
+    try {
+      if (!last.second || last.first != r.grammar || last.second->vocab() != ctx.grammar_vocab()) {
+        last.second.reset();
+        GrammarMatcher m(Grammar::parse(r.grammar), ctx.grammar_vocab(), ctx.grammar_mask_work);
+        m.prepare_mask();
+        last = {r.grammar, std::move(m)};
+      }
+      gen->grammar_ = last.second;
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "grammar");
+    }
+  }
   EngineRequest& er = gen->proto_;
   if (!r.adapter.empty() && !(er.adapter = ctx.engine.find_adapter(r.adapter))) {
     throw ApiError(404, cat("The LoRA adapter '", r.adapter, "' is not loaded"), "model", "invalid_request_error",

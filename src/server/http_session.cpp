@@ -390,6 +390,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       emit(c, o.index, think(c, o.index, o.text, false), false);
     }
     void on_finish(int32_t prompt, Output&& last, const Finish& fin) {
+      const Flush flush(s_);
       if (failed_) return;
       Finish f = fin;
       if (echo_only_) {  // max_tokens 0: nothing was generated, as far as the client is concerned
@@ -875,6 +876,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!out.empty()) s_.enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
+      const Flush flush(s_);
       if (f.reason == "length" && think_) think_->cut_short();  // (gpt-oss: an open call is no call)
       const ReasoningSplit::Parts p = split(last.text, true);
       std::string out = reason(p.reasoning);
@@ -1062,6 +1064,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!out.empty()) s_.enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
+      const Flush flush(s_);
       if (f.reason == "length" && think_) think_->cut_short();  // (gpt-oss: an open call is no call)
       const ReasoningSplit::Parts p = split(last.text, true);
       std::string out = thinking(p.reasoning);
@@ -1195,7 +1198,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
     // Tool calls hold a stream's text, and its logprobs, until a call ends (a named call's, its
     // generation): such a stream's logprobs count as a held response's (kMaxLogprobEntries).
-    pr.holds_output = pr.stream && pr.tool_choice != ToolChoice::None;
+    pr.holds_output = pr.stream && pr.tool_choice != ToolChoice::None &&
+                      !(pr.tool_choice == ToolChoice::Auto && srv_.model.harmony) &&  // (its calls are messages)
+                      !(kind == Endpoint::Chat && pr.tool_choice == ToolChoice::Named);  // (chat streams its arguments)
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};

@@ -242,8 +242,8 @@ std::string anthropic_error_body(const ApiError& e) {
 
 MessagesStop messages_stop(const Finish& f, bool tool_use) {
   if (f.reason == "length") return {"max_tokens"};
-  if (!f.stop_word.empty()) return {"stop_sequence", f.stop_word};  // (a call it cut is no finished call)
-  if (tool_use) return {"tool_use"};
+  if (tool_use) return {"tool_use"};  // (a named call a stop string cut is no call: extract_tool_calls)
+  if (!f.stop_word.empty()) return {"stop_sequence", f.stop_word};
   return {"end_turn"};
 }
 

@@ -79,9 +79,11 @@ class Session : public Connection {
   }
   virtual void close_transport() = 0;  // shut the socket down both ways and close it
   // Counts `bytes` about to be queued; false when they would queue behind a backlog past
-  // kMaxOutputBacklog (one item alone may be larger: a held response's body, written at once).
+  // kMaxOutputBacklog (one item alone may be larger: a held response's body, written at once;
+  // nor does what a choice's end sends count, under a Flush: held text and logprobs, which the
+  // request's admission bounded, all at once, not a client falling behind).
   bool backlog_allows(size_t bytes) {
-    if (!writing_) return true;
+    if (!writing_ || flushing_) return true;
     backlog_ += bytes;
     return outq_.empty() || backlog_ <= kMaxOutputBacklog;
   }
@@ -93,6 +95,14 @@ class Session : public Connection {
   std::deque<Out> outq_;
   std::string wbuf_;
   size_t backlog_ = 0;  // bytes queued behind the write in progress (write_next takes them off)
+  bool flushing_ = false;
+  struct Flush {  // while a sink sends a choice's end
+    explicit Flush(Session& s) : s_(s) { s_.flushing_ = true; }
+    ~Flush() { s_.flushing_ = false; }
+    Flush(const Flush&) = delete;
+    Flush& operator=(const Flush&) = delete;
+    Session& s_;
+  };
   bool writing_ = false, closed_ = false;
 };
 

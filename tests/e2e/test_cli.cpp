@@ -156,7 +156,7 @@ TEST(Cli, OutOfRangeFlagsAreClearErrors) {
       {[&] { return serve_bench + " --duration 1e9"; }, "--duration must be in (0, 1e+06] seconds"},
       {[&] { return serve_bench + " --max-requests 1000000000000"; }, "--max-requests must be in [0, 1048576], got 1000000000000"},
       {[&] { return with_workload(R"({"classes": [{"arrival": {"type": "periodic", "rate": 1, "start_s": -1e15}, )" + cls + "}]}"); },
-       "workload: 'classes[0].arrival.start_s' must be in [0, duration_s = 60), got -1e+15"},
+       "workload: 'classes[0].arrival.start_s' must be in [0, 1e+06] seconds, got -1e+15"},
       {[&] { return with_workload(R"({"classes": [{"arrival": {"rate": 1}, "prompt_tokens": 1000000000000, "output_tokens": 1}]})"); },
        "workload: 'classes[0].prompt_tokens' must stay within 16777216 tokens"},
       {[&] { return with_workload(R"({"name": 5, "classes": [{"arrival": {"rate": 1}, )" + cls + "}]}"); },
@@ -188,7 +188,9 @@ TEST(Cli, BenchModelAbSplitsDecodeStepsBetweenArms) {
   const size_t at = r.out.find("decode A/B: B/A ");
   ASSERT_NE(at, std::string::npos) << r.out;
   const double ratio = std::strtod(r.out.c_str() + at + 16, nullptr);
-  EXPECT_TRUE(ratio > 0.1 && ratio < 10) << r.out;  // (the same code in both arms)
+  // Both arms timed (their ratio is a measurement: steps of ~10 us, one of them preempted on a busy
+  // machine gave 0.0115 once; it is not asserted).
+  EXPECT_TRUE(ratio > 0 && std::isfinite(ratio)) << r.out;
   // 5 steps in each of 2 repetitions: A B B A A, then B A A B B (5 each; 6 and 4 without the
   // inversion).
   EXPECT_NE(r.out.find("over 5 steps, B "), std::string::npos) << r.out;

@@ -126,8 +126,8 @@ TEST(Workload, WrongTypesAndUnboundedPlansAreErrorsNamingTheKey) {
   bad(R"({"classes": [{"name": ["x"], "arrival": {"rate": 1}, )" + cls + "}]}", "'classes[0].name' must be a string");
   bad(R"({"classes": [{"arrival": {"type": 1, "rate": 1}, )" + cls + "}]}", "'classes[0].arrival.type' must be a string");
   bad(R"({"classes": [{"arrival": {"type": "periodic", "rate": 1, "start_s": -1e15}, )" + cls + "}]}",
-      "'classes[0].arrival.start_s' must be in [0, duration_s");
-  bad(R"({"duration_s": 10, "classes": [{"arrival": {"rate": 1, "start_s": 10}, )" + cls + "}]}", "start_s");
+      "'classes[0].arrival.start_s' must be in [0, ");
+  bad(R"({"duration_s": 10, "classes": [{"arrival": {"rate": 1, "start_s": 1e300}, )" + cls + "}]}", "start_s");
   bad(R"({"duration_s": 1e9, "classes": [{"arrival": {"rate": 1}, )" + cls + "}]}", "'duration_s' must be in (0, ");
   bad(R"({"classes": [{"arrival": {"rate": 1}, "prompt_tokens": 1000000000000, "output_tokens": 1}]})",
       "'classes[0].prompt_tokens' must stay within 16777216 tokens");

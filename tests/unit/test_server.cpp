@@ -1163,7 +1163,6 @@ TEST(ServerMessagesApi, AnswerFormats) {
   f.stop_word = "\n\n";
   EXPECT_EQ(messages_stop(f, false).reason, "stop_sequence");
   EXPECT_EQ(messages_stop(f, false).sequence, "\n\n");
-  EXPECT_EQ(messages_stop(f, true).reason, "stop_sequence");  // a call a stop string cut is not finished
   f.reason = "length";
   EXPECT_EQ(messages_stop(f, true).reason, "max_tokens");
 
@@ -1781,8 +1780,9 @@ TEST(ServerConfig, ConnectionLimits) {
 }
 
 // Settings that refused every request are start-up errors naming them: max_queue 0 (every
-// request 429), ttft_slo_base_ms and ttft_slo_stretch both 0 (every deadline 0 ms: with
-// reject_late, every request refused); a config file that never ends is an error, not bad_alloc.
+// request 429), ttft_slo_base_ms and ttft_slo_stretch both 0 with reject_late (every default
+// deadline 0 ms: every request that gives none refused); a config file that never ends is an
+// error, not bad_alloc.
 TEST(ServerConfig, SettingsThatRefuseEveryRequestAreErrors) {
   ServeConfig c;
   try {
@@ -1794,6 +1794,8 @@ TEST(ServerConfig, SettingsThatRefuseEveryRequestAreErrors) {
   apply_config_json(json::parse(R"({"server": {"max_queue": 1}, "scheduler": {"ttft_slo_base_ms": 0}})"), c);
   EXPECT_NO_THROW(check_deadlines(c));  // stretch 2: deadlines scale with the prompt
   apply_config_json(json::parse(R"({"scheduler": {"ttft_slo_stretch": 0}})"), c);
+  EXPECT_NO_THROW(check_deadlines(c));  // without reject_late: equal deadlines, nothing refused
+  c.reject_late_factor = 2;
   try {
     check_deadlines(c);
     ADD_FAILURE() << "deadlines of 0 ms accepted";
@@ -2174,9 +2176,13 @@ TEST(ServerTools, StreamedCallsCarryTheirLogprobsAndCountAsHeld) {
   cut["stop"] = {"\""};
   const std::string cut_out = test::http_post(srv.port(), "/v1/chat/completions", cut.dump());
   EXPECT_NE(cut_out.find(R"("finish_reason":"stop")"), std::string::npos) << cut_out;
+  EXPECT_EQ(cut_out.find(R"("tool_calls")"), std::string::npos) << "arguments cut short are no call: " << cut_out;
+  // Whole (an object with no properties: the grammar's "{}" ends it), a call.
   cut.erase("stop");
+  cut["tools"][0]["function"]["parameters"] = json::parse(R"({"type": "object", "properties": {}, "additionalProperties": false})");
+  cut["max_tokens"] = 40;
   const std::string whole = test::http_post(srv.port(), "/v1/chat/completions", cut.dump());
-  EXPECT_NE(whole.find(R"("finish_reason")"), std::string::npos) << whole;
+  EXPECT_NE(whole.find(R"("finish_reason":"tool_calls")"), std::string::npos) << whole;
 }
 
 // The Responses API's streamed items keep the places they were added at: harmony's final channel

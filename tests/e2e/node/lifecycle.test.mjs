@@ -57,18 +57,19 @@ describe('serve lifecycle', { skip }, () => {
     const s = await startServer(['-m', MODEL, '--config', cfg, '--threads', '1']);
     try {
       // One request may wait (0 is refused at start-up: it refused every request); of many sent at
-      // once, some wait behind the first's prefill and are refused.
-      const prompt = 'Once upon a time there was a little girl. '.repeat(20);
-      const rs = await Promise.all(Array.from({ length: 24 }, () =>
-        postJson(s.url, '/v1/completions', { model: MODEL_ID, prompt, max_tokens: 4 })));
+      // once, some wait behind the first's prefill and are refused. Each prompt its own (a prefix
+      // cache hit would make a prefill, the time a request waits, next to nothing).
+      const prompt = (i) => `${i} ` + 'Once upon a time there was a little girl. '.repeat(30);
+      const rs = await Promise.all(Array.from({ length: 24 }, (_, i) =>
+        postJson(s.url, '/v1/completions', { model: MODEL_ID, prompt: prompt(i), max_tokens: 4 })));
       const refused = rs.filter((r) => r.status === 429);
       assert.ok(refused.length >= 1, rs.map((r) => r.status).join(','));
       for (const r of rs) assert.ok(r.status === 200 || r.status === 429, r.text);
       assert.ok(Number(refused[0].headers.get('retry-after')) >= 1);
       assert.equal(typeof refused[0].json.error.message, 'string');
       const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'x', maxRetries: 0 });
-      const cs = await Promise.allSettled(Array.from({ length: 24 }, () =>
-        client.completions.create({ model: MODEL_ID, prompt, max_tokens: 2 })));
+      const cs = await Promise.allSettled(Array.from({ length: 24 }, (_, i) =>
+        client.completions.create({ model: MODEL_ID, prompt: prompt(100 + i), max_tokens: 2 })));
       const clientRefused = cs.filter((c) => c.status === 'rejected');
       assert.ok(clientRefused.length >= 1);
       for (const c of clientRefused) assert.equal(c.reason.status, 429);
