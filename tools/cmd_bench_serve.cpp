@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/json_file.h"
 #include "loadgen/loadgen.h"
 #include "loadgen/report.h"
 #include "loadgen/server_process.h"
@@ -29,9 +30,7 @@ loadgen::Workload load_workload(const std::string& spec) {
   for (const auto& n : loadgen::builtin_workload_names()) names += (names.empty() ? "" : ", ") + n;
   std::ifstream f(spec);
   if (!f) fail("--workload '", spec, "': neither a built-in workload (", names, ") nor a readable JSON file");
-  const json j = json::parse(f, nullptr, false);
-  if (j.is_discarded()) fail("--workload '", spec, "': not valid JSON");
-  return loadgen::workload_from_json(j);
+  return loadgen::workload_from_json(parse_json_file_text(server::read_text_file(spec, "workload"), cat("--workload '", spec, "'")));
 }
 
 void write_file(const std::string& path, const std::string& text) {

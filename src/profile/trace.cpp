@@ -302,6 +302,13 @@ void set_meta(const char* key, std::string_view v) {
 }
 
 void start(const std::string& p) {
+  if (!p.empty()) {  // writable now, not found unwritable after the whole run (whose trace was then lost)
+    const std::string tmp = p + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) fail(p, ": cannot write the profile");
+    std::fclose(f);
+    std::remove(tmp.c_str());
+  }
   Registry& r = reg();
   {
     std::lock_guard<std::mutex> lk(r.mu);

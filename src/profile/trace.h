@@ -117,7 +117,8 @@ class Scope {
 };
 
 // Turns recording on; write() will go to path. Events recorded before (by an earlier session)
-// are kept unless reset() is called.
+// are kept unless reset() is called. Throws Error when path cannot be written (checked now; "":
+// recording only, for to_json()).
 void start(const std::string& path);
 // Turns recording off (buffers are kept for write()).
 void stop();

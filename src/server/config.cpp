@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace ft::server {
 
@@ -255,8 +256,7 @@ std::string read_text_file(const std::string& path, std::string_view what) {
 }
 
 void apply_config_file(const std::string& path, ServeConfig& cfg) {
-  const json doc = json::parse(read_text_file(path, "config file"), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) fail(path, ": not valid JSON");
+  const json doc = parse_json_file_text(read_text_file(path, "config file"), path);
   try {
     apply_config_json(doc, cfg);
   } catch (const Error& e) {

@@ -44,7 +44,7 @@ namespace ft::server {
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int64_t kMaxContextLength = int64_t(1) << 24;
 inline constexpr int64_t kMaxBatchTokens = int64_t(1) << 20;
-// The largest file read_text_file() reads (a config file, a chat template).
+// The largest file read_text_file() reads (a config file, a chat template, a workload).
 inline constexpr int64_t kMaxTextFileBytes = int64_t(64) << 20;
 
 struct ServeConfig {

@@ -188,6 +188,8 @@ json apply_template(const Server::Impl& srv, const RouteRequest& req) {
     return {{"prompt", render_chat(srv.gen.chat, pr)}};
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "messages");
+  } catch (const json::exception& e) {  // (the template's values: as a chat request's render)
+    throw ApiError(400, cat("chat template: ", e.what()), "messages");
   }
 }
 

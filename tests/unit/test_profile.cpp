@@ -118,6 +118,13 @@ TEST(Tracer, OffRecordsNothing) {
   EXPECT_TRUE(events_with(doc, "b").empty());
 }
 
+// A path that cannot be written is an error at start, before the run whose trace it would lose.
+TEST(Tracer, AnUnwritablePathFailsAtStart) {
+  profile::stop();
+  EXPECT_THROW(profile::start("/nonexistent-dir/trace.json"), Error);
+  EXPECT_FALSE(profile::enabled());
+}
+
 TEST(Tracer, ThreadsWriteValidNestedJson) {
   test::TempFile file("trace.json");
   profile::reset();

@@ -12,6 +12,7 @@
 #include <future>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <tuple>
 #include <map>
@@ -1811,6 +1812,28 @@ TEST(ServerConfig, SettingsThatRefuseEveryRequestAreErrors) {
     ADD_FAILURE() << "read /dev/zero";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "/dev/zero: the config file is larger than 64 MiB");
+  }
+  // A key given twice is an error naming it (nlohmann kept the last: 1000 threads, not 1).
+  const test::TempFile twice("twice.json");
+  for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"server": {"threads": 1, "threads": 1000}})", "server.threads"},
+           {R"({"adapters": [{"name": "a", "path": "x"}], "scheduler": {"max_num_seqs": 2}, "adapters": []})", "adapters"},
+           {R"({"adapters": [{"name": "a", "name": "b", "path": "x"}]})", "adapters.name"}}) {
+    std::ofstream(twice.path()) << text;
+    ServeConfig d;
+    try {
+      apply_config_file(twice.path(), d);
+      ADD_FAILURE() << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), twice.path() + ": the key '" + key + "' is given twice") << text;
+    }
+  }
+  std::ofstream(twice.path()) << R"({"server": {"threads": 1}, "scheduler": {"threads_x": [{"threads": 2}, {"threads": 3}]}})";
+  ServeConfig d;
+  try {  // (the same key in sibling objects is no repeat: the file fails only on the unknown key)
+    apply_config_file(twice.path(), d);
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("given twice"), std::string::npos) << e.what();
   }
 }
 
