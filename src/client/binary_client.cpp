@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -23,28 +24,34 @@ BinaryClient::BinaryClient(const std::string& host, int port, double timeout_s) 
   const std::string service = std::to_string(port);
   if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
     fail("cannot resolve ", host, ": ", gai_strerror(rc));
+  // timeout_s bounds connect() too: Linux's blocking connect waits at most SO_SNDTIMEO (an address
+  // that drops SYNs: ~2 min of the kernel's retries otherwise).
+  timeval tv{};
+  if (timeout_s > 0) {
+    const double t = std::min(timeout_s, 1e9);  // (NaN: none)
+    tv.tv_sec = time_t(t);
+    tv.tv_usec = suseconds_t((t - double(tv.tv_sec)) * 1e6);
+    if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;  // (0 would mean none)
+  }
   std::string why = "no address";
   for (addrinfo* a = res; a; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
+    if (timeout_s > 0) {
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
     if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
       fd_ = fd;
       break;
     }
-    why = std::strerror(errno);
+    why = errno == EINPROGRESS || errno == EAGAIN ? "timed out" : std::strerror(errno);
     ::close(fd);
   }
   freeaddrinfo(res);
   if (fd_ < 0) fail("cannot connect to ", host, ":", port, ": ", why);
   const int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // requests leave at once
-  if (timeout_s > 0) {
-    timeval tv{};
-    tv.tv_sec = time_t(timeout_s);
-    tv.tv_usec = suseconds_t((timeout_s - double(tv.tv_sec)) * 1e6);
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  }
 }
 
 BinaryClient::~BinaryClient() {

@@ -13,7 +13,7 @@ namespace ft::client {
 class BinaryClient {
  public:
   // Connects to host:port (an IP address or a name); throws ft::Error when it cannot.
-  // timeout_s bounds each blocking read and write (0 = none).
+  // timeout_s bounds connecting and each blocking read and write (0 = none).
   BinaryClient(const std::string& host, int port, double timeout_s = 60);
   ~BinaryClient();
   BinaryClient(const BinaryClient&) = delete;

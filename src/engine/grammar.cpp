@@ -485,7 +485,7 @@ GrammarVocab::GrammarVocab(std::vector<std::string> pieces, std::vector<bool> eo
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab,
                                uint64_t mask_work_limit)
-    : g_(std::move(g)), vocab_(std::move(vocab)), work_limit_(mask_work_limit) {
+    : g_(std::move(g)), vocab_(std::move(vocab)), work_limit_(mask_work_limit), credit_(mask_work_limit) {
   for (const int32_t a : g_->alts[size_t(g_->root)]) {
     Stack st;
     if (g_->elems[size_t(a)].kind != Elem::End) st.push_back(a);
@@ -536,6 +536,7 @@ bool GrammarMatcher::accept_bytes(std::string_view bytes) {
 
 bool GrammarMatcher::accept(int32_t token) {
   if (token < 0 || token >= vocab_->n_vocab()) return false;
+  credit_ += std::min(std::max<uint64_t>(1, work_limit_ / kMaskRefillTokens), work_limit_ - credit_);
   if (vocab_->eog(token)) return complete();
   const std::string& p = vocab_->piece(token);
   return !p.empty() && accept_bytes(p);
@@ -582,14 +583,18 @@ void GrammarMatcher::walk(const Stack& top, std::vector<uint64_t>& bits, std::ve
     }
     if (ok) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
     else if (dep) record(t, std::min(dead - 1, p.size() - 1));
-    if (work_ > work_limit_) check_work();
+    if (work_ > credit_) check_work();
   }
 }
 
 void GrammarMatcher::check_work() const {
-  if (work_ > work_limit_)
+  if (work_ <= credit_) return;
+  if (credit_ == work_limit_)
     throw RequestError(cat("grammar: finding the tokens allowed at this point takes more than ", work_limit_,
                            " parse steps (", stacks_.size(), " parses alive: too ambiguous a grammar)"));
+  throw RequestError(cat("grammar: finding the tokens allowed takes more than ", work_limit_ / kMaskRefillTokens,
+                         " parse steps a token on average (this point more than ", credit_, " of what is left, ",
+                         stacks_.size(), " parses alive: too ambiguous a grammar)"));
 }
 
 // The mask of a state is the union of its stacks' masks (advance() treats each stack on its own).
@@ -644,6 +649,7 @@ const std::vector<uint64_t>& GrammarMatcher::mask_for_state() {
   if (complete())
     for (int32_t t = 0; t < V; ++t)
       if (vocab_->eog(t)) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+  credit_ -= std::min(credit_, work_);
   return cache_.emplace(std::move(key), std::move(bits)).first->second;
 }
 

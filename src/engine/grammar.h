@@ -77,6 +77,12 @@ class GrammarMatcher {
   // it); 1,000 parses each inside its own `[^"]*` would take ~30x it (3.4 s a token before this
   // limit, for every request on the engine thread).
   static constexpr uint64_t kMaxMaskWork = uint64_t(1) << 24;
+  // Over many tokens the masks may take 1/kMaskRefillTokens of the limit a token on average (~12
+  // ms on Zen 5): the work is drawn from a credit of the limit at most, refilled by limit /
+  // kMaskRefillTokens for each token accepted. A grammar whose every state is new and costly would
+  // otherwise hold the engine thread ~0.2 s a token for as long as its output runs (and a batch of
+  // them that times their number each step); the nested schema above averages ~1/100 of the limit.
+  static constexpr uint64_t kMaskRefillTokens = 16;
 
   GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab,
                  uint64_t mask_work_limit = kMaxMaskWork);
@@ -89,6 +95,7 @@ class GrammarMatcher {
   // refuse a grammar whose first step is too costly before it is queued, off the engine thread.
   void prepare_mask() { mask_for_state(); }
   uint64_t mask_work() const { return work_; }  // the work of the last mask found (0: cached)
+  uint64_t mask_credit() const { return credit_; }  // the work the next masks may take (kMaskRefillTokens)
   const std::shared_ptr<const GrammarVocab>& vocab() const { return vocab_; }
   // Advances over a sampled token. Returns false (state unchanged) when the grammar rejects it.
   bool accept(int32_t token);
@@ -113,11 +120,12 @@ class GrammarMatcher {
   void walk(const Stack& top, std::vector<uint64_t>& bits, std::vector<Dep>* dep) const;
   const std::vector<uint64_t>& mask_for_state();
 
-  void check_work() const;  // throws when work_ is past the limit
+  void check_work() const;  // throws when work_ is past the credit
 
   std::shared_ptr<const Grammar> g_;
   std::shared_ptr<const GrammarVocab> vocab_;
   uint64_t work_limit_;
+  uint64_t credit_;            // the work the next masks may take (work_limit_ at most)
   mutable uint64_t work_ = 0;  // of the mask being found (advance_into counts every call)
   std::vector<Stack> stacks_;
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // state key -> allowed-token bits

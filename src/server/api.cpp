@@ -982,7 +982,8 @@ ReasoningSplit::Parts ReasoningSplit::push(std::string_view text, bool final) {
   held_.append(text);
   Parts out;
   if (state_ == State::Start) {  // "<think>" first (after whitespace), or content throughout
-    const size_t lead = std::min(held_.find_first_not_of(" \t\r\n"), held_.size());
+    lead_ = std::min(held_.find_first_not_of(" \t\r\n", lead_), held_.size());  // (whitespace seen is not rescanned)
+    const size_t lead = lead_;
     const std::string_view rest = std::string_view(held_).substr(lead);
     if (rest.starts_with(kOpen)) {
       held_.erase(0, lead + kOpen.size());

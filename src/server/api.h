@@ -253,6 +253,7 @@ class ReasoningSplit {
  private:
   enum class State { Start, Reasoning, Content } state_;
   std::string held_;
+  size_t lead_ = 0;  // Start: held_'s leading whitespace so far
   bool reasoned_ = false;
   std::optional<HarmonySplit> harmony_;
 };

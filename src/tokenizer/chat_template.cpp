@@ -4,6 +4,7 @@
 #include <array>
 #include <cctype>
 #include <ctime>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "core/json_depth.h"
@@ -239,12 +240,15 @@ std::string harmony_tools(const json& tools) {
     const json params = f.value("parameters", json::object());
     const json props = params.is_object() ? params.value("properties", json::object()) : json::object();
     if (props.is_object() && !props.empty()) {
-      const json required = params.value("required", json::array());
+      std::unordered_set<std::string> required;  // (a set: a request may list 100,000s of names)
+      if (const json r = params.value("required", json::array()); r.is_array())
+        for (const json& n : r)
+          if (n.is_string()) required.insert(n.get<std::string>());
       out += "_: {\n";
       for (const auto& [name, spec] : props.items()) {
         if (spec.is_object() && spec.contains("description") && spec["description"].is_string())
           out += "// " + spec["description"].get<std::string>() + "\n";
-        const bool req = required.is_array() && std::find(required.begin(), required.end(), json(name)) != required.end();
+        const bool req = required.contains(name);
         out += name + (req ? ": " : "?: ") + ts_type(spec);
         if (spec.is_object() && spec.contains("default"))  // (as the template writes it: an enum's as it is)
           out += ", // default: " + (spec.contains("enum") && spec["default"].is_string() ? spec["default"].get<std::string>()

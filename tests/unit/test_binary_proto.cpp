@@ -217,6 +217,36 @@ TEST(BinaryProtoCodec, VerifierRefusesMalformedBytes) {
 // response's logprobs could share one `top` vector the same way (a hostile server against the
 // client). What a frame decodes into is bounded by its own size (kMaxDecodeGrowth); honest frames
 // with every stop string and many default-valued logprob entries still decode.
+// A server that takes no connection (its accept queue full: Linux drops further SYNs) fails the
+// client's connect within its timeout, not after the kernel's ~2 minutes of retries.
+TEST(BinaryClientConnect, TimesOutOnAServerThatDoesNotAnswer) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(lfd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ASSERT_EQ(::listen(lfd, 0), 0);
+  const int port = ntohs(a.sin_port);
+  std::vector<std::unique_ptr<client::BinaryClient>> fill;  // the accept queue's places, never accepted
+  const auto t0 = std::chrono::steady_clock::now();
+  bool timed_out = false;
+  for (int i = 0; i < 8 && !timed_out; ++i) {
+    try {
+      fill.push_back(std::make_unique<client::BinaryClient>("127.0.0.1", port, 0.3));
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+      timed_out = true;
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(lfd);
+  EXPECT_TRUE(timed_out) << fill.size() << " connections to a listener that accepts none";
+  EXPECT_LT(s, 5.0);
+}
+
 TEST(BinaryProtoCodec, SharedReferencesAreBoundedByTheFrame) {
   namespace fb = flatbuffers;
   {

@@ -379,6 +379,39 @@ TEST(Grammar, MaskWorkIsBounded) {
   GrammarMatcher start(Grammar::parse(ambiguous(20, "")), vocab, work / 2);
   EXPECT_THROW(start.prepare_mask(), RequestError);
   EXPECT_THROW(start.mask(logits.data(), V), RequestError);
+
+  // Over many tokens the masks take limit / kMaskRefillTokens a token on average. 20 parses, each
+  // a run of distinct positions: every byte is a new state as costly as the first.
+  std::string runs = "root ::= b0";
+  for (int i = 1; i < 20; ++i) runs += " | b" + std::to_string(i);
+  for (int i = 0; i < 20; ++i) runs += "\nb" + std::to_string(i) + " ::= [^\"]{60} \"" + std::to_string(i) + "\"";
+  const auto rg = Grammar::parse(runs);
+  const int32_t x = 'x';  // small_vocab: token c is the byte c
+  GrammarMatcher probe(rg, vocab);
+  probe.prepare_mask();
+  const uint64_t state_work = probe.mask_work();
+  ASSERT_GT(state_work, uint64_t(V));
+  GrammarMatcher runner(rg, vocab, 2 * state_work);  // each state alone within the limit
+  int passed = 0;
+  try {
+    for (; passed < 40; ++passed) {
+      runner.mask(logits.data(), V);
+      EXPECT_GE(runner.mask_work(), state_work / 2) << "a new state at " << passed;
+      ASSERT_TRUE(runner.accept(x));
+    }
+    ADD_FAILURE() << "40 costly states in a row were never refused";
+  } catch (const RequestError& e) {
+    EXPECT_NE(std::string(e.what()).find("on average"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(passed, 2);  // the credit holds the limit: two states' work, then ~1/8 of one a token
+  EXPECT_LE(passed, 4);
+  // A grammar whose states recur (cached masks) takes nothing from the credit past its first.
+  GrammarMatcher looping(g, vocab, 2 * work);
+  for (int i = 0; i < 200; ++i) {
+    looping.mask(logits.data(), V);
+    ASSERT_TRUE(looping.accept(i == 0 ? '{' : x));
+  }
+  EXPECT_GE(looping.mask_credit(), 2 * work - work / 2);
 }
 
 // JSON whitespace is bounded (llama.cpp's rule): between two tokens, nothing, one space, or a
@@ -434,12 +467,14 @@ TEST(Grammar, MaskCostPerTokenOnLlama3Vocabulary) {
   GrammarMatcher m(Grammar::parse(json_schema_to_gbnf(schema)), vocab);
   std::vector<float> logits(size_t(tok.n_vocab()));
   double first_ms = 0, total_ms = 0, later_ms = 0, max_ms = 0;  // later: the second half (days 5-8)
-  uint64_t max_work = 0;
+  uint64_t max_work = 0, total_work = 0, min_credit = m.mask_credit();
   for (size_t i = 0; i < ids.size(); ++i) {
     std::fill(logits.begin(), logits.end(), 0.0f);
     const auto a = std::chrono::steady_clock::now();
     m.mask(logits.data(), tok.n_vocab());
     max_work = std::max(max_work, m.mask_work());
+    total_work += m.mask_work();
+    min_credit = std::min(min_credit, m.mask_credit());
     ASSERT_TRUE(std::isfinite(logits[size_t(ids[i])])) << "token " << i << " '" << pieces[size_t(ids[i])] << "' masked";
     ASSERT_TRUE(m.accept(ids[i])) << i;
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count();
@@ -456,6 +491,11 @@ TEST(Grammar, MaskCostPerTokenOnLlama3Vocabulary) {
   // (A measurement, printed, not asserted: its time depends on the machine and the build.)
   // The work is a count: a schema's costliest state stays far inside the limit.
   EXPECT_LT(max_work, GrammarMatcher::kMaxMaskWork / 8) << "the work limit would refuse ordinary schemas";
+  EXPECT_GT(min_credit, GrammarMatcher::kMaxMaskWork / 2) << "the average limit would refuse ordinary schemas";
+  std::printf("[grammar] mask work %.0f a token on average (the average allowed %llu), the credit's low %llu\n",
+              double(total_work) / double(ids.size()),
+              static_cast<unsigned long long>(GrammarMatcher::kMaxMaskWork / GrammarMatcher::kMaskRefillTokens),
+              static_cast<unsigned long long>(min_credit));
 
   // 1,000 parses each inside its own [^"]*: each walks the 128K vocabulary (3.4 s a token before
   // the limit). The first mask stops at the limit.

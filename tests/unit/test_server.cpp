@@ -1577,6 +1577,25 @@ TEST(ServerReasoning, SplitsAsTheWholeTextWouldInAnyPieces) {
       }
 }
 
+// A model that writes whitespace for long before "<think>" or anything else: each piece looks at
+// its own bytes (each rescanned the whole lead before: 8e9 byte reads for these 1.3 MB).
+TEST(ServerReasoning, LongLeadingWhitespaceIsScannedOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const std::string end : {"<think>r</think>c", "c"}) {
+    ReasoningSplit split(false);
+    std::string reasoning, content;
+    for (int i = 0; i < 80000; ++i) {
+      const auto p = split.push("\n               ", false);
+      reasoning += p.reasoning, content += p.content;
+    }
+    const auto p = split.push(end, true);
+    reasoning += p.reasoning, content += p.content;
+    EXPECT_EQ(reasoning, end == "c" ? "" : "r");
+    EXPECT_EQ(content.size(), end == "c" ? 80000u * 16 + 1 : 1u);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);  // (ms; minutes before)
+}
+
 // gpt-oss's harmony output, for every way of cutting it into pieces: analysis -> reasoning,
 // final/commentary -> content, to=functions.NAME -> a call, the markup dropped (raw: kept but for
 // the calls' messages); an output that does not start as harmony is content.
