@@ -97,6 +97,10 @@ class GrammarMatcher {
   uint64_t mask_work() const { return work_; }  // the work of the last mask found (0: cached)
   uint64_t mask_credit() const { return credit_; }  // the work the next masks may take (kMaskRefillTokens)
   const std::shared_ptr<const GrammarVocab>& vocab() const { return vocab_; }
+  // A copy shares its original's caches (the choices of one request: one thread masks them all);
+  // fork() is a matcher in the same state with caches of its own, holding the current state's
+  // mask only (for another request, or to keep on another thread).
+  GrammarMatcher fork() const;
   // Advances over a sampled token. Returns false (state unchanged) when the grammar rejects it.
   bool accept(int32_t token);
   // Advances over bytes (tests, and prefilled output); false when rejected.
@@ -128,8 +132,12 @@ class GrammarMatcher {
   uint64_t credit_;            // the work the next masks may take (work_limit_ at most)
   mutable uint64_t work_ = 0;  // of the mask being found (advance_into counts every call)
   std::vector<Stack> stacks_;
-  std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // state key -> allowed-token bits
-  std::unordered_map<std::string, TopMask> top_cache_;             // top positions -> their walk
+  std::string state_key() const;
+  struct Caches {  // each at most kMaxCachedMasks entries (16 KB each on a 128K vocabulary)
+    std::unordered_map<std::string, std::vector<uint64_t>> masks;  // state key -> allowed-token bits
+    std::unordered_map<std::string, TopMask> tops;                 // top positions -> their walk
+  };
+  std::shared_ptr<Caches> caches_ = std::make_shared<Caches>();
 };
 
 // A LogitsProcessor over a GrammarMatcher (engine_core.h): masks each row, advances on accept.

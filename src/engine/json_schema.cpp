@@ -31,18 +31,28 @@ json-array ::= "[" ws ( json-value ws ( "," ws json-value ws )* )? "]"
 )";
 
 
+// Where a schema node is, for error messages: its parent's path, then seg and key ("/items",
+// "/properties/" NAME); made into text only when an error names it (a copy of the text for each
+// child was quadratic: a 2 MB key copied for each of its 150,000 properties, 16 s).
+struct Path {
+  const Path* up = nullptr;
+  std::string_view seg;
+  std::string key;
+  std::string str() const { return (up ? up->str() : std::string()) + std::string(seg) + key; }
+};
+
 class Compiler {
  public:
   explicit Compiler(const json& root) : root_(root) {}
 
   std::string run() {
-    const std::string r = rule_for(root_, "#", 0);
+    const std::string r = rule_for(root_, Path{nullptr, "#", ""}, 0);
     return std::string(kBase) + "root ::= " + r + "\n" + rules_;
   }
 
  private:
-  [[noreturn]] static void bad(const std::string& path, const std::string& what) {
-    fail("json schema: ", path, ": ", what);
+  [[noreturn]] static void bad(const Path& path, const std::string& what) {
+    fail("json schema: ", path.str(), ": ", what);
   }
 
   std::string add_rule(const std::string& body) {
@@ -58,7 +68,7 @@ class Compiler {
   // multiply that: 2^depth compilations of the innermost node without this) gives its rule again,
   // so the work is linear in the schema's size. Its reach (levels nested below it) keeps the depth
   // limit exact on reuse.
-  std::string rule_for(const json& s, const std::string& path, int depth) {
+  std::string rule_for(const json& s, const Path& path, int depth) {
     if (depth > kMaxDepth) bad(path, "nests too deeply");
     if (auto it = done_.find(&s); it != done_.end()) {
       if (depth + it->second.reach > kMaxDepth) bad(path, "nests too deeply");
@@ -74,7 +84,7 @@ class Compiler {
     return r;
   }
 
-  std::string compile(const json& s, const std::string& path, int depth) {
+  std::string compile(const json& s, const Path& path, int depth) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) bad(path, "'false' accepts nothing");
       return "json-value";
@@ -87,7 +97,7 @@ class Compiler {
       const json* target = resolve(ref, path);
       const std::string name = "ref" + std::to_string(n_++);
       refs_.emplace(ref, name);  // before compiling: recursive schemas refer to it
-      rules_ += name + " ::= " + rule_for(*target, ref, depth + 1) + "\n";
+      rules_ += name + " ::= " + rule_for(*target, Path{nullptr, "", ref}, depth + 1) + "\n";
       return name;
     }
     std::string r = body_for(s, path, depth);
@@ -98,7 +108,7 @@ class Compiler {
     return r;
   }
 
-  const json* resolve(const std::string& ref, const std::string& path) const {
+  const json* resolve(const std::string& ref, const Path& path) const {
     if (ref == "#") return &root_;
     for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
       const std::string p(prefix);
@@ -112,17 +122,17 @@ class Compiler {
     bad(path, "'$ref' " + ref + " is not supported (only #, #/$defs/... and #/definitions/...)");
   }
 
-  std::string alternatives(const json& list, const std::string& path, const char* key, int depth) {
+  std::string alternatives(const json& list, const Path& path, const char* key, int depth) {
     if (!list.is_array() || list.empty()) bad(path, std::string("'") + key + "' must be a non-empty array");
     std::string out;
     for (size_t k = 0; k < list.size(); ++k) {
       if (k) out += " | ";
-      out += rule_for(list[k], path + "/" + key + "/" + std::to_string(k), depth + 1);
+      out += rule_for(list[k], Path{&path, "/", std::string(key) + "/" + std::to_string(k)}, depth + 1);
     }
     return add_rule(out);
   }
 
-  std::string body_for(const json& s, const std::string& path, int depth) {
+  std::string body_for(const json& s, const Path& path, int depth) {
     if (s.contains("const")) return gbnf_literal(s["const"].dump());
     if (s.contains("enum")) {
       const json& e = s["enum"];
@@ -136,7 +146,7 @@ class Compiler {
     if (s.contains("allOf")) {
       const json& a = s["allOf"];
       if (!a.is_array() || a.size() != 1) bad(path, "'allOf' is supported with one schema only");
-      return rule_for(a[0], path + "/allOf/0", depth + 1);
+      return rule_for(a[0], Path{&path, "/allOf/0", ""}, depth + 1);
     }
     if (!s.contains("type")) {
       if (s.contains("properties")) return object_rule(s, path, depth);
@@ -154,7 +164,7 @@ class Compiler {
   }
 
   // Schema s's body as a value of type t (its "type" or one entry of its list).
-  std::string typed_body(const json& s, const json& t, const std::string& path, int depth) {
+  std::string typed_body(const json& s, const json& t, const Path& path, int depth) {
     if (!t.is_string()) bad(path, "'type' must be a string or an array of strings");
     const std::string type = t.get<std::string>();
     if (type == "string") return string_rule(s, path);
@@ -167,31 +177,31 @@ class Compiler {
     bad(path, "unknown type '" + type + "'");
   }
 
-  static int64_t bound(const json& s, const char* key, int64_t dflt, const std::string& path) {
+  static int64_t bound(const json& s, const char* key, int64_t dflt, const Path& path) {
     if (!s.contains(key)) return dflt;
     if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0 || s[key].get<int64_t>() > 10000)
       bad(path, std::string("'") + key + "' must be an integer in [0, 10000]");
     return s[key].get<int64_t>();
   }
 
-  std::string string_rule(const json& s, const std::string& path) {
+  std::string string_rule(const json& s, const Path& path) {
     const int64_t lo = bound(s, "minLength", 0, path), hi = bound(s, "maxLength", -1, path);
     if (lo == 0 && hi < 0) return "json-string";
     if (hi >= 0 && hi < lo) bad(path, "'maxLength' is below 'minLength'");
     return add_rule("\"\\\"\" json-char{" + std::to_string(lo) + "," + (hi >= 0 ? std::to_string(hi) : "") + "} \"\\\"\"");
   }
 
-  std::string array_rule(const json& s, const std::string& path, int depth) {
+  std::string array_rule(const json& s, const Path& path, int depth) {
     const int64_t lo = bound(s, "minItems", 0, path), hi = bound(s, "maxItems", -1, path);
     if (hi >= 0 && hi < lo) bad(path, "'maxItems' is below 'minItems'");
     std::vector<std::string> prefix;
     if (s.contains("prefixItems")) {
       const json& p = s["prefixItems"];
       if (!p.is_array()) bad(path, "'prefixItems' must be an array");
-      for (size_t k = 0; k < p.size(); ++k) prefix.push_back(rule_for(p[k], path + "/prefixItems/" + std::to_string(k), depth + 1));
+      for (size_t k = 0; k < p.size(); ++k) prefix.push_back(rule_for(p[k], Path{&path, "/prefixItems/", std::to_string(k)}, depth + 1));
     }
     const bool items_false = s.contains("items") && s["items"] == false;
-    const std::string item = s.contains("items") && !items_false ? rule_for(s["items"], path + "/items", depth + 1) : "json-value";
+    const std::string item = s.contains("items") && !items_false ? rule_for(s["items"], Path{&path, "/items", ""}, depth + 1) : "json-value";
     if (!prefix.empty()) {  // the fixed prefix, then items (none when items is false)
       std::string out = "\"[\" ws ";
       for (size_t k = 0; k < prefix.size(); ++k) out += (k ? "\",\" ws " : "") + prefix[k] + " ws ";
@@ -206,11 +216,11 @@ class Compiler {
     return add_rule("\"[\" ws " + (lo > 0 ? body : "( " + body + " )?") + " \"]\"");
   }
 
-  std::string object_rule(const json& s, const std::string& path, int depth) {
+  std::string object_rule(const json& s, const Path& path, int depth) {
     if (!s.contains("properties") || !s["properties"].is_object() || s["properties"].empty()) {
       // No listed properties: any object, or one whose values follow additionalProperties.
       if (s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
-        const std::string v = rule_for(s["additionalProperties"], path + "/additionalProperties", depth + 1);
+        const std::string v = rule_for(s["additionalProperties"], Path{&path, "/additionalProperties", ""}, depth + 1);
         const std::string kv = "json-string ws \":\" ws " + v + " ws";
         return add_rule("\"{\" ws ( " + kv + " ( \",\" ws " + kv + " )* )? \"}\"");
       }
@@ -227,7 +237,7 @@ class Compiler {
     }
     std::vector<std::pair<std::string, bool>> kvs;  // (rule text of "key": value, required)
     for (const auto& [k, v] : s["properties"].items()) {
-      const std::string val = rule_for(v, path + "/properties/" + k, depth + 1);
+      const std::string val = rule_for(v, Path{&path, "/properties/", k}, depth + 1);
       kvs.emplace_back(gbnf_literal(json(k).dump()) + " ws \":\" ws " + val + " ws", required.count(k) > 0);
       required.erase(k);
     }

@@ -483,9 +483,9 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
         last.second.reset();
         GrammarMatcher m(Grammar::parse(r.grammar), ctx.grammar_vocab(), ctx.grammar_mask_work);
         m.prepare_mask();
-        last = {r.grammar, std::move(m)};
+        last = {r.grammar, m.fork()};  // (its first mask only: the walks it took may be 64 MB)
       }
-      gen->grammar_ = last.second;
+      gen->grammar_ = last.second->fork();  // (caches of its own: the engine thread fills them)
     } catch (const Error& e) {
       throw ApiError(400, e.what(), "grammar");
     }
