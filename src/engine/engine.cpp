@@ -529,17 +529,21 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
     fail("LoRA adapter '", name, "': adapters are off (max_active_adapters is 0)");
   const bool taken = find_adapter(name) != nullptr;
   if (!replace && taken) fail("a LoRA adapter named '", name, "' is already loaded");
-  if (!taken) {  // (a replacement does not add one; loads under way count, as they will)
-    int64_t held = 0;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      held = loads_in_flight_ - 1;
-    }
-    {
-      std::lock_guard<std::mutex> lk(adapters_mu_);
-      held += int64_t(adapters_.size());
-    }
-    if (held >= sched_cfg_.max_loaded_adapters)
+  // Loads under way count, as they will; a replacement adds one when requests hold the one it
+  // replaces (it stays until they finish: 40 in-place loads, each under a stream, held 40 copies).
+  int64_t held = 0;
+  bool adds = true;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    held = loads_in_flight_ - 1;
+  }
+  {
+    std::lock_guard<std::mutex> lk(adapters_mu_);
+    held += adapters_resident_locked();
+    if (auto it = adapters_.find(name); it != adapters_.end()) adds = it->second.use_count() > 1;
+  }
+  {
+    if (adds && held >= sched_cfg_.max_loaded_adapters)
       fail("LoRA adapter '", name, "': ", held, " adapters are loaded or loading, the most this server holds (",
            sched_cfg_.max_loaded_adapters, ", max_loaded_adapters); unload one first");
   }
@@ -594,8 +598,14 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   if (!added) {
     if (!replace) fail("a LoRA adapter named '", name, "' is already loaded");
     old = std::exchange(it->second, a);
+    if (old.use_count() > 1) replaced_.push_back(old);  // (held by requests besides `old`)
   }
   return a;
+}
+
+int64_t Engine::adapters_resident_locked() {
+  std::erase_if(replaced_, [](const std::weak_ptr<const LoraAdapter>& w) { return w.expired(); });
+  return int64_t(adapters_.size() + replaced_.size());
 }
 
 int Engine::adapter_loads_in_flight() const {
@@ -603,17 +613,25 @@ int Engine::adapter_loads_in_flight() const {
   return loads_in_flight_;
 }
 
-void Engine::unload_adapter(const std::string& name) {
+void Engine::unload_adapter(const std::string& name, std::chrono::milliseconds grace) {
   std::shared_ptr<const LoraAdapter> a;
-  {
-    std::lock_guard<std::mutex> lk(adapters_mu_);
-    auto it = adapters_.find(name);
-    if (it == adapters_.end()) throw AdapterNotFound(cat("no LoRA adapter named '", name, "' is loaded"));
-    // Requests hold their adapter until they finish; new ones take it from here, under this lock.
-    if (const long users = it->second.use_count() - 1; users > 0)
-      fail("the LoRA adapter '", name, "' is in use by ", users, " request(s); unload it when they have finished");
-    a = std::move(it->second);
-    adapters_.erase(it);
+  const auto until = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(adapters_mu_);
+      auto it = adapters_.find(name);
+      if (it == adapters_.end()) throw AdapterNotFound(cat("no LoRA adapter named '", name, "' is loaded"));
+      // Requests hold their adapter until they finish; new ones take it from here, under this lock.
+      const long users = it->second.use_count() - 1;
+      if (users == 0) {
+        a = std::move(it->second);
+        adapters_.erase(it);
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= until)
+        fail("the LoRA adapter '", name, "' is in use by ", users, " request(s); unload it when they have finished");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   // (a's packed copies go back to the backend as it is destroyed here: nothing can reach them.)
 }

@@ -2,6 +2,7 @@
 // any thread submits requests and receives their events through a callback or an EventStream.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -125,14 +126,18 @@ class Engine {
   // registers it. max_active_adapters = 0 is an error, and so is a name already loaded unless
   // `replace` (vLLM's load_inplace): then requests that hold the old adapter finish with it, and
   // later ones take the new (its own prefix-cache salt: no block computed under the old is
-  // reused). unload_adapter refuses (ft::Error saying how many) while requests hold the adapter (queued
-  // or running); unknown names are AdapterNotFound. The destructor waits for the load_adapter
+  // reused); a replaced adapter that requests still hold counts against max_loaded_adapters until
+  // they finish (each is a packed copy). unload_adapter waits up to `grace` for the requests that
+  // hold the adapter (queued or running; a request a server answered at a stop string holds it
+  // until the engine's next step), then refuses (ft::Error saying how many); unknown names are
+  // AdapterNotFound. The destructor waits for the load_adapter
   // calls under way (those counted in adapter_loads_in_flight: shutdown ends their waits, and
   // they fail, "shutting down"); a call begun while the engine is being destroyed is the
   // caller's error, as any call on a destroyed object.
   std::shared_ptr<const LoraAdapter> load_adapter(const std::string& name, const std::string& path,
                                                   bool replace = false);
-  void unload_adapter(const std::string& name);
+  static constexpr std::chrono::milliseconds kAdapterUnloadGrace{1000};
+  void unload_adapter(const std::string& name, std::chrono::milliseconds grace = kAdapterUnloadGrace);
   std::shared_ptr<const LoraAdapter> find_adapter(const std::string& name) const;  // null: none
   int adapter_loads_in_flight() const;  // load_adapter calls under way
   // Names and files of the adapters loaded, and one's file (none: not loaded). (No copies of
@@ -197,6 +202,8 @@ class Engine {
   std::condition_variable loads_cv_;           // (the destructor waits for them)
   mutable std::mutex adapters_mu_;
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;  // under adapters_mu_
+  std::vector<std::weak_ptr<const LoraAdapter>> replaced_;              // (load_inplace) still held; under adapters_mu_
+  int64_t adapters_resident_locked();  // adapters_ and the replaced_ still alive (adapters_mu_ held)
   bool stop_ = false;
   uint64_t next_id_ = 1;
   EngineMetrics snapshot_;  // refreshed by the engine thread after each step

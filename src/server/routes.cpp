@@ -92,15 +92,19 @@ void unload_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   for (const auto& [k, v] : j.items())
     if (k != "lora_name" && k != "lora_int_id") throw ApiError(400, "Unrecognized request argument supplied: " + k, k);
   const std::string name = lora_field(j, "lora_name");
-  try {
-    srv.engine.unload_adapter(name);
-  } catch (const AdapterNotFound& e) {
-    throw ApiError(404, e.what(), "lora_name", "invalid_request_error", "model_not_found");
-  } catch (const Error& e) {
-    throw ApiError(400, e.what(), "lora_name");
-  }
-  spdlog::info("unloaded LoRA adapter '{}'", name);
-  out.send_response(200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' removed successfully."));
+  // (Off the I/O threads: the unload waits a moment for requests that still hold the adapter,
+  // Engine::kAdapterUnloadGrace.)
+  out.answer_later([&srv, name] {
+    try {
+      srv.engine.unload_adapter(name);
+    } catch (const AdapterNotFound& e) {
+      throw ApiError(404, e.what(), "lora_name", "invalid_request_error", "model_not_found");
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "lora_name");
+    }
+    spdlog::info("unloaded LoRA adapter '{}'", name);
+    return Responder::Answer{200, "text/plain; charset=utf-8", cat("Success: LoRA adapter '", name, "' removed successfully.")};
+  });
 }
 
 // POST /tokenize in vLLM's dialect ({"prompt"} or {"messages"} as chat takes them, rendered with
