@@ -87,7 +87,8 @@ class Engine::ModelExecutor final : public StepExecutor {
 
 // The draft model of speculative decoding (engine_core.h's Drafter): its own Forward and paged KV
 // cache (no prefix caching), a sampler per sequence with the request's temperature and filters
-// but no penalties (any q is exact, as long as verify() gets the one drafts were drawn from).
+// but no penalties, drawing each draft with the u the target verifies its position with (any
+// drafts are exact: verify() samples the target's own token and compares).
 // Per step it first catches each sequence up with its tokens (after truncating what it computed
 // that the sequence no longer holds: rejected drafts), over all sequences at most the prompt
 // tokens it can compute in the step's own predicted time (its measured cost per catch-up token;
@@ -110,7 +111,7 @@ class Engine::DraftModelRunner final : public Drafter {
 
   void propose(std::span<Job> jobs, double catch_up_ms, SpecTimes& times) override {
     const HParams& hp = model_.hparams();
-    const size_t V = size_t(hp.n_vocab), NT = size_t(hp.n_tokens);
+    const size_t V = size_t(hp.n_vocab);
     std::vector<Job*> active;  // jobs with a logits row this round
     int64_t prompt_tokens = 0;  // catch-up with a prompt (or after preemption) in round 0
     // Before a measurement: kMinCatchUp x 4.
@@ -125,7 +126,8 @@ class Engine::DraftModelRunner final : public Drafter {
         SamplingParams sp = *j.sampling;
         sp.repetition_penalty = 1;
         sp.presence_penalty = sp.frequency_penalty = 0;
-        sp.seed ^= 0x9E3779B97F4A7C15ull;  // its own stream, not a copy of the target's
+        // The target's seed: draft i is drawn with the u the target's sampler verifies it with
+        // (Sampler::seek), so where the two distributions agree so do their tokens.
         st.sampler = std::make_unique<Sampler>(sp, hp.n_tokens);
       }
       // Keep what still matches the sequence's tokens.
@@ -175,8 +177,8 @@ class Engine::DraftModelRunner final : public Drafter {
       for (size_t a = 0; a < active.size(); ++a) {
         Job& j = *active[a];
         State& st = seqs_.at(j.seq);
-        j.q->resize((j.draft->size() + 1) * NT);
-        const int32_t tok = st.sampler->sample(logits_.data() + a * V, j.q->data() + j.draft->size() * NT);
+        st.sampler->seek(j.position + j.draft->size());
+        const int32_t tok = st.sampler->sample(logits_.data() + a * V);
         j.draft->push_back(tok);
         if (int32_t(j.draft->size()) < j.k) {
           batch_.add(tok, int32_t(st.fed.size()), j.seq, true);

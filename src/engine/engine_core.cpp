@@ -566,7 +566,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     const int32_t g = i < plan.decode_draft.size() ? plan.decode_draft[i] : 0;
     if (spec_.method == SpecMethod::Draft && g > 0) {
       const int64_t remaining = std::min(r.max_tokens - r.n_generated, n_ctx_ - int64_t(r.tokens.size()) + 1);
-      jobs.push_back({r.seq, r.tokens, g, remaining, &r.sampler->params(), &r.draft, &r.draft_q});
+      jobs.push_back({r.seq, r.tokens, g, remaining, &r.sampler->params(), &r.draft, r.sampler->position()});
     } else if (int32_t(r.draft.size()) > g) {
       r.draft.resize(size_t(g));
     }
@@ -852,8 +852,7 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
           bool ok = false;
           int32_t tok;
           if (i < n_draft) {
-            const float* q = r.draft_q.empty() ? nullptr : r.draft_q.data() + size_t(i) * NT;
-            tok = r.sampler->verify(row_logits, r.draft[size_t(i)], q, ok);
+            tok = r.sampler->verify(row_logits, r.draft[size_t(i)], ok);
           } else {
             tok = r.sampler->sample(row_logits);
           }
@@ -920,7 +919,6 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
   for (const RowGroup& g : groups)
     if (g.r && g.n > 1) {
       g.r->draft.clear();
-      g.r->draft_q.clear();
       kv_.publish(g.r->seq, g.r->tokens, g.r->n_computed);
     }
   for (auto& [id, why] : done) finish(reqs_.at(id), why);

@@ -218,7 +218,7 @@ class Drafter {
     int64_t remaining = 0;            // tokens the sequence may still emit (max_tokens, context)
     const SamplingParams* sampling = nullptr;
     std::vector<int32_t>* draft = nullptr;  // out: up to k tokens
-    std::vector<float>* q = nullptr;        // out: their distributions, n_tokens floats each
+    uint64_t position = 0;                  // the request sampler's position() at the first draft
   };
   virtual ~Drafter() = default;
   // Proposes drafts for every job in one batched pass per draft position. A job may get fewer
@@ -336,7 +336,6 @@ class EngineCore {
     bool forked = false;  // a fork of another request (not an arrival of its own)
     bool follow_up = false;  // arrived within cfg.follow_up_ms of the engine going idle
     std::vector<int32_t> draft;  // this step's draft tokens (after its pending token)
-    std::vector<float> draft_q;  // the draft model's distributions of them (n_tokens each)
     int32_t steps_without_draft = 0;  // auto k: a request whose drafts did not pay probes again
     EventCallback cb;
     RequestTimings t;

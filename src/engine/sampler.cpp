@@ -114,7 +114,7 @@ void validate(const SamplingParams& p) {
 }
 
 Sampler::Sampler(const SamplingParams& p, int n_vocab)
-    : params_(p), n_vocab_(n_vocab), rng_(p.seed), temperature_(p.temperature), mu_(2.0f * p.mirostat_tau) {
+    : params_(p), n_vocab_(n_vocab), temperature_(p.temperature), mu_(2.0f * p.mirostat_tau) {
   validate(p);
   if (n_vocab <= 0) fail("sampler: n_vocab must be > 0, got ", n_vocab);
   const size_t n = size_t(n_vocab);
@@ -423,11 +423,24 @@ double Sampler::sum_of_probs(size_t n) const {
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
+namespace {
+uint64_t mix64(uint64_t z) {  // splitmix64's finalizer: a bijection, every input bit in every output bit
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
 
-size_t Sampler::draw(size_t n, double sum) {
-  // u in [0,1) from the top 53 bits, then the first candidate whose cumulative mass exceeds u * sum.
-  const double target = uniform() * sum;
+double Sampler::uniform_at(uint64_t seed, uint64_t position) {
+  // The seed hashed first, so (seed + 1, i) and (seed, i + 1) (n choices are seeded seed + i)
+  // share nothing.
+  const uint64_t h = mix64(mix64(seed + 0x9E3779B97F4A7C15ull) ^ (position * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull));
+  return double(h >> 11) * 0x1.0p-53;
+}
+
+size_t Sampler::draw(size_t n, double sum, double u) {
+  // The first candidate whose cumulative mass exceeds u * sum.
+  const double target = u * sum;
   double cum = 0.0;
   for (size_t i = 0; i < n; ++i) {
     cum += prob_[i];
@@ -442,49 +455,27 @@ void Sampler::write_probs(size_t n, double sum, float* probs) const {
 }
 
 int32_t Sampler::sample(const float* logits, float* probs) {
+  const uint64_t position = position_++;  // (greedy too: the position is the token's index)
   double sum = 0;
   const size_t n = distribution(logits, sum);
   if (probs) write_probs(n, sum, probs);
-  // 7. Draw (greedy: the argmax, no randomness consumed).
+  // 7. Draw (greedy: the argmax, no randomness).
   if (params_.temperature <= 0.0f) return cand_[0];
-  const size_t i = draw(n, sum);
+  const size_t i = draw(n, sum, uniform_at(params_.seed, position));
   if (params_.mirostat != 0)
     mu_ -= params_.mirostat_eta * (float(-std::log2(double(prob_[i]) / sum)) - params_.mirostat_tau);
   return cand_[i];
 }
 
-int32_t Sampler::verify(const float* logits, int32_t draft, const float* q, bool& accepted) {
+int32_t Sampler::verify(const float* logits, int32_t draft, bool& accepted) {
   check_token(draft);
-  double sum = 0;
-  size_t n = distribution(logits, sum);
-  if (params_.temperature <= 0.0f) {  // greedy: the draft stands iff it is the argmax
-    accepted = cand_[0] == draft;
-    return cand_[0];
-  }
-  // p(draft) under the target's distribution (0 when filtered out), q(draft) under the drafter's.
-  double p_draft = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (cand_[i] == draft) p_draft = double(prob_[i]) / sum;
-  const double q_draft = q ? double(q[draft]) : 1.0;
-  // Accept with probability min(1, p/q): u < p/q  <=>  u q < p.
-  if (uniform() * q_draft < p_draft) {
-    accepted = true;
-    return draft;
-  }
-  accepted = false;
-  // Rejected: draw from the residual max(0, p - q), normalised (p and q both normalised here).
-  double rsum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double pi = double(prob_[i]) / sum;
-    const double qi = q ? double(q[cand_[i]]) : (cand_[i] == draft ? 1.0 : 0.0);
-    prob_[i] = float(std::max(0.0, pi - qi));
-    rsum += prob_[i];
-  }
-  if (!(rsum > 0)) {  // p <= q everywhere yet rejected: only by rounding; p itself is then exact
-    n = distribution(logits, sum);
-    return cand_[draw(n, sum)];
-  }
-  return cand_[draw(n, rsum)];
+  // Sample the target's token at this position, then compare: exact (the token is the one
+  // sample() draws here) and deterministic per position. Rejection sampling with the drafter's
+  // probabilities (min(1, p/q)) would also follow p, but with a u of its own: which token a
+  // position gets would then depend on whether it was drafted.
+  const int32_t tok = sample(logits);
+  accepted = tok == draft;
+  return tok;
 }
 
 }  // namespace ft

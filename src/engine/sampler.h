@@ -9,9 +9,12 @@
 //   2. temperature <= 0: greedy argmax (ties -> lowest id), no randomness consumed;
 //   3. top_k; 4. softmax at the temperature; 5. top_p (smallest prefix of the probability-sorted
 //      candidates whose mass reaches top_p); 6. min_p (keep p >= min_p * p_max);
-//   7. one draw from the kept candidates with a std::mt19937_64 seeded from `seed`. The draw
-//      u in [0,1) is built from the top 53 bits of one 64-bit output, and all orderings break
-//      ties by token id, so the same seed + logits give the same tokens on every standard library.
+//   7. one draw from the kept candidates with u in [0,1): the top 53 bits of a hash of (`seed`,
+//      the position: how many tokens this sampler has drawn before, sample() and verify() alike).
+//      u is a function of the seed and the position alone, not of a running stream, so a
+//      request's i-th token gets the same u however its tokens were batched or how many drafts
+//      were verified at a time; all orderings break ties by token id, so the same seed + logits
+//      give the same tokens on every machine.
 #pragma once
 #include <cstdint>
 #include <random>
@@ -74,14 +77,21 @@ class Sampler {
   // receives the normalised distribution the token was drawn from (greedy: one-hot on it), what
   // a draft model's proposal must carry to verify().
   int32_t sample(const float* logits, float* probs = nullptr);
-  // Speculative decoding's verification of a drafted token (Leviathan et al. 2023, Chen et al.
-  // 2023): the target's distribution p at this row (the pipeline above) and the drafter's q
-  // (n_vocab probabilities, as sample()'s probs wrote them; null = a point mass on draft, as
-  // n-gram drafts are). Accepts draft with probability min(1, p(draft)/q(draft)); on rejection
-  // draws from max(0, p - q) normalised, so the token returned follows p exactly, whatever q.
-  // Greedy: accepted iff draft is the argmax, which is returned either way (no randomness).
-  // Does not record the token: call accept().
-  int32_t verify(const float* logits, int32_t draft, const float* q, bool& accepted);
+  // Speculative decoding's verification of a drafted token: samples this position's token as
+  // sample() would (the same u, so the very token a run without speculation draws) and accepts
+  // draft iff it is that token. The output is the non-speculative output itself, token for token,
+  // whatever drafted (n-gram or a draft model) and however many drafts a step verifies; a draft
+  // is accepted with probability p(draft) given the drafter's choice (a draft model drawing with
+  // the same u, seek(), agrees with the target where their distributions do). Greedy: accepted
+  // iff draft is the argmax, which is returned either way. Does not record the token: call accept().
+  int32_t verify(const float* logits, int32_t draft, bool& accepted);
+  // The position of the next draw (draws so far, sample() and verify() alike), and moving it: a
+  // draft model's sampler, which does not accept() its drafts, draws draft i of a request at the
+  // position the target's sampler will verify it at.
+  uint64_t position() const { return position_; }
+  void seek(uint64_t position) { position_ = position; }
+  // The u of draw `position` for `seed`: [0, 1), the top 53 bits of a 64-bit hash.
+  static double uniform_at(uint64_t seed, uint64_t position);
   // Records a generated token (repetition history and presence/frequency counts).
   void accept(int32_t token);
   // Whether sample() carries state from one token to the next beyond accept()'s (mirostat's
@@ -107,13 +117,12 @@ class Sampler {
   size_t mirostat(const float* logits, size_t n, double& sum, float max_logit, bool sorted);
   // The best k candidates by logit, in order, with their probabilities (k <= n).
   void sort_prefix(const float* logits, size_t k, size_t n, float max_logit);
-  double uniform();                      // [0, 1) from the top 53 bits of one draw
-  size_t draw(size_t n, double sum);     // step 7 over cand_/prob_: the index drawn
+  size_t draw(size_t n, double sum, double u);  // step 7 over cand_/prob_: the index drawn
   void write_probs(size_t n, double sum, float* probs) const;
 
   SamplingParams params_;
   int n_vocab_;
-  std::mt19937_64 rng_;
+  uint64_t position_ = 0;           // draws so far: the next draw's u is uniform_at(seed, position_)
   std::vector<int32_t> history_;    // prompt + generated, for the repetition penalty
   std::vector<int32_t> counts_;     // per token: times generated
   std::vector<int32_t> generated_;  // distinct generated tokens, in first-seen order

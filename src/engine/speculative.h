@@ -2,16 +2,19 @@
 // target model scores all of them in one forward pass (the request's pending token and its k
 // drafts are k+1 batch entries, each with a logits row, beside the other requests' decodes and
 // prefill chunks), and Sampler::verify keeps the longest prefix the target agrees with plus one
-// token of its own: the output follows the target's distribution exactly (greedy: the very same
-// tokens), and every accepted draft is a token that cost no decode step of its own.
+// token of its own: it samples each position's token with that position's random number (a
+// function of the seed and the position, Sampler::uniform_at) and accepts the draft iff it is
+// that token, so the output is the very tokens of a run without speculation (sampled or greedy,
+// however many drafts a step verifies), and every accepted draft cost no decode step of its own.
 //
 // Drafters:
 //  - ngram (prompt lookup, no model): the longest suffix of the request's tokens (prompt and
 //    output so far), n from ngram_max down to ngram_min, that occurred before; the tokens that
-//    followed its most recent earlier occurrence are the draft (a point mass: q = 1 on each).
+//    followed its most recent earlier occurrence are the draft.
 //  - draft: a small model sharing the target's vocabulary (engine.h's DraftModelRunner) with its
-//    own paged KV cache, sampling with the request's temperature and filters (no penalties); its
-//    probabilities q go to verify().
+//    own paged KV cache, sampling with the request's temperature and filters (no penalties) and
+//    the request's per-position random numbers (Sampler::seek), so it agrees with the target
+//    wherever their distributions do.
 #pragma once
 #include <cstdint>
 #include <span>

@@ -88,7 +88,7 @@ std::vector<double> softmax(const std::vector<float>& l, float temp) {
 
 // Draft tokens from a point mass (n-gram) and from a draft distribution q (a draft model): over
 // many seeds, verify()'s token follows the target's p, and a wrong p is rejected by the same test
-// (it can fail).
+// (it can fail). The token is sample()'s own with the same seed, accepted or not.
 TEST(SamplerVerify, ReturnsTheTargetDistributionWhateverTheDraft) {
   const std::vector<float> logits = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -1.0f};
   const int V = int(logits.size());
@@ -110,23 +110,57 @@ TEST(SamplerVerify, ReturnsTheTargetDistributionWhateverTheDraft) {
         draft = d(draft_rng);
       }
       bool ok = false;
-      const int32_t tok = s.verify(logits.data(), draft, mode == 2 ? q.data() : nullptr, ok);
+      const int32_t tok = s.verify(logits.data(), draft, ok);
       EXPECT_EQ(ok, tok == draft);
+      Sampler plain(sp, V);
+      EXPECT_EQ(tok, plain.sample(logits.data()));
       accepted += ok;
       ++counts[size_t(tok)];
     }
     int df = 0;
     const double x = chi_square(counts, p, N, &df);
     EXPECT_LT(x, chi_square_critical(df)) << "mode " << mode;
-    // Acceptance as theory says: p(d) for a point mass; sum min(p, q) for q.
+    // Acceptance as theory says: p(d) for a point mass; sum p q for independent drafts from q.
     double want = mode == 0 ? p[3] : mode == 1 ? p[5] : 0;
     if (mode == 2)
-      for (int i = 0; i < V; ++i) want += std::min(p[size_t(i)], double(q[size_t(i)]));
+      for (int i = 0; i < V; ++i) want += p[size_t(i)] * double(q[size_t(i)]);
     EXPECT_NEAR(double(accepted) / double(N), want, 0.015) << "mode " << mode;
     // Power: the same counts against a slightly different distribution fail the test.
     const double y = chi_square(counts, softmax(logits, 1.15f), N, &df);
     EXPECT_GT(y, chi_square_critical(df)) << "mode " << mode;
   }
+}
+
+// Each position's random number is a function of (seed, position): a sampler verifying drafts
+// (accepted or not) draws the very tokens of one sampling, position by position, and a draft
+// model's sampler seek()ing to a position draws with that position's number.
+TEST(SamplerVerify, EveryPositionDrawsTheSameTokenAsSample) {
+  const int V = 50;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_p = 0.95f;
+  sp.seed = 77;
+  Sampler a(sp, V), b(sp, V), d(sp, V);
+  std::vector<float> logits(static_cast<size_t>(V));
+  int agreed = 0;
+  for (uint64_t pos = 0; pos < 200; ++pos) {
+    for (float& x : logits) x = nd(rng);
+    const int32_t want = a.sample(logits.data());
+    a.accept(want);
+    bool ok = false;
+    const int32_t draft = pos % 3 == 0 ? want : int32_t(rng() % uint64_t(V));
+    EXPECT_EQ(b.verify(logits.data(), draft, ok), want) << pos;
+    EXPECT_EQ(ok, draft == want);
+    b.accept(want);
+    d.seek(pos);
+    agreed += d.sample(logits.data()) == want;
+    EXPECT_EQ(d.position(), pos + 1);
+  }
+  EXPECT_EQ(agreed, 200);  // the same distribution and the same u: the same token
+  EXPECT_EQ(a.position(), 200u);
+  EXPECT_NE(Sampler::uniform_at(1, 0), Sampler::uniform_at(0, 1));
 }
 
 TEST(SamplerVerify, FiltersAndGreedy) {
@@ -136,9 +170,9 @@ TEST(SamplerVerify, FiltersAndGreedy) {
   g.temperature = 0;
   Sampler s(g, 6);
   bool ok = true;
-  EXPECT_EQ(s.verify(logits.data(), 0, nullptr, ok), 3);
+  EXPECT_EQ(s.verify(logits.data(), 0, ok), 3);
   EXPECT_FALSE(ok);
-  EXPECT_EQ(s.verify(logits.data(), 3, nullptr, ok), 3);
+  EXPECT_EQ(s.verify(logits.data(), 3, ok), 3);
   EXPECT_TRUE(ok);
   // top_k = 2: a draft outside the kept candidates is never accepted, and the replacement is one
   // of them, distributed as sample() would.
@@ -150,7 +184,7 @@ TEST(SamplerVerify, FiltersAndGreedy) {
   for (int64_t seed = 0; seed < N; ++seed) {
     k2.seed = uint64_t(seed) + 5;
     Sampler t(k2, 6);
-    const int32_t tok = t.verify(logits.data(), 4, nullptr, ok);
+    const int32_t tok = t.verify(logits.data(), 4, ok);
     EXPECT_FALSE(ok);
     ++counts[size_t(tok)];
   }
