@@ -638,6 +638,9 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
         bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
       r.logit_bias.emplace_back(check_token_id(id, model.n_vocab, "logit_bias"), float(v.get<double>()));
     }
+    // One value a token: of keys naming one id ("1", "01"), the last in the object's order (its
+    // keys', as text), as of a key given twice.
+    sort_logit_bias(r.logit_bias);
   }
   if (j.contains("n")) r.n = int32_t(get_int(j, "n", 1, kMaxChoices));
   // best_of (completions; OpenAI's rules): candidates ranked by mean logprob per token, >= n,
@@ -1022,23 +1025,32 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   if (!j.contains("model")) j["model"] = model.id;
   if (j.contains("n") && j["n"] != 1) bad("n", "llama.cpp's /completion makes one completion ('n' must be 1)");
   if (j.contains("seed") && j["seed"].is_number_integer() && j["seed"].get<int64_t>() == -1) j.erase("seed");  // -1: random
-  // logit_bias as [[id or text, bias | false], ...] or {"id or text": bias}: ids go to
-  // parse_request's object; a text's tokens get its bias (GenerationRequest::logit_bias_text).
-  std::vector<std::pair<std::string, float>> text_bias;
+  // logit_bias as [[id or text, bias | false], ...] or {"id or text": bias}, in the order given
+  // (an object's: its keys', as text); a text's tokens get its bias. One value a token, the last
+  // given (GenerationRequest::logit_bias_text; ids alone: logit_bias at once).
+  std::vector<GenerationRequest::BiasEntry> entries;
+  bool texts = false;
   if (j.contains("logit_bias") && (j["logit_bias"].is_array() || j["logit_bias"].is_object())) {
     const char* shape = "'logit_bias' must be [[token id or text, bias or false], ...] or an object";
-    json object = json::object();
     auto add = [&](const json& key, const json& bias) {
       if (!(bias.is_number() || bias == false)) bad("logit_bias", shape);
-      const json b = bias == false ? json(-100) : bias;
-      if (key.is_number_integer()) return void(object[std::to_string(key.get<int64_t>())] = b);
-      std::string k = key.get<std::string>();
-      int64_t id = 0;
-      if (const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id); ec == std::errc() && end == k.data() + k.size())
-        return void(object[k] = b);
-      if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100 || b.get<double>() > 100)
-        bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
-      text_bias.emplace_back(std::move(k), float(b.get<double>()));
+      const double b = bias == false ? -100.0 : bias.get<double>();
+      if (!std::isfinite(b) || b < -100 || b > 100) bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+      GenerationRequest::BiasEntry e;
+      e.bias = float(b);
+      if (key.is_number_integer()) {
+        e.id = check_token_id(key.get<int64_t>(), model.n_vocab, "logit_bias");
+      } else {
+        const std::string& k = key.get_ref<const std::string&>();
+        int64_t id = 0;
+        if (const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id); ec == std::errc() && end == k.data() + k.size()) {
+          e.id = check_token_id(id, model.n_vocab, "logit_bias");
+        } else {
+          e.text = k;
+          texts = true;
+        }
+      }
+      entries.push_back(std::move(e));
     };
     if (j["logit_bias"].is_array()) {
       for (const json& e : j["logit_bias"]) {
@@ -1048,7 +1060,7 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
     } else {
       for (const auto& [k, v] : j["logit_bias"].items()) add(json(k), v);
     }
-    j["logit_bias"] = object;
+    j.erase("logit_bias");
   }
   const bool tokens = j.contains("return_tokens") && get_bool(j, "return_tokens");
   j.erase("return_tokens");
@@ -1081,7 +1093,12 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   }
   ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model);
   r.kind = Endpoint::Native;
-  r.logit_bias_text = std::move(text_bias);
+  if (texts) {
+    r.logit_bias_text = std::move(entries);
+  } else {
+    for (const auto& e : entries) r.logit_bias.emplace_back(e.id, e.bias);
+    sort_logit_bias(r.logit_bias);
+  }
   r.echo_only = eval_only;
   r.return_token_ids = tokens;
   r.fit_max_tokens = true;

@@ -57,6 +57,10 @@ void validate(const GenerationRequest& r, int32_t n_vocab) {
     check_token_id(t, n_vocab, "logit_bias");
     if (!std::isfinite(b)) bad("logit_bias", "'logit_bias' values must be finite");
   }
+  for (const auto& e : r.logit_bias_text) {
+    if (e.id >= 0) check_token_id(e.id, n_vocab, "logit_bias");
+    if (!std::isfinite(e.bias)) bad("logit_bias", "'logit_bias' values must be finite");
+  }
   for (const int32_t t : r.stop_token_ids) check_token_id(t, n_vocab, "stop_token_ids");
   for (const int32_t t : r.allowed_token_ids) check_token_id(t, n_vocab, "allowed_token_ids");
   if (r.bad_words.size() > kMaxBadWords) bad("bad_words", cat("'bad_words' may hold at most ", kMaxBadWords, " words"));
@@ -121,7 +125,7 @@ namespace {
 // fewer than min_tokens have been generated; then allowed_token_ids and bad words.
 class RequestLogits : public LogitsProcessor {
  public:
-  RequestLogits(std::vector<std::pair<int32_t, float>> bias, int64_t min_tokens, std::vector<int32_t> stops,
+  RequestLogits(std::shared_ptr<const LogitBias> bias, int64_t min_tokens, std::vector<int32_t> stops,
                 const std::vector<int32_t>& allowed, std::shared_ptr<const BadWordIds> bad,
                 std::shared_ptr<GrammarProcessor> grammar)
       : bias_(std::move(bias)), min_tokens_(min_tokens), stops_(std::move(stops)), bad_(std::move(bad)), grammar_(std::move(grammar)) {
@@ -132,8 +136,9 @@ class RequestLogits : public LogitsProcessor {
   }
   void apply(float* logits, int32_t n_vocab, int64_t n_generated) override {
     constexpr float kNever = -std::numeric_limits<float>::infinity();
-    for (const auto& [t, b] : bias_)
-      if (t < n_vocab) logits[t] += b;
+    if (bias_)
+      for (const auto& [t, b] : *bias_)
+        if (t < n_vocab) logits[t] += b;
     if (n_generated < min_tokens_)
       for (const int32_t t : stops_)
         if (t < n_vocab) logits[t] = kNever;
@@ -153,7 +158,7 @@ class RequestLogits : public LogitsProcessor {
   }
 
  private:
-  std::vector<std::pair<int32_t, float>> bias_;
+  std::shared_ptr<const LogitBias> bias_;  // (null: none)
   int64_t min_tokens_;
   std::vector<int32_t> stops_;
   std::vector<uint8_t> allowed_;          // per token: may be sampled (empty: all may)
@@ -166,16 +171,42 @@ class RequestLogits : public LogitsProcessor {
 
 std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
                                                        std::shared_ptr<GrammarProcessor> grammar,
-                                                       std::shared_ptr<const BadWordIds> bad_words) {
+                                                       std::shared_ptr<const BadWordIds> bad_words,
+                                                       std::shared_ptr<const LogitBias> bias) {
   if (bad_words && bad_words->empty()) bad_words = nullptr;
-  if (r.logit_bias.empty() && r.min_tokens == 0 && !grammar && r.allowed_token_ids.empty() && !bad_words) return nullptr;
+  if (!bias && !r.logit_bias.empty()) bias = std::make_shared<const LogitBias>(r.logit_bias);
+  if (bias && bias->empty()) bias = nullptr;
+  if (!bias && r.min_tokens == 0 && !grammar && r.allowed_token_ids.empty() && !bad_words) return nullptr;
   std::vector<int32_t> stops;
   if (r.min_tokens > 0) {
     if (!r.ignore_eos) stops = eog_ids;
     stops.insert(stops.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
   }
-  return std::make_shared<RequestLogits>(r.logit_bias, r.min_tokens, std::move(stops), r.allowed_token_ids,
+  return std::make_shared<RequestLogits>(std::move(bias), r.min_tokens, std::move(stops), r.allowed_token_ids,
                                          std::move(bad_words), std::move(grammar));
+}
+
+void sort_logit_bias(LogitBias& bias) {
+  const auto not_increasing = [](const auto& a, const auto& b) { return a.first >= b.first; };
+  if (std::adjacent_find(bias.begin(), bias.end(), not_increasing) == bias.end()) return;  // (already)
+  std::stable_sort(bias.begin(), bias.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t out = 0;  // (the last of each run of one token)
+  for (size_t i = 0; i < bias.size(); ++i)
+    if (i + 1 == bias.size() || bias[i + 1].first != bias[i].first) bias[out++] = bias[i];
+  bias.resize(out);
+  bias.shrink_to_fit();
+}
+
+void resolve_logit_bias(GenerationRequest& r, const Tokenizer& tok) {
+  for (const GenerationRequest::BiasEntry& e : r.logit_bias_text) {
+    if (e.id >= 0) {
+      r.logit_bias.emplace_back(e.id, e.bias);
+      continue;
+    }
+    for (const int32_t id : tok.encode(e.text, false, /*parse_special=*/false)) r.logit_bias.emplace_back(id, e.bias);
+  }
+  r.logit_bias_text.clear();
+  sort_logit_bias(r.logit_bias);
 }
 
 BadWordIds bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words) {
@@ -497,8 +528,9 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   }
   gen->prompt0_ = prompt.front();  // resolve_max_tokens: not empty
   if (gen->req_.return_token_ids) gen->prompt_ids_ = std::make_shared<const std::vector<int32_t>>(prompt);
-  for (const auto& [text, bias] : gen->req_.logit_bias_text)
-    for (const int32_t id : tok.encode(text, false, /*parse_special=*/false)) gen->req_.logit_bias.emplace_back(id, bias);
+  resolve_logit_bias(gen->req_, tok);
+  if (!gen->req_.logit_bias.empty()) gen->logit_bias_ = std::make_shared<const LogitBias>(std::move(gen->req_.logit_bias));
+  gen->req_.logit_bias.clear();
   if (!gen->req_.bad_words.empty()) gen->bad_words_ = std::make_shared<const BadWordIds>(bad_word_ids(tok, gen->req_.bad_words));
   er.prompt = std::move(prompt);
   er.sampling = r.sampling;
@@ -537,7 +569,7 @@ void Generation::submit() {
       if (ev.kind == EngineEvent::Kind::Finished && ev.timings) e.timings = std::make_shared<RequestTimings>(*ev.timings);
       post([gen, e = std::move(e)] { gen->on_event(e); });
     };
-    auto processor = req_.embed ? nullptr : make_logits_processor(req_, ctx_.eog_ids, c.grammar, bad_words_);
+    auto processor = req_.embed ? nullptr : make_logits_processor(req_, ctx_.eog_ids, c.grammar, bad_words_, logit_bias_);
     if (i == 0) {
       er.logits_processor = std::move(processor);
       cb0 = std::move(cb);

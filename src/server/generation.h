@@ -36,6 +36,9 @@ namespace ft::server {
 
 class ServerMetrics;
 
+// logit_bias: (token, bias) pairs.
+using LogitBias = std::vector<std::pair<int32_t, float>>;
+
 // An error the client gets with `status` (HTTP: {"error": {"message", "type", "param", "code"}}).
 struct ApiError : std::runtime_error {
   int status;
@@ -166,10 +169,21 @@ struct GenerationRequest {
   int32_t best_of = 0;
   double ttft_slo_ms = 0;              // extension: the TTFT deadline from arrival; 0 = the server's default
   int32_t priority = 0;                // extension (vLLM's): lower is scheduled first
-  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to its logit before sampling
-  // llama.cpp's logit_bias by text: every token of the text (tokenized as it is, special tokens
-  // not parsed) gets the bias; prepare() adds them to logit_bias.
-  std::vector<std::pair<std::string, float>> logit_bias_text;
+  // (token, bias) added to its logit before sampling: sorted, one value a token (the last given:
+  // sort_logit_bias), so at most the vocabulary ("1", "01", "001" are one token, and 280,000 keys
+  // were kept, copied per choice and added per step), shared by the choices.
+  LogitBias logit_bias;
+  // llama.cpp's logit_bias with texts, its entries in the order given: a token id, or a text every
+  // token of which (tokenized as it is, special tokens not parsed) gets the bias. prepare() makes
+  // them logit_bias (resolve_logit_bias: the last given for a token wins). Empty unless a text is
+  // given (ids alone go to logit_bias at once).
+  struct BiasEntry {
+    int32_t id = -1;  // >= 0: a token id, else the text's tokens
+    std::string text;
+    float bias = 0;
+    bool operator==(const BiasEntry&) const = default;
+  };
+  std::vector<BiasEntry> logit_bias_text;
   int64_t min_tokens = 0;              // end-of-generation tokens and stop_token_ids are masked before this many
   // Both sorted, without repeats (at most the vocabulary: a 4 MB body of 2M repeats of one id was
   // scanned per token on the I/O thread and per step on the engine's, and copied per choice).
@@ -219,13 +233,21 @@ int64_t fit_logprob_entries(int64_t max_tokens, int64_t per_token, int64_t promp
 // Throws ApiError (400) when a response's logprob entries (Generation::prompt_logprob_entries and
 // output_logprob_entries, summed over its prompts) exceed kMaxLogprobEntries.
 void check_logprob_entries(int64_t prompt_entries, int64_t output_entries);
+// logit_bias as a request keeps it: sorted by token, one pair a token, the last of a token's given
+// (stable: pairs given in order).
+void sort_logit_bias(LogitBias& bias);
+// The request's logit_bias_text resolved (its texts tokenized with tok) into logit_bias, in order
+// (a later entry's bias for a token replaces an earlier one's), then sort_logit_bias.
+void resolve_logit_bias(GenerationRequest& r, const Tokenizer& tok);
 // What shapes the request's logits before sampling (logit_bias; min_tokens masking eog_ids and
 // stop_token_ids; allowed_token_ids; bad_words, as bad_word_ids tokenized them; then the
-// grammar's mask), or null when nothing does.
+// grammar's mask), or null when nothing does. bias: the request's logit_bias, shared by its
+// choices (null: a copy of r.logit_bias).
 using BadWordIds = std::vector<std::vector<int32_t>>;
 std::shared_ptr<LogitsProcessor> make_logits_processor(const GenerationRequest& r, const std::vector<int32_t>& eog_ids,
                                                        std::shared_ptr<GrammarProcessor> grammar = nullptr,
-                                                       std::shared_ptr<const BadWordIds> bad_words = nullptr);
+                                                       std::shared_ptr<const BadWordIds> bad_words = nullptr,
+                                                       std::shared_ptr<const LogitBias> bias = nullptr);
 // vLLM's bad_words as token sequences: each word as it is and, where that makes another first
 // token of the same length, after a space (so it is caught at a word's start and within text).
 BadWordIds bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words);
@@ -414,6 +436,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int32_t prompt0_ = -1;  // the prompt's first token
   std::shared_ptr<const std::vector<int32_t>> prompt_ids_;  // with return_token_ids: the prompt as run
   std::shared_ptr<const BadWordIds> bad_words_;               // bad_word_ids of the request's bad_words
+  std::shared_ptr<const LogitBias> logit_bias_;               // the request's logit_bias, one for every choice
   int64_t n_prompt_ = 0;
   int64_t max_tokens_ = 0;  // resolve_max_tokens's
   int32_t n_done_ = 0;

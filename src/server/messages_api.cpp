@@ -15,9 +15,10 @@ using json = nlohmann::json;
 namespace {
 
 // One Anthropic turn into OpenAI chat messages: an assistant turn's tool_use blocks become its
-// tool_calls, a user turn's tool_result blocks tool messages (ahead of its text, as Anthropic
-// orders them). names: tool_use id -> function name, for the tool messages that answer them.
-void translate_turn(const json& msg, const std::string& pm, std::map<std::string, std::string>& names, json& out) {
+// tool_calls, a user turn's tool_result blocks tool messages (pushed to out, ahead of its text,
+// as Anthropic orders them). Returns the turn itself (null: a user turn of tool results only).
+// names: tool_use id -> function name, for the tool messages that answer them.
+json translate_turn(const json& msg, const std::string& pm, std::map<std::string, std::string>& names, json& out) {
   if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string())
     bad(pm, "'" + pm + "' must be an object with a string 'role'");
   const std::string role = msg["role"].get<std::string>();
@@ -71,33 +72,77 @@ void translate_turn(const json& msg, const std::string& pm, std::map<std::string
                               (type == "tool_use" || type == "tool_result" ? " in a " + role + " turn" : " (this model reads text only)"));
       }
     }
-    if (role == "user" && text.empty() && results) return;  // only tool results
+    if (role == "user" && text.empty() && results) return nullptr;  // only tool results
     turn["content"] = calls.empty() || !text.empty() ? json(text) : json(nullptr);
     if (!calls.empty()) turn["tool_calls"] = calls;
     if (!reasoning.empty()) turn["reasoning_content"] = reasoning;
   } else {
     bad(pm + ".content", "'" + pm + ".content' must be a string or an array of content blocks");
   }
-  // Consecutive turns of one role are one turn (Anthropic combines them).
-  if (!out.empty() && out.back()["role"] == role) {
-    json& prev = out.back();
-    const std::string a = prev["content"].is_string() ? prev["content"].get<std::string>() : "";
-    const std::string b = turn["content"].is_string() ? turn["content"].get<std::string>() : "";
-    const std::string sep = a.empty() || b.empty() ? "" : "\n\n";
-    prev["content"] = a + sep + b;
-    if (turn.contains("tool_calls")) {
-      if (!prev.contains("tool_calls")) prev["tool_calls"] = json::array();
-      for (const json& t : turn["tool_calls"]) prev["tool_calls"].push_back(t);
-    }
-    if (turn.contains("reasoning_content")) {
-      const std::string r = prev.value("reasoning_content", std::string());
-      prev["reasoning_content"] = r + (r.empty() ? "" : "\n\n") + turn["reasoning_content"].get<std::string>();
-    }
-    if (prev.contains("tool_calls") && prev["content"] == "") prev["content"] = nullptr;
-    return;
-  }
-  out.push_back(std::move(turn));
+  return turn;
 }
+
+// Consecutive turns of one role are one turn (Anthropic combines them): their texts and reasoning
+// joined by blank lines, their calls one list. The parts are kept while turns join and each
+// joined once, when the turn is complete (joining as each came copied the text so far: 54,794
+// one-line user turns took 4.3 s).
+class TurnMerger {
+ public:
+  explicit TurnMerger(json& out) : out_(out) {}
+  // A turn from translate_turn (null: none), after any tool messages it pushed to out.
+  void add(json turn) {
+    if (open_ != kNone && open_ + 1 != out_.size()) close();  // (tool messages came between)
+    if (turn.is_null()) return;
+    const auto text = [](const json& t) { return t["content"].is_string() ? t["content"].get<std::string>() : std::string(); };
+    if (open_ != kNone && out_[open_]["role"] == turn["role"]) {
+      json& prev = out_[open_];
+      texts_.push_back(text(turn));
+      if (turn.contains("tool_calls")) {
+        if (!prev.contains("tool_calls")) prev["tool_calls"] = json::array();
+        for (json& t : turn["tool_calls"]) prev["tool_calls"].push_back(std::move(t));
+      }
+      if (turn.contains("reasoning_content")) reasoning_.push_back(turn["reasoning_content"].get<std::string>());
+      return;
+    }
+    close();
+    texts_ = {text(turn)};
+    if (turn.contains("reasoning_content")) reasoning_ = {turn["reasoning_content"].get<std::string>()};
+    out_.push_back(std::move(turn));
+    open_ = out_.size() - 1;
+  }
+  // The open turn's parts joined (before out is read).
+  void close() {
+    if (open_ == kNone) return;
+    json& t = out_[open_];
+    if (texts_.size() > 1) {
+      const std::string joined = join(texts_);
+      t["content"] = joined.empty() && t.contains("tool_calls") ? json(nullptr) : json(joined);
+    }
+    if (texts_.size() > 1 && !reasoning_.empty()) t["reasoning_content"] = join(reasoning_);
+    open_ = kNone;
+    texts_.clear();
+    reasoning_.clear();
+  }
+
+ private:
+  static constexpr size_t kNone = size_t(-1);
+  // The non-empty parts, a blank line between two.
+  static std::string join(const std::vector<std::string>& parts) {
+    size_t n = 0;
+    for (const std::string& p : parts) n += p.size() + 2;
+    std::string s;
+    s.reserve(n);
+    for (const std::string& p : parts) {
+      if (p.empty()) continue;
+      if (!s.empty()) s += "\n\n";
+      s += p;
+    }
+    return s;
+  }
+  json& out_;
+  size_t open_ = kNone;  // the index in out of the turn the next may join
+  std::vector<std::string> texts_, reasoning_;
+};
 
 // Anthropic's structured output ({"type": "json_schema", "schema"}) as OpenAI's response_format.
 json response_format_of(const json& f, const std::string& param) {
@@ -151,7 +196,9 @@ ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& mod
   const json& in = j["messages"];
   if (!in.is_array() || in.empty()) bad("messages", "'messages' must be a non-empty array");
   std::map<std::string, std::string> names;
-  for (size_t i = 0; i < in.size(); ++i) translate_turn(in[i], cat("messages[", i, "]"), names, messages);
+  TurnMerger merged(messages);
+  for (size_t i = 0; i < in.size(); ++i) merged.add(translate_turn(in[i], cat("messages[", i, "]"), names, messages));
+  merged.close();
   // A final assistant turn is a prefill: the answer continues it.
   if (const json& last = messages.back(); last["role"] == "assistant") {
     if (last.contains("tool_calls") || !last["content"].is_string() || last["content"] == "")

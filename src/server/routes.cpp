@@ -1,5 +1,6 @@
 #include "server/routes.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include <spdlog/spdlog.h>
@@ -107,10 +108,16 @@ void unload_lora(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   });
 }
 
+// /tokenize's answer with its tokens' texts (with_pieces, return_token_strs) is at most this many
+// times max_body_bytes (64 MiB by default; a real prompt's is ~8x its text): beyond, a 400. A
+// 4 MB prompt of one-byte tokens answered 103 MB, built as a JSON tree of 2.2 GB.
+constexpr uint64_t kTokenizePiecesPerBodyByte = 16;
+
 // POST /tokenize in vLLM's dialect ({"prompt"} or {"messages"} as chat takes them, rendered with
 // the chat template; "return_token_strs") and llama.cpp's ({"content"}, "add_special",
 // "with_pieces": tokens as {"id", "piece"}). Both answers' fields: tokens, count, max_model_len.
-json tokenize(const Server::Impl& srv, const RouteRequest& req) {
+// The body is written as it is built (no JSON tree), in the order nlohmann's objects have.
+std::string tokenize(const Server::Impl& srv, const RouteRequest& req) {
   json j = parse_json_object(req.body);
   const Tokenizer& tok = io_tokenizer();
   std::vector<int32_t> ids;
@@ -134,16 +141,41 @@ json tokenize(const Server::Impl& srv, const RouteRequest& req) {
       if (j.contains(k)) add_special = get_bool(j, k);
     ids = tok.encode(j[text].get<std::string>(), add_special && tok.add_bos_default(), true);
   }
-  json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", srv.info.n_ctx}};
+  const uint64_t limit = kTokenizePiecesPerBodyByte * srv.cfg.max_body_bytes;
+  const char* param = pieces ? "with_pieces" : "return_token_strs";
+  const auto too_large = [&] {
+    return ApiError(400, cat("the response would exceed ", limit, " bytes (", kTokenizePiecesPerBodyByte,
+                             " x the body limit): the prompt has ", ids.size(), " tokens; ask for them without '", param,
+                             "', or in parts"), param);
+  };
+  // (each token's least: {"id":0,"piece":""}, and "", with their commas)
+  const uint64_t least = uint64_t(ids.size()) * ((pieces ? 20 : 2) + (strs ? 3 : 0));
+  if ((pieces || strs) && least > limit) throw too_large();
+  std::string body;
+  body.reserve(size_t(std::min<uint64_t>(least + least / 2, limit) + 64));
+  const auto text = [](const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); };
+  body += cat("{\"count\":", ids.size(), ",\"max_model_len\":", srv.info.n_ctx);
   if (strs) {
-    out["token_strs"] = json::array();
-    for (int32_t id : ids) out["token_strs"].push_back(tok.token_text(id));
+    body += ",\"token_strs\":[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) body += ',';
+      body += text(tok.token_text(ids[i]));
+      if (body.size() > limit) throw too_large();
+    }
+    body += ']';
   }
-  if (pieces) {
-    out["tokens"] = json::array();
-    for (int32_t id : ids) out["tokens"].push_back({{"id", id}, {"piece", tok.token_to_piece(id)}});
+  body += ",\"tokens\":[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) body += ',';
+    if (pieces) {
+      body += "{\"id\":" + std::to_string(ids[i]) + ",\"piece\":" + text(tok.token_to_piece(ids[i])) + "}";
+      if (body.size() > limit) throw too_large();
+    } else {
+      body += std::to_string(ids[i]);
+    }
   }
-  return out;
+  body += "]}";
+  return body;
 }
 
 // POST /detokenize: {"tokens"} -> the text as "prompt" (vLLM) and "content" (llama.cpp).
@@ -224,7 +256,9 @@ const Route kRoutes[] = {
        out.send_response(200, "text/plain; version=0.0.4; charset=utf-8", srv.metrics.render(srv.engine.metrics()));
      }},
     {"/tokenize", http::verb::post,
-     [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(tokenize(srv, req)); }},
+     [](Server::Impl& srv, Responder& out, const RouteRequest& req) {
+       out.send_response(200, "application/json", tokenize(srv, req));
+     }},
     {"/detokenize", http::verb::post,
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(detokenize(srv, req)); }},
     {"/props", http::verb::get, [](Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(props(srv)); }},

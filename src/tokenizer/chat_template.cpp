@@ -4,6 +4,7 @@
 #include <array>
 #include <cctype>
 #include <ctime>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -42,10 +43,28 @@ Role parse_role(const std::string& role) {
   fail("chat template: unknown message role '", role, "' (expected system, user, assistant or tool)");
 }
 
+// {"name": N, "arguments": A}, always one line of valid JSON: N as a JSON string; A the text as
+// given where it is JSON on one line (what the model wrote, byte for byte: its prefix stays
+// cached), JSON written again compactly where it spans lines, a JSON string where it is no JSON
+// ("not json"; too deep to parse), {} where it is empty. (Pasted as they came, a name `a"b` or
+// arguments `not json` made a line no JSON parser reads.)
+std::string tool_call_line(const ToolCall& t) {
+  using ojson = nlohmann::ordered_json;
+  constexpr auto kReplace = ojson::error_handler_t::replace;
+  std::string line = "{\"name\": " + ojson(t.name).dump(-1, ' ', false, kReplace) + ", \"arguments\": ";
+  if (t.arguments.empty()) return line + "{}}";
+  const ojson args = json_depth_within(t.arguments) ? ojson::parse(t.arguments, nullptr, /*allow_exceptions=*/false)
+                                                    : ojson(ojson::value_t::discarded);
+  if (args.is_discarded()) line += ojson(t.arguments).dump(-1, ' ', false, kReplace);
+  else if (t.arguments.find_first_of("\r\n") == std::string::npos) line += t.arguments;
+  else line += args.dump(-1, ' ', false, kReplace);
+  return line + "}";
+}
+
 // The built-in formats have no tool syntax of their own: an assistant's calls follow its text as
-// one JSON object per line, {"name": N, "arguments": A} (Hermes/Llama 3.1 style; A is the JSON
-// text as given); a tool result becomes a turn of tool_role ("tool", "ipython" for Llama 3) or,
-// where the format has no such role (tool_role empty), a user turn.
+// one JSON object per line, {"name": N, "arguments": A} (Hermes/Llama 3.1 style; tool_call_line);
+// a tool result becomes a turn of tool_role ("tool", "ipython" for Llama 3) or, where the format
+// has no such role (tool_role empty), a user turn.
 std::vector<ChatMessage> builtin_messages(const std::vector<ChatMessage>& in, std::string_view tool_role) {
   std::vector<ChatMessage> out;
   out.reserve(in.size());
@@ -53,7 +72,7 @@ std::vector<ChatMessage> builtin_messages(const std::vector<ChatMessage>& in, st
     ChatMessage c{m.role == "tool" ? std::string(tool_role.empty() ? "user" : tool_role) : m.role, m.content};
     for (const auto& t : m.tool_calls) {
       if (!c.content.empty()) c.content += '\n';
-      c.content += "{\"name\": \"" + t.name + "\", \"arguments\": " + (t.arguments.empty() ? "{}" : t.arguments) + "}";
+      c.content += tool_call_line(t);
     }
     if (m.role != "tool") parse_role(m.role);  // throws on a role no format knows
     out.push_back(std::move(c));
@@ -301,7 +320,15 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const json&
     if (with_tools) out += "# Tools\n\n" + harmony_tools(tools);
     out += "<|end|>";
   }
-  std::vector<ToolCall> calls;  // the conversation's so far: what a tool result answers
+  // What a tool result answers: the latest call with its id (by a map: a scan of every earlier
+  // call per result was quadratic), else the latest call.
+  std::unordered_map<std::string_view, std::string_view> call_names;
+  const ToolCall* latest_call = nullptr;
+  // final_after[i]: a final answer (an assistant turn without calls) comes after message i (one
+  // backward pass: a scan of the rest per turn with calls took 11 s for 67,000 such turns).
+  std::vector<bool> final_after(messages.size() + 1, false);
+  for (size_t i = messages.size(); i-- > first;)
+    final_after[i] = final_after[i + 1] || (messages[i].role == "assistant" && messages[i].tool_calls.empty());
   const auto analysis = [&](const std::string& text) { out += "<|start|>assistant<|channel|>analysis<|message|>" + text + "<|end|>"; };
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
@@ -321,24 +348,24 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const json&
       // A call's reasoning (or else its text: a preamble) as analysis unless a final answer
       // follows (llama.cpp's gpt-oss handler passes the reasoning as thinking and drops the
       // content); each call addressed before its channel.
-      const bool final_follows = std::any_of(messages.begin() + long(i) + 1, messages.end(), [](const ChatMessage& n) {
-        return n.role == "assistant" && n.tool_calls.empty();
-      });
+      const bool final_follows = final_after[i + 1];
       if (!final_follows && !(m.content.empty() && m.reasoning.empty())) analysis(m.reasoning.empty() ? m.content : m.reasoning);
       for (const ToolCall& c : m.tool_calls) {
         out += "<|start|>assistant to=functions." + c.name + "<|channel|>commentary json<|message|>" +
                (c.arguments.empty() ? "{}" : c.arguments) + "<|call|>";
-        calls.push_back(c);
+        if (!c.name.empty()) call_names[c.id] = c.name;  // (a nameless call names nothing)
+        latest_call = &c;
       }
     } else if (m.role == "tool") {
-      std::string name = m.name;
-      for (auto it = calls.rbegin(); name.empty() && it != calls.rend(); ++it)
-        if (!m.tool_call_id.empty() && it->id == m.tool_call_id) name = it->name;
-      if (name.empty() && !calls.empty()) name = calls.back().name;
+      std::string_view name = m.name;
+      if (name.empty() && !m.tool_call_id.empty())
+        if (const auto it = call_names.find(m.tool_call_id); it != call_names.end()) name = it->second;
+      if (name.empty() && latest_call) name = latest_call->name;
       if (name.empty()) fail("chat template: a tool message with no earlier assistant tool call (gpt-oss names a result by its call)");
       // (its content as a JSON string, as the template's `message.content|tojson`)
-      out += "<|start|>functions." + name + " to=assistant<|channel|>commentary<|message|>" +
-             nlohmann::json(m.content).dump() + "<|end|>";
+      out += "<|start|>functions.";
+      out += name;
+      out += " to=assistant<|channel|>commentary<|message|>" + nlohmann::json(m.content).dump() + "<|end|>";
     } else {
       fail("chat template: unknown message role '", m.role, "' (expected system, developer, user, assistant or tool)");
     }
@@ -538,12 +565,16 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const
     };
     // With calls, what templates take in turn (as minja's capability probes find it): null
     // content and object arguments (transformers'), then "" content (gpt-oss's tests `in` it),
-    // then both as text (templates that concatenate them).
+    // then both as text (templates that concatenate them). A limit of the interpreter's (its work,
+    // loop iterations, output size) is not retried: each try cost as much (3 renders of up to
+    // kRenderWork each).
     const bool calls = std::any_of(messages.begin(), messages.end(), [](const auto& m) { return !m.tool_calls.empty(); });
     for (int attempt = 0;; ++attempt) {
       try {
         return jinja_->render(context(attempt < 2, attempt == 0));
       } catch (const jinja::Raised&) {
+        throw;
+      } catch (const jinja::LimitExceeded&) {
         throw;
       } catch (const Error&) {
         if (!calls || attempt == 2) throw;

@@ -28,6 +28,12 @@ constexpr int kMaxDepth = 200;                 // expression / statement / macro
 constexpr int64_t kMaxIterations = 1'000'000;  // loop iterations per render, and a list's elements
 constexpr size_t kMaxOutput = 64u << 20;       // bytes of the output, and of a string
 
+// A render past one of these limits (or kRenderWork): LimitExceeded, which no caller retries.
+template <class... Args>
+[[noreturn]] void limit(const Args&... args) {
+  throw LimitExceeded(cat(args...));
+}
+
 // The work one render may do (kRenderWork), in units: a byte of each string it builds or copies,
 // an element of each list it builds, 32 for a value it visits to compare or print (about as
 // long). Loops, nesting and the output have their own limits, but a loop may copy a 32 MB string
@@ -38,7 +44,7 @@ inline thread_local int64_t t_work_limit = 0;  // the render's
 inline void charge(uint64_t units) {
   if (t_work_left < 0) return;
   t_work_left -= int64_t(std::min<uint64_t>(units, uint64_t(t_work_limit) + 1));
-  if (t_work_left < 0) fail("jinja: the template does more than ", t_work_limit, " units of work (bytes built or copied, values visited)");
+  if (t_work_left < 0) limit("jinja: the template does more than ", t_work_limit, " units of work (bytes built or copied, values visited)");
 }
 struct Dict;
 struct Func;
@@ -81,7 +87,7 @@ struct Value : ValueFields {
   static Value integer(int64_t x) { Value v; v.t = Int; v.i = x; return v; }
   static Value flt(double x) { Value v; v.t = Float; v.f = x; return v; }
   static Value str(std::string x) {
-    if (x.size() > kMaxOutput) fail("jinja: a string of more than ", kMaxOutput, " bytes");
+    if (x.size() > kMaxOutput) limit("jinja: a string of more than ", kMaxOutput, " bytes");
     charge(x.size());
     Value v;
     v.t = Str;
@@ -89,7 +95,7 @@ struct Value : ValueFields {
     return v;
   }
   static Value list(List x = {}) {
-    if (x.size() > size_t(kMaxIterations)) fail("jinja: a list of more than ", kMaxIterations, " elements");
+    if (x.size() > size_t(kMaxIterations)) limit("jinja: a list of more than ", kMaxIterations, " elements");
     charge(x.size() + 1);
     Value v;
     v.t = Lst;
@@ -267,11 +273,11 @@ std::string str_repr(const std::string& s) {
 
 // A value's depth and size as it is walked (printed, compared): a list may hold itself.
 void walk_step(int depth, const char* what) {
-  if (depth > kMaxDepth) fail("jinja: ", what, ": the value nests more than ", kMaxDepth, " levels (does it hold itself?)");
+  if (depth > kMaxDepth) limit("jinja: ", what, ": the value nests more than ", kMaxDepth, " levels (does it hold itself?)");
   charge(32);
 }
 void check_built(const std::string& out, const char* what) {
-  if (out.size() > kMaxOutput) fail("jinja: ", what, ": more than ", kMaxOutput, " bytes");
+  if (out.size() > kMaxOutput) limit("jinja: ", what, ": more than ", kMaxOutput, " bytes");
 }
 
 // Appends v's repr to out (one buffer for the whole value: a list of lists copied each level's
@@ -1404,7 +1410,7 @@ class Interp {
   enum class Flow { Normal, Break, Continue };
   struct Guard {
     Guard(Interp& in, int line) : in_(in) {
-      if (++in_.depth_ > kMaxDepth) fail("jinja: line ", line, ": nesting too deep (limit ", kMaxDepth, ")");
+      if (++in_.depth_ > kMaxDepth) limit("jinja: line ", line, ": nesting too deep (limit ", kMaxDepth, ")");
     }
     ~Guard() { --in_.depth_; }
     Interp& in_;
@@ -1419,7 +1425,7 @@ class Interp {
   }
   void assign(const std::string& name, Value v) { (*frames_.back())[name] = std::move(v); }
   void write(const std::string& s) {
-    if (out_.size() + s.size() > kMaxOutput) fail("jinja: the output exceeds ", kMaxOutput, " bytes");
+    if (out_.size() + s.size() > kMaxOutput) limit("jinja: the output exceeds ", kMaxOutput, " bytes");
     out_ += s;
   }
   Value call_value(const Value& f, List& args, Kwargs& kw, int line);
@@ -1489,7 +1495,7 @@ Interp::Flow Interp::run(const Node& n) {
       } pop{frames_};
       const int64_t len = int64_t(items.size());
       for (int64_t k = 0; k < len; ++k) {
-        if (++iterations_ > kMaxIterations) fail("jinja: more than ", kMaxIterations, " loop iterations");
+        if (++iterations_ > kMaxIterations) limit("jinja: more than ", kMaxIterations, " loop iterations");
         const Value& it = items[size_t(k)];
         if (n.names.size() == 1) {
           assign(n.names[0], it);
@@ -1760,7 +1766,7 @@ Value Interp::eval(const Node& n) {
         const std::string& s = l.t == Value::Str ? l.s : r.s;
         const int64_t times = std::max<int64_t>(0, as_int(l.t == Value::Str ? r : l));
         if (s.empty()) return Value::str("");  // (not 2^63 appends of nothing)
-        if (uint64_t(times) > kMaxOutput / s.size()) fail("jinja: line ", n.line, ": string too long");
+        if (uint64_t(times) > kMaxOutput / s.size()) limit("jinja: line ", n.line, ": string too long");
         std::string out;
         for (int64_t k = 0; k < times; ++k) out += s;
         return Value::str(std::move(out));
@@ -1836,7 +1842,7 @@ Value Interp::eval(const Node& n) {
 
 Value Interp::call_value(const Value& f, List& args, Kwargs& kw, int line) {
   if (f.t != Value::Fn) fail("jinja: line ", line, ": '", type_name(f), "' object is not callable");
-  if (depth_ > kMaxDepth) fail("jinja: line ", line, ": calls nest too deeply");
+  if (depth_ > kMaxDepth) limit("jinja: line ", line, ": calls nest too deeply");
   return f.fn->call(args, kw);
 }
 
@@ -1997,7 +2003,7 @@ Value Interp::call_method(const Value& obj, const std::string& m, List& args, Kw
     if (m == "append") {
       const Value* x = arg(args, kw, 0, "object");
       if (!x) fail("jinja: line ", line, ": append() takes an argument");
-      if (obj.l->size() >= size_t(kMaxIterations)) fail("jinja: line ", line, ": list too long");
+      if (obj.l->size() >= size_t(kMaxIterations)) limit("jinja: line ", line, ": list too long");
       obj.l->push_back(*x);
       return Value::none();
     }
@@ -2325,7 +2331,7 @@ std::string Template::render(const nlohmann::json& context, int64_t work_limit) 
     if (a.empty() || a.size() > 3 || st == 0) fail("jinja: bad range() arguments");
     List out;
     for (int64_t k = b; st > 0 ? k < e : k > e;) {
-      if (out.size() >= size_t(kMaxIterations)) fail("jinja: range() too long");
+      if (out.size() >= size_t(kMaxIterations)) limit("jinja: range() too long");
       out.push_back(Value::integer(k));
       if (__builtin_add_overflow(k, st, &k)) break;  // (past INT64_MAX or MIN: past e too)
     }

@@ -19,7 +19,7 @@
 // statement nesting depth, macro recursion depth, loop iterations, output size, a string's
 // size, a list's length, the depth of a value printed or compared (a list may hold itself), and
 // the render's work (kRenderWork: bytes of the strings built or copied, values visited) are
-// bounded; exceeding one is an ft::Error like any other render failure.
+// bounded; exceeding one is a LimitExceeded (an ft::Error).
 #pragma once
 #include <memory>
 #include <string>
@@ -39,6 +39,13 @@ struct Raised : Error {
   using Error::Error;
 };
 
+// What a render throws past one of its limits (work, loop iterations, the output's or a string's
+// size, a list's length, nesting): another try with the same input costs as much again and ends
+// the same way (ChatTemplate::render does not retry it).
+struct LimitExceeded : Error {
+  using Error::Error;
+};
+
 // A render's work at most (Template::render): ~2-10 s of copying, far beyond a real chat
 // template's (a 2,000-message conversation accumulated into one string: ~1.5e9).
 inline constexpr int64_t kRenderWork = int64_t(1) << 32;
@@ -52,7 +59,8 @@ class Template {
   Template& operator=(Template&&) noexcept;
 
   // Renders with the variables of `context` (a JSON object; JSON numbers keep their int/float
-  // kind). Throws Raised on raise_exception(msg), ft::Error on any other render failure.
+  // kind). Throws Raised on raise_exception(msg), LimitExceeded past a limit, ft::Error on any
+  // other render failure.
   std::string render(const nlohmann::json& context, int64_t work_limit = kRenderWork) const;
 
  private:

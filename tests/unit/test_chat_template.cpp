@@ -11,6 +11,7 @@
 #include "gguf/gguf.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ft {
@@ -207,6 +208,34 @@ TEST(ChatTemplate, ToolCallsAndResultsInBuiltinFormats) {
             "<s>[INST] Weather? [/INST]{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}</s>[INST] sunny [/INST]");
 }
 
+// A call's line is one line of valid JSON whatever its name and arguments hold: the name as a JSON
+// string; arguments that are JSON on one line as they are (what the model wrote), JSON over
+// several lines written again on one, anything else as a JSON string. (Pasted as they came, a
+// name `a"b` and arguments `not json` made a line no JSON parser reads.)
+TEST(ChatTemplate, BuiltinToolCallLinesAreValidJson) {
+  const auto line = [](const std::string& name, const std::string& args) {
+    std::vector<ChatMessage> conv = {{"user", "q"}, {"assistant", ""}};
+    conv[1].tool_calls.push_back({"call_1", name, args});
+    const std::string r = render_chat(ChatFormat::ChatML, conv, false, "", "");
+    const std::string open = "<|im_start|>assistant\n";
+    const size_t at = r.find(open) + open.size();
+    return r.substr(at, r.find("<|im_end|>", at) - at);
+  };
+  const std::string bad = line("a\"b\n", "not json");
+  EXPECT_EQ(bad.find('\n'), std::string::npos) << bad;
+  const nlohmann::json j = nlohmann::json::parse(bad, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << bad;
+  EXPECT_EQ(j["name"], "a\"b\n");
+  EXPECT_EQ(j["arguments"], "not json");
+  EXPECT_EQ(line("f", R"({"b": 1, "a": [true, null]})"), R"({"name": "f", "arguments": {"b": 1, "a": [true, null]}})");
+  EXPECT_EQ(line("f", "{\n  \"b\": 1,\n  \"a\": \"x\"\n}"), R"({"name": "f", "arguments": {"b":1,"a":"x"}})");
+  EXPECT_EQ(line("f", "5"), R"({"name": "f", "arguments": 5})");
+  EXPECT_EQ(line("f", ""), R"({"name": "f", "arguments": {}})");
+  EXPECT_EQ(line("f", R"({"a": 1} x)"), R"({"name": "f", "arguments": "{\"a\": 1} x"})");
+  const std::string deep = std::string(200, '[') + std::string(200, ']');  // (past kMaxJsonDepth: a string)
+  EXPECT_EQ(nlohmann::json::parse(line("f", deep))["arguments"], deep);
+}
+
 TEST(ChatTemplate, Names) {
   for (ChatFormat f : {ChatFormat::Llama2, ChatFormat::Llama3, ChatFormat::ChatML, ChatFormat::Mistral,
                        ChatFormat::Zephyr, ChatFormat::Gemma, ChatFormat::Phi3, ChatFormat::Harmony}) {
@@ -372,6 +401,69 @@ TEST(ChatTemplate, HarmonyToolsWithManyRequiredProperties) {
   EXPECT_NE(r.find("\np0: string,\np1?: string,\n"), std::string::npos);
   EXPECT_NE(r.find("\np39998: string,\np39999?: string,\n"), std::string::npos);
   EXPECT_LT(s, 10.0);  // (~0.1 s; the scan took minutes)
+}
+
+// Long conversations of calls render in time linear in their length: whether a final answer
+// follows a turn with calls is found in one backward pass (each such turn scanned the rest: 67,000
+// of them took 11 s), and a result's call by its id in a map (each result scanned every earlier
+// call when its id matched none).
+TEST(ChatTemplate, HarmonyManyCallsAndResultsRenderInLinearTime) {
+  constexpr int N = 30000;
+  const auto seconds = [](const std::vector<ChatMessage>& conv) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string r = ChatTemplate(ChatFormat::Harmony).render(conv, nullptr, true);
+    EXPECT_GT(r.size(), conv.size() * 20);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<ChatMessage> plain(N + 1, ChatMessage{"user", "q"}), turns = {{"user", "q"}}, results = {{"user", "q"}, {"assistant", ""}};
+  for (int i = 0; i < N; ++i) {
+    turns.push_back({"assistant", ""});
+    turns.back().tool_calls.push_back({"c" + std::to_string(i), "f", "{}"});
+    results[1].tool_calls.push_back({"c" + std::to_string(i), "f", "{}"});
+  }
+  for (int i = 0; i < N; ++i) {
+    results.push_back({"tool", "r"});
+    results.back().tool_call_id = "x" + std::to_string(i);  // (no such call: the latest call's name)
+  }
+  const double base = seconds(plain), t_turns = seconds(turns), t_results = seconds(results);
+  // (~10 ms each in a release build; the scans took ~2 s)
+  EXPECT_LT(t_turns, 0.3 + 20 * base) << base;
+  EXPECT_LT(t_results, 0.3 + 20 * base) << base;
+
+  // A result names the latest call with its id (a nameless one names nothing), else the latest call.
+  std::vector<ChatMessage> conv = {{"user", "q"}, {"assistant", ""}, {"assistant", ""}, {"tool", "1"}, {"tool", "2"}, {"tool", "3"}};
+  conv[1].tool_calls = {{"a", "old_a", "{}"}, {"b", "fb", "{}"}};
+  conv[2].tool_calls = {{"a", "new_a", "{}"}, {"b", "", "{}"}, {"z", "last", "{}"}};
+  conv[3].tool_call_id = "a";
+  conv[4].tool_call_id = "b";
+  conv[5].tool_call_id = "nope";
+  const std::string r = ChatTemplate(ChatFormat::Harmony).render(conv, nullptr, true);
+  EXPECT_NE(r.find("<|start|>functions.new_a to=assistant<|channel|>commentary<|message|>\"1\""), std::string::npos) << r;
+  EXPECT_NE(r.find("<|start|>functions.fb to=assistant<|channel|>commentary<|message|>\"2\""), std::string::npos) << r;
+  EXPECT_NE(r.find("<|start|>functions.last to=assistant<|channel|>commentary<|message|>\"3\""), std::string::npos) << r;
+}
+
+// A render that fails on one of the interpreter's limits (here a string past 64 MB, before it is
+// built) is not tried again in the other shapes of calls: it would cost as much again (three
+// renders of up to kRenderWork). This template fails only where a call's content is null (the
+// first shape): the second try would have rendered it.
+TEST(ChatTemplate, InterpreterLimitsAreNotRetried) {
+  std::string warning;
+  const ChatTemplate t = ChatTemplate::from_gguf(
+      "{%- for m in messages %}{%- if m.content is none %}{{ 'x' * 100000000 }}{%- endif %}"
+      "{{ m.role }}: {{ m.content }}\n{% endfor %}",
+      "", "", warning);
+  ASSERT_EQ(t.describe(), "the model's Jinja template") << warning;
+  std::vector<ChatMessage> conv = {{"user", "q"}, {"assistant", ""}};
+  conv[1].tool_calls.push_back({"c1", "f", "{}"});
+  try {
+    const std::string r = t.render(conv, nullptr, true);
+    ADD_FAILURE() << "rendered after a limit, in another shape: " << r;
+  } catch (const jinja::LimitExceeded& e) {
+    EXPECT_NE(std::string(e.what()).find("string too long"), std::string::npos) << e.what();
+  }
+  conv[1].tool_calls.clear();
+  EXPECT_EQ(t.render(conv, nullptr, true), "user: q\nassistant: \n");
 }
 
 // Recognised from the model's own template by its channels (it has <|start|>/<|end|> turns and
