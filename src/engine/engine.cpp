@@ -599,6 +599,10 @@ std::shared_ptr<const LoraAdapter> Engine::load_adapter(const std::string& name,
   auto [it, added] = adapters_.emplace(name, a);
   if (!added) {
     if (!replace) fail("a LoRA adapter named '", name, "' is already loaded");
+    // (Checked again: a request may have taken the old one while this one was packed.)
+    if (it->second.use_count() > 1 && adapters_resident_locked() + 1 > sched_cfg_.max_loaded_adapters)
+      fail("LoRA adapter '", name, "': requests hold the adapter it replaces, and with it ", sched_cfg_.max_loaded_adapters + 1,
+           " would be loaded, more than this server holds (max_loaded_adapters); retry when they have finished");
     old = std::exchange(it->second, a);
     if (old.use_count() > 1) replaced_.push_back(old);  // (held by requests besides `old`)
   }
@@ -617,6 +621,13 @@ int Engine::adapter_loads_in_flight() const {
 
 void Engine::unload_adapter(const std::string& name, std::chrono::milliseconds grace) {
   std::shared_ptr<const LoraAdapter> a;
+  // One unload waits at a time (a server answers these on its one blocking-work thread: many
+  // unloads of a held adapter would each hold it for the grace); the others answer at once.
+  struct Waiting {
+    std::atomic<int>& n;
+    ~Waiting() { --n; }
+  } waiting{unloads_waiting_};
+  if (unloads_waiting_++ > 0) grace = std::chrono::milliseconds(0);
   const auto until = std::chrono::steady_clock::now() + grace;
   for (;;) {
     {

@@ -129,8 +129,8 @@ class Engine {
   // reused); a replaced adapter that requests still hold counts against max_loaded_adapters until
   // they finish (each is a packed copy). unload_adapter waits up to `grace` for the requests that
   // hold the adapter (queued or running; a request a server answered at a stop string holds it
-  // until the engine's next step), then refuses (ft::Error saying how many); unknown names are
-  // AdapterNotFound. The destructor waits for the load_adapter
+  // until the engine's next step; one call at a time waits, others do not), then refuses
+  // (ft::Error saying how many); unknown names are AdapterNotFound. The destructor waits for the load_adapter
   // calls under way (those counted in adapter_loads_in_flight: shutdown ends their waits, and
   // they fail, "shutting down"); a call begun while the engine is being destroyed is the
   // caller's error, as any call on a destroyed object.
@@ -204,6 +204,7 @@ class Engine {
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;  // under adapters_mu_
   std::vector<std::weak_ptr<const LoraAdapter>> replaced_;              // (load_inplace) still held; under adapters_mu_
   int64_t adapters_resident_locked();  // adapters_ and the replaced_ still alive (adapters_mu_ held)
+  std::atomic<int> unloads_waiting_{0};  // unload_adapter calls under way (one may wait its grace)
   bool stop_ = false;
   uint64_t next_id_ = 1;
   EngineMetrics snapshot_;  // refreshed by the engine thread after each step

@@ -31,6 +31,14 @@ const char* pooling_name(Pooling p) {
 }
 
 namespace {
+
+// A step's buffer that a much smaller step uses is given back past 64 MiB: one step of many
+// logits rows (prompt logprobs: up to max_batch_tokens x n_vocab floats, ~1 GB on a 152K
+// vocabulary) kept it for the rest of the process.
+void trim_buffer(std::vector<float>& v) {
+  constexpr size_t kKeptFloats = (size_t(64) << 20) / sizeof(float);
+  if (v.capacity() > kKeptFloats && v.capacity() > 4 * v.size()) v.shrink_to_fit();
+}
 constexpr size_t kStepHistory = 4096;  // step records kept for the profiler/metrics
 
 // Log-probabilities of the model's distribution (the logits after the request's LogitsProcessor,
@@ -487,7 +495,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
       s.blocks_held = KVCache::blocks_for(kv_.capacity(r.seq), cfg_.block_size);
       s.blocks_shared = kv_.shared_blocks(r.seq);
     } else if (!computes_whole_prompt(r)) {  // what admission would attach: at least the last token is computed (its logits)
-      const KVCache::PrefixHit hit = kv_.prefix_hit(r.tokens, s.n_tokens - 1, r.salt);
+      const KVCache::PrefixHit hit = kv_.prefix_hit(r.tokens, s.n_tokens - 1, r.salt, r.prefix_memo);
       s.n_computed = hit.tokens;
       s.hit_blocks = hit.blocks;
       s.hit_idle_blocks = hit.idle_blocks;
@@ -741,7 +749,11 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
   struct Spare {
     EngineCore& c;
     Flight& f;
-    ~Spare() { c.spare_flights_.push_back(std::move(f)); }
+    ~Spare() {
+      trim_buffer(f.logits);
+      trim_buffer(f.hidden);
+      c.spare_flights_.push_back(std::move(f));
+    }
   } spare{*this, f};
 
   const double tw = now_();
@@ -831,6 +843,10 @@ void EngineCore::finish_step(int64_t p_step, bool merged) {
   for (const RowGroup& g : groups)
     if (g.r && g.n == 1) n_fork_rows += g.r->forks.size();
   if (fork_logits_.size() < n_fork_rows * V) fork_logits_.resize(n_fork_rows * V);
+  else if (n_fork_rows * V < fork_logits_.size() / 4) {
+    fork_logits_.resize(n_fork_rows * V);
+    trim_buffer(fork_logits_);
+  }
   for (const RowGroup& g : groups) {
     if (!g.r) continue;
     Req& r = *g.r;

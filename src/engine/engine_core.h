@@ -332,6 +332,7 @@ class EngineCore {
     };
     std::vector<PendingFork> forks;  // EngineRequest::forks, until its first token
     uint64_t salt = 0;  // its prefix-cache key space (KVCache: prefix_salt of the adapter)
+    mutable KVCache::PrefixMemo prefix_memo;  // while waiting: its prefix hit so far (a cache)
     bool speculate = false;
     bool forked = false;  // a fork of another request (not an arrival of its own)
     bool follow_up = false;  // arrived within cfg.follow_up_ms of the engine going idle

@@ -14,7 +14,7 @@ namespace {
 
 constexpr size_t kMaxElems = 1 << 20;   // grammar size after expanding repetitions
 constexpr int kMaxRepeat = 10000;        // {m,n} bounds
-constexpr int kMaxExpandDepth = 256;     // rule references expanded without consuming a byte
+constexpr int kMaxExpandDepth = Grammar::kMaxExpandDepth;
 constexpr size_t kMaxStacks = 4096;      // stacks per matcher state
 constexpr size_t kMaxCachedMasks = 512;  // per matcher
 constexpr size_t kTopElems = 3;          // stack positions a cached walk of the vocabulary covers
@@ -481,6 +481,12 @@ GrammarVocab::GrammarVocab(std::vector<std::string> pieces, std::vector<bool> eo
     while (n < a.size() && n < b.size() && n < 0xFFFF && a[n] == b[n]) ++n;
     lcp_[i] = uint16_t(n);
   }
+  const size_t n = order_.size();
+  for (size_t d = 1; d <= kSkipDepths; ++d) {
+    std::vector<int32_t>& skip = skip_[d - 1];
+    skip.assign(n, int32_t(n));
+    for (size_t i = n; i-- > 1;) skip[i - 1] = lcp_[i] < d ? int32_t(i) : skip[i];
+  }
 }
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const GrammarVocab> vocab,
@@ -560,13 +566,12 @@ void GrammarMatcher::walk(const Stack& top, std::vector<uint64_t>& bits, std::ve
     for (size_t d = 1; d <= upto; ++d)
       if (emptied[d]) dep->push_back(Dep{t, uint32_t(d)});
   };
-  // Each token is looked at, if only to be skipped with a rejected prefix (~5 ns: a unit of work,
-  // a parse step, ~12 ns, for two): a state of 4,000 tops (choices that part at their first
-  // character) took 2.4 s in these alone, uncounted.
-  work_ += order.size() / 2;
-  if (work_ > credit_) check_work();
+  // Each token looked at counts, if only to be passed over with a rejected prefix (a state of
+  // 4,000 tops, choices that part at their first character, took 2.4 s in these alone, uncounted);
+  // a prefix rejected within its first kSkipDepths bytes is jumped over whole (GrammarVocab::skip_).
   size_t dead = std::numeric_limits<size_t>::max();  // a rejected prefix length shared so far
   for (size_t i = 0; i < order.size(); ++i) {
+    ++work_;
     const int32_t t = order[i];
     const std::string& p = vocab_->piece(t);
     const size_t l = i == 0 ? 0 : lcp[i];
@@ -588,6 +593,11 @@ void GrammarMatcher::walk(const Stack& top, std::vector<uint64_t>& bits, std::ve
     }
     if (ok) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
     else if (dep) record(t, std::min(dead - 1, p.size() - 1));
+    // The tokens that share the rejected prefix are rejected too; jump past them when none has a
+    // dependency to record (the walk left `top` nowhere before the prefix's end).
+    if (!ok && dead <= GrammarVocab::kSkipDepths &&
+        (!dep || std::none_of(emptied.begin() + 1, emptied.begin() + long(dead), [](uint8_t e) { return e != 0; })))
+      i = size_t(vocab_->skip_[dead - 1][i]) - 1;
     if (work_ > credit_) check_work();
   }
 }

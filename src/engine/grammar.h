@@ -35,6 +35,7 @@ namespace ft {
 
 class Grammar {
  public:
+  static constexpr int kMaxExpandDepth = 256;  // rule references expanded without consuming a byte
   // Parses GBNF text; throws ft::Error "grammar: line N: what" when it is malformed, refers to an
   // undefined rule, has no `root`, is left-recursive or exceeds the limits.
   static std::shared_ptr<const Grammar> parse(std::string_view gbnf);
@@ -66,6 +67,11 @@ class GrammarVocab {
   std::vector<bool> eog_;
   std::vector<int32_t> order_;  // token ids sorted by bytes (empty pieces dropped)
   std::vector<uint16_t> lcp_;   // lcp_[i]: common prefix of order_[i-1] and order_[i] (capped)
+  // skip_[d - 1][i]: the first j > i whose lcp_[j] < d, i.e. past every token that shares order_[i]'s
+  // first d bytes (d <= kSkipDepths): a walk that rejects a prefix that short jumps over its range
+  // (a literal's top rejects all but one first byte: ~256 tokens looked at, not the vocabulary).
+  static constexpr size_t kSkipDepths = 4;
+  std::vector<int32_t> skip_[kSkipDepths];
 };
 
 // One request's progress through a grammar.

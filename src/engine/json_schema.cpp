@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/grammar.h"
 
 namespace ft {
 
@@ -15,6 +16,9 @@ namespace {
 using json = nlohmann::json;
 
 constexpr int kMaxDepth = 64;
+// Optional properties in a row that an object may have (Grammar::kMaxExpandDepth less room for
+// the schema's own nesting around the object).
+constexpr size_t kMaxOptionalRun = size_t(Grammar::kMaxExpandDepth) - 56;
 
 // The rules every schema grammar shares: whitespace (bounded, as llama.cpp's: nothing, " ", or "\n"
 // and up to 20 spaces/tabs between two tokens, so output cannot loop on it), and the generic JSON values.
@@ -242,16 +246,24 @@ class Compiler {
       required.erase(k);
     }
     if (!required.empty()) bad(path, "'required' names '" + *required.begin() + "', which is not in 'properties'");
+    // Skipping optional properties expands a reference each, before a byte (below): a run of them
+    // longer than the grammar's expansion depth, less room for the levels around the object,
+    // would fail as "nesting too deeply" (left recursion?) mid-generation; say what it is here.
+    size_t run = 0, longest = 0;
+    for (const auto& kv : kvs) longest = std::max(longest, run = kv.second ? 0 : run + 1);
+    if (longest > kMaxOptionalRun)
+      bad(path, "more than " + std::to_string(kMaxOptionalRun) + " optional properties in a row (" + std::to_string(longest) +
+                    ", in key order): make some of them required");
     // The properties in order, optional ones skippable, commas only between those present:
     // first_i: nothing emitted yet from i on; rest_i: something was, so each next one needs ",".
     const size_t n = kvs.size();
     std::vector<std::string> rest(n + 1), first(n + 1);
     rest[n] = "";
     for (size_t i = n; i-- > 0;) {
+      // rest_i ::= "," kv_i rest_i+1 (| rest_i+1 when optional: one reference a skip, not a group's two)
       const std::string item = "\",\" ws " + kvs[i].first;
-      const std::string tail = rest[i + 1].empty() ? "" : " " + rest[i + 1];
-      const std::string body = kvs[i].second ? item + tail : "( " + item + " )?" + tail;
-      rest[i] = add_rule(body);
+      const std::string with = item + (rest[i + 1].empty() ? "" : " " + rest[i + 1]);
+      rest[i] = add_rule(kvs[i].second ? with : with + " | " + rest[i + 1]);
     }
     first[n] = "";
     for (size_t i = n; i-- > 0;) {

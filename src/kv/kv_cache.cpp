@@ -190,18 +190,33 @@ int32_t KVCache::find_cached(uint64_t parent, std::span<const int32_t> block_tok
 }
 
 KVCache::PrefixHit KVCache::prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt) const {
+  PrefixMemo memo;
+  return prefix_hit(tokens, max_tokens, salt, memo);
+}
+
+KVCache::PrefixHit KVCache::prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt,
+                                       PrefixMemo& m) const {
   PrefixHit hit;
   if (!cfg_.prefix_caching) return hit;
   const int64_t B = cfg_.block_size;
   const int64_t limit = std::min<int64_t>(max_tokens, int64_t(tokens.size()));
-  uint64_t parent = salt;
+  if (m.evictions != stats_.evictions || m.salt != salt || int64_t(m.blocks.size()) * B > limit) {
+    m.evictions = stats_.evictions;
+    m.salt = salt;
+    m.parent = salt;
+    m.blocks.clear();
+  }
+  for (const int32_t b : m.blocks) hit.idle_blocks += blocks_[size_t(b)].refs == 0;
+  hit.blocks = int32_t(m.blocks.size());
+  hit.tokens = int64_t(m.blocks.size()) * B;
   while (hit.tokens + B <= limit) {
     const auto blk = tokens.subspan(size_t(hit.tokens), size_t(B));
-    const int32_t b = find_cached(parent, blk);
+    const int32_t b = find_cached(m.parent, blk);
     if (b < 0) break;
+    m.blocks.push_back(b);
     ++hit.blocks;
     hit.idle_blocks += blocks_[size_t(b)].refs == 0;
-    parent = block_hash(parent, blk);
+    m.parent = block_hash(m.parent, blk);
     hit.tokens += B;
   }
   return hit;

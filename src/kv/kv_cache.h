@@ -114,6 +114,18 @@ class KVCache {
     int32_t blocks = 0, idle_blocks = 0;
   };
   PrefixHit prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt = 0) const;
+  // The same, resumed from what an earlier call for a prefix of these tokens (the same salt) found:
+  // until a block is evicted (the only way a cached block leaves the cache) its blocks are still
+  // cached, so the walk goes on after them and only their idle count is redone. (A waiting request
+  // with a 30,000-token cached prefix was hashed and compared whole every step: 150 of them took
+  // a step from 85 to 190 ms.)
+  struct PrefixMemo {
+    uint64_t evictions = ~uint64_t(0);  // the cache's evictions when found (~0: nothing found yet)
+    uint64_t salt = 0;
+    uint64_t parent = 0;          // the chain's hash after `blocks`
+    std::vector<int32_t> blocks;  // the blocks found, in order
+  };
+  PrefixHit prefix_hit(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t salt, PrefixMemo& memo) const;
   // Blocks of seq that another sequence also references (release(seq) does not free them).
   int32_t shared_blocks(int32_t seq) const;
   // For a sequence that holds no blocks yet: attaches the cached blocks of the longest cached

@@ -253,6 +253,27 @@ TEST(Grammar, JsonSchemaSubset) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("#/properties/a/items/anyOf/1: unknown type 'date'"), std::string::npos) << e.what();
   }
+  // Optional properties: 200 in a row compile and match (129 failed mid-match, "nest too deeply":
+  // a skipped one cost two references); 201 are a clear error saying what to do.
+  {
+    json props = json::object();
+    for (int k = 0; k < 201; ++k) props[cat("p", 1000 + k)] = {{"type", "integer"}};
+    json many = {{"type", "object"}, {"properties", props}};
+    try {
+      json_schema_to_gbnf(many);
+      ADD_FAILURE() << "no error for 201 optional properties";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("optional properties in a row (201"), std::string::npos) << e.what();
+    }
+    many["required"] = {"p1100"};  // two runs of 100
+    EXPECT_TRUE(schema_matches(many, R"({"p1100": 1, "p1199": 2})"));
+    many["properties"].erase("p1200");
+    many.erase("required");
+    EXPECT_TRUE(schema_matches(many, R"({"p1000": 1, "p1150": 2, "p1199": 3})"));
+    EXPECT_TRUE(schema_matches(many, R"({"p1199": 3})"));
+    EXPECT_TRUE(schema_matches(many, "{}"));
+    EXPECT_FALSE(schema_matches(many, R"({"p1150": 2, "p1000": 1})"));  // (key order)
+  }
   // The path is text only for an error: a 1 MB key over 20,000 properties was copied for each (20
   // GB of copies, seconds of an I/O thread).
   {
