@@ -21,12 +21,14 @@ constexpr int kMaxDepth = 64;
 constexpr size_t kMaxOptionalRun = size_t(Grammar::kMaxExpandDepth) - 56;
 
 // The rules every schema grammar shares: whitespace (bounded, as llama.cpp's: nothing, " ", or "\n"
-// and up to 20 spaces/tabs between two tokens, so output cannot loop on it), and the generic JSON values.
+// and up to 20 spaces/tabs between two tokens, so output cannot loop on it), and the generic JSON
+// values, numbers' digits bounded as llama.cpp's (16 a part: a model wrote "-3.1000000..." to its
+// max_tokens, which a client's parse() then refused).
 const char* const kBase = R"(ws ::= | " " | "\n" [ \t]{0,20}
 json-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 json-string ::= "\"" json-char* "\""
 json-integer ::= "-"? ("0" | [1-9] [0-9]{0,15})
-json-number ::= json-integer ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+json-number ::= json-integer ("." [0-9]{1,16})? ([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?
 json-boolean ::= "true" | "false"
 json-null ::= "null"
 json-value ::= json-object | json-array | json-string | json-number | json-boolean | json-null

@@ -253,6 +253,13 @@ TEST(Grammar, JsonSchemaSubset) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("#/properties/a/items/anyOf/1: unknown type 'date'"), std::string::npos) << e.what();
   }
+  // Numbers' parts have at most 16 digits (a number cannot run on to max_tokens).
+  const json num = {{"type", "number"}};
+  EXPECT_TRUE(schema_matches(num, "-3.1000000000000000"));   // 16 fraction digits
+  EXPECT_FALSE(schema_matches(num, "-3.10000000000000000"));  // 17
+  EXPECT_TRUE(schema_matches(num, "1e-7"));
+  EXPECT_TRUE(schema_matches(num, "2.5E+10"));
+  EXPECT_FALSE(schema_matches(num, "1e12345678901234567"));
   // Optional properties: 200 in a row compile and match (129 failed mid-match, "nest too deeply":
   // a skipped one cost two references); 201 are a clear error saying what to do.
   {
@@ -277,9 +284,10 @@ TEST(Grammar, JsonSchemaSubset) {
   // The path is text only for an error: a 1 MB key over 20,000 properties was copied for each (20
   // GB of copies, seconds of an I/O thread).
   {
-    json inner = json::object();
-    for (int k = 0; k < 20000; ++k) inner[std::to_string(k)] = json::object();
-    const json wide = {{"type", "object"}, {"properties", {{std::string(1 << 20, 'k'), {{"type", "object"}, {"properties", inner}}}}}};
+    json inner = json::object(), all = json::array();
+    for (int k = 0; k < 20000; ++k) inner[std::to_string(k)] = json::object(), all.push_back(std::to_string(k));
+    const json wide = {{"type", "object"},
+                       {"properties", {{std::string(1 << 20, 'k'), {{"type", "object"}, {"properties", inner}, {"required", all}}}}}};
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_FALSE(json_schema_to_gbnf(wide).empty());
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);  // (~0.1 s)
@@ -565,9 +573,39 @@ TEST(Grammar, MaskCostPerTokenOnLlama3Vocabulary) {
   }
   GrammarMatcher parting(Grammar::parse(choice_grammar(wide)), vocab);
   const auto w0 = std::chrono::steady_clock::now();
-  EXPECT_THROW(parting.prepare_mask(), RequestError);
-  std::printf("[grammar] 4,000 choices parting at their first character refused after %.0f ms\n",
+  EXPECT_NO_THROW(parting.prepare_mask());
+  const uint64_t parting_work = parting.mask_work();
+  EXPECT_LT(parting_work, GrammarMatcher::kMaxMaskWork / 4) << "each walk jumps over the first bytes it rejects";
+  std::printf("[grammar] 4,000 choices parting at their first character: mask work %llu, %.0f ms\n",
+              static_cast<unsigned long long>(parting_work),
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count());
+  // tool_choice "required" over 100 tools: [{"name": "tool_NN", "arguments": {...}}], the 100
+  // objects alive together for the first tokens of each call (each walk looked at the whole
+  // vocabulary: ~70 tools exhausted the credit).
+  {
+    json tools = json::array();
+    for (int i = 0; i < 100; ++i) {
+      json tool = json::object();
+      tool["type"] = "object";
+      tool["properties"]["name"]["const"] = cat("tool_", i);
+      tool["properties"]["arguments"]["type"] = "object";
+      tool["properties"]["arguments"]["properties"]["city"]["type"] = "string";
+      tool["required"] = {"name", "arguments"};
+      tools.push_back(tool);
+    }
+    const json calls = {{"type", "array"}, {"items", {{"anyOf", tools}}}, {"minItems", 1}};
+    GrammarMatcher many(Grammar::parse(json_schema_to_gbnf(calls)), vocab);
+    const std::vector<int32_t> call = tok.encode(R"([{"arguments": {"city": "Paris"}, "name": "tool_99"}])", false, false);
+    uint64_t most = 0;
+    for (const int32_t t : call) {
+      std::fill(logits.begin(), logits.end(), 0.0f);
+      ASSERT_NO_THROW(many.mask(logits.data(), tok.n_vocab()));
+      most = std::max(most, many.mask_work());
+      ASSERT_TRUE(many.accept(t)) << pieces[size_t(t)];
+    }
+    EXPECT_TRUE(many.done());
+    std::printf("[grammar] a call among 100 tools: largest mask work %llu\n", static_cast<unsigned long long>(most));
+  }
   GrammarMatcher bad(Grammar::parse(hostile), vocab);
   const auto b0 = std::chrono::steady_clock::now();
   EXPECT_THROW(bad.prepare_mask(), RequestError);

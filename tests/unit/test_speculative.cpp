@@ -379,31 +379,32 @@ TEST(KVCacheFork, PrefixHitResumedFromAMemoEqualsAFreshWalk) {
   std::vector<int32_t> toks(80);
   for (int i = 0; i < 80; ++i) toks[size_t(i)] = 7 * i + 3;
   KVCache::PrefixMemo memo;
+  using Hit = std::pair<int64_t, int32_t>;  // tokens, idle blocks
   const auto same = [&](int64_t max) {
     const KVCache::PrefixHit a = kv.prefix_hit(toks, max, 0, memo), b = kv.prefix_hit(toks, max);
     EXPECT_EQ(a.tokens, b.tokens);
     EXPECT_EQ(a.blocks, b.blocks);
     EXPECT_EQ(a.idle_blocks, b.idle_blocks);
-    return std::pair(a.tokens, a.idle_blocks);
+    return Hit(a.tokens, a.idle_blocks);
   };
-  EXPECT_EQ(same(63), std::pair<int64_t, int32_t>(0, 0));
+  EXPECT_EQ(same(63), Hit(0, 0));
   ASSERT_TRUE(kv.reserve(1, 33));
   write_positions(kv, 1, 0, 32, 0);
   kv.publish(1, toks, 32);
-  EXPECT_EQ(same(63), std::pair<int64_t, int32_t>(32, 0));  // held by sequence 1
+  EXPECT_EQ(same(63), Hit(32, 0));  // held by sequence 1
   ASSERT_TRUE(kv.reserve(1, 49));
   write_positions(kv, 1, 32, 48, 0);
   kv.publish(1, toks, 48);
-  EXPECT_EQ(same(63), std::pair<int64_t, int32_t>(48, 0));  // resumed after the two it had
+  EXPECT_EQ(same(63), Hit(48, 0));  // resumed after the two it had
   kv.release(1);
-  EXPECT_EQ(same(63), std::pair<int64_t, int32_t>(48, 3));  // idle now
-  EXPECT_EQ(same(40), std::pair<int64_t, int32_t>(32, 2));  // fewer tokens than it had: walked again
-  EXPECT_EQ(same(79), std::pair<int64_t, int32_t>(48, 3));  // the tokens grew
+  EXPECT_EQ(same(63), Hit(48, 3));  // idle now
+  EXPECT_EQ(same(40), Hit(32, 2));  // fewer tokens than it had: walked again
+  EXPECT_EQ(same(79), Hit(48, 3));  // the tokens grew
   // Another prompt takes every block: the idle ones are evicted.
   ASSERT_TRUE(kv.reserve(2, 96));
-  EXPECT_EQ(same(79), std::pair<int64_t, int32_t>(0, 0));
+  EXPECT_EQ(same(79), Hit(0, 0));
   kv.release(2);
-  EXPECT_EQ(same(79), std::pair<int64_t, int32_t>(0, 0));
+  EXPECT_EQ(same(79), Hit(0, 0));
 }
 
 TEST(KVCacheFork, PrefixCacheRefcountsAndChainStayRight) {
