@@ -49,12 +49,17 @@ struct Path {
 
 class Compiler {
  public:
-  explicit Compiler(const json& root) : root_(root) {}
+  // prefix: of the names of the rules it adds (several compilers' rules in one grammar).
+  explicit Compiler(const json& root, std::string prefix = "", std::string root_path = "#")
+      : root_(root), prefix_(std::move(prefix)), root_path_(std::move(root_path)) {}
 
   std::string run() {
-    const std::string r = rule_for(root_, Path{nullptr, "#", ""}, 0);
+    const std::string r = top();
     return std::string(kBase) + "root ::= " + r + "\n" + rules_;
   }
+  // The root schema's rule (or expression); rules() the rules it needs (without kBase).
+  std::string top() { return rule_for(root_, Path{nullptr, root_path_, ""}, 0); }
+  const std::string& rules() const { return rules_; }
 
  private:
   [[noreturn]] static void bad(const Path& path, const std::string& what) {
@@ -63,7 +68,7 @@ class Compiler {
 
   std::string add_rule(const std::string& body) {
     if (auto it = by_body_.find(body); it != by_body_.end()) return it->second;
-    const std::string name = "s" + std::to_string(n_++);
+    const std::string name = prefix_ + "s" + std::to_string(n_++);
     rules_ += name + " ::= " + body + "\n";
     by_body_.emplace(body, name);
     return name;
@@ -101,7 +106,7 @@ class Compiler {
       const std::string ref = s["$ref"].get<std::string>();
       if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
       const json* target = resolve(ref, path);
-      const std::string name = "ref" + std::to_string(n_++);
+      const std::string name = prefix_ + "ref" + std::to_string(n_++);
       refs_.emplace(ref, name);  // before compiling: recursive schemas refer to it
       rules_ += name + " ::= " + rule_for(*target, Path{nullptr, "", ref}, depth + 1) + "\n";
       return name;
@@ -284,6 +289,7 @@ class Compiler {
     int reach;  // the deepest level compiling it reached, less its own
   };
   const json& root_;
+  std::string prefix_, root_path_;
   std::map<const json*, Compiled> done_;
   int deepest_ = 0;
   std::string rules_;
@@ -371,6 +377,26 @@ std::string choice_grammar(std::vector<std::string> choices) {
 }
 
 std::string json_schema_to_gbnf(const json& schema) { return Compiler(schema).run(); }
+
+std::string tool_calls_gbnf(const std::vector<std::pair<std::string, json>>& tools, int64_t max_calls) {
+  if (tools.empty()) fail("json schema: no tools to call");
+  std::string rules, call;
+  const std::string name_key = gbnf_literal("\"name\""), args_key = gbnf_literal("\"arguments\"");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    // Each tool's parameters compiled on their own (their $refs are theirs), rules named t<i>s<n>.
+    Compiler c(tools[i].second, "t" + std::to_string(i), "tools[" + std::to_string(i) + "].parameters#");
+    const std::string args = c.top();
+    rules += c.rules();
+    const std::string rule = "t" + std::to_string(i) + "call";
+    rules += rule + " ::= \"{\" ws " + name_key + " ws \":\" ws " + gbnf_literal(json(tools[i].first).dump()) +
+             " ws \",\" ws " + args_key + " ws \":\" ws " + args + " ws \"}\"\n";
+    call += (i ? " | " : "") + rule;
+  }
+  rules += "call ::= " + call + "\n";
+  // "[" ws call ws ("," ws call ws){0, max-1} "]": at least one call (as minItems 1 made it).
+  const std::string more = max_calls < 0 ? "{0,}" : "{0," + std::to_string(std::max<int64_t>(max_calls, 1) - 1) + "}";
+  return std::string(kBase) + "root ::= \"[\" ws call ws ( \",\" ws call ws )" + more + " \"]\"\n" + rules;
+}
 
 std::string json_object_gbnf() { return std::string(kBase) + "root ::= json-object\n"; }
 

@@ -11,6 +11,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +21,13 @@ namespace ft {
 // Throws ft::Error "json schema: <path>: what" for a construct outside the subset (an unknown
 // type, a $ref elsewhere, an unsatisfiable combination) and when nesting exceeds 64 levels.
 std::string json_schema_to_gbnf(const nlohmann::json& schema);
+
+// tool_choice "required": a JSON array of 1..max_calls (-1: any number) calls, each
+// {"name": NAME, "arguments": ARGS} with "name" first (a model names the function before its
+// arguments; a schema's properties would come out in key order, "arguments" first) and ARGS
+// following that tool's parameters schema. tools: (name, parameters schema). Throws as above
+// (the path names the tool: "tools[i].parameters#/...").
+std::string tool_calls_gbnf(const std::vector<std::pair<std::string, nlohmann::json>>& tools, int64_t max_calls = -1);
 
 // Any JSON object (response_format json_object).
 std::string json_object_gbnf();

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <utility>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "core/error.h"
@@ -289,6 +290,7 @@ void parse_structured(const json& j, ParsedRequest& r) {
     }
   }
   if (!tools.empty()) r.tools = tools;
+  if (j.contains("parallel_tool_calls") && get_bool(j, "parallel_tool_calls") == false) r.parallel_tool_calls = false;
   // OpenAI: "auto" when tools are given, "none" otherwise.
   r.tool_choice = tools.empty() ? ToolChoice::None : ToolChoice::Auto;
   for (const char* key : {"function_call", "tool_choice"}) {
@@ -320,14 +322,17 @@ void parse_structured(const json& j, ParsedRequest& r) {
     for (const json& t : tools)
       if (t["function"]["name"] == r.tool_name) r.grammar = schema_grammar(tool_parameters(t), "tools");
   } else if (r.tool_choice == ToolChoice::Required) {
-    json any = json::array();
-    for (const json& t : tools)
-      any.push_back({{"type", "object"},
-                     {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"arguments", tool_parameters(t)}}},
-                     {"required", {"name", "arguments"}}});
-    json calls = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
-    if (j.contains("parallel_tool_calls") && get_bool(j, "parallel_tool_calls") == false) calls["maxItems"] = 1;
-    r.grammar = schema_grammar(calls, "tools");
+    // [{"name", "arguments"}, ...] with "name" first (built directly: a schema's properties come
+    // out in key order, which would make the model write the arguments before the function).
+    std::vector<std::pair<std::string, json>> calls;
+    for (const json& t : tools) calls.emplace_back(t["function"]["name"].get<std::string>(), tool_parameters(t));
+    try {
+      r.grammar = tool_calls_gbnf(calls, r.parallel_tool_calls ? -1 : 1);
+    } catch (const Error& e) {
+      bad("tools", e.what());
+    } catch (const json::exception& e) {
+      bad("tools", cat("json schema: ", e.what()));
+    }
   } else if (!r.response_format.is_null()) {
     r.grammar = response_format_grammar(r);
   }
@@ -1307,10 +1312,12 @@ json native_chunk(const std::string& model, const std::string& content, const st
   return j;
 }
 
-json usage_json(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+json usage_json(const Usage& u, bool details) {
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (details) j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
+  return j;
 }
 
 static json reason_json(const std::string& r) { return r.empty() ? json(nullptr) : json(r); }
@@ -1321,6 +1328,12 @@ static json bytes_json(const std::string& s) {
   json b = json::array();
   for (unsigned char c : s) b.push_back(int(c));
   return b;
+}
+
+int64_t text_offset_length(std::string_view piece) {
+  int64_t n = 0;
+  for (unsigned char c : piece) n += (c & 0xC0) != 0x80;
+  return n;
 }
 
 json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t text_offset0) {
@@ -1349,7 +1362,7 @@ json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t
       tops.push_back(top);
     }
     offsets.push_back(off);
-    off += int64_t(t.text.size());
+    off += text_offset_length(t.text);
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -1444,13 +1457,77 @@ bool object_arguments(std::string_view args) {
   return !j.is_discarded() && j.is_object();
 }
 
-std::optional<ToolCall> call_from_json(const json& j, const json& tools) {
+// A valid JSON text's structure by bytes (json::parse checked it first): the raw text of values,
+// so that a call's arguments come back as the model wrote them (a re-dump sorted their keys and
+// turned 123456789012345678901234567890 into 1.2345678901234568e+29).
+size_t skip_json_ws(std::string_view s, size_t i) {
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  return i;
+}
+// The end of the value at s[i] (iterative: nesting costs no stack).
+size_t skip_json_value(std::string_view s, size_t i) {
+  const auto skip_string = [&](size_t k) {  // s[k] == '"'
+    for (++k; k < s.size() && s[k] != '"'; ++k)
+      if (s[k] == '\\') ++k;
+    return std::min(k + 1, s.size());
+  };
+  if (i >= s.size()) return i;
+  if (s[i] == '"') return skip_string(i);
+  if (s[i] == '{' || s[i] == '[') {
+    size_t depth = 0;
+    while (i < s.size()) {
+      const char c = s[i];
+      if (c == '"') {
+        i = skip_string(i);
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if ((c == '}' || c == ']') && --depth == 0) return i + 1;
+      ++i;
+    }
+    return i;
+  }
+  while (i < s.size() && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' &&
+         s[i] != '\r')
+    ++i;
+  return i;
+}
+// The raw text of each member of the object at s[i] (the last of a repeated key, as json::parse
+// keeps it).
+std::map<std::string, std::string_view> raw_members(std::string_view s, size_t i) {
+  std::map<std::string, std::string_view> out;
+  if (i >= s.size() || s[i] != '{') return out;
+  i = skip_json_ws(s, i + 1);
+  while (i < s.size() && s[i] == '"') {
+    const size_t key_end = skip_json_value(s, i);
+    const json key = json::parse(s.substr(i, key_end - i), nullptr, false);
+    i = skip_json_ws(s, key_end);
+    if (i >= s.size() || s[i] != ':') break;
+    i = skip_json_ws(s, i + 1);
+    const size_t value_end = skip_json_value(s, i);
+    if (key.is_string()) out[key.get<std::string>()] = s.substr(i, value_end - i);
+    i = skip_json_ws(s, value_end);
+    if (i >= s.size() || s[i] != ',') break;
+    i = skip_json_ws(s, i + 1);
+  }
+  return out;
+}
+
+// raw: j's text. The arguments as the model wrote them: a JSON string's content, else the
+// object's own text.
+std::optional<ToolCall> call_from_json(const json& j, std::string_view raw, const json& tools) {
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   const std::string name = j["name"].get<std::string>();
   if (!known_tool(tools, name)) return std::nullopt;
   const char* key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;
   std::string args = "{}";
-  if (key) args = j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
+  if (key && j[key].is_string()) {
+    args = j[key].get<std::string>();
+  } else if (key) {
+    const auto members = raw_members(raw, skip_json_ws(raw, 0));
+    const auto it = members.find(key);
+    args = it != members.end() ? std::string(it->second) : j[key].dump();
+  }
   if (!object_arguments(args)) return std::nullopt;
   return ToolCall{new_tool_call_id(), name, args};
 }
@@ -1461,9 +1538,24 @@ std::vector<ToolCall> calls_from_text(std::string_view text, const json& tools) 
   if (!json_depth_within(text)) return out;  // (the model's text: not calls)
   json j = json::parse(text.begin(), text.end(), nullptr, false);
   if (j.is_discarded()) return out;
+  // Each item's raw text: the array's elements, or the whole value.
+  std::vector<std::string_view> raws;
+  size_t i = skip_json_ws(text, 0);
+  if (j.is_array()) {
+    i = skip_json_ws(text, i + 1);
+    while (i < text.size() && text[i] != ']') {
+      const size_t end = skip_json_value(text, i);
+      raws.push_back(text.substr(i, end - i));
+      i = skip_json_ws(text, end);
+      if (i < text.size() && text[i] == ',') i = skip_json_ws(text, i + 1);
+    }
+  } else {
+    raws.push_back(text.substr(i, skip_json_value(text, i) - i));
+  }
   const json items = j.is_array() ? j : json::array({j});
-  for (const json& x : items) {
-    auto c = call_from_json(x, tools);
+  if (raws.size() != items.size()) return out;  // (cannot be: the text is valid JSON)
+  for (size_t k = 0; k < items.size(); ++k) {
+    auto c = call_from_json(items[k], raws[k], tools);
     if (!c) return {};
     out.push_back(std::move(*c));
   }
@@ -1563,6 +1655,11 @@ FoundToolCalls harmony_tool_calls(std::vector<ToolCall> calls, ToolChoice choice
   return f;
 }
 
+FoundToolCalls at_most_one_call(FoundToolCalls found, bool parallel) {
+  if (!parallel && found.calls.size() > 1) found.calls.resize(1);
+  return found;
+}
+
 std::string ToolCallHold::push(std::string_view text) {
   const size_t before = held_.size();
   held_.append(text);
@@ -1658,7 +1755,7 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
   for (const auto& [k, v] : request.items()) r[k] = v;
   if (u)
     r["usage"] = {{"input_tokens", u->prompt_tokens},
-                  {"input_tokens_details", {{"cached_tokens", 0}}},
+                  {"input_tokens_details", {{"cached_tokens", u->cached_tokens}}},
                   {"output_tokens", u->completion_tokens},
                   {"output_tokens_details", {{"reasoning_tokens", u->reasoning_tokens}}},
                   {"total_tokens", u->prompt_tokens + u->completion_tokens}};

@@ -75,6 +75,9 @@ struct ParsedRequest : GenerationRequest {
   nlohmann::json response_format;  // {"type": "json_object" | "json_schema", ...}; null: text
   ToolChoice tool_choice = ToolChoice::None;
   std::string tool_name;           // Named: the function
+  // parallel_tool_calls (Anthropic: !disable_parallel_tool_use): false keeps at most one call,
+  // the first, under every tool choice (Required: the grammar allows one).
+  bool parallel_tool_calls = true;
   // Responses API: what the response object echoes of the request (tools and tool_choice as
   // given, parallel_tool_calls, text, instructions, sampling, limits, metadata).
   nlohmann::json responses_echo = nlohmann::json::object();
@@ -164,7 +167,10 @@ nlohmann::json native_chunk(const std::string& model, const std::string& content
 nlohmann::json parse_json_object(std::string_view body);
 
 // --- responses ---------------------------------------------------------------------------
-nlohmann::json usage_json(const Usage& u);
+// {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details": {"cached_tokens"}}
+// (details false: without prompt_tokens_details, for vLLM's continuous_usage_stats chunks, which
+// come before the prefix cache's count is known).
+nlohmann::json usage_json(const Usage& u, bool details = true);
 
 // Identity of one response, shared by all its chunks.
 struct ResponseMeta {
@@ -260,10 +266,15 @@ class ReasoningSplit {
 
 // The choice's "logprobs" object for these tokens.
 //   completions: {"tokens": [text], "token_logprobs": [lp], "top_logprobs": [{text: lp}],
-//                 "text_offset": [byte offset of each token in the completion, from text_offset0]}
+//                 "text_offset": [character offset of each token in the completion, from text_offset0]}
+// (text_offset counts code points, as OpenAI and vLLM do: text_offset_length of the pieces before.)
 //   chat:        {"content": [{"token", "logprob", "bytes": [u8], "top_logprobs": [{"token",
 //                 "logprob", "bytes"}]}]}
 nlohmann::json logprobs_json(Endpoint kind, const std::vector<TokenLogprob>& toks, int64_t text_offset0 = 0);
+// A piece's length as text_offset counts it: its code points, i.e. the bytes that are not UTF-8
+// continuation bytes (10xxxxxx). A character split over tokens counts once, at the token with its
+// first byte; the pieces of a text add up to its code points; never negative.
+int64_t text_offset_length(std::string_view piece);
 
 // One choice of a non-streaming body. finish_reason: "stop" | "length" | "tool_calls".
 // logprobs: the choice's "logprobs" (null when not requested). tool_calls (chat;
@@ -389,6 +400,8 @@ class ToolCallHold {
 // function of `tools` are calls; the others' arguments are content (one per line), as are all of
 // them under none. (Required and Named constrain the output to plain JSON: extract_tool_calls.)
 FoundToolCalls harmony_tool_calls(std::vector<ToolCall> calls, ToolChoice choice, const nlohmann::json& tools);
+// parallel_tool_calls false: the first call only (OpenAI: at most one); the others are dropped.
+FoundToolCalls at_most_one_call(FoundToolCalls found, bool parallel);
 // A fresh tool-call id: "call_" + 24 hex digits.
 std::string new_tool_call_id();
 // [{"id", "type": "function", "function": {"name", "arguments"}}] (streamed: with "index" too).

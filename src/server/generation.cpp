@@ -603,6 +603,7 @@ void Generation::on_event(const Event& e) {
 
 Usage Generation::usage() const {
   Usage u{n_prompt_, 0};
+  u.cached_tokens = cached_;
   for (const Choice& c : choices_) u.completion_tokens += c.n_tokens;
   return u;
 }
@@ -722,6 +723,10 @@ void Generation::deliver(int32_t i, Output&& o) {
 
 void Generation::finish(int32_t i, Output&& last, const RequestTimings* t) {
   Choice& c = choices_[size_t(i)];
+  if (t && !cached_known_) {
+    cached_known_ = true;
+    cached_ = std::min(t->cached_tokens, n_prompt_);
+  }
   c.done = true;
   const bool all = ++n_done_ == n_candidates();
   if (ranking()) {

@@ -272,6 +272,9 @@ struct Output {
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t reasoning_tokens = 0;  // of completion_tokens, a reasoning model's before </think> (where counted)
+  // Of prompt_tokens, those the prefix cache served (the first finished choice's: RequestTimings::
+  // cached_tokens; 0 until one finishes with its timings).
+  int64_t cached_tokens = 0;
 };
 struct Finish {
   int32_t index = 0;                        // the choice that finished
@@ -438,6 +441,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::shared_ptr<const BadWordIds> bad_words_;               // bad_word_ids of the request's bad_words
   std::shared_ptr<const LogitBias> logit_bias_;               // the request's logit_bias, one for every choice
   int64_t n_prompt_ = 0;
+  int64_t cached_ = 0;  // usage's cached_tokens (the first timings a choice finished with)
+  bool cached_known_ = false;
   int64_t max_tokens_ = 0;  // resolve_max_tokens's
   int32_t n_done_ = 0;
   bool first_token_ = false;  // choice 0 has had a token

@@ -348,12 +348,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // `held` kept back (the text before it went out); else in the whole text, of which `kept` holds
   // what was released (taken).
   static FoundToolCalls finish_calls(std::optional<ToolCallHold>& held, std::string& kept, bool stream, ToolChoice choice,
-                                     const std::string& name, const json& tools) {
+                                     const std::string& name, const json& tools, bool parallel) {
     const bool released = held && held->released();
     std::string text = held ? held->take() : std::string();
     held.reset();
     if (!stream) text = std::exchange(kept, {}) + text;
-    return extract_tool_calls(choice, name, tools, text, stream && released);
+    return at_most_one_call(extract_tool_calls(choice, name, tools, text, stream && released), parallel);
   }
 
   // The response of a request's generations (one per prompt: PromptSink): SSE chunks as their
@@ -363,7 +363,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     Reply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage),
           continuous_usage_(pr.include_usage && pr.continuous_usage), logprobs_(pr.logprobs >= 0),
-          tool_choice_(pr.tool_choice), tool_name_(pr.tool_name), tools_(pr.tools), echo_only_(pr.echo_only),
+          tool_choice_(pr.tool_choice), parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name), tools_(pr.tools),
+          echo_only_(pr.echo_only),
           echo_alternatives_(pr.logprobs), report_prompt_logprobs_(pr.report_prompt_logprobs),
           tokens_as_ids_(pr.tokens_as_ids), token_ids_(pr.return_token_ids), n_(pr.n),
           usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
@@ -405,7 +406,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (f.last) --prompts_left_;
       f.last = prompts_left_ == 0;
       f.usage = {};
-      for (const Usage& u : usage_) f.usage.prompt_tokens += u.prompt_tokens, f.usage.completion_tokens += u.completion_tokens;
+      for (const Usage& u : usage_) {
+        f.usage.prompt_tokens += u.prompt_tokens;
+        f.usage.completion_tokens += u.completion_tokens;
+        f.usage.cached_tokens += u.cached_tokens;
+      }
       f.index += prompt * n_;
       Choice& c = choices_[size_t(f.index)];
       c.generated += int64_t(last.tokens.size());
@@ -421,7 +426,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       json calls = nullptr;
       if (HarmonySplit* h = harmony_of(c.think); h && !c.held && tool_choice_ != ToolChoice::Named) {
         // gpt-oss: its commentary messages to=functions.NAME (auto: a function of the request's).
-        FoundToolCalls found = harmony_tool_calls(h->take_calls(), tool_choice_, tools_);
+        FoundToolCalls found = at_most_one_call(harmony_tool_calls(h->take_calls(), tool_choice_, tools_), parallel_);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
           if (reason == "stop") reason = "tool_calls";
@@ -430,7 +435,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         if (stream_ && !calls.is_null())
           s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
       } else if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
-        FoundToolCalls found = finish_calls(c.held, c.text, stream_, tool_choice_, tool_name_, tools_);
+        FoundToolCalls found = finish_calls(c.held, c.text, stream_, tool_choice_, tool_name_, tools_, parallel_);
         if (!found.calls.empty()) {
           calls = tool_calls_json(found.calls, stream_);
           if (call_ended) reason = "tool_calls";
@@ -545,7 +550,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     json take_logprobs(Choice& c) {
       if (!logprobs_) return nullptr;
       json lp = logprobs_json(meta_.kind, c.lp, c.lp_offset);
-      for (const auto& t : c.lp) c.lp_offset += int64_t(t.text.size());
+      for (const auto& t : c.lp) c.lp_offset += text_offset_length(t.text);
       c.lp.clear();
       return lp;
     }
@@ -662,7 +667,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     // prompt's tokens and the choice's generated so far.
     json with_usage(json chunk, int32_t index) const {
       if (continuous_usage_)
-        chunk["usage"] = usage_json({prompt_tokens_.empty() ? 0 : prompt_tokens_[size_t(index / n_)], choices_[size_t(index)].generated});
+        chunk["usage"] = usage_json({prompt_tokens_.empty() ? 0 : prompt_tokens_[size_t(index / n_)], choices_[size_t(index)].generated},
+                                    false);
       return chunk;
     }
 
@@ -671,6 +677,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     bool stream_, include_usage_, continuous_usage_, logprobs_;
     std::vector<int64_t> prompt_tokens_;  // per prompt (set_prompt_tokens)
     ToolChoice tool_choice_;
+    bool parallel_;  // parallel_tool_calls
     std::string tool_name_;
     json tools_;
     std::vector<std::string> echo_;  // echo: each prompt's text (none: no echo)
@@ -843,7 +850,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   class ResponsesReply : public GenerationSink {
    public:
     ResponsesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
-        : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
+        : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice),
+          parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
           grammar_(!pr.grammar.empty()) {
       think_ = reasoning_split(s.srv_.model);
@@ -886,8 +894,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // out as the message's).
       std::vector<ToolCall> calls;
       if (held_ || harmony_of(think_)) {
-        FoundToolCalls found = held_ ? finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_)
-                                     : harmony_tool_calls(harmony_of(think_)->take_calls(), tool_choice_, tools_);
+        FoundToolCalls found = held_ ? finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_, parallel_)
+                                     : at_most_one_call(harmony_tool_calls(harmony_of(think_)->take_calls(),
+                                                                           tool_choice_, tools_), parallel_);
         calls = std::move(found.calls);
         if (stream_ && !found.content.empty()) out += close_reasoning();
         out += message_text(found.content);
@@ -1011,6 +1020,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ResponseMeta meta_;
     bool stream_;
     ToolChoice tool_choice_;
+    bool parallel_;  // parallel_tool_calls
     std::string tool_name_;
     json tools_;
     json echo_;  // the request's fields its response object echoes
@@ -1040,7 +1050,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   class MessagesReply : public GenerationSink {
    public:
     MessagesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
-        : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice), tool_name_(pr.tool_name),
+        : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice),
+          parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), grammar_(!pr.grammar.empty()) {
       think_ = reasoning_split(s.srv_.model);
       // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
@@ -1071,11 +1082,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       out += content(p.content);
       std::vector<ToolCall> calls;
       if (held_) {  // the whole text, or streaming what was held back (the text before a call went out)
-        FoundToolCalls found = finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_);
+        FoundToolCalls found = finish_calls(held_, text_, stream_, tool_choice_, tool_name_, tools_, parallel_);
         calls = std::move(found.calls);
         out += content(found.content);
       } else if (HarmonySplit* h = harmony_of(think_)) {  // gpt-oss's own call messages
-        FoundToolCalls found = harmony_tool_calls(h->take_calls(), tool_choice_, tools_);
+        FoundToolCalls found = at_most_one_call(harmony_tool_calls(h->take_calls(), tool_choice_, tools_), parallel_);
         calls = std::move(found.calls);
         out += plain(found.content);
       }
@@ -1156,6 +1167,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ResponseMeta meta_;
     bool stream_;
     ToolChoice tool_choice_;
+    bool parallel_;  // parallel_tool_calls
     std::string tool_name_;
     json tools_;
     bool grammar_;                         // a grammar constrains the output (reasoning never open from the start)

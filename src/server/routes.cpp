@@ -51,9 +51,15 @@ json models(const Server::Impl& srv) {
   return {{"object", "list"}, {"data", data}, {"has_more", false}, {"first_id", data.front()["id"]}, {"last_id", data.back()["id"]}};
 }
 
-json model(const Server::Impl& srv, std::string_view id) {
-  if (srv.info.canonical(std::string(id)) == srv.info.id) return model_card(srv);
-  if (const auto file = srv.engine.adapter_file(std::string(id))) return adapter_card(srv, std::string(id), *file);
+json model(const Server::Impl& srv, std::string_view raw_id) {
+  // The id as clients put it in the path: percent-encoded (the Anthropic SDK sends org%2Fname).
+  const std::optional<std::string> decoded = percent_decode(raw_id);
+  if (!decoded)
+    throw ApiError(400, cat("The model id in the path, '", raw_id, "', has a malformed percent escape ('%' must be "
+                            "followed by two hex digits)"), "model");
+  const std::string& id = *decoded;
+  if (srv.info.canonical(id) == srv.info.id) return model_card(srv);
+  if (const auto file = srv.engine.adapter_file(id)) return adapter_card(srv, id, *file);
   throw ApiError(404, cat("The model '", id, "' does not exist; this server serves '", srv.info.id, "'"), "model",
                  "invalid_request_error", "model_not_found");
 }
@@ -292,6 +298,29 @@ const Route* find_route(std::string_view path) {
     if (r.path.ends_with('*') && path.size() >= r.path.size() && path.starts_with(r.path.substr(0, r.path.size() - 1)))
       return &r;
   return nullptr;
+}
+
+std::optional<std::string> percent_decode(std::string_view s) {
+  const auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    if (i + 2 >= s.size()) return std::nullopt;  // (a '%' without two characters after it)
+    const int a = hex(s[i + 1]), b = hex(s[i + 2]);
+    if (a < 0 || b < 0) return std::nullopt;
+    out += char(a * 16 + b);
+    i += 2;
+  }
+  return out;
 }
 
 }  // namespace ft::server

@@ -2,6 +2,7 @@
 #pragma once
 #include <boost/beast/http/verb.hpp>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -44,6 +45,10 @@ struct Route {
   // Throws ApiError for the client.
   void (*handle)(Server::Impl& srv, Responder& out, const RouteRequest& req);
 };
+
+// A path segment's percent escapes decoded ("org%2Fstories" -> "org/stories"; '+' stays '+'), or
+// nullopt when an escape is malformed ('%' not followed by two hex digits).
+std::optional<std::string> percent_decode(std::string_view s);
 
 // The row for path (without its query), or null; a literal row before a prefix one.
 const Route* find_route(std::string_view path);

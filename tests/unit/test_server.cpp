@@ -24,11 +24,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/grammar.h"
 #include "engine/json_schema.h"
 #include "gguf/gguf.h"
 #include "server/api.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/routes.h"
 #include "server/server.h"
 #include "model/model.h"
 #include "model/synthetic.h"
@@ -533,6 +535,51 @@ TEST(ServerParse, StructuredOutputBecomesAGrammar) {
                "response_format", "not both");
 }
 
+// tool_choice "required" (and Anthropic's any): the calls' grammar puts "name" before "arguments"
+// (a model names the function first; a wrapper schema's keys came out sorted, "arguments" first),
+// each tool's arguments by its own schema ($refs its own); the call extraction reads that order.
+TEST(ServerParse, RequiredCallsNameTheFunctionFirst) {
+  std::vector<std::string> pieces{""};
+  std::vector<bool> eog{true};
+  for (int c = 1; c < 128; ++c) pieces.push_back(std::string(1, char(c))), eog.push_back(false);
+  const auto vocab = std::make_shared<GrammarVocab>(pieces, eog);
+  const auto matches = [&](const std::string& gbnf, const std::string& text) {
+    GrammarMatcher m(Grammar::parse(gbnf), vocab);
+    return m.accept_bytes(text) && m.complete();
+  };
+  const json body = json::parse(R"({"model": "stories260K", "messages": [{"role": "user", "content": "x"}],
+    "tool_choice": "required", "tools": [
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"$ref": "#/$defs/city"}}, "required": ["city"], "$defs": {"city": {"type": "string"}}}}},
+      {"type": "function", "function": {"name": "noop"}}]})");
+  const std::string g = parse_chat(body).grammar;
+  EXPECT_TRUE(matches(g, R"([{"name": "get_weather", "arguments": {"city": "Paris"}}])")) << g;
+  EXPECT_TRUE(matches(g, R"([{"name":"noop","arguments":{}}, {"name": "get_weather", "arguments": {"city": "x"}}])"));
+  EXPECT_FALSE(matches(g, R"([{"arguments": {"city": "Paris"}, "name": "get_weather"}])")) << g;
+  EXPECT_FALSE(matches(g, R"([{"name": "get_weather", "arguments": {"city": 3}}])"));
+  EXPECT_FALSE(matches(g, R"([{"name": "other", "arguments": {}}])"));
+  EXPECT_FALSE(matches(g, "[]"));
+  json one = body;
+  one["parallel_tool_calls"] = false;
+  const std::string g1 = parse_chat(one).grammar;
+  EXPECT_TRUE(matches(g1, R"([{"name": "noop", "arguments": {}}])"));
+  EXPECT_FALSE(matches(g1, R"([{"name": "noop", "arguments": {}}, {"name": "noop", "arguments": {}}])"));
+  // Anthropic's tool_choice any: the same grammar.
+  const json msgs = json::parse(R"({"model": "stories260K", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
+    "tool_choice": {"type": "any"}, "tools": [{"name": "noop", "input_schema": {"type": "object"}}]})");
+  EXPECT_TRUE(matches(parse_messages_request(msgs.dump(), kModel).grammar, R"([{"name": "noop", "arguments": {"a": 1}}])"));
+  // A tool's bad schema: a 400 naming the tool.
+  json broken = body;
+  broken["tools"][1]["function"]["parameters"] = {{"type", "date"}};
+  expect_400(Endpoint::Chat, broken.dump(), "tools", "tools[1].parameters#: unknown type 'date'");
+  // The extraction reads the grammar's order.
+  const FoundToolCalls f = extract_tool_calls(ToolChoice::Required, "", body["tools"],
+                                              R"([{"name": "get_weather", "arguments": {"city": "Paris"}}])", false);
+  ASSERT_EQ(f.calls.size(), 1u);
+  EXPECT_EQ(f.calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(f.calls[0].arguments), json::parse(R"({"city": "Paris"})"));
+}
+
 TEST(ServerEmbeddings, ParseInputsAndOptions) {
   const ModelInfo m{"stories260K", 512, 512, {}, 64};
   auto parse = [&](const json& j) { return parse_embeddings_request(j.dump(), m); };
@@ -815,14 +862,14 @@ TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
   EXPECT_EQ(r.calls[0].id.substr(0, 5), "call_");
   r = one(ToolChoice::Required, R"([{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "f", "arguments": {}}])");
   ASSERT_EQ(r.calls.size(), 2u);
-  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(r.calls[0].arguments, R"({"city": "Paris"})");
   EXPECT_EQ(r.calls[1].name, "f");
   r = one(ToolChoice::Auto, "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.content, "Let me check.");
   r = one(ToolChoice::Auto, R"({"name": "get_weather", "parameters": {"city": "Rome"}})");  // Llama 3.x
   ASSERT_EQ(r.calls.size(), 1u);
-  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Rome"})");
+  EXPECT_EQ(r.calls[0].arguments, R"({"city": "Rome"})");
   EXPECT_EQ(one(ToolChoice::Auto, R"(<|python_tag|>{"name": "f", "parameters": {}})").calls.size(), 1u);
   EXPECT_EQ(one(ToolChoice::Auto, R"([TOOL_CALLS][{"name": "f", "arguments": {}}])").calls.size(), 1u);
   r = one(ToolChoice::Auto, R"(<function=get_weather>{"city": "Lima"}</function>)");
@@ -879,6 +926,29 @@ TEST(ServerToolCalls, ExtractedFromTheFormatsModelsEmit) {
 // the first call marker (its trailing whitespace held), what is held is the rest, so that the
 // released text and the calls found in the held text are what the whole text gives; a plain text
 // is released whole but for its trailing whitespace and a tail that may become a marker.
+// A call's arguments are the model's text as written (trimmed), not a re-dump: key order kept,
+// big numbers and their spelling intact; in every JSON call format.
+TEST(ServerToolCalls, ArgumentsAreTheModelsText) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "f"}},
+                                     {"type": "function", "function": {"name": "g"}}])");
+  const std::string args = R"({"z": 1, "a": {"id": 123456789012345678901234567890, "s": "x\"}y", "f": 1.50}})";
+  for (const std::string& text :
+       {"<tool_call>\n{\"name\": \"f\", \"arguments\": " + args + "}\n</tool_call>",
+        "{\"name\": \"f\", \"parameters\": " + args + "}",
+        "[ {\"arguments\" :  " + args + "  , \"name\": \"f\"} ]",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": " + args + "}]"}) {
+    const FoundToolCalls f = extract_tool_calls(ToolChoice::Auto, "", tools, text);
+    ASSERT_EQ(f.calls.size(), 1u) << text;
+    EXPECT_EQ(f.calls[0].arguments, args) << text;
+  }
+  const FoundToolCalls two = extract_tool_calls(
+      ToolChoice::Required, "", tools,
+      R"([{"name": "f", "arguments": {"b": [1, {"c": "]"}], "a": 2}}, {"name": "g", "arguments": "{\"q\": 1.0e5}"}])");
+  ASSERT_EQ(two.calls.size(), 2u);
+  EXPECT_EQ(two.calls[0].arguments, R"({"b": [1, {"c": "]"}], "a": 2})");
+  EXPECT_EQ(two.calls[1].arguments, R"({"q": 1.0e5})");  // (arguments as a JSON string: its content)
+}
+
 TEST(ServerToolCalls, HeldFromTheFirstMarkerInAnyPieces) {
   const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather"}}])");
   const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
@@ -1423,6 +1493,22 @@ TEST(ServerFormat, LogprobsCompletions) {
   EXPECT_EQ(completion_response(m, " abc", "length", {1, 2}, j)["choices"][0]["logprobs"], j);
   EXPECT_EQ(stream_chunk(m, " a", false, "", false, j)["choices"][0]["logprobs"], j);
   EXPECT_EQ(stream_chunk(m, " a", false, "", false)["choices"][0]["logprobs"], nullptr);
+}
+
+// text_offset counts characters (code points), as OpenAI and vLLM do, not UTF-8 bytes: "é" is one,
+// and a character whose bytes are split over tokens counts at the token holding its first byte
+// (a piece of continuation bytes alone adds nothing; nothing goes negative).
+TEST(ServerFormat, LogprobsTextOffsetCountsCharacters) {
+  EXPECT_EQ(text_offset_length(""), 0);
+  EXPECT_EQ(text_offset_length("abc"), 3);
+  EXPECT_EQ(text_offset_length("\xC3\xA9t\xC3\xA9"), 3);     // "été"
+  EXPECT_EQ(text_offset_length("\xF0\x9F\x98\x80!"), 2);     // an emoji and "!"
+  EXPECT_EQ(text_offset_length("\xE2"), 1);                  // a sequence's first byte
+  EXPECT_EQ(text_offset_length("\x82\xAC"), 0);              // its continuation bytes
+  const std::vector<TokenLogprob> toks = {{"\xC3\xA9t", -1.0f, {}}, {"\xE2", -1.0f, {}}, {"\x82\xAC", -1.0f, {}},
+                                          {" \xE2\x82\xAC", -1.0f, {}}, {"x", -1.0f, {}}};
+  EXPECT_EQ(logprobs_json(Endpoint::Completions, toks)["text_offset"], json::array({0, 2, 3, 3, 5}));
+  EXPECT_EQ(logprobs_json(Endpoint::Completions, toks, 4)["text_offset"], json::array({4, 6, 7, 7, 9}));
 }
 
 TEST(ServerFormat, ChoicesAndEchoedLogprobs) {
@@ -2373,6 +2459,125 @@ TEST(ServerTools, StreamedCallsCarryTheirLogprobsAndCountAsHeld) {
   cut["max_tokens"] = 40;
   const std::string whole = test::http_post(srv.port(), "/v1/chat/completions", cut.dump());
   EXPECT_NE(whole.find(R"("finish_reason":"tool_calls")"), std::string::npos) << whole;
+}
+
+// Streamed SSE "data: {...}" events of a response, parsed.
+std::vector<json> sse_events(const std::string& out) {
+  std::vector<json> evs;
+  for (size_t at = 0; (at = out.find("data: {", at)) != std::string::npos; ++at)
+    evs.push_back(json::parse(out.substr(at + 6, out.find('\n', at) - at - 6)));
+  return evs;
+}
+
+// The JSON body of a non-streamed response.
+json response_body(const std::string& out) {
+  const size_t head = out.find("\r\n\r\n");
+  return json::parse(head == std::string::npos ? out : out.substr(head + 4), nullptr, false);
+}
+
+// parallel_tool_calls false under tool_choice auto: a model that writes two calls gets the first
+// one back (OpenAI: at most one), streamed or not; with the flag left out, both.
+TEST(ServerTools, ParallelToolCallsFalseKeepsTheFirstCall) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const std::string two = R"([{"name": "f", "arguments": {"a": "x"}}, {"name": "g", "arguments": {"b": "y"}}])";
+  json body = {{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "a"}}}}, {"max_tokens", 400},
+               {"tools", json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {}}},
+                                         {"type": "function", "function": {"name": "g", "parameters": {}}}])")},
+               {"grammar", "root ::= " + json(two).dump()}};
+  const json both = response_body(test::http_post(srv.port(), "/v1/chat/completions", body.dump()));
+  ASSERT_EQ(both["choices"][0]["message"]["tool_calls"].size(), 2u) << both;
+  body["parallel_tool_calls"] = false;
+  const json one = response_body(test::http_post(srv.port(), "/v1/chat/completions", body.dump()));
+  ASSERT_EQ(one["choices"][0]["message"]["tool_calls"].size(), 1u) << one;
+  EXPECT_EQ(one["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(one["choices"][0]["finish_reason"], "tool_calls");
+  body["stream"] = true;
+  size_t calls = 0;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/chat/completions", body.dump())))
+    if (ev["choices"].size() && ev["choices"][0]["delta"].contains("tool_calls"))
+      for (const json& c : ev["choices"][0]["delta"]["tool_calls"]) {
+        ++calls;
+        EXPECT_EQ(c["function"]["name"], "f");
+      }
+  EXPECT_EQ(calls, 1u);
+  // The Messages API's disable_parallel_tool_use and the Responses API's flag: one call too.
+  const json msgs = {{"model", "stories260K"}, {"max_tokens", 400}, {"messages", {{{"role", "user"}, {"content", "a"}}}},
+                     {"tools", json::parse(R"([{"name": "f", "input_schema": {"type": "object"}},
+                                               {"name": "g", "input_schema": {"type": "object"}}])")},
+                     {"tool_choice", {{"type", "auto"}, {"disable_parallel_tool_use", true}}},
+                     {"grammar", body["grammar"]}};
+  const json m = response_body(test::http_post(srv.port(), "/v1/messages", msgs.dump()));
+  int uses = 0;
+  for (const json& b : m["content"]) uses += b["type"] == "tool_use";
+  EXPECT_EQ(uses, 1) << m;
+  const json resp = {{"model", "stories260K"}, {"input", "a"}, {"max_output_tokens", 400}, {"parallel_tool_calls", false},
+                     {"tools", json::parse(R"([{"type": "function", "name": "f", "parameters": {}},
+                                               {"type": "function", "name": "g", "parameters": {}}])")},
+                     {"grammar", body["grammar"]}};
+  const json r = response_body(test::http_post(srv.port(), "/v1/responses", resp.dump()));
+  int fcalls = 0;
+  for (const json& o : r["output"]) fcalls += o["type"] == "function_call";
+  EXPECT_EQ(fcalls, 1) << r;
+}
+
+// GET /v1/models/{id}: the id percent-decoded (the Anthropic SDK sends "org%2Fstories"); a
+// malformed escape is a 400 that says so.
+TEST(ServerRoutes, ModelIdIsPercentDecoded) {
+  EXPECT_EQ(percent_decode("org%2Fstories"), "org/stories");
+  EXPECT_EQ(percent_decode("a%2fb%20c+d"), "a/b c+d");
+  EXPECT_EQ(percent_decode("plain"), "plain");
+  EXPECT_EQ(percent_decode(""), "");
+  for (const char* bad : {"%", "a%2", "%zz", "a%g1", "%2"}) EXPECT_FALSE(percent_decode(bad)) << bad;
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "org/stories", 2048);
+  for (const char* p : {"/v1/models/org%2Fstories", "/v1/models/org%2fstories", "/v1/models/org/stories"}) {
+    const std::string out = test::http_request(srv.port(), "GET", p, "");
+    EXPECT_NE(out.find("200 OK"), std::string::npos) << p << "\n" << out;
+    EXPECT_EQ(response_body(out)["id"], "org/stories") << out;
+  }
+  const std::string missing = test::http_request(srv.port(), "GET", "/v1/models/other%2Fmodel", "");
+  EXPECT_NE(missing.find("404"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("'other/model' does not exist"), std::string::npos) << missing;
+  const std::string malformed = test::http_request(srv.port(), "GET", "/v1/models/org%2", "");
+  EXPECT_NE(malformed.find("400 Bad Request"), std::string::npos) << malformed;
+  EXPECT_NE(malformed.find("malformed percent escape"), std::string::npos) << malformed;
+}
+
+// Usage reports the prompt tokens the prefix cache served: chat and completions as
+// prompt_tokens_details.cached_tokens (streamed: the include_usage chunk too), the Responses API as
+// input_tokens_details.cached_tokens. A prompt run again is served from the cache.
+TEST(ServerUsage, CachedPromptTokens) {
+  EXPECT_EQ(usage_json(Usage{10, 2, 0, 8}),
+            json::parse(R"({"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
+                            "prompt_tokens_details": {"cached_tokens": 8}})"));
+  EXPECT_FALSE(usage_json(Usage{10, 2}, false).contains("prompt_tokens_details"));
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "Once upon a time there was a little girl. ";
+  const json chat = {{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", prompt}}}}, {"max_tokens", 2}};
+  const json first = response_body(test::http_post(srv.port(), "/v1/chat/completions", chat.dump()));
+  ASSERT_TRUE(first["usage"].contains("prompt_tokens_details")) << first;
+  const json again = response_body(test::http_post(srv.port(), "/v1/chat/completions", chat.dump()));
+  const int64_t cached = again["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GT(cached, 0) << again;
+  EXPECT_LT(cached, again["usage"]["prompt_tokens"].get<int64_t>()) << again;  // (the last token is computed)
+  json streamed = chat;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  json usage;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/chat/completions", streamed.dump())))
+    if (ev.contains("usage") && ev["usage"].is_object()) usage = ev["usage"];
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], cached) << usage;
+  const json cmpl = {{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 2}};
+  test::http_post(srv.port(), "/v1/completions", cmpl.dump());
+  const json c = response_body(test::http_post(srv.port(), "/v1/completions", cmpl.dump()));
+  EXPECT_GT(c["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0) << c;
+  const json resp = {{"model", "stories260K"}, {"input", prompt}, {"max_output_tokens", 2}};
+  test::http_post(srv.port(), "/v1/responses", resp.dump());
+  const json r = response_body(test::http_post(srv.port(), "/v1/responses", resp.dump()));
+  EXPECT_GT(r["usage"]["input_tokens_details"]["cached_tokens"].get<int64_t>(), 0) << r;
 }
 
 // The Responses API's streamed items keep the places they were added at: harmony's final channel

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { MODEL, MODEL_ID, golden, metrics, postJson, skipReason, startServer, waitLog, waitMetrics } from './helpers.mjs';
+import { MODEL, MODEL_ID, golden, metrics, postJson, skipReason, startServer, usageCounts, waitLog, waitMetrics } from './helpers.mjs';
 
 const skip = skipReason();
 
@@ -37,7 +37,7 @@ describe('serve stories260K', { skip }, () => {
     assert.equal(r.model, MODEL_ID);
     assert.equal(r.choices[0].text, gold.greedy_text);
     assert.equal(r.choices[0].finish_reason, 'length');
-    assert.deepEqual(r.usage, { prompt_tokens: gold.prompt_tokens.length, completion_tokens: 100, total_tokens: gold.prompt_tokens.length + 100 });
+    assert.deepEqual(usageCounts(r.usage), { prompt_tokens: gold.prompt_tokens.length, completion_tokens: 100, total_tokens: gold.prompt_tokens.length + 100 });
   });
 
   test("an empty prompt is a document's start (BOS alone, OpenAI's rule); without BOS a 400", async () => {
@@ -75,7 +75,7 @@ describe('serve stories260K', { skip }, () => {
     assert.equal(text, gold.greedy_text);
     assert.equal(finish, 'length');
     assert.ok(n > 50, `only ${n} chunks: tokens are not streamed one by one`);
-    assert.deepEqual(usage, { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 });
+    assert.deepEqual(usageCounts(usage), { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 });
   });
 
   test("llama.cpp's n_probs: completion_probabilities per token, streamed with its piece; the model's logprobs", async () => {
@@ -207,7 +207,7 @@ describe('serve stories260K', { skip }, () => {
     }
     assert.equal(text, r.choices[0].message.content);
     assert.equal(finish, r.choices[0].finish_reason);
-    assert.deepEqual(usage, r.usage);
+    assert.deepEqual(usageCounts(usage), usageCounts(r.usage));
   });
 
   test('logprobs, completions: greedy tokens are the top-1, logprobs <= 0, text_offset, streaming agrees', async () => {
@@ -220,7 +220,7 @@ describe('serve stories260K', { skip }, () => {
     for (let i = 0; i < lp.tokens.length; ++i) {
       assert.ok(lp.token_logprobs[i] <= 0, `${lp.token_logprobs[i]}`);
       assert.equal(lp.text_offset[i], off);
-      off += Buffer.byteLength(lp.tokens[i]);
+      off += [...lp.tokens[i]].length;  // characters (code points), as OpenAI counts them
       const top = Object.entries(lp.top_logprobs[i]).sort((a, b) => b[1] - a[1]);
       assert.ok(top.length >= 1 && top.length <= 3);
       for (const [, v] of top) assert.ok(v <= 0);

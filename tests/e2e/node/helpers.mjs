@@ -149,3 +149,13 @@ export async function postJson(url, path, body, headers = {}) {
   } catch {}
   return { status: r.status, headers: r.headers, text, json };
 }
+
+// A usage object without prompt_tokens_details (its cached_tokens depends on what the prefix cache
+// holds from earlier requests), for exact comparisons; the details must be there, a count.
+export function usageCounts(u) {
+  if (u === null || u === undefined) return u;
+  const { prompt_tokens_details, ...rest } = u;
+  assert.equal(typeof prompt_tokens_details?.cached_tokens, 'number', JSON.stringify(u));
+  assert.ok(prompt_tokens_details.cached_tokens >= 0 && prompt_tokens_details.cached_tokens <= u.prompt_tokens, JSON.stringify(u));
+  return rest;
+}
