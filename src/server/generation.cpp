@@ -104,7 +104,7 @@ int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t
   const char* param = prompt_param(r);
   if (n_prompt < 1) bad(param, "the prompt is empty");
   if (n_prompt >= n_ctx)
-    bad(param, cat("This model's maximum context length is ", n_ctx, " tokens; the prompt has ", n_prompt,
+    too_long(param, cat("This model's maximum context length is ", n_ctx, " tokens; the prompt has ", n_prompt,
                    " tokens (room must be left for at least one generated token)"));
   const int64_t room = n_ctx - n_prompt;  // > 0
   if (!r.max_tokens) return room;
@@ -115,7 +115,7 @@ int64_t resolve_max_tokens(const GenerationRequest& r, int64_t n_prompt, int64_t
   // n_prompt + want, saturated: want may be anything up to INT64_MAX.
   const int64_t total = want > std::numeric_limits<int64_t>::max() - n_prompt ? std::numeric_limits<int64_t>::max()
                                                                               : n_prompt + want;
-  bad("max_tokens", cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ", total,
+  too_long("max_tokens", cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ", total,
                         " tokens (", n_prompt, " in the prompt, ", want, " for the completion)"));
 }
 
@@ -489,7 +489,7 @@ std::shared_ptr<Generation> Generation::prepare(const GenerationContext& ctx, co
   gen->n_prompt_ = int64_t(prompt.size());
   gen->opens_reasoning_ = ends_in_reasoning(rendered);
   if (r.embed && gen->n_prompt_ > ctx.n_ctx)
-    bad(prompt_param(r), cat("This model's maximum context length is ", ctx.n_ctx, " tokens; the input has ",
+    too_long(prompt_param(r), cat("This model's maximum context length is ", ctx.n_ctx, " tokens; the input has ",
                              gen->n_prompt_, " tokens"));
   int64_t max_tokens = r.embed ? 0 : resolve_max_tokens(r, gen->n_prompt_, ctx.n_ctx);
   gen->max_tokens_ = max_tokens;

@@ -51,6 +51,10 @@ struct ApiError : std::runtime_error {
 };
 // A 400 naming the request's offending param.
 [[noreturn]] inline void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
+// ... a prompt or max_tokens past the context: OpenAI's code, which clients (LangChain) look for.
+[[noreturn]] inline void too_long(const std::string& param, const std::string& msg) {
+  throw ApiError(400, msg, param, "invalid_request_error", "context_length_exceeded");
+}
 
 inline constexpr size_t kMaxBadWords = 256;  // GenerationRequest::bad_words
 // Bytes of all stop strings, and of all bad words, a request may give (every choice holds its own

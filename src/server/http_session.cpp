@@ -902,6 +902,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         out += message_text(found.content);
       }
       const bool has_message = !text_.empty() || calls.empty();
+      const bool incomplete = f.reason == "length";
+      const char* message_status = incomplete ? "incomplete" : "completed";  // (OpenAI's: the message was cut)
       json output = json::array();
       if (stream_) {
         out += close_reasoning();
@@ -910,13 +912,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         // message began (harmony's channels) is an item of its own after it.
         for (const StreamItem& it : items_)
           output.push_back(it.reasoning ? responses_reasoning_item(it.id, it.text, "completed")
-                                        : responses_message_item(msg_id_, text_, "completed"));
+                                        : responses_message_item(msg_id_, text_, message_status));
       } else {
         if (think_ && think_->reasoned()) output.push_back(responses_reasoning_item(rs_id_, reasoning_, "completed"));
-        if (has_message) output.push_back(responses_message_item(msg_id_, text_, "completed"));
+        if (has_message) output.push_back(responses_message_item(msg_id_, text_, message_status));
       }
       for (const ToolCall& c : calls) output.push_back(responses_call_item(c, "completed"));
-      const bool incomplete = f.reason == "length";
       Usage usage = f.usage;
       usage.reasoning_tokens = reasoning_tokens_;
       const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,

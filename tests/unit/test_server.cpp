@@ -1419,7 +1419,14 @@ TEST(ServerParse, ResolveMaxTokens) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 400);
     EXPECT_EQ(e.param, "max_tokens");
+    EXPECT_EQ(e.code, "context_length_exceeded");  // (OpenAI's, which LangChain looks for)
     EXPECT_NE(std::string(e.what()).find("maximum context length is 512"), std::string::npos) << e.what();
+  }
+  try {
+    resolve_max_tokens(r, 512, 512);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.code, "context_length_exceeded");
   }
   EXPECT_THROW(resolve_max_tokens(r, 512, 512), ApiError);  // no room for one token
   // No overflow in prompt + max_tokens (the binary protocol passes any int64).
@@ -2578,6 +2585,10 @@ TEST(ServerUsage, CachedPromptTokens) {
   test::http_post(srv.port(), "/v1/responses", resp.dump());
   const json r = response_body(test::http_post(srv.port(), "/v1/responses", resp.dump()));
   EXPECT_GT(r["usage"]["input_tokens_details"]["cached_tokens"].get<int64_t>(), 0) << r;
+  // Cut by max_output_tokens: the response and its message are "incomplete" (OpenAI's).
+  EXPECT_EQ(r["status"], "incomplete") << r;
+  EXPECT_EQ(r["output"].back()["type"], "message") << r;
+  EXPECT_EQ(r["output"].back()["status"], "incomplete") << r;
 }
 
 // The Responses API's streamed items keep the places they were added at: harmony's final channel
