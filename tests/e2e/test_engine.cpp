@@ -709,19 +709,38 @@ TEST(Speculation, NgramGreedyIsExactOnSyntheticModels) {
 }
 
 // A draft model: the same weights at Q8_0 (make-model --draft-out), its own KV cache.
+// A synthetic F32 target and the same weights at Q8_0 as its draft (files removed at the end).
+struct TargetAndDraft {
+  std::string tpath, dpath;
+  std::unique_ptr<Model> target, draft;
+  explicit TargetAndDraft(uint64_t seed, const std::string& name)
+      : tpath(testing::TempDir() + "ft_spec_" + name + "_target_" + std::to_string(getpid()) + ".gguf"),
+        dpath(testing::TempDir() + "ft_spec_" + name + "_draft_" + std::to_string(getpid()) + ".gguf") {
+    SyntheticOptions opt;
+    opt.seed = seed;
+    write_synthetic_model(opt, tpath);
+    opt.type = GGMLType::Q8_0;
+    write_synthetic_model(opt, dpath);
+    target = Model::load(tpath);
+    draft = load_draft_model(dpath, *target);
+  }
+  ~TargetAndDraft() {
+    std::filesystem::remove(tpath);
+    std::filesystem::remove(dpath);
+  }
+  SpecConfig spec() const {
+    SpecConfig s;
+    s.method = SpecMethod::Draft;
+    s.draft_model = dpath;
+    return s;
+  }
+};
+
 TEST(Speculation, DraftModelGreedyIsExact) {
-  const std::string tpath = testing::TempDir() + "ft_spec_target_" + std::to_string(getpid()) + ".gguf";
-  const std::string dpath = testing::TempDir() + "ft_spec_draft_" + std::to_string(getpid()) + ".gguf";
-  SyntheticOptions opt;
-  opt.seed = 21;
-  write_synthetic_model(opt, tpath);
-  opt.type = GGMLType::Q8_0;
-  write_synthetic_model(opt, dpath);
-  const auto target = Model::load(tpath);
-  const auto draft = load_draft_model(dpath, *target);
-  SpecConfig s;
-  s.method = SpecMethod::Draft;
-  s.draft_model = dpath;
+  const TargetAndDraft td(21, "greedy");
+  const auto& target = td.target;
+  const auto& draft = td.draft;
+  SpecConfig s = td.spec();
   s.k = 4;
   expect_speculation_exact(*target, s, draft.get(), 8);
   s.k_auto = true;
@@ -758,8 +777,6 @@ TEST(Speculation, DraftModelGreedyIsExact) {
   EXPECT_EQ(t.verify_steps, int64_t(got[1].timings.spec.drafts));
   EXPECT_GT(t.verify_forward_ms, 0);
   EXPECT_GT(t.plain_steps, 0);
-  std::filesystem::remove(tpath);
-  std::filesystem::remove(dpath);
 }
 
 // Seeded sampled requests (temperature 0.8): job i seeded seeds[i], with n_choices - 1 forks
@@ -849,24 +866,11 @@ TEST(Speculation, SeededSamplingIsTheSameWithAndWithoutDrafts) {
 }
 
 TEST(Speculation, SeededSamplingWithADraftModelIsTheSameWithAndWithoutDrafts) {
-  const std::string tpath = testing::TempDir() + "ft_spec_seed_target_" + std::to_string(getpid()) + ".gguf";
-  const std::string dpath = testing::TempDir() + "ft_spec_seed_draft_" + std::to_string(getpid()) + ".gguf";
-  SyntheticOptions opt;
-  opt.seed = 23;
-  write_synthetic_model(opt, tpath);
-  opt.type = GGMLType::Q8_0;
-  write_synthetic_model(opt, dpath);
-  const auto target = Model::load(tpath);
-  const auto draft = load_draft_model(dpath, *target);
-  SpecConfig s;
-  s.method = SpecMethod::Draft;
-  s.draft_model = dpath;
+  const TargetAndDraft td(23, "seed");
   Job a;
   for (int i = 0; i < 40; ++i) a.prompt.push_back(int32_t(3 + (i * 37) % 200));
   a.max_tokens = 32;
-  expect_seeded_sampling_exact(*target, s, draft.get(), {a});
-  std::filesystem::remove(tpath);
-  std::filesystem::remove(dpath);
+  expect_seeded_sampling_exact(*td.target, td.spec(), td.draft.get(), {a});
 }
 
 TEST(Speculation, DraftModelMustShareTheVocabulary) {
