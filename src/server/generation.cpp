@@ -593,7 +593,9 @@ void Generation::on_event(const Event& e) {
     handle(e);
   } catch (const std::exception& x) {  // decoding, formatting: this request fails, the thread goes on
     spdlog::error("{}: handling an engine event failed: {}", req_.name.empty() ? "request" : req_.name, x.what());
-    if (responded_) return cancel_all();
+    // Ended, or nobody reading: nothing to add. A last on_finish that threw wrote no end (each
+    // sink's last act), so the error ends the response.
+    if (ended_ || client_gone_) return cancel_all();
     try {
       fail(ApiError(500, cat("generation failed: ", x.what()), "", "server_error", kGenerationFailed));
     } catch (const std::exception&) {  // the sink itself is broken: nothing more to tell
@@ -614,7 +616,7 @@ void Generation::cancel_all() {
 }
 
 void Generation::fail(const ApiError& err) {
-  responded_ = true;
+  responded_ = ended_ = true;  // (an on_error that throws is not made again)
   cancel_all();
   sink_->on_error(err, usage());
 }
@@ -736,6 +738,7 @@ void Generation::finish(int32_t i, Output&& last, const RequestTimings* t) {
   }
   if (all) responded_ = true;
   sink_->on_finish(std::move(last), Finish{i, all, c.finish, usage(), t, std::string(c.stop.matched()), c.stop_token});
+  if (all) ended_ = true;
 }
 
 void Generation::deliver_best() {
@@ -756,6 +759,7 @@ void Generation::deliver_best() {
     for (Output& o : c.held) sink_->on_output(std::move(o));
     sink_->on_finish(std::move(last), Finish{k, k + 1 == req_.n, c.finish, u, c.timings.get(), std::string(c.stop.matched()), c.stop_token});
   }
+  ended_ = true;
 }
 
 void Generation::account(int32_t i, const RequestTimings& t, FinishReason reason) {

@@ -453,6 +453,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool opens_reasoning_ = false;
   bool admitted_ = false;  // counted in ctx_.waiting (left_queue_: no longer)
   bool left_queue_ = false, responded_ = false, client_gone_ = false, shutdown_cancel_ = false;
+  bool ended_ = false;  // the sink had its last call: the last choice's on_finish returned, or on_error was made
   int64_t p_tok0_ = 0, p_tok1_ = 0;  // profiler clock around tokenizing (0: not profiling)
 };
 

@@ -294,7 +294,15 @@ MessagesStop messages_stop(const Finish& f, bool tool_use) {
   return {"end_turn"};
 }
 
-json messages_usage(const Usage& u) { return {{"input_tokens", u.prompt_tokens}, {"output_tokens", u.completion_tokens}}; }
+// Anthropic's split: input_tokens are the prompt tokens computed, cache_read_input_tokens those
+// served from the prefix cache (their sum the prompt); nothing is written by cache_control here.
+json messages_usage(const Usage& u) {
+  const int64_t cached = std::min(u.cached_tokens, u.prompt_tokens);
+  return {{"input_tokens", u.prompt_tokens - cached},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", cached},
+          {"output_tokens", u.completion_tokens}};
+}
 
 json messages_response(const ResponseMeta& m, json content, const MessagesStop* stop, const Usage& u) {
   return {{"id", m.id},

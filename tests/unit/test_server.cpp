@@ -9,6 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <functional>
 #include <future>
 #include <cmath>
@@ -29,6 +32,7 @@
 #include "gguf/gguf.h"
 #include "server/api.h"
 #include "server/config.h"
+#include "server/generation.h"
 #include "server/metrics.h"
 #include "server/routes.h"
 #include "server/server.h"
@@ -1338,7 +1342,10 @@ TEST(ServerMessagesApi, AnswerFormats) {
   const json msg = messages_response(m, json::array({{{"type", "text"}, {"text", "Hi"}}}), &stop, {3, 4});
   EXPECT_EQ(msg, json::parse(R"({"id": "msg_1", "type": "message", "role": "assistant", "model": "stories260K",
       "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "stop_sequence": null,
-      "usage": {"input_tokens": 3, "output_tokens": 4}})"));
+      "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 4}})"));
+  EXPECT_EQ(messages_usage(Usage{10, 2, 0, 8}),
+            json::parse(R"({"input_tokens": 2, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 8,
+                            "output_tokens": 2})"));
   EXPECT_TRUE(messages_response(m, json::array(), nullptr, {3, 0})["stop_reason"].is_null());
   EXPECT_EQ(messages_tool_use_block({"call_abc", "f", R"({"x": 1})"}),
             json::parse(R"({"type": "tool_use", "id": "toolu_abc", "name": "f", "input": {"x": 1}})"));
@@ -2551,6 +2558,78 @@ TEST(ServerRoutes, ModelIdIsPercentDecoded) {
   EXPECT_NE(malformed.find("malformed percent escape"), std::string::npos) << malformed;
 }
 
+// A sink whose last on_finish throws (a huge body's bad_alloc, say) wrote no end of its response:
+// the generation ends it with on_error, once. It ended with nothing: a client kept waiting on a
+// connection that would never answer. An on_error that throws is not made again.
+TEST(ServerGeneration, ALastFinishThatThrowsEndsTheResponseWithAnError) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  const auto model = Model::load(path);
+  const Tokenizer tok = Tokenizer::from_gguf(model->file());
+  Engine engine(*model, single_request_config(*model, 256, 64, 1), [&tok](int32_t t) { return tok.is_eog(t); });
+  const GenerationContext ctx(engine, tok, ChatTemplate());
+  struct Sink : GenerationSink {
+    bool throw_finish = true, throw_error = false;
+    int finishes = 0, errors = 0, error_status = 0;
+    void on_output(Output&&) override {}
+    void on_finish(Output&&, const Finish&) override {
+      ++finishes;
+      if (throw_finish) throw std::runtime_error("no memory for the body");
+    }
+    void on_error(const ApiError& e, const Usage&) override {
+      ++errors;
+      error_status = e.status;
+      if (throw_error) throw std::runtime_error("no memory for the error either");
+    }
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> inbox;
+  const Post post = [&](std::function<void()> f) {
+    std::lock_guard<std::mutex> lk(mu);
+    inbox.push_back(std::move(f));
+    cv.notify_one();
+  };
+  // Runs what the engine posts until the engine has nothing more for this request.
+  const auto drain = [&](const std::shared_ptr<Sink>& sink) {
+    const auto busy = [&] {
+      const EngineMetrics m = engine.metrics();
+      return m.running + m.waiting > 0;
+    };
+    while (sink->finishes + sink->errors == 0 || !inbox.empty() || busy()) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        if (!cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return !inbox.empty(); })) continue;
+        f = std::move(inbox.front());
+        inbox.pop_front();
+      }
+      f();
+    }
+  };
+  for (const bool error_throws : {false, true}) {
+    auto sink = std::make_shared<Sink>();
+    sink->throw_error = error_throws;
+    GenerationRequest req;
+    req.prompt_text = "Once upon a time";
+    req.max_tokens = 4;
+    auto gen = Generation::start(ctx, tok, std::move(req), sink, post);
+    drain(sink);
+    EXPECT_EQ(sink->finishes, 1);
+    EXPECT_EQ(sink->errors, 1) << "error_throws " << error_throws;
+    EXPECT_EQ(sink->error_status, 500);
+  }
+  // A last on_finish that returns: the response is whole, nothing follows.
+  auto sink = std::make_shared<Sink>();
+  sink->throw_finish = false;
+  GenerationRequest req;
+  req.prompt_text = "Once upon a time";
+  req.max_tokens = 4;
+  auto gen = Generation::start(ctx, tok, std::move(req), sink, post);
+  drain(sink);
+  EXPECT_EQ(sink->finishes, 1);
+  EXPECT_EQ(sink->errors, 0);
+}
+
 // Usage reports the prompt tokens the prefix cache served: chat and completions as
 // prompt_tokens_details.cached_tokens (streamed: the include_usage chunk too), the Responses API as
 // input_tokens_details.cached_tokens. A prompt run again is served from the cache.
@@ -2589,6 +2668,22 @@ TEST(ServerUsage, CachedPromptTokens) {
   EXPECT_EQ(r["status"], "incomplete") << r;
   EXPECT_EQ(r["output"].back()["type"], "message") << r;
   EXPECT_EQ(r["output"].back()["status"], "incomplete") << r;
+  // Anthropic's split: input_tokens computed + cache_read_input_tokens served = the prompt, streamed
+  // (message_delta's usage, which the SDK's final message takes) or not.
+  const json msgs = {{"model", "stories260K"}, {"max_tokens", 2}, {"messages", {{{"role", "user"}, {"content", prompt}}}}};
+  const json m1 = response_body(test::http_post(srv.port(), "/v1/messages", msgs.dump()));
+  const json m2 = response_body(test::http_post(srv.port(), "/v1/messages", msgs.dump()));
+  const int64_t m_cached = m2["usage"]["cache_read_input_tokens"];
+  EXPECT_GT(m_cached, 0) << m2;
+  EXPECT_EQ(m2["usage"]["input_tokens"].get<int64_t>() + m_cached,
+            m1["usage"]["input_tokens"].get<int64_t>() + m1["usage"]["cache_read_input_tokens"].get<int64_t>()) << m1 << m2;
+  json ms = msgs;
+  ms["stream"] = true;
+  json delta;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/messages", ms.dump())))
+    if (ev.value("type", "") == "message_delta") delta = ev["usage"];
+  EXPECT_EQ(delta["cache_read_input_tokens"], m_cached) << delta;
+  EXPECT_EQ(delta["input_tokens"], m2["usage"]["input_tokens"]) << delta;
 }
 
 // The Responses API's streamed items keep the places they were added at: harmony's final channel

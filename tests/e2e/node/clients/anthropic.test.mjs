@@ -58,10 +58,12 @@ describe('Anthropic SDK (stories260K)', { skip }, () => {
     assert.ok(m.content[0].text.length > 0);
     assert.equal(m.stop_reason, c.choices[0].finish_reason === 'length' ? 'max_tokens' : 'end_turn');
     assert.equal(m.stop_sequence, null);
-    assert.equal(m.usage.input_tokens, c.usage.prompt_tokens);
+    // (Anthropic's split: the prompt = the tokens computed + those the prefix cache served)
+    assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, c.usage.prompt_tokens);
+    assert.equal(m.usage.cache_creation_input_tokens, 0);
     assert.equal(m.usage.output_tokens, c.usage.completion_tokens);
     const n = await client.messages.countTokens({ model: MODEL_ID, system, messages });
-    assert.equal(n.input_tokens, m.usage.input_tokens);
+    assert.equal(n.input_tokens, c.usage.prompt_tokens);
     // A max_tokens past the context is a cap (Claude Code sends 32000), not an error.
     const big = await client.messages.create({ model: MODEL_ID, max_tokens: 1_000_000, temperature: 0, messages,
                                                stop_sequences: ['.'] });
@@ -79,7 +81,9 @@ describe('Anthropic SDK (stories260K)', { skip }, () => {
     assert.deepEqual(final.content, whole.content);
     assert.equal(final.stop_reason, whole.stop_reason);
     assert.deepEqual(final.usage.output_tokens, whole.usage.output_tokens);
-    assert.equal(final.usage.input_tokens, whole.usage.input_tokens);
+    assert.equal(final.usage.input_tokens + final.usage.cache_read_input_tokens,
+                 whole.usage.input_tokens + whole.usage.cache_read_input_tokens);
+    assert.ok(final.usage.cache_read_input_tokens > 0);  // (the same prompt again: message_delta's usage says so)
 
     const raw = await client.messages.create({ ...params, stream: true });
     const types = [];
@@ -158,7 +162,8 @@ describe('Anthropic SDK (stories260K)', { skip }, () => {
     // The tool result reached the prompt: more input than the conversation without it.
     const without = await client.messages.countTokens({ model: MODEL_ID, tools, messages: [...params.messages,
       { role: 'assistant', content: m.content }, { role: 'user', content: 'ok' }] });
-    assert.ok(answer.usage.input_tokens > without.input_tokens, `${answer.usage.input_tokens} vs ${without.input_tokens}`);
+    const answered = answer.usage.input_tokens + answer.usage.cache_read_input_tokens;
+    assert.ok(answered > without.input_tokens, `${answered} vs ${without.input_tokens}`);
 
     // Tools offered, the choice left to the model (auto, what Claude Code sends): its text is not a
     // call, so it is a text block, chat's content; streamed once it cannot become one.
