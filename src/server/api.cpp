@@ -291,6 +291,8 @@ void parse_structured(const json& j, ParsedRequest& r) {
   }
   if (!tools.empty()) r.tools = tools;
   if (j.contains("parallel_tool_calls") && get_bool(j, "parallel_tool_calls") == false) r.parallel_tool_calls = false;
+  r.legacy_functions = j.contains("functions") && !j.contains("tools");
+  if (r.legacy_functions) r.parallel_tool_calls = false;  // (function_call is one call)
   // OpenAI: "auto" when tools are given, "none" otherwise.
   r.tool_choice = tools.empty() ? ToolChoice::None : ToolChoice::Auto;
   for (const char* key : {"function_call", "tool_choice"}) {
@@ -1378,6 +1380,17 @@ json completion_choice(Endpoint kind, int32_t index, const std::string& text, co
     return {{"index", index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
   }
   return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", reason_json(finish_reason)}};
+}
+
+void as_function_call(json& choice) {
+  if (choice.contains("finish_reason") && choice["finish_reason"] == "tool_calls") choice["finish_reason"] = "function_call";
+  for (const char* key : {"message", "delta"}) {
+    if (!choice.contains(key) || !choice[key].contains("tool_calls")) continue;
+    json& m = choice[key];
+    if (m["tool_calls"].is_array() && !m["tool_calls"].empty() && m["tool_calls"][0].contains("function"))
+      m["function_call"] = std::move(m["tool_calls"][0]["function"]);
+    m.erase("tool_calls");
+  }
 }
 
 json stop_reason_json(const Finish& f) {

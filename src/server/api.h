@@ -78,6 +78,9 @@ struct ParsedRequest : GenerationRequest {
   // parallel_tool_calls (Anthropic: !disable_parallel_tool_use): false keeps at most one call,
   // the first, under every tool choice (Required: the grammar allows one).
   bool parallel_tool_calls = true;
+  // Chat: `functions` given, not `tools` (OpenAI's deprecated form): one call at most, answered as
+  // message.function_call and finish_reason "function_call" (as_function_call).
+  bool legacy_functions = false;
   // Responses API: what the response object echoes of the request (tools and tool_choice as
   // given, parallel_tool_calls, text, instructions, sampling, limits, metadata).
   nlohmann::json responses_echo = nlohmann::json::object();
@@ -281,6 +284,11 @@ int64_t text_offset_length(std::string_view piece);
 // tool_calls_json): the message's calls, its content null when text is empty.
 nlohmann::json completion_choice(Endpoint kind, int32_t index, const std::string& text, const std::string& finish_reason,
                                  const nlohmann::json& logprobs = nullptr, const nlohmann::json& tool_calls = nullptr);
+// The deprecated functions API's shape of a chat choice (response or chunk; ParsedRequest::
+// legacy_functions): its message's (delta's) first tool call's function as "function_call" (a
+// streamed one's "name" on its first delta, then "arguments" pieces), finish_reason "tool_calls"
+// as "function_call".
+void as_function_call(nlohmann::json& choice);
 // vLLM's stop_reason of a finished choice: the stop string or stop_token_ids entry that ended it,
 // else null (an end-of-generation token, a length limit).
 nlohmann::json stop_reason_json(const Finish& f);

@@ -364,7 +364,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), include_usage_(pr.include_usage),
           continuous_usage_(pr.include_usage && pr.continuous_usage), logprobs_(pr.logprobs >= 0),
           tool_choice_(pr.tool_choice), parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name), tools_(pr.tools),
-          echo_only_(pr.echo_only),
+          legacy_functions_(pr.legacy_functions), echo_only_(pr.echo_only),
           echo_alternatives_(pr.logprobs), report_prompt_logprobs_(pr.report_prompt_logprobs),
           tokens_as_ids_(pr.tokens_as_ids), token_ids_(pr.return_token_ids), n_(pr.n),
           usage_(1 + pr.more_texts.size() + pr.more_tokens.size()), prompts_left_(usage_.size()),
@@ -433,7 +433,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         }
         if (!found.content.empty()) emit(c, f.index, found.content, false);
         if (stream_ && !calls.is_null())
-          s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
+          s_.enqueue(http_chunk(sse_event(client_chunk(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
       } else if (tool_choice_ != ToolChoice::None && (!stream_ || tool_choice_ != ToolChoice::Named || c.held)) {
         FoundToolCalls found = finish_calls(c.held, c.text, stream_, tool_choice_, tool_name_, tools_, parallel_);
         if (!found.calls.empty()) {
@@ -443,12 +443,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         if (!found.content.empty()) emit(c, f.index, found.content, false);
         if (stream_) send(c, f.index, "", true);  // (the logprobs of tokens whose text was held)
         if (stream_ && !calls.is_null())
-          s_.enqueue(http_chunk(sse_event(with_usage(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
+          s_.enqueue(http_chunk(sse_event(client_chunk(tool_calls_chunk(meta_, calls, include_usage_, f.index), f.index))), false);
       } else if (tool_choice_ == ToolChoice::Named && call_ended) {
         reason = "tool_calls";
       }
       if (stream_) {
-        json chunk = with_usage(stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index), f.index);
+        json chunk = client_chunk(stream_chunk(meta_, "", false, reason, include_usage_, nullptr, f.index), f.index);
         chunk["choices"][0]["stop_reason"] = stop_reason_json(f);
         take_ids(c, prompt, chunk);
         std::string sse = sse_event(chunk);
@@ -459,6 +459,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       done_[size_t(f.index)] =
           completion_choice(meta_.kind, f.index, c.text, reason, logprobs_ ? logprobs_json(meta_.kind, c.lp) : json(nullptr), calls);
+      if (legacy_functions_) as_function_call(done_[size_t(f.index)]);
       done_[size_t(f.index)]["stop_reason"] = stop_reason_json(f);
       if (c.think && c.think->reasoned()) done_[size_t(f.index)]["message"]["reasoning_content"] = c.reasoning;
       // vLLM's prompt_logprobs and return_token_ids: completions' per choice, chat's prompt once
@@ -506,7 +507,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       std::string head = sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_);
       if (meta_.kind == Endpoint::Chat)
         for (size_t i = 0; i < choices_.size(); ++i)
-          head += http_chunk(sse_event(with_usage(stream_chunk(meta_, "", true, "", include_usage_, nullptr, int32_t(i)), int32_t(i))));
+          head += http_chunk(sse_event(client_chunk(stream_chunk(meta_, "", true, "", include_usage_, nullptr, int32_t(i)), int32_t(i))));
       s_.enqueue(std::move(head), false);
     }
 
@@ -540,7 +541,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         c.reasoning += parts.reasoning;
         return std::move(parts.content);
       }
-      json chunk = with_usage(stream_chunk(meta_, "", false, "", include_usage_, take_logprobs(c), index), index);
+      json chunk = client_chunk(stream_chunk(meta_, "", false, "", include_usage_, take_logprobs(c), index), index);
       chunk["choices"][0]["delta"] = {{"reasoning_content", parts.reasoning}};
       take_ids(c, index / n_, chunk);
       s_.enqueue(http_chunk(sse_event(chunk)), false);
@@ -652,20 +653,24 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           delta = {{"index", 0}, {"id", new_tool_call_id()},
                    {"type", "function"}, {"function", {{"name", tool_name_}, {"arguments", text}}}};
         }
-        json chunk = with_usage(tool_calls_chunk(meta_, json::array({delta}), include_usage_, index), index);
+        json chunk = client_chunk(tool_calls_chunk(meta_, json::array({delta}), include_usage_, index), index);
         chunk["choices"][0]["logprobs"] = take_logprobs(c);  // (the call's tokens': they were never sent)
         s_.enqueue(http_chunk(sse_event(chunk)), false);
         return;
       }
       if (text.empty() && !(final && !c.lp.empty())) return;
-      json chunk = with_usage(stream_chunk(meta_, text, false, "", include_usage_, take_logprobs(c), index), index);
+      json chunk = client_chunk(stream_chunk(meta_, text, false, "", include_usage_, take_logprobs(c), index), index);
       take_ids(c, index / n_, chunk);
       s_.enqueue(http_chunk(sse_event(chunk)), false);
     }
 
     // continuous_usage_stats (vLLM's, per choice): a streamed chunk of choice `index` carries its
     // prompt's tokens and the choice's generated so far.
-    json with_usage(json chunk, int32_t index) const {
+    // A chunk as this request's client reads it: with its usage so far (continuous_usage_), in
+    // the deprecated functions API's shape (legacy_functions_).
+    json client_chunk(json chunk, int32_t index) const {
+      if (legacy_functions_)
+        for (json& choice : chunk["choices"]) as_function_call(choice);
       if (continuous_usage_)
         chunk["usage"] = usage_json({prompt_tokens_.empty() ? 0 : prompt_tokens_[size_t(index / n_)], choices_[size_t(index)].generated},
                                     false);
@@ -680,6 +685,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     bool parallel_;  // parallel_tool_calls
     std::string tool_name_;
     json tools_;
+    bool legacy_functions_;          // ParsedRequest::legacy_functions
     std::vector<std::string> echo_;  // echo: each prompt's text (none: no echo)
     bool echo_only_;                 // echo with max_tokens 0: the generated token is dropped
     bool grammar_ = false;           // a grammar constrains the output

@@ -2489,6 +2489,58 @@ json response_body(const std::string& out) {
   return json::parse(head == std::string::npos ? out : out.substr(head + 4), nullptr, false);
 }
 
+// The deprecated functions API (`functions`, `function_call`) is answered in its own shape:
+// message.function_call and finish_reason "function_call", streamed as function_call deltas (the
+// name on the first). It was answered as tool_calls, which its clients do not read.
+TEST(ServerTools, LegacyFunctionsAreAnsweredAsFunctionCall) {
+  json choice = json::parse(R"({"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, "finish_reason": "tool_calls"})");
+  as_function_call(choice);
+  EXPECT_EQ(choice, json::parse(R"({"index": 0, "message": {"role": "assistant", "content": null,
+    "function_call": {"name": "f", "arguments": "{}"}}, "finish_reason": "function_call"})"));
+  json delta = json::parse(R"({"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a"}}]},
+    "finish_reason": null})");
+  as_function_call(delta);
+  EXPECT_EQ(delta, json::parse(R"({"index": 0, "delta": {"function_call": {"arguments": "{\"a"}}, "finish_reason": null})"));
+
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const json functions = json::parse(R"([{"name": "f", "parameters": {"type": "object", "properties": {},
+    "additionalProperties": false}}])");
+  json req = {{"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "a"}}}}, {"max_tokens", 40},
+              {"functions", functions}, {"function_call", {{"name", "f"}}}};
+  const json r = response_body(test::http_post(srv.port(), "/v1/chat/completions", req.dump()));
+  const json& msg = r["choices"][0]["message"];
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "function_call") << r;
+  EXPECT_FALSE(msg.contains("tool_calls")) << r;
+  EXPECT_EQ(msg["function_call"]["name"], "f") << r;
+  EXPECT_EQ(json::parse(msg["function_call"]["arguments"].get<std::string>()), json::object()) << r;
+  req["stream"] = true;
+  std::string name, arguments, reason;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/chat/completions", req.dump()))) {
+    const json& ch = ev["choices"][0];
+    EXPECT_FALSE(ch["delta"].contains("tool_calls")) << ev;
+    if (ch["delta"].contains("function_call")) {
+      const json& fc = ch["delta"]["function_call"];
+      if (fc.contains("name")) name += fc["name"].get<std::string>();
+      arguments += fc.value("arguments", "");
+    }
+    if (ch["finish_reason"].is_string()) reason = ch["finish_reason"];
+  }
+  EXPECT_EQ(name, "f");
+  EXPECT_EQ(json::parse(arguments), json::object());
+  EXPECT_EQ(reason, "function_call");
+  // The same call through tools: tool_calls, as before.
+  req.erase("functions");
+  req.erase("function_call");
+  req.erase("stream");
+  req["tools"] = {{{"type", "function"}, {"function", functions[0]}}};
+  req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  const json t = response_body(test::http_post(srv.port(), "/v1/chat/completions", req.dump()));
+  EXPECT_EQ(t["choices"][0]["finish_reason"], "tool_calls") << t;
+  EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "f") << t;
+}
+
 // parallel_tool_calls false under tool_choice auto: a model that writes two calls gets the first
 // one back (OpenAI: at most one), streamed or not; with the flag left out, both.
 TEST(ServerTools, ParallelToolCallsFalseKeepsTheFirstCall) {
