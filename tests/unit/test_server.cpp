@@ -2658,28 +2658,25 @@ TEST(ServerGeneration, ALastFinishThatThrowsEndsTheResponseWithAnError) {
       f();
     }
   };
-  for (const bool error_throws : {false, true}) {
+  // A generation of 4 tokens into a sink that throws as told, run to its end.
+  const auto run = [&](bool throw_finish, bool throw_error) {
     auto sink = std::make_shared<Sink>();
-    sink->throw_error = error_throws;
+    sink->throw_finish = throw_finish;
+    sink->throw_error = throw_error;
     GenerationRequest req;
     req.prompt_text = "Once upon a time";
     req.max_tokens = 4;
     auto gen = Generation::start(ctx, tok, std::move(req), sink, post);
     drain(sink);
     EXPECT_EQ(sink->finishes, 1);
+    return sink;
+  };
+  for (const bool error_throws : {false, true}) {
+    const auto sink = run(true, error_throws);
     EXPECT_EQ(sink->errors, 1) << "error_throws " << error_throws;
     EXPECT_EQ(sink->error_status, 500);
   }
-  // A last on_finish that returns: the response is whole, nothing follows.
-  auto sink = std::make_shared<Sink>();
-  sink->throw_finish = false;
-  GenerationRequest req;
-  req.prompt_text = "Once upon a time";
-  req.max_tokens = 4;
-  auto gen = Generation::start(ctx, tok, std::move(req), sink, post);
-  drain(sink);
-  EXPECT_EQ(sink->finishes, 1);
-  EXPECT_EQ(sink->errors, 0);
+  EXPECT_EQ(run(false, false)->errors, 0);  // a last on_finish that returns: the response is whole
 }
 
 // Usage reports the prompt tokens the prefix cache served: chat and completions as
