@@ -283,8 +283,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (sc.on())
       sc.args().i("body_bytes", int64_t(req.body().size())).i("read_us", header_ns_ > 0 ? (profile::now_ns() - header_ns_) / 1000 : -1);
     header_ns_ = 0;
-    std::string_view target(req.target().data(), req.target().size());
-    if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    std::string_view target(req.target().data(), req.target().size()), query;
+    if (auto q = target.find('?'); q != std::string_view::npos) {
+      query = target.substr(q + 1);
+      target = target.substr(0, q);
+    }
     anthropic_ = is_anthropic(req);
     head_only_ = req.method() == http::verb::head;  // a GET route's answer without its body
     const auto header = [&](auto f) {  // (a field, or a name Beast has no field for)
@@ -304,7 +307,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       const std::string_view want = header(http::field::access_control_request_headers);
       return enqueue(cat("HTTP/1.1 204 No Content\r\nServer: firsttoken\r\nConnection: ",
                          keep_alive_ && !srv_.draining ? "keep-alive" : "close", "\r\n", headers_,
-                         "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: ",
+                         "Access-Control-Allow-Methods: GET, POST, DELETE, OPTIONS\r\nAccess-Control-Allow-Headers: ",
                          want.empty() ? std::string_view("Authorization, Content-Type, X-Request-Id, x-api-key, anthropic-version") : want,
                          "\r\nAccess-Control-Max-Age: 600\r\n\r\n"),
                      true);
@@ -315,18 +318,18 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         throw ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'", "",
                        "invalid_request_error", "invalid_api_key");
       if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error", "server_shutdown");
-      const Route* route = find_route(target);
-      if (!route) throw ApiError(404, cat("no route for ", target), "", "invalid_request_error", "not_found");
-      if (sc.on()) sc.args().s("route", route->path.data());
-      if ((head_only_ ? http::verb::get : req.method()) != route->method) {
+      const Route* route = find_route(target, head_only_ ? http::verb::get : req.method());
+      if (!route) {
+        const std::string allow = route_methods(target);
+        if (allow.empty()) throw ApiError(404, cat("no route for ", target), "", "invalid_request_error", "not_found");
         srv_.metrics.count_error();
         const ApiError e(405, cat("method ", std::string(req.method_string()), " is not allowed on ", target), "",
                          "invalid_request_error", "method_not_allowed");
-        return send_response(405, "application/json", body_of(e),
-                             cat("Allow: ", std::string(http::to_string(route->method)), "\r\n"));
+        return send_response(405, "application/json", body_of(e), cat("Allow: ", allow, "\r\n"));
       }
+      if (sc.on()) sc.args().s("route", route->path.data());
       const std::string_view tail = route->path.ends_with('*') ? target.substr(route->path.size() - 1) : std::string_view{};
-      route->handle(srv_, *this, RouteRequest{req.body(), tail});
+      route->handle(srv_, *this, RouteRequest{req.body(), tail, query});
     } catch (const ApiError& e) {
       send_error(e);
     } catch (const std::exception& e) {
@@ -849,11 +852,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // streamed as response.reasoning_text.delta events.
   class ResponsesReply : public GenerationSink {
    public:
-    ResponsesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
+    ResponsesReply(HttpSession& s, ResponseMeta meta, ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice),
           parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
-          grammar_(!pr.grammar.empty()) {
+          grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)) {
       think_ = reasoning_split(s.srv_.model);
       // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
       if (tool_choice_ != ToolChoice::None && !(tool_choice_ == ToolChoice::Auto && harmony_of(think_)))
@@ -920,8 +923,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       for (const ToolCall& c : calls) output.push_back(responses_call_item(c, "completed"));
       Usage usage = f.usage;
       usage.reasoning_tokens = reasoning_tokens_;
-      const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
-                                      incomplete ? "max_output_tokens" : "", echo_);
+      json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
+                                incomplete ? "max_output_tokens" : "", echo_);
+      r["store"] = store_ && keep(r);
       if (!stream_) return s_.send_json(r);
       int64_t index = int64_t(items_.size());
       if (has_message) {
@@ -955,6 +959,19 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
 
    private:
     std::string ev(const std::string& type, json data) { return responses_event(type, std::move(data), seq_++); }
+    // Stores the finished response r; whether it was (ResponseStore::put: it may be over the cap).
+    bool keep(const json& r) {
+      ResponseStore::Entry e;
+      e.id = meta_.id;
+      if (echo_.contains("previous_response_id")) e.previous_id = echo_["previous_response_id"].get<std::string>();
+      for (const json& it : input_) e.input.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
+      for (const json& it : r["output"]) e.output.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
+      json object = r;
+      object.erase("output");
+      object["store"] = true;
+      e.response = ResponseStore::text(object);
+      return s_.srv_.responses.put(std::move(e));
+    }
     ReasoningSplit::Parts split(const std::string& text, bool final) {
       if (!think_) return {"", text};
       return think_->push(text, final);
@@ -1027,6 +1044,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     json echo_;  // the request's fields its response object echoes
     std::string msg_id_, rs_id_, text_, reasoning_;  // text_: the message's so far
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
+    bool store_;    // ParsedRequest::store_response
+    json input_;    // ParsedRequest::responses_input
     std::optional<ToolCallHold> held_;  // with tools: text held back while it is or may become a call
     std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
     // Streamed: the reasoning items and the message, in the order they were added (output_index).
@@ -1180,7 +1199,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   };
 
   void generate(Endpoint kind, const std::string& body) override {
-    ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info)
+    ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info, &srv_.responses)
                        : kind == Endpoint::Messages   ? parse_messages_request(body, srv_.info)
                        : kind == Endpoint::Native     ? parse_native_request(body, srv_.info)
                        : kind == Endpoint::Infill     ? parse_infill_request(body, srv_.info)
@@ -1195,7 +1214,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                                                         : "cmpl-";
     // "model" names the base or a LoRA adapter (vLLM's convention); responses echo it.
     if (pr.model != srv_.info.id) pr.adapter = pr.model;
-    ResponseMeta meta{kind, cat(prefix, std::hex, 0x10000000u + n), int64_t(std::time(nullptr)), pr.model};
+    // (A response's id is random: its stored response is read back by it, GET /v1/responses/{id}.)
+    ResponseMeta meta{kind, kind == Endpoint::Responses ? new_item_id(prefix) : cat(prefix, std::hex, 0x10000000u + n),
+                      int64_t(std::time(nullptr)), pr.model};
     pr.name = (request_id_.empty() ? meta.id : request_id_) +
               (kind == Endpoint::Chat         ? " chat"
                : kind == Endpoint::Responses  ? " response"
