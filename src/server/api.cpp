@@ -815,6 +815,21 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   }
   if (j.contains("max_output_tokens")) chat["max_completion_tokens"] = j["max_output_tokens"];
   if (j.contains("stream") && j["stream"] == true) chat["stream_options"] = {{"include_usage", true}};
+  // Logprobs (on output_text parts and deltas) when include asks for them; top_logprobs is how
+  // many alternatives (vLLM's rule: alone it asks for none).
+  bool logprobs = false;
+  if (j.contains("include")) {
+    if (!j["include"].is_array()) bad("include", "'include' must be an array of strings");
+    for (const json& x : j["include"]) {
+      if (!x.is_string()) bad("include", "'include' must be an array of strings");
+      logprobs = logprobs || x == "message.output_text.logprobs";
+    }
+  }
+  if (j.contains("top_logprobs")) get_int(j, "top_logprobs", 0, kMaxLogprobs);
+  if (logprobs) {
+    chat["logprobs"] = true;
+    chat["top_logprobs"] = j.contains("top_logprobs") ? j["top_logprobs"] : json(0);
+  }
 
   const bool store_asked = !j.contains("store") || get_bool(j, "store");  // (OpenAI's default: stored)
   ResponsesConversation conv = responses_conversation(j, store, store_asked && store);
@@ -1859,9 +1874,11 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
   return r;
 }
 
-json responses_message_item(const std::string& id, const std::string& text, const std::string& status) {
+json responses_message_item(const std::string& id, const std::string& text, const std::string& status,
+                            const json& logprobs) {
   json content = json::array();
-  if (status != "in_progress") content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", json::array()}});
+  if (status != "in_progress")
+    content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", logprobs}});
   return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"}, {"content", content}};
 }
 

@@ -125,7 +125,8 @@ bool get_bool(const nlohmann::json& body, const char* name);
 // previous_response_id (its stored conversation first: its chain's input and output items),
 // instructions (a system message first; this request's alone), max_output_tokens, temperature,
 // top_p, tools ({"type": "function", "name", "parameters"}), tool_choice, text.format (text,
-// json_object, json_schema), store (default true: kept in `store` when it finishes; null store:
+// json_object, json_schema), include "message.output_text.logprobs" (with top_logprobs: each
+// output_text token's logprobs, as chat's), store (default true: kept in `store` when it finishes; null store:
 // nothing is, and nothing can be referred to). An unknown previous_response_id (or a link of its
 // chain no longer stored) is OpenAI's 400 previous_response_not_found; an unknown item id a 400
 // naming input[i].id; an item id twice in the conversation a 400. Conversations, stored prompts,
@@ -316,7 +317,9 @@ nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
 nlohmann::json responses_object(const ResponseMeta& m, const std::string& status, const nlohmann::json& output,
                                 const Usage* u, const std::string& incomplete_reason = "",
                                 const nlohmann::json& request = nlohmann::json::object());
-nlohmann::json responses_message_item(const std::string& id, const std::string& text, const std::string& status);
+// logprobs: its output_text part's (chat's "content" entries: {"token", "logprob", "bytes", "top_logprobs"}).
+nlohmann::json responses_message_item(const std::string& id, const std::string& text, const std::string& status,
+                                      const nlohmann::json& logprobs = nlohmann::json::array());
 nlohmann::json responses_call_item(const ToolCall& c, const std::string& status);
 // A reasoning model's thinking: {"type": "reasoning", "id", "status", "summary": [], "content":
 // [{"type": "reasoning_text", "text"}]} (content empty while in progress).

@@ -856,7 +856,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice),
           parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
-          grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)) {
+          grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)),
+          logprobs_(pr.logprobs >= 0) {
       think_ = reasoning_split(s.srv_.model);
       // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
       if (tool_choice_ != ToolChoice::None && !(tool_choice_ == ToolChoice::Auto && harmony_of(think_)))
@@ -879,6 +880,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // (a token whose text went to the reasoning, or is held inside it)
       if (p.content.empty() && think_ && (think_->in_reasoning() || !p.reasoning.empty()))
         reasoning_tokens_ += int64_t(o.tokens.size());
+      else
+        add_logprobs(o);
       std::string out = reason(p.reasoning);
       if (!p.content.empty()) {
         if (stream_) out += close_reasoning();
@@ -890,6 +893,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       const Flush flush(s_);
       if (f.reason == "length" && think_) think_->cut_short();  // (gpt-oss: an open call is no call)
       const ReasoningSplit::Parts p = split(last.text, true);
+      if (!(p.content.empty() && !p.reasoning.empty())) add_logprobs(last);
       std::string out = reason(p.reasoning);
       if (stream_ && !p.content.empty()) out += close_reasoning();
       out += message_text(held_ ? held_->push(p.content) : p.content);
@@ -901,6 +905,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                                      : at_most_one_call(harmony_tool_calls(harmony_of(think_)->take_calls(),
                                                                            tool_choice_, tools_), parallel_);
         calls = std::move(found.calls);
+        if (!calls.empty()) lp_.clear();  // (the held tokens': the calls' text, which has no logprobs)
         if (stream_ && !found.content.empty()) out += close_reasoning();
         out += message_text(found.content);
       }
@@ -915,10 +920,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         // message began (harmony's channels) is an item of its own after it.
         for (const StreamItem& it : items_)
           output.push_back(it.reasoning ? responses_reasoning_item(it.id, it.text, "completed")
-                                        : responses_message_item(msg_id_, text_, message_status));
+                                        : responses_message_item(msg_id_, text_, message_status, text_logprobs_));
       } else {
         if (think_ && think_->reasoned()) output.push_back(responses_reasoning_item(rs_id_, reasoning_, "completed"));
-        if (has_message) output.push_back(responses_message_item(msg_id_, text_, message_status));
+        if (has_message) output.push_back(responses_message_item(msg_id_, text_, message_status, text_logprobs_));
       }
       for (const ToolCall& c : calls) output.push_back(responses_call_item(c, "completed"));
       Usage usage = f.usage;
@@ -930,10 +935,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       int64_t index = int64_t(items_.size());
       if (has_message) {
         const int64_t m = msg_item_;
-        const json part = {{"type", "output_text"}, {"text", text_}, {"annotations", json::array()}};
         out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0},
-                                                {"text", text_}, {"logprobs", json::array()}});
-        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0}, {"part", part}});
+                                                {"text", text_}, {"logprobs", text_logprobs_}});
+        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0},
+                                                 {"part", output[size_t(m)]["content"][0]}});
         out += ev("response.output_item.done", {{"output_index", m}, {"item", output[size_t(m)]}});
       }
       for (const ToolCall& c : calls) {
@@ -1011,15 +1016,29 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                 {{"output_index", rs_item_}, {"item", responses_reasoning_item(it.id, it.text, "completed")}});
       return out;
     }
-    // Message text: kept, and streamed as a delta (the message's opening events first).
+    // Message text: kept, and streamed as a delta (the message's opening events first) with the
+    // logprobs of the tokens since the last one.
     std::string message_text(const std::string& text) {
       if (text.empty()) return "";
       text_ += text;
+      json lp = logprobs_json(Endpoint::Chat, std::exchange(lp_, {}))["content"];
+      for (const json& e : lp) text_logprobs_.push_back(e);
       if (!stream_) return "";
       std::string out = open_message();
       out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_item_}, {"content_index", 0},
-                                               {"delta", text}, {"logprobs", json::array()}});
+                                               {"delta", text}, {"logprobs", std::move(lp)}});
       return out;
+    }
+    // An output's logprobs (include: message.output_text.logprobs), held until its text goes out
+    // as the message's (a reasoning token's are not: reasoning items carry none).
+    void add_logprobs(const Output& o) {
+      if (!logprobs_) return;
+      const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
+      for (const TokenLogprobs& t : o.logprobs) {
+        TokenLogprob x{tok.token_to_piece(t.token), t.logprob, {}};
+        for (const auto& [id, lp] : t.top) x.top.emplace_back(tok.token_to_piece(id), lp);
+        lp_.push_back(std::move(x));
+      }
     }
     // The message item's opening events, once (its place: after the items added before it).
     std::string open_message() {
@@ -1046,6 +1065,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
     bool store_;    // ParsedRequest::store_response
     json input_;    // ParsedRequest::responses_input
+    bool logprobs_;  // include: message.output_text.logprobs
+    std::vector<TokenLogprob> lp_;                  // not yet out with the message's text
+    json text_logprobs_ = json::array();            // the message's (its output_text part's)
     std::optional<ToolCallHold> held_;  // with tools: text held back while it is or may become a call
     std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
     // Streamed: the reasoning items and the message, in the order they were added (output_index).
@@ -1231,10 +1253,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       pr.skip_special_tokens = false;
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
     // Tool calls hold a stream's text, and its logprobs, until a call ends (a named call's, its
-    // generation): such a stream's logprobs count as a held response's (kMaxLogprobEntries).
-    pr.holds_output = pr.stream && pr.tool_choice != ToolChoice::None &&
-                      !(pr.tool_choice == ToolChoice::Auto && srv_.model.harmony) &&  // (its calls are messages)
-                      !(kind == Endpoint::Chat && pr.tool_choice == ToolChoice::Named);  // (chat streams its arguments)
+    // generation): such a stream's logprobs count as a held response's (kMaxLogprobEntries); so do
+    // a Responses stream's, whose completed event carries its whole output.
+    pr.holds_output = pr.stream && (kind == Endpoint::Responses ||
+                                    (pr.tool_choice != ToolChoice::None &&
+                                     !(pr.tool_choice == ToolChoice::Auto && srv_.model.harmony) &&  // (its calls are messages)
+                                     !(kind == Endpoint::Chat && pr.tool_choice == ToolChoice::Named)));  // (chat streams its arguments)
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};

@@ -2910,6 +2910,48 @@ TEST(ServerResponses, StoredChainedListedAndDeleted) {
   EXPECT_NE(na.find("Allow: GET, DELETE"), std::string::npos) << na;
 }
 
+// include: ["message.output_text.logprobs"] (with top_logprobs alternatives) puts each token's
+// logprobs on the message's output_text part, as chat's for the same conversation, and on the
+// streamed deltas (which add up to them) and done events; top_logprobs alone asks for none.
+TEST(ServerResponses, LogprobsOnTheOutputTextAsChats) {
+  const auto lp = [](const std::string& body) { return parse_responses_request(body, kModel).logprobs; };
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 3})"), 3);
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "include": ["message.output_text.logprobs"]})"), 0);
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "top_logprobs": 3})"), -1);  // (vLLM's rule)
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "include": ["reasoning.encrypted_content"]})"), -1);
+  for (const char* body : {R"({"model": "stories260K", "input": "x", "include": "message.output_text.logprobs"})",
+                           R"({"model": "stories260K", "input": "x", "include": [1]})",
+                           R"({"model": "stories260K", "input": "x", "top_logprobs": 21})"})
+    EXPECT_THROW(parse_responses_request(body, kModel), ApiError) << body;
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const json chat = response_body(test::http_post(srv.port(), "/v1/chat/completions", json{
+      {"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"max_tokens", 10},
+      {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}}.dump()));
+  const json expected = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(expected.size(), 10u) << chat;
+  json req = {{"model", "stories260K"}, {"input", "Once upon a time"}, {"max_output_tokens", 10}, {"temperature", 0},
+              {"include", {"message.output_text.logprobs"}}, {"top_logprobs", 2}};
+  const json r = response_body(test::http_post(srv.port(), "/v1/responses", req.dump()));
+  EXPECT_EQ(r["output"][0]["content"][0]["logprobs"], expected) << r;
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], chat["choices"][0]["message"]["content"]);
+  req["stream"] = true;
+  json deltas = json::array(), done, completed;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/responses", req.dump()))) {
+    if (ev["type"] == "response.output_text.delta")
+      for (const json& e : ev["logprobs"]) deltas.push_back(e);
+    if (ev["type"] == "response.output_text.done") done = ev["logprobs"];
+    if (ev["type"] == "response.incomplete" || ev["type"] == "response.completed") completed = ev["response"];
+  }
+  EXPECT_EQ(deltas, expected);
+  EXPECT_EQ(done, expected);
+  EXPECT_EQ(completed["output"][0]["content"][0]["logprobs"], expected);
+  req.erase("include");  // not asked: none
+  req.erase("stream");
+  const json plain = response_body(test::http_post(srv.port(), "/v1/responses", req.dump()));
+  EXPECT_EQ(plain["output"][0]["content"][0]["logprobs"], json::array()) << plain;
+}
+
 // The store's count cap: the oldest response is evicted; continuing it is OpenAI's 400.
 TEST(ServerResponses, TheOldestStoredIsEvicted) {
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
