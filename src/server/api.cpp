@@ -11,6 +11,8 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <random>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "core/json_depth.h"
@@ -691,17 +693,112 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
   return r;
 }
 
-ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model) {
+namespace {
+
+// An input item given by its id alone: {"type": "item_reference", "id"}, or an item of another type
+// with nothing but its id (and status), as OpenAI takes it.
+bool is_reference(const json& item) {
+  if (!item.contains("id")) return false;
+  if (item.contains("type") && item["type"] == "item_reference") return true;
+  for (const auto& [k, v] : item.items())
+    if (k != "type" && k != "id" && k != "status") return false;
+  return true;
+}
+
+// An input item as its stored response keeps it: typed, with an id (OpenAI's prefix for its type),
+// a message's string content as one text part.
+json stored_item(json item) {
+  if (!item.contains("type")) item["type"] = "message";
+  const std::string type = item["type"].is_string() ? item["type"].get<std::string>() : "";
+  if (!item.contains("id"))
+    item["id"] = new_item_id(type == "message"                ? "msg_"
+                             : type == "function_call"        ? "fc_"
+                             : type == "function_call_output" ? "fco_"
+                             : type == "reasoning"            ? "rs_"
+                                                              : "item_");
+  if (type == "message" && item.contains("content") && item["content"].is_string())
+    item["content"] = json::array({{{"type", item.contains("role") && item["role"] == "assistant" ? "output_text" : "input_text"},
+                                    {"text", item["content"]}}});
+  return item;
+}
+
+// A Responses request's conversation: previous_response_id's (its chain's items, from the store)
+// then the input's items, references resolved from the store. own: the input's items as its
+// stored response keeps them (stored_item), when `keep`.
+struct ResponsesConversation {
+  std::vector<json> items;
+  size_t previous = 0;  // items[0, previous) are previous_response_id's
+  json own = json::array();
+};
+
+ResponsesConversation responses_conversation(const json& j, const ResponseStore* store, bool keep) {
+  ResponsesConversation c;
+  if (j.contains("previous_response_id")) {
+    const json& prev = j["previous_response_id"];
+    if (!prev.is_string()) bad("previous_response_id", "'previous_response_id' must be a string");
+    ResponseStore::Chain chain;
+    if (store) chain = store->chain(prev.get<std::string>());
+    else chain.missing = prev.get<std::string>();
+    if (!chain.missing.empty())  // (OpenAI's answer, naming the link the store no longer holds)
+      throw ApiError(400, cat("Previous response with id '", chain.missing, "' not found."), "previous_response_id",
+                     "invalid_request_error", "previous_response_not_found");
+    c.items = ResponseStore::conversation(chain, /*last_output=*/true);
+    c.previous = c.items.size();
+  }
+  std::unordered_set<std::string> ids;  // (OpenAI refuses an item twice in one conversation)
+  for (const json& it : c.items)
+    if (it.contains("id") && it["id"].is_string()) ids.insert(it["id"].get<std::string>());
+  if (!j.contains("input")) bad("input", "'input' is required");
+  const json& in = j["input"];
+  if (in.is_string()) {
+    c.items.push_back({{"type", "message"}, {"role", "user"}, {"content", in}});
+    if (keep) c.own.push_back(stored_item(c.items.back()));
+    return c;
+  }
+  if (!in.is_array()) bad("input", "'input' must be a string or an array of items");
+  // (Each id once in a conversation, so what the chain and the references resolve to is at most
+  // what the store holds: one stored item named many times cannot make a small body any size.)
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string p = cat("input[", i, "]");
+    if (!in[i].is_object()) bad(p, "'" + p + "' must be an object");
+    if (in[i].contains("id") && !in[i]["id"].is_string()) bad(p + ".id", "'" + p + ".id' must be a string");
+    if (in[i].contains("type") && in[i]["type"] == "item_reference" && !in[i].contains("id"))
+      bad(p + ".id", "'" + p + ".id' is required");
+    json item;
+    if (is_reference(in[i])) {
+      const std::string id = in[i]["id"].get<std::string>();
+      const std::optional<std::string> text = store ? store->item(id) : std::nullopt;
+      if (!text) bad(p + ".id", cat("Item with id '", id, "' not found (", p, ")."));
+      item = json::parse(*text);
+      if (in[i].contains("type") && in[i]["type"] != "item_reference" && in[i]["type"] != item["type"])
+        bad(p + ".type", cat("the item with id '", id, "' is of type ", item["type"].dump(), ", not ", in[i]["type"].dump()));
+    } else {
+      item = in[i];
+    }
+    if (item.contains("id") && !ids.insert(item["id"].get<std::string>()).second)
+      bad(p, cat("Duplicate item found with id '", item["id"].get<std::string>(),
+                 "': an item is in the conversation once (previous_response_id's items are in it already)."));
+    if (keep) c.own.push_back(stored_item(item));
+    c.items.push_back(std::move(item));
+  }
+  return c;
+}
+
+}  // namespace
+
+ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model, const ResponseStore* store) {
   json j = parse_json_object(body);
   for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
-  for (const char* k : {"previous_response_id", "conversation", "prompt"})
-    if (j.contains(k)) bad(k, cat("'", k, "' is not supported (this server stores no responses or prompts)"));
+  if (j.contains("conversation"))
+    bad("conversation", "'conversation' is not supported (no Conversations API here: chain responses with "
+                        "'previous_response_id')");
+  if (j.contains("prompt")) bad("prompt", "'prompt' (a stored prompt template) is not supported");
   if (j.contains("background") && j["background"] == true) bad("background", "background responses are not supported");
   static const char* const kKnown[] = {"model", "input", "instructions", "stream", "stream_options", "max_output_tokens",
                                        "temperature", "top_p", "tools", "tool_choice", "text", "parallel_tool_calls",
                                        "store", "metadata", "user", "reasoning", "truncation", "include", "service_tier",
                                        "prompt_cache_key", "safety_identifier", "top_logprobs", "max_tool_calls",
-                                       "background", "seed", "top_k", "min_p", "repetition_penalty", "stop",
+                                       "background", "previous_response_id", "seed", "top_k", "min_p", "repetition_penalty", "stop",
                                        "chat_template_kwargs", "guided_choice", "guided_json", "grammar"};
   json chat = json::object();
   std::vector<std::string> unknown;
@@ -720,17 +817,31 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   }
   if (j.contains("max_output_tokens")) chat["max_completion_tokens"] = j["max_output_tokens"];
   if (j.contains("stream") && j["stream"] == true) chat["stream_options"] = {{"include_usage", true}};
+  // Logprobs (on output_text parts and deltas) when include asks for them; top_logprobs is how
+  // many alternatives (vLLM's rule: alone it asks for none).
+  bool logprobs = false;
+  if (j.contains("include")) {
+    if (!j["include"].is_array()) bad("include", "'include' must be an array of strings");
+    for (const json& x : j["include"]) {
+      if (!x.is_string()) bad("include", "'include' must be an array of strings");
+      logprobs = logprobs || x == "message.output_text.logprobs";
+    }
+  }
+  if (j.contains("top_logprobs")) get_int(j, "top_logprobs", 0, kMaxLogprobs);
+  if (logprobs) {
+    chat["logprobs"] = true;
+    chat["top_logprobs"] = j.contains("top_logprobs") ? j["top_logprobs"] : json(0);
+  }
+
+  const bool store_asked = !j.contains("store") || get_bool(j, "store");  // (OpenAI's default: stored)
+  ResponsesConversation conv = responses_conversation(j, store, store_asked && store);
 
   json messages = json::array();
-  if (j.contains("instructions")) {
+  if (j.contains("instructions")) {  // (this request's own: not previous_response_id's, as OpenAI does)
     if (!j["instructions"].is_string()) bad("instructions", "'instructions' must be a string");
     messages.push_back({{"role", "system"}, {"content", j["instructions"]}});
   }
-  if (!j.contains("input")) bad("input", "'input' is required");
-  const json& in = j["input"];
-  if (in.is_string()) {
-    messages.push_back({{"role", "user"}, {"content", in}});
-  } else if (in.is_array()) {
+  {
     // Reasoning items' text since the last turn: the assistant turn they precede takes it (a
     // user turn or a tool result drops it: reasoning that led to no answer).
     std::string reasoning;
@@ -740,9 +851,9 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
       turn["reasoning_content"] = had + (had.empty() ? "" : "\n\n") + reasoning;
       reasoning.clear();
     };
-    for (size_t i = 0; i < in.size(); ++i) {
-      const json& item = in[i];
-      const std::string p = cat("input[", i, "]");
+    for (size_t i = 0; i < conv.items.size(); ++i) {
+      const json& item = conv.items[i];
+      const std::string p = i < conv.previous ? std::string("previous_response_id") : cat("input[", i - conv.previous, "]");
       if (!item.is_object()) bad(p, "'" + p + "' must be an object");
       const std::string type = item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>() : "message";
       if (type == "message") {
@@ -770,9 +881,6 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
         messages.push_back({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
                             {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
         reasoning.clear();
-      } else if (type == "item_reference") {  // what a client sends for earlier items when it assumes store: true
-        bad(p + ".type", "input items of type 'item_reference' are not supported (this server stores no responses: "
-                         "send the items themselves, e.g. with store: false)");
       } else if (type == "reasoning") {  // its text: content's reasoning_text parts, else the summary's
         std::string text;
         for (const char* key : {"content", "summary"}) {
@@ -786,8 +894,6 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
         bad(p + ".type", "input items of type '" + type + "' are not supported");
       }
     }
-  } else {
-    bad("input", "'input' must be a string or an array of items");
   }
   chat["messages"] = messages;
   if (j.contains("tools")) {
@@ -824,8 +930,11 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
     // What the response object echoes, as the request gave it (valid by now).
     for (const char* k : {"instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "temperature", "top_p",
                           "tools", "tool_choice", "truncation", "user", "safety_identifier", "prompt_cache_key",
-                          "service_tier", "top_logprobs", "max_tool_calls", "reasoning"})
+                          "service_tier", "top_logprobs", "max_tool_calls", "reasoning", "previous_response_id"})
       if (j.contains(k)) r.responses_echo[k] = j[k];
+    r.responses_echo["store"] = store_asked;  // (the finished response's says whether it was stored)
+    r.store_response = store_asked && store;
+    r.responses_input = std::move(conv.own);
     if (j.contains("text") && j["text"].is_object()) {
       r.responses_echo["text"] = j["text"];
       if (!j["text"].contains("format")) r.responses_echo["text"]["format"] = {{"type", "text"}};
@@ -1446,11 +1555,14 @@ json tool_calls_chunk(const ResponseMeta& m, const json& tool_calls, bool with_u
   return j;
 }
 
-std::string new_tool_call_id() {
+std::string new_item_id(std::string_view prefix) {
+  thread_local std::random_device rd;  // (not a seeded generator: ids read back stored responses)
   char b[32];
-  std::snprintf(b, sizeof b, "call_%016llx%08x", static_cast<unsigned long long>(draw_seed()), unsigned(draw_seed()));
-  return b;
+  std::snprintf(b, sizeof b, "%08x%08x%08x", unsigned(rd()), unsigned(rd()), unsigned(rd()));
+  return std::string(prefix) + b;
 }
+
+std::string new_tool_call_id() { return new_item_id("call_"); }
 
 namespace {
 
@@ -1757,7 +1869,7 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
             {"metadata", json::object()},
             {"parallel_tool_calls", true},
             {"previous_response_id", nullptr},
-            {"store", false},  // nothing is stored here, whatever the request said
+            {"store", false},  // (request's echo: what it asked; a finished response's: whether it was stored)
             {"temperature", 1.0},
             {"top_p", 1.0},
             {"tool_choice", "auto"},
@@ -1775,9 +1887,11 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
   return r;
 }
 
-json responses_message_item(const std::string& id, const std::string& text, const std::string& status) {
+json responses_message_item(const std::string& id, const std::string& text, const std::string& status,
+                            const json& logprobs) {
   json content = json::array();
-  if (status != "in_progress") content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", json::array()}});
+  if (status != "in_progress")
+    content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", logprobs}});
   return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"}, {"content", content}};
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/generation.h"
+#include "server/response_store.h"
 
 namespace ft::server {
 
@@ -84,6 +85,10 @@ struct ParsedRequest : GenerationRequest {
   // Responses API: what the response object echoes of the request (tools and tool_choice as
   // given, parallel_tool_calls, text, instructions, sampling, limits, metadata).
   nlohmann::json responses_echo = nlohmann::json::object();
+  // Responses API: keep the response when it finishes (store: true, and a store to keep it in),
+  // with its request's own input items (references resolved, each with an id: ResponseStore::Entry).
+  bool store_response = false;
+  nlohmann::json responses_input = nlohmann::json::array();
   bool base64 = false;  // embeddings: encoding_format "base64" (little-endian float32s)
   bool llama_embeddings = false;  // embeddings: llama.cpp's /embedding answer (llama_embeddings_response)
   // embeddings: llama.cpp's embd_normalize: -1 none, 0 max-abs to 32760, 2 euclidean (the
@@ -118,12 +123,19 @@ std::string check_model(const nlohmann::json& body, const ModelInfo& model, bool
 bool get_bool(const nlohmann::json& body, const char* name);
 
 // POST /v1/responses, mapped onto a chat request (the same generation path): input (a string or
-// items: messages with input_text/output_text parts, function_call, function_call_output),
-// instructions (a system message first), max_output_tokens, temperature, top_p, tools
-// ({"type": "function", "name", "parameters"}), tool_choice, text.format (text, json_object,
-// json_schema). Stored conversations (previous_response_id, conversation), background runs and
-// built-in tools are 400 "... is not supported".
-ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model);
+// items: messages with input_text/output_text parts, function_call, function_call_output,
+// reasoning, and item_reference or an item with only its id: the stored item of that id),
+// previous_response_id (its stored conversation first: its chain's input and output items),
+// instructions (a system message first; this request's alone), max_output_tokens, temperature,
+// top_p, tools ({"type": "function", "name", "parameters"}), tool_choice, text.format (text,
+// json_object, json_schema), include "message.output_text.logprobs" (with top_logprobs: each
+// output_text token's logprobs, as chat's), store (default true: kept in `store` when it finishes; null store:
+// nothing is, and nothing can be referred to). An unknown previous_response_id (or a link of its
+// chain no longer stored) is OpenAI's 400 previous_response_not_found; an unknown item id a 400
+// naming input[i].id; an item id twice in the conversation a 400. Conversations, stored prompts,
+// background runs and built-in tools are 400 "... is not supported".
+ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model,
+                                      const ResponseStore* store = nullptr);
 // llama.cpp's native POST /completion: {"prompt": text | token ids, "n_predict", "stream", its
 // sampling fields, "logit_bias" as [[id, bias | false], ...] or an object, "seed" (-1: random),
 // "return_tokens"} parsed as a completions request of one choice; "model" optional.
@@ -313,7 +325,9 @@ nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
 nlohmann::json responses_object(const ResponseMeta& m, const std::string& status, const nlohmann::json& output,
                                 const Usage* u, const std::string& incomplete_reason = "",
                                 const nlohmann::json& request = nlohmann::json::object());
-nlohmann::json responses_message_item(const std::string& id, const std::string& text, const std::string& status);
+// logprobs: its output_text part's (chat's "content" entries: {"token", "logprob", "bytes", "top_logprobs"}).
+nlohmann::json responses_message_item(const std::string& id, const std::string& text, const std::string& status,
+                                      const nlohmann::json& logprobs = nlohmann::json::array());
 nlohmann::json responses_call_item(const ToolCall& c, const std::string& status);
 // A reasoning model's thinking: {"type": "reasoning", "id", "status", "summary": [], "content":
 // [{"type": "reasoning_text", "text"}]} (content empty while in progress).
@@ -410,7 +424,9 @@ class ToolCallHold {
 FoundToolCalls harmony_tool_calls(std::vector<ToolCall> calls, ToolChoice choice, const nlohmann::json& tools);
 // parallel_tool_calls false: the first call only (OpenAI: at most one); the others are dropped.
 FoundToolCalls at_most_one_call(FoundToolCalls found, bool parallel);
-// A fresh tool-call id: "call_" + 24 hex digits.
+// A fresh id: prefix + 24 random hex digits (not guessable: stored responses are read by id).
+std::string new_item_id(std::string_view prefix);
+// A fresh tool-call id: new_item_id("call_").
 std::string new_tool_call_id();
 // [{"id", "type": "function", "function": {"name", "arguments"}}] (streamed: with "index" too).
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index = false);

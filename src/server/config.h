@@ -13,7 +13,8 @@
 //               "header_timeout_s", "body_timeout_s", "write_timeout_s", "shutdown_timeout_s",
 //               "frame_timeout_s", "max_connections",
 //               "log_level", "model", "served_model_name", "context_length", "binary_port_any",
-//               "api_key", "allowed_origins", "mlock", "chat_template_file", "reasoning_format", "pooling"},
+//               "api_key", "allowed_origins", "mlock", "chat_template_file", "reasoning_format", "pooling",
+//               "max_stored_responses", "max_stored_bytes"},
 //    "kv_cache": {"memory_mib": N, "block_size": N (a multiple of 16), "prefix_caching": true,
 //                 "dtype": "f16" | "bf16" | "q8_0" | "f32"},
 //    "speculative": {"method": "ngram" | "draft", "draft_model": "draft.gguf",
@@ -70,6 +71,10 @@ struct ServeConfig {
   std::string reasoning_format = "auto";  // auto | deepseek | none (ReasoningSplit)
   std::string pooling = "auto";           // /v1/embeddings: auto | mean | cls | last (server::resolve_pooling)
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
+  // The Responses API's stored responses (ResponseStore): at most this many, of at most these bytes
+  // in all; 0 responses: none stored.
+  int64_t max_stored_responses = 10000;
+  uint64_t max_stored_bytes = uint64_t(128) << 20;
   // parallel_config
   int tp_size = 1;  // tensor-parallel ranks (MPI)
   int pp_size = 1;  // pipeline stages (MPI): tp_size x pp_size ranks

@@ -157,7 +157,7 @@ struct GenerationRequest {
   // The output goes out as it is made (SSE, the binary port's stream): a held response's output
   // logprobs count against kMaxLogprobEntries, a stream's do not.
   bool stream = false;
-  bool holds_output = false;  // a stream whose output may be held whole (tool calls): counted as held
+  bool holds_output = false;  // a stream whose output may be held whole (tool calls; Responses' completed event): counted as held
   // Prompts of one response (a batched completions request's): each may take this share of its
   // logprob entries when max_tokens is not given.
   int32_t logprob_share = 1;

@@ -283,8 +283,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     if (sc.on())
       sc.args().i("body_bytes", int64_t(req.body().size())).i("read_us", header_ns_ > 0 ? (profile::now_ns() - header_ns_) / 1000 : -1);
     header_ns_ = 0;
-    std::string_view target(req.target().data(), req.target().size());
-    if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    std::string_view target(req.target().data(), req.target().size()), query;
+    if (auto q = target.find('?'); q != std::string_view::npos) {
+      query = target.substr(q + 1);
+      target = target.substr(0, q);
+    }
     anthropic_ = is_anthropic(req);
     head_only_ = req.method() == http::verb::head;  // a GET route's answer without its body
     const auto header = [&](auto f) {  // (a field, or a name Beast has no field for)
@@ -304,7 +307,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       const std::string_view want = header(http::field::access_control_request_headers);
       return enqueue(cat("HTTP/1.1 204 No Content\r\nServer: firsttoken\r\nConnection: ",
                          keep_alive_ && !srv_.draining ? "keep-alive" : "close", "\r\n", headers_,
-                         "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: ",
+                         "Access-Control-Allow-Methods: GET, POST, DELETE, OPTIONS\r\nAccess-Control-Allow-Headers: ",
                          want.empty() ? std::string_view("Authorization, Content-Type, X-Request-Id, x-api-key, anthropic-version") : want,
                          "\r\nAccess-Control-Max-Age: 600\r\n\r\n"),
                      true);
@@ -315,18 +318,18 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         throw ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'", "",
                        "invalid_request_error", "invalid_api_key");
       if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error", "server_shutdown");
-      const Route* route = find_route(target);
-      if (!route) throw ApiError(404, cat("no route for ", target), "", "invalid_request_error", "not_found");
-      if (sc.on()) sc.args().s("route", route->path.data());
-      if ((head_only_ ? http::verb::get : req.method()) != route->method) {
+      const Route* route = find_route(target, head_only_ ? http::verb::get : req.method());
+      if (!route) {
+        const std::string allow = route_methods(target);
+        if (allow.empty()) throw ApiError(404, cat("no route for ", target), "", "invalid_request_error", "not_found");
         srv_.metrics.count_error();
         const ApiError e(405, cat("method ", std::string(req.method_string()), " is not allowed on ", target), "",
                          "invalid_request_error", "method_not_allowed");
-        return send_response(405, "application/json", body_of(e),
-                             cat("Allow: ", std::string(http::to_string(route->method)), "\r\n"));
+        return send_response(405, "application/json", body_of(e), cat("Allow: ", allow, "\r\n"));
       }
+      if (sc.on()) sc.args().s("route", route->path.data());
       const std::string_view tail = route->path.ends_with('*') ? target.substr(route->path.size() - 1) : std::string_view{};
-      route->handle(srv_, *this, RouteRequest{req.body(), tail});
+      route->handle(srv_, *this, RouteRequest{req.body(), tail, query});
     } catch (const ApiError& e) {
       send_error(e);
     } catch (const std::exception& e) {
@@ -855,11 +858,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // streamed as response.reasoning_text.delta events.
   class ResponsesReply : public GenerationSink {
    public:
-    ResponsesReply(HttpSession& s, ResponseMeta meta, const ParsedRequest& pr)
+    ResponsesReply(HttpSession& s, ResponseMeta meta, ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice),
           parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
-          grammar_(!pr.grammar.empty()) {
+          grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)),
+          logprobs_(pr.logprobs >= 0) {
       think_ = reasoning_split(s.srv_.model);
       // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
       if (tool_choice_ != ToolChoice::None && !(tool_choice_ == ToolChoice::Auto && harmony_of(think_)))
@@ -882,6 +886,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // (a token whose text went to the reasoning, or is held inside it)
       if (p.content.empty() && think_ && (think_->in_reasoning() || !p.reasoning.empty()))
         reasoning_tokens_ += int64_t(o.tokens.size());
+      else
+        add_logprobs(o);
       std::string out = reason(p.reasoning);
       if (!p.content.empty()) {
         if (stream_) out += close_reasoning();
@@ -893,6 +899,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       const Flush flush(s_);
       if (f.reason == "length" && think_) think_->cut_short();  // (gpt-oss: an open call is no call)
       const ReasoningSplit::Parts p = split(last.text, true);
+      if (!(p.content.empty() && !p.reasoning.empty())) add_logprobs(last);
       std::string out = reason(p.reasoning);
       if (stream_ && !p.content.empty()) out += close_reasoning();
       out += message_text(held_ ? held_->push(p.content) : p.content);
@@ -904,6 +911,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                                      : at_most_one_call(harmony_tool_calls(harmony_of(think_)->take_calls(),
                                                                            tool_choice_, tools_), parallel_);
         calls = std::move(found.calls);
+        if (!calls.empty()) lp_.clear();  // (the held tokens': the calls' text, which has no logprobs)
         if (stream_ && !found.content.empty()) out += close_reasoning();
         out += message_text(found.content);
       }
@@ -918,24 +926,25 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         // message began (harmony's channels) is an item of its own after it.
         for (const StreamItem& it : items_)
           output.push_back(it.reasoning ? responses_reasoning_item(it.id, it.text, "completed")
-                                        : responses_message_item(msg_id_, text_, message_status));
+                                        : responses_message_item(msg_id_, text_, message_status, text_logprobs_));
       } else {
         if (think_ && think_->reasoned()) output.push_back(responses_reasoning_item(rs_id_, reasoning_, "completed"));
-        if (has_message) output.push_back(responses_message_item(msg_id_, text_, message_status));
+        if (has_message) output.push_back(responses_message_item(msg_id_, text_, message_status, text_logprobs_));
       }
       for (const ToolCall& c : calls) output.push_back(responses_call_item(c, "completed"));
       Usage usage = f.usage;
       usage.reasoning_tokens = reasoning_tokens_;
-      const json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
-                                      incomplete ? "max_output_tokens" : "", echo_);
+      json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
+                                incomplete ? "max_output_tokens" : "", echo_);
+      r["store"] = store_ && keep(r);
       if (!stream_) return s_.send_json(r);
       int64_t index = int64_t(items_.size());
       if (has_message) {
         const int64_t m = msg_item_;
-        const json part = {{"type", "output_text"}, {"text", text_}, {"annotations", json::array()}};
         out += ev("response.output_text.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0},
-                                                {"text", text_}, {"logprobs", json::array()}});
-        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0}, {"part", part}});
+                                                {"text", text_}, {"logprobs", text_logprobs_}});
+        out += ev("response.content_part.done", {{"item_id", msg_id_}, {"output_index", m}, {"content_index", 0},
+                                                 {"part", output[size_t(m)]["content"][0]}});
         out += ev("response.output_item.done", {{"output_index", m}, {"item", output[size_t(m)]}});
       }
       for (const ToolCall& c : calls) {
@@ -961,6 +970,19 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
 
    private:
     std::string ev(const std::string& type, json data) { return responses_event(type, std::move(data), seq_++); }
+    // Stores the finished response r; whether it was (ResponseStore::put: it may be over the cap).
+    bool keep(const json& r) {
+      ResponseStore::Entry e;
+      e.id = meta_.id;
+      if (echo_.contains("previous_response_id")) e.previous_id = echo_["previous_response_id"].get<std::string>();
+      for (const json& it : input_) e.input.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
+      for (const json& it : r["output"]) e.output.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
+      json object = r;
+      object.erase("output");
+      object["store"] = true;
+      e.response = ResponseStore::text(object);
+      return s_.srv_.responses.put(std::move(e));
+    }
     ReasoningSplit::Parts split(const std::string& text, bool final) {
       if (!think_) return {"", text};
       return think_->push(text, final);
@@ -1000,15 +1022,29 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                 {{"output_index", rs_item_}, {"item", responses_reasoning_item(it.id, it.text, "completed")}});
       return out;
     }
-    // Message text: kept, and streamed as a delta (the message's opening events first).
+    // Message text: kept, and streamed as a delta (the message's opening events first) with the
+    // logprobs of the tokens since the last one.
     std::string message_text(const std::string& text) {
       if (text.empty()) return "";
       text_ += text;
+      json lp = logprobs_json(Endpoint::Chat, std::exchange(lp_, {}))["content"];
+      for (const json& e : lp) text_logprobs_.push_back(e);
       if (!stream_) return "";
       std::string out = open_message();
       out += ev("response.output_text.delta", {{"item_id", msg_id_}, {"output_index", msg_item_}, {"content_index", 0},
-                                               {"delta", text}, {"logprobs", json::array()}});
+                                               {"delta", text}, {"logprobs", std::move(lp)}});
       return out;
+    }
+    // An output's logprobs (include: message.output_text.logprobs), held until its text goes out
+    // as the message's (a reasoning token's are not: reasoning items carry none).
+    void add_logprobs(const Output& o) {
+      if (!logprobs_) return;
+      const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
+      for (const TokenLogprobs& t : o.logprobs) {
+        TokenLogprob x{tok.token_to_piece(t.token), t.logprob, {}};
+        for (const auto& [id, lp] : t.top) x.top.emplace_back(tok.token_to_piece(id), lp);
+        lp_.push_back(std::move(x));
+      }
     }
     // The message item's opening events, once (its place: after the items added before it).
     std::string open_message() {
@@ -1033,6 +1069,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     json echo_;  // the request's fields its response object echoes
     std::string msg_id_, rs_id_, text_, reasoning_;  // text_: the message's so far
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
+    bool store_;    // ParsedRequest::store_response
+    json input_;    // ParsedRequest::responses_input
+    bool logprobs_;  // include: message.output_text.logprobs
+    std::vector<TokenLogprob> lp_;                  // not yet out with the message's text
+    json text_logprobs_ = json::array();            // the message's (its output_text part's)
     std::optional<ToolCallHold> held_;  // with tools: text held back while it is or may become a call
     std::optional<ReasoningSplit> think_;  // a reasoning model (ServedModel::reasoning)
     // Streamed: the reasoning items and the message, in the order they were added (output_index).
@@ -1186,7 +1227,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   };
 
   void generate(Endpoint kind, const std::string& body) override {
-    ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info)
+    ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info, &srv_.responses)
                        : kind == Endpoint::Messages   ? parse_messages_request(body, srv_.info)
                        : kind == Endpoint::Native     ? parse_native_request(body, srv_.info)
                        : kind == Endpoint::Infill     ? parse_infill_request(body, srv_.info)
@@ -1201,7 +1242,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                                                         : "cmpl-";
     // "model" names the base or a LoRA adapter (vLLM's convention); responses echo it.
     if (pr.model != srv_.info.id) pr.adapter = pr.model;
-    ResponseMeta meta{kind, cat(prefix, std::hex, 0x10000000u + n), int64_t(std::time(nullptr)), pr.model};
+    // (A response's id is random: its stored response is read back by it, GET /v1/responses/{id}.)
+    ResponseMeta meta{kind, kind == Endpoint::Responses ? new_item_id(prefix) : cat(prefix, std::hex, 0x10000000u + n),
+                      int64_t(std::time(nullptr)), pr.model};
     pr.name = (request_id_.empty() ? meta.id : request_id_) +
               (kind == Endpoint::Chat         ? " chat"
                : kind == Endpoint::Responses  ? " response"
@@ -1216,10 +1259,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       pr.skip_special_tokens = false;
     for (const auto& f : pr.ignored_fields) spdlog::debug("{}: '{}' has no effect here; ignored", pr.name, f);
     // Tool calls hold a stream's text, and its logprobs, until a call ends (a named call's, its
-    // generation): such a stream's logprobs count as a held response's (kMaxLogprobEntries).
-    pr.holds_output = pr.stream && pr.tool_choice != ToolChoice::None &&
-                      !(pr.tool_choice == ToolChoice::Auto && srv_.model.harmony) &&  // (its calls are messages)
-                      !(kind == Endpoint::Chat && pr.tool_choice == ToolChoice::Named);  // (chat streams its arguments)
+    // generation): such a stream's logprobs count as a held response's (kMaxLogprobEntries); so do
+    // a Responses stream's, whose completed event carries its whole output.
+    pr.holds_output = pr.stream && (kind == Endpoint::Responses ||
+                                    (pr.tool_choice != ToolChoice::None &&
+                                     !(pr.tool_choice == ToolChoice::Auto && srv_.model.harmony) &&  // (its calls are messages)
+                                     !(kind == Endpoint::Chat && pr.tool_choice == ToolChoice::Named)));  // (chat streams its arguments)
     if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};

@@ -1,6 +1,7 @@
 #include "server/routes.h"
 
 #include <algorithm>
+#include <charconv>
 #include <ctime>
 
 #include <spdlog/spdlog.h>
@@ -241,6 +242,67 @@ json count_tokens(const Server::Impl& srv, const RouteRequest& req) {
   return {{"input_tokens", prompt_tokens(srv.gen, io_tokenizer(), parse_messages_request(req.body, srv.info, true)).size()}};
 }
 
+// The Responses API's stored responses: GET /v1/responses/{id} (the response object), GET
+// /v1/responses/{id}/input_items (the items it was generated from, a page of them) and DELETE
+// /v1/responses/{id}. An id not stored (never, or evicted, or deleted): 404.
+ApiError response_not_found(std::string_view id) {
+  return ApiError(404, cat("Response with id '", id, "' not found."), "response_id");
+}
+
+// Its conversation before its output: its chain's items, then its request's own input (a chain's
+// links no longer stored are left out), as OpenAI's list: {"object": "list", "data", "first_id",
+// "last_id", "has_more"}; query: limit 1..100 (20), order asc | desc (desc: the latest first),
+// after (an item id: the page starts after it).
+json input_items(const ResponseStore& store, const std::string& id, std::string_view query) {
+  ResponseStore::Chain chain = store.chain(id);
+  if (chain.links.empty()) throw response_not_found(id);
+  std::vector<json> items = ResponseStore::conversation(chain, /*last_output=*/false);
+  int64_t limit = 20;
+  if (const auto v = query_value(query, "limit")) {
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), limit);
+    if (ec != std::errc() || end != v->data() + v->size() || limit < 1 || limit > 100)
+      throw ApiError(400, cat("'limit' must be an integer in [1, 100], got '", *v, "'"), "limit");
+  }
+  const std::string order = query_value(query, "order").value_or("desc");
+  if (order != "asc" && order != "desc") throw ApiError(400, cat("'order' must be 'asc' or 'desc', got '", order, "'"), "order");
+  if (order == "desc") std::reverse(items.begin(), items.end());
+  if (query_value(query, "before")) throw ApiError(400, "'before' is not supported: page with 'after'", "before");
+  size_t from = 0;
+  if (const auto after = query_value(query, "after")) {
+    const auto it = std::find_if(items.begin(), items.end(), [&](const json& x) { return x.value("id", "") == *after; });
+    if (it == items.end()) throw ApiError(400, cat("'after': no item '", *after, "' among the response's input items"), "after");
+    from = size_t(it - items.begin()) + 1;
+  }
+  const size_t to = std::min(items.size(), from + size_t(limit));
+  json data = json::array();
+  for (size_t i = from; i < to; ++i) data.push_back(std::move(items[i]));
+  return {{"object", "list"},
+          {"data", data},
+          {"first_id", data.empty() ? json(nullptr) : data.front()["id"]},
+          {"last_id", data.empty() ? json(nullptr) : data.back()["id"]},
+          {"has_more", to < items.size()}};
+}
+
+void get_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  constexpr std::string_view kItems = "/input_items";
+  if (req.tail.ends_with(kItems)) {
+    const std::string id(req.tail.substr(0, req.tail.size() - kItems.size()));
+    return out.send_json(input_items(srv.responses, id, req.query));
+  }
+  if (const auto stream = query_value(req.query, "stream"); stream && *stream == "true")
+    throw ApiError(400, "'stream' is not supported: a stored response is answered whole", "stream");
+  const std::string id(req.tail);
+  const auto e = srv.responses.get(id);
+  if (!e) throw response_not_found(id);
+  out.send_json(ResponseStore::object(*e));
+}
+
+void delete_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  const std::string id(req.tail);
+  if (!srv.responses.erase(id)) throw response_not_found(id);
+  out.send_json({{"id", id}, {"object", "response"}, {"deleted", true}});
+}
+
 void health(Server::Impl&, Responder& out, const RouteRequest&) { out.send_json({{"status", "ok"}}); }
 void list_models(Server::Impl& srv, Responder& out, const RouteRequest&) { out.send_json(models(srv)); }
 
@@ -274,6 +336,8 @@ const Route kRoutes[] = {
     {"/v1/unload_lora_adapter", http::verb::post, unload_lora},
     {"/v1/completions", http::verb::post, generate<Endpoint::Completions>},
     {"/v1/responses", http::verb::post, generate<Endpoint::Responses>},
+    {"/v1/responses/*", http::verb::get, get_response},
+    {"/v1/responses/*", http::verb::delete_, delete_response},
     {"/v1/chat/completions", http::verb::post, generate<Endpoint::Chat>},
     {"/chat/completions", http::verb::post, generate<Endpoint::Chat>},  // (llama.cpp serves both paths)
     {"/v1/embeddings", http::verb::post, generate<Endpoint::Embeddings>},
@@ -291,13 +355,48 @@ const Route kRoutes[] = {
 
 }  // namespace
 
-const Route* find_route(std::string_view path) {
-  for (const Route& r : kRoutes)
-    if (r.path == path) return &r;
-  for (const Route& r : kRoutes)
-    if (r.path.ends_with('*') && path.size() >= r.path.size() && path.starts_with(r.path.substr(0, r.path.size() - 1)))
-      return &r;
+namespace {
+bool literal_match(const Route& r, std::string_view path) { return r.path == path; }
+bool prefix_match(const Route& r, std::string_view path) {
+  return r.path.ends_with('*') && path.size() >= r.path.size() && path.starts_with(r.path.substr(0, r.path.size() - 1));
+}
+}  // namespace
+
+const Route* find_route(std::string_view path, http::verb method) {
+  for (auto match : {literal_match, prefix_match})
+    for (const Route& r : kRoutes)
+      if (r.method == method && match(r, path)) return &r;
   return nullptr;
+}
+
+std::string route_methods(std::string_view path) {
+  std::string out;
+  for (auto match : {literal_match, prefix_match}) {
+    for (const Route& r : kRoutes)
+      if (match(r, path)) {
+        const std::string m(http::to_string(r.method));
+        if (out.find(m) == std::string::npos) out += (out.empty() ? "" : ", ") + m;
+      }
+    if (!out.empty()) return out;  // (a literal path's methods are its own, not a prefix row's)
+  }
+  return out;
+}
+
+std::optional<std::string> query_value(std::string_view query, std::string_view key) {
+  for (size_t at = 0; at <= query.size();) {
+    const size_t amp = std::min(query.find('&', at), query.size());
+    const std::string_view pair = query.substr(at, amp - at);
+    const size_t eq = std::min(pair.find('='), pair.size());
+    if (pair.substr(0, eq) == key) {
+      std::string raw(pair.substr(std::min(eq + 1, pair.size())));
+      std::replace(raw.begin(), raw.end(), '+', ' ');
+      std::optional<std::string> v = percent_decode(raw);
+      if (!v) throw ApiError(400, cat("the query's '", key, "' has a malformed percent escape"), std::string(key));
+      return v;
+    }
+    at = amp + 1;
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> percent_decode(std::string_view s) {

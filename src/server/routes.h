@@ -33,10 +33,12 @@ class Responder {
   virtual void answer_later(std::function<Answer()> work) = 0;
 };
 
-// What a handler reads of its request: the body, and for a prefix route the path after it.
+// What a handler reads of its request: the body, for a prefix route the path after it, and the
+// query (after '?', undecoded).
 struct RouteRequest {
   const std::string& body;
   std::string_view tail;  // "/v1/models/m" on the route "/v1/models/*": "m"
+  std::string_view query = {};
 };
 
 struct Route {
@@ -50,7 +52,12 @@ struct Route {
 // nullopt when an escape is malformed ('%' not followed by two hex digits).
 std::optional<std::string> percent_decode(std::string_view s);
 
-// The row for path (without its query), or null; a literal row before a prefix one.
-const Route* find_route(std::string_view path);
+// The row for path (without its query) and method, or null; a literal row before a prefix one.
+const Route* find_route(std::string_view path, boost::beast::http::verb method);
+// The methods path has rows for ("GET, DELETE"; "" when none): a 405's Allow.
+std::string route_methods(std::string_view path);
+// A query's value of key, percent-decoded ('+' as a space); nullopt when absent; ApiError (400
+// naming key) when its escapes are malformed.
+std::optional<std::string> query_value(std::string_view query, std::string_view key);
 
 }  // namespace ft::server

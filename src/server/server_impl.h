@@ -135,6 +135,7 @@ struct Server::Impl {
   std::atomic<int64_t> waiting{0};  // submitted, no token or finish yet
   ServerMetrics metrics;
   GenerationContext gen;
+  ResponseStore responses;  // the Responses API's stored responses (cfg.max_stored_responses, max_stored_bytes)
   // (Before ioc: handlers destroyed with a stopped ioc destroy their sessions, which count here.)
   std::atomic<int> n_sessions{0};
   std::mutex conn_mu;

@@ -39,8 +39,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)ft::server::typed_event("message_start", {{"message", ft::server::messages_response(meta, blocks, &stop, {1, 1})}});
       return 0;
     }
-    if ((data[0] & 3) == 3 && (data[0] & 8)) {  // the Responses API
-      const ft::server::ParsedRequest r = ft::server::parse_responses_request(body, model);
+    if ((data[0] & 3) == 3 && (data[0] & 8)) {  // the Responses API (a store holding one response to refer to)
+      static ft::server::ResponseStore* const store = [] {
+        auto* s = new ft::server::ResponseStore(4, 1 << 20);
+        ft::server::ResponseStore::Entry e;
+        e.id = "resp_a";
+        for (const char* id : {"msg_a", "fc_a", "rs_a"})
+          e.output.push_back({id, nlohmann::json{{"type", id[0] == 'm' ? "message" : id[0] == 'f' ? "function_call" : "reasoning"},
+                                                 {"id", id}, {"role", "assistant"}, {"content", "x"}, {"name", "f"}}.dump()});
+        e.response = "{}";
+        s->put(std::move(e));
+        return s;
+      }();
+      const ft::server::ParsedRequest r = ft::server::parse_responses_request(body, model, store);
       FT_FUZZ_CHECK(r.model == model.id && r.kind == Endpoint::Responses && !r.messages.empty());
       const ft::server::ResponseMeta meta{Endpoint::Responses, "resp_1", 0, r.model};
       const ft::server::Usage u{1, 1};

@@ -1082,22 +1082,17 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
     }
   };
   bad(R"({"model": "stories260K"})", "input");
-  bad(R"({"model": "stories260K", "input": "x", "previous_response_id": "resp_1"})", "previous_response_id");
+  bad(R"({"model": "stories260K", "input": "x", "previous_response_id": "resp_1"})", "previous_response_id");  // (none stored)
   bad(R"({"model": "stories260K", "input": "x", "tools": [{"type": "web_search"}]})", "tools[0]");
   bad(R"({"model": "stories260K", "input": [{"role": "robot", "content": "x"}]})", "input[0].role");
   bad(R"({"model": "stories260K", "input": "x", "max_output_tokens": 0})", "max_output_tokens");
-  bad(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "fc_1"}]})", "input[0].type");
+  bad(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "fc_1"}]})", "input[0].id");
   // Wrong types are a 400 naming them (not a JSON type error, which would be a 500).
   bad(R"({"model": "stories260K", "input": "x", "tools": [{"type": 1, "name": "f"}]})", "tools[0]");
   bad(R"({"model": "stories260K", "input": "x", "tools": [{"type": "function", "name": 7}]})", "tools[0]");
   bad(R"({"model": "stories260K", "input": [{"type": "function_call", "call_id": 5, "name": "f"}]})", "input[0].tool_calls[0].id");
   bad(R"({"model": "stories260K", "input": [{"type": "function_call_output", "call_id": [], "output": "x"}]})",
       "input[0].tool_call_id");
-  try {  // the Vercel AI SDK's default (store: true) sends these: the error says what to do instead
-    parse_responses_request(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "fc_1"}]})", kModel);
-  } catch (const ApiError& e) {
-    EXPECT_NE(std::string(e.what()).find("store: false"), std::string::npos) << e.what();
-  }
 
   const ResponseMeta m{Endpoint::Responses, "resp_1", 7, "stories260K"};
   const Usage u{3, 4};
@@ -1115,7 +1110,7 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   EXPECT_EQ(obj_r["instructions"], "Be brief");
   EXPECT_EQ(obj_r["max_output_tokens"], 20);
   EXPECT_EQ(obj_r["text"], json::parse(R"({"format": {"type": "text"}})"));
-  EXPECT_EQ(obj_r["store"], false);  // echoed as what happened: nothing is stored
+  EXPECT_EQ(obj_r["store"], false);  // what the request asked (the finished response's: whether it was stored)
   const auto tools_auto = parse_responses_request(call_body + R"(, "tool_choice": null, "temperature": 0.5,
       "metadata": {"k": "v"}, "parallel_tool_calls": false})", kModel);
   const json obj_a = responses_object(m, "completed", json::array(), &u, "", tools_auto.responses_echo);
@@ -1133,6 +1128,197 @@ TEST(ServerResponsesApi, MapsOntoAChatRequest) {
   const std::string e = responses_event("response.output_text.delta", {{"delta", "x"}}, 3);
   EXPECT_EQ(e.substr(0, 34), "event: response.output_text.delta\n");
   EXPECT_NE(e.find("\"sequence_number\":3"), std::string::npos);
+}
+
+// --- the Responses API's store ------------------------------------------------------------------
+
+// A stored response of id whose input and output are messages of these texts (ids "<id>_in<i>",
+// "<id>_out<i>"), continuing `previous`; padded with pad bytes of response text.
+ResponseStore::Entry stored_entry(const std::string& id, const std::vector<std::string>& in,
+                                  const std::vector<std::string>& out, const std::string& previous = "", size_t pad = 0) {
+  ResponseStore::Entry e;
+  e.id = id;
+  e.previous_id = previous;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string item_id = cat(id, "_in", i);
+    e.input.push_back({item_id, ResponseStore::text({{"type", "message"}, {"id", item_id}, {"role", "user"},
+                                                     {"content", {{{"type", "input_text"}, {"text", in[i]}}}}})});
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::string item_id = cat(id, "_out", i);
+    e.output.push_back({item_id, ResponseStore::text(responses_message_item(item_id, out[i], "completed"))});
+  }
+  e.response = ResponseStore::text({{"id", id}, {"object", "response"}, {"pad", std::string(pad, 'x')}});
+  return e;
+}
+
+TEST(ResponseStore, EvictsTheOldestByCount) {
+  ResponseStore store(3, 1 << 20);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(store.put(stored_entry(cat("r", i), {"q"}, {"a"})));
+  EXPECT_EQ(store.size(), 3);
+  EXPECT_EQ(store.get("r0"), nullptr);
+  EXPECT_EQ(store.get("r1"), nullptr);
+  for (const char* id : {"r2", "r3", "r4"}) EXPECT_NE(store.get(id), nullptr) << id;
+  EXPECT_FALSE(store.item("r1_out0"));  // an evicted response's items go with it
+  EXPECT_TRUE(store.item("r2_out0"));
+  uint64_t sum = 0;
+  for (const char* id : {"r2", "r3", "r4"}) sum += store.get(id)->bytes();
+  EXPECT_EQ(store.bytes(), sum);
+  EXPECT_FALSE(ResponseStore(0, 1 << 20).put(stored_entry("r", {"q"}, {"a"})));  // 0: none stored
+}
+
+TEST(ResponseStore, EvictsTheOldestByBytes) {
+  const uint64_t one = stored_entry("r0", {"q"}, {"a"}, "", 1000).bytes();
+  ResponseStore store(100, 2 * one + one / 2);  // room for two
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(store.put(stored_entry(cat("r", i), {"q"}, {"a"}, "", 1000)));
+  EXPECT_EQ(store.size(), 2);
+  EXPECT_LE(store.bytes(), store.max_bytes());
+  EXPECT_EQ(store.get("r1"), nullptr);
+  EXPECT_NE(store.get("r2"), nullptr);
+  EXPECT_NE(store.get("r3"), nullptr);
+  // One alone over the cap is not stored, and evicts nothing.
+  EXPECT_FALSE(store.put(stored_entry("big", {"q"}, {"a"}, "", 3 * one)));
+  EXPECT_EQ(store.size(), 2);
+  // A large one evicts as many of the oldest as it needs.
+  EXPECT_TRUE(store.put(stored_entry("r4", {"q"}, {"a"}, "", 1000 + one)));
+  EXPECT_EQ(store.size(), 1);
+  EXPECT_NE(store.get("r4"), nullptr);
+  EXPECT_FALSE(store.put(stored_entry("r4", {"q"}, {"a"})));  // an id once
+}
+
+TEST(ResponseStore, ChainsResolveOldestFirstAndStopAtAMissingLink) {
+  ResponseStore store(10, 1 << 20);
+  store.put(stored_entry("a", {"q1"}, {"a1"}));
+  store.put(stored_entry("b", {"q2"}, {"a2"}, "a"));
+  store.put(stored_entry("c", {"q3"}, {"a3", "a3b"}, "b"));
+  const ResponseStore::Chain chain = store.chain("c");
+  EXPECT_TRUE(chain.missing.empty());
+  ASSERT_EQ(chain.links.size(), 3u);
+  std::vector<std::string> ids;
+  for (const json& it : ResponseStore::conversation(chain, true)) ids.push_back(it["id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"a_in0", "a_out0", "b_in0", "b_out0", "c_in0", "c_out0", "c_out1"}));
+  EXPECT_EQ(ResponseStore::conversation(chain, false).size(), 5u);  // (without c's own output)
+  EXPECT_EQ(ResponseStore::object(*chain.links.back())["output"][1]["content"][0]["text"], "a3b");
+  EXPECT_EQ(store.chain("x").missing, "x");
+  EXPECT_TRUE(store.chain("x").links.empty());
+  // A deleted link: the chain reaches back to it and names it.
+  EXPECT_TRUE(store.erase("b"));
+  EXPECT_FALSE(store.erase("b"));
+  const ResponseStore::Chain cut = store.chain("c");
+  EXPECT_EQ(cut.missing, "b");
+  ASSERT_EQ(cut.links.size(), 1u);
+  EXPECT_EQ(cut.links[0]->id, "c");
+}
+
+TEST(ResponseStore, AnItemHeldTwiceIsFoundWhileEitherHolderIsStored) {
+  ResponseStore store(10, 1 << 20);
+  store.put(stored_entry("a", {"q"}, {"shared"}));
+  ResponseStore::Entry b = stored_entry("b", {}, {"x"});
+  b.input.push_back(store.get("a")->output[0]);  // a's output sent back as b's input
+  store.put(std::move(b));
+  EXPECT_TRUE(store.erase("a"));
+  ASSERT_TRUE(store.item("a_out0"));
+  EXPECT_EQ(json::parse(*store.item("a_out0"))["content"][0]["text"], "shared");
+  EXPECT_TRUE(store.erase("b"));
+  EXPECT_FALSE(store.item("a_out0"));
+  EXPECT_EQ(store.bytes(), 0u);
+}
+
+// Writers, readers and deleters at once: within the caps throughout, every entry read whole.
+TEST(ResponseStore, ConcurrentAccessStaysWithinTheCaps) {
+  const uint64_t one = stored_entry("r_0_0", {"q"}, {"a"}, "r_0_0", 100).bytes();
+  ResponseStore store(50, 40 * one);
+  std::atomic<bool> broken{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::string prev;
+      for (int i = 0; i < 2000; ++i) {
+        const std::string id = cat("r_", t, "_", i);
+        store.put(stored_entry(id, {"q"}, {"a"}, prev, 100));
+        prev = id;
+        if (i % 7 == 0) store.erase(cat("r_", (t + 1) % 4, "_", i - 3));
+        const ResponseStore::Chain c = store.chain(id);
+        for (const json& it : ResponseStore::conversation(c, true))
+          if (!it.contains("id")) broken = true;
+        if (const auto e = store.get(cat("r_", (t + 2) % 4, "_", i - 1)); e && ResponseStore::object(*e)["id"] != e->id) broken = true;
+        if (const auto item = store.item(cat("r_", (t + 3) % 4, "_", i - 1, "_out0")); item && json::parse(*item)["type"] != "message")
+          broken = true;
+        if (store.size() > 50 || store.bytes() > store.max_bytes()) broken = true;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(broken);
+  EXPECT_LE(store.size(), 50);
+  EXPECT_LE(store.bytes(), store.max_bytes());
+}
+
+// previous_response_id and item references resolve from the store: the chain's items, then the
+// input's; instructions are the request's own; what is kept is the request's own items with ids.
+TEST(ServerResponsesApi, PreviousResponseAndReferencesResolveFromTheStore) {
+  ResponseStore store(10, 1 << 20);
+  store.put(stored_entry("resp_a", {"First question"}, {"First answer"}));
+  store.put(stored_entry("resp_b", {"Second question"}, {"Second answer"}, "resp_a"));
+  const auto r = parse_responses_request(R"({"model": "stories260K", "previous_response_id": "resp_b",
+      "instructions": "Be brief", "input": "Third question"})", kModel, &store);
+  ASSERT_EQ(r.messages.size(), 6u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "Be brief");
+  EXPECT_EQ(r.messages[1].content, "First question");
+  EXPECT_EQ(r.messages[2].role, "assistant");
+  EXPECT_EQ(r.messages[2].content, "First answer");
+  EXPECT_EQ(r.messages[4].content, "Second answer");
+  EXPECT_EQ(r.messages[5].content, "Third question");
+  EXPECT_TRUE(r.store_response);
+  EXPECT_EQ(r.responses_echo["previous_response_id"], "resp_b");
+  ASSERT_EQ(r.responses_input.size(), 1u);  // its own item only: the chain is a link
+  EXPECT_EQ(r.responses_input[0]["content"], json::parse(R"([{"type": "input_text", "text": "Third question"}])"));
+  EXPECT_EQ(r.responses_input[0]["id"].get<std::string>().substr(0, 4), "msg_");
+  // References: item_reference, and an item with only its id; kept as the items they name.
+  const auto refs = parse_responses_request(R"({"model": "stories260K", "input": [
+      {"type": "item_reference", "id": "resp_a_in0"}, {"type": "message", "id": "resp_a_out0"},
+      {"role": "user", "content": "Next"}]})", kModel, &store);
+  ASSERT_EQ(refs.messages.size(), 3u);
+  EXPECT_EQ(refs.messages[0].content, "First question");
+  EXPECT_EQ(refs.messages[1].content, "First answer");
+  EXPECT_EQ(refs.messages[1].role, "assistant");
+  ASSERT_EQ(refs.responses_input.size(), 3u);
+  EXPECT_EQ(refs.responses_input[1]["id"], "resp_a_out0");
+  // store: false keeps nothing; a reference still resolves.
+  const auto unkept = parse_responses_request(R"({"model": "stories260K", "store": false, "input": [
+      {"type": "item_reference", "id": "resp_a_out0"}, {"role": "user", "content": "Next"}]})", kModel, &store);
+  EXPECT_FALSE(unkept.store_response);
+  EXPECT_TRUE(unkept.responses_input.empty());
+  EXPECT_EQ(unkept.responses_echo["store"], false);
+  const auto fails = [&](const std::string& body, const std::string& param, const std::string& needle,
+                         const std::string& code = "") {
+    try {
+      parse_responses_request(body, kModel, &store);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, param) << e.what();
+      EXPECT_EQ(e.code, code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  fails(R"({"model": "stories260K", "previous_response_id": "resp_x", "input": "x"})", "previous_response_id",
+        "Previous response with id 'resp_x' not found.", "previous_response_not_found");
+  fails(R"({"model": "stories260K", "input": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "nope"}]})",
+        "input[1].id", "Item with id 'nope' not found (input[1])");
+  fails(R"({"model": "stories260K", "input": [{"type": "item_reference"}]})", "input[0].id", "is required");
+  fails(R"({"model": "stories260K", "input": [{"type": "reasoning", "id": "resp_a_out0"}]})", "input[0].type", "not \"reasoning\"");
+  fails(R"({"model": "stories260K", "previous_response_id": "resp_b", "input": [{"type": "item_reference", "id": "resp_a_out0"}]})",
+        "input[0]", "Duplicate item found with id 'resp_a_out0'");
+  fails(R"({"model": "stories260K", "previous_response_id": 7, "input": "x"})", "previous_response_id", "must be a string");
+  fails(R"({"model": "stories260K", "store": "yes", "input": "x"})", "store", "must be a boolean");
+  // A chain whose older link is gone: the missing link is named.
+  store.erase("resp_a");
+  fails(R"({"model": "stories260K", "previous_response_id": "resp_b", "input": "x"})", "previous_response_id",
+        "Previous response with id 'resp_a' not found.", "previous_response_not_found");
+  // An item once in a conversation (so references resolve to at most what the store holds).
+  fails(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "resp_b_out0"},
+      {"type": "item_reference", "id": "resp_b_out0"}]})", "input[1]", "Duplicate item found with id 'resp_b_out0'");
 }
 
 TEST(ServerMessagesApi, MapsOntoAChatRequest) {
@@ -2769,6 +2955,164 @@ TEST(ServerResponses, StreamedItemsKeepTheirPlaces) {
   EXPECT_EQ(completed["output"][0]["type"], "message") << out;
   EXPECT_EQ(completed["output"][1]["type"], "reasoning") << out;
   for (const auto& [id, index] : added) EXPECT_EQ(completed["output"][size_t(index)]["id"], id) << out;
+}
+
+// Responses are stored when they finish (store: true, OpenAI's default; streamed or not) and read
+// back: GET /v1/responses/{id}, its input_items (the conversation before its output, paged) and
+// DELETE. previous_response_id continues one: the same prompt and greedy answer as the
+// conversation sent whole. store: false, and a response over the byte cap, are not stored and
+// say so.
+TEST(ServerResponses, StoredChainedListedAndDeleted) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048, {}, [](ServeConfig& c) { c.max_stored_bytes = 32 << 10; });
+  const auto post = [&](const json& body) { return response_body(test::http_post(srv.port(), "/v1/responses", body.dump())); };
+  const auto get = [&](const std::string& p) { return test::http_request(srv.port(), "GET", p, ""); };
+  const json base = {{"model", "stories260K"}, {"max_output_tokens", 8}, {"temperature", 0}};
+  json req = base;
+  req["input"] = "Once upon a time";
+  const json first = post(req);
+  EXPECT_EQ(first["store"], true) << first;
+  const std::string id = first["id"];
+  EXPECT_EQ(id.size(), 5u + 24u) << id;  // resp_ + 24 random hex digits
+  EXPECT_EQ(first["output"][0]["id"], "msg_" + id.substr(5));
+  const std::string got = get("/v1/responses/" + id);
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  EXPECT_EQ(response_body(got), first);
+  // Chained, and the same conversation sent whole (not stored).
+  req["previous_response_id"] = id;
+  req["input"] = "The end";
+  const json second = post(req);
+  ASSERT_EQ(second["status"].is_string(), true) << second;
+  EXPECT_EQ(second["previous_response_id"], id);
+  json whole = base;
+  whole["store"] = false;
+  whole["input"] = {{{"role", "user"}, {"content", "Once upon a time"}}, first["output"][0], {{"role", "user"}, {"content", "The end"}}};
+  const json w = post(whole);
+  EXPECT_EQ(w["store"], false) << w;
+  EXPECT_EQ(second["usage"]["input_tokens"], w["usage"]["input_tokens"]);
+  EXPECT_GT(second["usage"]["input_tokens"].get<int64_t>(), first["usage"]["input_tokens"].get<int64_t>());
+  EXPECT_EQ(second["output"][0]["content"][0]["text"], w["output"][0]["content"][0]["text"]);
+  EXPECT_NE(get("/v1/responses/" + w["id"].get<std::string>()).find("404 Not Found"), std::string::npos);
+  // input_items: the conversation before second's output, the latest first.
+  const std::string items_path = "/v1/responses/" + second["id"].get<std::string>() + "/input_items";
+  const json items = response_body(get(items_path));
+  ASSERT_EQ(items["data"].size(), 3u) << items;
+  EXPECT_EQ(items["object"], "list");
+  EXPECT_EQ(items["data"][0]["content"][0]["text"], "The end");
+  EXPECT_EQ(items["data"][1], first["output"][0]);
+  EXPECT_EQ(items["data"][2]["content"][0]["text"], "Once upon a time");
+  EXPECT_EQ(items["data"][2]["role"], "user");
+  EXPECT_EQ(items["first_id"], items["data"][0]["id"]);
+  EXPECT_EQ(items["last_id"], items["data"][2]["id"]);
+  EXPECT_EQ(items["has_more"], false);
+  std::set<std::string> ids;
+  for (const json& it : items["data"]) ids.insert(it["id"].get<std::string>());
+  EXPECT_EQ(ids.size(), 3u);  // each its own id
+  const json page = response_body(get(items_path + "?limit=1&order=asc"));
+  ASSERT_EQ(page["data"].size(), 1u) << page;
+  EXPECT_EQ(page["data"][0], items["data"][2]);
+  EXPECT_EQ(page["has_more"], true);
+  const json rest = response_body(get(items_path + "?order=asc&after=" + page["last_id"].get<std::string>()));
+  ASSERT_EQ(rest["data"].size(), 2u) << rest;
+  EXPECT_EQ(rest["data"][1], items["data"][0]);
+  EXPECT_EQ(rest["has_more"], false);
+  for (const char* q : {"?limit=0", "?limit=101", "?limit=x", "?order=up", "?after=nope"})
+    EXPECT_NE(get(items_path + q).find("400 Bad Request"), std::string::npos) << q;
+  // Streamed: stored too; its events say what was asked, then what happened.
+  json streamed = base;
+  streamed["input"] = "Once upon a time";
+  streamed["stream"] = true;
+  json created, completed;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/responses", streamed.dump()))) {
+    if (ev["type"] == "response.created") created = ev["response"];
+    if (ev["type"] == "response.completed" || ev["type"] == "response.incomplete") completed = ev["response"];
+  }
+  EXPECT_EQ(created["store"], true);
+  EXPECT_EQ(completed["store"], true);
+  EXPECT_EQ(response_body(get("/v1/responses/" + completed["id"].get<std::string>())), completed);
+  // Over the byte cap (its metadata echoed): answered, not stored, and says so.
+  json big = base;
+  big["input"] = "x";
+  big["metadata"] = {{"k", std::string(40 << 10, 'm')}};
+  const json b = post(big);
+  EXPECT_EQ(b["store"], false) << b["status"];
+  EXPECT_NE(get("/v1/responses/" + b["id"].get<std::string>()).find("404 Not Found"), std::string::npos);
+  // Deleted: OpenAI's answer; then 404, and a chain from it is OpenAI's 400.
+  const std::string del = test::http_request(srv.port(), "DELETE", "/v1/responses/" + id, "");
+  EXPECT_EQ(response_body(del), json({{"id", id}, {"object", "response"}, {"deleted", true}})) << del;
+  const std::string gone = get("/v1/responses/" + id);
+  EXPECT_NE(gone.find("404 Not Found"), std::string::npos) << gone;
+  EXPECT_EQ(response_body(gone)["error"]["message"], "Response with id '" + id + "' not found.");
+  EXPECT_NE(test::http_request(srv.port(), "DELETE", "/v1/responses/" + id, "").find("404 Not Found"), std::string::npos);
+  req["previous_response_id"] = second["id"];
+  const json broken = response_body(test::http_post(srv.port(), "/v1/responses", req.dump()));
+  EXPECT_EQ(broken["error"]["code"], "previous_response_not_found") << broken;
+  EXPECT_EQ(broken["error"]["param"], "previous_response_id");
+  EXPECT_EQ(broken["error"]["message"], "Previous response with id '" + id + "' not found.");
+  const std::string na = test::http_request(srv.port(), "POST", "/v1/responses/" + id, "{}");
+  EXPECT_NE(na.find("405"), std::string::npos) << na;
+  EXPECT_NE(na.find("Allow: GET, DELETE"), std::string::npos) << na;
+}
+
+// include: ["message.output_text.logprobs"] (with top_logprobs alternatives) puts each token's
+// logprobs on the message's output_text part, as chat's for the same conversation, and on the
+// streamed deltas (which add up to them) and done events; top_logprobs alone asks for none.
+TEST(ServerResponses, LogprobsOnTheOutputTextAsChats) {
+  const auto lp = [](const std::string& body) { return parse_responses_request(body, kModel).logprobs; };
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 3})"), 3);
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "include": ["message.output_text.logprobs"]})"), 0);
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "top_logprobs": 3})"), -1);  // (vLLM's rule)
+  EXPECT_EQ(lp(R"({"model": "stories260K", "input": "x", "include": ["reasoning.encrypted_content"]})"), -1);
+  for (const char* body : {R"({"model": "stories260K", "input": "x", "include": "message.output_text.logprobs"})",
+                           R"({"model": "stories260K", "input": "x", "include": [1]})",
+                           R"({"model": "stories260K", "input": "x", "top_logprobs": 21})"})
+    EXPECT_THROW(parse_responses_request(body, kModel), ApiError) << body;
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const json chat = response_body(test::http_post(srv.port(), "/v1/chat/completions", json{
+      {"model", "stories260K"}, {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"max_tokens", 10},
+      {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}}.dump()));
+  const json expected = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(expected.size(), 10u) << chat;
+  json req = {{"model", "stories260K"}, {"input", "Once upon a time"}, {"max_output_tokens", 10}, {"temperature", 0},
+              {"include", {"message.output_text.logprobs"}}, {"top_logprobs", 2}};
+  const json r = response_body(test::http_post(srv.port(), "/v1/responses", req.dump()));
+  EXPECT_EQ(r["output"][0]["content"][0]["logprobs"], expected) << r;
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], chat["choices"][0]["message"]["content"]);
+  req["stream"] = true;
+  json deltas = json::array(), done, completed;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/responses", req.dump()))) {
+    if (ev["type"] == "response.output_text.delta")
+      for (const json& e : ev["logprobs"]) deltas.push_back(e);
+    if (ev["type"] == "response.output_text.done") done = ev["logprobs"];
+    if (ev["type"] == "response.incomplete" || ev["type"] == "response.completed") completed = ev["response"];
+  }
+  EXPECT_EQ(deltas, expected);
+  EXPECT_EQ(done, expected);
+  EXPECT_EQ(completed["output"][0]["content"][0]["logprobs"], expected);
+  req.erase("include");  // not asked: none
+  req.erase("stream");
+  const json plain = response_body(test::http_post(srv.port(), "/v1/responses", req.dump()));
+  EXPECT_EQ(plain["output"][0]["content"][0]["logprobs"], json::array()) << plain;
+}
+
+// The store's count cap: the oldest response is evicted; continuing it is OpenAI's 400.
+TEST(ServerResponses, TheOldestStoredIsEvicted) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048, {}, [](ServeConfig& c) { c.max_stored_responses = 2; });
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    const json r = response_body(test::http_post(srv.port(), "/v1/responses",
+        json{{"model", "stories260K"}, {"input", "Once"}, {"max_output_tokens", 2}}.dump()));
+    EXPECT_EQ(r["store"], true) << r;
+    ids.push_back(r["id"]);
+  }
+  EXPECT_NE(test::http_request(srv.port(), "GET", "/v1/responses/" + ids[0], "").find("404 Not Found"), std::string::npos);
+  for (int i : {1, 2})
+    EXPECT_NE(test::http_request(srv.port(), "GET", "/v1/responses/" + ids[size_t(i)], "").find("200 OK"), std::string::npos);
+  const json r = response_body(test::http_post(srv.port(), "/v1/responses",
+      json{{"model", "stories260K"}, {"input", "x"}, {"max_output_tokens", 2}, {"previous_response_id", ids[0]}}.dump()));
+  EXPECT_EQ(r["error"]["code"], "previous_response_not_found") << r;
 }
 
 // --- gpt-oss through the server ---------------------------------------------------------------------

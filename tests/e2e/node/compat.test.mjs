@@ -232,6 +232,44 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     assert.equal(done.output.find((o) => o.type === 'function_call').arguments, args);
   });
 
+  test('stored responses: previous_response_id over 3 turns, retrieve, input items, delete', async () => {
+    const base = { model: MODEL_ID, max_output_tokens: 8, temperature: 0 };
+    const r1 = await client.responses.create({ ...base, input: 'Once upon a time' });
+    assert.equal(r1.store, true);  // (OpenAI's default)
+    const r2 = await client.responses.create({ ...base, input: 'The cat', previous_response_id: r1.id });
+    const r3 = await client.responses.create({ ...base, input: 'The end', previous_response_id: r2.id, instructions: 'Be brief' });
+    assert.equal(r3.previous_response_id, r2.id);
+    assert.ok(r1.usage.input_tokens < r2.usage.input_tokens && r2.usage.input_tokens < r3.usage.input_tokens);
+    // The third turn's prompt is the whole conversation, as if sent item by item (and its greedy answer the same).
+    const whole = await client.responses.create({
+      ...base, store: false, instructions: 'Be brief',
+      input: [{ role: 'user', content: 'Once upon a time' }, ...r1.output, { role: 'user', content: 'The cat' }, ...r2.output,
+              { role: 'user', content: 'The end' }],
+    });
+    assert.equal(whole.store, false);
+    assert.equal(r3.usage.input_tokens, whole.usage.input_tokens);
+    assert.equal(r3.output_text, whole.output_text);
+    const got = await client.responses.retrieve(r3.id);
+    assert.equal(got.id, r3.id);
+    assert.deepEqual(got.output, r3.output);
+    // Its input items: the conversation before its output (instructions are not items), each with an id.
+    const page = await client.responses.inputItems.list(r3.id, { order: 'asc' });
+    assert.deepEqual(page.data.map((i) => i.role), ['user', 'assistant', 'user', 'assistant', 'user']);
+    assert.equal(page.data[0].content[0].text, 'Once upon a time');
+    assert.deepEqual(page.data[1], r1.output[0]);
+    assert.equal(page.data[4].content[0].text, 'The end');
+    assert.equal(new Set(page.data.map((i) => i.id)).size, 5);
+    const paged = [];  // (the client's own paging: limit 2, after the last id)
+    for await (const item of client.responses.inputItems.list(r3.id, { limit: 2 })) paged.push(item.id);
+    assert.deepEqual(paged, page.data.map((i) => i.id).reverse());  // (desc by default)
+    await client.responses.del(r3.id);
+    await assert.rejects(client.responses.retrieve(r3.id), (e) => e.status === 404);
+    await assert.rejects(client.responses.create({ ...base, input: 'x', previous_response_id: r3.id }),
+                         (e) => e.status === 400 && e.code === 'previous_response_not_found' && e.param === 'previous_response_id');
+    // store: false is not stored.
+    await assert.rejects(client.responses.retrieve(whole.id), (e) => e.status === 404);
+  });
+
   test('embeddings: the base64 and float forms agree; unit norm; one vector per input, in order', async () => {
     const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
     const input = ['Once upon a time', 'There was a little cat', 'Once upon a time'];

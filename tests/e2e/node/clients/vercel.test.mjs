@@ -2,6 +2,7 @@
 // `firsttoken serve` on stories260K: generateText, streamText, generateObject parsed by its zod
 // schema, a tool round trip (a forced call, its executed result, an answer: one two-step
 // generateText) on Chat Completions, and the same through the Responses API (`openai.responses`);
+// a two-turn conversation on the Responses API whose second turn refers to the first answer by id;
 // embed and embedMany.
 // The model is tiny and random: structure is forced by the server's constrained decoding, and the
 // tests check well-formedness, not content. refuseNetwork() proves nothing leaves the machine.
@@ -101,6 +102,39 @@ describe('Vercel AI SDK (stories260K)', { skip }, () => {
       assert.deepEqual(r.steps[0].toolResults[0].output, { city: call.input.city, temp: 21 }, what);
       assert.equal(r.steps[1].toolCalls.length, 0, what);
       assert.equal(typeof r.text, 'string', what);
+    }
+  });
+
+  // On its second turn the SDK sends the first answer's message as an item_reference (store: true,
+  // its default): the server resolves it from its store. The prompt is the one the same
+  // conversation makes sent by value (store: false), streamed or not.
+  test('the Responses API over two turns: the first answer sent back by reference', async () => {
+    const bodies = [];  // (each request's body, as the SDK sent it)
+    const recording = (await import('@ai-sdk/openai')).createOpenAI({
+      baseURL: `${server.url}/v1`, apiKey: 'unused',
+      fetch: (url, init) => {
+        if (typeof init?.body === 'string') bodies.push(JSON.parse(init.body));
+        return fetch(url, init);
+      },
+    });
+    const model = recording.responses(MODEL_ID);
+    for (const stream of [false, true]) {
+      const run = async (messages, providerOptions = {}) => {
+        const args = { model, messages, maxOutputTokens: 8, ...common, providerOptions };
+        if (!stream) return ai.generateText(args);
+        const s = ai.streamText({ ...args, onError: ({ error }) => { throw error; } });
+        return { text: await s.text, usage: await s.usage, response: await s.response };
+      };
+      const question = { role: 'user', content: 'Once upon a time' }, next = { role: 'user', content: 'The end' };
+      const first = await run([question]);
+      const second = await run([question, ...first.response.messages, next]);
+      const sent = bodies.at(-1).input;
+      assert.ok(sent.some((i) => i.type === 'item_reference'), `stream ${stream}: ${JSON.stringify(sent)}`);
+      const byValue = await run([question, ...first.response.messages, next], { openai: { store: false } });
+      assert.ok(!bodies.at(-1).input.some((i) => i.type === 'item_reference'), JSON.stringify(bodies.at(-1).input));
+      assert.equal(second.usage.inputTokens, byValue.usage.inputTokens, `stream ${stream}`);
+      assert.ok(second.usage.inputTokens > first.usage.inputTokens, `stream ${stream}`);
+      assert.equal(second.text, byValue.text, `stream ${stream}`);
     }
   });
 

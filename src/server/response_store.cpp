@@ -1,0 +1,123 @@
+#include "server/response_store.h"
+
+#include <algorithm>
+
+namespace ft::server {
+
+using json = nlohmann::json;
+
+uint64_t ResponseStore::Entry::bytes() const {
+  uint64_t n = kEntryOverhead + id.size() + previous_id.size() + response.size();
+  for (const auto* items : {&input, &output})
+    for (const Item& it : *items) n += kItemOverhead + it.id.size() + it.json.size();
+  return n;
+}
+
+bool ResponseStore::put(Entry e) {
+  const uint64_t b = e.bytes();
+  if (max_responses_ <= 0 || b > max_bytes_) return false;
+  auto entry = std::make_shared<const Entry>(std::move(e));
+  const std::lock_guard lock(mu_);
+  if (entries_.count(entry->id)) return false;
+  while (!order_.empty() && (int64_t(entries_.size()) >= max_responses_ || bytes_ + b > max_bytes_))
+    drop(entries_.find(order_.front()));
+  order_.push_back(entry->id);
+  for (const auto* items : {&entry->input, &entry->output})
+    for (const Item& it : *items) items_.emplace(it.id, entry.get());
+  bytes_ += b;
+  std::string id = entry->id;  // (not entry->id beside std::move(entry): their order is unspecified)
+  entries_.emplace(std::move(id), Slot{std::move(entry), b, std::prev(order_.end())});
+  return true;
+}
+
+void ResponseStore::drop(std::unordered_map<std::string, Slot>::iterator it) {
+  const Entry* e = it->second.entry.get();
+  for (const auto* items : {&e->input, &e->output})
+    for (const Item& item : *items) {
+      auto [lo, hi] = items_.equal_range(item.id);
+      for (auto at = lo; at != hi; ++at)
+        if (at->second == e) {
+          items_.erase(at);
+          break;
+        }
+    }
+  bytes_ -= it->second.bytes;
+  order_.erase(it->second.order);
+  entries_.erase(it);
+}
+
+std::shared_ptr<const ResponseStore::Entry> ResponseStore::get(const std::string& id) const {
+  const std::lock_guard lock(mu_);
+  const auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : it->second.entry;
+}
+
+bool ResponseStore::erase(const std::string& id) {
+  const std::lock_guard lock(mu_);
+  const auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  drop(it);
+  return true;
+}
+
+std::optional<std::string> ResponseStore::item(const std::string& id) const {
+  const std::lock_guard lock(mu_);
+  const auto it = items_.find(id);
+  if (it == items_.end()) return std::nullopt;
+  for (const auto* items : {&it->second->input, &it->second->output})
+    for (const Item& item : *items)
+      if (item.id == id) return item.json;
+  return std::nullopt;  // (not reached: an index entry names an entry holding the item)
+}
+
+ResponseStore::Chain ResponseStore::chain(const std::string& id) const {
+  Chain c;
+  {
+    const std::lock_guard lock(mu_);
+    // (ids are never reused and a response links only to one stored before it: no cycle; the
+    // bound is belt and braces)
+    for (std::string at = id; !at.empty() && c.links.size() <= entries_.size();) {
+      const auto it = entries_.find(at);
+      if (it == entries_.end()) {
+        c.missing = at;
+        break;
+      }
+      c.links.push_back(it->second.entry);
+      at = it->second.entry->previous_id;
+    }
+  }
+  std::reverse(c.links.begin(), c.links.end());
+  return c;
+}
+
+std::vector<json> ResponseStore::conversation(const Chain& c, bool last_output) {
+  std::vector<json> items;
+  for (size_t i = 0; i < c.links.size(); ++i) {
+    for (const Item& it : c.links[i]->input) items.push_back(json::parse(it.json));
+    if (i + 1 < c.links.size() || last_output)
+      for (const Item& it : c.links[i]->output) items.push_back(json::parse(it.json));
+  }
+  return items;
+}
+
+json ResponseStore::object(const Entry& e) {
+  json r = json::parse(e.response);
+  json output = json::array();
+  for (const Item& it : e.output) output.push_back(json::parse(it.json));
+  r["output"] = std::move(output);
+  return r;
+}
+
+std::string ResponseStore::text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+int64_t ResponseStore::size() const {
+  const std::lock_guard lock(mu_);
+  return int64_t(entries_.size());
+}
+
+uint64_t ResponseStore::bytes() const {
+  const std::lock_guard lock(mu_);
+  return bytes_;
+}
+
+}  // namespace ft::server

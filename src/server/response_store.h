@@ -1,0 +1,91 @@
+// The Responses API's stored responses (store: true): what GET and DELETE /v1/responses/{id}, its
+// input_items, previous_response_id and item_reference read. In memory, owned by the server (not
+// the engine thread) and shared by the I/O threads under one mutex; bounded by a count and by
+// bytes (Entry::bytes), the oldest stored first evicted (FIFO by the time each was stored; reading
+// one does not renew it). A response keeps its own new input items and a link to the response it
+// continues, never a copy of that one's conversation, so a chain of N turns holds each turn's
+// items once; resolving a chain reaches back only while every link is still stored.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ft::server {
+
+class ResponseStore {
+ public:
+  // An item as stored: its id and its JSON text.
+  struct Item {
+    std::string id, json;
+  };
+  struct Entry {
+    std::string id;
+    std::string previous_id;   // the response it continues ("" when none)
+    std::vector<Item> input;   // its request's own input items (references resolved), each with an id
+    std::vector<Item> output;  // its output items
+    std::string response;      // the response object's JSON text without "output"
+    // What it costs: its text, plus kEntryOverhead and kItemOverhead an item (the index, the
+    // strings' and containers' own sizes).
+    uint64_t bytes() const;
+  };
+  static constexpr uint64_t kEntryOverhead = 256, kItemOverhead = 96;
+
+  // max_responses 0: nothing is ever stored.
+  ResponseStore(int64_t max_responses, uint64_t max_bytes) : max_responses_(max_responses), max_bytes_(max_bytes) {}
+  ResponseStore(const ResponseStore&) = delete;
+  ResponseStore& operator=(const ResponseStore&) = delete;
+
+  // Stores e, evicting the oldest until it fits; false (nothing evicted) when it alone is over the
+  // byte cap, the count cap is 0, or its id is already stored.
+  bool put(Entry e);
+  std::shared_ptr<const Entry> get(const std::string& id) const;
+  bool erase(const std::string& id);  // false when not stored
+  // An item of any stored response (input or output) by its id, its JSON text; nullopt when none.
+  std::optional<std::string> item(const std::string& id) const;
+
+  // id's chain: the stored responses it continues, oldest first, id's own last. missing: the first
+  // link not stored ("" when the chain is whole; id itself when it is not stored).
+  struct Chain {
+    std::vector<std::shared_ptr<const Entry>> links;
+    std::string missing;
+  };
+  Chain chain(const std::string& id) const;
+  // A chain's conversation: each link's input items then its output items, oldest first (the last
+  // link's output only with last_output), parsed.
+  static std::vector<nlohmann::json> conversation(const Chain& c, bool last_output);
+  // A stored response's object, its output items put back.
+  static nlohmann::json object(const Entry& e);
+  // j's JSON text as stored and sent (invalid UTF-8 replaced, as every answer writes it).
+  static std::string text(const nlohmann::json& j);
+
+  uint64_t max_bytes() const { return max_bytes_; }
+  int64_t size() const;
+  uint64_t bytes() const;
+
+ private:
+  struct Slot {
+    std::shared_ptr<const Entry> entry;
+    uint64_t bytes;
+    std::list<std::string>::iterator order;  // its place in order_
+  };
+  void drop(std::unordered_map<std::string, Slot>::iterator it);  // under mu_
+
+  const int64_t max_responses_;
+  const uint64_t max_bytes_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Slot> entries_;
+  std::list<std::string> order_;  // ids, oldest stored first
+  // Item id -> the stored responses holding an item of that id (one item may be in several: an
+  // output item sent back as a later request's input).
+  std::unordered_multimap<std::string, const Entry*> items_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace ft::server
