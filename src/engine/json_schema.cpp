@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -13,7 +14,7 @@ namespace ft {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // a schema's keys in its text's order
 
 constexpr int kMaxDepth = 64;
 // Optional properties in a row that an object may have (Grammar::kMaxExpandDepth less room for
@@ -119,15 +120,19 @@ class Compiler {
     return r;
   }
 
-  const json* resolve(const std::string& ref, const Path& path) const {
+  const json* resolve(const std::string& ref, const Path& path) {
     if (ref == "#") return &root_;
-    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-      const std::string p(prefix);
+    for (size_t k = 0; k < 2; ++k) {
+      const std::string p = std::string("#/") + kDefSections[k] + "/";
       if (ref.rfind(p, 0) != 0) continue;
-      const std::string section = p.substr(2, p.size() - 3);
-      const std::string name = ref.substr(p.size());
-      if (root_.contains(section) && root_[section].is_object() && root_[section].contains(name))
-        return &root_[section][name];
+      // The section's names indexed once (an ordered object's lookup scans its keys: 100,000
+      // $refs into 100,000 $defs would be quadratic).
+      if (!defs_indexed_[k]) {
+        defs_indexed_[k] = true;
+        if (const auto it = root_.find(kDefSections[k]); it != root_.end() && it->is_object())
+          for (const auto& [name, def] : it->items()) defs_[k].emplace(name, &def);
+      }
+      if (const auto it = defs_[k].find(ref.substr(p.size())); it != defs_[k].end()) return it->second;
       bad(path, "'$ref' " + ref + " does not resolve");
     }
     bad(path, "'$ref' " + ref + " is not supported (only #, #/$defs/... and #/definitions/...)");
@@ -260,7 +265,7 @@ class Compiler {
     for (const auto& kv : kvs) longest = std::max(longest, run = kv.second ? 0 : run + 1);
     if (longest > kMaxOptionalRun)
       bad(path, "more than " + std::to_string(kMaxOptionalRun) + " optional properties in a row (" + std::to_string(longest) +
-                    ", in key order): make some of them required");
+                    ", in schema order): make some of them required");
     // The properties in order, optional ones skippable, commas only between those present:
     // first_i: nothing emitted yet from i on; rest_i: something was, so each next one needs ",".
     const size_t n = kvs.size();
@@ -294,6 +299,9 @@ class Compiler {
   int deepest_ = 0;
   std::string rules_;
   std::map<std::string, std::string> by_body_, refs_;
+  static constexpr const char* kDefSections[2] = {"$defs", "definitions"};
+  bool defs_indexed_[2] = {false, false};
+  std::map<std::string, const json*> defs_[2];  // name -> schema, per section
   int n_ = 0;
 };
 
@@ -377,6 +385,71 @@ std::string choice_grammar(std::vector<std::string> choices) {
 }
 
 std::string json_schema_to_gbnf(const json& schema) { return Compiler(schema).run(); }
+
+namespace {
+// nlohmann's SAX events into an ordered_json, an object's keys indexed while it is open (its
+// members appended to its vector; a repeated key's value replaced in place).
+class OrderedBuilder {
+ public:
+  json root;
+
+  bool null() { return put(nullptr); }
+  bool boolean(bool v) { return put(v); }
+  bool number_integer(json::number_integer_t v) { return put(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(v); }
+  bool number_float(json::number_float_t v, const std::string&) { return put(v); }
+  bool string(std::string& v) { return put(std::move(v)); }
+  bool binary(json::binary_t&) { return false; }  // (not in JSON text)
+  bool start_object(size_t) { return open(json::object()); }
+  bool start_array(size_t) { return open(json::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(std::string& k) {
+    auto& members = static_cast<json::object_t::Container&>(open_.back().value->get_ref<json::object_t&>());
+    const auto [it, fresh] = open_.back().keys.emplace(k, members.size());
+    if (fresh) members.emplace_back(std::move(k), nullptr);
+    slot_ = &members[it->second].second;
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+ private:
+  struct Open {
+    json* value;
+    std::unordered_map<std::string, size_t> keys;  // an object's: key -> its index
+  };
+  json* place(json v) {
+    if (open_.empty()) return &(root = std::move(v));
+    json& top = *open_.back().value;
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    return &(*slot_ = std::move(v));
+  }
+  bool put(json v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(json v) {
+    open_.push_back({place(std::move(v)), {}});
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+  // (A value's place stays put while it is open: only the innermost open value grows.)
+  std::vector<Open> open_;
+  json* slot_ = nullptr;  // the value of the key just read
+};
+}  // namespace
+
+json parse_ordered_json(std::string_view text) {
+  OrderedBuilder b;
+  if (!json::sax_parse(text.begin(), text.end(), &b)) return json(json::value_t::discarded);
+  return std::move(b.root);
+}
 
 std::string tool_calls_gbnf(const std::vector<std::pair<std::string, json>>& tools, int64_t max_calls) {
   if (tools.empty()) fail("json schema: no tools to call");

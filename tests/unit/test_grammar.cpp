@@ -208,7 +208,7 @@ TEST(Grammar, JsonSchemaSubset) {
     "title": "Person", "properties": {"name": {"type": "string", "description": "x"}, "age": {"type": "integer"},
     "email": {"type": ["string", "null"]}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
     "required": ["name", "age"], "additionalProperties": false})");
-  // Properties come in key order (a request's JSON objects are read unordered): age, email, name, tags.
+  // Properties come in the schema's order, here a json's, keys sorted: age, email, name, tags.
   EXPECT_TRUE(schema_matches(person, R"({"age": 3, "name": "Ann"})"));
   EXPECT_TRUE(schema_matches(person, R"({"age":-3,"email":null,"name":"Ann","tags":["a","b"]})"));
   EXPECT_TRUE(schema_matches(person, "{\n  \"age\": 0,\n  \"name\": \"A\\\"n\\u00e9\",\n  \"tags\": []\n}"));
@@ -304,6 +304,46 @@ TEST(Grammar, JsonSchemaSubset) {
   EXPECT_TRUE(schema_matches(typed, value));
   EXPECT_TRUE(schema_matches(typed, "null"));
   EXPECT_FALSE(schema_matches(typed, "{\"a\":1}"));
+}
+
+// Properties come in the schema's order (an ordered_json, as the server reads a schema's own text):
+// "zeta" before "alpha", as OpenAI's and llama.cpp's write them; a json (keys sorted) in key order.
+TEST(Grammar, JsonSchemaPropertiesInSchemaOrder) {
+  using ordered_json = nlohmann::ordered_json;
+  const ordered_json schema = ordered_json::parse(R"({"type": "object", "properties": {"zeta": {"type": "integer"},
+    "alpha": {"type": "string"}, "mid": {"$ref": "#/$defs/m"}}, "required": ["zeta", "alpha", "mid"],
+    "$defs": {"m": {"properties": {"b": {"type": "boolean"}, "a": {"type": "null"}}}}})");
+  const std::string g = json_schema_to_gbnf(schema);
+  EXPECT_TRUE(matches(g, R"({"zeta": 1, "alpha": "x", "mid": {"b": true, "a": null}})")) << g;
+  EXPECT_TRUE(matches(g, R"({"zeta": 1, "alpha": "x", "mid": {"a": null}})"));
+  EXPECT_FALSE(matches(g, R"({"alpha": "x", "mid": {}, "zeta": 1})"));  // (sorted)
+  EXPECT_FALSE(matches(g, R"({"zeta": 1, "alpha": "x", "mid": {"a": null, "b": true}})"));
+  EXPECT_TRUE(schema_matches(json(schema), R"({"alpha": "x", "mid": {}, "zeta": 1})"));
+  // The server reads a schema's text with parse_ordered_json: the same value, keys in order, a
+  // repeated key's last value at its first place (as nlohmann's own ordered parse).
+  const std::string text = R"({"b": 1, "a": [{"y": null, "x": 2.5}], "b": {"c": "d"}, "e": true})";
+  EXPECT_EQ(parse_ordered_json(text), ordered_json::parse(text));
+  EXPECT_EQ(parse_ordered_json(text).dump(), R"({"b":{"c":"d"},"a":[{"y":null,"x":2.5}],"e":true})");
+  EXPECT_TRUE(parse_ordered_json("{\"a\": }").is_discarded());
+  EXPECT_TRUE(parse_ordered_json("[1] 2").is_discarded());
+  // Linear in the text: nlohmann's ordered parse scans an object's keys for each new one (these
+  // 300,000 properties: 4.5e10 comparisons, minutes).
+  const int n = test::kSanitized ? 30000 : 300000;
+  std::string big = "{\"properties\": {";
+  for (int k = 0; k < n; ++k) big += (k ? ", \"p" : "\"p") + std::to_string(k) + "\": {\"$ref\": \"#/$defs/d" + std::to_string(k) + "\"}";
+  big += "}, \"$defs\": {";
+  for (int k = 0; k < n; ++k) big += (k ? ", \"d" : "\"d") + std::to_string(k) + "\": {\"type\": \"integer\"}";
+  big += "}}";
+  auto t0 = std::chrono::steady_clock::now();
+  const ordered_json parsed = parse_ordered_json(big);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);  // (~0.3 s)
+  ASSERT_EQ(parsed["properties"].size(), size_t(n));
+  EXPECT_EQ(parsed["properties"].begin().key(), "p0");
+  // Their $refs each looked up in an index of the $defs (an ordered object's lookup scans its keys:
+  // 4.5e10 comparisons again). (All optional: more than 200 in a row are refused, after the walk.)
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(json_schema_to_gbnf(parsed), Error);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);  // (~0.5 s)
 }
 
 // The allowed set by definition: token t is allowed iff a matcher in this state accepts it.
