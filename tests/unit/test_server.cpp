@@ -519,6 +519,9 @@ TEST(ServerParse, StructuredOutputBecomesAGrammar) {
              "response_format.json_schema.schema", "unknown type");
   expect_400(Endpoint::Completions, R"({"model":"stories260K","prompt":"x","grammar":"root ::= a","json_schema":{}})",
              "grammar", "at most one");
+  expect_400(Endpoint::Chat, chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object",
+      "properties":{"code":{"type":"string","pattern":"(?=a)b"}}}}}})", "response_format.json_schema.schema",
+             "#/properties/code: 'pattern': lookaround is not supported");
   // Completions take response_format too (vLLM does): the same grammar as chat's, never ignored.
   const std::string cmpl = R"({"model":"stories260K","prompt":"x",)";
   EXPECT_EQ(parse_request(Endpoint::Completions, cmpl + R"("response_format":{"type":"json_object"}})", kModel).grammar,
