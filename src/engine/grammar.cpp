@@ -12,8 +12,8 @@ namespace ft {
 
 namespace {
 
-constexpr size_t kMaxElems = 1 << 20;   // grammar size after expanding repetitions
-constexpr int kMaxRepeat = 10000;        // {m,n} bounds
+constexpr size_t kMaxElems = Grammar::kMaxElems;
+constexpr int kMaxRepeat = Grammar::kMaxRepeat;
 constexpr int kMaxExpandDepth = Grammar::kMaxExpandDepth;
 constexpr size_t kMaxStacks = 4096;      // stacks per matcher state
 constexpr size_t kMaxCachedMasks = 512;  // per matcher

@@ -36,6 +36,8 @@ namespace ft {
 class Grammar {
  public:
   static constexpr int kMaxExpandDepth = 256;  // rule references expanded without consuming a byte
+  static constexpr size_t kMaxElems = size_t(1) << 20;  // grammar size after expanding repetitions
+  static constexpr int kMaxRepeat = 10000;              // {m,n} bounds
   // Parses GBNF text; throws ft::Error "grammar: line N: what" when it is malformed, refers to an
   // undefined rule, has no `root`, is left-recursive or exceeds the limits.
   static std::shared_ptr<const Grammar> parse(std::string_view gbnf);

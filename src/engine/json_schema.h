@@ -1,16 +1,40 @@
 // JSON Schema -> grammar (GBNF text for Grammar::parse), for the subset real clients send
 // (OpenAI structured outputs, tool parameters, Zod/Pydantic exports):
-//   type (one or a list; "null" included), properties + required (properties in key order: a
-//   request's JSON objects are read unordered; the optional ones may be left out), additionalProperties (false, or a schema when no
-//   properties are listed), enum, const, items / prefixItems, minItems / maxItems, minLength /
-//   maxLength, anyOf / oneOf, allOf of one schema, $ref to #/$defs/... or #/definitions/...,
-//   nullable. Ignored (they constrain nothing we can express or mean nothing here): $schema,
-//   $id, title, description, default, examples, format, pattern, minimum / maximum, strict.
+//   type (one or a list; "null" included), properties + required (properties in the schema's
+//   order; the optional ones may be left out), additionalProperties (false, or a schema when no
+//   properties are listed), minProperties / maxProperties (listed properties counted where the
+//   required and listed ones do not imply the counts; an object of any members counts them as
+//   written, a key written twice twice), enum, const, items / prefixItems, minItems / maxItems,
+//   minLength / maxLength, anyOf / oneOf, allOf of one schema, $ref to #/$defs/... or
+//   #/definitions/..., nullable, and exactly:
+//   - integer minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers, or draft 4's
+//     booleans): a digit grammar of the range, O(digits^2); at most 16 digits, as every integer.
+//   - number ones too, the number then written without an exponent, within the bounds as a
+//     client's double reads it back (an exclusive bound: the next double inside it).
+//   - pattern (ECMAScript, unanchored unless ^...$ as JSON Schema's): literals, escapes (\d \w \s
+//     and their negations, \t \n \xHH \uHHHH, escaped punctuation), classes (ranges, negated),
+//     '.', groups ((?:, (?<name>, (?P<name> too), alternation, ? * + {m} {m,} {m,n} (lazy ones
+//     alike), ^ at the start and $ at the end of each alternative. Its characters as JSON escapes
+//     them; '.', negated classes and \D \S \W admit ASCII characters only, a class lists at most
+//     256 non-ASCII ones (matching is over bytes: a byte class would count a byte as a character).
+//     Lookaround, backreferences, \b, \p{...}, flags: an error naming them. With minLength /
+//     maxLength the characters are counted where the pattern does not imply them.
+//   - format date (real dates), time and date-time (RFC 3339, with a zone; milliseconds at most),
+//     uuid, as patterns (llama.cpp's formats); a pattern wins over a format; other formats: any
+//     string.
+//   A pattern's automaton (each copy of a repeated part a position), counts' states and property
+//   counts spend Grammar::kMaxElems grammar elements at most, the schema's all together: past them,
+//   an error saying so (a hostile (a{1000}){1000} is refused at once, not compiled).
+//   Ignored (they constrain nothing we can express exactly, or mean nothing here): multipleOf,
+//   not, uniqueItems, contains / minContains / maxContains, patternProperties, propertyNames,
+//   dependentRequired / dependentSchemas, if / then / else, unevaluated*, other formats, $schema,
+//   $id, title, description, default, examples, strict.
 // Output is compact JSON-with-optional-whitespace: no whitespace before the first byte or after
 // the last, so the grammar ends exactly where the value does.
 #pragma once
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,14 +44,22 @@ namespace ft {
 
 // Throws ft::Error "json schema: <path>: what" for a construct outside the subset (an unknown
 // type, a $ref elsewhere, an unsatisfiable combination) and when nesting exceeds 64 levels.
-std::string json_schema_to_gbnf(const nlohmann::json& schema);
+// The schema as ordered_json: its properties come out in the order its text lists them (OpenAI's,
+// llama.cpp's; a "reasoning" before an "answer" is written first). A request's parse (nlohmann::json)
+// sorts an object's keys: read the schema's own text with parse_ordered_json (server/api.cpp does).
+std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema);
+
+// JSON text as ordered_json (keys in the text's order; a repeated key's last value, at its first
+// place, as nlohmann's parse has it), or a discarded value when it is not JSON. Linear in the
+// text: nlohmann's own ordered parse scans an object's keys for each new one (200,000 properties:
+// 2e10 comparisons). Nesting is the caller's to bound (core/json_depth.h).
+nlohmann::ordered_json parse_ordered_json(std::string_view text);
 
 // tool_choice "required": a JSON array of 1..max_calls (-1: any number) calls, each
 // {"name": NAME, "arguments": ARGS} with "name" first (a model names the function before its
-// arguments; a schema's properties would come out in key order, "arguments" first) and ARGS
-// following that tool's parameters schema. tools: (name, parameters schema). Throws as above
-// (the path names the tool: "tools[i].parameters#/...").
-std::string tool_calls_gbnf(const std::vector<std::pair<std::string, nlohmann::json>>& tools, int64_t max_calls = -1);
+// arguments) and ARGS following that tool's parameters schema. tools: (name, parameters schema).
+// Throws as above (the path names the tool: "tools[i].parameters#/...").
+std::string tool_calls_gbnf(const std::vector<std::pair<std::string, nlohmann::ordered_json>>& tools, int64_t max_calls = -1);
 
 // Any JSON object (response_format json_object).
 std::string json_object_gbnf();

@@ -21,6 +21,7 @@
 namespace ft::server {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 std::string error_body(const ApiError& e) {
   json err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
@@ -43,6 +44,101 @@ bool get_bool(const json& j, const char* name) {
   const json& v = j.at(name);
   if (!v.is_boolean()) bad(name, cat("'", name, "' must be a boolean"));
   return v.get<bool>();
+}
+
+namespace {
+
+// A valid JSON text's structure by bytes (json::parse checked it first): the raw text of values,
+// so that a call's arguments come back as the model wrote them (a re-dump sorted their keys and
+// turned 123456789012345678901234567890 into 1.2345678901234568e+29), and a request's schemas are
+// read in their own key order.
+size_t skip_json_ws(std::string_view s, size_t i) {
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  return i;
+}
+// The end of the value at s[i] (iterative: nesting costs no stack).
+size_t skip_json_value(std::string_view s, size_t i) {
+  const auto skip_string = [&](size_t k) {  // s[k] == '"'
+    for (++k; k < s.size() && s[k] != '"'; ++k)
+      if (s[k] == '\\') ++k;
+    return std::min(k + 1, s.size());
+  };
+  if (i >= s.size()) return i;
+  if (s[i] == '"') return skip_string(i);
+  if (s[i] == '{' || s[i] == '[') {
+    size_t depth = 0;
+    while (i < s.size()) {
+      const char c = s[i];
+      if (c == '"') {
+        i = skip_string(i);
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if ((c == '}' || c == ']') && --depth == 0) return i + 1;
+      ++i;
+    }
+    return i;
+  }
+  while (i < s.size() && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' &&
+         s[i] != '\r')
+    ++i;
+  return i;
+}
+// The raw text of each member of the object at s[i] (the last of a repeated key, as json::parse
+// keeps it).
+std::map<std::string, std::string_view> raw_members(std::string_view s, size_t i) {
+  std::map<std::string, std::string_view> out;
+  if (i >= s.size() || s[i] != '{') return out;
+  i = skip_json_ws(s, i + 1);
+  while (i < s.size() && s[i] == '"') {
+    const size_t key_end = skip_json_value(s, i);
+    const json key = json::parse(s.substr(i, key_end - i), nullptr, false);
+    i = skip_json_ws(s, key_end);
+    if (i >= s.size() || s[i] != ':') break;
+    i = skip_json_ws(s, i + 1);
+    const size_t value_end = skip_json_value(s, i);
+    if (key.is_string()) out[key.get<std::string>()] = s.substr(i, value_end - i);
+    i = skip_json_ws(s, value_end);
+    if (i >= s.size() || s[i] != ',') break;
+    i = skip_json_ws(s, i + 1);
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<std::string_view> raw_elements(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t i = skip_json_ws(s, 0);
+  if (i >= s.size() || s[i] != '[') return out;
+  i = skip_json_ws(s, i + 1);
+  while (i < s.size() && s[i] != ']') {
+    const size_t end = skip_json_value(s, i);
+    if (end == i) break;  // (not JSON)
+    out.push_back(s.substr(i, end - i));
+    i = skip_json_ws(s, end);
+    if (i < s.size() && s[i] == ',') i = skip_json_ws(s, i + 1);
+  }
+  return out;
+}
+
+std::string_view raw_at(std::string_view s, std::initializer_list<std::string_view> keys) {
+  for (const std::string_view key : keys) {
+    const auto members = raw_members(s, skip_json_ws(s, 0));
+    const auto it = members.find(std::string(key));
+    if (it == members.end()) return {};
+    s = it->second;
+  }
+  return s == "null" ? std::string_view() : s;
+}
+
+SchemaTexts schema_texts(std::string_view body) {
+  SchemaTexts t;
+  t.response_format = raw_at(body, {"response_format", "json_schema", "schema"});
+  t.guided_json = raw_at(body, {"guided_json"});
+  if (t.guided_json.empty()) t.guided_json = raw_at(body, {"json_schema"});
+  for (const std::string_view tool : raw_elements(raw_at(body, {"tools"}))) t.tools.push_back(raw_at(tool, {"function", "parameters"}));
+  for (const std::string_view f : raw_elements(raw_at(body, {"functions"}))) t.tools.push_back(raw_at(f, {"parameters"}));
+  return t;
 }
 
 namespace {
@@ -187,7 +283,17 @@ ToolCall parse_tool_call(const json& t, const std::string& param) {
   return c;
 }
 
-std::string schema_grammar(const json& schema, const std::string& param) {
+// A schema as its client wrote it: raw, its text (empty: none), read with its keys in order; else
+// (or where raw is not a value of parsed's type: a null that parsing replaced) parsed, keys sorted.
+ordered_json ordered_schema(std::string_view raw, const json& parsed) {
+  if (!raw.empty() && json_depth_within(raw)) {
+    ordered_json o = parse_ordered_json(raw);
+    if (!o.is_discarded() && o.type() == parsed.type()) return o;
+  }
+  return parsed;
+}
+
+std::string schema_grammar(const ordered_json& schema, const std::string& param) {
   try {
     return json_schema_to_gbnf(schema);
   } catch (const Error& e) {
@@ -203,7 +309,7 @@ json tool_parameters(const json& tool) {
 }
 
 // The constraint fields of llama.cpp (grammar, json_schema) and vLLM (guided_*): one at most.
-void parse_grammar_fields(const json& j, ParsedRequest& r) {
+void parse_grammar_fields(const json& j, ParsedRequest& r, const SchemaTexts& texts) {
   int n = 0;
   for (const char* k : {"grammar", "json_schema", "guided_json", "guided_choice", "guided_grammar"}) n += j.contains(k);
   if (n > 1) bad("grammar", "give at most one of 'grammar', 'json_schema', 'guided_json', 'guided_choice', 'guided_grammar'");
@@ -211,12 +317,14 @@ void parse_grammar_fields(const json& j, ParsedRequest& r) {
   if (j.contains("guided_grammar")) r.grammar = get_string(j, "guided_grammar", "guided_grammar");
   for (const char* k : {"json_schema", "guided_json"}) {
     if (!j.contains(k)) continue;
-    json schema = j[k];
-    if (schema.is_string()) {  // vLLM takes the schema as JSON text too
-      const std::string text = schema.get<std::string>();
+    ordered_json schema;
+    if (j[k].is_string()) {  // vLLM takes the schema as JSON text too
+      const std::string& text = j[k].get_ref<const std::string&>();
       if (!json_depth_within(text)) bad(k, cat("'", k, "' nests more than ", kMaxJsonDepth, " levels deep"));
-      schema = json::parse(text, nullptr, false);
+      schema = parse_ordered_json(text);
       if (schema.is_discarded()) bad(k, cat("'", k, "' is not valid JSON"));
+    } else {
+      schema = ordered_schema(texts.guided_json, j[k]);
     }
     r.grammar = schema_grammar(schema, k);
   }
@@ -257,17 +365,18 @@ void parse_response_format(const json& j, ParsedRequest& r) {
 }
 
 // The grammar of r.response_format (set).
-std::string response_format_grammar(const ParsedRequest& r) {
+std::string response_format_grammar(const ParsedRequest& r, const SchemaTexts& texts) {
   const json& rf = r.response_format;
   if (rf["type"] == "json_object") return json_object_gbnf();
   const json& js = rf["json_schema"];
-  return schema_grammar(js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object(),
+  return schema_grammar(ordered_schema(texts.response_format,
+                                       js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object()),
                         "response_format.json_schema.schema");
 }
 
 // tools and tool_choice (and their deprecated forms functions/function_call), after
 // response_format: a forced call's grammar takes precedence over the format's.
-void parse_structured(const json& j, ParsedRequest& r) {
+void parse_structured(const json& j, ParsedRequest& r, const SchemaTexts& texts) {
   json tools = json::array();
   if (j.contains("tools")) {
     const json& t = j["tools"];
@@ -322,14 +431,16 @@ void parse_structured(const json& j, ParsedRequest& r) {
     }
   }
   // The grammar of a forced call: the named function's arguments, or an array of calls.
+  const auto parameters = [&](size_t i) {
+    return ordered_schema(i < texts.tools.size() ? texts.tools[i] : std::string_view(), tool_parameters(tools[i]));
+  };
   if (r.tool_choice == ToolChoice::Named) {
-    for (const json& t : tools)
-      if (t["function"]["name"] == r.tool_name) r.grammar = schema_grammar(tool_parameters(t), "tools");
+    for (size_t i = 0; i < tools.size(); ++i)
+      if (tools[i]["function"]["name"] == r.tool_name) r.grammar = schema_grammar(parameters(i), "tools");
   } else if (r.tool_choice == ToolChoice::Required) {
-    // [{"name", "arguments"}, ...] with "name" first (built directly: a schema's properties come
-    // out in key order, which would make the model write the arguments before the function).
-    std::vector<std::pair<std::string, json>> calls;
-    for (const json& t : tools) calls.emplace_back(t["function"]["name"].get<std::string>(), tool_parameters(t));
+    // [{"name", "arguments"}, ...], "name" first.
+    std::vector<std::pair<std::string, ordered_json>> calls;
+    for (size_t i = 0; i < tools.size(); ++i) calls.emplace_back(tools[i]["function"]["name"].get<std::string>(), parameters(i));
     try {
       r.grammar = tool_calls_gbnf(calls, r.parallel_tool_calls ? -1 : 1);
     } catch (const Error& e) {
@@ -338,7 +449,7 @@ void parse_structured(const json& j, ParsedRequest& r) {
       bad("tools", cat("json schema: ", e.what()));
     }
   } else if (!r.response_format.is_null()) {
-    r.grammar = response_format_grammar(r);
+    r.grammar = response_format_grammar(r, texts);
   }
 }
 
@@ -433,7 +544,20 @@ void parse_truncate(const json& j, const ModelInfo& model, ParsedRequest& r) {
 }
 }  // namespace
 
-ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model) {
+namespace {
+// given, else body's own (into own; the body scanned only where j has schemas).
+const SchemaTexts* schemas_of(const json& j, std::string_view body, const SchemaTexts* given, SchemaTexts& own) {
+  if (given) return given;
+  for (const char* k : {"response_format", "json_schema", "guided_json", "tools", "functions"})
+    if (j.contains(k)) {
+      own = schema_texts(body);
+      break;
+    }
+  return &own;
+}
+}  // namespace
+
+ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model, const SchemaTexts* schemas) {
   json j = parse_json_object(body);
   ParsedRequest r;
   r.kind = kind;
@@ -682,13 +806,15 @@ ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInf
       bad("prompt", cat(prompts, " prompts x ", std::max(r.n, r.best_of), " choices each is more than ", kMaxBatchChoices,
                         " choices in one request"));
   }
-  parse_grammar_fields(j, r);
+  SchemaTexts own;
+  schemas = schemas_of(j, body, schemas, own);
+  parse_grammar_fields(j, r, *schemas);
   parse_response_format(j, r);
   if (!r.response_format.is_null() && !r.grammar.empty())
     bad("response_format", "give 'response_format' or one of 'grammar', 'json_schema', 'guided_json', 'guided_choice', "
                            "'guided_grammar', not both");
-  if (kind == Endpoint::Chat) parse_structured(j, r);
-  else if (!r.response_format.is_null()) r.grammar = response_format_grammar(r);
+  if (kind == Endpoint::Chat) parse_structured(j, r, *schemas);
+  else if (!r.response_format.is_null()) r.grammar = response_format_grammar(r, *schemas);
   validate(r, model.n_vocab);
   return r;
 }
@@ -923,8 +1049,13 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
     else if (f.is_object())
       chat["response_format"] = f;
   }
+  // The schemas' own text (the chat body is a re-dump, keys sorted).
+  SchemaTexts texts;
+  texts.response_format = raw_at(body, {"text", "format", "schema"});
+  texts.guided_json = raw_at(body, {"guided_json"});
+  for (const std::string_view t : raw_elements(raw_at(body, {"tools"}))) texts.tools.push_back(raw_at(t, {"parameters"}));
   try {
-    ParsedRequest r = parse_request(Endpoint::Chat, chat.dump(), model);
+    ParsedRequest r = parse_request(Endpoint::Chat, chat.dump(), model, &texts);
     r.kind = Endpoint::Responses;
     r.unknown_fields = unknown;
     // What the response object echoes, as the request gave it (valid by now).
@@ -1135,8 +1266,12 @@ ReasoningSplit::Parts ReasoningSplit::push(std::string_view text, bool final) {
   return out;
 }
 
-ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model) {
+namespace {
+// parse_native_request; schemas as parse_request's.
+ParsedRequest native_request(std::string_view body, const ModelInfo& model, const SchemaTexts* schemas) {
   json j = parse_json_object(body);
+  SchemaTexts own;
+  schemas = schemas_of(j, body, schemas, own);
   for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
   if (!j.contains("model")) j["model"] = model.id;
   if (j.contains("n") && j["n"] != 1) bad("n", "llama.cpp's /completion makes one completion ('n' must be 1)");
@@ -1207,7 +1342,7 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
     if (const int64_t n = get_int(j, "n_probs", 0, kMaxLogprobs); n > 0) j["logprobs"] = n;
     j.erase("n_probs");
   }
-  ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model);
+  ParsedRequest r = parse_request(Endpoint::Completions, j.dump(), model, schemas);
   r.kind = Endpoint::Native;
   if (texts) {
     r.logit_bias_text = std::move(entries);
@@ -1221,9 +1356,14 @@ ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model
   if (!r.more_texts.empty() || !r.more_tokens.empty()) bad("prompt", "llama.cpp's /completion takes one prompt");
   return r;
 }
+}  // namespace
+
+ParsedRequest parse_native_request(std::string_view body, const ModelInfo& model) { return native_request(body, model, nullptr); }
 
 ParsedRequest parse_infill_request(std::string_view body, const ModelInfo& model) {
   json j = parse_json_object(body);
+  SchemaTexts own;
+  const SchemaTexts* schemas = schemas_of(j, body, nullptr, own);
   for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
   InfillParts parts;
   if (j.contains("input_prefix")) parts.prefix = get_string(j, "input_prefix", "input_prefix");
@@ -1243,7 +1383,7 @@ ParsedRequest parse_infill_request(std::string_view body, const ModelInfo& model
   if (j.contains("truncate_prompt_tokens"))  // (its own budgets cut the parts)
     bad("truncate_prompt_tokens", "'truncate_prompt_tokens' is not taken by /infill");
   if (!j.contains("prompt")) j["prompt"] = "";
-  ParsedRequest r = parse_native_request(j.dump(), model);
+  ParsedRequest r = native_request(j.dump(), model, schemas);
   r.infill = std::move(parts);
   return r;
 }
@@ -1582,62 +1722,6 @@ bool object_arguments(std::string_view args) {
   return !j.is_discarded() && j.is_object();
 }
 
-// A valid JSON text's structure by bytes (json::parse checked it first): the raw text of values,
-// so that a call's arguments come back as the model wrote them (a re-dump sorted their keys and
-// turned 123456789012345678901234567890 into 1.2345678901234568e+29).
-size_t skip_json_ws(std::string_view s, size_t i) {
-  while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
-  return i;
-}
-// The end of the value at s[i] (iterative: nesting costs no stack).
-size_t skip_json_value(std::string_view s, size_t i) {
-  const auto skip_string = [&](size_t k) {  // s[k] == '"'
-    for (++k; k < s.size() && s[k] != '"'; ++k)
-      if (s[k] == '\\') ++k;
-    return std::min(k + 1, s.size());
-  };
-  if (i >= s.size()) return i;
-  if (s[i] == '"') return skip_string(i);
-  if (s[i] == '{' || s[i] == '[') {
-    size_t depth = 0;
-    while (i < s.size()) {
-      const char c = s[i];
-      if (c == '"') {
-        i = skip_string(i);
-        continue;
-      }
-      if (c == '{' || c == '[') ++depth;
-      if ((c == '}' || c == ']') && --depth == 0) return i + 1;
-      ++i;
-    }
-    return i;
-  }
-  while (i < s.size() && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' &&
-         s[i] != '\r')
-    ++i;
-  return i;
-}
-// The raw text of each member of the object at s[i] (the last of a repeated key, as json::parse
-// keeps it).
-std::map<std::string, std::string_view> raw_members(std::string_view s, size_t i) {
-  std::map<std::string, std::string_view> out;
-  if (i >= s.size() || s[i] != '{') return out;
-  i = skip_json_ws(s, i + 1);
-  while (i < s.size() && s[i] == '"') {
-    const size_t key_end = skip_json_value(s, i);
-    const json key = json::parse(s.substr(i, key_end - i), nullptr, false);
-    i = skip_json_ws(s, key_end);
-    if (i >= s.size() || s[i] != ':') break;
-    i = skip_json_ws(s, i + 1);
-    const size_t value_end = skip_json_value(s, i);
-    if (key.is_string()) out[key.get<std::string>()] = s.substr(i, value_end - i);
-    i = skip_json_ws(s, value_end);
-    if (i >= s.size() || s[i] != ',') break;
-    i = skip_json_ws(s, i + 1);
-  }
-  return out;
-}
-
 // raw: j's text. The arguments as the model wrote them: a JSON string's content, else the
 // object's own text.
 std::optional<ToolCall> call_from_json(const json& j, std::string_view raw, const json& tools) {
@@ -1664,19 +1748,9 @@ std::vector<ToolCall> calls_from_text(std::string_view text, const json& tools) 
   json j = json::parse(text.begin(), text.end(), nullptr, false);
   if (j.is_discarded()) return out;
   // Each item's raw text: the array's elements, or the whole value.
-  std::vector<std::string_view> raws;
-  size_t i = skip_json_ws(text, 0);
-  if (j.is_array()) {
-    i = skip_json_ws(text, i + 1);
-    while (i < text.size() && text[i] != ']') {
-      const size_t end = skip_json_value(text, i);
-      raws.push_back(text.substr(i, end - i));
-      i = skip_json_ws(text, end);
-      if (i < text.size() && text[i] == ',') i = skip_json_ws(text, i + 1);
-    }
-  } else {
-    raws.push_back(text.substr(i, skip_json_value(text, i) - i));
-  }
+  const size_t i = skip_json_ws(text, 0);
+  const std::vector<std::string_view> raws =
+      j.is_array() ? raw_elements(text) : std::vector<std::string_view>{text.substr(i, skip_json_value(text, i) - i)};
   const json items = j.is_array() ? j : json::array({j});
   if (raws.size() != items.size()) return out;  // (cannot be: the text is valid JSON)
   for (size_t k = 0; k < items.size(); ++k) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -99,12 +100,31 @@ struct ParsedRequest : GenerationRequest {
   std::vector<std::string> unknown_fields, ignored_fields;
 };
 
+// The raw text of the schemas a request carries, each empty where it has none (the parsed value,
+// keys sorted, stands in): views into the client's body. A schema's properties are generated in
+// the order its text lists them, so each is read again from its own text (a body is parsed with
+// its objects' keys sorted; never the whole body as ordered_json: its lookups scan the keys, and
+// a logit_bias of 100,000 keys would be quadratic).
+struct SchemaTexts {
+  std::string_view response_format;     // response_format.json_schema.schema
+  std::string_view guided_json;         // guided_json or json_schema, as an object (a string is its own text)
+  std::vector<std::string_view> tools;  // each tool's parameters, as the chat body lists them (tools, then functions)
+};
+// Those of a chat or completions body.
+SchemaTexts schema_texts(std::string_view body);
+// The raw text of a valid JSON text's parts: the value at keys (members of nested objects; empty
+// where there is none, or it is null), the elements of an array (none: not an array).
+std::string_view raw_at(std::string_view json_text, std::initializer_list<std::string_view> keys);
+std::vector<std::string_view> raw_elements(std::string_view json_text);
+
 // Parses and validates a request body; throws ApiError naming the offending param: 400 for a
 // malformed value or one that cannot be built here ("... is not supported"), 404 model_not_found
 // for another model. Every field of OpenAI's Chat Completions / Completions schemas and the vLLM /
 // llama.cpp extensions is accepted; an explicit null is the field's absence; any other field is
 // listed in unknown_fields, not refused (vLLM's behaviour). Chat's top_logprobs needs logprobs: true.
-ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model);
+// schemas: the schemas' text where body is not the client's (a request translated into a chat or
+// completions body: the Responses and Messages APIs, /completion); null: body's own.
+ParsedRequest parse_request(Endpoint kind, std::string_view body, const ModelInfo& model, const SchemaTexts* schemas = nullptr);
 
 // Content as text: a string, null, or an array of parts (blocks). Text parts ("text", and the
 // Responses API's "input_text"/"output_text") are concatenated; "refusal" parts carry no prompt

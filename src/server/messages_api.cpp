@@ -254,11 +254,16 @@ ParsedRequest parse_messages_request(std::string_view body, const ModelInfo& mod
     for (const char* k : {"enable_thinking", "thinking"})
       if (!kw.contains(k)) kw[k] = thinking;
   if (j.contains("output_format")) chat["response_format"] = response_format_of(j["output_format"], "output_format");
-  if (j.contains("output_config") && j["output_config"].is_object() && j["output_config"].contains("format"))
-    chat["response_format"] = response_format_of(j["output_config"]["format"], "output_config.format");
+  const bool config_format = j.contains("output_config") && j["output_config"].is_object() && j["output_config"].contains("format");
+  if (config_format) chat["response_format"] = response_format_of(j["output_config"]["format"], "output_config.format");
 
+  // The schemas' own text (the chat body is a re-dump, keys sorted).
+  SchemaTexts texts;
+  texts.response_format = config_format ? raw_at(body, {"output_config", "format", "schema"}) : raw_at(body, {"output_format", "schema"});
+  texts.guided_json = raw_at(body, {"guided_json"});
+  for (const std::string_view t : raw_elements(raw_at(body, {"tools"}))) texts.tools.push_back(raw_at(t, {"input_schema"}));
   try {
-    ParsedRequest r = parse_request(Endpoint::Chat, chat.dump(), model);
+    ParsedRequest r = parse_request(Endpoint::Chat, chat.dump(), model, &texts);
     r.kind = Endpoint::Messages;
     r.fit_max_tokens = true;
     r.unknown_fields = unknown;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -208,7 +209,7 @@ TEST(Grammar, JsonSchemaSubset) {
     "title": "Person", "properties": {"name": {"type": "string", "description": "x"}, "age": {"type": "integer"},
     "email": {"type": ["string", "null"]}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
     "required": ["name", "age"], "additionalProperties": false})");
-  // Properties come in key order (a request's JSON objects are read unordered): age, email, name, tags.
+  // Properties come in the schema's order, here a json's, keys sorted: age, email, name, tags.
   EXPECT_TRUE(schema_matches(person, R"({"age": 3, "name": "Ann"})"));
   EXPECT_TRUE(schema_matches(person, R"({"age":-3,"email":null,"name":"Ann","tags":["a","b"]})"));
   EXPECT_TRUE(schema_matches(person, "{\n  \"age\": 0,\n  \"name\": \"A\\\"n\\u00e9\",\n  \"tags\": []\n}"));
@@ -304,6 +305,315 @@ TEST(Grammar, JsonSchemaSubset) {
   EXPECT_TRUE(schema_matches(typed, value));
   EXPECT_TRUE(schema_matches(typed, "null"));
   EXPECT_FALSE(schema_matches(typed, "{\"a\":1}"));
+}
+
+// Properties come in the schema's order (an ordered_json, as the server reads a schema's own text):
+// "zeta" before "alpha", as OpenAI's and llama.cpp's write them; a json (keys sorted) in key order.
+TEST(Grammar, JsonSchemaPropertiesInSchemaOrder) {
+  using ordered_json = nlohmann::ordered_json;
+  const ordered_json schema = ordered_json::parse(R"({"type": "object", "properties": {"zeta": {"type": "integer"},
+    "alpha": {"type": "string"}, "mid": {"$ref": "#/$defs/m"}}, "required": ["zeta", "alpha", "mid"],
+    "$defs": {"m": {"properties": {"b": {"type": "boolean"}, "a": {"type": "null"}}}}})");
+  const std::string g = json_schema_to_gbnf(schema);
+  EXPECT_TRUE(matches(g, R"({"zeta": 1, "alpha": "x", "mid": {"b": true, "a": null}})")) << g;
+  EXPECT_TRUE(matches(g, R"({"zeta": 1, "alpha": "x", "mid": {"a": null}})"));
+  EXPECT_FALSE(matches(g, R"({"alpha": "x", "mid": {}, "zeta": 1})"));  // (sorted)
+  EXPECT_FALSE(matches(g, R"({"zeta": 1, "alpha": "x", "mid": {"a": null, "b": true}})"));
+  EXPECT_TRUE(schema_matches(json(schema), R"({"alpha": "x", "mid": {}, "zeta": 1})"));
+  // The server reads a schema's text with parse_ordered_json: the same value, keys in order, a
+  // repeated key's last value at its first place (as nlohmann's own ordered parse).
+  const std::string text = R"({"b": 1, "a": [{"y": null, "x": 2.5}], "b": {"c": "d"}, "e": true})";
+  EXPECT_EQ(parse_ordered_json(text), ordered_json::parse(text));
+  EXPECT_EQ(parse_ordered_json(text).dump(), R"({"b":{"c":"d"},"a":[{"y":null,"x":2.5}],"e":true})");
+  EXPECT_TRUE(parse_ordered_json("{\"a\": }").is_discarded());
+  EXPECT_TRUE(parse_ordered_json("[1] 2").is_discarded());
+  // Linear in the text: nlohmann's ordered parse scans an object's keys for each new one (these
+  // 100,000 properties: 5e9 comparisons, a minute).
+  const int n = test::kSanitized ? 10000 : 100000;
+  std::string big = "{\"properties\": {";
+  for (int k = 0; k < n; ++k) big += (k ? ", \"p" : "\"p") + std::to_string(k) + "\": {\"$ref\": \"#/$defs/d" + std::to_string(k) + "\"}";
+  big += "}, \"$defs\": {";
+  for (int k = 0; k < n; ++k) big += (k ? ", \"d" : "\"d") + std::to_string(k) + "\": {\"type\": \"integer\"}";
+  big += "}}";
+  auto t0 = std::chrono::steady_clock::now();
+  const ordered_json parsed = parse_ordered_json(big);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);  // (~0.3 s)
+  ASSERT_EQ(parsed["properties"].size(), size_t(n));
+  EXPECT_EQ(parsed["properties"].begin().key(), "p0");
+  // Their $refs each looked up in an index of the $defs (an ordered object's lookup scans its keys:
+  // 5e9 comparisons again). (All optional: more than 200 in a row are refused, after the walk.)
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(json_schema_to_gbnf(parsed), Error);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);  // (~0.5 s)
+}
+
+// Schema keywords that constrain values exactly: each a grammar that accepts what the keyword
+// allows and nothing else (a client's strict parse, Zod's or Pydantic's, then passes).
+std::shared_ptr<const Grammar> schema_grammar(const std::string& schema) { return Grammar::parse(json_schema_to_gbnf(json::parse(schema))); }
+bool accepts(const std::shared_ptr<const Grammar>& g, const std::string& text) {
+  static const auto vocab = small_vocab();
+  GrammarMatcher m(g, vocab);
+  return m.accept_bytes(text) && m.complete();
+}
+// The error a schema is refused with ("" when it is not).
+std::string schema_error(const std::string& schema) {
+  try {
+    json_schema_to_gbnf(nlohmann::ordered_json::parse(schema));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+#define EXPECT_REFUSED(schema, needle) EXPECT_NE(schema_error(schema).find(needle), std::string::npos) << schema << ": " << schema_error(schema)
+
+// Integers: minimum / maximum / exclusive ones (numbers, or draft 4's booleans), exact against
+// membership on every value near the bounds, negative ranges, 0, one value, and at most 16 digits.
+TEST(Grammar, JsonSchemaIntegerRanges) {
+  const auto g = schema_grammar(R"({"type": "integer", "minimum": -15, "maximum": 1234})");
+  for (int x = -2000; x <= 2000; ++x) EXPECT_EQ(accepts(g, std::to_string(x)), x >= -15 && x <= 1234) << x;
+  for (const char* bad : {"-0", "01", "+5", "5.0", "1e2", " 5", "-"}) EXPECT_FALSE(accepts(g, bad)) << bad;
+  std::mt19937_64 rng(7);
+  const int64_t kMax = 9999999999999999;
+  for (int trial = 0; trial < 300; ++trial) {
+    // Bounds of 1 to 16 digits either side of 0, exclusive or not, as integers or as floats.
+    const auto draw = [&]() {
+      const int64_t mag = int64_t(rng() % uint64_t(std::pow(10.0, double(1 + rng() % 16))));
+      return rng() % 3 == 0 ? -mag : mag;
+    };
+    int64_t a = draw(), b = draw();
+    if (a > b) std::swap(a, b);
+    const bool ex_lo = rng() % 2, ex_hi = rng() % 2;
+    json s = {{"type", "integer"}};
+    s[ex_lo ? "exclusiveMinimum" : "minimum"] = a;
+    s[ex_hi ? "exclusiveMaximum" : "maximum"] = b;
+    const int64_t lo = ex_lo ? a + 1 : a, hi = ex_hi ? b - 1 : b;
+    if (lo > hi) {
+      EXPECT_THROW(json_schema_to_gbnf(s), Error) << s;
+      continue;
+    }
+    const auto gt = Grammar::parse(json_schema_to_gbnf(s));
+    for (const int64_t x : {a - 1, a, a + 1, b - 1, b, b + 1, int64_t(0), int64_t(-1), int64_t(1), a / 2 + b / 2, -kMax, kMax,
+                            lo + int64_t(rng() % uint64_t(hi - lo + 1))})
+      if (x >= -kMax && x <= kMax) {
+        EXPECT_EQ(accepts(gt, std::to_string(x)), x >= lo && x <= hi) << s << " " << x;
+      }
+  }
+  // One value; 0 (never "-0"); float and draft 4 bounds; one side only (16 digits at most).
+  const auto seven = schema_grammar(R"({"type": "integer", "minimum": 7, "maximum": 7})");
+  EXPECT_TRUE(accepts(seven, "7"));
+  EXPECT_FALSE(accepts(seven, "8"));
+  EXPECT_FALSE(accepts(seven, "70"));
+  const auto zero = schema_grammar(R"({"type": "integer", "minimum": 0, "maximum": 0})");
+  EXPECT_TRUE(accepts(zero, "0"));
+  EXPECT_FALSE(accepts(zero, "-0"));
+  const auto floats = schema_grammar(R"({"type": "integer", "minimum": -2.5, "exclusiveMaximum": 3.0})");
+  for (int x = -5; x <= 5; ++x) EXPECT_EQ(accepts(floats, std::to_string(x)), x >= -2 && x <= 2) << x;
+  const auto draft4 = schema_grammar(R"({"type": "integer", "minimum": 1, "exclusiveMinimum": true, "maximum": 3, "exclusiveMaximum": false})");
+  for (int x = 0; x <= 4; ++x) EXPECT_EQ(accepts(draft4, std::to_string(x)), x == 2 || x == 3) << x;
+  const auto above = schema_grammar(R"({"type": "integer", "minimum": 5})");
+  EXPECT_TRUE(accepts(above, "9999999999999999"));
+  EXPECT_FALSE(accepts(above, "10000000000000000"));
+  EXPECT_FALSE(accepts(above, "4"));
+  EXPECT_FALSE(accepts(above, "-5"));
+  const auto below = schema_grammar(R"({"type": ["integer", "null"], "maximum": -3})");
+  EXPECT_TRUE(accepts(below, "-9999999999999999"));
+  EXPECT_TRUE(accepts(below, "null"));
+  EXPECT_FALSE(accepts(below, "-2"));
+  EXPECT_FALSE(accepts(below, "3"));
+  EXPECT_TRUE(accepts(schema_grammar(R"({"type": "integer", "maximum": 1e300})"), "123"));
+  EXPECT_REFUSED(R"({"type": "integer", "minimum": 5, "maximum": 4})", "no integer");
+  EXPECT_REFUSED(R"({"type": "integer", "exclusiveMinimum": 4, "exclusiveMaximum": 5})", "no integer");
+  EXPECT_REFUSED(R"({"type": "integer", "minimum": 1e17})", "no integer of at most 16 digits");
+  EXPECT_REFUSED(R"({"type": "integer", "minimum": "5"})", "'minimum' must be a number");
+  EXPECT_REFUSED(R"({"type": "integer", "exclusiveMaximum": null})", "'exclusiveMaximum' must be a number");
+  // The widest range stays small: O(digits^2).
+  EXPECT_LT(json_schema_to_gbnf(json::parse(R"({"type": "integer", "minimum": -9999999999999998, "maximum": 9999999999999997})")).size(),
+            json_object_gbnf().size() + 4000);
+}
+
+// Numbers: written without an exponent, within the bounds as a client's double reads them (an
+// exclusive bound: past it once read back, 99.9999999999999999 is 100).
+TEST(Grammar, JsonSchemaNumberRanges) {
+  const auto unit = schema_grammar(R"({"type": "number", "minimum": 0, "maximum": 1})");
+  for (const char* ok : {"0", "0.5", "1", "1.0", "1.0000000000000000", "0.9999999999999999", "0.0", "0.0000000000000001"})
+    EXPECT_TRUE(accepts(unit, ok)) << ok;
+  for (const char* bad : {"-0.1", "1.0000000000000001", "1.5", "2", "1e0", "0.5e-1", "-0", "01", "0.", ".5", "0.00000000000000001"})
+    EXPECT_FALSE(accepts(unit, bad)) << bad;
+  const auto positive = schema_grammar(R"({"type": "number", "exclusiveMinimum": 0})");
+  for (const char* ok : {"0.0000000000000001", "1", "9999999999999998", "3.25"}) EXPECT_TRUE(accepts(positive, ok)) << ok;
+  for (const char* bad : {"0", "0.0", "0.0000000000000000", "-1", "-0.5", "9999999999999999"}) EXPECT_FALSE(accepts(positive, bad)) << bad;
+  const auto under = schema_grammar(R"({"type": "number", "exclusiveMaximum": 100})");
+  EXPECT_TRUE(accepts(under, "99.99999999999998"));
+  EXPECT_FALSE(accepts(under, "99.9999999999999999"));  // (reads back as 100)
+  EXPECT_FALSE(accepts(under, "100"));
+  EXPECT_TRUE(accepts(under, "-5.5"));
+  const auto neg = schema_grammar(R"({"type": "number", "minimum": -2.5, "maximum": -1.25})");
+  for (const char* ok : {"-2.5", "-1.25", "-2", "-1.3", "-2.4999"}) EXPECT_TRUE(accepts(neg, ok)) << ok;
+  for (const char* bad : {"-1.2", "-2.51", "0", "-0", "-1", "1.5", "-3"}) EXPECT_FALSE(accepts(neg, bad)) << bad;
+  const auto half = schema_grammar(R"({"type": "number", "minimum": 0.5, "maximum": 0.5})");
+  EXPECT_TRUE(accepts(half, "0.5"));
+  EXPECT_TRUE(accepts(half, "0.50"));
+  EXPECT_FALSE(accepts(half, "0.51"));
+  EXPECT_FALSE(accepts(half, "0.4"));
+  EXPECT_REFUSED(R"({"type": "number", "minimum": 2, "maximum": 1})", "no number");
+  EXPECT_REFUSED(R"({"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1})", "no number");
+  // Every accepted text reads back within the bounds (as a client's double), on random bounds at
+  // random scales and random decimals near them; those well inside are accepted.
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto draw = [&]() {
+      const double v = std::ldexp(double(rng() % 1000000) / 1000000.0, int(rng() % 60) - 30);
+      return rng() % 3 == 0 ? -v : v;
+    };
+    double a = draw(), b = draw();
+    if (a > b) std::swap(a, b);
+    const bool ex_lo = rng() % 2, ex_hi = rng() % 2;
+    json s = {{"type", "number"}, {ex_lo ? "exclusiveMinimum" : "minimum", a}, {ex_hi ? "exclusiveMaximum" : "maximum", b}};
+    if (a == b && (ex_lo || ex_hi)) continue;
+    const auto gt = Grammar::parse(json_schema_to_gbnf(s));
+    for (int k = 0; k < 40; ++k) {
+      const double base = k % 2 ? a : b, x = base + (double(int64_t(rng() % 2001)) - 1000.0) * std::fabs(base) * 1e-15 * double(k % 4 == 0 ? 1e12 : 1);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.*f", int(rng() % 17), x);
+      std::string text = buf;
+      if (text.find_first_not_of("-0.") == std::string::npos) continue;  // (0 and -0: the bounds' own cases above)
+      const size_t dot = text.find('.');
+      if ((dot == std::string::npos ? text.size() : dot) - (text[0] == '-') > 16) continue;
+      const double v = std::strtod(text.c_str(), nullptr);
+      const bool in = (ex_lo ? v > a : v >= a) && (ex_hi ? v < b : v <= b);
+      if (accepts(gt, text)) {
+        EXPECT_TRUE(in) << s << " " << text;
+      } else if (in && std::fabs(v - a) > std::fabs(a) * 1e-9 && std::fabs(v - b) > std::fabs(b) * 1e-9) {
+        ADD_FAILURE() << s << " " << text;
+      }
+    }
+  }
+}
+
+// Patterns (an ECMAScript regex subset) against std::regex's ECMAScript on every short string of
+// an alphabet: JSON-escaped characters, classes, anchors or a search, alternation, repetition.
+TEST(Grammar, JsonSchemaPatternsMatchAsRegexes) {
+  const std::string alphabet = "abcz19.- _\n\"\\/";
+  // (pattern, the same for std::regex where its ECMAScript lacks Annex B or named groups)
+  const std::vector<std::pair<std::string, std::string>> patterns = {
+      {"^[a-c]+$", ""}, {"a|b", ""}, {"^(ab|a)*c?$", ""}, {"^a{2,3}(b|c){0,2}$", ""}, {"\\d{2}", ""}, {"^x?b*z+$", ""},
+      {"^[^abc]{1,3}$", ""}, {"(a|b)\\.c", ""}, {"^.{0,3}$", ""}, {"^\\w+\\s?\\w*$", ""}, {"^[a\\-c]$", ""}, {"^(?:a|bc)+$", ""},
+      {"b{2}$", ""}, {"^\\D\\S\\W$", ""}, {"^\"\\\\$", ""}, {"^[\\d-z]+$", "^[\\d\\-z]+$"}, {"^(a*)*$", ""}, {"^(a|b?){3}$", ""},
+      {"^a{,2}$", "^a\\{,2\\}$"}, {"^[^]$", "^[\\s\\S]$"}, {"^(?<n>1|9)\\/$", "^(1|9)\\/$"}, {"^(?P<n>a)b$", "^(a)b$"}, {"^$|^z$", ""}, {"^\\n?\\x61+?$", ""},
+      {"^[\\s\\S]$", ""}, {"^a+b+$|^c$", ""}, {"^(((a)+)+)$", ""}};
+  for (const auto& [p, same] : patterns) {
+    const auto g = Grammar::parse(json_schema_to_gbnf(json{{"type", "string"}, {"pattern", p}}));
+    const std::regex re(same.empty() ? p : same, std::regex::ECMAScript);
+    std::vector<std::string> strings{""};
+    for (size_t begin = 0, len = 1; len <= 3; ++len) {
+      const size_t end = strings.size();
+      for (size_t i = begin; i < end; ++i)
+        for (const char c : alphabet) strings.push_back(strings[i] + c);
+      begin = end;
+    }
+    strings.push_back("a{,2}");
+    for (const std::string& str : strings)
+      EXPECT_EQ(accepts(g, json(str).dump()), std::regex_search(str, re)) << p << " on " << json(str).dump();
+  }
+  // Characters: JSON's escapes (and only them) for quotes, backslashes and controls; non-ASCII
+  // literals; '.' and negated classes ASCII only (a byte class would count bytes as characters).
+  const auto quote = schema_grammar(R"({"type": "string", "pattern": "^a\"b\\\\c\\t$"})");
+  EXPECT_TRUE(accepts(quote, R"("a\"b\\c\t")"));
+  EXPECT_FALSE(accepts(quote, "\"a\"b\\c\t\""));
+  EXPECT_TRUE(accepts(schema_grammar(R"({"type": "string", "pattern": "^café[äö]{2}\\u00e9$"})"), "\"caféöäé\""));
+  EXPECT_FALSE(accepts(schema_grammar(R"({"type": "string", "pattern": "^.$"})"), "\"é\""));
+  EXPECT_TRUE(accepts(schema_grammar(R"({"type": "string", "pattern": "z"})"), "\"éz\""));  // (a search: any text around)
+  // minLength / maxLength counted where the pattern does not imply them.
+  const auto word = schema_grammar(R"({"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 3})");
+  for (const char* ok : {"\"ab\"", "\"abc\""}) EXPECT_TRUE(accepts(word, ok)) << ok;
+  for (const char* bad : {"\"a\"", "\"abcd\"", "\"\""}) EXPECT_FALSE(accepts(word, bad)) << bad;
+  const auto search = schema_grammar(R"({"type": "string", "pattern": "\\d", "maxLength": 3})");
+  EXPECT_TRUE(accepts(search, "\"a1b\""));
+  EXPECT_FALSE(accepts(search, "\"ab1c\""));
+  EXPECT_FALSE(accepts(search, "\"abc\""));
+  const auto least = schema_grammar(R"({"type": "string", "pattern": "^a*$", "minLength": 3})");
+  EXPECT_FALSE(accepts(least, "\"aa\""));
+  EXPECT_TRUE(accepts(least, "\"aaaaaaaaaaaaaaaaaaaaaaaaa\""));
+  EXPECT_REFUSED(R"({"type": "string", "pattern": "^\\d{5}$", "maxLength": 3})", "no string of the length");
+  // Outside the subset: a 400 naming the place and the construct.
+  EXPECT_REFUSED(R"({"properties": {"code": {"type": "string", "pattern": "(?=a)b"}}})", "#/properties/code: 'pattern': lookaround is not supported");
+  for (const auto& [p, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"(a)\\\\1", "backreferences"}, {"\\\\bword", "word boundary"}, {"a^b", "'^'"}, {"a$b", "'$'"}, {"\\\\p{L}", "Unicode property"},
+           {"[a", "unterminated '['"}, {"(a", "unbalanced '('"}, {"a)", "unbalanced ')'"}, {"*a", "nothing to repeat"},
+           {"a**", "nothing to repeat"}, {"a{3,2}", "m > n"}, {"a{10001}", "above 10000"}, {"[\\\\u4e00-\\\\u9fff]", "non-ASCII"},
+           {"\\\\q", "'\\q'"}, {"[]", "matches nothing"}, {"[^\\\\x00-\\\\x7F]", "admits no ASCII"}, {"(?i)a", "'(?'"}})
+    EXPECT_REFUSED(R"({"type": "string", "pattern": ")" + p + "\"}", needle);
+  EXPECT_REFUSED(R"({"type": "string", "pattern": 5})", "'pattern' must be a string");
+  // Hostile sizes: repetitions' copies (1e6 positions) and links (2e8) refused fast, within the
+  // grammar's element budget; groups nested past 64.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_REFUSED(R"({"type": "string", "pattern": "^(a{1000}){1000}$"})", "grammar elements");
+  EXPECT_REFUSED(R"({"type": "string", "pattern": "^(a?){10000}(b?){10000}$"})", "grammar elements");
+  EXPECT_REFUSED(R"({"type": "string", "pattern": ")" + std::string(100, '(') + "a" + std::string(100, ')') + "\"}", "nest too deeply");
+  json props = json::object();
+  for (int k = 0; k < 200; ++k) props[cat("p", k)] = {{"type", "string"}, {"pattern", "^[a-z]{1000,2000}x?y?$"}};
+  EXPECT_THROW(json_schema_to_gbnf(json{{"properties", props}}), Error);  // (1,000 elements each, 200 of them: past the budget)
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  EXPECT_FALSE(json_schema_to_gbnf(json::parse(R"({"type": "string", "pattern": "^[a-z]{1,10000}$"})")).empty());
+}
+
+// format: date (real dates, leap years too), time and date-time (RFC 3339, with a zone), uuid.
+TEST(Grammar, JsonSchemaFormats) {
+  const auto date = schema_grammar(R"({"type": "string", "format": "date"})");
+  for (const char* ok : {"2024-02-29", "2000-02-29", "0000-02-29", "2023-12-31", "2023-04-30", "1999-01-01"})
+    EXPECT_TRUE(accepts(date, cat("\"", ok, "\""))) << ok;
+  for (const char* bad : {"2023-02-29", "1900-02-29", "2023-04-31", "2023-13-01", "2023-00-10", "2023-1-01", "2023-02-30", "20231-01-01"})
+    EXPECT_FALSE(accepts(date, cat("\"", bad, "\""))) << bad;
+  const auto time = schema_grammar(R"({"type": "string", "format": "time"})");
+  for (const char* ok : {"23:59:59Z", "00:00:00.123+05:30", "12:00:00-23:59"}) EXPECT_TRUE(accepts(time, cat("\"", ok, "\""))) << ok;
+  for (const char* bad : {"24:00:00Z", "12:00:00", "12:60:00Z", "12:00:00.1Z", "12:00:00+24:00"})
+    EXPECT_FALSE(accepts(time, cat("\"", bad, "\""))) << bad;
+  const auto date_time = schema_grammar(R"({"type": "string", "format": "date-time"})");
+  EXPECT_TRUE(accepts(date_time, "\"2024-02-29T12:34:56Z\""));
+  EXPECT_FALSE(accepts(date_time, "\"2024-02-29 12:34:56Z\""));
+  const auto uuid = schema_grammar(R"({"type": "string", "format": "uuid"})");
+  EXPECT_TRUE(accepts(uuid, "\"123e4567-e89b-12d3-A456-426614174000\""));
+  EXPECT_FALSE(accepts(uuid, "\"123e4567e89b-12d3-a456-426614174000\""));
+  EXPECT_FALSE(accepts(uuid, "\"123e4567-e89b-12d3-a456-42661417400g\""));
+  EXPECT_TRUE(accepts(schema_grammar(R"({"type": "string", "format": "email"})"), "\"anything\""));  // (other formats: a string)
+  EXPECT_TRUE(accepts(schema_grammar(R"({"type": "string", "format": "date", "pattern": "^x$"})"), "\"x\""));  // (the pattern's)
+}
+
+// minProperties / maxProperties: of an object of any or typed members (counted as written), and of
+// listed properties (counted where the required and listed ones do not imply them).
+TEST(Grammar, JsonSchemaPropertyCounts) {
+  const auto free = schema_grammar(R"({"type": "object", "minProperties": 1, "maxProperties": 2})");
+  EXPECT_FALSE(accepts(free, "{}"));
+  EXPECT_TRUE(accepts(free, R"({"a": 1})"));
+  EXPECT_TRUE(accepts(free, R"({"a": 1, "b": [2]})"));
+  EXPECT_FALSE(accepts(free, R"({"a": 1, "b": 2, "c": 3})"));
+  const auto typed = schema_grammar(R"({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2})");
+  EXPECT_FALSE(accepts(typed, R"({"a": 1})"));
+  EXPECT_TRUE(accepts(typed, R"({"a": 1, "b": 2, "c": 3})"));
+  EXPECT_FALSE(accepts(typed, R"({"a": 1, "b": "x"})"));
+  const auto some = schema_grammar(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+    "c": {"type": "integer"}}, "minProperties": 1, "maxProperties": 2})");
+  EXPECT_FALSE(accepts(some, "{}"));
+  for (const char* ok : {R"({"b": 1})", R"({"a": 1, "c": 3})", R"({"b": 1, "c": 3})"}) EXPECT_TRUE(accepts(some, ok)) << ok;
+  EXPECT_FALSE(accepts(some, R"({"a": 1, "b": 2, "c": 3})"));
+  const auto one = schema_grammar(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+    "c": {"type": "integer"}}, "required": ["b"], "maxProperties": 1})");
+  EXPECT_TRUE(accepts(one, R"({"b": 1})"));
+  EXPECT_FALSE(accepts(one, R"({"a": 1, "b": 1})"));
+  EXPECT_FALSE(accepts(one, R"({"b": 1, "c": 1})"));
+  EXPECT_REFUSED(R"({"properties": {"a": {}, "b": {}}, "required": ["a", "b"], "maxProperties": 1})", "below the number of required");
+  EXPECT_REFUSED(R"({"properties": {"a": {}, "b": {}}, "minProperties": 3})", "no object");
+  EXPECT_REFUSED(R"({"type": "object", "additionalProperties": false, "minProperties": 1})", "no property is allowed");
+  EXPECT_REFUSED(R"({"type": "object", "minProperties": 3, "maxProperties": 2})", "below 'minProperties'");
+  // Counting 10,000 optional properties to 5,000 (5e7 states): refused fast, within the budget.
+  json props = json::object(), required = json::array();
+  for (int k = 0; k < 10000; ++k) {
+    props[cat("p", k)] = {{"type", "integer"}};
+    if (k % 100 == 0) required.push_back(cat("p", k));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(json_schema_to_gbnf(json{{"properties", props}, {"required", required}, {"minProperties", 5000}}), Error);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
 // The allowed set by definition: token t is allowed iff a matcher in this state accepts it.

@@ -523,6 +523,9 @@ TEST(ServerParse, StructuredOutputBecomesAGrammar) {
              "response_format.json_schema.schema", "unknown type");
   expect_400(Endpoint::Completions, R"({"model":"stories260K","prompt":"x","grammar":"root ::= a","json_schema":{}})",
              "grammar", "at most one");
+  expect_400(Endpoint::Chat, chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object",
+      "properties":{"code":{"type":"string","pattern":"(?=a)b"}}}}}})", "response_format.json_schema.schema",
+             "#/properties/code: 'pattern': lookaround is not supported");
   // Completions take response_format too (vLLM does): the same grammar as chat's, never ignored.
   const std::string cmpl = R"({"model":"stories260K","prompt":"x",)";
   EXPECT_EQ(parse_request(Endpoint::Completions, cmpl + R"("response_format":{"type":"json_object"}})", kModel).grammar,
@@ -582,6 +585,81 @@ TEST(ServerParse, RequiredCallsNameTheFunctionFirst) {
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].name, "get_weather");
   EXPECT_EQ(json::parse(f.calls[0].arguments), json::parse(R"({"city": "Paris"})"));
+}
+
+// A schema's properties are generated in the order its text lists them (OpenAI's, llama.cpp's): the
+// body is parsed with its keys sorted, so each schema is read again from its own text, wherever a
+// schema enters: response_format (chat, completions, /completion), guided_json / json_schema
+// (object or text), the Responses API's text.format, tools' parameters (named, required; the
+// deprecated functions), the Messages API's output_format / output_config.format and tools'
+// input_schema, /infill. Its $refs resolve in the same order.
+TEST(ServerParse, SchemaPropertiesInTheSchemasOrder) {
+  std::vector<std::string> pieces{""};
+  std::vector<bool> eog{true};
+  for (int c = 1; c < 128; ++c) pieces.push_back(std::string(1, char(c))), eog.push_back(false);
+  const auto vocab = std::make_shared<GrammarVocab>(pieces, eog);
+  const std::string schema = R"({"type": "object", "properties": {"zeta": {"$ref": "#/$defs/n"}, "alpha": {"type": "integer"},
+    "mid": {"type": "integer"}}, "required": ["zeta", "alpha", "mid"], "$defs": {"n": {"type": "object",
+    "properties": {"y": {"type": "integer"}, "x": {"type": "integer"}}, "required": ["y", "x"]}}})";
+  const std::string ordered = R"({"zeta": {"y": 1, "x": 2}, "alpha": 3, "mid": 4})";
+  // (wrap: the text around an arguments object the grammar follows, e.g. a call's)
+  const auto check = [&](const ParsedRequest& r, const std::string& what, const std::string& pre = "", const std::string& post = "") {
+    const auto matches = [&](const std::string& text) {
+      GrammarMatcher m(Grammar::parse(r.grammar), vocab);
+      return m.accept_bytes(pre + text + post) && m.complete();
+    };
+    EXPECT_TRUE(matches(ordered)) << what << "\n" << r.grammar;
+    EXPECT_FALSE(matches(R"({"alpha": 3, "mid": 4, "zeta": {"x": 2, "y": 1}})")) << what;  // (sorted)
+    EXPECT_FALSE(matches(R"({"zeta": {"x": 2, "y": 1}, "alpha": 3, "mid": 4})")) << what;
+  };
+  const std::string chat = R"({"model": "stories260K", "messages": [{"role": "user", "content": "x"}], )";
+  const std::string cmpl = R"({"model": "stories260K", "prompt": "x", )";
+  const std::string rf = R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": )" + schema + "}}}";
+  check(parse_request(Endpoint::Chat, chat + rf, kModel), "chat response_format");
+  check(parse_request(Endpoint::Completions, cmpl + rf, kModel), "completions response_format");
+  check(parse_native_request(R"({"prompt": "x", )" + rf, kModel), "/completion response_format");
+  for (const char* k : {"guided_json", "json_schema"}) {
+    check(parse_request(Endpoint::Chat, chat + "\"" + k + "\": " + schema + "}", kModel), k);
+    check(parse_request(Endpoint::Completions, cmpl + "\"" + k + "\": " + json(schema).dump() + "}", kModel),
+          std::string(k) + " as text");
+    check(parse_native_request(std::string(R"({"prompt": "x", ")") + k + "\": " + schema + "}", kModel), std::string("/completion ") + k);
+  }
+  check(parse_infill_request(R"({"input_prefix": "a", "json_schema": )" + schema + "}", kModel), "/infill json_schema");
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "noop"}},
+    {"type": "function", "function": {"name": "f", "parameters": )" + schema + "}}]";
+  check(parse_request(Endpoint::Chat, chat + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})", kModel),
+        "tool_choice named");
+  check(parse_request(Endpoint::Chat, chat + tools + R"(, "tool_choice": "required"})", kModel), "tool_choice required",
+        R"([{"name": "f", "arguments": )", "}]");
+  check(parse_request(Endpoint::Chat, chat + R"("functions": [{"name": "f", "parameters": )" + schema + R"(}], "function_call": {"name": "f"}})", kModel),
+        "functions");
+  // (a tool in tools, another in functions: their parameters each in their own order)
+  check(parse_request(Endpoint::Chat, chat + tools + R"(, "functions": [{"name": "g", "parameters": )" + schema +
+                                          R"(}], "tool_choice": {"type": "function", "function": {"name": "g"}}})", kModel),
+        "functions after tools");
+  const std::string resp = R"({"model": "stories260K", "input": "x", )";
+  check(parse_responses_request(resp + R"("text": {"format": {"type": "json_schema", "name": "n", "schema": )" + schema + "}}}", kModel),
+        "Responses text.format");
+  check(parse_responses_request(resp + R"("tools": [{"type": "function", "name": "f", "parameters": )" + schema +
+                                    R"(}], "tool_choice": {"type": "function", "name": "f"}})", kModel),
+        "Responses tools");
+  check(parse_responses_request(resp + R"("guided_json": )" + schema + "}", kModel), "Responses guided_json");
+  const std::string msgs = R"({"model": "stories260K", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}], )";
+  check(parse_messages_request(msgs + R"("output_format": {"type": "json_schema", "schema": )" + schema + "}}", kModel),
+        "Messages output_format");
+  check(parse_messages_request(msgs + R"("output_config": {"effort": "low", "format": {"type": "json_schema", "schema": )" + schema + "}}}", kModel),
+        "Messages output_config.format");
+  check(parse_messages_request(msgs + R"("tools": [{"name": "f", "input_schema": )" + schema +
+                                   R"(}], "tool_choice": {"type": "tool", "name": "f"}})", kModel),
+        "Messages tools");
+  check(parse_messages_request(msgs + R"("tools": [{"name": "f", "input_schema": )" + schema +
+                                   R"(}], "tool_choice": {"type": "any"}})", kModel),
+        "Messages tool_choice any", R"([{"name": "f", "arguments": )", "}]");
+  // A null schema still stands for {} (its text is not a schema), and a repeated key is its last
+  // value, as the body's parse reads it.
+  EXPECT_EQ(parse_request(Endpoint::Chat, chat + R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": null}}})", kModel).grammar,
+            json_schema_to_gbnf(json::object()));
+  check(parse_request(Endpoint::Chat, chat + R"("guided_json": {"type": "string"}, "guided_json": )" + schema + "}", kModel), "repeated key");
 }
 
 TEST(ServerEmbeddings, ParseInputsAndOptions) {

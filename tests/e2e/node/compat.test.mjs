@@ -60,6 +60,71 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     assert.ok(['cat', 'dog'].includes(pet.kind));
   });
 
+  test('structured outputs follow the schema\'s property order (zeta, alpha, mid), wherever the schema enters', async () => {
+    const schema = {
+      type: 'object', additionalProperties: false, required: ['zeta', 'alpha', 'mid'],
+      properties: { zeta: { type: 'integer' }, alpha: { type: 'boolean' }, mid: { type: 'string', maxLength: 8 } },
+    };
+    const inOrder = (text, what) => {
+      const at = ['"zeta"', '"alpha"', '"mid"'].map((k) => text.indexOf(k));
+      assert.ok(at[0] >= 0 && at[0] < at[1] && at[1] < at[2], `${what}: ${text}`);
+      assert.deepEqual(Object.keys(JSON.parse(text)), ['zeta', 'alpha', 'mid'], what);
+    };
+    const common = { model: MODEL_ID, temperature: 0, max_tokens: 200 };
+    const rf = { type: 'json_schema', json_schema: { name: 'o', schema, strict: true } };
+    const chat = await client.chat.completions.create({ ...common, messages: user('JSON please'), response_format: rf });
+    inOrder(chat.choices[0].message.content, 'chat response_format');
+    const cmpl = await client.completions.create({ ...common, prompt: 'JSON:', response_format: rf });
+    inOrder(cmpl.choices[0].text, 'completions response_format');
+    const guided = await client.completions.create({ ...common, prompt: 'JSON:', guided_json: schema });
+    inOrder(guided.choices[0].text, 'guided_json');
+    const resp = await client.responses.create({
+      model: MODEL_ID, input: 'JSON please', temperature: 0, max_output_tokens: 200,
+      text: { format: { type: 'json_schema', name: 'o', schema, strict: true } },
+    });
+    inOrder(resp.output_text, 'Responses text.format');
+    const call = await client.chat.completions.create({
+      ...common, messages: user('Call f'), tools: [{ type: 'function', function: { name: 'f', parameters: schema } }],
+      tool_choice: { type: 'function', function: { name: 'f' } },
+    });
+    inOrder(call.choices[0].message.tool_calls[0].function.arguments, 'tool parameters');
+    const msgs = await postJson(server.url, '/v1/messages', {
+      model: MODEL_ID, max_tokens: 200, temperature: 0, messages: user('JSON please'), output_format: { type: 'json_schema', schema },
+    }, { authorization: `Bearer ${KEY}` });
+    assert.equal(msgs.status, 200, msgs.text);
+    inOrder(msgs.json.content[0].text, 'Messages output_format');
+  });
+
+  test('pattern, format and integer/number bounds hold in the output (what a strict client parse checks)', async () => {
+    const schema = {
+      type: 'object', additionalProperties: false, required: ['code', 'n', 'x', 'day', 'id'],
+      properties: {
+        code: { type: 'string', pattern: '^[A-Z]{3}-\\d{2}$' },
+        n: { type: 'integer', minimum: 10, maximum: 20 },
+        x: { type: 'number', exclusiveMinimum: 0, maximum: 1 },
+        day: { type: 'string', format: 'date' },
+        id: { type: 'string', format: 'uuid' },
+      },
+    };
+    const rf = (s) => ({ type: 'json_schema', json_schema: { name: 'o', schema: s, strict: true } });
+    const r = await client.chat.completions.create({
+      model: MODEL_ID, messages: user('JSON please'), temperature: 0, max_tokens: 400, response_format: rf(schema),
+    });
+    assert.equal(r.choices[0].finish_reason, 'stop', r.choices[0].message.content);
+    const o = JSON.parse(r.choices[0].message.content);
+    assert.match(o.code, /^[A-Z]{3}-\d{2}$/);
+    assert.ok(Number.isInteger(o.n) && o.n >= 10 && o.n <= 20, String(o.n));
+    assert.ok(o.x > 0 && o.x <= 1, String(o.x));
+    assert.match(o.day, /^\d{4}-\d{2}-\d{2}$/);
+    assert.equal(new Date(`${o.day}T00:00:00Z`).toISOString().slice(0, 10), o.day);  // a real date
+    assert.match(o.id, /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i);
+    // A construct outside the subset: a 400 saying which and where.
+    await assert.rejects(
+      client.chat.completions.create({ model: MODEL_ID, messages: user('x'), max_tokens: 5,
+                                       response_format: rf({ type: 'string', pattern: '(?=a)b' }) }),
+      (e) => e.status === 400 && /lookaround is not supported/.test(e.message));
+  });
+
   const tools = [{
     type: 'function',
     function: { name: 'get_weather', description: 'Weather in a city',
