@@ -20,7 +20,8 @@
 // every row from position 11 on differs: one such flip at position 11, carried by the KV cache;
 // the output says how many rows differ beyond 1e-5 and the first) and TP must be no further from the
 // independent reference (the golden top-10 logits) than one process. Greedy tokens: equal on
-// these prompts (on integer-path weights a near-tie could legitimately flip one).
+// these prompts, but where the one-process top two are within twice the row's difference of each
+// other (a near-tie that integer-path weights can flip: then both go on from one process's token).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,6 +112,16 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
   for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], int32_t(i), 0, true);
   f1.run(b, kv1, l1.data());
   f2.run(b, kv2, lead ? l2.data() : nullptr);
+  // The argmaxes agree, or a's top two are within 2 diff (the rows' largest difference) of each
+  // other: a near-tie that a difference within the tolerance can flip (integer-path weights; seen
+  // on synth-llama-q4_0 with the avx2 kernels).
+  int n_ties = 0;
+  auto same_or_near_tie = [&](const float* a, const float* c, float diff) {
+    const int32_t i = argmax(a, hp.n_tokens), j = argmax(c, hp.n_tokens);
+    if (i == j) return true;
+    ++n_ties;
+    return a[i] - a[j] <= 2 * diff && c[j] - c[i] <= 2 * diff;
+  };
   double worst = 0;
   int n_rows = 0, n_far = 0, first_far = -1;  // rows compared, rows further apart than float rounding (1e-5)
   auto compare = [&](size_t rows) {
@@ -126,7 +137,8 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
       ++n_rows;
       if (diff > 1e-5f * scale && n_far++ == 0) first_far = n_rows - 1;
       EXPECT_LE(diff, tol * scale) << "row " << r;
-      EXPECT_EQ(argmax(a, hp.n_tokens), argmax(c, hp.n_tokens)) << "row " << r;
+      EXPECT_TRUE(same_or_near_tie(a, c, diff)) << "row " << r << ": argmax " << argmax(a, hp.n_tokens) << " vs "
+                                                << argmax(c, hp.n_tokens);
     }
   };
   if (lead) {
@@ -146,32 +158,22 @@ TEST_P(TpForward, LogitsAndGreedyTokensMatchOneProcess) {
     EXPECT_LE(g2, g1 * 1.05 + 1e-3) << "TP/PP is further from the reference than one process";
   }
 
-  std::vector<int32_t> t1, t2;
-  int32_t next1 = argmax(l1.data() + (prompt.size() - 1) * size_t(V), hp.n_tokens);
-  int32_t next2 = lead ? argmax(l2.data() + (prompt.size() - 1) * size_t(V), hp.n_tokens) : 0;
-  g_comm->broadcast(&next2, sizeof next2);  // rank 0 samples, every rank feeds it
+  // Greedy: each step's argmaxes checked by compare; both go on from one process's token (the same
+  // unless a near-tie flipped TP's; every rank computes it alike).
+  int32_t next = argmax(l1.data() + (prompt.size() - 1) * size_t(V), hp.n_tokens);
   for (int i = 0; i < n_gen; ++i) {
-    t1.push_back(next1);
-    t2.push_back(next2);
     const int32_t pos = int32_t(prompt.size()) + i;
     b.clear();
-    b.add(next1, pos, 0, true);
+    b.add(next, pos, 0, true);
     f1.run(b, kv1, l1.data());
-    next1 = argmax(l1.data(), hp.n_tokens);
-    b.clear();
-    b.add(next2, pos, 0, true);
     f2.run(b, kv2, lead ? l2.data() : nullptr);
-    if (lead) {
-      compare(1);
-      next2 = argmax(l2.data(), hp.n_tokens);
-    }
-    g_comm->broadcast(&next2, sizeof next2);
+    if (lead) compare(1);
+    next = argmax(l1.data(), hp.n_tokens);
   }
   if (lead) {
-    EXPECT_EQ(t1, t2);
     std::printf("%s: TP=%d x PP=%d max |logit diff| / max |logit| = %.2e (tolerance %.0e; %d of %d rows beyond 1e-5, "
-                "the first: position %d), %d greedy tokens equal\n",
-                GetParam().c_str(), tp, pp, worst, double(tol), n_far, n_rows, first_far, n_gen);
+                "the first: position %d), %d greedy steps, %d argmaxes apart at near-ties\n",
+                GetParam().c_str(), tp, pp, worst, double(tol), n_far, n_rows, first_far, n_gen, n_ties);
   }
 }
 
