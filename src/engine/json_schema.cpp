@@ -672,16 +672,20 @@ std::string json_char(uint32_t c) {
   return b;
 }
 
-// The formats we generate (JSON Schema's, as llama.cpp's), as patterns: dates real ones (leap
-// years too), times and date-times with a zone (RFC 3339), UUIDs in any case.
+// The formats we generate, as patterns, written so that the strict parsers clients run read them
+// back (Zod's, Pydantic's, ajv-formats'): dates real ones (leap years too) of years 0001-9999
+// (Pydantic refuses year 0); date-times in UTC ("Z": Zod's default datetime() refuses offsets);
+// times without a zone (Zod's time() refuses one; RFC 3339's full-time would want one);
+// UUIDs in any case.
 std::string format_pattern(const std::string& format) {
   const std::string date =
-      "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])-02-29|(?:[02468][048]|[13579][26])00-02-29|"
-      "[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8])))";
-  const std::string time = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{3})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+      "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])-02-29|(?:0[48]|[2468][048]|[13579][26])00-02-29|"
+      "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-"
+      "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8])))";
+  const std::string time = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{3})?";
   if (format == "date") return "^" + date + "$";
   if (format == "time") return "^" + time + "$";
-  if (format == "date-time") return "^" + date + "T" + time + "$";
+  if (format == "date-time") return "^" + date + "T" + time + "Z$";
   if (format == "uuid") return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
   return "";
 }

@@ -859,6 +859,13 @@ struct ResponsesConversation {
 
 ResponsesConversation responses_conversation(const json& j, const ResponseStore* store, bool keep) {
   ResponsesConversation c;
+  uint64_t from_store = 0;  // the text of the stored items resolved so far, at most max_conversation_bytes
+  const auto resolve = [&](uint64_t bytes, const std::string& param) {
+    from_store += bytes;
+    if (from_store > store->max_conversation_bytes())
+      bad(param, cat("the stored items this request names (previous_response_id's chain and item references) come "
+                     "to more than ", store->max_conversation_bytes(), " bytes, a request body's limit"));
+  };
   if (j.contains("previous_response_id")) {
     const json& prev = j["previous_response_id"];
     if (!prev.is_string()) bad("previous_response_id", "'previous_response_id' must be a string");
@@ -868,6 +875,7 @@ ResponsesConversation responses_conversation(const json& j, const ResponseStore*
     if (!chain.missing.empty())  // (OpenAI's answer, naming the link the store no longer holds)
       throw ApiError(400, cat("Previous response with id '", chain.missing, "' not found."), "previous_response_id",
                      "invalid_request_error", "previous_response_not_found");
+    resolve(ResponseStore::text_bytes(ResponseStore::items(chain, /*last_output=*/true)), "previous_response_id");
     c.items = ResponseStore::conversation(chain, /*last_output=*/true);
     c.previous = c.items.size();
   }
@@ -895,6 +903,7 @@ ResponsesConversation responses_conversation(const json& j, const ResponseStore*
       const std::string id = in[i]["id"].get<std::string>();
       const std::optional<std::string> text = store ? store->item(id) : std::nullopt;
       if (!text) bad(p + ".id", cat("Item with id '", id, "' not found (", p, ")."));
+      resolve(text->size(), p + ".id");
       item = json::parse(*text);
       if (in[i].contains("type") && in[i]["type"] != "item_reference" && in[i]["type"] != item["type"])
         bad(p + ".type", cat("the item with id '", id, "' is of type ", item["type"].dump(), ", not ", in[i]["type"].dump()));

@@ -384,10 +384,13 @@ MessagesStop messages_stop(const Finish& f, bool tool_use);
 // {"input_tokens", "output_tokens"}.
 nlohmann::json messages_usage(const Usage& u);
 // The message object: {"id", "type": "message", "role": "assistant", "model", "content",
-// "stop_reason", "stop_sequence", "usage"} (stop null: in progress, message_start's).
-nlohmann::json messages_response(const ResponseMeta& m, nlohmann::json content, const MessagesStop* stop, const Usage& u);
-// A call as a content block: {"type": "tool_use", "id": "toolu_...", "name", "input": its arguments}.
-nlohmann::json messages_tool_use_block(const ToolCall& c);
+// "stop_reason", "stop_sequence", "usage"} (stop null: in progress, message_start's). Ordered: a
+// tool_use block's input keeps the order its arguments were written in (the schema's).
+nlohmann::ordered_json messages_response(const ResponseMeta& m, nlohmann::ordered_json content, const MessagesStop* stop,
+                                         const Usage& u);
+// A call as a content block: {"type": "tool_use", "id": "toolu_...", "name", "input": its arguments,
+// their keys in the order written}.
+nlohmann::ordered_json messages_tool_use_block(const ToolCall& c);
 
 // "data: {json}\n\n" and "data: [DONE]\n\n".
 std::string sse_event(const nlohmann::json& j);

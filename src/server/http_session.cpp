@@ -861,7 +861,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ResponsesReply(HttpSession& s, ResponseMeta meta, ParsedRequest& pr)
         : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice),
           parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
-          tools_(pr.tools), echo_(pr.responses_echo), msg_id_("msg_" + meta_.id.substr(5)), rs_id_("rs_" + meta_.id.substr(5)),
+          tools_(pr.tools), echo_(pr.responses_echo), msg_id_(new_item_id("msg_")), rs_id_(new_item_id("rs_")),
           grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)),
           logprobs_(pr.logprobs >= 0) {
       think_ = reasoning_split(s.srv_.model);
@@ -1067,6 +1067,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::string tool_name_;
     json tools_;
     json echo_;  // the request's fields its response object echoes
+    // msg_id_, rs_id_: random, not derived from the response id (items are sent back; the id reads the response)
     std::string msg_id_, rs_id_, text_, reasoning_;  // text_: the message's so far
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
     bool store_;    // ParsedRequest::store_response
@@ -1140,17 +1141,18 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       }
       const MessagesStop stop = messages_stop(f, !calls.empty());
       if (!stream_) {
-        json blocks = json::array();
+        nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
         if (!reasoning_.empty()) blocks.push_back({{"type", "thinking"}, {"thinking", reasoning_}, {"signature", ""}});
         if (!text_.empty() || (calls.empty() && blocks.empty())) blocks.push_back({{"type", "text"}, {"text", text_}});
         for (const ToolCall& c : calls) blocks.push_back(messages_tool_use_block(c));
-        return s_.send_json(messages_response(meta_, std::move(blocks), &stop, f.usage));
+        return s_.send_response(200, "application/json", messages_response(meta_, std::move(blocks), &stop, f.usage)
+                                                             .dump(-1, ' ', false, json::error_handler_t::replace));
       }
       if (next_index_ == 0 && open_ == Block::None && calls.empty()) out += open_block(Block::Text);  // (as unstreamed: one text block)
       out += close_block();
       for (const ToolCall& c : calls) {
-        json block = messages_tool_use_block(c);
-        const std::string input = block["input"].dump();
+        nlohmann::ordered_json block = messages_tool_use_block(c);
+        const std::string input = block["input"].dump(-1, ' ', false, json::error_handler_t::replace);
         block["input"] = json::object();
         const int64_t index = next_index_++;
         out += typed_event("content_block_start", {{"index", index}, {"content_block", block}});

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/json_depth.h"
+#include "engine/json_schema.h"
 #include "server/api.h"
 
 namespace ft::server {
@@ -309,7 +310,8 @@ json messages_usage(const Usage& u) {
           {"output_tokens", u.completion_tokens}};
 }
 
-json messages_response(const ResponseMeta& m, json content, const MessagesStop* stop, const Usage& u) {
+nlohmann::ordered_json messages_response(const ResponseMeta& m, nlohmann::ordered_json content, const MessagesStop* stop,
+                                         const Usage& u) {
   return {{"id", m.id},
           {"type", "message"},
           {"role", "assistant"},
@@ -320,10 +322,9 @@ json messages_response(const ResponseMeta& m, json content, const MessagesStop* 
           {"usage", messages_usage(u)}};
 }
 
-json messages_tool_use_block(const ToolCall& c) {
-  json input = json_depth_within(c.arguments) ? json::parse(c.arguments, nullptr, /*allow_exceptions=*/false)
-                                               : json::object();
-  if (input.is_discarded()) input = json::object();
+nlohmann::ordered_json messages_tool_use_block(const ToolCall& c) {
+  nlohmann::ordered_json input = json_depth_within(c.arguments) ? parse_ordered_json(c.arguments) : nlohmann::ordered_json();
+  if (input.is_discarded() || input.is_null()) input = nlohmann::ordered_json::object();  // (extract_tool_calls makes such text no call)
   const std::string id = c.id.rfind("call_", 0) == 0 ? "toolu_" + c.id.substr(5) : c.id;
   return {{"type", "tool_use"}, {"id", id}, {"name", c.name}, {"input", std::move(input)}};
 }

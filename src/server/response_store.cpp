@@ -1,6 +1,7 @@
 #include "server/response_store.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace ft::server {
 
@@ -23,7 +24,8 @@ bool ResponseStore::put(Entry e) {
     drop(entries_.find(order_.front()));
   order_.push_back(entry->id);
   for (const auto* items : {&entry->input, &entry->output})
-    for (const Item& it : *items) items_.emplace(it.id, entry.get());
+    for (const Item& it : *items) items_.emplace(it.id, std::pair{puts_, entry.get()});
+  ++puts_;
   bytes_ += b;
   std::string id = entry->id;  // (not entry->id beside std::move(entry): their order is unspecified)
   entries_.emplace(std::move(id), Slot{std::move(entry), b, std::prev(order_.end())});
@@ -36,7 +38,7 @@ void ResponseStore::drop(std::unordered_map<std::string, Slot>::iterator it) {
     for (const Item& item : *items) {
       auto [lo, hi] = items_.equal_range(item.id);
       for (auto at = lo; at != hi; ++at)
-        if (at->second == e) {
+        if (at->second.second == e) {
           items_.erase(at);
           break;
         }
@@ -62,9 +64,12 @@ bool ResponseStore::erase(const std::string& id) {
 
 std::optional<std::string> ResponseStore::item(const std::string& id) const {
   const std::lock_guard lock(mu_);
-  const auto it = items_.find(id);
-  if (it == items_.end()) return std::nullopt;
-  for (const auto* items : {&it->second->input, &it->second->output})
+  const Entry* latest = nullptr;
+  uint64_t seq = 0;
+  for (auto [at, end] = items_.equal_range(id); at != end; ++at)
+    if (!latest || at->second.first > seq) std::tie(seq, latest) = at->second;
+  if (!latest) return std::nullopt;
+  for (const auto* items : {&latest->input, &latest->output})
     for (const Item& item : *items)
       if (item.id == id) return item.json;
   return std::nullopt;  // (not reached: an index entry names an entry holding the item)
@@ -90,14 +95,26 @@ ResponseStore::Chain ResponseStore::chain(const std::string& id) const {
   return c;
 }
 
-std::vector<json> ResponseStore::conversation(const Chain& c, bool last_output) {
-  std::vector<json> items;
+std::vector<const ResponseStore::Item*> ResponseStore::items(const Chain& c, bool last_output) {
+  std::vector<const Item*> out;
   for (size_t i = 0; i < c.links.size(); ++i) {
-    for (const Item& it : c.links[i]->input) items.push_back(json::parse(it.json));
+    for (const Item& it : c.links[i]->input) out.push_back(&it);
     if (i + 1 < c.links.size() || last_output)
-      for (const Item& it : c.links[i]->output) items.push_back(json::parse(it.json));
+      for (const Item& it : c.links[i]->output) out.push_back(&it);
   }
-  return items;
+  return out;
+}
+
+std::vector<json> ResponseStore::conversation(const Chain& c, bool last_output) {
+  std::vector<json> out;
+  for (const Item* it : items(c, last_output)) out.push_back(json::parse(it->json));
+  return out;
+}
+
+uint64_t ResponseStore::text_bytes(const std::vector<const Item*>& items) {
+  uint64_t n = 0;
+  for (const Item* it : items) n += it->json.size();
+  return n;
 }
 
 json ResponseStore::object(const Entry& e) {

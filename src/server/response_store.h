@@ -37,8 +37,11 @@ class ResponseStore {
   };
   static constexpr uint64_t kEntryOverhead = 256, kItemOverhead = 96;
 
-  // max_responses 0: nothing is ever stored.
-  ResponseStore(int64_t max_responses, uint64_t max_bytes) : max_responses_(max_responses), max_bytes_(max_bytes) {}
+  // max_responses 0: nothing is ever stored. max_conversation_bytes: what one request may resolve
+  // from the store (its chain's and its references' items, their text), so that a small request
+  // cannot make an I/O thread parse the whole store (the server's: max_body_bytes, a body's limit).
+  ResponseStore(int64_t max_responses, uint64_t max_bytes, uint64_t max_conversation_bytes = UINT64_MAX)
+      : max_responses_(max_responses), max_bytes_(max_bytes), max_conversation_bytes_(max_conversation_bytes) {}
   ResponseStore(const ResponseStore&) = delete;
   ResponseStore& operator=(const ResponseStore&) = delete;
 
@@ -48,6 +51,7 @@ class ResponseStore {
   std::shared_ptr<const Entry> get(const std::string& id) const;
   bool erase(const std::string& id);  // false when not stored
   // An item of any stored response (input or output) by its id, its JSON text; nullopt when none.
+  // One id in several responses (an item sent back whole as a later input): the latest stored.
   std::optional<std::string> item(const std::string& id) const;
 
   // id's chain: the stored responses it continues, oldest first, id's own last. missing: the first
@@ -58,14 +62,18 @@ class ResponseStore {
   };
   Chain chain(const std::string& id) const;
   // A chain's conversation: each link's input items then its output items, oldest first (the last
-  // link's output only with last_output), parsed.
+  // link's output only with last_output); valid while c holds its links.
+  static std::vector<const Item*> items(const Chain& c, bool last_output);
+  // ... parsed.
   static std::vector<nlohmann::json> conversation(const Chain& c, bool last_output);
+  static uint64_t text_bytes(const std::vector<const Item*>& items);
   // A stored response's object, its output items put back.
   static nlohmann::json object(const Entry& e);
   // j's JSON text as stored and sent (invalid UTF-8 replaced, as every answer writes it).
   static std::string text(const nlohmann::json& j);
 
   uint64_t max_bytes() const { return max_bytes_; }
+  uint64_t max_conversation_bytes() const { return max_conversation_bytes_; }
   int64_t size() const;
   uint64_t bytes() const;
 
@@ -79,12 +87,14 @@ class ResponseStore {
 
   const int64_t max_responses_;
   const uint64_t max_bytes_;
+  const uint64_t max_conversation_bytes_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Slot> entries_;
   std::list<std::string> order_;  // ids, oldest stored first
   // Item id -> the stored responses holding an item of that id (one item may be in several: an
-  // output item sent back as a later request's input).
-  std::unordered_multimap<std::string, const Entry*> items_;
+  // output item sent back as a later request's input), each with its put()'s sequence number.
+  std::unordered_multimap<std::string, std::pair<uint64_t, const Entry*>> items_;
+  uint64_t puts_ = 0;
   uint64_t bytes_ = 0;
 };
 

@@ -256,7 +256,7 @@ ApiError response_not_found(std::string_view id) {
 json input_items(const ResponseStore& store, const std::string& id, std::string_view query) {
   ResponseStore::Chain chain = store.chain(id);
   if (chain.links.empty()) throw response_not_found(id);
-  std::vector<json> items = ResponseStore::conversation(chain, /*last_output=*/false);
+  std::vector<const ResponseStore::Item*> items = ResponseStore::items(chain, /*last_output=*/false);  // (a page parsed)
   int64_t limit = 20;
   if (const auto v = query_value(query, "limit")) {
     const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), limit);
@@ -269,13 +269,13 @@ json input_items(const ResponseStore& store, const std::string& id, std::string_
   if (query_value(query, "before")) throw ApiError(400, "'before' is not supported: page with 'after'", "before");
   size_t from = 0;
   if (const auto after = query_value(query, "after")) {
-    const auto it = std::find_if(items.begin(), items.end(), [&](const json& x) { return x.value("id", "") == *after; });
+    const auto it = std::find_if(items.begin(), items.end(), [&](const ResponseStore::Item* x) { return x->id == *after; });
     if (it == items.end()) throw ApiError(400, cat("'after': no item '", *after, "' among the response's input items"), "after");
     from = size_t(it - items.begin()) + 1;
   }
   const size_t to = std::min(items.size(), from + size_t(limit));
   json data = json::array();
-  for (size_t i = from; i < to; ++i) data.push_back(std::move(items[i]));
+  for (size_t i = from; i < to; ++i) data.push_back(json::parse(items[i]->json));
   return {{"object", "list"},
           {"data", data},
           {"first_id", data.empty() ? json(nullptr) : data.front()["id"]},

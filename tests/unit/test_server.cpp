@@ -1302,6 +1302,25 @@ TEST(ResponseStore, AnItemHeldTwiceIsFoundWhileEitherHolderIsStored) {
   EXPECT_EQ(store.bytes(), 0u);
 }
 
+// An item sent back whole under its id but edited (a client that resends its history): a reference
+// to that id reads the latest stored, whichever the index happens to find first.
+TEST(ResponseStore, AnIdHeldTwiceReadsTheLatestStored) {
+  for (const bool edited_first : {false, true}) {
+    ResponseStore store(10, 1 << 20);
+    const auto put = [&](const std::string& id, const std::string& text) {
+      ResponseStore::Entry e = stored_entry(id, {}, {});
+      e.input.push_back({"msg_x", ResponseStore::text({{"type", "message"}, {"id", "msg_x"}, {"role", "user"},
+                                                       {"content", text}})});
+      store.put(std::move(e));
+    };
+    put("a", edited_first ? "edited" : "first");
+    put("b", edited_first ? "first" : "edited");
+    EXPECT_EQ(json::parse(*store.item("msg_x"))["content"], edited_first ? "first" : "edited");
+    EXPECT_TRUE(store.erase("b"));
+    EXPECT_EQ(json::parse(*store.item("msg_x"))["content"], edited_first ? "edited" : "first");
+  }
+}
+
 // Writers, readers and deleters at once: within the caps throughout, every entry read whole.
 TEST(ResponseStore, ConcurrentAccessStaysWithinTheCaps) {
   const uint64_t one = stored_entry("r_0_0", {"q"}, {"a"}, "r_0_0", 100).bytes();
@@ -1611,9 +1630,11 @@ TEST(ServerMessagesApi, AnswerFormats) {
             json::parse(R"({"input_tokens": 2, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 8,
                             "output_tokens": 2})"));
   EXPECT_TRUE(messages_response(m, json::array(), nullptr, {3, 0})["stop_reason"].is_null());
-  EXPECT_EQ(messages_tool_use_block({"call_abc", "f", R"({"x": 1})"}),
+  EXPECT_EQ(json(messages_tool_use_block({"call_abc", "f", R"({"x": 1})"})),
             json::parse(R"({"type": "tool_use", "id": "toolu_abc", "name": "f", "input": {"x": 1}})"));
-  EXPECT_EQ(messages_tool_use_block({"call_abc", "f", "not json"})["input"], json::object());
+  EXPECT_EQ(json(messages_tool_use_block({"call_abc", "f", "not json"})["input"]), json::object());
+  // The input's keys in the order written (the schema's: a grammar wrote them), not sorted.
+  EXPECT_EQ(messages_tool_use_block({"call_abc", "f", R"({"zeta": 1, "alpha": [2]})"})["input"].dump(), R"({"zeta":1,"alpha":[2]})");
 
   EXPECT_EQ(json::parse(anthropic_error_body(ApiError(404, "no such model", "model"))),
             json::parse(R"({"type": "error", "error": {"type": "not_found_error", "message": "no such model"}})"));
@@ -3052,7 +3073,9 @@ TEST(ServerResponses, StoredChainedListedAndDeleted) {
   EXPECT_EQ(first["store"], true) << first;
   const std::string id = first["id"];
   EXPECT_EQ(id.size(), 5u + 24u) << id;  // resp_ + 24 random hex digits
-  EXPECT_EQ(first["output"][0]["id"], "msg_" + id.substr(5));
+  const std::string msg_id = first["output"][0]["id"];
+  EXPECT_EQ(msg_id.rfind("msg_", 0), 0u) << msg_id;
+  EXPECT_EQ(msg_id.find(id.substr(5)), std::string::npos) << msg_id;  // (random: an item id does not read its response)
   const std::string got = get("/v1/responses/" + id);
   EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
   EXPECT_EQ(response_body(got), first);
@@ -3191,6 +3214,39 @@ TEST(ServerResponses, TheOldestStoredIsEvicted) {
   const json r = response_body(test::http_post(srv.port(), "/v1/responses",
       json{{"model", "stories260K"}, {"input", "x"}, {"max_output_tokens", 2}, {"previous_response_id", ids[0]}}.dump()));
   EXPECT_EQ(r["error"]["code"], "previous_response_not_found") << r;
+}
+
+// What one request resolves from the store (its chain and its references) is bounded by a body's
+// limit: a 2 KB request naming 30 stored items of 3.4 MB each made an I/O thread parse 100 MB (1-2
+// s, both I/O threads busy with 4 of them); the response ids are not in their items' ids (an item id
+// read a response: msg_<hex> named resp_<hex>).
+TEST(ServerResponses, WhatARequestResolvesFromTheStoreIsBounded) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048, {}, [](ServeConfig& c) { c.max_body_bytes = 64 << 10; });
+  // Reasoning before a user turn: stored whole, left out of the prompt.
+  const json pad = {{"type", "reasoning"}, {"summary", {{{"type", "summary_text"}, {"text", std::string(40 << 10, 'x')}}}}};
+  std::vector<std::string> ids, msgs;
+  for (int i = 0; i < 2; ++i) {
+    const json r = response_body(test::http_post(srv.port(), "/v1/responses",
+        json{{"model", "stories260K"}, {"input", {pad, {{"role", "user"}, {"content", "Once"}}}}, {"max_output_tokens", 2}}.dump()));
+    ASSERT_EQ(r["store"], true) << r.dump().substr(0, 300);
+    ids.push_back(r["id"]);
+    msgs.push_back(r["output"].back()["id"]);
+    EXPECT_EQ(msgs.back().find(ids.back().substr(5)), std::string::npos) << msgs.back() << " " << ids.back();
+  }
+  // One chain (40 KB) is fine, with a small reference too; with the other's reasoning (80 KB), not.
+  const json one = {{"model", "stories260K"}, {"input", "x"}, {"max_output_tokens", 2}, {"previous_response_id", ids[0]}};
+  EXPECT_NE(test::http_post(srv.port(), "/v1/responses", one.dump()).find("200 OK"), std::string::npos);
+  json refs = one;
+  refs["input"] = {{{"type", "item_reference"}, {"id", msgs[0]}}, {{"role", "user"}, {"content", "x"}}};
+  refs["previous_response_id"] = ids[1];
+  EXPECT_NE(test::http_post(srv.port(), "/v1/responses", refs.dump()).find("200 OK"), std::string::npos);
+  const json first_in = response_body(test::http_request(srv.port(), "GET", "/v1/responses/" + ids[0] + "/input_items", ""));
+  ASSERT_EQ(first_in["data"].size(), 2u) << first_in.dump().substr(0, 300);
+  refs["input"][0]["id"] = first_in["data"][1]["id"];  // (desc: the reasoning last)
+  const json refused = response_body(test::http_post(srv.port(), "/v1/responses", refs.dump()));
+  EXPECT_EQ(refused["error"]["param"], "input[0].id") << refused;
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("65536 bytes"), std::string::npos) << refused;
 }
 
 // --- gpt-oss through the server ---------------------------------------------------------------------

@@ -125,6 +125,20 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
       (e) => e.status === 400 && /lookaround is not supported/.test(e.message));
   });
 
+  test('formats as Zod reads them back: zodResponseFormat and parse() on sampled outputs', async () => {
+    const { z } = await import('zod');
+    const { zodResponseFormat } = await import('openai/helpers/zod');
+    const Event = z.object({ day: z.string().date(), at: z.string().time(), when: z.string().datetime(), id: z.string().uuid() });
+    for (const seed of [1, 2, 3, 4, 5, 6]) {
+      const r = await client.beta.chat.completions.parse({
+        model: MODEL_ID, messages: user('An event'), temperature: 1.5, seed, max_tokens: 400,
+        response_format: zodResponseFormat(Event, 'event'),
+      });
+      assert.equal(r.choices[0].finish_reason, 'stop', r.choices[0].message.content);
+      assert.ok(r.choices[0].message.parsed, r.choices[0].message.content);  // (parse() threw on a value Zod refuses)
+    }
+  });
+
   const tools = [{
     type: 'function',
     function: { name: 'get_weather', description: 'Weather in a city',
