@@ -40,6 +40,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_ordered.h"  // parse_ordered_json
+
 namespace ft {
 
 // Throws ft::Error "json schema: <path>: what" for a construct outside the subset (an unknown
@@ -48,12 +50,6 @@ namespace ft {
 // llama.cpp's; a "reasoning" before an "answer" is written first). A request's parse (nlohmann::json)
 // sorts an object's keys: read the schema's own text with parse_ordered_json (server/api.cpp does).
 std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema);
-
-// JSON text as ordered_json (keys in the text's order; a repeated key's last value, at its first
-// place, as nlohmann's parse has it), or a discarded value when it is not JSON. Linear in the
-// text: nlohmann's own ordered parse scans an object's keys for each new one (200,000 properties:
-// 2e10 comparisons). Nesting is the caller's to bound (core/json_depth.h).
-nlohmann::ordered_json parse_ordered_json(std::string_view text);
 
 // tool_choice "required": a JSON array of 1..max_calls (-1: any number) calls, each
 // {"name": NAME, "arguments": ARGS} with "name" first (a model names the function before its

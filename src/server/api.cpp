@@ -308,6 +308,25 @@ json tool_parameters(const json& tool) {
   return f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : json{{"type", "object"}};
 }
 
+// The tools as a chat template shows them: each {"type": "function", "function": {"name",
+// "description", "parameters", then the rest}} (OpenAI's order), its parameters in the client's
+// key order (texts.tools[i]; Hugging Face's templates see the client's JSON as Python dicts).
+ordered_json template_tools(const json& tools, const SchemaTexts& texts) {
+  ordered_json out = ordered_json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& f = tools[i]["function"];
+    ordered_json fn = ordered_json::object();
+    for (const std::string_view k : {"name", "description", "parameters"})
+      if (f.contains(k))
+        fn[std::string(k)] = k == "parameters" ? ordered_schema(i < texts.tools.size() ? texts.tools[i] : std::string_view(), f[k])
+                                               : ordered_json(f[k]);
+    for (const auto& [k, v] : f.items())
+      if (!fn.contains(k)) fn[k] = v;
+    out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return out;
+}
+
 // The constraint fields of llama.cpp (grammar, json_schema) and vLLM (guided_*): one at most.
 void parse_grammar_fields(const json& j, ParsedRequest& r, const SchemaTexts& texts) {
   int n = 0;
@@ -400,7 +419,7 @@ void parse_structured(const json& j, ParsedRequest& r, const SchemaTexts& texts)
       tools.push_back({{"type", "function"}, {"function", f[i]}});
     }
   }
-  if (!tools.empty()) r.tools = tools;
+  if (!tools.empty()) r.tools = template_tools(tools, texts);
   if (j.contains("parallel_tool_calls") && get_bool(j, "parallel_tool_calls") == false) r.parallel_tool_calls = false;
   r.legacy_functions = j.contains("functions") && !j.contains("tools");
   if (r.legacy_functions) r.parallel_tool_calls = false;  // (function_call is one call)

@@ -200,7 +200,9 @@ struct GenerationRequest {
   // Chat (vLLM's continue_final_message): the final message, an assistant's, is left open and
   // continued (rendered without a generation prompt, cut after its content).
   bool continue_final_message = false;
-  nlohmann::json tools;                // Chat: the function definitions the template shows (null: none)
+  // Chat: the function definitions the template shows (null: none), in the client's key order
+  // (template_tools).
+  nlohmann::ordered_json tools;
   nlohmann::json template_vars;        // Chat: more template variables (vLLM's chat_template_kwargs, documents); null: none
   std::string grammar;                 // GBNF (engine/grammar.h) the output must match; "" = none
   std::string name;                    // the log line's first words ("cmpl-1 completion"); "" = no log line

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/json_depth.h"
+#include "core/json_ordered.h"
 #include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
@@ -216,7 +217,7 @@ bool iequals(std::string_view a, std::string_view b) {
 
 // --- gpt-oss's harmony format -------------------------------------------------------------------
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // (tools and arguments in the client's order, as templates show them)
 
 // A JSON schema as the TypeScript-like type the harmony tool namespace shows (the model's template
 // renders the same subset; anything else is "any").
@@ -291,7 +292,7 @@ std::string today() {
   return std::string(buf, std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm));
 }
 
-std::string extra_string(const json& extra, const char* key, std::string_view fallback) {
+std::string extra_string(const nlohmann::json& extra, const char* key, std::string_view fallback) {
   if (extra.is_object() && extra.contains(key) && extra[key].is_string()) return extra[key].get<std::string>();
   return std::string(fallback);
 }
@@ -299,7 +300,7 @@ std::string extra_string(const json& extra, const char* key, std::string_view fa
 }  // namespace
 
 std::string render_harmony(const std::vector<ChatMessage>& messages, const json& tools, bool add_generation_prompt,
-                           const json& extra) {
+                           const nlohmann::json& extra) {
   const bool with_tools = tools.is_array() && !tools.empty();
   std::string out = "<|start|>system<|message|>";
   out += extra_string(extra, "model_identity", "You are ChatGPT, a large language model trained by OpenAI.");
@@ -461,19 +462,16 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& in,
   return out;
 }
 
-nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
-                                     bool add_generation_prompt, std::string_view bos_text,
-                                     std::string_view eos_text, bool object_arguments, bool null_call_content) {
-  using json = nlohmann::json;
+nlohmann::ordered_json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
+                                             bool add_generation_prompt, std::string_view bos_text,
+                                             std::string_view eos_text, bool object_arguments, bool null_call_content) {
   json msgs = json::array();
   for (const auto& m : messages) {
     json j = {{"role", m.role}, {"content", m.content}};
     if (!m.tool_calls.empty()) {
       json calls = json::array();
       for (const auto& t : m.tool_calls) {
-        json args = object_arguments && json_depth_within(t.arguments)
-                        ? json::parse(t.arguments, nullptr, /*allow_exceptions=*/false)
-                        : json();
+        json args = object_arguments && json_depth_within(t.arguments) ? parse_ordered_json(t.arguments) : json();
         if (!args.is_object()) args = t.arguments;
         calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", args}}}});
       }
@@ -544,17 +542,17 @@ ChatTemplate ChatTemplate::for_model(const Tokenizer& tok, std::string_view sour
   return from_gguf(source, std::move(bos), std::move(eos), warning, harmony_vocab ? ChatFormat::Harmony : ChatFormat::ChatML);
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
                                  bool add_generation_prompt, const nlohmann::json& extra) const {
   if (jinja_) {
     auto context = [&](bool object_arguments, bool null_call_content) {
-      nlohmann::json ctx =
+      json ctx =
           chat_template_context(messages, tools, add_generation_prompt, bos_, eos_, object_arguments, null_call_content);
       if (format_ == ChatFormat::Harmony)  // (as render_harmony: a call's reasoning, not its preamble)
         for (size_t i = 0; i < messages.size(); ++i)
           if (!messages[i].tool_calls.empty() && !messages[i].reasoning.empty()) {
             ctx["messages"][i]["thinking"] = messages[i].reasoning;
-            ctx["messages"][i]["content"] = null_call_content ? nlohmann::json() : nlohmann::json("");
+            ctx["messages"][i]["content"] = null_call_content ? json() : json("");
           }
       if (extra.is_object())
         for (const auto& [k, v] : extra.items()) {

@@ -124,7 +124,7 @@ std::string render_chat(ChatFormat fmt, const std::vector<ChatMessage>& messages
 // model trained by OpenAI."), as the model's template reads them; other variables are ignored.
 // A tool result names the call it answers by its tool_call_id (else its name, else the latest
 // call). Throws ft::Error on a role other than system, developer, user, assistant or tool.
-std::string render_harmony(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+std::string render_harmony(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
                            bool add_generation_prompt, const nlohmann::json& extra = nullptr);
 
 // The variables a Jinja chat template gets, as Hugging Face transformers and vLLM pass them:
@@ -135,10 +135,12 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, const nlohm
 // as reasoning_content and thinking (see ChatMessage). object_arguments false: the arguments as
 // their JSON text and content "" instead of null (templates that concatenate them);
 // null_call_content false: content "" instead of null only (gpt-oss's, which tests `in` it).
-nlohmann::json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
-                                     bool add_generation_prompt, std::string_view bos_text,
-                                     std::string_view eos_text, bool object_arguments = true,
-                                     bool null_call_content = true);
+// Ordered: tools and arguments keep the client's (the model's) key order, as Hugging Face's
+// templates see them (Python dicts from JSON); the messages' keys are in the order above.
+nlohmann::ordered_json chat_template_context(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
+                                             bool add_generation_prompt, std::string_view bos_text,
+                                             std::string_view eos_text, bool object_arguments = true,
+                                             bool null_call_content = true);
 
 // The chat template a model is served with: the GGUF's own Jinja template run by our interpreter
 // (tokenizer/jinja.h), or a built-in format.
@@ -165,7 +167,8 @@ class ChatTemplate {
   // extra (an object or null): more variables for a Jinja template (vLLM's chat_template_kwargs,
   // e.g. Llama 3.1's date_string; its documents); it cannot set the ones above (ft::Error). The
   // built-in formats have none but Harmony's reasoning_effort and model_identity (render_harmony).
-  std::string render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+  // tools: in the client's key order (a json's are sorted).
+  std::string render(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
                      bool add_generation_prompt, const nlohmann::json& extra = nullptr) const;
   bool is_jinja() const { return jinja_ != nullptr; }
   ChatFormat format() const { return format_; }  // the built-in one (used when !is_jinja())

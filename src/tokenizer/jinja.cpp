@@ -152,24 +152,25 @@ const char* type_name(const Value& v) {
   return "?";
 }
 
-Value from_json(const nlohmann::json& j) {
+// (an object's members in its order: an ordered_json's as written, a json's sorted)
+Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: {
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       return u > uint64_t(std::numeric_limits<int64_t>::max()) ? Value::flt(double(u)) : Value::integer(int64_t(u));
     }
-    case nlohmann::json::value_t::number_float: return Value::flt(j.get<double>());
-    case nlohmann::json::value_t::string: return Value::str(j.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case nlohmann::ordered_json::value_t::number_float: return Value::flt(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value::str(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
       List l;
       l.reserve(j.size());
       for (const auto& x : j) l.push_back(from_json(x));
       return Value::list(std::move(l));
     }
-    case nlohmann::json::value_t::object: {
+    case nlohmann::ordered_json::value_t::object: {
       Value v = Value::dict();
       for (const auto& [k, x] : j.items()) v.d->items.emplace_back(k, from_json(x));
       return v;
@@ -2296,7 +2297,7 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const nlohmann::json& context, int64_t work_limit) const {
+std::string Template::render(const nlohmann::ordered_json& context, int64_t work_limit) const {
   if (!context.is_object()) fail("jinja: the context must be a JSON object");
   struct RenderState {  // (this render's budget and containers; the previous ones back on every exit)
     int64_t saved_left = t_work_left, saved_limit = t_work_limit;

@@ -59,9 +59,9 @@ class Template {
   Template& operator=(Template&&) noexcept;
 
   // Renders with the variables of `context` (a JSON object; JSON numbers keep their int/float
-  // kind). Throws Raised on raise_exception(msg), LimitExceeded past a limit, ft::Error on any
-  // other render failure.
-  std::string render(const nlohmann::json& context, int64_t work_limit = kRenderWork) const;
+  // kind; dicts' keys in its order: a json's are sorted). Throws Raised on raise_exception(msg),
+  // LimitExceeded past a limit, ft::Error on any other render failure.
+  std::string render(const nlohmann::ordered_json& context, int64_t work_limit = kRenderWork) const;
 
  private:
   std::unique_ptr<Node> root_;

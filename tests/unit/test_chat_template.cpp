@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_ordered.h"
 #include "gguf/gguf.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
@@ -172,6 +173,29 @@ TEST(ChatTemplate, ExtraVariablesReachTheTemplate) {
     EXPECT_NE(with.find("direct-injected-document"), std::string::npos);
     EXPECT_EQ(t.render(msgs, nullptr, true).find("direct-injected-document"), std::string::npos);
   }
+}
+
+// Tools and a call's arguments reach a template in the client's key order (Hugging Face's templates
+// see Python dicts of the client's JSON): a request's JSON is read sorted, so `tools | tojson` listed
+// a tool's parameters alphabetically ("alpha" before "zeta"), and an answer's arguments sent back
+// came out re-sorted, unlike what the model wrote. The built-in harmony renderer too.
+TEST(ChatTemplate, ToolsAndArgumentsKeepTheClientsOrder) {
+  const auto tools = parse_ordered_json(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+    "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}, "required": ["zeta", "alpha"]}}}])");
+  ChatMessage call{"assistant", ""};
+  call.tool_calls.push_back({"call_1", "f", R"({"zeta": "z", "alpha": 1})"});
+  const std::vector<ChatMessage> msgs = {{"user", "Hi"}, call, {"tool", "ok"}};
+  std::string warning;
+  const ChatTemplate t = ChatTemplate::from_gguf(
+      "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}"
+      "{% endif %}{% endfor %}",
+      "", "", warning);
+  ASSERT_TRUE(t.is_jinja()) << warning;
+  const std::string out = t.render(msgs, tools, true);
+  EXPECT_NE(out.find(R"("properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}})"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"({"zeta": "z", "alpha": 1})"), std::string::npos) << out;
+  const std::string harmony = render_harmony(msgs, tools, true);
+  EXPECT_LT(harmony.find("zeta"), harmony.find("alpha")) << harmony;
 }
 
 TEST(ChatTemplate, UserOnlyConversations) {

@@ -553,7 +553,8 @@ TEST(Grammar, JsonSchemaPatternsMatchAsRegexes) {
   json props = json::object();
   for (int k = 0; k < 200; ++k) props[cat("p", k)] = {{"type", "string"}, {"pattern", "^[a-z]{1000,2000}x?y?$"}};
   EXPECT_THROW(json_schema_to_gbnf(json{{"properties", props}}), Error);  // (1,000 elements each, 200 of them: past the budget)
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  // (~0.15 s in Release, 4.4 s under ASan; building those copies and links: minutes)
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   EXPECT_FALSE(json_schema_to_gbnf(json::parse(R"({"type": "string", "pattern": "^[a-z]{1,10000}$"})")).empty());
 }
 
@@ -619,7 +620,7 @@ TEST(Grammar, JsonSchemaPropertyCounts) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(json_schema_to_gbnf(json{{"properties", props}, {"required", required}, {"minProperties", 5000}}), Error);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);  // (well under 1 s in Release)
 }
 
 // The allowed set by definition: token t is allowed iff a matcher in this state accepts it.

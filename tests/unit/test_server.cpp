@@ -3249,6 +3249,34 @@ TEST(ServerResponses, WhatARequestResolvesFromTheStoreIsBounded) {
   EXPECT_NE(refused["error"]["message"].get<std::string>().find("65536 bytes"), std::string::npos) << refused;
 }
 
+// The tools reach the chat template in the client's key order through every API that takes them
+// (a template that raises with its tools as JSON shows what it got): their parameters were sorted.
+TEST(ServerTools, TheTemplateSeesToolsInTheClientsOrder) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048, [](ServedModel& served) {
+    std::string warning;
+    served.chat = ChatTemplate::from_gguf(
+        "{% if tools %}{{ raise_exception(tools | tojson) }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+        "", "", warning);
+  });
+  const std::string params = R"({"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}})";
+  const auto shown = [&](const std::string& route, const std::string& body) {
+    const json r = response_body(test::http_post(srv.port(), route, body));
+    const std::string text = r.contains("error") ? r["error"].is_object() ? r["error"]["message"].dump() : r["error"].dump() : r.dump();
+    return text;
+  };
+  const std::string chat = shown("/v1/chat/completions", R"({"model": "stories260K", "messages": [{"role": "user", "content": "a"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": )" + params + "}}]}");
+  const std::string responses = shown("/v1/responses", R"({"model": "stories260K", "input": "a",
+    "tools": [{"type": "function", "name": "f", "parameters": )" + params + "}]}");
+  const std::string messages = shown("/v1/messages", R"({"model": "stories260K", "max_tokens": 4,
+    "messages": [{"role": "user", "content": "a"}], "tools": [{"name": "f", "input_schema": )" + params + "}]}");
+  for (const std::string& out : {chat, responses, messages}) {
+    ASSERT_NE(out.find("zeta"), std::string::npos) << out;
+    EXPECT_LT(out.find("zeta"), out.find("alpha")) << out;
+  }
+}
+
 // --- gpt-oss through the server ---------------------------------------------------------------------
 
 // One HTTP request on a fresh connection ("Connection: close"): the whole response's body.
