@@ -34,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (const auto& m : r.messages) FT_FUZZ_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool");
       const ft::server::ResponseMeta meta{Endpoint::Messages, "msg_1", 0, r.model};
       const ft::server::MessagesStop stop{"end_turn"};
-      nlohmann::json blocks = nlohmann::json::array({{{"type", "text"}, {"text", r.messages.back().content}}});
+      nlohmann::ordered_json blocks = nlohmann::ordered_json::array({{{"type", "text"}, {"text", r.messages.back().content}}});
       for (const auto& c : r.messages.front().tool_calls) blocks.push_back(ft::server::messages_tool_use_block(c));
       (void)ft::server::typed_event("message_start", {{"message", ft::server::messages_response(meta, blocks, &stop, {1, 1})}});
       return 0;
