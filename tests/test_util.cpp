@@ -69,8 +69,9 @@ std::string http_post(int port, const std::string& path, const std::string& body
   return http_request(port, "POST", path, body);
 }
 
-std::string http_request(int port, const std::string& method, const std::string& path, const std::string& body,
-                         double timeout_s, const std::function<void()>& on_sent) {
+namespace {
+std::string exchange(int port, const std::string& method, const std::string& path, const std::string& body,
+                     double timeout_s, const std::function<void()>& on_sent, const std::string& until) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (timeout_s > 0) {
     timeval tv{};
@@ -96,9 +97,21 @@ std::string http_request(int port, const std::string& method, const std::string&
   if (on_sent) on_sent();
   std::string out;
   char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
+  for (ssize_t n; (until.empty() || out.find(until) == std::string::npos) && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    out.append(buf, size_t(n));
   ::close(fd);
   return out;
+}
+}  // namespace
+
+std::string http_request(int port, const std::string& method, const std::string& path, const std::string& body,
+                         double timeout_s, const std::function<void()>& on_sent) {
+  return exchange(port, method, path, body, timeout_s, on_sent, "");
+}
+
+std::string http_request_until(int port, const std::string& method, const std::string& path, const std::string& body,
+                               const std::string& until, double timeout_s) {
+  return exchange(port, method, path, body, timeout_s, {}, until);
 }
 
 }  // namespace ft::test

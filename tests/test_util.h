@@ -43,6 +43,10 @@ std::string http_post(int port, const std::string& path, const std::string& body
 // 0: never); on_sent runs once the whole request is sent.
 std::string http_request(int port, const std::string& method, const std::string& path, const std::string& body,
                          double timeout_s = 0, const std::function<void()>& on_sent = {});
+// The same, closing the connection (the client leaving) once what came contains `until`: what
+// came by then ("" when it cannot connect).
+std::string http_request_until(int port, const std::string& method, const std::string& path, const std::string& body,
+                               const std::string& until, double timeout_s = 60);
 
 // A file in a per-process temp directory (ctest runs test cases as parallel processes), removed
 // at scope exit.

@@ -894,6 +894,10 @@ ResponsesConversation responses_conversation(const json& j, const ResponseStore*
     if (!chain.missing.empty())  // (OpenAI's answer, naming the link the store no longer holds)
       throw ApiError(400, cat("Previous response with id '", chain.missing, "' not found."), "previous_response_id",
                      "invalid_request_error", "previous_response_not_found");
+    for (const auto& link : chain.links)  // (a background response still generating has no output yet)
+      if (link->pending)
+        bad("previous_response_id", cat("Previous response with id '", link->id, "' has not finished yet: continue it "
+                                        "once its status is completed (GET /v1/responses/{id})."));
     resolve(ResponseStore::text_bytes(ResponseStore::items(chain, /*last_output=*/true)), "previous_response_id");
     c.items = ResponseStore::conversation(chain, /*last_output=*/true);
     c.previous = c.items.size();
@@ -947,7 +951,6 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
     bad("conversation", "'conversation' is not supported (no Conversations API here: chain responses with "
                         "'previous_response_id')");
   if (j.contains("prompt")) bad("prompt", "'prompt' (a stored prompt template) is not supported");
-  if (j.contains("background") && j["background"] == true) bad("background", "background responses are not supported");
   static const char* const kKnown[] = {"model", "input", "instructions", "stream", "stream_options", "max_output_tokens",
                                        "temperature", "top_p", "tools", "tool_choice", "text", "parallel_tool_calls",
                                        "store", "metadata", "user", "reasoning", "truncation", "include", "service_tier",
@@ -988,6 +991,10 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   }
 
   const bool store_asked = !j.contains("store") || get_bool(j, "store");  // (OpenAI's default: stored)
+  const bool background = j.contains("background") && get_bool(j, "background");
+  if (background && !store_asked) bad("background", "background responses must be stored: 'store' cannot be false");
+  if (background && !(store && store->max_bytes() > 0 && store->max_responses() > 0))
+    bad("background", "background responses need the response store, which is off here (--max-stored-responses 0)");
   ResponsesConversation conv = responses_conversation(j, store, store_asked && store);
 
   json messages = json::array();
@@ -1093,6 +1100,8 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
       if (j.contains(k)) r.responses_echo[k] = j[k];
     r.responses_echo["store"] = store_asked;  // (the finished response's says whether it was stored)
     r.store_response = store_asked && store;
+    r.background = background;
+    if (background) r.responses_echo["background"] = true;
     r.responses_input = std::move(conv.own);
     if (j.contains("text") && j["text"].is_object()) {
       r.responses_echo["text"] = j["text"];
@@ -1963,6 +1972,7 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
             {"created_at", m.created},
             {"status", status},
             {"model", m.model},
+            {"background", false},
             {"output", output},
             {"error", nullptr},
             {"incomplete_details", incomplete_reason.empty() ? json(nullptr) : json{{"reason", incomplete_reason}}},

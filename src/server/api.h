@@ -89,6 +89,9 @@ struct ParsedRequest : GenerationRequest {
   // Responses API: keep the response when it finishes (store: true, and a store to keep it in),
   // with its request's own input items (references resolved, each with an id: ResponseStore::Entry).
   bool store_response = false;
+  // Responses API: background: true (stored at once as queued; the generation outlives the request,
+  // its answer or stream only a view of it; POST /v1/responses/{id}/cancel stops it).
+  bool background = false;
   nlohmann::json responses_input = nlohmann::json::array();
   bool base64 = false;  // embeddings: encoding_format "base64" (little-endian float32s)
   bool llama_embeddings = false;  // embeddings: llama.cpp's /embedding answer (llama_embeddings_response)

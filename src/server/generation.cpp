@@ -782,14 +782,22 @@ void Generation::account(int32_t i, const RequestTimings& t, FinishReason reason
                  "ttft={:.2f}ms decode={:.2f}ms total={:.2f}ms{}{}",
                  req_.name, req_.n > 1 ? fmt::format(" choice={}", i) : std::string(), finish, n_prompt_, t.cached_tokens,
                  c.n_tokens, t.tokenize_ms, t.queue_ms(), t.prefill_ms(), t.ttft_ms(), t.decode_ms(), t.total_ms(), spec,
-                 client_gone_ ? " (client disconnected)" : "");
+                 client_gone_ ? " (client disconnected)" : detached_ ? " (client disconnected; kept running in the background)" : "");
   }
 }
 
 void Generation::abandon() {
   if (responded_) return;
+  if (req_.outlives_client) {
+    detached_ = true;
+    return;
+  }
   responded_ = client_gone_ = true;
   cancel_all();
+}
+
+void Generation::cancel() {
+  if (!responded_) cancel_all();
 }
 
 void Generation::cancel_for_shutdown() {

@@ -218,6 +218,9 @@ struct GenerationRequest {
   // its last, which counts for the whole request (up to kMaxEmbeddingInputs inputs, more than a
   // queue may hold).
   bool queue_slot = true;
+  // abandon() leaves it running and its sink hearing the rest (a background response, whose
+  // result is kept when its client leaves); cancel() stops it.
+  bool outlives_client = false;
 };
 
 // id as a token of the vocabulary; throws ApiError (400) naming param when out of [0, n_vocab).
@@ -371,8 +374,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
   ~Generation();
   // Never throws: what fails while handling it fails this generation alone (the sink's on_error).
   void on_event(const Event& e);
-  // The client left: cancel; the sink hears nothing more.
+  // The client left: cancel; the sink hears nothing more (outlives_client: nothing changes).
   void abandon();
+  // Stopped on request (a background response's cancel): the sink gets a 500, "the request was
+  // cancelled".
+  void cancel();
   // The shutdown deadline passed: cancel; the sink gets a 503 error.
   void cancel_for_shutdown();
 
@@ -455,6 +461,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool opens_reasoning_ = false;
   bool admitted_ = false;  // counted in ctx_.waiting (left_queue_: no longer)
   bool left_queue_ = false, responded_ = false, client_gone_ = false, shutdown_cancel_ = false;
+  bool detached_ = false;  // outlives_client, and its client left (for the log)
   bool ended_ = false;  // the sink had its last call: the last choice's on_finish returned, or on_error was made
   int64_t p_tok0_ = 0, p_tok1_ = 0;  // profiler clock around tokenizing (0: not profiling)
 };

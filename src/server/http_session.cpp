@@ -856,10 +856,15 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // The Responses API's answer (one response object, or its typed events). A reasoning model's
   // text before </think> becomes a reasoning item (content [reasoning_text]) ahead of the message,
   // streamed as response.reasoning_text.delta events.
+  // Background (ParsedRequest::background): stored as queued before it starts, in_progress from
+  // its first output, its end stored in its place (BackgroundRuns::end: unless cancelled first).
+  // Not streamed, the request's answer is the queued response and the reply writes nothing more
+  // (s_ null: it outlives the connection); streamed, what it writes after the client left is
+  // dropped (a closed session's enqueue), and the generation goes on (outlives_client).
   class ResponsesReply : public GenerationSink {
    public:
     ResponsesReply(HttpSession& s, ResponseMeta meta, ParsedRequest& pr)
-        : s_(s), meta_(std::move(meta)), stream_(pr.stream), tool_choice_(pr.tool_choice),
+        : s_(&s), srv_(s.srv_), meta_(std::move(meta)), background_(pr.background), stream_(pr.stream), tool_choice_(pr.tool_choice),
           parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_(new_item_id("msg_")), rs_id_(new_item_id("rs_")),
           grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)),
@@ -873,15 +878,24 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     void open_reasoning(bool open) {
       if (think_ && !think_->harmony()) think_.emplace(open && !grammar_);
     }
+    // Background: stored as queued (before it starts: GET and cancel find it at once); false
+    // when the store would not take it.
+    bool store_queued() { return srv_.responses.put(entry(queued_object(), json::array(), true)); }
+    json queued_object() const { return status_object("queued"); }
+    void detach() { s_ = nullptr; }  // (before its generation starts)
     void start() {
       if (!stream_) return;
       const json r = responses_object(meta_, "in_progress", json::array(), nullptr, "", echo_);
       // One ev() per statement: the operands of + are unsequenced, and ev() numbers the events.
       std::string out = ev("response.created", {{"response", r}});
       out += ev("response.in_progress", {{"response", r}});
-      s_.enqueue(sse_response_head(s_.keep_alive_ && !s_.srv_.draining, s_.headers_) + http_chunk(out), false);
+      s_->enqueue(sse_response_head(s_->keep_alive_ && !srv_.draining, s_->headers_) + http_chunk(out), false);
     }
     void on_output(Output&& o) override {
+      if (background_ && !in_progress_) {  // (queued until its first output)
+        in_progress_ = true;
+        srv_.responses.replace(entry(status_object("in_progress"), json::array(), true));
+      }
       const ReasoningSplit::Parts p = split(o.text, false);
       // (a token whose text went to the reasoning, or is held inside it)
       if (p.content.empty() && think_ && (think_->in_reasoning() || !p.reasoning.empty()))
@@ -893,10 +907,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         if (stream_) out += close_reasoning();
         out += message_text(held_ ? held_->push(p.content) : p.content);
       }
-      if (!out.empty()) s_.enqueue(http_chunk(out), false);
+      if (!out.empty() && s_) s_->enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
-      const Flush flush(s_);
+      std::optional<Flush> flush;
+      if (s_) flush.emplace(*s_);
       if (f.reason == "length" && think_) think_->cut_short();  // (gpt-oss: an open call is no call)
       const ReasoningSplit::Parts p = split(last.text, true);
       if (!(p.content.empty() && !p.reasoning.empty())) add_logprobs(last);
@@ -937,7 +952,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
                                 incomplete ? "max_output_tokens" : "", echo_);
       r["store"] = store_ && keep(r);
-      if (!stream_) return s_.send_json(r);
+      if (!s_) return;
+      if (!stream_) return s_->send_json(r);
       int64_t index = int64_t(items_.size());
       if (has_message) {
         const int64_t m = msg_item_;
@@ -959,29 +975,48 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         ++index;
       }
       out += ev(incomplete ? "response.incomplete" : "response.completed", {{"response", r}});
-      s_.enqueue(http_chunk(out) + http_chunk(""), true);
+      s_->enqueue(http_chunk(out) + http_chunk(""), true);
     }
-    void on_error(const ApiError& e, const Usage&) override {
-      if (!stream_) return s_.send_error(e);
+    void on_error(const ApiError& e, const Usage& u) override {
+      if (background_ && srv_.background.end(meta_.id)) {  // failed (cancelled: the cancel stored that)
+        Usage usage = u;
+        usage.reasoning_tokens = reasoning_tokens_;
+        json r = responses_object(meta_, "failed", json::array(), &usage, "", echo_);
+        r["error"] = {{"code", e.code.empty() ? "server_error" : e.code}, {"message", e.what()}};
+        srv_.responses.replace(entry(r, json::array(), false));
+      }
+      if (!s_) return;
+      if (!stream_) return s_->send_error(e);
       const std::string out = ev("error", {{"code", e.code.empty() ? json(nullptr) : json(e.code)}, {"message", e.what()},
                                            {"param", e.param.empty() ? json(nullptr) : json(e.param)}});
-      s_.enqueue(http_chunk(out) + http_chunk(""), true);
+      s_->enqueue(http_chunk(out) + http_chunk(""), true);
     }
 
    private:
     std::string ev(const std::string& type, json data) { return responses_event(type, std::move(data), seq_++); }
-    // Stores the finished response r; whether it was (ResponseStore::put: it may be over the cap).
+    // Stores the finished response r; whether it was (ResponseStore::put: it may be over the cap;
+    // background: in its queued self's place, unless that is gone or it was cancelled first).
     bool keep(const json& r) {
+      if (!background_) return srv_.responses.put(entry(r, r["output"], false));
+      return srv_.background.end(meta_.id) && srv_.responses.replace(entry(r, r["output"], false));
+    }
+    // The response object r as stored: its request's input items, `output`'s items.
+    ResponseStore::Entry entry(json r, const json& output, bool pending) const {
       ResponseStore::Entry e;
       e.id = meta_.id;
+      e.pending = pending;
       if (echo_.contains("previous_response_id")) e.previous_id = echo_["previous_response_id"].get<std::string>();
       for (const json& it : input_) e.input.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
-      for (const json& it : r["output"]) e.output.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
-      json object = r;
-      object.erase("output");
-      object["store"] = true;
-      e.response = ResponseStore::text(object);
-      return s_.srv_.responses.put(std::move(e));
+      for (const json& it : output) e.output.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
+      r.erase("output");
+      r["store"] = true;
+      e.response = ResponseStore::text(r);
+      return e;
+    }
+    json status_object(const char* status) const {
+      json r = responses_object(meta_, status, json::array(), nullptr, "", echo_);
+      r["store"] = true;
+      return r;
     }
     ReasoningSplit::Parts split(const std::string& text, bool final) {
       if (!think_) return {"", text};
@@ -1039,7 +1074,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     // as the message's (a reasoning token's are not: reasoning items carry none).
     void add_logprobs(const Output& o) {
       if (!logprobs_) return;
-      const Tokenizer& tok = *s_.srv_.model.tokenizer;  // immutable; decoding reads only
+      const Tokenizer& tok = *srv_.model.tokenizer;  // immutable; decoding reads only
       for (const TokenLogprobs& t : o.logprobs) {
         TokenLogprob x{tok.token_to_piece(t.token), t.logprob, {}};
         for (const auto& [id, lp] : t.top) x.top.emplace_back(tok.token_to_piece(id), lp);
@@ -1059,8 +1094,11 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       return out;
     }
 
-    HttpSession& s_;
+    HttpSession* s_;  // null: nothing more to write (a background response's, not streamed)
+    Server::Impl& srv_;
     ResponseMeta meta_;
+    bool background_;
+    bool in_progress_ = false;  // background: stored as in_progress
     bool stream_;
     ToolChoice tool_choice_;
     bool parallel_;  // parallel_tool_calls
@@ -1267,7 +1305,35 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
                                     (pr.tool_choice != ToolChoice::None &&
                                      !(pr.tool_choice == ToolChoice::Auto && srv_.model.harmony) &&  // (its calls are messages)
                                      !(kind == Endpoint::Chat && pr.tool_choice == ToolChoice::Named)));  // (chat streams its arguments)
-    if (kind == Endpoint::Responses) {
+    if (kind == Endpoint::Responses && pr.background) {
+      // Stored as queued, registered, then submitted: its events run on this connection's strand
+      // when streamed (the session stays while its generation does), else on a strand of their
+      // own, the reply never touching this session (the queued answer is the session's own).
+      const std::string id = meta.id;
+      const bool stream = pr.stream;
+      pr.outlives_client = true;
+      auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
+      if (!stream) reply->detach();
+      if (!reply->store_queued())
+        throw ApiError(503, "the response store cannot take this response now; retry later", "", "server_error");
+      const net::any_io_executor ex = stream ? executor() : net::any_io_executor(net::make_strand(srv_.ioc));
+      srv_.background.add(id, ex);
+      std::shared_ptr<Generation> g;
+      try {
+        g = Generation::prepare(srv_.gen, io_tokenizer(), std::move(pr), reply,
+                                stream ? post_to(shared_from_this()) : Post([ex](std::function<void()> f) { net::post(ex, std::move(f)); }));
+        reply->open_reasoning(g->opens_reasoning());  // (before its first event can run)
+        g->submit_prepared();
+      } catch (...) {  // (refused: nothing runs, nothing stays stored)
+        srv_.background.end(id);
+        srv_.responses.erase(id);
+        throw;
+      }
+      srv_.background.started(id, g, ex);
+      if (!stream) return send_json(reply->queued_object());
+      gens_ = {g};
+      reply->start();
+    } else if (kind == Endpoint::Responses) {
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       gens_ = {Generation::start(srv_.gen, io_tokenizer(), std::move(pr), reply, post_to(shared_from_this()))};
       reply->open_reasoning(gens_.front()->opens_reasoning());

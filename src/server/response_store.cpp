@@ -20,6 +20,23 @@ bool ResponseStore::put(Entry e) {
   auto entry = std::make_shared<const Entry>(std::move(e));
   const std::lock_guard lock(mu_);
   if (entries_.count(entry->id)) return false;
+  insert(std::move(entry), b);
+  return true;
+}
+
+bool ResponseStore::replace(Entry e) {
+  const uint64_t b = e.bytes();
+  if (b > max_bytes_) return false;
+  auto entry = std::make_shared<const Entry>(std::move(e));
+  const std::lock_guard lock(mu_);
+  const auto it = entries_.find(entry->id);
+  if (it == entries_.end()) return false;
+  drop(it);
+  insert(std::move(entry), b);
+  return true;
+}
+
+void ResponseStore::insert(std::shared_ptr<const Entry> entry, uint64_t b) {
   while (!order_.empty() && (int64_t(entries_.size()) >= max_responses_ || bytes_ + b > max_bytes_))
     drop(entries_.find(order_.front()));
   order_.push_back(entry->id);
@@ -29,7 +46,6 @@ bool ResponseStore::put(Entry e) {
   bytes_ += b;
   std::string id = entry->id;  // (not entry->id beside std::move(entry): their order is unspecified)
   entries_.emplace(std::move(id), Slot{std::move(entry), b, std::prev(order_.end())});
-  return true;
 }
 
 void ResponseStore::drop(std::unordered_map<std::string, Slot>::iterator it) {

@@ -31,6 +31,9 @@ class ResponseStore {
     std::vector<Item> input;   // its request's own input items (references resolved), each with an id
     std::vector<Item> output;  // its output items
     std::string response;      // the response object's JSON text without "output"
+    // A background response not finished yet (status queued or in_progress, no output): read by
+    // GET, not continued (previous_response_id) until replace() puts its finished self.
+    bool pending = false;
     // What it costs: its text, plus kEntryOverhead and kItemOverhead an item (the index, the
     // strings' and containers' own sizes).
     uint64_t bytes() const;
@@ -48,6 +51,10 @@ class ResponseStore {
   // Stores e, evicting the oldest until it fits; false (nothing evicted) when it alone is over the
   // byte cap, the count cap is 0, or its id is already stored.
   bool put(Entry e);
+  // Stores e in place of the stored response of its id (a background response's finished self, or
+  // its new status), as the latest stored; false (nothing changed) when that id is not stored (deleted
+  // or evicted meanwhile: it stays so) or e alone is over the byte cap.
+  bool replace(Entry e);
   std::shared_ptr<const Entry> get(const std::string& id) const;
   bool erase(const std::string& id);  // false when not stored
   // An item of any stored response (input or output) by its id, its JSON text; nullopt when none.
@@ -73,6 +80,7 @@ class ResponseStore {
   static std::string text(const nlohmann::json& j);
 
   uint64_t max_bytes() const { return max_bytes_; }
+  int64_t max_responses() const { return max_responses_; }
   uint64_t max_conversation_bytes() const { return max_conversation_bytes_; }
   int64_t size() const;
   uint64_t bytes() const;
@@ -84,6 +92,7 @@ class ResponseStore {
     std::list<std::string>::iterator order;  // its place in order_
   };
   void drop(std::unordered_map<std::string, Slot>::iterator it);  // under mu_
+  void insert(std::shared_ptr<const Entry> entry, uint64_t bytes);  // under mu_: evicts until it fits
 
   const int64_t max_responses_;
   const uint64_t max_bytes_;

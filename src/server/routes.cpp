@@ -290,15 +290,51 @@ void get_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
     return out.send_json(input_items(srv.responses, id, req.query));
   }
   if (const auto stream = query_value(req.query, "stream"); stream && *stream == "true")
-    throw ApiError(400, "'stream' is not supported: a stored response is answered whole", "stream");
+    throw ApiError(400, "'stream' is not supported: a stored response is answered whole (a background response: "
+                        "poll GET /v1/responses/{id} until its status is no longer queued or in_progress)", "stream");
   const std::string id(req.tail);
   const auto e = srv.responses.get(id);
   if (!e) throw response_not_found(id);
   out.send_json(ResponseStore::object(*e));
 }
 
+// A background response's status, stored in place of its pending self (its output so far is none).
+void store_status(Server::Impl& srv, const ResponseStore::Entry& e, const char* status) {
+  ResponseStore::Entry c = e;
+  json r = json::parse(c.response);
+  r["status"] = status;
+  c.response = ResponseStore::text(r);
+  c.pending = false;
+  srv.responses.replace(std::move(c));
+}
+
+// POST /v1/responses/{id}/cancel: a background response still generating stops, stored as
+// cancelled; one that ended is answered as stored (OpenAI's: cancelling is idempotent). Not a
+// background response: 400. POST /v1/responses/{id} itself: 405, as before this route.
+void cancel_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  constexpr std::string_view kCancel = "/cancel";
+  if (!req.tail.ends_with(kCancel) || req.tail.size() == kCancel.size()) {
+    const ApiError e(405, cat("method POST is not allowed on /v1/responses/", req.tail), "", "invalid_request_error",
+                     "method_not_allowed");
+    return out.send_response(405, "application/json", error_body(e), "Allow: GET, DELETE\r\n");
+  }
+  const std::string id(req.tail.substr(0, req.tail.size() - kCancel.size()));
+  const auto e = srv.responses.get(id);
+  if (!e) throw response_not_found(id);
+  if (srv.background.cancel(id)) {
+    store_status(srv, *e, "cancelled");
+    if (const auto now = srv.responses.get(id)) return out.send_json(ResponseStore::object(*now));
+  }
+  json r = ResponseStore::object(*e);
+  if (!r.value("background", false))
+    throw ApiError(400, cat("Response with id '", id, "' was not created with background: true; only background "
+                            "responses can be cancelled."), "response_id");
+  out.send_json(r);
+}
+
 void delete_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   const std::string id(req.tail);
+  srv.background.cancel(id);  // (a background response still generating stops first)
   if (!srv.responses.erase(id)) throw response_not_found(id);
   out.send_json({{"id", id}, {"object", "response"}, {"deleted", true}});
 }
@@ -338,6 +374,7 @@ const Route kRoutes[] = {
     {"/v1/responses", http::verb::post, generate<Endpoint::Responses>},
     {"/v1/responses/*", http::verb::get, get_response},
     {"/v1/responses/*", http::verb::delete_, delete_response},
+    {"/v1/responses/*", http::verb::post, cancel_response},
     {"/v1/chat/completions", http::verb::post, generate<Endpoint::Chat>},
     {"/chat/completions", http::verb::post, generate<Endpoint::Chat>},  // (llama.cpp serves both paths)
     {"/v1/embeddings", http::verb::post, generate<Endpoint::Embeddings>},

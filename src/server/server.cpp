@@ -94,6 +94,7 @@ void Server::Impl::begin_shutdown() {
     if (e) return;
     spdlog::warn("shutdown deadline passed: cancelling the requests still running");
     for_each_connection(&Connection::on_deadline);
+    background.cancel_for_shutdown();
     hard_timer.expires_after(std::chrono::seconds(3));
     hard_timer.async_wait([this](error_code e2) {
       if (!e2) {

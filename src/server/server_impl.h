@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -127,6 +128,71 @@ Post post_to(const std::shared_ptr<C>& c) {
   return [c](std::function<void()> f) { net::post(c->executor(), [c, f = std::move(f)] { f(); }); };
 }
 
+// The Responses API's background responses still generating (background: true): what POST
+// /v1/responses/{id}/cancel, DELETE and the shutdown deadline reach. Each counts in `open` (the
+// server's n_sessions) while it runs, so that a drain waits for it as for a connection's request.
+class BackgroundRuns {
+ public:
+  explicit BackgroundRuns(std::atomic<int>& open) : open_(open) {}
+  // Before its generation starts (whose end may come before start() returns); ex: where its
+  // generation's events run, and so its methods.
+  void add(const std::string& id, net::any_io_executor ex) {
+    const std::lock_guard lock(mu_);
+    if (runs_.emplace(id, Run{std::move(ex), {}}).second) ++open_;
+  }
+  // Its generation, started (cancelled meanwhile: told to stop now).
+  void started(const std::string& id, const std::shared_ptr<Generation>& g, const net::any_io_executor& ex) {
+    {
+      const std::lock_guard lock(mu_);
+      if (const auto it = runs_.find(id); it != runs_.end()) {
+        it->second.gen = g;
+        return;
+      }
+    }
+    net::post(ex, [g] { g->cancel(); });
+  }
+  // Its end (finished, failed, or never started): false when it was no longer running (cancelled).
+  bool end(const std::string& id) {
+    const std::lock_guard lock(mu_);
+    if (!runs_.erase(id)) return false;
+    --open_;
+    return true;
+  }
+  // Stops id's run (its generation's cancel(), on its executor); false when none runs.
+  bool cancel(const std::string& id) {
+    Run r;
+    {
+      const std::lock_guard lock(mu_);
+      const auto it = runs_.find(id);
+      if (it == runs_.end()) return false;
+      r = std::move(it->second);
+      runs_.erase(it);
+      --open_;
+    }
+    net::post(r.ex, [g = r.gen] {
+      if (const auto p = g.lock()) p->cancel();
+    });
+    return true;
+  }
+  // The shutdown deadline: every run's generation cancel_for_shutdown()s (each then ends, failed).
+  void cancel_for_shutdown() {
+    const std::lock_guard lock(mu_);
+    for (const auto& [id, r] : runs_)
+      net::post(r.ex, [g = r.gen] {
+        if (const auto p = g.lock()) p->cancel_for_shutdown();
+      });
+  }
+
+ private:
+  struct Run {
+    net::any_io_executor ex;
+    std::weak_ptr<Generation> gen;  // (empty until started)
+  };
+  std::mutex mu_;
+  std::unordered_map<std::string, Run> runs_;
+  std::atomic<int>& open_;
+};
+
 struct Server::Impl {
   Engine& engine;
   ServedModel model;
@@ -141,6 +207,7 @@ struct Server::Impl {
   std::mutex conn_mu;
   std::vector<std::weak_ptr<Connection>> connections;  // under conn_mu
   net::io_context ioc;
+  BackgroundRuns background{n_sessions};  // (after ioc: its executors released before ioc goes)
   net::strand<net::io_context::executor_type> ctl{net::make_strand(ioc)};  // listeners + shutdown
   tcp::acceptor acceptor{ctl};      // HTTP
   tcp::acceptor bin_acceptor{ctl};  // the binary protocol (--binary-port)

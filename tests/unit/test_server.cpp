@@ -1264,6 +1264,33 @@ TEST(ResponseStore, EvictsTheOldestByBytes) {
   EXPECT_FALSE(store.put(stored_entry("r4", {"q"}, {"a"})));  // an id once
 }
 
+// replace(): a background response's finished self in its pending one's place (its items indexed
+// anew, its bytes counted anew, stored as the latest); an id no longer stored stays so.
+TEST(ResponseStore, ReplaceTakesThePlaceOfAStoredOneOnly) {
+  ResponseStore store(2, 1 << 20);
+  ResponseStore::Entry pending = stored_entry("bg", {"q"}, {});
+  pending.pending = true;
+  ASSERT_TRUE(store.put(pending));
+  ASSERT_TRUE(store.put(stored_entry("r1", {"q"}, {"a"})));
+  EXPECT_TRUE(store.get("bg")->pending);
+  EXPECT_FALSE(store.item("bg_out0"));
+  ASSERT_TRUE(store.replace(stored_entry("bg", {"q"}, {"a", "b"})));
+  EXPECT_EQ(store.size(), 2);
+  EXPECT_FALSE(store.get("bg")->pending);
+  EXPECT_TRUE(store.item("bg_out1"));
+  EXPECT_TRUE(store.item("bg_in0"));
+  EXPECT_EQ(store.bytes(), store.get("bg")->bytes() + store.get("r1")->bytes());
+  ASSERT_TRUE(store.put(stored_entry("r2", {"q"}, {"a"})));  // (bg is now the later stored: r1 goes)
+  EXPECT_EQ(store.get("r1"), nullptr);
+  EXPECT_NE(store.get("bg"), nullptr);
+  EXPECT_FALSE(store.replace(stored_entry("r1", {"q"}, {"a"})));  // evicted: stays so
+  EXPECT_EQ(store.get("r1"), nullptr);
+  ASSERT_TRUE(store.erase("bg"));
+  EXPECT_FALSE(store.replace(stored_entry("bg", {"q"}, {"a"})));  // deleted: stays so
+  EXPECT_EQ(store.size(), 1);
+  EXPECT_FALSE(store.item("bg_in0"));
+}
+
 TEST(ResponseStore, ChainsResolveOldestFirstAndStopAtAMissingLink) {
   ResponseStore store(10, 1 << 20);
   store.put(stored_entry("a", {"q1"}, {"a1"}));
@@ -3153,6 +3180,117 @@ TEST(ServerResponses, StoredChainedListedAndDeleted) {
   const std::string na = test::http_request(srv.port(), "POST", "/v1/responses/" + id, "{}");
   EXPECT_NE(na.find("405"), std::string::npos) << na;
   EXPECT_NE(na.find("Allow: GET, DELETE"), std::string::npos) << na;
+}
+
+// background: true (OpenAI's background mode): the request is answered at once with the queued
+// response, stored; GET polls it to its end, which is what the same request gives in the
+// foreground; POST .../cancel stops one still generating (stored as cancelled; again: the same
+// answer), refuses a foreground one; a streamed one whose client leaves after its first delta
+// goes on to its end in the store; a pending one cannot be continued yet.
+TEST(ServerResponses, InTheBackground) {
+  using namespace std::chrono_literals;
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  std::promise<void> held, release;  // (before srv: its engine's callbacks use them)
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true};
+  InProcessServer srv(path, "stories260K", 2048);
+  struct Release {  // (after srv: the engine is let go on every way out, before srv stops it)
+    std::promise<void>& p;
+    bool done = false;
+    void operator()() {
+      if (!std::exchange(done, true)) p.set_value();
+    }
+    ~Release() { (*this)(); }
+  } let_go{release};
+  const auto post = [&](const std::string& p, const json& body) { return response_body(test::http_post(srv.port(), p, body.dump())); };
+  const auto get = [&](const std::string& id) { return response_body(test::http_request(srv.port(), "GET", "/v1/responses/" + id, "")); };
+  const auto until_done = [&](const std::string& id) {
+    json r;
+    for (int i = 0; i < 3000; ++i) {
+      r = get(id);
+      if (r["status"] != "queued" && r["status"] != "in_progress") break;
+      std::this_thread::sleep_for(10ms);
+    }
+    return r;
+  };
+  const json base = {{"model", "stories260K"}, {"max_output_tokens", 24}, {"temperature", 0}, {"input", "Once upon a time"}};
+  const json fg = post("/v1/responses", base);
+  ASSERT_EQ(fg["status"].is_string(), true) << fg;
+  EXPECT_EQ(fg["background"], false);
+  json bg = base;
+  bg["background"] = true;
+  const json q = post("/v1/responses", bg);
+  ASSERT_EQ(q["status"], "queued") << q;
+  EXPECT_EQ(q["background"], true);
+  EXPECT_EQ(q["store"], true);
+  EXPECT_EQ(q["output"], json::array());
+  const std::string id = q["id"];
+  const json done = until_done(id);
+  ASSERT_EQ(done["status"], fg["status"]) << done;
+  EXPECT_EQ(done["background"], true);
+  EXPECT_EQ(done["output"][0]["content"][0]["text"], fg["output"][0]["content"][0]["text"]) << done;
+  EXPECT_EQ(done["usage"]["output_tokens"], fg["usage"]["output_tokens"]);
+  EXPECT_EQ(done["usage"]["input_tokens"], fg["usage"]["input_tokens"]);
+  EXPECT_EQ(post("/v1/responses/" + id + "/cancel", json::object()), done);  // (ended: as stored)
+  json next = base;
+  next["previous_response_id"] = id;
+  EXPECT_EQ(post("/v1/responses", next)["status"].is_string(), true);  // (continued as any stored one)
+  // Refused: a foreground one's cancel, no store, an unknown id.
+  const json not_bg = post("/v1/responses/" + fg["id"].get<std::string>() + "/cancel", json::object());
+  EXPECT_EQ(not_bg["error"]["param"], "response_id") << not_bg;
+  json unstored = bg;
+  unstored["store"] = false;
+  EXPECT_EQ(post("/v1/responses", unstored)["error"]["param"], "background");
+  EXPECT_NE(test::http_post(srv.port(), "/v1/responses/resp_none/cancel", "{}").find("404 Not Found"), std::string::npos);
+
+  // The engine held inside a step: a background response stays queued; it cannot be continued
+  // yet; cancelled, it is stored so at once and for good.
+  EngineRequest hold;
+  hold.prompt = {1, 2, 3};
+  hold.max_tokens = 2;
+  hold.ignore_eos = true;
+  srv.engine->submit(std::move(hold), [&held, &first, released](const EngineEvent& e) {
+    if (e.kind == EngineEvent::Kind::Token && first.exchange(false)) {
+      held.set_value();
+      released.wait();  // (the engine thread, inside its step)
+    }
+  });
+  ASSERT_EQ(held.get_future().wait_for(60s), std::future_status::ready);
+  json slow = bg;
+  slow["max_output_tokens"] = 1000;
+  const json q2 = post("/v1/responses", slow);
+  ASSERT_EQ(q2["status"], "queued") << q2;
+  const std::string id2 = q2["id"];
+  EXPECT_EQ(get(id2)["status"], "queued");
+  next["previous_response_id"] = id2;
+  const json early = post("/v1/responses", next);
+  EXPECT_EQ(early["error"]["param"], "previous_response_id") << early;
+  const json cancelled = post("/v1/responses/" + id2 + "/cancel", json::object());
+  EXPECT_EQ(cancelled["status"], "cancelled") << cancelled;
+  EXPECT_EQ(cancelled["id"], id2);
+  let_go();
+  EXPECT_EQ(post("/v1/responses", base)["output"][0]["content"][0]["text"], fg["output"][0]["content"][0]["text"]);
+  EXPECT_EQ(get(id2), cancelled);
+  EXPECT_EQ(post("/v1/responses/" + id2 + "/cancel", json::object()), cancelled);
+
+  // Streamed, the client gone after the first delta: the rest (600 tokens, ~0.1 s here in
+  // Release, against well under a millisecond to see the client leave) is generated and stored.
+  json longer = base;
+  longer["max_output_tokens"] = 600;
+  const json fg_long = post("/v1/responses", longer);
+  json streamed = longer;
+  streamed["background"] = true;
+  streamed["stream"] = true;
+  const std::string part = test::http_request_until(srv.port(), "POST", "/v1/responses", streamed.dump(),
+                                                    "response.output_text.delta");
+  std::string id3;
+  for (const json& ev : sse_events(part.substr(0, part.rfind('\n', part.find("response.output_text.delta")))))
+    if (ev["type"] == "response.created") id3 = ev["response"]["id"];
+  ASSERT_FALSE(id3.empty()) << part;
+  const json after = until_done(id3);
+  ASSERT_EQ(after["status"], fg_long["status"]) << after;
+  EXPECT_EQ(after["usage"]["output_tokens"], fg_long["usage"]["output_tokens"]);
+  EXPECT_EQ(after["output"][0]["content"][0]["text"], fg_long["output"][0]["content"][0]["text"]) << after;
 }
 
 // include: ["message.output_text.logprobs"] (with top_logprobs alternatives) puts each token's

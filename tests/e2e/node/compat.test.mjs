@@ -311,6 +311,25 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     assert.equal(done.output.find((o) => o.type === 'function_call').arguments, args);
   });
 
+  test('background responses: queued at once, polled to the foreground answer, cancel', async () => {
+    const base = { model: MODEL_ID, input: 'Once upon a time', max_output_tokens: 16, temperature: 0 };
+    const fg = await client.responses.create(base);
+    let r = await client.responses.create({ ...base, background: true });
+    assert.equal(r.status, 'queued');
+    assert.equal(r.background, true);
+    for (let i = 0; i < 500 && (r.status === 'queued' || r.status === 'in_progress'); ++i) {
+      await new Promise((ok) => setTimeout(ok, 20));
+      r = await client.responses.retrieve(r.id);
+    }
+    assert.equal(r.status, fg.status);
+    assert.equal(r.output[0].content[0].text, fg.output_text);
+    await client.responses.cancel(r.id);  // (ended: it stays as it ended)
+    assert.deepEqual((await client.responses.retrieve(r.id)).output, r.output);
+    await assert.rejects(client.responses.cancel(fg.id), (e) => e.status === 400);  // (not a background response)
+    await assert.rejects(client.responses.create({ ...base, background: true, store: false }),
+                         (e) => e.status === 400 && e.param === 'background');
+  });
+
   test('stored responses: previous_response_id over 3 turns, retrieve, input items, delete', async () => {
     const base = { model: MODEL_ID, max_output_tokens: 8, temperature: 0 };
     const r1 = await client.responses.create({ ...base, input: 'Once upon a time' });
