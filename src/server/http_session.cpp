@@ -894,7 +894,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     void on_output(Output&& o) override {
       if (background_ && !in_progress_) {  // (queued until its first output)
         in_progress_ = true;
-        srv_.responses.replace(entry(status_object("in_progress"), json::array(), true));
+        srv_.responses.replace(entry(status_object("in_progress"), json::array(), true), /*only_pending=*/true);
       }
       const ReasoningSplit::Parts p = split(o.text, false);
       // (a token whose text went to the reasoning, or is held inside it)
@@ -998,7 +998,16 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     // background: in its queued self's place, unless that is gone or it was cancelled first).
     bool keep(const json& r) {
       if (!background_) return srv_.responses.put(entry(r, r["output"], false));
-      return srv_.background.end(meta_.id) && srv_.responses.replace(entry(r, r["output"], false));
+      if (!srv_.background.end(meta_.id)) return false;  // (cancelled first: stored so)
+      if (srv_.responses.replace(entry(r, r["output"], false))) return true;
+      // Over the byte cap alone (a foreground response is answered, store: false; a background
+      // one has only the store): its end, without its output.
+      json failed = status_object("failed");
+      failed["error"] = {{"code", "server_error"},
+                         {"message", cat("the response (", ResponseStore::text(r).size(), " bytes) is larger than the "
+                                         "response store's byte cap, --max-stored-bytes ", srv_.responses.max_bytes())}};
+      srv_.responses.replace(entry(failed, json::array(), false));
+      return false;
     }
     // The response object r as stored: its request's input items, `output`'s items.
     ResponseStore::Entry entry(json r, const json& output, bool pending) const {
@@ -1314,8 +1323,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       pr.outlives_client = true;
       auto reply = std::make_shared<ResponsesReply>(*this, std::move(meta), pr);
       if (!stream) reply->detach();
-      if (!reply->store_queued())
-        throw ApiError(503, "the response store cannot take this response now; retry later", "", "server_error");
+      if (!reply->store_queued())  // (its input alone is over the store's byte cap)
+        bad("background", cat("this response's input is larger than the response store's byte cap, "
+                               "--max-stored-bytes ", srv_.responses.max_bytes(), ": it cannot run in the background"));
       const net::any_io_executor ex = stream ? executor() : net::any_io_executor(net::make_strand(srv_.ioc));
       srv_.background.add(id, ex);
       std::shared_ptr<Generation> g;

@@ -24,13 +24,13 @@ bool ResponseStore::put(Entry e) {
   return true;
 }
 
-bool ResponseStore::replace(Entry e) {
+bool ResponseStore::replace(Entry e, bool only_pending) {
   const uint64_t b = e.bytes();
   if (b > max_bytes_) return false;
   auto entry = std::make_shared<const Entry>(std::move(e));
   const std::lock_guard lock(mu_);
   const auto it = entries_.find(entry->id);
-  if (it == entries_.end()) return false;
+  if (it == entries_.end() || (only_pending && !it->second.entry->pending)) return false;
   drop(it);
   insert(std::move(entry), b);
   return true;

@@ -53,8 +53,9 @@ class ResponseStore {
   bool put(Entry e);
   // Stores e in place of the stored response of its id (a background response's finished self, or
   // its new status), as the latest stored; false (nothing changed) when that id is not stored (deleted
-  // or evicted meanwhile: it stays so) or e alone is over the byte cap.
-  bool replace(Entry e);
+  // or evicted meanwhile: it stays so), or only_pending and the stored one is no longer pending
+  // (a status that must not undo a cancel stored meanwhile), or e alone is over the byte cap.
+  bool replace(Entry e, bool only_pending = false);
   std::shared_ptr<const Entry> get(const std::string& id) const;
   bool erase(const std::string& id);  // false when not stored
   // An item of any stored response (input or output) by its id, its JSON text; nullopt when none.

@@ -319,9 +319,10 @@ void cancel_response(Server::Impl& srv, Responder& out, const RouteRequest& req)
     return out.send_response(405, "application/json", error_body(e), "Allow: GET, DELETE\r\n");
   }
   const std::string id(req.tail.substr(0, req.tail.size() - kCancel.size()));
+  const bool running = srv.background.cancel(id);  // (first: one evicted from the store still stops)
   const auto e = srv.responses.get(id);
   if (!e) throw response_not_found(id);
-  if (srv.background.cancel(id)) {
+  if (running) {
     store_status(srv, *e, "cancelled");
     if (const auto now = srv.responses.get(id)) return out.send_json(ResponseStore::object(*now));
   }

@@ -1273,8 +1273,12 @@ TEST(ResponseStore, ReplaceTakesThePlaceOfAStoredOneOnly) {
   ASSERT_TRUE(store.put(pending));
   ASSERT_TRUE(store.put(stored_entry("r1", {"q"}, {"a"})));
   EXPECT_TRUE(store.get("bg")->pending);
-  EXPECT_FALSE(store.item("bg_out0"));
+  ResponseStore::Entry status = pending;  // (a new status of a pending one: only while it is pending)
+  status.response = "in_progress";
+  ASSERT_TRUE(store.replace(status, /*only_pending=*/true));
+  EXPECT_EQ(store.get("bg")->response, "in_progress");
   ASSERT_TRUE(store.replace(stored_entry("bg", {"q"}, {"a", "b"})));
+  EXPECT_FALSE(store.replace(status, /*only_pending=*/true));  // (its end stays)
   EXPECT_EQ(store.size(), 2);
   EXPECT_FALSE(store.get("bg")->pending);
   EXPECT_TRUE(store.item("bg_out1"));
@@ -3273,6 +3277,27 @@ TEST(ServerResponses, InTheBackground) {
   EXPECT_EQ(get(id2), cancelled);
   EXPECT_EQ(post("/v1/responses/" + id2 + "/cancel", json::object()), cancelled);
 
+  // Cancelled while it generates (2,000 tokens: ~0.1-0.5 s here), or deleted: it stops and
+  // stays so; a cancelled one can be continued (its input, no output).
+  json running = bg;
+  running["max_output_tokens"] = 2000;
+  const auto once_running = [&](const std::string& rid) {
+    for (int i = 0; i < 2000 && get(rid)["status"] == "queued"; ++i) std::this_thread::sleep_for(1ms);
+    return get(rid)["status"];
+  };
+  const std::string id4 = post("/v1/responses", running)["id"];
+  ASSERT_EQ(once_running(id4), "in_progress");
+  EXPECT_EQ(post("/v1/responses/" + id4 + "/cancel", json::object())["status"], "cancelled");
+  std::this_thread::sleep_for(100ms);  // (tokens of the step in progress still arrive)
+  const json stopped = get(id4);
+  EXPECT_EQ(stopped["status"], "cancelled") << stopped;
+  next["previous_response_id"] = id4;
+  EXPECT_EQ(post("/v1/responses", next)["status"].is_string(), true);
+  const std::string id5 = post("/v1/responses", running)["id"];
+  ASSERT_EQ(once_running(id5), "in_progress");
+  EXPECT_EQ(response_body(test::http_request(srv.port(), "DELETE", "/v1/responses/" + id5, ""))["deleted"], true);
+  EXPECT_EQ(get(id5)["error"]["message"], "Response with id '" + id5 + "' not found.");
+
   // Streamed, the client gone after the first delta: the rest (600 tokens, ~0.1 s here in
   // Release, against well under a millisecond to see the client leave) is generated and stored.
   json longer = base;
@@ -3291,6 +3316,29 @@ TEST(ServerResponses, InTheBackground) {
   ASSERT_EQ(after["status"], fg_long["status"]) << after;
   EXPECT_EQ(after["usage"]["output_tokens"], fg_long["usage"]["output_tokens"]);
   EXPECT_EQ(after["output"][0]["content"][0]["text"], fg_long["output"][0]["content"][0]["text"]) << after;
+}
+
+// A background response whose end is over the store's byte cap alone (a foreground one is
+// answered, store: false) is stored failed, saying so; one whose input alone is over it is a 400.
+TEST(ServerResponses, InTheBackgroundOverTheByteCap) {
+  using namespace std::chrono_literals;
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048, {}, [](ServeConfig& c) { c.max_stored_bytes = 8 << 10; });
+  json req = {{"model", "stories260K"}, {"max_output_tokens", 200}, {"temperature", 0}, {"input", "Once upon a time"},
+              {"background", true}, {"include", {"message.output_text.logprobs"}}, {"top_logprobs", 5}};
+  const json q = response_body(test::http_post(srv.port(), "/v1/responses", req.dump()));
+  ASSERT_EQ(q["status"], "queued") << q;
+  json r;
+  for (int i = 0; i < 3000; ++i) {
+    r = response_body(test::http_request(srv.port(), "GET", "/v1/responses/" + q["id"].get<std::string>(), ""));
+    if (r["status"] != "queued" && r["status"] != "in_progress") break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(r["status"], "failed") << r;
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("byte cap"), std::string::npos) << r;
+  req["input"] = std::string(9 << 10, 'x');
+  const json big = response_body(test::http_post(srv.port(), "/v1/responses", req.dump()));
+  EXPECT_EQ(big["error"]["param"], "background") << big;
 }
 
 // include: ["message.output_text.logprobs"] (with top_logprobs alternatives) puts each token's
