@@ -147,7 +147,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       resume_after_watch_ = false;
       return do_read();
     }
-    if (!gens_.empty()) start_watch();
+    if (!gens_.empty() || following_) start_watch();
   }
 
   // --- writing ----------------------------------------------------------------------------
@@ -189,6 +189,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
 
   void after_response() {
     gens_.clear();
+    following_ = false;
     if (linger_) return linger_close();
     if (!keep_alive_ || srv_.draining) return close();
     if (!outq_.empty()) return write_next();  // cannot happen: one response at a time
@@ -241,6 +242,25 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     }
     srv_.metrics.count_error();
     send_response(e.status, "application/json", body_of(e));
+  }
+  // A background stream sent again: its events after `after`, then what comes until its end.
+  // The log holds this session weakly (a stored response's log outlives the I/O context); the
+  // watch read holds it meanwhile, and sees the client leave.
+  void follow(const std::shared_ptr<EventLog>& log, int64_t after) override {
+    const auto [past, done] = log->follow(after, [weak = weak_from_this()](const std::string& text, bool end) {
+      const auto self = weak.lock();
+      if (!self) return false;
+      net::post(self->executor(), [self, text, end] {
+        self->enqueue((text.empty() ? std::string() : http_chunk(text)) + (end ? http_chunk("") : std::string()), end);
+      });
+      return true;
+    });
+    enqueue(sse_response_head(keep_alive_ && !srv_.draining, headers_) + (past.empty() ? std::string() : http_chunk(past)) +
+                (done ? http_chunk("") : std::string()),
+            done);
+    if (done) return;
+    following_ = true;
+    start_watch();
   }
   void answer_later(std::function<Answer()> work) override {
     answering_ = true;
@@ -860,7 +880,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // its first output, its end stored in its place (BackgroundRuns::end: unless cancelled first).
   // Not streamed, the request's answer is the queued response and the reply writes nothing more
   // (s_ null: it outlives the connection); streamed, what it writes after the client left is
-  // dropped (a closed session's enqueue), and the generation goes on (outlives_client).
+  // dropped (a closed session's enqueue), and the generation goes on (outlives_client); its events
+  // are kept (log_, the stored response's EventLog) for GET ...?stream=true to send again.
   class ResponsesReply : public GenerationSink {
    public:
     ResponsesReply(HttpSession& s, ResponseMeta meta, ParsedRequest& pr)
@@ -870,6 +891,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)),
           logprobs_(pr.logprobs >= 0) {
       think_ = reasoning_split(s.srv_.model);
+      if (background_ && stream_) log_ = std::make_shared<EventLog>();
       // (gpt-oss's calls under auto are its own messages: HarmonySplit finds them)
       if (tool_choice_ != ToolChoice::None && !(tool_choice_ == ToolChoice::Auto && harmony_of(think_)))
         held_.emplace(tool_choice_ != ToolChoice::Auto);
@@ -889,6 +911,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       // One ev() per statement: the operands of + are unsequenced, and ev() numbers the events.
       std::string out = ev("response.created", {{"response", r}});
       out += ev("response.in_progress", {{"response", r}});
+      if (log_) log_->publish(false);
       s_->enqueue(sse_response_head(s_->keep_alive_ && !srv_.draining, s_->headers_) + http_chunk(out), false);
     }
     void on_output(Output&& o) override {
@@ -907,6 +930,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         if (stream_) out += close_reasoning();
         out += message_text(held_ ? held_->push(p.content) : p.content);
       }
+      if (log_) log_->publish(false);
       if (!out.empty() && s_) s_->enqueue(http_chunk(out), false);
     }
     void on_finish(Output&& last, const Finish& f) override {
@@ -975,6 +999,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         ++index;
       }
       out += ev(incomplete ? "response.incomplete" : "response.completed", {{"response", r}});
+      if (log_) log_->publish(true);
       s_->enqueue(http_chunk(out) + http_chunk(""), true);
     }
     void on_error(const ApiError& e, const Usage& u) override {
@@ -985,15 +1010,22 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         r["error"] = {{"code", e.code.empty() ? "server_error" : e.code}, {"message", e.what()}};
         srv_.responses.replace(entry(r, json::array(), false));
       }
-      if (!s_) return;
-      if (!stream_) return s_->send_error(e);
+      if (!stream_) {
+        if (s_) s_->send_error(e);
+        return;
+      }
       const std::string out = ev("error", {{"code", e.code.empty() ? json(nullptr) : json(e.code)}, {"message", e.what()},
                                            {"param", e.param.empty() ? json(nullptr) : json(e.param)}});
-      s_->enqueue(http_chunk(out) + http_chunk(""), true);
+      if (log_) log_->publish(true);
+      if (s_) s_->enqueue(http_chunk(out) + http_chunk(""), true);
     }
 
    private:
-    std::string ev(const std::string& type, json data) { return responses_event(type, std::move(data), seq_++); }
+    std::string ev(const std::string& type, json data) {
+      std::string e = responses_event(type, std::move(data), seq_++);
+      if (log_) log_->append(e);
+      return e;
+    }
     // Stores the finished response r; whether it was (ResponseStore::put: it may be over the cap;
     // background: in its queued self's place, unless that is gone or it was cancelled first).
     bool keep(const json& r) {
@@ -1006,7 +1038,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       failed["error"] = {{"code", "server_error"},
                          {"message", cat("the response (", ResponseStore::text(r).size(), " bytes) is larger than the "
                                          "response store's byte cap, --max-stored-bytes ", srv_.responses.max_bytes())}};
-      srv_.responses.replace(entry(failed, json::array(), false));
+      ResponseStore::Entry e = entry(failed, json::array(), false);
+      e.events = nullptr;  // (its stream is not kept either)
+      srv_.responses.replace(std::move(e));
       return false;
     }
     // The response object r as stored: its request's input items, `output`'s items.
@@ -1014,6 +1048,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       ResponseStore::Entry e;
       e.id = meta_.id;
       e.pending = pending;
+      e.events = log_;
       if (echo_.contains("previous_response_id")) e.previous_id = echo_["previous_response_id"].get<std::string>();
       for (const json& it : input_) e.input.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
       for (const json& it : output) e.output.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
@@ -1108,6 +1143,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     ResponseMeta meta_;
     bool background_;
     bool in_progress_ = false;  // background: stored as in_progress
+    std::shared_ptr<EventLog> log_;  // background and streamed: its events, kept
     bool stream_;
     ToolChoice tool_choice_;
     bool parallel_;  // parallel_tool_calls
@@ -1419,6 +1455,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   std::string discard_;
   bool watching_ = false, resume_after_watch_ = false, keep_alive_ = true;
   bool answering_ = false;  // answer_later's work is running: the connection is busy
+  bool following_ = false;  // the current response is a background stream sent again (follow)
   std::string headers_;     // "Name: value\r\n" lines every response to the current request carries
   std::string request_id_;  // the current request's X-Request-Id ("" = none)
   bool anthropic_ = false;  // the current request is Anthropic's Messages API: its error format

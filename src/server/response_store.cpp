@@ -7,8 +7,41 @@ namespace ft::server {
 
 using json = nlohmann::json;
 
+void EventLog::append(std::string event) {
+  const std::lock_guard lock(mu_);
+  bytes_ += event.size();
+  events_.push_back(std::move(event));
+}
+
+void EventLog::publish(bool done) {
+  const std::lock_guard lock(mu_);
+  if (done_) return;
+  std::string text;
+  for (; published_ < events_.size(); ++published_) text += events_[published_];
+  done_ = done;
+  if (text.empty() && !done) return;
+  // (each posts to its connection: quick)
+  followers_.erase(std::remove_if(followers_.begin(), followers_.end(), [&](const Follower& f) { return !f(text, done); }),
+                   followers_.end());
+  if (done) followers_.clear();
+}
+
+std::pair<std::string, bool> EventLog::follow(int64_t after, Follower f) {
+  const std::lock_guard lock(mu_);
+  std::string text;
+  const size_t from = after < 0 ? 0 : uint64_t(after) >= published_ ? published_ : size_t(after) + 1;
+  for (size_t i = from; i < published_; ++i) text += events_[i];
+  if (!done_) followers_.push_back(std::move(f));
+  return {std::move(text), done_};
+}
+
+uint64_t EventLog::bytes() const {
+  const std::lock_guard lock(mu_);
+  return bytes_;
+}
+
 uint64_t ResponseStore::Entry::bytes() const {
-  uint64_t n = kEntryOverhead + id.size() + previous_id.size() + response.size();
+  uint64_t n = kEntryOverhead + id.size() + previous_id.size() + response.size() + (events ? events->bytes() : 0);
   for (const auto* items : {&input, &output})
     for (const Item& it : *items) n += kItemOverhead + it.id.size() + it.json.size();
   return n;

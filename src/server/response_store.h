@@ -7,6 +7,7 @@
 // items once; resolving a chain reaches back only while every link is still stored.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,33 @@
 #include <nlohmann/json.hpp>
 
 namespace ft::server {
+
+// A background response's stream (background and stream: true): its events' SSE text in order
+// (the i-th has sequence_number i), for GET /v1/responses/{id}?stream=true&starting_after=N:
+// what was sent, then, while it runs, what comes. Appended and published on its generation's
+// strand; followed from any I/O thread.
+class EventLog {
+ public:
+  // The text of the events published at once, and whether they end the stream; false: the
+  // follower is gone (let go).
+  using Follower = std::function<bool(const std::string& text, bool done)>;
+  void append(std::string event);
+  // Hands what was appended since the last publish to each follower (done: the stream ended;
+  // the followers are let go).
+  void publish(bool done);
+  // The published events after sequence number `after` (-1: all) and whether the stream ended;
+  // unless it did, f gets each publish from now on.
+  std::pair<std::string, bool> follow(int64_t after, Follower f);
+  uint64_t bytes() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> events_;
+  size_t published_ = 0;
+  uint64_t bytes_ = 0;
+  bool done_ = false;
+  std::vector<Follower> followers_;
+};
 
 class ResponseStore {
  public:
@@ -34,6 +62,7 @@ class ResponseStore {
     // A background response not finished yet (status queued or in_progress, no output): read by
     // GET, not continued (previous_response_id) until replace() puts its finished self.
     bool pending = false;
+    std::shared_ptr<EventLog> events;  // a background stream's (its bytes count as the entry's)
     // What it costs: its text, plus kEntryOverhead and kItemOverhead an item (the index, the
     // strings' and containers' own sizes).
     uint64_t bytes() const;

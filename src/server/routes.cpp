@@ -289,12 +289,22 @@ void get_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
     const std::string id(req.tail.substr(0, req.tail.size() - kItems.size()));
     return out.send_json(input_items(srv.responses, id, req.query));
   }
-  if (const auto stream = query_value(req.query, "stream"); stream && *stream == "true")
-    throw ApiError(400, "'stream' is not supported: a stored response is answered whole (a background response: "
-                        "poll GET /v1/responses/{id} until its status is no longer queued or in_progress)", "stream");
   const std::string id(req.tail);
   const auto e = srv.responses.get(id);
   if (!e) throw response_not_found(id);
+  // stream=true: a background stream's events again, after starting_after (a sequence number).
+  if (const auto stream = query_value(req.query, "stream"); stream && *stream == "true") {
+    if (!e->events)
+      throw ApiError(400, "only a response created with background: true and stream: true can be streamed again; "
+                          "without 'stream' it is answered whole", "stream");
+    int64_t after = -1;
+    if (const auto v = query_value(req.query, "starting_after")) {
+      const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), after);
+      if (ec != std::errc() || end != v->data() + v->size() || after < -1)
+        throw ApiError(400, cat("'starting_after' must be an event's sequence number, got '", *v, "'"), "starting_after");
+    }
+    return out.follow(e->events, after);
+  }
   out.send_json(ResponseStore::object(*e));
 }
 

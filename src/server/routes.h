@@ -2,6 +2,7 @@
 #pragma once
 #include <boost/beast/http/verb.hpp>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,6 +13,8 @@
 #include "server/server.h"
 
 namespace ft::server {
+
+class EventLog;
 
 // What a handler answers through (the HTTP session implements it).
 class Responder {
@@ -31,6 +34,9 @@ class Responder {
     std::string type, body;
   };
   virtual void answer_later(std::function<Answer()> work) = 0;
+  // A background response's stream again (GET /v1/responses/{id}?stream=true): its events after
+  // sequence number `after` (-1: all), then each as it comes, to its end.
+  virtual void follow(const std::shared_ptr<EventLog>& log, int64_t after) = 0;
 };
 
 // What a handler reads of its request: the body, for a prefix route the path after it, and the

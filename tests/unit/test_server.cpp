@@ -3316,6 +3316,50 @@ TEST(ServerResponses, InTheBackground) {
   ASSERT_EQ(after["status"], fg_long["status"]) << after;
   EXPECT_EQ(after["usage"]["output_tokens"], fg_long["usage"]["output_tokens"]);
   EXPECT_EQ(after["output"][0]["content"][0]["text"], fg_long["output"][0]["content"][0]["text"]) << after;
+
+  // Its stream again (GET ?stream=true&starting_after=N): the events after N, numbered on, to its
+  // end; the deltas before and after N make its text. Followed while it runs: the same.
+  const auto resumed = [&](const std::string& rid, const std::string& head) {
+    std::vector<json> evs = sse_events(head);
+    EXPECT_FALSE(evs.empty());
+    const int64_t n = evs.empty() ? -1 : evs.back()["sequence_number"].get<int64_t>();
+    const std::string again =
+        test::http_request(srv.port(), "GET", "/v1/responses/" + rid + "?stream=true&starting_after=" + std::to_string(n), "");
+    EXPECT_NE(again.find("text/event-stream"), std::string::npos) << again.substr(0, 300);
+    std::string text;
+    int64_t seq = -1;
+    for (const json& ev : evs) {
+      EXPECT_EQ(ev["sequence_number"], ++seq);
+      if (ev["type"] == "response.output_text.delta") text += ev["delta"].get<std::string>();
+    }
+    std::string last;
+    for (const json& ev : sse_events(again)) {
+      EXPECT_EQ(ev["sequence_number"], ++seq) << ev;
+      if (ev["type"] == "response.output_text.delta") text += ev["delta"].get<std::string>();
+      last = ev["type"];
+    }
+    EXPECT_EQ(last, "response.incomplete");
+    return text;
+  };
+  const auto up_to_delta = [](const std::string& part) { return part.substr(0, part.rfind('\n', part.find("response.output_text.delta"))); };
+  EXPECT_EQ(resumed(id3, up_to_delta(part)), after["output"][0]["content"][0]["text"]);
+  json live = streamed;
+  live["max_output_tokens"] = 2000;
+  const std::string part2 = test::http_request_until(srv.port(), "POST", "/v1/responses", live.dump(), "response.output_text.delta");
+  std::string id6;
+  for (const json& ev : sse_events(up_to_delta(part2)))
+    if (ev["type"] == "response.created") id6 = ev["response"]["id"];
+  ASSERT_FALSE(id6.empty()) << part2;
+  const std::string text6 = resumed(id6, up_to_delta(part2));
+  const json done6 = until_done(id6);
+  EXPECT_EQ(text6, done6["output"][0]["content"][0]["text"]);
+  EXPECT_EQ(done6["usage"]["output_tokens"], 2000);
+  // Refused: a response not streamed in the background, a malformed starting_after.
+  EXPECT_EQ(response_body(test::http_request(srv.port(), "GET", "/v1/responses/" + id + "?stream=true", ""))["error"]["param"],
+            "stream");
+  EXPECT_EQ(response_body(test::http_request(srv.port(), "GET", "/v1/responses/" + id3 + "?stream=true&starting_after=x", ""))
+                ["error"]["param"],
+            "starting_after");
 }
 
 // A background response whose end is over the store's byte cap alone (a foreground one is

@@ -328,6 +328,22 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
     await assert.rejects(client.responses.cancel(fg.id), (e) => e.status === 400);  // (not a background response)
     await assert.rejects(client.responses.create({ ...base, background: true, store: false }),
                          (e) => e.status === 400 && e.param === 'background');
+    // Streamed: the client leaves after the first delta and picks the stream up again where it left.
+    const stream = await client.responses.create({ ...base, max_output_tokens: 400, background: true, stream: true });
+    let id = null, seq = -1, text = '';
+    for await (const ev of stream) {
+      if (ev.type === 'response.created') id = ev.response.id;
+      seq = ev.sequence_number;
+      if (ev.type === 'response.output_text.delta') { text += ev.delta; break; }
+    }
+    let last = null;
+    for await (const ev of await client.responses.retrieve(id, { stream: true, starting_after: seq })) {
+      assert.equal(ev.sequence_number, ++seq);
+      if (ev.type === 'response.output_text.delta') text += ev.delta;
+      last = ev;
+    }
+    assert.equal(last.type, 'response.incomplete');
+    assert.equal(text, (await client.responses.retrieve(id)).output[0].content[0].text);
   });
 
   test('stored responses: previous_response_id over 3 turns, retrieve, input items, delete', async () => {
