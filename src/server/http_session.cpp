@@ -44,7 +44,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // Posted by the server on shutdown: idle connections close now, busy ones after their response.
   void on_shutdown() override {
     keep_alive_ = false;
-    if (gens_.empty() && !writing_ && !answering_) close();
+    if (gens_.empty() && !writing_ && !answering_ && !following_) close();
   }
 
  private:
@@ -148,6 +148,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       return do_read();
     }
     if (!gens_.empty() || following_) start_watch();
+    if (following_ && !watching_) gone();  // (nothing would hold a follower: a deliberate close)
   }
 
   // --- writing ----------------------------------------------------------------------------
@@ -247,20 +248,20 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   // The log holds this session weakly (a stored response's log outlives the I/O context); the
   // watch read holds it meanwhile, and sees the client leave.
   void follow(const std::shared_ptr<EventLog>& log, int64_t after) override {
-    const auto [past, done] = log->follow(after, [weak = weak_from_this()](const std::string& text, bool end) {
-      const auto self = weak.lock();
-      if (!self) return false;
-      net::post(self->executor(), [self, text, end] {
-        self->enqueue((text.empty() ? std::string() : http_chunk(text)) + (end ? http_chunk("") : std::string()), end);
-      });
-      return true;
+    const std::string head = sse_response_head(keep_alive_ && !srv_.draining, headers_);
+    if (head_only_) return enqueue(head, true);  // (HEAD: no body, nothing followed)
+    const std::weak_ptr<HttpSession> weak = weak_from_this();
+    const auto [past, done] = log->follow(after, weak, [weak](const std::string& text, bool end) {
+      if (const auto self = weak.lock())
+        net::post(self->executor(), [self, text, end] {
+          self->enqueue((text.empty() ? std::string() : http_chunk(text)) + (end ? http_chunk("") : std::string()), end);
+        });
     });
-    enqueue(sse_response_head(keep_alive_ && !srv_.draining, headers_) + (past.empty() ? std::string() : http_chunk(past)) +
-                (done ? http_chunk("") : std::string()),
-            done);
+    enqueue(head + (past.empty() ? std::string() : http_chunk(past)) + (done ? http_chunk("") : std::string()), done);
     if (done) return;
     following_ = true;
     start_watch();
+    if (!watching_) gone();  // (nothing would hold a follower: a deliberate close)
   }
   void answer_later(std::function<Answer()> work) override {
     answering_ = true;
@@ -999,7 +1000,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         ++index;
       }
       out += ev(incomplete ? "response.incomplete" : "response.completed", {{"response", r}});
-      if (log_) log_->publish(true);
+      if (log_) {
+        log_->publish(true);
+        srv_.responses.recount(meta_.id);  // (its last events came after it was stored)
+      }
       s_->enqueue(http_chunk(out) + http_chunk(""), true);
     }
     void on_error(const ApiError& e, const Usage& u) override {
@@ -1032,6 +1036,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       if (!background_) return srv_.responses.put(entry(r, r["output"], false));
       if (!srv_.background.end(meta_.id)) return false;  // (cancelled first: stored so)
       if (srv_.responses.replace(entry(r, r["output"], false))) return true;
+      ResponseStore::Entry without_stream = entry(r, r["output"], false);  // (its events alone past the cap)
+      without_stream.events = nullptr;
+      if (log_ && srv_.responses.replace(std::move(without_stream))) return true;
       // Over the byte cap alone (a foreground response is answered, store: false; a background
       // one has only the store): its end, without its output.
       json failed = status_object("failed");

@@ -16,23 +16,32 @@ void EventLog::append(std::string event) {
 void EventLog::publish(bool done) {
   const std::lock_guard lock(mu_);
   if (done_) return;
-  std::string text;
-  for (; published_ < events_.size(); ++published_) text += events_[published_];
+  const size_t from = published_;
+  published_ = events_.size();
   done_ = done;
-  if (text.empty() && !done) return;
-  // (each posts to its connection: quick)
-  followers_.erase(std::remove_if(followers_.begin(), followers_.end(), [&](const Follower& f) { return !f(text, done); }),
-                   followers_.end());
+  std::erase_if(followers_, [](const Follow& x) { return x.owner.expired(); });
+  for (Follow& x : followers_) {  // (each posts to its connection: quick)
+    std::string text;
+    for (size_t i = std::max(from, x.next); i < published_; ++i) text += events_[i];
+    x.next = std::max(x.next, published_);
+    if (!text.empty() || done) x.f(text, done);
+  }
   if (done) followers_.clear();
 }
 
-std::pair<std::string, bool> EventLog::follow(int64_t after, Follower f) {
+std::pair<std::string, bool> EventLog::follow(int64_t after, std::weak_ptr<void> owner, Follower f) {
   const std::lock_guard lock(mu_);
+  std::erase_if(followers_, [](const Follow& x) { return x.owner.expired(); });
+  const uint64_t want = after < 0 ? 0 : uint64_t(after) + 1;  // (the first event it wants)
   std::string text;
-  const size_t from = after < 0 ? 0 : uint64_t(after) >= published_ ? published_ : size_t(after) + 1;
-  for (size_t i = from; i < published_; ++i) text += events_[i];
-  if (!done_) followers_.push_back(std::move(f));
+  for (size_t i = size_t(std::min<uint64_t>(want, published_)); i < published_; ++i) text += events_[i];
+  if (!done_) followers_.push_back({std::move(owner), std::move(f), size_t(std::max<uint64_t>(want, published_))});
   return {std::move(text), done_};
+}
+
+size_t EventLog::followers() const {
+  const std::lock_guard lock(mu_);
+  return followers_.size();
 }
 
 uint64_t EventLog::bytes() const {
@@ -67,6 +76,16 @@ bool ResponseStore::replace(Entry e, bool only_pending) {
   drop(it);
   insert(std::move(entry), b);
   return true;
+}
+
+void ResponseStore::recount(const std::string& id) {
+  const std::lock_guard lock(mu_);
+  const auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  const uint64_t b = it->second.entry->bytes();
+  bytes_ = bytes_ - it->second.bytes + b;
+  it->second.bytes = b;
+  while (bytes_ > max_bytes_ && order_.front() != id) drop(entries_.find(order_.front()));
 }
 
 void ResponseStore::insert(std::shared_ptr<const Entry> entry, uint64_t b) {

@@ -26,25 +26,31 @@ namespace ft::server {
 // strand; followed from any I/O thread.
 class EventLog {
  public:
-  // The text of the events published at once, and whether they end the stream; false: the
-  // follower is gone (let go).
-  using Follower = std::function<bool(const std::string& text, bool done)>;
+  // The text of the events published at once, and whether they end the stream.
+  using Follower = std::function<void(const std::string& text, bool done)>;
   void append(std::string event);
-  // Hands what was appended since the last publish to each follower (done: the stream ended;
-  // the followers are let go).
+  // Hands what was appended since the last publish to each follower, but events at or before
+  // its `after` (done: the stream ended; the followers are let go). Followers whose owner is
+  // gone are let go.
   void publish(bool done);
   // The published events after sequence number `after` (-1: all) and whether the stream ended;
-  // unless it did, f gets each publish from now on.
-  std::pair<std::string, bool> follow(int64_t after, Follower f);
+  // unless it did, f gets each publish from now on (the events after `after`) while `owner` lives.
+  std::pair<std::string, bool> follow(int64_t after, std::weak_ptr<void> owner, Follower f);
   uint64_t bytes() const;
+  size_t followers() const;
 
  private:
+  struct Follow {
+    std::weak_ptr<void> owner;
+    Follower f;
+    size_t next;  // the first event it still wants
+  };
   mutable std::mutex mu_;
   std::vector<std::string> events_;
   size_t published_ = 0;
   uint64_t bytes_ = 0;
   bool done_ = false;
-  std::vector<Follower> followers_;
+  std::vector<Follow> followers_;
 };
 
 class ResponseStore {
@@ -85,6 +91,9 @@ class ResponseStore {
   // or evicted meanwhile: it stays so), or only_pending and the stored one is no longer pending
   // (a status that must not undo a cancel stored meanwhile), or e alone is over the byte cap.
   bool replace(Entry e, bool only_pending = false);
+  // id's stored size counted again (its EventLog grew after it was stored), the oldest others
+  // evicted while the store is over its byte cap.
+  void recount(const std::string& id);
   std::shared_ptr<const Entry> get(const std::string& id) const;
   bool erase(const std::string& id);  // false when not stored
   // An item of any stored response (input or output) by its id, its JSON text; nullopt when none.

@@ -1295,6 +1295,56 @@ TEST(ResponseStore, ReplaceTakesThePlaceOfAStoredOneOnly) {
   EXPECT_FALSE(store.item("bg_in0"));
 }
 
+// EventLog: a follower gets the published events after its starting point, each once and in
+// order, from the publish after it joined, to the end; a starting point past what was published
+// is honoured by later publishes; one whose owner is gone is let go; a store's entry counts the
+// log's bytes again on recount().
+TEST(ResponseStore, EventLogFollowersGetEachEventOnceToTheEnd) {
+  EventLog log;
+  const auto event = [](int i) { return cat("e", i, ";"); };
+  for (int i = 0; i < 3; ++i) log.append(event(i));
+  log.publish(false);
+  log.append(event(3));  // (appended, not published: a follower does not see it yet)
+  std::string a, b, c;
+  bool a_done = false;
+  auto owner = std::make_shared<int>(0), gone = std::make_shared<int>(0);
+  auto [past_a, done_a] = log.follow(0, owner, [&](const std::string& t, bool d) { a += t; a_done = d; });
+  EXPECT_EQ(past_a, "e1;e2;");
+  EXPECT_FALSE(done_a);
+  auto [past_b, done_b] = log.follow(4, owner, [&](const std::string& t, bool) { b += t; });  // (past the end)
+  EXPECT_EQ(past_b, "");
+  log.follow(-1, gone, [&](const std::string& t, bool) { c += t; });
+  EXPECT_EQ(log.followers(), 3u);
+  gone.reset();
+  log.append(event(4));
+  log.append(event(5));
+  log.publish(false);
+  EXPECT_EQ(log.followers(), 2u);  // (its owner gone: let go)
+  EXPECT_EQ(a, "e3;e4;e5;");
+  EXPECT_EQ(b, "e5;");
+  EXPECT_EQ(c, "");
+  log.append(event(6));
+  log.publish(true);
+  EXPECT_EQ(a, "e3;e4;e5;e6;");
+  EXPECT_TRUE(a_done);
+  EXPECT_EQ(log.followers(), 0u);
+  auto [all, done] = log.follow(-1, owner, [](const std::string&, bool) { ADD_FAILURE() << "followed an ended log"; });
+  EXPECT_EQ(all, "e0;e1;e2;e3;e4;e5;e6;");
+  EXPECT_TRUE(done);
+  // recount(): the log's growth counted, the oldest others evicted to fit.
+  ResponseStore::Entry e = stored_entry("s", {"q"}, {});
+  e.events = std::make_shared<EventLog>();
+  const ResponseStore::Entry old = stored_entry("old", {"q"}, {"a"});
+  ResponseStore store(10, old.bytes() + e.bytes() + 100);  // (room for both, and 100 bytes)
+  ASSERT_TRUE(store.put(old));
+  ASSERT_TRUE(store.put(e));
+  ASSERT_NE(store.get("old"), nullptr);
+  e.events->append(std::string(200, 'x'));
+  store.recount("s");
+  EXPECT_EQ(store.get("old"), nullptr);
+  EXPECT_EQ(store.bytes(), store.get("s")->bytes());
+}
+
 TEST(ResponseStore, ChainsResolveOldestFirstAndStopAtAMissingLink) {
   ResponseStore store(10, 1 << 20);
   store.put(stored_entry("a", {"q1"}, {"a1"}));
@@ -3354,6 +3404,60 @@ TEST(ServerResponses, InTheBackground) {
   const json done6 = until_done(id6);
   EXPECT_EQ(text6, done6["output"][0]["content"][0]["text"]);
   EXPECT_EQ(done6["usage"]["output_tokens"], 2000);
+  // Followed from before its first token (the engine held: it cannot have ended): every event
+  // after the client's last, live, to its end.
+  {
+    auto gate = std::make_shared<std::pair<std::promise<void>, std::promise<void>>>();  // (held, release)
+    std::shared_future<void> go = gate->second.get_future().share();
+    auto once = std::make_shared<std::atomic<bool>>(true);
+    EngineRequest h;
+    h.prompt = {1, 2, 3};
+    h.max_tokens = 2;
+    h.ignore_eos = true;
+    srv.engine->submit(std::move(h), [gate, go, once](const EngineEvent& e) {
+      if (e.kind == EngineEvent::Kind::Token && once->exchange(false)) {
+        gate->first.set_value();
+        go.wait();
+      }
+    });
+    struct Go {  // (the engine let go on every way out)
+      std::promise<void>& p;
+      bool done = false;
+      void operator()() {
+        if (!std::exchange(done, true)) p.set_value();
+      }
+      ~Go() { (*this)(); }
+    } let_engine_go{gate->second};
+    ASSERT_EQ(gate->first.get_future().wait_for(60s), std::future_status::ready);
+    json held_req = streamed;
+    held_req["max_output_tokens"] = 50;
+    const std::string head = test::http_request_until(srv.port(), "POST", "/v1/responses", held_req.dump(), "response.in_progress");
+    std::string id7;
+    for (const json& ev : sse_events(head.substr(0, head.find("event: response.in_progress"))))
+      if (ev["type"] == "response.created") id7 = ev["response"]["id"];
+    ASSERT_FALSE(id7.empty()) << head;
+    EXPECT_EQ(get(id7)["status"], "queued");
+    std::string followed;
+    std::thread follower([&] {
+      followed = test::http_request(srv.port(), "GET", "/v1/responses/" + id7 + "?stream=true&starting_after=1", "", 60);
+    });
+    std::this_thread::sleep_for(200ms);
+    let_engine_go();
+    follower.join();
+    const json done7 = until_done(id7);
+    std::string text;
+    int64_t seq = 1;
+    for (const json& ev : sse_events(followed)) {
+      EXPECT_EQ(ev["sequence_number"], ++seq) << ev;
+      if (ev["type"] == "response.output_text.delta") text += ev["delta"].get<std::string>();
+    }
+    EXPECT_GT(seq, 4) << followed;
+    EXPECT_EQ(text, done7["output"][0]["content"][0]["text"]);
+  }
+  // HEAD: the stream's head, no body.
+  const std::string head_only = test::http_request(srv.port(), "HEAD", "/v1/responses/" + id3 + "?stream=true", "");
+  EXPECT_NE(head_only.find("200 OK"), std::string::npos) << head_only;
+  EXPECT_EQ(head_only.find("data:"), std::string::npos) << head_only;
   // Refused: a response not streamed in the background, a malformed starting_after.
   EXPECT_EQ(response_body(test::http_request(srv.port(), "GET", "/v1/responses/" + id + "?stream=true", ""))["error"]["param"],
             "stream");
