@@ -20,6 +20,7 @@
 #include <limits>
 #include <tuple>
 #include <map>
+#include <optional>
 #include <thread>
 #include <random>
 #include <set>
@@ -2647,6 +2648,41 @@ struct InProcessServer {
   std::thread run;
 };
 
+// Holds the engine thread inside a step (a request whose first token's callback waits) until
+// release(), or its destruction: declared after the server, the engine is let go on every way
+// out before the server stops it.
+class EngineHold {
+ public:
+  explicit EngineHold(Engine& e) : state_(std::make_shared<State>()), held_(state_->held.get_future()) {
+    EngineRequest r;
+    r.prompt = {1, 2, 3};
+    r.max_tokens = 2;
+    r.ignore_eos = true;
+    e.submit(std::move(r), [s = state_, go = state_->release.get_future().share()](const EngineEvent& ev) {
+      if (ev.kind == EngineEvent::Kind::Token && s->first.exchange(false)) {
+        s->held.set_value();
+        go.wait();  // (the engine thread, inside its step)
+      }
+    });
+  }
+  EngineHold(const EngineHold&) = delete;
+  EngineHold& operator=(const EngineHold&) = delete;
+  ~EngineHold() { release(); }
+  bool held() { return held_.wait_for(std::chrono::seconds(60)) == std::future_status::ready; }
+  void release() {
+    if (!std::exchange(released_, true)) state_->release.set_value();
+  }
+
+ private:
+  struct State {
+    std::promise<void> held, release;
+    std::atomic<bool> first{true};
+  };
+  std::shared_ptr<State> state_;
+  std::future<void> held_;
+  bool released_ = false;
+};
+
 // POST /v1/load_lora_adapter waits for the engine thread (which takes the forward's LoRA scratch
 // between steps), and that wait is off the I/O threads: with one I/O thread and the engine held
 // inside a step (a request's event callback blocking), the load stays pending while the same
@@ -2658,29 +2694,9 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
   SyntheticLoraOptions lo;
   lo.rank = 4;
   write_synthetic_lora(base.path(), lo, adapter.path());
-  std::promise<void> held, release;  // (before srv: its engine's callbacks use them)
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<bool> first{true};
   InProcessServer srv(base.path(), "base", 256);
-  struct Release {  // (after srv: the engine is let go on every way out, before srv stops it)
-    std::promise<void>& p;
-    bool done = false;
-    void operator()() {
-      if (!std::exchange(done, true)) p.set_value();
-    }
-    ~Release() { (*this)(); }
-  } let_go{release};
-  EngineRequest r;
-  r.prompt = {1, 2, 3};
-  r.max_tokens = 2;
-  r.ignore_eos = true;
-  srv.engine->submit(std::move(r), [&held, &first, released](const EngineEvent& e) {
-    if (e.kind == EngineEvent::Kind::Token && first.exchange(false)) {
-      held.set_value();
-      released.wait();  // (the engine thread, inside its step)
-    }
-  });
-  ASSERT_EQ(held.get_future().wait_for(60s), std::future_status::ready);
+  EngineHold hold(*srv.engine);
+  ASSERT_TRUE(hold.held());
 
   std::atomic<bool> sent{false}, loaded{false};
   std::string load_reply;
@@ -2703,7 +2719,7 @@ TEST(ServerLora, ALoadNeverHoldsAnIoThread) {
     std::this_thread::sleep_for(100ms);
   }
   EXPECT_FALSE(loaded.load()) << "the load did not wait for the engine thread: the test shows nothing";
-  let_go();
+  hold.release();
   loader.join();
   EXPECT_NE(load_reply.find("200 OK"), std::string::npos) << load_reply;
   EXPECT_NE(test::http_request(srv.port(), "GET", "/v1/models", "", 5.0).find("\"sql\""), std::string::npos);
@@ -3244,18 +3260,7 @@ TEST(ServerResponses, StoredChainedListedAndDeleted) {
 TEST(ServerResponses, InTheBackground) {
   using namespace std::chrono_literals;
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
-  std::promise<void> held, release;  // (before srv: its engine's callbacks use them)
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<bool> first{true};
   InProcessServer srv(path, "stories260K", 2048);
-  struct Release {  // (after srv: the engine is let go on every way out, before srv stops it)
-    std::promise<void>& p;
-    bool done = false;
-    void operator()() {
-      if (!std::exchange(done, true)) p.set_value();
-    }
-    ~Release() { (*this)(); }
-  } let_go{release};
   const auto post = [&](const std::string& p, const json& body) { return response_body(test::http_post(srv.port(), p, body.dump())); };
   const auto get = [&](const std::string& id) { return response_body(test::http_request(srv.port(), "GET", "/v1/responses/" + id, "")); };
   const auto until_done = [&](const std::string& id) {
@@ -3299,17 +3304,8 @@ TEST(ServerResponses, InTheBackground) {
 
   // The engine held inside a step: a background response stays queued; it cannot be continued
   // yet; cancelled, it is stored so at once and for good.
-  EngineRequest hold;
-  hold.prompt = {1, 2, 3};
-  hold.max_tokens = 2;
-  hold.ignore_eos = true;
-  srv.engine->submit(std::move(hold), [&held, &first, released](const EngineEvent& e) {
-    if (e.kind == EngineEvent::Kind::Token && first.exchange(false)) {
-      held.set_value();
-      released.wait();  // (the engine thread, inside its step)
-    }
-  });
-  ASSERT_EQ(held.get_future().wait_for(60s), std::future_status::ready);
+  std::optional<EngineHold> hold(std::in_place, *srv.engine);
+  ASSERT_TRUE(hold->held());
   json slow = bg;
   slow["max_output_tokens"] = 1000;
   const json q2 = post("/v1/responses", slow);
@@ -3322,7 +3318,7 @@ TEST(ServerResponses, InTheBackground) {
   const json cancelled = post("/v1/responses/" + id2 + "/cancel", json::object());
   EXPECT_EQ(cancelled["status"], "cancelled") << cancelled;
   EXPECT_EQ(cancelled["id"], id2);
-  let_go();
+  hold.reset();
   EXPECT_EQ(post("/v1/responses", base)["output"][0]["content"][0]["text"], fg["output"][0]["content"][0]["text"]);
   EXPECT_EQ(get(id2), cancelled);
   EXPECT_EQ(post("/v1/responses/" + id2 + "/cancel", json::object()), cancelled);
@@ -3407,28 +3403,8 @@ TEST(ServerResponses, InTheBackground) {
   // Followed from before its first token (the engine held: it cannot have ended): every event
   // after the client's last, live, to its end.
   {
-    auto gate = std::make_shared<std::pair<std::promise<void>, std::promise<void>>>();  // (held, release)
-    std::shared_future<void> go = gate->second.get_future().share();
-    auto once = std::make_shared<std::atomic<bool>>(true);
-    EngineRequest h;
-    h.prompt = {1, 2, 3};
-    h.max_tokens = 2;
-    h.ignore_eos = true;
-    srv.engine->submit(std::move(h), [gate, go, once](const EngineEvent& e) {
-      if (e.kind == EngineEvent::Kind::Token && once->exchange(false)) {
-        gate->first.set_value();
-        go.wait();
-      }
-    });
-    struct Go {  // (the engine let go on every way out)
-      std::promise<void>& p;
-      bool done = false;
-      void operator()() {
-        if (!std::exchange(done, true)) p.set_value();
-      }
-      ~Go() { (*this)(); }
-    } let_engine_go{gate->second};
-    ASSERT_EQ(gate->first.get_future().wait_for(60s), std::future_status::ready);
+    EngineHold hold7(*srv.engine);
+    ASSERT_TRUE(hold7.held());
     json held_req = streamed;
     held_req["max_output_tokens"] = 50;
     const std::string head = test::http_request_until(srv.port(), "POST", "/v1/responses", held_req.dump(), "response.in_progress");
@@ -3442,7 +3418,7 @@ TEST(ServerResponses, InTheBackground) {
       followed = test::http_request(srv.port(), "GET", "/v1/responses/" + id7 + "?stream=true&starting_after=1", "", 60);
     });
     std::this_thread::sleep_for(200ms);
-    let_engine_go();
+    hold7.release();
     follower.join();
     const json done7 = until_done(id7);
     std::string text;
