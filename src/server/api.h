@@ -170,9 +170,10 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
 void check_metadata(const nlohmann::json& metadata, const std::string& param);
 // The Conversations API: items added at a time (POST /v1/conversations, .../items), at most.
 inline constexpr int64_t kMaxConversationItems = 20;
-// The Conversations API's items (its `items`, at most kMaxConversationItems): validated and
+// The Conversations API's items (its `items`, at most kMaxConversationItems): checked and
 // normalised as a Responses request's input items are (references resolved from `store`, each
-// given an id: stored_item), as stored; otherwise ApiError (400) naming items[i]... .
+// given an id where it has none, as a stored response keeps them); otherwise ApiError (400)
+// naming items[i]... .
 nlohmann::json conversation_items(const nlohmann::json& items, const ResponseStore* store);
 // A Responses request's `conversation`: "conv_..." or {"id": "conv_..."} -> its id (else a 400).
 std::string conversation_id(const nlohmann::json& conversation);
