@@ -3964,9 +3964,12 @@ TEST(ServerConversations, TheStoreOffAndItsCaps) {
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) ids.push_back(post("/v1/conversations", {{"items", {pad(3 << 10)}}})["id"]);
   EXPECT_TRUE(found(ids[0]) && found(ids[1]) && found(ids[2]));
-  EXPECT_EQ(post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(3 << 10)}}})["data"].size(), 1u);  // (renewed)
-  EXPECT_FALSE(found(ids[1]));  // (the longest unwritten: evicted)
+  EXPECT_EQ(post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(3 << 10)}}})["data"].size(), 1u);
+  EXPECT_FALSE(found(ids[1]));  // (the oldest but the one growing: evicted)
   EXPECT_TRUE(found(ids[0]) && found(ids[2]));
+  ids.push_back(post("/v1/conversations", {{"items", {pad(3 << 10)}}})["id"]);
+  EXPECT_FALSE(found(ids[2]));  // (ids[0] was written since: ids[2] is the longest unwritten)
+  EXPECT_TRUE(found(ids[0]) && found(ids[3]));
   const json full = post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(6 << 10)}}});
   EXPECT_EQ(full["error"]["param"], "items") << full;
   EXPECT_NE(full["error"]["message"].get<std::string>().find("byte cap"), std::string::npos) << full;
