@@ -867,25 +867,77 @@ json stored_item(json item) {
   return item;
 }
 
-// A Responses request's conversation: previous_response_id's (its chain's items, from the store)
-// then the input's items, references resolved from the store. own: the input's items as its
-// stored response keeps them (stored_item), when `keep`.
+// A Responses request's conversation: what it continues (previous_response_id's chain, or its
+// conversation's items, from the stores), then its input's items, references resolved from the
+// store. own: the input's items as stored (stored_item), when `keep`.
 struct ResponsesConversation {
   std::vector<json> items;
-  size_t previous = 0;  // items[0, previous) are previous_response_id's
+  size_t previous = 0;         // items[0, previous) are what it continues
+  std::string previous_param;  // ... named: "previous_response_id" or "conversation"
   json own = json::array();
 };
 
-ResponsesConversation responses_conversation(const json& j, const ResponseStore* store, bool keep) {
+// What one request resolves from the stores (a chain's items, a conversation's, the references'):
+// their text at most the response store's max_conversation_bytes, so that a small request cannot
+// make an I/O thread parse the whole store.
+class Resolved {
+ public:
+  explicit Resolved(const ResponseStore* store) : limit_(store ? store->max_conversation_bytes() : UINT64_MAX) {}
+  void add(uint64_t bytes, const std::string& param) {
+    if (bytes > limit_ - total_)  // (total_ <= limit_: no overflow)
+      bad(param, cat("the stored items this request names (previous_response_id's chain, its conversation's items "
+                     "and item references) come to more than ", limit_, " bytes, a request body's limit"));
+    total_ += bytes;
+  }
+
+ private:
+  const uint64_t limit_;
+  uint64_t total_ = 0;
+};
+
+// in's items (name: "input", a Responses request's; "items", the Conversations API's) after
+// c.items: references resolved from the store, each id once in the conversation (OpenAI's rule;
+// so what the references resolve to is at most what the store holds: one stored item named many
+// times cannot make a small body any size), kept as stored (stored_item) when keep.
+void add_items(const json& in, const std::string& name, const ResponseStore* store, Resolved& resolved, bool keep,
+               ResponsesConversation& c) {
+  std::unordered_set<std::string> ids;
+  for (const json& it : c.items)
+    if (it.contains("id") && it["id"].is_string()) ids.insert(it["id"].get<std::string>());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string p = cat(name, "[", i, "]");
+    if (!in[i].is_object()) bad(p, "'" + p + "' must be an object");
+    if (in[i].contains("id") && !in[i]["id"].is_string()) bad(p + ".id", "'" + p + ".id' must be a string");
+    if (in[i].contains("type") && in[i]["type"] == "item_reference" && !in[i].contains("id"))
+      bad(p + ".id", "'" + p + ".id' is required");
+    json item;
+    if (is_reference(in[i])) {
+      const std::string id = in[i]["id"].get<std::string>();
+      const std::optional<std::string> text = store ? store->item(id) : std::nullopt;
+      if (!text) bad(p + ".id", cat("Item with id '", id, "' not found (", p, ")."));
+      resolved.add(text->size(), p + ".id");
+      item = json::parse(*text);
+      if (in[i].contains("type") && in[i]["type"] != "item_reference" && in[i]["type"] != item["type"])
+        bad(p + ".type", cat("the item with id '", id, "' is of type ", item["type"].dump(), ", not ", in[i]["type"].dump()));
+    } else {
+      item = in[i];
+    }
+    if (item.contains("id") && !ids.insert(item["id"].get<std::string>()).second)
+      bad(p, cat("Duplicate item found with id '", item["id"].get<std::string>(), "': an item is in the conversation "
+                 "once (previous_response_id's or the conversation's items are in it already)."));
+    if (keep) c.own.push_back(stored_item(item));
+    c.items.push_back(std::move(item));
+  }
+}
+
+ResponsesConversation responses_conversation(const json& j, const ResponseStore* store,
+                                             const ConversationStore* conversations, bool keep) {
   ResponsesConversation c;
-  uint64_t from_store = 0;  // the text of the stored items resolved so far, at most max_conversation_bytes
-  const auto resolve = [&](uint64_t bytes, const std::string& param) {
-    from_store += bytes;
-    if (from_store > store->max_conversation_bytes())
-      bad(param, cat("the stored items this request names (previous_response_id's chain and item references) come "
-                     "to more than ", store->max_conversation_bytes(), " bytes, a request body's limit"));
-  };
+  Resolved resolved(store);
   if (j.contains("previous_response_id")) {
+    if (j.contains("conversation"))  // (OpenAI's rule: one or the other)
+      bad("conversation", "'previous_response_id' and 'conversation' cannot both be given: a response continues one "
+                          "or the other");
     const json& prev = j["previous_response_id"];
     if (!prev.is_string()) bad("previous_response_id", "'previous_response_id' must be a string");
     ResponseStore::Chain chain;
@@ -898,13 +950,20 @@ ResponsesConversation responses_conversation(const json& j, const ResponseStore*
       if (link->pending)
         bad("previous_response_id", cat("Previous response with id '", link->id, "' has not finished yet: continue it "
                                         "once its status is completed (GET /v1/responses/{id})."));
-    resolve(ResponseStore::text_bytes(ResponseStore::items(chain, /*last_output=*/true)), "previous_response_id");
-    c.items = ResponseStore::conversation(chain, /*last_output=*/true);
-    c.previous = c.items.size();
+    const std::vector<const ResponseStore::Item*> items = ResponseStore::items(chain, /*last_output=*/true);
+    resolved.add(ResponseStore::text_bytes(items), "previous_response_id");
+    c.items = ResponseStore::parse(items);
+    c.previous_param = "previous_response_id";
+  } else if (j.contains("conversation")) {
+    const std::string id = conversation_id(j["conversation"]);
+    const std::optional<ConversationStore::Conversation> conv = conversations ? conversations->get(id) : std::nullopt;
+    if (!conv) throw conversation_not_found(id, "conversation");
+    const std::vector<const ResponseStore::Item*> items = ConversationStore::items(*conv);
+    resolved.add(ResponseStore::text_bytes(items), "conversation");
+    c.items = ResponseStore::parse(items);
+    c.previous_param = "conversation";
   }
-  std::unordered_set<std::string> ids;  // (OpenAI refuses an item twice in one conversation)
-  for (const json& it : c.items)
-    if (it.contains("id") && it["id"].is_string()) ids.insert(it["id"].get<std::string>());
+  c.previous = c.items.size();
   if (!j.contains("input")) bad("input", "'input' is required");
   const json& in = j["input"];
   if (in.is_string()) {
@@ -913,49 +972,122 @@ ResponsesConversation responses_conversation(const json& j, const ResponseStore*
     return c;
   }
   if (!in.is_array()) bad("input", "'input' must be a string or an array of items");
-  // (Each id once in a conversation, so what the chain and the references resolve to is at most
-  // what the store holds: one stored item named many times cannot make a small body any size.)
-  for (size_t i = 0; i < in.size(); ++i) {
-    const std::string p = cat("input[", i, "]");
-    if (!in[i].is_object()) bad(p, "'" + p + "' must be an object");
-    if (in[i].contains("id") && !in[i]["id"].is_string()) bad(p + ".id", "'" + p + ".id' must be a string");
-    if (in[i].contains("type") && in[i]["type"] == "item_reference" && !in[i].contains("id"))
-      bad(p + ".id", "'" + p + ".id' is required");
-    json item;
-    if (is_reference(in[i])) {
-      const std::string id = in[i]["id"].get<std::string>();
-      const std::optional<std::string> text = store ? store->item(id) : std::nullopt;
-      if (!text) bad(p + ".id", cat("Item with id '", id, "' not found (", p, ")."));
-      resolve(text->size(), p + ".id");
-      item = json::parse(*text);
-      if (in[i].contains("type") && in[i]["type"] != "item_reference" && in[i]["type"] != item["type"])
-        bad(p + ".type", cat("the item with id '", id, "' is of type ", item["type"].dump(), ", not ", in[i]["type"].dump()));
-    } else {
-      item = in[i];
-    }
-    if (item.contains("id") && !ids.insert(item["id"].get<std::string>()).second)
-      bad(p, cat("Duplicate item found with id '", item["id"].get<std::string>(),
-                 "': an item is in the conversation once (previous_response_id's items are in it already)."));
-    if (keep) c.own.push_back(stored_item(item));
-    c.items.push_back(std::move(item));
-  }
+  add_items(in, "input", store, resolved, keep, c);
   return c;
 }
 
+// conv's items as chat messages (name: what names its own items, "input" or "items"): a message's
+// role and a call's name checked, other types refused (the chat parser checks the rest).
+json chat_messages(const ResponsesConversation& conv, const std::string& name) {
+  json messages = json::array();
+  // Reasoning items' text since the last turn: the assistant turn they precede takes it (a user
+  // turn or a tool result drops it: reasoning that led to no answer).
+  std::string reasoning;
+  const auto take_reasoning = [&](json& turn) {
+    if (reasoning.empty()) return;
+    const std::string had = turn.contains("reasoning_content") ? turn["reasoning_content"].get<std::string>() : "";
+    turn["reasoning_content"] = had + (had.empty() ? "" : "\n\n") + reasoning;
+    reasoning.clear();
+  };
+  for (size_t i = 0; i < conv.items.size(); ++i) {
+    const json& item = conv.items[i];
+    const std::string p = i < conv.previous ? conv.previous_param : cat(name, "[", i - conv.previous, "]");
+    if (!item.is_object()) bad(p, "'" + p + "' must be an object");
+    const std::string type = item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>() : "message";
+    if (type == "message") {
+      if (!item.contains("role")) bad(p + ".role", "'" + p + ".role' is required");
+      messages.push_back({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}});
+      if (item["role"] == "assistant") take_reasoning(messages.back());
+      else reasoning.clear();
+    } else if (type == "function_call") {
+      if (!item.contains("name") || !item["name"].is_string()) bad(p + ".name", "'" + p + ".name' must be a string");
+      // (the values as given: the chat parser checks their types)
+      const json call = {{"id", item.contains("call_id") ? item["call_id"] : json("")},
+                         {"type", "function"},
+                         {"function", {{"name", item["name"]}, {"arguments", item.contains("arguments") ? item["arguments"] : json("{}")}}}};
+      // Calls after an assistant message (our own output's preamble, or parallel calls): one turn.
+      if (!messages.empty() && messages.back()["role"] == "assistant") {
+        json& turn = messages.back();
+        if (!turn.contains("tool_calls")) turn["tool_calls"] = json::array();
+        turn["tool_calls"].push_back(call);
+      } else {
+        messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
+      }
+      take_reasoning(messages.back());
+    } else if (type == "function_call_output") {
+      const json& out = item.contains("output") ? item["output"] : json("");
+      messages.push_back({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
+                          {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
+      reasoning.clear();
+    } else if (type == "reasoning") {  // its text: content's reasoning_text parts, else the summary's
+      std::string text;
+      for (const char* key : {"content", "summary"}) {
+        if (!text.empty() || !item.contains(key) || !item[key].is_array()) continue;
+        for (const json& part : item[key])
+          if (part.is_object() && part.contains("text") && part["text"].is_string() && !part["text"].get<std::string>().empty())
+            text += (text.empty() ? "" : "\n\n") + part["text"].get<std::string>();
+      }
+      if (!text.empty()) reasoning += (reasoning.empty() ? "" : "\n\n") + text;
+    } else {
+      bad(p + ".type", "input items of type '" + type + "' are not supported");
+    }
+  }
+  return messages;
+}
+
+// A string's characters (UTF-8 code points; an invalid byte counts as one).
+size_t utf8_chars(const std::string& s) {
+  return size_t(std::count_if(s.begin(), s.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
+}
+
+constexpr size_t kMaxMetadataPairs = 16, kMaxMetadataKeyChars = 64, kMaxMetadataValueChars = 512;  // OpenAI's
+
 }  // namespace
 
-ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model, const ResponseStore* store) {
+void check_metadata(const json& m, const std::string& param) {
+  if (!m.is_object()) bad(param, cat("'", param, "' must be an object of strings"));
+  if (m.size() > kMaxMetadataPairs) bad(param, cat("'", param, "' has ", m.size(), " pairs: at most ", kMaxMetadataPairs));
+  for (const auto& [k, v] : m.items()) {
+    if (utf8_chars(k) > kMaxMetadataKeyChars)
+      bad(param, cat("'", param, "' keys are at most ", kMaxMetadataKeyChars, " characters, got one of ", utf8_chars(k)));
+    if (!v.is_string()) bad(param, cat("'", param, ".", k, "' must be a string"));
+    if (utf8_chars(v.get_ref<const std::string&>()) > kMaxMetadataValueChars)
+      bad(param, cat("'", param, ".", k, "' is ", utf8_chars(v.get_ref<const std::string&>()), " characters: at most ",
+                     kMaxMetadataValueChars));
+  }
+}
+
+std::string conversation_id(const json& c) {
+  const json& id = c.is_object() && c.contains("id") ? c["id"] : c;
+  if (!id.is_string()) bad("conversation", "'conversation' must be a conversation's id or {\"id\": id}");
+  return id.get<std::string>();
+}
+
+ApiError conversation_not_found(std::string_view id, const std::string& param) {
+  return ApiError(404, cat("Conversation with id '", id, "' not found."), param);
+}
+
+json conversation_items(const json& items, const ResponseStore* store) {
+  if (!items.is_array()) bad("items", "'items' must be an array of items");
+  if (items.size() > size_t(kMaxConversationItems))
+    bad("items", cat("'items' has ", items.size(), " items: at most ", kMaxConversationItems, " can be added at a time"));
+  ResponsesConversation c;
+  Resolved resolved(store);
+  add_items(items, "items", store, resolved, /*keep=*/true, c);
+  if (const json messages = chat_messages(c, "items"); !messages.empty()) parse_messages(messages, "items");
+  return std::move(c.own);
+}
+
+ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model, const ResponseStore* store,
+                                      const ConversationStore* conversations) {
   json j = parse_json_object(body);
   for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
-  if (j.contains("conversation"))
-    bad("conversation", "'conversation' is not supported (no Conversations API here: chain responses with "
-                        "'previous_response_id')");
   if (j.contains("prompt")) bad("prompt", "'prompt' (a stored prompt template) is not supported");
   static const char* const kKnown[] = {"model", "input", "instructions", "stream", "stream_options", "max_output_tokens",
                                        "temperature", "top_p", "tools", "tool_choice", "text", "parallel_tool_calls",
                                        "store", "metadata", "user", "reasoning", "truncation", "include", "service_tier",
                                        "prompt_cache_key", "safety_identifier", "top_logprobs", "max_tool_calls",
-                                       "background", "previous_response_id", "seed", "top_k", "min_p", "repetition_penalty", "stop",
+                                       "background", "previous_response_id", "conversation", "seed", "top_k", "min_p", "repetition_penalty", "stop",
                                        "chat_template_kwargs", "guided_choice", "guided_json", "grammar"};
   json chat = json::object();
   std::vector<std::string> unknown;
@@ -995,66 +1127,14 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   if (background && !store_asked) bad("background", "background responses must be stored: 'store' cannot be false");
   if (background && !(store && store->max_bytes() > 0 && store->max_responses() > 0))
     bad("background", "background responses need the response store, which is off here (--max-stored-responses 0)");
-  ResponsesConversation conv = responses_conversation(j, store, store_asked && store);
+  if (j.contains("metadata")) check_metadata(j["metadata"], "metadata");
+  // (a conversation takes the input's items, stored or not)
+  ResponsesConversation conv = responses_conversation(j, store, conversations, (store_asked && store) || j.contains("conversation"));
 
-  json messages = json::array();
-  if (j.contains("instructions")) {  // (this request's own: not previous_response_id's, as OpenAI does)
+  json messages = chat_messages(conv, "input");
+  if (j.contains("instructions")) {  // (this request's own: not what it continues, as OpenAI does)
     if (!j["instructions"].is_string()) bad("instructions", "'instructions' must be a string");
-    messages.push_back({{"role", "system"}, {"content", j["instructions"]}});
-  }
-  {
-    // Reasoning items' text since the last turn: the assistant turn they precede takes it (a
-    // user turn or a tool result drops it: reasoning that led to no answer).
-    std::string reasoning;
-    const auto take_reasoning = [&](json& turn) {
-      if (reasoning.empty()) return;
-      const std::string had = turn.contains("reasoning_content") ? turn["reasoning_content"].get<std::string>() : "";
-      turn["reasoning_content"] = had + (had.empty() ? "" : "\n\n") + reasoning;
-      reasoning.clear();
-    };
-    for (size_t i = 0; i < conv.items.size(); ++i) {
-      const json& item = conv.items[i];
-      const std::string p = i < conv.previous ? std::string("previous_response_id") : cat("input[", i - conv.previous, "]");
-      if (!item.is_object()) bad(p, "'" + p + "' must be an object");
-      const std::string type = item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>() : "message";
-      if (type == "message") {
-        if (!item.contains("role")) bad(p + ".role", "'" + p + ".role' is required");
-        messages.push_back({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}});
-        if (item["role"] == "assistant") take_reasoning(messages.back());
-        else reasoning.clear();
-      } else if (type == "function_call") {
-        if (!item.contains("name") || !item["name"].is_string()) bad(p + ".name", "'" + p + ".name' must be a string");
-        // (the values as given: the chat parser checks their types)
-        const json call = {{"id", item.contains("call_id") ? item["call_id"] : json("")},
-                           {"type", "function"},
-                           {"function", {{"name", item["name"]}, {"arguments", item.contains("arguments") ? item["arguments"] : json("{}")}}}};
-        // Calls after an assistant message (our own output's preamble, or parallel calls): one turn.
-        if (!messages.empty() && messages.back()["role"] == "assistant") {
-          json& turn = messages.back();
-          if (!turn.contains("tool_calls")) turn["tool_calls"] = json::array();
-          turn["tool_calls"].push_back(call);
-        } else {
-          messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
-        }
-        take_reasoning(messages.back());
-      } else if (type == "function_call_output") {
-        const json& out = item.contains("output") ? item["output"] : json("");
-        messages.push_back({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
-                            {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
-        reasoning.clear();
-      } else if (type == "reasoning") {  // its text: content's reasoning_text parts, else the summary's
-        std::string text;
-        for (const char* key : {"content", "summary"}) {
-          if (!text.empty() || !item.contains(key) || !item[key].is_array()) continue;
-          for (const json& part : item[key])
-            if (part.is_object() && part.contains("text") && part["text"].is_string() && !part["text"].get<std::string>().empty())
-              text += (text.empty() ? "" : "\n\n") + part["text"].get<std::string>();
-        }
-        if (!text.empty()) reasoning += (reasoning.empty() ? "" : "\n\n") + text;
-      } else {
-        bad(p + ".type", "input items of type '" + type + "' are not supported");
-      }
-    }
+    messages.insert(messages.begin(), json{{"role", "system"}, {"content", j["instructions"]}});
   }
   chat["messages"] = messages;
   if (j.contains("tools")) {
@@ -1102,6 +1182,10 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
     r.store_response = store_asked && store;
     r.background = background;
     if (background) r.responses_echo["background"] = true;
+    if (j.contains("conversation")) {
+      r.conversation = conversation_id(j["conversation"]);
+      r.responses_echo["conversation"] = {{"id", r.conversation}};
+    }
     r.responses_input = std::move(conv.own);
     if (j.contains("text") && j["text"].is_object()) {
       r.responses_echo["text"] = j["text"];
@@ -1981,6 +2065,7 @@ json responses_object(const ResponseMeta& m, const std::string& status, const js
             {"metadata", json::object()},
             {"parallel_tool_calls", true},
             {"previous_response_id", nullptr},
+            {"conversation", nullptr},
             {"store", false},  // (request's echo: what it asked; a finished response's: whether it was stored)
             {"temperature", 1.0},
             {"top_p", 1.0},

@@ -92,6 +92,10 @@ struct ParsedRequest : GenerationRequest {
   // Responses API: background: true (stored at once as queued; the generation outlives the request,
   // its answer or stream only a view of it; POST /v1/responses/{id}/cancel stops it).
   bool background = false;
+  // Responses API: the conversation it continues (the Conversations API's id; "" when none), which
+  // takes its input's items (responses_input, then, stored or not) and its output's when it ends
+  // completed or incomplete.
+  std::string conversation;
   nlohmann::json responses_input = nlohmann::json::array();
   bool base64 = false;  // embeddings: encoding_format "base64" (little-endian float32s)
   bool llama_embeddings = false;  // embeddings: llama.cpp's /embedding answer (llama_embeddings_response)
@@ -148,17 +152,33 @@ bool get_bool(const nlohmann::json& body, const char* name);
 // POST /v1/responses, mapped onto a chat request (the same generation path): input (a string or
 // items: messages with input_text/output_text parts, function_call, function_call_output,
 // reasoning, and item_reference or an item with only its id: the stored item of that id),
-// previous_response_id (its stored conversation first: its chain's input and output items),
+// previous_response_id (its stored conversation first: its chain's input and output items) or
+// conversation ("conv_..." or {"id"}: its items first, from `conversations`; unknown: a 404),
 // instructions (a system message first; this request's alone), max_output_tokens, temperature,
 // top_p, tools ({"type": "function", "name", "parameters"}), tool_choice, text.format (text,
 // json_object, json_schema), include "message.output_text.logprobs" (with top_logprobs: each
 // output_text token's logprobs, as chat's), store (default true: kept in `store` when it finishes; null store:
 // nothing is, and nothing can be referred to). An unknown previous_response_id (or a link of its
 // chain no longer stored) is OpenAI's 400 previous_response_not_found; an unknown item id a 400
-// naming input[i].id; an item id twice in the conversation a 400. Conversations, stored prompts,
-// background runs and built-in tools are 400 "... is not supported".
+// naming input[i].id; an item id twice in the conversation a 400; metadata as check_metadata takes
+// it. Stored prompts and built-in tools are 400 "... is not supported".
 ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model,
-                                      const ResponseStore* store = nullptr);
+                                      const ResponseStore* store = nullptr,
+                                      const ConversationStore* conversations = nullptr);
+// OpenAI's metadata (a Responses request's, a conversation's): an object of at most 16 pairs, keys
+// of at most 64 characters, values strings of at most 512; otherwise ApiError (400) naming param.
+void check_metadata(const nlohmann::json& metadata, const std::string& param);
+// The Conversations API: items added at a time (POST /v1/conversations, .../items), at most.
+inline constexpr int64_t kMaxConversationItems = 20;
+// The Conversations API's items (its `items`, at most kMaxConversationItems): checked and
+// normalised as a Responses request's input items are (references resolved from `store`, each
+// given an id where it has none, as a stored response keeps them); otherwise ApiError (400)
+// naming items[i]... .
+nlohmann::json conversation_items(const nlohmann::json& items, const ResponseStore* store);
+// A Responses request's `conversation`: "conv_..." or {"id": "conv_..."} -> its id (else a 400).
+std::string conversation_id(const nlohmann::json& conversation);
+// OpenAI's 404 for a conversation not stored (never, evicted or deleted), naming param.
+ApiError conversation_not_found(std::string_view id, const std::string& param);
 // llama.cpp's native POST /completion: {"prompt": text | token ids, "n_predict", "stream", its
 // sampling fields, "logit_bias" as [[id, bias | false], ...] or an object, "seed" (-1: random),
 // "return_tokens"} parsed as a completions request of one choice; "model" optional.

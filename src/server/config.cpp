@@ -83,11 +83,12 @@ const ServeSetting kSettings[] = {
      "<arch>.pooling_type, else last)",
      &ServeConfig::pooling},
     {"server.max_stored_responses", "--max-stored-responses",
-     "Responses API: stored responses (store: true) kept at most, the oldest evicted first (0 = none stored)",
+     "Responses API: stored responses (store: true) kept at most, the oldest evicted first (0 = none stored); "
+     "conversations (the Conversations API) too, apart",
      &ServeConfig::max_stored_responses, 0, 1 << 24},
     {"server.max_stored_bytes", "--max-stored-bytes",
      "Responses API: bytes of stored responses at most (their JSON text and a fixed cost an item), the oldest evicted "
-     "first",
+     "first; of conversations too, apart",
      &ServeConfig::max_stored_bytes, 0, double(int64_t(1) << 40)},
     {"server.context_length", "-c,--ctx", "Context length (0 = the model's)", &ServeConfig::context_length, 0,
      double(kMaxContextLength)},

@@ -72,7 +72,8 @@ struct ServeConfig {
   std::string pooling = "auto";           // /v1/embeddings: auto | mean | cls | last (server::resolve_pooling)
   int64_t context_length = RuntimeConfig{}.n_ctx;  // 0 = the model's
   // The Responses API's stored responses (ResponseStore): at most this many, of at most these bytes
-  // in all; 0 responses: none stored.
+  // in all; 0 responses: none stored. The Conversations API's conversations (ConversationStore): the
+  // same caps, apart.
   int64_t max_stored_responses = 10000;
   uint64_t max_stored_bytes = uint64_t(128) << 20;
   // parallel_config

@@ -889,7 +889,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
         : s_(&s), srv_(s.srv_), meta_(std::move(meta)), background_(pr.background), stream_(pr.stream), tool_choice_(pr.tool_choice),
           parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_(new_item_id("msg_")), rs_id_(new_item_id("rs_")),
-          grammar_(!pr.grammar.empty()), store_(pr.store_response), input_(std::move(pr.responses_input)),
+          grammar_(!pr.grammar.empty()), store_(pr.store_response), conversation_(pr.conversation),
+          input_(std::move(pr.responses_input)),
           logprobs_(pr.logprobs >= 0) {
       think_ = reasoning_split(s.srv_.model);
       if (background_ && stream_) log_ = std::make_shared<EventLog>();
@@ -976,7 +977,10 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       usage.reasoning_tokens = reasoning_tokens_;
       json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
                                 incomplete ? "max_output_tokens" : "", echo_);
-      r["store"] = store_ && keep(r);
+      // (background: unless it was cancelled first, which stored it so)
+      const bool ended = !background_ || srv_.background.end(meta_.id);
+      r["store"] = store_ && ended && keep(r);
+      if (ended) add_to_conversation(output);
       if (!s_) return;
       if (!stream_) return s_->send_json(r);
       int64_t index = int64_t(items_.size());
@@ -1031,10 +1035,9 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       return e;
     }
     // Stores the finished response r; whether it was (ResponseStore::put: it may be over the cap;
-    // background: in its queued self's place, unless that is gone or it was cancelled first).
+    // background: in its queued self's place, unless that is gone).
     bool keep(const json& r) {
       if (!background_) return srv_.responses.put(entry(r, r["output"], false));
-      if (!srv_.background.end(meta_.id)) return false;  // (cancelled first: stored so)
       if (srv_.responses.replace(entry(r, r["output"], false))) return true;
       ResponseStore::Entry without_stream = entry(r, r["output"], false);  // (its events alone past the cap)
       without_stream.events = nullptr;
@@ -1050,6 +1053,26 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       srv_.responses.replace(std::move(e));
       return false;
     }
+    // A finished response's input items then its output items, at its conversation's end (one
+    // deleted meanwhile: dropped).
+    void add_to_conversation(const json& output) const {
+      if (conversation_.empty()) return;
+      std::vector<ResponseStore::Item> items = ResponseStore::to_items(input_);
+      for (ResponseStore::Item& it : ResponseStore::to_items(output)) items.push_back(std::move(it));
+      std::string duplicate;
+      switch (srv_.conversations.add(conversation_, items, &duplicate)) {
+        case ConversationStore::Change::kOverTheCap:
+          spdlog::warn("{}: conversation {} is full (--max-stored-bytes {}): this turn is not added", meta_.id,
+                       conversation_, srv_.conversations.max_bytes());
+          break;
+        case ConversationStore::Change::kDuplicate:  // (an item of that id added to it meanwhile)
+          spdlog::warn("{}: conversation {} holds an item '{}' already: this turn is not added", meta_.id, conversation_,
+                       duplicate);
+          break;
+        default:
+          break;
+      }
+    }
     // The response object r as stored: its request's input items, `output`'s items.
     ResponseStore::Entry entry(json r, const json& output, bool pending) const {
       ResponseStore::Entry e;
@@ -1057,8 +1080,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       e.pending = pending;
       e.events = log_;
       if (echo_.contains("previous_response_id")) e.previous_id = echo_["previous_response_id"].get<std::string>();
-      for (const json& it : input_) e.input.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
-      for (const json& it : output) e.output.push_back({it["id"].get<std::string>(), ResponseStore::text(it)});
+      e.input = ResponseStore::to_items(input_);
+      e.output = ResponseStore::to_items(output);
       r.erase("output");
       r["store"] = true;
       e.response = ResponseStore::text(r);
@@ -1161,6 +1184,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     std::string msg_id_, rs_id_, text_, reasoning_;  // text_: the message's so far
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
     bool store_;    // ParsedRequest::store_response
+    std::string conversation_;  // ParsedRequest::conversation
     json input_;    // ParsedRequest::responses_input
     bool logprobs_;  // include: message.output_text.logprobs
     std::vector<TokenLogprob> lp_;                  // not yet out with the message's text
@@ -1319,7 +1343,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
   };
 
   void generate(Endpoint kind, const std::string& body) override {
-    ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info, &srv_.responses)
+    ParsedRequest pr = kind == Endpoint::Responses    ? parse_responses_request(body, srv_.info, &srv_.responses, &srv_.conversations)
                        : kind == Endpoint::Messages   ? parse_messages_request(body, srv_.info)
                        : kind == Endpoint::Native     ? parse_native_request(body, srv_.info)
                        : kind == Endpoint::Infill     ? parse_infill_request(body, srv_.info)

@@ -1,7 +1,9 @@
 #include "server/response_store.h"
 
 #include <algorithm>
+#include <string_view>
 #include <tuple>
+#include <unordered_set>
 
 namespace ft::server {
 
@@ -52,7 +54,7 @@ uint64_t EventLog::bytes() const {
 uint64_t ResponseStore::Entry::bytes() const {
   uint64_t n = kEntryOverhead + id.size() + previous_id.size() + response.size() + (events ? events->bytes() : 0);
   for (const auto* items : {&input, &output})
-    for (const Item& it : *items) n += kItemOverhead + it.id.size() + it.json.size();
+    for (const Item& it : *items) n += item_bytes(it);
   return n;
 }
 
@@ -173,9 +175,19 @@ std::vector<const ResponseStore::Item*> ResponseStore::items(const Chain& c, boo
   return out;
 }
 
-std::vector<json> ResponseStore::conversation(const Chain& c, bool last_output) {
+std::vector<json> ResponseStore::conversation(const Chain& c, bool last_output) { return parse(items(c, last_output)); }
+
+std::vector<json> ResponseStore::parse(const std::vector<const Item*>& items) {
   std::vector<json> out;
-  for (const Item* it : items(c, last_output)) out.push_back(json::parse(it->json));
+  out.reserve(items.size());
+  for (const Item* it : items) out.push_back(json::parse(it->json));
+  return out;
+}
+
+std::vector<ResponseStore::Item> ResponseStore::to_items(const json& items) {
+  std::vector<Item> out;
+  out.reserve(items.size());
+  for (const json& it : items) out.push_back({it["id"].get<std::string>(), text(it)});
   return out;
 }
 
@@ -201,6 +213,130 @@ int64_t ResponseStore::size() const {
 }
 
 uint64_t ResponseStore::bytes() const {
+  const std::lock_guard lock(mu_);
+  return bytes_;
+}
+
+uint64_t ConversationStore::Conversation::bytes() const {
+  uint64_t n = ResponseStore::kEntryOverhead + id.size() + metadata.size();
+  for (const auto& it : items) n += ResponseStore::item_bytes(*it);
+  return n;
+}
+
+bool ConversationStore::put(Conversation c) {
+  const uint64_t b = c.bytes();
+  if (max_conversations_ <= 0 || b > max_bytes_) return false;
+  const std::lock_guard lock(mu_);
+  if (slots_.count(c.id)) return false;
+  make_room(b, true, nullptr);
+  order_.push_back(c.id);
+  bytes_ += b;
+  std::string id = c.id;  // (not c.id beside std::move(c): their order is unspecified)
+  slots_.emplace(std::move(id), Slot{std::move(c), b, std::prev(order_.end())});
+  return true;
+}
+
+void ConversationStore::make_room(uint64_t more, bool new_one, const std::string* keep) {
+  // (bytes_ and more are each at most max_bytes_, at most 2^40: their sum does not overflow)
+  for (auto at = order_.begin(); at != order_.end() &&
+                                 (bytes_ + more > max_bytes_ || (new_one && int64_t(slots_.size()) >= max_conversations_));) {
+    if (keep && *at == *keep) {
+      ++at;
+      continue;
+    }
+    const auto it = slots_.find(*at);
+    bytes_ -= it->second.bytes;
+    slots_.erase(it);
+    at = order_.erase(at);
+  }
+}
+
+bool ConversationStore::resize(Slot& s, uint64_t bytes) {
+  if (bytes > max_bytes_) return false;
+  if (bytes > s.bytes) make_room(bytes - s.bytes, false, &s.c.id);
+  bytes_ = bytes_ - s.bytes + bytes;
+  s.bytes = bytes;
+  order_.splice(order_.end(), order_, s.order);
+  return true;
+}
+
+std::optional<ConversationStore::Conversation> ConversationStore::get(const std::string& id) const {
+  const std::lock_guard lock(mu_);
+  const auto it = slots_.find(id);
+  if (it == slots_.end()) return std::nullopt;
+  return it->second.c;
+}
+
+bool ConversationStore::erase(const std::string& id) {
+  const std::lock_guard lock(mu_);
+  const auto it = slots_.find(id);
+  if (it == slots_.end()) return false;
+  bytes_ -= it->second.bytes;
+  order_.erase(it->second.order);
+  slots_.erase(it);
+  return true;
+}
+
+ConversationStore::Change ConversationStore::add(const std::string& id, const std::vector<Item>& items,
+                                                 std::string* duplicate) {
+  const std::lock_guard lock(mu_);
+  const auto it = slots_.find(id);
+  if (it == slots_.end()) return Change::kNoConversation;
+  Slot& s = it->second;
+  std::unordered_set<std::string_view> ids;
+  for (const auto& x : s.c.items) ids.insert(x->id);
+  uint64_t bytes = s.bytes;  // (each item at most a body's size, their count a body's: no overflow)
+  for (const Item& x : items) {
+    if (!ids.insert(x.id).second) {
+      if (duplicate) *duplicate = x.id;
+      return Change::kDuplicate;
+    }
+    bytes += ResponseStore::item_bytes(x);
+  }
+  if (!resize(s, bytes)) return Change::kOverTheCap;
+  for (const Item& x : items) s.c.items.push_back(std::make_shared<const Item>(x));
+  return Change::kDone;
+}
+
+ConversationStore::Change ConversationStore::erase_item(const std::string& id, const std::string& item_id) {
+  const std::lock_guard lock(mu_);
+  const auto it = slots_.find(id);
+  if (it == slots_.end()) return Change::kNoConversation;
+  Slot& s = it->second;
+  const auto at = std::find_if(s.c.items.begin(), s.c.items.end(), [&](const auto& x) { return x->id == item_id; });
+  if (at == s.c.items.end()) return Change::kNoItem;
+  resize(s, s.bytes - ResponseStore::item_bytes(**at));  // (smaller: always)
+  s.c.items.erase(at);
+  return Change::kDone;
+}
+
+ConversationStore::Change ConversationStore::set_metadata(const std::string& id, std::string metadata) {
+  const std::lock_guard lock(mu_);
+  const auto it = slots_.find(id);
+  if (it == slots_.end()) return Change::kNoConversation;
+  Slot& s = it->second;
+  if (!resize(s, s.bytes - s.c.metadata.size() + metadata.size())) return Change::kOverTheCap;
+  s.c.metadata = std::move(metadata);
+  return Change::kDone;
+}
+
+json ConversationStore::object(const Conversation& c) {
+  return {{"id", c.id}, {"object", "conversation"}, {"created_at", c.created_at}, {"metadata", json::parse(c.metadata)}};
+}
+
+std::vector<const ConversationStore::Item*> ConversationStore::items(const Conversation& c) {
+  std::vector<const Item*> out;
+  out.reserve(c.items.size());
+  for (const auto& it : c.items) out.push_back(it.get());
+  return out;
+}
+
+int64_t ConversationStore::size() const {
+  const std::lock_guard lock(mu_);
+  return int64_t(slots_.size());
+}
+
+uint64_t ConversationStore::bytes() const {
   const std::lock_guard lock(mu_);
   return bytes_;
 }

@@ -69,11 +69,12 @@ class ResponseStore {
     // GET, not continued (previous_response_id) until replace() puts its finished self.
     bool pending = false;
     std::shared_ptr<EventLog> events;  // a background stream's (its bytes count as the entry's)
-    // What it costs: its text, plus kEntryOverhead and kItemOverhead an item (the index, the
-    // strings' and containers' own sizes).
+    // What it costs: its text, plus kEntryOverhead and item_bytes an item.
     uint64_t bytes() const;
   };
   static constexpr uint64_t kEntryOverhead = 256, kItemOverhead = 96;
+  // An item's cost: its text, plus kItemOverhead (the index, the strings' and containers' own sizes).
+  static uint64_t item_bytes(const Item& it) { return kItemOverhead + it.id.size() + it.json.size(); }
 
   // max_responses 0: nothing is ever stored. max_conversation_bytes: what one request may resolve
   // from the store (its chain's and its references' items, their text), so that a small request
@@ -112,6 +113,9 @@ class ResponseStore {
   static std::vector<const Item*> items(const Chain& c, bool last_output);
   // ... parsed.
   static std::vector<nlohmann::json> conversation(const Chain& c, bool last_output);
+  static std::vector<nlohmann::json> parse(const std::vector<const Item*>& items);
+  // A JSON array's items (each with a string "id") as stored.
+  static std::vector<Item> to_items(const nlohmann::json& items);
   static uint64_t text_bytes(const std::vector<const Item*>& items);
   // A stored response's object, its output items put back.
   static nlohmann::json object(const Entry& e);
@@ -143,6 +147,73 @@ class ResponseStore {
   // output item sent back as a later request's input), each with its put()'s sequence number.
   std::unordered_multimap<std::string, std::pair<uint64_t, const Entry*>> items_;
   uint64_t puts_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// The Conversations API's conversations (POST /v1/conversations; a response naming one in
+// `conversation` adds its input and output items at its end): each its metadata and its items in
+// order, items as the response store keeps them. In memory, shared by the I/O threads under one
+// mutex; bounded as the response store is, apart from it (the same caps: a count, and bytes as
+// ResponseStore::Entry counts them), the one written longest ago first evicted (written: created,
+// items added or deleted, metadata set; reading does not renew one). Items are shared with readers:
+// a read copies no text.
+class ConversationStore {
+ public:
+  using Item = ResponseStore::Item;
+  struct Conversation {
+    std::string id;
+    int64_t created_at = 0;
+    std::string metadata;  // its JSON text (an object)
+    std::vector<std::shared_ptr<const Item>> items;  // oldest first
+    uint64_t bytes() const;
+  };
+  // What a change did: kNoConversation (its id not stored), kNoItem (erase_item: not in it),
+  // kDuplicate (add: an item id it holds, or twice among the new), kOverTheCap (it alone would be
+  // over the byte cap: nothing changed).
+  enum class Change { kDone, kNoConversation, kNoItem, kDuplicate, kOverTheCap };
+
+  ConversationStore(int64_t max_conversations, uint64_t max_bytes)
+      : max_conversations_(max_conversations), max_bytes_(max_bytes) {}
+  ConversationStore(const ConversationStore&) = delete;
+  ConversationStore& operator=(const ConversationStore&) = delete;
+
+  // Stores c, evicting the longest unwritten until it fits; false (nothing evicted) when it alone is
+  // over the byte cap, the count cap is 0, or its id is already stored.
+  bool put(Conversation c);
+  std::optional<Conversation> get(const std::string& id) const;
+  bool erase(const std::string& id);  // false when not stored
+  // items at id's end (duplicate: the first id it already holds, for kDuplicate).
+  Change add(const std::string& id, const std::vector<Item>& items, std::string* duplicate = nullptr);
+  Change erase_item(const std::string& id, const std::string& item_id);
+  Change set_metadata(const std::string& id, std::string metadata);
+  // Its object: {"id", "object": "conversation", "created_at", "metadata"}.
+  static nlohmann::json object(const Conversation& c);
+  // Its items as ResponseStore::text_bytes and a page take them; valid while c lives.
+  static std::vector<const Item*> items(const Conversation& c);
+
+  int64_t max_conversations() const { return max_conversations_; }
+  uint64_t max_bytes() const { return max_bytes_; }
+  int64_t size() const;
+  uint64_t bytes() const;
+
+ private:
+  struct Slot {
+    Conversation c;
+    uint64_t bytes;
+    std::list<std::string>::iterator order;  // its place in order_
+  };
+  // Under mu_: the longest unwritten but `keep` (a stored one growing) evicted until `more` bytes
+  // (and, new_one, one more conversation) fit.
+  void make_room(uint64_t more, bool new_one, const std::string* keep);
+  // Under mu_: s about to be written to `bytes` in all: false (nothing done) when that alone is over
+  // the byte cap; else room made for its growth, its size counted, and it the latest written.
+  bool resize(Slot& s, uint64_t bytes);
+
+  const int64_t max_conversations_;
+  const uint64_t max_bytes_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Slot> slots_;
+  std::list<std::string> order_;  // ids, longest unwritten first
   uint64_t bytes_ = 0;
 };
 

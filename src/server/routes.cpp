@@ -249,14 +249,18 @@ ApiError response_not_found(std::string_view id) {
   return ApiError(404, cat("Response with id '", id, "' not found."), "response_id");
 }
 
-// Its conversation before its output: its chain's items, then its request's own input (a chain's
-// links no longer stored are left out), as OpenAI's list: {"object": "list", "data", "first_id",
-// "last_id", "has_more"}; query: limit 1..100 (20), order asc | desc (desc: the latest first),
-// after (an item id: the page starts after it).
-json input_items(const ResponseStore& store, const std::string& id, std::string_view query) {
-  ResponseStore::Chain chain = store.chain(id);
-  if (chain.links.empty()) throw response_not_found(id);
-  std::vector<const ResponseStore::Item*> items = ResponseStore::items(chain, /*last_output=*/false);  // (a page parsed)
+// OpenAI's list: {"object": "list", "data", "first_id", "last_id", "has_more"} (the ids null when
+// data is empty).
+json item_list(json data, bool has_more) {
+  json first = data.empty() ? json(nullptr) : data.front()["id"], last = data.empty() ? json(nullptr) : data.back()["id"];
+  return {{"object", "list"}, {"data", std::move(data)}, {"first_id", std::move(first)}, {"last_id", std::move(last)},
+          {"has_more", has_more}};
+}
+
+// A page of items (oldest first), parsed, as item_list; query: limit 1..100 (20), order asc | desc
+// (desc: the latest first), after (an item id: the page starts after it; not among them, a 400
+// naming what they are, `among`).
+json item_page(std::vector<const ResponseStore::Item*> items, std::string_view query, std::string_view among) {
   int64_t limit = 20;
   if (const auto v = query_value(query, "limit")) {
     const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), limit);
@@ -270,17 +274,27 @@ json input_items(const ResponseStore& store, const std::string& id, std::string_
   size_t from = 0;
   if (const auto after = query_value(query, "after")) {
     const auto it = std::find_if(items.begin(), items.end(), [&](const ResponseStore::Item* x) { return x->id == *after; });
-    if (it == items.end()) throw ApiError(400, cat("'after': no item '", *after, "' among the response's input items"), "after");
+    if (it == items.end()) throw ApiError(400, cat("'after': no item '", *after, "' among ", among), "after");
     from = size_t(it - items.begin()) + 1;
   }
   const size_t to = std::min(items.size(), from + size_t(limit));
   json data = json::array();
   for (size_t i = from; i < to; ++i) data.push_back(json::parse(items[i]->json));
-  return {{"object", "list"},
-          {"data", data},
-          {"first_id", data.empty() ? json(nullptr) : data.front()["id"]},
-          {"last_id", data.empty() ? json(nullptr) : data.back()["id"]},
-          {"has_more", to < items.size()}};
+  return item_list(std::move(data), to < items.size());
+}
+
+// Its conversation before its output: its chain's items, then its request's own input (a chain's
+// links no longer stored are left out), a page of them (item_page).
+json input_items(const ResponseStore& store, const std::string& id, std::string_view query) {
+  ResponseStore::Chain chain = store.chain(id);
+  if (chain.links.empty()) throw response_not_found(id);
+  return item_page(ResponseStore::items(chain, /*last_output=*/false), query, "the response's input items");
+}
+
+// A 405 for a path of a prefix route whose rows' methods do not all apply to it; allow: its own.
+void not_allowed(Responder& out, std::string_view method, std::string_view path, std::string_view allow) {
+  const ApiError e(405, cat("method ", method, " is not allowed on ", path), "", "invalid_request_error", "method_not_allowed");
+  out.send_response(405, "application/json", error_body(e), cat("Allow: ", allow, "\r\n"));
 }
 
 void get_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
@@ -323,11 +337,8 @@ void store_status(Server::Impl& srv, const ResponseStore::Entry& e, const char* 
 // background response: 400. POST /v1/responses/{id} itself: 405, as before this route.
 void cancel_response(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   constexpr std::string_view kCancel = "/cancel";
-  if (!req.tail.ends_with(kCancel) || req.tail.size() == kCancel.size()) {
-    const ApiError e(405, cat("method POST is not allowed on /v1/responses/", req.tail), "", "invalid_request_error",
-                     "method_not_allowed");
-    return out.send_response(405, "application/json", error_body(e), "Allow: GET, DELETE\r\n");
-  }
+  if (!req.tail.ends_with(kCancel) || req.tail.size() == kCancel.size())
+    return not_allowed(out, "POST", cat("/v1/responses/", req.tail), "GET, DELETE");
   const std::string id(req.tail.substr(0, req.tail.size() - kCancel.size()));
   const bool running = srv.background.cancel(id);  // (first: one evicted from the store still stops)
   const auto e = srv.responses.get(id);
@@ -348,6 +359,134 @@ void delete_response(Server::Impl& srv, Responder& out, const RouteRequest& req)
   srv.background.cancel(id);  // (a background response still generating stops first)
   if (!srv.responses.erase(id)) throw response_not_found(id);
   out.send_json({{"id", id}, {"object", "response"}, {"deleted", true}});
+}
+
+// --- the Conversations API ---------------------------------------------------------------------
+// POST /v1/conversations {items?, metadata?}; GET, POST {metadata} and DELETE /v1/conversations/{id};
+// GET (a page) and POST {items} /v1/conversations/{id}/items; GET and DELETE
+// /v1/conversations/{id}/items/{item_id}. A conversation or an item not stored: 404.
+
+// A conversations body: an object (empty: {}) of `known` fields only (a null one is absent).
+json conversation_body(const RouteRequest& req, std::initializer_list<std::string_view> known) {
+  json j = req.body.empty() ? json::object() : parse_json_object(req.body);
+  for (auto it = j.begin(); it != j.end();) {
+    if (std::find(known.begin(), known.end(), it.key()) == known.end())
+      throw ApiError(400, "Unrecognized request argument supplied: " + it.key(), it.key());
+    it = it.value().is_null() ? j.erase(it) : std::next(it);
+  }
+  return j;
+}
+
+// Its metadata's text (absent: {}), checked.
+std::string conversation_metadata(const json& j) {
+  const json m = j.value("metadata", json::object());
+  check_metadata(m, "metadata");
+  return ResponseStore::text(m);
+}
+
+ConversationStore::Conversation stored_conversation(const Server::Impl& srv, const std::string& id) {
+  std::optional<ConversationStore::Conversation> c = srv.conversations.get(id);
+  if (!c) throw conversation_not_found(id, "conversation_id");
+  return std::move(*c);
+}
+
+// A change's refusal (Change::kDone: none).
+void check_change(ConversationStore::Change change, const Server::Impl& srv, const std::string& id,
+                  const std::string& item_id = "") {
+  using Change = ConversationStore::Change;
+  switch (change) {
+    case Change::kDone:
+      return;
+    case Change::kNoConversation:
+      throw conversation_not_found(id, "conversation_id");
+    case Change::kNoItem:
+      throw ApiError(404, cat("Item with id '", item_id, "' not found in conversation '", id, "'."), "item_id");
+    case Change::kDuplicate:
+      throw ApiError(400, cat("Duplicate item found with id '", item_id, "': conversation '", id, "' holds it already."),
+                     "items");
+    case Change::kOverTheCap:
+      throw ApiError(400, cat("conversation '", id, "' would be larger than the conversation store's byte cap, "
+                              "--max-stored-bytes ", srv.conversations.max_bytes()), "items");
+  }
+}
+
+void create_conversation(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  const json j = conversation_body(req, {"items", "metadata"});
+  if (srv.conversations.max_conversations() <= 0 || srv.conversations.max_bytes() == 0)
+    throw ApiError(400, "conversations need the response store, which is off here (--max-stored-responses 0)");
+  ConversationStore::Conversation c;
+  c.id = new_item_id("conv_");
+  c.created_at = int64_t(std::time(nullptr));
+  c.metadata = conversation_metadata(j);
+  if (j.contains("items"))
+    for (ResponseStore::Item& it : ResponseStore::to_items(conversation_items(j["items"], &srv.responses)))
+      c.items.push_back(std::make_shared<const ResponseStore::Item>(std::move(it)));
+  const json object = ConversationStore::object(c);
+  const uint64_t bytes = c.bytes();
+  if (!srv.conversations.put(std::move(c)))
+    throw ApiError(400, cat("the conversation (", bytes, " bytes) is larger than the conversation store's byte cap, "
+                            "--max-stored-bytes ", srv.conversations.max_bytes()), "items");
+  out.send_json(object);
+}
+
+// A path's tail: "{id}", "{id}/items" or "{id}/items/{item_id}" (else: a 404, no such route).
+struct ConversationPath {
+  std::string id;
+  bool items = false;
+  std::string item;  // "" when none
+};
+ConversationPath conversation_path(std::string_view tail) {
+  ConversationPath p;
+  const size_t slash = tail.find('/');
+  p.id = tail.substr(0, slash);
+  const std::string_view rest = slash == std::string_view::npos ? std::string_view() : tail.substr(slash);
+  constexpr std::string_view kItems = "/items", kItem = "/items/";
+  if (rest == kItems) {
+    p.items = true;
+  } else if (rest.starts_with(kItem) && rest.size() > kItem.size() && rest.find('/', kItem.size()) == std::string_view::npos) {
+    p.items = true;
+    p.item = rest.substr(kItem.size());
+  } else if (!rest.empty() || p.id.empty()) {
+    throw ApiError(404, cat("no route for /v1/conversations/", tail), "", "invalid_request_error", "not_found");
+  }
+  return p;
+}
+
+void get_conversation(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  const ConversationPath p = conversation_path(req.tail);
+  const ConversationStore::Conversation c = stored_conversation(srv, p.id);
+  if (!p.items) return out.send_json(ConversationStore::object(c));
+  const std::vector<const ResponseStore::Item*> items = ConversationStore::items(c);
+  if (p.item.empty()) return out.send_json(item_page(items, req.query, "the conversation's items"));
+  for (const ResponseStore::Item* it : items)
+    if (it->id == p.item) return out.send_response(200, "application/json", it->json);
+  check_change(ConversationStore::Change::kNoItem, srv, p.id, p.item);
+}
+
+void post_conversation(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  const ConversationPath p = conversation_path(req.tail);
+  if (!p.item.empty()) return not_allowed(out, "POST", cat("/v1/conversations/", req.tail), "GET, DELETE");
+  if (!p.items) {  // its metadata set (null or absent: none)
+    check_change(srv.conversations.set_metadata(p.id, conversation_metadata(conversation_body(req, {"metadata"}))), srv, p.id);
+    return out.send_json(ConversationStore::object(stored_conversation(srv, p.id)));
+  }
+  const json j = conversation_body(req, {"items"});
+  if (!j.contains("items")) throw ApiError(400, "'items' is required", "items");
+  json items = conversation_items(j["items"], &srv.responses);
+  std::string duplicate;
+  check_change(srv.conversations.add(p.id, ResponseStore::to_items(items), &duplicate), srv, p.id, duplicate);
+  out.send_json(item_list(std::move(items), false));
+}
+
+void delete_conversation(Server::Impl& srv, Responder& out, const RouteRequest& req) {
+  const ConversationPath p = conversation_path(req.tail);
+  if (p.items && p.item.empty()) return not_allowed(out, "DELETE", cat("/v1/conversations/", req.tail), "GET, POST");
+  if (p.items) {  // (OpenAI's answer: the conversation)
+    check_change(srv.conversations.erase_item(p.id, p.item), srv, p.id, p.item);
+    return out.send_json(ConversationStore::object(stored_conversation(srv, p.id)));
+  }
+  if (!srv.conversations.erase(p.id)) throw conversation_not_found(p.id, "conversation_id");
+  out.send_json({{"id", p.id}, {"object", "conversation.deleted"}, {"deleted", true}});
 }
 
 void health(Server::Impl&, Responder& out, const RouteRequest&) { out.send_json({{"status", "ok"}}); }
@@ -386,6 +525,10 @@ const Route kRoutes[] = {
     {"/v1/responses/*", http::verb::get, get_response},
     {"/v1/responses/*", http::verb::delete_, delete_response},
     {"/v1/responses/*", http::verb::post, cancel_response},
+    {"/v1/conversations", http::verb::post, create_conversation},
+    {"/v1/conversations/*", http::verb::get, get_conversation},
+    {"/v1/conversations/*", http::verb::post, post_conversation},
+    {"/v1/conversations/*", http::verb::delete_, delete_conversation},
     {"/v1/chat/completions", http::verb::post, generate<Endpoint::Chat>},
     {"/chat/completions", http::verb::post, generate<Endpoint::Chat>},  // (llama.cpp serves both paths)
     {"/v1/embeddings", http::verb::post, generate<Endpoint::Embeddings>},

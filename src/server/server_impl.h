@@ -202,6 +202,7 @@ struct Server::Impl {
   ServerMetrics metrics;
   GenerationContext gen;
   ResponseStore responses;  // the Responses API's stored responses (cfg.max_stored_responses, max_stored_bytes)
+  ConversationStore conversations;  // the Conversations API's (the same caps, apart)
   // (Before ioc: handlers destroyed with a stopped ioc destroy their sessions, which count here.)
   std::atomic<int> n_sessions{0};
   std::mutex conn_mu;

@@ -1500,6 +1500,175 @@ TEST(ServerResponsesApi, PreviousResponseAndReferencesResolveFromTheStore) {
       {"type": "item_reference", "id": "resp_b_out0"}]})", "input[1]", "Duplicate item found with id 'resp_b_out0'");
 }
 
+// ConversationStore: bounded by count and bytes as the response store, the longest unwritten
+// evicted first (adding items renews one, reading does not); items added with ids new to it, a
+// change that would take one alone over the byte cap refused with nothing changed; its bytes
+// counted as they change.
+TEST(ResponseStore, ConversationsEvictTheLongestUnwritten) {
+  using Change = ConversationStore::Change;
+  const auto item = [](const std::string& id, size_t pad = 0) {
+    return ResponseStore::Item{id, ResponseStore::text({{"type", "message"}, {"id", id}, {"role", "user"},
+                                                        {"content", std::string(pad + 1, 'x')}})};
+  };
+  const auto conversation = [&](const std::string& id, size_t pad = 0) {
+    ConversationStore::Conversation c;
+    c.id = id;
+    c.metadata = "{}";
+    c.items.push_back(std::make_shared<const ResponseStore::Item>(item(id + "_0", pad)));
+    return c;
+  };
+  const auto sum = [](const ConversationStore& store, std::initializer_list<const char*> ids) {
+    uint64_t n = 0;
+    for (const char* id : ids) n += store.get(id)->bytes();
+    return n;
+  };
+  ConversationStore by_count(2, 1 << 20);
+  ASSERT_TRUE(by_count.put(conversation("a")));
+  ASSERT_TRUE(by_count.put(conversation("b")));
+  ASSERT_TRUE(by_count.get("a"));  // (read: not renewed)
+  EXPECT_EQ(by_count.add("a", {item("a_1")}), Change::kDone);  // (written: renewed)
+  ASSERT_TRUE(by_count.put(conversation("c")));
+  EXPECT_FALSE(by_count.get("b"));
+  ASSERT_TRUE(by_count.get("a"));
+  EXPECT_EQ(by_count.get("a")->items.size(), 2u);
+  EXPECT_EQ(by_count.bytes(), sum(by_count, {"a", "c"}));
+  EXPECT_FALSE(by_count.put(conversation("c")));  // an id once
+  EXPECT_FALSE(ConversationStore(0, 1 << 20).put(conversation("a")));  // 0: none stored
+  // Items: ids new to it; one erased; an unknown one or conversation named.
+  std::string duplicate;
+  EXPECT_EQ(by_count.add("a", {item("a_2"), item("a_1")}, &duplicate), Change::kDuplicate);
+  EXPECT_EQ(duplicate, "a_1");
+  EXPECT_EQ(by_count.add("a", {item("a_2"), item("a_2")}), Change::kDuplicate);
+  EXPECT_EQ(by_count.get("a")->items.size(), 2u);
+  EXPECT_EQ(by_count.erase_item("a", "a_0"), Change::kDone);
+  EXPECT_EQ(by_count.erase_item("a", "a_0"), Change::kNoItem);
+  EXPECT_EQ(by_count.get("a")->items.front()->id, "a_1");
+  EXPECT_EQ(by_count.add("x", {item("x_0")}), Change::kNoConversation);
+  EXPECT_EQ(by_count.set_metadata("a", R"({"k":"v"})"), Change::kDone);
+  EXPECT_EQ(ConversationStore::object(*by_count.get("a"))["metadata"], json({{"k", "v"}}));
+  EXPECT_EQ(by_count.bytes(), sum(by_count, {"a", "c"}));
+  EXPECT_TRUE(by_count.erase("a"));
+  EXPECT_FALSE(by_count.erase("a"));
+  EXPECT_EQ(by_count.bytes(), sum(by_count, {"c"}));
+  // Bytes: one growing evicts the longest unwritten others; alone over the cap, it is refused.
+  const uint64_t one = conversation("p", 1000).bytes();
+  ConversationStore by_bytes(100, 3 * one);
+  for (const char* id : {"p", "q", "r"}) ASSERT_TRUE(by_bytes.put(conversation(id, 1000)));
+  EXPECT_EQ(by_bytes.add("q", {item("q_1", 500)}), Change::kDone);  // (q the latest: p goes)
+  EXPECT_FALSE(by_bytes.get("p"));
+  EXPECT_TRUE(by_bytes.get("r"));
+  EXPECT_EQ(by_bytes.add("q", {item("q_2", 3 * one)}), Change::kOverTheCap);
+  EXPECT_EQ(by_bytes.get("q")->items.size(), 2u);
+  EXPECT_TRUE(by_bytes.get("r"));
+  EXPECT_EQ(by_bytes.bytes(), sum(by_bytes, {"q", "r"}));
+  EXPECT_EQ(by_bytes.add("r", {item("r_1", one)}), Change::kDone);  // (r the oldest, growing: q goes)
+  EXPECT_FALSE(by_bytes.get("q"));
+  EXPECT_EQ(by_bytes.bytes(), sum(by_bytes, {"r"}));
+  EXPECT_LE(by_bytes.bytes(), by_bytes.max_bytes());
+  EXPECT_FALSE(by_bytes.put(conversation("big", 3 * one)));
+  EXPECT_EQ(by_bytes.size(), 1);
+}
+
+// The Conversations API's items are a Responses request's input items (checked, each given an id,
+// a string content as parts); metadata is OpenAI's; a response's conversation comes first in its
+// prompt, counts in what it resolves from the stores, and is not previous_response_id's too.
+TEST(ServerResponsesApi, ConversationItemsAndMetadataAsTheResponsesAPIs) {
+  ResponseStore store(10, 1 << 20);
+  store.put(stored_entry("resp_a", {"First question"}, {"First answer"}));
+  const json items = conversation_items(json::parse(R"([{"role": "user", "content": "Hi"},
+      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "c1", "output": "42"}, {"type": "item_reference", "id": "resp_a_out0"},
+      {"type": "message", "id": "msg_mine", "role": "assistant", "content": "Hello"}])"), &store);
+  ASSERT_EQ(items.size(), 5u);
+  EXPECT_EQ(items[0]["content"], json::parse(R"([{"type": "input_text", "text": "Hi"}])"));
+  EXPECT_EQ(items[0]["type"], "message");
+  EXPECT_EQ(items[0]["id"].get<std::string>().substr(0, 4), "msg_");
+  EXPECT_EQ(items[1]["id"].get<std::string>().substr(0, 3), "fc_");
+  EXPECT_EQ(items[2]["id"].get<std::string>().substr(0, 4), "fco_");
+  EXPECT_EQ(items[3]["id"], "resp_a_out0");
+  EXPECT_EQ(items[3]["content"][0]["text"], "First answer");
+  EXPECT_EQ(items[4]["id"], "msg_mine");
+  EXPECT_EQ(items[4]["content"][0]["type"], "output_text");
+  EXPECT_EQ(conversation_items(json::array(), &store), json::array());
+  const auto fails = [&](const std::function<void()>& f, const std::string& param, const std::string& needle, int status = 400) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; wanted " << param;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, status) << e.what();
+      EXPECT_EQ(e.param, param) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const auto bad_items = [&](const std::string& text, const std::string& param, const std::string& needle) {
+    fails([&] { conversation_items(json::parse(text), &store); }, param, needle);
+  };
+  bad_items(json(std::vector<json>(21, {{"role", "user"}, {"content", "x"}})).dump(), "items", "at most 20");
+  bad_items(R"({"role": "user"})", "items", "must be an array");
+  bad_items(R"([{"type": "web_search_call", "id": "ws_1"}, {"role": "user", "content": "x"}])", "items[0].id", "not found");
+  bad_items(R"([{"type": "image_generation_call", "result": "x"}])", "items[0].type", "not supported");
+  bad_items(R"([{"type": "message", "content": "x"}])", "items[0].role", "is required");
+  bad_items(R"([{"role": "robot", "content": "x"}])", "items[0].role", "not supported");
+  bad_items(R"([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])", "items[0].content[0].type", "");
+  bad_items(R"([{"id": "m1", "role": "user", "content": "x"}, {"id": "m1", "role": "user", "content": "y"}])", "items[1]",
+            "Duplicate item found with id 'm1'");
+  // Metadata: at most 16 pairs, keys of 64 characters, values strings of 512 (characters, not bytes).
+  json m = json::object();
+  for (int i = 0; i < 16; ++i) m[cat("k", i)] = std::string(512, 'v');
+  m["k0"] = "";
+  for (int i = 0; i < 256; ++i) m["k0"] = m["k0"].get<std::string>() + "\xc3\xa9";  // (256 two-byte characters)
+  check_metadata(m, "metadata");
+  check_metadata({{std::string(64, 'k'), "v"}}, "metadata");
+  json seventeen = m;
+  seventeen["k16"] = "v";
+  fails([&] { check_metadata(seventeen, "metadata"); }, "metadata", "at most 16");
+  fails([&] { check_metadata({{std::string(65, 'k'), "v"}}, "metadata"); }, "metadata", "at most 64 characters");
+  fails([&] { check_metadata({{"k", std::string(513, 'v')}}, "metadata"); }, "metadata", "at most 512");
+  fails([&] { check_metadata({{"k", 1}}, "metadata"); }, "metadata", "'metadata.k' must be a string");
+  fails([&] { check_metadata(json::array(), "metadata"); }, "metadata", "must be an object");
+  fails([&] { parse_responses_request(R"({"model": "stories260K", "input": "x", "metadata": {"k": 1}})", kModel, &store); }, "metadata", "string");
+  // A response's conversation: its items first (after the instructions), then the input; the
+  // request keeps its own items; the response echoes {"id"}.
+  ConversationStore conversations(10, 1 << 20);
+  ConversationStore::Conversation c;
+  c.id = "conv_1";
+  c.metadata = "{}";
+  for (const ResponseStore::Item& it : ResponseStore::to_items(conversation_items(json::parse(R"([
+      {"role": "user", "content": "Earlier question"}, {"role": "assistant", "content": "Earlier answer"}])"), &store)))
+    c.items.push_back(std::make_shared<const ResponseStore::Item>(it));
+  ASSERT_TRUE(conversations.put(c));
+  for (const char* conv : {R"("conv_1")", R"({"id": "conv_1"})"}) {
+    const auto r = parse_responses_request(cat(R"({"model": "stories260K", "instructions": "Be brief", "input": "Now", "store": false, "conversation": )",
+                                               conv, "}"), kModel, &store, &conversations);
+    ASSERT_EQ(r.messages.size(), 4u) << conv;
+    EXPECT_EQ(r.messages[0].content, "Be brief");
+    EXPECT_EQ(r.messages[1].content, "Earlier question");
+    EXPECT_EQ(r.messages[2].role, "assistant");
+    EXPECT_EQ(r.messages[3].content, "Now");
+    EXPECT_EQ(r.conversation, "conv_1");
+    EXPECT_EQ(r.responses_echo["conversation"], json({{"id", "conv_1"}}));
+    ASSERT_EQ(r.responses_input.size(), 1u);  // (store: false, the conversation takes them)
+    EXPECT_EQ(r.responses_input[0]["content"][0]["text"], "Now");
+    EXPECT_FALSE(r.store_response);
+  }
+  const auto bad_request = [&](const std::string& body, const std::string& param, const std::string& needle, int status = 400) {
+    fails([&] { parse_responses_request(body, kModel, &store, &conversations); }, param, needle, status);
+  };
+  bad_request(R"({"model": "stories260K", "input": "x", "conversation": "conv_1", "previous_response_id": "resp_a"})", "conversation", "both");
+  bad_request(R"({"model": "stories260K", "input": "x", "conversation": "conv_none"})", "conversation", "Conversation with id 'conv_none' not found.", 404);
+  bad_request(R"({"model": "stories260K", "input": "x", "conversation": {"id": 7}})", "conversation", "must be");
+  bad_request(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": )" + json(c.items[0]->id).dump() + R"(}], "conversation": "conv_1"})",
+              "input[0].id", "not found");  // (a conversation's items are not the response store's)
+  // What it resolves counts its conversation's items: alone, at the limit; with a reference, over it.
+  const uint64_t limit = ResponseStore::text_bytes(ConversationStore::items(*conversations.get("conv_1")));
+  ResponseStore small(10, 1 << 20, limit);
+  small.put(stored_entry("resp_a", {"First question"}, {"First answer"}));
+  parse_responses_request(R"({"model": "stories260K", "input": "x", "conversation": "conv_1"})", kModel, &small, &conversations);
+  fails([&] { parse_responses_request(R"({"model": "stories260K", "input": [{"type": "item_reference", "id": "resp_a_out0"}], "conversation": "conv_1"})",
+                                      kModel, &small, &conversations); },
+        "input[0].id", cat(limit, " bytes"));
+}
+
 TEST(ServerMessagesApi, MapsOntoAChatRequest) {
   const auto r = parse_messages_request(R"({"model": "stories260K", "max_tokens": 100000, "system": [{"type": "text",
       "text": "Be brief", "cache_control": {"type": "ephemeral"}}], "messages": [
@@ -3228,10 +3397,10 @@ TEST(ServerResponses, StoredChainedListedAndDeleted) {
   EXPECT_EQ(created["store"], true);
   EXPECT_EQ(completed["store"], true);
   EXPECT_EQ(response_body(get("/v1/responses/" + completed["id"].get<std::string>())), completed);
-  // Over the byte cap (its metadata echoed): answered, not stored, and says so.
+  // Over the byte cap (its user echoed): answered, not stored, and says so.
   json big = base;
   big["input"] = "x";
-  big["metadata"] = {{"k", std::string(40 << 10, 'm')}};
+  big["user"] = std::string(40 << 10, 'u');
   const json b = post(big);
   EXPECT_EQ(b["store"], false) << b["status"];
   EXPECT_NE(get("/v1/responses/" + b["id"].get<std::string>()).find("404 Not Found"), std::string::npos);
@@ -3557,6 +3726,260 @@ TEST(ServerResponses, WhatARequestResolvesFromTheStoreIsBounded) {
   const json refused = response_body(test::http_post(srv.port(), "/v1/responses", refs.dump()));
   EXPECT_EQ(refused["error"]["param"], "input[0].id") << refused;
   EXPECT_NE(refused["error"]["message"].get<std::string>().find("65536 bytes"), std::string::npos) << refused;
+}
+
+// The Conversations API: a conversation created with items and metadata, its items paged, added,
+// read and deleted, its metadata set; responses naming it (plain, streamed, {"id"}) are prompted
+// with its items first (the same tokens and answer as the conversation sent whole) and add their
+// input and output items to it; refusals; deleted, it is gone.
+TEST(ServerConversations, CreatedPagedEditedAndContinued) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const auto call = [&](const std::string& method, const std::string& p, const json& body = nullptr) {
+    return test::http_request(srv.port(), method, p, body.is_null() ? "" : body.dump());
+  };
+  const auto answer = [&](const std::string& method, const std::string& p, const json& body = nullptr) {
+    return response_body(call(method, p, body));
+  };
+  const json created = answer("POST", "/v1/conversations", {{"metadata", {{"topic", "cats"}}}, {"items", json::parse(R"([
+      {"role": "user", "content": "Once upon a time"},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "there was a cat"}]},
+      {"role": "user", "content": "The cat"}])")}});
+  ASSERT_EQ(created["object"], "conversation") << created;
+  const std::string id = created["id"];
+  EXPECT_EQ(id.rfind("conv_", 0), 0u);
+  EXPECT_EQ(id.size(), 5u + 24u);
+  EXPECT_EQ(created["metadata"], json({{"topic", "cats"}}));
+  EXPECT_TRUE(created["created_at"].is_number_integer());
+  EXPECT_EQ(answer("GET", "/v1/conversations/" + id), created);
+  const std::string items_path = "/v1/conversations/" + id + "/items";
+  const json all = answer("GET", items_path);  // (desc: the latest first)
+  ASSERT_EQ(all["data"].size(), 3u) << all;
+  EXPECT_EQ(all["object"], "list");
+  EXPECT_EQ(all["data"][0]["content"], json::parse(R"([{"type": "input_text", "text": "The cat"}])"));
+  EXPECT_EQ(all["data"][2]["content"][0]["text"], "Once upon a time");
+  EXPECT_EQ(all["first_id"], all["data"][0]["id"]);
+  EXPECT_EQ(all["last_id"], all["data"][2]["id"]);
+  EXPECT_EQ(all["has_more"], false);
+  const json page = answer("GET", items_path + "?order=asc&limit=2");
+  ASSERT_EQ(page["data"].size(), 2u) << page;
+  EXPECT_EQ(page["data"][0], all["data"][2]);
+  EXPECT_EQ(page["has_more"], true);
+  const json rest = answer("GET", items_path + "?order=asc&after=" + page["last_id"].get<std::string>());
+  ASSERT_EQ(rest["data"].size(), 1u) << rest;
+  EXPECT_EQ(rest["data"][0], all["data"][0]);
+  EXPECT_EQ(rest["has_more"], false);
+  for (const char* q : {"?limit=0", "?limit=101", "?order=up", "?after=nope"})
+    EXPECT_EQ(answer("GET", items_path + q)["error"]["type"], "invalid_request_error") << q;
+  // Items added (with ids), read, one deleted (the answer: the conversation).
+  const json added = answer("POST", items_path, {{"items", json::parse(R"([{"type": "function_call_output", "call_id": "c1",
+      "output": "42"}, {"role": "user", "content": "x"}])")}});
+  ASSERT_EQ(added["data"].size(), 2u) << added;
+  EXPECT_EQ(added["object"], "list");
+  const std::string fco = added["data"][0]["id"];
+  EXPECT_EQ(fco.rfind("fco_", 0), 0u);
+  EXPECT_EQ(added["first_id"], fco);
+  EXPECT_EQ(answer("GET", items_path + "/" + fco), added["data"][0]);
+  EXPECT_EQ(answer("GET", items_path)["data"].size(), 5u);
+  EXPECT_EQ(answer("DELETE", items_path + "/" + fco), created);
+  const std::string gone_item = call("GET", items_path + "/" + fco);
+  EXPECT_NE(gone_item.find("404 Not Found"), std::string::npos) << gone_item;
+  EXPECT_EQ(response_body(gone_item)["error"]["param"], "item_id");
+  EXPECT_NE(call("DELETE", items_path + "/" + fco).find("404 Not Found"), std::string::npos);
+  const std::string x_id = added["data"][1]["id"];
+  EXPECT_EQ(answer("DELETE", items_path + "/" + x_id)["id"], id);
+  json updated = created;
+  updated["metadata"] = {{"topic", "dogs"}};
+  EXPECT_EQ(answer("POST", "/v1/conversations/" + id, {{"metadata", {{"topic", "dogs"}}}}), updated);
+  EXPECT_EQ(answer("GET", "/v1/conversations/" + id), updated);
+
+  // A response naming it: the conversation first, as if sent whole.
+  const json base = {{"model", "stories260K"}, {"max_output_tokens", 8}, {"temperature", 0}};
+  json req = base;
+  req["conversation"] = id;
+  req["input"] = "The end";
+  const json r = answer("POST", "/v1/responses", req);
+  ASSERT_EQ(r["status"].is_string(), true) << r;
+  EXPECT_EQ(r["conversation"], json({{"id", id}}));
+  json whole = base;
+  whole["store"] = false;
+  whole["input"] = {all["data"][2], all["data"][1], all["data"][0], {{"role", "user"}, {"content", "The end"}}};
+  const json w = answer("POST", "/v1/responses", whole);
+  EXPECT_EQ(w["conversation"], nullptr);
+  EXPECT_EQ(r["usage"]["input_tokens"], w["usage"]["input_tokens"]);
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], w["output"][0]["content"][0]["text"]);
+  json after = answer("GET", items_path + "?order=asc");
+  ASSERT_EQ(after["data"].size(), 5u) << after;
+  EXPECT_EQ(after["data"][3]["content"][0]["text"], "The end");
+  EXPECT_EQ(after["data"][3]["role"], "user");
+  EXPECT_EQ(after["data"][4], r["output"][0]);
+  EXPECT_EQ(answer("GET", "/v1/responses/" + r["id"].get<std::string>() + "/input_items")["data"].size(), 1u);  // (its own)
+  // Streamed, not stored, the conversation as {"id"}: its items added too, the next prompt longer.
+  json streamed = req;
+  streamed["conversation"] = {{"id", id}};
+  streamed["stream"] = true;
+  streamed["store"] = false;
+  streamed["input"] = "Again";
+  json completed;
+  for (const json& ev : sse_events(call("POST", "/v1/responses", streamed)))
+    if (ev["type"] == "response.completed" || ev["type"] == "response.incomplete") completed = ev["response"];
+  ASSERT_EQ(completed["conversation"], json({{"id", id}})) << completed;
+  EXPECT_GT(completed["usage"]["input_tokens"].get<int64_t>(), r["usage"]["input_tokens"].get<int64_t>());
+  after = answer("GET", items_path + "?order=asc");
+  ASSERT_EQ(after["data"].size(), 7u) << after;
+  EXPECT_EQ(after["data"][5]["content"][0]["text"], "Again");
+  EXPECT_EQ(after["data"][6], completed["output"][0]);
+
+  // Refusals.
+  const auto refused = [&](const std::string& method, const std::string& p, const json& body, const std::string& param,
+                           const char* status = "400 Bad Request") {
+    const std::string out = call(method, p, body);
+    EXPECT_NE(out.find(status), std::string::npos) << method << " " << p << ": " << out;
+    EXPECT_EQ(response_body(out)["error"]["param"], param) << method << " " << p << ": " << out;
+  };
+  json both = req;
+  both["previous_response_id"] = r["id"];
+  refused("POST", "/v1/responses", both, "conversation");
+  json unknown = req;
+  unknown["conversation"] = "conv_none";
+  refused("POST", "/v1/responses", unknown, "conversation", "404 Not Found");
+  json many = {{"items", json::array()}};
+  for (int i = 0; i < 21; ++i) many["items"].push_back({{"role", "user"}, {"content", "x"}});
+  refused("POST", "/v1/conversations", many, "items");
+  refused("POST", items_path, many, "items");
+  json pairs = json::object();
+  for (int i = 0; i < 17; ++i) pairs[cat("k", i)] = "v";
+  refused("POST", "/v1/conversations", {{"metadata", pairs}}, "metadata");
+  refused("POST", "/v1/conversations/" + id, {{"metadata", {{"k", std::string(513, 'v')}}}}, "metadata");
+  refused("POST", "/v1/conversations", {{"items", {{{"type", "image_generation_call"}}}}}, "items[0].type");
+  refused("POST", "/v1/conversations", {{"title", "x"}}, "title");
+  refused("POST", items_path, json::object(), "items");
+  refused("POST", items_path, {{"items", {after["data"][0]}}}, "items");  // (an id it holds)
+  refused("GET", "/v1/conversations/conv_none", nullptr, "conversation_id", "404 Not Found");
+  refused("POST", "/v1/conversations/conv_none/items", {{"items", json::array()}}, "conversation_id", "404 Not Found");
+  EXPECT_NE(call("GET", items_path + "/a/b").find("404 Not Found"), std::string::npos);
+  EXPECT_NE(call("GET", "/v1/conversations/" + id + "/other").find("404 Not Found"), std::string::npos);
+  for (const auto& [method, p, allow] : {std::tuple{"POST", items_path + "/" + x_id, "Allow: GET, DELETE"},
+                                        std::tuple{"DELETE", items_path, "Allow: GET, POST"},
+                                        std::tuple{"GET", std::string("/v1/conversations"), "Allow: POST"}}) {
+    const std::string out = call(method, p, json::object());
+    EXPECT_NE(out.find("405"), std::string::npos) << method << " " << p << ": " << out;
+    EXPECT_NE(out.find(allow), std::string::npos) << method << " " << p << ": " << out;
+  }
+  EXPECT_EQ(answer("GET", items_path)["data"].size(), 7u);  // (nothing refused was added)
+  // Deleted: OpenAI's answer, then 404 everywhere.
+  EXPECT_EQ(answer("DELETE", "/v1/conversations/" + id), json({{"id", id}, {"object", "conversation.deleted"}, {"deleted", true}}));
+  const std::string gone = call("GET", "/v1/conversations/" + id);
+  EXPECT_NE(gone.find("404 Not Found"), std::string::npos) << gone;
+  EXPECT_EQ(response_body(gone)["error"]["message"], "Conversation with id '" + id + "' not found.");
+  EXPECT_NE(call("GET", items_path).find("404 Not Found"), std::string::npos);
+  EXPECT_NE(call("DELETE", "/v1/conversations/" + id).find("404 Not Found"), std::string::npos);
+  refused("POST", "/v1/responses", req, "conversation", "404 Not Found");
+  // An empty body creates an empty conversation.
+  const json empty = answer("POST", "/v1/conversations");
+  EXPECT_EQ(empty["metadata"], json::object()) << empty;
+  EXPECT_EQ(answer("GET", "/v1/conversations/" + empty["id"].get<std::string>() + "/items")["data"], json::array());
+}
+
+// A background response adds its items to its conversation when it ends (followed to its end
+// here: no polling); cancelled, or its conversation deleted while it runs (the engine held), it
+// adds nothing, and still ends.
+TEST(ServerConversations, BackgroundResponsesAddOnlyWhatEnds) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const auto answer = [&](const std::string& method, const std::string& p, const json& body = nullptr) {
+    return response_body(test::http_request(srv.port(), method, p, body.is_null() ? "" : body.dump()));
+  };
+  const auto conversation = [&] {
+    return answer("POST", "/v1/conversations", {{"items", {{{"role", "user"}, {"content", "Once upon a time"}}}}})["id"]
+        .get<std::string>();
+  };
+  const auto n_items = [&](const std::string& c) { return answer("GET", "/v1/conversations/" + c + "/items")["data"].size(); };
+  const auto request = [](const std::string& c) {
+    return json{{"model", "stories260K"}, {"max_output_tokens", 8}, {"temperature", 0}, {"input", "The end"},
+                {"conversation", c}, {"background", true}, {"stream", true}};
+  };
+  // (the stream's head: the request was parsed, its conversation read)
+  const auto started = [&](const json& body) {
+    const std::string head = test::http_request_until(srv.port(), "POST", "/v1/responses", body.dump(), "response.in_progress");
+    for (const json& ev : sse_events(head.substr(0, head.find("event: response.in_progress"))))
+      if (ev["type"] == "response.created") return ev["response"]["id"].get<std::string>();
+    ADD_FAILURE() << head;
+    return std::string();
+  };
+  const auto follow_to_end = [&](const std::string& rid) {
+    std::string last;
+    for (const json& ev : sse_events(test::http_request(srv.port(), "GET", "/v1/responses/" + rid + "?stream=true", "", 60)))
+      last = ev.value("type", "");
+    return last;
+  };
+  const std::string ended = conversation();
+  std::string last;
+  for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/responses", request(ended).dump()))) last = ev["type"];
+  EXPECT_TRUE(last == "response.completed" || last == "response.incomplete") << last;
+  EXPECT_EQ(n_items(ended), 3u);  // its own, the input, the output
+  const std::string cancelled = conversation(), deleted = conversation();
+  std::string rc, rd;
+  {
+    EngineHold hold(*srv.engine);
+    ASSERT_TRUE(hold.held());
+    rc = started(request(cancelled));
+    rd = started(request(deleted));
+    EXPECT_EQ(answer("POST", "/v1/responses/" + rc + "/cancel", json::object())["status"], "cancelled");
+    EXPECT_EQ(answer("DELETE", "/v1/conversations/" + deleted)["deleted"], true);
+  }
+  EXPECT_EQ(follow_to_end(rc), "error");
+  EXPECT_EQ(follow_to_end(rd), last);  // (the same prompt as the first: the same end)
+  EXPECT_EQ(n_items(cancelled), 1u);
+  EXPECT_EQ(answer("GET", "/v1/conversations/" + deleted)["error"]["param"], "conversation_id");
+  EXPECT_EQ("response." + answer("GET", "/v1/responses/" + rd)["status"].get<std::string>(), last);
+}
+
+// The store off (--max-stored-responses 0): no conversation is created (a 400 that says why), none
+// is found. Under the byte cap, the longest unwritten conversation is evicted; one over it alone
+// is refused; what a response resolves from a conversation is at most a body's limit.
+TEST(ServerConversations, TheStoreOffAndItsCaps) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  {
+    InProcessServer off(path, "stories260K", 2048, {}, [](ServeConfig& c) { c.max_stored_responses = 0; });
+    const std::string out = test::http_post(off.port(), "/v1/conversations", "{}");
+    EXPECT_NE(out.find("400 Bad Request"), std::string::npos) << out;
+    EXPECT_NE(response_body(out)["error"]["message"].get<std::string>().find("--max-stored-responses 0"), std::string::npos) << out;
+    EXPECT_NE(test::http_request(off.port(), "GET", "/v1/conversations/conv_x", "").find("404 Not Found"), std::string::npos);
+    EXPECT_NE(test::http_post(off.port(), "/v1/responses", R"({"input": "x", "conversation": "conv_x"})").find("404 Not Found"),
+              std::string::npos);
+  }
+  InProcessServer srv(path, "stories260K", 2048, {}, [](ServeConfig& c) {
+    c.max_stored_bytes = 12 << 10;
+    c.max_body_bytes = 8 << 10;
+  });
+  const auto post = [&](const std::string& p, const json& body) { return response_body(test::http_post(srv.port(), p, body.dump())); };
+  const auto found = [&](const std::string& id) {
+    return test::http_request(srv.port(), "GET", "/v1/conversations/" + id, "").find("200 OK") != std::string::npos;
+  };
+  // (reasoning before a user turn: stored whole, left out of the prompt)
+  const auto pad = [](size_t n) {
+    return json{{"type", "reasoning"}, {"summary", {{{"type", "summary_text"}, {"text", std::string(n, 'x')}}}}};
+  };
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(post("/v1/conversations", {{"items", {pad(3 << 10)}}})["id"]);
+  EXPECT_TRUE(found(ids[0]) && found(ids[1]) && found(ids[2]));
+  EXPECT_EQ(post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(3 << 10)}}})["data"].size(), 1u);
+  EXPECT_FALSE(found(ids[1]));  // (the oldest but the one growing: evicted)
+  EXPECT_TRUE(found(ids[0]) && found(ids[2]));
+  ids.push_back(post("/v1/conversations", {{"items", {pad(3 << 10)}}})["id"]);
+  EXPECT_FALSE(found(ids[2]));  // (ids[0] was written since: ids[2] is the longest unwritten)
+  EXPECT_TRUE(found(ids[0]) && found(ids[3]));
+  const json full = post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(6 << 10)}}});
+  EXPECT_EQ(full["error"]["param"], "items") << full;
+  EXPECT_NE(full["error"]["message"].get<std::string>().find("byte cap"), std::string::npos) << full;
+  // ids[0] holds 6 KB: one more turn's worth and it is over a body's limit (8 KB) to resolve.
+  json turn = {{"model", "stories260K"}, {"max_output_tokens", 2}, {"input", "Once"}, {"conversation", ids[0]}};
+  EXPECT_EQ(post("/v1/responses", turn)["status"].is_string(), true);
+  EXPECT_EQ(post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(2 << 10)}}})["data"].size(), 1u);
+  const json refused = post("/v1/responses", turn);
+  EXPECT_EQ(refused["error"]["param"], "conversation") << refused;
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("8192 bytes"), std::string::npos) << refused;
 }
 
 // The tools reach the chat template in the client's key order through every API that takes them

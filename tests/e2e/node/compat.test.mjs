@@ -1,7 +1,8 @@
 // What ordinary client requests need beyond plain chat, through the official openai client on
 // stories260K: every OpenAI field accepted, structured output (json_schema) and tool calls by
 // constrained decoding (plain and streamed, with the tool result sent back), the Responses API
-// (plain and streamed), embeddings, GET /v1/models/{id}, --api-key, CORS and X-Request-Id.
+// (plain and streamed) and its Conversations API (the v6 client, `openai-next`), embeddings,
+// GET /v1/models/{id}, --api-key, CORS and X-Request-Id.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
@@ -382,6 +383,44 @@ describe('OpenAI compatibility (stories260K)', { skip }, () => {
                          (e) => e.status === 400 && e.code === 'previous_response_not_found' && e.param === 'previous_response_id');
     // store: false is not stored.
     await assert.rejects(client.responses.retrieve(whole.id), (e) => e.status === 404);
+  });
+
+  test('the Conversations API (openai v6): create, retrieve, items list and create, a response in it, delete', async () => {
+    const OpenAINext = (await import('openai-next')).default;  // (v4 has no conversations resource)
+    const next = new OpenAINext({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 120_000 });
+    const conv = await next.conversations.create({ metadata: { topic: 'cats' }, items: [{ role: 'user', content: 'Once upon a time' }] });
+    assert.match(conv.id, /^conv_[0-9a-f]{24}$/);
+    assert.equal(conv.object, 'conversation');
+    assert.deepEqual(conv.metadata, { topic: 'cats' });
+    assert.deepEqual(await next.conversations.retrieve(conv.id), conv);
+    const added = await next.conversations.items.create(conv.id, {
+      items: [{ type: 'message', role: 'assistant', content: 'there was a cat' }, { role: 'user', content: 'The cat' }],
+    });
+    assert.deepEqual(added.data.map((i) => i.id.slice(0, 4)), ['msg_', 'msg_']);
+    // A response in it: prompted with its items first, as if they were sent whole; they and its output join it.
+    const base = { model: MODEL_ID, max_output_tokens: 8, temperature: 0 };
+    const r = await next.responses.create({ ...base, conversation: conv.id, input: 'The end' });
+    assert.deepEqual(r.conversation, { id: conv.id });
+    const whole = await next.responses.create({
+      ...base, store: false, input: [{ role: 'user', content: 'Once upon a time' }, { role: 'assistant', content: 'there was a cat' },
+                                     { role: 'user', content: 'The cat' }, { role: 'user', content: 'The end' }],
+    });
+    assert.equal(r.usage.input_tokens, whole.usage.input_tokens);
+    assert.equal(r.output_text, whole.output_text);
+    const items = [];  // (the client's own paging: limit 2, after the last id)
+    for await (const item of next.conversations.items.list(conv.id, { order: 'asc', limit: 2 })) items.push(item);
+    assert.deepEqual(items.map((i) => i.role), ['user', 'assistant', 'user', 'user', 'assistant']);
+    assert.equal(items[3].content[0].text, 'The end');
+    assert.deepEqual(items[4], r.output[0]);
+    assert.deepEqual(await next.conversations.items.retrieve(items[1].id, { conversation_id: conv.id }), items[1]);
+    assert.equal((await next.conversations.items.delete(items[1].id, { conversation_id: conv.id })).id, conv.id);
+    assert.equal((await next.conversations.items.list(conv.id)).data.length, 4);
+    assert.deepEqual((await next.conversations.update(conv.id, { metadata: { topic: 'dogs' } })).metadata, { topic: 'dogs' });
+    await assert.rejects(next.responses.create({ ...base, conversation: conv.id, previous_response_id: r.id, input: 'x' }),
+                         (e) => e.status === 400 && e.param === 'conversation');
+    assert.deepEqual(await next.conversations.delete(conv.id), { id: conv.id, object: 'conversation.deleted', deleted: true });
+    await assert.rejects(next.conversations.retrieve(conv.id), (e) => e.status === 404);
+    await assert.rejects(next.responses.create({ ...base, conversation: conv.id, input: 'x' }), (e) => e.status === 404);
   });
 
   test('embeddings: the base64 and float forms agree; unit norm; one vector per input, in order', async () => {
