@@ -875,6 +875,9 @@ struct ResponsesConversation {
   size_t previous = 0;         // items[0, previous) are what it continues
   std::string previous_param;  // ... named: "previous_response_id" or "conversation"
   json own = json::array();
+  // A conversation's: held for the request (ConversationStore::claim), and its size (bytes()).
+  std::shared_ptr<void> claim;
+  uint64_t conversation_bytes = 0;
 };
 
 // What one request resolves from the stores (a chain's items, a conversation's, the references'):
@@ -931,7 +934,7 @@ void add_items(const json& in, const std::string& name, const ResponseStore* sto
 }
 
 ResponsesConversation responses_conversation(const json& j, const ResponseStore* store,
-                                             const ConversationStore* conversations, bool keep) {
+                                             ConversationStore* conversations, bool keep) {
   ResponsesConversation c;
   Resolved resolved(store);
   if (j.contains("previous_response_id")) {
@@ -956,9 +959,17 @@ ResponsesConversation responses_conversation(const json& j, const ResponseStore*
     c.previous_param = "previous_response_id";
   } else if (j.contains("conversation")) {
     const std::string id = conversation_id(j["conversation"]);
-    const std::optional<ConversationStore::Conversation> conv = conversations ? conversations->get(id) : std::nullopt;
-    if (!conv) throw conversation_not_found(id, "conversation");
-    const std::vector<const ResponseStore::Item*> items = ConversationStore::items(*conv);
+    ConversationStore::Conversation conv;
+    switch (conversations ? conversations->claim(id, conv, c.claim) : ConversationStore::Change::kNoConversation) {
+      case ConversationStore::Change::kDone:
+        break;
+      case ConversationStore::Change::kBusy:
+        throw conversation_locked();
+      default:
+        throw conversation_not_found(id, "conversation");
+    }
+    c.conversation_bytes = conv.bytes();
+    const std::vector<const ResponseStore::Item*> items = ConversationStore::items(conv);
     resolved.add(ResponseStore::text_bytes(items), "conversation");
     c.items = ResponseStore::parse(items);
     c.previous_param = "conversation";
@@ -977,9 +988,15 @@ ResponsesConversation responses_conversation(const json& j, const ResponseStore*
 }
 
 // conv's items as chat messages (name: what names its own items, "input" or "items"): a message's
-// role and a call's name checked, other types refused (the chat parser checks the rest).
-json chat_messages(const ResponsesConversation& conv, const std::string& name) {
+// role and a call's name checked, other types refused (the chat parser checks the rest). origin
+// (when not null): each message's item, its index in conv.items (reasoning items make no message;
+// calls join the assistant turn before them).
+json chat_messages(const ResponsesConversation& conv, const std::string& name, std::vector<size_t>* origin = nullptr) {
   json messages = json::array();
+  const auto push = [&](json m, size_t i) {
+    messages.push_back(std::move(m));
+    if (origin) origin->push_back(i);
+  };
   // Reasoning items' text since the last turn: the assistant turn they precede takes it (a user
   // turn or a tool result drops it: reasoning that led to no answer).
   std::string reasoning;
@@ -996,7 +1013,7 @@ json chat_messages(const ResponsesConversation& conv, const std::string& name) {
     const std::string type = item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>() : "message";
     if (type == "message") {
       if (!item.contains("role")) bad(p + ".role", "'" + p + ".role' is required");
-      messages.push_back({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}});
+      push({{"role", item["role"]}, {"content", item.contains("content") ? item["content"] : json("")}}, i);
       if (item["role"] == "assistant") take_reasoning(messages.back());
       else reasoning.clear();
     } else if (type == "function_call") {
@@ -1011,13 +1028,13 @@ json chat_messages(const ResponsesConversation& conv, const std::string& name) {
         if (!turn.contains("tool_calls")) turn["tool_calls"] = json::array();
         turn["tool_calls"].push_back(call);
       } else {
-        messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
+        push({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}}, i);
       }
       take_reasoning(messages.back());
     } else if (type == "function_call_output") {
       const json& out = item.contains("output") ? item["output"] : json("");
-      messages.push_back({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
-                          {"content", out.is_string() || out.is_array() ? out : json(out.dump())}});
+      push({{"role", "tool"}, {"tool_call_id", item.contains("call_id") ? item["call_id"] : json("")},
+            {"content", out.is_string() || out.is_array() ? out : json(out.dump())}}, i);
       reasoning.clear();
     } else if (type == "reasoning") {  // its text: content's reasoning_text parts, else the summary's
       std::string text;
@@ -1067,6 +1084,21 @@ ApiError conversation_not_found(std::string_view id, const std::string& param) {
   return ApiError(404, cat("Conversation with id '", id, "' not found."), param);
 }
 
+ApiError conversation_locked() {
+  return ApiError(400, "Another process is currently operating on this conversation. Please retry in a few seconds.",
+                  "conversation", "invalid_request_error", "conversation_locked");
+}
+
+std::string conversation_over_cap(std::string_view id, uint64_t cap) {
+  return cat(id.empty() ? std::string("the conversation") : cat("conversation '", id, "'"), " would be larger than ", cap,
+             " bytes, what one conversation may hold (--max-body-bytes, a response reads it whole; or "
+             "--max-stored-bytes where smaller)");
+}
+
+std::string needs_the_store(std::string_view what) {
+  return cat(what, " need the response store, which is off here (--max-stored-responses 0)");
+}
+
 json conversation_items(const json& items, const ResponseStore* store) {
   if (!items.is_array()) bad("items", "'items' must be an array of items");
   if (items.size() > size_t(kMaxConversationItems))
@@ -1074,12 +1106,28 @@ json conversation_items(const json& items, const ResponseStore* store) {
   ResponsesConversation c;
   Resolved resolved(store);
   add_items(items, "items", store, resolved, /*keep=*/true, c);
-  if (const json messages = chat_messages(c, "items"); !messages.empty()) parse_messages(messages, "items");
+  std::vector<size_t> origin;
+  const json messages = chat_messages(c, "items", &origin);
+  if (messages.empty()) return std::move(c.own);
+  try {
+    parse_messages(messages, "items");
+  } catch (const ApiError& e) {  // (it names messages[k]: its item's index instead)
+    const size_t open = e.param.find('['), close = e.param.find(']');
+    if (!e.param.starts_with("items[") || close == std::string::npos) throw;
+    const std::string was = e.param.substr(0, close + 1);
+    const size_t k = size_t(std::stoull(e.param.substr(open + 1, close - open - 1)));
+    if (k >= origin.size()) throw;
+    const std::string is = cat("items[", origin[k], "]");
+    std::string message = e.what();
+    for (size_t at = message.find(was); at != std::string::npos; at = message.find(was, at + is.size()))
+      message.replace(at, was.size(), is);
+    throw ApiError(e.status, message, is + e.param.substr(was.size()), e.type, e.code);
+  }
   return std::move(c.own);
 }
 
 ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model, const ResponseStore* store,
-                                      const ConversationStore* conversations) {
+                                      ConversationStore* conversations) {
   json j = parse_json_object(body);
   for (auto it = j.begin(); it != j.end();) it = it.value().is_null() ? j.erase(it) : std::next(it);
   if (j.contains("prompt")) bad("prompt", "'prompt' (a stored prompt template) is not supported");
@@ -1126,10 +1174,16 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
   const bool background = j.contains("background") && get_bool(j, "background");
   if (background && !store_asked) bad("background", "background responses must be stored: 'store' cannot be false");
   if (background && !(store && store->max_bytes() > 0 && store->max_responses() > 0))
-    bad("background", "background responses need the response store, which is off here (--max-stored-responses 0)");
+    bad("background", needs_the_store("background responses"));
   if (j.contains("metadata")) check_metadata(j["metadata"], "metadata");
   // (a conversation takes the input's items, stored or not)
   ResponsesConversation conv = responses_conversation(j, store, conversations, (store_asked && store) || j.contains("conversation"));
+  if (conv.claim) {  // (its turn over the conversation's cap already: refused before it runs)
+    uint64_t bytes = conv.conversation_bytes;
+    for (const ResponseStore::Item& it : ResponseStore::to_items(conv.own)) bytes += ResponseStore::item_bytes(it);
+    const std::string id = conversation_id(j["conversation"]);
+    if (bytes > conversations->max_conversation_bytes()) bad("input", conversation_over_cap(id, conversations->max_conversation_bytes()));
+  }
 
   json messages = chat_messages(conv, "input");
   if (j.contains("instructions")) {  // (this request's own: not what it continues, as OpenAI does)
@@ -1184,6 +1238,7 @@ ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& mo
     if (background) r.responses_echo["background"] = true;
     if (j.contains("conversation")) {
       r.conversation = conversation_id(j["conversation"]);
+      r.conversation_claim = std::move(conv.claim);
       r.responses_echo["conversation"] = {{"id", r.conversation}};
     }
     r.responses_input = std::move(conv.own);

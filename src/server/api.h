@@ -96,6 +96,9 @@ struct ParsedRequest : GenerationRequest {
   // takes its input's items (responses_input, then, stored or not) and its output's when it ends
   // completed or incomplete.
   std::string conversation;
+  // ... held for it (ConversationStore::claim: one response at a time on a conversation) until
+  // the last copy goes: its reply's, which lets it go when it ends.
+  std::shared_ptr<void> conversation_claim;
   nlohmann::json responses_input = nlohmann::json::array();
   bool base64 = false;  // embeddings: encoding_format "base64" (little-endian float32s)
   bool llama_embeddings = false;  // embeddings: llama.cpp's /embedding answer (llama_embeddings_response)
@@ -164,7 +167,7 @@ bool get_bool(const nlohmann::json& body, const char* name);
 // it. Stored prompts and built-in tools are 400 "... is not supported".
 ParsedRequest parse_responses_request(std::string_view body, const ModelInfo& model,
                                       const ResponseStore* store = nullptr,
-                                      const ConversationStore* conversations = nullptr);
+                                      ConversationStore* conversations = nullptr);
 // OpenAI's metadata (a Responses request's, a conversation's): an object of at most 16 pairs, keys
 // of at most 64 characters, values strings of at most 512; otherwise ApiError (400) naming param.
 void check_metadata(const nlohmann::json& metadata, const std::string& param);
@@ -179,6 +182,13 @@ nlohmann::json conversation_items(const nlohmann::json& items, const ResponseSto
 std::string conversation_id(const nlohmann::json& conversation);
 // OpenAI's 404 for a conversation not stored (never, evicted or deleted), naming param.
 ApiError conversation_not_found(std::string_view id, const std::string& param);
+// OpenAI's 400 conversation_locked: a response runs on it (ConversationStore::Change::kBusy).
+ApiError conversation_locked();
+// What refuses a conversation grown past its cap (ConversationStore::max_conversation_bytes):
+// "conversation '{id}' would be larger than ..." (id "": the new conversation).
+std::string conversation_over_cap(std::string_view id, uint64_t cap);
+// What refuses what needs the response store where it is off: "{what} need the response store, ...".
+std::string needs_the_store(std::string_view what);
 // llama.cpp's native POST /completion: {"prompt": text | token ids, "n_predict", "stream", its
 // sampling fields, "logit_bias" as [[id, bias | false], ...] or an object, "seed" (-1: random),
 // "return_tokens"} parsed as a completions request of one choice; "model" optional.

@@ -890,7 +890,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
           parallel_(pr.parallel_tool_calls), tool_name_(pr.tool_name),
           tools_(pr.tools), echo_(pr.responses_echo), msg_id_(new_item_id("msg_")), rs_id_(new_item_id("rs_")),
           grammar_(!pr.grammar.empty()), store_(pr.store_response), conversation_(pr.conversation),
-          input_(std::move(pr.responses_input)),
+          claim_(std::move(pr.conversation_claim)), input_(std::move(pr.responses_input)),
           logprobs_(pr.logprobs >= 0) {
       think_ = reasoning_split(s.srv_.model);
       if (background_ && stream_) log_ = std::make_shared<EventLog>();
@@ -977,10 +977,12 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       usage.reasoning_tokens = reasoning_tokens_;
       json r = responses_object(meta_, incomplete ? "incomplete" : "completed", output, &usage,
                                 incomplete ? "max_output_tokens" : "", echo_);
-      // (background: unless it was cancelled first, which stored it so)
+      // (background: unless it was cancelled first, which stored it so). Its turn in its
+      // conversation first: a client that sees it finished (GET) finds the turn there.
       const bool ended = !background_ || srv_.background.end(meta_.id);
-      r["store"] = store_ && ended && keep(r);
       if (ended) add_to_conversation(output);
+      claim_.reset();
+      r["store"] = store_ && ended && keep(r);
       if (!s_) return;
       if (!stream_) return s_->send_json(r);
       int64_t index = int64_t(items_.size());
@@ -1011,6 +1013,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       s_->enqueue(http_chunk(out) + http_chunk(""), true);
     }
     void on_error(const ApiError& e, const Usage& u) override {
+      claim_.reset();
       if (background_ && srv_.background.end(meta_.id)) {  // failed (cancelled: the cancel stored that)
         Usage usage = u;
         usage.reasoning_tokens = reasoning_tokens_;
@@ -1054,7 +1057,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       return false;
     }
     // A finished response's input items then its output items, at its conversation's end (one
-    // deleted meanwhile: dropped).
+    // deleted meanwhile: dropped; one its output would take past its cap, or that items of the
+    // turn's ids were added to meanwhile: not added, a warning logged).
     void add_to_conversation(const json& output) const {
       if (conversation_.empty()) return;
       std::vector<ResponseStore::Item> items = ResponseStore::to_items(input_);
@@ -1062,8 +1066,8 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
       std::string duplicate;
       switch (srv_.conversations.add(conversation_, items, &duplicate)) {
         case ConversationStore::Change::kOverTheCap:
-          spdlog::warn("{}: conversation {} is full (--max-stored-bytes {}): this turn is not added", meta_.id,
-                       conversation_, srv_.conversations.max_bytes());
+          spdlog::warn("{}: {}: this turn is not added", meta_.id,
+                       conversation_over_cap(conversation_, srv_.conversations.max_conversation_bytes()));
           break;
         case ConversationStore::Change::kDuplicate:  // (an item of that id added to it meanwhile)
           spdlog::warn("{}: conversation {} holds an item '{}' already: this turn is not added", meta_.id, conversation_,
@@ -1185,6 +1189,7 @@ class HttpSession : public Session<HttpOut>, public Responder, public std::enabl
     bool grammar_;  // a grammar constrains the output (reasoning never open from the start)
     bool store_;    // ParsedRequest::store_response
     std::string conversation_;  // ParsedRequest::conversation
+    std::shared_ptr<void> claim_;  // ParsedRequest::conversation_claim (let go when it ends)
     json input_;    // ParsedRequest::responses_input
     bool logprobs_;  // include: message.output_text.logprobs
     std::vector<TokenLogprob> lp_;                  // not yet out with the message's text

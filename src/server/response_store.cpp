@@ -225,14 +225,15 @@ uint64_t ConversationStore::Conversation::bytes() const {
 
 bool ConversationStore::put(Conversation c) {
   const uint64_t b = c.bytes();
-  if (max_conversations_ <= 0 || b > max_bytes_) return false;
+  if (max_conversations_ <= 0 || b > max_conversation_bytes()) return false;
   const std::lock_guard lock(mu_);
   if (slots_.count(c.id)) return false;
   make_room(b, true, nullptr);
   order_.push_back(c.id);
   bytes_ += b;
   std::string id = c.id;  // (not c.id beside std::move(c): their order is unspecified)
-  slots_.emplace(std::move(id), Slot{std::move(c), b, std::prev(order_.end())});
+  Slot& s = slots_.emplace(std::move(id), Slot{std::move(c), b, std::prev(order_.end()), {}, false}).first->second;
+  for (const auto& x : s.c.items) s.ids.insert(x->id);
   return true;
 }
 
@@ -252,7 +253,7 @@ void ConversationStore::make_room(uint64_t more, bool new_one, const std::string
 }
 
 bool ConversationStore::resize(Slot& s, uint64_t bytes) {
-  if (bytes > max_bytes_) return false;
+  if (bytes > max_conversation_bytes()) return false;
   if (bytes > s.bytes) make_room(bytes - s.bytes, false, &s.c.id);
   bytes_ = bytes_ - s.bytes + bytes;
   s.bytes = bytes;
@@ -283,41 +284,78 @@ ConversationStore::Change ConversationStore::add(const std::string& id, const st
   const auto it = slots_.find(id);
   if (it == slots_.end()) return Change::kNoConversation;
   Slot& s = it->second;
-  std::unordered_set<std::string_view> ids;
-  for (const auto& x : s.c.items) ids.insert(x->id);
+  std::unordered_set<std::string_view> fresh;  // (the new among themselves)
   uint64_t bytes = s.bytes;  // (each item at most a body's size, their count a body's: no overflow)
   for (const Item& x : items) {
-    if (!ids.insert(x.id).second) {
+    if (s.ids.count(x.id) || !fresh.insert(x.id).second) {
       if (duplicate) *duplicate = x.id;
       return Change::kDuplicate;
     }
     bytes += ResponseStore::item_bytes(x);
   }
   if (!resize(s, bytes)) return Change::kOverTheCap;
-  for (const Item& x : items) s.c.items.push_back(std::make_shared<const Item>(x));
+  for (const Item& x : items) {
+    s.c.items.push_back(std::make_shared<const Item>(x));
+    s.ids.insert(s.c.items.back()->id);
+  }
   return Change::kDone;
 }
 
-ConversationStore::Change ConversationStore::erase_item(const std::string& id, const std::string& item_id) {
+ConversationStore::Change ConversationStore::erase_item(const std::string& id, const std::string& item_id, json* object) {
   const std::lock_guard lock(mu_);
   const auto it = slots_.find(id);
   if (it == slots_.end()) return Change::kNoConversation;
   Slot& s = it->second;
+  if (!s.ids.count(item_id)) return Change::kNoItem;
   const auto at = std::find_if(s.c.items.begin(), s.c.items.end(), [&](const auto& x) { return x->id == item_id; });
-  if (at == s.c.items.end()) return Change::kNoItem;
   resize(s, s.bytes - ResponseStore::item_bytes(**at));  // (smaller: always)
+  s.ids.erase(item_id);  // (before the item its view is of goes)
   s.c.items.erase(at);
+  if (object) *object = ConversationStore::object(s.c);
   return Change::kDone;
 }
 
-ConversationStore::Change ConversationStore::set_metadata(const std::string& id, std::string metadata) {
+ConversationStore::Change ConversationStore::set_metadata(const std::string& id, std::string metadata, json* object) {
   const std::lock_guard lock(mu_);
   const auto it = slots_.find(id);
   if (it == slots_.end()) return Change::kNoConversation;
   Slot& s = it->second;
   if (!resize(s, s.bytes - s.c.metadata.size() + metadata.size())) return Change::kOverTheCap;
   s.c.metadata = std::move(metadata);
+  if (object) *object = ConversationStore::object(s.c);
   return Change::kDone;
+}
+
+// A response's hold on a conversation: let go (the conversation, if still stored, free again) when
+// it goes.
+class ConversationStore::Claim {
+ public:
+  Claim(ConversationStore& store, std::string id) : store_(store), id_(std::move(id)) {}
+  Claim(const Claim&) = delete;
+  Claim& operator=(const Claim&) = delete;
+  ~Claim() { store_.release(id_); }
+
+ private:
+  ConversationStore& store_;
+  const std::string id_;
+};
+
+ConversationStore::Change ConversationStore::claim(const std::string& id, Conversation& c, std::shared_ptr<void>& claim) {
+  {
+    const std::lock_guard lock(mu_);
+    const auto it = slots_.find(id);
+    if (it == slots_.end()) return Change::kNoConversation;
+    if (it->second.busy) return Change::kBusy;
+    it->second.busy = true;
+    c = it->second.c;
+  }
+  claim = std::make_shared<Claim>(*this, id);
+  return Change::kDone;
+}
+
+void ConversationStore::release(const std::string& id) {
+  const std::lock_guard lock(mu_);
+  if (const auto it = slots_.find(id); it != slots_.end()) it->second.busy = false;
 }
 
 json ConversationStore::object(const Conversation& c) {

@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -155,8 +157,10 @@ class ResponseStore {
 // order, items as the response store keeps them. In memory, shared by the I/O threads under one
 // mutex; bounded as the response store is, apart from it (the same caps: a count, and bytes as
 // ResponseStore::Entry counts them), the one written longest ago first evicted (written: created,
-// items added or deleted, metadata set; reading does not renew one). Items are shared with readers:
-// a read copies no text.
+// items added or deleted, metadata set; reading does not renew one); one conversation at most
+// max_conversation_bytes (what a response may read of it). Items are shared with readers: a read
+// copies no text. A response holds its conversation (claim) while it runs: OpenAI's lock, one
+// response at a time on a conversation.
 class ConversationStore {
  public:
   using Item = ResponseStore::Item;
@@ -168,24 +172,30 @@ class ConversationStore {
     uint64_t bytes() const;
   };
   // What a change did: kNoConversation (its id not stored), kNoItem (erase_item: not in it),
-  // kDuplicate (add: an item id it holds, or twice among the new), kOverTheCap (it alone would be
-  // over the byte cap: nothing changed).
-  enum class Change { kDone, kNoConversation, kNoItem, kDuplicate, kOverTheCap };
+  // kDuplicate (add: an item id it holds, or twice among the new), kOverTheCap (it would be over
+  // max_conversation_bytes(): nothing changed), kBusy (claim: a response holds it).
+  enum class Change { kDone, kNoConversation, kNoItem, kDuplicate, kOverTheCap, kBusy };
 
-  ConversationStore(int64_t max_conversations, uint64_t max_bytes)
-      : max_conversations_(max_conversations), max_bytes_(max_bytes) {}
+  // max_conversation_bytes: one conversation's cap (the server's: max_body_bytes, what a response
+  // may read of it), as Conversation::bytes counts.
+  ConversationStore(int64_t max_conversations, uint64_t max_bytes, uint64_t max_conversation_bytes = UINT64_MAX)
+      : max_conversations_(max_conversations), max_bytes_(max_bytes), max_conversation_bytes_(max_conversation_bytes) {}
   ConversationStore(const ConversationStore&) = delete;
   ConversationStore& operator=(const ConversationStore&) = delete;
 
   // Stores c, evicting the longest unwritten until it fits; false (nothing evicted) when it alone is
-  // over the byte cap, the count cap is 0, or its id is already stored.
+  // over max_conversation_bytes(), the count cap is 0, or its id is already stored.
   bool put(Conversation c);
   std::optional<Conversation> get(const std::string& id) const;
   bool erase(const std::string& id);  // false when not stored
+  // For a response on id: kDone, c its conversation and `claim` held for it (until the last copy
+  // goes, claim() of id is kBusy); else kNoConversation or kBusy, nothing changed.
+  Change claim(const std::string& id, Conversation& c, std::shared_ptr<void>& claim);
   // items at id's end (duplicate: the first id it already holds, for kDuplicate).
   Change add(const std::string& id, const std::vector<Item>& items, std::string* duplicate = nullptr);
-  Change erase_item(const std::string& id, const std::string& item_id);
-  Change set_metadata(const std::string& id, std::string metadata);
+  // object (when not null): the conversation's object as the change left it (ConversationStore::object).
+  Change erase_item(const std::string& id, const std::string& item_id, nlohmann::json* object = nullptr);
+  Change set_metadata(const std::string& id, std::string metadata, nlohmann::json* object = nullptr);
   // Its object: {"id", "object": "conversation", "created_at", "metadata"}.
   static nlohmann::json object(const Conversation& c);
   // Its items as ResponseStore::text_bytes and a page take them; valid while c lives.
@@ -193,6 +203,8 @@ class ConversationStore {
 
   int64_t max_conversations() const { return max_conversations_; }
   uint64_t max_bytes() const { return max_bytes_; }
+  // One conversation's cap: max_conversation_bytes, or the store's byte cap where smaller.
+  uint64_t max_conversation_bytes() const { return max_conversation_bytes_ < max_bytes_ ? max_conversation_bytes_ : max_bytes_; }
   int64_t size() const;
   uint64_t bytes() const;
 
@@ -201,16 +213,21 @@ class ConversationStore {
     Conversation c;
     uint64_t bytes;
     std::list<std::string>::iterator order;  // its place in order_
+    std::unordered_set<std::string_view> ids;  // its items' ids (views of c.items' own)
+    bool busy = false;                         // claimed
   };
+  class Claim;
+  void release(const std::string& id);  // a claim let go
   // Under mu_: the longest unwritten but `keep` (a stored one growing) evicted until `more` bytes
   // (and, new_one, one more conversation) fit.
   void make_room(uint64_t more, bool new_one, const std::string* keep);
-  // Under mu_: s about to be written to `bytes` in all: false (nothing done) when that alone is over
-  // the byte cap; else room made for its growth, its size counted, and it the latest written.
+  // Under mu_: s about to be written to `bytes` in all: false (nothing done) when that is over
+  // max_conversation_bytes(); else room made for its growth, its size counted, and it the latest written.
   bool resize(Slot& s, uint64_t bytes);
 
   const int64_t max_conversations_;
   const uint64_t max_bytes_;
+  const uint64_t max_conversation_bytes_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Slot> slots_;
   std::list<std::string> order_;  // ids, longest unwritten first

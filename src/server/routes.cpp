@@ -390,6 +390,10 @@ ConversationStore::Conversation stored_conversation(const Server::Impl& srv, con
   return std::move(*c);
 }
 
+ApiError item_not_found(const std::string& id, const std::string& item_id) {
+  return ApiError(404, cat("Item with id '", item_id, "' not found in conversation '", id, "'."), "item_id");
+}
+
 // A change's refusal (Change::kDone: none).
 void check_change(ConversationStore::Change change, const Server::Impl& srv, const std::string& id,
                   const std::string& item_id = "") {
@@ -400,20 +404,21 @@ void check_change(ConversationStore::Change change, const Server::Impl& srv, con
     case Change::kNoConversation:
       throw conversation_not_found(id, "conversation_id");
     case Change::kNoItem:
-      throw ApiError(404, cat("Item with id '", item_id, "' not found in conversation '", id, "'."), "item_id");
+      throw item_not_found(id, item_id);
     case Change::kDuplicate:
       throw ApiError(400, cat("Duplicate item found with id '", item_id, "': conversation '", id, "' holds it already."),
                      "items");
     case Change::kOverTheCap:
-      throw ApiError(400, cat("conversation '", id, "' would be larger than the conversation store's byte cap, "
-                              "--max-stored-bytes ", srv.conversations.max_bytes()), "items");
+      throw ApiError(400, conversation_over_cap(id, srv.conversations.max_conversation_bytes()), "items");
+    case Change::kBusy:
+      throw conversation_locked();
   }
 }
 
 void create_conversation(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   const json j = conversation_body(req, {"items", "metadata"});
   if (srv.conversations.max_conversations() <= 0 || srv.conversations.max_bytes() == 0)
-    throw ApiError(400, "conversations need the response store, which is off here (--max-stored-responses 0)");
+    throw ApiError(400, needs_the_store("conversations"));
   ConversationStore::Conversation c;
   c.id = new_item_id("conv_");
   c.created_at = int64_t(std::time(nullptr));
@@ -422,10 +427,8 @@ void create_conversation(Server::Impl& srv, Responder& out, const RouteRequest& 
     for (ResponseStore::Item& it : ResponseStore::to_items(conversation_items(j["items"], &srv.responses)))
       c.items.push_back(std::make_shared<const ResponseStore::Item>(std::move(it)));
   const json object = ConversationStore::object(c);
-  const uint64_t bytes = c.bytes();
   if (!srv.conversations.put(std::move(c)))
-    throw ApiError(400, cat("the conversation (", bytes, " bytes) is larger than the conversation store's byte cap, "
-                            "--max-stored-bytes ", srv.conversations.max_bytes()), "items");
+    throw ApiError(400, conversation_over_cap("", srv.conversations.max_conversation_bytes()), "items");
   out.send_json(object);
 }
 
@@ -460,15 +463,17 @@ void get_conversation(Server::Impl& srv, Responder& out, const RouteRequest& req
   if (p.item.empty()) return out.send_json(item_page(items, req.query, "the conversation's items"));
   for (const ResponseStore::Item* it : items)
     if (it->id == p.item) return out.send_response(200, "application/json", it->json);
-  check_change(ConversationStore::Change::kNoItem, srv, p.id, p.item);
+  throw item_not_found(p.id, p.item);
 }
 
 void post_conversation(Server::Impl& srv, Responder& out, const RouteRequest& req) {
   const ConversationPath p = conversation_path(req.tail);
   if (!p.item.empty()) return not_allowed(out, "POST", cat("/v1/conversations/", req.tail), "GET, DELETE");
   if (!p.items) {  // its metadata set (null or absent: none)
-    check_change(srv.conversations.set_metadata(p.id, conversation_metadata(conversation_body(req, {"metadata"}))), srv, p.id);
-    return out.send_json(ConversationStore::object(stored_conversation(srv, p.id)));
+    json object;  // (as the change left it: a delete meanwhile does not turn it into a 404)
+    check_change(srv.conversations.set_metadata(p.id, conversation_metadata(conversation_body(req, {"metadata"})), &object),
+                 srv, p.id);
+    return out.send_json(object);
   }
   const json j = conversation_body(req, {"items"});
   if (!j.contains("items")) throw ApiError(400, "'items' is required", "items");
@@ -482,8 +487,9 @@ void delete_conversation(Server::Impl& srv, Responder& out, const RouteRequest& 
   const ConversationPath p = conversation_path(req.tail);
   if (p.items && p.item.empty()) return not_allowed(out, "DELETE", cat("/v1/conversations/", req.tail), "GET, POST");
   if (p.items) {  // (OpenAI's answer: the conversation)
-    check_change(srv.conversations.erase_item(p.id, p.item), srv, p.id, p.item);
-    return out.send_json(ConversationStore::object(stored_conversation(srv, p.id)));
+    json object;
+    check_change(srv.conversations.erase_item(p.id, p.item, &object), srv, p.id, p.item);
+    return out.send_json(object);
   }
   if (!srv.conversations.erase(p.id)) throw conversation_not_found(p.id, "conversation_id");
   out.send_json({{"id", p.id}, {"object", "conversation.deleted"}, {"deleted", true}});

@@ -63,7 +63,7 @@ void set_io_tokenizer(const Tokenizer* tok) { t_tok = tok; }
 
 Server::Impl::Impl(Engine& e, const ServedModel& m, const ServeConfig& c)
     : engine(e), model(m), cfg(c), gen(e, *m.tokenizer, m.chat), responses(c.max_stored_responses, c.max_stored_bytes, c.max_body_bytes),
-      conversations(c.max_stored_responses, c.max_stored_bytes) {
+      conversations(c.max_stored_responses, c.max_stored_bytes, c.max_body_bytes) {
   info.id = m.id;
   info.aliases = m.aliases;
   info.n_ctx = gen.n_ctx;

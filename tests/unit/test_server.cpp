@@ -1569,6 +1569,67 @@ TEST(ResponseStore, ConversationsEvictTheLongestUnwritten) {
   EXPECT_EQ(by_bytes.size(), 1);
 }
 
+// One response at a time on a conversation (claim: OpenAI's lock), let go with its last copy; one
+// conversation at most max_conversation_bytes; its item ids kept from put on; a change answers the
+// conversation as it left it.
+TEST(ResponseStore, AConversationClaimedCappedAndAnsweredFromItsLock) {
+  using Change = ConversationStore::Change;
+  const auto item = [](const std::string& id, size_t pad = 0) {
+    return ResponseStore::Item{id, ResponseStore::text({{"type", "message"}, {"id", id}, {"role", "user"},
+                                                        {"content", std::string(pad + 1, 'x')}})};
+  };
+  ConversationStore::Conversation c;
+  c.id = "a";
+  c.metadata = "{}";
+  c.items.push_back(std::make_shared<const ResponseStore::Item>(item("a_0")));
+  const uint64_t cap = c.bytes() + ResponseStore::item_bytes(item("a_1", 100));
+  ConversationStore store(10, 1 << 20, cap);
+  EXPECT_EQ(store.max_conversation_bytes(), cap);
+  EXPECT_EQ(ConversationStore(10, 1000, cap).max_conversation_bytes(), std::min<uint64_t>(1000, cap));
+  ASSERT_TRUE(store.put(c));
+  ConversationStore::Conversation got;
+  std::shared_ptr<void> claim, second;
+  EXPECT_EQ(store.claim("none", got, claim), Change::kNoConversation);
+  EXPECT_FALSE(claim);
+  ASSERT_EQ(store.claim("a", got, claim), Change::kDone);
+  ASSERT_TRUE(claim);
+  EXPECT_EQ(got.items.size(), 1u);
+  EXPECT_EQ(store.claim("a", got, second), Change::kBusy);
+  EXPECT_FALSE(second);
+  std::shared_ptr<void> copy = claim;
+  claim.reset();
+  EXPECT_EQ(store.claim("a", got, second), Change::kBusy);  // (a copy holds it still)
+  copy.reset();
+  ASSERT_EQ(store.claim("a", got, second), Change::kDone);
+  EXPECT_EQ(store.add("a", {item("a_1")}), Change::kDone);  // (a claim does not stop changes)
+  EXPECT_TRUE(store.erase("a"));
+  second.reset();  // (let go after its conversation went: nothing to free)
+  // The cap: put and add refused past it, nothing changed.
+  ASSERT_TRUE(store.put(c));
+  EXPECT_EQ(store.add("a", {item("a_1", 101)}), Change::kOverTheCap);
+  EXPECT_EQ(store.get("a")->items.size(), 1u);
+  EXPECT_EQ(store.add("a", {item("a_1", 100)}), Change::kDone);
+  EXPECT_EQ(store.get("a")->bytes(), cap);
+  ConversationStore::Conversation big = c;
+  big.id = "big";
+  big.items.push_back(std::make_shared<const ResponseStore::Item>(item("big_1", 101)));
+  EXPECT_FALSE(store.put(big));
+  // Ids: put's count (a_0 was put, never added); one erased may come again.
+  std::string duplicate;
+  EXPECT_EQ(store.add("a", {item("a_0")}, &duplicate), Change::kDuplicate);
+  EXPECT_EQ(duplicate, "a_0");
+  json object;
+  EXPECT_EQ(store.erase_item("a", "a_0", &object), Change::kDone);
+  EXPECT_EQ(object, json({{"id", "a"}, {"object", "conversation"}, {"created_at", 0}, {"metadata", json::object()}}));
+  EXPECT_EQ(store.erase_item("a", "a_0"), Change::kNoItem);
+  EXPECT_EQ(store.set_metadata("a", R"({"k":"v"})", &object), Change::kDone);
+  EXPECT_EQ(object["metadata"], json({{"k", "v"}}));
+  EXPECT_EQ(store.add("a", {item("a_0")}), Change::kOverTheCap);  // (the metadata took its room)
+  EXPECT_EQ(store.set_metadata("a", "{}"), Change::kDone);
+  EXPECT_EQ(store.add("a", {item("a_0")}), Change::kDone);
+  EXPECT_EQ(store.get("a")->bytes(), store.bytes());
+}
+
 // The Conversations API's items are a Responses request's input items (checked, each given an id,
 // a string content as parts); metadata is OpenAI's; a response's conversation comes first in its
 // prompt, counts in what it resolves from the stores, and is not previous_response_id's too.
@@ -1610,6 +1671,12 @@ TEST(ServerResponsesApi, ConversationItemsAndMetadataAsTheResponsesAPIs) {
   bad_items(R"([{"type": "message", "content": "x"}])", "items[0].role", "is required");
   bad_items(R"([{"role": "robot", "content": "x"}])", "items[0].role", "not supported");
   bad_items(R"([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])", "items[0].content[0].type", "");
+  // (named by its item, though a reasoning item makes no message, and calls join the turn before)
+  bad_items(R"([{"type": "reasoning", "summary": []}, {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])",
+            "items[1].content[0].type", "not supported");
+  bad_items(R"([{"role": "assistant", "content": "a"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+      {"type": "reasoning", "summary": []}, {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])",
+            "items[3].content[0].type", "not supported");
   bad_items(R"([{"id": "m1", "role": "user", "content": "x"}, {"id": "m1", "role": "user", "content": "y"}])", "items[1]",
             "Duplicate item found with id 'm1'");
   // Metadata: at most 16 pairs, keys of 64 characters, values strings of 512 (characters, not bytes).
@@ -3918,6 +3985,19 @@ TEST(ServerConversations, BackgroundResponsesAddOnlyWhatEnds) {
   for (const json& ev : sse_events(test::http_post(srv.port(), "/v1/responses", request(ended).dump()))) last = ev["type"];
   EXPECT_TRUE(last == "response.completed" || last == "response.incomplete") << last;
   EXPECT_EQ(n_items(ended), 3u);  // its own, the input, the output
+  // Polled (not streamed) until it finished: its turn is in its conversation by then.
+  const std::string polled = conversation();
+  json quiet = request(polled);
+  quiet["stream"] = false;
+  const std::string rp = answer("POST", "/v1/responses", quiet)["id"];
+  json status;
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       std::chrono::steady_clock::now() < until;) {
+    status = answer("GET", "/v1/responses/" + rp)["status"];
+    if (status != "queued" && status != "in_progress") break;
+  }
+  EXPECT_EQ("response." + status.get<std::string>(), last);
+  EXPECT_EQ(n_items(polled), 3u);
   const std::string cancelled = conversation(), deleted = conversation();
   std::string rc, rd;
   {
@@ -3931,13 +4011,58 @@ TEST(ServerConversations, BackgroundResponsesAddOnlyWhatEnds) {
   EXPECT_EQ(follow_to_end(rc), "error");
   EXPECT_EQ(follow_to_end(rd), last);  // (the same prompt as the first: the same end)
   EXPECT_EQ(n_items(cancelled), 1u);
+  json again = request(cancelled);  // (the cancelled one let its conversation go)
+  again["stream"] = false;
+  again["background"] = false;
+  EXPECT_EQ("response." + answer("POST", "/v1/responses", again)["status"].get<std::string>(), last);
+  EXPECT_EQ(n_items(cancelled), 3u);
   EXPECT_EQ(answer("GET", "/v1/conversations/" + deleted)["error"]["param"], "conversation_id");
   EXPECT_EQ("response." + answer("GET", "/v1/responses/" + rd)["status"].get<std::string>(), last);
 }
 
+// One response at a time on a conversation (OpenAI's conversation_locked): a second, while the first
+// waits on the engine, is refused and adds nothing; once the first ended, the next runs.
+TEST(ServerConversations, OneResponseAtATime) {
+  FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
+  InProcessServer srv(path, "stories260K", 2048);
+  const auto call = [&](const std::string& method, const std::string& p, const json& body = nullptr) {
+    return test::http_request(srv.port(), method, p, body.is_null() ? "" : body.dump());
+  };
+  const std::string id = response_body(call("POST", "/v1/conversations", {{"items", {{{"role", "user"}, {"content", "Once"}}}}}))["id"];
+  const auto n_items = [&] { return response_body(call("GET", "/v1/conversations/" + id + "/items"))["data"].size(); };
+  const json req = {{"model", "stories260K"}, {"max_output_tokens", 4}, {"temperature", 0}, {"input", "upon"}, {"conversation", id}};
+  json first = req;  // (background and streamed: it runs on while the stream's head is read)
+  first["background"] = true;
+  first["stream"] = true;
+  std::string rid;
+  {
+    EngineHold hold(*srv.engine);
+    ASSERT_TRUE(hold.held());
+    const std::string head = test::http_request_until(srv.port(), "POST", "/v1/responses", first.dump(), "response.in_progress");
+    for (const json& ev : sse_events(head.substr(0, head.find("event: response.in_progress"))))
+      if (ev["type"] == "response.created") rid = ev["response"]["id"];
+    ASSERT_FALSE(rid.empty()) << head;
+    const std::string second = call("POST", "/v1/responses", req);
+    EXPECT_NE(second.find("400 Bad Request"), std::string::npos) << second;
+    EXPECT_EQ(response_body(second)["error"], json({{"type", "invalid_request_error"}, {"code", "conversation_locked"},
+                                                    {"param", "conversation"},
+                                                    {"message", "Another process is currently operating on this "
+                                                                "conversation. Please retry in a few seconds."}}));
+    // (its items may still be added and read meanwhile)
+    EXPECT_EQ(n_items(), 1u);
+  }
+  std::string last;
+  for (const json& ev : sse_events(call("GET", "/v1/responses/" + rid + "?stream=true"))) last = ev.value("type", "");
+  EXPECT_TRUE(last == "response.completed" || last == "response.incomplete") << last;
+  EXPECT_EQ(n_items(), 3u);  // (the first's turn alone)
+  const json third = response_body(call("POST", "/v1/responses", req));
+  EXPECT_EQ("response." + third["status"].get<std::string>(), last) << third;
+  EXPECT_EQ(n_items(), 5u);
+}
+
 // The store off (--max-stored-responses 0): no conversation is created (a 400 that says why), none
-// is found. Under the byte cap, the longest unwritten conversation is evicted; one over it alone
-// is refused; what a response resolves from a conversation is at most a body's limit.
+// is found. Under the byte cap, the longest unwritten conversation is evicted; one conversation is
+// at most a body's limit (what a response reads of it): items, or a response's input, past it refused.
 TEST(ServerConversations, TheStoreOffAndItsCaps) {
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
   {
@@ -3970,16 +4095,27 @@ TEST(ServerConversations, TheStoreOffAndItsCaps) {
   ids.push_back(post("/v1/conversations", {{"items", {pad(3 << 10)}}})["id"]);
   EXPECT_FALSE(found(ids[2]));  // (ids[0] was written since: ids[2] is the longest unwritten)
   EXPECT_TRUE(found(ids[0]) && found(ids[3]));
-  const json full = post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(6 << 10)}}});
-  EXPECT_EQ(full["error"]["param"], "items") << full;
-  EXPECT_NE(full["error"]["message"].get<std::string>().find("byte cap"), std::string::npos) << full;
-  // ids[0] holds 6 KB: one more turn's worth and it is over a body's limit (8 KB) to resolve.
-  json turn = {{"model", "stories260K"}, {"max_output_tokens", 2}, {"input", "Once"}, {"conversation", ids[0]}};
-  EXPECT_EQ(post("/v1/responses", turn)["status"].is_string(), true);
-  EXPECT_EQ(post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(2 << 10)}}})["data"].size(), 1u);
+  // One conversation holds at most a body's limit (8 KB, under the store's 12): what a response
+  // reads of it. ids[0] holds 6 KB: 2 KB more items are refused, and so is a response whose own
+  // input would take it past (before it runs: nothing added); a smaller turn is added.
+  const auto n_items = [&](const std::string& id) {
+    return response_body(test::http_request(srv.port(), "GET", "/v1/conversations/" + id + "/items?limit=100", ""))["data"].size();
+  };
+  for (size_t n : {size_t(6) << 10, size_t(2) << 10}) {
+    const json full = post("/v1/conversations/" + ids[0] + "/items", {{"items", {pad(n)}}});
+    EXPECT_EQ(full["error"]["param"], "items") << full;
+    EXPECT_NE(full["error"]["message"].get<std::string>().find("larger than 8192 bytes"), std::string::npos) << full;
+  }
+  const json created = post("/v1/conversations", {{"items", {pad(7900)}}});  // (a body under 8 KB, stored over it)
+  EXPECT_NE(created["error"]["message"].get<std::string>().find("larger than 8192 bytes"), std::string::npos) << created;
+  json turn = {{"model", "stories260K"}, {"max_output_tokens", 2}, {"input", std::string(2 << 10, 'x')}, {"conversation", ids[0]}};
   const json refused = post("/v1/responses", turn);
-  EXPECT_EQ(refused["error"]["param"], "conversation") << refused;
-  EXPECT_NE(refused["error"]["message"].get<std::string>().find("8192 bytes"), std::string::npos) << refused;
+  EXPECT_EQ(refused["error"]["param"], "input") << refused;
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("larger than 8192 bytes"), std::string::npos) << refused;
+  EXPECT_EQ(n_items(ids[0]), 2u);
+  turn["input"] = "Once";
+  EXPECT_TRUE(post("/v1/responses", turn)["status"].is_string());
+  EXPECT_EQ(n_items(ids[0]), 4u);
 }
 
 // The tools reach the chat template in the client's key order through every API that takes them
