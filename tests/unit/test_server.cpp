@@ -3953,7 +3953,8 @@ TEST(ServerConversations, CreatedPagedEditedAndContinued) {
 // adds nothing, and still ends.
 TEST(ServerConversations, BackgroundResponsesAddOnlyWhatEnds) {
   FT_REQUIRE_SHARED(path, "models/stories260K.gguf");
-  InProcessServer srv(path, "stories260K", 2048);
+  // (two I/O threads: a poll is answered while a reply's strand runs)
+  InProcessServer srv(path, "stories260K", 2048, {}, [](ServeConfig& c) { c.http_threads = 2; });
   const auto answer = [&](const std::string& method, const std::string& p, const json& body = nullptr) {
     return response_body(test::http_request(srv.port(), method, p, body.is_null() ? "" : body.dump()));
   };
@@ -4042,7 +4043,7 @@ TEST(ServerConversations, OneResponseAtATime) {
     for (const json& ev : sse_events(head.substr(0, head.find("event: response.in_progress"))))
       if (ev["type"] == "response.created") rid = ev["response"]["id"];
     ASSERT_FALSE(rid.empty()) << head;
-    const std::string second = call("POST", "/v1/responses", req);
+    const std::string second = test::http_request(srv.port(), "POST", "/v1/responses", req.dump(), 10);  // (not to wait on the hold)
     EXPECT_NE(second.find("400 Bad Request"), std::string::npos) << second;
     EXPECT_EQ(response_body(second)["error"], json({{"type", "invalid_request_error"}, {"code", "conversation_locked"},
                                                     {"param", "conversation"},
