@@ -123,6 +123,25 @@ std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
   return out;
 }
 
+// OLMo 2: Llama's tensors without the pre-norms (nor rope_freqs); q and k RMS-normed over the whole
+// projection (Qwen3's names, one weight of q_dim and of kv_dim: qk_norm_whole) after attn_v, and
+// Gemma 2's post-norms after wo and w_down.
+std::vector<TensorSpec> olmo2_tensors(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    if (t.role == Role::AttnNorm || t.role == Role::FfnNorm || t.role == Role::RopeFreqs) continue;
+    out.push_back(t);
+    if (t.role == Role::Wv)
+      for (TensorSpec n : kQkNorm) {
+        n.rows = n.cols = n.role == Role::QNorm ? E::QDim : E::KvDim;
+        out.push_back(n);
+      }
+    if (t.role == Role::Wo) out.push_back(kPostAttnNorm);
+    if (t.role == Role::WDown) out.push_back(kPostFfnNorm);
+  }
+  return out;
+}
+
 // base with the experts' FFN (kMoeFfn) after ffn_norm, in place of its dense FFN or beside it
 // (keep_dense: a model of the architecture has one or the other, for_each_tensor).
 std::vector<TensorSpec> with_moe_ffn(std::span<const TensorSpec> base, bool keep_dense) {
@@ -153,6 +172,7 @@ std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
   static const std::vector<TensorSpec> gemma3_t = after_wv(gemma2_t, kQkNorm);
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
+  static const std::vector<TensorSpec> olmo2_t = olmo2_tensors(kLlama);
   // Gemma 2's defaults are llama.cpp's when the keys are absent (window 4096, caps 50 and 30).
   // Its norm weights are stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is
   // the plain x / rms(x) * weight.
@@ -183,6 +203,8 @@ std::span<const ArchSpec> archs() {
       // IBM Granite 3.x: Llama's tensors and four multipliers (ArchFeatures::granite_scales).
       {"granite", Arch::Granite, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama, granite},
       {"gpt-oss", Arch::GptOss, 1e-5f, 150000.0f, RopeStyle::Halves, kGptOss, gpt_oss},
+      // OLMo 2: post-norms only (none before attention or the FFN), q/k norms over the projection.
+      {"olmo2", Arch::Olmo2, 1e-6f, 1e4f, RopeStyle::Halves, olmo2_t},
   };
   return a;
 }

@@ -16,7 +16,7 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss };
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss, Olmo2 };
 // Which layers attend through the sliding window (HParams::sliding_window): none, all, or
 // those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
@@ -53,6 +53,9 @@ struct HParams {
   RopeParams rope;
   bool tied_embeddings = false;
   bool qkv_bias = false;
+  // q and k RMS-normed over the whole projection (q_dim, kv_dim: olmo2) rather than head by head
+  // (qwen3, gemma3); from the table's q_norm extent.
+  bool qk_norm_whole = false;
   // The forward differences the architecture table (arch.cpp ArchSpec) and the keys give:
   GateAct ffn_act = GateAct::SiLU;
   float embd_scale = 1.0f;        // embeddings * this (gemma2: sqrt(dim))
@@ -300,7 +303,9 @@ class Forward {
  private:
   void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
   void ffn_block(int32_t layer, int64_t M);
-  void moe_ffn(const LayerWeights& L, int64_t M);
+  // A block's input: rmsnorm(x) into h_ with the layer's pre-norm weight w, or x itself (none: olmo2).
+  const float* pre_norm(const float* w, int64_t M);
+  void moe_ffn(const LayerWeights& L, const float* in, int64_t M);
   void residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W, const float* post_norm,
                     const float* bias);
   void validate(const Batch& batch, const KVCache& kv) const;

@@ -247,7 +247,10 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   hp.rope_ctx_orig = opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
   hp.yarn_orig_ctx = ro.orig_ctx > 0 ? ro.orig_ctx : hp.rope_ctx_orig;  // (phi3's long/short switch keeps the file's)
   hp.qkv_bias = false;
-  for (const TensorSpec& t : spec->tensors) hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
+  for (const TensorSpec& t : spec->tensors) {
+    hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
+    hp.qk_norm_whole = hp.qk_norm_whole || (t.role == Role::QNorm && t.rows == Extent::QDim);
+  }
   // The architecture's forward differences (arch.h ArchFeatures).
   const ArchFeatures& ft = spec->features;
   hp.ffn_act = ft.ffn_act;

@@ -213,13 +213,16 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   if (opt.sliding_window > 0 && spec->features.swa == SwaLayers::None)
     fail("synthetic model: architecture '", opt.arch, "' has no windowed layers");
   const int n_layers = opt.n_layers > 0 ? opt.n_layers : s.n_layers;
+  const int n_kv_heads = opt.n_kv_heads != 0 ? opt.n_kv_heads : s.n_kv_heads;
+  if (n_kv_heads <= 0 || n_kv_heads > s.n_heads || s.n_heads % n_kv_heads != 0)
+    fail("synthetic model: ", n_kv_heads, " KV heads do not divide the shape's ", s.n_heads, " heads");
   const uint32_t head_dim = uint32_t(opt.head_dim > 0 ? opt.head_dim : s.dim / s.n_heads);
   w.set(a + "context_length", GGUFValue::of_u32(uint32_t(s.ctx_len)));
   w.set(a + "embedding_length", GGUFValue::of_u32(uint32_t(s.dim)));
   w.set(a + "block_count", GGUFValue::of_u32(uint32_t(n_layers)));
   w.set(a + "feed_forward_length", GGUFValue::of_u32(uint32_t(s.ffn_dim)));
   w.set(a + "attention.head_count", GGUFValue::of_u32(uint32_t(s.n_heads)));
-  w.set(a + "attention.head_count_kv", GGUFValue::of_u32(uint32_t(s.n_kv_heads)));
+  w.set(a + "attention.head_count_kv", GGUFValue::of_u32(uint32_t(n_kv_heads)));
   w.set(a + "attention.layer_norm_rms_epsilon", GGUFValue::of_f32(spec->rms_eps));
   w.set(a + "rope.freq_base", GGUFValue::of_f32(spec->rope_freq_base));
   w.set(a + "rope.dimension_count", GGUFValue::of_u32(head_dim));
@@ -255,7 +258,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   HParams hp;
   hp.dim = s.dim;
   hp.n_heads = s.n_heads;
-  hp.n_kv_heads = s.n_kv_heads;
+  hp.n_kv_heads = n_kv_heads;
   hp.head_dim = int32_t(head_dim);
   hp.ffn_dim = s.ffn_dim;
   hp.n_vocab = int32_t(n_vocab);

@@ -304,6 +304,7 @@ ARCH_DEFAULTS = {
     "phi3":   (1e-5, 10000.0,   True,  "silu"),
     "granite": (1e-5, 10000.0,  False, "silu"),
     "gpt-oss": (1e-5, 150000.0, True,  "swiglu_oai"),
+    "olmo2":  (1e-6, 10000.0,   True,  "silu"),
 }
 
 
@@ -418,7 +419,9 @@ class Model:
             def opt(name):
                 return g.flat(p + name) if g.has(p + name) else None
 
-            L.attn_norm = g.flat(p + "attn_norm.weight")
+            # OLMo 2 (llama.cpp's llm_build_olmo2, HF's Olmo2DecoderLayer) has no norm before
+            # attention or the FFN: each block reads the residual stream itself.
+            L.attn_norm = None if arch == "olmo2" else g.flat(p + "attn_norm.weight")
             if g.has(p + "attn_qkv.weight"):
                 qkv = g.matrix(p + "attn_qkv.weight")
                 nq = self.H * self.head_dim
@@ -441,15 +444,18 @@ class Model:
             L.bo = opt("attn_output.bias")  # gpt-oss
             L.sinks = opt("attn_sinks.weight")  # gpt-oss: (n_head,) one more logit per head
             L.q_norm = L.k_norm = None
-            if arch in ("qwen3", "qwen3moe", "gemma3"):
+            # OLMo 2's q/k norms span the whole projection (H*hd and Hkv*hd), not one head
+            L.qk_norm_whole = arch == "olmo2"
+            if arch in ("qwen3", "qwen3moe", "gemma3", "olmo2"):
                 L.q_norm = g.flat(p + "attn_q_norm.weight")
                 L.k_norm = g.flat(p + "attn_k_norm.weight")
             L.post_attn_norm = L.post_ffw_norm = None
-            if arch in ("gemma2", "gemma3"):
+            if arch in ("gemma2", "gemma3", "olmo2"):
                 L.post_attn_norm = g.flat(p + "post_attention_norm.weight")
                 L.post_ffw_norm = g.flat(p + "post_ffw_norm.weight")
             # (gpt-oss names its pre-FFN norm post_attention_norm, as HF's config does)
-            L.ffn_norm = g.flat(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"))
+            L.ffn_norm = None if arch == "olmo2" else g.flat(
+                p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"))
             L.moe = None
             if g.has(p + "ffn_gate_inp.weight"):  # qwen3moe; llama with experts (Mixtral); gpt-oss
                 # mixture of experts: router (n_expert, dim); experts' gate/up (ff, dim), down (dim, ff)
@@ -584,7 +590,7 @@ class Model:
             new_q = []
             for i, x in enumerate(xs):
                 p = p0 + i
-                h = rmsnorm(x, L.attn_norm, eps)
+                h = x if L.attn_norm is None else rmsnorm(x, L.attn_norm, eps)
                 q = matvec(L.wq, L.rq(h))
                 k = matvec(L.wk, L.rk(h))
                 v = matvec(L.wv, L.rv(h))
@@ -594,11 +600,14 @@ class Model:
                     k = add(k, L.bk)
                 if L.bv is not None:
                     v = add(v, L.bv)
+                if L.qk_norm_whole:
+                    q = rmsnorm(q, L.q_norm, eps)
+                    k = rmsnorm(k, L.k_norm, eps)
                 cs = self._cos_sin(p, base, scale, yarn)
                 qh = []
                 for j in range(H):
                     qj = q[j * hd:(j + 1) * hd]
-                    if L.q_norm is not None:
+                    if L.q_norm is not None and not L.qk_norm_whole:
                         qj = rmsnorm(qj, L.q_norm, eps)
                     qj = self._rope(qj, cs)
                     if self.f16_kv:
@@ -607,7 +616,7 @@ class Model:
                 new_q.append(qh)
                 for j in range(Hkv):
                     kj = k[j * hd:(j + 1) * hd]
-                    if L.k_norm is not None:
+                    if L.k_norm is not None and not L.qk_norm_whole:
                         kj = rmsnorm(kj, L.k_norm, eps)
                     kj = self._rope(kj, cs)
                     vj = v[j * vd:(j + 1) * vd]
@@ -650,7 +659,7 @@ class Model:
                 if L.post_attn_norm is not None:
                     a = rmsnorm(a, L.post_attn_norm, eps)
                 x = add(x, [v * self.residual_scale for v in a])
-                h = rmsnorm(x, L.ffn_norm, eps)
+                h = x if L.ffn_norm is None else rmsnorm(x, L.ffn_norm, eps)
                 glu = self.glu
                 if L.moe is not None and L.moe_b is not None:
                     # gpt-oss (llama.cpp's build_moe_ffn with softmax-weight gating): the k

@@ -75,9 +75,13 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
   return s;
 }
 
+// Every architecture of the table, in its order (known_archs()).
+constexpr const char* kArchs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss",
+                                  "olmo2"};
+
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
+  for (const char* arch : kArchs) {
     for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::MXFP4})
       out.push_back({"tiny", t, arch});  // (MXFP4: qwen3moe's and gpt-oss's experts too)
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
@@ -177,7 +181,7 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   // (Ternary weights are +-amax of their 256 or 0: their RMS moves by ~15%.)
   const bool ternary = c.type == GGMLType::TQ1_0 || c.type == GGMLType::TQ2_0;
   EXPECT_NEAR(sd * std::sqrt(double(wq.n_cols)), 1.0, ternary ? 0.3 : 0.15);
-  const float* norm = m->weights().layers[0].attn_norm;
+  const float* norm = m->weights().output_norm;  // (olmo2's layers have no pre-norm)
   double nsum = 0;
   for (int k = 0; k < hp.dim; ++k) nsum += norm[k];
   EXPECT_NEAR(nsum / hp.dim, 1.0, 0.05);
@@ -192,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases
 // table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
 // are unique within an architecture.
 TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
+  for (const char* arch : kArchs) {
     const ArchSpec* spec = find_arch(arch);
     ASSERT_NE(spec, nullptr) << arch;
     SyntheticOptions opt;
@@ -217,7 +221,9 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
-  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, granite, gpt-oss");
+  std::string names;
+  for (const char* arch : kArchs) names += cat(names.empty() ? "" : ", ", arch);
+  EXPECT_EQ(known_archs(), names);
 }
 
 // Phi-3's fused tensors bind whole, and the per-projection weights are row views into them (no
