@@ -95,14 +95,23 @@ const TensorSpec kRopeFactors[] = {
 };
 // clang-format on
 
-// Llama's table with Gemma 2's post-norms; no rope_freqs, and the output matrix is not written
-// by the synthetic writer (Gemma 2 ties it to token_embd; its converter writes none).
-std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) {
+// Gemma: Llama's table without rope_freqs, and the output matrix is not written by the synthetic
+// writer (Gemma ties it to token_embd; its converter writes none).
+std::vector<TensorSpec> gemma_tensors(std::span<const TensorSpec> base) {
   std::vector<TensorSpec> out;
   for (const TensorSpec& t : base) {
     if (t.role == Role::RopeFreqs) continue;
     out.push_back(t);
     if (t.role == Role::Output) out.back().synthetic = false;
+  }
+  return out;
+}
+
+// Gemma's table with Gemma 2's post-norms.
+std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : gemma_tensors(base)) {
+    out.push_back(t);
     if (t.role == Role::Wo) out.push_back(kPostAttnNorm);
     if (t.role == Role::WDown) out.push_back(kPostFfnNorm);
   }
@@ -169,10 +178,14 @@ std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> qwen2 = after_wv(kLlama, kQkvBias);
   static const std::vector<TensorSpec> qwen3 = after_wv(kLlama, kQkNorm);
   static const std::vector<TensorSpec> qwen3moe = with_moe_ffn(qwen3, false);
+  static const std::vector<TensorSpec> gemma_t = gemma_tensors(kLlama);
   static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
   static const std::vector<TensorSpec> gemma3_t = after_wv(gemma2_t, kQkNorm);
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
   static const std::vector<TensorSpec> olmo2_t = olmo2_tensors(kLlama);
+  // Gemma (1): embeddings * sqrt(dim), the GELU (tanh form) gate, norms stored as 1 + w (as Gemma
+  // 2's below), the query scale 1/sqrt(head_dim); no soft caps, post-norms or window.
+  static const ArchFeatures gemma{.ffn_act = GateAct::GeluTanh, .embd_scale = true};
   // Gemma 2's defaults are llama.cpp's when the keys are absent (window 4096, caps 50 and 30).
   // Its norm weights are stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is
   // the plain x / rms(x) * weight.
@@ -205,6 +218,7 @@ std::span<const ArchSpec> archs() {
       {"gpt-oss", Arch::GptOss, 1e-5f, 150000.0f, RopeStyle::Halves, kGptOss, gpt_oss},
       // OLMo 2: post-norms only (none before attention or the FFN), q/k norms over the projection.
       {"olmo2", Arch::Olmo2, 1e-6f, 1e4f, RopeStyle::Halves, olmo2_t},
+      {"gemma", Arch::Gemma, 1e-6f, 1e4f, RopeStyle::Halves, gemma_t, gemma},
   };
   return a;
 }

@@ -16,7 +16,7 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss, Olmo2 };
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss, Olmo2, Gemma };
 // Which layers attend through the sliding window (HParams::sliding_window): none, all, or
 // those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).

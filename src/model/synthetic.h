@@ -24,7 +24,8 @@ struct SyntheticOptions {
   // output, soft caps and a sliding window at llama.cpp's defaults), "gemma3" (gemma2's without
   // soft caps, q/k norms, five windowed layers then a global one), "phi3" (fused QKV and gate/up,
   // a window of half the context), "granite" (Llama's with Granite's four multipliers), "olmo2"
-  // (post-norms only, q/k norms over the whole projection): the tensors of the architecture's
+  // (post-norms only, q/k norms over the whole projection), "gemma" (gemma2's without post-norms,
+  // soft caps or window): the tensors of the architecture's
   // table (model/arch.cpp).
   std::string arch = "llama";
   // Overrides of the shape and the architecture's defaults (0: none), for tests that need more

@@ -305,6 +305,7 @@ ARCH_DEFAULTS = {
     "granite": (1e-5, 10000.0,  False, "silu"),
     "gpt-oss": (1e-5, 150000.0, True,  "swiglu_oai"),
     "olmo2":  (1e-6, 10000.0,   True,  "silu"),
+    "gemma":  (1e-6, 10000.0,   True,  "gelu"),
 }
 
 
@@ -388,7 +389,7 @@ class Model:
         if (arch == "gemma2" and self.n_layer == 46) or (arch == "gemma3" and self.n_layer == 62):
             self.kq_scale = 1.0 / math.sqrt(self.dim / self.H)
         # llama.cpp multiplies Q by the scale before K.Q for these (matters only for --f16-kv)
-        self.prescale_q = arch in ("gemma2", "gemma3", "phi3")
+        self.prescale_q = arch in ("gemma", "gemma2", "gemma3", "phi3")
 
         # per-layer sliding window and rope parameters
         self.rope_factors = None
@@ -400,7 +401,8 @@ class Model:
 
         self.embd_name = "token_embd.weight"
         self.n_vocab = g.tensors[self.embd_name][1][1]
-        self.embd_scale = math.sqrt(self.dim) if arch in ("gemma2", "gemma3") else 1.0
+        # (Gemma 1 too: llama.cpp's llm_build_gemma scales the embeddings by sqrt(n_embd))
+        self.embd_scale = math.sqrt(self.dim) if arch in ("gemma", "gemma2", "gemma3") else 1.0
         # Granite (llama.cpp's llm_build_granite): embeddings * embedding_scale, each block's
         # output * residual_scale before its residual add, attention.scale as the query scale,
         # logits / logit_scale.

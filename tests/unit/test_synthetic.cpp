@@ -77,7 +77,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 
 // Every architecture of the table, in its order (known_archs()).
 constexpr const char* kArchs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss",
-                                  "olmo2"};
+                                  "olmo2", "gemma"};
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
