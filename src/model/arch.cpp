@@ -50,6 +50,14 @@ const TensorSpec kMoeFfn[] = {
   {"blk.{i}.ffn_up_exps.weight",   Role::WUpExps,   "w_up_exps",     E::ExpertFfn, E::Dim,       true, T::Weight, true, false, Init::Matrix, MoreBits::Never, true, true},
   {"blk.{i}.ffn_down_exps.weight", Role::WDownExps, "w_down_exps",   E::Dim,       E::ExpertFfn, true, T::Weight, true, false, Init::Matrix, MoreBits::SomeLayers, true, true},
 };
+// Qwen2 MoE: the shared expert after the routed ones: its gate vector (dim,), one logit per token
+// (F32: a vector, which quantizers leave), and its gate, up and down (qwen2moe_tensors).
+const TensorSpec kSharedExpert[] = {
+  {"blk.{i}.ffn_gate_inp_shexp.weight", Role::ShexpGateInp, "shexp_gate_inp", E::Dim,      E::Dim,      false, T::F32,    true, false, Init::Gate},
+  {"blk.{i}.ffn_gate_shexp.weight",     Role::WGateShexp,   "w_gate_shexp",   E::ShexpFfn, E::Dim,      true,  T::Weight, true, false, Init::Matrix},
+  {"blk.{i}.ffn_up_shexp.weight",       Role::WUpShexp,     "w_up_shexp",     E::ShexpFfn, E::Dim,      true,  T::Weight, true, false, Init::Matrix},
+  {"blk.{i}.ffn_down_shexp.weight",     Role::WDownShexp,   "w_down_shexp",   E::Dim,      E::ShexpFfn, true,  T::Weight, true, false, Init::Matrix, MoreBits::SomeLayers},
+};
 // gpt-oss (OpenAI's MoE): Qwen2's Q/K/V biases and an output bias, each query head's attention
 // sink, the pre-FFN norm under the name post_attention_norm, and a router and experts with biases.
 const TensorSpec kGptOss[] = {
@@ -163,6 +171,14 @@ std::vector<TensorSpec> with_moe_ffn(std::span<const TensorSpec> base, bool keep
   return out;
 }
 
+// base with the tensors `extra` inserted after each layer's FFN (its last per-layer rows).
+std::vector<TensorSpec> after_ffn(std::span<const TensorSpec> base, std::span<const TensorSpec> extra) {
+  std::vector<TensorSpec> out(base.begin(), base.end());
+  const auto last = std::find_if(out.rbegin(), out.rend(), [](const TensorSpec& t) { return t.per_layer; });
+  out.insert(last.base(), extra.begin(), extra.end());
+  return out;
+}
+
 // base with the tensors `extra` inserted after attn_v.
 std::vector<TensorSpec> after_wv(std::span<const TensorSpec> base, std::span<const TensorSpec> extra) {
   std::vector<TensorSpec> out;
@@ -183,6 +199,7 @@ std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> gemma3_t = after_wv(gemma2_t, kQkNorm);
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
   static const std::vector<TensorSpec> olmo2_t = olmo2_tensors(kLlama);
+  static const std::vector<TensorSpec> qwen2moe_t = after_ffn(with_moe_ffn(qwen2, false), kSharedExpert);
   // Gemma (1): embeddings * sqrt(dim), the GELU (tanh form) gate, norms stored as 1 + w (as Gemma
   // 2's below), the query scale 1/sqrt(head_dim); no soft caps, post-norms or window.
   static const ArchFeatures gemma{.ffn_act = GateAct::GeluTanh, .embd_scale = true};
@@ -201,6 +218,7 @@ std::span<const ArchSpec> archs() {
                                    .swa_rope_base = 1e4f};
   static const ArchFeatures phi3{.swa = SwaLayers::All};
   static const ArchFeatures granite{.granite_scales = true};
+  static const ArchFeatures qwen2moe{.moe_renorm = false};
   // gpt-oss (llama.cpp's openai-moe): even layers windowed (128 positions), the experts' clamped
   // SwiGLU; RoPE with YaRN from the file's keys.
   static const ArchFeatures gpt_oss{.ffn_act = GateAct::SwigluOai, .swa = SwaLayers::Period, .swa_period = 2,
@@ -219,6 +237,9 @@ std::span<const ArchSpec> archs() {
       // OLMo 2: post-norms only (none before attention or the FFN), q/k norms over the projection.
       {"olmo2", Arch::Olmo2, 1e-6f, 1e4f, RopeStyle::Halves, olmo2_t},
       {"gemma", Arch::Gemma, 1e-6f, 1e4f, RopeStyle::Halves, gemma_t, gemma},
+      // Qwen1.5-MoE, Qwen2-57B-A14B: Qwen2's attention, Qwen3 MoE's experts (weights not
+      // renormalised) and a shared expert gated by sigmoid(x · ffn_gate_inp_shexp).
+      {"qwen2moe", Arch::Qwen2Moe, 1e-6f, 1e6f, RopeStyle::Halves, qwen2moe_t, qwen2moe},
   };
   return a;
 }
@@ -230,6 +251,10 @@ bool has_dense_ffn(const ArchSpec& a) {
 }
 bool has_experts(const ArchSpec& a) {
   return std::any_of(a.tensors.begin(), a.tensors.end(), [](const TensorSpec& t) { return expert_role(t.role); });
+}
+
+bool has_shared_expert(const ArchSpec& a) {
+  return std::any_of(a.tensors.begin(), a.tensors.end(), [](const TensorSpec& t) { return t.role == Role::WGateShexp; });
 }
 
 bool file_has_experts(const ArchSpec& a, const GGUFFile& f) {
@@ -268,6 +293,7 @@ int64_t extent(Extent e, const HParams& hp) {
     case Extent::Experts: return hp.n_experts;
     case Extent::ExpertFfn: return hp.expert_ffn_dim;
     case Extent::Heads: return hp.n_heads;
+    case Extent::ShexpFfn: return hp.shexp_ffn_dim;
   }
   return 0;
 }
@@ -315,6 +341,10 @@ WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
     case Role::BGateExps: return {nullptr, &L->gate_exps_b};
     case Role::BUpExps: return {nullptr, &L->up_exps_b};
     case Role::BDownExps: return {nullptr, &L->down_exps_b};
+    case Role::ShexpGateInp: return {nullptr, &L->shexp_gate_inp};
+    case Role::WGateShexp: return {&L->w_gate_shexp, nullptr};
+    case Role::WUpShexp: return {&L->w_up_shexp, nullptr};
+    case Role::WDownShexp: return {&L->w_down_shexp, nullptr};
   }
   return {};
 }

@@ -12,6 +12,8 @@
 //   granite: x = embed * embedding_scale; x += residual_scale * block(..); logits / logit_scale;
 //            its own attention scale.
 //   qwen3, gemma3: each q and k head RMS-normed (q_norm, k_norm) before RoPE.
+//   qwen2moe: qwen2's attention; qwen3moe's experts, their weights not renormalised over the
+//           chosen (moe_renorm), plus a shared expert weighted by sigmoid(h · gate vector).
 //   olmo2:  no pre-norms (attention and the FFN read x itself); gemma2's post-norms; q and k
 //           RMS-normed over the whole projection (qk_norm_whole) before RoPE.
 //   gemma3: gemma2's post-norms, GELU and embedding scale, no soft caps; five windowed layers
@@ -73,7 +75,8 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   }
   // (Fused tensors: the row views are what the GEMMs read, so those are prepared.)
   for (LayerWeights& L : w_.layers) {
-    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router})
+    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router, &L.w_gate_shexp,
+                          &L.w_up_shexp, &L.w_down_shexp})
       if (v->data) *v = be_.prepare(*v);
     for (LayerWeights::Expert& e : L.experts)  // (each expert's row views: the stacked tensors are never read whole)
       for (WeightView* v : {&e.gate, &e.up, &e.down}) *v = be_.prepare(*v);
@@ -84,7 +87,7 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   const size_t M = size_t(max_batch);
   float** const bufs[] = {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_};
   const int32_t widths[] = {hp.dim, hp.dim, hp.q_dim(), hp.kv_dim(), hp.kv_dim(), hp.q_dim(),
-                            std::max(hp.ffn_dim, hp.expert_ffn_dim)};
+                            std::max({hp.ffn_dim, hp.expert_ffn_dim, hp.shexp_ffn_dim})};
   // Checked: a batch of 2^62 tokens wrapped M x width (and then the vectors below failed inside
   // the standard library). Past the bound, no product below can overflow either.
   uint64_t floats = 0;
@@ -238,8 +241,13 @@ void Forward::moe_ffn(const LayerWeights& L, const float* in, int64_t M) {
       }
       c[j] = best;
     }
+    // (c[0]'s logit is the largest: the softmax's shift) Over the chosen, or over all (qwen2moe).
     float sum = 0;
     for (int64_t j = 0; j < K; ++j) sum += w[j] = std::exp(l[c[j]] - l[c[0]]);
+    if (!hp.moe_renorm) {
+      sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - l[c[0]]);
+    }
     for (int64_t j = 0; j < K; ++j) {
       w[j] /= sum;
       ++moe_offsets_[size_t(c[j]) + 1];
@@ -280,6 +288,19 @@ void Forward::moe_ffn(const LayerWeights& L, const float* in, int64_t M) {
       const float* y = moe_out_.data() + j * D;
       const float w = moe_row_weight_[size_t(r0 + j)];
       for (int64_t d = 0; d < D; ++d) s[d] += w * y[d];
+    }
+  }
+  if (L.w_gate_shexp.data) {  // qwen2moe: + sigmoid(h · g) W_down_s · (act(W_gate_s · h) ⊙ W_up_s · h)
+    be_.ffn_glu(in, M, L.w_gate_shexp, L.w_up_shexp, hp.ffn_act, gate_);
+    be_.matmul(gate_, M, L.w_down_shexp, moe_out_.data());
+    for (int64_t m = 0; m < M; ++m) {
+      const float* h = in + m * D;
+      float logit = 0;
+      for (int64_t d = 0; d < D; ++d) logit += h[d] * L.shexp_gate_inp[d];
+      const float g = 1.0f / (1.0f + std::exp(-logit));
+      float* s = moe_sum_.data() + m * D;
+      const float* y = moe_out_.data() + m * D;
+      for (int64_t d = 0; d < D; ++d) s[d] += g * y[d];
     }
   }
   if (L.ffn_post_norm) be_.rmsnorm(moe_sum_.data(), L.ffn_post_norm, moe_sum_.data(), M, D, hp.rms_eps);

@@ -16,7 +16,7 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss, Olmo2, Gemma };
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss, Olmo2, Gemma, Qwen2Moe };
 // Which layers attend through the sliding window (HParams::sliding_window): none, all, or
 // those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
@@ -48,6 +48,10 @@ struct HParams {
   // each token's FFN is the sum of its n_experts_used best experts' (by the router), weighted by
   // the softmax of their router logits. 0 experts: a dense FFN.
   int32_t n_experts = 0, n_experts_used = 0, expert_ffn_dim = 0;
+  // qwen2moe's shared expert ({arch}.expert_shared_feed_forward_length; 0: none) and whether the
+  // chosen experts' weights are renormalised to sum 1 (ArchFeatures::moe_renorm).
+  int32_t shexp_ffn_dim = 0;
+  bool moe_renorm = true;
   int32_t ctx_len = 0;  // trained context
   float rms_eps = 1e-5f;
   RopeParams rope;
@@ -120,6 +124,10 @@ struct LayerWeights {
     const float *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;  // (gpt-oss) or null
   };
   std::vector<Expert> experts;
+  // qwen2moe: the shared expert, every token's, weighted by sigmoid(h · shexp_gate_inp): (dim,),
+  // (shexp_ffn, dim) x 2, (dim, shexp_ffn).
+  const float* shexp_gate_inp = nullptr;
+  WeightView w_gate_shexp, w_up_shexp, w_down_shexp;
   const float* ffn_post_norm = nullptr;   // gemma2: on the FFN output before the residual add (dim,)
 };
 

@@ -199,6 +199,9 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     // (llama.cpp's default: Mixtral's experts are feed_forward_length wide; qwen3moe's n_ff / used)
     hp.expert_ffn_dim = opt("expert_feed_forward_length",
                             uint64_t(has_dense_ffn(*spec) ? hp.ffn_dim : std::max(1, hp.ffn_dim / hp.n_experts_used)));
+    hp.moe_renorm = spec->features.moe_renorm;
+    if (has_shared_expert(*spec))
+      hp.shexp_ffn_dim = opt("expert_shared_feed_forward_length", uint64_t(hp.ffn_dim));  // (llama.cpp's default)
     if (hp.n_experts_used > hp.n_experts)
       fail(f.path(), ": key '", a, "expert_used_count': ", hp.n_experts_used, " exceeds expert_count ", hp.n_experts);
   }

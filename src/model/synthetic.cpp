@@ -274,6 +274,9 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     w.set(a + "expert_count", GGUFValue::of_u32(uint32_t(hp.n_experts)));
     w.set(a + "expert_used_count", GGUFValue::of_u32(uint32_t(hp.n_experts_used)));
     w.set(a + "expert_feed_forward_length", GGUFValue::of_u32(uint32_t(hp.expert_ffn_dim)));
+    hp.shexp_ffn_dim = s.ffn_dim;  // (qwen2moe's shared expert, where the table has one)
+    if (has_shared_expert(*spec))
+      w.set(a + "expert_shared_feed_forward_length", GGUFValue::of_u32(uint32_t(hp.shexp_ffn_dim)));
   }
   if (opt.mix != SyntheticOptions::Mix::None && opt.type != parse_mix_name(mix_name(opt.mix))->base)
     fail("synthetic model: the ", mix_name(opt.mix), " mix needs type ", type_traits(parse_mix_name(mix_name(opt.mix))->base).name);
@@ -307,6 +310,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
         break;
       }
       case Init::Sink: plan.push_back({std::move(name), {rows}, GGMLType::F32, 0.0f, 1.0f}); break;
+      case Init::Gate: plan.push_back({std::move(name), {rows}, GGMLType::F32, 0.0f, 1.0f / std::sqrt(float(rows))}); break;
     }
   });
 

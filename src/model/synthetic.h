@@ -25,7 +25,8 @@ struct SyntheticOptions {
   // soft caps, q/k norms, five windowed layers then a global one), "phi3" (fused QKV and gate/up,
   // a window of half the context), "granite" (Llama's with Granite's four multipliers), "olmo2"
   // (post-norms only, q/k norms over the whole projection), "gemma" (gemma2's without post-norms,
-  // soft caps or window): the tensors of the architecture's
+  // soft caps or window), "qwen2moe" (qwen2's attention, 4 experts of which 2 used, and a shared
+  // expert): the tensors of the architecture's
   // table (model/arch.cpp).
   std::string arch = "llama";
   // Overrides of the shape and the architecture's defaults (0: none), for tests that need more

@@ -306,6 +306,7 @@ ARCH_DEFAULTS = {
     "gpt-oss": (1e-5, 150000.0, True,  "swiglu_oai"),
     "olmo2":  (1e-6, 10000.0,   True,  "silu"),
     "gemma":  (1e-6, 10000.0,   True,  "gelu"),
+    "qwen2moe": (1e-6, 1000000.0, True, "silu"),
 }
 
 
@@ -469,6 +470,15 @@ class Model:
                 if g.has(p + "ffn_gate_inp.bias"):
                     L.moe_b = (g.flat(p + "ffn_gate_inp.bias"), g.matrix(p + "ffn_gate_exps.bias"),
                                g.matrix(p + "ffn_up_exps.bias"), g.matrix(p + "ffn_down_exps.bias"))
+                # qwen2moe (llama.cpp's llm_build_qwen2moe): the routed experts' weights are the
+                # softmax over all experts, not renormalised over the chosen; a shared expert (its
+                # gate vector (dim,), gate/up (ff_shexp, dim), down (dim, ff_shexp)) adds
+                # sigmoid(h . gate vector) * its FFN
+                L.moe_renorm = arch != "qwen2moe"
+                L.shexp = None
+                if g.has(p + "ffn_gate_inp_shexp.weight"):
+                    L.shexp = (g.flat(p + "ffn_gate_inp_shexp.weight"), g.matrix(p + "ffn_gate_shexp.weight"),
+                               g.matrix(p + "ffn_up_shexp.weight"), g.matrix(p + "ffn_down_shexp.weight"))
             elif arch == "phi3" and not g.has(p + "ffn_gate.weight"):
                 up = g.matrix(p + "ffn_up.weight")
                 L.wgate, L.wup = up[:self.n_ff], up[self.n_ff:]
@@ -700,13 +710,19 @@ class Model:
                     if k < len(order):
                         gap = logits[order[k - 1]] - logits[order[k]]
                         cache["router_margin"][p] = min(gap, cache["router_margin"].get(p, gap))
-                    wsum = sum(probs[e] for e in top)
+                    wsum = sum(probs[e] for e in top) if L.moe_renorm else 1.0
                     f = [0.0] * len(x)
                     for e in top:
                         gt = matvec(gates[e], h)
                         up = matvec(ups[e], h)
                         y = matvec(downs[e], [glu(gv, uv) for gv, uv in zip(gt, up)])
                         f = [fv + probs[e] / wsum * yv for fv, yv in zip(f, y)]
+                    if L.shexp is not None:
+                        sg, sgate, sup, sdown = L.shexp
+                        gl = sum(map(_mul, h, sg))
+                        gate = 1.0 / (1.0 + math.exp(-gl))
+                        y = matvec(sdown, [glu(gv, uv) for gv, uv in zip(matvec(sgate, h), matvec(sup, h))])
+                        f = [fv + gate * yv for fv, yv in zip(f, y)]
                 else:
                     gt = matvec(L.wgate, L.rg(h))
                     up = matvec(L.wup, L.ru(h))

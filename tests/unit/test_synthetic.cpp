@@ -77,7 +77,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
 
 // Every architecture of the table, in its order (known_archs()).
 constexpr const char* kArchs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss",
-                                  "olmo2", "gemma"};
+                                  "olmo2", "gemma", "qwen2moe"};
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
@@ -111,7 +111,7 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   for (const auto& x : synthetic_shapes())
     if (x.name == c.shape) s = &x;
   ASSERT_NE(s, nullptr);
-  const bool qwen = c.arch == "qwen2" || c.arch == "gpt-oss";  // (Q/K/V biases)
+  const bool qwen = c.arch == "qwen2" || c.arch == "gpt-oss" || c.arch == "qwen2moe";  // (Q/K/V biases)
   const ArchSpec* spec = find_arch(c.arch);
   ASSERT_NE(spec, nullptr);
   EXPECT_EQ(hp.arch, spec->arch);
@@ -145,7 +145,7 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
     const bool bias = t.name.ends_with(".bias");
     EXPECT_EQ(t.type, t.ne.size() >= 2 && !router && !bias ? c.type : GGMLType::F32);
   }
-  if (c.arch == "qwen3moe" || c.arch == "gpt-oss") {
+  if (c.arch == "qwen3moe" || c.arch == "gpt-oss" || c.arch == "qwen2moe") {
     EXPECT_EQ(hp.n_experts, 4);
     EXPECT_EQ(hp.n_experts_used, 2);
     EXPECT_EQ(hp.expert_ffn_dim, s->ffn_dim);
@@ -166,6 +166,8 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
       EXPECT_EQ(L.bo != nullptr, c.arch == "gpt-oss");
       EXPECT_EQ(L.moe_router_b != nullptr, c.arch == "gpt-oss");
       EXPECT_EQ(L.up_exps_b != nullptr, c.arch == "gpt-oss");
+      EXPECT_EQ(L.shexp_gate_inp != nullptr, c.arch == "qwen2moe");
+      EXPECT_EQ(L.w_down_shexp.n_cols, c.arch == "qwen2moe" ? s->ffn_dim : 0);
     }
   }
   // Weight statistics: matrix rows ~ N(0, 1/fan_in), norms ~ 1.
