@@ -21,6 +21,7 @@
 //   {arch}.rope.scaling.original_context_length  above it the long rope factors apply; YaRN's  context_length
 // RopeOverrides (model.h) replace rope.scaling.type, .factor, .original_context_length and rope.freq_base.
 //   {arch}.attention.sliding_window    window of the architecture's windowed layers (0: none)  the architecture's
+//                                      (> 0 in an architecture without windowed layers: refused, e.g. OLMo 3's olmo2)
 //   {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping  (gemma2)  the architecture's
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
 //   tokenizer.ggml.tokens (its length)  n_tokens (<= n_vocab; the rest is padding)  n_vocab
@@ -281,6 +282,13 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     const uint64_t window = f.has(window_key) ? f.require_u64(window_key) : uint64_t(ft.sliding_window);
     hp.sliding_window = window == 0 ? 0 : positive_i32(f, window_key, window);
     if (hp.sliding_window == 0) hp.swa_layers = SwaLayers::None;  // (phi3 without the key: none)
+  } else if (const std::string window_key = a + "attention.sliding_window";
+             f.has(window_key) && f.require_u64(window_key) > 0) {
+    // A window the architecture's forward has no layers for would be ignored, silently wrong:
+    // OLMo 3's files say olmo2 with a window (and a pattern of windowed layers) and YaRN.
+    fail(f.path(), ": key '", window_key, "' = ", f.require_u64(window_key),
+         ": sliding-window attention is not supported for architecture '", hp.arch_name, "'",
+         spec->arch == Arch::Olmo2 ? " (OLMo 3 files are not supported yet)" : "");
   }
   check_sizes(f, hp);
   // The attention kernels' limits, here rather than at every request's first attention call.

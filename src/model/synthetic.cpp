@@ -364,10 +364,10 @@ void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptio
   if (!merged_path.empty())
     for (const auto& [k, v] : base->metadata()) merged.set(k, v);
   // The adapted matrices: every per-layer matrix of the table (attention and FFN; not a mixture
-  // of experts' router or experts, which adapters do not reach: model/lora.h).
+  // of experts' router, experts or shared expert (qwen2moe), which adapters do not reach: model/lora.h).
   std::map<std::string, bool> adapted;
   for_each_tensor(*spec, n_layers, file_has_experts(*spec, *base), [&](const TensorSpec& t, int32_t layer) {
-    if (t.matrix && t.per_layer && !t.per_expert && t.role != Role::MoeRouter) adapted[tensor_name(t, layer)] = true;
+    if (t.matrix && t.per_layer && !expert_role(t.role)) adapted[tensor_name(t, layer)] = true;
   });
   uint64_t k = 0;
   for (const GGUFTensorInfo& t : base->tensors()) {

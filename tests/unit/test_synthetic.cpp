@@ -183,7 +183,10 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   // (Ternary weights are +-amax of their 256 or 0: their RMS moves by ~15%.)
   const bool ternary = c.type == GGMLType::TQ1_0 || c.type == GGMLType::TQ2_0;
   EXPECT_NEAR(sd * std::sqrt(double(wq.n_cols)), 1.0, ternary ? 0.3 : 0.15);
-  const float* norm = m->weights().output_norm;  // (olmo2's layers have no pre-norm)
+  // The first layer's first norm: its pre-norm, or (olmo2: none) its post-attention norm.
+  const LayerWeights& L0 = m->weights().layers[0];
+  const float* norm = L0.attn_norm ? L0.attn_norm : L0.attn_post_norm;
+  ASSERT_NE(norm, nullptr);
   double nsum = 0;
   for (int k = 0; k < hp.dim; ++k) nsum += norm[k];
   EXPECT_NEAR(nsum / hp.dim, 1.0, 0.05);
@@ -361,6 +364,35 @@ TEST(Synthetic, Phi3WindowOfZeroIsNone) {
   expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111, 35}));
 }
 
+// OLMo 3's files say olmo2 with attention.sliding_window (and windowed layers olmo2's forward does
+// not have): refused at load naming the key, where a window of 0 is none (as Phi-4's).
+TEST(Synthetic, WindowWithoutWindowedLayersIsRefused) {
+  SyntheticOptions opt;
+  opt.arch = "olmo2";
+  TempFile src("olmo3_src.gguf"), dst("olmo3.gguf");
+  write_synthetic_model(opt, src.path());
+  const auto with_window = [&](uint32_t window) {
+    const auto f = GGUFFile::open(src.path());
+    GGUFWriter w;
+    for (const auto& [k, v] : f->metadata()) w.set(k, v);
+    w.set("olmo2.attention.sliding_window", GGUFValue::of_u32(window));
+    for (const auto& t : f->tensors()) w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+    w.write(dst.path());
+  };
+  with_window(4096);
+  try {
+    Model::load(dst.path());
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'olmo2.attention.sliding_window' = 4096: sliding-window attention is not "
+                                         "supported for architecture 'olmo2' (OLMo 3 files are not supported yet)"),
+              std::string::npos)
+        << e.what();
+  }
+  with_window(0);
+  EXPECT_EQ(Model::load(dst.path())->hparams().swa_layers, SwaLayers::None);
+}
+
 // gpt-oss's attention sinks are logits: a non-finite one is refused at load naming its tensor and
 // head (+inf zeroes a head in the flash kernel and is NaN in the reference); a transposed expert
 // bias stack is refused naming its shape.
@@ -531,6 +563,24 @@ TEST(Synthetic, MixtureOfExpertsRefusesTensorParallelism) {
     ADD_FAILURE() << "sharded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor parallelism over a mixture of experts (4 experts) is not supported"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Each rank holds some heads: OLMo 2's q/k norms over the whole projection would need all of them.
+TEST(Synthetic, WholeProjectionQkNormsRefuseTensorParallelism) {
+  SyntheticOptions opt;
+  opt.arch = "olmo2";
+  TempFile tmp("olmo2_tp.gguf");
+  write_synthetic_model(opt, tmp.path());
+  const auto m = Model::load(tmp.path());
+  try {
+    m->shard(0, 2);
+    ADD_FAILURE() << "sharded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "tensor parallelism with q/k norms over the whole projection (olmo2) is not supported"),
               std::string::npos)
         << e.what();
   }
