@@ -213,6 +213,8 @@ def add(a, b):
 
 
 def rmsnorm(x, w, eps):
+    # (zip would cut a longer weight silently: a norm of the wrong width must fail here)
+    assert len(w) == len(x), "rmsnorm: weight of %d for a vector of %d" % (len(w), len(x))
     ss = sum(map(_mul, x, x)) / len(x)
     s = 1.0 / math.sqrt(ss + eps)
     return [xi * s * wi for xi, wi in zip(x, w)]
@@ -452,6 +454,11 @@ class Model:
             if arch in ("qwen3", "qwen3moe", "gemma3", "olmo2"):
                 L.q_norm = g.flat(p + "attn_q_norm.weight")
                 L.k_norm = g.flat(p + "attn_k_norm.weight")
+                # (whole: q_dim and kv_dim wide; per head: head_dim, shared by the heads)
+                nq, nk = ((self.H * self.head_dim, self.Hkv * self.head_dim) if L.qk_norm_whole
+                          else (self.head_dim, self.head_dim))
+                assert len(L.q_norm) == nq, "%sattn_q_norm.weight: %d wide, expected %d" % (p, len(L.q_norm), nq)
+                assert len(L.k_norm) == nk, "%sattn_k_norm.weight: %d wide, expected %d" % (p, len(L.k_norm), nk)
             L.post_attn_norm = L.post_ffw_norm = None
             if arch in ("gemma2", "gemma3", "olmo2"):
                 L.post_attn_norm = g.flat(p + "post_attention_norm.weight")
