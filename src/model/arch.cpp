@@ -115,16 +115,19 @@ std::vector<TensorSpec> gemma_tensors(std::span<const TensorSpec> base) {
   return out;
 }
 
-// Gemma's table with Gemma 2's post-norms.
-std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) {
+// base with Gemma 2's post-norms after wo and w_down.
+std::vector<TensorSpec> with_post_norms(std::span<const TensorSpec> base) {
   std::vector<TensorSpec> out;
-  for (const TensorSpec& t : gemma_tensors(base)) {
+  for (const TensorSpec& t : base) {
     out.push_back(t);
     if (t.role == Role::Wo) out.push_back(kPostAttnNorm);
     if (t.role == Role::WDown) out.push_back(kPostFfnNorm);
   }
   return out;
 }
+
+// Gemma's table with Gemma 2's post-norms.
+std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) { return with_post_norms(gemma_tensors(base)); }
 
 std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
   std::vector<TensorSpec> out;
@@ -153,10 +156,8 @@ std::vector<TensorSpec> olmo2_tensors(std::span<const TensorSpec> base) {
         n.rows = n.cols = n.role == Role::QNorm ? E::QDim : E::KvDim;
         out.push_back(n);
       }
-    if (t.role == Role::Wo) out.push_back(kPostAttnNorm);
-    if (t.role == Role::WDown) out.push_back(kPostFfnNorm);
   }
-  return out;
+  return with_post_norms(out);
 }
 
 // base with the experts' FFN (kMoeFfn) after ffn_norm, in place of its dense FFN or beside it
@@ -200,22 +201,35 @@ std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
   static const std::vector<TensorSpec> olmo2_t = olmo2_tensors(kLlama);
   static const std::vector<TensorSpec> qwen2moe_t = after_ffn(with_moe_ffn(qwen2, false), kSharedExpert);
-  // Gemma (1): embeddings * sqrt(dim), the GELU (tanh form) gate, norms stored as 1 + w (as Gemma
-  // 2's below), the query scale 1/sqrt(head_dim); no soft caps, post-norms or window.
+  // Gemma (1): embeddings * sqrt(dim), the GELU (tanh form) gate, the query scale 1/sqrt(head_dim);
+  // no soft caps, post-norms or window. Its norm weights (Gemma 2's and 3's too, q/k included) are
+  // stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is the plain x / rms(x) * weight.
   static const ArchFeatures gemma{.ffn_act = GateAct::GeluTanh, .embd_scale = true};
-  // Gemma 2's defaults are llama.cpp's when the keys are absent (window 4096, caps 50 and 30).
-  // Its norm weights are stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is
-  // the plain x / rms(x) * weight.
-  static const ArchFeatures gemma2{.ffn_act = GateAct::GeluTanh, .embd_scale = true, .dim_per_head_scale_layers = 46,
-                                   .softcap = true, .attn_softcap = 50.0f, .final_softcap = 30.0f,
-                                   .swa = SwaLayers::Period, .swa_period = 2, .sliding_window = 4096};
-  // Gemma 3 (llama.cpp's rules, as Gemma 2's): no soft caps; five windowed layers, then a global
-  // one; the windowed layers rotate with base 10000 unscaled, the global ones with the file's
-  // base and linear scaling; norms (q/k too) stored as 1 + w. Defaults where a key is absent
-  // (real files carry both): the family's RoPE base 1e6 (as qwen2's table), Gemma 2's window.
-  static const ArchFeatures gemma3{.ffn_act = GateAct::GeluTanh, .embd_scale = true, .dim_per_head_scale_layers = 62,
-                                   .swa = SwaLayers::Period, .swa_period = 6, .sliding_window = 4096,
-                                   .swa_rope_base = 1e4f};
+  // Gemma 2: Gemma's, and llama.cpp's defaults when the keys are absent (window 4096, caps 50 and 30).
+  static const ArchFeatures gemma2 = [] {
+    ArchFeatures f = gemma;
+    f.dim_per_head_scale_layers = 46;
+    f.softcap = true;
+    f.attn_softcap = 50.0f;
+    f.final_softcap = 30.0f;
+    f.swa = SwaLayers::Period;
+    f.swa_period = 2;
+    f.sliding_window = 4096;
+    return f;
+  }();
+  // Gemma 3 (llama.cpp's rules, as Gemma 2's): Gemma's, no soft caps; five windowed layers, then a
+  // global one; the windowed layers rotate with base 10000 unscaled, the global ones with the
+  // file's base and linear scaling. Defaults where a key is absent (real files carry both): the
+  // family's RoPE base 1e6 (as qwen2's table), Gemma 2's window.
+  static const ArchFeatures gemma3 = [] {
+    ArchFeatures f = gemma;
+    f.dim_per_head_scale_layers = 62;
+    f.swa = SwaLayers::Period;
+    f.swa_period = 6;
+    f.sliding_window = 4096;
+    f.swa_rope_base = 1e4f;
+    return f;
+  }();
   static const ArchFeatures phi3{.swa = SwaLayers::All};
   static const ArchFeatures granite{.granite_scales = true};
   static const ArchFeatures qwen2moe{.moe_renorm = false};

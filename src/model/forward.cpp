@@ -3,6 +3,8 @@
 //   for each layer:  x += attention(rmsnorm(x))   x += ffn(rmsnorm(x))
 //   logits = output(rmsnorm(x))   (only for entries that want logits)
 // The architectures' differences (HParams, from the table's ArchFeatures and the weights bound):
+//   gemma:  x = embed * sqrt(dim); the FFN's gate is GELU (tanh form); the output tied to the
+//           embeddings.
 //   gemma2: x = embed * sqrt(dim); x += post_norm(attention(..)) and x += post_norm(ffn(..))
 //           (post-norms where the layer has them); the FFN's gate is GELU (tanh form); scores
 //           and logits soft-capped; even layers attend through the sliding window.

@@ -101,12 +101,13 @@ struct LayerWeights {
   const float* bq = nullptr;         // qwen2 only: (q_dim,), (kv_dim,), (kv_dim,)
   const float* bk = nullptr;
   const float* bv = nullptr;
-  const float* q_norm = nullptr;     // qwen3, gemma3: (head_dim,) RMSNorm of each q and k head, before RoPE
+  const float* q_norm = nullptr;     // qwen3, gemma3: (head_dim,) RMSNorm of each q and k head, before RoPE;
+                                     // olmo2: (q_dim,) and (kv_dim,), over the whole projection (qk_norm_whole)
   const float* k_norm = nullptr;
   WeightView wo;                     // (dim, q_dim)
   const float* bo = nullptr;         // gpt-oss: (dim,)
   const float* attn_sinks = nullptr;  // gpt-oss: (n_heads,) each query head's sink logit (AttentionShape::sinks)
-  const float* attn_post_norm = nullptr;  // gemma2: on the attention output before the residual add (dim,)
+  const float* attn_post_norm = nullptr;  // gemma2, gemma3, olmo2: on the attention output before the residual add (dim,)
   const float* ffn_norm = nullptr;   // (dim,)
   WeightView w_gate, w_up;           // (ffn, dim)
   WeightView w_gate_up;              // phi3: the fused (2 ffn, dim), gate rows then up rows; w_gate/w_up are views
@@ -128,7 +129,7 @@ struct LayerWeights {
   // (shexp_ffn, dim) x 2, (dim, shexp_ffn).
   const float* shexp_gate_inp = nullptr;
   WeightView w_gate_shexp, w_up_shexp, w_down_shexp;
-  const float* ffn_post_norm = nullptr;   // gemma2: on the FFN output before the residual add (dim,)
+  const float* ffn_post_norm = nullptr;   // gemma2, gemma3, olmo2: on the FFN output before the residual add (dim,)
 };
 
 struct ModelWeights {
