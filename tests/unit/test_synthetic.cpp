@@ -551,39 +551,29 @@ TEST(Synthetic, YarnFromKeysOrOverrides) {
   EXPECT_NE(error({"yarn", 4, 0, -1}).find("--yarn-orig-ctx"), std::string::npos);
 }
 
-// Tensor parallelism splits the dense FFN's columns; a mixture of experts is refused, clearly.
-TEST(Synthetic, MixtureOfExpertsRefusesTensorParallelism) {
+// A synthetic model of `arch` refuses tensor parallelism over 2 ranks with `message`.
+void expect_shard_refused(const char* arch, const std::string& message) {
   SyntheticOptions opt;
-  opt.arch = "qwen3moe";
-  TempFile tmp("moe_tp.gguf");
+  opt.arch = arch;
+  TempFile tmp(cat(arch, "_tp.gguf"));
   write_synthetic_model(opt, tmp.path());
   const auto m = Model::load(tmp.path());
   try {
     m->shard(0, 2);
-    ADD_FAILURE() << "sharded";
+    ADD_FAILURE() << arch << " sharded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor parallelism over a mixture of experts (4 experts) is not supported"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
   }
+}
+
+// Tensor parallelism splits the dense FFN's columns; a mixture of experts is refused, clearly.
+TEST(Synthetic, MixtureOfExpertsRefusesTensorParallelism) {
+  expect_shard_refused("qwen3moe", "tensor parallelism over a mixture of experts (4 experts) is not supported");
 }
 
 // Each rank holds some heads: OLMo 2's q/k norms over the whole projection would need all of them.
 TEST(Synthetic, WholeProjectionQkNormsRefuseTensorParallelism) {
-  SyntheticOptions opt;
-  opt.arch = "olmo2";
-  TempFile tmp("olmo2_tp.gguf");
-  write_synthetic_model(opt, tmp.path());
-  const auto m = Model::load(tmp.path());
-  try {
-    m->shard(0, 2);
-    ADD_FAILURE() << "sharded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(
-                  "tensor parallelism with q/k norms over the whole projection (olmo2) is not supported"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_shard_refused("olmo2", "tensor parallelism with q/k norms over the whole projection (olmo2) is not supported");
 }
 
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
