@@ -442,7 +442,8 @@ int cmd_bench(const BenchArgs& a) {
     layer_bytes_per_tok += share * double(weight_bytes(v));
   };
   for (const LayerWeights& L : w.layers) {
-    for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router})
+    for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router, &L.w_gate_shexp,
+                                &L.w_up_shexp, &L.w_down_shexp})  // (qwen2moe's shared expert: every token's)
       if (v->data) count(*v, 1);
     // A mixture of experts: a token runs n_experts_used of them (a decode step reads as many).
     for (const LayerWeights::Expert& e : L.experts)

@@ -24,6 +24,7 @@ void add_make_model(CLI::App& app, MakeModelArgs& a) {
   c->add_option("--seed", a.seed, "Random seed")->capture_default_str();
   c->add_option("--layers", a.layers, "Layers (default: the shape's)");
   c->add_option("--head-dim", a.head_dim, "Width of an attention head (default: dim / heads; else written as key_length)");
+  c->add_option("--kv-heads", a.kv_heads, "Key/value heads (default: the shape's; a divisor of its heads)");
   c->add_option("--window", a.window, "Sliding window of the architecture's windowed layers (default: the architecture's)");
   c->add_option("--rope-scale", a.rope_scale, "RoPE scaling factor (rope.scaling.factor; default: none)");
   c->add_option("--rope-scaling", a.rope_scaling, "--rope-scale's type: linear or yarn")->capture_default_str();
@@ -66,6 +67,7 @@ int cmd_make_model(const MakeModelArgs& a) {
   opt.arch = a.arch;
   opt.n_layers = a.layers;
   opt.head_dim = a.head_dim;
+  opt.n_kv_heads = a.kv_heads;
   opt.sliding_window = a.window;
   opt.rope_scale = a.rope_scale;
   opt.rope_scaling = a.rope_scaling;

@@ -63,7 +63,7 @@ struct MakeModelArgs {
   std::string shape = "tiny", type = "f32", vocab, arch = "llama", out;
   std::string draft_type, draft_out;  // also write the same weights at another type (a speculative draft)
   uint64_t seed = 1234;
-  int32_t layers = 0, head_dim = 0, window = 0;  // SyntheticOptions' overrides (0: the shape's, the arch's)
+  int32_t layers = 0, head_dim = 0, kv_heads = 0, window = 0;  // SyntheticOptions' overrides (0: the shape's, the arch's)
   float rope_scale = 0;
   std::string rope_scaling = "linear";
   int32_t rope_orig_ctx = 0;

@@ -315,7 +315,7 @@ Engine::Engine(const Model& model, const EngineConfig& cfg, std::function<bool(i
     // per token; a mixture of experts' router logits, gathered rows, outputs and sums.
     profile::set_meta("activation_bytes",
                       int64_t(4 * T * (2 * int64_t(hp.dim) + 2 * hp.q_dim() + 2 * hp.kv_dim() +
-                                       std::max(hp.ffn_dim, hp.expert_ffn_dim) +
+                                       std::max({hp.ffn_dim, hp.expert_ffn_dim, hp.shexp_ffn_dim}) +
                                        (hp.n_experts > 0 ? hp.n_experts + 3 * int64_t(hp.dim) + 4 * hp.n_experts_used +
                                                                (hp.ffn_act == GateAct::SwigluOai ? hp.expert_ffn_dim : 0)
                                                          : 0))));

@@ -50,6 +50,14 @@ const TensorSpec kMoeFfn[] = {
   {"blk.{i}.ffn_up_exps.weight",   Role::WUpExps,   "w_up_exps",     E::ExpertFfn, E::Dim,       true, T::Weight, true, false, Init::Matrix, MoreBits::Never, true, true},
   {"blk.{i}.ffn_down_exps.weight", Role::WDownExps, "w_down_exps",   E::Dim,       E::ExpertFfn, true, T::Weight, true, false, Init::Matrix, MoreBits::SomeLayers, true, true},
 };
+// Qwen2 MoE: the shared expert after the routed ones: its gate vector (dim,), one logit per token
+// (F32: a vector, which quantizers leave), and its gate, up and down (qwen2moe_tensors).
+const TensorSpec kSharedExpert[] = {
+  {"blk.{i}.ffn_gate_inp_shexp.weight", Role::ShexpGateInp, "shexp_gate_inp", E::Dim,      E::Dim,      false, T::F32,    true, false, Init::Gate},
+  {"blk.{i}.ffn_gate_shexp.weight",     Role::WGateShexp,   "w_gate_shexp",   E::ShexpFfn, E::Dim,      true,  T::Weight, true, false, Init::Matrix},
+  {"blk.{i}.ffn_up_shexp.weight",       Role::WUpShexp,     "w_up_shexp",     E::ShexpFfn, E::Dim,      true,  T::Weight, true, false, Init::Matrix},
+  {"blk.{i}.ffn_down_shexp.weight",     Role::WDownShexp,   "w_down_shexp",   E::Dim,      E::ShexpFfn, true,  T::Weight, true, false, Init::Matrix, MoreBits::SomeLayers},
+};
 // gpt-oss (OpenAI's MoE): Qwen2's Q/K/V biases and an output bias, each query head's attention
 // sink, the pre-FFN norm under the name post_attention_norm, and a router and experts with biases.
 const TensorSpec kGptOss[] = {
@@ -95,19 +103,31 @@ const TensorSpec kRopeFactors[] = {
 };
 // clang-format on
 
-// Llama's table with Gemma 2's post-norms; no rope_freqs, and the output matrix is not written
-// by the synthetic writer (Gemma 2 ties it to token_embd; its converter writes none).
-std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) {
+// Gemma: Llama's table without rope_freqs, and the output matrix is not written by the synthetic
+// writer (Gemma ties it to token_embd; its converter writes none).
+std::vector<TensorSpec> gemma_tensors(std::span<const TensorSpec> base) {
   std::vector<TensorSpec> out;
   for (const TensorSpec& t : base) {
     if (t.role == Role::RopeFreqs) continue;
     out.push_back(t);
     if (t.role == Role::Output) out.back().synthetic = false;
+  }
+  return out;
+}
+
+// base with Gemma 2's post-norms after wo and w_down.
+std::vector<TensorSpec> with_post_norms(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    out.push_back(t);
     if (t.role == Role::Wo) out.push_back(kPostAttnNorm);
     if (t.role == Role::WDown) out.push_back(kPostFfnNorm);
   }
   return out;
 }
+
+// Gemma's table with Gemma 2's post-norms.
+std::vector<TensorSpec> gemma2_tensors(std::span<const TensorSpec> base) { return with_post_norms(gemma_tensors(base)); }
 
 std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
   std::vector<TensorSpec> out;
@@ -123,6 +143,23 @@ std::vector<TensorSpec> phi3_tensors(std::span<const TensorSpec> base) {
   return out;
 }
 
+// OLMo 2: Llama's tensors without the pre-norms (nor rope_freqs); q and k RMS-normed over the whole
+// projection (Qwen3's names, one weight of q_dim and of kv_dim: qk_norm_whole) after attn_v, and
+// Gemma 2's post-norms after wo and w_down.
+std::vector<TensorSpec> olmo2_tensors(std::span<const TensorSpec> base) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : base) {
+    if (t.role == Role::AttnNorm || t.role == Role::FfnNorm || t.role == Role::RopeFreqs) continue;
+    out.push_back(t);
+    if (t.role == Role::Wv)
+      for (TensorSpec n : kQkNorm) {
+        n.rows = n.cols = n.role == Role::QNorm ? E::QDim : E::KvDim;
+        out.push_back(n);
+      }
+  }
+  return with_post_norms(out);
+}
+
 // base with the experts' FFN (kMoeFfn) after ffn_norm, in place of its dense FFN or beside it
 // (keep_dense: a model of the architecture has one or the other, for_each_tensor).
 std::vector<TensorSpec> with_moe_ffn(std::span<const TensorSpec> base, bool keep_dense) {
@@ -132,6 +169,14 @@ std::vector<TensorSpec> with_moe_ffn(std::span<const TensorSpec> base, bool keep
     out.push_back(t);
     if (t.role == Role::FfnNorm) out.insert(out.end(), std::begin(kMoeFfn), std::end(kMoeFfn));
   }
+  return out;
+}
+
+// base with the tensors `extra` inserted after each layer's FFN (its last per-layer rows).
+std::vector<TensorSpec> after_ffn(std::span<const TensorSpec> base, std::span<const TensorSpec> extra) {
+  std::vector<TensorSpec> out(base.begin(), base.end());
+  const auto last = std::find_if(out.rbegin(), out.rend(), [](const TensorSpec& t) { return t.per_layer; });
+  out.insert(last.base(), extra.begin(), extra.end());
   return out;
 }
 
@@ -150,24 +195,44 @@ std::span<const ArchSpec> archs() {
   static const std::vector<TensorSpec> qwen2 = after_wv(kLlama, kQkvBias);
   static const std::vector<TensorSpec> qwen3 = after_wv(kLlama, kQkNorm);
   static const std::vector<TensorSpec> qwen3moe = with_moe_ffn(qwen3, false);
+  static const std::vector<TensorSpec> gemma_t = gemma_tensors(kLlama);
   static const std::vector<TensorSpec> gemma2_t = gemma2_tensors(kLlama);
   static const std::vector<TensorSpec> gemma3_t = after_wv(gemma2_t, kQkNorm);
   static const std::vector<TensorSpec> phi3_t = phi3_tensors(kLlama);
-  // Gemma 2's defaults are llama.cpp's when the keys are absent (window 4096, caps 50 and 30).
-  // Its norm weights are stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is
-  // the plain x / rms(x) * weight.
-  static const ArchFeatures gemma2{.ffn_act = GateAct::GeluTanh, .embd_scale = true, .dim_per_head_scale_layers = 46,
-                                   .softcap = true, .attn_softcap = 50.0f, .final_softcap = 30.0f,
-                                   .swa = SwaLayers::Period, .swa_period = 2, .sliding_window = 4096};
-  // Gemma 3 (llama.cpp's rules, as Gemma 2's): no soft caps; five windowed layers, then a global
-  // one; the windowed layers rotate with base 10000 unscaled, the global ones with the file's
-  // base and linear scaling; norms (q/k too) stored as 1 + w. Defaults where a key is absent
-  // (real files carry both): the family's RoPE base 1e6 (as qwen2's table), Gemma 2's window.
-  static const ArchFeatures gemma3{.ffn_act = GateAct::GeluTanh, .embd_scale = true, .dim_per_head_scale_layers = 62,
-                                   .swa = SwaLayers::Period, .swa_period = 6, .sliding_window = 4096,
-                                   .swa_rope_base = 1e4f};
+  static const std::vector<TensorSpec> olmo2_t = olmo2_tensors(kLlama);
+  static const std::vector<TensorSpec> qwen2moe_t = after_ffn(with_moe_ffn(qwen2, false), kSharedExpert);
+  // Gemma (1): embeddings * sqrt(dim), the GELU (tanh form) gate, the query scale 1/sqrt(head_dim);
+  // no soft caps, post-norms or window. Its norm weights (Gemma 2's and 3's too, q/k included) are
+  // stored as 1 + w (llama.cpp's converter adds the 1), so its RMSNorm is the plain x / rms(x) * weight.
+  static const ArchFeatures gemma{.ffn_act = GateAct::GeluTanh, .embd_scale = true};
+  // Gemma 2: Gemma's, and llama.cpp's defaults when the keys are absent (window 4096, caps 50 and 30).
+  static const ArchFeatures gemma2 = [] {
+    ArchFeatures f = gemma;
+    f.dim_per_head_scale_layers = 46;
+    f.softcap = true;
+    f.attn_softcap = 50.0f;
+    f.final_softcap = 30.0f;
+    f.swa = SwaLayers::Period;
+    f.swa_period = 2;
+    f.sliding_window = 4096;
+    return f;
+  }();
+  // Gemma 3 (llama.cpp's rules, as Gemma 2's): Gemma's, no soft caps; five windowed layers, then a
+  // global one; the windowed layers rotate with base 10000 unscaled, the global ones with the
+  // file's base and linear scaling. Defaults where a key is absent (real files carry both): the
+  // family's RoPE base 1e6 (as qwen2's table), Gemma 2's window.
+  static const ArchFeatures gemma3 = [] {
+    ArchFeatures f = gemma;
+    f.dim_per_head_scale_layers = 62;
+    f.swa = SwaLayers::Period;
+    f.swa_period = 6;
+    f.sliding_window = 4096;
+    f.swa_rope_base = 1e4f;
+    return f;
+  }();
   static const ArchFeatures phi3{.swa = SwaLayers::All};
   static const ArchFeatures granite{.granite_scales = true};
+  static const ArchFeatures qwen2moe{.moe_renorm = false};
   // gpt-oss (llama.cpp's openai-moe): even layers windowed (128 positions), the experts' clamped
   // SwiGLU; RoPE with YaRN from the file's keys.
   static const ArchFeatures gpt_oss{.ffn_act = GateAct::SwigluOai, .swa = SwaLayers::Period, .swa_period = 2,
@@ -183,6 +248,12 @@ std::span<const ArchSpec> archs() {
       // IBM Granite 3.x: Llama's tensors and four multipliers (ArchFeatures::granite_scales).
       {"granite", Arch::Granite, 1e-5f, 1e4f, RopeStyle::Interleaved, kLlama, granite},
       {"gpt-oss", Arch::GptOss, 1e-5f, 150000.0f, RopeStyle::Halves, kGptOss, gpt_oss},
+      // OLMo 2: post-norms only (none before attention or the FFN), q/k norms over the projection.
+      {"olmo2", Arch::Olmo2, 1e-6f, 1e4f, RopeStyle::Halves, olmo2_t},
+      {"gemma", Arch::Gemma, 1e-6f, 1e4f, RopeStyle::Halves, gemma_t, gemma},
+      // Qwen1.5-MoE, Qwen2-57B-A14B: Qwen2's attention, Qwen3 MoE's experts (weights not
+      // renormalised) and a shared expert gated by sigmoid(x · ffn_gate_inp_shexp).
+      {"qwen2moe", Arch::Qwen2Moe, 1e-6f, 1e6f, RopeStyle::Halves, qwen2moe_t, qwen2moe},
   };
   return a;
 }
@@ -194,6 +265,10 @@ bool has_dense_ffn(const ArchSpec& a) {
 }
 bool has_experts(const ArchSpec& a) {
   return std::any_of(a.tensors.begin(), a.tensors.end(), [](const TensorSpec& t) { return expert_role(t.role); });
+}
+
+bool has_shared_expert(const ArchSpec& a) {
+  return std::any_of(a.tensors.begin(), a.tensors.end(), [](const TensorSpec& t) { return t.role == Role::WGateShexp; });
 }
 
 bool file_has_experts(const ArchSpec& a, const GGUFFile& f) {
@@ -232,6 +307,7 @@ int64_t extent(Extent e, const HParams& hp) {
     case Extent::Experts: return hp.n_experts;
     case Extent::ExpertFfn: return hp.expert_ffn_dim;
     case Extent::Heads: return hp.n_heads;
+    case Extent::ShexpFfn: return hp.shexp_ffn_dim;
   }
   return 0;
 }
@@ -279,6 +355,10 @@ WeightSlot weight_slot(ModelWeights& w, Role r, int32_t layer) {
     case Role::BGateExps: return {nullptr, &L->gate_exps_b};
     case Role::BUpExps: return {nullptr, &L->up_exps_b};
     case Role::BDownExps: return {nullptr, &L->down_exps_b};
+    case Role::ShexpGateInp: return {nullptr, &L->shexp_gate_inp};
+    case Role::WGateShexp: return {&L->w_gate_shexp, nullptr};
+    case Role::WUpShexp: return {&L->w_up_shexp, nullptr};
+    case Role::WDownShexp: return {&L->w_down_shexp, nullptr};
   }
   return {};
 }

@@ -21,16 +21,19 @@ enum class Role {
   AttnNorm, Wq, Wk, Wv, WQkv, Bq, Bk, Bv, QNorm, KNorm, Wo, AttnPostNorm,
   FfnNorm, WGate, WUp, WGateUp, WDown, FfnPostNorm,
   MoeRouter, WGateExps, WUpExps, WDownExps,  // mixture of experts: the router, the experts' stacked FFNs
-  Bo, AttnSinks, MoeRouterBias, BGateExps, BUpExps, BDownExps  // gpt-oss: biases and attention sinks
+  Bo, AttnSinks, MoeRouterBias, BGateExps, BUpExps, BDownExps,  // gpt-oss: biases and attention sinks
+  ShexpGateInp, WGateShexp, WUpShexp, WDownShexp  // qwen2moe: the shared expert and its gate
 };
 // A shape dimension, from the hyperparameters. QkvDim = q_dim + 2 kv_dim, Ffn2 = 2 ffn; Experts:
-// the expert count, ExpertFfn an expert's FFN width; Heads the query heads.
-enum class Extent { Dim, QDim, KvDim, QkvDim, HeadDim, Ffn, Ffn2, Vocab, RotHalf, Experts, ExpertFfn, Heads };
+// the expert count, ExpertFfn an expert's FFN width; Heads the query heads; ShexpFfn the shared
+// expert's FFN width.
+enum class Extent { Dim, QDim, KvDim, QkvDim, HeadDim, Ffn, Ffn2, Vocab, RotHalf, Experts, ExpertFfn, Heads, ShexpFfn };
 enum class TypeClass { Weight /* any supported weight type */, F32 };
 // How the synthetic writer fills a tensor: matrices ~ N(0, 1/fan_in), norms ~ 1 + noise, biases
-// ~ small noise, attention sinks ~ N(0, 1) (as large as the scores they compete with); in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
+// ~ small noise, attention sinks ~ N(0, 1) (as large as the scores they compete with), a gate vector
+// (dotted with a normed row: qwen2moe's shared expert's) ~ N(0, 1/length); in the Q4_K_M mix, which matrices get Q6_K (llama.cpp's use_more_bits layers,
 // or always).
-enum class Init { Matrix, Norm, Bias, Sink };
+enum class Init { Matrix, Norm, Bias, Sink, Gate };
 enum class MoreBits { Never, SomeLayers, Always };
 
 struct TensorSpec {
@@ -69,6 +72,9 @@ struct ArchFeatures {
   int32_t swa_period = 0;              //   SwaLayers::Period's period (HParams::windowed)
   int32_t sliding_window = 0;          //   default when that key is absent (0: none)
   float swa_rope_base = 0;             // > 0: the windowed layers' RoPE base, unscaled (HParams)
+  // A mixture of experts' weights: the softmax of the router's logits renormalised over the chosen
+  // experts (llama.cpp's norm_w: qwen3moe, Mixtral), or over all of them (qwen2moe).
+  bool moe_renorm = true;
 };
 
 struct ArchSpec {
@@ -98,10 +104,12 @@ constexpr bool dense_ffn_role(Role r) {
 }
 constexpr bool expert_role(Role r) {
   return r == Role::MoeRouter || r == Role::WGateExps || r == Role::WUpExps || r == Role::WDownExps ||
-         r == Role::MoeRouterBias || r == Role::BGateExps || r == Role::BUpExps || r == Role::BDownExps;
+         r == Role::MoeRouterBias || r == Role::BGateExps || r == Role::BUpExps || r == Role::BDownExps ||
+         r == Role::ShexpGateInp || r == Role::WGateShexp || r == Role::WUpShexp || r == Role::WDownShexp;
 }
 bool has_dense_ffn(const ArchSpec& a);
 bool has_experts(const ArchSpec& a);
+bool has_shared_expert(const ArchSpec& a);  // (qwen2moe)
 // Whether a file of architecture a is a mixture of experts: a has only experts, or it has both and
 // the file counts experts ({arch}.expert_count > 0: Mixtral's llama files).
 bool file_has_experts(const ArchSpec& a, const GGUFFile& f);

@@ -3,6 +3,8 @@
 //   for each layer:  x += attention(rmsnorm(x))   x += ffn(rmsnorm(x))
 //   logits = output(rmsnorm(x))   (only for entries that want logits)
 // The architectures' differences (HParams, from the table's ArchFeatures and the weights bound):
+//   gemma:  x = embed * sqrt(dim); the FFN's gate is GELU (tanh form); the output tied to the
+//           embeddings.
 //   gemma2: x = embed * sqrt(dim); x += post_norm(attention(..)) and x += post_norm(ffn(..))
 //           (post-norms where the layer has them); the FFN's gate is GELU (tanh form); scores
 //           and logits soft-capped; even layers attend through the sliding window.
@@ -12,6 +14,10 @@
 //   granite: x = embed * embedding_scale; x += residual_scale * block(..); logits / logit_scale;
 //            its own attention scale.
 //   qwen3, gemma3: each q and k head RMS-normed (q_norm, k_norm) before RoPE.
+//   qwen2moe: qwen2's attention; qwen3moe's experts, their weights not renormalised over the
+//           chosen (moe_renorm), plus a shared expert weighted by sigmoid(h · gate vector).
+//   olmo2:  no pre-norms (attention and the FFN read x itself); gemma2's post-norms; q and k
+//           RMS-normed over the whole projection (qk_norm_whole) before RoPE.
 //   gemma3: gemma2's post-norms, GELU and embedding scale, no soft caps; five windowed layers
 //           then a global one, the windowed ones rotating with their own base (rope_swa_).
 //   gpt-oss: Q/K/V and output biases; each query head's sink logit in its softmax; even layers
@@ -71,7 +77,8 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   }
   // (Fused tensors: the row views are what the GEMMs read, so those are prepared.)
   for (LayerWeights& L : w_.layers) {
-    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router})
+    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.moe_router, &L.w_gate_shexp,
+                          &L.w_up_shexp, &L.w_down_shexp})
       if (v->data) *v = be_.prepare(*v);
     for (LayerWeights::Expert& e : L.experts)  // (each expert's row views: the stacked tensors are never read whole)
       for (WeightView* v : {&e.gate, &e.up, &e.down}) *v = be_.prepare(*v);
@@ -82,7 +89,7 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_batch, int64_
   const size_t M = size_t(max_batch);
   float** const bufs[] = {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_};
   const int32_t widths[] = {hp.dim, hp.dim, hp.q_dim(), hp.kv_dim(), hp.kv_dim(), hp.q_dim(),
-                            std::max(hp.ffn_dim, hp.expert_ffn_dim)};
+                            std::max({hp.ffn_dim, hp.expert_ffn_dim, hp.shexp_ffn_dim})};
   // Checked: a batch of 2^62 tokens wrapped M x width (and then the vectors below failed inside
   // the standard library). Past the bound, no product below can overflow either.
   uint64_t floats = 0;
@@ -148,15 +155,22 @@ void Forward::validate(const Batch& b, const KVCache& kv) const {
   }
 }
 
+const float* Forward::pre_norm(const float* w, int64_t M) {
+  if (!w) return x_;
+  const HParams& hp = model_.hparams();
+  be_.rmsnorm(x_, w, h_, M, hp.dim, hp.rms_eps);
+  return h_;
+}
+
 // x += Wo · softmax(q kᵀ / √d) v, with q, k, v = rmsnorm(x) · W{q,k,v} (+ bias), RoPE on q and k.
 void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
-  be_.rmsnorm(x_, L.attn_norm, h_, M, hp.dim, hp.rms_eps);
+  const float* in = pre_norm(L.attn_norm, M);
   // Q, K, V in one GEMM pass over the three weights (biases, if any, in its epilogue; LoRA
   // deltas before them).
   Backend::MatmulTarget t[3] = {{L.wq, q_, hp.q_dim(), L.bq}, {L.wk, k_, hp.kv_dim(), L.bk}, {L.wv, v_, hp.kv_dim(), L.bv}};
-  if (lora_shrink(il, LoraInput::Qkv, h_, hp.dim))
+  if (lora_shrink(il, LoraInput::Qkv, in, hp.dim))
     for (int i = 0; i < 3; ++i) t[i].lora = lora_delta(il, LoraSlot(int(LoraSlot::Q) + i));
   if (fused_rope_) {  // RoPE on Q and K in the same pass, from the batch's cos/sin table
     for (int i = 0; i < 2; ++i) {
@@ -164,11 +178,13 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
       t[i].rope_head_dim = hp.head_dim;
       t[i].rope_n_rot = rope_.n_rot;
     }
-    be_.matmul_multi(h_, M, t, 3);
+    be_.matmul_multi(in, M, t, 3);
   } else {
-    be_.matmul_multi(h_, M, t, 3);
-    if (L.q_norm) be_.rmsnorm(q_, L.q_norm, q_, M * hp.n_heads, hp.head_dim, hp.rms_eps);  // (in place: row by row)
-    if (L.k_norm) be_.rmsnorm(k_, L.k_norm, k_, M * hp.n_kv_heads, hp.head_dim, hp.rms_eps);
+    be_.matmul_multi(in, M, t, 3);
+    // (in place: row by row; a row is a head, or a token's whole projection with qk_norm_whole)
+    const int64_t q_row = hp.qk_norm_whole ? hp.q_dim() : hp.head_dim, k_row = hp.qk_norm_whole ? hp.kv_dim() : hp.head_dim;
+    if (L.q_norm) be_.rmsnorm(q_, L.q_norm, q_, M * hp.q_dim() / q_row, q_row, hp.rms_eps);
+    if (L.k_norm) be_.rmsnorm(k_, L.k_norm, k_, M * hp.kv_dim() / k_row, k_row, hp.rms_eps);
     const RopeParams& rope = hp.windowed(hp.first_layer + il) ? rope_swa_ : rope_;
     be_.rope(q_, M, hp.n_heads, hp.head_dim, b.pos.data(), rope);
     be_.rope(k_, M, hp.n_kv_heads, hp.head_dim, b.pos.data(), rope);
@@ -191,28 +207,28 @@ void Forward::attention_block(int32_t il, const Batch& b, KVCache& kv, int64_t M
 void Forward::ffn_block(int32_t il, int64_t M) {
   const HParams& hp = model_.hparams();
   const LayerWeights& L = w_.layers[size_t(il)];
-  be_.rmsnorm(x_, L.ffn_norm, h_, M, hp.dim, hp.rms_eps);
-  if (!L.experts.empty()) return moe_ffn(L, M);
+  const float* in = pre_norm(L.ffn_norm, M);
+  if (!L.experts.empty()) return moe_ffn(L, in, M);
   LoraDelta gu[2];
-  if (lora_shrink(il, LoraInput::GateUp, h_, hp.dim)) {
+  if (lora_shrink(il, LoraInput::GateUp, in, hp.dim)) {
     gu[0] = lora_delta(il, LoraSlot::Gate);
     gu[1] = lora_delta(il, LoraSlot::Up);
   }
   // act(h·W_gateᵀ [+ gate delta]) ⊙ (h·W_upᵀ [+ up delta])
-  be_.ffn_glu(h_, M, L.w_gate, L.w_up, hp.ffn_act, gate_, gu[0].n || gu[1].n ? gu : nullptr);
+  be_.ffn_glu(in, M, L.w_gate, L.w_up, hp.ffn_act, gate_, gu[0].n || gu[1].n ? gu : nullptr);
   residual_add(il, LoraSlot::Down, gate_, M, L.w_down, L.ffn_post_norm, nullptr);  // x += [post_norm](that · W_downᵀ)
 }
 
-// Mixture of experts on h = rmsnorm(x) (M, dim): each row's n_experts_used best experts by the
+// Mixture of experts on h = `in` (rmsnorm(x), M x dim): each row's n_experts_used best experts by the
 // router's logits h · W_routerᵀ (ties to the lower index), weighted by the softmax of those
 // logits (llama.cpp's softmax over all experts, renormalised over the chosen: the same), and
 // x += Σ w_e · W_down_e · (act(W_gate_e · h) ⊙ W_up_e · h). Each expert runs once over the rows
 // routed to it (gathered); each row adds its experts' terms in expert order, so a row's result
 // does not depend on the rest of the batch (chunking and batching change nothing).
-void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
+void Forward::moe_ffn(const LayerWeights& L, const float* in, int64_t M) {
   const HParams& hp = model_.hparams();
   const int64_t E = hp.n_experts, K = hp.n_experts_used, D = hp.dim;
-  be_.matmul(h_, M, L.moe_router, moe_logits_.data());
+  be_.matmul(in, M, L.moe_router, moe_logits_.data());
   if (L.moe_router_b) be_.add_bias(moe_logits_.data(), M, E, L.moe_router_b);
   std::fill(moe_offsets_.begin(), moe_offsets_.end(), 0);
   for (int64_t m = 0; m < M; ++m) {
@@ -227,8 +243,13 @@ void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
       }
       c[j] = best;
     }
+    // (c[0]'s logit is the largest: the softmax's shift) Over the chosen, or over all (qwen2moe).
     float sum = 0;
     for (int64_t j = 0; j < K; ++j) sum += w[j] = std::exp(l[c[j]] - l[c[0]]);
+    if (!hp.moe_renorm) {
+      sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - l[c[0]]);
+    }
     for (int64_t j = 0; j < K; ++j) {
       w[j] /= sum;
       ++moe_offsets_[size_t(c[j]) + 1];
@@ -248,7 +269,7 @@ void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
     const int32_t r0 = moe_offsets_[size_t(e)], n = moe_offsets_[size_t(e) + 1] - r0;
     if (n == 0) continue;
     for (int32_t j = 0; j < n; ++j)
-      std::memcpy(moe_in_.data() + j * D, h_ + int64_t(moe_rows_[size_t(r0 + j)]) * D, size_t(D) * sizeof(float));
+      std::memcpy(moe_in_.data() + j * D, in + int64_t(moe_rows_[size_t(r0 + j)]) * D, size_t(D) * sizeof(float));
     const LayerWeights::Expert& ex = L.experts[size_t(e)];
     if (moe_up_.empty()) {  // act(gate) ⊙ up in the GEMM's epilogue
       be_.ffn_glu(moe_in_.data(), n, ex.gate, ex.up, hp.ffn_act, gate_);
@@ -269,6 +290,19 @@ void Forward::moe_ffn(const LayerWeights& L, int64_t M) {
       const float* y = moe_out_.data() + j * D;
       const float w = moe_row_weight_[size_t(r0 + j)];
       for (int64_t d = 0; d < D; ++d) s[d] += w * y[d];
+    }
+  }
+  if (L.w_gate_shexp.data) {  // qwen2moe: + sigmoid(h · g) W_down_s · (act(W_gate_s · h) ⊙ W_up_s · h)
+    be_.ffn_glu(in, M, L.w_gate_shexp, L.w_up_shexp, hp.ffn_act, gate_);
+    be_.matmul(gate_, M, L.w_down_shexp, moe_out_.data());
+    for (int64_t m = 0; m < M; ++m) {
+      const float* h = in + m * D;
+      float logit = 0;
+      for (int64_t d = 0; d < D; ++d) logit += h[d] * L.shexp_gate_inp[d];
+      const float g = 1.0f / (1.0f + std::exp(-logit));
+      float* s = moe_sum_.data() + m * D;
+      const float* y = moe_out_.data() + m * D;
+      for (int64_t d = 0; d < D; ++d) s[d] += g * y[d];
     }
   }
   if (L.ffn_post_norm) be_.rmsnorm(moe_sum_.data(), L.ffn_post_norm, moe_sum_.data(), M, D, hp.rms_eps);

@@ -16,7 +16,7 @@
 
 namespace ft {
 
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss };
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, Gemma2, Gemma3, Phi3, Granite, GptOss, Olmo2, Gemma, Qwen2Moe };
 // Which layers attend through the sliding window (HParams::sliding_window): none, all, or
 // those of a period (llama.cpp's swa pattern): layer il is windowed unless il % period ==
 // period - 1 (gemma2: period 2, the even layers; gemma3: 6, five local layers then a global one).
@@ -48,11 +48,18 @@ struct HParams {
   // each token's FFN is the sum of its n_experts_used best experts' (by the router), weighted by
   // the softmax of their router logits. 0 experts: a dense FFN.
   int32_t n_experts = 0, n_experts_used = 0, expert_ffn_dim = 0;
+  // qwen2moe's shared expert ({arch}.expert_shared_feed_forward_length; 0: none) and whether the
+  // chosen experts' weights are renormalised to sum 1 (ArchFeatures::moe_renorm).
+  int32_t shexp_ffn_dim = 0;
+  bool moe_renorm = true;
   int32_t ctx_len = 0;  // trained context
   float rms_eps = 1e-5f;
   RopeParams rope;
   bool tied_embeddings = false;
   bool qkv_bias = false;
+  // q and k RMS-normed over the whole projection (q_dim, kv_dim: olmo2) rather than head by head
+  // (qwen3, gemma3); from the table's q_norm extent.
+  bool qk_norm_whole = false;
   // The forward differences the architecture table (arch.cpp ArchSpec) and the keys give:
   GateAct ffn_act = GateAct::SiLU;
   float embd_scale = 1.0f;        // embeddings * this (gemma2: sqrt(dim))
@@ -94,12 +101,13 @@ struct LayerWeights {
   const float* bq = nullptr;         // qwen2 only: (q_dim,), (kv_dim,), (kv_dim,)
   const float* bk = nullptr;
   const float* bv = nullptr;
-  const float* q_norm = nullptr;     // qwen3, gemma3: (head_dim,) RMSNorm of each q and k head, before RoPE
+  const float* q_norm = nullptr;     // qwen3, gemma3: (head_dim,) RMSNorm of each q and k head, before RoPE;
+                                     // olmo2: (q_dim,) and (kv_dim,), over the whole projection (qk_norm_whole)
   const float* k_norm = nullptr;
   WeightView wo;                     // (dim, q_dim)
   const float* bo = nullptr;         // gpt-oss: (dim,)
   const float* attn_sinks = nullptr;  // gpt-oss: (n_heads,) each query head's sink logit (AttentionShape::sinks)
-  const float* attn_post_norm = nullptr;  // gemma2: on the attention output before the residual add (dim,)
+  const float* attn_post_norm = nullptr;  // gemma2, gemma3, olmo2: on the attention output before the residual add (dim,)
   const float* ffn_norm = nullptr;   // (dim,)
   WeightView w_gate, w_up;           // (ffn, dim)
   WeightView w_gate_up;              // phi3: the fused (2 ffn, dim), gate rows then up rows; w_gate/w_up are views
@@ -117,7 +125,11 @@ struct LayerWeights {
     const float *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;  // (gpt-oss) or null
   };
   std::vector<Expert> experts;
-  const float* ffn_post_norm = nullptr;   // gemma2: on the FFN output before the residual add (dim,)
+  // qwen2moe: the shared expert, every token's, weighted by sigmoid(h · shexp_gate_inp): (dim,),
+  // (shexp_ffn, dim) x 2, (dim, shexp_ffn).
+  const float* shexp_gate_inp = nullptr;
+  WeightView w_gate_shexp, w_up_shexp, w_down_shexp;
+  const float* ffn_post_norm = nullptr;   // gemma2, gemma3, olmo2: on the FFN output before the residual add (dim,)
 };
 
 struct ModelWeights {
@@ -300,7 +312,9 @@ class Forward {
  private:
   void attention_block(int32_t layer, const Batch& batch, KVCache& kv, int64_t M);
   void ffn_block(int32_t layer, int64_t M);
-  void moe_ffn(const LayerWeights& L, int64_t M);
+  // A block's input: rmsnorm(x) into h_ with the layer's pre-norm weight w, or x itself (none: olmo2).
+  const float* pre_norm(const float* w, int64_t M);
+  void moe_ffn(const LayerWeights& L, const float* in, int64_t M);
   void residual_add(int32_t il, LoraSlot s, const float* a, int64_t M, const WeightView& W, const float* post_norm,
                     const float* bias);
   void validate(const Batch& batch, const KVCache& kv) const;

@@ -21,6 +21,7 @@
 //   {arch}.rope.scaling.original_context_length  above it the long rope factors apply; YaRN's  context_length
 // RopeOverrides (model.h) replace rope.scaling.type, .factor, .original_context_length and rope.freq_base.
 //   {arch}.attention.sliding_window    window of the architecture's windowed layers (0: none)  the architecture's
+//                                      (> 0 in an architecture without windowed layers: refused, e.g. OLMo 3's olmo2)
 //   {arch}.attn_logit_softcapping, {arch}.final_logit_softcapping  (gemma2)  the architecture's
 //   {arch}.vocab_size                  n_vocab            rows of token_embd.weight
 //   tokenizer.ggml.tokens (its length)  n_tokens (<= n_vocab; the rest is padding)  n_vocab
@@ -199,6 +200,9 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     // (llama.cpp's default: Mixtral's experts are feed_forward_length wide; qwen3moe's n_ff / used)
     hp.expert_ffn_dim = opt("expert_feed_forward_length",
                             uint64_t(has_dense_ffn(*spec) ? hp.ffn_dim : std::max(1, hp.ffn_dim / hp.n_experts_used)));
+    hp.moe_renorm = spec->features.moe_renorm;
+    if (has_shared_expert(*spec))
+      hp.shexp_ffn_dim = opt("expert_shared_feed_forward_length", uint64_t(hp.ffn_dim));  // (llama.cpp's default)
     if (hp.n_experts_used > hp.n_experts)
       fail(f.path(), ": key '", a, "expert_used_count': ", hp.n_experts_used, " exceeds expert_count ", hp.n_experts);
   }
@@ -247,7 +251,10 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
   hp.rope_ctx_orig = opt("rope.scaling.original_context_length", uint64_t(hp.ctx_len));
   hp.yarn_orig_ctx = ro.orig_ctx > 0 ? ro.orig_ctx : hp.rope_ctx_orig;  // (phi3's long/short switch keeps the file's)
   hp.qkv_bias = false;
-  for (const TensorSpec& t : spec->tensors) hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
+  for (const TensorSpec& t : spec->tensors) {
+    hp.qkv_bias = hp.qkv_bias || t.role == Role::Bq;
+    hp.qk_norm_whole = hp.qk_norm_whole || (t.role == Role::QNorm && t.rows == Extent::QDim);
+  }
   // The architecture's forward differences (arch.h ArchFeatures).
   const ArchFeatures& ft = spec->features;
   hp.ffn_act = ft.ffn_act;
@@ -275,6 +282,13 @@ HParams read_hparams(const GGUFFile& f, const RopeOverrides& ro) {
     const uint64_t window = f.has(window_key) ? f.require_u64(window_key) : uint64_t(ft.sliding_window);
     hp.sliding_window = window == 0 ? 0 : positive_i32(f, window_key, window);
     if (hp.sliding_window == 0) hp.swa_layers = SwaLayers::None;  // (phi3 without the key: none)
+  } else if (const std::string window_key = a + "attention.sliding_window";
+             f.has(window_key) && f.require_u64(window_key) > 0) {
+    // A window the architecture's forward has no layers for would be ignored, silently wrong:
+    // OLMo 3's files say olmo2 with a window (and a pattern of windowed layers) and YaRN.
+    fail(f.path(), ": key '", window_key, "' = ", f.require_u64(window_key),
+         ": sliding-window attention is not supported for architecture '", hp.arch_name, "'",
+         spec->arch == Arch::Olmo2 ? " (OLMo 3 files are not supported yet)" : "");
   }
   check_sizes(f, hp);
   // The attention kernels' limits, here rather than at every request's first attention call.

@@ -98,6 +98,8 @@ void Model::shard(int rank, int n) {
   };
   if (hp.n_experts > 0)
     fail(file, ": tensor parallelism over a mixture of experts (", hp.n_experts, " experts) is not supported");
+  if (hp.qk_norm_whole)  // (each rank holds some heads: the norm's sum over all of them would need an allreduce)
+    fail(file, ": tensor parallelism with q/k norms over the whole projection (", hp.arch_name, ") is not supported");
   divides(hp.n_heads, "the attention heads");
   divides(hp.n_kv_heads, "the KV heads");
   divides(hp.ffn_dim, "the FFN width");

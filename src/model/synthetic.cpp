@@ -213,13 +213,16 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   if (opt.sliding_window > 0 && spec->features.swa == SwaLayers::None)
     fail("synthetic model: architecture '", opt.arch, "' has no windowed layers");
   const int n_layers = opt.n_layers > 0 ? opt.n_layers : s.n_layers;
+  const int n_kv_heads = opt.n_kv_heads != 0 ? opt.n_kv_heads : s.n_kv_heads;
+  if (n_kv_heads <= 0 || n_kv_heads > s.n_heads || s.n_heads % n_kv_heads != 0)
+    fail("synthetic model: ", n_kv_heads, " KV heads do not divide the shape's ", s.n_heads, " heads");
   const uint32_t head_dim = uint32_t(opt.head_dim > 0 ? opt.head_dim : s.dim / s.n_heads);
   w.set(a + "context_length", GGUFValue::of_u32(uint32_t(s.ctx_len)));
   w.set(a + "embedding_length", GGUFValue::of_u32(uint32_t(s.dim)));
   w.set(a + "block_count", GGUFValue::of_u32(uint32_t(n_layers)));
   w.set(a + "feed_forward_length", GGUFValue::of_u32(uint32_t(s.ffn_dim)));
   w.set(a + "attention.head_count", GGUFValue::of_u32(uint32_t(s.n_heads)));
-  w.set(a + "attention.head_count_kv", GGUFValue::of_u32(uint32_t(s.n_kv_heads)));
+  w.set(a + "attention.head_count_kv", GGUFValue::of_u32(uint32_t(n_kv_heads)));
   w.set(a + "attention.layer_norm_rms_epsilon", GGUFValue::of_f32(spec->rms_eps));
   w.set(a + "rope.freq_base", GGUFValue::of_f32(spec->rope_freq_base));
   w.set(a + "rope.dimension_count", GGUFValue::of_u32(head_dim));
@@ -255,7 +258,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
   HParams hp;
   hp.dim = s.dim;
   hp.n_heads = s.n_heads;
-  hp.n_kv_heads = s.n_kv_heads;
+  hp.n_kv_heads = n_kv_heads;
   hp.head_dim = int32_t(head_dim);
   hp.ffn_dim = s.ffn_dim;
   hp.n_vocab = int32_t(n_vocab);
@@ -271,6 +274,9 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
     w.set(a + "expert_count", GGUFValue::of_u32(uint32_t(hp.n_experts)));
     w.set(a + "expert_used_count", GGUFValue::of_u32(uint32_t(hp.n_experts_used)));
     w.set(a + "expert_feed_forward_length", GGUFValue::of_u32(uint32_t(hp.expert_ffn_dim)));
+    hp.shexp_ffn_dim = s.ffn_dim;  // (qwen2moe's shared expert, where the table has one)
+    if (has_shared_expert(*spec))
+      w.set(a + "expert_shared_feed_forward_length", GGUFValue::of_u32(uint32_t(hp.shexp_ffn_dim)));
   }
   if (opt.mix != SyntheticOptions::Mix::None && opt.type != parse_mix_name(mix_name(opt.mix))->base)
     fail("synthetic model: the ", mix_name(opt.mix), " mix needs type ", type_traits(parse_mix_name(mix_name(opt.mix))->base).name);
@@ -304,6 +310,7 @@ void write_synthetic_model(const SyntheticOptions& opt, const std::string& path,
         break;
       }
       case Init::Sink: plan.push_back({std::move(name), {rows}, GGMLType::F32, 0.0f, 1.0f}); break;
+      case Init::Gate: plan.push_back({std::move(name), {rows}, GGMLType::F32, 0.0f, 1.0f / std::sqrt(float(rows))}); break;
     }
   });
 
@@ -357,10 +364,10 @@ void write_synthetic_lora(const std::string& base_path, const SyntheticLoraOptio
   if (!merged_path.empty())
     for (const auto& [k, v] : base->metadata()) merged.set(k, v);
   // The adapted matrices: every per-layer matrix of the table (attention and FFN; not a mixture
-  // of experts' router or experts, which adapters do not reach: model/lora.h).
+  // of experts' router, experts or shared expert (qwen2moe), which adapters do not reach: model/lora.h).
   std::map<std::string, bool> adapted;
   for_each_tensor(*spec, n_layers, file_has_experts(*spec, *base), [&](const TensorSpec& t, int32_t layer) {
-    if (t.matrix && t.per_layer && !t.per_expert && t.role != Role::MoeRouter) adapted[tensor_name(t, layer)] = true;
+    if (t.matrix && t.per_layer && !expert_role(t.role)) adapted[tensor_name(t, layer)] = true;
   });
   uint64_t k = 0;
   for (const GGUFTensorInfo& t : base->tensors()) {

@@ -23,8 +23,11 @@ struct SyntheticOptions {
   // "llama", "qwen2" (adds Q/K/V biases), "qwen3" (q/k norms), "gemma2" (post-norms, GELU, tied
   // output, soft caps and a sliding window at llama.cpp's defaults), "gemma3" (gemma2's without
   // soft caps, q/k norms, five windowed layers then a global one), "phi3" (fused QKV and gate/up,
-  // a window of half the context), "granite" (Llama's with Granite's four multipliers): the
-  // tensors of the architecture's table (model/arch.cpp).
+  // a window of half the context), "granite" (Llama's with Granite's four multipliers), "olmo2"
+  // (post-norms only, q/k norms over the whole projection), "gemma" (gemma2's without post-norms,
+  // soft caps or window), "qwen2moe" (qwen2's attention, 4 experts of which 2 used, and a shared
+  // expert): the tensors of the architecture's
+  // table (model/arch.cpp).
   std::string arch = "llama";
   // Overrides of the shape and the architecture's defaults (0: none), for tests that need more
   // layers (gemma3's global layer is its sixth), a head width other than dim / heads (qwen3's
@@ -32,6 +35,7 @@ struct SyntheticOptions {
   // layers only), or linear RoPE scaling.
   int32_t n_layers = 0;
   int32_t head_dim = 0;
+  int32_t n_kv_heads = 0;  // (the reference reads olmo2 only without GQA: its k norm is dim wide)
   int32_t sliding_window = 0;
   float rope_scale = 0;                 // rope.scaling.factor, of type rope_scaling
   std::string rope_scaling = "linear";  // "linear" or "yarn"

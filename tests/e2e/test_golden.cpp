@@ -254,7 +254,10 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenTest);
 // of 32 on dim 64, YaRN as above, 8 experts of which 3 used, every bias and each head's sink, in
 // F32 and with MXFP4 matrices (its real files' experts' type; every expert used, so that int8
 // activations, ~1% off the oracle's exact ones, cannot flip a router's choice: with 3 of 8 they
-// did, 0.18-0.48 of max|logit| off, while all 4 of 4 stay within 0.031).
+// did, 0.18-0.48 of max|logit| off, while all 4 of 4 stay within 0.031); olmo2 (no pre-norms,
+// post-norms, q/k norms over the whole projection: 64 and, with 2 KV heads of 4, 32 wide); gemma
+// (embedding scale, GELU, tied output) with heads of 32 on dim 64 (q_dim != dim, as Gemma 7B's 256
+// of 3072 / 16); qwen2moe with 8 experts, 3 used (weights not renormalised) and the shared expert.
 struct OracleCase {
   const char* arch;
   int32_t layers, head_dim, window;
@@ -318,7 +321,10 @@ INSTANTIATE_TEST_SUITE_P(NewerArchitectures, OracleTest,
                                            OracleCase{"llama", 3, 0, 0, 0, "linear", 0, 8, 2, 10},
                                            OracleCase{"granite", 3, 0, 0, 0},
                                            OracleCase{"gpt-oss", 4, 32, 8, 4, "yarn", 64, 8, 3},
-                                           OracleCase{"gpt-oss", 4, 32, 8, 4, "yarn", 64, 4, 4, 7, "mxfp4"}),
+                                           OracleCase{"gpt-oss", 4, 32, 8, 4, "yarn", 64, 4, 4, 7, "mxfp4"},
+                                           OracleCase{"olmo2", 3, 0, 0, 0},
+                                           OracleCase{"gemma", 3, 32, 0, 0},
+                                           OracleCase{"qwen2moe", 3, 0, 0, 0, "linear", 0, 8, 3}),
                          [](const auto& info) {
                            const bool f32 = std::string_view(info.param.type) == "f32";
                            std::string n = cat(info.param.arch, info.param.rope_orig_ctx ? "_yarn" : "",

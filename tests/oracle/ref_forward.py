@@ -213,6 +213,8 @@ def add(a, b):
 
 
 def rmsnorm(x, w, eps):
+    # (zip would cut a longer weight silently: a norm of the wrong width must fail here)
+    assert len(w) == len(x), "rmsnorm: weight of %d for a vector of %d" % (len(w), len(x))
     ss = sum(map(_mul, x, x)) / len(x)
     s = 1.0 / math.sqrt(ss + eps)
     return [xi * s * wi for xi, wi in zip(x, w)]
@@ -304,6 +306,9 @@ ARCH_DEFAULTS = {
     "phi3":   (1e-5, 10000.0,   True,  "silu"),
     "granite": (1e-5, 10000.0,  False, "silu"),
     "gpt-oss": (1e-5, 150000.0, True,  "swiglu_oai"),
+    "olmo2":  (1e-6, 10000.0,   True,  "silu"),
+    "gemma":  (1e-6, 10000.0,   True,  "gelu"),
+    "qwen2moe": (1e-6, 1000000.0, True, "silu"),
 }
 
 
@@ -387,7 +392,7 @@ class Model:
         if (arch == "gemma2" and self.n_layer == 46) or (arch == "gemma3" and self.n_layer == 62):
             self.kq_scale = 1.0 / math.sqrt(self.dim / self.H)
         # llama.cpp multiplies Q by the scale before K.Q for these (matters only for --f16-kv)
-        self.prescale_q = arch in ("gemma2", "gemma3", "phi3")
+        self.prescale_q = arch in ("gemma", "gemma2", "gemma3", "phi3")
 
         # per-layer sliding window and rope parameters
         self.rope_factors = None
@@ -399,7 +404,8 @@ class Model:
 
         self.embd_name = "token_embd.weight"
         self.n_vocab = g.tensors[self.embd_name][1][1]
-        self.embd_scale = math.sqrt(self.dim) if arch in ("gemma2", "gemma3") else 1.0
+        # (Gemma 1 too: llama.cpp's llm_build_gemma scales the embeddings by sqrt(n_embd))
+        self.embd_scale = math.sqrt(self.dim) if arch in ("gemma", "gemma2", "gemma3") else 1.0
         # Granite (llama.cpp's llm_build_granite): embeddings * embedding_scale, each block's
         # output * residual_scale before its residual add, attention.scale as the query scale,
         # logits / logit_scale.
@@ -418,7 +424,9 @@ class Model:
             def opt(name):
                 return g.flat(p + name) if g.has(p + name) else None
 
-            L.attn_norm = g.flat(p + "attn_norm.weight")
+            # OLMo 2 (llama.cpp's llm_build_olmo2, HF's Olmo2DecoderLayer) has no norm before
+            # attention or the FFN: each block reads the residual stream itself.
+            L.attn_norm = None if arch == "olmo2" else g.flat(p + "attn_norm.weight")
             if g.has(p + "attn_qkv.weight"):
                 qkv = g.matrix(p + "attn_qkv.weight")
                 nq = self.H * self.head_dim
@@ -441,15 +449,23 @@ class Model:
             L.bo = opt("attn_output.bias")  # gpt-oss
             L.sinks = opt("attn_sinks.weight")  # gpt-oss: (n_head,) one more logit per head
             L.q_norm = L.k_norm = None
-            if arch in ("qwen3", "qwen3moe", "gemma3"):
+            # OLMo 2's q/k norms span the whole projection (H*hd and Hkv*hd), not one head
+            L.qk_norm_whole = arch == "olmo2"
+            if arch in ("qwen3", "qwen3moe", "gemma3", "olmo2"):
                 L.q_norm = g.flat(p + "attn_q_norm.weight")
                 L.k_norm = g.flat(p + "attn_k_norm.weight")
+                # (whole: q_dim and kv_dim wide; per head: head_dim, shared by the heads)
+                nq, nk = ((self.H * self.head_dim, self.Hkv * self.head_dim) if L.qk_norm_whole
+                          else (self.head_dim, self.head_dim))
+                assert len(L.q_norm) == nq, "%sattn_q_norm.weight: %d wide, expected %d" % (p, len(L.q_norm), nq)
+                assert len(L.k_norm) == nk, "%sattn_k_norm.weight: %d wide, expected %d" % (p, len(L.k_norm), nk)
             L.post_attn_norm = L.post_ffw_norm = None
-            if arch in ("gemma2", "gemma3"):
+            if arch in ("gemma2", "gemma3", "olmo2"):
                 L.post_attn_norm = g.flat(p + "post_attention_norm.weight")
                 L.post_ffw_norm = g.flat(p + "post_ffw_norm.weight")
             # (gpt-oss names its pre-FFN norm post_attention_norm, as HF's config does)
-            L.ffn_norm = g.flat(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"))
+            L.ffn_norm = None if arch == "olmo2" else g.flat(
+                p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"))
             L.moe = None
             if g.has(p + "ffn_gate_inp.weight"):  # qwen3moe; llama with experts (Mixtral); gpt-oss
                 # mixture of experts: router (n_expert, dim); experts' gate/up (ff, dim), down (dim, ff)
@@ -461,6 +477,15 @@ class Model:
                 if g.has(p + "ffn_gate_inp.bias"):
                     L.moe_b = (g.flat(p + "ffn_gate_inp.bias"), g.matrix(p + "ffn_gate_exps.bias"),
                                g.matrix(p + "ffn_up_exps.bias"), g.matrix(p + "ffn_down_exps.bias"))
+                # qwen2moe (llama.cpp's llm_build_qwen2moe): the routed experts' weights are the
+                # softmax over all experts, not renormalised over the chosen; a shared expert (its
+                # gate vector (dim,), gate/up (ff_shexp, dim), down (dim, ff_shexp)) adds
+                # sigmoid(h . gate vector) * its FFN
+                L.moe_renorm = arch != "qwen2moe"
+                L.shexp = None
+                if g.has(p + "ffn_gate_inp_shexp.weight"):
+                    L.shexp = (g.flat(p + "ffn_gate_inp_shexp.weight"), g.matrix(p + "ffn_gate_shexp.weight"),
+                               g.matrix(p + "ffn_up_shexp.weight"), g.matrix(p + "ffn_down_shexp.weight"))
             elif arch == "phi3" and not g.has(p + "ffn_gate.weight"):
                 up = g.matrix(p + "ffn_up.weight")
                 L.wgate, L.wup = up[:self.n_ff], up[self.n_ff:]
@@ -584,7 +609,7 @@ class Model:
             new_q = []
             for i, x in enumerate(xs):
                 p = p0 + i
-                h = rmsnorm(x, L.attn_norm, eps)
+                h = x if L.attn_norm is None else rmsnorm(x, L.attn_norm, eps)
                 q = matvec(L.wq, L.rq(h))
                 k = matvec(L.wk, L.rk(h))
                 v = matvec(L.wv, L.rv(h))
@@ -594,11 +619,14 @@ class Model:
                     k = add(k, L.bk)
                 if L.bv is not None:
                     v = add(v, L.bv)
+                if L.qk_norm_whole:
+                    q = rmsnorm(q, L.q_norm, eps)
+                    k = rmsnorm(k, L.k_norm, eps)
                 cs = self._cos_sin(p, base, scale, yarn)
                 qh = []
                 for j in range(H):
                     qj = q[j * hd:(j + 1) * hd]
-                    if L.q_norm is not None:
+                    if L.q_norm is not None and not L.qk_norm_whole:
                         qj = rmsnorm(qj, L.q_norm, eps)
                     qj = self._rope(qj, cs)
                     if self.f16_kv:
@@ -607,7 +635,7 @@ class Model:
                 new_q.append(qh)
                 for j in range(Hkv):
                     kj = k[j * hd:(j + 1) * hd]
-                    if L.k_norm is not None:
+                    if L.k_norm is not None and not L.qk_norm_whole:
                         kj = rmsnorm(kj, L.k_norm, eps)
                     kj = self._rope(kj, cs)
                     vj = v[j * vd:(j + 1) * vd]
@@ -650,7 +678,7 @@ class Model:
                 if L.post_attn_norm is not None:
                     a = rmsnorm(a, L.post_attn_norm, eps)
                 x = add(x, [v * self.residual_scale for v in a])
-                h = rmsnorm(x, L.ffn_norm, eps)
+                h = x if L.ffn_norm is None else rmsnorm(x, L.ffn_norm, eps)
                 glu = self.glu
                 if L.moe is not None and L.moe_b is not None:
                     # gpt-oss (llama.cpp's build_moe_ffn with softmax-weight gating): the k
@@ -689,13 +717,19 @@ class Model:
                     if k < len(order):
                         gap = logits[order[k - 1]] - logits[order[k]]
                         cache["router_margin"][p] = min(gap, cache["router_margin"].get(p, gap))
-                    wsum = sum(probs[e] for e in top)
+                    wsum = sum(probs[e] for e in top) if L.moe_renorm else 1.0
                     f = [0.0] * len(x)
                     for e in top:
                         gt = matvec(gates[e], h)
                         up = matvec(ups[e], h)
                         y = matvec(downs[e], [glu(gv, uv) for gv, uv in zip(gt, up)])
                         f = [fv + probs[e] / wsum * yv for fv, yv in zip(f, y)]
+                    if L.shexp is not None:
+                        sg, sgate, sup, sdown = L.shexp
+                        gl = sum(map(_mul, h, sg))
+                        gate = 1.0 / (1.0 + math.exp(-gl))
+                        y = matvec(sdown, [glu(gv, uv) for gv, uv in zip(matvec(sgate, h), matvec(sup, h))])
+                        f = [fv + gate * yv for fv, yv in zip(f, y)]
                 else:
                     gt = matvec(L.wgate, L.rg(h))
                     up = matvec(L.wup, L.ru(h))

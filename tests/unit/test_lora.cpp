@@ -146,7 +146,10 @@ INSTANTIATE_TEST_SUITE_P(Lora, AdapterVsMerged,
                                            LoraCase{"qwen2", "f32", 16}, LoraCase{"qwen3", "f32", 16},
                                            LoraCase{"qwen3moe", "f32", 8},
                                            LoraCase{"gemma2", "f32", 4}, LoraCase{"gemma3", "f16", 8},
-                                           LoraCase{"phi3", "f16", 16}, LoraCase{"gpt-oss", "f32", 8}),
+                                           LoraCase{"phi3", "f16", 16}, LoraCase{"gpt-oss", "f32", 8},
+                                           // (olmo2: no pre-norms, the shrink reads x itself)
+                                           LoraCase{"olmo2", "f32", 8}, LoraCase{"gemma", "f32", 8},
+                                           LoraCase{"qwen2moe", "f32", 8}),
                          [](const auto& info) {
                            std::string n = std::string(info.param.arch) + "_" + info.param.lora_type + "_r" +
                                            std::to_string(info.param.rank);

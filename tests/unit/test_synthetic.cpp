@@ -75,9 +75,13 @@ std::string case_name(const ::testing::TestParamInfo<Case>& p) {
   return s;
 }
 
+// Every architecture of the table, in its order (known_archs()).
+constexpr const char* kArchs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss",
+                                  "olmo2", "gemma", "qwen2moe"};
+
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
+  for (const char* arch : kArchs) {
     for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::MXFP4})
       out.push_back({"tiny", t, arch});  // (MXFP4: qwen3moe's and gpt-oss's experts too)
     // k-quants need rows of whole 256-element blocks: tiny's dim 64 cannot (see UnfitType).
@@ -107,7 +111,7 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   for (const auto& x : synthetic_shapes())
     if (x.name == c.shape) s = &x;
   ASSERT_NE(s, nullptr);
-  const bool qwen = c.arch == "qwen2" || c.arch == "gpt-oss";  // (Q/K/V biases)
+  const bool qwen = c.arch == "qwen2" || c.arch == "gpt-oss" || c.arch == "qwen2moe";  // (Q/K/V biases)
   const ArchSpec* spec = find_arch(c.arch);
   ASSERT_NE(spec, nullptr);
   EXPECT_EQ(hp.arch, spec->arch);
@@ -141,7 +145,7 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
     const bool bias = t.name.ends_with(".bias");
     EXPECT_EQ(t.type, t.ne.size() >= 2 && !router && !bias ? c.type : GGMLType::F32);
   }
-  if (c.arch == "qwen3moe" || c.arch == "gpt-oss") {
+  if (c.arch == "qwen3moe" || c.arch == "gpt-oss" || c.arch == "qwen2moe") {
     EXPECT_EQ(hp.n_experts, 4);
     EXPECT_EQ(hp.n_experts_used, 2);
     EXPECT_EQ(hp.expert_ffn_dim, s->ffn_dim);
@@ -162,6 +166,8 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
       EXPECT_EQ(L.bo != nullptr, c.arch == "gpt-oss");
       EXPECT_EQ(L.moe_router_b != nullptr, c.arch == "gpt-oss");
       EXPECT_EQ(L.up_exps_b != nullptr, c.arch == "gpt-oss");
+      EXPECT_EQ(L.shexp_gate_inp != nullptr, c.arch == "qwen2moe");
+      EXPECT_EQ(L.w_down_shexp.n_cols, c.arch == "qwen2moe" ? s->ffn_dim : 0);
     }
   }
   // Weight statistics: matrix rows ~ N(0, 1/fan_in), norms ~ 1.
@@ -177,7 +183,10 @@ TEST_P(SyntheticModel, LoadsWithExpectedHParamsAndRuns) {
   // (Ternary weights are +-amax of their 256 or 0: their RMS moves by ~15%.)
   const bool ternary = c.type == GGMLType::TQ1_0 || c.type == GGMLType::TQ2_0;
   EXPECT_NEAR(sd * std::sqrt(double(wq.n_cols)), 1.0, ternary ? 0.3 : 0.15);
-  const float* norm = m->weights().layers[0].attn_norm;
+  // The first layer's first norm: its pre-norm, or (olmo2: none) its post-attention norm.
+  const LayerWeights& L0 = m->weights().layers[0];
+  const float* norm = L0.attn_norm ? L0.attn_norm : L0.attn_post_norm;
+  ASSERT_NE(norm, nullptr);
   double nsum = 0;
   for (int k = 0; k < hp.dim; ++k) nsum += norm[k];
   EXPECT_NEAR(nsum / hp.dim, 1.0, 0.05);
@@ -192,7 +201,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SyntheticModel, ::testing::ValuesIn(all_cases
 // table's tensors in its order, each binds to a distinct weight slot, and the profiler's op names
 // are unique within an architecture.
 TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "gpt-oss"}) {
+  for (const char* arch : kArchs) {
     const ArchSpec* spec = find_arch(arch);
     ASSERT_NE(spec, nullptr) << arch;
     SyntheticOptions opt;
@@ -217,7 +226,9 @@ TEST(Synthetic, ArchitectureTableDrivesWriterAndBinding) {
     for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(ops.insert(t.op_name).second) << t.op_name;
   }
   EXPECT_EQ(find_arch("gpt2"), nullptr);
-  EXPECT_EQ(known_archs(), "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, granite, gpt-oss");
+  std::string names;
+  for (const char* arch : kArchs) names += cat(names.empty() ? "" : ", ", arch);
+  EXPECT_EQ(known_archs(), names);
 }
 
 // Phi-3's fused tensors bind whole, and the per-projection weights are row views into them (no
@@ -351,6 +362,35 @@ TEST(Synthetic, Phi3WindowOfZeroIsNone) {
   EXPECT_EQ(m->hparams().swa_layers, SwaLayers::None);
   EXPECT_EQ(m->hparams().layer_window(0), 0);
   expect_sane_logits(run_prompt(*m, {1, 72, 108, 108, 111, 35}));
+}
+
+// OLMo 3's files say olmo2 with attention.sliding_window (and windowed layers olmo2's forward does
+// not have): refused at load naming the key, where a window of 0 is none (as Phi-4's).
+TEST(Synthetic, WindowWithoutWindowedLayersIsRefused) {
+  SyntheticOptions opt;
+  opt.arch = "olmo2";
+  TempFile src("olmo3_src.gguf"), dst("olmo3.gguf");
+  write_synthetic_model(opt, src.path());
+  const auto with_window = [&](uint32_t window) {
+    const auto f = GGUFFile::open(src.path());
+    GGUFWriter w;
+    for (const auto& [k, v] : f->metadata()) w.set(k, v);
+    w.set("olmo2.attention.sliding_window", GGUFValue::of_u32(window));
+    for (const auto& t : f->tensors()) w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+    w.write(dst.path());
+  };
+  with_window(4096);
+  try {
+    Model::load(dst.path());
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'olmo2.attention.sliding_window' = 4096: sliding-window attention is not "
+                                         "supported for architecture 'olmo2' (OLMo 3 files are not supported yet)"),
+              std::string::npos)
+        << e.what();
+  }
+  with_window(0);
+  EXPECT_EQ(Model::load(dst.path())->hparams().swa_layers, SwaLayers::None);
 }
 
 // gpt-oss's attention sinks are logits: a non-finite one is refused at load naming its tensor and
@@ -511,21 +551,29 @@ TEST(Synthetic, YarnFromKeysOrOverrides) {
   EXPECT_NE(error({"yarn", 4, 0, -1}).find("--yarn-orig-ctx"), std::string::npos);
 }
 
-// Tensor parallelism splits the dense FFN's columns; a mixture of experts is refused, clearly.
-TEST(Synthetic, MixtureOfExpertsRefusesTensorParallelism) {
+// A synthetic model of `arch` refuses tensor parallelism over 2 ranks with `message`.
+void expect_shard_refused(const char* arch, const std::string& message) {
   SyntheticOptions opt;
-  opt.arch = "qwen3moe";
-  TempFile tmp("moe_tp.gguf");
+  opt.arch = arch;
+  TempFile tmp(cat(arch, "_tp.gguf"));
   write_synthetic_model(opt, tmp.path());
   const auto m = Model::load(tmp.path());
   try {
     m->shard(0, 2);
-    ADD_FAILURE() << "sharded";
+    ADD_FAILURE() << arch << " sharded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor parallelism over a mixture of experts (4 experts) is not supported"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
   }
+}
+
+// Tensor parallelism splits the dense FFN's columns; a mixture of experts is refused, clearly.
+TEST(Synthetic, MixtureOfExpertsRefusesTensorParallelism) {
+  expect_shard_refused("qwen3moe", "tensor parallelism over a mixture of experts (4 experts) is not supported");
+}
+
+// Each rank holds some heads: OLMo 2's q/k norms over the whole projection would need all of them.
+TEST(Synthetic, WholeProjectionQkNormsRefuseTensorParallelism) {
+  expect_shard_refused("olmo2", "tensor parallelism with q/k norms over the whole projection (olmo2) is not supported");
 }
 
 TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
