@@ -41,6 +41,14 @@ namespace ft {
 
 namespace {
 
+// llama.cpp's rule: trailing dimensions of 1 are no dimensions, so [n] and [n, 1] are one shape
+// (the same elements in the same order; Qwen-MoE files store ffn_gate_inp_shexp as [dim, 1]).
+bool same_shape(std::vector<uint64_t> a, std::vector<uint64_t> b) {
+  while (!a.empty() && a.back() == 1) a.pop_back();
+  while (!b.empty() && b.back() == 1) b.pop_back();
+  return a == b;
+}
+
 class Binder {
  public:
   explicit Binder(const GGUFFile& f) : f_(f) {}
@@ -52,7 +60,7 @@ class Binder {
       if (required) fail(f_.path(), ": missing tensor '", name, "' (expected shape ", shape_str(shape), ")");
       return nullptr;
     }
-    if (t->ne != shape)
+    if (!same_shape(t->ne, shape))
       fail(f_.path(), ": tensor '", name, "': expected shape ", shape_str(shape), ", got ",
            shape_str(t->ne));
     const bool ok = tc == TypeClass::F32 ? t->type == GGMLType::F32 : is_supported_weight_type(t->type);

@@ -148,10 +148,15 @@ TEST(ModelBinding, WrongShapeNamesTensorAndShapes) {
   t.shapes["blk.0.ffn_down.weight"] = {kDim, kFfn};  // transposed
   msg = load_error(t, "transposed.gguf");
   EXPECT_HAS(msg, "tensor 'blk.0.ffn_down.weight': expected shape [64, 32], got [32, 64]");
-  Mutation v;
-  v.shapes["blk.0.ffn_norm.weight"] = {kDim, 1};
+  Mutation v;  // (a trailing 1 is no dimension, llama.cpp's rule: [32, 1] binds as [32]; [32, 2] does not)
+  v.shapes["blk.0.ffn_norm.weight"] = {kDim, 2};
   msg = load_error(v, "rank.gguf");
-  EXPECT_HAS(msg, "tensor 'blk.0.ffn_norm.weight': expected shape [32], got [32, 1]");
+  EXPECT_HAS(msg, "tensor 'blk.0.ffn_norm.weight': expected shape [32], got [32, 2]");
+  Mutation one;
+  one.shapes["blk.0.ffn_norm.weight"] = {kDim, 1};
+  const std::string one_path = write_model(one, "trailing_one.gguf");
+  EXPECT_NO_THROW(Model::load(one_path));
+  remove_model(one_path);
   Mutation e;
   e.shapes["token_embd.weight"] = {kFfn, kVocab};
   msg = load_error(e, "embd.gguf");
