@@ -70,11 +70,13 @@ void ServerMetrics::count_error() {
   ++errors_;
 }
 
+void render_gauge(std::string& out, const std::string& name, const std::string& help, double v) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + num(v) + "\n";
+}
+
 std::string ServerMetrics::render(const EngineMetrics& m) const {
   std::string out;
-  auto gauge = [&](const std::string& name, const std::string& help, double v) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + num(v) + "\n";
-  };
+  auto gauge = [&](const std::string& name, const std::string& help, double v) { render_gauge(out, name, help, v); };
   auto counter = [&](const std::string& name, const std::string& help, double v) {
     out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + num(v) + "\n";
   };

@@ -34,6 +34,9 @@ class Histogram {
 void render_histogram(std::string& out, const std::string& name, const std::string& help,
                       std::span<const double> bounds, std::span<const uint64_t> counts, double sum, uint64_t count);
 
+// Appends a gauge's "# HELP/# TYPE" and value lines.
+void render_gauge(std::string& out, const std::string& name, const std::string& help, double v);
+
 // Latency buckets in seconds, 1 ms .. 60 s.
 std::vector<double> latency_buckets();
 

@@ -513,7 +513,15 @@ const Route kRoutes[] = {
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) { out.send_json(model(srv, req.tail)); }},
     {"/metrics", http::verb::get,
      [](Server::Impl& srv, Responder& out, const RouteRequest&) {
-       out.send_response(200, "text/plain; version=0.0.4; charset=utf-8", srv.metrics.render(srv.engine.metrics()));
+       std::string text = srv.metrics.render(srv.engine.metrics());
+       // The stores, as --max-stored-responses and --max-stored-bytes count them.
+       render_gauge(text, "firsttoken:stored_responses", "Responses stored (the Responses API).", double(srv.responses.size()));
+       render_gauge(text, "firsttoken:stored_response_bytes", "Bytes of the stored responses.", double(srv.responses.bytes()));
+       render_gauge(text, "firsttoken:stored_conversations", "Conversations stored (the Conversations API).",
+                    double(srv.conversations.size()));
+       render_gauge(text, "firsttoken:stored_conversation_bytes", "Bytes of the stored conversations.",
+                    double(srv.conversations.bytes()));
+       out.send_response(200, "text/plain; version=0.0.4; charset=utf-8", text);
      }},
     {"/tokenize", http::verb::post,
      [](Server::Impl& srv, Responder& out, const RouteRequest& req) {

@@ -4009,8 +4009,21 @@ TEST(ServerConversations, BackgroundResponsesAddOnlyWhatEnds) {
     EXPECT_EQ(answer("POST", "/v1/responses/" + rc + "/cancel", json::object())["status"], "cancelled");
     EXPECT_EQ(answer("DELETE", "/v1/conversations/" + deleted)["deleted"], true);
   }
+  // The stores' gauges in /metrics (-1: absent).
+  const auto gauge = [&](const std::string& name) {
+    const std::string m = test::http_request(srv.port(), "GET", "/metrics", "");
+    const size_t at = m.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + name.size() + 2));
+  };
+  const double n_stored = gauge("firsttoken:stored_conversations"), bytes = gauge("firsttoken:stored_conversation_bytes");
+  EXPECT_GT(n_stored, 0);
+  EXPECT_GT(bytes, 0);
   EXPECT_EQ(follow_to_end(rc), "error");
   EXPECT_EQ(follow_to_end(rd), last);  // (the same prompt as the first: the same end)
+  // Nothing added anywhere for the deleted one's turn (nor for the cancelled one's).
+  EXPECT_EQ(gauge("firsttoken:stored_conversations"), n_stored);
+  EXPECT_EQ(gauge("firsttoken:stored_conversation_bytes"), bytes);
+  EXPECT_GT(gauge("firsttoken:stored_responses"), 0);
   EXPECT_EQ(n_items(cancelled), 1u);
   json again = request(cancelled);  // (the cancelled one let its conversation go)
   again["stream"] = false;
