@@ -410,7 +410,7 @@ void EngineCore::finish_in_flight() {
 void EngineCore::between_blocks(double done) {
   const int64_t cap = exec_.between_max_batch();
   if (!running_ || between_ || cap <= 0 || !in_flight_.empty() || !(done > 0 && done < 1) ||
-      between_ms_ >= cfg_.step_latency_target_ms)
+      between_ms_ >= cfg_.step_latency_target_ms || running_left_waiting_)
     return;
   running_done_ = done;
   bool waits = false;  // (the plan is made only when someone could be in it)
@@ -533,6 +533,14 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
     if (!finishes || !plan.preempt.empty() || !plan.decode.empty() ||
         (running_firsts_ > 0 && plan.predicted_ms * double(running_firsts_) >= left_ms))
       return false;
+  }
+  if (!between) {
+    const int64_t cap = exec_.between_max_batch();
+    running_left_waiting_ = false;
+    for (const SchedRequest& s : in.requests)
+      running_left_waiting_ |= !s.decoding() && s.pending() <= cap &&
+                               std::none_of(plan.prefill.begin(), plan.prefill.end(),
+                                            [&](const PrefillChunk& c) { return c.id == s.id; });
   }
   group_decodes_by_adapter(plan);
   step_admits_ = plan.admit;

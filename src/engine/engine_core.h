@@ -282,7 +282,10 @@ class EngineCore {
   // not run), so a short prompt arriving during a long step gets its first token after the
   // block running then, not after the step. One level: not from inside such a step. Once the
   // steps run inside one step took step_latency_target_ms, no more start there (a flood of
-  // short prompts could otherwise hold a step, and its decodes, for one step per block).
+  // short prompts could otherwise hold a step, and its decodes, for one step per block). Nor
+  // when that step was planned with such prompts left waiting (a backlog: the arrivals a step
+  // between blocks is for are those that came during the step, not the queue it was planned
+  // over; under overload every step would otherwise double its decodes' inter-token time).
   void between_blocks(double done);
   int32_t steps_in_flight() const { return int32_t(in_flight_.size()); }
 
@@ -443,6 +446,10 @@ class EngineCore {
   // The busy period the engine is in (warm_up_coldness): its start, and the last forward's end.
   double busy_since_ms_ = 0, last_forward_end_ms_ = -1e300;
   int64_t running_firsts_ = 0;
+  // The running step left prompts waiting that a step between its blocks could take (a backlog,
+  // as under overload): none runs there (they are the next step's; running them between blocks
+  // would only stretch this step's decodes).
+  bool running_left_waiting_ = false;
   Batch between_batch_;  // (batch_ is the running step's)
   SpecConfig spec_;
   Drafter* drafter_ = nullptr;

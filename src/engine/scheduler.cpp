@@ -20,16 +20,17 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 int32_t blocks(int64_t positions, int32_t block_size) { return KVCache::blocks_for(positions, block_size); }
 
-// The policy's order among prefills: priority, earliest deadline first, shortest remaining.
-// (A request already past its deadline keeps its place: putting it behind those that can still
-// make theirs would maximise deadlines met but starve it, the worst TTFT of all.)
+// The policy's order among prefills: priority, earliest deadline first (a late request's as
+// order_deadline_ms puts it), shortest remaining.
 struct OrderKey {
   int32_t priority;
+  double order_deadline_ms;
   double deadline_ms;
   int64_t pending;
   double arrival_ms;
   bool operator<(const OrderKey& o) const {
     if (priority != o.priority) return priority < o.priority;
+    if (order_deadline_ms != o.order_deadline_ms) return order_deadline_ms < o.order_deadline_ms;
     if (deadline_ms != o.deadline_ms) return deadline_ms < o.deadline_ms;
     if (pending != o.pending) return pending < o.pending;
     return arrival_ms < o.arrival_ms;
@@ -54,8 +55,12 @@ double default_ttft_slo_ms(const SchedulerConfig& cfg, const CostModel& c, int64
   return cfg.ttft_slo_base_ms + cfg.ttft_slo_stretch * predict_prefill_ms(c, 0, n_prompt);
 }
 
+double order_deadline_ms(double deadline_ms, double prefill_left_ms, double now_ms, const SchedulerConfig& cfg) {
+  return deadline_ms - now_ms < prefill_left_ms ? std::max(deadline_ms, now_ms + cfg.late_order_ms) : deadline_ms;
+}
+
 double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r) {
-  auto key = [](const QueuedPrefill& q) { return OrderKey{q.priority, q.deadline_ms, 0, 0}; };
+  auto key = [](const QueuedPrefill& q) { return OrderKey{q.priority, q.deadline_ms, q.deadline_ms, 0, 0}; };
   const OrderKey mine = key(r);
   double t = r.remaining_ms;
   for (const QueuedPrefill& q : queue)
@@ -142,8 +147,15 @@ StepPlan plan_step(const SchedulerInput& in) {
   std::erase_if(cands, [&](const SchedRequest* r) {
     return std::find(plan.preempt.begin(), plan.preempt.end(), r->id) != plan.preempt.end();
   });
-  auto key = [](const SchedRequest* r) { return OrderKey{r->priority, r->deadline_ms, r->pending(), r->arrival_ms}; };
-  std::sort(cands.begin(), cands.end(), [&](const SchedRequest* a, const SchedRequest* b) { return key(a) < key(b); });
+  std::vector<std::pair<OrderKey, const SchedRequest*>> keyed;
+  for (const auto* r : cands) {
+    const double left_ms = predict_prefill_ms(in.cost, r->n_computed, r->pending());
+    keyed.push_back(
+        {OrderKey{r->priority, order_deadline_ms(r->deadline_ms, left_ms, in.now_ms, cfg), r->deadline_ms, r->pending(), r->arrival_ms},
+         r});
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < keyed.size(); ++i) cands[i] = keyed[i].second;
   // The request longest past its deadline, by more than aging_ms, is guaranteed half of every
   // step's budget (earliest deadline first puts it first anyway, unless its priority does not).
   const SchedRequest* aged = nullptr;

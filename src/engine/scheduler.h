@@ -15,7 +15,14 @@
 //     (their blocks freed; they recompute later) until it can;
 //  3. prefill chunks fill the step's prefill budget in order of priority, then earliest deadline
 //     first, shortest remaining prefill as the tie-break (deadlines are fixed, so a long prompt
-//     goes first once the new arrivals' deadlines pass its own: it is never starved); the request
+//     goes first once the new arrivals' deadlines pass its own: it is never starved). A request
+//     that can no longer make its deadline (slack < 0) is ordered as if due late_order_ms from
+//     now (order_deadline_ms): behind those that can still be on time and are due sooner, before
+//     those due later. Under overload (more prompts than the machine serves) pure earliest
+//     deadline first serves every request late, the oldest first; this serves those that can
+//     still be on time (README: "Overload"). A short prompt made late by a long step still goes
+//     before a long prompt due seconds later (behind every request that could make its deadline,
+//     it waited 2.5 s for one in the mixed workload). The request
 //     longest past its deadline by more than aging_ms is guaranteed half of every step's budget
 //     (auto mode: half the step's time), so a low priority is not starved either, while the first
 //     in order still progresses by at least min_chunk. A new
@@ -92,6 +99,10 @@ struct SchedulerConfig {
   int64_t max_batch_tokens = 2048;
   int32_t max_num_seqs = 64;        // running requests at most
   double aging_ms = 2000;           // a request this far past its deadline gets half of every step
+  // A prefill that can no longer make its deadline is ordered as if due this long from now
+  // (order_deadline_ms): twice the default deadline's base, so a short prompt that arrived just
+  // now (due ttft_slo_base_ms + ttft_slo_stretch x its prefill after) goes before it.
+  double late_order_ms = 200;
   int32_t block_size = 16;
   // The default TTFT deadline of a request: base + stretch x its predicted prefill alone.
   double ttft_slo_base_ms = 100;
@@ -228,9 +239,15 @@ struct QueuedPrefill {
   double deadline_ms = 0;
   double remaining_ms = 0;  // predicted prefill left, alone
 };
-// The predicted TTFT of `r` (arriving now): the prefill left of every queued request the policy
-// orders before it, then its own. Deliberately simple (no decode time, no chunk overheads):
+// The predicted TTFT of `r` (arriving now): the prefill left of every queued request due before
+// it (by priority, then deadline), then its own. Late ones count, though the policy puts r before
+// them (order_deadline_ms): aging gives them half of every step, and admitting whatever jumps a
+// backlog let the queue fill with requests that end late (--reject-late's goodput under overload
+// 14-16 -> 10.7 requests/s). Deliberately simple (no decode time, no chunk overheads):
 // reject_late_factor is the margin.
 double predict_ttft_ms(const std::vector<QueuedPrefill>& queue, const QueuedPrefill& r);
+// The deadline a prefill is ordered by at now_ms: its own, or, when its prefill left (alone)
+// cannot end by then, the later of that and now + cfg.late_order_ms.
+double order_deadline_ms(double deadline_ms, double prefill_left_ms, double now_ms, const SchedulerConfig& cfg);
 
 }  // namespace ft
