@@ -415,7 +415,7 @@ void EngineCore::between_blocks(double done) {
   running_done_ = done;
   bool waits = false;  // (the plan is made only when someone could be in it)
   for (const auto& [id, r] : reqs_)
-    waits |= !r.in_flight && !decoding(r) && int64_t(r.tokens.size()) - r.n_computed <= cap;
+    waits |= !r.in_flight && between_sized(r, cap);
   if (!waits) return;
   const double t0 = now_();
   const int64_t p0 = profile::enabled() ? profile::now_ns() : 0;
@@ -480,7 +480,7 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   in.requests.reserve(reqs_.size());
   for (const auto& [id, r] : reqs_) {
     const bool dec = decoding(r);
-    if (r.in_flight || (between && (dec || int64_t(r.tokens.size()) - r.n_computed > between_cap || adapter_waits(r))) ||
+    if (r.in_flight || (between && (!between_sized(r, between_cap) || adapter_waits(r))) ||
         (dec && group-- <= 0)) {
       hidden += r.admitted ? 1 + int32_t(r.forks.size()) : 0;
       continue;
@@ -537,10 +537,10 @@ bool EngineCore::begin_step(double t0, int64_t p0, bool between) {
   if (!between) {
     const int64_t cap = exec_.between_max_batch();
     running_left_waiting_ = false;
-    for (const SchedRequest& s : in.requests)
-      running_left_waiting_ |= !s.decoding() && s.pending() <= cap &&
+    for (const auto& [id, r] : reqs_)
+      running_left_waiting_ |= !r.in_flight && between_sized(r, cap) && (!r.adapter || r.admitted) &&
                                std::none_of(plan.prefill.begin(), plan.prefill.end(),
-                                            [&](const PrefillChunk& c) { return c.id == s.id; });
+                                            [&](const PrefillChunk& c) { return c.id == id; });
   }
   group_decodes_by_adapter(plan);
   step_admits_ = plan.admit;

@@ -283,9 +283,9 @@ class EngineCore {
   // block running then, not after the step. One level: not from inside such a step. Once the
   // steps run inside one step took step_latency_target_ms, no more start there (a flood of
   // short prompts could otherwise hold a step, and its decodes, for one step per block). Nor
-  // when that step was planned with such prompts left waiting (a backlog: the arrivals a step
-  // between blocks is for are those that came during the step, not the queue it was planned
-  // over; under overload every step would otherwise double its decodes' inter-token time).
+  // when that step was planned with such prompts left waiting: a step between blocks is for
+  // what arrives during the step, not for the queue it was planned over (under overload that
+  // doubled every decode step: README "Overload").
   void between_blocks(double done);
   int32_t steps_in_flight() const { return int32_t(in_flight_.size()); }
 
@@ -376,6 +376,11 @@ class EngineCore {
   static bool decoding(const Req& r) {
     return r.admitted && r.n_generated > 0 && int64_t(r.tokens.size()) - r.n_computed == 1;
   }
+  // Whether a step between blocks (at most cap tokens) could carry it: a prompt of its pending
+  // tokens, before any prefix-cache hit.
+  static bool between_sized(const Req& r, int64_t cap) {
+    return !decoding(r) && int64_t(r.tokens.size()) - r.n_computed <= cap;
+  }
 
   KVCache& kv_;
   StepExecutor& exec_;
@@ -446,9 +451,8 @@ class EngineCore {
   // The busy period the engine is in (warm_up_coldness): its start, and the last forward's end.
   double busy_since_ms_ = 0, last_forward_end_ms_ = -1e300;
   int64_t running_firsts_ = 0;
-  // The running step left prompts waiting that a step between its blocks could take (a backlog,
-  // as under overload): none runs there (they are the next step's; running them between blocks
-  // would only stretch this step's decodes).
+  // The running step's plan left out a request a step between its blocks could take
+  // (between_sized, not in flight, no adapter waiting for a slot): see between_blocks.
   bool running_left_waiting_ = false;
   Batch between_batch_;  // (batch_ is the running step's)
   SpecConfig spec_;

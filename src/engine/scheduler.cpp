@@ -149,15 +149,18 @@ StepPlan plan_step(const SchedulerInput& in) {
   });
   std::vector<std::pair<OrderKey, const SchedRequest*>> keyed;
   for (const auto* r : cands) {
-    const double left_ms = predict_prefill_ms(in.cost, r->n_computed, r->pending());
-    keyed.push_back(
-        {OrderKey{r->priority, order_deadline_ms(r->deadline_ms, left_ms, in.now_ms, cfg), r->deadline_ms, r->pending(), r->arrival_ms},
-         r});
+    // A preempted request recomputing after its first token keeps its (long past) deadline: its
+    // stream has begun, so it goes first, as it did before it was preempted.
+    const double order_ms =
+        r->n_generated > 0 ? r->deadline_ms
+                           : order_deadline_ms(r->deadline_ms, predict_prefill_ms(in.cost, r->n_computed, r->pending()),
+                                               in.now_ms, cfg);
+    keyed.push_back({OrderKey{r->priority, order_ms, r->deadline_ms, r->pending(), r->arrival_ms}, r});
   }
   std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 0; i < keyed.size(); ++i) cands[i] = keyed[i].second;
   // The request longest past its deadline, by more than aging_ms, is guaranteed half of every
-  // step's budget (earliest deadline first puts it first anyway, unless its priority does not).
+  // step's budget (when its priority, or being late (order_deadline_ms), puts it behind others).
   const SchedRequest* aged = nullptr;
   for (const auto* r : cands)
     if (in.now_ms - r->deadline_ms > cfg.aging_ms && (!aged || r->deadline_ms < aged->deadline_ms)) aged = r;

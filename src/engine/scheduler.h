@@ -14,20 +14,19 @@
 //  2. if the KV cache cannot hold that, the most recently admitted requests are preempted
 //     (their blocks freed; they recompute later) until it can;
 //  3. prefill chunks fill the step's prefill budget in order of priority, then earliest deadline
-//     first, shortest remaining prefill as the tie-break (deadlines are fixed, so a long prompt
-//     goes first once the new arrivals' deadlines pass its own: it is never starved). A request
-//     that can no longer make its deadline (slack < 0) is ordered as if due late_order_ms from
-//     now (order_deadline_ms): behind those that can still be on time and are due sooner, before
-//     those due later. Under overload (more prompts than the machine serves) pure earliest
-//     deadline first serves every request late, the oldest first; this serves those that can
-//     still be on time (README: "Overload"). A short prompt made late by a long step still goes
-//     before a long prompt due seconds later (behind every request that could make its deadline,
-//     it waited 2.5 s for one in the mixed workload). The request
-//     longest past its deadline by more than aging_ms is guaranteed half of every step's budget
-//     (auto mode: half the step's time), so a low priority is not starved either, while the first
-//     in order still progresses by at least min_chunk. A new
-//     request is admitted only when the cache can hold its whole pending sequence (plus the first
-//     generated token); while that aged request waits for blocks, none after it is admitted.
+//     first, shortest remaining prefill as the tie-break. A prompt that can no longer make its
+//     deadline (slack < 0) is ordered as if due late_order_ms from now (order_deadline_ms):
+//     behind those that can still be on time and are due sooner, before those due later, so a
+//     short prompt made late by a long step still goes before a long prompt due seconds later,
+//     while under overload (more prompts than the machine serves) those that can still be on time
+//     go first (pure earliest deadline first served every request late, the oldest first). A
+//     request recomputing after a preemption that came after its first token keeps its own
+//     deadline (first). No request starves: the request longest past its deadline by more than
+//     aging_ms is guaranteed half of every step's budget (auto mode: half the step's time),
+//     whatever its priority or lateness, while the first in order still progresses by at least
+//     min_chunk. A new request is admitted only when the cache can hold its whole pending
+//     sequence (plus the first generated token); while that aged request waits for blocks, none
+//     after it is admitted.
 //     No step holds more than max_batch_tokens tokens.
 // The prefill budget: fixed chunk_size; unlimited when chunk_size == 0 (no chunking); in auto
 // mode, the largest budget (at most max_auto_chunk) whose predicted
@@ -44,7 +43,8 @@
 //    within which one arrives with probability at most arrival_risk (arrival_risk / lambda),
 //    since an arrival waits for the whole step, but not below slack_share x ttft_slo_base_ms;
 //  - when steps yield between their blocks (SchedulerInput::step_blocks > 0: a short prompt
-//    arriving mid-step runs in a step of its own between two blocks, EngineCore::between_blocks),
+//    arriving mid-step runs in a step of its own between two blocks, EngineCore::between_blocks,
+//    unless the step's plan left such prompts waiting),
 //    an arrival waits for a block, not the step: the two rules above bound a block instead, the
 //    quiet's from block_wait_ms rather than the target, and expected arrivals' not below
 //    block_wait_ms rather than the share of the TTFT budget, so a step holds step_blocks of those
@@ -100,8 +100,8 @@ struct SchedulerConfig {
   int32_t max_num_seqs = 64;        // running requests at most
   double aging_ms = 2000;           // a request this far past its deadline gets half of every step
   // A prefill that can no longer make its deadline is ordered as if due this long from now
-  // (order_deadline_ms): twice the default deadline's base, so a short prompt that arrived just
-  // now (due ttft_slo_base_ms + ttft_slo_stretch x its prefill after) goes before it.
+  // (order_deadline_ms): at least a short prompt's default TTFT budget (ttft_slo_base_ms plus
+  // ttft_slo_stretch x its prefill), so one that arrived just now goes before it.
   double late_order_ms = 200;
   int32_t block_size = 16;
   // The default TTFT deadline of a request: base + stretch x its predicted prefill alone.
